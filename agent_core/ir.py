@@ -1,0 +1,594 @@
+"""The program model: nodes (op, attributes, input and output values) and tensor values.
+
+A Program is a dataflow graph whose edges are values. Node and value ids are stable ("n7", "v12"):
+they survive edits, saving and loading, so the editor, the planner's regions and the decision log can
+point at them. Edits go through the methods here; each one notifies subscribers (the editor observes
+the model, never keeps a copy of it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Iterable
+
+import networkx as nx
+import numpy as np
+
+from .errors import ConnectionRefused, CycleError, ProgramError, ShapeError
+from .ops import OpDef, TensorSpec, get_op
+
+
+class Role(str, Enum):
+    INPUT = "input"
+    PARAMETER = "parameter"
+    CONSTANT = "constant"
+    INTERMEDIATE = "intermediate"
+    OUTPUT = "output"
+
+
+SOURCE_ROLES = (Role.INPUT, Role.PARAMETER, Role.CONSTANT)
+
+
+@dataclass
+class Value:
+    """A tensor flowing between nodes. Program inputs, parameters and constants have no producer.
+
+    init describes how to draw random data for an input (the reference runs on random draws):
+    {"kind": "normal"} (default), {"kind": "uniform", "low": 0, "high": 1} or
+    {"kind": "randint", "low": 0, "high": 10}.
+    """
+    id: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+    role: Role = Role.INTERMEDIATE
+    producer: str | None = None
+    init: dict | None = None
+
+    @property
+    def spec(self) -> TensorSpec:
+        return TensorSpec(self.shape, self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return self.spec.nbytes
+
+
+@dataclass
+class Node:
+    id: str
+    op: str
+    inputs: list[str | None]
+    outputs: list[str]
+    attrs: dict = field(default_factory=dict)
+    name: str = ""
+    pos: tuple[float, float] | None = None
+    error: str | None = None  # the last shape-inference failure, shown as a badge in the editor
+
+    @property
+    def opdef(self) -> OpDef:
+        return get_op(self.op)
+
+
+@dataclass
+class Diagnostic:
+    severity: str  # "error" or "warning"
+    code: str      # unknown-op, arity, attribute, shape, cycle, dangling-input, unused-output, ...
+    message: str
+    node_id: str | None = None
+    value_id: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.message}"
+
+
+Listener = Callable[[str, dict], None]
+
+
+class Program:
+    """A dataflow program. See the module docstring."""
+
+    def __init__(self, name: str = "program"):
+        self.name = name
+        self.nodes: dict[str, Node] = {}
+        self.values: dict[str, Value] = {}
+        self.data: dict[str, np.ndarray] = {}   # parameter and constant data by value id
+        self.inputs: list[str] = []             # program input value ids, in call order
+        self.outputs: list[str] = []            # program output value ids, in return order
+        self.regions: list = []                 # planner regions (agent_core.regions.Region)
+        self.log: list[dict] = []               # decision log entries
+        self.profile: dict | None = None        # the last profile result
+        self.metadata: dict[str, Any] = {}      # source, import warnings, ...
+        self._next_id = 0
+        self._listeners: list[Listener] = []
+
+    # observers ---------------------------------------------------------------------------
+    def subscribe(self, fn: Listener) -> None:
+        self._listeners.append(fn)
+
+    def unsubscribe(self, fn: Listener) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
+    def _emit(self, event: str, **payload) -> None:
+        for fn in list(self._listeners):
+            fn(event, payload)
+
+    # ids ---------------------------------------------------------------------------------
+    def _new_id(self, prefix: str) -> str:
+        self._next_id += 1
+        return f"{prefix}{self._next_id}"
+
+    def _claim_id(self, ident: str) -> str:
+        """Reuse an id given by the caller (undo, loading) and keep the counter past it."""
+        digits = ident.lstrip("nv")
+        if digits.isdigit():
+            self._next_id = max(self._next_id, int(digits))
+        return ident
+
+    def unique_name(self, base: str) -> str:
+        taken = {v.name for v in self.values.values()} | {n.name for n in self.nodes.values()}
+        if base not in taken:
+            return base
+        k = 1
+        while f"{base}_{k}" in taken:
+            k += 1
+        return f"{base}_{k}"
+
+    # lookup ------------------------------------------------------------------------------
+    def node(self, node_id: str) -> Node:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise ProgramError(f"no node '{node_id}'", node_id=node_id) from None
+
+    def value(self, value_id: str) -> Value:
+        try:
+            return self.values[value_id]
+        except KeyError:
+            raise ProgramError(f"no value '{value_id}'", value_id=value_id) from None
+
+    def value_by_name(self, name: str) -> Value:
+        for v in self.values.values():
+            if v.name == name:
+                return v
+        raise ProgramError(f"no value named '{name}'")
+
+    def consumers(self, value_id: str) -> list[tuple[str, int]]:
+        """(node id, input port) pairs that read value_id."""
+        return [(n.id, i) for n in self.nodes.values() for i, v in enumerate(n.inputs) if v == value_id]
+
+    def producer(self, value_id: str) -> Node | None:
+        p = self.value(value_id).producer
+        return self.nodes.get(p) if p else None
+
+    def parameters(self) -> list[Value]:
+        return [v for v in self.values.values() if v.role in (Role.PARAMETER, Role.CONSTANT)]
+
+    def input_specs(self) -> list[Value]:
+        return [self.values[v] for v in self.inputs]
+
+    # building ----------------------------------------------------------------------------
+    def _add_source(self, role: Role, name: str, shape, dtype: str, value_id: str | None,
+                    init: dict | None = None) -> Value:
+        TensorSpec(tuple(shape), dtype)  # checks the dtype
+        vid = self._claim_id(value_id) if value_id else self._new_id("v")
+        v = Value(vid, self.unique_name(name), tuple(int(d) for d in shape), dtype, role, None, init)
+        self.values[vid] = v
+        return v
+
+    def add_input(self, name: str, shape, dtype: str = "float32", *, init: dict | None = None,
+                  value_id: str | None = None) -> Value:
+        v = self._add_source(Role.INPUT, name, shape, dtype, value_id, init)
+        self.inputs.append(v.id)
+        self._emit("value_added", value_id=v.id)
+        return v
+
+    def add_parameter(self, name: str, data: np.ndarray | None = None, *, shape=None,
+                      dtype: str | None = None, constant: bool = False,
+                      value_id: str | None = None) -> Value:
+        """A parameter (weights) or constant. Without data, parameters are drawn at random on use."""
+        if data is not None:
+            data = np.asarray(data)
+            shape = data.shape
+            dtype = dtype or _np_dtype_name(data.dtype)
+        if shape is None:
+            raise ProgramError(f"parameter '{name}' needs data or a shape")
+        role = Role.CONSTANT if constant else Role.PARAMETER
+        v = self._add_source(role, name, shape, dtype or "float32", value_id)
+        if data is not None:
+            self.data[v.id] = data
+        self._emit("value_added", value_id=v.id)
+        return v
+
+    def add_node(self, op: str, inputs: Iterable[str | None] = (), attrs: dict | None = None, *,
+                 name: str | None = None, node_id: str | None = None,
+                 output_ids: list[str] | None = None, pos=None, strict: bool = True) -> Node:
+        """Add a node reading `inputs` (value ids; None leaves a port unconnected).
+
+        Shapes are inferred at once. With strict=True a node that fails inference is refused
+        (ShapeError); with strict=False it is added with its error recorded (the editor's way).
+        """
+        opdef = get_op(op)
+        inputs = list(inputs)
+        for vid in inputs:
+            if vid is not None:
+                self.value(vid)
+        attrs = opdef.normalize_attrs(attrs)
+        nid = self._claim_id(node_id) if node_id else self._new_id("n")
+        if nid in self.nodes:
+            raise ProgramError(f"node id '{nid}' is taken", node_id=nid)
+        node = Node(nid, opdef.name, inputs, [], attrs, name or self.unique_name(opdef.name), pos)
+        specs = self._infer(node)
+        if node.error and strict:
+            raise ShapeError(node.error, node_id=nid)
+        n_out = len(specs) if specs else len(opdef.outputs)
+        for k in range(n_out):
+            vid = self._claim_id(output_ids[k]) if output_ids and k < len(output_ids) else self._new_id("v")
+            spec = specs[k] if specs else TensorSpec((), "float32")
+            suffix = "" if n_out == 1 else f".{opdef.outputs[k] if k < len(opdef.outputs) else k}"
+            self.values[vid] = Value(vid, self.unique_name(node.name + suffix), spec.shape, spec.dtype,
+                                     Role.INTERMEDIATE, nid)
+            node.outputs.append(vid)
+        self.nodes[nid] = node
+        self._emit("node_added", node_id=nid)
+        return node
+
+    def mark_output(self, value_id: str, is_output: bool = True) -> None:
+        v = self.value(value_id)
+        if is_output and value_id not in self.outputs:
+            if v.role in SOURCE_ROLES and v.role != Role.INPUT:
+                raise ProgramError(f"'{v.name}' is a {v.role.value}; only computed values can be outputs")
+            self.outputs.append(value_id)
+            if v.producer:
+                v.role = Role.OUTPUT
+        elif not is_output and value_id in self.outputs:
+            self.outputs.remove(value_id)
+            if v.role == Role.OUTPUT:
+                v.role = Role.INTERMEDIATE
+        self._emit("value_changed", value_id=value_id)
+
+    # editing -----------------------------------------------------------------------------
+    def remove_node(self, node_id: str) -> dict:
+        """Remove a node and its output values; consumers' ports become unconnected.
+
+        Returns a record that `restore_node` takes to undo exactly this removal.
+        """
+        node = self.node(node_id)
+        record = {
+            "node": node, "values": [self.values[v] for v in node.outputs],
+            "consumers": {v: self.consumers(v) for v in node.outputs},
+            "outputs": [(self.outputs.index(v), v) for v in node.outputs if v in self.outputs],
+        }
+        for vid, uses in record["consumers"].items():
+            for cid, port in uses:
+                self.nodes[cid].inputs[port] = None
+        for _, vid in sorted(record["outputs"], reverse=True):
+            self.outputs.remove(vid)
+        for vid in node.outputs:
+            self.data.pop(vid, None)
+            del self.values[vid]
+        del self.nodes[node_id]
+        self._emit("node_removed", node_id=node_id)
+        for cid in {c for uses in record["consumers"].values() for c, _ in uses}:
+            self.reinfer(cid)
+        return record
+
+    def restore_node(self, record: dict) -> None:
+        node: Node = record["node"]
+        self.nodes[node.id] = node
+        for v in record["values"]:
+            self.values[v.id] = v
+        for idx, vid in sorted(record["outputs"]):
+            self.outputs.insert(idx, vid)
+        for vid, uses in record["consumers"].items():
+            for cid, port in uses:
+                self.nodes[cid].inputs[port] = vid
+        self._emit("node_added", node_id=node.id)
+        for cid in {c for uses in record["consumers"].values() for c, _ in uses}:
+            self.reinfer(cid)
+
+    def remove_value(self, value_id: str) -> None:
+        """Remove a program input, parameter or constant; its consumers become unconnected."""
+        v = self.value(value_id)
+        if v.producer:
+            raise ProgramError(f"'{v.name}' is produced by a node; remove the node instead")
+        uses = self.consumers(value_id)
+        for cid, port in uses:
+            self.nodes[cid].inputs[port] = None
+        if value_id in self.inputs:
+            self.inputs.remove(value_id)
+        if value_id in self.outputs:
+            self.outputs.remove(value_id)
+        self.data.pop(value_id, None)
+        del self.values[value_id]
+        self._emit("value_removed", value_id=value_id)
+        for cid, _ in uses:
+            self.reinfer(cid)
+
+    def can_connect(self, value_id: str, node_id: str, port: int) -> str | None:
+        """Why connecting value_id to node_id's input `port` is refused, or None if it is allowed."""
+        node, v = self.node(node_id), self.value(value_id)
+        opdef = node.opdef
+        lo, hi = opdef.arity()
+        if port < 0 or (hi is not None and port >= hi):
+            return f"{node.name} ({node.op}) has no input port {port}"
+        if v.producer == node_id:
+            return f"{node.name} cannot read its own output '{v.name}' (that would be a cycle)"
+        if v.producer and node_id in nx.ancestors(self.graph(), v.producer):
+            return (f"connecting '{v.name}' into {node.name} would create a cycle: "
+                    f"{node.name} already feeds {self.nodes[v.producer].name}")
+        trial = list(node.inputs) + [None] * max(0, port + 1 - len(node.inputs))
+        trial[port] = value_id
+        probe = Node(node.id, node.op, trial, node.outputs, node.attrs, node.name)
+        if all(t is not None for t in trial[:lo]):
+            self._infer(probe)
+            if probe.error:
+                return probe.error
+        return None
+
+    def connect(self, value_id: str, node_id: str, port: int) -> None:
+        reason = self.can_connect(value_id, node_id, port)
+        if reason:
+            raise (CycleError if "cycle" in reason else ConnectionRefused)(reason, node_id=node_id)
+        self.set_input(node_id, port, value_id)
+
+    def set_input(self, node_id: str, port: int, value_id: str | None) -> None:
+        """Low-level rewiring (no legality check beyond existence); use connect() for user edits."""
+        node = self.node(node_id)
+        if value_id is not None:
+            self.value(value_id)
+        while len(node.inputs) <= port:
+            node.inputs.append(None)
+        node.inputs[port] = value_id
+        if value_id is None and node.opdef.variadic:
+            while node.inputs and node.inputs[-1] is None and len(node.inputs) > node.opdef.arity()[0]:
+                node.inputs.pop()
+        self._emit("edge_changed", node_id=node_id, port=port)
+        self.reinfer(node_id)
+
+    def set_attrs(self, node_id: str, attrs: dict) -> dict:
+        """Change attributes (validated); returns the previous attributes for undo."""
+        node = self.node(node_id)
+        new = node.opdef.normalize_attrs({**node.attrs, **attrs})
+        old = dict(node.attrs)
+        node.attrs = new
+        self._emit("node_changed", node_id=node_id)
+        self.reinfer(node_id)
+        return old
+
+    def set_pos(self, node_id: str, pos: tuple[float, float] | None) -> None:
+        self.node(node_id).pos = None if pos is None else (float(pos[0]), float(pos[1]))
+        self._emit("node_moved", node_id=node_id)
+
+    def rename(self, ident: str, name: str) -> None:
+        if not name or not name.strip():
+            raise ProgramError("a name cannot be empty")
+        obj = self.nodes.get(ident) or self.value(ident)
+        if obj.name != name:
+            obj.name = self.unique_name(name)
+        self._emit("node_changed" if ident in self.nodes else "value_changed",
+                   **({"node_id": ident} if ident in self.nodes else {"value_id": ident}))
+
+    # inference ---------------------------------------------------------------------------
+    def _infer(self, node: Node) -> list[TensorSpec] | None:
+        """Infer node's output specs; on failure set node.error and return None."""
+        try:
+            opdef = node.opdef
+        except ProgramError as e:
+            node.error = str(e)
+            return None
+        try:
+            opdef.check_arity(_arity_count(node.inputs))
+            specs = []
+            for i, vid in enumerate(node.inputs):
+                if vid is None:
+                    specs.append(None)
+                    continue
+                specs.append(self.value(vid).spec)
+            lo, _ = opdef.arity()
+            missing = [opdef.port_name(i) for i in range(lo) if i >= len(specs) or specs[i] is None]
+            if missing:
+                raise ProgramError(f"input {', '.join(missing)} is not connected")
+            out = opdef.infer(specs, node.attrs)
+            node.error = None
+            return list(out)
+        except ProgramError as e:
+            node.error = f"{node.name} ({node.op}): {e}" if not str(e).startswith(node.name) else str(e)
+        except (ValueError, TypeError, IndexError, RuntimeError) as e:
+            node.error = f"{node.name} ({node.op}): {e}"
+        return None
+
+    def reinfer(self, node_id: str) -> None:
+        """Re-run inference on node_id and everything downstream of it (after an edit)."""
+        if node_id not in self.nodes:
+            return
+        g = self.graph()
+        todo = {node_id} | nx.descendants(g, node_id) if not self._has_cycle(g) else {node_id}
+        order = [n for n in self._safe_order(g) if n in todo]
+        for nid in order:
+            node = self.nodes[nid]
+            before = node.error
+            specs = self._infer(node)
+            if specs:
+                for vid, spec in zip(node.outputs, specs):
+                    v = self.values[vid]
+                    v.shape, v.dtype = spec.shape, spec.dtype
+            if specs or before != node.error:
+                self._emit("node_changed", node_id=nid)
+
+    def infer_all(self) -> dict[str, str]:
+        """Re-infer every node in order; returns {node id: error} for those that fail."""
+        errors = {}
+        for nid in self._safe_order(self.graph()):
+            node = self.nodes[nid]
+            specs = self._infer(node)
+            if specs:
+                for vid, spec in zip(node.outputs, specs):
+                    v = self.values[vid]
+                    v.shape, v.dtype = spec.shape, spec.dtype
+            else:
+                errors[nid] = node.error
+        return errors
+
+    # graph views -------------------------------------------------------------------------
+    def graph(self) -> nx.DiGraph:
+        """Node-level dependency graph: an edge producer -> consumer per value read (attr value)."""
+        g = nx.DiGraph()
+        g.add_nodes_from(self.nodes)
+        for n in self.nodes.values():
+            for vid in n.inputs:
+                if vid is None or vid not in self.values:
+                    continue
+                p = self.values[vid].producer
+                if p is not None and p in self.nodes:
+                    g.add_edge(p, n.id, value=vid)
+        return g
+
+    @staticmethod
+    def _has_cycle(g: nx.DiGraph) -> bool:
+        return not nx.is_directed_acyclic_graph(g)
+
+    def _safe_order(self, g: nx.DiGraph) -> list[str]:
+        try:
+            return list(nx.lexicographical_topological_sort(g, key=_id_key))
+        except nx.NetworkXUnfeasible:
+            return sorted(g.nodes, key=_id_key)
+
+    def topo_order(self) -> list[str]:
+        """Node ids in a deterministic topological order; CycleError names the cycle."""
+        g = self.graph()
+        try:
+            return list(nx.lexicographical_topological_sort(g, key=_id_key))
+        except nx.NetworkXUnfeasible:
+            cyc = nx.find_cycle(g)
+            names = " -> ".join(self.nodes[a].name for a, _ in cyc) + f" -> {self.nodes[cyc[0][0]].name}"
+            raise CycleError(f"the program has a cycle: {names}", node_id=cyc[0][0]) from None
+
+    # validation --------------------------------------------------------------------------
+    def validate(self) -> list[Diagnostic]:
+        """All problems, errors first: unknown ops, arity, attributes, shapes, cycles, dangling
+        inputs, unknown values, unused outputs and values (warnings)."""
+        diags: list[Diagnostic] = []
+        g = self.graph()
+        if self._has_cycle(g):
+            try:
+                self.topo_order()
+            except CycleError as e:
+                diags.append(Diagnostic("error", "cycle", str(e), node_id=e.node_id))
+        for nid in self._safe_order(g):
+            n = self.nodes[nid]
+            try:
+                opdef = n.opdef
+            except ProgramError as e:
+                diags.append(Diagnostic("error", "unknown-op", f"{n.name}: {e}", node_id=nid))
+                continue
+            for i, vid in enumerate(n.inputs):
+                if vid is not None and vid not in self.values:
+                    diags.append(Diagnostic("error", "dangling-input",
+                                            f"{n.name}: input {opdef.port_name(i)} reads unknown value '{vid}'",
+                                            node_id=nid))
+            if any(vid is not None and vid not in self.values for vid in n.inputs):
+                continue
+            lo, hi = opdef.arity()
+            count = _arity_count(n.inputs)
+            if count < lo or (hi is not None and count > hi):
+                try:
+                    opdef.check_arity(count)
+                except ProgramError as e:
+                    diags.append(Diagnostic("error", "arity", f"{n.name}: {e}", node_id=nid))
+                continue
+            dangling = [opdef.port_name(i) for i, v in enumerate(n.inputs) if v is None and i < lo]
+            if dangling:
+                diags.append(Diagnostic("error", "dangling-input",
+                                        f"{n.name} ({n.op}): input {', '.join(dangling)} is not connected",
+                                        node_id=nid))
+                continue
+            try:
+                opdef.normalize_attrs(n.attrs)
+            except ProgramError as e:
+                diags.append(Diagnostic("error", "attribute", f"{n.name}: {e}", node_id=nid))
+                continue
+            specs = self._infer(n)
+            if specs is None:
+                diags.append(Diagnostic("error", "shape", n.error or f"{n.name}: inference failed",
+                                        node_id=nid))
+            elif len(specs) != len(n.outputs):
+                diags.append(Diagnostic("error", "shape",
+                                        f"{n.name}: {n.op} makes {len(specs)} outputs but the node has "
+                                        f"{len(n.outputs)}", node_id=nid))
+            else:
+                for vid, spec in zip(n.outputs, specs):
+                    v = self.values.get(vid)
+                    if v is None:
+                        diags.append(Diagnostic("error", "dangling-output",
+                                                f"{n.name}: output value '{vid}' does not exist", node_id=nid))
+                    elif (v.shape, v.dtype) != (spec.shape, spec.dtype):
+                        diags.append(Diagnostic("error", "shape",
+                                                f"{n.name}: output '{v.name}' is recorded as {v.spec} but "
+                                                f"{n.op} makes {spec}", node_id=nid, value_id=vid))
+        for vid in self.outputs:
+            if vid not in self.values:
+                diags.append(Diagnostic("error", "dangling-output", f"program output '{vid}' does not exist"))
+        if not self.outputs and self.nodes:
+            diags.append(Diagnostic("error", "no-output", "the program has no output"))
+        used = {v for n in self.nodes.values() for v in n.inputs if v} | set(self.outputs)
+        for v in self.values.values():
+            if v.id in used:
+                continue
+            if v.producer:
+                diags.append(Diagnostic("warning", "unused-output",
+                                        f"output '{v.name}' of {self.nodes[v.producer].name} is never used",
+                                        node_id=v.producer, value_id=v.id))
+            else:
+                diags.append(Diagnostic("warning", "unused-value",
+                                        f"{v.role.value} '{v.name}' is never used", value_id=v.id))
+        diags.sort(key=lambda d: d.severity != "error")
+        return diags
+
+    def check(self) -> None:
+        """Raise the first validation error (ProgramError or CycleError), if any."""
+        for d in self.validate():
+            if d.severity == "error":
+                cls = CycleError if d.code == "cycle" else (ShapeError if d.code == "shape" else ProgramError)
+                raise cls(d.message, node_id=d.node_id, value_id=d.value_id)
+
+    # summaries ---------------------------------------------------------------------------
+    def node_specs(self, node_id: str) -> tuple[list[TensorSpec], list[TensorSpec]]:
+        n = self.node(node_id)
+        ins = [self.values[v].spec for v in n.inputs if v is not None]
+        outs = [self.values[v].spec for v in n.outputs]
+        return ins, outs
+
+    def node_flops(self, node_id: str) -> int:
+        n = self.node(node_id)
+        ins, outs = self.node_specs(node_id)
+        return n.opdef.count_flops(ins, outs, n.attrs)
+
+    def node_bytes(self, node_id: str) -> int:
+        """Bytes read and written by the node run alone (each input read once)."""
+        ins, outs = self.node_specs(node_id)
+        return sum(s.nbytes for s in ins) + sum(s.nbytes for s in outs)
+
+    def __repr__(self) -> str:
+        return f"Program({self.name!r}, {len(self.nodes)} nodes, {len(self.values)} values)"
+
+
+def _arity_count(inputs: list) -> int:
+    """Inputs that count towards arity: everything up to the last connected port."""
+    n = len(inputs)
+    while n and inputs[n - 1] is None:
+        n -= 1
+    return n
+
+
+def _id_key(ident: str) -> str:
+    digits = ident.lstrip("nv")
+    return f"{int(digits):012d}" if digits.isdigit() else ident
+
+
+def _np_dtype_name(dt) -> str:
+    name = np.dtype(dt).name
+    if name not in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool"):
+        raise ProgramError(f"unsupported parameter dtype {name}")
+    return name

@@ -1,0 +1,81 @@
+"""Shape-rule helpers shared by the op modules."""
+from __future__ import annotations
+
+import torch
+
+from ..errors import ShapeError
+from .registry import FLOAT_DTYPES, TensorSpec
+
+_TORCH_DTYPES = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+    "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int8": torch.int8,
+    "uint8": torch.uint8, "bool": torch.bool,
+}
+_DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return _TORCH_DTYPES[name]
+
+
+def dtype_name(dt: torch.dtype) -> str:
+    try:
+        return _DTYPE_NAMES[dt]
+    except KeyError:
+        raise ShapeError(f"unsupported dtype {dt}") from None
+
+
+def promote(*dtypes: str) -> str:
+    """Result dtype of mixing tensors of these dtypes (torch's promotion rules)."""
+    out = torch_dtype(dtypes[0])
+    for d in dtypes[1:]:
+        out = torch.promote_types(out, torch_dtype(d))
+    return dtype_name(out)
+
+
+def float_of(dtype: str) -> str:
+    """The dtype a float op produces from this input dtype (ints promote to float32)."""
+    return dtype if dtype in FLOAT_DTYPES else "float32"
+
+
+def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+    try:
+        return tuple(torch.broadcast_shapes(*shapes))
+    except RuntimeError:
+        raise ShapeError("shapes " + " and ".join(_fmt(s) for s in shapes) + " do not broadcast") from None
+
+
+def norm_dim(dim: int, rank: int, what: str = "dim") -> int:
+    """A dimension index in [0, rank), accepting negative indices; ShapeError if out of range."""
+    r = max(rank, 1)
+    if not -r <= dim < r:
+        raise ShapeError(f"{what} {dim} is out of range for a tensor of rank {rank}")
+    return dim % r
+
+
+def norm_dims(dims, rank: int) -> list[int]:
+    if dims is None or dims == []:
+        return list(range(rank))
+    out = sorted({norm_dim(d, rank) for d in dims})
+    return out
+
+
+def reduce_shape(shape: tuple[int, ...], dims, keepdim: bool) -> tuple[int, ...]:
+    dims = norm_dims(dims, len(shape))
+    if keepdim:
+        return tuple(1 if i in dims else s for i, s in enumerate(shape))
+    return tuple(s for i, s in enumerate(shape) if i not in dims)
+
+
+def need_rank(spec: TensorSpec, ranks, what: str = "input") -> None:
+    ranks = (ranks,) if isinstance(ranks, int) else tuple(ranks)
+    if spec.rank not in ranks:
+        want = " or ".join(str(r) for r in ranks)
+        raise ShapeError(f"{what} must have rank {want}, got shape {_fmt(spec.shape)}")
+
+
+def _fmt(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+fmt_shape = _fmt

@@ -1,0 +1,182 @@
+"""Pointwise ops: unary activations and math, binary ops with broadcasting, ops with a scalar.
+
+Each op carries `cuda`, a C expression over its inputs ({x}, {a}, {b}, {c}) and attributes, which code
+generation renders (tinygrad's one-table-per-op approach), next to its torch reference.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .common import broadcast, float_of, promote
+from .registry import Attr, OpDef, TensorSpec, register
+
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+def _same(ins, attrs):
+    return [TensorSpec(ins[0].shape, float_of(ins[0].dtype))]
+
+
+def _same_dtype(ins, attrs):
+    return [TensorSpec(ins[0].shape, ins[0].dtype)]
+
+
+def _bcast(ins, attrs):
+    present = [s for s in ins if s is not None]
+    return [TensorSpec(broadcast(*(s.shape for s in present)), promote(*(s.dtype for s in present)))]
+
+
+def _bcast_bool(ins, attrs):
+    return [TensorSpec(broadcast(*(s.shape for s in ins)), "bool")]
+
+
+def _unary(name, ref, cuda, attrs=(), aliases=(), doc="", keep_dtype=False, flops=None):
+    register(OpDef(name, "pointwise", ("x",), _same_dtype if keep_dtype else _same,
+                   lambda t, a, _r=ref: _r(t[0], a), attrs=attrs, aliases=aliases, doc=doc,
+                   cuda=cuda, flops=flops))
+
+
+def _per_elem(k):
+    return lambda ins, outs, attrs: k * sum(s.numel for s in outs)
+
+
+# --- activations -----------------------------------------------------------------------------
+_unary("relu", lambda x, a: torch.relu(x), "fmaxf({x}, 0.0f)", doc="max(x, 0)")
+_unary("leaky_relu", lambda x, a: F.leaky_relu(x, a["negative_slope"]),
+       "({x} > 0.0f ? {x} : {x} * {negative_slope})", attrs=(Attr("negative_slope", "float", 0.01),))
+_unary("gelu", lambda x, a: F.gelu(x, approximate=a["approximate"]),
+       {"none": f"0.5f * {{x}} * (1.0f + erff({{x}} * {_INV_SQRT2!r}f))",
+        "tanh": f"0.5f * {{x}} * (1.0f + tanhf({_SQRT_2_OVER_PI!r}f * ({{x}} + 0.044715f * {{x}} * {{x}} * {{x}})))"},
+       attrs=(Attr("approximate", "str", "none", choices=("none", "tanh"),
+                   doc="'none' is the exact erf form, 'tanh' the approximation"),),
+       flops=_per_elem(8), doc="Gaussian error linear unit")
+_unary("sigmoid", lambda x, a: torch.sigmoid(x), "1.0f / (1.0f + expf(-{x}))", flops=_per_elem(4))
+_unary("tanh", lambda x, a: torch.tanh(x), "tanhf({x})", flops=_per_elem(4))
+_unary("silu", lambda x, a: F.silu(x), "{x} / (1.0f + expf(-{x}))", aliases=("swish",), flops=_per_elem(4))
+_unary("mish", lambda x, a: F.mish(x),
+       "{x} * tanhf(({x} > 20.0f) ? {x} : log1pf(expf({x})))", flops=_per_elem(8))
+_unary("softplus", lambda x, a: F.softplus(x, a["beta"], a["threshold"]),
+       "(({x}) * {beta} > {threshold} ? ({x}) : log1pf(expf(({x}) * {beta})) / {beta})",
+       attrs=(Attr("beta", "float", 1.0), Attr("threshold", "float", 20.0)), flops=_per_elem(4))
+_unary("softsign", lambda x, a: F.softsign(x), "{x} / (1.0f + fabsf({x}))", flops=_per_elem(3))
+_unary("elu", lambda x, a: F.elu(x, a["alpha"]), "({x} > 0.0f ? {x} : {alpha} * expm1f({x}))",
+       attrs=(Attr("alpha", "float", 1.0),), flops=_per_elem(3))
+_unary("selu", lambda x, a: F.selu(x),
+       "1.0507009873554805f * ({x} > 0.0f ? {x} : 1.6732632423543772f * expm1f({x}))", flops=_per_elem(4))
+_unary("celu", lambda x, a: F.celu(x, a["alpha"]),
+       "fmaxf({x}, 0.0f) + fminf(0.0f, {alpha} * expm1f({x} / {alpha}))",
+       attrs=(Attr("alpha", "float", 1.0),), flops=_per_elem(4))
+_unary("hardtanh", lambda x, a: F.hardtanh(x, a["min_val"], a["max_val"]),
+       "fminf(fmaxf({x}, {min_val}), {max_val})",
+       attrs=(Attr("min_val", "float", -1.0), Attr("max_val", "float", 1.0)))
+_unary("hardsigmoid", lambda x, a: F.hardsigmoid(x), "fminf(fmaxf({x} / 6.0f + 0.5f, 0.0f), 1.0f)",
+       flops=_per_elem(3))
+_unary("hardswish", lambda x, a: F.hardswish(x), "{x} * fminf(fmaxf({x} + 3.0f, 0.0f), 6.0f) / 6.0f",
+       flops=_per_elem(4))
+_unary("relu6", lambda x, a: F.relu6(x), "fminf(fmaxf({x}, 0.0f), 6.0f)")
+_unary("logsigmoid", lambda x, a: F.logsigmoid(x), "fminf({x}, 0.0f) - log1pf(expf(-fabsf({x})))",
+       flops=_per_elem(4))
+_unary("hardshrink", lambda x, a: F.hardshrink(x, a["lambd"]),
+       "(fabsf({x}) > {lambd} ? {x} : 0.0f)", attrs=(Attr("lambd", "float", 0.5),))
+_unary("softshrink", lambda x, a: F.softshrink(x, a["lambd"]),
+       "({x} > {lambd} ? {x} - {lambd} : ({x} < -{lambd} ? {x} + {lambd} : 0.0f))",
+       attrs=(Attr("lambd", "float", 0.5),))
+_unary("tanhshrink", lambda x, a: F.tanhshrink(x), "{x} - tanhf({x})", flops=_per_elem(4))
+
+# --- math ------------------------------------------------------------------------------------
+_unary("exp", lambda x, a: torch.exp(x), "expf({x})")
+_unary("exp2", lambda x, a: torch.exp2(x), "exp2f({x})")
+_unary("expm1", lambda x, a: torch.expm1(x), "expm1f({x})")
+_unary("log", lambda x, a: torch.log(x), "logf({x})")
+_unary("log2", lambda x, a: torch.log2(x), "log2f({x})")
+_unary("log1p", lambda x, a: torch.log1p(x), "log1pf({x})")
+_unary("abs", lambda x, a: torch.abs(x), "fabsf({x})", keep_dtype=True)
+_unary("neg", lambda x, a: torch.neg(x), "(-{x})", keep_dtype=True)
+_unary("sqrt", lambda x, a: torch.sqrt(x), "sqrtf({x})")
+_unary("rsqrt", lambda x, a: torch.rsqrt(x), "rsqrtf({x})")
+_unary("reciprocal", lambda x, a: torch.reciprocal(x), "(1.0f / {x})")
+_unary("square", lambda x, a: torch.square(x), "({x} * {x})", keep_dtype=True)
+_unary("sin", lambda x, a: torch.sin(x), "sinf({x})")
+_unary("cos", lambda x, a: torch.cos(x), "cosf({x})")
+_unary("erf", lambda x, a: torch.erf(x), "erff({x})")
+_unary("sign", lambda x, a: torch.sign(x), "(float)(({x} > 0.0f) - ({x} < 0.0f))", keep_dtype=True)
+_unary("floor", lambda x, a: torch.floor(x), "floorf({x})", keep_dtype=True)
+_unary("ceil", lambda x, a: torch.ceil(x), "ceilf({x})", keep_dtype=True)
+_unary("round", lambda x, a: torch.round(x), "rintf({x})", keep_dtype=True)
+_unary("clamp", lambda x, a: torch.clamp(x, a["min"], a["max"]),
+       "fminf(fmaxf({x}, {min}), {max})",
+       attrs=(Attr("min", "scalar", None, optional=True), Attr("max", "scalar", None, optional=True)),
+       aliases=("clip",), keep_dtype=True)
+_unary("identity", lambda x, a: x, "{x}", keep_dtype=True, flops=_per_elem(0), doc="passes x through")
+_unary("dropout", lambda x, a: x, "{x}", keep_dtype=True, flops=_per_elem(0),
+       attrs=(Attr("p", "float", 0.5),), doc="dropout in eval mode: the identity")
+register(OpDef("cast", "pointwise", ("x",),
+               lambda ins, a: [TensorSpec(ins[0].shape, a["dtype"])],
+               lambda t, a: t[0].to(_torch_dtype(a["dtype"])),
+               attrs=(Attr("dtype", "str", "float32",
+                           choices=("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool")),),
+               cuda="(({ctype}){x})", flops=_per_elem(0), aliases=("to",)))
+register(OpDef("logical_not", "pointwise", ("x",), lambda ins, a: [TensorSpec(ins[0].shape, "bool")],
+               lambda t, a: torch.logical_not(t[0]), cuda="(!{x})"))
+
+
+def _torch_dtype(name):
+    from .common import torch_dtype
+    return torch_dtype(name)
+
+
+# --- with a scalar -----------------------------------------------------------------------------
+def _scalar(name, ref, cuda, aliases=(), doc=""):
+    register(OpDef(name, "pointwise", ("x",), _same_dtype, lambda t, a, _r=ref: _r(t[0], a["value"]),
+                   attrs=(Attr("value", "scalar"),), aliases=aliases, doc=doc, cuda=cuda))
+
+
+_scalar("add_scalar", lambda x, c: x + c, "({x} + {value})", doc="x + value")
+_scalar("sub_scalar", lambda x, c: x - c, "({x} - {value})", doc="x - value")
+_scalar("rsub_scalar", lambda x, c: c - x, "({value} - {x})", doc="value - x")
+_scalar("mul_scalar", lambda x, c: x * c, "({x} * {value})", doc="x * value")
+_scalar("div_scalar", lambda x, c: x / c, "({x} / {value})", doc="x / value")
+_scalar("rdiv_scalar", lambda x, c: c / x, "({value} / {x})", doc="value / x")
+_scalar("pow_scalar", lambda x, c: torch.pow(x, c), "powf({x}, {value})", doc="x ** value")
+_scalar("rpow_scalar", lambda x, c: torch.pow(c, x), "powf({value}, {x})", doc="value ** x")
+_scalar("max_scalar", lambda x, c: torch.clamp_min(x, c), "fmaxf({x}, {value})", doc="max(x, value)")
+_scalar("min_scalar", lambda x, c: torch.clamp_max(x, c), "fminf({x}, {value})", doc="min(x, value)")
+
+
+# --- binary with broadcasting --------------------------------------------------------------------
+def _binary(name, ref, cuda, aliases=(), infer=_bcast, doc=""):
+    register(OpDef(name, "pointwise", ("a", "b"), infer, lambda t, a, _r=ref: _r(t[0], t[1]),
+                   aliases=aliases, doc=doc, cuda=cuda))
+
+
+_binary("add", torch.add, "({a} + {b})")
+_binary("sub", torch.sub, "({a} - {b})", aliases=("subtract",))
+_binary("mul", torch.mul, "({a} * {b})", aliases=("multiply",))
+_binary("div", torch.div, "({a} / {b})", aliases=("divide", "true_divide"))
+_binary("pow", torch.pow, "powf({a}, {b})")
+_binary("maximum", torch.maximum, "fmaxf({a}, {b})", aliases=("max_elementwise",))
+_binary("minimum", torch.minimum, "fminf({a}, {b})", aliases=("min_elementwise",))
+_binary("gt", torch.gt, "({a} > {b})", infer=_bcast_bool)
+_binary("ge", torch.ge, "({a} >= {b})", infer=_bcast_bool)
+_binary("lt", torch.lt, "({a} < {b})", infer=_bcast_bool)
+_binary("le", torch.le, "({a} <= {b})", infer=_bcast_bool)
+_binary("eq", torch.eq, "({a} == {b})", infer=_bcast_bool)
+
+
+def _where_infer(ins, attrs):
+    cond, a, b = ins
+    return [TensorSpec(broadcast(cond.shape, a.shape, b.shape), promote(a.dtype, b.dtype))]
+
+
+register(OpDef("where", "pointwise", ("cond", "a", "b"), _where_infer,
+               lambda t, a: torch.where(t[0].bool(), t[1], t[2]), cuda="({cond} ? {a} : {b})",
+               doc="a where cond is true, else b"))
+register(OpDef("addcmul", "pointwise", ("x", "a", "b"), _bcast,
+               lambda t, a: torch.addcmul(t[0], t[1], t[2], value=a["value"]),
+               attrs=(Attr("value", "scalar", 1.0),), cuda="({x} + {value} * {a} * {b})"))
+register(OpDef("lerp", "pointwise", ("x", "end", "weight"), _bcast,
+               lambda t, a: torch.lerp(t[0], t[1], t[2]), cuda="({x} + {weight} * ({end} - {x}))"))
