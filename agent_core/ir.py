@@ -214,6 +214,8 @@ class Program:
         for vid in inputs:
             if vid is not None:
                 self.value(vid)
+        if strict:
+            opdef.check_arity(len(inputs))
         attrs = opdef.normalize_attrs(attrs)
         nid = self._claim_id(node_id) if node_id else self._new_id("n")
         if nid in self.nodes:
@@ -379,14 +381,15 @@ class Program:
             node.error = str(e)
             return None
         try:
-            opdef.check_arity(_arity_count(node.inputs))
+            lo, hi = opdef.arity()
+            if hi is not None and _arity_count(node.inputs) > hi:
+                opdef.check_arity(_arity_count(node.inputs))
             specs = []
             for i, vid in enumerate(node.inputs):
                 if vid is None:
                     specs.append(None)
                     continue
                 specs.append(self.value(vid).spec)
-            lo, _ = opdef.arity()
             missing = [opdef.port_name(i) for i in range(lo) if i >= len(specs) or specs[i] is None]
             if missing:
                 raise ProgramError(f"input {', '.join(missing)} is not connected")
@@ -492,13 +495,14 @@ class Program:
                 continue
             lo, hi = opdef.arity()
             count = _arity_count(n.inputs)
-            if count < lo or (hi is not None and count > hi):
+            if hi is not None and count > hi:
                 try:
                     opdef.check_arity(count)
                 except ProgramError as e:
                     diags.append(Diagnostic("error", "arity", f"{n.name}: {e}", node_id=nid))
                 continue
-            dangling = [opdef.port_name(i) for i, v in enumerate(n.inputs) if v is None and i < lo]
+            padded = list(n.inputs) + [None] * max(0, lo - len(n.inputs))
+            dangling = [opdef.port_name(i) for i, v in enumerate(padded) if v is None and i < lo]
             if dangling:
                 diags.append(Diagnostic("error", "dangling-input",
                                         f"{n.name} ({n.op}): input {', '.join(dangling)} is not connected",

@@ -1,0 +1,125 @@
+"""The program model: building, editing, inference and validation with precise messages."""
+import pytest
+
+from agent_core.errors import CycleError, ProgramError, ShapeError
+from agent_core.ir import Program, Role
+from agent_core.reference import random_inputs, run_reference
+
+
+def chain():
+    p = Program("chain")
+    x = p.add_input("x", (4, 6))
+    b = p.add_input("b", (6,))
+    add = p.add_node("add", [x.id, b.id])
+    act = p.add_node("gelu", [add.outputs[0]])
+    p.mark_output(act.outputs[0])
+    return p, x, b, add, act
+
+
+def codes(p):
+    return {d.code for d in p.validate()}
+
+
+def test_build_infers_shapes_and_runs():
+    p, x, b, add, act = chain()
+    assert p.values[act.outputs[0]].shape == (4, 6)
+    assert p.values[act.outputs[0]].role == Role.OUTPUT
+    assert p.validate() == []
+    out = run_reference(p, random_inputs(p))
+    assert tuple(out["gelu"].shape) == (4, 6)
+
+
+def test_ids_are_stable_across_removal_and_restore():
+    p, x, b, add, act = chain()
+    record = p.remove_node(add.id)
+    assert add.id not in p.nodes and p.nodes[act.id].inputs == [None]
+    assert "dangling-input" in codes(p)
+    p.restore_node(record)
+    assert p.nodes[act.id].inputs == [add.outputs[0]]
+    assert p.validate() == []
+    n = p.add_node("relu", [act.outputs[0]])
+    assert n.id not in (add.id, act.id) and n.outputs[0] not in p.values or n.outputs[0] != add.outputs[0]
+
+
+def test_unknown_op_suggests_close_names():
+    p = Program()
+    x = p.add_input("x", (3,))
+    with pytest.raises(ProgramError, match="unknown op 'gleu'.*gelu"):
+        p.add_node("gleu", [x.id])
+
+
+def test_shape_mismatch_names_both_shapes():
+    p = Program()
+    x, y = p.add_input("x", (4, 6)), p.add_input("y", (5,))
+    with pytest.raises(ShapeError, match=r"\[4, 6\] and \[5\] do not broadcast"):
+        p.add_node("add", [x.id, y.id])
+
+
+def test_wrong_arity_and_attribute_errors():
+    p = Program()
+    x = p.add_input("x", (4,))
+    with pytest.raises(ProgramError, match="takes 2 inputs"):
+        p.add_node("add", [x.id])
+    with pytest.raises(ProgramError, match="negative_slope must be a number"):
+        p.add_node("leaky_relu", [x.id], {"negative_slope": "a lot"})
+    with pytest.raises(ProgramError, match="has no attribute slope"):
+        p.add_node("leaky_relu", [x.id], {"slope": 0.1})
+
+
+def test_connection_that_makes_a_cycle_is_refused_with_reason():
+    p, x, b, add, act = chain()
+    reason = p.can_connect(act.outputs[0], add.id, 1)
+    assert "cycle" in reason and "add" in reason
+    with pytest.raises(CycleError):
+        p.connect(act.outputs[0], add.id, 1)
+    assert p.nodes[add.id].inputs[1] == b.id  # unchanged
+
+
+def test_connection_with_bad_shape_is_refused_and_model_unchanged():
+    p, x, b, add, act = chain()
+    z = p.add_input("z", (7,))
+    reason = p.can_connect(z.id, add.id, 1)
+    assert "do not broadcast" in reason
+    assert p.nodes[add.id].inputs[1] == b.id
+
+
+def test_cycle_is_reported_by_validate_and_topo_order():
+    p, x, b, add, act = chain()
+    p.set_input(add.id, 1, act.outputs[0])  # low-level rewiring skips the check
+    assert "cycle" in codes(p)
+    with pytest.raises(CycleError, match="cycle: "):
+        p.topo_order()
+
+
+def test_unused_output_is_a_warning_and_edits_reinfer_downstream():
+    p, x, b, add, act = chain()
+    extra = p.add_node("relu", [x.id])
+    diags = p.validate()
+    assert [d.code for d in diags] == ["unused-output"] and diags[0].severity == "warning"
+    p.remove_node(extra.id)
+    p.set_attrs(act.id, {"approximate": "tanh"})
+    assert p.nodes[act.id].attrs["approximate"] == "tanh"
+
+
+def test_editing_an_input_shape_marks_downstream_errors_without_raising():
+    p, x, b, add, act = chain()
+    nb = p.add_input("b2", (5,))
+    p.set_input(add.id, 1, nb.id)
+    assert "do not broadcast" in p.nodes[add.id].error
+    assert "shape" in codes(p)
+
+
+def test_subscribers_see_edits():
+    p, x, b, add, act = chain()
+    seen = []
+    p.subscribe(lambda ev, payload: seen.append(ev))
+    n = p.add_node("relu", [act.outputs[0]])
+    p.set_pos(n.id, (10, 20))
+    p.remove_node(n.id)
+    assert seen[:3] == ["node_added", "node_moved", "node_removed"]
+
+
+def test_networkx_view_has_value_edges():
+    p, x, b, add, act = chain()
+    g = p.graph()
+    assert g.has_edge(add.id, act.id) and g.edges[add.id, act.id]["value"] == add.outputs[0]
