@@ -1,0 +1,724 @@
+"""The project file: a Program as versioned JSON, with large parameters in a sidecar .npz.
+
+Loading never executes code and never unpickles: the JSON is parsed with the json module, every field
+is checked for type and range, ops must be known to the registry, and the sidecar is read member by
+member with numpy's header reader (no pickle), its shape, dtype and SHA-256 checked against the JSON.
+Any problem raises FileFormatError naming the JSON path ("nodes[3].inputs[1]: ...").
+
+Saving is atomic: each file is written to a temporary file in the same folder, fsynced and renamed over
+the old one, so a crash mid-save leaves the old file whole. The schema is described in
+docs/PROJECT_FILE.md.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import math
+import os
+import re
+import tempfile
+import zipfile
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from .errors import FileFormatError, ProgramError
+from .ir import Node, Program, Role, SOURCE_ROLES, Value
+from .ops import DTYPE_BYTES, REGISTRY, get_op
+
+FORMAT = "stitchcuda-program"
+SCHEMA_VERSION = 1
+INLINE_LIMIT = 4096            # parameters with at most this many elements are stored inline
+
+# Limits against hostile files: generous for real programs, small enough to fail fast.
+MAX_FILE_BYTES = 512 << 20
+MAX_ITEMS = 1_000_000          # nodes, values, parameters
+MAX_ID = 64
+MAX_NAME = 1000
+MAX_TEXT = 8 << 20             # one free-form string (generated source lives in regions)
+MAX_DEPTH = 64                 # nesting of free-form sections (attrs, regions, log, profile, metadata)
+MAX_RANK = 32
+MAX_NUMEL = 1 << 40            # elements of one tensor (a few TB; more is a corrupt file)
+
+# Dtypes numpy can hold exactly (bfloat16 has no numpy type: such parameters are stored as float32).
+DATA_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")
+
+_ID_RE = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+_TOP_KEYS = ("format", "schema_version", "name", "next_id", "inputs", "outputs", "values", "nodes",
+             "parameters", "regions", "log", "profile", "metadata")
+_VALUE_KEYS = ("id", "name", "shape", "dtype", "role", "producer", "init")
+_NODE_KEYS = ("id", "op", "name", "attrs", "inputs", "outputs", "pos")
+_FLOAT_TAG = "$float"
+
+
+# --- public API ------------------------------------------------------------------------------
+def save_program(program: Program, path: str | os.PathLike, *, inline_limit: int = INLINE_LIMIT) -> None:
+    """Write `program` to `path` (JSON) and, if it has large parameters, `<path>.npz`, atomically."""
+    path = os.fspath(path)
+    sidecar_name = os.path.basename(path) + ".npz"
+    large: dict[str, np.ndarray] = {}
+    obj = _to_json(program, inline_limit=inline_limit, sidecar=sidecar_name, large=large)
+    text = _format(obj)
+    if large:
+        sidecar = os.path.join(os.path.dirname(path) or ".", sidecar_name)
+        # An unchanged sidecar is left alone: then the only rename is the JSON's, which is atomic.
+        if not _sidecar_matches(sidecar, obj["parameters"]):
+            _atomic_write(sidecar, lambda f: _write_npz(f, large))
+    _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+    if not large:  # a sidecar left from an earlier save is no longer referenced
+        stale = os.path.join(os.path.dirname(path) or ".", sidecar_name)
+        if os.path.isfile(stale):
+            os.unlink(stale)
+
+
+def load_program(path: str | os.PathLike, *, strict: bool = False) -> Program:
+    """Read a project file into a fresh Program.
+
+    Structural problems (bad JSON, wrong types, unknown ops, dangling references, duplicate ids,
+    cycles, sidecar mismatches) raise FileFormatError. Other validation errors (an unconnected port,
+    a node whose shapes no longer infer) are what a half-built graph in the editor has; they are kept
+    on node.error unless strict=True, which raises the first of them.
+    """
+    path = os.fspath(path)
+    try:
+        size = os.path.getsize(path)
+        if size > MAX_FILE_BYTES:
+            raise FileFormatError(f"{path}: {size} bytes is larger than the {MAX_FILE_BYTES >> 20} MiB "
+                                  f"a project file may have")
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise FileFormatError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise FileFormatError(f"{path}: is a folder, not a project file") from None
+    except OSError as e:
+        raise FileFormatError(f"{path}: cannot read ({e.strerror or e})") from None
+    obj = _parse(raw, path)
+    try:
+        return program_from_json(obj, base_dir=os.path.dirname(os.path.abspath(path)), strict=strict)
+    except FileFormatError as e:
+        raise FileFormatError(f"{path}: {e}") from None
+
+
+def program_to_json(program: Program, *, inline_limit: int | None = None) -> dict:
+    """The program as a JSON-compatible dict; all parameter data inline unless inline_limit is set
+    (then larger arrays are left out: use save_program for a file with a sidecar)."""
+    return _to_json(program, inline_limit=inline_limit, sidecar=None, large=None)
+
+
+def program_from_json(obj: Any, base_dir: str | os.PathLike | None = None, *, strict: bool = False) -> Program:
+    """Build a fresh Program from a parsed project file; base_dir is where its sidecar lies."""
+    return _Reader(obj, None if base_dir is None else os.fspath(base_dir)).read(strict)
+
+
+def dumps(program: Program) -> str:
+    """Self-contained text (all data inline) for the clipboard or a message."""
+    return json.dumps(program_to_json(program), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def loads(text: str | bytes, *, strict: bool = False) -> Program:
+    """The inverse of dumps (also reads a project file's text that has no sidecar)."""
+    raw = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    if len(raw) > MAX_FILE_BYTES:
+        raise FileFormatError(f"text of {len(raw)} bytes is larger than a project may be")
+    return program_from_json(_parse(raw, "text"), None, strict=strict)
+
+
+# --- writing ---------------------------------------------------------------------------------
+def _to_json(program: Program, *, inline_limit, sidecar, large) -> dict:
+    for vid in program.data:
+        v = program.values.get(vid)
+        if v is None or v.role not in (Role.PARAMETER, Role.CONSTANT):
+            what = "not a value" if v is None else f"a {v.role.value}"
+            raise FileFormatError(f"cannot save: program data holds '{vid}', which is {what}")
+    params = []
+    for vid, arr in program.data.items():
+        arr = np.asarray(arr)
+        entry = {"value": vid, **_array_header(arr, vid)}
+        if inline_limit is None or arr.size <= inline_limit:
+            entry["data"] = base64.b64encode(_le_bytes(arr)).decode("ascii")
+        elif large is not None:
+            entry["sidecar"] = sidecar
+            entry["sha256"] = hashlib.sha256(_le_bytes(arr)).hexdigest()
+            large[vid] = arr
+        else:
+            entry["sidecar"] = None  # left out by request (a summary, not a file)
+        params.append(entry)
+    return {
+        "format": FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "name": program.name,
+        "next_id": program._next_id,
+        "inputs": list(program.inputs),
+        "outputs": list(program.outputs),
+        "values": [{"id": v.id, "name": v.name, "shape": [int(d) for d in v.shape], "dtype": v.dtype,
+                    "role": Role(v.role).value, "producer": v.producer,
+                    "init": _plain(v.init, f"values.{v.id}.init")}
+                   for v in program.values.values()],
+        "nodes": [{"id": n.id, "op": n.op, "name": n.name, "attrs": _plain(n.attrs, f"nodes.{n.id}.attrs"),
+                   "inputs": list(n.inputs), "outputs": list(n.outputs),
+                   "pos": None if n.pos is None else [_plain(float(n.pos[0]), ""), _plain(float(n.pos[1]), "")]}
+                  for n in program.nodes.values()],
+        "parameters": params,
+        "regions": [_plain(r.to_dict() if hasattr(r, "to_dict") else r, f"regions[{i}]")
+                    for i, r in enumerate(program.regions)],
+        "log": _plain(list(program.log), "log"),
+        "profile": _plain(program.profile, "profile"),
+        "metadata": _plain(dict(program.metadata), "metadata"),
+    }
+
+
+def _format(obj: dict) -> str:
+    """JSON with one top-level key per line and one node / value / parameter per line (readable,
+    and a diff of two saves shows which nodes changed)."""
+    def one(x):
+        return json.dumps(x, ensure_ascii=False, allow_nan=False, separators=(", ", ": "))
+    lines = []
+    for k, v in obj.items():
+        if isinstance(v, list) and v and k in ("values", "nodes", "parameters", "regions", "log"):
+            body = ",\n".join("  " + one(item) for item in v)
+            lines.append(f"{one(k)}: [\n{body}\n ]")
+        else:
+            lines.append(f"{one(k)}: {one(v)}")
+    return "{\n " + ",\n ".join(lines) + "\n}\n"
+
+
+def _array_header(arr: np.ndarray, vid: str) -> dict:
+    name = arr.dtype.name
+    if name not in DATA_DTYPES:
+        raise FileFormatError(f"cannot save parameter '{vid}': dtype {name} is not one of "
+                              f"{', '.join(DATA_DTYPES)}")
+    return {"dtype": name, "shape": [int(d) for d in arr.shape]}
+
+
+def _le_bytes(arr: np.ndarray) -> bytes:
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+
+
+def _plain(x: Any, path: str, depth: int = 0) -> Any:
+    """x as plain JSON types; non-finite floats become {"$float": "nan" | "inf" | "-inf"} so the file
+    stays strict JSON and NaN compares equal after a round trip."""
+    if depth > MAX_DEPTH:
+        raise FileFormatError(f"cannot save {path}: nested deeper than {MAX_DEPTH} levels")
+    if isinstance(x, Enum):
+        x = x.value
+    if x is None or isinstance(x, (bool, str)) and type(x) in (bool, str):
+        return x
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, bool):
+        return bool(x)
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        if math.isfinite(x):
+            return float(x)
+        return {_FLOAT_TAG: "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")}
+    if isinstance(x, str):
+        return str.__str__(x)
+    if isinstance(x, dict):
+        out = {}
+        for k, v in x.items():
+            if isinstance(k, Enum):
+                k = k.value
+            if isinstance(k, bool) or not isinstance(k, (str, int)):
+                raise FileFormatError(f"cannot save {path}: key {k!r} is not a string")
+            out[str(k)] = _plain(v, f"{path}.{k}", depth + 1)
+        return out
+    if isinstance(x, (list, tuple)):
+        return [_plain(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(x)]
+    raise FileFormatError(f"cannot save {path}: a {type(x).__name__} is not plain data")
+
+
+def _atomic_write(path: str, write) -> None:
+    """Write through a temporary file in the same folder, fsync, then rename over `path`."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(path):  # keep the old file's permissions
+            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _write_npz(f, arrays: dict[str, np.ndarray]) -> None:
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
+        for vid, arr in arrays.items():
+            with z.open(vid + ".npy", "w", force_zip64=True) as m:
+                np.lib.format.write_array(m, np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")),
+                                          allow_pickle=False)
+
+
+def _sidecar_matches(path: str, params: list[dict]) -> bool:
+    want = [p for p in params if "sidecar" in p]
+    try:
+        _read_sidecar(path, want, check_only=True)
+        return True
+    except FileFormatError:
+        return False
+
+
+# --- reading ---------------------------------------------------------------------------------
+def _parse(raw: bytes, where: str) -> Any:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileFormatError(f"{where}: not UTF-8 text (byte {e.start}); is this a project file?") from None
+    if not text.strip():
+        raise FileFormatError(f"{where}: the file is empty")
+
+    def no_duplicates(pairs):
+        keys = [k for k, _ in pairs]
+        if len(set(keys)) != len(keys):
+            dup = next(k for k in keys if keys.count(k) > 1)
+            raise FileFormatError(f"{where}: key '{dup[:40]}' appears twice in one JSON object")
+        return dict(pairs)
+
+    def bad_constant(name):
+        raise FileFormatError(f"{where}: {name} is not JSON (non-finite numbers are written as "
+                              f'{{"{_FLOAT_TAG}": "nan"}})')
+
+    try:
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=bad_constant)
+    except json.JSONDecodeError as e:
+        hint = " (the file is truncated)" if e.pos >= len(text.rstrip()) else ""
+        raise FileFormatError(f"{where}: not valid JSON{hint}: {e.msg} at line {e.lineno} column {e.colno}") from None
+    except RecursionError:
+        raise FileFormatError(f"{where}: JSON nested too deeply") from None
+    except ValueError as e:  # e.g. an integer literal with thousands of digits
+        raise FileFormatError(f"{where}: not valid JSON: {e}") from None
+
+
+def _type_name(x: Any) -> str:
+    if x is None:
+        return "null"
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "an object"}.get(type(x), type(x).__name__)
+
+
+class _Reader:
+    """Checks a parsed file path by path and builds the Program."""
+
+    def __init__(self, obj: Any, base_dir: str | None):
+        self.obj = obj
+        self.base_dir = base_dir
+
+    # small checkers, each naming the path ---------------------------------------------------
+    @staticmethod
+    def fail(path: str, msg: str):
+        raise FileFormatError(f"{path}: {msg}" if path else msg)
+
+    def typed(self, x, types, path, what):
+        if isinstance(x, bool) and bool not in types or not isinstance(x, types):
+            self.fail(path, f"must be {what}, got {_type_name(x)}")
+        return x
+
+    def obj_keys(self, x, path, keys, optional=()):
+        self.typed(x, (dict,), path, "an object")
+        missing = [k for k in keys if k not in x and k not in optional]
+        if missing:
+            self.fail(path, f"missing key '{missing[0]}'")
+        extra = [k for k in x if k not in keys]
+        if extra:
+            self.fail(path, f"unknown key '{str(extra[0])[:40]}'")
+        return x
+
+    def string(self, x, path, limit=MAX_NAME, nullable=False):
+        if x is None and nullable:
+            return None
+        self.typed(x, (str,), path, "a string")
+        if len(x) > limit:
+            self.fail(path, f"a string of {len(x)} characters is longer than the {limit} allowed")
+        return x
+
+    def ident(self, x, path, nullable=False):
+        if x is None and nullable:
+            return None
+        self.string(x, path, MAX_ID)
+        if not _ID_RE.match(x):
+            self.fail(path, f"'{x}' is not a valid id (letters, digits, _ . : -)")
+        return x
+
+    def integer(self, x, path, lo=None, hi=None):
+        self.typed(x, (int,), path, "an integer")
+        if lo is not None and x < lo or hi is not None and x > hi:
+            self.fail(path, f"{x} is out of range" + (f" ({lo} to {hi})" if hi is not None else f" (at least {lo})"))
+        return x
+
+    def array(self, x, path, limit=MAX_ITEMS):
+        self.typed(x, (list,), path, "a list")
+        if len(x) > limit:
+            self.fail(path, f"{len(x)} entries is more than the {limit} allowed")
+        return x
+
+    def shape(self, x, path) -> tuple[int, ...]:
+        self.array(x, path, MAX_RANK)
+        dims = []
+        for i, d in enumerate(x):
+            if isinstance(d, bool) or not isinstance(d, int):
+                self.fail(f"{path}[{i}]", f"a dimension must be an integer, got {_type_name(d)}")
+            if d < 0:
+                self.fail(f"{path}[{i}]", f"negative dimension {d}")
+            if d > MAX_NUMEL:
+                self.fail(f"{path}[{i}]", f"dimension {d} is absurdly large (limit {MAX_NUMEL})")
+            dims.append(d)
+        numel = math.prod(dims)
+        if numel > MAX_NUMEL:
+            self.fail(path, f"shape {dims} has {numel:.3g} elements, more than the {MAX_NUMEL:.3g} allowed")
+        return tuple(dims)
+
+    def dtype(self, x, path, allowed=tuple(DTYPE_BYTES)):
+        self.string(x, path, 32)
+        if x not in allowed:
+            self.fail(path, f"unknown dtype '{x}' (known: {', '.join(allowed)})")
+        return x
+
+    def free(self, x, path, depth=0):
+        """A free-form JSON section: checks depth and sizes, decodes tagged non-finite floats."""
+        if depth > MAX_DEPTH:
+            self.fail(path, f"nested deeper than {MAX_DEPTH} levels")
+        if isinstance(x, str):
+            return self.string(x, path, MAX_TEXT)
+        if isinstance(x, list):
+            self.array(x, path)
+            return [self.free(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(x)]
+        if isinstance(x, dict):
+            if len(x) == 1 and _FLOAT_TAG in x:
+                tag = x[_FLOAT_TAG]
+                if tag not in ("nan", "inf", "-inf"):
+                    self.fail(path, f'"{_FLOAT_TAG}" must be "nan", "inf" or "-inf", got {str(tag)[:20]!r}')
+                return float(tag)
+            if len(x) > MAX_ITEMS:
+                self.fail(path, f"{len(x)} keys is more than the {MAX_ITEMS} allowed")
+            out = {}
+            for k, v in x.items():
+                self.string(k, f"{path} key", MAX_NAME)
+                out[k] = self.free(v, f"{path}.{k}", depth + 1)
+            return out
+        return x  # None, bool, int, float
+
+    # the file ----------------------------------------------------------------------------
+    def read(self, strict: bool) -> Program:
+        top = self.obj
+        if not isinstance(top, dict):
+            self.fail("", f"a project file is a JSON object, got {_type_name(top)}")
+        fmt = top.get("format")
+        if fmt != FORMAT:
+            got = "no 'format' key" if "format" not in top else f"format {str(fmt)[:40]!r}"
+            self.fail("format", f"not a StitchCUDA program file ({got}; expected '{FORMAT}')")
+        ver = top.get("schema_version")
+        if isinstance(ver, bool) or not isinstance(ver, int):
+            self.fail("schema_version", f"must be an integer, got {_type_name(ver)}")
+        if ver > SCHEMA_VERSION:
+            self.fail("schema_version", f"the file has schema version {ver}, written by a newer StitchCUDA; "
+                                        f"this one reads up to version {SCHEMA_VERSION}")
+        if ver < 1:
+            self.fail("schema_version", f"{ver} is not a schema version (versions start at 1)")
+        self.obj_keys(top, "", _TOP_KEYS)
+
+        p = Program(self.string(top["name"], "name"))
+        next_id = self.integer(top["next_id"], "next_id", 0, 1 << 62)
+
+        # values
+        values = self.array(top["values"], "values")
+        for i, raw in enumerate(values):
+            path = f"values[{i}]"
+            self.obj_keys(raw, path, _VALUE_KEYS)
+            vid = self.ident(raw["id"], f"{path}.id")
+            if vid in p.values:
+                self.fail(f"{path}.id", f"duplicate value id '{vid}'")
+            role_s = self.string(raw["role"], f"{path}.role", 32)
+            try:
+                role = Role(role_s)
+            except ValueError:
+                self.fail(f"{path}.role", f"unknown role '{role_s}' (known: {', '.join(r.value for r in Role)})")
+            init = raw["init"]
+            if init is not None:
+                self.typed(init, (dict,), f"{path}.init", "an object or null")
+                init = self.free(init, f"{path}.init")
+            p.values[vid] = Value(vid, self.string(raw["name"], f"{path}.name"),
+                                  self.shape(raw["shape"], f"{path}.shape"),
+                                  self.dtype(raw["dtype"], f"{path}.dtype"), role,
+                                  self.ident(raw["producer"], f"{path}.producer", nullable=True), init)
+        value_index = {vid: i for i, vid in enumerate(p.values)}
+
+        # nodes
+        nodes = self.array(top["nodes"], "nodes")
+        produced: dict[str, str] = {}
+        for i, raw in enumerate(nodes):
+            path = f"nodes[{i}]"
+            self.obj_keys(raw, path, _NODE_KEYS)
+            nid = self.ident(raw["id"], f"{path}.id")
+            if nid in p.nodes:
+                self.fail(f"{path}.id", f"duplicate node id '{nid}'")
+            if nid in p.values:
+                self.fail(f"{path}.id", f"'{nid}' is already the id of a value")
+            op_name = self.string(raw["op"], f"{path}.op", 200)
+            if op_name not in REGISTRY:
+                try:
+                    get_op(op_name)
+                except ProgramError as e:
+                    self.fail(f"{path}.op", str(e))
+                self.fail(f"{path}.op", f"'{op_name}' is an alias; files hold canonical op names")
+            opdef = REGISTRY[op_name]
+            ins = self.array(raw["inputs"], f"{path}.inputs", 100_000)
+            for k, vid in enumerate(ins):
+                self.ident(vid, f"{path}.inputs[{k}]", nullable=True)
+                if vid is not None and vid not in p.values:
+                    self.fail(f"{path}.inputs[{k}]", f"refers to unknown value '{vid}'")
+            outs = self.array(raw["outputs"], f"{path}.outputs", 1000)
+            for k, vid in enumerate(outs):
+                self.ident(vid, f"{path}.outputs[{k}]")
+                if vid not in p.values:
+                    self.fail(f"{path}.outputs[{k}]", f"refers to unknown value '{vid}'")
+                if vid in produced:
+                    self.fail(f"{path}.outputs[{k}]", f"value '{vid}' is already produced by node '{produced[vid]}'")
+                if p.values[vid].producer != nid:
+                    self.fail(f"{path}.outputs[{k}]", f"value '{vid}' names producer "
+                                                      f"'{p.values[vid].producer}', not '{nid}'")
+                produced[vid] = nid
+            attrs = self.free(self.typed(raw["attrs"], (dict,), f"{path}.attrs", "an object"), f"{path}.attrs")
+            try:
+                attrs = opdef.normalize_attrs(attrs)
+            except ProgramError as e:
+                self.fail(f"{path}.attrs", str(e))
+            pos = raw["pos"]
+            if pos is not None:
+                self.array(pos, f"{path}.pos", 2)
+                if len(pos) != 2 or not all(isinstance(c, (int, float)) and not isinstance(c, bool)
+                                            and math.isfinite(c) for c in pos):
+                    self.fail(f"{path}.pos", "must be [x, y] with two finite numbers, or null")
+                pos = (float(pos[0]), float(pos[1]))
+            p.nodes[nid] = Node(nid, op_name, list(ins), list(outs), attrs,
+                                self.string(raw["name"], f"{path}.name"), pos)
+
+        # producers must agree with the nodes, and source roles have none
+        for vid, v in p.values.items():
+            path = f"values[{value_index[vid]}]"
+            if v.role in SOURCE_ROLES and v.producer is not None:
+                self.fail(f"{path}.producer", f"a {v.role.value} has no producer, got '{v.producer}'")
+            if v.role not in SOURCE_ROLES and v.producer is None:
+                self.fail(f"{path}.producer", f"a {v.role.value} value needs the node that produces it")
+            if v.producer is not None and v.producer not in p.nodes:
+                self.fail(f"{path}.producer", f"refers to unknown node '{v.producer}'")
+            if v.producer is not None and produced.get(vid) != v.producer:
+                self.fail(f"{path}.producer", f"node '{v.producer}' does not list '{vid}' among its outputs")
+
+        # program inputs and outputs
+        for key in ("inputs", "outputs"):
+            lst = self.array(top[key], key)
+            seen = set()
+            for k, vid in enumerate(lst):
+                self.ident(vid, f"{key}[{k}]")
+                if vid not in p.values:
+                    self.fail(f"{key}[{k}]", f"refers to unknown value '{vid}'")
+                if vid in seen:
+                    self.fail(f"{key}[{k}]", f"'{vid}' is listed twice")
+                seen.add(vid)
+                role = p.values[vid].role
+                if key == "inputs" and role != Role.INPUT:
+                    self.fail(f"{key}[{k}]", f"'{vid}' is a {role.value}, not an input")
+                if key == "outputs" and role in (Role.PARAMETER, Role.CONSTANT):
+                    self.fail(f"{key}[{k}]", f"'{vid}' is a {role.value}; only computed values can be outputs")
+            setattr(p, key, list(lst))
+        missing = [vid for vid, v in p.values.items() if v.role == Role.INPUT and vid not in p.inputs]
+        if missing:
+            self.fail("inputs", f"input value '{missing[0]}' is not listed in the program's inputs")
+
+        self.read_parameters(top["parameters"], p)
+
+        # free-form sections
+        regions = self.array(top["regions"], "regions")
+        p.regions = [self.region(self.free(r, f"regions[{i}]"), f"regions[{i}]", p) for i, r in enumerate(regions)]
+        p.log = self.free(self.array(top["log"], "log"), "log")
+        prof = top["profile"]
+        if prof is not None:
+            self.typed(prof, (dict,), "profile", "an object or null")
+        p.profile = self.free(prof, "profile")
+        p.metadata = self.free(self.typed(top["metadata"], (dict,), "metadata", "an object"), "metadata")
+
+        p._next_id = next_id
+        for ident in list(p.nodes) + list(p.values):
+            p._claim_id(ident)  # a stale counter must never hand out an id that is taken
+        p._next_id = max(p._next_id, next_id)
+        if p._next_id != next_id:
+            self.fail("next_id", f"{next_id} is below an id already in use (ids up to {p._next_id})")
+
+        self.check_program(p, strict)
+        return p
+
+    def read_parameters(self, params, p: Program) -> None:
+        self.array(params, "parameters")
+        sidecar_entries = []
+        for i, raw in enumerate(params):
+            path = f"parameters[{i}]"
+            self.typed(raw, (dict,), path, "an object")
+            has_data = "data" in raw
+            keys = ("value", "dtype", "shape") + (("data",) if has_data else ("sidecar", "sha256"))
+            if not has_data and "sidecar" not in raw:
+                self.fail(path, "missing key 'data' (inline) or 'sidecar'")
+            self.obj_keys(raw, path, keys)
+            vid = self.ident(raw["value"], f"{path}.value")
+            v = p.values.get(vid)
+            if v is None:
+                self.fail(f"{path}.value", f"refers to unknown value '{vid}'")
+            if v.role not in (Role.PARAMETER, Role.CONSTANT):
+                self.fail(f"{path}.value", f"'{vid}' is a {v.role.value}; only parameters and constants hold data")
+            if vid in p.data or any(e[1] == vid for e in sidecar_entries):
+                self.fail(f"{path}.value", f"'{vid}' has data twice")
+            dtype = self.dtype(raw["dtype"], f"{path}.dtype", DATA_DTYPES)
+            shape = self.shape(raw["shape"], f"{path}.shape")
+            if shape != v.shape:
+                self.fail(f"{path}.shape", f"{list(shape)} does not match value '{vid}' of shape {list(v.shape)}")
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            if has_data:
+                b64 = self.string(raw["data"], f"{path}.data", MAX_FILE_BYTES)
+                want = 4 * ((nbytes + 2) // 3)
+                if len(b64) != want:
+                    self.fail(f"{path}.data", f"{len(b64)} base64 characters, expected {want} for "
+                                              f"{dtype}{list(shape)} ({nbytes} bytes)")
+                try:
+                    blob = base64.b64decode(b64, validate=True)
+                except ValueError:
+                    self.fail(f"{path}.data", "is not valid base64")
+                if len(blob) != nbytes:
+                    self.fail(f"{path}.data", f"decodes to {len(blob)} bytes, expected {nbytes}")
+                arr = np.frombuffer(blob, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape)
+                p.data[vid] = arr.astype(np.dtype(dtype), copy=True)
+            else:
+                name = self.string(raw["sidecar"], f"{path}.sidecar", 255)
+                if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
+                    self.fail(f"{path}.sidecar", f"'{name}' must be a plain file name next to the project file")
+                digest = self.string(raw["sha256"], f"{path}.sha256", 64)
+                if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                    self.fail(f"{path}.sha256", "must be 64 lowercase hex digits")
+                sidecar_entries.append((path, vid, dtype, shape, name, digest))
+                p.data[vid] = None  # placeholder keeps the file's order; filled below
+        if sidecar_entries:
+            names = {e[4] for e in sidecar_entries}
+            if len(names) > 1:
+                self.fail("parameters", f"data is split over several sidecar files ({', '.join(sorted(names))})")
+            if self.base_dir is None:
+                self.fail(sidecar_entries[0][0] + ".sidecar",
+                          f"the data lies in a sidecar file '{names.pop()}', which text alone cannot carry")
+            arrays = _read_sidecar(os.path.join(self.base_dir, names.pop()),
+                                   [{"value": e[1], "dtype": e[2], "shape": list(e[3]), "sha256": e[5],
+                                     "path": e[0]} for e in sidecar_entries])
+            p.data.update(arrays)
+
+    def region(self, d, path, p: Program):
+        try:
+            from . import regions as regions_mod  # the planner's module; optional until it lands
+        except ModuleNotFoundError as e:
+            if e.name != __package__ + ".regions":
+                raise
+            return d
+        if not isinstance(d, dict):
+            self.fail(path, f"a region must be an object, got {_type_name(d)}")
+        try:
+            r = regions_mod.Region.from_dict(d)
+        except FileFormatError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, ProgramError) as e:
+            msg = f"missing key {e}" if isinstance(e, KeyError) else str(e)
+            self.fail(path, f"not a valid region: {msg}")
+        for k, nid in enumerate(r.nodes):
+            if nid not in p.nodes:
+                self.fail(f"{path}.nodes[{k}]", f"refers to unknown node '{nid}'")
+        return r
+
+    def check_program(self, p: Program, strict: bool) -> None:
+        for node in p.nodes.values():
+            p._infer(node)  # sets node.error (the editor's badge); recorded shapes stay as saved
+        for d in p.validate():
+            if d.severity != "error":
+                continue
+            if d.code == "cycle":
+                self.fail("nodes", d.message)
+            if strict:
+                self.fail(f"nodes.{d.node_id}" if d.node_id else "", d.message)
+        if p.regions and not all(isinstance(r, dict) for r in p.regions):
+            from .regions import check_program_regions
+            problems = check_program_regions(p)
+            if problems:
+                self.fail("regions", problems[0])
+
+
+def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> dict[str, np.ndarray]:
+    """Read and check the arrays `want` describes from a sidecar .npz, without pickle."""
+    label = os.path.basename(path)
+    if not os.path.isfile(path):
+        raise FileFormatError(f"sidecar file '{label}' with the large parameters is missing")
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = {i.filename: i for i in z.infolist()}
+            for w in want:
+                where = w.get("path", "parameters")
+                info = members.get(w["value"] + ".npy")
+                if info is None:
+                    raise FileFormatError(f"{where}: sidecar '{label}' has no array for '{w['value']}'")
+                dtype, shape = np.dtype(w["dtype"]), tuple(w["shape"])
+                nbytes = math.prod(shape) * dtype.itemsize
+                if info.file_size > nbytes + 4096:  # the .npy header is small; more is not this array
+                    raise FileFormatError(f"{where}: sidecar array '{w['value']}' is {info.file_size} bytes, "
+                                          f"expected about {nbytes}")
+                with z.open(info) as m:
+                    version = np.lib.format.read_magic(m)
+                    if version == (1, 0):
+                        hshape, fortran, hdtype = np.lib.format.read_array_header_1_0(m)
+                    elif version == (2, 0):
+                        hshape, fortran, hdtype = np.lib.format.read_array_header_2_0(m)
+                    else:
+                        raise FileFormatError(f"{where}: sidecar array '{w['value']}' has .npy version {version}")
+                    if hdtype.hasobject:
+                        raise FileFormatError(f"{where}: sidecar array '{w['value']}' holds Python objects; "
+                                              f"refusing to load it")
+                    if tuple(hshape) != shape or hdtype.newbyteorder("=") != dtype.newbyteorder("=") \
+                            or hdtype.byteorder == ">":
+                        raise FileFormatError(f"{where}: sidecar array '{w['value']}' is {hdtype}{list(hshape)}, "
+                                              f"the file says {w['dtype']}{list(shape)}")
+                    if fortran:
+                        raise FileFormatError(f"{where}: sidecar array '{w['value']}' is in Fortran order")
+                    blob = m.read(nbytes + 1)
+                if len(blob) != nbytes:
+                    raise FileFormatError(f"{where}: sidecar array '{w['value']}' has {len(blob)} bytes of data, "
+                                          f"expected {nbytes}")
+                if hashlib.sha256(blob).hexdigest() != w["sha256"]:
+                    raise FileFormatError(f"{where}: sidecar array '{w['value']}' does not match the file's "
+                                          f"checksum (the sidecar belongs to another save)")
+                if not check_only:
+                    arr = np.frombuffer(blob, dtype=dtype.newbyteorder("<")).reshape(shape)
+                    out[w["value"]] = arr.astype(dtype, copy=True)
+    except FileFormatError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, OSError, NotImplementedError) as e:
+        raise FileFormatError(f"sidecar file '{label}' is damaged: {e}") from None
+    return out
