@@ -79,3 +79,37 @@ def _fmt(shape) -> str:
 
 
 fmt_shape = _fmt
+
+
+def opt(specs, i: int):
+    """The i-th entry of an input list, or None when that optional port is absent or unconnected."""
+    return specs[i] if i < len(specs) else None
+
+
+def ntuple(value, n: int, what: str) -> list[int]:
+    """An int-list attribute expanded to n entries (torch accepts one value for every dimension)."""
+    if isinstance(value, int):
+        return [value] * n
+    value = list(value)
+    if len(value) == 1:
+        return value * n
+    if len(value) != n:
+        raise ShapeError(f"{what} needs 1 or {n} values, got {len(value)} ({value})")
+    return value
+
+
+def same_shape(a: TensorSpec, b: TensorSpec, what_a: str, what_b: str, op: str) -> None:
+    if a.shape != b.shape:
+        raise ShapeError(f"{op}: {what_a} {_fmt(a.shape)} and {what_b} {_fmt(b.shape)} must have the same shape")
+
+
+def need_float(spec: TensorSpec, op: str, what: str = "input") -> None:
+    """Torch refuses some ops on integer tensors (mean, std, norms): say so before running."""
+    if spec.dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"{op}: {what} must be a floating-point tensor, got {spec.dtype} "
+                         f"(cast it first)")
+
+
+def int_result(dtype: str) -> str:
+    """Torch's sum, prod and cumsum accumulate integers and bools in int64."""
+    return dtype if dtype in FLOAT_DTYPES else "int64"

@@ -55,7 +55,7 @@ class TensorSpec:
         return f"{self.dtype}[{', '.join(map(str, self.shape))}]"
 
 
-_ATTR_KINDS = ("int", "float", "bool", "str", "ints", "floats", "scalar", "json")
+_ATTR_KINDS = ("int", "float", "bool", "str", "ints", "floats", "scalar", "json", "ints_or_str")
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,8 @@ class Attr:
     """An op attribute: its kind decides how values are checked and edited.
 
     kinds: int, float, bool, str, ints (list of int), floats, scalar (int or float), json (any
-    JSON-compatible value, used by opaque ops).
+    JSON-compatible value, used by opaque ops), ints_or_str (a list of int, or one of `choices` as a
+    string: conv padding is [1, 1] or "same").
     """
     name: str
     kind: str
@@ -97,13 +98,20 @@ class Attr:
         elif k == "str":
             if not isinstance(value, str):
                 raise ProgramError(f"attribute {where} must be a string, got {value!r}")
-        elif k in ("ints", "floats"):
+        elif k == "ints_or_str" and isinstance(value, str):
+            if self.choices is not None and value not in self.choices:
+                raise ProgramError(f"attribute {where} must be a list of integers or one of "
+                                   f"{list(self.choices)}, got {value!r}")
+            return value
+        elif k in ("ints", "floats", "ints_or_str"):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 value = [value]
             if not isinstance(value, (list, tuple)):
                 raise ProgramError(f"attribute {where} must be a list of numbers, got {value!r}")
-            item = Attr(self.name, "int" if k == "ints" else "float")
+            item = Attr(self.name, "float" if k == "floats" else "int")
             value = [item.check(op, v) for v in value]
+            if k == "ints_or_str":
+                return value
         if self.choices is not None and value not in self.choices:
             raise ProgramError(f"attribute {where} must be one of {list(self.choices)}, got {value!r}")
         return value
@@ -142,6 +150,7 @@ class OpDef:
     doc: str = ""
     cuda: str | None = None
     extra: dict = field(default_factory=dict)
+    min_inputs: int | None = None  # overrides the arity minimum (a variadic op that may take none)
 
     def __post_init__(self):
         assert self.category in CATEGORIES, (self.name, self.category)
@@ -159,8 +168,8 @@ class OpDef:
         """(minimum, maximum) number of inputs; maximum None for variadic ops."""
         required = sum(1 for p in self.inputs if not p.endswith(("?", "*")))
         if self.variadic:
-            return max(required, 1), None
-        return required, len(self.inputs)
+            return (max(required, 1) if self.min_inputs is None else self.min_inputs), None
+        return (required if self.min_inputs is None else self.min_inputs), len(self.inputs)
 
     def port_name(self, index: int) -> str:
         names = self.port_names
