@@ -131,7 +131,7 @@ def _to_json(program: Program, *, inline_limit, sidecar, large) -> dict:
     for vid in program.data:
         v = program.values.get(vid)
         if v is None or v.role not in (Role.PARAMETER, Role.CONSTANT):
-            what = "not a value" if v is None else f"a {v.role.value}"
+            what = "not a value" if v is None else _a(v.role.value)
             raise FileFormatError(f"cannot save: program data holds '{vid}', which is {what}")
     params = []
     for vid, arr in program.data.items():
@@ -229,7 +229,7 @@ def _plain(x: Any, path: str, depth: int = 0) -> Any:
         return out
     if isinstance(x, (list, tuple)):
         return [_plain(v, f"{path}[{i}]", depth + 1) for i, v in enumerate(x)]
-    raise FileFormatError(f"cannot save {path}: a {type(x).__name__} is not plain data")
+    raise FileFormatError(f"cannot save {path}: {_a(type(x).__name__)} is not plain data")
 
 
 def _atomic_write(path: str, write) -> None:
@@ -314,6 +314,10 @@ def _parse(raw: bytes, where: str) -> Any:
         raise FileFormatError(f"{where}: JSON nested too deeply") from None
     except ValueError as e:  # e.g. an integer literal with thousands of digits
         raise FileFormatError(f"{where}: not valid JSON: {e}") from None
+
+
+def _a(word: str) -> str:
+    return ("an " if word[:1] in "aeiou" else "a ") + word
 
 
 def _type_name(x: Any) -> str:
@@ -523,9 +527,9 @@ class _Reader:
         for vid, v in p.values.items():
             path = f"values[{value_index[vid]}]"
             if v.role in SOURCE_ROLES and v.producer is not None:
-                self.fail(f"{path}.producer", f"a {v.role.value} has no producer, got '{v.producer}'")
+                self.fail(f"{path}.producer", f"{_a(v.role.value)} has no producer, got '{v.producer}'")
             if v.role not in SOURCE_ROLES and v.producer is None:
-                self.fail(f"{path}.producer", f"a {v.role.value} value needs the node that produces it")
+                self.fail(f"{path}.producer", f"{_a(v.role.value)} value needs the node that produces it")
             if v.producer is not None and v.producer not in p.nodes:
                 self.fail(f"{path}.producer", f"refers to unknown node '{v.producer}'")
             if v.producer is not None and produced.get(vid) != v.producer:
@@ -544,9 +548,9 @@ class _Reader:
                 seen.add(vid)
                 role = p.values[vid].role
                 if key == "inputs" and role != Role.INPUT:
-                    self.fail(f"{key}[{k}]", f"'{vid}' is a {role.value}, not an input")
+                    self.fail(f"{key}[{k}]", f"'{vid}' is {_a(role.value)}, not an input")
                 if key == "outputs" and role in (Role.PARAMETER, Role.CONSTANT):
-                    self.fail(f"{key}[{k}]", f"'{vid}' is a {role.value}; only computed values can be outputs")
+                    self.fail(f"{key}[{k}]", f"'{vid}' is {_a(role.value)}; only computed values can be outputs")
             setattr(p, key, list(lst))
         missing = [vid for vid, v in p.values.items() if v.role == Role.INPUT and vid not in p.inputs]
         if missing:
@@ -590,7 +594,7 @@ class _Reader:
             if v is None:
                 self.fail(f"{path}.value", f"refers to unknown value '{vid}'")
             if v.role not in (Role.PARAMETER, Role.CONSTANT):
-                self.fail(f"{path}.value", f"'{vid}' is a {v.role.value}; only parameters and constants hold data")
+                self.fail(f"{path}.value", f"'{vid}' is {_a(v.role.value)}; only parameters and constants hold data")
             if vid in p.data or any(e[1] == vid for e in sidecar_entries):
                 self.fail(f"{path}.value", f"'{vid}' has data twice")
             dtype = self.dtype(raw["dtype"], f"{path}.dtype", DATA_DTYPES)
