@@ -1,0 +1,45 @@
+"""What code generation hands to the compiler and the runtime: a kernel's source and how to launch it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import StitchError
+
+
+class CodegenError(StitchError):
+    """A region cannot be generated (an op, dtype, shape or structure the generator does not handle).
+
+    The message says which node or value is the reason, so the planner can log it and fall back.
+    """
+
+    def __init__(self, message: str, node_id: str | None = None):
+        super().__init__(message)
+        self.node_id = node_id
+
+
+@dataclass
+class KernelSource:
+    """A generated CUDA kernel, specialised for the shapes of one region.
+
+    The kernel's arguments are device pointers: every external input (value ids in `inputs`, in
+    order), then every external output (`outputs`). Shapes are compile-time constants in the source,
+    so a launch passes nothing else.
+    """
+    name: str                       # the extern "C" entry point, named after the region
+    kind: str                       # "pointwise" or "row_reduction"
+    source: str
+    node_ids: list[str]
+    inputs: list[str]
+    outputs: list[str]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_bytes: int = 0
+    schedule: str = ""              # one line a user reads: "float4 grid-stride loop, 256 threads"
+    params: dict = field(default_factory=dict)  # the launch / tuning parameters used
+    align: int = 4                  # bytes every pointer argument must be aligned to
+    bytes_moved: int = 0            # external bytes read once plus bytes written: the memory floor
+    flops: int = 0
+
+    @property
+    def filename(self) -> str:
+        return f"{self.name}.cu"

@@ -1,0 +1,187 @@
+"""Pointwise and broadcast chains: one kernel that evaluates the region's expression tree per element.
+
+Schedule: a grid-stride loop over groups of four contiguous elements with 16-byte float4 loads and
+stores for the operands that span the whole iteration space, index arithmetic for broadcast operands,
+and a scalar tail for the last numel % 4 elements.
+"""
+from __future__ import annotations
+
+import math
+
+from ..ir import Program
+from ..ops.common import broadcast
+from .cuda import Names, c_type, header, kernel_name, render_pointwise
+from .kernel import CodegenError, KernelSource
+from .region_io import BroadcastIndex, RegionIO
+
+DEFAULTS = {"block": 256, "vector_width": 4, "sm_count": 132, "threads_per_sm": 2048}
+LANES = ("x", "y", "z", "w")
+
+
+def render_chain(program: Program, order: list[str], env: dict[str, str], names: Names,
+                 indent: str = "  ") -> list[str]:
+    """SSA lines for pointwise nodes in order; env maps value ids to C names (inputs filled in)."""
+    lines = []
+    for nid in order:
+        node = program.nodes[nid]
+        if node.opdef.category != "pointwise":
+            raise CodegenError(f"{node.name} ({node.op}) is not pointwise and cannot join a "
+                               f"pointwise chain", node_id=nid)
+        args = [env[v] for v in node.inputs if v is not None]
+        expr = render_pointwise(node, args)
+        out = program.values[node.outputs[0]]
+        ident = names.new(out.name)
+        note = node.name if node.name == node.op else f"{node.name}: {node.op}"
+        lines.append(f"{indent}const {c_type(out.dtype, out.name)} {ident} = {expr};  // {note}")
+        env[out.id] = ident
+    return lines
+
+
+def iteration_space(program: Program, io: RegionIO) -> tuple[int, ...]:
+    shapes = [program.values[v].shape for nid in io.nodes for v in program.nodes[nid].outputs]
+    return broadcast(*shapes)
+
+
+def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
+    p = {**DEFAULTS, **(params or {})}
+    space = iteration_space(program, io)
+    numel = math.prod(space)
+    if numel == 0:
+        raise CodegenError("the region computes an empty tensor; there is nothing to launch")
+    vals = program.values
+    for vid in io.outputs:
+        v = vals[vid]
+        if math.prod(v.shape) != numel:
+            raise CodegenError(f"output '{v.name}' {v.spec} is smaller than the region's iteration space "
+                               f"{list(space)}; it would be written many times (split the region there)")
+    operands = io.inputs + io.outputs
+    for vid in operands:
+        c_type(vals[vid].dtype, f"'{vals[vid].name}'")
+    bidx = BroadcastIndex(space, [vals[v].shape for v in operands])
+    index_t = "int" if numel < 2**31 - 2**20 else "long long"
+
+    names = Names()
+    arg = {vid: names.new(vals[vid].name) for vid in operands}
+    full = {vid: bidx.is_full(k) for k, vid in enumerate(operands)}
+    is_f32 = {vid: vals[vid].dtype == "float32" for vid in operands}
+    vec = p["vector_width"] == 4 and numel >= 4 and any(full[v] and is_f32[v] for v in operands)
+    width = 4 if vec else 1
+    num_vec = numel // width if vec else 0
+
+    # constants of the broadcast index arithmetic
+    consts = [f"constexpr index_t kNumel = {numel};"]
+    if vec:
+        consts += ["constexpr index_t kVecWidth = 4;  // floats per 16-byte access",
+                   "constexpr index_t kNumVec = kNumel / kVecWidth;"]
+    size_names = [f"kSize{g}" for g in range(len(bidx.sizes))]
+    inner_names = [f"kInner{g}" for g in range(len(bidx.sizes))]
+    offsets, helpers = {}, []
+    needed = set()
+    for k, vid in enumerate(operands[:len(io.inputs)]):
+        if full[vid]:
+            continue
+        if bidx.is_scalar(k):
+            offsets[vid] = None
+            continue
+        stride_names = [f"k{arg[vid].capitalize()}Stride{g}" if st not in (0, 1) else None
+                        for g, st in enumerate(bidx.strides[k])]
+        for g, st in enumerate(bidx.strides[k]):
+            if st:
+                needed.add(g)
+                if stride_names[g]:
+                    consts.append(f"constexpr index_t {stride_names[g]} = {st};")
+        fn = f"{arg[vid]}_offset"
+        expr = bidx.offset_expr(k, "i", size_names, inner_names, stride_names)
+        helpers.append(f"// {vals[vid].name} {list(vals[vid].shape)} is broadcast over {list(space)}\n"
+                       f"__device__ __forceinline__ index_t {fn}(index_t i) {{ return {expr}; }}\n")
+        offsets[vid] = fn
+    for g in sorted(needed):
+        consts.insert(1, f"constexpr index_t {size_names[g]} = {bidx.sizes[g]}, "
+                         f"{inner_names[g]} = {bidx.inner[g]};")
+
+    # the per-element body
+    pn = Names()
+    env = {vid: pn.new(vals[vid].name) for vid in io.inputs}
+    out_ref = {vid: pn.new(vals[vid].name + "_out") for vid in io.outputs}
+    body = render_chain(program, io.nodes, env, pn)
+    for vid in io.outputs:
+        body.append(f"  {out_ref[vid]} = {env[vid]};")
+    sig = [f"{c_type(vals[v].dtype, '')} {env[v]}" for v in io.inputs] + \
+          [f"{c_type(vals[v].dtype, '')}& {out_ref[v]}" for v in io.outputs]
+    point = ("// One element of the fused chain.\n"
+             f"__device__ __forceinline__ void point({', '.join(sig)}) {{\n" + "\n".join(body) + "\n}\n")
+
+    def load(vid: str, idx: str, lane: int | None) -> str:
+        if full[vid]:
+            if lane is not None and is_f32[vid]:
+                return f"{arg[vid]}4.{LANES[lane]}"
+            return f"{arg[vid]}[{idx}]"
+        fn = offsets[vid]
+        return f"{arg[vid]}[0]" if fn is None else f"{arg[vid]}[{fn}({idx})]"
+
+    def store(vid: str, idx: str, lane: int | None) -> str:
+        if lane is not None and is_f32[vid]:
+            return f"{arg[vid]}4.{LANES[lane]}"
+        return f"{arg[vid]}[{idx}]"
+
+    params_c = [f"const {c_type(vals[v].dtype, '')}* __restrict__ {arg[v]}" for v in io.inputs] + \
+               [f"{c_type(vals[v].dtype, '')}* __restrict__ {arg[v]}" for v in io.outputs]
+    kname = kernel_name(name)
+    k = [f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(params_c)}) {{',
+         "  const index_t first = (index_t)blockIdx.x * blockDim.x + threadIdx.x;",
+         "  const index_t stride = (index_t)gridDim.x * blockDim.x;"]
+    if vec:
+        k += ["  // 16-byte vector body: every full-size float operand moves as float4",
+              "  for (index_t v = first; v < kNumVec; v += stride) {",
+              "    const index_t i = v * kVecWidth;"]
+        for vid in io.inputs:
+            if full[vid] and is_f32[vid]:
+                k.append(f"    const float4 {arg[vid]}4 = reinterpret_cast<const float4*>({arg[vid]})[v];")
+        for vid in io.outputs:
+            if is_f32[vid]:
+                k.append(f"    float4 {arg[vid]}4;")
+        for lane in range(4):
+            idx = "i" if lane == 0 else f"i + {lane}"
+            a = [load(v, idx, lane) for v in io.inputs] + [store(v, idx, lane) for v in io.outputs]
+            k.append(f"    point({', '.join(a)});")
+        for vid in io.outputs:
+            if is_f32[vid]:
+                k.append(f"    reinterpret_cast<float4*>({arg[vid]})[v] = {arg[vid]}4;")
+        k.append("  }")
+        if numel % 4:
+            k += [f"  // scalar tail: the last {numel % 4} element(s)",
+                  "  for (index_t i = kNumVec * kVecWidth + first; i < kNumel; i += stride) {"]
+    else:
+        k.append("  for (index_t i = first; i < kNumel; i += stride) {")
+    if not vec or numel % 4:
+        a = [load(v, "i", None) for v in io.inputs] + [store(v, "i", None) for v in io.outputs]
+        k += [f"    point({', '.join(a)});", "  }"]
+    k.append("}")
+
+    block = int(p["block"])
+    work = num_vec if vec else numel
+    max_blocks = int(p["sm_count"]) * max(1, int(p["threads_per_sm"]) // block)
+    grid = max(1, min(math.ceil(work / block), max_blocks))
+    schedule = (f"{'float4' if vec else 'scalar'} grid-stride loop, {block} threads x {grid} blocks"
+                + (f", scalar tail of {numel % 4}" if vec and numel % 4 else ""))
+    ins_desc = [f"{vals[v].name} {vals[v].spec}" + ("" if full[v] else " (broadcast)") for v in io.inputs]
+    head = header(program, f"Region {name}: pointwise chain of {len(io.nodes)} op(s)", io.nodes, [
+        "Inputs:  " + ", ".join(ins_desc),
+        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+        f"Iteration space {list(space)}; schedule: {schedule}.",
+    ])
+    source = "\n".join([
+        head,
+        f"typedef {index_t} index_t;",
+        f"constexpr int kBlock = {block};",
+        *consts, "",
+        *helpers,
+        point,
+        "\n".join(k), "",
+    ])
+    nbytes = sum(vals[v].nbytes for v in operands)
+    return KernelSource(
+        name=kname, kind="pointwise", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=schedule,
+        params={"block": block, "vector_width": width, "grid": grid}, align=16 if vec else 4,
+        bytes_moved=nbytes, flops=sum(program.node_flops(n) for n in io.nodes))

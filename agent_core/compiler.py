@@ -1,0 +1,175 @@
+"""Compile generated CUDA with NVRTC into a cubin, cached on disk.
+
+NVRTC comes through CuPy's binding (`cupy_backends.cuda.libs.nvrtc`), which needs no GPU: CI compiles
+every generated kernel to an sm_90 cubin. On a GPU the target is the device's own architecture and the
+runtime loads the cubin with cupy.RawModule. The cache key is the sha256 of the source, the options,
+the architecture and the NVRTC version, so a changed kernel or compiler never reuses a stale binary.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import StitchError
+
+DEFAULT_ARCH = "sm_90"  # the H200 the project benchmarks on
+DEFAULT_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
+
+
+class CompileError(StitchError):
+    """NVRTC rejected a kernel. The message names the region and quotes the offending source line."""
+
+    def __init__(self, message: str, *, region: str = "", line: int | None = None, log: str = ""):
+        super().__init__(message)
+        self.region = region
+        self.line = line
+        self.log = log
+
+
+@dataclass
+class CompiledKernel:
+    name: str
+    arch: str
+    options: tuple[str, ...]
+    key: str
+    path: Path                     # the cubin on disk
+    log: str = ""
+    registers: int | None = None   # per thread, from ptxas
+    spill_stores: int = 0          # bytes
+    spill_loads: int = 0
+    stack_bytes: int = 0
+    cached: bool = False           # True when the cubin came from the cache
+    seconds: float = 0.0           # compile time (0 on a cache hit)
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def cubin(self) -> bytes:
+        return self.path.read_bytes()
+
+    def summary(self) -> str:
+        regs = "?" if self.registers is None else self.registers
+        return (f"{self.name}: {self.arch}, {regs} registers, {self.spill_stores} B spill stores, "
+                f"{self.spill_loads} B spill loads" + (" (cached)" if self.cached else ""))
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("STITCHCUDA_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "stitchcuda")
+    path = Path(root) / "kernels"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as exc:  # cupy missing or its CUDA libraries absent
+        raise CompileError(f"NVRTC is not available ({exc}); install cupy-cuda13x and nvidia-cuda-nvrtc") from None
+    return nvrtc
+
+
+@lru_cache(maxsize=1)
+def nvrtc_version() -> str:
+    major, minor = _nvrtc().getVersion()
+    return f"{major}.{minor}"
+
+
+@lru_cache(maxsize=1)
+def device_arch() -> str | None:
+    """sm_XY of GPU 0, or None when there is no usable GPU."""
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+        major, minor = divmod(int(cupy.cuda.Device(0).compute_capability), 10)
+        return f"sm_{major}{minor}"
+    except Exception:  # no driver, no device: compile for the default target instead
+        return None
+
+
+def default_arch() -> str:
+    return device_arch() or DEFAULT_ARCH
+
+
+def cache_key(source: str, options, arch: str) -> str:
+    h = hashlib.sha256()
+    for part in (source, "\0".join(options), arch, nvrtc_version()):
+        h.update(part.encode())
+        h.update(b"\x00\x01")
+    return h.hexdigest()
+
+
+def _parse_ptxas(log: str) -> dict:
+    out = {}
+    if m := re.search(r"Used (\d+) registers", log):
+        out["registers"] = int(m.group(1))
+    if m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log):
+        out["stack_bytes"], out["spill_stores"], out["spill_loads"] = map(int, m.groups())
+    return out
+
+
+def _error_message(name: str, source: str, log: str, filename: str) -> tuple[str, int | None]:
+    m = re.search(rf"{re.escape(filename)}\((\d+)\): (?:catastrophic )?error: (.*)", log)
+    if not m:
+        first = next((ln.strip() for ln in log.splitlines() if "error" in ln), log.strip()[:200])
+        return f"region {name}: CUDA compile failed: {first}", None
+    line = int(m.group(1))
+    lines = source.splitlines()
+    text = lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    return f"region {name}: CUDA compile error at line {line}: {m.group(2).strip()}: `{text}`", line
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def compile_source(source: str, name: str, *, arch: str | None = None, options=DEFAULT_OPTIONS,
+                   use_cache: bool = True) -> CompiledKernel:
+    """Compile CUDA C++ source to a cubin for `arch` (the GPU's, else sm_90); CompileError on failure."""
+    arch = arch or default_arch()
+    options = tuple(options)
+    key = cache_key(source, options, arch)
+    cdir = cache_dir()
+    cubin_path, meta_path = cdir / f"{key}.cubin", cdir / f"{key}.json"
+    if use_cache and cubin_path.exists() and meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text())
+            return CompiledKernel(name, arch, options, key, cubin_path, meta.get("log", ""),
+                                  cached=True, **_parse_ptxas(meta.get("log", "")))
+        except (OSError, ValueError):
+            pass  # a damaged entry is rebuilt below
+    nvrtc = _nvrtc()
+    filename = f"{name}.cu"
+    t0 = time.perf_counter()
+    prog = nvrtc.createProgram(source, filename, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, [f"-arch={arch}", *options])
+        except nvrtc.NVRTCError:
+            log = nvrtc.getProgramLog(prog)
+            msg, line = _error_message(name, source, log, filename)
+            raise CompileError(msg, region=name, line=line, log=log) from None
+        log = nvrtc.getProgramLog(prog)
+        cubin = nvrtc.getCUBIN(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    seconds = time.perf_counter() - t0
+    _write_atomic(cubin_path, cubin)
+    _write_atomic(meta_path, json.dumps({"name": name, "arch": arch, "options": list(options),
+                                          "nvrtc": nvrtc_version(), "log": log}).encode())
+    return CompiledKernel(name, arch, options, key, cubin_path, log, seconds=seconds, **_parse_ptxas(log))
+
+
+def compile_kernel(kernel, *, arch: str | None = None, options=DEFAULT_OPTIONS,
+                   use_cache: bool = True) -> CompiledKernel:
+    """Compile a codegen.KernelSource."""
+    return compile_source(kernel.source, kernel.name, arch=arch, options=options, use_cache=use_cache)
