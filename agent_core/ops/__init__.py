@@ -3,4 +3,6 @@ from .registry import (  # noqa: F401
     CATEGORIES, DTYPES, DTYPE_BYTES, FLOAT_DTYPES, REQUIRED, REGISTRY, Attr, OpDef, TensorSpec,
     aliases_of, all_ops, get_op, register,
 )
-from . import pointwise, reduction, normalization, matmul, convolution  # noqa: F401,E402  (register)
+from . import (  # noqa: F401,E402  (importing registers)
+    pointwise, reduction, normalization, matmul, convolution, pooling, layout, loss, opaque,
+)

@@ -94,7 +94,8 @@ def ntuple(value, n: int, what: str) -> list[int]:
     if len(value) == 1:
         return value * n
     if len(value) != n:
-        raise ShapeError(f"{what} needs 1 or {n} values, got {len(value)} ({value})")
+        want = "1 value" if n == 1 else f"1 or {n} values"
+        raise ShapeError(f"{what} needs {want}, got {len(value)} ({value})")
     return value
 
 

@@ -89,8 +89,11 @@ def _conv_flops(ins, outs, attrs):
 
 def _conv_ref(d):
     fn = _CONV[d]
-    return lambda t, a: fn(t[0], t[1], opt(t, 2), stride=a["stride"], padding=a["padding"],
-                           dilation=a["dilation"], groups=a["groups"])
+    def ref(t, a):
+        pad = a["padding"] if isinstance(a["padding"], str) else ntuple(a["padding"], d, "padding")
+        return fn(t[0], t[1], opt(t, 2), stride=ntuple(a["stride"], d, "stride"), padding=pad,
+                  dilation=ntuple(a["dilation"], d, "dilation"), groups=a["groups"])
+    return ref
 
 
 def _convt_infer(d):
@@ -139,9 +142,12 @@ def _convt_flops(ins, outs, attrs):
 
 def _convt_ref(d):
     fn = _CONVT[d]
-    return lambda t, a: fn(t[0], t[1], opt(t, 2), stride=a["stride"], padding=a["padding"],
-                           output_padding=a["output_padding"], groups=a["groups"],
-                           dilation=a["dilation"])
+    def ref(t, a):
+        return fn(t[0], t[1], opt(t, 2), stride=ntuple(a["stride"], d, "stride"),
+                  padding=ntuple(a["padding"], d, "padding"),
+                  output_padding=ntuple(a["output_padding"], d, "output_padding"), groups=a["groups"],
+                  dilation=ntuple(a["dilation"], d, "dilation"))
+    return ref
 
 
 _EX = {1: (2, 4, 9), 2: (2, 4, 7, 6), 3: (1, 4, 5, 6, 4)}
