@@ -19,7 +19,7 @@ RESERVED = set("""
 auto bool break case char const constexpr continue default do double else enum extern false float for
 goto if inline int long register restrict return short signed sizeof static struct switch true typedef
 union unsigned void volatile while float4 int4 threadIdx blockIdx blockDim gridDim warpSize min max
-index_t idx vec stride row col lane tid k e i j n v s m out in x4 acc smem
+index_t idx vec stride first row col lane tid k e i j n v s m out in x4 acc smem
 """.split())
 
 

@@ -1,0 +1,428 @@
+"""Row reductions stitched with their pointwise prologue and epilogue (softmax, log_softmax,
+layer_norm, rms_norm, logsumexp, sum / mean / max / min / var / std over the trailing dimensions).
+
+The anchor op reduces the trailing L elements of each of R rows. The kernel computes the prologue per
+element while loading a row, folds the elements into a small statistics state (max and sum of
+exponentials, Welford's mean and M2, a sum, ...), all-reduces that state across the threads that own
+the row, then evaluates the anchor's output and the epilogue per element (or once per row for ops
+that reduce the row away) and stores.
+
+Schedules, chosen by row length:
+  warp    L <= 1024: a group of 4..32 lanes per row, shuffles only, the row in registers;
+  block   L <= 16384: one block per row, shuffles then shared memory, the row in registers;
+  online  longer rows: one block per row, pass 1 folds the row into the state (online max / sum of
+          exponentials, Welford), pass 2 re-reads it and writes the output.
+"""
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+
+from ..ir import Program
+from ..ops.common import norm_dim, norm_dims
+from .cuda import Names, c_type, float_literal, header, kernel_name
+from .kernel import CodegenError, KernelSource
+from .pointwise import render_chain
+from .region_io import BroadcastIndex, RegionIO
+
+DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
+            "online_threads": 1024}
+# names the kernel body uses for itself; parameters never take them
+KERNEL_LOCALS = ("point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
+                 "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
+                 "xe", "y", "WEIGHT", "BIAS")
+FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(float32).eps: rms_norm's default eps
+
+# statistics states: C fields, identity, how one element is folded in, how two states combine
+STATES = {
+    "max": (["m"], "{-INFINITY}", "s.m = fmaxf(s.m, x);", "return {fmaxf(a.m, b.m)};"),
+    "min": (["m"], "{INFINITY}", "s.m = fminf(s.m, x);", "return {fminf(a.m, b.m)};"),
+    "sum": (["s"], "{0.0f}", "s.s += x;", "return {a.s + b.s};"),
+    "sumsq": (["q"], "{0.0f}", "s.q = fmaf(x, x, s.q);", "return {a.q + b.q};"),
+    # online softmax: running max m and sum s of exp(x - m)
+    "maxsumexp": (["m", "s"], "{-INFINITY, 0.0f}",
+                  "if (x > s.m) { s.s = s.s * expf(s.m - x) + 1.0f; s.m = x; } else { s.s += expf(x - s.m); }",
+                  "const float m = fmaxf(a.m, b.m);\n"
+                  "  if (m == -INFINITY) return a;\n"
+                  "  return {m, (a.m == m ? a.s : a.s * expf(a.m - m)) + (b.m == m ? b.s : b.s * expf(b.m - m))};"),
+    # Welford: count n, mean, sum of squared deviations m2 (Chan et al. to combine)
+    "welford": (["n", "mean", "m2"], "{0.0f, 0.0f, 0.0f}",
+                "s.n += 1.0f; const float d = x - s.mean; s.mean += d / s.n; s.m2 = fmaf(d, x - s.mean, s.m2);",
+                "const float n = a.n + b.n;\n"
+                "  if (n == 0.0f) return a;\n"
+                "  const float d = b.mean - a.mean, wb = b.n / n;\n"
+                "  return {n, fmaf(d, wb, a.mean), a.m2 + b.m2 + d * d * a.n * wb};"),
+}
+
+
+def _row_op(program: Program, nid: str):
+    """(state, per-row preamble, per-element or per-row expression, preserves rows, reduced dims)."""
+    node = program.nodes[nid]
+    x = program.values[node.inputs[0]]
+    rank, a, op = len(x.shape), node.attrs, node.op
+    if op in ("softmax", "log_softmax"):
+        dims = [norm_dim(a["dim"], rank)]
+    elif op in ("layer_norm", "rms_norm"):
+        k = len(a["normalized_shape"])
+        dims = list(range(rank - k, rank))
+    elif op in ("sum", "mean", "max", "min", "logsumexp", "var", "std"):
+        dims = norm_dims(a["dim"], rank)
+    else:
+        raise CodegenError(f"{node.name} ({op}) has no row-reduction template (have: softmax, log_softmax, "
+                           f"layer_norm, rms_norm, logsumexp, sum, mean, max, min, var, std)", node_id=nid)
+    if dims != list(range(rank - len(dims), rank)):
+        raise CodegenError(f"{node.name} ({op}) reduces dims {dims} of {list(x.shape)}, not the trailing "
+                           f"dims; column reductions are not generated yet", node_id=nid)
+    if op == "softmax":
+        return "maxsumexp", "const float inv_sum = 1.0f / st.s;", "expf(xe - st.m) * inv_sum", True, dims
+    if op == "log_softmax":
+        return "maxsumexp", "const float log_sum = logf(st.s);", "xe - st.m - log_sum", True, dims
+    if op == "layer_norm":
+        eps = float_literal(a["eps"])
+        expr = "(xe - st.mean) * rstd"
+        if len(node.inputs) > 1 and node.inputs[1]:
+            expr += " * WEIGHT[col]"
+        if len(node.inputs) > 2 and node.inputs[2]:
+            expr += " + BIAS[col]"
+        return "welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True, dims
+    if op == "rms_norm":
+        eps = float_literal(a["eps"] if a["eps"] is not None else FLOAT32_EPS)
+        expr = "xe * rrms" + (" * WEIGHT[col]" if len(node.inputs) > 1 and node.inputs[1] else "")
+        return "sumsq", f"const float rrms = rsqrtf(st.q / kColsF + {eps});", expr, True, dims
+    if op == "logsumexp":
+        return "maxsumexp", "", "st.m + logf(st.s)", False, dims
+    if op == "sum":
+        return "sum", "", "st.s", False, dims
+    if op == "mean":
+        return "sum", "", "st.s / kColsF", False, dims
+    if op in ("max", "min"):
+        return op, "", "st.m", False, dims
+    corr = float_literal(a["correction"])
+    var = f"st.m2 / (kColsF - {corr})"
+    return "welford", "", var if op == "var" else f"sqrtf({var})", False, dims
+
+
+class _Operands:
+    """Loads of region inputs in an iteration space, by flat index, with broadcast offset helpers."""
+
+    def __init__(self, program, space, vids, names: Names, prefix: str):
+        self.program, self.space = program, tuple(space)
+        vals = program.values
+        self.bidx = BroadcastIndex(space, [vals[v].shape for v in vids]) if vids else None
+        self.vids = list(vids)
+        self.helpers, self.consts, self.fn = [], [], {}
+        sizes = [f"k{prefix}Size{g}" for g in range(len(self.bidx.sizes))] if vids else []
+        inners = [f"k{prefix}Inner{g}" for g in range(len(sizes))]
+        used = set()
+        for k, vid in enumerate(self.vids):
+            if self.bidx.is_full(k):
+                self.fn[vid] = "full"
+                continue
+            if self.bidx.is_scalar(k):
+                self.fn[vid] = None
+                continue
+            ident = names.new(vals[vid].name + "_offset")
+            strides = [f"{ident}_stride{g}" if st not in (0, 1) else None
+                       for g, st in enumerate(self.bidx.strides[k])]
+            for g, st in enumerate(self.bidx.strides[k]):
+                if st:
+                    used.add(g)
+                    if strides[g]:
+                        self.consts.append(f"constexpr index_t {strides[g]} = {st};")
+            expr = self.bidx.offset_expr(k, "i", sizes, inners, strides)
+            self.helpers.append(f"// {vals[vid].name} {list(vals[vid].shape)} is broadcast over {list(space)}\n"
+                                f"__device__ __forceinline__ index_t {ident}(index_t i) {{ return {expr}; }}\n")
+            self.fn[vid] = ident
+        for g in sorted(used):
+            self.consts.insert(0, f"constexpr index_t {sizes[g]} = {self.bidx.sizes[g]}, "
+                                  f"{inners[g]} = {self.bidx.inner[g]};")
+
+    def full(self, vid):
+        return self.fn[vid] == "full"
+
+    def load(self, vid, ptr, idx):
+        fn = self.fn[vid]
+        if fn == "full":
+            return f"{ptr}[{idx}]"
+        return f"{ptr}[0]" if fn is None else f"{ptr}[{fn}({idx})]"
+
+
+def generate_row_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
+    p = {**DEFAULTS, **(params or {})}
+    vals, nodes = program.values, program.nodes
+    anchors = [n for n in io.nodes if nodes[n].opdef.category != "pointwise"]
+    if len(anchors) != 1:
+        what = ", ".join(f"{nodes[n].name} ({nodes[n].op})" for n in anchors)
+        raise CodegenError(f"a row-reduction region holds exactly one reduction or normalization; "
+                           f"this one has {len(anchors)}: {what}")
+    anchor = nodes[anchors[0]]
+    state, preamble, out_expr, preserving, dims = _row_op(program, anchor.id)
+    x_vid = anchor.inputs[0]
+    x = vals[x_vid]
+    for vid in [x_vid, anchor.outputs[0], *io.inputs, *io.outputs]:
+        if vals[vid].dtype != "float32":
+            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; row reductions are "
+                               f"generated for float32 so far (the region runs unfused)")
+    cols = math.prod(x.shape[d] for d in dims)
+    rows = math.prod(x.shape) // max(cols, 1)
+    if cols == 0 or rows == 0:
+        raise CodegenError("the region reduces an empty tensor; there is nothing to launch")
+
+    # split the region around the anchor
+    g = program.graph().subgraph(io.nodes)
+    before = nx.ancestors(g, anchor.id)
+    after = nx.descendants(g, anchor.id)
+    stray = [n for n in io.nodes if n not in before and n not in after and n != anchor.id]
+    if stray:
+        raise CodegenError(f"{nodes[stray[0]].name} ({nodes[stray[0]].op}) neither feeds the reduction nor "
+                           f"follows it; split it into its own region", node_id=stray[0])
+    pro = [n for n in io.nodes if n in before]
+    epi = [n for n in io.nodes if n in after]
+    pro_vals = {v for n in pro for v in nodes[n].outputs}
+    for v in io.outputs:
+        if v in pro_vals:
+            raise CodegenError(f"'{vals[v].name}' of the prologue is also used outside the region; "
+                               f"the reduction kernel writes only its own and its epilogue's results")
+    for n in epi:
+        for v in nodes[n].inputs:
+            if v in pro_vals and v != x_vid:
+                raise CodegenError(f"{nodes[n].name} reads '{vals[v].name}' of the prologue; split the region",
+                                   node_id=n)
+    params_in = anchor.inputs[1:]
+    for v in params_in:
+        if v is not None and v in io.produced:
+            raise CodegenError(f"the weight or bias of {anchor.name} is computed inside the region; "
+                               f"only inputs and parameters are supported there", node_id=anchor.id)
+
+    # external inputs by phase
+    pro_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in pro)]
+    if not pro:
+        pro_inputs = [x_vid]
+    epi_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in epi) and v != x_vid]
+    anchor_out = anchor.outputs[0]
+    out_space = x.shape if preserving else vals[anchor.outputs[0]].shape
+
+    # schedule
+    vec = 4 if (p["vector_width"] == 4 and cols % 4 == 0) else 1
+    if cols <= p["warp_max_cols"]:
+        schedule = "warp"
+        tpr = 1 << max(2, min(5, math.ceil(math.log2(max(1, math.ceil(cols / vec / 4))))))
+        block = max(int(p["block"]), tpr)
+    elif cols <= p["register_max_cols"]:
+        schedule = "block"
+        tpr = min(1024, max(128, 1 << math.ceil(math.log2(math.ceil(cols / 16)))))
+        block = tpr
+    else:
+        schedule = "online"
+        tpr = block = int(p["online_threads"])
+    rows_per_block = block // tpr
+    items = math.ceil(cols / (tpr * vec))
+    grid = math.ceil(rows / rows_per_block)
+    index_t = "int" if rows * cols < 2**31 - 2**20 else "long long"
+
+    names = Names()
+    names.taken.update(KERNEL_LOCALS)
+    arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
+    # the anchor's weight and bias are referred to by fixed names in the templates
+    wb = [v for v in params_in if v is not None]
+    for port, v in zip(anchor.opdef.port_names[1:], params_in):
+        if v is not None:
+            out_expr = out_expr.replace(f"{port.upper()}[col]", f"{arg[v]}[col]")
+
+    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In")
+    ld_epi = _Operands(program, out_space, epi_inputs, names, "Out")
+    out_vids = list(io.outputs)
+    for v in out_vids:
+        if math.prod(vals[v].shape) != math.prod(out_space):
+            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} does not match the reduction's "
+                               f"output space {list(out_space)}; split the region there")
+    full_f4 = [v for v in pro_inputs if ld_pro.full(v)]
+
+    # prologue: external inputs -> anchor input
+    pn = Names()
+    penv = {v: pn.new(vals[v].name) for v in pro_inputs}
+    pro_lines = render_chain(program, pro, penv, pn) if pro else []
+    pro_fn = ("// Prologue: one element of the reduction's input.\n"
+              f"__device__ __forceinline__ float point({', '.join(f'float {penv[v]}' for v in pro_inputs)}) {{\n"
+              + "\n".join(pro_lines) + f"\n  return {penv[x_vid]};\n}}\n")
+    # epilogue: anchor output (+ its input, + other inputs) -> region outputs
+    en = Names()
+    eenv = {anchor_out: en.new(vals[anchor_out].name)}
+    epi_x = any(x_vid in nodes[n].inputs for n in epi)
+    if epi_x:
+        eenv[x_vid] = en.new(vals[x_vid].name)
+    for v in epi_inputs:
+        eenv[v] = en.new(vals[v].name)
+    epi_lines = render_chain(program, epi, eenv, en) if epi else []
+    oref = {v: en.new(vals[v].name + "_out") for v in out_vids}
+    epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in out_vids]
+    sig = [f"float {eenv[anchor_out]}"] + ([f"float {eenv[x_vid]}"] if epi_x else []) + \
+          [f"float {eenv[v]}" for v in epi_inputs] + [f"float& {oref[v]}" for v in out_vids]
+    epi_fn = ("// Epilogue: one element of the reduction's output to the region's outputs.\n"
+              f"__device__ __forceinline__ void store_point({', '.join(sig)}) {{\n" + "\n".join(epi_lines) + "\n}\n")
+
+    fields, identity, fold, comb = STATES[state]
+    state_code = (
+        f"// Row statistics ({state}): identity, fold one element, combine two partial states.\n"
+        f"struct State {{ float {', '.join(fields)}; }};\n"
+        f"__device__ __forceinline__ State identity() {{ return State{identity}; }}\n"
+        f"__device__ __forceinline__ void fold(State& s, float x) {{ {fold} }}\n"
+        f"__device__ __forceinline__ State combine(State a, State b) {{\n  {comb}\n}}\n"
+        "// All-reduce across the kThreadsPerRow lanes of a row (xor shuffles stay inside the group).\n"
+        "__device__ __forceinline__ State group_reduce(State a) {\n"
+        "#pragma unroll\n"
+        "  for (int offset = kShuffleStart; offset > 0; offset >>= 1) {\n"
+        "    State b;\n"
+        + "".join(f"    b.{f} = __shfl_xor_sync(0xffffffffu, a.{f}, offset);\n" for f in fields)
+        + "    a = combine(a, b);\n  }\n  return a;\n}\n")
+    if schedule != "warp":
+        state_code += (
+            "// Block all-reduce: each warp reduces, then every warp combines the per-warp partials.\n"
+            "__device__ __forceinline__ State row_reduce(State a) {\n"
+            "  __shared__ State partial[kWarpsPerRow];\n"
+            "  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n"
+            "  a = group_reduce(a);\n"
+            "  if (lane == 0) partial[warp] = a;\n"
+            "  __syncthreads();\n"
+            "  a = lane < kWarpsPerRow ? partial[lane] : identity();\n"
+            "  return group_reduce(a);\n}\n")
+    else:
+        state_code += "__device__ __forceinline__ State row_reduce(State a) { return group_reduce(a); }\n"
+
+    kname = kernel_name(name)
+    cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"float* __restrict__ {arg[v]}" for v in out_vids]
+
+    def pro_args(idx, lane=None):
+        out = []
+        for v in pro_inputs:
+            if lane is not None and ld_pro.full(v):
+                out.append(f"{arg[v]}4.{'xyzw'[lane]}")
+            else:
+                out.append(ld_pro.load(v, arg[v], idx))
+        return ", ".join(out)
+
+    def epi_call(y, xv, idx, lane=None):
+        a = [y] + ([xv] if epi_x else []) + [ld_epi.load(v, arg[v], idx) for v in epi_inputs]
+        for v in out_vids:
+            a.append(f"{arg[v]}4.{'xyzw'[lane]}" if lane is not None else f"{arg[v]}[{idx}]")
+        return f"store_point({', '.join(a)});"
+
+    body = ["  const int group = threadIdx.x / kThreadsPerRow;",
+            "  const int lane = threadIdx.x % kThreadsPerRow;",
+            "  const index_t row = (index_t)blockIdx.x * kRowsPerBlock + group;",
+            "  const bool active = row < kRows;  // inactive lanes still join the shuffles",
+            "  const index_t base = row * kCols;",
+            "  State st = identity();"]
+    cached = schedule != "online"
+
+    def load_group(indent, col, target):
+        """Lines that load kVec elements at column `col`, run the prologue and fold them."""
+        out = []
+        if vec == 4:
+            for v in full_f4:
+                out.append(f"{indent}const float4 {arg[v]}4 = reinterpret_cast<const float4*>({arg[v]} + base + {col})[0];")
+            for e in range(4):
+                out.append(f"{indent}{target(e)} = point({pro_args(f'base + {col} + {e}', e)});")
+                out.append(f"{indent}fold(st, {target(e)});")
+        else:
+            out.append(f"{indent}{target(0)} = point({pro_args(f'base + {col}')});")
+            out.append(f"{indent}fold(st, {target(0)});")
+        return out
+
+    def emit_group(indent, col, source):
+        """Lines that compute the output of kVec elements at column `col` and store them."""
+        out = []
+        if preserving:
+            f4 = vec == 4
+            if f4:
+                for v in out_vids:
+                    out.append(f"{indent}float4 {arg[v]}4;")
+            for e in range(vec):
+                c = f"{col} + {e}" if vec == 4 else col
+                out.append(f"{indent}{{ const int col = {c}; const float xe = {source(e)};")
+                out.append(f"{indent}  {epi_call(out_expr, 'xe', f'base + col', e if f4 else None)} }}")
+            if f4:
+                for v in out_vids:
+                    out.append(f"{indent}reinterpret_cast<float4*>({arg[v]} + base + {col})[0] = {arg[v]}4;")
+        return out
+
+    if cached:
+        body.insert(0, "  float v[kItems * kVec];  // this thread's part of the row, kept in registers")
+        body += ["  // pass 1: load the row (prologue applied), fold it into the statistics",
+                 "#pragma unroll",
+                 "  for (int k = 0; k < kItems; ++k) {",
+                 "    const int c0 = (k * kThreadsPerRow + lane) * kVec;",
+                 "    if (active && c0 < kCols) {"]
+        body += load_group("      ", "c0", lambda e: f"v[k * kVec + {e}]")
+        body += ["    }", "  }"]
+    else:
+        body += ["  // pass 1: stream the row once, folding it into running statistics",
+                 "  for (int c0 = lane * kVec; active && c0 < kCols; c0 += kThreadsPerRow * kVec) {",
+                 "    float v[kVec];"]
+        body += load_group("    ", "c0", lambda e: f"v[{e}]")
+        body += ["  }"]
+    body += ["  st = row_reduce(st);", "  if (!active) return;"]
+    if preamble:
+        body.append(f"  {preamble}")
+    if preserving:
+        if cached:
+            body += ["  // pass 2: outputs from the registers",
+                     "#pragma unroll",
+                     "  for (int k = 0; k < kItems; ++k) {",
+                     "    const int c0 = (k * kThreadsPerRow + lane) * kVec;",
+                     "    if (c0 < kCols) {"]
+            body += emit_group("      ", "c0", lambda e: f"v[k * kVec + {e}]")
+            body += ["    }", "  }"]
+        else:
+            body += ["  // pass 2: re-read the row (prologue again) and write the outputs",
+                     "  for (int c0 = lane * kVec; c0 < kCols; c0 += kThreadsPerRow * kVec) {"]
+            if vec == 4:
+                for v in full_f4:
+                    body.append(f"    const float4 {arg[v]}4 = reinterpret_cast<const float4*>({arg[v]} + base + c0)[0];")
+            srcs = [f"point({pro_args(f'base + c0 + {e}' if vec == 4 else 'base + c0', e if vec == 4 else None)})"
+                    for e in range(vec)]
+            body += emit_group("    ", "c0", lambda e: srcs[e])
+            body += ["  }"]
+    else:
+        body += ["  if (lane == 0) {",
+                 f"    const float y = {out_expr};",
+                 f"    {epi_call('y', 'NAN', 'row')}",
+                 "  }"]
+
+    consts = [f"typedef {index_t} index_t;",
+              f"constexpr index_t kRows = {rows};",
+              f"constexpr int kCols = {cols};  // reduced length of each row",
+              f"constexpr float kColsF = {float_literal(cols)};",
+              f"constexpr int kVec = {vec};  // floats per load",
+              f"constexpr int kThreadsPerRow = {tpr};",
+              f"constexpr int kRowsPerBlock = {rows_per_block};",
+              f"constexpr int kBlock = kThreadsPerRow * kRowsPerBlock;",
+              f"constexpr int kShuffleStart = {min(tpr, 32) // 2};",
+              f"constexpr int kWarpsPerRow = {max(1, tpr // 32)};"]
+    if cached:
+        consts.append(f"constexpr int kItems = {items};  // vectors per thread")
+    consts += ld_pro.consts + ld_epi.consts
+    sched_text = {"warp": f"{tpr} lanes per row, {rows_per_block} rows per block, row in registers",
+                  "block": f"one block of {tpr} threads per row, row in registers",
+                  "online": f"one block of {tpr} threads per row, online two-pass"}[schedule]
+    sched_text += f", {'float4' if vec == 4 else 'scalar'} loads, {grid} blocks"
+    head = header(program, f"Region {name}: {anchor.op} over rows of {cols}, stitched with "
+                           f"{len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
+        "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
+        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in out_vids),
+        f"{rows} rows x {cols} columns; schedule: {sched_text}.",
+    ])
+    source = "\n".join([
+        head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn,
+        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
+        *body, "}", ""])
+    nbytes = sum(vals[v].nbytes for v in io.inputs + out_vids)
+    return KernelSource(
+        name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=out_vids, grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched_text,
+        params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": rows_per_block,
+                "vector_width": vec, "block": block, "grid": grid},
+        align=16 if vec == 4 else 4, bytes_moved=nbytes,
+        flops=sum(program.node_flops(n) for n in io.nodes))

@@ -1,0 +1,103 @@
+"""Row-reduction templates: each op and each schedule (warp, block, online; float4 and scalar loads)
+renders with its prologue and epilogue and compiles to sm_90; structures it cannot stitch are refused."""
+import pytest
+
+from agent_core.codegen import CodegenError, generate_kernel
+from agent_core.compiler import compile_kernel
+from agent_core.ir import Program
+
+ROW_OPS = [
+    ("softmax", {"dim": -1}), ("log_softmax", {"dim": -1}), ("logsumexp", {"dim": [-1]}),
+    ("sum", {"dim": [-1]}), ("mean", {"dim": [-1], "keepdim": True}), ("max", {"dim": [-1]}),
+    ("min", {"dim": [-1]}), ("var", {"dim": [-1]}), ("std", {"dim": [-1], "correction": 0}),
+    ("layer_norm", {"normalized_shape": [None]}), ("rms_norm", {"normalized_shape": [None], "eps": 1e-6}),
+]
+
+
+def stitched(op, attrs, shape, prologue=True, epilogue=True, affine=True):
+    """x -> [mul by scale] -> op -> [gelu]: the program and the region's node ids."""
+    p = Program(op)
+    x = p.add_input("x", shape)
+    ids, cur = [], x.id
+    if prologue:
+        s = p.add_input("scale", shape[-1:])
+        n = p.add_node("mul", [cur, s.id])
+        ids.append(n.id)
+        cur = n.outputs[0]
+    attrs = dict(attrs)
+    ins = [cur]
+    if "normalized_shape" in attrs:
+        attrs["normalized_shape"] = [shape[-1]]
+        if affine:
+            ins.append(p.add_parameter("weight", shape=shape[-1:]).id)
+            if op == "layer_norm":
+                ins.append(p.add_parameter("bias", shape=shape[-1:]).id)
+    n = p.add_node(op, ins, attrs)
+    ids.append(n.id)
+    cur = n.outputs[0]
+    if epilogue:
+        n = p.add_node("gelu", [cur])
+        ids.append(n.id)
+        cur = n.outputs[0]
+    p.mark_output(cur)
+    return p, ids
+
+
+@pytest.mark.parametrize("op,attrs", ROW_OPS, ids=[o for o, _ in ROW_OPS])
+def test_every_row_op_compiles(op, attrs):
+    p, ids = stitched(op, attrs, (6, 200))
+    ks = generate_kernel(p, ids, name=f"{op}_rows")
+    assert ks.kind == "row_reduction" and ks.params["schedule"] == "warp"
+    assert f"{op}(" in ks.source and "store_point" in ks.source
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0, c.summary()
+
+
+@pytest.mark.parametrize("cols,schedule,vec", [
+    (7, "warp", 1), (1, "warp", 1), (1000, "warp", 4), (1025, "block", 1), (16384, "block", 4),
+    (16385, "online", 1), (40000, "online", 4),
+])
+def test_schedules_by_row_length(cols, schedule, vec):
+    ops = [("softmax", {"dim": -1})]
+    if cols in (1025, 40000):  # Welford's state through the block and online reductions too
+        ops.append(("layer_norm", {"normalized_shape": [None]}))
+    for op, attrs in ops:
+        p, ids = stitched(op, attrs, (3, cols))
+        ks = generate_kernel(p, ids, name=f"{op}_{cols}")
+        assert ks.params["schedule"] == schedule and ks.params["vector_width"] == vec, ks.params
+        assert ks.block[0] <= 1024 and ks.block[0] % 32 == 0
+        c = compile_kernel(ks, arch="sm_90")
+        assert c.spill_stores == 0, c.summary()
+
+
+def test_bare_reduction_and_multi_dim_layer_norm():
+    p = Program("ln")
+    x = p.add_input("x", (2, 3, 4, 5))
+    n = p.add_node("layer_norm", [x.id], {"normalized_shape": [4, 5]})
+    p.mark_output(n.outputs[0])
+    ks = generate_kernel(p, [n.id], name="ln")
+    assert "6 rows x 20 columns" in ks.source
+    compile_kernel(ks, arch="sm_90")
+    q = Program("total")
+    y = q.add_input("y", (3, 7))
+    s = q.add_node("sum", [y.id], {"dim": None})
+    q.mark_output(s.outputs[0])
+    ks = generate_kernel(q, [s.id], name="total")
+    assert "1 rows x 21 columns" in ks.source
+    compile_kernel(ks, arch="sm_90")
+
+
+def test_refusals():
+    p = Program("cols")
+    x = p.add_input("x", (4, 8))
+    n = p.add_node("softmax", [x.id], {"dim": 0})
+    p.mark_output(n.outputs[0])
+    with pytest.raises(CodegenError, match="not the trailing dims"):
+        generate_kernel(p, [n.id], name="colsoftmax")
+    q = Program("two")
+    y = q.add_input("y", (4, 8))
+    a = q.add_node("softmax", [y.id])
+    b = q.add_node("log_softmax", [a.outputs[0]])
+    q.mark_output(b.outputs[0])
+    with pytest.raises(CodegenError, match="exactly one"):
+        generate_kernel(q, [a.id, b.id], name="two")
