@@ -10,6 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..errors import ShapeError
 from .common import broadcast, float_of, promote
 from .registry import Attr, OpDef, TensorSpec, register
 
@@ -107,10 +108,19 @@ _unary("sign", lambda x, a: torch.sign(x), "(float)(({x} > 0.0f) - ({x} < 0.0f))
 _unary("floor", lambda x, a: torch.floor(x), "floorf({x})", keep_dtype=True)
 _unary("ceil", lambda x, a: torch.ceil(x), "ceilf({x})", keep_dtype=True)
 _unary("round", lambda x, a: torch.round(x), "rintf({x})", keep_dtype=True)
-_unary("clamp", lambda x, a: torch.clamp(x, a["min"], a["max"]),
-       "fminf(fmaxf({x}, {min}), {max})",
-       attrs=(Attr("min", "scalar", None, optional=True), Attr("max", "scalar", None, optional=True)),
-       aliases=("clip",), keep_dtype=True)
+
+
+def _clamp_infer(ins, attrs):
+    if attrs["min"] is None and attrs["max"] is None:
+        raise ShapeError("clamp: give min, max or both (torch refuses a clamp with neither)")
+    return _same_dtype(ins, attrs)
+
+
+register(OpDef("clamp", "pointwise", ("x",), _clamp_infer, lambda t, a: torch.clamp(t[0], a["min"], a["max"]),
+               attrs=(Attr("min", "scalar", None, optional=True), Attr("max", "scalar", None, optional=True)),
+               aliases=("clip",), cuda="fminf(fmaxf({x}, {min}), {max})",
+               doc="min(max(x, min), max); a missing bound is not applied",
+               extra={"example": ([(3, 5)], {"min": -0.5}), "bad": ([(3, 5)], {}, "give min, max or both")}))
 _unary("identity", lambda x, a: x, "{x}", keep_dtype=True, flops=_per_elem(0), doc="passes x through")
 _unary("dropout", lambda x, a: x, "{x}", keep_dtype=True, flops=_per_elem(0),
        attrs=(Attr("p", "float", 0.5),), doc="dropout in eval mode: the identity")
