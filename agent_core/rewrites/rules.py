@@ -1,0 +1,493 @@
+"""The rewrite rules. Each takes (program, node id) and returns a Rewrite or None.
+
+Rules only propose; the engine checks every replacement numerically before it is kept. Messages name
+the nodes and give the numbers, since users read them in the decision log.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..analysis.cost import fmt_bytes
+from ..ir import Program, Role
+from ..ops import FLOAT_DTYPES, get_op
+from ..ops.common import norm_dims
+from .engine import Rewrite, add_param, param_array, single_use
+
+
+def _n(program, nid):
+    n = program.nodes[nid]
+    return f"{n.name} ({n.op})" if n.name != n.op else n.op
+
+
+def _val(program, vid):
+    return program.values[vid]
+
+
+def _producer(program, vid):
+    p = program.values[vid].producer if vid else None
+    return program.nodes.get(p) if p else None
+
+
+def _reshape(program, vid, shape, name=None) -> str:
+    return program.add_node("reshape", [vid], {"shape": list(shape)}, name=name).outputs[0]
+
+
+def _float(program, vid) -> bool:
+    return program.values[vid].dtype in FLOAT_DTYPES
+
+
+def _reduced_dims(node, rank) -> list[int] | None:
+    dim = node.attrs.get("dim")
+    if isinstance(dim, int):
+        dim = [dim]
+    return norm_dims(dim, rank)
+
+
+# --- no-ops -------------------------------------------------------------------------------------
+_IDENTITY_SCALAR = {"mul_scalar": 1, "div_scalar": 1, "pow_scalar": 1, "add_scalar": 0, "sub_scalar": 0}
+
+
+def drop_noop(program: Program, nid: str) -> Rewrite | None:
+    """Ops that return their input unchanged: eval dropout, identity, contiguous, a cast to the same
+    dtype, a reshape or expand to the same shape, a permute that keeps the order, x*1, x+0."""
+    n = program.nodes[nid]
+    if len(n.outputs) != 1 or not n.inputs or n.inputs[0] is None:
+        return None
+    src, out = n.inputs[0], n.outputs[0]
+    if _val(program, src).spec != _val(program, out).spec:
+        return None
+    why = None
+    if n.op in ("dropout", "identity", "contiguous"):
+        why = f"{_n(program, nid)} passes its input through unchanged" + (" (dropout in eval mode)" if n.op == "dropout" else "")
+    elif n.op in ("cast", "reshape", "expand", "flatten", "squeeze", "unsqueeze", "unflatten"):
+        why = f"{_n(program, nid)} keeps the shape {list(_val(program, out).shape)} and dtype, so it does nothing"
+    elif n.op == "permute" and list(n.attrs["dims"]) == sorted(d % max(len(n.attrs["dims"]), 1) for d in n.attrs["dims"]):
+        why = f"{_n(program, nid)} keeps the dimension order"
+    elif n.op == "transpose" and n.attrs["dim0"] % max(len(_val(program, src).shape), 1) == n.attrs["dim1"] % max(len(_val(program, src).shape), 1):
+        why = f"{_n(program, nid)} swaps a dimension with itself"
+    elif n.op in _IDENTITY_SCALAR and n.attrs["value"] == _IDENTITY_SCALAR[n.op]:
+        why = f"{_n(program, nid)} with value {n.attrs['value']} is the identity"
+    if why is None:
+        return None
+    if out in program.outputs and src in program.outputs:
+        return None
+    return Rewrite("drop_noop", why + "; removed.", lambda p: {out: src}, nid)
+
+
+_SIZE_ONE_OK = ("sum", "mean", "max", "min", "logsumexp", "prod", "norm")
+
+
+def reduce_size_one(program: Program, nid: str) -> Rewrite | None:
+    """A reduction over dimensions that all have size 1 (sum, mean, max, min, logsumexp, prod) returns
+    its input; without keepdim it is a reshape (free). Adaptive pooling to the input's own size too."""
+    n = program.nodes[nid]
+    if len(n.outputs) != 1 or not n.inputs or n.inputs[0] is None:
+        return None
+    src, out = n.inputs[0], n.outputs[0]
+    shape = _val(program, src).shape
+    if n.op in _SIZE_ONE_OK and n.opdef.category == "reduction":
+        if n.op == "norm" and n.attrs.get("p") not in (1.0, 2.0):
+            return None
+        dims = _reduced_dims(n, len(shape))
+        if not shape or any(shape[d] != 1 for d in dims):
+            return None
+        if n.op == "norm":  # |x| over one element; keep abs
+            return None
+        what = f"{_n(program, nid)} reduces over dims {dims} of size 1 in {list(shape)}"
+    elif n.opdef.category == "pooling" and n.op.startswith("adaptive") and _val(program, out).shape == shape:
+        what = f"{_n(program, nid)} pools {list(shape)} to its own size"
+    else:
+        return None
+    out_shape = _val(program, out).shape
+    if _val(program, out).dtype != _val(program, src).dtype:
+        return None
+
+    def build(p):
+        return {out: src if tuple(out_shape) == tuple(shape) else _reshape(p, src, out_shape)}
+    return Rewrite("reduce_size_one", what + ", so it returns its input" +
+                   ("" if tuple(out_shape) == tuple(shape) else " reshaped") + "; removed.", build, nid)
+
+
+# --- scalar arithmetic ------------------------------------------------------------------------------
+def _affine(node) -> tuple[float, float] | None:
+    """(a, b) with node(x) = a*x + b, for the scalar ops that are affine."""
+    op, v = node.op, node.attrs.get("value")
+    if op == "mul_scalar":
+        return float(v), 0.0
+    if op == "div_scalar" and v != 0:
+        return 1.0 / float(v), 0.0
+    if op == "add_scalar":
+        return 1.0, float(v)
+    if op == "sub_scalar":
+        return 1.0, -float(v)
+    if op == "rsub_scalar":
+        return -1.0, float(v)
+    if op == "neg":
+        return -1.0, 0.0
+    return None
+
+
+def fold_scalar_chain(program: Program, nid: str) -> Rewrite | None:
+    """A chain of scalar multiplies, divides, adds, subtracts and negations is one multiply-add:
+    x*2/4+1-3 becomes x*0.5 + -2. Matched at the chain's first op."""
+    n = program.nodes[nid]
+    if _affine(n) is None or not _float(program, n.outputs[0]):
+        return None
+    # start of a chain: the producer is not itself a foldable link
+    prod = _producer(program, n.inputs[0])
+    if prod is not None and _affine(prod) is not None and single_use(program, prod.outputs[0]):
+        return None
+    chain = [n]
+    while single_use(program, chain[-1].outputs[0]):
+        (cid,) = {c for c, _ in program.consumers(chain[-1].outputs[0])}
+        c = program.nodes[cid]
+        if _affine(c) is None:
+            break
+        chain.append(c)
+    if len(chain) < 2:
+        return None
+    a, b = 1.0, 0.0
+    for c in chain:
+        ca, cb = _affine(c)
+        a, b = ca * a, ca * b + cb
+    kept = (a != 1.0) + (b != 0.0 or a == 1.0)
+    if kept >= len(chain):
+        return None
+    src, out = n.inputs[0], chain[-1].outputs[0]
+    names = ", ".join(_n(program, c.id) for c in chain)
+
+    def build(p):
+        v = src
+        if a != 1.0:
+            v = p.add_node("mul_scalar", [v], {"value": a}).outputs[0]
+        if b != 0.0 or v == src:
+            v = p.add_node("add_scalar", [v], {"value": b}).outputs[0]
+        return {out: v}
+    return Rewrite("fold_scalar_chain", f"{len(chain)} scalar ops ({names}) are one affine map "
+                   f"x*{a:.6g} + {b:.6g}; {len(chain)} ops become {kept}.", build, nid)
+
+
+def fold_self_add(program: Program, nid: str) -> Rewrite | None:
+    """x*c + x is x*(c+1), x*c - x is x*(c-1), x - x*c is x*(1-c), and x + x is x*2."""
+    n = program.nodes[nid]
+    if n.op not in ("add", "sub") or len(n.inputs) != 2 or None in n.inputs:
+        return None
+    a, b = n.inputs
+    out = n.outputs[0]
+    if not _float(program, out) or _val(program, out).shape != _val(program, a).shape:
+        return None
+    if a == b:
+        if n.op == "sub":
+            return None
+        return Rewrite("fold_self_add", f"{_n(program, nid)} adds a value to itself: x*2.",
+                       lambda p: {out: p.add_node("mul_scalar", [a], {"value": 2.0}).outputs[0]}, nid)
+    for scaled, plain, sign in ((a, b, 1), (b, a, 2)):
+        m = _producer(program, scaled)
+        if m is None or m.op != "mul_scalar" or m.inputs[0] != plain or not single_use(program, scaled):
+            continue
+        c = float(m.attrs["value"])
+        if n.op == "add":
+            k = c + 1.0
+        else:
+            k = c - 1.0 if sign == 1 else 1.0 - c
+        return Rewrite("fold_self_add", f"{_n(program, nid)} of x and {_n(program, m.id)} (x*{c:.6g}) is "
+                       f"x*{k:.6g}; two ops become one (the residual add of a scaled copy).",
+                       lambda p, k=k: {out: p.add_node("mul_scalar", [plain], {"value": k}).outputs[0]}, nid)
+    return None
+
+
+# --- constants ---------------------------------------------------------------------------------------
+_FOLD_LIMIT = 64 * 2**20
+
+
+def fold_constants(program: Program, nid: str) -> Rewrite | None:
+    """A node whose inputs are all parameters or constants (a transposed weight, a scaled bias) is
+    computed once here and becomes a parameter."""
+    n = program.nodes[nid]
+    if not n.inputs or n.opdef.category == "opaque" or len(n.outputs) != 1:
+        return None
+    ins = [v for v in n.inputs if v is not None]
+    if not ins or any(param_array(program, v) is None for v in ins):
+        return None
+    out = n.outputs[0]
+    if _val(program, out).nbytes > _FOLD_LIMIT:
+        return None
+    import torch
+    from ..reference import run_node
+
+    def build(p):
+        env = {v: torch.from_numpy(np.ascontiguousarray(param_array(p, v))) for v in ins}
+        run_node(p, nid, env)
+        arr = env[out].cpu().numpy()
+        vid = p.add_parameter(p.unique_name(p.values[out].name + "_folded"), arr).id
+        return {out: vid}
+    return Rewrite("fold_constants", f"{_n(program, nid)} reads only parameters, so its "
+                   f"{list(_val(program, out).shape)} result is computed once ahead of time.", build, nid)
+
+
+# --- folding into a preceding linear or convolution ------------------------------------------------
+def _channel_layout(program, node):
+    """For a linear / conv / conv_transpose / matmul-with-parameter node: (weight value, bias value or
+    None, function scaling weight columns per output channel, output channel axis, channels)."""
+    op = node.op
+    cat = node.opdef.category
+    out_shape = _val(program, node.outputs[0]).shape
+    if op == "linear":
+        w = node.inputs[1]
+        wa = param_array(program, w)
+        if wa is None:
+            return None
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        return w, bias, lambda W, s: W * s.reshape(-1, 1), len(out_shape) - 1, wa.shape[0]
+    if cat == "convolution" and op.startswith("conv_transpose"):
+        w = node.inputs[1]
+        wa = param_array(program, w)
+        if wa is None:
+            return None
+        g = node.attrs.get("groups", 1)
+        cin, cpg = wa.shape[0], wa.shape[1]
+        k = wa.shape[2:]
+
+        def scale(W, s):
+            return (W.reshape(g, cin // g, cpg, *k) * s.reshape(g, 1, cpg, *([1] * len(k)))).reshape(W.shape)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        return w, bias, scale, 1, cpg * g
+    if cat == "convolution":
+        w = node.inputs[1]
+        wa = param_array(program, w)
+        if wa is None:
+            return None
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        return w, bias, lambda W, s: W * s.reshape(-1, *([1] * (W.ndim - 1))), 1, wa.shape[0]
+    if op == "matmul" and param_array(program, node.inputs[1]) is not None:
+        wa = param_array(program, node.inputs[1])
+        if wa.ndim != 2:
+            return None
+        return node.inputs[1], "no-bias", lambda W, s: W * s.reshape(1, -1), len(out_shape) - 1, wa.shape[1]
+    return None
+
+
+def _per_channel(program, vid, out_shape, axis) -> np.ndarray | None:
+    """The value as a vector over the output channel axis, if it is a parameter that broadcasts along
+    that axis only (or a single number)."""
+    arr = param_array(program, vid)
+    if arr is None:
+        return None
+    shape = arr.shape
+    if len(shape) > len(out_shape):
+        return None
+    full = (1,) * (len(out_shape) - len(shape)) + tuple(shape)
+    for i, d in enumerate(full):
+        if d != 1 and (i != axis or d != out_shape[axis]):
+            return None
+    return np.broadcast_to(arr.reshape(full), tuple(out_shape[axis] if i == axis else 1
+                                                    for i in range(len(out_shape)))).reshape(-1).astype(np.float64)
+
+
+def _rebuild(p, node, w_new, b_new):
+    """A copy of node reading new weight and bias arrays."""
+    w = add_param(p, p.unique_name(p.values[node.inputs[1]].name + "_folded"), w_new, like=node.inputs[1])
+    ins = list(node.inputs)
+    ins[1] = w
+    if b_new is not None:
+        b = add_param(p, p.unique_name((p.values[node.inputs[2]].name if len(ins) > 2 and ins[2]
+                                        else node.name + "_bias") + "_folded"), b_new, like=node.inputs[1])
+        ins = ins[:2] + [b] + ins[3:]
+    return p.add_node(node.op, ins, dict(node.attrs)).outputs[0]
+
+
+def fold_batch_norm(program: Program, nid: str) -> Rewrite | None:
+    """Eval-mode batch_norm right after a conv or linear is a per-channel scale and shift: folded into
+    the weights and bias (recomputed here), the normalization disappears."""
+    n = program.nodes[nid]
+    if n.op != "batch_norm" or n.attrs.get("training"):
+        return None
+    x = n.inputs[0]
+    prod = _producer(program, x)
+    if prod is None or not single_use(program, x):
+        return None
+    lay = _channel_layout(program, prod)
+    if lay is None or lay[1] == "no-bias" or lay[3] != 1:  # batch_norm normalizes dim 1
+        return None
+    w, bias, scale, axis, ch = lay
+    arrs = [param_array(program, v) if v else None for v in (n.inputs + [None] * 5)[1:5]]
+    mean, var, gamma, beta = arrs
+    if mean is None or var is None or (n.inputs[3:4] and n.inputs[3] and gamma is None) or \
+            (n.inputs[4:5] and n.inputs[4] and beta is None):
+        return None
+    if mean.size != ch:
+        return None
+    eps = float(n.attrs["eps"])
+    inv = (gamma.astype(np.float64) if gamma is not None else 1.0) / np.sqrt(var.astype(np.float64) + eps)
+    inv = np.broadcast_to(inv, (ch,))
+    shift = (beta.astype(np.float64) if beta is not None else 0.0) - mean.astype(np.float64) * inv
+    Wa = param_array(program, w).astype(np.float64)
+    ba = param_array(program, bias).astype(np.float64) if bias else np.zeros(ch)
+    out = n.outputs[0]
+    size = fmt_bytes(_val(program, out).nbytes)
+
+    def build(p):
+        return {out: _rebuild(p, prod, scale(Wa, inv), ba * inv + shift)}
+    return Rewrite("fold_batch_norm", f"{_n(program, nid)} (eval, {ch} channels, eps {eps:g}) folded into "
+                   f"{_n(program, prod.id)}: weights and bias rescaled per channel, removing a pass over "
+                   f"its {size} output.", build, nid)
+
+
+_AFFINE_BIN = ("mul", "div", "add", "sub")
+
+
+def fold_affine_into_producer(program: Program, nid: str) -> Rewrite | None:
+    """A scalar or per-channel multiply, divide, add or subtract by a constant right after a linear,
+    conv or matmul with a weight parameter goes into that weight and bias."""
+    n = program.nodes[nid]
+    if n.op in ("mul_scalar", "div_scalar", "add_scalar", "sub_scalar"):
+        x, const = n.inputs[0], float(n.attrs["value"])
+        if n.op == "div_scalar" and const == 0:
+            return None
+        mul = n.op in ("mul_scalar", "div_scalar")
+        factor = (const if n.op == "mul_scalar" else 1.0 / const) if mul else None
+        shift = None if mul else (const if n.op == "add_scalar" else -const)
+        vec = None
+    elif n.op in _AFFINE_BIN and len(n.inputs) == 2 and None not in n.inputs:
+        a, b = n.inputs
+        if param_array(program, b) is not None and _producer(program, a) is not None:
+            x, c = a, b
+        elif n.op in ("mul", "add") and param_array(program, a) is not None and _producer(program, b) is not None:
+            x, c = b, a
+        else:
+            return None
+        vec = c
+        mul = n.op in ("mul", "div")
+        factor = shift = None
+    else:
+        return None
+    prod = _producer(program, x)
+    if prod is None or not single_use(program, x) or not _float(program, x):
+        return None
+    lay = _channel_layout(program, prod)
+    if lay is None:
+        return None
+    w, bias, scale, axis, ch = lay
+    out = n.outputs[0]
+    out_shape = _val(program, x).shape
+    if _val(program, out).shape != out_shape or _val(program, out).dtype != _val(program, x).dtype:
+        return None
+    if vec is not None:
+        s = _per_channel(program, vec, out_shape, axis)
+        if s is None:
+            return None
+        if n.op == "div":
+            if np.any(s == 0):
+                return None
+            s = 1.0 / s
+        if n.op == "sub":
+            s = -s
+        if mul:
+            factor = s
+        else:
+            shift = s
+    if bias == "no-bias" and not mul:
+        return None
+    Wa = param_array(program, w).astype(np.float64)
+    ba = param_array(program, bias).astype(np.float64) if bias not in (None, "no-bias") else None
+    fvec = np.broadcast_to(np.asarray(factor, dtype=np.float64), (ch,)) if mul else None
+    svec = np.broadcast_to(np.asarray(shift, dtype=np.float64), (ch,)) if not mul else None
+
+    def build(p):
+        if mul:
+            return {out: _rebuild(p, prod, scale(Wa, fvec), ba * fvec if ba is not None else None)}
+        return {out: _rebuild(p, prod, Wa, (ba if ba is not None else np.zeros(ch)) + svec)}
+    what = "scale" if mul else "shift"
+    how = "per channel" if vec is not None else "by a constant"
+    return Rewrite("fold_affine_into_producer", f"{_n(program, nid)} is a {what} {how} of "
+                   f"{_n(program, prod.id)}'s output, folded into its "
+                   f"{'weights and bias' if mul else 'bias'}; one op less.", build, nid)
+
+
+# --- reductions after a linear ----------------------------------------------------------------------
+def reduce_linear(program: Program, nid: str) -> Rewrite | None:
+    """sum (or mean) over the output features of x @ W^T + b is x @ (sum of W's rows) + sum of b: a
+    matrix-vector product instead of a full matrix product and a reduction."""
+    n = program.nodes[nid]
+    if n.op not in ("sum", "mean") or n.inputs[0] is None:
+        return None
+    x = n.inputs[0]
+    prod = _producer(program, x)
+    if prod is None or not single_use(program, x) or prod.op not in ("linear", "matmul"):
+        return None
+    shape = _val(program, x).shape
+    if len(shape) < 2 or _reduced_dims(n, len(shape)) != [len(shape) - 1]:
+        return None
+    lay = _channel_layout(program, prod)
+    if lay is None:
+        return None
+    w, bias, _, _, ch = lay
+    k = 1.0 / ch if n.op == "mean" else 1.0
+    Wa = param_array(program, w).astype(np.float64)
+    ba = param_array(program, bias).astype(np.float64) if bias not in (None, "no-bias") else None
+    out = n.outputs[0]
+    keep = n.attrs.get("keepdim", False)
+    in_f = Wa.shape[1] if prod.op == "linear" else Wa.shape[0]
+    flops_before = 2 * math.prod(shape[:-1]) * in_f * ch
+
+    def build(p):
+        if prod.op == "linear":
+            wv = Wa.sum(axis=0, keepdims=True) * k
+            bv = np.array([ba.sum() * k]) if ba is not None else None
+            w_id = add_param(p, p.unique_name(p.values[w].name + "_rowsum"), wv, like=w)
+            ins = [prod.inputs[0], w_id] + ([add_param(p, p.unique_name(prod.name + "_bias_sum"), bv, like=w)]
+                                            if bv is not None else [])
+            v = p.add_node("linear", ins).outputs[0]
+        else:
+            wv = Wa.sum(axis=1, keepdims=True) * k
+            w_id = add_param(p, p.unique_name(p.values[w].name + "_colsum"), wv, like=w)
+            v = p.add_node("matmul", [prod.inputs[0], w_id]).outputs[0]
+        if not keep:
+            v = _reshape(p, v, _val(p, out).shape)
+        return {out: v}
+    return Rewrite("reduce_linear", f"{_n(program, nid)} over the {ch} output features of "
+                   f"{_n(program, prod.id)} is a matrix-vector product with the summed weights: "
+                   f"{flops_before / 1e6:.3g} MFLOP become {flops_before / ch / 1e6:.3g} MFLOP and the "
+                   f"{fmt_bytes(_val(program, x).nbytes)} product is never stored.", build, nid)
+
+
+def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
+    """A reduction over dimensions that an expand only repeated: sum is the value times the count,
+    mean, max and min are the value itself."""
+    n = program.nodes[nid]
+    if n.op not in ("sum", "mean", "max", "min") or n.inputs[0] is None:
+        return None
+    e = _producer(program, n.inputs[0])
+    if e is None or e.op != "expand":
+        return None
+    src = e.inputs[0]
+    sshape, eshape = _val(program, src).shape, _val(program, n.inputs[0]).shape
+    if len(sshape) != len(eshape):
+        return None
+    dims = _reduced_dims(n, len(eshape))
+    if any(sshape[d] != 1 for d in dims) or not _float(program, src):
+        return None
+    count = math.prod(eshape[d] for d in dims)
+    out = n.outputs[0]
+    oshape = _val(program, out).shape
+    rest = [d for d in range(len(eshape)) if d not in dims]
+    # the result is the source with the reduced dims dropped (or kept as 1) and the others expanded
+    if any(sshape[d] != eshape[d] for d in rest):
+        return None
+
+    def build(p):
+        v = src
+        if n.op == "sum":
+            v = p.add_node("mul_scalar", [v], {"value": float(count)}).outputs[0]
+        if tuple(p.values[v].shape) != tuple(oshape):
+            v = _reshape(p, v, oshape)
+        return {out: v}
+    return Rewrite("reduce_of_broadcast", f"{_n(program, nid)} reduces {count} copies made by "
+                   f"{_n(program, e.id)}; it is the value itself{' times ' + str(count) if n.op == 'sum' else ''}.",
+                   build, nid)
+
+
+DEFAULT_RULES = [drop_noop, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
+                 fold_batch_norm, fold_affine_into_producer, reduce_linear, reduce_of_broadcast]
