@@ -92,7 +92,8 @@ def format_summary(s: dict, max_params: int = 12) -> str:
     lines += [f"error: {m}" for m in s["errors"]]
     lines += [f"warning: {m}" for m in s["warnings"]]
     if not s["errors"]:
-        lines.append("valid" + (f" ({len(s['warnings'])} warnings)" if s["warnings"] else ""))
+        k = len(s["warnings"])
+        lines.append("valid" + (f" ({k} warning{'s' if k > 1 else ''})" if k else ""))
     return "\n".join(lines)
 
 
