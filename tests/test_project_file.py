@@ -465,3 +465,24 @@ def test_random_damage_only_ever_raises_file_format_error(tmp_path):
             assert "\n" not in str(e)
             failures += 1
     assert failures > len(cases) // 2
+
+
+def test_opaque_nodes_round_trip_and_a_hostile_target_is_never_called(tmp_path):
+    p = Program("with_opaque")
+    x = p.add_input("x", (1, 2, 3, 4))
+    n = p.add_node("opaque", [x.id], {"target": "aten.upsample_nearest2d.vec",
+                                      "args": [{"input": 0}, [6, 8], None], "kwargs": {"note": float("-inf")},
+                                      "out_specs": [{"shape": [1, 2, 6, 8], "dtype": "float32"}]})
+    p.mark_output(n.outputs[0])
+    q = load_program(saved(tmp_path, p))
+    assert program_to_json(q) == program_to_json(p)
+    assert q.nodes[n.id].attrs["kwargs"]["note"] == float("-inf") and q.nodes[n.id].error is None
+
+    obj = program_to_json(p)
+    obj["nodes"][0]["attrs"]["target"] = "os.system"
+    obj["nodes"][0]["attrs"]["args"] = ["touch " + str(tmp_path / "pwned")]
+    q = load_obj(tmp_path, obj)  # loads (a broken node, as in the editor) but nothing runs
+    assert "torch has no operator 'os.system'" in q.nodes[n.id].error
+    with pytest.raises(FileFormatError, match="torch has no operator"):
+        load_program(tmp_path / "bad.json", strict=True)
+    assert not (tmp_path / "pwned").exists()
