@@ -1,0 +1,101 @@
+"""Launch compiled kernels on torch tensors through CuPy, zero copy (DLPack), on torch's stream."""
+from __future__ import annotations
+
+import math
+
+from ..codegen.kernel import KernelSource
+from ..compiler import CompiledKernel, compile_kernel
+from ..errors import StitchError
+
+_TORCH_DTYPES = {"float32": "float32", "bool": "bool"}
+
+
+class LaunchError(StitchError):
+    """A kernel could not be launched on the tensors given (device, shape, dtype, alignment)."""
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError as exc:
+        raise LaunchError(f"CuPy is not available ({exc}); kernels need cupy-cuda13x on a GPU") from None
+    return cupy
+
+
+class LoadedKernel:
+    """A KernelSource compiled for the current GPU and loaded with cupy.RawModule.
+
+    Calling it with the region's input tensors (in KernelSource.inputs order) returns the outputs;
+    pass `outputs` to write into existing tensors (the arena of an end-to-end program).
+    """
+
+    def __init__(self, kernel: KernelSource, compiled: CompiledKernel | None = None, *, specs=None):
+        cupy = _cupy()
+        self.kernel = kernel
+        self.compiled = compiled or compile_kernel(kernel)
+        try:
+            self.module = cupy.RawModule(path=str(self.compiled.path))
+            self.function = self.module.get_function(kernel.name)
+        except Exception as exc:  # no driver or device, or a cubin for another architecture
+            raise LaunchError(f"{kernel.name}: cannot load the kernel on a GPU "
+                              f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
+        # (shape, dtype) of each output, for allocation; the codegen knows them, the caller passes them
+        self.specs = specs
+        self.registers = self.function.num_regs
+        self.local_bytes = self.function.local_size_bytes  # spills and stack live here
+        self.shared_bytes = self.function.shared_size_bytes
+
+    def _check(self, t, what: str, numel: int | None = None):
+        torch = _torch()
+        if not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+            raise LaunchError(f"{self.kernel.name}: {what} must be a CUDA tensor, got "
+                              f"{getattr(t, 'device', type(t).__name__)}")
+        if numel is not None and t.numel() != numel:
+            raise LaunchError(f"{self.kernel.name}: {what} has {t.numel()} elements, the kernel was "
+                              f"specialised for {numel}")
+
+    def __call__(self, inputs, outputs=None, *, input_numels=None):
+        torch, cupy = _torch(), _cupy()
+        k = self.kernel
+        if len(inputs) != len(k.inputs):
+            raise LaunchError(f"{k.name} takes {len(k.inputs)} inputs, got {len(inputs)}")
+        ins = []
+        for j, t in enumerate(inputs):
+            self._check(t, f"input {j}", input_numels[j] if input_numels else None)
+            # a fresh allocation is contiguous and 256-byte aligned, which the float4 loads need
+            if not t.is_contiguous() or t.data_ptr() % k.align:
+                t = t.contiguous() if not t.is_contiguous() else t.clone()
+            ins.append(t)
+        if outputs is None:
+            if self.specs is None:
+                raise LaunchError(f"{k.name}: pass output tensors or output specs")
+            outputs = [torch.empty(shape, dtype=getattr(torch, dt), device=ins[0].device if ins else "cuda")
+                       for shape, dt in self.specs]
+        for j, t in enumerate(outputs):
+            self._check(t, f"output {j}", math.prod(self.specs[j][0]) if self.specs else None)
+            if not t.is_contiguous() or t.data_ptr() % k.align:
+                raise LaunchError(f"{k.name}: output {j} must be contiguous and {k.align}-byte aligned")
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        with stream:
+            args = [cupy.from_dlpack(t) for t in ins + list(outputs)]  # views of the same memory
+            self.function(k.grid, k.block, tuple(args), shared_mem=k.shared_bytes)
+        return list(outputs)
+
+    def attribution(self) -> dict:
+        return {"registers": self.registers, "local_bytes": self.local_bytes,
+                "shared_bytes": self.shared_bytes, "spill_stores": self.compiled.spill_stores,
+                "spill_loads": self.compiled.spill_loads}
+
+
+def load_kernel(kernel: KernelSource, program=None) -> LoadedKernel:
+    """Compile (cached) for this GPU and load; with the program, outputs can be allocated by shape."""
+    specs = None
+    if program is not None:
+        specs = [(tuple(program.values[v].shape), _TORCH_DTYPES.get(program.values[v].dtype, "float32"))
+                 for v in kernel.outputs]
+    return LoadedKernel(kernel, specs=specs)

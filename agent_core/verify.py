@@ -1,0 +1,99 @@
+"""Verify a region's generated code against the reference interpreter.
+
+The whole program runs through the reference (torch, CPU) on random draws; the region's external
+inputs from that run feed the candidate, and its outputs must match the reference's within
+KernelBench's fp32 tolerance (atol = rtol = 1e-4) on every draw.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .errors import StitchError
+from .ir import Program
+from .reference import parameter_tensors, random_inputs, run_reference
+
+ATOL = RTOL = 1e-4
+
+
+class VerifyError(StitchError):
+    """Generated code disagrees with the reference; the message gives the value, draw and error."""
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    draws: int
+    max_abs_err: float = 0.0
+    max_rel_excess: float = 0.0   # max of |got - want| / (atol + rtol * |want|); <= 1 passes
+    reason: str = ""
+    per_output: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"ok": self.ok, "draws": self.draws, "max_abs_err": self.max_abs_err,
+                "max_rel_excess": self.max_rel_excess, "reason": self.reason}
+
+
+def region_samples(program: Program, inputs: list[str], outputs: list[str], seed: int):
+    """(input tensors, expected output tensors) of a region for one random draw of the program."""
+    env = run_reference(program, random_inputs(program, seed), keep=True,
+                        params=parameter_tensors(program, "cpu"))
+    return [env[v] for v in inputs], [env[v] for v in outputs]
+
+
+def compare(program: Program, vid: str, got: torch.Tensor, want: torch.Tensor,
+            atol: float = ATOL, rtol: float = RTOL) -> tuple[bool, float, float, str]:
+    name = program.values[vid].name
+    got = got.detach().to("cpu")
+    if got.numel() != want.numel():
+        return False, float("inf"), float("inf"), f"'{name}' has shape {list(got.shape)}, want {list(want.shape)}"
+    got = got.reshape(want.shape)
+    if want.dtype == torch.bool or got.dtype == torch.bool:
+        bad = int((got.bool() != want.bool()).sum())
+        return bad == 0, float(bad), float(bad), f"'{name}': {bad} boolean element(s) differ" if bad else ""
+    g, w = got.double(), want.double()
+    same_nan = torch.isnan(g) == torch.isnan(w)
+    finite = ~torch.isnan(w)
+    diff = torch.where(finite, (g - w).abs(), torch.zeros_like(w))
+    diff = torch.where(torch.isinf(w) & (g == w), torch.zeros_like(w), diff)
+    excess = diff / (atol + rtol * w.abs().nan_to_num(0.0, posinf=0.0))
+    max_abs = float(diff.max()) if diff.numel() else 0.0
+    max_ex = float(excess.max()) if excess.numel() else 0.0
+    ok = bool(same_nan.all()) and max_ex <= 1.0
+    reason = ""
+    if not ok:
+        if not bool(same_nan.all()):
+            reason = f"'{name}': NaN where the reference has none (or the reverse)"
+        else:
+            flat = int(excess.reshape(-1).argmax())
+            reason = (f"'{name}' differs by {max_abs:.3g} (element {flat}: got "
+                      f"{float(g.reshape(-1)[flat]):.6g}, want {float(w.reshape(-1)[flat]):.6g}; "
+                      f"tolerance atol=rtol={atol:g})")
+    return ok, max_abs, max_ex, reason
+
+
+def verify_region(program: Program, inputs: list[str], outputs: list[str],
+                  run: Callable[[list[torch.Tensor]], list[torch.Tensor]], *, draws: int = 5,
+                  device: str = "cuda", atol: float = ATOL, rtol: float = RTOL, seed: int = 0) -> VerifyResult:
+    """Run `run` (the candidate: region input tensors on `device` -> output tensors) on `draws` random
+    draws and compare with the reference. Never raises for a mismatch: the result says why."""
+    worst_abs, worst_ex, per = 0.0, 0.0, {}
+    for d in range(draws):
+        ins, want = region_samples(program, inputs, outputs, seed + d)
+        try:
+            got = run([t.to(device) for t in ins])
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+        except StitchError as exc:
+            return VerifyResult(False, d, reason=f"draw {d}: {exc}")
+        if len(got) != len(outputs):
+            return VerifyResult(False, d, reason=f"the candidate returned {len(got)} outputs, want {len(outputs)}")
+        for vid, g, w in zip(outputs, got, want):
+            ok, ab, ex, why = compare(program, vid, g, w, atol, rtol)
+            worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
+            per[vid] = max(per.get(vid, 0.0), ab)
+            if not ok:
+                return VerifyResult(False, d + 1, worst_abs, worst_ex, f"draw {d}: {why}", per)
+    return VerifyResult(True, draws, worst_abs, worst_ex, "", per)
