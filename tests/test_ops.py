@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from agent_core.errors import ProgramError, ShapeError
 from agent_core.ir import Program
 from agent_core.ops import CATEGORIES, REQUIRED, TensorSpec, all_ops, get_op
-from agent_core.ops.catalog import markdown
+from agent_core.ops.catalog import main as catalog_main, markdown
 from agent_core.ops.common import dtype_name
 from agent_core.reference import draw, run_reference
 
@@ -442,3 +442,9 @@ def test_catalog_lists_every_op():
     table = markdown()
     for op in ALL:
         assert f"| `{op.name}` |" in table
+
+
+def test_ops_doc_table_is_current():
+    from pathlib import Path
+    doc = Path(__file__).resolve().parent.parent / "docs" / "OPS.md"
+    assert catalog_main(["--check", str(doc)]) == 0, "run: python -m agent_core.ops.catalog --write docs/OPS.md"

@@ -1,7 +1,7 @@
 """The op library as a table: name, category, ports, attributes, aliases, doc.
 
-`python -m agent_core.ops.catalog` prints the Markdown table that docs/OPS.md carries
-(`--check FILE` exits 1 when FILE's generated part is stale).
+`python -m agent_core.ops.catalog` prints the Markdown table that docs/OPS.md carries;
+`--write FILE` replaces FILE's generated part with it; `--check FILE` exits 1 when that part is stale.
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def _row(op: OpDef) -> str:
                                              else " -> " + ", ".join(op.outputs))
     attrs = "; ".join(_attr(a) for a in op.attrs) or "-"
     aliases = ", ".join(sorted(aliases_of(op.name))) or "-"
-    doc = (op.doc or "").replace("|", "\\|")
+    doc = op.doc or (f"`{op.cuda}`" if isinstance(op.cuda, str) else "")
+    doc = doc.replace("|", "\\|")
     return f"| `{op.name}` | {ports}{outs} | {attrs} | {aliases} | {doc} |"
 
 
@@ -52,6 +53,15 @@ def markdown() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     table = markdown()
+    if argv[:1] == ["--write"]:
+        text = open(argv[1], encoding="utf-8").read()
+        if BEGIN not in text or END not in text:
+            print(f"{argv[1]}: no generated part (the {BEGIN} / {END} markers) to replace", file=sys.stderr)
+            return 1
+        head, rest = text.split(BEGIN, 1)
+        with open(argv[1], "w", encoding="utf-8") as f:
+            f.write(head + table + rest.split(END, 1)[1])
+        return 0
     if argv[:1] == ["--check"]:
         text = open(argv[1], encoding="utf-8").read()
         if table not in text:

@@ -190,3 +190,56 @@ register(OpDef("addcmul", "pointwise", ("x", "a", "b"), _bcast,
                attrs=(Attr("value", "scalar", 1.0),), cuda="({x} + {value} * {a} * {b})"))
 register(OpDef("lerp", "pointwise", ("x", "end", "weight"), _bcast,
                lambda t, a: torch.lerp(t[0], t[1], t[2]), cuda="({x} + {weight} * ({end} - {x}))"))
+
+
+# --- comparisons and logic, masks, fills ---------------------------------------------------------
+_binary("ne", torch.ne, "({a} != {b})", infer=_bcast_bool)
+_binary("logical_and", torch.logical_and, "({a} && {b})", infer=_bcast_bool)
+_binary("logical_or", torch.logical_or, "({a} || {b})", infer=_bcast_bool)
+_binary("remainder", torch.remainder, "({a} - floorf({a} / {b}) * {b})",
+        doc="a - floor(a / b) * b (Python's %: the sign of b)")
+_binary("fmod", torch.fmod, "fmodf({a}, {b})", doc="C's fmod: the sign of a")
+_binary("atan2", torch.atan2, "atan2f({a}, {b})")
+_unary("tan", lambda x, a: torch.tan(x), "tanf({x})")
+_unary("atan", lambda x, a: torch.atan(x), "atanf({x})")
+_unary("log10", lambda x, a: torch.log10(x), "log10f({x})")
+_unary("trunc", lambda x, a: torch.trunc(x), "truncf({x})", keep_dtype=True)
+_unary("threshold", lambda x, a: F.threshold(x, a["threshold"], a["value"]),
+       "({x} > {threshold} ? {x} : {value})", keep_dtype=True,
+       attrs=(Attr("threshold", "float"), Attr("value", "float")), doc="x where x > threshold, else value")
+
+
+def _masked_fill_infer(ins, attrs):
+    x, mask = ins
+    if broadcast(x.shape, mask.shape) != x.shape:
+        raise ShapeError(f"masked_fill: mask {list(mask.shape)} must broadcast to x {list(x.shape)}")
+    return [TensorSpec(x.shape, x.dtype)]
+
+
+register(OpDef("masked_fill", "pointwise", ("x", "mask"), _masked_fill_infer,
+               lambda t, a: t[0].masked_fill(t[1].bool(), a["value"]), attrs=(Attr("value", "scalar"),),
+               cuda="({mask} ? {value} : {x})", doc="value where mask is true, else x",
+               extra={"example": ([(3, 5), ((5,), "bool")], {"value": -1.5}),
+                      "bad": ([(5,), ((3, 5), "bool")], {"value": 0}, "must broadcast to x")}))
+
+
+def _fill_infer(ins, attrs):
+    return [TensorSpec(ins[0].shape, attrs["dtype"] or ins[0].dtype)]
+
+
+_FILL_DTYPE = Attr("dtype", "str", None, optional=True,
+                   choices=("float32", "float64", "float16", "bfloat16", "int64", "int32", "bool"),
+                   doc="null: x's dtype")
+for _name, _fill in (("zeros_like", 0), ("ones_like", 1)):
+    register(OpDef(_name, "pointwise", ("x",), _fill_infer,
+                   lambda t, a, _v=_fill: torch.full_like(t[0], _v, dtype=_dtype_or_none(a["dtype"])),
+                   attrs=(_FILL_DTYPE,), cuda=f"{_fill}", flops=_per_elem(0),
+                   doc=f"a tensor of {_fill}s with x's shape (x's values are not read)"))
+register(OpDef("full_like", "pointwise", ("x",), _fill_infer,
+               lambda t, a: torch.full_like(t[0], a["fill_value"], dtype=_dtype_or_none(a["dtype"])),
+               attrs=(Attr("fill_value", "scalar"), _FILL_DTYPE), cuda="{fill_value}", flops=_per_elem(0),
+               doc="a tensor of fill_value with x's shape (x's values are not read)"))
+
+
+def _dtype_or_none(name):
+    return None if name is None else _torch_dtype(name)
