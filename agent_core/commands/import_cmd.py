@@ -55,14 +55,21 @@ def run(args) -> int:
     from ..project_file import save_program
     out = args.output or os.path.splitext(os.path.basename(args.source.split(":")[-1]))[0] + ".json"
     program = import_source(args.source)
-    for w in import_warnings(program):
+    warnings = import_warnings(program)
+    for w in warnings:
         print(f"warning: {w}", file=sys.stderr)
     save_program(program, out)
     params = program.parameters()
     nbytes = sum(v.nbytes for v in params)
-    print(f"{args.source} -> {out}: {len(program.nodes)} nodes, {len(program.inputs)} inputs, "
-          f"{len(params)} parameters ({_fmt_bytes(nbytes)}), {len(program.outputs)} outputs")
+    print(f"{args.source} -> {out}: {_count(len(program.nodes), 'node')}, "
+          f"{_count(len(program.inputs), 'input')}, {_count(len(params), 'parameter')} "
+          f"({_fmt_bytes(nbytes)}), {_count(len(program.outputs), 'output')}"
+          + (f", {_count(len(warnings), 'warning')}" if warnings else ""))
     return 0
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _fmt_bytes(n: float) -> str:
