@@ -1,0 +1,141 @@
+"""Turning a final group into a Region: its kind, schedule details, estimates and the reason a user
+reads. Every number in a reason comes from the same cost model that ranked the fusion."""
+from __future__ import annotations
+
+from ..analysis.cost import fmt_bytes, fmt_ms, group_traffic
+from ..regions import Region
+from .fusion import full_space_inputs, group_time, schedule_for, summarize
+
+_OP_WORDS = 6  # name at most this many ops in a reason
+
+
+def _names(state, nodes, limit=_OP_WORDS) -> str:
+    ops = [state.program.nodes[n].op for n in nodes if state.geo[n].role != "view"]
+    uniq = list(dict.fromkeys(ops))
+    words = uniq[:limit] + ([f"{len(uniq) - limit} more"] if len(uniq) > limit else [])
+    if len(words) == 1:
+        return words[0]
+    return ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _label(state, nid) -> str:
+    n = state.program.nodes[nid]
+    return n.op if n.name == n.op else f"{n.name}"
+
+
+def _count(n, word) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _elems(n) -> str:
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    if n >= 1e4:
+        return f"{n / 1e3:.0f}K"
+    return str(n)
+
+
+def kind_of(state, group, s) -> str:
+    nodes = group.nodes
+    if s.blocker:
+        return "opaque" if state.geo[s.blocker].role == "opaque" else "single"
+    if s.anchor:
+        if len([n for n in nodes if state.geo[n].role != "view"]) == 1:
+            return "single"
+        return "matmul_epilogue" if s.anchor_role == "matmul" else "conv_epilogue"
+    if s.reductions:
+        return "reduction"
+    if s.ops <= 1:
+        return "single"
+    return "sibling" if group.sibling else "pointwise"
+
+
+def make_region(state, group, rid: str, refusals: dict[str, str]) -> Region:
+    nodes = state.sort_nodes(group.nodes)
+    s = summarize(state, nodes)
+    kind = kind_of(state, group, s)
+    before = sum(state.costs[n].time_ms(state.gpu, state.graph) for n in nodes)
+    after, traffic = group_time(state, nodes, s)
+    unfused_bytes = sum(state.costs[n].bytes for n in nodes)
+    launches = sum(1 for n in nodes if not state.costs[n].view)
+    saved_bytes = unfused_bytes - traffic.bytes
+    saved_ms = before - after
+    saving = (f"saves {_count(max(launches - 1, 0), 'launch').replace('launchs', 'launches')} and "
+              f"{fmt_bytes(max(saved_bytes, 0))} of traffic, about {fmt_ms(max(saved_ms, 0))}")
+    kept = ""
+    if traffic.kept_values:
+        big = max(traffic.kept_values, key=lambda v: state.program.values[v].nbytes)
+        producer = state.program.values[big].producer
+        kept = (f"keeps the {fmt_bytes(state.program.values[big].nbytes)} output of {_label(state, producer)}"
+                + (f" and {_count(len(traffic.kept_values) - 1, 'other intermediate')}"
+                   if len(traffic.kept_values) > 1 else "") + " on chip; ")
+    sched: dict = {}
+    if kind == "reduction":
+        red = s.red
+        k = full_space_inputs(state, nodes, red)
+        mode, held = schedule_for(red, k, state.gpu)
+        sched = {"anchor": s.reductions[0], "reductions": list(s.reductions), "rows": red.rows,
+                 "row_len": red.row_len, "schedule": mode,
+                 "layout": "contiguous" if red.contiguous else "strided", "full_shape": list(red.full)}
+        why_sched = {"warp-per-row": f"one warp per row (a {fmt_bytes(red.row_len * 4)} row fits in registers)",
+                     "block-per-row": f"one block per row (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
+                                      f"fits on chip)",
+                     "two-pass": f"two passes over memory (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
+                                 f"exceeds the {fmt_bytes(state.gpu.block_row_bytes)} on-chip budget)"}[mode]
+        if launches <= 1:
+            reason = (f"{_names(state, nodes)} over {red.rows} rows of {red.row_len} in one kernel, "
+                      f"{why_sched}; about {fmt_ms(after)} at the roofline.")
+        else:
+            reason = (f"stitches {_names(state, nodes)} over {red.rows} rows of {red.row_len}, {why_sched}; "
+                      f"{kept}{saving}.")
+    elif kind in ("matmul_epilogue", "conv_epilogue"):
+        an = s.anchor
+        epi = [n for n in nodes if n != an]
+        out = state.program.values[state.program.nodes[an].outputs[0]]
+        sched = {"anchor": an, "epilogue": epi}
+        row = ""
+        if s.reductions:
+            sched.update({"row_reduction": True, "reductions": list(s.reductions), "rows": s.red.rows,
+                          "row_len": s.red.row_len})
+            row = f" and reduces each of its {s.red.rows} rows of {s.red.row_len} in the same block"
+        reason = (f"applies {_names(state, epi)} to the {fmt_bytes(out.nbytes)} output of "
+                  f"{_label(state, an)} before it is stored{row}; {saving}.")
+    elif kind in ("pointwise", "sibling"):
+        numel = max(s.numels.values(), default=0)
+        sched = {"numel": numel, "shape": list(state.geo[max(s.numels, key=s.numels.get)].shape)
+                 if s.numels else []}
+        if kind == "sibling":
+            shared = _shared_inputs(state, group.nodes)
+            sched["shared_inputs"] = shared
+            what = (f"reads {', '.join(state.program.values[v].name for v in shared[:3])} once for "
+                    if shared else "runs ")
+            reason = f"{what}{_names(state, nodes)} over the same {_elems(numel)}-element loop; {kept}{saving}."
+        else:
+            reason = f"fuses {_names(state, nodes)} over {_elems(numel)} elements into one kernel; {kept}{saving}."
+    else:
+        nid = next((n for n in nodes if state.geo[n].role != "view"), nodes[0])
+        alias = all(state.geo[n].role == "view" for n in nodes)
+        sched = {"op": state.program.nodes[nid].op, "alias": alias}
+        if alias:
+            reason = f"{_label(state, nid)} only relabels its input's shape; no kernel, no traffic."
+        else:
+            why = refusals.get(nid) or "no neighbour it could share a loop with"
+            reason = f"{_label(state, nid)} runs alone: {why}; about {fmt_ms(after)} at the roofline."
+    r = Region(rid, kind, nodes, status="proposed", reason=reason, est_before_ms=round(before, 6),
+               est_after_ms=round(after, 6), schedule=sched)
+    return r
+
+
+def _shared_inputs(state, nodes) -> list[str]:
+    members = set(nodes)
+    readers: dict[str, set] = {}
+    for nid in nodes:
+        for v in state.program.nodes[nid].inputs:
+            if v is not None and state.program.values[v].producer not in members:
+                readers.setdefault(v, set()).add(nid)
+    shared = [v for v, rs in readers.items() if len(rs) > 1]
+    return sorted(shared, key=lambda v: -state.program.values[v].nbytes)
+
+
+def traffic_of(state, nodes):
+    return group_traffic(state.program, nodes, state.consumers, state.costs)

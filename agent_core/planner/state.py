@@ -1,0 +1,120 @@
+"""Groups of nodes during planning and the quotient graph between them.
+
+Every node starts in its own group. The groups form a DAG (the quotient of the node graph) kept in a
+topological order that is updated on each merge (Pearce-Kelly style): to merge A and B (A before B),
+search forward from A only through groups placed before B. If one of them feeds B, the merge would
+create a cycle (a path out of the region and back in). Otherwise the groups reached move just after
+the merged one and the order stays topological. The search never leaves the interval between A and B,
+which keeps planning of large programs fast.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..analysis.cost import NodeCost, value_consumers
+from ..ir import Program
+from .geometry import Geometry, geometry
+
+
+@dataclass
+class Group:
+    gid: int
+    nodes: list[str]
+    version: int = 0
+    frozen: object = None          # the kept Region (accepted / user-made / locked), if any
+    sibling: bool = False          # made by a horizontal (sibling) merge
+
+
+class PlanState:
+    def __init__(self, program: Program, costs: dict[str, NodeCost]):
+        self.program = program
+        self.costs = costs
+        self.order_nodes = program.topo_order()
+        self.geo: dict[str, Geometry] = {nid: geometry(program, nid) for nid in self.order_nodes}
+        self.consumers = value_consumers(program)
+        self.outputs = set(program.outputs)
+        self.groups: dict[int, Group] = {}
+        self.group_of: dict[str, int] = {}
+        self.succ: dict[int, set[int]] = {}
+        self.pred: dict[int, set[int]] = {}
+        self.pos: dict[int, int] = {}
+        self.order: list[int | None] = []
+        for i, nid in enumerate(self.order_nodes):
+            self.groups[i] = Group(i, [nid])
+            self.group_of[nid] = i
+            self.succ[i], self.pred[i] = set(), set()
+            self.pos[i] = i
+            self.order.append(i)
+        for nid in self.order_nodes:
+            g = self.group_of[nid]
+            for v in program.nodes[nid].outputs:
+                for c in self.consumers.get(v, ()):
+                    h = self.group_of[c]
+                    if h != g:
+                        self.succ[g].add(h)
+                        self.pred[h].add(g)
+
+    # ------------------------------------------------------------------------------------------
+    def cycle_path(self, a: int, b: int) -> tuple[int, int] | None:
+        """(x, y) with a path a -> ... -> x -> b through other groups, i.e. merging a and b would make a
+        cycle; None if the merge is safe. Requires pos[a] < pos[b]."""
+        limit = self.pos[b]
+        succ, pos = self.succ, self.pos
+        stack = [s for s in succ[a] if s != b and pos[s] < limit]
+        seen = set(stack)
+        while stack:
+            u = stack.pop()
+            if b in succ[u]:
+                return (u, b)
+            for s in succ[u]:
+                if s not in seen and s != b and pos[s] < limit:
+                    seen.add(s)
+                    stack.append(s)
+        self._reached = seen
+        return None
+
+    def merge(self, a: int, b: int) -> int:
+        """Merge b into a (pos[a] < pos[b]); cycle_path(a, b) must have returned None just before."""
+        reached = self._reached
+        lo, hi = self.pos[a], self.pos[b]
+        seg = self.order[lo:hi + 1]
+        left = [u for u in seg if u is not None and u != a and u != b and u not in reached]
+        right = [u for u in seg if u is not None and u in reached]
+        new = left + [a] + right
+        new += [None] * (len(seg) - len(new))
+        self.order[lo:hi + 1] = new
+        for i, u in enumerate(new):
+            if u is not None:
+                self.pos[u] = lo + i
+        ga, gb = self.groups[a], self.groups.pop(b)
+        ga.nodes.extend(gb.nodes)
+        ga.version += 1
+        ga.sibling = ga.sibling or gb.sibling
+        for nid in gb.nodes:
+            self.group_of[nid] = a
+        for s in self.succ.pop(b):
+            self.pred[s].discard(b)
+            if s != a:
+                self.pred[s].add(a)
+                self.succ[a].add(s)
+        for p in self.pred.pop(b):
+            self.succ[p].discard(b)
+            if p != a:
+                self.succ[p].add(a)
+                self.pred[a].add(p)
+        self.succ[a].discard(a)
+        self.pred[a].discard(a)
+        del self.pos[b]
+        return a
+
+    def ordered_groups(self) -> list[Group]:
+        return [self.groups[g] for g in self.order if g is not None]
+
+    def sort_nodes(self, nodes) -> list[str]:
+        idx = self._node_index()
+        return sorted(nodes, key=idx.__getitem__)
+
+    def _node_index(self) -> dict[str, int]:
+        if not hasattr(self, "_idx"):
+            self._idx = {n: i for i, n in enumerate(self.order_nodes)}
+        return self._idx
