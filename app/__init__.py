@@ -1,0 +1,1 @@
+"""The studio application: main window, docks, menus, settings, entry point."""

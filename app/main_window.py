@@ -1,0 +1,598 @@
+"""The studio's main window: the canvas in the centre; palette, inspector, undo history, generated
+source and profiles in docks; menus, toolbar and status bar; files, autosave and settings."""
+from __future__ import annotations
+
+import os
+import uuid
+
+from PySide6.QtCore import QByteArray, QMimeData, QPoint, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
+                               QUndoView, QVBoxLayout, QWidget)
+
+from agent_core.errors import StitchError
+from graph_editor import clipboard
+from graph_editor.commands import macro
+from graph_editor.edge_item import GroupItem, TerminalItem
+from graph_editor.layout import layered_layout
+from graph_editor.layout_job import LayoutRunner
+from graph_editor.node_item import NodeItem
+from graph_editor.palette import PaletteWidget, QuickSearch, ops_accepting
+from graph_editor.inspector import Inspector
+from graph_editor.scene import GraphScene, program_layout_input
+from graph_editor.style import for_theme
+from graph_editor.view import GraphView
+
+from . import recovery, theme as themes
+from .document import Document, load
+
+AUTOSAVE_MS = 30_000
+MAX_RECENT = 8
+FILE_FILTER = "StitchCUDA programs (*.json);;PyTorch / KernelBench files (*.py);;All files (*)"
+
+
+class MainWindow(QMainWindow):
+    def __init__(self, theme: str = "dark", restore_settings: bool = True):
+        super().__init__()
+        self.theme = theme
+        self.session = uuid.uuid4().hex[:8]
+        self.settings = QSettings("StitchCUDA", "Studio")
+        self.style_ = for_theme(theme)
+        self.document: Document | None = None
+        self.scene: GraphScene | None = None
+        self.layout_runner = LayoutRunner(self)
+        self.layout_runner.finished.connect(lambda n: self.status(f"Laid out {n} nodes"))
+        self.layout_runner.failed.connect(lambda msg: self.status(msg, error=True))
+        # prompts go through here so tests (and --screenshot) can answer without a modal dialog
+        self.ask = self._ask_dialog
+
+        self.view = GraphView()
+        self.view.quick_search_at.connect(lambda pos: self.open_quick_search(pos))
+        self.view.zoom_changed.connect(lambda z: self.zoom_label.setText(f"{z * 100:.0f}%"))
+        self.setCentralWidget(self.view)
+        self.quick = QuickSearch(self)
+        self.quick.chosen.connect(self._quick_chosen)
+        self._quick_context = None
+        self._build_docks()
+        self._build_actions()
+        self._build_status()
+        self.setDockOptions(QMainWindow.AnimatedDocks | QMainWindow.AllowTabbedDocks)
+        self.resize(1500, 940)
+        self.set_document(Document())
+        self._apply_theme(theme)
+        if restore_settings:
+            self._restore_settings()
+        self.autosave_timer = QTimer(self, interval=AUTOSAVE_MS, timeout=self.autosave)
+        self.autosave_timer.start()
+
+    # construction --------------------------------------------------------------------------------
+    def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
+        d = QDockWidget(title, self)
+        d.setObjectName(name)
+        d.setWidget(widget)
+        d.setFeatures(QDockWidget.DockWidgetMovable | QDockWidget.DockWidgetFloatable
+                      | QDockWidget.DockWidgetClosable)
+        self.addDockWidget(area, d)
+        return d
+
+    def _placeholder(self, text: str) -> QWidget:
+        w = QWidget()
+        lay = QVBoxLayout(w)
+        lab = QLabel(text)
+        lab.setObjectName("Placeholder")
+        lab.setAlignment(Qt.AlignCenter)
+        lab.setWordWrap(True)
+        lay.addWidget(lab)
+        return w
+
+    def _build_docks(self) -> None:
+        self.palette = PaletteWidget()
+        self.palette.op_activated.connect(lambda op: self.scene and self.scene.add_node(op))
+        self.palette_dock = self._dock("Ops", "PaletteDock", self.palette, Qt.LeftDockWidgetArea)
+        self.inspector = Inspector()
+        self.inspector_dock = self._dock("Inspector", "InspectorDock", self.inspector, Qt.RightDockWidgetArea)
+        self.history = QUndoView()
+        self.history.setEmptyLabel("Opened")
+        self.history_dock = self._dock("History", "HistoryDock", self.history, Qt.RightDockWidgetArea)
+        self.splitDockWidget(self.inspector_dock, self.history_dock, Qt.Vertical)
+        # filled by the agent (next part): the generated CUDA and the live profiles
+        self.source_dock = self._dock("Generated source", "SourceDock", self._placeholder(
+            "No generated source yet.\nIt appears here after Optimize runs: one CUDA kernel per fused region."),
+            Qt.BottomDockWidgetArea)
+        self.profile_dock = self._dock("Profiles", "ProfileDock", self._placeholder(
+            "No profile yet.\nKernel times against torch eager and torch.compile appear here after Optimize runs."),
+            Qt.BottomDockWidgetArea)
+        self.tabifyDockWidget(self.source_dock, self.profile_dock)
+        self.source_dock.raise_()
+        self.resizeDocks([self.palette_dock, self.inspector_dock], [220, 320], Qt.Horizontal)
+        self.resizeDocks([self.inspector_dock, self.history_dock], [520, 200], Qt.Vertical)
+        self.resizeDocks([self.source_dock], [150], Qt.Vertical)
+
+    def _action(self, text, slot, shortcut=None, icon=None, tip=None) -> QAction:
+        a = QAction(text, self)
+        if shortcut:
+            a.setShortcuts(shortcut if isinstance(shortcut, list) else [QKeySequence(shortcut)])
+        if icon:
+            a.setData(icon)
+        if tip:
+            a.setStatusTip(tip)
+            a.setToolTip(tip)
+        a.triggered.connect(slot)
+        self.addAction(a)
+        return a
+
+    def _build_actions(self) -> None:
+        K = QKeySequence
+        A = self._action
+        self.act = {
+            "new": A("&New", self.new_document, K.New, "new", "New empty program"),
+            "open": A("&Open…", self.open_dialog, K.Open, "open", "Open a program file"),
+            "import": A("&Import PyTorch / KernelBench file…", self.import_dialog, "Ctrl+I", "import",
+                        "Import a KernelBench .py file (Model, get_inputs, get_init_inputs)"),
+            "save": A("&Save", self.save, K.Save, "save", "Save the program"),
+            "save_as": A("Save &As…", self.save_as, K.SaveAs),
+            "quit": A("&Quit", self.close, K.Quit),
+            "cut": A("Cu&t", self.cut, K.Cut),
+            "copy": A("&Copy", self.copy, K.Copy),
+            "paste": A("&Paste", self.paste, K.Paste),
+            "duplicate": A("D&uplicate", self.duplicate, "Ctrl+D"),
+            "delete": A("&Delete", self.delete, [K(K.Delete), K("Backspace")], "delete", "Delete the selection"),
+            "select_all": A("Select &All", self.select_all, K.SelectAll),
+            "add_node": A("&Add node…", lambda: self.open_quick_search(None), None, None,
+                          "Search ops to add (Tab on the canvas)"),
+            "layout": A("Auto &layout", self.auto_layout, "Ctrl+L", "layout", "Lay out the program (or the selection)"),
+            "collapse": A("&Collapse selection", self.collapse, "Ctrl+G", "collapse",
+                          "Collapse the selected nodes into one"),
+            "expand": A("&Expand group", self.expand, "Ctrl+Shift+G", "expand", "Expand the selected groups"),
+            "validate": A("&Validate", self.validate, "F7", None, "Check the program and list its problems"),
+            "zoom_in": A("Zoom &in", lambda: self.view.zoom_by(1.25), K.ZoomIn, "zoom-in"),
+            "zoom_out": A("Zoom &out", lambda: self.view.zoom_by(0.8), K.ZoomOut, "zoom-out"),
+            "fit": A("&Fit program", self.view.fit_all, "F", "fit", "Zoom to fit the whole program (F)"),
+            "fit_sel": A("Fit &selection", self.view.fit_selection, "Shift+F"),
+            "theme": A("Toggle &dark / light theme", self.toggle_theme, "Ctrl+Shift+T", "theme"),
+        }
+        self.act["undo"] = A("&Undo", lambda: self.document.stack.undo(), K.Undo, "undo", "Undo")
+        self.act["redo"] = A("&Redo", lambda: self.document.stack.redo(), [K(K.Redo), K("Ctrl+Y")], "redo", "Redo")
+        for name in ("fit", "delete"):  # single keys act only while the canvas has focus
+            self.act[name].setShortcutContext(Qt.WidgetWithChildrenShortcut)
+            self.removeAction(self.act[name])
+            self.view.addAction(self.act[name])
+        mb = self.menuBar()
+        m = mb.addMenu("&File")
+        for k in ("new", "open"):
+            m.addAction(self.act[k])
+        self.recent_menu = m.addMenu("Open &Recent")
+        m.addAction(self.act["import"])
+        m.addSeparator()
+        m.addAction(self.act["save"])
+        m.addAction(self.act["save_as"])
+        m.addSeparator()
+        m.addAction(self.act["quit"])
+        m = mb.addMenu("&Edit")
+        for k in ("undo", "redo", None, "cut", "copy", "paste", "duplicate", "delete", None, "select_all"):
+            m.addSeparator() if k is None else m.addAction(self.act[k])
+        m = mb.addMenu("&View")
+        for k in ("zoom_in", "zoom_out", "fit", "fit_sel", None, "theme"):
+            m.addSeparator() if k is None else m.addAction(self.act[k])
+        m.addSeparator()
+        for d in (self.palette_dock, self.inspector_dock, self.history_dock, self.source_dock, self.profile_dock):
+            m.addAction(d.toggleViewAction())
+        m = mb.addMenu("&Graph")
+        for k in ("add_node", None, "layout", "collapse", "expand", None, "validate"):
+            m.addSeparator() if k is None else m.addAction(self.act[k])
+        tb = self.addToolBar("Main")
+        tb.setObjectName("MainToolbar")
+        tb.setMovable(False)
+        for k in ("new", "open", "import", "save", None, "undo", "redo", None, "layout", "fit", "collapse",
+                  "expand", None, "zoom_in", "zoom_out", None, "theme"):
+            tb.addSeparator() if k is None else tb.addAction(self.act[k])
+        self.toolbar = tb
+
+    def _build_status(self) -> None:
+        sb = self.statusBar()
+        self.status_label = QLabel("Ready")
+        self.refusal_label = QLabel("")
+        self.refusal_label.setObjectName("Refusal")
+        self.count_label = QLabel("")
+        self.zoom_label = QLabel("")
+        sb.addWidget(self.status_label, 1)
+        sb.addWidget(self.refusal_label, 2)
+        sb.addPermanentWidget(self.count_label)
+        sb.addPermanentWidget(self.zoom_label)
+        self._clear_refusal = QTimer(self, singleShot=True, interval=10_000,
+                                     timeout=lambda: self.refusal_label.setText(""))
+
+    # theme ---------------------------------------------------------------------------------------
+    def _apply_theme(self, name: str) -> None:
+        self.theme = name
+        app = QApplication.instance()
+        themes.apply(app, name)
+        for a in self.act.values():
+            if a.data():
+                a.setIcon(themes.icon(a.data(), name))
+        self.style_ = for_theme(name)
+        if self.scene is not None:  # canvas colours live in the items: rebuild them in the new style
+            self.scene.style = self.style_
+            self.scene.setBackgroundBrush(self.style_.background)
+            for item in list(self.scene.nodes.values()) + list(self.scene.terminals.values()) + self.scene.groups:
+                item.style = self.style_
+                item.refresh()
+            for e in self.scene.edges.values():
+                e.style = self.style_
+                e.update()
+            self.view.resetCachedContent()
+            self.scene.overview.invalidate()
+            self.view.minimap.update()
+
+    def toggle_theme(self) -> None:
+        self._apply_theme("light" if self.theme == "dark" else "dark")
+        self.settings.setValue("theme", self.theme)
+
+    # documents ---------------------------------------------------------------------------------------
+    def set_document(self, doc: Document) -> None:
+        if self.scene is not None:
+            self.layout_runner.cancel()
+            self.scene.detach()
+        if self.document is not None:
+            recovery.remove(self.document.path, self.session)
+        self.document = doc
+        self.scene = GraphScene(doc.program, doc.stack, self.style_, self)
+        self.scene.connection_refused.connect(self._refused)
+        self.scene.message.connect(self.status)
+        self.scene.quick_search_requested.connect(self._quick_from_scene)
+        self.scene.selectionChanged.connect(self._selection_changed)
+        self.scene.program_changed.connect(self.inspector.model_changed)
+        self.scene.program_changed.connect(self._update_counts)
+        self.view.set_scene(self.scene)
+        self.inspector.set_document(doc.program, doc.stack)
+        self.history.setStack(doc.stack)
+        doc.changed.connect(self._update_title)
+        self._update_title()
+        self._update_counts()
+        QTimer.singleShot(0, self.view.show_program)
+        self.view.show_program()
+
+    def _update_title(self) -> None:
+        d = self.document
+        self.setWindowTitle(f"{d.title}[*] — StitchCUDA Studio")
+        self.setWindowModified(d.dirty)
+
+    def _update_counts(self) -> None:
+        p = self.document.program
+        self.count_label.setText(f"{len(p.nodes)} nodes · {len(p.values)} values")
+        self.zoom_label.setText(f"{self.view.zoom() * 100:.0f}%")
+
+    def open_path(self, path: str, layout_sync: bool = False) -> bool:
+        """Open (or import) path. On failure the cause is shown and the current document stays."""
+        if not self._may_discard():
+            return False
+        self.status(f"Opening {os.path.basename(path)}…")
+        QApplication.setOverrideCursor(Qt.WaitCursor)
+        try:
+            doc = load(path)
+        except (StitchError, OSError) as e:
+            self.status(f"Could not open {os.path.basename(path)}", error=True)
+            self.ask("error", "Could not open the file", f"{path}\n\n{e}")
+            return False
+        finally:
+            QApplication.restoreOverrideCursor()
+        self._layout_if_needed(doc, layout_sync)
+        self.set_document(doc)
+        if doc.path:
+            self._add_recent(doc.path)
+        self.status(f"Opened {os.path.basename(path)}: {len(doc.program.nodes)} nodes")
+        return True
+
+    def _layout_if_needed(self, doc: Document, sync: bool) -> None:
+        """Programs without positions (imports) are laid out before they are shown; loading is not an
+        edit, so positions are set directly. Large ones lay out on the worker thread."""
+        p = doc.program
+        missing = [n for n in p.nodes.values() if n.pos is None]
+        if not missing:
+            return
+        if sync or len(p.nodes) < 300:
+            pos = layered_layout(program_layout_input(p))
+            for nid, xy in pos.items():
+                if nid in p.nodes:
+                    p.nodes[nid].pos = (float(xy[0]), float(xy[1]))
+        else:
+            QTimer.singleShot(0, lambda: self.scene and self.layout_runner.start(self.scene, undoable=False))
+            self.layout_runner.finished.connect(self._fit_once)
+
+    def _fit_once(self, _n=0) -> None:
+        self.layout_runner.finished.disconnect(self._fit_once)
+        self.view.show_program()
+
+    def new_document(self) -> None:
+        if self._may_discard():
+            self.set_document(Document())
+
+    def open_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open program", self._last_dir(), FILE_FILTER)
+        if path:
+            self.open_path(path)
+
+    def import_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Import PyTorch / KernelBench file", self._last_dir(),
+                                              "Python files (*.py)")
+        if path:
+            self.open_path(path)
+
+    def save(self) -> bool:
+        if not self.document.path:
+            return self.save_as()
+        return self._save_to(self.document.path)
+
+    def save_as(self, path: str | None = None) -> bool:
+        if not path:
+            path, _ = QFileDialog.getSaveFileName(self, "Save program", self._last_dir(), FILE_FILTER)
+            if not path:
+                return False
+            if not os.path.splitext(path)[1]:
+                path += ".json"
+        return self._save_to(path)
+
+    def _save_to(self, path: str) -> bool:
+        old = self.document.path
+        try:
+            self.document.save(path)
+        except (StitchError, OSError) as e:
+            self.ask("error", "Could not save", f"{path}\n\n{e}")
+            return False
+        recovery.remove(old, self.session)
+        recovery.remove(path, self.session)
+        self._add_recent(path)
+        self._update_title()
+        self.status(f"Saved {path}")
+        return True
+
+    def _may_discard(self) -> bool:
+        """Before replacing or closing a document with unsaved changes: save, discard or cancel."""
+        if self.document is None or not self.document.dirty:
+            return True
+        answer = self.ask("unsaved", "Unsaved changes",
+                          f"{self.document.title} has unsaved changes. Save them first?")
+        if answer == "save":
+            return self.save()
+        return answer == "discard"
+
+    def _ask_dialog(self, kind: str, title: str, text: str) -> str:
+        if kind == "error":
+            QMessageBox.warning(self, title, text)
+            return "ok"
+        if kind == "unsaved":
+            r = QMessageBox.question(self, title, text, QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel,
+                                     QMessageBox.Save)
+            return {QMessageBox.Save: "save", QMessageBox.Discard: "discard"}.get(r, "cancel")
+        if kind == "restore":
+            r = QMessageBox.question(self, title, text, QMessageBox.Yes | QMessageBox.No, QMessageBox.Yes)
+            return "yes" if r == QMessageBox.Yes else "no"
+        return "ok"
+
+    # autosave and recovery ------------------------------------------------------------------------
+    def autosave(self) -> str | None:
+        d = self.document
+        if d is None or not d.dirty:
+            return None
+        try:
+            return recovery.write(d.program, d.path, self.session)
+        except (OSError, StitchError) as e:
+            self.status(f"autosave failed: {e}", error=True)
+            return None
+
+    def offer_recovery(self) -> bool:
+        """After a crash: offer the newest recovery file; restored documents open unsaved."""
+        found = recovery.pending()
+        if not found:
+            return False
+        rec = found[0]
+        where = rec["original"] or "an untitled program"
+        if self.ask("restore", "Restore unsaved work?",
+                    f"StitchCUDA Studio closed without saving changes to {where}. Restore them?") != "yes":
+            for r in found:
+                os.remove(r["file"])
+            return False
+        try:
+            program, original = recovery.restore(rec["file"])
+        except (StitchError, OSError, ValueError, KeyError) as e:
+            self.ask("error", "Could not restore", f"{rec['file']}\n\n{e}")
+            return False
+        os.remove(rec["file"])
+        self.set_document(Document(program, original, dirty=True))
+        self.status(f"Restored unsaved work on {where}")
+        return True
+
+    # settings -----------------------------------------------------------------------------------------
+    def _restore_settings(self) -> None:
+        geo = self.settings.value("geometry")
+        if isinstance(geo, QByteArray):
+            self.restoreGeometry(geo)
+        state = self.settings.value("windowState")
+        if isinstance(state, QByteArray):
+            self.restoreState(state)
+        self._rebuild_recent()
+
+    def _save_settings(self) -> None:
+        self.settings.setValue("geometry", self.saveGeometry())
+        self.settings.setValue("windowState", self.saveState())
+        self.settings.setValue("theme", self.theme)
+
+    def _recent(self) -> list[str]:
+        v = self.settings.value("recent", [])
+        return [v] if isinstance(v, str) else list(v or [])
+
+    def _add_recent(self, path: str) -> None:
+        path = os.path.abspath(path)
+        items = [path] + [p for p in self._recent() if p != path]
+        self.settings.setValue("recent", items[:MAX_RECENT])
+        self._rebuild_recent()
+
+    def _rebuild_recent(self) -> None:
+        self.recent_menu.clear()
+        for p in self._recent():
+            self.recent_menu.addAction(p, lambda p=p: self.open_path(p))
+        self.recent_menu.setEnabled(bool(self._recent()))
+
+    def _last_dir(self) -> str:
+        recent = self._recent()
+        return os.path.dirname(recent[0]) if recent else os.getcwd()
+
+    def closeEvent(self, event):
+        if not self._may_discard():
+            event.ignore()
+            return
+        self.layout_runner.cancel()
+        self.layout_runner.pool.waitForDone(2000)
+        recovery.remove(self.document.path, self.session)
+        self._save_settings()
+        self.autosave_timer.stop()
+        event.accept()
+
+    # editing ------------------------------------------------------------------------------------------
+    def status(self, text: str, error: bool = False) -> None:
+        if error:
+            self._refused(text)
+        else:
+            self.status_label.setText(text)
+
+    def _refused(self, reason: str) -> None:
+        self.refusal_label.setText(reason)
+        self.refusal_label.setToolTip(reason)
+        self._clear_refusal.start()
+
+    def _selection_changed(self) -> None:
+        sc = self.scene
+        items = sc.selectedItems()
+        nodes = [i for i in items if isinstance(i, NodeItem)]
+        if len(items) == 1 and nodes:
+            self.inspector.show_node(nodes[0].node_id)
+        elif len(items) == 1 and isinstance(items[0], TerminalItem):
+            self.inspector.show_value(items[0].value_id)
+        else:
+            self.inspector.show_node(None)
+        if len(items) > 1:
+            self.status(f"{len(items)} items selected")
+        if sc._low_detail:
+            sc.overview.update()
+
+    def open_quick_search(self, scene_pos, context=None, ops=None, title="Add node") -> None:
+        if scene_pos is None:
+            scene_pos = self.view.mapToScene(self.view.viewport().rect().center())
+        self._quick_context = (scene_pos, context)
+        gp = self.view.viewport().mapToGlobal(self.view.mapFromScene(scene_pos))
+        self.quick.open_at(QPoint(gp.x(), gp.y()), ops, title)
+
+    def _quick_from_scene(self, scene_pos, context) -> None:
+        if context and context[0] == "out":
+            v = self.document.program.values[context[1]]
+            self.open_quick_search(scene_pos, context, ops_accepting(v.spec), f"Ops that accept {v.name}")
+        elif context and context[0] == "in":
+            self.open_quick_search(scene_pos, context, None, "Op that feeds this input")
+        else:
+            self.open_quick_search(scene_pos)
+
+    def _quick_chosen(self, op: str) -> None:
+        if self.scene is None or self._quick_context is None:
+            return
+        pos, context = self._quick_context
+        kw = {}
+        if context and context[0] == "out":
+            kw["connect_from"] = context[1]
+        elif context and context[0] == "in":
+            kw["connect_to"] = context[1]
+        self.scene.add_node(op, pos, **kw)
+
+    def selected_clip(self) -> dict | None:
+        ids = self.scene.selected_node_ids()
+        return clipboard.copy_nodes(self.document.program, ids) if ids else None
+
+    def copy(self) -> bool:
+        clip = self.selected_clip()
+        if clip is None:
+            self.status("Nothing selected to copy")
+            return False
+        text = clipboard.dumps(clip)
+        md = QMimeData()
+        md.setData(clipboard.MIME, text.encode())
+        md.setText(text)  # so it also pastes into a text editor and back
+        QApplication.clipboard().setMimeData(md)
+        note = f" (data of {', '.join(clip['data_skipped'])} not copied: too large)" if clip["data_skipped"] else ""
+        self.status(f"Copied {len(clip['nodes'])} nodes{note}")
+        return True
+
+    def cut(self) -> None:
+        if self.copy():
+            with macro(self.document.stack, "Cut"):
+                self.scene.delete_selection()
+
+    def paste(self) -> list[str]:
+        md = QApplication.clipboard().mimeData()
+        text = bytes(md.data(clipboard.MIME)).decode() if md.hasFormat(clipboard.MIME) else md.text()
+        try:
+            clip = clipboard.loads(text)
+        except clipboard.ClipError as e:
+            self.status(str(e), error=True)
+            return []
+        return self._paste_clip(clip)
+
+    def _paste_clip(self, clip: dict, at=None) -> list[str]:
+        try:
+            ids = clipboard.paste(self.document.stack, self.document.program, clip, at=at)
+        except StitchError as e:
+            self.document.stack.undo()  # the half-made paste macro: nothing stays
+            self.status(f"Could not paste: {e}", error=True)
+            return []
+        self.scene.select_nodes(ids)
+        self.status(f"Pasted {len(ids)} nodes")
+        return ids
+
+    def duplicate(self) -> list[str]:
+        clip = self.selected_clip()
+        return self._paste_clip(clip) if clip else []
+
+    def delete(self) -> None:
+        n = self.scene.delete_selection()
+        if n:
+            self.status(f"Deleted {n} items")
+
+    def select_all(self) -> None:
+        for item in list(self.scene.nodes.values()) + list(self.scene.terminals.values()) + self.scene.groups:
+            if item.isVisible():
+                item.setSelected(True)
+
+    def auto_layout(self) -> None:
+        ids = self.scene.selected_node_ids()
+        self.status(f"Laying out {len(ids) if len(ids) > 1 else len(self.document.program.nodes)} nodes…")
+        self.layout_runner.start(self.scene, ids if len(ids) > 1 else None)
+
+    def collapse(self) -> None:
+        ids = self.scene.selected_node_ids()
+        g = self.scene.collapse(ids)
+        if g is not None:
+            self.status(f"Collapsed {len(g.members)} nodes into {g.name} (double-click it to expand)")
+
+    def expand(self) -> None:
+        groups = [i for i in self.scene.selectedItems() if isinstance(i, GroupItem)]
+        if not groups:
+            self.status("Select a collapsed group to expand")
+        for g in groups:
+            self.scene.expand(g)
+
+    def validate(self) -> None:
+        diags = self.document.program.validate()
+        errors = [d for d in diags if d.severity == "error"]
+        self.inspector.show_node(None)
+        if errors:
+            self.status(f"{len(errors)} errors: {errors[0].message}", error=True)
+            if errors[0].node_id:
+                self.scene.select_nodes([errors[0].node_id])
+                self.view.fit_selection()
+        else:
+            self.status(f"The program is valid ({len(diags)} warnings)")
+
+    def screenshot(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        QApplication.processEvents()
+        if not self.grab().save(path):
+            raise OSError(f"could not write {path}")
+

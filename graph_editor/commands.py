@@ -1,0 +1,192 @@
+"""Undo commands. Each one changes only the Program through its public methods; the scene redraws
+from the events those methods emit, so undo can never leave the canvas out of step with the model.
+
+A user gesture that makes several changes is one `macro(stack, text)` block (always closed, even
+when a step raises).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from PySide6.QtGui import QUndoCommand, QUndoStack
+
+from agent_core.ir import Program, Role
+
+
+@contextmanager
+def macro(stack: QUndoStack, text: str):
+    stack.beginMacro(text)
+    try:
+        yield
+    finally:
+        stack.endMacro()
+
+
+class AddNode(QUndoCommand):
+    def __init__(self, program: Program, op: str, inputs=(), attrs=None, pos=None, name=None):
+        super().__init__(f"Add {op}")
+        self.program, self.op, self.inputs, self.attrs = program, op, list(inputs), dict(attrs or {})
+        self.pos, self.name = pos, name
+        self.node_id: str | None = None
+        self._record = None
+
+    def redo(self):
+        if self._record is not None:
+            self.program.restore_node(self._record)
+            return
+        node = self.program.add_node(self.op, self.inputs, self.attrs, name=self.name, pos=self.pos,
+                                     strict=False)
+        self.node_id = node.id
+
+    def undo(self):
+        self._record = self.program.remove_node(self.node_id)
+
+
+class RemoveNode(QUndoCommand):
+    """Remove a node; its consumers' ports become unconnected (and are reconnected on undo)."""
+
+    def __init__(self, program: Program, node_id: str):
+        super().__init__(f"Delete {program.nodes[node_id].name}")
+        self.program, self.node_id = program, node_id
+        self._record = None
+
+    def redo(self):
+        self._record = self.program.remove_node(self.node_id)
+
+    def undo(self):
+        self.program.restore_node(self._record)
+
+
+class AddInput(QUndoCommand):
+    """A program input, parameter or constant (a value without a producer)."""
+
+    def __init__(self, program: Program, name: str, shape, dtype="float32", role=Role.INPUT, data=None,
+                 init=None):
+        super().__init__(f"Add {role.value} {name}")
+        self.program, self.name, self.shape, self.dtype = program, name, tuple(shape), dtype
+        self.role, self.data, self.init = role, data, init
+        self.value_id: str | None = None
+
+    def redo(self):
+        p = self.program
+        if self.role == Role.INPUT:
+            v = p.add_input(self.name, self.shape, self.dtype, init=self.init, value_id=self.value_id)
+        else:
+            v = p.add_parameter(self.name, self.data, shape=None if self.data is not None else self.shape,
+                                dtype=self.dtype, constant=self.role == Role.CONSTANT, value_id=self.value_id)
+        self.value_id = v.id
+
+    def undo(self):
+        self.program.remove_value(self.value_id)
+
+
+class RemoveValue(QUndoCommand):
+    """Remove an input or parameter; undo puts it back at its place in the call order, with its
+    data and its consumers."""
+
+    def __init__(self, program: Program, value_id: str):
+        v = program.values[value_id]
+        super().__init__(f"Delete {v.role.value} {v.name}")
+        self.program, self.value_id = program, value_id
+        self.value = v
+        self.data = program.data.get(value_id)
+        self.index = program.inputs.index(value_id) if value_id in program.inputs else None
+        self.uses = program.consumers(value_id)
+
+    def redo(self):
+        self.uses = self.program.consumers(self.value_id)
+        self.program.remove_value(self.value_id)
+
+    def undo(self):
+        p, v = self.program, self.value
+        if v.role == Role.INPUT:
+            p.add_input(v.name, v.shape, v.dtype, init=v.init, value_id=v.id)
+            if self.index is not None:  # add_input appends; the call order is part of the program
+                p.inputs.remove(v.id)
+                p.inputs.insert(self.index, v.id)
+        else:
+            p.add_parameter(v.name, self.data, shape=None if self.data is not None else v.shape,
+                            dtype=v.dtype, constant=v.role == Role.CONSTANT, value_id=v.id)
+        for nid, port in self.uses:
+            p.set_input(nid, port, v.id)
+
+
+class SetInput(QUndoCommand):
+    """Connect (or disconnect, value_id=None) one input port. The caller checked can_connect."""
+
+    def __init__(self, program: Program, node_id: str, port: int, value_id: str | None):
+        node = program.nodes[node_id]
+        verb = "Connect" if value_id else "Disconnect"
+        super().__init__(f"{verb} {node.name}.{node.opdef.port_name(port)}")
+        self.program, self.node_id, self.port, self.value_id = program, node_id, port, value_id
+        self.old = node.inputs[port] if port < len(node.inputs) else None
+
+    def redo(self):
+        self.program.set_input(self.node_id, self.port, self.value_id)
+
+    def undo(self):
+        self.program.set_input(self.node_id, self.port, self.old)
+
+
+class SetAttrs(QUndoCommand):
+    def __init__(self, program: Program, node_id: str, attrs: dict):
+        node = program.nodes[node_id]
+        super().__init__(f"Edit {node.name}: " + ", ".join(f"{k}" for k in attrs))
+        self.program, self.node_id, self.attrs = program, node_id, dict(attrs)
+        self.old: dict | None = None
+
+    def redo(self):
+        self.old = self.program.set_attrs(self.node_id, self.attrs)
+
+    def undo(self):
+        self.program.set_attrs(self.node_id, self.old)
+
+
+class Rename(QUndoCommand):
+    def __init__(self, program: Program, ident: str, name: str):
+        obj = program.nodes.get(ident) or program.values[ident]
+        super().__init__(f"Rename {obj.name} to {name}")
+        self.program, self.ident, self.name, self.old = program, ident, name, obj.name
+
+    def redo(self):
+        self.program.rename(self.ident, self.name)
+
+    def undo(self):
+        self.program.rename(self.ident, self.old)
+
+
+class MarkOutput(QUndoCommand):
+    def __init__(self, program: Program, value_id: str, is_output: bool):
+        name = program.values[value_id].name
+        super().__init__(f"{'Mark' if is_output else 'Unmark'} {name} as output")
+        self.program, self.value_id, self.is_output = program, value_id, is_output
+        self.index = program.outputs.index(value_id) if value_id in program.outputs else None
+
+    def redo(self):
+        self.program.mark_output(self.value_id, self.is_output)
+
+    def undo(self):
+        self.program.mark_output(self.value_id, not self.is_output)
+        if not self.is_output and self.index is not None:  # back to its place in the return order
+            self.program.outputs.remove(self.value_id)
+            self.program.outputs.insert(self.index, self.value_id)
+
+
+class MoveNodes(QUndoCommand):
+    """Positions of many nodes in one step (a drag of the selection, or an auto-layout)."""
+
+    def __init__(self, program: Program, moves: dict[str, tuple], text: str = "Move"):
+        super().__init__(text)
+        self.program = program
+        self.new = {k: (float(v[0]), float(v[1])) for k, v in moves.items()}
+        self.old = {k: program.nodes[k].pos for k in self.new}
+
+    def redo(self):
+        for nid, pos in self.new.items():
+            if nid in self.program.nodes:
+                self.program.set_pos(nid, pos)
+
+    def undo(self):
+        for nid, pos in self.old.items():
+            if nid in self.program.nodes:
+                self.program.set_pos(nid, pos)

@@ -1,0 +1,183 @@
+"""Edges (a value read by one input port), program-input terminals, and collapsed groups."""
+from __future__ import annotations
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QFontMetricsF, QPainter, QPainterPath, QPainterPathStroker, QPen
+from PySide6.QtWidgets import QGraphicsItem
+
+from agent_core.ir import Program
+
+from .node_item import LOD_DETAIL, LOD_TEXT, fmt_spec
+from .style import HEADER_H, PAD, PORT_R, ROW_H, TERMINAL_H, TERMINAL_W, CanvasStyle
+
+
+class EdgeItem(QGraphicsItem):
+    """A curve from a value's source port to one consumer's input port. Key: (node id, port)."""
+    kind = "edge"
+
+    def __init__(self, value_id: str, node_id: str, port: int, style: CanvasStyle):
+        super().__init__()
+        self.value_id, self.node_id, self.port = value_id, node_id, port
+        self.style = style
+        self.setFlags(QGraphicsItem.ItemIsSelectable)
+        self.setZValue(0)
+        self._a = self._b = QPointF()
+        self._path = QPainterPath()
+        self._rect = QRectF()
+
+    def set_ends(self, a: QPointF, b: QPointF) -> None:
+        if a == self._a and b == self._b:
+            return
+        self.prepareGeometryChange()
+        self._a, self._b = a, b
+        dx = max(40.0, abs(b.x() - a.x()) * 0.5)
+        path = QPainterPath(a)
+        path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b)
+        self._path = path
+        self._rect = path.controlPointRect().adjusted(-3, -3, 3, 3)
+
+    def boundingRect(self) -> QRectF:
+        return self._rect
+
+    def shape(self) -> QPainterPath:
+        s = QPainterPathStroker()
+        s.setWidth(8)
+        return s.createStroke(self._path)
+
+    def paint(self, p: QPainter, option, widget=None) -> None:
+        st = self.style
+        lod = option.levelOfDetailFromTransform(p.worldTransform())
+        color = st.edge_selected if self.isSelected() else st.edge
+        if lod < LOD_TEXT:  # zoomed far out: straight cosmetic lines are all the eye can see
+            p.setPen(QPen(color, 0))
+            p.drawLine(self._a, self._b)
+            return
+        p.setRenderHint(QPainter.Antialiasing, True)
+        p.setPen(QPen(color, 2.2 if self.isSelected() else 1.5))
+        p.setBrush(Qt.NoBrush)
+        p.drawPath(self._path)
+
+
+class TerminalItem(QGraphicsItem):
+    """A program input: a pill with its name and shape and one output port on the right.
+
+    Its position is derived (left of its first consumer), never stored: the model keeps node
+    positions only, and an input belongs beside what reads it.
+    """
+    kind = "terminal"
+
+    def __init__(self, program: Program, value_id: str, style: CanvasStyle):
+        super().__init__()
+        self.program, self.value_id, self.style = program, value_id, style
+        self.setFlags(QGraphicsItem.ItemIsSelectable)
+        self.setCacheMode(QGraphicsItem.DeviceCoordinateCache)
+        self.setZValue(1)
+        self.refresh()
+
+    def refresh(self) -> None:
+        v = self.program.values[self.value_id]
+        fm = QFontMetricsF(self.style.font)
+        self._name = fm.elidedText(v.name, Qt.ElideRight, TERMINAL_W * 0.45)
+        self._shape = fm.elidedText(fmt_spec(v.shape, v.dtype), Qt.ElideLeft,
+                                    TERMINAL_W - 3 * PAD - PORT_R - fm.horizontalAdvance(self._name))
+        self.setToolTip(f"program input {v.name}: {fmt_spec(v.shape, v.dtype)}")
+        self.update()
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(-2, -2, TERMINAL_W + PORT_R + 4, TERMINAL_H + 4)
+
+    def output_pos(self, index: int = 0) -> QPointF:
+        return QPointF(TERMINAL_W, TERMINAL_H / 2)
+
+    def port_at(self, local: QPointF):
+        return ("out", 0) if (local - self.output_pos()).manhattanLength() <= 14 else None
+
+    def paint(self, p: QPainter, option, widget=None) -> None:
+        st = self.style
+        lod = option.levelOfDetailFromTransform(p.worldTransform())
+        r = QRectF(0, 0, TERMINAL_W, TERMINAL_H)
+        p.setRenderHint(QPainter.Antialiasing, lod >= LOD_TEXT)
+        p.setPen(QPen(st.node_selected if self.isSelected() else st.accent, 1.4))
+        p.setBrush(st.terminal)
+        p.drawRoundedRect(r, TERMINAL_H / 2, TERMINAL_H / 2)
+        if lod < LOD_TEXT:
+            return
+        p.setFont(st.font)
+        p.setPen(st.text)
+        p.drawText(r.adjusted(PAD + 4, 0, 0, 0), Qt.AlignLeft | Qt.AlignVCenter, self._name)
+        p.setPen(st.text_muted)
+        p.drawText(r.adjusted(0, 0, -PAD - PORT_R - 2, 0), Qt.AlignRight | Qt.AlignVCenter, self._shape)
+        p.setPen(QPen(st.accent, 1.5))
+        p.setBrush(st.accent)
+        p.drawEllipse(self.output_pos(), PORT_R, PORT_R)
+
+
+class GroupItem(QGraphicsItem):
+    """Several nodes collapsed into one: edges into the group meet its left port, edges out of it its
+    right port. Double-click expands it again."""
+    kind = "group"
+
+    def __init__(self, name: str, members: list[str], program: Program, style: CanvasStyle):
+        super().__init__()
+        self.name, self.members, self.program, self.style = name, list(members), program, style
+        self.setFlags(QGraphicsItem.ItemIsSelectable)
+        self.setCacheMode(QGraphicsItem.DeviceCoordinateCache)
+        self.setZValue(1)
+        self._w, self._h = 220.0, HEADER_H + 2 * ROW_H + PAD
+        self.refresh()
+
+    def refresh(self) -> None:
+        ops: dict[str, int] = {}
+        for nid in self.members:
+            n = self.program.nodes.get(nid)
+            if n:
+                ops[n.op] = ops.get(n.op, 0) + 1
+        summary = ", ".join(f"{k}×{c}" if c > 1 else k for k, c in sorted(ops.items(), key=lambda t: -t[1]))
+        fm = QFontMetricsF(self.style.font_small)
+        self._summary = fm.elidedText(summary, Qt.ElideRight, self._w - 2 * PAD)
+        self.setToolTip(f"{self.name}: {len(self.members)} nodes collapsed ({summary}); double-click to expand")
+        self.update()
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(-PORT_R - 2, -2, self._w + 2 * PORT_R + 4, self._h + 4)
+
+    def size(self):
+        return self._w, self._h
+
+    def input_pos(self, port: int = 0) -> QPointF:
+        return QPointF(0, HEADER_H + ROW_H / 2 + 2)
+
+    def output_pos(self, index: int = 0) -> QPointF:
+        return QPointF(self._w, HEADER_H + ROW_H / 2 + 2)
+
+    def paint(self, p: QPainter, option, widget=None) -> None:
+        st = self.style
+        lod = option.levelOfDetailFromTransform(p.worldTransform())
+        r = QRectF(0, 0, self._w, self._h)
+        p.setRenderHint(QPainter.Antialiasing, lod >= LOD_TEXT)
+        # a stacked look: two offset outlines behind the body say "several nodes in here"
+        p.setBrush(st.group_body)
+        p.setPen(QPen(st.node_border, 1))
+        for off in (6, 3):
+            p.drawRoundedRect(r.translated(off, off), 5, 5)
+        p.setPen(QPen(st.node_selected if self.isSelected() else st.accent, 2 if self.isSelected() else 1.4))
+        p.drawRoundedRect(r, 5, 5)
+        if lod < LOD_TEXT:
+            return
+        p.setPen(st.text)
+        p.setFont(st.font_bold)
+        p.drawText(QRectF(PAD, 0, self._w - 2 * PAD, HEADER_H), Qt.AlignLeft | Qt.AlignVCenter,
+                   f"▸ {self.name}")
+        p.setFont(st.font)
+        p.setPen(st.text_muted)
+        p.drawText(QRectF(PAD, 0, self._w - 2 * PAD, HEADER_H), Qt.AlignRight | Qt.AlignVCenter,
+                   f"{len(self.members)} nodes")
+        if lod >= LOD_DETAIL:
+            p.setFont(st.font_small)
+            p.drawText(QRectF(PAD, HEADER_H + ROW_H, self._w - 2 * PAD, ROW_H),
+                       Qt.AlignLeft | Qt.AlignVCenter, self._summary)
+        p.setPen(QPen(st.accent, 1.5))
+        p.setBrush(st.accent)
+        p.drawEllipse(self.input_pos(), PORT_R, PORT_R)
+        p.drawEllipse(self.output_pos(), PORT_R, PORT_R)
+

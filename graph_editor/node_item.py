@@ -1,0 +1,251 @@
+"""The canvas item for one program node: header with the op, typed ports, key attributes, output shapes.
+
+The item reads the model on `refresh()` and caches the elided strings it paints, so painting never
+touches the Program. Ports are geometry inside the item (not child items): 5,000 nodes stay 5,000
+items, and the scene asks `port_at()` when a drag starts.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QFontMetricsF, QPainter, QPainterPath, QPen
+from PySide6.QtWidgets import QGraphicsItem, QStyleOptionGraphicsItem
+
+from agent_core.ir import Node, Program, Role
+
+from .style import ATTR_H, HEADER_H, MAX_ATTR_LINES, NODE_WIDTH, PAD, PORT_R, ROW_H, CanvasStyle
+
+SHORT_DTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
+               "int32": "i32", "int8": "i8", "uint8": "u8", "bool": "bool"}
+LOD_TEXT = 0.3     # below this zoom: body and header only (the overview item takes over)
+LOD_DETAIL = 0.5   # below this zoom: header text but no rows
+
+
+def fmt_spec(shape, dtype) -> str:
+    return f"{SHORT_DTYPE.get(dtype, dtype)}[{', '.join(map(str, shape))}]"
+
+
+def fmt_attr(v) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(fmt_attr(x) for x in v) + "]"
+    if isinstance(v, str):
+        return v
+    return str(v)
+
+
+def input_port_count(node: Node) -> int:
+    """Ports drawn on the left: every declared port, plus one free port on a variadic op."""
+    try:
+        opdef = node.opdef
+    except Exception:
+        return len(node.inputs)
+    if opdef.variadic:
+        return max(len(opdef.inputs), len(node.inputs) + 1)
+    return max(len(opdef.inputs), len(node.inputs))
+
+
+def attr_text(node: Node) -> str:
+    """Attributes a user set (non-default ones), the ones worth reading on the canvas."""
+    try:
+        defs = {a.name: a.default for a in node.opdef.attrs}
+    except Exception:
+        defs = {}
+    parts = [f"{k}={fmt_attr(v)}" for k, v in node.attrs.items() if defs.get(k, object()) != v]
+    return ", ".join(parts)
+
+
+def node_size(node: Node) -> tuple[float, float]:
+    """Item size from the model alone (the layout needs it before any item exists)."""
+    rows = max(input_port_count(node), len(node.outputs), 1)
+    text = attr_text(node)
+    lines = 0 if not text else min(MAX_ATTR_LINES, 1 + len(text) // 34)
+    return NODE_WIDTH, HEADER_H + rows * ROW_H + lines * ATTR_H + PAD
+
+
+class NodeItem(QGraphicsItem):
+    kind = "node"
+
+    def __init__(self, program: Program, node_id: str, style: CanvasStyle):
+        super().__init__()
+        self.program = program
+        self.node_id = node_id
+        self.style = style
+        self.setFlags(QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable)
+        self.setCacheMode(QGraphicsItem.DeviceCoordinateCache)
+        self.setZValue(1)
+        self._w, self._h = NODE_WIDTH, HEADER_H + ROW_H + PAD
+        self.refresh()
+
+    # model -> item -------------------------------------------------------------------------
+    def refresh(self) -> None:
+        node = self.program.nodes[self.node_id]
+        st = self.style
+        self.prepareGeometryChange()
+        self._w, self._h = node_size(node)
+        try:
+            opdef = node.opdef
+            self._category = opdef.category
+        except Exception:
+            opdef, self._category = None, "opaque"
+        self._header_color = st.category_color(self._category)
+        self._header_text = QColor("#f3f5f8" if self._header_color.lightness() < 128 else "#1f2329")
+        badge = 18 if node.error else 0
+        title = st.elide("font_bold", node.op, self._w - 2 * PAD - badge)
+        self._title = title
+        rest = self._w - 3 * PAD - st.metrics("font_bold").horizontalAdvance(title) - badge
+        self._subtitle = st.elide("font_small", node.name, rest, Qt.ElideLeft) if rest > 24 and node.name != node.op else ""
+        half = self._w / 2 - PAD - PORT_R - 2
+        self._in_labels = []
+        for i in range(input_port_count(node)):
+            vid = node.inputs[i] if i < len(node.inputs) else None
+            name = opdef.port_name(i) if opdef else f"in{i}"
+            v = self.program.values.get(vid) if vid else None
+            kind = "free" if v is None else ("param" if v.role in (Role.PARAMETER, Role.CONSTANT) else "wire")
+            text = name if kind != "param" else f"{name} {fmt_spec(v.shape, v.dtype)}"
+            width = half if i < len(node.outputs) else self._w - 2 * PAD - PORT_R - 2
+            self._in_labels.append((st.elide("font", text, width), kind))
+        self._out_labels = []
+        for vid in node.outputs:
+            v = self.program.values[vid]
+            self._out_labels.append((st.elide("font", fmt_spec(v.shape, v.dtype), half, Qt.ElideLeft),
+                                     vid in self.program.outputs))
+        text = attr_text(node)
+        lines = int((self._h - HEADER_H - PAD - max(len(self._in_labels), len(self._out_labels), 1) * ROW_H) // ATTR_H)
+        self._attr_lines = _wrap(text, st.metrics("font_small"), self._w - 2 * PAD, lines)
+        self.setToolTip(node.error or f"{node.name} ({node.op})")
+        self._error = node.error
+        self.update()
+
+    # geometry ------------------------------------------------------------------------------
+    def boundingRect(self) -> QRectF:
+        m = PORT_R + 2
+        return QRectF(-m, -m, self._w + 2 * m, self._h + 2 * m)
+
+    def shape(self) -> QPainterPath:
+        p = QPainterPath()
+        p.addRect(QRectF(-PORT_R, 0, self._w + 2 * PORT_R, self._h))
+        return p
+
+    def size(self) -> tuple[float, float]:
+        return self._w, self._h
+
+    def input_pos(self, port: int) -> QPointF:
+        return QPointF(0.0, HEADER_H + port * ROW_H + ROW_H / 2 + 2)
+
+    def output_pos(self, index: int) -> QPointF:
+        return QPointF(self._w, HEADER_H + index * ROW_H + ROW_H / 2 + 2)
+
+    def port_at(self, local: QPointF) -> tuple[str, int] | None:
+        """('in', port) or ('out', index) when `local` is on a port (with a forgiving margin)."""
+        grab = PORT_R + 5
+        for i in range(len(self._in_labels)):
+            if (local - self.input_pos(i)).manhattanLength() <= grab * 1.4:
+                return "in", i
+        for k in range(len(self._out_labels)):
+            if (local - self.output_pos(k)).manhattanLength() <= grab * 1.4:
+                return "out", k
+        return None
+
+    # painting ------------------------------------------------------------------------------
+    def paint(self, p: QPainter, option: QStyleOptionGraphicsItem, widget=None) -> None:
+        st = self.style
+        lod = option.levelOfDetailFromTransform(p.worldTransform())
+        body = QRectF(0, 0, self._w, self._h)
+        selected = self.isSelected()
+        border = QPen(st.node_selected if selected else (st.error if self._error else st.node_border),
+                      2.0 if selected else 1.0)
+        if lod < LOD_TEXT:
+            p.setPen(Qt.NoPen if not selected else border)
+            p.setBrush(self._header_color)
+            p.drawRect(body)
+            return
+        p.setRenderHint(QPainter.Antialiasing, True)
+        p.setPen(border)
+        p.setBrush(st.node_body)
+        p.drawRoundedRect(body, 5, 5)
+        header = QPainterPath()
+        header.addRoundedRect(QRectF(0.5, 0.5, self._w - 1, HEADER_H), 4.5, 4.5)
+        square = QPainterPath()
+        square.addRect(QRectF(0.5, HEADER_H / 2, self._w - 1, HEADER_H / 2))
+        p.fillPath(header.united(square), self._header_color)
+        p.setPen(self._header_text)
+        p.setFont(st.font_bold)
+        hdr = QRectF(PAD, 0, self._w - 2 * PAD, HEADER_H)
+        p.drawText(hdr, Qt.AlignLeft | Qt.AlignVCenter, self._title)
+        if self._subtitle and lod >= LOD_DETAIL:
+            p.setFont(st.font_small)
+            c = QColor(self._header_text)
+            c.setAlpha(190)
+            p.setPen(c)
+            p.drawText(hdr.adjusted(0, 0, -(18 if self._error else 0), 0), Qt.AlignRight | Qt.AlignVCenter,
+                       self._subtitle)
+        if self._error:
+            p.setPen(Qt.NoPen)
+            p.setBrush(st.error)
+            c = QPointF(self._w - PAD - 6, HEADER_H / 2)
+            p.drawEllipse(c, 7, 7)
+            p.setPen(QColor("white"))
+            p.setFont(st.font_bold)
+            p.drawText(QRectF(c.x() - 7, c.y() - 7, 14, 14), Qt.AlignCenter, "!")
+        if lod < LOD_DETAIL:
+            return
+        self._paint_rows(p)
+
+    def _paint_rows(self, p: QPainter) -> None:
+        st = self.style
+        p.setFont(st.font)
+        for i, (label, kind) in enumerate(self._in_labels):
+            c = self.input_pos(i)
+            if kind == "param":
+                p.setPen(QPen(st.text_muted, 1.2))
+                p.setBrush(Qt.NoBrush)
+                p.drawRect(QRectF(c.x() - 3.5, c.y() - 3.5, 7, 7))
+            else:
+                p.setPen(QPen(st.edge if kind == "free" else st.accent, 1.5))
+                p.setBrush(st.node_body if kind == "free" else st.accent)
+                p.drawEllipse(c, PORT_R, PORT_R)
+            p.setPen(st.text_muted if kind != "wire" else st.text)
+            p.drawText(QRectF(PAD + PORT_R + 2, c.y() - ROW_H / 2, self._w, ROW_H),
+                       Qt.AlignLeft | Qt.AlignVCenter, label)
+        for k, (label, is_out) in enumerate(self._out_labels):
+            c = self.output_pos(k)
+            p.setPen(st.text)
+            p.drawText(QRectF(0, c.y() - ROW_H / 2, self._w - PAD - PORT_R - 2, ROW_H),
+                       Qt.AlignRight | Qt.AlignVCenter, label)
+            p.setPen(QPen(st.accent, 1.5))
+            p.setBrush(st.accent)
+            if is_out:  # a program output: a diamond, the mark users look for at the end of a graph
+                d = PORT_R + 1.5
+                p.setBrush(st.node_selected)
+                p.setPen(QPen(st.node_selected, 1.0))
+                p.drawPolygon([QPointF(c.x(), c.y() - d), QPointF(c.x() + d, c.y()),
+                               QPointF(c.x(), c.y() + d), QPointF(c.x() - d, c.y())])
+            else:
+                p.drawEllipse(c, PORT_R, PORT_R)
+        if self._attr_lines:
+            p.setFont(st.font_small)
+            p.setPen(st.text_muted)
+            y0 = HEADER_H + max(len(self._in_labels), len(self._out_labels), 1) * ROW_H
+            for j, line in enumerate(self._attr_lines):
+                p.drawText(QRectF(PAD, y0 + j * ATTR_H, self._w - 2 * PAD, ATTR_H),
+                           Qt.AlignLeft | Qt.AlignVCenter, line)
+
+
+def _wrap(text: str, fm: QFontMetricsF, width: float, max_lines: int) -> list[str]:
+    """Break 'a=1, b=2, ...' at commas into at most max_lines lines, eliding the last."""
+    if not text or max_lines <= 0:
+        return []
+    lines, cur = [], ""
+    for part in text.split(", "):
+        trial = part if not cur else f"{cur}, {part}"
+        if fm.horizontalAdvance(trial) <= width or not cur:
+            cur = trial
+        else:
+            lines.append(cur)
+            cur = part
+    lines.append(cur)
+    if len(lines) > max_lines:
+        lines = lines[:max_lines - 1] + [", ".join(lines[max_lines - 1:])]
+    return [fm.elidedText(line, Qt.ElideRight, width) for line in lines]
+

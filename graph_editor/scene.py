@@ -1,0 +1,661 @@
+"""The canvas scene: a view of one agent_core Program.
+
+It observes `Program.subscribe` events and keeps one item per node, per program input and per
+connected input port. User gestures become undo commands (graph_editor.commands) pushed on the
+document's QUndoStack; the scene never edits its items to reflect an edit, it waits for the model's
+event. Collapsed groups are view state kept in program.metadata["editor"]["collapsed"].
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QPainterPath, QPen, QUndoStack
+from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene, QToolTip
+
+from agent_core.ir import Program, Role
+
+from . import commands as C
+from .edge_item import EdgeItem, GroupItem, TerminalItem
+from .node_item import NodeItem, node_size
+from .overview_item import OverviewItem
+from .style import TERMINAL_H, TERMINAL_W, CanvasStyle
+
+TERMINAL_GAP = 46.0   # between an input terminal and the node that reads it
+OVERLAY_Z = -10.0     # region hulls (next issue) are drawn here: under edges and nodes
+
+
+class GraphScene(QGraphicsScene):
+    connection_refused = Signal(str)        # the model's reason, for the status bar
+    message = Signal(str)                   # other one-line feedback
+    quick_search_requested = Signal(QPointF, object)  # scene pos, (side, value_id / (node, port)) or None
+    program_changed = Signal()              # any model event (the inspector, the minimap listen)
+
+    def __init__(self, program: Program, stack: QUndoStack, style: CanvasStyle, parent=None):
+        super().__init__(parent)
+        self.program, self.stack, self.style = program, stack, style
+        self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
+        self.nodes: dict[str, NodeItem] = {}
+        self.terminals: dict[str, TerminalItem] = {}
+        self.edges: dict[tuple[str, int], EdgeItem] = {}
+        self.edges_from: dict[str, set[tuple[str, int]]] = {}
+        self.edges_into: dict[str, set[int]] = {}
+        self.groups: list[GroupItem] = []
+        self.group_of: dict[str, GroupItem] = {}
+        self.overlays: list[QGraphicsItem] = []
+        self.last_refusal: str | None = None
+        self._drag = None
+        self._drag_path: QGraphicsPathItem | None = None
+        self._press_pos: dict[str, QPointF] = {}
+        self._positioning = False
+        self._low_detail = False
+        self.setBackgroundBrush(style.background)
+        self.overview = OverviewItem(self)
+        self.rebuild()
+        program.subscribe(self._on_event)
+
+    def detach(self) -> None:
+        """Stop observing the program (the window replaced this document)."""
+        self.program.unsubscribe(self._on_event)
+
+    # building ------------------------------------------------------------------------------
+    def rebuild(self) -> None:
+        """Items for the whole program at once (opening a file); events keep them in step after."""
+        for item in list(self.items()):
+            if item.parentItem() is None and item not in self.overlays and item is not self.overview:
+                self.removeItem(item)
+        if self.overview.scene() is None:
+            self.addItem(self.overview)
+        self.nodes.clear(), self.terminals.clear(), self.edges.clear(), self.edges_from.clear()
+        self.edges_into.clear()
+        self.groups.clear(), self.group_of.clear()
+        p = self.program
+        self.setItemIndexMethod(QGraphicsScene.NoIndex)  # one index build at the end, not 10,000 inserts
+        for i, nid in enumerate(p.nodes):
+            item = self._make_node(nid)
+            if p.nodes[nid].pos is None:  # never laid out: a grid until the layout runs
+                item.setPos(QPointF((i % 20) * 260.0, (i // 20) * 140.0))
+        for vid in p.inputs:
+            self._make_terminal(vid)
+        for nid, node in p.nodes.items():
+            for port, vid in enumerate(node.inputs):
+                if vid is not None:
+                    self._make_edge(vid, nid, port)
+        for g in p.metadata.get("editor", {}).get("collapsed", []):
+            members = [m for m in g.get("nodes", []) if m in p.nodes]
+            if members:
+                self._make_group(g.get("name", "group"), members)
+        self._place_terminals()
+        self.refresh_all_edges()
+        self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
+
+    def set_low_detail(self, low: bool) -> None:
+        """Zoomed far out items draw a plain box: caching those pixmaps costs more than it saves."""
+        if low == self._low_detail:
+            return
+        self._low_detail = low
+        mode = QGraphicsItem.NoCache if low else QGraphicsItem.DeviceCoordinateCache
+        for item in list(self.nodes.values()) + list(self.terminals.values()) + self.groups:
+            item.setCacheMode(mode)
+            item.setFlag(QGraphicsItem.ItemHasNoContents, low)
+        for item in self.edges.values():
+            item.setFlag(QGraphicsItem.ItemHasNoContents, low)
+        self.overview.invalidate()
+        self.overview.setVisible(low)
+
+    def _fresh(self, item: QGraphicsItem) -> QGraphicsItem:
+        """A new item follows the current detail level."""
+        if self._low_detail:
+            item.setCacheMode(QGraphicsItem.NoCache)
+            item.setFlag(QGraphicsItem.ItemHasNoContents, True)
+        return item
+
+    def _make_node(self, nid: str) -> NodeItem:
+        item = NodeItem(self.program, nid, self.style)
+        pos = self.program.nodes[nid].pos
+        if pos is not None:
+            item.setPos(QPointF(*pos))
+        self.addItem(self._fresh(item))
+        self.nodes[nid] = item
+        return item
+
+    def _make_terminal(self, vid: str) -> TerminalItem:
+        item = TerminalItem(self.program, vid, self.style)
+        self.addItem(self._fresh(item))
+        self.terminals[vid] = item
+        return item
+
+    def _make_edge(self, vid: str, nid: str, port: int) -> EdgeItem | None:
+        v = self.program.values.get(vid)
+        if v is None or v.role in (Role.PARAMETER, Role.CONSTANT):
+            return None  # parameters are drawn inside the node that reads them
+        e = EdgeItem(vid, nid, port, self.style)
+        self.addItem(self._fresh(e))
+        self.edges[(nid, port)] = e
+        self.edges_from.setdefault(vid, set()).add((nid, port))
+        self.edges_into.setdefault(nid, set()).add(port)
+        return e
+
+    def _remove_edge(self, key) -> None:
+        e = self.edges.pop(key, None)
+        if e is not None:
+            self.edges_from.get(e.value_id, set()).discard(key)
+            self.edges_into.get(key[0], set()).discard(key[1])
+            self.removeItem(e)
+
+    # positions of ports ------------------------------------------------------------------------
+    def source_pos(self, vid: str) -> QPointF | None:
+        v = self.program.values.get(vid)
+        if v is None:
+            return None
+        if v.producer:
+            g = self.group_of.get(v.producer)
+            if g is not None:
+                return g.mapToScene(g.output_pos())
+            item = self.nodes.get(v.producer)
+            if item is None:
+                return None
+            k = self.program.nodes[v.producer].outputs.index(vid)
+            return item.mapToScene(item.output_pos(k))
+        t = self.terminals.get(vid)
+        return t.mapToScene(t.output_pos()) if t else None
+
+    def target_pos(self, nid: str, port: int) -> QPointF | None:
+        g = self.group_of.get(nid)
+        if g is not None:
+            return g.mapToScene(g.input_pos())
+        item = self.nodes.get(nid)
+        return item.mapToScene(item.input_pos(port)) if item else None
+
+    def _update_edge(self, key) -> None:
+        e = self.edges.get(key)
+        if e is None:
+            return
+        a, b = self.source_pos(e.value_id), self.target_pos(*key)
+        if a is None or b is None:
+            e.setVisible(False)
+            return
+        v = self.program.values.get(e.value_id)
+        src_group = self.group_of.get(v.producer) if v and v.producer else None
+        inside = src_group is not None and src_group is self.group_of.get(key[0])
+        e.setVisible(not inside)
+        e.set_ends(a, b)
+
+    def refresh_all_edges(self) -> None:
+        for key in self.edges:
+            self._update_edge(key)
+
+    def _edges_of_node(self, nid: str) -> set:
+        keys = {(nid, port) for port in self.edges_into.get(nid, ())}
+        node = self.program.nodes.get(nid)
+        for vid in (node.outputs if node else []):
+            keys |= self.edges_from.get(vid, set())
+        return keys
+
+    def _node_item_moved(self, nid: str) -> None:
+        if self._low_detail:
+            self.overview.invalidate()
+        for key in self._edges_of_node(nid):
+            self._update_edge(key)
+        if not self._positioning:
+            self._place_terminals_for(nid)
+
+    def _place_terminals(self) -> None:
+        for vid in self.terminals:
+            self._place_terminal(vid)
+
+    def _place_terminals_for(self, nid: str) -> None:
+        node = self.program.nodes.get(nid)
+        if node is None:
+            return
+        for vid in node.inputs:
+            if vid in self.terminals:
+                self._place_terminal(vid)
+
+    def _place_terminal(self, vid: str) -> None:
+        """Left of the first consumer (in id order), level with the port it feeds."""
+        t = self.terminals[vid]
+        keys = sorted(self.edges_from.get(vid, ()), key=lambda k: (len(k[0]), k[0], k[1]))
+        if keys:
+            b = self.target_pos(*keys[0])
+            t.setPos(b.x() - TERMINAL_W - TERMINAL_GAP, b.y() - TERMINAL_H / 2)
+        elif t.pos() == QPointF(0, 0):
+            t.setPos(-TERMINAL_W - TERMINAL_GAP, 40.0 * self.program.inputs.index(vid))
+        for key in self.edges_from.get(vid, ()):
+            self._update_edge(key)
+
+    # model events --------------------------------------------------------------------------
+    def _on_event(self, event: str, payload: dict) -> None:
+        handler = getattr(self, "_ev_" + event, None)
+        if handler is not None:
+            handler(**payload)
+        if self._low_detail:
+            self.overview.invalidate()
+        self.program_changed.emit()
+
+    def _ev_node_added(self, node_id: str) -> None:
+        p = self.program
+        if node_id in self.nodes:
+            self._ev_node_removed(node_id)
+        item = self._make_node(node_id)
+        if p.nodes[node_id].pos is None:
+            item.setPos(self._free_spot())
+        self._sync_inputs(node_id)
+        for vid in p.nodes[node_id].outputs:  # restore_node reconnects consumers without an event
+            for cid, port in p.consumers(vid):
+                self._sync_inputs(cid)
+        self._node_item_moved(node_id)
+
+    def _ev_node_removed(self, node_id: str) -> None:
+        item = self.nodes.pop(node_id, None)
+        for port in list(self.edges_into.pop(node_id, ())):
+            self._remove_edge((node_id, port))
+        if item is not None:
+            gone = [vid for vid in self.edges_from if vid not in self.program.values]
+            for vid in gone:
+                for key in list(self.edges_from.pop(vid)):
+                    self._remove_edge(key)
+        if item is not None:
+            self.removeItem(item)
+        g = self.group_of.pop(node_id, None)
+        if g is not None:
+            g.members.remove(node_id)
+            if not g.members:
+                self._drop_group(g)
+            else:
+                g.refresh()
+            self._save_groups()
+
+    def _ev_node_changed(self, node_id: str) -> None:
+        item = self.nodes.get(node_id)
+        if item is None:
+            return
+        item.refresh()
+        self._sync_inputs(node_id)
+        self._node_item_moved(node_id)
+
+    def _ev_node_moved(self, node_id: str) -> None:
+        item = self.nodes.get(node_id)
+        pos = self.program.nodes[node_id].pos
+        if item is not None and pos is not None and item.pos() != QPointF(*pos):
+            item.setPos(QPointF(*pos))
+            self._node_item_moved(node_id)
+
+    def _ev_edge_changed(self, node_id: str, port: int) -> None:
+        self._ev_node_changed(node_id)
+
+    def _ev_value_added(self, value_id: str) -> None:
+        if value_id in self.program.inputs and value_id not in self.terminals:
+            self._make_terminal(value_id)
+            self._place_terminal(value_id)
+
+    def _ev_value_removed(self, value_id: str) -> None:
+        for key in list(self.edges_from.pop(value_id, set())):
+            self._remove_edge(key)
+            if key[0] in self.nodes:
+                self.nodes[key[0]].refresh()
+        t = self.terminals.pop(value_id, None)
+        if t is not None:
+            self.removeItem(t)
+
+    def _ev_value_changed(self, value_id: str) -> None:
+        v = self.program.values.get(value_id)
+        if v is None:
+            return
+        if value_id in self.terminals:
+            self.terminals[value_id].refresh()
+        if v.producer in self.nodes:
+            self.nodes[v.producer].refresh()
+
+    def _sync_inputs(self, nid: str) -> None:
+        """Make the edge items into `nid` match node.inputs."""
+        node = self.program.nodes.get(nid)
+        if node is None:
+            return
+        for port in list(self.edges_into.get(nid, ())):
+            if port >= len(node.inputs) or node.inputs[port] != self.edges[(nid, port)].value_id:
+                self._remove_edge((nid, port))
+        for port, vid in enumerate(node.inputs):
+            if vid is not None and (nid, port) not in self.edges:
+                if self._make_edge(vid, nid, port) and vid in self.terminals:
+                    self._place_terminal(vid)
+            self._update_edge((nid, port))
+
+    def _free_spot(self) -> QPointF:
+        views = self.views()
+        if views:
+            return views[0].mapToScene(views[0].viewport().rect().center()) - QPointF(100, 30)
+        return QPointF(0, 0)
+
+    def content_rect(self) -> QRectF:
+        """What fit-all shows: nodes, inputs and groups (not the overview or helper items)."""
+        r = QRectF()
+        for item in list(self.nodes.values()) + list(self.terminals.values()) + self.groups:
+            if item.isVisible():
+                r = r.united(item.sceneBoundingRect())
+        return r
+
+    # selection -----------------------------------------------------------------------------
+    def selected_node_ids(self) -> list[str]:
+        ids = []
+        for item in self.selectedItems():
+            if isinstance(item, NodeItem):
+                ids.append(item.node_id)
+            elif isinstance(item, GroupItem):
+                ids.extend(item.members)
+        order = {nid: i for i, nid in enumerate(self.program.nodes)}
+        return sorted(set(ids), key=order.get)
+
+    def select_nodes(self, node_ids) -> None:
+        self.clearSelection()
+        for nid in node_ids:
+            item = self.group_of.get(nid) or self.nodes.get(nid)
+            if item is not None:
+                item.setSelected(True)
+
+    # edits (gestures -> commands) ------------------------------------------------------------
+    def add_node(self, op: str, pos: QPointF | None = None, connect_from: str | None = None,
+                 connect_to: tuple[str, int] | None = None) -> str:
+        """Add an op at pos; optionally read `connect_from` on port 0 or feed `connect_to`. One undo step."""
+        at = pos if pos is not None else self._free_spot()
+        with C.macro(self.stack, f"Add {op}"):
+            cmd = C.AddNode(self.program, op, [connect_from] if connect_from else [], pos=(at.x(), at.y()))
+            self.stack.push(cmd)
+            if connect_to is not None:
+                node = self.program.nodes[cmd.node_id]
+                if node.outputs:
+                    self.try_connect(node.outputs[0], *connect_to)
+        self.select_nodes([cmd.node_id])
+        return cmd.node_id
+
+    def try_connect(self, value_id: str, node_id: str, port: int) -> str | None:
+        """Connect if the model allows it; else report the model's reason and return it."""
+        reason = self.program.can_connect(value_id, node_id, port)
+        if reason:
+            self.last_refusal = reason
+            self.connection_refused.emit(reason)
+            return reason
+        node = self.program.nodes[node_id]
+        if port < len(node.inputs) and node.inputs[port] == value_id:
+            return None
+        self.stack.push(C.SetInput(self.program, node_id, port, value_id))
+        return None
+
+    def disconnect_port(self, node_id: str, port: int) -> None:
+        self.stack.push(C.SetInput(self.program, node_id, port, None))
+
+    def delete_selection(self) -> int:
+        """Delete selected nodes (with their edges), inputs and edges as one undo step."""
+        p = self.program
+        node_ids = self.selected_node_ids()
+        edges = [i for i in self.selectedItems() if isinstance(i, EdgeItem)]
+        terms = [i.value_id for i in self.selectedItems() if isinstance(i, TerminalItem)]
+        if not (node_ids or edges or terms):
+            return 0
+        order = {nid: i for i, nid in enumerate(p.topo_order())} if not p._has_cycle(p.graph()) else {}
+        with C.macro(self.stack, f"Delete {len(node_ids) + len(edges) + len(terms)} items"):
+            for e in edges:
+                if e.node_id not in node_ids and e.node_id in p.nodes:
+                    self.stack.push(C.SetInput(p, e.node_id, e.port, None))
+            for nid in sorted(node_ids, key=lambda n: -order.get(n, 0)):
+                self.stack.push(C.RemoveNode(p, nid))
+            for vid in terms:
+                self.stack.push(C.RemoveValue(p, vid))
+        return len(node_ids) + len(edges) + len(terms)
+
+    # collapse / expand -------------------------------------------------------------------------
+    def collapse(self, node_ids, name: str | None = None) -> GroupItem | None:
+        members = [n for n in node_ids if n in self.nodes and n not in self.group_of]
+        if len(members) < 2:
+            self.message.emit("select at least two nodes to collapse")
+            return None
+        g = self._make_group(name or f"group {len(self.groups) + 1}", members)
+        self._save_groups()
+        self.clearSelection()
+        g.setSelected(True)
+        return g
+
+    def expand(self, group: GroupItem) -> list[str]:
+        members = list(group.members)
+        self._drop_group(group)
+        self._save_groups()
+        self.select_nodes(members)
+        return members
+
+    def _make_group(self, name: str, members: list[str]) -> GroupItem:
+        g = GroupItem(name, members, self.program, self.style)
+        g.setFlag(QGraphicsItem.ItemIsMovable, False)
+        rect = QRectF()
+        for nid in members:
+            item = self.nodes[nid]
+            rect = rect.united(item.sceneBoundingRect())
+            item.setVisible(False)
+            self.group_of[nid] = g
+        w, h = g.size()
+        g.setPos(rect.center() - QPointF(w / 2, h / 2))
+        self.addItem(self._fresh(g))
+        self.groups.append(g)
+        self._refresh_group_edges(members)
+        return g
+
+    def _drop_group(self, g: GroupItem) -> None:
+        for nid in g.members:
+            self.group_of.pop(nid, None)
+            if nid in self.nodes:
+                self.nodes[nid].setVisible(True)
+        self.groups.remove(g)
+        self.removeItem(g)
+        self._refresh_group_edges([m for m in g.members if m in self.program.nodes])
+
+    def _refresh_group_edges(self, members) -> None:
+        keys = set()
+        for nid in members:
+            if nid in self.program.nodes:
+                keys |= self._edges_of_node(nid)
+        for key in keys:
+            self._update_edge(key)
+        for nid in members:
+            self._place_terminals_for(nid)
+        self.overview.invalidate()
+
+    def _save_groups(self) -> None:
+        meta = self.program.metadata.setdefault("editor", {})
+        meta["collapsed"] = [{"name": g.name, "nodes": list(g.members)} for g in self.groups]
+
+    # overlays (the region hulls of the next issue plug in here) ----------------------------------
+    def add_overlay(self, item: QGraphicsItem) -> None:
+        """Draw `item` under edges and nodes; it is kept across rebuilds. Region hulls use this."""
+        item.setZValue(OVERLAY_Z)
+        self.overlays.append(item)
+        self.addItem(item)
+
+    # sizes and layout input --------------------------------------------------------------------
+    def layout_input(self, node_ids=None):
+        return program_layout_input(self.program, node_ids)
+
+    # mouse: connecting by dragging from a port --------------------------------------------------
+    def _port_under(self, pos: QPointF):
+        for item in self.items(pos, Qt.IntersectsItemShape, Qt.DescendingOrder):
+            if isinstance(item, (NodeItem, TerminalItem)) and item.isVisible():
+                hit = item.port_at(item.mapFromScene(pos))
+                if hit is not None:
+                    return item, hit
+                if isinstance(item, NodeItem):
+                    return item, None
+        return None, None
+
+    def _drag_start(self, item, hit):
+        """What a drag from this port carries: ('out', value_id) or ('in', node, port, current value)."""
+        side, idx = hit
+        if isinstance(item, TerminalItem):
+            return ("out", item.value_id)
+        node = self.program.nodes[item.node_id]
+        if side == "out":
+            return ("out", node.outputs[idx])
+        current = node.inputs[idx] if idx < len(node.inputs) else None
+        return ("in", item.node_id, idx, current)
+
+    def mousePressEvent(self, event):
+        if event.button() == Qt.LeftButton:
+            item, hit = self._port_under(event.scenePos())
+            if hit is not None:
+                self._drag = self._drag_start(item, hit)
+                self._drag_origin = event.scenePos()
+                if self._drag[0] == "in" and self._drag[3] is not None:
+                    self._drag_origin = self.source_pos(self._drag[3]) or event.scenePos()
+                elif self._drag[0] == "out":
+                    self._drag_origin = self.source_pos(self._drag[1]) or event.scenePos()
+                self._drag_path = QGraphicsPathItem()
+                self._drag_path.setPen(QPen(self.style.accent, 1.6, Qt.DashLine))
+                self._drag_path.setZValue(5)
+                self.addItem(self._drag_path)
+                event.accept()
+                return
+        super().mousePressEvent(event)
+        self._press_pos = {nid: item.pos() for nid, item in self.nodes.items() if item.isSelected()}
+
+    def mouseMoveEvent(self, event):
+        if self._drag is not None:
+            a, b = self._drag_origin, event.scenePos()
+            if self._drag[0] == "in" and self._drag[3] is None:
+                a, b = b, self.target_pos(self._drag[1], self._drag[2])
+            dx = max(40.0, abs(b.x() - a.x()) * 0.5)
+            path = QPainterPath(a)
+            path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b)
+            self._drag_path.setPath(path)
+            event.accept()
+            return
+        super().mouseMoveEvent(event)
+        if self._press_pos and event.buttons() & Qt.LeftButton:  # nodes being dragged: edges follow
+            for nid in self._press_pos:
+                self._node_item_moved(nid)
+
+    def mouseReleaseEvent(self, event):
+        if self._drag is not None:
+            drag, self._drag = self._drag, None
+            self.removeItem(self._drag_path)
+            self._drag_path = None
+            reason = self.finish_drag(drag, event.scenePos())
+            if reason and event.widget() is not None:
+                QToolTip.showText(event.screenPos(), reason, event.widget())
+            event.accept()
+            return
+        super().mouseReleaseEvent(event)
+        self._commit_moves()
+
+    def finish_drag(self, drag, pos: QPointF) -> str | None:
+        """Complete a port drag released at scene `pos`; returns the refusal reason, if any."""
+        item, hit = self._port_under(pos)
+        if drag[0] == "out":
+            vid = drag[1]
+            if hit is not None and hit[0] == "in" and isinstance(item, NodeItem):
+                return self.try_connect(vid, item.node_id, hit[1])
+            if hit is None and item is None:
+                self.quick_search_requested.emit(pos, ("out", vid))
+                return None
+            return self._refuse("connect an output port to an input port")
+        _, nid, port, current = drag
+        if hit is not None and hit[0] == "out":
+            src = self._drag_start(item, hit)[1]
+            return self.try_connect(src, nid, port)
+        if current is not None and hit is not None and hit[0] == "in" and isinstance(item, NodeItem):
+            # moving an existing edge to another input port: one undo step
+            reason = self.program.can_connect(current, item.node_id, hit[1])
+            if reason:
+                return self._refuse(reason)
+            with C.macro(self.stack, "Move connection"):
+                self.disconnect_port(nid, port)
+                self.try_connect(current, item.node_id, hit[1])
+            return None
+        if item is None and current is not None:
+            self.disconnect_port(nid, port)
+            return None
+        if item is None:
+            self.quick_search_requested.emit(pos, ("in", (nid, port)))
+            return None
+        return self._refuse("connect an input port to an output port")
+
+    def _refuse(self, reason: str) -> str:
+        self.last_refusal = reason
+        self.connection_refused.emit(reason)
+        return reason
+
+    def _commit_moves(self) -> None:
+        """After a drag of nodes: one MoveNodes command for everything that moved."""
+        moves = {}
+        for nid, before in self._press_pos.items():
+            item = self.nodes.get(nid)
+            if item is not None and item.pos() != before:
+                moves[nid] = (item.pos().x(), item.pos().y())
+        self._press_pos = {}
+        if moves:
+            self.stack.push(C.MoveNodes(self.program, moves, f"Move {len(moves)} node{'s' * (len(moves) > 1)}"))
+
+    def mouseDoubleClickEvent(self, event):
+        for item in self.items(event.scenePos()):
+            if isinstance(item, GroupItem):
+                self.expand(item)
+                event.accept()
+                return
+            if isinstance(item, (NodeItem, TerminalItem)):
+                super().mouseDoubleClickEvent(event)
+                return
+        self.quick_search_requested.emit(event.scenePos(), None)
+        event.accept()
+
+    # background grid ---------------------------------------------------------------------------
+    def drawBackground(self, painter, rect: QRectF) -> None:
+        painter.fillRect(rect, self.style.background)
+        scale = painter.worldTransform().m11()
+        if scale < 0.35:
+            return  # a grid finer than a few pixels is noise (and costs time on big programs)
+        step = 24.0
+        left, top = int(rect.left() // step) * step, int(rect.top() // step) * step
+        pen = QPen(self.style.grid, 0)
+        painter.setPen(pen)
+        lines = []
+        from PySide6.QtCore import QLineF
+        x = left
+        while x < rect.right():
+            if int(round(x / step)) % 5:
+                lines.append(QLineF(x, rect.top(), x, rect.bottom()))
+            x += step
+        y = top
+        while y < rect.bottom():
+            if int(round(y / step)) % 5:
+                lines.append(QLineF(rect.left(), y, rect.right(), y))
+            y += step
+        painter.drawLines(lines)
+        painter.setPen(QPen(self.style.grid_major, 0))
+        major = []
+        x = int(rect.left() // (5 * step)) * 5 * step
+        while x < rect.right():
+            major.append(QLineF(x, rect.top(), x, rect.bottom()))
+            x += 5 * step
+        y = int(rect.top() // (5 * step)) * 5 * step
+        while y < rect.bottom():
+            major.append(QLineF(rect.left(), y, rect.right(), y))
+            y += 5 * step
+        painter.drawLines(major)
+
+
+def program_layout_input(p: Program, node_ids=None):
+    """Plain data for graph_editor.layout (nodes, sizes, edges); program inputs are included as nodes
+    so the layout leaves room for their terminals."""
+    from .layout import LayoutInput
+    ids = list(p.nodes) if node_ids is None else [n for n in node_ids if n in p.nodes]
+    idset = set(ids)
+    sizes = {nid: node_size(p.nodes[nid]) for nid in ids}
+    edges = []
+    for nid in list(ids):
+        for vid in p.nodes[nid].inputs:
+            v = p.values.get(vid) if vid else None
+            if v is None:
+                continue
+            if v.producer in idset:
+                edges.append((v.producer, nid))
+            elif v.role == Role.INPUT and node_ids is None:
+                key = "\0in:" + vid
+                if key not in sizes:
+                    sizes[key] = (TERMINAL_W, TERMINAL_H)
+                    ids.append(key)
+                edges.append((key, nid))
+    return LayoutInput(ids, sizes, edges)

@@ -1,0 +1,292 @@
+"""The canvas view: pan, zoom (wheel, keys), fit, rubber-band selection, and the minimap in a corner.
+
+Large programs stay smooth because the view repaints only what changed (MinimalViewportUpdate for
+editing; BoundingRectViewportUpdate while many items move at once), items cache their painting, and
+items draw less when zoomed out (see node_item.LOD_*).
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtWidgets import QGraphicsView, QWidget
+
+ZOOM_MIN, ZOOM_MAX, ZOOM_STEP = 0.03, 3.0, 1.18
+
+
+class GraphView(QGraphicsView):
+    quick_search_at = Signal(QPointF)   # scene position where Tab was pressed
+    zoom_changed = Signal(float)
+
+    def __init__(self, scene=None, parent=None):
+        super().__init__(parent)
+        self.setRenderHints(QPainter.Antialiasing | QPainter.TextAntialiasing)
+        self.setViewportUpdateMode(QGraphicsView.MinimalViewportUpdate)
+        self.setOptimizationFlags(QGraphicsView.DontSavePainterState | QGraphicsView.DontAdjustForAntialiasing)
+        self.setCacheMode(QGraphicsView.CacheBackground)
+        self.setDragMode(QGraphicsView.RubberBandDrag)
+        self.setTransformationAnchor(QGraphicsView.AnchorUnderMouse)
+        self.setResizeAnchor(QGraphicsView.AnchorViewCenter)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarAlwaysOff)
+        self.setFocusPolicy(Qt.StrongFocus)
+        self.setAcceptDrops(True)
+        self._pan_from: QPointF | None = None
+        self.minimap = Minimap(self)
+        if scene is not None:
+            self.set_scene(scene)
+
+    def set_scene(self, scene) -> None:
+        self.setScene(scene)
+        self.resetCachedContent()
+        self.minimap.watch(scene)
+        self._grow_scene_rect()
+
+    def _grow_scene_rect(self) -> None:
+        """A scene rect with room around the items, so panning is not clamped at the graph's edge."""
+        sc = self.scene()
+        if sc is None:
+            return
+        r = sc.content_rect()
+        margin = max(2000.0, max(r.width(), r.height()))
+        self.setSceneRect(r.adjusted(-margin, -margin, margin, margin))
+
+    # zoom --------------------------------------------------------------------------------------
+    def zoom(self) -> float:
+        return self.transform().m11()
+
+    def zoom_by(self, factor: float) -> None:
+        z = self.zoom()
+        factor = max(ZOOM_MIN / z, min(ZOOM_MAX / z, factor))
+        self.scale(factor, factor)
+        self._detail_for_zoom()
+        self.minimap.update()
+
+    def _detail_for_zoom(self) -> None:
+        from .node_item import LOD_TEXT
+        self.zoom_changed.emit(self.zoom())
+        if self.scene() is not None:
+            self.scene().set_low_detail(self.zoom() < LOD_TEXT)
+
+    def fit_rect(self, rect: QRectF) -> None:
+        if rect.isNull() or rect.isEmpty():
+            return
+        self._grow_scene_rect()
+        self.fitInView(rect.adjusted(-40, -40, 40, 40), Qt.KeepAspectRatio)
+        if self.zoom() > 1.0:  # fitting one small node should not blow it up
+            self.resetTransform()
+            self.centerOn(rect.center())
+        self._detail_for_zoom()
+        self.minimap.update()
+
+    def fit_all(self) -> None:
+        sc = self.scene()
+        if sc is not None:
+            self.fit_rect(sc.content_rect())
+
+    def show_program(self, min_zoom: float = 0.6) -> None:
+        """The opening view: the whole program if it fits at a readable zoom, else its beginning
+        (inputs on the left) at that zoom."""
+        self.fit_all()
+        sc = self.scene()
+        if sc is None or self.zoom() >= min_zoom:
+            return
+        r = sc.content_rect()
+        self.resetTransform()
+        self.zoom_by(min_zoom)
+        vis = self.mapToScene(self.viewport().rect()).boundingRect()
+        self.centerOn(QPointF(r.left() - 30 + vis.width() / 2, r.center().y()))
+        self.minimap.update()
+
+    def fit_selection(self) -> None:
+        sc = self.scene()
+        if sc is None:
+            return
+        rect = QRectF()
+        for item in sc.selectedItems():
+            rect = rect.united(item.sceneBoundingRect())
+        if rect.isNull():
+            self.fit_all()
+        else:
+            self.fit_rect(rect)
+
+    def wheelEvent(self, event):
+        if event.modifiers() & Qt.ShiftModifier:  # shift+wheel pans sideways
+            self.pan(event.angleDelta().y(), 0)
+            return
+        steps = event.angleDelta().y() / 120.0
+        if steps:
+            self.zoom_by(ZOOM_STEP ** steps)
+
+    def pan(self, dx: float, dy: float) -> None:
+        h, v = self.horizontalScrollBar(), self.verticalScrollBar()
+        h.setValue(h.value() - int(dx))
+        v.setValue(v.value() - int(dy))
+        self.minimap.update()
+
+    # keys and mouse ------------------------------------------------------------------------------
+    def keyPressEvent(self, event):
+        key = event.key()
+        if key in (Qt.Key_Plus, Qt.Key_Equal):
+            self.zoom_by(ZOOM_STEP)
+        elif key == Qt.Key_Minus:
+            self.zoom_by(1 / ZOOM_STEP)
+        elif key == Qt.Key_Tab:
+            pos = self.mapFromGlobal(self.cursor().pos())
+            if not self.viewport().rect().contains(pos):
+                pos = self.viewport().rect().center()
+            self.quick_search_at.emit(self.mapToScene(pos))
+        elif key in (Qt.Key_Left, Qt.Key_Right, Qt.Key_Up, Qt.Key_Down) and not self.scene().selectedItems():
+            d = 60
+            self.pan({Qt.Key_Left: d, Qt.Key_Right: -d}.get(key, 0), {Qt.Key_Up: d, Qt.Key_Down: -d}.get(key, 0))
+        else:
+            super().keyPressEvent(event)
+
+    def focusNextPrevChild(self, next_):
+        return False  # Tab opens the quick search instead of moving focus
+
+    def mousePressEvent(self, event):
+        if event.button() == Qt.MiddleButton or (event.button() == Qt.LeftButton
+                                                 and event.modifiers() & Qt.AltModifier):
+            self._pan_from = event.position()
+            self.setCursor(Qt.ClosedHandCursor)
+            event.accept()
+            return
+        super().mousePressEvent(event)
+
+    def mouseMoveEvent(self, event):
+        if self._pan_from is not None:
+            d = event.position() - self._pan_from
+            self._pan_from = event.position()
+            self.pan(d.x(), d.y())
+            event.accept()
+            return
+        super().mouseMoveEvent(event)
+
+    def mouseReleaseEvent(self, event):
+        if self._pan_from is not None:
+            self._pan_from = None
+            self.unsetCursor()
+            event.accept()
+            return
+        super().mouseReleaseEvent(event)
+
+    def resizeEvent(self, event):
+        super().resizeEvent(event)
+        self.minimap.place()
+
+    def scrollContentsBy(self, dx, dy):
+        super().scrollContentsBy(dx, dy)
+        self.minimap.update()
+
+    # palette drops -------------------------------------------------------------------------------
+    def dragEnterEvent(self, event):
+        if event.mimeData().hasFormat("application/x-stitchcuda-op"):
+            event.acceptProposedAction()
+        else:
+            super().dragEnterEvent(event)
+
+    dragMoveEvent = dragEnterEvent
+
+    def dropEvent(self, event):
+        md = event.mimeData()
+        if md.hasFormat("application/x-stitchcuda-op"):
+            op = bytes(md.data("application/x-stitchcuda-op")).decode()
+            self.scene().add_node(op, self.mapToScene(event.position().toPoint()))
+            event.acceptProposedAction()
+        else:
+            super().dropEvent(event)
+
+
+class Minimap(QWidget):
+    """The whole program in miniature with the visible area outlined; click or drag to move there.
+
+    It paints node rectangles from a picture rebuilt at most every 300 ms after an edit, so a large
+    program costs one cached blit per frame."""
+
+    W, H = 200, 140
+
+    def __init__(self, view: GraphView):
+        super().__init__(view)
+        self.view = view
+        self.setFixedSize(self.W, self.H)
+        self.setCursor(Qt.PointingHandCursor)
+        self._rects: list[QRectF] = []
+        self._content = QRectF()
+        self._timer = QTimer(self, singleShot=True, interval=300, timeout=self._collect)
+        self._scene = None
+        self.place()
+
+    def watch(self, scene) -> None:
+        if self._scene is not None:
+            try:
+                self._scene.program_changed.disconnect(self._timer.start)
+            except (RuntimeError, TypeError):
+                pass
+        self._scene = scene
+        scene.program_changed.connect(self._timer.start)
+        self._collect()
+
+    def place(self) -> None:
+        vp = self.view.viewport().geometry()
+        self.move(vp.right() - self.W - 10, vp.bottom() - self.H - 10)
+        self.raise_()
+
+    def _collect(self) -> None:
+        sc = self._scene
+        if sc is None:
+            return
+        self._rects = [item.sceneBoundingRect() for item in
+                       list(sc.nodes.values()) + list(sc.terminals.values()) + sc.groups if item.isVisible()]
+        b = QRectF()
+        for r in self._rects:
+            b = b.united(r)
+        self._content = b.adjusted(-50, -50, 50, 50)
+        self.update()
+
+    def _visible(self) -> QRectF:
+        return self.view.mapToScene(self.view.viewport().rect()).boundingRect()
+
+    def _transform(self):
+        # the program and the visible area both fit, so the outline never leaves the map
+        b = self._content.united(self._visible()) if not self._content.isEmpty() else QRectF()
+        if b.isEmpty():
+            return None
+        s = min((self.W - 8) / b.width(), (self.H - 8) / b.height())
+        ox = (self.W - b.width() * s) / 2 - b.left() * s
+        oy = (self.H - b.height() * s) / 2 - b.top() * s
+        return s, ox, oy
+
+    def paintEvent(self, event):
+        style = self._scene.style if self._scene is not None else None
+        p = QPainter(self)
+        bg = style.minimap_bg if style else QColor(30, 30, 30, 200)
+        p.fillRect(self.rect(), bg)
+        p.setPen(QPen(style.node_border if style else QColor("gray"), 1))
+        p.drawRect(self.rect().adjusted(0, 0, -1, -1))
+        t = self._transform()
+        if t is None or style is None:
+            return
+        s, ox, oy = t
+        p.setPen(Qt.NoPen)
+        p.setBrush(style.text_muted)
+        p.drawRects([QRectF(r.left() * s + ox, r.top() * s + oy, max(1.5, r.width() * s), max(1.5, r.height() * s))
+                     for r in self._rects])
+        vis = self._visible()
+        p.setBrush(Qt.NoBrush)
+        p.setPen(QPen(style.accent, 1.5))
+        p.drawRect(QRectF(vis.left() * s + ox, vis.top() * s + oy, vis.width() * s, vis.height() * s))
+
+    def mousePressEvent(self, event):
+        self._go(event.position())
+
+    def mouseMoveEvent(self, event):
+        if event.buttons() & Qt.LeftButton:
+            self._go(event.position())
+
+    def _go(self, pt) -> None:
+        t = self._transform()
+        if t is None:
+            return
+        s, ox, oy = t
+        self.view.centerOn(QPointF((pt.x() - ox) / s, (pt.y() - oy) / s))
+        self.update()

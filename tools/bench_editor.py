@@ -1,0 +1,176 @@
+"""Editor benchmarks (offscreen): opening a large program with layout, and pan/zoom repaint times.
+
+    .venv/bin/python tools/bench_editor.py [--open-nodes 5000] [--paint-nodes 2000] [--grandalf]
+
+Programs are transformer-like chains of blocks (layer_norm, q/k/v linears, attention, projection,
+residual add, MLP with gelu), cached under test-output/bench/ as project files. Both wall and CPU
+time are reported: the development machine is shared, and CPU time is what the editor itself spends.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from agent_core.ir import Program  # noqa: E402
+
+BLOCK_NODES = 11
+
+
+def transformer_program(n_nodes: int, d: int = 256, t: int = 64) -> Program:
+    """About n_nodes nodes: repeated pre-norm transformer blocks on a [1, t, d] activation."""
+    p = Program(f"transformer_{n_nodes}")
+    h = p.add_input("x", (1, t, d)).id
+    for b in range(max(1, n_nodes // BLOCK_NODES)):
+        def param(name, shape):
+            return p.add_parameter(f"{name}{b}", shape=shape).id
+
+        def node(op, ins, attrs=None):
+            return p.add_node(op, ins, attrs).outputs[0]
+        ln = node("layer_norm", [h, param("ln1_w", (d,)), param("ln1_b", (d,))], {"normalized_shape": [d]})
+        q = node("linear", [ln, param("wq", (d, d))])
+        k = node("linear", [ln, param("wk", (d, d))])
+        v = node("linear", [ln, param("wv", (d, d))])
+        a = node("scaled_dot_product_attention", [q, k, v], {"is_causal": True})
+        o = node("linear", [a, param("wo", (d, d)), param("bo", (d,))])
+        h = node("add", [h, o])
+        ln2 = node("layer_norm", [h], {"normalized_shape": [d]})
+        f1 = node("linear", [ln2, param("w1", (4 * d, d)), param("b1", (4 * d,))])
+        g = node("gelu", [f1], {"approximate": "tanh"})
+        f2 = node("linear", [g, param("w2", (d, 4 * d)), param("b2", (d,))])
+        h = node("add", [h, f2])
+    p.mark_output(h)
+    return p
+
+
+def cached_program_file(n_nodes: int) -> str:
+    from agent_core.project_file import save_program
+    folder = os.path.join(ROOT, "test-output", "bench")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"transformer_{n_nodes}.json")
+    if not os.path.exists(path):
+        save_program(transformer_program(n_nodes), path)
+    return path
+
+
+class Clock:
+    def __enter__(self):
+        self.w, self.c = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall = time.perf_counter() - self.w
+        self.cpu = time.process_time() - self.c
+
+
+def bench_open(app, path: str) -> dict:
+    """Open through the main window as a user does (load, layout, scene, first paint)."""
+    from app.main_window import MainWindow
+    win = MainWindow(theme="dark")
+    win.resize(1600, 1000)
+    win.show()
+    app.processEvents()
+    with Clock() as c:
+        win.open_path(path, layout_sync=True)
+        win.view.viewport().repaint()
+    n = len(win.document.program.nodes)
+    win.document.mark_clean()
+    win.close()
+    return {"nodes": n, "wall_s": round(c.wall, 3), "cpu_s": round(c.cpu, 3)}
+
+
+def bench_layout(path: str, grandalf: bool) -> dict:
+    from agent_core.project_file import load_program
+    from graph_editor.layout import LayoutInput, grandalf_layout, layered_layout
+    from graph_editor.node_item import node_size
+    p = load_program(path)
+    data = LayoutInput(list(p.nodes), {n: node_size(p.nodes[n]) for n in p.nodes},
+                       [(p.values[v].producer, n.id) for n in p.nodes.values() for v in n.inputs
+                        if v and p.values[v].producer])
+    out = {"nodes": len(p.nodes)}
+    with Clock() as c:
+        layered_layout(data)
+    out["own_cpu_s"] = round(c.cpu, 3)
+    if grandalf:
+        with Clock() as c:
+            grandalf_layout(data)
+        out["grandalf_cpu_s"] = round(c.cpu, 3)
+    return out
+
+
+def bench_paint(app, path: str) -> dict:
+    """Zoom and pan steps with a synchronous repaint, at fit-all zoom and at working zooms."""
+    from app.main_window import MainWindow
+    win = MainWindow(theme="dark")
+    win.resize(1600, 1000)
+    win.show()
+    win.open_path(path, layout_sync=True)
+    app.processEvents()
+    view = win.view
+    out = {"nodes": len(win.document.program.nodes)}
+    first = next(iter(win.scene.nodes.values()))
+    for label, setup in (("fit_all", view.fit_all),
+                         ("zoom_0.5", lambda: (view.resetTransform(), view.zoom_by(0.5), view.centerOn(first))),
+                         ("zoom_1.0", lambda: (view.resetTransform(), view.zoom_by(1.0), view.centerOn(first)))):
+        setup()
+        view.viewport().repaint()
+        zoom, pan = [], []
+        for k in range(20):
+            with Clock() as c:
+                view.zoom_by(1.1 if k % 2 else 1 / 1.1)
+                view.viewport().repaint()
+            zoom.append(c)
+        for k in range(20):
+            with Clock() as c:
+                view.pan(40 if k % 2 else -40, 25)
+                view.viewport().repaint()
+            pan.append(c)
+        out[label] = {
+            "zoom_ms_median_wall": round(1000 * statistics.median(x.wall for x in zoom), 2),
+            "zoom_ms_median_cpu": round(1000 * statistics.median(x.cpu for x in zoom), 2),
+            "zoom_ms_max_wall": round(1000 * max(x.wall for x in zoom), 2),
+            "pan_ms_median_wall": round(1000 * statistics.median(x.wall for x in pan), 2),
+            "pan_ms_median_cpu": round(1000 * statistics.median(x.cpu for x in pan), 2),
+            "pan_ms_max_wall": round(1000 * max(x.wall for x in pan), 2),
+        }
+    win.document.mark_clean()
+    win.close()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--open-nodes", type=int, default=5000)
+    ap.add_argument("--paint-nodes", type=int, default=2000)
+    ap.add_argument("--grandalf", action="store_true", help="also time grandalf's Sugiyama layout")
+    ap.add_argument("--grandalf-nodes", type=int, default=1000)
+    args = ap.parse_args(argv)
+    from PySide6.QtCore import QStandardPaths
+    from PySide6.QtWidgets import QApplication
+    QStandardPaths.setTestModeEnabled(True)  # no settings or recovery files in the user's profile
+    app = QApplication.instance() or QApplication([])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                            text=True).stdout.strip()
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit,
+              "cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+    open_path = cached_program_file(args.open_nodes)
+    paint_path = cached_program_file(args.paint_nodes)
+    result["open"] = bench_open(app, open_path)
+    result["paint"] = bench_paint(app, paint_path)
+    result["layout"] = bench_layout(open_path, grandalf=False)
+    if args.grandalf:
+        result["layout_small"] = bench_layout(cached_program_file(args.grandalf_nodes), grandalf=True)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
