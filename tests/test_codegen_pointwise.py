@@ -8,7 +8,14 @@ from agent_core.codegen.cuda import float_literal
 from agent_core.codegen.region_io import BroadcastIndex, region_io
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from agent_core.ops import all_ops
+from agent_core.ops import REQUIRED, all_ops
+
+
+def sample_attrs(op):
+    """Values for an op's required attributes (and a clamp with both ends)."""
+    if op.name == "clamp":
+        return {"min": -0.5, "max": 0.5}
+    return {a.name: 1.5 if a.name == "value" else 0.25 for a in op.attrs if a.default is REQUIRED}
 
 
 def _single_op_program(op):
@@ -18,8 +25,7 @@ def _single_op_program(op):
     for k, port in enumerate(op.port_names):
         # the second operand broadcasts, so every binary op also exercises index arithmetic
         ins.append(p.add_input(port, shape if k == 0 else (5, 1)).id)
-    attrs = {"value": 1.5} if any(a.name == "value" for a in op.attrs) else {}
-    n = p.add_node(op.name, ins, attrs)
+    n = p.add_node(op.name, ins, sample_attrs(op))
     p.mark_output(n.outputs[0])
     return p, n
 

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..codegen import KernelSource, generate_kernel, region_io
+from ..compiler import compile_kernel
 from ..errors import StitchError
 from ..ir import Program
 from ..reference import run_node
@@ -72,11 +73,11 @@ def build_region(program: Program, node_ids, *, name: str, kind: str | None = No
         ks = generate_kernel(program, node_ids, name=name, kind=kind, params=params)
         runner.kernel = ks
         note("codegen", kind=ks.kind, schedule=ks.schedule, seconds=time.perf_counter() - t0)
-        from .launch import load_kernel
-        loaded = load_kernel(ks, program)
-        c = loaded.compiled
+        c = compile_kernel(ks)
         note("compile", cached=c.cached, seconds=c.seconds, registers=c.registers,
              spill_stores=c.spill_stores, spill_loads=c.spill_loads, arch=c.arch)
+        from .launch import load_kernel
+        loaded = load_kernel(ks, program, c)
         if verify:
             res = verify_region(program, io.inputs, io.outputs, lambda ins: loaded(ins), draws=draws,
                                 device=device)
