@@ -1,0 +1,724 @@
+"""The table from pre-dispatch aten ops (what torch.export records) to library ops.
+
+Each converter gets the node's arguments bound to the aten schema's names (defaults filled in) and
+emits one or more library nodes through the Converter (agent_core.importers.graph). It returns the
+value id of the result (a list for ops with several outputs, None for an output nobody can read) or
+raises Unmapped with a reason, after which the graph converter emits an `opaque` node that runs the
+aten op through torch instead. A converter never has to be perfect: the graph converter checks every
+result against the shape and dtype torch recorded and falls back to opaque on any disagreement.
+
+In-place variants (aten.add_.Tensor) are looked up under their functional name: the program is in
+SSA form, and export already points later readers at the in-place op's result.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from ..ops import REGISTRY
+
+ATEN: dict[str, Callable] = {}
+
+_REDUCTION = {0: "none", 1: "mean", 2: "sum"}  # aten's integer reduction enum
+
+
+class Unmapped(Exception):
+    """This node cannot be expressed with library ops; the message says why (for the warning)."""
+
+
+def aten(*names: str):
+    def deco(fn):
+        for n in names:
+            ATEN[n if n.startswith("aten.") else f"aten.{n}"] = fn
+        return fn
+    return deco
+
+
+def lookup(target: str) -> Callable | None:
+    """The converter for 'aten.name.overload', trying the functional form of in-place ops."""
+    fn = ATEN.get(target)
+    if fn is None:
+        parts = target.split(".")
+        if len(parts) == 3 and parts[1].endswith("_") and not parts[1].startswith("_"):
+            fn = ATEN.get(f"aten.{parts[1][:-1]}.{parts[2]}")
+    return fn
+
+
+def _need(*ops: str) -> None:
+    missing = [o for o in ops if o not in REGISTRY]
+    if missing:
+        raise Unmapped(f"the library has no op {', '.join(missing)}")
+
+
+def _ints(v, n: int | None = None) -> list[int]:
+    if v is None:
+        return []
+    if isinstance(v, int):
+        return [v] * (n or 1)
+    v = [int(x) for x in v]
+    if n and len(v) == 1:
+        return v * n
+    return v
+
+
+def _is_tensor(cx, x) -> bool:
+    return cx.is_tensor(x)
+
+
+# --- pointwise unary -------------------------------------------------------------------------
+_UNARY = {
+    "relu": "relu", "sigmoid": "sigmoid", "tanh": "tanh", "exp": "exp", "exp2": "exp2", "expm1": "expm1",
+    "log": "log", "log2": "log2", "log1p": "log1p", "abs": "abs", "neg": "neg", "negative": "neg",
+    "sqrt": "sqrt", "rsqrt": "rsqrt", "reciprocal": "reciprocal", "square": "square", "sin": "sin",
+    "cos": "cos", "erf": "erf", "sign": "sign", "floor": "floor", "ceil": "ceil", "round": "round",
+    "silu": "silu", "mish": "mish", "selu": "selu", "hardsigmoid": "hardsigmoid",
+    "hardswish": "hardswish", "relu6": "relu6", "log_sigmoid": "logsigmoid", "logical_not": "logical_not",
+    "tanhshrink": "tanhshrink",
+}
+
+
+def _unary(lib):
+    def conv(cx, n, a):
+        return cx.pointwise(n, lib, [a["self"]])
+    return conv
+
+
+for _aten, _lib in _UNARY.items():
+    aten(f"{_aten}.default")(_unary(_lib))
+
+
+@aten("gelu.default")
+def _gelu(cx, n, a):
+    return cx.pointwise(n, "gelu", [a["self"]], {"approximate": a["approximate"]})
+
+
+@aten("leaky_relu.default")
+def _leaky(cx, n, a):
+    return cx.pointwise(n, "leaky_relu", [a["self"]], {"negative_slope": float(a["negative_slope"])})
+
+
+@aten("hardtanh.default")
+def _hardtanh(cx, n, a):
+    return cx.pointwise(n, "hardtanh", [a["self"]], {"min_val": float(a["min_val"]), "max_val": float(a["max_val"])})
+
+
+@aten("softplus.default")
+def _softplus(cx, n, a):
+    return cx.pointwise(n, "softplus", [a["self"]], {"beta": float(a["beta"]), "threshold": float(a["threshold"])})
+
+
+@aten("elu.default")
+def _elu(cx, n, a):
+    if float(a["scale"]) != 1.0 or float(a["input_scale"]) != 1.0:
+        raise Unmapped("elu with scale or input_scale other than 1")
+    return cx.pointwise(n, "elu", [a["self"]], {"alpha": float(a["alpha"])})
+
+
+@aten("celu.default")
+def _celu(cx, n, a):
+    return cx.pointwise(n, "celu", [a["self"]], {"alpha": float(a["alpha"])})
+
+
+@aten("hardshrink.default", "softshrink.default")
+def _shrink(cx, n, a):
+    return cx.pointwise(n, n.target.__name__.split(".")[0], [a["self"]], {"lambd": float(a["lambd"])})
+
+
+@aten("clamp.default", "clip.default")
+def _clamp(cx, n, a):
+    return cx.pointwise(n, "clamp", [a["self"]], {"min": a["min"], "max": a["max"]})
+
+
+@aten("clamp.Tensor", "clip.Tensor")
+def _clamp_t(cx, n, a):
+    x = a["self"]
+    if a["min"] is not None:
+        x = cx.pointwise(n, "maximum", [x, a["min"]])
+    if a["max"] is not None:
+        x = cx.pointwise(n, "minimum", [x, a["max"]])
+    return x
+
+
+@aten("clamp_min.default")
+def _clamp_min(cx, n, a):
+    return cx.pointwise(n, "max_scalar", [a["self"]], {"value": a["min"]})
+
+
+@aten("clamp_max.default")
+def _clamp_max(cx, n, a):
+    return cx.pointwise(n, "min_scalar", [a["self"]], {"value": a["max"]})
+
+
+@aten("threshold.default")
+def _threshold(cx, n, a):
+    # x if x > threshold else value; relu when both are 0
+    if a["threshold"] == 0 and a["value"] == 0:
+        return cx.pointwise(n, "relu", [a["self"]])
+    raise Unmapped("threshold with a non-zero threshold or value")
+
+
+@aten("dropout.default", "feature_dropout.default", "alpha_dropout.default", "feature_alpha_dropout.default")
+def _dropout(cx, n, a):
+    if a["train"]:
+        raise Unmapped("dropout in training mode")
+    return cx.alias(a["input"])
+
+
+@aten("to.dtype", "to.dtype_layout", "to.device", "_to_copy.default", "type_as.default")
+def _to(cx, n, a):
+    return cx.cast_to(a.get("self") if "self" in a else a["input"], cx.meta_dtype(n))
+
+
+@aten("clone.default", "contiguous.default", "detach.default", "alias.default", "lift_fresh_copy.default",
+      "lift_fresh.default", "positive.default", "copy.default")
+def _identity(cx, n, a):
+    x = a.get("self") if a.get("self") is not None else a.get("src")
+    if n.target.__name__.startswith("copy"):
+        x = a["src"]  # copy(self, src): the result holds src's data in self's shape
+        if cx.spec(x).shape != cx.meta_shape(n):
+            x = cx.emit("expand", [x], {"size": list(cx.meta_shape(n))})
+    return cx.alias(x)
+
+
+# --- pointwise binary ------------------------------------------------------------------------
+def _arith(lib: str, scalar: str, rscalar: str | None = None):
+    def conv(cx, n, a):
+        x, y = a["self"], a["other"]
+        alpha = a.get("alpha", 1)
+        if alpha not in (None, 1) and lib in ("add", "sub"):
+            y = cx.scaled(n, y, alpha)
+        tx, ty = cx.is_tensor(x), cx.is_tensor(y)
+        if tx and ty:
+            return cx.pointwise(n, lib, [x, y])
+        if tx:
+            return cx.pointwise(n, scalar, [x], {"value": y})
+        if ty and rscalar:
+            return cx.pointwise(n, rscalar, [y], {"value": x})
+        raise Unmapped("an arithmetic op with no tensor operand")
+    return conv
+
+
+for _ov in ("Tensor", "Scalar"):
+    aten(f"add.{_ov}")(_arith("add", "add_scalar", "add_scalar"))
+    aten(f"sub.{_ov}", f"subtract.{_ov}")(_arith("sub", "sub_scalar", "rsub_scalar"))
+    aten(f"mul.{_ov}", f"multiply.{_ov}")(_arith("mul", "mul_scalar", "mul_scalar"))
+    aten(f"div.{_ov}", f"divide.{_ov}", f"true_divide.{_ov}")(_arith("div", "div_scalar", "rdiv_scalar"))
+
+
+@aten("rsub.Scalar", "rsub.Tensor")
+def _rsub(cx, n, a):
+    # rsub(self, other, alpha) = other - alpha * self
+    x, y, alpha = a["self"], a["other"], a["alpha"]
+    if alpha not in (None, 1):
+        x = cx.scaled(n, x, alpha)
+    if cx.is_tensor(y):
+        return cx.pointwise(n, "sub", [y, x])
+    return cx.pointwise(n, "rsub_scalar", [x], {"value": y})
+
+
+@aten("div.Tensor_mode", "div.Scalar_mode")
+def _div_mode(cx, n, a):
+    mode = a["rounding_mode"]
+    if mode not in (None, "floor"):
+        raise Unmapped(f"division with rounding_mode={mode!r}")
+    q = _arith("div", "div_scalar", "rdiv_scalar")(cx, n, a)
+    return cx.pointwise(n, "floor", [q]) if mode == "floor" else q
+
+
+@aten("pow.Tensor_Scalar")
+def _pow_ts(cx, n, a):
+    e = a["exponent"]
+    if e == 2:
+        return cx.pointwise(n, "square", [a["self"]])
+    if e == 0.5:
+        return cx.pointwise(n, "sqrt", [a["self"]])
+    return cx.pointwise(n, "pow_scalar", [a["self"]], {"value": e})
+
+
+@aten("pow.Tensor_Tensor")
+def _pow_tt(cx, n, a):
+    return cx.pointwise(n, "pow", [a["self"], a["exponent"]])
+
+
+@aten("pow.Scalar")
+def _pow_s(cx, n, a):
+    return cx.pointwise(n, "rpow_scalar", [a["exponent"]], {"value": a["self"]})
+
+
+@aten("maximum.default", "max.other", "fmax.default")
+def _maximum(cx, n, a):
+    return cx.pointwise(n, "maximum", [a["self"], a["other"]])
+
+
+@aten("minimum.default", "min.other", "fmin.default")
+def _minimum(cx, n, a):
+    return cx.pointwise(n, "minimum", [a["self"], a["other"]])
+
+
+def _compare(lib):
+    def conv(cx, n, a):
+        return cx.pointwise(n, lib, [a["self"], cx.tensor(a["other"], like=a["self"])], cast=False)
+    return conv
+
+
+for _c in ("gt", "ge", "lt", "le", "eq"):
+    aten(f"{_c}.Tensor", f"{_c}.Scalar")(_compare(_c))
+
+
+@aten("where.self", "where.ScalarOther", "where.ScalarSelf", "where.Scalar")
+def _where(cx, n, a):
+    dt = cx.meta_dtype(n)
+    x = cx.tensor(a["self"], dtype=dt)
+    y = cx.tensor(a["other"], dtype=dt)
+    return cx.emit("where", [a["condition"], cx.cast_to(x, dt), cx.cast_to(y, dt)])
+
+
+@aten("addcmul.default")
+def _addcmul(cx, n, a):
+    return cx.pointwise(n, "addcmul", [a["self"], a["tensor1"], a["tensor2"]], {"value": a["value"]})
+
+
+@aten("lerp.Tensor")
+def _lerp(cx, n, a):
+    return cx.pointwise(n, "lerp", [a["self"], a["end"], a["weight"]])
+
+
+# --- matmul ----------------------------------------------------------------------------------
+@aten("matmul.default", "mm.default", "mv.default", "dot.default")
+def _matmul(cx, n, a):
+    return cx.emit("matmul", [a["self"], a.get("other", a.get("mat2", a.get("vec", a.get("tensor"))))])
+
+
+@aten("bmm.default")
+def _bmm(cx, n, a):
+    return cx.emit("bmm", [a["self"], a["mat2"]])
+
+
+@aten("linear.default")
+def _linear(cx, n, a):
+    return cx.emit("linear", [a["input"], a["weight"], a["bias"]])
+
+
+@aten("addmm.default")
+def _addmm(cx, n, a):
+    return cx.emit("addmm", [a["self"], a["mat1"], a["mat2"]], {"beta": a["beta"], "alpha": a["alpha"]})
+
+
+@aten("baddbmm.default")
+def _baddbmm(cx, n, a):
+    return cx.emit("baddbmm", [a["self"], a["batch1"], a["batch2"]], {"beta": a["beta"], "alpha": a["alpha"]})
+
+
+@aten("einsum.default")
+def _einsum(cx, n, a):
+    return cx.emit("einsum", list(a["tensors"]), {"equation": a["equation"]})
+
+
+@aten("scaled_dot_product_attention.default")
+def _sdpa(cx, n, a):
+    if a["enable_gqa"]:
+        raise Unmapped("scaled_dot_product_attention with enable_gqa")
+    return cx.emit("scaled_dot_product_attention", [a["query"], a["key"], a["value"], a["attn_mask"]],
+                   {"dropout_p": float(a["dropout_p"]), "is_causal": bool(a["is_causal"]), "scale": a["scale"]})
+
+
+# --- convolution -----------------------------------------------------------------------------
+def _conv(rank: int, transposed: bool):
+    def conv(cx, n, a):
+        attrs = {"stride": _ints(a["stride"], rank), "dilation": _ints(a["dilation"], rank), "groups": int(a["groups"])}
+        pad = a["padding"]
+        attrs["padding"] = pad if isinstance(pad, str) else _ints(pad, rank)
+        if transposed:
+            attrs["output_padding"] = _ints(a["output_padding"], rank)
+        op = f"conv_transpose{rank}d" if transposed else f"conv{rank}d"
+        return cx.emit(op, [a["input"], a["weight"], a["bias"]], attrs)
+    return conv
+
+
+for _r in (1, 2, 3):
+    aten(f"conv{_r}d.default", f"conv{_r}d.padding")(_conv(_r, False))
+    aten(f"conv_transpose{_r}d.input", f"conv_transpose{_r}d.default")(_conv(_r, True))
+
+
+@aten("convolution.default", "_convolution.default")
+def _convolution(cx, n, a):
+    rank = len(cx.spec(a["input"]).shape) - 2
+    b = dict(a)
+    if b["transposed"]:
+        return _conv(rank, True)(cx, n, b)
+    if any(_ints(b["output_padding"], rank)):
+        raise Unmapped("a forward convolution with output_padding")
+    return _conv(rank, False)(cx, n, b)
+
+
+# --- pooling ---------------------------------------------------------------------------------
+def _max_pool(rank: int):
+    def conv(cx, n, a):
+        k = _ints(a["kernel_size"], rank)
+        attrs = {"kernel_size": k, "stride": _ints(a["stride"], rank) or k, "padding": _ints(a["padding"], rank),
+                 "dilation": _ints(a["dilation"], rank), "ceil_mode": bool(a["ceil_mode"])}
+        return cx.emit(f"max_pool{rank}d", [a["self"]], attrs)
+    return conv
+
+
+def _avg_pool(rank: int):
+    def conv(cx, n, a):
+        k = _ints(a["kernel_size"], rank)
+        attrs = {"kernel_size": k, "stride": _ints(a["stride"], rank) or k, "padding": _ints(a["padding"], rank),
+                 "ceil_mode": bool(a["ceil_mode"]), "count_include_pad": bool(a["count_include_pad"])}
+        if a.get("divisor_override") is not None:
+            attrs["divisor_override"] = int(a["divisor_override"])
+        return cx.emit(f"avg_pool{rank}d", [a["self"]], attrs)
+    return conv
+
+
+def _adaptive(kind: str, rank: int):
+    def conv(cx, n, a):
+        return cx.emit(f"adaptive_{kind}_pool{rank}d", [a["self"]], {"output_size": _ints(a["output_size"], rank)})
+    return conv
+
+
+for _r in (1, 2, 3):
+    aten(f"max_pool{_r}d.default")(_max_pool(_r))
+    aten(f"avg_pool{_r}d.default")(_avg_pool(_r))
+    aten(f"adaptive_avg_pool{_r}d.default", f"_adaptive_avg_pool{_r}d.default")(_adaptive("avg", _r))
+
+
+@aten("max_pool2d_with_indices.default", "max_pool3d_with_indices.default")
+def _max_pool_idx(cx, n, a):
+    rank = 2 if "2d" in str(n.target) else 3
+    return [_max_pool(rank)(cx, n, a), None]
+
+
+# --- reductions ------------------------------------------------------------------------------
+def _reduce(lib: str):
+    def conv(cx, n, a):
+        x = a["self"]
+        if a.get("dtype") is not None:
+            x = cx.cast_to(x, cx.meta_dtype(n))
+        dim = a.get("dim")
+        dim = None if dim is None or dim == [] else _ints(dim)
+        return cx.emit(lib, [x], {"dim": dim, "keepdim": bool(a.get("keepdim", False))})
+    return conv
+
+
+aten("sum.dim_IntList", "sum.default")(_reduce("sum"))
+aten("mean.dim", "mean.default")(_reduce("mean"))
+aten("amax.default")(_reduce("max"))
+aten("amin.default")(_reduce("min"))
+aten("logsumexp.default")(_reduce("logsumexp"))
+aten("prod.dim_int", "prod.default")(_reduce("prod"))
+
+
+@aten("max.dim", "min.dim")
+def _max_dim(cx, n, a):
+    lib = "max" if str(n.target).startswith("aten.max") else "min"
+    # values through the library reduction; the indices (argmax/argmin) when someone reads them
+    vals = cx.emit(lib, [a["self"]], {"dim": [int(a["dim"])], "keepdim": bool(a["keepdim"])})
+    users = {u.args[1] for u in n.users if getattr(u.target, "__name__", "") == "getitem"}
+    idx = None
+    if 1 in users:
+        idx = cx.emit("arg" + lib, [a["self"]], {"dim": int(a["dim"]), "keepdim": bool(a["keepdim"])})
+    return [vals, idx]
+
+
+@aten("max.default", "min.default")
+def _max_all(cx, n, a):
+    lib = "max" if str(n.target).startswith("aten.max") else "min"
+    return cx.emit(lib, [a["self"]], {"dim": None, "keepdim": False})
+
+
+@aten("argmax.default", "argmin.default")
+def _argmax(cx, n, a):
+    lib = str(n.target).split(".")[1]
+    if a["dim"] is None:
+        raise Unmapped(f"{lib} over the flattened tensor")
+    return cx.emit(lib, [a["self"]], {"dim": int(a["dim"]), "keepdim": bool(a["keepdim"])})
+
+
+def _var_std(lib: str):
+    def conv(cx, n, a):
+        corr = a.get("correction")
+        if corr is None:
+            corr = 1 if a.get("unbiased", True) else 0
+        dim = a.get("dim")
+        dim = None if dim is None or dim == [] else _ints(dim)
+        return cx.emit(lib, [a["self"]], {"dim": dim, "keepdim": bool(a.get("keepdim", False)),
+                                          "correction": int(corr)})
+    return conv
+
+
+aten("var.correction", "var.dim", "var.default")(_var_std("var"))
+aten("std.correction", "std.dim", "std.default")(_var_std("std"))
+
+
+def _scan(lib: str):
+    def conv(cx, n, a):
+        x = a["self"]
+        if a.get("dtype") is not None:
+            x = cx.cast_to(x, cx.meta_dtype(n))
+        return cx.emit(lib, [x], {"dim": int(a["dim"])})
+    return conv
+
+
+aten("cumsum.default")(_scan("cumsum"))
+aten("cumprod.default")(_scan("cumprod"))
+
+
+def _softmax(lib: str):
+    def conv(cx, n, a):
+        x = a["self"]
+        if a.get("dtype") is not None:
+            x = cx.cast_to(x, cx.meta_dtype(n))
+        return cx.emit(lib, [x], {"dim": int(a["dim"])})
+    return conv
+
+
+aten("softmax.int", "_softmax.default", "special_softmax.default")(_softmax("softmax"))
+aten("log_softmax.int", "_log_softmax.default")(_softmax("log_softmax"))
+
+
+@aten("linalg_vector_norm.default", "norm.ScalarOpt_dim", "norm.Scalar", "frobenius_norm.dim")
+def _vector_norm(cx, n, a):
+    x = a["self"]
+    ord_ = a.get("ord", a.get("p", 2))
+    ord_ = 2 if ord_ is None else ord_
+    dim = a.get("dim")
+    dim = None if dim is None or dim == [] else _ints(dim)
+    keep = bool(a.get("keepdim", False))
+    if a.get("dtype") is not None:
+        x = cx.cast_to(x, cx.meta_dtype(n))
+    if "norm" in REGISTRY:
+        return cx.emit("norm", [x], {"p": float(ord_), "dim": dim, "keepdim": keep})
+    # decompose: the library's reductions compute it exactly as torch's definition
+    if ord_ == 2:
+        return cx.emit("sqrt", [cx.emit("sum", [cx.emit("square", [x])], {"dim": dim, "keepdim": keep})])
+    if ord_ == 1:
+        return cx.emit("sum", [cx.emit("abs", [x])], {"dim": dim, "keepdim": keep})
+    if ord_ == math.inf:
+        return cx.emit("max", [cx.emit("abs", [x])], {"dim": dim, "keepdim": keep})
+    raise Unmapped(f"vector norm of order {ord_}")
+
+
+# --- normalization ---------------------------------------------------------------------------
+@aten("layer_norm.default")
+def _layer_norm(cx, n, a):
+    return cx.emit("layer_norm", [a["input"], a["weight"], a["bias"]],
+                   {"normalized_shape": _ints(a["normalized_shape"]), "eps": float(a["eps"])})
+
+
+@aten("rms_norm.default")
+def _rms_norm(cx, n, a):
+    return cx.emit("rms_norm", [a["input"], a["weight"]],
+                   {"normalized_shape": _ints(a["normalized_shape"]), "eps": a["eps"]})
+
+
+@aten("batch_norm.default")
+def _batch_norm(cx, n, a):
+    if a["running_mean"] is None:
+        raise Unmapped("batch_norm without running statistics")
+    return cx.emit("batch_norm", [a["input"], a["running_mean"], a["running_var"], a["weight"], a["bias"]],
+                   {"training": bool(a["training"]), "momentum": float(a["momentum"] or 0.1),
+                    "eps": float(a["eps"])})
+
+
+@aten("_native_batch_norm_legit_no_training.default")
+def _bn_no_training(cx, n, a):
+    out = cx.emit("batch_norm", [a["input"], a["running_mean"], a["running_var"], a["weight"], a["bias"]],
+                  {"eps": float(a["eps"])})
+    return [out, None, None]
+
+
+@aten("group_norm.default")
+def _group_norm(cx, n, a):
+    return cx.emit("group_norm", [a["input"], a["weight"], a["bias"]],
+                   {"num_groups": int(a["num_groups"]), "eps": float(a["eps"])})
+
+
+@aten("instance_norm.default")
+def _instance_norm(cx, n, a):
+    return cx.emit("instance_norm", [a["input"], a["running_mean"], a["running_var"], a["weight"], a["bias"]],
+                   {"use_input_stats": bool(a["use_input_stats"]), "momentum": float(a["momentum"] or 0.1),
+                    "eps": float(a["eps"])})
+
+
+# --- layout ----------------------------------------------------------------------------------
+@aten("view.default", "reshape.default", "_unsafe_view.default", "flatten.using_ints", "unsqueeze.default",
+      "squeeze.dim", "squeeze.dims", "squeeze.default", "view_as.default", "reshape_as.default",
+      "unflatten.int", "ravel.default")
+def _reshape(cx, n, a):
+    x = a["self"]
+    if cx.spec(x).shape == cx.meta_shape(n):
+        return cx.alias(x)
+    return cx.emit("reshape", [x], {"shape": list(cx.meta_shape(n))})
+
+
+@aten("permute.default")
+def _permute(cx, n, a):
+    return cx.emit("permute", [a["self"]], {"dims": _ints(a["dims"])})
+
+
+@aten("transpose.int", "swapaxes.default", "swapdims.default")
+def _transpose(cx, n, a):
+    d0 = a.get("dim0", a.get("axis0"))
+    d1 = a.get("dim1", a.get("axis1"))
+    return cx.emit("transpose", [a["self"]], {"dim0": int(d0), "dim1": int(d1)})
+
+
+@aten("t.default", "numpy_T.default", "mT.default", "T.default")
+def _t(cx, n, a):
+    rank = len(cx.spec(a["self"]).shape)
+    if rank < 2:
+        return cx.alias(a["self"])
+    if str(n.target).startswith("aten.mT"):
+        dims = list(range(rank - 2)) + [rank - 1, rank - 2]
+    else:
+        dims = list(reversed(range(rank)))
+    return cx.emit("permute", [a["self"]], {"dims": dims})
+
+
+@aten("expand.default", "expand_as.default", "broadcast_to.default")
+def _expand(cx, n, a):
+    x = a["self"]
+    if cx.spec(x).shape == cx.meta_shape(n):
+        return cx.alias(x)
+    return cx.emit("expand", [x], {"size": list(cx.meta_shape(n))})
+
+
+@aten("broadcast_tensors.default")
+def _broadcast_tensors(cx, n, a):
+    outs = []
+    for t, val in zip(a["tensors"], n.meta["val"]):
+        shape = tuple(val.shape)
+        outs.append(cx.alias(t) if cx.spec(t).shape == shape else cx.emit("expand", [t], {"size": list(shape)}))
+    return outs
+
+
+@aten("cat.default", "concat.default", "concatenate.default")
+def _cat(cx, n, a):
+    ts = [t for t in a["tensors"] if cx.spec(t).shape != (0,)]
+    dt = cx.meta_dtype(n)
+    return cx.emit("cat", [cx.cast_to(t, dt) for t in ts], {"dim": int(a["dim"])})
+
+
+@aten("stack.default")
+def _stack(cx, n, a):
+    dim = int(a["dim"])
+    parts = []
+    for t in a["tensors"]:
+        shape = list(cx.spec(t).shape)
+        d = dim % (len(shape) + 1)
+        parts.append(cx.emit("reshape", [t], {"shape": shape[:d] + [1] + shape[d:]}))
+    return cx.emit("cat", parts, {"dim": dim})
+
+
+def _slice(cx, x, dim, start, end, step=1):
+    shape = cx.spec(x).shape
+    dim = dim % len(shape)
+    size = shape[dim]
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = max(0, min(size, start + size if start < 0 else start))
+    end = max(0, min(size, end + size if end < 0 else end))
+    if start == 0 and end == size and step == 1:
+        return cx.alias(x)
+    return cx.emit("slice", [x], {"dim": dim, "start": start, "end": end, "step": int(step)})
+
+
+@aten("slice.Tensor")
+def _slice_t(cx, n, a):
+    return _slice(cx, a["self"], int(a["dim"]), a["start"], a["end"], a["step"])
+
+
+@aten("narrow.default")
+def _narrow(cx, n, a):
+    return _slice(cx, a["self"], int(a["dim"]), int(a["start"]), int(a["start"]) + int(a["length"]))
+
+
+@aten("select.int")
+def _select(cx, n, a):
+    shape = cx.spec(a["self"]).shape
+    dim = int(a["dim"]) % len(shape)
+    i = int(a["index"]) % shape[dim]
+    s = cx.emit("slice", [a["self"]], {"dim": dim, "start": i, "end": i + 1, "step": 1})
+    return cx.emit("reshape", [s], {"shape": list(cx.meta_shape(n))})
+
+
+@aten("split.Tensor", "split_with_sizes.default", "chunk.default", "unbind.int", "tensor_split.sections")
+def _split(cx, n, a):
+    x = a["self"]
+    dim = int(a.get("dim", 0))
+    outs, start = [], 0
+    for val in n.meta["val"]:
+        length = val.shape[dim] if val.dim() == len(cx.spec(x).shape) else 1
+        piece = _slice(cx, x, dim, start, start + length)
+        if tuple(val.shape) != cx.spec(piece).shape:
+            piece = cx.emit("reshape", [piece], {"shape": list(val.shape)})
+        outs.append(piece)
+        start += length
+    return outs
+
+
+@aten("flip.default")
+def _flip(cx, n, a):
+    return cx.emit("flip", [a["self"]], {"dims": _ints(a["dims"])})
+
+
+@aten("repeat.default")
+def _repeat(cx, n, a):
+    return cx.emit("repeat", [a["self"]], {"repeats": _ints(a["repeats"])})
+
+
+@aten("triu.default", "tril.default")
+def _tri(cx, n, a):
+    return cx.emit(str(n.target).split(".")[1], [a["self"]], {"diagonal": int(a["diagonal"])})
+
+
+# --- losses ----------------------------------------------------------------------------------
+def _loss(lib: str, keys=(), inputs=("self", "target")):
+    def conv(cx, n, a):
+        attrs = {"reduction": _REDUCTION[int(a["reduction"])]}
+        for k in keys:
+            attrs[k] = a[k]
+        return cx.emit(lib, [a[i] for i in inputs], attrs)
+    return conv
+
+
+aten("mse_loss.default")(_loss("mse_loss"))
+aten("l1_loss.default")(_loss("l1_loss"))
+aten("smooth_l1_loss.default")(_loss("smooth_l1_loss", ("beta",)))
+aten("huber_loss.default")(_loss("huber_loss", ("delta",)))
+aten("kl_div.default")(_loss("kl_div", ("log_target",)))
+aten("hinge_embedding_loss.default")(_loss("hinge_embedding_loss", ("margin",)))
+aten("soft_margin_loss.default")(_loss("soft_margin_loss"))
+aten("binary_cross_entropy.default")(_loss("binary_cross_entropy", (), ("self", "target", "weight")))
+aten("binary_cross_entropy_with_logits.default")(
+    _loss("binary_cross_entropy_with_logits", (), ("self", "target", "weight", "pos_weight")))
+aten("triplet_margin_loss.default")(
+    _loss("triplet_margin_loss", ("margin", "p", "eps", "swap"), ("anchor", "positive", "negative")))
+aten("margin_ranking_loss.default")(_loss("margin_ranking_loss", ("margin",), ("input1", "input2", "target")))
+aten("cosine_embedding_loss.default")(_loss("cosine_embedding_loss", ("margin",), ("input1", "input2", "target")))
+
+
+@aten("cross_entropy_loss.default")
+def _cross_entropy(cx, n, a):
+    return cx.emit("cross_entropy", [a["self"], a["target"], a["weight"]],
+                   {"reduction": _REDUCTION[int(a["reduction"])], "ignore_index": int(a["ignore_index"]),
+                    "label_smoothing": float(a["label_smoothing"])})
+
+
+@aten("nll_loss.default", "nll_loss_nd.default")
+def _nll(cx, n, a):
+    return cx.emit("nll_loss", [a["self"], a["target"], a["weight"]],
+                   {"reduction": _REDUCTION[int(a["reduction"])], "ignore_index": int(a["ignore_index"])})
+
+
+@aten("cosine_similarity.default")
+def _cos_sim(cx, n, a):
+    return cx.emit("cosine_similarity", [a["x1"], a["x2"]], {"dim": int(a["dim"]), "eps": float(a["eps"])})
+
+
+@aten("pairwise_distance.default")
+def _pdist(cx, n, a):
+    return cx.emit("pairwise_distance", [a["x1"], a["x2"]],
+                   {"p": float(a["p"]), "eps": float(a["eps"]), "keepdim": bool(a["keepdim"])})
