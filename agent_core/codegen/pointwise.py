@@ -111,7 +111,22 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
     point = ("// One element of the fused chain.\n"
              f"__device__ __forceinline__ void point({', '.join(sig)}) {{\n" + "\n".join(body) + "\n}\n")
 
+    # broadcast operands in the vector body: when the innermost merged dimension has a multiple of 4
+    # elements, the 4 lanes of a group share one element (uniform) or read 4 contiguous ones (vec4)
+    group_mode = {}
+    if vec:
+        for k_, vid in enumerate(io.inputs):
+            if full[vid] or offsets.get(vid) is None or bidx.sizes[-1] % 4:
+                continue
+            last = bidx.strides[k_][-1]
+            if last == 0:
+                group_mode[vid] = "uniform"
+            elif last == 1 and is_f32[vid]:
+                group_mode[vid] = "vec4"
+
     def load(vid: str, idx: str, lane: int | None) -> str:
+        if lane is not None and vid in group_mode:
+            return f"{arg[vid]}_u" if group_mode[vid] == "uniform" else f"{arg[vid]}4.{LANES[lane]}"
         if full[vid]:
             if lane is not None and is_f32[vid]:
                 return f"{arg[vid]}4.{LANES[lane]}"
@@ -137,6 +152,13 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
         for vid in io.inputs:
             if full[vid] and is_f32[vid]:
                 k.append(f"    const float4 {arg[vid]}4 = reinterpret_cast<const float4*>({arg[vid]})[v];")
+        for vid, mode in group_mode.items():
+            if mode == "uniform":
+                k.append(f"    const {c_type(vals[vid].dtype, '')} {arg[vid]}_u = {arg[vid]}[{offsets[vid]}(i)];"
+                         "  // the same for all 4 lanes")
+            else:
+                k.append(f"    const float4 {arg[vid]}4 = reinterpret_cast<const float4*>({arg[vid]} + "
+                         f"{offsets[vid]}(i))[0];")
         for vid in io.outputs:
             if is_f32[vid]:
                 k.append(f"    float4 {arg[vid]}4;")

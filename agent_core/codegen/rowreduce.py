@@ -141,6 +141,15 @@ class _Operands:
     def full(self, vid):
         return self.fn[vid] == "full"
 
+    def group_mode(self, vid):
+        """For 4 consecutive elements starting at a multiple of 4: "uniform" when they share one
+        element of this operand, "vec4" when they read 4 contiguous ones, else None."""
+        fn = self.fn[vid]
+        if fn in ("full", None) or self.bidx.sizes[-1] % 4:
+            return None
+        last = self.bidx.strides[self.vids.index(vid)][-1]
+        return "uniform" if last == 0 else ("vec4" if last == 1 else None)
+
     def load(self, vid, ptr, idx):
         fn = self.fn[vid]
         if fn == "full":
@@ -237,7 +246,6 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if math.prod(vals[v].shape) != math.prod(out_space):
             raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} does not match the reduction's "
                                f"output space {list(out_space)}; split the region there")
-    full_f4 = [v for v in pro_inputs if ld_pro.full(v)]
 
     # prologue: external inputs -> anchor input
     pn = Names()
@@ -276,6 +284,25 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         "    State b;\n"
         + "".join(f"    b.{f} = __shfl_xor_sync(0xffffffffu, a.{f}, offset);\n" for f in fields)
         + "    a = combine(a, b);\n  }\n  return a;\n}\n")
+    if schedule != "online" and state in ("maxsumexp", "welford"):
+        for op, fn, ident in (("max", "fmaxf(a, b)", "-INFINITY"), ("sum", "a + b", "0.0f")):
+            state_code += (
+                f"__device__ __forceinline__ float reduce_{op}(float a) {{\n"
+                "#pragma unroll\n"
+                "  for (int offset = kShuffleStart; offset > 0; offset >>= 1) {\n"
+                f"    const float b = __shfl_xor_sync(0xffffffffu, a, offset);\n    a = {fn};\n  }}\n")
+            if schedule == "block":
+                state_code += (
+                    "  __shared__ float partial[kWarpsPerRow];\n"
+                    "  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n"
+                    "  __syncthreads();  // the partials of an earlier reduction have been read\n"
+                    "  if (lane == 0) partial[warp] = a;\n"
+                    "  __syncthreads();\n"
+                    f"  a = lane < kWarpsPerRow ? partial[lane] : {ident};\n"
+                    "#pragma unroll\n"
+                    "  for (int offset = 16; offset > 0; offset >>= 1) {\n"
+                    f"    const float b = __shfl_xor_sync(0xffffffffu, a, offset);\n    a = {fn};\n  }}\n")
+            state_code += "  return a;\n}\n"
     if schedule != "warp":
         state_code += (
             "// Block all-reduce: each warp reduces, then every warp combines the per-warp partials.\n"
@@ -294,10 +321,26 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"float* __restrict__ {arg[v]}" for v in out_vids]
 
+    modes = {v: ld_pro.group_mode(v) for v in pro_inputs} if vec == 4 else {}
+
+    def group_loads(indent, col):
+        out = []
+        for v in pro_inputs:
+            if ld_pro.full(v):
+                out.append(f"{indent}const float4 {arg[v]}4 = reinterpret_cast<const float4*>({arg[v]} + base + {col})[0];")
+            elif modes.get(v) == "uniform":
+                out.append(f"{indent}const float {arg[v]}_u = {ld_pro.load(v, arg[v], f'base + {col}')};")
+            elif modes.get(v) == "vec4":
+                out.append(f"{indent}const float4 {arg[v]}4 = reinterpret_cast<const float4*>({arg[v]} + "
+                           f"{ld_pro.fn[v]}(base + {col}))[0];")
+        return out
+
     def pro_args(idx, lane=None):
         out = []
         for v in pro_inputs:
-            if lane is not None and ld_pro.full(v):
+            if lane is not None and modes.get(v) == "uniform":
+                out.append(f"{arg[v]}_u")
+            elif lane is not None and (ld_pro.full(v) or modes.get(v) == "vec4"):
                 out.append(f"{arg[v]}4.{'xyzw'[lane]}")
             else:
                 out.append(ld_pro.load(v, arg[v], idx))
@@ -316,20 +359,25 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             "  const index_t base = row * kCols;",
             "  State st = identity();"]
     cached = schedule != "online"
+    two_stage = cached and state in ("maxsumexp", "welford")
 
-    def load_group(indent, col, target):
-        """Lines that load kVec elements at column `col`, run the prologue and fold them."""
-        out = []
-        if vec == 4:
-            for v in full_f4:
-                out.append(f"{indent}const float4 {arg[v]}4 = reinterpret_cast<const float4*>({arg[v]} + base + {col})[0];")
-            for e in range(4):
-                out.append(f"{indent}{target(e)} = point({pro_args(f'base + {col} + {e}', e)});")
+    def load_group(indent, col, target, fold=True):
+        """Lines that load kVec elements at column `col`, run the prologue and (maybe) fold them."""
+        out = group_loads(indent, col) if vec == 4 else []
+        for e in range(vec):
+            args = pro_args(f"base + {col} + {e}", e) if vec == 4 else pro_args(f"base + {col}")
+            out.append(f"{indent}{target(e)} = point({args});")
+            if fold:
                 out.append(f"{indent}fold(st, {target(e)});")
-        else:
-            out.append(f"{indent}{target(0)} = point({pro_args(f'base + {col}')});")
-            out.append(f"{indent}fold(st, {target(0)});")
         return out
+
+    def each_cached(lines):
+        """Run `lines` (over float `xv`) for every valid element this thread holds."""
+        return ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
+                "    if (active && (k * kThreadsPerRow + lane) * kVec < kCols) {",
+                "#pragma unroll", "      for (int e = 0; e < kVec; ++e) {",
+                "        const float xv = v[k * kVec + e];",
+                *[f"        {ln}" for ln in lines], "      }", "    }", "  }"]
 
     def emit_group(indent, col, source):
         """Lines that compute the output of kVec elements at column `col` and store them."""
@@ -350,20 +398,38 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
 
     if cached:
         body.insert(0, "  float v[kItems * kVec];  // this thread's part of the row, kept in registers")
-        body += ["  // pass 1: load the row (prologue applied), fold it into the statistics",
+        body += ["  // pass 1: load the row (prologue applied)" + ("" if two_stage else ", fold it into the statistics"),
                  "#pragma unroll",
                  "  for (int k = 0; k < kItems; ++k) {",
                  "    const int c0 = (k * kThreadsPerRow + lane) * kVec;",
                  "    if (active && c0 < kCols) {"]
-        body += load_group("      ", "c0", lambda e: f"v[k * kVec + {e}]")
+        body += load_group("      ", "c0", lambda e: f"v[k * kVec + {e}]", fold=not two_stage)
         body += ["    }", "  }"]
+        if state == "maxsumexp" and two_stage:
+            # max first, then exponentials against it: independent exps instead of a serial chain
+            body += ["  // statistics from the registers: the row max, then the sum of exp(x - max)",
+                     "  float row_max = -INFINITY;", *each_cached(["row_max = fmaxf(row_max, xv);"]),
+                     "  row_max = reduce_max(row_max);",
+                     "  float row_sum = 0.0f;", *each_cached(["row_sum += expf(xv - row_max);"]),
+                     "  row_sum = reduce_sum(row_sum);",
+                     "  st = State{row_max, row_sum};"]
+        elif state == "welford" and two_stage:
+            # exact two-pass mean and variance over the registers
+            body += ["  // statistics from the registers: the mean, then the sum of squared deviations",
+                     "  float row_sum = 0.0f;", *each_cached(["row_sum += xv;"]),
+                     "  const float row_mean = reduce_sum(row_sum) / kColsF;",
+                     "  float row_m2 = 0.0f;",
+                     *each_cached(["const float d = xv - row_mean;", "row_m2 = fmaf(d, d, row_m2);"]),
+                     "  st = State{kColsF, row_mean, reduce_sum(row_m2)};"]
     else:
         body += ["  // pass 1: stream the row once, folding it into running statistics",
                  "  for (int c0 = lane * kVec; active && c0 < kCols; c0 += kThreadsPerRow * kVec) {",
                  "    float v[kVec];"]
         body += load_group("    ", "c0", lambda e: f"v[{e}]")
         body += ["  }"]
-    body += ["  st = row_reduce(st);", "  if (!active) return;"]
+    if not two_stage:
+        body.append("  st = row_reduce(st);")
+    body.append("  if (!active) return;")
     if preamble:
         body.append(f"  {preamble}")
     if preserving:
@@ -379,8 +445,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             body += ["  // pass 2: re-read the row (prologue again) and write the outputs",
                      "  for (int c0 = lane * kVec; c0 < kCols; c0 += kThreadsPerRow * kVec) {"]
             if vec == 4:
-                for v in full_f4:
-                    body.append(f"    const float4 {arg[v]}4 = reinterpret_cast<const float4*>({arg[v]} + base + c0)[0];")
+                body += group_loads("    ", "c0")
             srcs = [f"point({pro_args(f'base + c0 + {e}' if vec == 4 else 'base + c0', e if vec == 4 else None)})"
                     for e in range(vec)]
             body += emit_group("    ", "c0", lambda e: srcs[e])
