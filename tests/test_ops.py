@@ -103,6 +103,46 @@ def test_wrong_arity_is_refused_with_the_ports_named(op):
             op.check_arity(n)
 
 
+# ops whose reference fails on perturbed inputs for data reasons (indices out of range) or by design
+# (opaque declares its output instead of inferring it)
+_DATA_DEPENDENT = {"embedding", "gather", "index_select", "nll_loss", "cross_entropy", "opaque"}
+
+
+def _perturbed(entries):
+    """Each input in turn made a scalar, given a trailing 1, losing its last dim, one longer in dim 0,
+    and cast to int64, bool and float64."""
+    for k, (spec, init) in enumerate(entries):
+        s = spec.shape
+        shapes = {(), s + (1,), s[:-1], ((s[0] + 1,) + s[1:]) if s else ()}
+        variants = [TensorSpec(v, spec.dtype) for v in shapes if v != s]
+        variants += [TensorSpec(s, d) for d in ("int64", "bool", "float64") if d != spec.dtype]
+        for v in variants:
+            yield [(v, init) if i == k else e for i, e in enumerate(entries)]
+
+
+@pytest.mark.parametrize("op", ALL, ids=IDS)
+def test_inference_is_sound_on_perturbed_inputs(op):
+    """Whatever inference accepts, torch computes with exactly the inferred shapes and dtypes, and
+    inference fails only with a ProgramError (never an IndexError or TypeError)."""
+    entries, attrs = example(op)
+    attrs = op.normalize_attrs(attrs)
+    for case in _perturbed(entries):
+        try:
+            specs = op.infer([s for s, _ in case], attrs)
+        except ProgramError:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                out = _results(op.reference(_draw(case), attrs))
+            except (RuntimeError, IndexError, ValueError, ProgramError) as e:
+                if op.name in _DATA_DEPENDENT:
+                    continue
+                pytest.fail(f"inference accepted {[str(s) for s, _ in case]} but torch refuses: {e}")
+        assert [(tuple(t.shape), dtype_name(t.dtype)) for t in out] == [(s.shape, s.dtype) for s in specs], \
+            [str(s) for s, _ in case]
+
+
 @pytest.mark.parametrize("op", [o for o in ALL if o.category != "pointwise"],
                          ids=[o.name for o in ALL if o.category != "pointwise"])
 def test_bad_shape_gives_a_message_naming_the_op(op):
@@ -448,3 +488,52 @@ def test_ops_doc_table_is_current():
     from pathlib import Path
     doc = Path(__file__).resolve().parent.parent / "docs" / "OPS.md"
     assert catalog_main(["--check", str(doc)]) == 0, "run: python -m agent_core.ops.catalog --write docs/OPS.md"
+
+
+# --- normalization ----------------------------------------------------------------------------------
+def test_batch_norm_eval_and_training_match_the_module():
+    op = get_op("batch_norm")
+    bn = torch.nn.BatchNorm2d(3)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 2)
+        bn.bias.uniform_(-1, 1)
+    x = torch.randn(4, 3, 5, 5)
+    params = [bn.running_mean, bn.running_var, bn.weight, bn.bias]
+    before = bn.running_mean.clone()
+    train = op.reference([x] + params, op.normalize_attrs({"training": True}))
+    assert torch.equal(bn.running_mean, before)  # the reference leaves running statistics alone
+    bn.eval()
+    with torch.no_grad():
+        assert torch.allclose(op.reference([x] + params, op.normalize_attrs({})), bn(x), atol=1e-6)
+        bn.train()
+        assert torch.allclose(train, bn(x), atol=1e-5)
+
+
+def test_norm_shape_rules():
+    ln = get_op("layer_norm")
+    with pytest.raises(ShapeError, match=r"weight must be \[4, 5\] \(normalized_shape\), got \[5\]"):
+        ln.infer([TensorSpec((2, 4, 5)), TensorSpec((5,))], ln.normalize_attrs({"normalized_shape": [4, 5]}))
+    inorm = get_op("instance_norm")
+    with pytest.raises(ShapeError, match="use_input_stats=false needs running_mean"):
+        inorm.infer([TensorSpec((2, 3, 4))], inorm.normalize_attrs({"use_input_stats": False}))
+    x, rm, rv = torch.randn(2, 3, 4), torch.randn(3), torch.rand(3) + 0.5
+    out = inorm.reference([x, rm, rv], inorm.normalize_attrs({"use_input_stats": False}))
+    assert torch.allclose(out, F.instance_norm(x, rm, rv, use_input_stats=False))
+    rms = get_op("rms_norm")
+    assert torch.allclose(rms.reference([x], rms.normalize_attrs({"normalized_shape": [4]})),
+                          x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps))
+    gn = get_op("group_norm")
+    with pytest.raises(ShapeError, match=r"weight must be \[6\]"):
+        gn.infer([TensorSpec((2, 6, 4)), TensorSpec((3,))], gn.normalize_attrs({"num_groups": 3}))
+
+
+def test_gathers():
+    emb = get_op("embedding")
+    idx, w = torch.tensor([[1, 0], [3, 3]]), torch.randn(4, 5)
+    assert torch.equal(emb.reference([idx, w], {}), w[idx])
+    assert emb.infer([TensorSpec((2, 2), "int64"), TensorSpec((4, 5))], {})[0].shape == (2, 2, 5)
+    gather = get_op("gather")
+    x, index = torch.randn(3, 4), torch.tensor([[0, 3], [1, 1], [2, 0]])
+    assert torch.equal(gather.reference([x, index], {"dim": 1}), torch.gather(x, 1, index))

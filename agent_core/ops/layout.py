@@ -21,6 +21,13 @@ def _dim(op, d, rank):
     return norm_dim(d, rank, f"{op}: dim")
 
 
+def _axis(op, d, x):
+    """A dimension of x that has a size (ops that index along it refuse scalars)."""
+    if x.rank == 0:
+        raise ShapeError(f"{op}: the input is a scalar, it has no dimension {d}")
+    return norm_dim(d, x.rank, f"{op}: dim")
+
+
 def _layout(name, infer, ref, attrs=(), aliases=(), doc="", example=None, bad=None, inputs=("x",),
             outputs=("out",), flops=None):
     register(OpDef(name, "layout", inputs, infer, ref, attrs=attrs, aliases=aliases, doc=doc,
@@ -58,9 +65,9 @@ _layout("reshape", lambda ins, a: [TensorSpec(reshape_shape(ins[0].shape, a["sha
 
 def _flatten_infer(ins, a):
     x = ins[0]
+    s, e = _dim("flatten", a["start_dim"], x.rank), _dim("flatten", a["end_dim"], x.rank)
     if x.rank == 0:
         return [TensorSpec((1,), x.dtype)]
-    s, e = _dim("flatten", a["start_dim"], x.rank), _dim("flatten", a["end_dim"], x.rank)
     if s > e:
         raise ShapeError(f"flatten: start_dim {a['start_dim']} comes after end_dim {a['end_dim']} for "
                          f"input {fmt_shape(x.shape)}")
@@ -256,7 +263,7 @@ _layout("slice", _slice_infer, _slice_ref,
 
 def _select_infer(ins, a):
     x = ins[0]
-    d = _dim("select", a["dim"], x.rank)
+    d = _axis("select", a["dim"], x)
     if not -x.shape[d] <= a["index"] < x.shape[d]:
         raise ShapeError(f"select: index {a['index']} is out of range for dim {a['dim']} of size "
                          f"{x.shape[d]} (input {fmt_shape(x.shape)})")
@@ -281,7 +288,7 @@ def _split_sizes(size: int, spec: list[int], op: str) -> list[int]:
 
 def _split_infer(ins, a):
     x = ins[0]
-    d = _dim("split", a["dim"], x.rank)
+    d = _axis("split", a["dim"], x)
     sizes = _split_sizes(x.shape[d], a["split_size_or_sections"], "split")
     return [TensorSpec(x.shape[:d] + (n,) + x.shape[d + 1:], x.dtype) for n in sizes]
 
@@ -302,7 +309,7 @@ _layout("split", _split_infer, _split_ref,
 
 def _chunk_infer(ins, a):
     x = ins[0]
-    d = _dim("chunk", a["dim"], x.rank)
+    d = _axis("chunk", a["dim"], x)
     if a["chunks"] < 1:
         raise ShapeError(f"chunk: chunks must be positive, got {a['chunks']}")
     size = x.shape[d]
@@ -319,7 +326,7 @@ _layout("chunk", _chunk_infer, lambda t, a: tuple(torch.chunk(t[0], a["chunks"],
 
 def _unbind_infer(ins, a):
     x = ins[0]
-    d = _dim("unbind", a["dim"], x.rank)
+    d = _axis("unbind", a["dim"], x)
     return [TensorSpec(x.shape[:d] + x.shape[d + 1:], x.dtype)] * x.shape[d]
 
 
@@ -450,7 +457,7 @@ register(OpDef("embedding", "layout", ("indices", "weight"), _embedding_infer,
 def _gather_infer(ins, a):
     x, idx = ins
     _need_int("gather", idx, "index")
-    d = _dim("gather", a["dim"], x.rank)
+    d = _axis("gather", a["dim"], x)
     if idx.rank != x.rank or any(idx.shape[i] > x.shape[i] for i in range(x.rank) if i != d):
         raise ShapeError(f"gather: index {fmt_shape(idx.shape)} must have the rank of input "
                          f"{fmt_shape(x.shape)} and be no larger outside dim {a['dim']}")
@@ -469,7 +476,7 @@ def _index_select_infer(ins, a):
     _need_int("index_select", idx, "index")
     if idx.rank > 1:
         raise ShapeError(f"index_select: index must be 1-D, got {fmt_shape(idx.shape)}")
-    d = _dim("index_select", a["dim"], x.rank)
+    d = _axis("index_select", a["dim"], x)
     return [TensorSpec(x.shape[:d] + (idx.numel,) + x.shape[d + 1:], x.dtype)]
 
 

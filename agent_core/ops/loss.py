@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from .common import broadcast, fmt_shape, norm_dim, opt, promote
+from .common import broadcast, fmt_shape, norm_dim, opt
 from .registry import FLOAT_DTYPES, Attr, OpDef, TensorSpec, register
 
 _INTS = ("int64", "int32", "int8", "uint8")
@@ -26,19 +26,27 @@ def _bshape(op, specs_names):
 
 
 def _floats(op, specs_names):
+    """The one floating-point dtype of a loss's inputs. Mixed float dtypes are refused: torch's losses
+    disagree on how (or whether) they promote them, so a program states the cast."""
     for s, n in specs_names:
         if s.dtype not in FLOAT_DTYPES:
             raise ShapeError(f"{op}: {n} must be a floating-point tensor, got {s.dtype}")
-    return promote(*(s.dtype for s, _ in specs_names))
+    if len({s.dtype for s, _ in specs_names}) > 1:
+        raise ShapeError(f"{op}: " + ", ".join(f"{n} is {s.dtype}" for s, n in specs_names)
+                         + "; give them one dtype (cast first)")
+    return specs_names[0][0].dtype
 
 
 def _loss(name, ref, extra_attrs=(), ports=("input", "target"), doc="", reductions=None, flops_per=3,
-          example=None, bad=None, aliases=()):
+          example=None, bad=None, aliases=(), same_rank=False):
     red = _RED if reductions is None else Attr("reduction", "str", "mean", choices=reductions)
 
     def infer(ins, attrs):
         pairs = list(zip(ins, ports))
         dtype = _floats(name, pairs)
+        if same_rank and len({s.rank for s in ins}) > 1:
+            raise ShapeError(f"{name}: " + ", ".join(f"{n} {fmt_shape(s.shape)}" for s, n in pairs)
+                             + " must have the same number of dimensions")
         shape = _bshape(name, pairs)
         return [TensorSpec(shape if attrs["reduction"] == "none" else (), dtype)]
 
@@ -80,7 +88,7 @@ _loss("hinge_embedding_loss",
 _loss("margin_ranking_loss",
       lambda t, a: F.margin_ranking_loss(t[0], t[1], t[2], margin=a["margin"], reduction=a["reduction"]),
       ports=("input1", "input2", "target"), extra_attrs=(Attr("margin", "float", 0.0),),
-      doc="max(0, -target * (input1 - input2) + margin)", example=([(6,), (6,), (6,)], {}),
+      doc="max(0, -target * (input1 - input2) + margin)", example=([(6,), (6,), (6,)], {}), same_rank=True,
       bad=([(6,), (5,), (6,)], {}, "do not broadcast"))
 
 
@@ -138,6 +146,10 @@ def _class_loss_infer(op):
             raise ShapeError(f"{op}: target must hold int64 class indices, got {y.dtype}")
         if w is not None and w.shape != (c,):
             raise ShapeError(f"{op}: weight must be [{c}] (one per class), got {fmt_shape(w.shape)}")
+        if w is not None and w.dtype != x.dtype:
+            raise ShapeError(f"{op}: weight is {w.dtype} but input is {x.dtype}; give them one dtype")
+        if y.dtype in FLOAT_DTYPES and y.dtype != x.dtype:
+            raise ShapeError(f"{op}: target is {y.dtype} but input is {x.dtype}; give them one dtype")
         return [TensorSpec(per_sample if attrs["reduction"] == "none" else (), x.dtype)]
     return infer
 

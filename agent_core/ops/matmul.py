@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from .common import broadcast, fmt_shape, opt, promote
+from .common import broadcast, fmt_shape, opt
 from .registry import Attr, OpDef, TensorSpec, register
 
 
@@ -104,7 +104,8 @@ def _linear_infer(ins, attrs):
     dtype = _same_dtype("linear", *pairs)
     if bias is not None:
         try:
-            broadcast(bias.shape, out)
+            if broadcast(bias.shape, out) != out:
+                raise ShapeError("")
         except ShapeError:
             raise ShapeError(f"linear: bias {fmt_shape(bias.shape)} does not match {w.shape[0]} "
                              f"out_features") from None
@@ -160,7 +161,7 @@ def _baddbmm_infer(ins, attrs):
     except ShapeError:
         raise ShapeError(f"baddbmm: input {fmt_shape(inp.shape)} does not broadcast to the product "
                          f"{fmt_shape(out.shape)}") from None
-    return [TensorSpec(out.shape, promote(inp.dtype, out.dtype))]
+    return [TensorSpec(out.shape, _same_dtype("baddbmm", (inp, "input"), (a, "batch1"), (b, "batch2")))]
 
 
 register(OpDef(
@@ -223,12 +224,13 @@ register(OpDef(
 
 def _einsum_infer(ins, attrs):
     eq = attrs["equation"]
+    _same_dtype("einsum", *((s, f"operand {i}") for i, s in enumerate(ins)))
     try:
         out = torch.einsum(eq, *[torch.empty(s.shape, dtype=torch.float32, device="meta") for s in ins])
     except RuntimeError as e:
         shapes = ", ".join(fmt_shape(s.shape) for s in ins)
         raise ShapeError(f"einsum '{eq}' does not fit operands {shapes}: {str(e).splitlines()[0]}") from None
-    return [TensorSpec(tuple(out.shape), promote(*(s.dtype for s in ins)))]
+    return [TensorSpec(tuple(out.shape), ins[0].dtype)]
 
 
 def _einsum_flops(ins, outs, attrs):

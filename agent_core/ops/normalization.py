@@ -49,7 +49,14 @@ register(OpDef(
 ))
 
 
+def _same_dtype(op, x, params, names):
+    for spec, name in zip(params, names):
+        if spec is not None and spec.dtype != x.dtype:
+            raise ShapeError(f"{op}: {name} is {spec.dtype} but the input is {x.dtype}; give them one dtype")
+
+
 def _channel_params(op, x, params, names, c):
+    _same_dtype(op, x, params, names)
     for spec, name in zip(params, names):
         if spec is not None and spec.shape != (c,):
             raise ShapeError(f"{op}: {name} must be [{c}] (one per channel of input {fmt_shape(x.shape)}), "
@@ -98,6 +105,7 @@ def _layer_norm_infer(ins, attrs):
     if not ns or x.shape[len(x.shape) - len(ns):] != ns or len(ns) > x.rank:
         raise ShapeError(f"layer_norm: normalized_shape {fmt_shape(ns)} must equal the last dimensions of "
                          f"input {fmt_shape(x.shape)}")
+    _same_dtype("layer_norm", x, [w, b], ["weight", "bias"])
     for spec, name in ((w, "weight"), (b, "bias")):
         if spec is not None and spec.shape != ns:
             raise ShapeError(f"layer_norm: {name} must be {fmt_shape(ns)} (normalized_shape), got "
@@ -174,6 +182,7 @@ def _rms_norm_infer(ins, attrs):
     if not ns or len(ns) > x.rank or x.shape[x.rank - len(ns):] != ns:
         raise ShapeError(f"rms_norm: normalized_shape {fmt_shape(ns)} must equal the last dimensions of "
                          f"input {fmt_shape(x.shape)}")
+    _same_dtype("rms_norm", x, [w], ["weight"])
     if w is not None and w.shape != ns:
         raise ShapeError(f"rms_norm: weight must be {fmt_shape(ns)}, got {fmt_shape(w.shape)}")
     return [TensorSpec(x.shape, x.dtype)]

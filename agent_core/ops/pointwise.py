@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from .common import broadcast, float_of, promote
-from .registry import Attr, OpDef, TensorSpec, register
+from .common import broadcast, dtype_name, float_of, promote
+from .registry import FLOAT_DTYPES, Attr, OpDef, TensorSpec, register
 
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
@@ -35,8 +35,30 @@ def _bcast_bool(ins, attrs):
     return [TensorSpec(broadcast(*(s.shape for s in ins)), "bool")]
 
 
+# torch implements these activations for floating-point tensors only
+_FLOAT_ONLY = {"gelu", "elu", "selu", "celu", "silu", "mish", "softplus", "hardsigmoid", "hardswish",
+               "leaky_relu", "logsigmoid", "hardshrink", "softshrink"}
+# and refuses bool tensors for these (arithmetic on bool is not defined)
+_NO_BOOL = {"abs", "neg", "floor", "ceil", "round", "trunc", "relu", "relu6", "hardtanh", "softsign",
+            "tanhshrink", "threshold", "sub_scalar", "rsub_scalar", "sign"}
+# these keep an integer input's dtype (relu of int64 is int64)
+_KEEP_INT = {"relu", "relu6", "hardtanh"}
+
+
+def _checked(name, rule):
+    def infer(ins, attrs):
+        dt = ins[0].dtype
+        if name in _FLOAT_ONLY and dt not in FLOAT_DTYPES:
+            raise ShapeError(f"{name}: x must be a floating-point tensor, got {dt} (cast it first)")
+        if name in _NO_BOOL and dt == "bool":
+            raise ShapeError(f"{name}: x is a bool tensor, which torch does not accept here (cast it first)")
+        return rule(ins, attrs)
+    return infer
+
+
 def _unary(name, ref, cuda, attrs=(), aliases=(), doc="", keep_dtype=False, flops=None):
-    register(OpDef(name, "pointwise", ("x",), _same_dtype if keep_dtype else _same,
+    rule = _same_dtype if keep_dtype or name in _KEEP_INT else _same
+    register(OpDef(name, "pointwise", ("x",), _checked(name, rule),
                    lambda t, a, _r=ref: _r(t[0], a), attrs=attrs, aliases=aliases, doc=doc,
                    cuda=cuda, flops=flops))
 
@@ -100,7 +122,9 @@ _unary("neg", lambda x, a: torch.neg(x), "(-{x})", keep_dtype=True)
 _unary("sqrt", lambda x, a: torch.sqrt(x), "sqrtf({x})")
 _unary("rsqrt", lambda x, a: torch.rsqrt(x), "rsqrtf({x})")
 _unary("reciprocal", lambda x, a: torch.reciprocal(x), "(1.0f / {x})")
-_unary("square", lambda x, a: torch.square(x), "({x} * {x})", keep_dtype=True)
+register(OpDef("square", "pointwise", ("x",),
+               lambda ins, a: [TensorSpec(ins[0].shape, "int64" if ins[0].dtype == "bool" else ins[0].dtype)],
+               lambda t, a: torch.square(t[0]), cuda="({x} * {x})", doc="x * x (bool squares to int64, as in torch)"))
 _unary("sin", lambda x, a: torch.sin(x), "sinf({x})")
 _unary("cos", lambda x, a: torch.cos(x), "cosf({x})")
 _unary("erf", lambda x, a: torch.erf(x), "erff({x})")
@@ -113,7 +137,12 @@ _unary("round", lambda x, a: torch.round(x), "rintf({x})", keep_dtype=True)
 def _clamp_infer(ins, attrs):
     if attrs["min"] is None and attrs["max"] is None:
         raise ShapeError("clamp: give min, max or both (torch refuses a clamp with neither)")
-    return _same_dtype(ins, attrs)
+    x = torch.empty((), dtype=_torch_dtype(ins[0].dtype))
+    bounds = [b for b in (attrs["min"], attrs["max"]) if b is not None]
+    dt = x.dtype
+    for b in bounds:  # clamp(int64 tensor, min=0.5) is float32, like a tensor-number op
+        dt = torch.promote_types(dt, torch.result_type(x, b))
+    return [TensorSpec(ins[0].shape, dtype_name(dt))]
 
 
 register(OpDef("clamp", "pointwise", ("x",), _clamp_infer, lambda t, a: torch.clamp(t[0], a["min"], a["max"]),
@@ -140,8 +169,21 @@ def _torch_dtype(name):
 
 
 # --- with a scalar -----------------------------------------------------------------------------
+def _scalar_infer(name):
+    true_div = name in ("div_scalar", "rdiv_scalar")
+
+    def infer(ins, attrs):
+        dt = ins[0].dtype
+        if name in _NO_BOOL and dt == "bool":
+            raise ShapeError(f"{name}: x is a bool tensor, which torch does not accept here (cast it first)")
+        # torch's promotion of a tensor with a Python number: int64 * 0.5 is float32, bool * 2 is int64
+        out = dtype_name(torch.result_type(torch.empty((), dtype=_torch_dtype(dt)), attrs["value"]))
+        return [TensorSpec(ins[0].shape, float_of(out) if true_div else out)]
+    return infer
+
+
 def _scalar(name, ref, cuda, aliases=(), doc=""):
-    register(OpDef(name, "pointwise", ("x",), _same_dtype, lambda t, a, _r=ref: _r(t[0], a["value"]),
+    register(OpDef(name, "pointwise", ("x",), _scalar_infer(name), lambda t, a, _r=ref: _r(t[0], a["value"]),
                    attrs=(Attr("value", "scalar"),), aliases=aliases, doc=doc, cuda=cuda))
 
 
@@ -164,7 +206,13 @@ def _binary(name, ref, cuda, aliases=(), infer=_bcast, doc=""):
 
 
 _binary("add", torch.add, "({a} + {b})")
-_binary("sub", torch.sub, "({a} - {b})", aliases=("subtract",))
+def _sub_infer(ins, attrs):
+    if any(x is not None and x.dtype == "bool" for x in ins):
+        raise ShapeError("sub: torch does not subtract bool tensors (use logical_xor, or cast first)")
+    return _bcast(ins, attrs)
+
+
+_binary("sub", torch.sub, "({a} - {b})", aliases=("subtract",), infer=_sub_infer)
 _binary("mul", torch.mul, "({a} * {b})", aliases=("multiply",))
 _binary("div", torch.div, "({a} / {b})", aliases=("divide", "true_divide"))
 _binary("pow", torch.pow, "powf({a}, {b})")
@@ -188,7 +236,14 @@ register(OpDef("where", "pointwise", ("cond", "a", "b"), _where_infer,
 register(OpDef("addcmul", "pointwise", ("x", "a", "b"), _bcast,
                lambda t, a: torch.addcmul(t[0], t[1], t[2], value=a["value"]),
                attrs=(Attr("value", "scalar", 1.0),), cuda="({x} + {value} * {a} * {b})"))
-register(OpDef("lerp", "pointwise", ("x", "end", "weight"), _bcast,
+def _lerp_infer(ins, attrs):
+    if len({x.dtype for x in ins}) > 1 or ins[0].dtype not in FLOAT_DTYPES:
+        raise ShapeError("lerp: x, end and weight must share one floating-point dtype, got "
+                         + ", ".join(x.dtype for x in ins))
+    return _bcast(ins, attrs)
+
+
+register(OpDef("lerp", "pointwise", ("x", "end", "weight"), _lerp_infer,
                lambda t, a: torch.lerp(t[0], t[1], t[2]), cuda="({x} + {weight} * ({end} - {x}))"))
 
 

@@ -10,8 +10,8 @@ import math
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-from .common import float_of, fmt_shape, ntuple
-from .registry import Attr, OpDef, TensorSpec, register
+from .common import fmt_shape, ntuple
+from .registry import FLOAT_DTYPES, Attr, OpDef, TensorSpec, register
 
 _MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 _AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
@@ -29,6 +29,9 @@ def pool_out_size(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) ->
 
 
 def _need_rank(op, d, x):
+    # torch pools floating-point tensors only (max pooling of ints exists on some backends, not all)
+    if x.dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"{op}: input must be a floating-point tensor, got {x.dtype} (cast it first)")
     if x.rank not in (d + 1, d + 2):
         raise ShapeError(f"{op}: input must be [N, C, *spatial] with {d} spatial dimension"
                          f"{'s' if d > 1 else ''} (rank {d + 2}) or unbatched (rank {d + 1}), "
@@ -50,14 +53,14 @@ def _window_infer(op, d, with_dilation):
             if p[i] > k[i] // 2:
                 raise ShapeError(f"{op}: padding {p} must be at most half of kernel_size {k}")
         spatial = x.shape[-d:]
+        if op == "avg_pool3d" and any(spatial[i] < k[i] for i in range(d)):
+            raise ShapeError(f"{op}: input {fmt_shape(spatial)} is smaller than kernel_size {k} "
+                             f"(torch's avg_pool3d refuses that even with padding)")
         out = [pool_out_size(spatial[i], k[i], s[i], p[i], dil[i], attrs["ceil_mode"]) for i in range(d)]
         if min(out) < 1:
             raise ShapeError(f"{op}: kernel_size {k} (dilation {dil}, padding {p}) is larger than the "
                              f"input {fmt_shape(spatial)}; the output would be {fmt_shape(out)}")
-        dtype = x.dtype if op.startswith("max") else float_of(x.dtype)
-        if op.startswith("avg") and x.dtype not in ("float32", "float64", "float16", "bfloat16"):
-            raise ShapeError(f"{op}: input must be a floating-point tensor, got {x.dtype}")
-        return [TensorSpec(x.shape[:-d] + tuple(out), dtype)]
+        return [TensorSpec(x.shape[:-d] + tuple(out), x.dtype)]
     return infer
 
 
@@ -127,8 +130,6 @@ def _adaptive_infer(op, d):
         out = ntuple(attrs["output_size"], d, f"{op}.output_size")
         if min(out) < 1:
             raise ShapeError(f"{op}: output_size {out} must be positive")
-        if op.startswith("adaptive_avg") and x.dtype not in ("float32", "float64", "float16", "bfloat16"):
-            raise ShapeError(f"{op}: input must be a floating-point tensor, got {x.dtype}")
         return [TensorSpec(x.shape[:-d] + tuple(out), x.dtype)]
     return infer
 

@@ -90,6 +90,8 @@ _reducer("all", lambda d: "bool", lambda t, a: torch.all(t[0], dim=_dims(a, t[0]
 def _single_dim_infer(name, dtype_rule):
     def infer(ins, attrs):
         x, dim = ins[0], attrs["dim"]
+        if name != "prod" and x.dtype == "bool":
+            raise ShapeError(f"{name}: torch does not accept a bool tensor (cast it first)")
         if dim is None:
             return [TensorSpec((1,) * x.rank if attrs["keepdim"] else (), dtype_rule(x.dtype))]
         d = norm_dim(dim, x.rank, f"{name}: dim")
