@@ -111,9 +111,18 @@ def main(argv=None) -> int:
         case("logsumexp_1024", row("logsumexp", dim=[-1]), lambda a: torch.logsumexp(a, -1), [(N // 1024, 1024)]),
         case("sum_128", row("sum", dim=[-1]), lambda a: a.sum(-1), [(N // 128, 128)]),
     ]
-    print(f"{'case':<26}{'schedule':<64}{'ours ms':>9}{'GB/s':>8}{'% copy':>8}{'eager ms':>10}{'speedup':>9}  ok")
-    for p, ids, eager in cases:
-        ks = generate_kernel(p, ids, name=p.name)
+    print(f"{'case':<42}{'schedule':<52}{'ours ms':>9}{'GB/s':>8}{'% copy':>8}{'eager ms':>10}{'speedup':>9}  ok")
+    variants = {  # launch parameters a tuner would try: recorded next to the default choice
+        "softmax_1024": [{"threads_per_row": 16}, {"threads_per_row": 64}],
+        "softmax_4096": [{"threads_per_row": 128}, {"threads_per_row": 512}],
+        "softmax_16384": [{"threads_per_row": 512}],
+        "layer_norm_1024": [{"threads_per_row": 64}, {"threads_per_row": 128}],
+        "add_bias_gelu_mul": [{"block": 512}, {"vector_width": 1}],
+    }
+    runs = [(p, ids, eager, None) for p, ids, eager in cases]
+    runs += [(p, ids, eager, v) for p, ids, eager in cases for v in variants.get(p.name, [])]
+    for p, ids, eager, params in runs:
+        ks = generate_kernel(p, ids, name=p.name, params=params)
         k = load_kernel(ks, p)
         ins = [torch.randn(p.values[v].shape, device="cuda") for v in ks.inputs]
         outs = [torch.empty(p.values[v].shape, device="cuda") for v in ks.outputs]
@@ -123,11 +132,12 @@ def main(argv=None) -> int:
         eager_ms = timed(lambda: eager(*ins), flush)
         ok = torch.allclose(outs[0].reshape(ref.shape), ref, atol=1e-4, rtol=1e-4)
         gbs = ks.bytes_moved / ms / 1e6
-        r = {"case": p.name, "schedule": ks.schedule, "ms": ms, "GB/s": gbs, "of_copy": gbs / copy_gbs,
+        label = p.name + ("" if not params else " " + ",".join(f"{a}={b}" for a, b in params.items()))
+        r = {"case": label, "params": params, "schedule": ks.schedule, "ms": ms, "GB/s": gbs, "of_copy": gbs / copy_gbs,
              "eager_ms": eager_ms, "speedup_vs_eager": eager_ms / ms, "bytes": ks.bytes_moved, "ok": bool(ok),
              "registers": k.registers, "local_bytes": k.local_bytes}
         results.append(r)
-        print(f"{p.name:<26}{ks.schedule[:62]:<64}{ms:>9.3f}{gbs:>8.0f}{100 * gbs / copy_gbs:>7.1f}%"
+        print(f"{label[:40]:<42}{ks.schedule[:50]:<52}{ms:>9.3f}{gbs:>8.0f}{100 * gbs / copy_gbs:>7.1f}%"
               f"{eager_ms:>10.3f}{eager_ms / ms:>8.2f}x  {'ok' if ok else 'MISMATCH'}", flush=True)
         del ins, outs, ref, launch, k
         torch.cuda.empty_cache()

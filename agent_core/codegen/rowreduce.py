@@ -27,7 +27,7 @@ from .pointwise import render_chain
 from .region_io import BroadcastIndex, RegionIO
 
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
-            "online_threads": 1024}
+            "online_threads": 1024, "threads_per_row": None}
 # names the kernel body uses for itself; parameters never take them
 KERNEL_LOCALS = ("point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
@@ -225,6 +225,16 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     else:
         schedule = "online"
         tpr = block = int(p["online_threads"])
+    if p.get("threads_per_row"):  # a tuner's choice overrides the rule above
+        tpr = int(p["threads_per_row"])
+        if tpr & (tpr - 1) or not 4 <= tpr <= 1024:
+            raise CodegenError(f"threads_per_row must be a power of two from 4 to 1024, got {tpr}")
+        if schedule != "online":
+            schedule = "warp" if tpr <= 32 else "block"
+            if math.ceil(cols / (tpr * vec)) * vec > 64:
+                raise CodegenError(f"threads_per_row={tpr} leaves {math.ceil(cols / tpr)} floats per thread "
+                                   f"in registers (at most 64)")
+        block = max(int(p["block"]), tpr) if schedule == "warp" else tpr
     rows_per_block = block // tpr
     items = math.ceil(cols / (tpr * vec))
     grid = math.ceil(rows / rows_per_block)

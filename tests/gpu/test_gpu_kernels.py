@@ -171,3 +171,11 @@ def test_wrong_kernel_falls_back_with_reason(monkeypatch):
     s = torch.randn(300, device="cuda")
     (y,) = r([x, s])
     assert torch.allclose(y, torch.tanh(torch.softmax(x * s, -1)), atol=1e-5)
+
+
+@pytest.mark.parametrize("tpr,cols", [(4, 100), (16, 1000), (64, 1000), (256, 1000), (512, 9999)])
+def test_tuned_threads_per_row(tpr, cols):
+    for op, attrs in (("softmax", {"dim": -1}), ("layer_norm", {})):
+        p, ids = stitched(op, attrs, (37, cols))
+        r = fused(p, ids, f"{op}_tpr{tpr}", params={"threads_per_row": tpr})
+        assert r.kernel.params["threads_per_row"] == tpr
