@@ -659,11 +659,13 @@ class _Reader:
         return r
 
     def check_program(self, p: Program, strict: bool) -> None:
-        for node in p.nodes.values():
-            p._infer(node)  # sets node.error (the editor's badge); recorded shapes stay as saved
+        # validate() infers every node it can (setting node.error, the editor's badge) and leaves the
+        # recorded shapes as saved; a node it stops at early gets the diagnostic as its error
         for d in p.validate():
             if d.severity != "error":
                 continue
+            if d.node_id in p.nodes and p.nodes[d.node_id].error is None:
+                p.nodes[d.node_id].error = d.message
             if d.code == "cycle":
                 self.fail("nodes", d.message)
             if strict:
