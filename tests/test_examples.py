@@ -2,8 +2,8 @@
 
 The examples in resources/examples/ are KernelBench-format programs (Model, get_inputs,
 get_init_inputs). For each one: import_file builds the Program; it must validate with no errors and
-no opaque node (unless the example is listed in EXPECTED_OPAQUE, and then the import warnings must
-name it); save/load must reproduce the same JSON and the same results; and the reference interpreter
+hold no opaque node beyond those ALLOWED_OPAQUE lists for it (each named in the import warnings);
+save/load must reproduce the same JSON and the same results; and the reference interpreter
 must match the original module on three draws of the file's own get_inputs() (seeds 0, 1, 2), plus
 one draw from the program's own input hints (what the studio verifies against).
 """
@@ -25,26 +25,22 @@ EXAMPLES = sorted(p for p in EXAMPLES_DIR.glob("*.py") if not p.name.startswith(
 ATOL = RTOL = 1e-4
 SEED = 0  # the seed import_file builds the model with (its default)
 
-# Examples that deliberately keep an op the library cannot express: file name -> op names that
-# must show up as opaque nodes and in metadata["import_warnings"].
-EXPECTED_OPAQUE: dict[str, set[str]] = {}
-
-# Examples whose import still leaves an opaque node because of a gap in the importer or the op
-# library. strict: once the gap is closed the test XPASSes and fails, so the entry gets removed.
-KNOWN_GAPS: dict[str, str] = {
-    "adaptive_pool_mixed.py": "importer: aten.adaptive_max_pool2d.default (values, indices) is not mapped "
-                              "to the library's adaptive_max_pool2d",
-    "reduce_max_min_prod.py": "importer: aten.prod.dim_int passes dim as a list, the prod op takes one int",
+# Opaque nodes an example may hold, by file name -> {torch operator: why}. Each one must also be
+# named in metadata["import_warnings"]; any other opaque node fails the test.
+# Deliberate: none of the examples uses an op outside the library on purpose.
+# Known gaps (the importer or the op library does not express the op yet): once closed, the
+# example imports with no opaque node and the test keeps passing; then delete the entry.
+ALLOWED_OPAQUE: dict[str, dict[str, str]] = {
+    "adaptive_pool_mixed.py": {
+        "aten.adaptive_max_pool2d.default": "importer gap: the (values, indices) aten op is not mapped to the "
+                                            "library's adaptive_max_pool2d"},
+    "reduce_max_min_prod.py": {
+        "aten.prod.dim_int": "importer gap: dim arrives as a list, the library's prod takes one int"},
 }
 
 
 def _ids(paths):
     return [p.stem for p in paths]
-
-
-def _with_gaps(paths):
-    return [pytest.param(p, id=p.stem, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAPS[p.name]))
-            if p.name in KNOWN_GAPS else pytest.param(p, id=p.stem) for p in paths]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -90,23 +86,23 @@ def test_enough_examples_with_a_readme_line_each():
     missing = [p.name for p in EXAMPLES if f"`{p.name}`" not in readme]
     assert not missing, f"resources/examples/README.md has no line for {missing}"
     assert (EXAMPLES_DIR / "mlp_block.py").exists()  # the Makefile's default studio example
+    stale = [name for name in ALLOWED_OPAQUE if not (EXAMPLES_DIR / name).exists()]
+    assert not stale, f"ALLOWED_OPAQUE names examples that do not exist: {stale}"
 
 
-@pytest.mark.parametrize("path", _with_gaps(EXAMPLES))
+@pytest.mark.parametrize("path", EXAMPLES, ids=_ids(EXAMPLES))
 def test_example_imports_and_validates(path):
     program, _, _ = _imported(path)
     errors = [d for d in program.validate() if d.severity == "error"]
     assert not errors, "; ".join(d.message for d in errors)
     assert program.outputs, "the imported program has no outputs"
     opaque = _opaque_ops(program)
-    expected = EXPECTED_OPAQUE.get(path.name, set())
-    if not expected:
-        assert not opaque, f"opaque nodes: {sorted(opaque)}; warnings: {program.metadata.get('import_warnings')}"
-    else:
-        warnings = " ".join(program.metadata.get("import_warnings") or [])
-        for op in expected:
-            assert any(op in o for o in opaque), f"expected an opaque node for {op}, got {sorted(opaque)}"
-            assert op in warnings, f"import warnings do not name {op}: {warnings!r}"
+    allowed = ALLOWED_OPAQUE.get(path.name, {})
+    unexpected = sorted(opaque - set(allowed))
+    assert not unexpected, f"opaque nodes: {unexpected}; warnings: {program.metadata.get('import_warnings')}"
+    warnings = " ".join(program.metadata.get("import_warnings") or [])
+    for op in opaque:
+        assert op in warnings, f"the import warnings do not name the opaque op {op}: {warnings!r}"
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=_ids(EXAMPLES))
