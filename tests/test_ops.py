@@ -537,3 +537,27 @@ def test_gathers():
     gather = get_op("gather")
     x, index = torch.randn(3, 4), torch.tensor([[0, 3], [1, 1], [2, 0]])
     assert torch.equal(gather.reference([x, index], {"dim": 1}), torch.gather(x, 1, index))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op", ALL, ids=IDS)
+def test_reference_runs_on_the_gpu_and_matches_the_cpu(op):
+    """References take tensors on any device: `stitchcuda run` runs the reference on the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    entries, attrs = example(op)
+    attrs = op.normalize_attrs(attrs)
+    cpu = _draw(entries)
+    prev = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = _results(op.reference(cpu, attrs))
+            got = _results(op.reference([t.cuda() for t in cpu], attrs))
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = prev
+    for g, w in zip(got, want):
+        assert g.device.type == "cuda" or not cpu, op.name
+        assert g.shape == w.shape and g.dtype == w.dtype
+        assert torch.allclose(g.cpu().double(), w.double(), atol=1e-4, rtol=1e-4, equal_nan=True), op.name

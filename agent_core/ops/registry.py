@@ -137,6 +137,10 @@ class OpDef:
     reference(in_tensors, attrs) -> tensor or tuple of tensors (torch, any device).
     cuda: for pointwise ops, a C expression template over the input names ({x}, {a}, {b}) and attrs,
           used by code generation.
+    extra: free-form data; the op tests read extra["example"] = ([input shapes, (shape, dtype) or
+          (shape, dtype, init)], attrs) and extra["bad"] = ([inputs], attrs, "message fragment") or
+          None when every input shape is valid (see docs/OPS.md, "Adding an op").
+    min_inputs: overrides the minimum arity (opaque takes zero or more inputs).
     """
     name: str
     category: str
