@@ -87,13 +87,35 @@ def test_bare_reduction_and_multi_dim_layer_norm():
     compile_kernel(ks, arch="sm_90")
 
 
+COLUMN_CASES = [
+    ("softmax", {"dim": 1}, (4, 6, 5, 7)), ("log_softmax", {"dim": 0}, (33, 10)),
+    ("sum", {"dim": [0]}, (100, 33)), ("mean", {"dim": [0, 1]}, (3, 50, 9)),
+    ("var", {"dim": [1], "keepdim": True}, (2, 40, 3)), ("logsumexp", {"dim": [1]}, (5, 17, 65)),
+    ("max", {"dim": [1]}, (2, 9, 31)),
+]
+
+
+@pytest.mark.parametrize("op,attrs,shape", COLUMN_CASES, ids=[c[0] for c in COLUMN_CASES])
+def test_column_reductions_compile(op, attrs, shape):
+    p = Program("col")
+    x = p.add_input("x", shape)
+    r = p.add_node("relu", [x.id])
+    n = p.add_node(op, [r.outputs[0]], attrs)
+    e = p.add_node("mul_scalar", [n.outputs[0]], {"value": 2.0})
+    p.mark_output(e.outputs[0])
+    ks = generate_kernel(p, [r.id, n.id, e.id], name=f"col_{op}")
+    assert ks.params["schedule"] == "column" and ks.block == (32, 8, 1)
+    assert "reduced over the middle" in ks.source
+    compile_kernel(ks, arch="sm_90")
+
+
 def test_refusals():
-    p = Program("cols")
-    x = p.add_input("x", (4, 8))
-    n = p.add_node("softmax", [x.id], {"dim": 0})
+    p = Program("scattered")
+    x = p.add_input("x", (4, 8, 3))
+    n = p.add_node("sum", [x.id], {"dim": [0, 2]})
     p.mark_output(n.outputs[0])
-    with pytest.raises(CodegenError, match="not the trailing dims"):
-        generate_kernel(p, [n.id], name="colsoftmax")
+    with pytest.raises(CodegenError, match="not neighbours"):
+        generate_kernel(p, [n.id], name="scattered")
     q = Program("two")
     y = q.add_input("y", (4, 8))
     a = q.add_node("softmax", [y.id])

@@ -29,7 +29,7 @@ from .region_io import BroadcastIndex, RegionIO
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
             "online_threads": 1024, "threads_per_row": None}
 # names the kernel body uses for itself; parameters never take them
-KERNEL_LOCALS = ("point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
+KERNEL_LOCALS = ("outer", "inner", "tile", "part", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
                  "xe", "y", "WEIGHT", "BIAS")
 FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(float32).eps: rms_norm's default eps
@@ -71,9 +71,9 @@ def _row_op(program: Program, nid: str):
     else:
         raise CodegenError(f"{node.name} ({op}) has no row-reduction template (have: softmax, log_softmax, "
                            f"layer_norm, rms_norm, logsumexp, sum, mean, max, min, var, std)", node_id=nid)
-    if dims != list(range(rank - len(dims), rank)):
-        raise CodegenError(f"{node.name} ({op}) reduces dims {dims} of {list(x.shape)}, not the trailing "
-                           f"dims; column reductions are not generated yet", node_id=nid)
+    if dims != list(range(dims[0], dims[0] + len(dims))):
+        raise CodegenError(f"{node.name} ({op}) reduces dims {dims} of {list(x.shape)}, which are not "
+                           f"neighbours; no kernel template reduces scattered dims", node_id=nid)
     if op == "softmax":
         return "maxsumexp", "const float inv_sum = 1.0f / st.s;", "expf(xe - st.m) * inv_sum", True, dims
     if op == "log_softmax":
@@ -175,6 +175,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                                f"generated for float32 so far (the region runs unfused)")
     cols = math.prod(x.shape[d] for d in dims)
     rows = math.prod(x.shape) // max(cols, 1)
+    # [outer, cols, inner]: inner > 1 means the reduced dims are followed by kept ones (columns)
+    inner = math.prod(x.shape[dims[-1] + 1:])
+    column = inner > 1
     if cols == 0 or rows == 0:
         raise CodegenError("the region reduces an empty tensor; there is nothing to launch")
 
@@ -213,7 +216,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     out_space = x.shape if preserving else vals[anchor.outputs[0]].shape
 
     # schedule
-    vec = 4 if (p["vector_width"] == 4 and cols % 4 == 0) else 1
+    vec = 4 if (p["vector_width"] == 4 and cols % 4 == 0 and not column) else 1
     if cols <= p["warp_max_cols"]:
         schedule = "warp"
         tpr = 1 << max(2, min(5, math.ceil(math.log2(max(1, math.ceil(cols / vec / 4))))))
@@ -328,6 +331,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         state_code += "__device__ __forceinline__ State row_reduce(State a) { return group_reduce(a); }\n"
 
     kname = kernel_name(name)
+    if column:
+        state_code = state_code[:state_code.index("// All-reduce across")]
     cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"float* __restrict__ {arg[v]}" for v in out_vids]
 
@@ -361,6 +366,11 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         for v in out_vids:
             a.append(f"{arg[v]}4.{'xyzw'[lane]}" if lane is not None else f"{arg[v]}[{idx}]")
         return f"store_point({', '.join(a)});"
+
+    if column:
+        return _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_expr, preserving,
+                              rows // inner, cols, inner, state_code, pro_fn, epi_fn, cparams, pro_args,
+                              epi_call, out_vids, ld_pro, ld_epi)
 
     body = ["  const int group = threadIdx.x / kThreadsPerRow;",
             "  const int lane = threadIdx.x % kThreadsPerRow;",
@@ -500,4 +510,78 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": rows_per_block,
                 "vector_width": vec, "block": block, "grid": grid},
         align=16 if vec == 4 else 4, bytes_moved=nbytes,
+        flops=sum(program.node_flops(n) for n in io.nodes))
+
+
+COLUMN_TILE = (32, 8)  # threads over kept inner positions (coalesced) x threads splitting the reduced length
+
+
+def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_expr, preserving, outer, cols,
+                   inner, state_code, pro_fn, epi_fn, cparams, pro_args, epi_call, out_vids, ld_pro, ld_epi):
+    """Reduction over dims followed by kept ones: [outer, cols, inner]. A block owns 32 neighbouring
+    inner positions (coalesced loads) of one outer index; its 8 thread rows split the reduced length,
+    fold their part, and combine through shared memory; row-preserving anchors then re-read their part
+    (prologue again) and write."""
+    vals = program.values
+    tx, ty = COLUMN_TILE
+    tiles = math.ceil(inner / tx)
+    grid = outer * tiles
+    numel = outer * cols * inner
+    index_t = "int" if numel < 2**31 - 2**20 else "long long"
+    body = ["  const index_t tile = blockIdx.x % kTilesPerOuter;",
+            "  const index_t outer = blockIdx.x / kTilesPerOuter;",
+            "  const index_t inner = tile * kTileX + threadIdx.x;",
+            "  const bool active = inner < kInner;",
+            "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
+            "  State st = identity();",
+            "  // pass 1: this thread's share of the column, strided by kInner",
+            "  for (int l = threadIdx.y; active && l < kCols; l += kTileY) {",
+            f"    const float xe = point({pro_args('base + (index_t)l * kInner')});",
+            "    fold(st, xe);",
+            "  }",
+            "  __shared__ State part[kTileY][kTileX];",
+            "  part[threadIdx.y][threadIdx.x] = st;",
+            "  __syncthreads();",
+            "  st = part[0][threadIdx.x];",
+            "#pragma unroll",
+            "  for (int y = 1; y < kTileY; ++y) st = combine(st, part[y][threadIdx.x]);",
+            "  if (!active) return;"]
+    if preamble:
+        body.append(f"  {preamble}")
+    if preserving:
+        body += ["  // pass 2: re-read this thread's share (prologue again) and write the outputs",
+                 "  for (int l = threadIdx.y; l < kCols; l += kTileY) {",
+                 "    const index_t idx = base + (index_t)l * kInner;",
+                 f"    const float xe = point({pro_args('idx')});",
+                 f"    {epi_call(out_expr, 'xe', 'idx')}",
+                 "  }"]
+    else:
+        body += ["  if (threadIdx.y == 0) {",
+                 f"    const float y = {out_expr};",
+                 f"    {epi_call('y', 'NAN', 'outer * kInner + inner')}",
+                 "  }"]
+    consts = [f"typedef {index_t} index_t;",
+              f"constexpr index_t kOuter = {outer};",
+              f"constexpr int kCols = {cols};  // reduced length of each column",
+              f"constexpr float kColsF = {float_literal(cols)};",
+              f"constexpr index_t kInner = {inner};  // kept elements after the reduced dims (the stride)",
+              f"constexpr int kTileX = {tx}, kTileY = {ty}, kBlock = kTileX * kTileY;",
+              f"constexpr index_t kTilesPerOuter = {tiles};",
+              *ld_pro.consts, *ld_epi.consts]
+    sched = f"column tiles of {tx} positions x {ty} thread rows, {grid} blocks"
+    head = header(program, f"Region {name}: {anchor.op} over columns of {cols} (stride {inner}), stitched "
+                           f"with {len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
+        "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
+        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in out_vids),
+        f"[{outer}, {cols}, {inner}] reduced over the middle; schedule: {sched}.",
+    ])
+    source = "\n".join([
+        head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn,
+        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
+        *body, "}", ""])
+    return KernelSource(
+        name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(out_vids), grid=(grid, 1, 1), block=(tx, ty, 1), schedule=sched,
+        params={"schedule": "column", "tile": [tx, ty], "vector_width": 1, "grid": grid},
+        align=4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + out_vids),
         flops=sum(program.node_flops(n) for n in io.nodes))

@@ -179,3 +179,22 @@ def test_tuned_threads_per_row(tpr, cols):
         p, ids = stitched(op, attrs, (37, cols))
         r = fused(p, ids, f"{op}_tpr{tpr}", params={"threads_per_row": tpr})
         assert r.kernel.params["threads_per_row"] == tpr
+
+
+COLUMN_CASES = [
+    ("softmax", {"dim": 1}, (4, 6, 5, 7)), ("log_softmax", {"dim": 0}, (33, 10)),
+    ("sum", {"dim": [0]}, (1000, 33)), ("mean", {"dim": [0, 1]}, (3, 50, 9)),
+    ("var", {"dim": [1], "keepdim": True}, (2, 40, 3)), ("logsumexp", {"dim": [1]}, (5, 17, 65)),
+    ("max", {"dim": [1]}, (2, 9, 31)), ("softmax", {"dim": 0}, (3, 1)), ("min", {"dim": [1]}, (1, 5000, 2)),
+]
+
+
+@pytest.mark.parametrize("op,attrs,shape", COLUMN_CASES, ids=[f"{c[0]}{list(c[2])}" for c in COLUMN_CASES])
+def test_column_reductions(op, attrs, shape):
+    p = Program("col")
+    x = p.add_input("x", shape)
+    r = p.add_node("relu", [x.id])
+    n = p.add_node(op, [r.outputs[0]], attrs)
+    e = p.add_node("mul_scalar", [n.outputs[0]], {"value": 2.0})
+    p.mark_output(e.outputs[0])
+    fused(p, [r.id, n.id, e.id], f"col_{op}")
