@@ -110,6 +110,9 @@ def main(argv=None) -> int:
              lambda a, w: torch.nn.functional.rms_norm(a, (4096,), w, 1e-6), [(N // 4096, 4096), (4096,)]),
         case("logsumexp_1024", row("logsumexp", dim=[-1]), lambda a: torch.logsumexp(a, -1), [(N // 1024, 1024)]),
         case("sum_128", row("sum", dim=[-1]), lambda a: a.sum(-1), [(N // 128, 128)]),
+        case("column_sum_dim0", row("sum", dim=[0]), lambda a: a.sum(0), [(4096, N // 4096)]),
+        case("column_softmax_dim1", row("softmax", dim=1), lambda a: torch.softmax(a, 1),
+             [(64, 1024, N // (64 * 1024))]),
     ]
     print(f"{'case':<42}{'schedule':<52}{'ours ms':>9}{'GB/s':>8}{'% copy':>8}{'eager ms':>10}{'speedup':>9}  ok")
     variants = {  # launch parameters a tuner would try: recorded next to the default choice
