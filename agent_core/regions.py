@@ -108,8 +108,15 @@ def _num(v):
 
 
 # --- lookups ---------------------------------------------------------------------------------
+def active_regions(program) -> list[Region]:
+    """Regions that become kernels: everything but rejected ones (which stay in the list as the
+    record of a user's decision, so the planner never proposes them again)."""
+    return [r for r in program.regions if r.status != "rejected"]
+
+
 def region_of(program, node_id: str) -> Region | None:
-    for r in program.regions:
+    """The active region holding node_id, if any."""
+    for r in active_regions(program):
         if node_id in r.nodes:
             return r
     return None
@@ -149,7 +156,7 @@ def check_region_nodes(program, nodes: Iterable[str], *, ignore: Iterable[str] =
     unknown = [n for n in nodes if n not in program.nodes]
     if unknown:
         return f"no node {', '.join(unknown)} in the program"
-    ignore = set(ignore)
+    ignore = set(ignore) | {r.id for r in program.regions if r.status == "rejected"}
     members = set(nodes)
     for r in program.regions:
         if r.id in ignore:
@@ -223,7 +230,8 @@ def region_cycle(program, g: nx.DiGraph, groups: list[set], names: list[str] | N
 
 
 def check_program_regions(program) -> list[str]:
-    """Every problem with the program's regions (for loading a file and for tests)."""
+    """Every problem with the program's regions (for loading a file and for tests). Rejected regions
+    only need known nodes and a unique id; they do not own their nodes."""
     problems = []
     seen: dict[str, str] = {}
     ids = set()
@@ -232,6 +240,10 @@ def check_program_regions(program) -> list[str]:
             problems.append(f"region id {r.id} is used twice")
         ids.add(r.id)
         for n in r.nodes:
+            if r.status == "rejected":
+                if n not in program.nodes:
+                    problems.append(f"region {r.id} names node {n}, which is not in the program")
+                continue
             if n not in program.nodes:
                 problems.append(f"region {r.id} names node {n}, which is not in the program")
             elif n in seen:
@@ -241,12 +253,13 @@ def check_program_regions(program) -> list[str]:
     if problems:
         return problems
     g = program.graph()
-    for r in program.regions:
+    active = active_regions(program)
+    for r in active:
         msg = convexity_violation(program, g, set(r.nodes))
         if msg:
             problems.append(f"{r.id}: {msg}")
     if not problems:
-        msg = region_cycle(program, g, [set(r.nodes) for r in program.regions], [r.id for r in program.regions])
+        msg = region_cycle(program, g, [set(r.nodes) for r in active], [r.id for r in active])
         if msg:
             problems.append(msg)
     return problems
@@ -372,7 +385,7 @@ def split_region(program, region_id: str, parts: list[Iterable[str]]) -> tuple[l
         msg = convexity_violation(program, g, set(p))
         if msg:
             raise CycleError(msg)
-    others = [x for x in program.regions if x.id != region_id]
+    others = [x for x in active_regions(program) if x.id != region_id]
     msg = region_cycle(program, g, [set(x.nodes) for x in others] + [set(p) for p in parts],
                        [x.id for x in others] + [f"part {i + 1}" for i in range(len(parts))])
     if msg:

@@ -1,0 +1,67 @@
+"""`stitchcuda plan prog.json|model.py`: rewrite, then propose fused and stitched regions.
+
+Prints the rewrites that fired, each region with its kind, nodes and reason, and the estimate for the
+whole program: every op its own kernel (unfused), the plan, and the floor. `-o` saves the rewritten
+program with its regions; `--json` prints the same as JSON.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+HELP = "propose fused and stitched regions with their reasons"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("program", help="a program file (.json), a KernelBench .py file or module:Class")
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument("-o", "--output", help="save the (rewritten) program with its regions here")
+    parser.add_argument("--no-rewrite", action="store_true", help="plan the program as it is")
+    parser.add_argument("--no-check", action="store_true",
+                        help="keep rewrites without checking them numerically (faster, for huge programs)")
+    parser.add_argument("--eager", action="store_true",
+                        help="estimate launches as Python launches (6 us) instead of CUDA-graph nodes")
+
+
+def run(args) -> int:
+    from ..analysis.cost import fmt_ms
+    from ..planner import apply_plan, plan_program
+    from ..rewrites import rewrite_program
+    from .import_cmd import open_program
+
+    program = open_program(args.program)
+    program.check()
+    rewrites = None
+    if not args.no_rewrite:
+        rewrites = rewrite_program(program, check=not args.no_check)
+        program = rewrites.program
+    plan = plan_program(program, graph=not args.eager)
+    apply_plan(program, plan)
+    if args.output:
+        from ..project_file import save_program
+        save_program(program, args.output)
+    est = plan.estimate
+    if args.json:
+        out = {"program": program.name, "nodes": len(program.nodes), **plan.to_dict(),
+               "rewrites": {"fired": rewrites.fired if rewrites else [],
+                            "refused": rewrites.refused if rewrites else []}}
+        json.dump(out, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    if rewrites is not None:
+        for e in rewrites.fired:
+            print(f"rewrite {e['rule']}: {e['message']}")
+        for e in rewrites.refused:
+            print(f"rewrite {e['rule']} refused at {e['node']}: {e.get('error', e['message'])}")
+    for r in plan.regions:
+        names = ", ".join(program.nodes[n].name for n in r.nodes if n in program.nodes)
+        extra = f" [{r.schedule['schedule']}]" if r.schedule.get("schedule") else ""
+        print(f"{r.id} {r.kind}{extra} ({r.status}): {names}")
+        print(f"    {r.reason}")
+    print(f"{len(program.nodes)} nodes -> {len(plan.active)} regions, {plan.kernels} kernels "
+          f"(planned in {plan.seconds * 1000:.0f} ms)")
+    print(f"estimate on {'Python launches' if args.eager else 'a CUDA graph'}: unfused {fmt_ms(est.unfused_ms)} "
+          f"({est.kernels_unfused} kernels), planned {fmt_ms(est.planned_ms)}, floor {fmt_ms(est.floor_ms)}")
+    if args.output:
+        print(f"saved {args.output}")
+    return 0

@@ -1,0 +1,273 @@
+"""The planner: acceptance examples, user decisions, and properties on random programs."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from agent_core.errors import ProgramError
+from agent_core.ir import Program
+from agent_core.planner import apply_plan, plan_program, region_order, run_by_region
+from agent_core.planner.execute import region_groups
+from agent_core.reference import random_inputs, run_reference
+from agent_core.regions import check_program_regions, draw_region, lock, reject
+from agent_core.rewrites import rewrite_program
+
+
+def regions_of(p):
+    plan = plan_program(p)
+    return plan, [r for r in plan.regions if r.status != "rejected"]
+
+
+def ops(p, region):
+    return [p.nodes[n].op for n in region.nodes]
+
+
+def test_pointwise_chain_is_one_region_with_a_specific_reason():
+    p = Program()
+    x = p.add_input("x", (4096, 4096))
+    a = p.add_node("relu", [x.id])
+    b = p.add_node("mul_scalar", [a.outputs[0]], {"value": 2.0})
+    c = p.add_node("gelu", [b.outputs[0]])
+    p.mark_output(c.outputs[0])
+    plan, regs = regions_of(p)
+    assert len(regs) == 1 and regs[0].kind == "pointwise" and ops(p, regs[0]) == ["relu", "mul_scalar", "gelu"]
+    # 16.8M floats = 67 MB per intermediate; two intermediates never reach memory
+    assert "67 MB" in regs[0].reason and "saves 2 launches and 268 MB" in regs[0].reason
+    assert plan.estimate.planned_ms < plan.estimate.unfused_ms
+    assert regs[0].est_after_ms < regs[0].est_before_ms
+
+
+def test_linear_bias_gelu_is_one_matmul_region_with_epilogue():
+    p = Program()
+    x = p.add_input("x", (512, 1024))
+    w = p.add_parameter("w", shape=(2048, 1024))
+    b = p.add_parameter("b", shape=(2048,))
+    lin = p.add_node("linear", [x.id, w.id])
+    add = p.add_node("add", [lin.outputs[0], b.id])
+    g = p.add_node("gelu", [add.outputs[0]])
+    p.mark_output(g.outputs[0])
+    _, regs = regions_of(p)
+    assert len(regs) == 1 and regs[0].kind == "matmul_epilogue"
+    assert regs[0].schedule["anchor"] == lin.id and regs[0].schedule["epilogue"] == [add.id, g.id]
+    assert "output of linear before it is stored" in regs[0].reason
+
+
+def test_residual_add_layer_norm_is_one_stitched_region():
+    p = Program()
+    x, r = p.add_input("x", (4096, 1024)), p.add_input("res", (4096, 1024))
+    w, b = p.add_parameter("w", shape=(1024,)), p.add_parameter("b", shape=(1024,))
+    add = p.add_node("add", [x.id, r.id])
+    ln = p.add_node("layer_norm", [add.outputs[0], w.id, b.id], {"normalized_shape": [1024]})
+    p.mark_output(ln.outputs[0])
+    _, regs = regions_of(p)
+    assert len(regs) == 1 and regs[0].kind == "reduction" and ops(p, regs[0]) == ["add", "layer_norm"]
+    s = regs[0].schedule
+    assert (s["rows"], s["row_len"], s["schedule"]) == (4096, 1024, "warp-per-row")
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_family_is_one_region(op):
+    p = Program()
+    x = p.add_input("x", (4096, 1000))
+    s = p.add_node(op, [x.id], {"dim": 1})
+    p.mark_output(s.outputs[0])
+    _, regs = regions_of(p)
+    assert len(regs) == 1 and regs[0].kind == "reduction" and regs[0].schedule["row_len"] == 1000
+
+
+def test_cross_entropy_and_decomposed_softmax_are_one_region_each():
+    p = Program()
+    x = p.add_input("x", (4096, 1000))
+    t = p.add_input("t", (4096,), "int64", init={"kind": "randint", "low": 0, "high": 1000})
+    ce = p.add_node("cross_entropy", [x.id, t.id])
+    m = p.add_node("max", [x.id], {"dim": [1], "keepdim": True})
+    sub = p.add_node("sub", [x.id, m.outputs[0]])
+    e = p.add_node("exp", [sub.outputs[0]])
+    s = p.add_node("sum", [e.outputs[0]], {"dim": [1], "keepdim": True})
+    d = p.add_node("div", [e.outputs[0], s.outputs[0]])
+    p.mark_output(ce.outputs[0])
+    p.mark_output(d.outputs[0])
+    _, regs = regions_of(p)
+    by_first = {ops(p, r)[0]: r for r in regs}
+    assert ops(p, by_first["cross_entropy"]) == ["cross_entropy"]
+    assert ops(p, by_first["max"]) == ["max", "sub", "exp", "sum", "div"]
+    assert by_first["max"].kind == "reduction" and "stitches" in by_first["max"].reason
+
+
+def test_long_rows_get_a_two_pass_schedule():
+    p = Program()
+    x = p.add_input("x", (8, 1 << 17))
+    s = p.add_node("softmax", [x.id], {"dim": 1})
+    p.mark_output(s.outputs[0])
+    _, regs = regions_of(p)
+    assert regs[0].schedule["schedule"] == "two-pass" and "exceeds" in regs[0].reason
+
+
+def test_batch_norm_after_conv_is_folded_away_then_relu_is_an_epilogue():
+    rng = np.random.default_rng(0)
+    p = Program()
+    x = p.add_input("x", (2, 3, 8, 8))
+    w = p.add_parameter("w", rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    c = p.add_node("conv2d", [x.id, w.id], {"padding": [1]})
+    stats = [p.add_parameter(n, a.astype(np.float32)) for n, a in (
+        ("mean", rng.standard_normal(4)), ("var", rng.random(4) + 0.5),
+        ("gamma", rng.standard_normal(4)), ("beta", rng.standard_normal(4)))]
+    bn = p.add_node("batch_norm", [c.outputs[0]] + [s.id for s in stats])
+    r = p.add_node("relu", [bn.outputs[0]])
+    p.mark_output(r.outputs[0])
+    res = rewrite_program(p)
+    q = res.program
+    assert [q.nodes[n].op for n in q.topo_order()] == ["conv2d", "relu"]
+    assert res.rules_fired == {"fold_batch_norm": 1}
+    inputs = random_inputs(p, seed=3)
+    torch.testing.assert_close(run_reference(q, inputs)["relu"], run_reference(p, inputs)["relu"],
+                               rtol=1e-4, atol=1e-5)
+    _, regs = regions_of(q)
+    assert len(regs) == 1 and regs[0].kind == "conv_epilogue"
+
+
+def test_a_cycle_is_refused_and_explained():
+    # a -> b -> d and a -> d: fusing a with d alone would leave b stranded between them
+    p = Program()
+    x = p.add_input("x", (64, 64))
+    w = p.add_parameter("w", shape=(64, 64))
+    a = p.add_node("relu", [x.id])
+    b = p.add_node("linear", [a.outputs[0], w.id])
+    t = p.add_node("transpose", [b.outputs[0]], {"dim0": 0, "dim1": 1})
+    d = p.add_node("add", [a.outputs[0], t.outputs[0]])
+    p.mark_output(d.outputs[0])
+    plan, regs = regions_of(p)
+    assert all(len({a.id, d.id} & set(r.nodes)) < 2 for r in regs)
+    assert any("cycle" in e["message"] for e in plan.log)
+    region_order(p, region_groups(p, regs))
+
+
+def chain(n=4, shape=(256, 256)):
+    p = Program()
+    v = p.add_input("x", shape).id
+    ids = []
+    for i in range(n):
+        node = p.add_node(["relu", "tanh", "sigmoid", "neg"][i % 4], [v])
+        v = node.outputs[0]
+        ids.append(node.id)
+    p.mark_output(v)
+    return p, ids
+
+
+def test_locked_and_user_regions_are_kept_and_rejected_ones_not_refused():
+    p, ids = chain(4)
+    r, _ = draw_region(p, ids[:2])
+    lock(p, r.id)
+    plan = plan_program(p)
+    apply_plan(p, plan)
+    locked = [x for x in p.regions if x.status == "locked"]
+    assert len(locked) == 1 and locked[0].nodes == ids[:2]
+    others = [x for x in p.regions if x.status == "proposed"]
+    assert [x.nodes for x in others] == [ids[2:]]
+    assert "r1 is locked" in "".join(e["message"] for e in plan.log)
+    reject(p, others[0].id)
+    apply_plan(p, plan_program(p))
+    assert not any(set(ids[2:]) <= set(x.nodes) for x in p.regions if x.status == "proposed")
+    assert check_program_regions(p) == []
+
+
+def test_illegal_kept_region_is_reported():
+    p = Program()
+    x = p.add_input("x", (8, 8))
+    a = p.add_node("relu", [x.id])
+    b = p.add_node("exp", [a.outputs[0]])
+    c = p.add_node("add", [a.outputs[0], b.outputs[0]])
+    p.mark_output(c.outputs[0])
+    from agent_core.regions import Region
+    p.regions.append(Region("r1", "pointwise", [a.id, c.id], status="user-made"))
+    with pytest.raises(ProgramError, match="no longer legal: region would create a cycle"):
+        plan_program(p)
+
+
+def test_plan_is_undoable_through_the_model():
+    from agent_core.regions import undo_edit
+    p, ids = chain(3)
+    events = []
+    p.subscribe(lambda ev, payload: events.append(ev))
+    edit = apply_plan(p, plan_program(p))
+    assert len(p.regions) == 1 and events == ["regions_changed"]
+    undo_edit(p, edit)
+    assert p.regions == []
+
+
+# --- properties on random programs -------------------------------------------------------------
+R, C = 4, 8
+UNARY = ["relu", "tanh", "sigmoid", "neg", "abs", "gelu", "silu"]
+
+
+@st.composite
+def random_programs(draw):
+    n = draw(st.integers(100, 260))
+    seed = draw(st.integers(0, 2**31 - 1))
+    rng = np.random.default_rng(seed)
+    p = Program("random")
+    full = [p.add_input("x", (R, C)).id, p.add_input("y", (R, C)).id]
+    rows = []
+    w = p.add_parameter("w", rng.standard_normal((C, C)).astype(np.float32) * 0.3)
+    g = p.add_parameter("g", np.ones(C, np.float32))
+
+    def pick(pool):
+        # mostly recent values (deep chains), sometimes far back (skip connections, siblings)
+        k = len(pool)
+        return pool[k - 1 - min(int(rng.exponential(3)), k - 1)] if rng.random() < 0.8 else pool[rng.integers(k)]
+    for _ in range(n):
+        kind = rng.choice(["unary", "binary", "reduce", "bcast", "matmul", "norm", "scalar"],
+                          p=[0.3, 0.2, 0.1, 0.1, 0.08, 0.07, 0.15])
+        if kind == "unary":
+            out = p.add_node(UNARY[rng.integers(len(UNARY))], [pick(full)]).outputs[0]
+        elif kind == "scalar":
+            out = p.add_node("mul_scalar", [pick(full)], {"value": float(rng.uniform(-1, 1))}).outputs[0]
+        elif kind == "binary":
+            out = p.add_node(["add", "mul", "sub"][rng.integers(3)], [pick(full), pick(full)]).outputs[0]
+        elif kind == "reduce":
+            op = ["sum", "mean", "max", "logsumexp"][rng.integers(4)]
+            rows.append(p.add_node(op, [pick(full)], {"dim": [1], "keepdim": True}).outputs[0])
+            continue
+        elif kind == "bcast" and rows:
+            out = p.add_node(["sub", "add", "mul"][rng.integers(3)], [pick(full), pick(rows)]).outputs[0]
+        elif kind == "matmul":
+            out = p.add_node("linear", [pick(full), w.id]).outputs[0]
+        elif kind == "norm":
+            op = rng.integers(3)
+            if op == 0:
+                out = p.add_node("softmax", [pick(full)], {"dim": 1}).outputs[0]
+            elif op == 1:
+                out = p.add_node("layer_norm", [pick(full), g.id], {"normalized_shape": [C]}).outputs[0]
+            else:
+                out = p.add_node("tanh", [pick(full)]).outputs[0]
+        else:
+            out = p.add_node("relu", [pick(full)]).outputs[0]
+        full.append(out)
+    used = {v for node in p.nodes.values() for v in node.inputs}
+    for v in full[2:] + rows:
+        if v not in used:
+            p.mark_output(v)
+    if not p.outputs:
+        p.mark_output(full[-1])
+    return p
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_programs())
+def test_random_plans_are_legal_and_compute_the_same(p):
+    plan = plan_program(p)
+    regs = plan.active
+    seen = {}
+    for r in regs:
+        for n in r.nodes:
+            assert n not in seen, f"{n} in {seen.get(n)} and {r.id}"
+            seen[n] = r.id
+    p.regions = plan.regions
+    assert check_program_regions(p) == []
+    region_order(p, region_groups(p, regs))       # raises on a cycle between regions
+    assert len(regs) < len(p.nodes)
+    inputs = random_inputs(p, seed=1)
+    want = run_reference(p, inputs)
+    got = run_by_region(p, inputs)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
