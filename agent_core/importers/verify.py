@@ -8,6 +8,7 @@ from torch.utils._pytree import tree_flatten
 
 from ..errors import StitchError
 from ..ir import Program
+from ..ops.common import torch_dtype
 from ..reference import random_inputs, run_reference
 
 
@@ -17,6 +18,33 @@ def module_args(program: Program, inputs: dict[str, torch.Tensor]) -> list:
     for item in program.metadata.get("forward_args") or [{"input": program.values[v].name} for v in program.inputs]:
         args.append(inputs[item["input"]] if "input" in item else item["const"])
     return args
+
+
+def device_inputs(program: Program, seed: int, device: str) -> dict[str, torch.Tensor]:
+    """A draw made on the device, following the same init hints as reference.draw (not the same
+    numbers): KernelBench inputs reach 17 GB, which the CPU's float64 draw cannot afford."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for vid in program.inputs:
+        v = program.values[vid]
+        init, shape, dt = v.init or {}, tuple(v.shape), torch_dtype(v.dtype)
+        kind = init.get("kind", "normal")
+        if kind == "randint" or not (dt.is_floating_point or dt == torch.bool):
+            lo, hi = int(init.get("low", 0)), int(init.get("high", 2))
+            t = torch.randint(lo, max(hi, lo + 1), shape, generator=gen, device=device, dtype=dt)
+        elif dt == torch.bool:
+            t = torch.rand(shape, generator=gen, device=device) < 0.5
+        elif kind == "uniform":
+            lo, hi = float(init.get("low", 0.0)), float(init.get("high", 1.0))
+            t = (torch.rand(shape, generator=gen, device=device) * (hi - lo) + lo).to(dt)
+        elif kind == "positive":
+            t = (torch.rand(shape, generator=gen, device=device) + 0.1).to(dt)
+        elif kind == "softmax":
+            t = torch.randn(shape, generator=gen, device=device).softmax(-1).to(dt)
+        else:
+            t = torch.randn(shape, generator=gen, device=device).to(dt)
+        out[v.name] = t
+    return out
 
 
 def verify_import(program: Program, module: torch.nn.Module, example_inputs_fn: Callable | None = None,
@@ -30,7 +58,8 @@ def verify_import(program: Program, module: torch.nn.Module, example_inputs_fn: 
     worst, worst_err = None, 0.0
     for k in range(draws):
         if example_inputs_fn is None:
-            drawn = random_inputs(program, seed=1000 + k)
+            drawn = (random_inputs(program, seed=1000 + k) if device == "cpu"
+                     else device_inputs(program, 1000 + k, device))
             args = module_args(program, drawn)
         else:
             try:
@@ -52,7 +81,10 @@ def verify_import(program: Program, module: torch.nn.Module, example_inputs_fn: 
                 err = float((g.long() != w.long()).any())
                 ok = err == 0
             else:
-                g64, w64 = g.double(), w.double()
+                dt = torch.promote_types(g.dtype, w.dtype)
+                if not dt.is_floating_point:
+                    dt = torch.float32
+                g64, w64 = g.to(dt), w.to(dt)
                 diff = (g64 - w64).abs()
                 both_nan = torch.isnan(g64) & torch.isnan(w64)
                 diff = torch.where(both_nan, torch.zeros_like(diff), diff)
