@@ -222,7 +222,7 @@ class MainWindow(QMainWindow):
                 e.update()
             self.view.resetCachedContent()
             self.scene.overview.invalidate()
-            self.view.minimap.update()
+            self.view.minimap.refresh()
 
     def toggle_theme(self) -> None:
         self._apply_theme("light" if self.theme == "dark" else "dark")
@@ -230,9 +230,10 @@ class MainWindow(QMainWindow):
 
     # documents ---------------------------------------------------------------------------------------
     def set_document(self, doc: Document) -> None:
-        if self.scene is not None:
+        old_scene = self.scene
+        if old_scene is not None:
             self.layout_runner.cancel()
-            self.scene.detach()
+            old_scene.detach()
         if self.document is not None:
             recovery.remove(self.document.path, self.session)
         self.document = doc
@@ -244,6 +245,8 @@ class MainWindow(QMainWindow):
         self.scene.program_changed.connect(self.inspector.model_changed)
         self.scene.program_changed.connect(self._update_counts)
         self.view.set_scene(self.scene)
+        if old_scene is not None:
+            old_scene.deleteLater()
         self.inspector.set_document(doc.program, doc.stack)
         self.history.setStack(doc.stack)
         doc.changed.connect(self._update_title)

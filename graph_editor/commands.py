@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
 from agent_core.ir import Program, Role
+from agent_core.ops import get_op
 
 
 @contextmanager
@@ -25,7 +26,11 @@ def macro(stack: QUndoStack, text: str):
 class AddNode(QUndoCommand):
     def __init__(self, program: Program, op: str, inputs=(), attrs=None, pos=None, name=None):
         super().__init__(f"Add {op}")
-        self.program, self.op, self.inputs, self.attrs = program, op, list(inputs), dict(attrs or {})
+        inputs = list(inputs)
+        # required ports start unconnected (None), so can_connect probes a half-wired node as such
+        lo = get_op(op).arity()[0]
+        inputs += [None] * (lo - len(inputs))
+        self.program, self.op, self.inputs, self.attrs = program, op, inputs, dict(attrs or {})
         self.pos, self.name = pos, name
         self.node_id: str | None = None
         self._record = None

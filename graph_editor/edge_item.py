@@ -80,8 +80,11 @@ class TerminalItem(QGraphicsItem):
         self._name = fm.elidedText(v.name, Qt.ElideRight, TERMINAL_W * 0.45)
         self._shape = fm.elidedText(fmt_spec(v.shape, v.dtype), Qt.ElideLeft,
                                     TERMINAL_W - 3 * PAD - PORT_R - fm.horizontalAdvance(self._name))
-        self.setToolTip(f"program input {v.name}: {fmt_spec(v.shape, v.dtype)}")
         self.update()
+
+    def tooltip_text(self) -> str:
+        v = self.program.values.get(self.value_id)
+        return f"program input {v.name}: {fmt_spec(v.shape, v.dtype)}" if v else ""
 
     def boundingRect(self) -> QRectF:
         return QRectF(-2, -2, TERMINAL_W + PORT_R + 4, TERMINAL_H + 4)
@@ -135,8 +138,11 @@ class GroupItem(QGraphicsItem):
         summary = ", ".join(f"{k}×{c}" if c > 1 else k for k, c in sorted(ops.items(), key=lambda t: -t[1]))
         fm = QFontMetricsF(self.style.font_small)
         self._summary = fm.elidedText(summary, Qt.ElideRight, self._w - 2 * PAD)
-        self.setToolTip(f"{self.name}: {len(self.members)} nodes collapsed ({summary}); double-click to expand")
+        self._tip = f"{self.name}: {len(self.members)} nodes collapsed ({summary}); double-click to expand"
         self.update()
+
+    def tooltip_text(self) -> str:
+        return self._tip
 
     def boundingRect(self) -> QRectF:
         return QRectF(-PORT_R - 2, -2, self._w + 2 * PORT_R + 4, self._h + 4)

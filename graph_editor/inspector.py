@@ -158,7 +158,7 @@ class Inspector(QScrollArea):
             self._section("Outputs")
             self._grid([[p.values[v].name, fmt_spec(p.values[v].shape, p.values[v].dtype)]
                         for v in p.outputs if v in p.values])
-        if len(p.nodes) <= 3000:  # validation is linear but not free; huge programs skip it here
+        if len(p.nodes) <= 1000:  # validation runs after every edit here; large programs use F7
             diags = p.validate()
             if diags:
                 self._section(f"Diagnostics ({len(diags)})")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from dataclasses import dataclass
 
-LAYER_GAP = 90.0   # horizontal space between layers (edges need room to curve)
+LAYER_GAP = 70.0   # horizontal space between layers (edges need room to curve)
 NODE_GAP = 28.0    # vertical space between nodes of a layer
 SWEEPS = 4         # barycentre down+up sweep pairs; more changes little on real programs
 
@@ -113,14 +113,22 @@ def _order_layers(order: list[list[str]], succ, pred) -> None:
         lay.sort(key=lambda n: min((index[p] for p in pred[n]), default=index[n]))
         for i, n in enumerate(lay):
             index[n] = i
+    busy = [lay for lay in order if len(lay) > 1]
+    if not busy:
+        return
     for _ in range(SWEEPS):
+        before = [list(lay) for lay in busy]
         for lay in order[1:]:
             _sort_by(lay, pred, index)
         for lay in reversed(order[:-1]):
             _sort_by(lay, succ, index)
+        if all(a == b for a, b in zip(before, busy)):
+            break  # converged
 
 
 def _sort_by(lay: list[str], nbrs, index: dict[str, float]) -> None:
+    if len(lay) < 2:  # most layers of a real program hold one node: nothing to order
+        return
     keys = {}
     for n in lay:
         ns = nbrs[n]
@@ -170,6 +178,9 @@ def _place(lay: list[str], want: list[float], size, cy: dict[str, float]) -> Non
     down, backward pass pulls back up, the average of the two balances the layer)."""
     n = len(lay)
     if not n:
+        return
+    if n == 1:
+        cy[lay[0]] = want[0]
         return
     half = [size(m)[1] / 2 for m in lay]
     down = list(want)

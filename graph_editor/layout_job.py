@@ -101,3 +101,4 @@ def apply_positions(scene, moves: dict, undoable: bool = True) -> None:
     finally:
         scene._positioning = False
     scene._place_terminals()
+    scene.fit_scene_rect()

@@ -74,22 +74,51 @@ class NodeItem(QGraphicsItem):
         self.setFlags(QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable)
         self.setCacheMode(QGraphicsItem.DeviceCoordinateCache)
         self.setZValue(1)
-        self._w, self._h = NODE_WIDTH, HEADER_H + ROW_H + PAD
+        self._w = self._h = 0.0
+        self._labels_ready = False
         self.refresh()
 
     # model -> item -------------------------------------------------------------------------
     def refresh(self) -> None:
+        """Re-read the node. Only the size and colours are computed now; the texts wait for the
+        first detailed paint (a 5,000-node program opens zoomed out and never needs most of them)."""
+        node = self.program.nodes[self.node_id]
+        size = node_size(node)
+        if size != (self._w, self._h):
+            self.prepareGeometryChange()
+            self._w, self._h = size
+            m = PORT_R + 2
+            self._bounds = QRectF(-m, -m, self._w + 2 * m, self._h + 2 * m)
+        try:
+            self._category = node.opdef.category
+        except Exception:
+            self._category = "opaque"
+        self._header_color = self.style.category_color(self._category)
+        self._header_text = QColor("#f3f5f8" if self._header_color.lightness() < 128 else "#1f2329")
+        self._n_in, self._n_out = input_port_count(node), len(node.outputs)
+        self._error = node.error
+        self._labels_ready = False
+        self.update()
+
+    def tooltip_text(self) -> str:
+        node = self.program.nodes.get(self.node_id)
+        if node is None:
+            return ""
+        return node.error or f"{node.name} ({node.op})"
+
+    def labels(self):
+        """(title, subtitle, input labels, output labels, attribute lines), elided to fit."""
+        if not self._labels_ready:
+            self._make_labels()
+        return self._title, self._subtitle, self._in_labels, self._out_labels, self._attr_lines
+
+    def _make_labels(self) -> None:
         node = self.program.nodes[self.node_id]
         st = self.style
-        self.prepareGeometryChange()
-        self._w, self._h = node_size(node)
         try:
             opdef = node.opdef
-            self._category = opdef.category
         except Exception:
-            opdef, self._category = None, "opaque"
-        self._header_color = st.category_color(self._category)
-        self._header_text = QColor("#f3f5f8" if self._header_color.lightness() < 128 else "#1f2329")
+            opdef = None
         badge = 18 if node.error else 0
         title = st.elide("font_bold", node.op, self._w - 2 * PAD - badge)
         self._title = title
@@ -97,13 +126,13 @@ class NodeItem(QGraphicsItem):
         self._subtitle = st.elide("font_small", node.name, rest, Qt.ElideLeft) if rest > 24 and node.name != node.op else ""
         half = self._w / 2 - PAD - PORT_R - 2
         self._in_labels = []
-        for i in range(input_port_count(node)):
+        for i in range(self._n_in):
             vid = node.inputs[i] if i < len(node.inputs) else None
             name = opdef.port_name(i) if opdef else f"in{i}"
             v = self.program.values.get(vid) if vid else None
             kind = "free" if v is None else ("param" if v.role in (Role.PARAMETER, Role.CONSTANT) else "wire")
             text = name if kind != "param" else f"{name} {fmt_spec(v.shape, v.dtype)}"
-            width = half if i < len(node.outputs) else self._w - 2 * PAD - PORT_R - 2
+            width = half if i < self._n_out else self._w - 2 * PAD - PORT_R - 2
             self._in_labels.append((st.elide("font", text, width), kind))
         self._out_labels = []
         for vid in node.outputs:
@@ -111,16 +140,13 @@ class NodeItem(QGraphicsItem):
             self._out_labels.append((st.elide("font", fmt_spec(v.shape, v.dtype), half, Qt.ElideLeft),
                                      vid in self.program.outputs))
         text = attr_text(node)
-        lines = int((self._h - HEADER_H - PAD - max(len(self._in_labels), len(self._out_labels), 1) * ROW_H) // ATTR_H)
+        lines = int((self._h - HEADER_H - PAD - max(self._n_in, self._n_out, 1) * ROW_H) // ATTR_H)
         self._attr_lines = _wrap(text, st.metrics("font_small"), self._w - 2 * PAD, lines)
-        self.setToolTip(node.error or f"{node.name} ({node.op})")
-        self._error = node.error
-        self.update()
+        self._labels_ready = True
 
     # geometry ------------------------------------------------------------------------------
     def boundingRect(self) -> QRectF:
-        m = PORT_R + 2
-        return QRectF(-m, -m, self._w + 2 * m, self._h + 2 * m)
+        return self._bounds
 
     def shape(self) -> QPainterPath:
         p = QPainterPath()
@@ -139,10 +165,10 @@ class NodeItem(QGraphicsItem):
     def port_at(self, local: QPointF) -> tuple[str, int] | None:
         """('in', port) or ('out', index) when `local` is on a port (with a forgiving margin)."""
         grab = PORT_R + 5
-        for i in range(len(self._in_labels)):
+        for i in range(self._n_in):
             if (local - self.input_pos(i)).manhattanLength() <= grab * 1.4:
                 return "in", i
-        for k in range(len(self._out_labels)):
+        for k in range(self._n_out):
             if (local - self.output_pos(k)).manhattanLength() <= grab * 1.4:
                 return "out", k
         return None
@@ -160,6 +186,7 @@ class NodeItem(QGraphicsItem):
             p.setBrush(self._header_color)
             p.drawRect(body)
             return
+        self.labels()
         p.setRenderHint(QPainter.Antialiasing, True)
         p.setPen(border)
         p.setBrush(st.node_body)

@@ -18,9 +18,7 @@ class OverviewItem(QGraphicsItem):
         self.setAcceptedMouseButtons(Qt.NoButton)
         self.setVisible(False)
         self._dirty = True
-        # a fixed, very large rect: its true extent changes with every edit, and announcing that
-        # (prepareGeometryChange) would cost a full collect per event
-        self._rect = QRectF(-1e7, -1e7, 2e7, 2e7)
+        self._rect = QRectF()
         self._by_color: list = []
         self._lines: list[QLineF] = []
 
@@ -41,6 +39,12 @@ class OverviewItem(QGraphicsItem):
         self._by_color = list(by_color.values())
         self._lines = [QLineF(e._a, e._b) for e in sc.edges.values() if e.isVisible()]
         self._dirty = False
+
+    def set_rect(self, rect: QRectF) -> None:
+        """The scene's rect, given by the scene when it changes it: the item never stretches the
+        scene's index, and answering boundingRect needs no collect."""
+        self.prepareGeometryChange()
+        self._rect = QRectF(rect)
 
     def boundingRect(self) -> QRectF:
         return self._rect

@@ -85,7 +85,10 @@ class GraphScene(QGraphicsScene):
                 self._make_group(g.get("name", "group"), members)
         self._place_terminals()
         self.refresh_all_edges()
+        # in this order: a scene rect set while unindexed leaves the BSP tree built over nothing
+        # useful (every query then tests every item: 12 ms instead of 0.1 ms at 5,000 items)
         self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
+        self.fit_scene_rect(force=True)
 
     def set_low_detail(self, low: bool) -> None:
         """Zoomed far out items draw a plain box: caching those pixmaps costs more than it saves."""
@@ -193,6 +196,9 @@ class GraphScene(QGraphicsScene):
     def _node_item_moved(self, nid: str) -> None:
         if self._low_detail:
             self.overview.invalidate()
+        item = self.nodes.get(nid)
+        if item is not None and not self._positioning and not self.sceneRect().contains(item.sceneBoundingRect()):
+            self.fit_scene_rect()
         for key in self._edges_of_node(nid):
             self._update_edge(key)
         if not self._positioning:
@@ -324,6 +330,18 @@ class GraphScene(QGraphicsScene):
         if views:
             return views[0].mapToScene(views[0].viewport().rect().center()) - QPointF(100, 30)
         return QPointF(0, 0)
+
+    def fit_scene_rect(self, force: bool = False) -> None:
+        """Keep the scene rect (which the BSP index divides) a margin around the content. Left to
+        itself it grows over every item ever shown, and a too-large rect makes the index useless."""
+        r = self.content_rect()
+        if r.isNull():
+            r = QRectF(-500, -500, 1000, 1000)
+        if not force and self.sceneRect().contains(r):
+            return
+        m = max(1500.0, 0.25 * max(r.width(), r.height()))
+        self.setSceneRect(r.adjusted(-m, -m, m, m))
+        self.overview.set_rect(self.sceneRect())
 
     def content_rect(self) -> QRectF:
         """What fit-all shows: nodes, inputs and groups (not the overview or helper items)."""
@@ -600,6 +618,20 @@ class GraphScene(QGraphicsScene):
                 return
         self.quick_search_requested.emit(event.scenePos(), None)
         event.accept()
+
+    def helpEvent(self, event):
+        """Tooltips come from the model when asked for (5,000 items need not each hold one)."""
+        for item in self.items(event.scenePos(), Qt.IntersectsItemShape, Qt.DescendingOrder):
+            text = item.tooltip_text() if hasattr(item, "tooltip_text") else ""
+            if isinstance(item, EdgeItem):
+                v = self.program.values.get(item.value_id)
+                text = f"{v.name}: {v.spec}" if v else ""
+            if text:
+                QToolTip.showText(event.screenPos(), text, event.widget())
+                event.accept()
+                return
+        QToolTip.hideText()
+        event.ignore()
 
     # background grid ---------------------------------------------------------------------------
     def drawBackground(self, painter, rect: QRectF) -> None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF
 
-NODE_WIDTH = 210.0
+NODE_WIDTH = 190.0
 HEADER_H = 24.0
 ROW_H = 18.0
 ATTR_H = 16.0

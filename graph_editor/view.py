@@ -7,7 +7,7 @@ items draw less when zoomed out (see node_item.LOD_*).
 from __future__ import annotations
 
 from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QPainter, QPen
+from PySide6.QtGui import QPainter, QPen, QPixmap
 from PySide6.QtWidgets import QGraphicsView, QWidget
 
 ZOOM_MIN, ZOOM_MAX, ZOOM_STEP = 0.03, 3.0, 1.18
@@ -44,11 +44,8 @@ class GraphView(QGraphicsView):
     def _grow_scene_rect(self) -> None:
         """A scene rect with room around the items, so panning is not clamped at the graph's edge."""
         sc = self.scene()
-        if sc is None:
-            return
-        r = sc.content_rect()
-        margin = max(2000.0, max(r.width(), r.height()))
-        self.setSceneRect(r.adjusted(-margin, -margin, margin, margin))
+        if sc is not None:
+            sc.fit_scene_rect()
 
     # zoom --------------------------------------------------------------------------------------
     def zoom(self) -> float:
@@ -200,8 +197,8 @@ class GraphView(QGraphicsView):
 class Minimap(QWidget):
     """The whole program in miniature with the visible area outlined; click or drag to move there.
 
-    It paints node rectangles from a picture rebuilt at most every 300 ms after an edit, so a large
-    program costs one cached blit per frame."""
+    It paints node rectangles into a pixmap rebuilt at most every 300 ms after an edit, so a large
+    program costs one blit per frame (it overlaps the canvas, so it repaints with it)."""
 
     W, H = 200, 140
 
@@ -210,7 +207,7 @@ class Minimap(QWidget):
         self.view = view
         self.setFixedSize(self.W, self.H)
         self.setCursor(Qt.PointingHandCursor)
-        self._rects: list[QRectF] = []
+        self._pixmap: QPixmap | None = None
         self._content = QRectF()
         self._timer = QTimer(self, singleShot=True, interval=300, timeout=self._collect)
         self._scene = None
@@ -232,23 +229,41 @@ class Minimap(QWidget):
         self.raise_()
 
     def _collect(self) -> None:
+        """Render the program's boxes once into a pixmap; paintEvent only blits it."""
         sc = self._scene
         if sc is None:
             return
-        self._rects = [item.sceneBoundingRect() for item in
-                       list(sc.nodes.values()) + list(sc.terminals.values()) + sc.groups if item.isVisible()]
+        rects = [item.sceneBoundingRect() for item in
+                 list(sc.nodes.values()) + list(sc.terminals.values()) + sc.groups if item.isVisible()]
         b = QRectF()
-        for r in self._rects:
+        for r in rects:
             b = b.united(r)
         self._content = b.adjusted(-50, -50, 50, 50)
+        st = sc.style
+        pm = QPixmap(self.W, self.H)
+        pm.fill(st.minimap_bg)
+        p = QPainter(pm)
+        p.setPen(QPen(st.node_border, 1))
+        p.drawRect(QRectF(0, 0, self.W - 1, self.H - 1))
+        t = self._transform()
+        if t is not None:
+            s, ox, oy = t
+            p.setPen(Qt.NoPen)
+            p.setBrush(st.text_muted)
+            p.drawRects([QRectF(r.left() * s + ox, r.top() * s + oy, max(1.5, r.width() * s),
+                                max(1.5, r.height() * s)) for r in rects])
+        p.end()
+        self._pixmap = pm
         self.update()
+
+    def refresh(self) -> None:
+        self._collect()
 
     def _visible(self) -> QRectF:
         return self.view.mapToScene(self.view.viewport().rect()).boundingRect()
 
     def _transform(self):
-        # the program and the visible area both fit, so the outline never leaves the map
-        b = self._content.united(self._visible()) if not self._content.isEmpty() else QRectF()
+        b = self._content
         if b.isEmpty():
             return None
         s = min((self.W - 8) / b.width(), (self.H - 8) / b.height())
@@ -257,24 +272,18 @@ class Minimap(QWidget):
         return s, ox, oy
 
     def paintEvent(self, event):
-        style = self._scene.style if self._scene is not None else None
         p = QPainter(self)
-        bg = style.minimap_bg if style else QColor(30, 30, 30, 200)
-        p.fillRect(self.rect(), bg)
-        p.setPen(QPen(style.node_border if style else QColor("gray"), 1))
-        p.drawRect(self.rect().adjusted(0, 0, -1, -1))
+        if self._pixmap is not None:
+            p.drawPixmap(0, 0, self._pixmap)
         t = self._transform()
-        if t is None or style is None:
+        if t is None or self._scene is None:
             return
         s, ox, oy = t
-        p.setPen(Qt.NoPen)
-        p.setBrush(style.text_muted)
-        p.drawRects([QRectF(r.left() * s + ox, r.top() * s + oy, max(1.5, r.width() * s), max(1.5, r.height() * s))
-                     for r in self._rects])
         vis = self._visible()
+        box = QRectF(vis.left() * s + ox, vis.top() * s + oy, vis.width() * s, vis.height() * s)
         p.setBrush(Qt.NoBrush)
-        p.setPen(QPen(style.accent, 1.5))
-        p.drawRect(QRectF(vis.left() * s + ox, vis.top() * s + oy, vis.width() * s, vis.height() * s))
+        p.setPen(QPen(self._scene.style.accent, 1.5))
+        p.drawRect(box.intersected(QRectF(1, 1, self.W - 2, self.H - 2)))
 
     def mousePressEvent(self, event):
         self._go(event.position())
