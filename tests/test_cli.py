@@ -145,6 +145,16 @@ def test_studio_without_the_editor_prints_a_summary(tmp_path, capsys, monkeypatc
     assert "no screenshot written" in err
 
 
+def test_studio_without_a_display_prints_a_summary_instead_of_aborting(tmp_path, capsys, monkeypatch):
+    for var in ("DISPLAY", "WAYLAND_DISPLAY", "QT_QPA_PLATFORM"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setitem(sys.modules, "app.main", types.SimpleNamespace(run_studio=lambda *a, **k: pytest.fail()))
+    _, path = mlp(tmp_path)
+    rc, out, err = call(capsys, "studio", path)
+    assert rc == 0 and "program tiny_mlp: 4 nodes" in out and "there is no display" in err
+
+
 def test_studio_opens_the_editor_with_file_screenshot_and_theme(tmp_path, capsys, monkeypatch):
     seen = {}
 
@@ -171,7 +181,7 @@ def test_import_show_run_an_example(tmp_path, capsys, example):
     out_path = str(tmp_path / "prog.json")
     rc, out, err = call(capsys, "import", src, "-o", out_path)
     assert rc == 0, err
-    assert f"-> {out_path}:" in out and "nodes" in out
+    assert f"-> {out_path}: 1 node, 1 input" in out
     p = load_program(out_path)
     assert p.nodes and not [d for d in p.validate() if d.severity == "error"]
 

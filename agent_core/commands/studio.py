@@ -1,12 +1,13 @@
 """`stitchcuda studio [FILE]`: open the node-graph editor (app.main.run_studio).
 
 The editor is imported only here, so every other command runs where Qt is not installed. Where the
-editor cannot start (PySide6 missing, or app.main not there), this prints the program's summary and
+editor cannot start (PySide6 missing, app.main not there, no display), this prints the program's summary and
 says why, with exit status 0: the command exists on every machine.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 HELP = "open the studio (the node-graph editor)"
@@ -35,8 +36,18 @@ def editor_unavailable() -> str | None:
     return None
 
 
+def no_display() -> bool:
+    """On Linux without a display Qt aborts the process (it cannot be caught): check first."""
+    return (sys.platform.startswith("linux") and not os.environ.get("DISPLAY")
+            and not os.environ.get("WAYLAND_DISPLAY") and not os.environ.get("QT_QPA_PLATFORM"))
+
+
 def run(args) -> int:
-    reason = editor_unavailable()
+    if no_display() and not args.screenshot:
+        reason = ("there is no display (DISPLAY and WAYLAND_DISPLAY are unset; "
+                  "--screenshot OUT.png renders the window offscreen)")
+    else:
+        reason = editor_unavailable()
     if reason is None:
         app_main = importlib.import_module("app.main")
         return int(app_main.run_studio(args.file, screenshot=args.screenshot, theme=args.theme) or 0)
