@@ -255,3 +255,16 @@ def test_bad_module_targets():
         import_module("no_such_pkg_xyz:Model")
     with pytest.raises(ImportFailure, match="give inputs"):
         import_module("torch.nn:ReLU")
+
+
+def test_make_fx_fallback_when_export_refuses(monkeypatch):
+    def refuse(*a, **k):
+        raise RuntimeError("export refused this module")
+
+    monkeypatch.setattr(torch.export, "export", refuse)
+    m = ConvBnRelu()
+    p = import_nn_module(m, [torch.randn(2, 3, 8, 8)])
+    assert p.metadata["import_method"] == "make_fx"
+    assert "make_fx" in p.metadata["import_warnings"][0]
+    assert _ops(p) == ["batch_norm", "conv2d", "relu"]
+    assert verify_import(p, m, draws=2) < 1e-4
