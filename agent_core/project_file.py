@@ -56,7 +56,7 @@ _FLOAT_TAG = "$float"
 # --- public API ------------------------------------------------------------------------------
 def save_program(program: Program, path: str | os.PathLike, *, inline_limit: int = INLINE_LIMIT) -> None:
     """Write `program` to `path` (JSON) and, if it has large parameters, `<path>.npz`, atomically."""
-    path = os.fspath(path)
+    path = os.path.realpath(os.fspath(path))  # through a symlink: update its target, keep the link
     sidecar_name = os.path.basename(path) + ".npz"
     large: dict[str, np.ndarray] = {}
     obj = _to_json(program, inline_limit=inline_limit, sidecar=sidecar_name, large=large)
@@ -263,9 +263,15 @@ def _atomic_write(path: str, write) -> None:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    """The process umask, read without os.umask(), which would change it for other threads meanwhile."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def _write_npz(f, arrays: dict[str, np.ndarray]) -> None:

@@ -486,3 +486,15 @@ def test_opaque_nodes_round_trip_and_a_hostile_target_is_never_called(tmp_path):
     with pytest.raises(FileFormatError, match="torch has no operator"):
         load_program(tmp_path / "bad.json", strict=True)
     assert not (tmp_path / "pwned").exists()
+
+
+def test_save_keeps_permissions_and_symlinks(tmp_path):
+    path = saved(tmp_path, make_program(big=False))
+    os.chmod(path, 0o640)
+    link = tmp_path / "link.json"
+    link.symlink_to(path.name)
+    p = make_program(big=False)
+    p.name = "via link"
+    save_program(p, link)
+    assert link.is_symlink() and load_program(path).name == "via link"
+    assert (os.stat(path).st_mode & 0o777) == 0o640
