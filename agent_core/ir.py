@@ -414,11 +414,29 @@ class Program:
             before = node.error
             specs = self._infer(node)
             if specs:
+                self._resize_outputs(node, len(specs))
                 for vid, spec in zip(node.outputs, specs):
                     v = self.values[vid]
                     v.shape, v.dtype = spec.shape, spec.dtype
             if specs or before != node.error:
                 self._emit("node_changed", node_id=nid)
+
+    def _resize_outputs(self, node: Node, count: int) -> None:
+        """Give a multi-output node (split, chunk) `count` outputs after an attribute edit.
+
+        Extra outputs are dropped and their readers become unconnected; new ones are appended."""
+        while len(node.outputs) > count:
+            vid = node.outputs.pop()
+            for cid, port in self.consumers(vid):
+                self.nodes[cid].inputs[port] = None
+            if vid in self.outputs:
+                self.outputs.remove(vid)
+            del self.values[vid]
+        while len(node.outputs) < count:
+            vid = self._new_id("v")
+            self.values[vid] = Value(vid, self.unique_name(f"{node.name}.{len(node.outputs)}"), (),
+                                     "float32", Role.INTERMEDIATE, node.id)
+            node.outputs.append(vid)
 
     def infer_all(self) -> dict[str, str]:
         """Re-infer every node in order; returns {node id: error} for those that fail."""

@@ -123,3 +123,16 @@ def test_networkx_view_has_value_edges():
     p, x, b, add, act = chain()
     g = p.graph()
     assert g.has_edge(add.id, act.id) and g.edges[add.id, act.id]["value"] == add.outputs[0]
+
+
+def test_changing_split_count_resizes_outputs():
+    p = Program()
+    x = p.add_input("x", (6, 4))
+    n = p.add_node("chunk", [x.id], {"chunks": 3, "dim": 0})
+    assert len(n.outputs) == 3
+    p.mark_output(n.outputs[0])
+    p.set_attrs(n.id, {"chunks": 2})
+    assert len(n.outputs) == 2 and all(p.values[v].shape == (3, 4) for v in n.outputs)
+    p.set_attrs(n.id, {"chunks": 6})
+    assert len(n.outputs) == 6 and all(p.values[v].shape == (1, 4) for v in n.outputs)
+    assert not [d for d in p.validate() if d.severity == "error"]
