@@ -102,10 +102,10 @@ def load_program(path: str | os.PathLike, *, strict: bool = False) -> Program:
         raise FileFormatError(f"{path}: {e}") from None
 
 
-def program_to_json(program: Program, *, inline_limit: int | None = None) -> dict:
-    """The program as a JSON-compatible dict; all parameter data inline unless inline_limit is set
-    (then larger arrays are left out: use save_program for a file with a sidecar)."""
-    return _to_json(program, inline_limit=inline_limit, sidecar=None, large=None)
+def program_to_json(program: Program) -> dict:
+    """The program as a JSON-compatible dict with all parameter data inline (save_program puts
+    large arrays in a sidecar instead)."""
+    return _to_json(program, inline_limit=None, sidecar=None, large=None)
 
 
 def program_from_json(obj: Any, base_dir: str | os.PathLike | None = None, *, strict: bool = False) -> Program:
@@ -139,12 +139,10 @@ def _to_json(program: Program, *, inline_limit, sidecar, large) -> dict:
         entry = {"value": vid, **_array_header(arr, vid)}
         if inline_limit is None or arr.size <= inline_limit:
             entry["data"] = base64.b64encode(_le_bytes(arr)).decode("ascii")
-        elif large is not None:
+        else:
             entry["sidecar"] = sidecar
             entry["sha256"] = hashlib.sha256(_le_bytes(arr)).hexdigest()
             large[vid] = arr
-        else:
-            entry["sidecar"] = None  # left out by request (a summary, not a file)
         params.append(entry)
     return {
         "format": FORMAT,
