@@ -268,3 +268,18 @@ def test_make_fx_fallback_when_export_refuses(monkeypatch):
     assert "make_fx" in p.metadata["import_warnings"][0]
     assert _ops(p) == ["batch_norm", "conv2d", "relu"]
     assert verify_import(p, m, draws=2) < 1e-4
+
+
+def test_large_inputs_are_traced_on_fake_tensors_with_probed_hints(tmp_path, monkeypatch):
+    from agent_core.importers import source
+    monkeypatch.setattr(source, "INPUT_ELEMENT_LIMIT", 1000)
+    f = tmp_path / "big.py"
+    f.write_text(KB_FILE.replace("batch, features, classes = 16, 10, 7", "batch, features, classes = 200, 10, 7"))
+    p = import_file(f)
+    x, target, prob = (p.values[v] for v in p.inputs)
+    assert (x.shape, target.shape, prob.shape) == ((200, 10), (200,), (200, 32))  # nothing shrunk
+    assert target.init == {"kind": "randint", "low": 0, "high": 7}  # exact, from the randint call
+    assert prob.init == {"kind": "uniform", "low": 0.0, "high": 1.0}
+    assert p.value_by_name("fc.weight").id in p.data
+    q = import_file(f, weights=False)  # meta model: shapes without data
+    assert q.value_by_name("fc.weight").id not in q.data

@@ -33,10 +33,11 @@ _CONSTANT_LIMIT = 1 << 26  # elements; a bigger constant made in forward stays a
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A copy: the program owns its data, later changes to the module's weights do not leak in."""
     t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
         t = t.float()
-    return t.contiguous().numpy()
+    return t.contiguous().numpy().copy()
 
 
 def _spec_of(val) -> TensorSpec:

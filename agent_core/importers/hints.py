@@ -44,29 +44,72 @@ def _cap(size):
     return tuple(min(int(d), _PROBE_DIM) for d in size)
 
 
-class _Shrink(TorchFunctionMode):
-    """Creates every factory tensor with its dimensions capped at _PROBE_DIM."""
+def _randint_bounds(args, kwargs) -> tuple[int, int]:
+    low = kwargs.get("low", 0)
+    high = kwargs.get("high")
+    ints = [a for a in args if isinstance(a, int) and not isinstance(a, bool)]
+    if high is None:
+        low, high = (ints[0], ints[1]) if len(ints) >= 2 else (low, ints[0])
+    return int(low), int(high)
+
+
+class _Factories(TorchFunctionMode):
+    """Records the exact hint of tensors that come straight from torch.rand / torch.randint (a
+    sample may miss the extremes: 32 draws of randint(0, 4096) never reach 0), and with
+    shrink=True creates every factory tensor with its dimensions capped at _PROBE_DIM."""
+
+    def __init__(self, shrink: bool):
+        super().__init__()
+        self.shrink = shrink
+        self.made: dict[int, tuple[torch.Tensor, dict | None]] = {}
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if func in _SIZED:
-            size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
-            args = (_cap(size),)
-        elif func is torch.full:
-            args = (_cap(args[0]),) + tuple(args[1:])
+        hint = "none"
+        if func is torch.rand:
+            hint = {"kind": "uniform", "low": 0.0, "high": 1.0}
+        elif func is torch.randn:
+            hint = None
         elif func is torch.randint:
-            if "size" in kwargs:
-                kwargs["size"] = _cap(kwargs["size"])
-            else:
-                args = tuple(args[:-1]) + (_cap(args[-1]),)
-        return func(*args, **kwargs)
+            low, high = _randint_bounds(args, kwargs)
+            hint = {"kind": "randint", "low": low, "high": high}
+        if self.shrink:
+            if func in _SIZED:
+                size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else args
+                args = (_cap(size),)
+            elif func is torch.full:
+                args = (_cap(args[0]),) + tuple(args[1:])
+            elif func is torch.randint:
+                if "size" in kwargs:
+                    kwargs["size"] = _cap(kwargs["size"])
+                else:
+                    args = tuple(args[:-1]) + (_cap(args[-1]),)
+        out = func(*args, **kwargs)
+        if hint != "none" and isinstance(out, torch.Tensor):
+            self.made[id(out)] = (out, hint)  # the tensor is kept so that its id stays unique
+        return out
+
+    def hint(self, t) -> dict | None:
+        made = self.made.get(id(t))
+        if made is not None and made[0] is t:
+            return made[1]
+        return init_hint(t)
 
 
-def probe_inputs(get_inputs, seed: int) -> list | None:
-    """get_inputs() run with every dimension capped, for hints only; None if it does not run so."""
+def observed_inputs(get_inputs, seed: int, *, shrink: bool = False) -> tuple[list, list]:
+    """(get_inputs() values, their hints). shrink=True caps every dimension (hints only)."""
     torch.manual_seed(seed)
+    mode = _Factories(shrink)
+    with mode:
+        values = get_inputs()
+    values = list(values) if isinstance(values, (list, tuple)) else [values]
+    return values, [mode.hint(v) for v in values]
+
+
+def probe_hints(get_inputs, seed: int, n: int) -> list:
+    """Hints from get_inputs() run with every dimension capped; defaults if it does not run so."""
     try:
-        with _Shrink():
-            return list(get_inputs())
+        values, hints = observed_inputs(get_inputs, seed, shrink=True)
     except Exception:  # a shape-dependent get_inputs: fall back to default hints
-        return None
+        return [None] * n
+    return hints if len(hints) == n else [None] * n

@@ -20,7 +20,7 @@ from ..ir import Program
 from ..ops.common import torch_dtype
 from ..reference import draw
 from .trace import _first_line
-from .hints import init_hint, probe_inputs
+from .hints import init_hint, observed_inputs, probe_hints
 from .module import import_nn_module
 
 # Above this many input elements get_inputs() is not run for real (KernelBench has 17 GB inputs):
@@ -74,17 +74,15 @@ def example_inputs(get_inputs, seed: int, *, fake_mode: FakeTensorMode | None = 
             shapes = list(get_inputs())
     except Exception:
         shapes = None
-    if not meta and shapes is not None and _numel(shapes) <= INPUT_ELEMENT_LIMIT or (shapes is None and not meta):
-        real = _call(get_inputs, where, seed)
-        if not isinstance(real, (list, tuple)):
-            real = [real]
-        return list(real), [init_hint(t) for t in real]
+    if not meta and (shapes is None or _numel(shapes) <= INPUT_ELEMENT_LIMIT):
+        try:
+            return observed_inputs(get_inputs, seed)
+        except Exception as e:
+            raise ImportFailure(f"{where} raised {_first_line(e)}") from None
     if shapes is None:
         raise ImportFailure(f"{where} cannot run on the meta device, so its inputs cannot be shaped without "
                             f"creating them")
-    probe = probe_inputs(get_inputs, seed)
-    hints = [init_hint(p) if probe is not None and len(probe) == len(shapes) else None
-             for p in (probe if probe is not None and len(probe) == len(shapes) else shapes)]
+    hints = probe_hints(get_inputs, seed, len(shapes))
     if meta:
         return shapes, hints
     fake_mode = fake_mode or FakeTensorMode()
