@@ -2,6 +2,7 @@
 source and profiles in docks; menus, toolbar and status bar; files, autosave and settings."""
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 
@@ -271,16 +272,19 @@ class MainWindow(QMainWindow):
             return False
         self.status(f"Opening {os.path.basename(path)}…")
         QApplication.setOverrideCursor(Qt.WaitCursor)
+        # tens of thousands of new objects: the cyclic GC would rescan the whole heap many times over
+        gc.disable()
         try:
             doc = load(path)
+            self._layout_if_needed(doc, layout_sync)
+            self.set_document(doc)
         except (StitchError, OSError) as e:
             self.status(f"Could not open {os.path.basename(path)}", error=True)
             self.ask("error", "Could not open the file", f"{path}\n\n{e}")
             return False
         finally:
+            gc.enable()
             QApplication.restoreOverrideCursor()
-        self._layout_if_needed(doc, layout_sync)
-        self.set_document(doc)
         if doc.path:
             self._add_recent(doc.path)
         self.status(f"Opened {os.path.basename(path)}: {len(doc.program.nodes)} nodes")

@@ -22,7 +22,7 @@ class EdgeItem(QGraphicsItem):
         self.setFlags(QGraphicsItem.ItemIsSelectable)
         self.setZValue(0)
         self._a = self._b = QPointF()
-        self._path = QPainterPath()
+        self._path: QPainterPath | None = None
         self._rect = QRectF()
 
     def set_ends(self, a: QPointF, b: QPointF) -> None:
@@ -30,11 +30,23 @@ class EdgeItem(QGraphicsItem):
             return
         self.prepareGeometryChange()
         self._a, self._b = a, b
-        dx = max(40.0, abs(b.x() - a.x()) * 0.5)
-        path = QPainterPath(a)
-        path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b)
-        self._path = path
-        self._rect = path.controlPointRect().adjusted(-3, -3, 3, 3)
+        # the curve's control points are a + (dx, 0) and b - (dx, 0): its box follows without
+        # building the path, which waits until the edge is first painted or hit-tested
+        ax, ay, bx, by = a.x(), a.y(), b.x(), b.y()
+        dx = max(40.0, abs(bx - ax) * 0.5)
+        left, right = min(ax, bx - dx), max(ax + dx, bx)
+        top, bottom = min(ay, by), max(ay, by)
+        self._rect = QRectF(left - 3, top - 3, right - left + 6, bottom - top + 6)
+        self._path = None
+
+    def path(self) -> QPainterPath:
+        if self._path is None:
+            a, b = self._a, self._b
+            dx = max(40.0, abs(b.x() - a.x()) * 0.5)
+            path = QPainterPath(a)
+            path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b)
+            self._path = path
+        return self._path
 
     def boundingRect(self) -> QRectF:
         return self._rect
@@ -42,7 +54,7 @@ class EdgeItem(QGraphicsItem):
     def shape(self) -> QPainterPath:
         s = QPainterPathStroker()
         s.setWidth(8)
-        return s.createStroke(self._path)
+        return s.createStroke(self.path())
 
     def paint(self, p: QPainter, option, widget=None) -> None:
         st = self.style
@@ -55,7 +67,7 @@ class EdgeItem(QGraphicsItem):
         p.setRenderHint(QPainter.Antialiasing, True)
         p.setPen(QPen(color, 2.2 if self.isSelected() else 1.5))
         p.setBrush(Qt.NoBrush)
-        p.drawPath(self._path)
+        p.drawPath(self.path())
 
 
 class TerminalItem(QGraphicsItem):

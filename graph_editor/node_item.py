@@ -63,6 +63,10 @@ def node_size(node: Node) -> tuple[float, float]:
     return NODE_WIDTH, HEADER_H + rows * ROW_H + lines * ATTR_H + PAD
 
 
+_NODE_FLAGS = QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable
+_TEXT_ON_DARK, _TEXT_ON_LIGHT = QColor("#f3f5f8"), QColor("#1f2329")
+
+
 class NodeItem(QGraphicsItem):
     kind = "node"
 
@@ -71,7 +75,7 @@ class NodeItem(QGraphicsItem):
         self.program = program
         self.node_id = node_id
         self.style = style
-        self.setFlags(QGraphicsItem.ItemIsMovable | QGraphicsItem.ItemIsSelectable)
+        self.setFlags(_NODE_FLAGS)
         self.setCacheMode(QGraphicsItem.DeviceCoordinateCache)
         self.setZValue(1)
         self._w = self._h = 0.0
@@ -94,7 +98,7 @@ class NodeItem(QGraphicsItem):
         except Exception:
             self._category = "opaque"
         self._header_color = self.style.category_color(self._category)
-        self._header_text = QColor("#f3f5f8" if self._header_color.lightness() < 128 else "#1f2329")
+        self._header_text = _TEXT_ON_DARK if self._header_color.lightness() < 128 else _TEXT_ON_LIGHT
         self._n_in, self._n_out = input_port_count(node), len(node.outputs)
         self._error = node.error
         self._labels_ready = False

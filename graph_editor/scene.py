@@ -47,6 +47,7 @@ class GraphScene(QGraphicsScene):
         self._press_pos: dict[str, QPointF] = {}
         self._positioning = False
         self._low_detail = False
+        self._content: QRectF | None = None   # content_rect cache, dropped on any change
         self.setBackgroundBrush(style.background)
         self.overview = OverviewItem(self)
         self.rebuild()
@@ -59,6 +60,7 @@ class GraphScene(QGraphicsScene):
     # building ------------------------------------------------------------------------------
     def rebuild(self) -> None:
         """Items for the whole program at once (opening a file); events keep them in step after."""
+        self._content = None
         for item in list(self.items()):
             if item.parentItem() is None and item not in self.overlays and item is not self.overview:
                 self.removeItem(item)
@@ -194,6 +196,7 @@ class GraphScene(QGraphicsScene):
         return keys
 
     def _node_item_moved(self, nid: str) -> None:
+        self._content = None
         if self._low_detail:
             self.overview.invalidate()
         item = self.nodes.get(nid)
@@ -230,6 +233,7 @@ class GraphScene(QGraphicsScene):
 
     # model events --------------------------------------------------------------------------
     def _on_event(self, event: str, payload: dict) -> None:
+        self._content = None
         handler = getattr(self, "_ev_" + event, None)
         if handler is not None:
             handler(**payload)
@@ -345,11 +349,13 @@ class GraphScene(QGraphicsScene):
 
     def content_rect(self) -> QRectF:
         """What fit-all shows: nodes, inputs and groups (not the overview or helper items)."""
-        r = QRectF()
-        for item in list(self.nodes.values()) + list(self.terminals.values()) + self.groups:
-            if item.isVisible():
-                r = r.united(item.sceneBoundingRect())
-        return r
+        if self._content is None:
+            r = QRectF()
+            for item in list(self.nodes.values()) + list(self.terminals.values()) + self.groups:
+                if item.isVisible():
+                    r = r.united(item.sceneBoundingRect())
+            self._content = r
+        return QRectF(self._content)
 
     # selection -----------------------------------------------------------------------------
     def selected_node_ids(self) -> list[str]:
@@ -473,6 +479,7 @@ class GraphScene(QGraphicsScene):
         for nid in members:
             self._place_terminals_for(nid)
         self.overview.invalidate()
+        self._content = None
 
     def _save_groups(self) -> None:
         meta = self.program.metadata.setdefault("editor", {})

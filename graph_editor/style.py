@@ -68,9 +68,12 @@ class CanvasStyle:
         return out
 
     def category_color(self, category: str) -> QColor:
-        if category == "opaque":
-            return QColor.fromHsl(0, 0, self.header_lightness)
-        return QColor.fromHsl(CATEGORY_HUES.get(category, 0), self.header_saturation, self.header_lightness)
+        c = self._metrics.get(("color", category))
+        if c is None:
+            sat = 0 if category == "opaque" else self.header_saturation
+            c = self._metrics[("color", category)] = QColor.fromHsl(CATEGORY_HUES.get(category, 0), sat,
+                                                                     self.header_lightness)
+        return c
 
 
 def _fonts(style: CanvasStyle) -> CanvasStyle:

@@ -83,11 +83,17 @@ class GraphView(QGraphicsView):
     def show_program(self, min_zoom: float = 0.6) -> None:
         """The opening view: the whole program if it fits at a readable zoom, else its beginning
         (inputs on the left) at that zoom."""
-        self.fit_all()
         sc = self.scene()
-        if sc is None or self.zoom() >= min_zoom:
+        if sc is None:
             return
         r = sc.content_rect()
+        vp = self.viewport().rect()
+        fit = min(vp.width() / max(1.0, r.width() + 80), vp.height() / max(1.0, r.height() + 80))
+        if fit >= min_zoom:
+            self.fit_all()
+            return
+        # decided before any zoom is applied, so a big program never passes through the overview
+        # mode (switching all items there and back costs more than opening it)
         self.resetTransform()
         self.zoom_by(min_zoom)
         vis = self.mapToScene(self.viewport().rect()).boundingRect()
