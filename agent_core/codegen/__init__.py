@@ -8,23 +8,64 @@ from __future__ import annotations
 
 from ..ir import Program
 from .kernel import CodegenError, KernelSource
-from .pointwise import generate_pointwise
+from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
 KINDS = ("pointwise", "row_reduction")
 
 
 def region_kind(program: Program, io: RegionIO) -> str:
-    cats = [program.nodes[n].opdef.category for n in io.nodes]
-    if all(c == "pointwise" for c in cats):
+    if all(is_elementwise(program.nodes[n]) for n in io.nodes):
         return "pointwise"
     return "row_reduction"
 
 
+# ops that run through the vendor library (via torch) with the rest of their region fused after them
+LIBRARY_CATEGORIES = ("matmul", "convolution")
+# region kinds of the planner that map onto the generators here
+_PLANNER_KINDS = {"reduction": "row_reduction", "normalization": "row_reduction", "single": None,
+                  "sibling": None, "matmul_epilogue": None, "conv_epilogue": None}
+
+
+def split_library(program: Program, io: RegionIO) -> tuple[list[str], list[str]]:
+    """(library nodes, generated nodes): a matmul or convolution that starts the region runs through
+    cuBLAS / cuDNN (torch); the nodes after it become one epilogue kernel."""
+    lib = [n for n in io.nodes if program.nodes[n].opdef.category in LIBRARY_CATEGORIES]
+    if not lib:
+        return [], list(io.nodes)
+    if len(lib) > 1:
+        names = ", ".join(f"{program.nodes[n].name} ({program.nodes[n].op})" for n in lib)
+        raise CodegenError(f"the region holds {len(lib)} matmuls/convolutions ({names}); one kernel "
+                           f"follows at most one library call")
+    anchor = program.nodes[lib[0]]
+    produced = {v for n in io.nodes for v in program.nodes[n].outputs}
+    if any(v in produced for v in anchor.inputs if v):
+        raise CodegenError(f"{anchor.name} ({anchor.op}) reads a value computed earlier in the region; "
+                           f"only an epilogue after the library call is generated", node_id=anchor.id)
+    rest = [n for n in io.nodes if n != anchor.id]
+    if not rest:
+        raise CodegenError(f"{anchor.name} ({anchor.op}) alone runs through the library "
+                           f"(cuBLAS/cuDNN via torch); there is no epilogue to generate", node_id=anchor.id)
+    return [anchor.id], rest
+
+
 def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None = None,
                     params: dict | None = None) -> KernelSource:
-    """Generate the kernel of the region made of node_ids; CodegenError says why if it cannot."""
+    """Generate the kernel of the region made of node_ids; CodegenError says why if it cannot.
+
+    A region that starts with a matmul or convolution gets a kernel for the epilogue only:
+    KernelSource.library_nodes names the node the runtime runs first through torch."""
     io = region_io(program, node_ids)
+    lib, rest = split_library(program, io)
+    if lib:
+        ks = generate_kernel(program, rest, name=name, params=params)
+        ks.library_nodes = lib
+        anchor = program.nodes[lib[0]]
+        note = (f"// Runs after {anchor.name} ({anchor.op} -> {program.values[anchor.outputs[0]].spec}) "
+                f"through cuBLAS/cuDNN (torch); this kernel is its fused epilogue.\n")
+        ks.source = note + ks.source
+        return ks
+    kind = _PLANNER_KINDS.get(kind, kind) if kind else None
     kind = kind or region_kind(program, io)
     if kind == "pointwise":
         return generate_pointwise(program, io, name, params)
@@ -34,4 +75,5 @@ def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None =
     raise CodegenError(f"region {name}: no code generator for kind '{kind}' (have: {', '.join(KINDS)})")
 
 
-__all__ = ["CodegenError", "KernelSource", "RegionIO", "generate_kernel", "region_io", "region_kind"]
+__all__ = ["CodegenError", "KernelSource", "RegionIO", "generate_kernel", "region_io", "region_kind",
+           "split_library"]

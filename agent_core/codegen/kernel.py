@@ -39,6 +39,9 @@ class KernelSource:
     align: int = 4                  # bytes every pointer argument must be aligned to
     bytes_moved: int = 0            # external bytes read once plus bytes written: the memory floor
     flops: int = 0
+    # nodes run before the kernel through their torch implementation (cuBLAS / cuDNN): a matmul or
+    # convolution whose epilogue this kernel is; their outputs are among the kernel's inputs
+    library_nodes: list[str] = field(default_factory=list)
 
     @property
     def filename(self) -> str:

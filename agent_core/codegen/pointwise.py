@@ -10,12 +10,55 @@ import math
 
 from ..ir import Program
 from ..ops.common import broadcast
-from .cuda import Names, c_type, header, kernel_name, render_pointwise
+from .cuda import Names, c_type, float_literal, header, kernel_name, render_pointwise
 from .kernel import CodegenError, KernelSource
 from .region_io import BroadcastIndex, RegionIO
 
 DEFAULTS = {"block": 256, "vector_width": 4, "sm_count": 132, "threads_per_sm": 2048}
 LANES = ("x", "y", "z", "w")
+BROADCAST_ONLY = ("expand",)  # layout ops that index arithmetic already expresses
+
+
+def is_elementwise(node) -> bool:
+    """Pointwise ops, expand, and batch_norm in eval mode (a per-channel affine map)."""
+    return (node.opdef.category == "pointwise" or node.op in BROADCAST_ONLY
+            or (node.op == "batch_norm" and not node.attrs.get("training")))
+
+
+def operand_views(program: Program, order: list[str], inputs: list[str]) -> dict[str, tuple]:
+    """The shape each external input is indexed with: its own, except batch_norm's per-channel
+    parameters, which line up with dim 1 of the normalized input ([C] -> [C, 1, 1] for NCHW)."""
+    views = {v: tuple(program.values[v].shape) for v in inputs}
+    channel: dict[str, tuple] = {}
+    for nid in order:
+        node = program.nodes[nid]
+        if node.op != "batch_norm":
+            continue
+        rank = len(program.values[node.inputs[0]].shape)
+        for v in node.inputs[1:]:
+            if v is None:
+                continue
+            if v not in views:
+                raise CodegenError(f"{node.name}: its statistics or affine parameters are computed inside "
+                                   f"the region; only inputs and parameters are supported there", node_id=nid)
+            channel[v] = (program.values[v].shape[0],) + (1,) * (rank - 2)
+    for nid in order:  # a channel parameter read elsewhere with its own shape cannot have both views
+        node = program.nodes[nid]
+        if node.op != "batch_norm" and any(v in channel for v in node.inputs):
+            raise CodegenError(f"{node.name} reads a batch_norm parameter directly; split the region",
+                               node_id=nid)
+    views.update(channel)
+    return views
+
+
+def _batch_norm_expr(node, args: list[str]) -> str:
+    x, rm, rv = args[0], args[1], args[2]
+    expr = f"({x} - {rm}) * rsqrtf({rv} + {float_literal(node.attrs['eps'])})"
+    if len(args) > 3 and node.inputs[3] is not None:
+        expr += f" * {args[3]}"
+    if len(args) > 4 and node.inputs[4] is not None:
+        expr += f" + {args[4]}"
+    return expr
 
 
 def render_chain(program: Program, order: list[str], env: dict[str, str], names: Names,
@@ -24,11 +67,18 @@ def render_chain(program: Program, order: list[str], env: dict[str, str], names:
     lines = []
     for nid in order:
         node = program.nodes[nid]
-        if node.opdef.category != "pointwise":
+        if node.op in BROADCAST_ONLY:
+            # expand is broadcasting made explicit: per element of the iteration space it is its input
+            env[node.outputs[0]] = env[node.inputs[0]]
+            continue
+        if not is_elementwise(node):
             raise CodegenError(f"{node.name} ({node.op}) is not pointwise and cannot join a "
                                f"pointwise chain", node_id=nid)
-        args = [env[v] for v in node.inputs if v is not None]
-        expr = render_pointwise(node, args)
+        if node.op == "batch_norm":
+            expr = _batch_norm_expr(node, [env[v] if v is not None else "" for v in node.inputs])
+        else:
+            args = [env[v] for v in node.inputs if v is not None]
+            expr = render_pointwise(node, args)
         out = program.values[node.outputs[0]]
         ident = names.new(out.name)
         note = node.name if node.name == node.op else f"{node.name}: {node.op}"
@@ -57,7 +107,8 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
     operands = io.inputs + io.outputs
     for vid in operands:
         c_type(vals[vid].dtype, f"'{vals[vid].name}'")
-    bidx = BroadcastIndex(space, [vals[v].shape for v in operands])
+    views = operand_views(program, io.nodes, io.inputs)
+    bidx = BroadcastIndex(space, [views.get(v, vals[v].shape) for v in operands])
     index_t = "int" if numel < 2**31 - 2**20 else "long long"
 
     names = Names()

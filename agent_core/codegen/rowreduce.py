@@ -20,10 +20,10 @@ import math
 import networkx as nx
 
 from ..ir import Program
-from ..ops.common import norm_dim, norm_dims
+from ..ops.common import broadcast, norm_dim, norm_dims
 from .cuda import Names, c_type, float_literal, header, kernel_name
 from .kernel import CodegenError, KernelSource
-from .pointwise import render_chain
+from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
 
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
@@ -57,7 +57,8 @@ STATES = {
 
 
 def _row_op(program: Program, nid: str):
-    """(state, per-row preamble, per-element or per-row expression, preserves rows, reduced dims)."""
+    """(state, per-row preamble, per-element or per-row expression, preserves rows, reduced dims,
+    row length when rows are not the reduced dims: group_norm's (sample, group) rows)."""
     node = program.nodes[nid]
     x = program.values[node.inputs[0]]
     rank, a, op = len(x.shape), node.attrs, node.op
@@ -68,16 +69,35 @@ def _row_op(program: Program, nid: str):
         dims = list(range(rank - k, rank))
     elif op in ("sum", "mean", "max", "min", "logsumexp", "var", "std"):
         dims = norm_dims(a["dim"], rank)
+    elif op in ("group_norm", "instance_norm"):
+        # rows are (sample, group): C/G * spatial contiguous elements; channel parameters by channel
+        if op == "instance_norm" and not a["use_input_stats"]:
+            raise CodegenError(f"{node.name} (instance_norm) uses running statistics; not generated yet",
+                               node_id=nid)
+        chans = x.shape[1]
+        groups = a["num_groups"] if op == "group_norm" else chans
+        spatial = math.prod(x.shape[2:])
+        eps = float_literal(a["eps"])
+        w_port, b_port = (1, 2) if op == "group_norm" else (3, 4)
+        ch = f"[(int)(row % {groups}) * {chans // groups} + col / {spatial}]"
+        expr = "(xe - st.mean) * rstd"
+        if len(node.inputs) > w_port and node.inputs[w_port]:
+            expr += f" * WEIGHT{ch}"
+        if len(node.inputs) > b_port and node.inputs[b_port]:
+            expr += f" + BIAS{ch}"
+        return ("welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True,
+                list(range(1, rank)), chans // groups * spatial)
     else:
         raise CodegenError(f"{node.name} ({op}) has no row-reduction template (have: softmax, log_softmax, "
-                           f"layer_norm, rms_norm, logsumexp, sum, mean, max, min, var, std)", node_id=nid)
+                           f"layer_norm, rms_norm, group_norm, instance_norm, logsumexp, sum, mean, max, min, "
+                           f"var, std)", node_id=nid)
     if dims != list(range(dims[0], dims[0] + len(dims))):
         raise CodegenError(f"{node.name} ({op}) reduces dims {dims} of {list(x.shape)}, which are not "
                            f"neighbours; no kernel template reduces scattered dims", node_id=nid)
     if op == "softmax":
-        return "maxsumexp", "const float inv_sum = 1.0f / st.s;", "expf(xe - st.m) * inv_sum", True, dims
+        return "maxsumexp", "const float inv_sum = 1.0f / st.s;", "expf(xe - st.m) * inv_sum", True, dims, None
     if op == "log_softmax":
-        return "maxsumexp", "const float log_sum = logf(st.s);", "xe - st.m - log_sum", True, dims
+        return "maxsumexp", "const float log_sum = logf(st.s);", "xe - st.m - log_sum", True, dims, None
     if op == "layer_norm":
         eps = float_literal(a["eps"])
         expr = "(xe - st.mean) * rstd"
@@ -85,31 +105,32 @@ def _row_op(program: Program, nid: str):
             expr += " * WEIGHT[col]"
         if len(node.inputs) > 2 and node.inputs[2]:
             expr += " + BIAS[col]"
-        return "welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True, dims
+        return "welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True, dims, None
     if op == "rms_norm":
         eps = float_literal(a["eps"] if a["eps"] is not None else FLOAT32_EPS)
         expr = "xe * rrms" + (" * WEIGHT[col]" if len(node.inputs) > 1 and node.inputs[1] else "")
-        return "sumsq", f"const float rrms = rsqrtf(st.q / kColsF + {eps});", expr, True, dims
+        return "sumsq", f"const float rrms = rsqrtf(st.q / kColsF + {eps});", expr, True, dims, None
     if op == "logsumexp":
-        return "maxsumexp", "", "st.m + logf(st.s)", False, dims
+        return "maxsumexp", "", "st.m + logf(st.s)", False, dims, None
     if op == "sum":
-        return "sum", "", "st.s", False, dims
+        return "sum", "", "st.s", False, dims, None
     if op == "mean":
-        return "sum", "", "st.s / kColsF", False, dims
+        return "sum", "", "st.s / kColsF", False, dims, None
     if op in ("max", "min"):
-        return op, "", "st.m", False, dims
+        return op, "", "st.m", False, dims, None
     corr = float_literal(a["correction"])
     var = f"st.m2 / (kColsF - {corr})"
-    return "welford", "", var if op == "var" else f"sqrtf({var})", False, dims
+    return "welford", "", var if op == "var" else f"sqrtf({var})", False, dims, None
 
 
 class _Operands:
     """Loads of region inputs in an iteration space, by flat index, with broadcast offset helpers."""
 
-    def __init__(self, program, space, vids, names: Names, prefix: str):
+    def __init__(self, program, space, vids, names: Names, prefix: str, views=None):
         self.program, self.space = program, tuple(space)
         vals = program.values
-        self.bidx = BroadcastIndex(space, [vals[v].shape for v in vids]) if vids else None
+        views = views or {}
+        self.bidx = BroadcastIndex(space, [views.get(v, vals[v].shape) for v in vids]) if vids else None
         self.vids = list(vids)
         self.helpers, self.consts, self.fn = [], [], {}
         sizes = [f"k{prefix}Size{g}" for g in range(len(self.bidx.sizes))] if vids else []
@@ -160,20 +181,20 @@ class _Operands:
 def generate_row_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
     vals, nodes = program.values, program.nodes
-    anchors = [n for n in io.nodes if nodes[n].opdef.category != "pointwise"]
+    anchors = [n for n in io.nodes if not is_elementwise(nodes[n])]
     if len(anchors) != 1:
         what = ", ".join(f"{nodes[n].name} ({nodes[n].op})" for n in anchors)
         raise CodegenError(f"a row-reduction region holds exactly one reduction or normalization; "
                            f"this one has {len(anchors)}: {what}")
     anchor = nodes[anchors[0]]
-    state, preamble, out_expr, preserving, dims = _row_op(program, anchor.id)
+    state, preamble, out_expr, preserving, dims, row_len = _row_op(program, anchor.id)
     x_vid = anchor.inputs[0]
     x = vals[x_vid]
     for vid in [x_vid, anchor.outputs[0], *io.inputs, *io.outputs]:
         if vals[vid].dtype != "float32":
             raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; row reductions are "
                                f"generated for float32 so far (the region runs unfused)")
-    cols = math.prod(x.shape[d] for d in dims)
+    cols = row_len or math.prod(x.shape[d] for d in dims)
     rows = math.prod(x.shape) // max(cols, 1)
     # [outer, cols, inner]: inner > 1 means the reduced dims are followed by kept ones (columns)
     inner = math.prod(x.shape[dims[-1] + 1:])
@@ -206,6 +227,13 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if v is not None and v in io.produced:
             raise CodegenError(f"the weight or bias of {anchor.name} is computed inside the region; "
                                f"only inputs and parameters are supported there", node_id=anchor.id)
+
+    # a keepdim reduction whose epilogue broadcasts it back over the rows (x - mean, x * rsqrt(ms)):
+    # evaluate the epilogue per element of the row, the statistic being the same along the row
+    if not preserving and epi and len(vals[anchor.outputs[0]].shape) == len(x.shape):
+        espace = broadcast(*(vals[v].shape for n in epi for v in nodes[n].outputs))
+        if tuple(espace) == tuple(x.shape):
+            preserving = True
 
     # external inputs by phase
     pro_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in pro)]
@@ -250,10 +278,10 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     wb = [v for v in params_in if v is not None]
     for port, v in zip(anchor.opdef.port_names[1:], params_in):
         if v is not None:
-            out_expr = out_expr.replace(f"{port.upper()}[col]", f"{arg[v]}[col]")
+            out_expr = out_expr.replace(f"{port.upper()}[", f"{arg[v]}[")
 
-    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In")
-    ld_epi = _Operands(program, out_space, epi_inputs, names, "Out")
+    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, pro, pro_inputs))
+    ld_epi = _Operands(program, out_space, epi_inputs, names, "Out", operand_views(program, epi, epi_inputs))
     out_vids = list(io.outputs)
     for v in out_vids:
         if math.prod(vals[v].shape) != math.prod(out_space):

@@ -198,3 +198,27 @@ def test_column_reductions(op, attrs, shape):
     e = p.add_node("mul_scalar", [n.outputs[0]], {"value": 2.0})
     p.mark_output(e.outputs[0])
     fused(p, [r.id, n.id, e.id], f"col_{op}")
+
+
+STITCH_KINDS = ["linear_bias_relu", "linear_layer_norm", "conv_bn_relu", "expand_chain", "rms_norm_manual",
+                "group_norm", "instance_norm"]
+
+
+@pytest.mark.parametrize("kind", STITCH_KINDS)
+def test_stitched_patterns(kind):
+    """Library call + generated epilogue, batch_norm/expand in chains, group norms, broadcast-back."""
+    from tests.test_codegen_stitching import build  # the same programs the CPU tests compile
+    p, ids = build(kind)
+    r = fused(p, ids, kind)
+    assert bool(r.kernel.library_nodes) == kind.startswith(("linear", "conv"))
+
+
+@pytest.mark.parametrize("groups,shape", [(8, (4, 64, 32, 32)), (1, (3, 5, 7)), (4, (2, 8, 129))])
+def test_group_norm_shapes(groups, shape):
+    p = Program("gn")
+    x = p.add_input("x", shape)
+    w = p.add_parameter("w", shape=(shape[1],))
+    b = p.add_parameter("b", shape=(shape[1],))
+    n = p.add_node("group_norm", [x.id, w.id, b.id], {"num_groups": groups})
+    p.mark_output(n.outputs[0])
+    fused(p, [n.id], "gn")
