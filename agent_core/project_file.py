@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 import zipfile
 from enum import Enum
@@ -63,9 +64,13 @@ def save_program(program: Program, path: str | os.PathLike, *, inline_limit: int
     text = _format(obj)
     if large:
         sidecar = os.path.join(os.path.dirname(path) or ".", sidecar_name)
-        # An unchanged sidecar is left alone: then the only rename is the JSON's, which is atomic.
-        if not _sidecar_matches(sidecar, obj["parameters"]):
-            _atomic_write(sidecar, lambda f: _write_npz(f, large))
+        want = [e for e in obj["parameters"] if "sidecar" in e]
+        # An unchanged sidecar is left alone. A changed one also keeps the arrays the JSON now on disk
+        # reads, so that a crash between the two renames leaves a loadable pair either way.
+        if not _sidecar_holds(sidecar, want):
+            keep = _members_read_by(path, sidecar_name)
+            _atomic_write(sidecar, lambda f: _write_npz(f, {_member(e): large[e["value"]] for e in want},
+                                                        sidecar, keep))
     _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
     if not large:  # a sidecar left from an earlier save is no longer referenced
         stale = os.path.join(os.path.dirname(path) or ".", sidecar_name)
@@ -272,21 +277,49 @@ def _umask() -> int:
     return 0o022
 
 
-def _write_npz(f, arrays: dict[str, np.ndarray]) -> None:
+def _member(entry: dict) -> str:
+    """Sidecar member of an array: value id and checksum, so two saves' arrays can sit side by side."""
+    return f"{entry['value']}.{entry['sha256'][:16]}.npy"
+
+
+def _write_npz(f, arrays: dict[str, np.ndarray], old_path: str, keep: set[str]) -> None:
     with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
-        for vid, arr in arrays.items():
-            with z.open(vid + ".npy", "w", force_zip64=True) as m:
+        for name, arr in arrays.items():
+            with z.open(name, "w", force_zip64=True) as m:
                 np.lib.format.write_array(m, np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")),
                                           allow_pickle=False)
+        keep = keep - set(arrays)
+        if keep and os.path.isfile(old_path):
+            try:
+                with zipfile.ZipFile(old_path) as old:
+                    for info in old.infolist():
+                        if info.filename in keep:
+                            with old.open(info) as src, z.open(info.filename, "w", force_zip64=True) as dst:
+                                shutil.copyfileobj(src, dst, 1 << 20)
+            except (zipfile.BadZipFile, OSError, EOFError):
+                pass  # the old pair was broken already; nothing to keep
 
 
-def _sidecar_matches(path: str, params: list[dict]) -> bool:
-    want = [p for p in params if "sidecar" in p]
+def _sidecar_holds(path: str, want: list[dict]) -> bool:
     try:
         _read_sidecar(path, want, check_only=True)
         return True
     except FileFormatError:
         return False
+
+
+def _members_read_by(path: str, sidecar_name: str) -> set[str]:
+    """Sidecar members the project file now at `path` reads (none if it is absent or unreadable)."""
+    try:
+        if os.path.getsize(path) > MAX_FILE_BYTES:
+            return set()
+        with open(path, "rb") as f:
+            old = json.loads(f.read().decode("utf-8"))
+        return {_member(e) for e in old["parameters"]
+                if isinstance(e, dict) and e.get("sidecar") == sidecar_name
+                and isinstance(e.get("value"), str) and isinstance(e.get("sha256"), str)}
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+        return set()
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -692,7 +725,7 @@ def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> d
             members = {i.filename: i for i in z.infolist()}
             for w in want:
                 where = w.get("path", "parameters")
-                info = members.get(w["value"] + ".npy")
+                info = members.get(_member(w))
                 if info is None:
                     raise FileFormatError(f"{where}: sidecar '{label}' has no array for '{w['value']}'")
                 dtype, shape = np.dtype(w["dtype"]), tuple(w["shape"])

@@ -109,7 +109,8 @@ def test_sidecar_is_a_plain_npz_without_pickle(tmp_path):
     saved(tmp_path, p)
     with np.load(tmp_path / "prog.json.npz", allow_pickle=False) as z:
         vid = next(v for v, a in p.data.items() if a.size > pf.INLINE_LIMIT)
-        assert np.array_equal(z[vid], p.data[vid])
+        (key,) = z.files  # "<value id>.<checksum prefix>"
+        assert key.startswith(vid + ".") and np.array_equal(z[key], p.data[vid])
 
 
 def test_regions_log_profile_and_positions_round_trip(tmp_path):
@@ -189,6 +190,35 @@ def test_a_crash_while_writing_the_json_keeps_the_old_json(tmp_path, monkeypatch
     monkeypatch.setattr(pf.os, "replace", real_replace)
     assert calls and path.read_bytes() == old
     assert os.listdir(tmp_path) == ["prog.json"]
+
+
+def test_a_crash_between_the_sidecar_and_the_json_rename_keeps_a_loadable_pair(tmp_path, monkeypatch):
+    p = make_program()
+    path = saved(tmp_path, p)
+    vid = next(v for v, a in p.data.items() if a.size > pf.INLINE_LIMIT)
+    q = make_program()
+    q.data[vid] = q.data[vid] * 2
+    real_replace = os.replace
+
+    def replace(src, dst):
+        if str(dst).endswith(".json"):
+            raise KeyboardInterrupt  # killed after the sidecar's rename, before the JSON's
+        real_replace(src, dst)
+    monkeypatch.setattr(pf.os, "replace", replace)
+    with pytest.raises(KeyboardInterrupt):
+        save_program(q, path)
+    monkeypatch.setattr(pf.os, "replace", real_replace)
+    assert np.array_equal(load_program(path).data[vid], p.data[vid])  # the old pair still loads
+    save_program(q, path)
+    assert np.array_equal(load_program(path).data[vid], q.data[vid])
+    with np.load(tmp_path / "prog.json.npz", allow_pickle=False) as z:
+        assert len(z.files) == 2  # this save's array and the one the previous file read
+    save_program(load_program(path), path)  # unchanged: the sidecar is not rewritten
+    r = load_program(path)
+    r.data[vid] = r.data[vid] + 1
+    save_program(r, path)
+    with np.load(tmp_path / "prog.json.npz", allow_pickle=False) as z:
+        assert len(z.files) == 2  # arrays older than the file on disk are dropped
 
 
 def test_save_refuses_what_a_file_cannot_hold(tmp_path):
@@ -371,6 +401,8 @@ def test_sidecar_missing_damaged_mismatched_or_holding_objects(tmp_path):
     side = tmp_path / "prog.json.npz"
     good = side.read_bytes()
     vid = next(v for v, a in p.data.items() if a.size > pf.INLINE_LIMIT)
+    with np.load(side, allow_pickle=False) as z:
+        (key,) = z.files
 
     side.unlink()
     with pytest.raises(FileFormatError, match="sidecar file 'prog.json.npz' with the large parameters is missing"):
@@ -381,17 +413,17 @@ def test_sidecar_missing_damaged_mismatched_or_holding_objects(tmp_path):
 
     arr = p.data[vid].copy()
     arr[0, 0] += 1
-    np.savez(side, **{vid: arr})
+    np.savez(side, **{key: arr})
     with pytest.raises(FileFormatError, match="does not match the file's checksum"):
         load_program(path)
-    np.savez(side, **{vid: arr.astype(np.float32)})
+    np.savez(side, **{key: arr.astype(np.float32)})
     with pytest.raises(FileFormatError, match=r"is float32\[64, 80\], the file says float64\[64, 80\]"):
         load_program(path)
     np.savez(side, other=arr)
     with pytest.raises(FileFormatError, match=f"has no array for '{vid}'"):
         load_program(path)
     objs = np.empty((64, 80), dtype=object)
-    np.savez(side, **{vid: objs})
+    np.savez(side, **{key: objs})
     with pytest.raises(FileFormatError, match="holds Python objects; refusing to load it"):
         load_program(path)
 
