@@ -107,7 +107,7 @@ class MainWindow(QMainWindow):
         self.source_dock.raise_()
         self.resizeDocks([self.palette_dock, self.inspector_dock], [220, 320], Qt.Horizontal)
         self.resizeDocks([self.inspector_dock, self.history_dock], [520, 200], Qt.Vertical)
-        self.resizeDocks([self.source_dock], [150], Qt.Vertical)
+        self.resizeDocks([self.source_dock], [120], Qt.Vertical)
 
     def _action(self, text, slot, shortcut=None, icon=None, tip=None) -> QAction:
         a = QAction(text, self)

@@ -133,7 +133,7 @@ class PaletteWidget(QWidget):
             self.tree.expandAll()
         else:
             self.tree.collapseAll()
-            for cat in ("pointwise", "matmul", "normalization"):
+            for cat in ("matmul", "normalization", "convolution"):  # short lists; pointwise is long
                 if cat in groups:
                     groups[cat].setExpanded(True)
 

@@ -81,6 +81,9 @@ def test_import_example_screenshots_save_reopen(window, qtbot, tmp_path):
     # the dark and the light screenshot of the imported example
     os.makedirs(SHOTS, exist_ok=True)
     win.view.show_program()
+    first = p.topo_order()[0]
+    win.scene.select_nodes([first])               # the inspector shows a node in the screenshots
+    assert win.inspector.target == ("node", first)
     win.screenshot(os.path.join(SHOTS, "studio_dark.png"))
     win.toggle_theme()
     assert win.theme == "light" and win.scene.style.name == "light"

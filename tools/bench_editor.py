@@ -97,13 +97,33 @@ def bench_layout(path: str, grandalf: bool) -> dict:
                         if v and p.values[v].producer])
     out = {"nodes": len(p.nodes)}
     with Clock() as c:
-        layered_layout(data)
+        pos = layered_layout(data)
     out["own_cpu_s"] = round(c.cpu, 3)
+    out["own_quality"] = layout_quality(data, pos)
     if grandalf:
         with Clock() as c:
-            grandalf_layout(data)
+            pos = grandalf_layout(data)
         out["grandalf_cpu_s"] = round(c.cpu, 3)
+        out["grandalf_quality"] = layout_quality(data, pos)
     return out
+
+
+def layout_quality(data, pos) -> dict:
+    """Overlapping node pairs (must be 0), edges that do not run left to right, and the mean
+    vertical bend of an edge in pixels (lower reads better)."""
+    boxes = sorted((pos[n][0], pos[n][1], pos[n][0] + data.sizes[n][0], pos[n][1] + data.sizes[n][1])
+                   for n in data.nodes if n in pos)
+    overlaps = 0
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            if b[0] >= a[2]:
+                break
+            if not (a[3] <= b[1] or b[3] <= a[1]):
+                overlaps += 1
+    backwards = sum(1 for a, b in data.edges if pos[a][0] >= pos[b][0])
+    bend = [abs((pos[a][1] + data.sizes[a][1] / 2) - (pos[b][1] + data.sizes[b][1] / 2)) for a, b in data.edges]
+    return {"overlaps": overlaps, "backward_edges": backwards,
+            "mean_edge_bend_px": round(sum(bend) / max(1, len(bend)), 1)}
 
 
 def bench_paint(app, path: str) -> dict:
