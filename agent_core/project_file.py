@@ -88,12 +88,12 @@ def load_program(path: str | os.PathLike, *, strict: bool = False) -> Program:
     """
     path = os.fspath(path)
     try:
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
-            raise FileFormatError(f"{path}: {size} bytes is larger than the {MAX_FILE_BYTES >> 20} MiB "
-                                  f"a project file may have")
+        if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
+            raise FileFormatError(f"{path}: not a regular file")
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(MAX_FILE_BYTES + 1)  # bounded even if the size on disk lies
+        if len(raw) > MAX_FILE_BYTES:
+            raise FileFormatError(f"{path}: larger than the {MAX_FILE_BYTES >> 20} MiB a project file may have")
     except FileNotFoundError:
         raise FileFormatError(f"{path}: no such file") from None
     except IsADirectoryError:

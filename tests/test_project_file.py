@@ -256,6 +256,9 @@ def test_not_json_truncated_empty_and_binary(tmp_path):
         load_program(tmp_path / "missing.json")
     with pytest.raises(FileFormatError, match="is a folder"):
         load_program(tmp_path)
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(FileFormatError, match="not a regular file"):
+            load_program("/dev/zero")
 
 
 def test_wrong_format_tag_and_versions(tmp_path):
