@@ -162,7 +162,7 @@ def _to_json(program: Program, *, inline_limit, sidecar, large) -> dict:
                    for v in program.values.values()],
         "nodes": [{"id": n.id, "op": n.op, "name": n.name, "attrs": _plain(n.attrs, f"nodes.{n.id}.attrs"),
                    "inputs": list(n.inputs), "outputs": list(n.outputs),
-                   "pos": None if n.pos is None else [_plain(float(n.pos[0]), ""), _plain(float(n.pos[1]), "")]}
+                   "pos": _pos(n)}
                   for n in program.nodes.values()],
         "parameters": params,
         "regions": [_plain(r.to_dict() if hasattr(r, "to_dict") else r, f"regions[{i}]")
@@ -171,6 +171,15 @@ def _to_json(program: Program, *, inline_limit, sidecar, large) -> dict:
         "profile": _plain(program.profile, "profile"),
         "metadata": _plain(dict(program.metadata), "metadata"),
     }
+
+
+def _pos(n: Node) -> list[float] | None:
+    if n.pos is None:
+        return None
+    x, y = float(n.pos[0]), float(n.pos[1])
+    if not (math.isfinite(x) and math.isfinite(y)):
+        raise FileFormatError(f"cannot save node {n.name} ({n.id}): its canvas position {n.pos} is not finite")
+    return [x, y]
 
 
 def _format(obj: dict) -> str:
