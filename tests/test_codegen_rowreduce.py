@@ -123,3 +123,21 @@ def test_refusals():
     q.mark_output(b.outputs[0])
     with pytest.raises(CodegenError, match="exactly one"):
         generate_kernel(q, [a.id, b.id], name="two")
+
+
+def test_few_long_rows_split_across_blocks():
+    p = Program("split")
+    x = p.add_input("x", (3, 1 << 20))
+    n = p.add_node("logsumexp", [x.id], {"dim": [-1]})
+    p.mark_output(n.outputs[0])
+    ks = generate_kernel(p, [n.id], name="split")
+    assert ks.params["schedule"] == "split" and ks.params["split"] > 1
+    assert ks.grid[0] == 3 * ks.params["split"]
+    assert ks.workspace == [("float32", 3 * ks.params["split"] * 2), ("int32", 3)]
+    assert "atomicAdd(&counters[row], 1u)" in ks.source and "counters[row] = 0u" in ks.source
+    compile_kernel(ks, arch="sm_90")
+    many = Program("many")
+    y = many.add_input("y", (1000, 1 << 15))
+    m = many.add_node("sum", [y.id], {"dim": [-1]})
+    many.mark_output(m.outputs[0])
+    assert generate_kernel(many, [m.id], name="many").params["schedule"] == "online"

@@ -42,6 +42,9 @@ class KernelSource:
     # nodes run before the kernel through their torch implementation (cuBLAS / cuDNN): a matmul or
     # convolution whose epilogue this kernel is; their outputs are among the kernel's inputs
     library_nodes: list[str] = field(default_factory=list)
+    # scratch buffers the runtime appends to the arguments, zeroed once and left zeroed by the kernel:
+    # (dtype, elements) pairs (a split reduction's partial states and arrival counters)
+    workspace: list[tuple[str, int]] = field(default_factory=list)
 
     @property
     def filename(self) -> str:

@@ -27,9 +27,9 @@ from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
 
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
-            "online_threads": 1024, "threads_per_row": None}
+            "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None}
 # names the kernel body uses for itself; parameters never take them
-KERNEL_LOCALS = ("outer", "inner", "tile", "part", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
+KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "tile", "part", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
                  "xe", "y", "WEIGHT", "BIAS")
 FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(float32).eps: rms_norm's default eps
@@ -87,6 +87,9 @@ def _row_op(program: Program, nid: str):
             expr += f" + BIAS{ch}"
         return ("welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True,
                 list(range(1, rank)), chans // groups * spatial)
+    elif node.opdef.category in ("layout", "pooling", "opaque", "matmul", "convolution"):
+        raise CodegenError(f"{node.name} ({op}) is a {node.opdef.category} op with no generated kernel yet; "
+                           f"it runs through torch", node_id=nid)
     else:
         raise CodegenError(f"{node.name} ({op}) has no row-reduction template (have: softmax, log_softmax, "
                            f"layer_norm, rms_norm, group_norm, instance_norm, logsumexp, sum, mean, max, min, "
@@ -266,9 +269,17 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                 raise CodegenError(f"threads_per_row={tpr} leaves {math.ceil(cols / tpr)} floats per thread "
                                    f"in registers (at most 64)")
         block = max(int(p["block"]), tpr) if schedule == "warp" else tpr
+    split = 1
+    if schedule == "online" and not preserving and not column and rows < int(p["sm_count"]):
+        # few long rows reduced away: several blocks per row, the last to finish combines the partials
+        split = max(1, min(math.ceil(cols / (tpr * vec * 16)), math.ceil(2 * int(p["sm_count"]) / rows)))
+        if p.get("split"):
+            split = int(p["split"])
+        if split > 1:
+            schedule = "split"
     rows_per_block = block // tpr
     items = math.ceil(cols / (tpr * vec))
-    grid = math.ceil(rows / rows_per_block)
+    grid = math.ceil(rows / rows_per_block) * split
     index_t = "int" if rows * cols < 2**31 - 2**20 else "long long"
 
     names = Names()
@@ -406,7 +417,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             "  const bool active = row < kRows;  // inactive lanes still join the shuffles",
             "  const index_t base = row * kCols;",
             "  State st = identity();"]
-    cached = schedule != "online"
+    cached = schedule not in ("online", "split")
     two_stage = cached and state in ("maxsumexp", "welford")
 
     def load_group(indent, col, target, fold=True):
@@ -444,7 +455,40 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                     out.append(f"{indent}reinterpret_cast<float4*>({arg[v]} + base + {col})[0] = {arg[v]}4;")
         return out
 
-    if cached:
+    if schedule == "split":
+        body = ["  const index_t row = blockIdx.x / kSplit;",
+                "  const int part = blockIdx.x % kSplit;  // which of the row's kSplit blocks this is",
+                "  const int lane = threadIdx.x;",
+                "  const bool active = true;",
+                "  const index_t base = row * kCols;",
+                "  State st = identity();",
+                "  // pass 1: this block's interleaved share of the row, folded into running statistics",
+                "  for (int c0 = (part * kThreadsPerRow + lane) * kVec; c0 < kCols; "
+                "c0 += kSplit * kThreadsPerRow * kVec) {",
+                "    float v[kVec];"]
+        body += load_group("    ", "c0", lambda e: f"v[{e}]")
+        body += ["  }",
+                 "  st = row_reduce(st);",
+                 "  // publish this block's partial; the row's last block to arrive combines them all",
+                 "  __shared__ bool last;",
+                 "  if (threadIdx.x == 0) {",
+                 *[f"    workspace[blockIdx.x * kFields + {k}] = st.{f};" for k, f in enumerate(STATES[state][0])],
+                 "    __threadfence();",
+                 "    last = atomicAdd(&counters[row], 1u) == kSplit - 1;",
+                 "  }",
+                 "  __syncthreads();",
+                 "  if (!last || threadIdx.x != 0) return;",
+                 "  __threadfence();",
+                 "  st = identity();",
+                 "  for (int k = 0; k < kSplit; ++k) {",
+                 "    const float* w = workspace + (row * kSplit + k) * kFields;",
+                 "    st = combine(st, State{" + ", ".join(f"__ldcg(w + {k})" for k in range(len(STATES[state][0]))) + "});",
+                 "  }",
+                 "  counters[row] = 0u;  // ready for the next launch (and graph replay)"]
+        if preamble:
+            body.append(f"  {preamble}")
+        body += ["  {", f"    const float y = {out_expr};", f"    {epi_call('y', 'NAN', 'row')}", "  }"]
+    elif cached:
         body.insert(0, "  float v[kItems * kVec];  // this thread's part of the row, kept in registers")
         body += ["  // pass 1: load the row (prologue applied)" + ("" if two_stage else ", fold it into the statistics"),
                  "#pragma unroll",
@@ -475,12 +519,17 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                  "    float v[kVec];"]
         body += load_group("    ", "c0", lambda e: f"v[{e}]")
         body += ["  }"]
-    if not two_stage:
+    if schedule == "split":
+        pass
+    elif not two_stage:
         body.append("  st = row_reduce(st);")
-    body.append("  if (!active) return;")
-    if preamble:
-        body.append(f"  {preamble}")
-    if preserving:
+    if schedule != "split":
+        body.append("  if (!active) return;")
+        if preamble:
+            body.append(f"  {preamble}")
+    if schedule == "split":
+        pass
+    elif preserving:
         if cached:
             body += ["  // pass 2: outputs from the registers",
                      "#pragma unroll",
@@ -516,10 +565,15 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
               f"constexpr int kWarpsPerRow = {max(1, tpr // 32)};"]
     if cached:
         consts.append(f"constexpr int kItems = {items};  // vectors per thread")
+    if schedule == "split":
+        consts += [f"constexpr int kSplit = {split};  // blocks per row",
+                   f"constexpr int kFields = {len(STATES[state][0])};  // floats per partial state"]
+        cparams = cparams + ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
     consts += ld_pro.consts + ld_epi.consts
     sched_text = {"warp": f"{tpr} lanes per row, {rows_per_block} rows per block, row in registers",
                   "block": f"one block of {tpr} threads per row, row in registers",
-                  "online": f"one block of {tpr} threads per row, online two-pass"}[schedule]
+                  "online": f"one block of {tpr} threads per row, online two-pass",
+                  "split": f"{split} blocks of {tpr} threads per row, last block combines"}[schedule]
     sched_text += f", {'float4' if vec == 4 else 'scalar'} loads, {grid} blocks"
     head = header(program, f"Region {name}: {anchor.op} over rows of {cols}, stitched with "
                            f"{len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
@@ -536,9 +590,11 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=out_vids, grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched_text,
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": rows_per_block,
-                "vector_width": vec, "block": block, "grid": grid},
+                "vector_width": vec, "block": block, "grid": grid, "split": split},
         align=16 if vec == 4 else 4, bytes_moved=nbytes,
-        flops=sum(program.node_flops(n) for n in io.nodes))
+        flops=sum(program.node_flops(n) for n in io.nodes),
+        workspace=[("float32", rows * split * len(STATES[state][0])), ("int32", rows)]
+        if schedule == "split" else [])
 
 
 COLUMN_TILE = (32, 8)  # threads over kept inner positions (coalesced) x threads splitting the reduced length

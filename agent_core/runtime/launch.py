@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 from ..codegen.kernel import KernelSource
 from ..compiler import CompiledKernel, compile_kernel
@@ -88,12 +89,14 @@ class LoadedKernel:
         replayed sequences call, without per-call argument conversion."""
         torch, cupy = _torch(), _cupy()
         k = self.kernel
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        with warnings.catch_warnings():  # CuPy 14 deprecates the name, not the behaviour we use
+            warnings.simplefilter("ignore", DeprecationWarning)
+            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
         with stream:
             # DLPack views of the same memory (zero copy); bools travel as bytes, which every
             # DLPack consumer knows, and the kernel reads them as C++ bool (one byte)
             args = tuple(cupy.from_dlpack(t.view(torch.uint8) if t.dtype == torch.bool else t)
-                         for t in list(inputs) + list(outputs))
+                         for t in list(inputs) + list(outputs) + self._workspace(torch))
         fn, grid, block, smem = self.function, k.grid, k.block, k.shared_bytes
 
         def launch():
@@ -101,6 +104,15 @@ class LoadedKernel:
                 fn(grid, block, args, shared_mem=smem)
         launch.keepalive = (inputs, outputs)  # the tensors must outlive the launcher
         return launch
+
+    def _workspace(self, torch) -> list:
+        """Scratch buffers of the kernel (zeroed once; the kernel leaves them zeroed)."""
+        if not self.kernel.workspace:
+            return []
+        if getattr(self, "_scratch", None) is None:
+            self._scratch = [torch.zeros(max(1, n), dtype=getattr(torch, dt), device="cuda")
+                             for dt, n in self.kernel.workspace]
+        return self._scratch
 
     def attribution(self) -> dict:
         return {"registers": self.registers, "local_bytes": self.local_bytes,

@@ -17,6 +17,14 @@ from ..reference import run_node
 from ..verify import VerifyResult, verify_region
 
 
+def strict_fp32() -> None:
+    """TF32 off for cuBLAS and cuDNN: library calls must match the fp32 reference within 1e-4
+    (cuDNN convolutions use TF32 by default)."""
+    import torch
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
 @dataclass
 class RegionRunner:
     program: Program
@@ -45,6 +53,7 @@ class RegionRunner:
         if self.loaded is not None and self.kernel.library_nodes:
             import torch
             env = dict(zip(self.inputs, ins))
+            strict_fp32()
             with torch.no_grad():
                 for nid in self.kernel.library_nodes:   # cuBLAS / cuDNN through torch
                     run_node(self.program, nid, env)
@@ -59,6 +68,7 @@ class RegionRunner:
         if self.loaded is not None:
             return self.loaded(ins, outs)
         import torch
+        strict_fp32()
         with torch.no_grad():
             res = self.run_unfused(ins)
         if outs is not None:

@@ -222,3 +222,17 @@ def test_group_norm_shapes(groups, shape):
     n = p.add_node("group_norm", [x.id, w.id, b.id], {"num_groups": groups})
     p.mark_output(n.outputs[0])
     fused(p, [n.id], "gn")
+
+
+@pytest.mark.parametrize("op,attrs", [("sum", {"dim": [-1]}), ("logsumexp", {"dim": [-1]}),
+                                      ("var", {"dim": [-1]}), ("max", {"dim": None})])
+def test_split_rows_for_few_long_rows(op, attrs):
+    """Few rows of 2^20 reduced away: several blocks per row, the last one combines (and the
+    kernel runs twice, so the arrival counters must have been reset)."""
+    p = Program("split")
+    x = p.add_input("x", (3, 1 << 20) if attrs["dim"] else (1 << 21,))
+    r = p.add_node("relu", [x.id])
+    n = p.add_node(op, [r.outputs[0]], attrs)
+    p.mark_output(n.outputs[0])
+    run = fused(p, [r.id, n.id], f"split_{op}")
+    assert run.kernel.params["schedule"] == "split" and run.kernel.workspace
