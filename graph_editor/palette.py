@@ -202,7 +202,8 @@ class QuickSearch(QFrame):
 
     def _fill(self, text: str) -> None:
         self.list.clear()
-        for op in search_ops(text, self._ops)[:60]:
+        found = search_ops(text, self._ops)
+        for op in found if not text else found[:60]:
             alias = f"  ({', '.join(op.aliases)})" if op.aliases else ""
             it = QListWidgetItem(f"{op.name}{alias}    · {op.category}")
             it.setData(Qt.UserRole, op.name)

@@ -207,3 +207,23 @@ def test_screenshot_entry_point(tmp_path):
     assert out.stat().st_size > 10_000
     assert run_studio(str(tmp_path / "nope.json"), screenshot=str(out)) == 1
     assert load_program(src).name == "cli"
+
+
+def test_tab_quick_search_and_drag_to_empty_canvas(window, qtbot):
+    win = window
+    sc = win.scene
+    win.view.setFocus()
+    qtbot.keyClick(win.view, "\t")
+    assert win.quick.isVisible() and win.quick.title.text() == "Add node"
+    qtbot.keyClicks(win.quick.edit, "layer_norm")
+    assert win.quick.list.currentItem().data(0x0100) == "layer_norm"
+    win.quick.hide()
+    # a drag from a free output released on empty canvas offers only ops that accept the value
+    x = win.document.program.add_input("mask", (4, 4), "bool").id
+    sc.finish_drag(("out", x), QPointF(5000, 5000))
+    offered = {win.quick.list.item(i).data(0x0100) for i in range(win.quick.list.count())}
+    assert "logical_not" in offered and "relu" not in offered
+    win.quick._accept("logical_not")
+    node = next(n for n in win.document.program.nodes.values() if n.op == "logical_not")
+    assert node.inputs == [x] and node.pos == (5000.0, 5000.0)
+    assert win.document.stack.undoText() == "Add logical_not"   # add + connect: one step
