@@ -205,8 +205,13 @@ def _array_header(arr: np.ndarray, vid: str) -> dict:
     return {"dtype": name, "shape": [int(d) for d in arr.shape]}
 
 
+def _le(arr: np.ndarray) -> np.ndarray:
+    """Little-endian, C order, shape kept (np.ascontiguousarray would turn a 0-d array into 1-d)."""
+    return np.asarray(arr, dtype=arr.dtype.newbyteorder("<"), order="C")
+
+
 def _le_bytes(arr: np.ndarray) -> bytes:
-    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+    return _le(arr).tobytes()
 
 
 def _plain(x: Any, path: str, depth: int = 0) -> Any:
@@ -295,8 +300,7 @@ def _write_npz(f, arrays: dict[str, np.ndarray], old_path: str, keep: set[str]) 
     with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
         for name, arr in arrays.items():
             with z.open(name, "w", force_zip64=True) as m:
-                np.lib.format.write_array(m, np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")),
-                                          allow_pickle=False)
+                np.lib.format.write_array(m, _le(arr), allow_pickle=False)
         keep = keep - set(arrays)
         if keep and os.path.isfile(old_path):
             try:

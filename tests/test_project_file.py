@@ -533,3 +533,41 @@ def test_save_keeps_permissions_and_symlinks(tmp_path):
     save_program(p, link)
     assert link.is_symlink() and load_program(path).name == "via link"
     assert (os.stat(path).st_mode & 0o777) == 0o640
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_json_leaf = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(allow_nan=True),
+                       st.text(max_size=12))
+_json = st.recursive(_json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                         st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                     max_leaves=20)
+_dtypes = st.sampled_from(["float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool"])
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_round_trip_property(tmp_path, data):
+    """Random programs (chains of unary and binary ops over random-dtype parameters, random canvas
+    positions and free-form sections) save and load to the same JSON, and dumps/loads agree."""
+    p = Program(data.draw(st.text(min_size=1, max_size=20), "name"))
+    shape = tuple(data.draw(st.lists(st.integers(0, 5), max_size=3), "shape"))
+    cur = p.add_input("x", shape).id
+    for k in range(data.draw(st.integers(1, 5), "length")):
+        dtype = data.draw(_dtypes, "dtype")
+        raw = np.random.default_rng(k).standard_normal(shape) * 100
+        arr = (raw > 0) if dtype == "bool" else raw.astype(dtype)
+        w = p.add_parameter(f"w{k}", arr, constant=data.draw(st.booleans(), "const"))
+        n = p.add_node(data.draw(st.sampled_from(["add", "mul", "maximum"]), "binop"), [cur, w.id])
+        n = p.add_node(data.draw(st.sampled_from(["relu", "abs", "neg", "sigmoid"]), "unop"), [n.outputs[0]])
+        if data.draw(st.booleans(), "has pos"):
+            p.set_pos(n.id, data.draw(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6)), "pos"))
+        cur = n.outputs[0]
+    p.mark_output(cur)
+    p.log = data.draw(st.lists(st.dictionaries(st.text(max_size=8), _json, max_size=3), max_size=3), "log")
+    p.profile = data.draw(st.one_of(st.none(), st.dictionaries(st.text(max_size=8), _json, max_size=3)), "profile")
+    p.metadata = data.draw(st.dictionaries(st.text(max_size=8), _json, max_size=4), "metadata")
+    path = tmp_path / "prop.json"
+    save_program(p, path, inline_limit=data.draw(st.sampled_from([0, 4, 4096]), "inline limit"))
+    assert program_to_json(load_program(path)) == program_to_json(p)
+    assert program_to_json(loads(dumps(p))) == program_to_json(p)
