@@ -88,6 +88,9 @@ def verify_region(program: Program, inputs: list[str], outputs: list[str],
                 torch.cuda.synchronize()
         except StitchError as exc:
             return VerifyResult(False, d, reason=f"draw {d}: {exc}")
+        except Exception as exc:  # a launch or driver failure is a failed candidate, not a crash
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return VerifyResult(False, d, reason=f"draw {d}: the candidate raised {type(exc).__name__}: {first}")
         if len(got) != len(outputs):
             return VerifyResult(False, d, reason=f"the candidate returned {len(got)} outputs, want {len(outputs)}")
         for vid, g, w in zip(outputs, got, want):

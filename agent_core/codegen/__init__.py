@@ -11,7 +11,8 @@ from .kernel import CodegenError, KernelSource
 from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
-KINDS = ("pointwise", "row_reduction")
+KINDS = ("pointwise", "row_reduction", "layout")
+LAYOUT_OPS = ("permute", "transpose")
 
 
 def region_kind(program: Program, io: RegionIO) -> str:
@@ -69,6 +70,9 @@ def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None =
     kind = kind or region_kind(program, io)
     if kind == "pointwise":
         return generate_pointwise(program, io, name, params)
+    if kind == "layout" or (kind == "row_reduction" and any(program.nodes[n].op in LAYOUT_OPS for n in io.nodes)):
+        from .layout import generate_layout
+        return generate_layout(program, io, name, params)
     if kind in ("row_reduction", "reduction", "normalization"):
         from .rowreduce import generate_row_reduction
         return generate_row_reduction(program, io, name, params)

@@ -236,3 +236,16 @@ def test_split_rows_for_few_long_rows(op, attrs):
     p.mark_output(n.outputs[0])
     run = fused(p, [r.id, n.id], f"split_{op}")
     assert run.kernel.params["schedule"] == "split" and run.kernel.workspace
+
+
+@pytest.mark.parametrize("shape,perm", [((2, 3, 4), [0, 2, 1]), ((65, 129), [1, 0]), ((2, 3, 4, 5), [3, 0, 1, 2]),
+                                        ((2, 3, 4, 5), [1, 0, 2, 3]), ((4, 1, 6, 33), [0, 3, 2, 1]),
+                                        ((16, 256, 512), [0, 2, 1])])
+def test_permute(shape, perm):
+    p = Program("perm")
+    x = p.add_input("x", shape)
+    a = p.add_node("sigmoid", [x.id])
+    t = p.add_node("permute", [a.outputs[0]], {"dims": perm})
+    e = p.add_node("mul_scalar", [t.outputs[0]], {"value": 3.0})
+    p.mark_output(e.outputs[0])
+    fused(p, [a.id, t.id, e.id], "perm")

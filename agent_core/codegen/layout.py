@@ -1,0 +1,219 @@
+"""Layout regions: a permute or transpose, with pointwise prologue (input space) and epilogue
+(output space) fused around it.
+
+Size-1 dimensions are dropped and input dimensions that stay neighbours in the output merged, so
+most permutations become a batched 2-D transpose. When the innermost dimension stays innermost the
+kernel is a gather (each thread one output element, both sides coalesced); when it moves, tiles of
+32 x 32 go through shared memory (padded against bank conflicts): loads coalesced along the input's
+last dimension, stores along the output's.
+"""
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+
+from ..ir import Program
+from .cuda import Names, header, kernel_name
+from .kernel import CodegenError, KernelSource
+from .pointwise import is_elementwise, operand_views, render_chain
+from .region_io import RegionIO, contiguous_strides
+
+LAYOUT_OPS = ("permute", "transpose")
+TILE, ROWS = 32, 8
+
+
+def permutation(node, rank: int) -> list[int]:
+    if node.op == "permute":
+        return [d % rank for d in node.attrs["dims"]]
+    d0, d1 = node.attrs["dim0"] % rank, node.attrs["dim1"] % rank
+    perm = list(range(rank))
+    perm[d0], perm[d1] = perm[d1], perm[d0]
+    return perm
+
+
+def simplify(shape, perm) -> tuple[list[int], list[int]]:
+    """Drop size-1 dims and merge input dims that stay adjacent and in order in the output."""
+    keep = [d for d in range(len(shape)) if shape[d] != 1]
+    order = [d for d in perm if shape[d] != 1]            # kept input dims in output order
+    groups: list[list[int]] = []                          # in output order
+    for d in order:
+        if groups and keep.index(d) == keep.index(groups[-1][-1]) + 1:
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
+    new_shape = [math.prod(shape[d] for d in groups[g]) for g in by_input]
+    new_perm = [by_input.index(g) for g in range(len(groups))]
+    return new_shape or [1], new_perm or [0]
+
+
+def generate_layout(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
+    from .rowreduce import _Operands  # shares the broadcast-aware loads of the reduction kernels
+    vals, nodes = program.values, program.nodes
+    anchors = [n for n in io.nodes if nodes[n].op in LAYOUT_OPS]
+    others = [n for n in io.nodes if n not in anchors and not is_elementwise(nodes[n])]
+    if len(anchors) != 1 or others:
+        raise CodegenError("a layout region holds one permute or transpose and pointwise ops around it")
+    t = nodes[anchors[0]]
+    x_vid, y_vid = t.inputs[0], t.outputs[0]
+    x, y = vals[x_vid], vals[y_vid]
+    for vid in [x_vid, y_vid, *io.inputs, *io.outputs]:
+        if vals[vid].dtype != "float32":
+            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; layout kernels are generated "
+                               f"for float32 so far")
+    numel = math.prod(x.shape)
+    if numel == 0:
+        raise CodegenError("the region moves an empty tensor; there is nothing to launch")
+    g = program.graph().subgraph(io.nodes)
+    before, after = nx.ancestors(g, t.id), nx.descendants(g, t.id)
+    pro = [n for n in io.nodes if n in before]
+    epi = [n for n in io.nodes if n in after]
+    if len(pro) + len(epi) + 1 != len(io.nodes):
+        raise CodegenError(f"every op of a layout region must feed {t.name} or follow it; split the region")
+    pro_vals = {v for n in pro for v in nodes[n].outputs}
+    if any(v in pro_vals for v in io.outputs):
+        raise CodegenError("a prologue value is also used outside the region; split the region")
+    if any(v in pro_vals for n in epi for v in nodes[n].inputs):
+        raise CodegenError("the epilogue reads a prologue value; split the region")
+    for v in io.outputs:
+        if math.prod(vals[v].shape) != numel:
+            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of the permuted "
+                               f"tensor; split the region there")
+
+    rank = len(x.shape)
+    shape, perm = simplify(list(x.shape), permutation(t, rank))
+    r = len(shape)
+    in_strides = contiguous_strides(shape)
+    out_shape = [shape[p] for p in perm]
+    out_strides_o = contiguous_strides(out_shape)
+    out_stride = [0] * r                                   # output stride of each input dim
+    for i, d in enumerate(perm):
+        out_stride[d] = out_strides_o[i]
+    tiled = perm[-1] != r - 1
+
+    names = Names()
+    names.taken.update(("tile", "ti", "tb", "ta", "q", "ia", "ib", "in_idx", "out_idx", "point", "store_point"))
+    arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
+    pro_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in pro)] if pro else [x_vid]
+    epi_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in epi)]
+    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, pro, pro_inputs))
+    ld_epi = _Operands(program, y.shape, epi_inputs, names, "Out", operand_views(program, epi, epi_inputs))
+
+    pn = Names()
+    penv = {v: pn.new(vals[v].name) for v in pro_inputs}
+    pro_lines = render_chain(program, pro, penv, pn) if pro else []
+    pro_fn = ("// Prologue: one element of the permuted tensor, in input order.\n"
+              f"__device__ __forceinline__ float point({', '.join(f'float {penv[v]}' for v in pro_inputs)}) {{\n"
+              + "\n".join(pro_lines) + f"\n  return {penv[x_vid]};\n}}\n")
+    en = Names()
+    eenv = {y_vid: en.new(y.name)}
+    for v in epi_inputs:
+        eenv[v] = en.new(vals[v].name)
+    epi_lines = render_chain(program, epi, eenv, en) if epi else []
+    oref = {v: en.new(vals[v].name + "_out") for v in io.outputs}
+    epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in io.outputs]
+    sig = [f"float {eenv[y_vid]}"] + [f"float {eenv[v]}" for v in epi_inputs] + [f"float& {oref[v]}" for v in io.outputs]
+    epi_fn = ("// Epilogue: one element of the permuted tensor, in output order.\n"
+              f"__device__ __forceinline__ void store_point({', '.join(sig)}) {{\n" + "\n".join(epi_lines) + "\n}\n")
+
+    def pro_call(idx):
+        return f"point({', '.join(ld_pro.load(v, arg[v], idx) for v in pro_inputs)})"
+
+    def epi_call(val, idx):
+        a = [val] + [ld_epi.load(v, arg[v], idx) for v in epi_inputs] + [f"{arg[v]}[{idx}]" for v in io.outputs]
+        return f"store_point({', '.join(a)});"
+
+    index_t = "int" if numel < 2**31 - 2**20 else "long long"
+    consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};"]
+    block = 256
+    if not tiled:
+        # output coordinate i of the simplified shape reads input dim perm[i]
+        consts += [f"constexpr index_t kOutSize{i} = {out_shape[i]}, kOutInner{i} = {out_strides_o[i]}, "
+                   f"kInStride{i} = {in_strides[perm[i]]};" for i in range(r)]
+        terms = []
+        for i in range(r):
+            q = "o" if out_strides_o[i] == 1 else f"o / kOutInner{i}"
+            coord = f"({q})" if i == 0 else f"({q}) % kOutSize{i}"
+            terms.append(f"{coord} * kInStride{i}")
+        gather = ("// The input element that output element o reads.\n"
+                  f"__device__ __forceinline__ index_t source(index_t o) {{ return {' + '.join(terms)}; }}\n")
+        grid = max(1, min(math.ceil(numel / block), 132 * 8))
+        body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
+                "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {",
+                f"    {epi_call(pro_call('source(o)'), 'o')}",
+                "  }"]
+        helpers = [gather]
+        blockdim = (block, 1, 1)
+        sched = f"gather (innermost dim stays), {block} threads x {grid} blocks"
+    else:
+        a, b = r - 1, perm[-1]
+        batch = [d for d in range(r) if d not in (a, b)]
+        nb = math.prod(shape[d] for d in batch)
+        ta, tb = math.ceil(shape[a] / TILE), math.ceil(shape[b] / TILE)
+        grid = ta * tb * nb
+        consts += [f"constexpr index_t kA = {shape[a]};  // input's last dim (moves)",
+                   f"constexpr index_t kB = {shape[b]};  // output's last dim",
+                   f"constexpr index_t kInStrideB = {in_strides[b]}, kOutStrideA = {out_stride[a]};",
+                   f"constexpr index_t kTilesA = {ta}, kTilesB = {tb};",
+                   f"constexpr int kTile = {TILE}, kRows = {ROWS};"]
+        in_terms, out_terms, inner = [], [], 1
+        for d in reversed(batch):
+            consts.append(f"constexpr index_t kBatch{d} = {shape[d]}, kBatchIn{d} = {in_strides[d]}, "
+                          f"kBatchOut{d} = {out_stride[d]};")
+            coord = "q" if inner == 1 else f"(q / {inner})"
+            coord = f"({coord} % kBatch{d})" if d != batch[0] else coord
+            in_terms.append(f"{coord} * kBatchIn{d}")
+            out_terms.append(f"{coord} * kBatchOut{d}")
+            inner *= shape[d]
+        helpers = [
+            "// Offsets of batch q (the dims that neither move in nor out) in the input and the output.\n"
+            f"__device__ __forceinline__ index_t batch_in(index_t q) {{ return {' + '.join(in_terms) or '0'}; }}\n"
+            f"__device__ __forceinline__ index_t batch_out(index_t q) {{ return {' + '.join(out_terms) or '0'}; }}\n"]
+        body = ["  __shared__ float tile[kTile][kTile + 1];  // +1: columns fall in different banks",
+                "  const index_t ti = blockIdx.x % (kTilesA * kTilesB);",
+                "  const index_t q = blockIdx.x / (kTilesA * kTilesB);",
+                "  const index_t ta = ti % kTilesA, tb = ti / kTilesA;",
+                "  const index_t in_base = batch_in(q), out_base = batch_out(q);",
+                "  // load: threadIdx.x runs along the input's last dim (coalesced)",
+                "#pragma unroll",
+                "  for (int j = 0; j < kTile; j += kRows) {",
+                "    const index_t ib = tb * kTile + threadIdx.y + j, ia = ta * kTile + threadIdx.x;",
+                "    if (ib < kB && ia < kA) {",
+                "      const index_t in_idx = in_base + ib * kInStrideB + ia;",
+                f"      tile[threadIdx.y + j][threadIdx.x] = {pro_call('in_idx')};",
+                "    }",
+                "  }",
+                "  __syncthreads();",
+                "  // store: threadIdx.x runs along the output's last dim (coalesced)",
+                "#pragma unroll",
+                "  for (int j = 0; j < kTile; j += kRows) {",
+                "    const index_t ia = ta * kTile + threadIdx.y + j, ib = tb * kTile + threadIdx.x;",
+                "    if (ib < kB && ia < kA) {",
+                "      const index_t out_idx = out_base + ia * kOutStrideA + ib;",
+                f"      {epi_call('tile[threadIdx.x][threadIdx.y + j]', 'out_idx')}",
+                "    }",
+                "  }"]
+        blockdim = (TILE, ROWS, 1)
+        block = TILE * ROWS
+        sched = f"32x32 tiles through shared memory, {nb} batch(es), {grid} blocks of {TILE}x{ROWS}"
+    consts.append(f"constexpr int kBlock = {block};")
+    consts += ld_pro.consts + ld_epi.consts
+    kname = kernel_name(name)
+    cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
+    head = header(program, f"Region {name}: {t.op} {list(x.shape)} -> {list(y.shape)} with {len(pro)} "
+                           f"prologue and {len(epi)} epilogue op(s)", io.nodes, [
+        "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
+        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+        f"Simplified: {shape} permuted by {perm}; schedule: {sched}.",
+    ])
+    source = "\n".join([head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, *helpers, pro_fn, epi_fn,
+                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
+                        *body, "}", ""])
+    return KernelSource(
+        name=kname, kind="layout", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(io.outputs), grid=(grid, 1, 1), block=blockdim, schedule=sched,
+        params={"tiled": tiled, "shape": shape, "perm": perm, "grid": grid}, align=4,
+        bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
+        flops=sum(program.node_flops(n) for n in io.nodes))
