@@ -67,6 +67,13 @@ def row(op, **attrs):
     return build
 
 
+def row_layout(dims):
+    def build(p, ins):
+        n = p.add_node("permute", ins, {"dims": dims})
+        return [n.id], n.outputs[0]
+    return build
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", help="write the results here")
@@ -110,6 +117,10 @@ def main(argv=None) -> int:
              lambda a, w: torch.nn.functional.rms_norm(a, (4096,), w, 1e-6), [(N // 4096, 4096), (4096,)]),
         case("logsumexp_1024", row("logsumexp", dim=[-1]), lambda a: torch.logsumexp(a, -1), [(N // 1024, 1024)]),
         case("sum_128", row("sum", dim=[-1]), lambda a: a.sum(-1), [(N // 128, 128)]),
+        case("transpose_16384", row_layout([1, 0]), lambda a: a.t().contiguous(), [(16384, N // 16384)]),
+        case("permute_0213", row_layout([0, 2, 1, 3]), lambda a: a.permute(0, 2, 1, 3).contiguous(),
+             [(64, 256, N // (64 * 256 * 64), 64)]),
+        case("split_logsumexp_2rows", row("logsumexp", dim=[-1]), lambda a: torch.logsumexp(a, -1), [(2, N // 2)]),
         case("column_sum_dim0", row("sum", dim=[0]), lambda a: a.sum(0), [(4096, N // 4096)]),
         case("column_softmax_dim1", row("softmax", dim=1), lambda a: torch.softmax(a, 1),
              [(64, 1024, N // (64 * 1024))]),
