@@ -44,7 +44,7 @@ def _sizes(path: Path) -> tuple[int, int]:
     return n_in, n_p
 
 
-def run_one(path: Path, verify_limit: float, weights_limit: float, device: str) -> dict:
+def run_one(path: Path, verify_limit: float, weights_limit: float, device: str, announce: bool = False) -> dict:
     import torch
     from agent_core.errors import StitchError
     from agent_core.importers import import_file, load_source, verify_import
@@ -76,7 +76,8 @@ def run_one(path: Path, verify_limit: float, weights_limit: float, device: str) 
     res["method"] = program.metadata.get("import_method")
     res["weights"] = weights
     res["status"] = "opaque" if res["opaque"] else "clean"
-    print("@@IMPORTED " + json.dumps(res), flush=True)  # survives a timeout during verification
+    if announce:  # the parent keeps this if verification then runs past the timeout
+        print("@@IMPORTED " + json.dumps(res), flush=True)
     if not weights:
         res["verify"] = "skipped: parameters not materialized"
     elif n_in + n_p > verify_limit:
@@ -102,7 +103,7 @@ def _child(args) -> None:
     if args.mem_limit_gb:
         lim = int(args.mem_limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-    res = run_one(Path(args.one), args.verify_limit, args.weights_limit, args.device)
+    res = run_one(Path(args.one), args.verify_limit, args.weights_limit, args.device, announce=True)
     print("@@RESULT " + json.dumps(res))
 
 
@@ -207,6 +208,8 @@ def main(argv=None) -> int:
     ap.add_argument("--date", default="", help="with --from-json: when the results were measured")
     ap.add_argument("--wall", type=float, default=0.0, help="with --from-json: minutes the runs took")
     ap.add_argument("--run-command", default="", help="with --from-json: the command(s) that made the results")
+    ap.add_argument("--in-process", action="store_true",
+                    help="no subprocess per problem (fast import-only scans: use with --weights-limit -1)")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.one:
@@ -237,7 +240,7 @@ def main(argv=None) -> int:
     results = []
 
     def one(f):
-        r = _spawn(f, args)
+        r = run_one(f, args.verify_limit, args.weights_limit, args.device) if args.in_process else _spawn(f, args)
         print(f"{r['problem']}: {r['status']} {r.get('verify', '')} {r.get('error', '')} "
               f"{dict(r.get('opaque', {})) or ''} ({r.get('seconds')} s)", file=sys.stderr, flush=True)
         if args.json:

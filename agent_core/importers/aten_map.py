@@ -415,7 +415,7 @@ def _max_dim(cx, n, a):
     lib = "max" if str(n.target).startswith("aten.max") else "min"
     # values through the library reduction; the indices (argmax/argmin) when someone reads them
     vals = cx.emit(lib, [a["self"]], {"dim": [int(a["dim"])], "keepdim": bool(a["keepdim"])})
-    users = {u.args[1] for u in n.users if getattr(u.target, "__name__", "") == "getitem"}
+    users = {u.args[1] for u in n.users if getattr(u.target, "__name__", "") == "getitem" and u.users}
     idx = None
     if 1 in users:
         idx = cx.emit("arg" + lib, [a["self"]], {"dim": int(a["dim"]), "keepdim": bool(a["keepdim"])})

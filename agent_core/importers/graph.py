@@ -160,7 +160,7 @@ class Converter:
         if n.target is operator.getitem:
             src = self.env[n.args[0]]
             self.env[n] = src[n.args[1]]
-            if isinstance(src, list) and self.env[n] is None:
+            if isinstance(src, list) and self.env[n] is None and n.users:
                 raise ImportFailure(f"{n.name}: output {n.args[1]} of {n.args[0].name} was not produced")
             return
         name = _aten_name(n.target)
@@ -326,9 +326,21 @@ def convert_graph(program: Program, gm: fx.GraphModule, placeholders: dict[str, 
             _mark_outputs(cx, outs)
         else:
             raise ImportFailure(f"unexpected graph node {n.op} {n.target}")
+    _drop_dead(program)
     program.metadata["import_warnings"] = cx.warnings
     program.metadata["opaque_ops"] = dict(cx.opaque)
     return cx
+
+
+def _drop_dead(program: Program) -> None:
+    """Remove nodes nothing reads (export keeps e.g. the unread index output of max.dim)."""
+    while True:
+        used = {v for n in program.nodes.values() for v in n.inputs if v} | set(program.outputs)
+        dead = [nid for nid, n in program.nodes.items() if not any(v in used for v in n.outputs)]
+        if not dead:
+            return
+        for nid in dead:
+            program.remove_node(nid)
 
 
 def _mark_outputs(cx: Converter, outs: list) -> None:
