@@ -131,7 +131,8 @@ def main(argv=None) -> int:
         "softmax_4096": [{"threads_per_row": 128}, {"threads_per_row": 512}],
         "softmax_16384": [{"threads_per_row": 512}],
         "layer_norm_1024": [{"threads_per_row": 64}, {"threads_per_row": 128}],
-        "add_bias_gelu_mul": [{"block": 512}, {"vector_width": 1}],
+        "add_bias_gelu_mul": [{"block": 512}, {"vector_width": 1}, {"unroll": 1}],
+        "relu": [{"unroll": 1}, {"unroll": 8}],
     }
     runs = [(p, ids, eager, None) for p, ids, eager in cases]
     runs += [(p, ids, eager, v) for p, ids, eager in cases for v in variants.get(p.name, [])]

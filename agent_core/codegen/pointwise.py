@@ -14,7 +14,7 @@ from .cuda import Names, c_type, float_literal, header, kernel_name, render_poin
 from .kernel import CodegenError, KernelSource
 from .region_io import BroadcastIndex, RegionIO
 
-DEFAULTS = {"block": 256, "vector_width": 4, "sm_count": 132, "threads_per_sm": 2048}
+DEFAULTS = {"block": 256, "vector_width": 4, "sm_count": 132, "threads_per_sm": 2048, "unroll": 4}
 LANES = ("x", "y", "z", "w")
 BROADCAST_ONLY = ("expand",)  # layout ops that index arithmetic already expresses
 
@@ -123,7 +123,8 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
     consts = [f"constexpr index_t kNumel = {numel};"]
     if vec:
         consts += ["constexpr index_t kVecWidth = 4;  // floats per 16-byte access",
-                   "constexpr index_t kNumVec = kNumel / kVecWidth;"]
+                   "constexpr index_t kNumVec = kNumel / kVecWidth;",
+                   f"constexpr int kUnroll = {int(p['unroll'])};  // float4 groups in flight per thread"]
     size_names = [f"kSize{g}" for g in range(len(bidx.sizes))]
     inner_names = [f"kInner{g}" for g in range(len(bidx.sizes))]
     offsets, helpers = {}, []
@@ -180,7 +181,7 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
             return f"{arg[vid]}_u" if group_mode[vid] == "uniform" else f"{arg[vid]}4.{LANES[lane]}"
         if full[vid]:
             if lane is not None and is_f32[vid]:
-                return f"{arg[vid]}4.{LANES[lane]}"
+                return f"{arg[vid]}4[u].{LANES[lane]}"
             return f"{arg[vid]}[{idx}]"
         fn = offsets[vid]
         return f"{arg[vid]}[0]" if fn is None else f"{arg[vid]}[{fn}({idx})]"
@@ -197,30 +198,39 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
          "  const index_t first = (index_t)blockIdx.x * blockDim.x + threadIdx.x;",
          "  const index_t stride = (index_t)gridDim.x * blockDim.x;"]
     if vec:
-        k += ["  // 16-byte vector body: every full-size float operand moves as float4",
-              "  for (index_t v = first; v < kNumVec; v += stride) {",
-              "    const index_t i = v * kVecWidth;"]
-        for vid in io.inputs:
-            if full[vid] and is_f32[vid]:
-                k.append(f"    const float4 {arg[vid]}4 = reinterpret_cast<const float4*>({arg[vid]})[v];")
+        k += ["  // 16-byte vector body: kUnroll float4 groups per thread and step, all loads issued first",
+              "  for (index_t v0 = first; v0 < kNumVec; v0 += stride * kUnroll) {"]
+        full_f32 = [v for v in io.inputs if full[v] and is_f32[v]]
+        for vid in full_f32:
+            k.append(f"    float4 {arg[vid]}4[kUnroll];")
+        if full_f32:
+            k += ["#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
+                  "      const index_t v = v0 + u * stride;",
+                  "      if (v < kNumVec) {"]
+            k += [f"        {arg[vid]}4[u] = reinterpret_cast<const float4*>({arg[vid]})[v];" for vid in full_f32]
+            k += ["      }", "    }"]
+        k += ["#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
+              "      const index_t v = v0 + u * stride;",
+              "      if (v >= kNumVec) break;",
+              "      const index_t i = v * kVecWidth;"]
         for vid, mode in group_mode.items():
             if mode == "uniform":
-                k.append(f"    const {c_type(vals[vid].dtype, '')} {arg[vid]}_u = {arg[vid]}[{offsets[vid]}(i)];"
+                k.append(f"      const {c_type(vals[vid].dtype, '')} {arg[vid]}_u = {arg[vid]}[{offsets[vid]}(i)];"
                          "  // the same for all 4 lanes")
             else:
-                k.append(f"    const float4 {arg[vid]}4 = reinterpret_cast<const float4*>({arg[vid]} + "
+                k.append(f"      const float4 {arg[vid]}4 = reinterpret_cast<const float4*>({arg[vid]} + "
                          f"{offsets[vid]}(i))[0];")
         for vid in io.outputs:
             if is_f32[vid]:
-                k.append(f"    float4 {arg[vid]}4;")
+                k.append(f"      float4 {arg[vid]}4;")
         for lane in range(4):
             idx = "i" if lane == 0 else f"i + {lane}"
             a = [load(v, idx, lane) for v in io.inputs] + [store(v, idx, lane) for v in io.outputs]
-            k.append(f"    point({', '.join(a)});")
+            k.append(f"      point({', '.join(a)});")
         for vid in io.outputs:
             if is_f32[vid]:
-                k.append(f"    reinterpret_cast<float4*>({arg[vid]})[v] = {arg[vid]}4;")
-        k.append("  }")
+                k.append(f"      reinterpret_cast<float4*>({arg[vid]})[v] = {arg[vid]}4;")
+        k += ["    }", "  }"]
         if numel % 4:
             k += [f"  // scalar tail: the last {numel % 4} element(s)",
                   "  for (index_t i = kNumVec * kVecWidth + first; i < kNumel; i += stride) {"]
@@ -256,5 +266,6 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
     return KernelSource(
         name=kname, kind="pointwise", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=schedule,
-        params={"block": block, "vector_width": width, "grid": grid}, align=16 if vec else 4,
+        params={"block": block, "vector_width": width, "grid": grid, "unroll": int(p["unroll"]) if vec else 1},
+        align=16 if vec else 4,
         bytes_moved=nbytes, flops=sum(program.node_flops(n) for n in io.nodes))
