@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 import zipfile
 from enum import Enum
 from typing import Any
@@ -703,9 +704,6 @@ class _Reader:
         except (KeyError, TypeError, ValueError, AttributeError, ProgramError) as e:
             msg = f"missing key {e}" if isinstance(e, KeyError) else str(e)
             self.fail(path, f"not a valid region: {msg}")
-        for k, nid in enumerate(r.nodes):
-            if nid not in p.nodes:
-                self.fail(f"{path}.nodes[{k}]", f"refers to unknown node '{nid}'")
         return r
 
     def check_program(self, p: Program, strict: bool) -> None:
@@ -721,10 +719,34 @@ class _Reader:
             if strict:
                 self.fail(f"nodes.{d.node_id}" if d.node_id else "", d.message)
         if p.regions and not all(isinstance(r, dict) for r in p.regions):
-            from .regions import check_program_regions
-            problems = check_program_regions(p)
-            if problems:
-                self.fail("regions", problems[0])
+            self.check_regions(p, strict)
+
+    def check_regions(self, p: Program, strict: bool) -> None:
+        """Regions must name existing nodes, not overlap, and form no cycle. Editing the graph after
+        planning (deleting a region's node, adding an edge) can break that, so a non-strict load keeps
+        the user's program and drops the regions that no longer fit, saying so in the decision log;
+        strict=True raises instead."""
+        from .regions import check_program_regions
+        if not check_program_regions(p):
+            return
+        regions, p.regions = p.regions, []
+        for i, r in enumerate(regions):
+            unknown = [(k, n) for k, n in enumerate(r.nodes) if n not in p.nodes]
+            if unknown:
+                problem = f"refers to unknown node '{unknown[0][1]}'"
+                where = f"regions[{i}].nodes[{unknown[0][0]}]"
+            else:
+                p.regions.append(r)
+                found = check_program_regions(p)
+                if not found:
+                    continue
+                p.regions.pop()
+                problem, where = found[0], f"regions[{i}]"
+            if strict:
+                self.fail(where, problem)
+            p.log.append({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "actor": "loader",
+                          "action": "drop-region", "region": r.id,
+                          "message": f"region {r.id} no longer fits the program and was dropped: {problem}"})
 
 
 def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> dict[str, np.ndarray]:

@@ -445,13 +445,41 @@ def test_bad_regions_are_refused(tmp_path):
     obj = doc(tmp_path)
     first = obj["nodes"][0]["id"]
     o = copy.deepcopy(obj)
-    o["regions"] = [{"id": "r1", "kind": "pointwise", "nodes": [first, "n404"]}]
-    assert "regions[0].nodes[1]: refers to unknown node 'n404'" in error_of(tmp_path, o)
     o["regions"] = [{"id": "r1", "kind": "teleport", "nodes": [first]}]
     assert "regions[0]: not a valid region: region r1: unknown kind 'teleport'" in error_of(tmp_path, o)
-    o["regions"] = [{"id": "r1", "kind": "pointwise", "nodes": [first]},
-                    {"id": "r2", "kind": "pointwise", "nodes": [first]}]
-    assert "regions:" in error_of(tmp_path, o) and "in both region r1 and region r2" in error_of(tmp_path, o)
+    o["regions"] = [{"id": "r1", "kind": "pointwise", "nodes": "n1"}]
+    assert "regions[0]: not a valid region: region r1: nodes must be a list of node ids" in error_of(tmp_path, o)
+
+
+def test_regions_that_no_longer_fit_are_dropped_and_logged_or_refused_when_strict(tmp_path):
+    """Deleting a region's node in the editor and saving must not make the file unloadable."""
+    from agent_core.regions import Region
+    p = make_program(big=False)
+    a, r, m = list(p.nodes)
+    p.regions = [Region("r1", "pointwise", [a, r]), Region("r2", "pointwise", [m])]
+    p.remove_node(r)  # the editor's delete: r1 now names a node that is gone
+    p.set_input(m, 0, p.nodes[a].outputs[0])
+    path = saved(tmp_path, p)
+    q = load_program(path)
+    assert [x.id for x in q.regions] == ["r2"]
+    assert q.log[-1]["action"] == "drop-region" and "region r1 no longer fits the program and was dropped: " \
+        f"refers to unknown node '{r}'" == q.log[-1]["message"]
+    with pytest.raises(FileFormatError, match=rf"regions\[0\].nodes\[1\]: refers to unknown node '{r}'"):
+        load_program(path, strict=True)
+
+    p = make_program(big=False)
+    a, r, m = list(p.nodes)
+    p.regions = [Region("r1", "pointwise", [a, r]), Region("r2", "pointwise", [r, m])]
+    save_program(p, path)
+    assert [x.id for x in load_program(path).regions] == ["r1"]
+    with pytest.raises(FileFormatError, match=r"regions\[1\]: .* is in both region r1 and region r2"):
+        load_program(path, strict=True)
+
+    p.regions = [Region("r1", "pointwise", [a, m])]  # skips relu in between: not convex
+    save_program(p, path)
+    assert load_program(path).regions == []
+    with pytest.raises(FileFormatError, match=r"regions\[0\]: r1: "):
+        load_program(path, strict=True)
 
 
 def test_loading_leaves_the_callers_program_untouched(tmp_path):
