@@ -283,3 +283,17 @@ def test_large_inputs_are_traced_on_fake_tensors_with_probed_hints(tmp_path, mon
     assert p.value_by_name("fc.weight").id in p.data
     q = import_file(f, weights=False)  # meta model: shapes without data
     assert q.value_by_name("fc.weight").id not in q.data
+
+
+class NoiseInForward(nn.Module):
+    def forward(self, x):
+        return x + torch.randn(4)
+
+
+def test_random_tensor_in_forward_is_baked_as_a_constant_with_a_warning():
+    torch.manual_seed(0)
+    p = import_nn_module(NoiseInForward(), [torch.randn(2, 4)])
+    consts = [v for v in p.values.values() if v.role == Role.CONSTANT]
+    assert len(consts) == 1 and consts[0].shape == (4,) and consts[0].id in p.data
+    assert any("random tensor" in w for w in p.metadata["import_warnings"])
+    assert _ops(p) == ["add"]
