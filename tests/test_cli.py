@@ -227,3 +227,16 @@ def test_run_on_the_gpu_matches_the_cpu(tmp_path, capsys):
     g, c = json.loads(gpu), json.loads(cpu)
     assert g["device"] == "cuda"
     assert g["outputs"][0]["sum"] == pytest.approx(c["outputs"][0]["sum"], rel=1e-4)
+
+
+def test_show_lists_regions(tmp_path, capsys):
+    from agent_core.regions import Region
+    p, path = mlp(tmp_path)
+    add, gelu = list(p.nodes)[:2]
+    p.regions.append(Region("r1", "pointwise", [add, gelu], status="locked", reason="chain"))
+    save_program(p, path)
+    rc, out, _ = call(capsys, "show", path)
+    assert rc == 0 and "4 nodes, 1 region" in out and "  r1 pointwise (locked): add, gelu" in out
+    rc, out, _ = call(capsys, "show", path, "--json")
+    assert json.loads(out)["regions"] == [{"id": "r1", "kind": "pointwise", "status": "locked",
+                                           "nodes": ["add", "gelu"], "reason": "chain"}]

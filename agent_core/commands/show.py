@@ -11,7 +11,7 @@ from collections import Counter
 
 from ..ir import Program
 from ..ops import CATEGORIES
-from .import_cmd import _fmt_bytes, import_warnings, open_program
+from .import_cmd import _count, _fmt_bytes, import_warnings, open_program
 
 HELP = "summarise a program: nodes by category, parameters, bytes, FLOPs"
 COPY_BANDWIDTH = 4.2e12  # bytes/s, measured read + write on the H200 (DESIGN.md)
@@ -60,17 +60,24 @@ def summarize(program: Program) -> dict:
         "bytes_least": least,
         "memory_floor_us": least / COPY_BANDWIDTH * 1e6,
         "uncounted_nodes": uncounted,
-        "regions": len(program.regions),
+        "regions": [_region(program, r) for r in program.regions],
         "errors": [d.message for d in diags if d.severity == "error"],
         "warnings": [d.message for d in diags if d.severity != "error"] + import_warnings(program),
     }
+
+
+def _region(program: Program, r) -> dict:
+    d = r.to_dict() if hasattr(r, "to_dict") else dict(r)
+    names = [program.nodes[n].name if n in program.nodes else n for n in d.get("nodes", [])]
+    return {"id": d.get("id"), "kind": d.get("kind"), "status": d.get("status"), "nodes": names,
+            "reason": d.get("reason", "")}
 
 
 def format_summary(s: dict, max_params: int = 12) -> str:
     def spec(t):
         return f"{t['dtype']}[{', '.join(map(str, t['shape']))}]"
     lines = [f"program {s['name']}: {s['nodes']} nodes"
-             + (f", {s['regions']} regions" if s["regions"] else "")]
+             + (f", {_count(len(s['regions']), 'region')}" if s["regions"] else "")]
     if s["categories"]:
         lines.append("  by category: " + ", ".join(f"{c} {k}" for c, k in s["categories"].items()))
         lines.append("  ops: " + ", ".join(f"{o} x{k}" if k > 1 else o for o, k in s["ops"].items()))
@@ -87,6 +94,9 @@ def format_summary(s: dict, max_params: int = 12) -> str:
     lines.append(f"work: {s['flops']:,} FLOPs; {_fmt_bytes(s['bytes_op_by_op'])} moved op by op, "
                  f"at least {_fmt_bytes(s['bytes_least'])} "
                  f"({s['memory_floor_us']:.2f} us at 4.2 TB/s)")
+    if s["regions"]:
+        lines.append("regions:")
+        lines += [f"  {r['id']} {r['kind']} ({r['status']}): {', '.join(r['nodes'])}" for r in s["regions"]]
     if s["uncounted_nodes"]:
         lines.append(f"  not counted (errors): {', '.join(s['uncounted_nodes'])}")
     lines += [f"error: {m}" for m in s["errors"]]
