@@ -71,11 +71,18 @@ def build(kind):
         s = p.add_node("silu", [n.outputs[0]])
         p.mark_output(s.outputs[0])
         return p, [n.id, s.id]
+    if kind == "global_avg_pool":
+        x = p.add_input("x", (4, 16, 7, 9))
+        r = p.add_node("relu", [x.id])
+        a = p.add_node("adaptive_avg_pool2d", [r.outputs[0]], {"output_size": [1]})
+        s = p.add_node("sigmoid", [a.outputs[0]])
+        p.mark_output(s.outputs[0])
+        return p, [r.id, a.id, s.id]
     raise ValueError(kind)
 
 
 KINDS = ["linear_bias_relu", "linear_layer_norm", "conv_bn_relu", "expand_chain", "rms_norm_manual",
-         "group_norm", "instance_norm"]
+         "group_norm", "instance_norm", "global_avg_pool"]
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -56,6 +56,12 @@ STATES = {
 }
 
 
+def _global_pool(program: Program, node) -> bool:
+    """adaptive_avg_pool{1,2,3}d down to one element per channel."""
+    spatial = int(node.op[-2])
+    return all(d == 1 for d in program.values[node.outputs[0]].shape[-spatial:])
+
+
 def _row_op(program: Program, nid: str):
     """(state, per-row preamble, per-element or per-row expression, preserves rows, reduced dims,
     row length when rows are not the reduced dims: group_norm's (sample, group) rows)."""
@@ -87,6 +93,10 @@ def _row_op(program: Program, nid: str):
             expr += f" + BIAS{ch}"
         return ("welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True,
                 list(range(1, rank)), chans // groups * spatial)
+    elif op.startswith("adaptive_avg_pool") and _global_pool(program, node):
+        # global average pooling: the mean over the spatial (trailing) dims
+        spatial = int(op[-2])
+        return "sum", "", "st.s / kColsF", False, list(range(rank - spatial, rank)), None
     elif node.opdef.category in ("layout", "pooling", "opaque", "matmul", "convolution"):
         raise CodegenError(f"{node.name} ({op}) is a {node.opdef.category} op with no generated kernel yet; "
                            f"it runs through torch", node_id=nid)

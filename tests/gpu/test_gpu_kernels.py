@@ -201,7 +201,7 @@ def test_column_reductions(op, attrs, shape):
 
 
 STITCH_KINDS = ["linear_bias_relu", "linear_layer_norm", "conv_bn_relu", "expand_chain", "rms_norm_manual",
-                "group_norm", "instance_norm"]
+                "group_norm", "instance_norm", "global_avg_pool"]
 
 
 @pytest.mark.parametrize("kind", STITCH_KINDS)
