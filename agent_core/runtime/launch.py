@@ -35,7 +35,8 @@ class LoadedKernel:
     pass `outputs` to write into existing tensors (the arena of an end-to-end program).
     """
 
-    def __init__(self, kernel: KernelSource, compiled: CompiledKernel | None = None, *, specs=None):
+    def __init__(self, kernel: KernelSource, compiled: CompiledKernel | None = None, *, specs=None,
+                 in_dtypes=None):
         cupy = _cupy()
         self.kernel = kernel
         self.compiled = compiled or compile_kernel(kernel)
@@ -47,6 +48,7 @@ class LoadedKernel:
                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
         # (shape, dtype) of each output, for allocation; the codegen knows them, the caller passes them
         self.specs = specs
+        self.in_dtypes = in_dtypes  # torch dtype names of the inputs, checked at each call when known
         self.registers = self.function.num_regs
         self.local_bytes = self.function.local_size_bytes  # spills and stack live here
         self.shared_bytes = self.function.shared_size_bytes
@@ -68,6 +70,8 @@ class LoadedKernel:
         ins = []
         for j, t in enumerate(inputs):
             self._check(t, f"input {j}", input_numels[j] if input_numels else None)
+            if self.in_dtypes and t.dtype != getattr(torch, self.in_dtypes[j]):
+                raise LaunchError(f"{k.name}: input {j} is {t.dtype}, the kernel reads {self.in_dtypes[j]}")
             # a fresh allocation is contiguous and 256-byte aligned, which the float4 loads need
             if not t.is_contiguous() or t.data_ptr() % k.align:
                 t = t.contiguous() if not t.is_contiguous() else t.clone()
@@ -122,8 +126,9 @@ class LoadedKernel:
 
 def load_kernel(kernel: KernelSource, program=None, compiled: CompiledKernel | None = None) -> LoadedKernel:
     """Compile (cached) for this GPU and load; with the program, outputs can be allocated by shape."""
-    specs = None
+    specs = in_dtypes = None
     if program is not None:
         specs = [(tuple(program.values[v].shape), _TORCH_DTYPES.get(program.values[v].dtype, "float32"))
                  for v in kernel.outputs]
-    return LoadedKernel(kernel, compiled, specs=specs)
+        in_dtypes = [_TORCH_DTYPES.get(program.values[v].dtype, "float32") for v in kernel.inputs]
+    return LoadedKernel(kernel, compiled, specs=specs, in_dtypes=in_dtypes)
