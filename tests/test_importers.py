@@ -297,3 +297,41 @@ def test_random_tensor_in_forward_is_baked_as_a_constant_with_a_warning():
     assert len(consts) == 1 and consts[0].shape == (4,) and consts[0].id in p.data
     assert any("random tensor" in w for w in p.metadata["import_warnings"])
     assert _ops(p) == ["add"]
+
+
+class Assorted(nn.Module):
+    """Layout, reduction and arithmetic forms that KernelBench rarely uses."""
+
+    def forward(self, x, y):
+        a, b = torch.chunk(x, 2, dim=1)
+        s = torch.stack([a, b], dim=-1).flatten(2)
+        u = torch.unbind(y, dim=1)[1]
+        w = torch.where(x > 0, x, 0.0)
+        v = x.var(dim=1, keepdim=True) + x.std(dim=-1, unbiased=False).unsqueeze(-1)
+        p = x.abs().prod(dim=1, keepdim=True)
+        m = x.amax(dim=(1, 2)) - x.amin(dim=1).sum(-1)
+        c = torch.cumsum(x, dim=2, dtype=torch.float64).float()
+        d = torch.div(x, 3, rounding_mode="floor") + 2 ** x + x ** 3 + 1 / (x.abs() + 1)
+        t = x.transpose(1, 2).contiguous().view(x.shape[0], -1)
+        e = y[:, 1:3].expand(4, 2, 2, 3)
+        f = F.normalize(x, dim=1) + F.dropout(x, 0.3, training=False)
+        return s, u, w, v, p, m, c, d, t, e, f, x.max(), torch.cat([x, x], 0).mean(), x.split([1, 3], dim=1)[1]
+
+
+def test_assorted_ops_map_without_opaque_nodes():
+    p = _import_and_verify(Assorted(), [torch.randn(4, 4, 3), torch.randn(1, 4, 2, 3)])
+    assert p.metadata["import_warnings"] == []
+    assert len(p.outputs) == 14
+
+
+def test_real_modules_import_and_match():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(16, 2, 32, batch_first=True)
+    p = _import_and_verify(layer, [torch.randn(2, 5, 16)])
+    assert {"linear", "layer_norm"} <= set(_ops(p))
+    assert "opaque" not in _ops(p)
+    emb = _import_and_verify(nn.Embedding(10, 4), [torch.randint(0, 10, (3, 5))])
+    assert _ops(emb) == ["embedding"]
+    assert emb.value_by_name("input").init == {"kind": "randint", "low": 0, "high": 10}
+    lstm = _import_and_verify(nn.LSTM(4, 6, batch_first=True), [torch.randn(2, 3, 4)])
+    assert _ops(lstm) == ["opaque"] and "aten.lstm.input" in lstm.metadata["opaque_ops"]

@@ -407,7 +407,15 @@ aten("mean.dim", "mean.default")(_reduce("mean"))
 aten("amax.default")(_reduce("max"))
 aten("amin.default")(_reduce("min"))
 aten("logsumexp.default")(_reduce("logsumexp"))
-aten("prod.dim_int", "prod.default")(_reduce("prod"))
+
+
+@aten("prod.dim_int", "prod.default")
+def _prod(cx, n, a):
+    x = a["self"]
+    if a.get("dtype") is not None:
+        x = cx.cast_to(x, cx.meta_dtype(n))
+    dim = a.get("dim")
+    return cx.emit("prod", [x], {"dim": None if dim is None else int(dim), "keepdim": bool(a.get("keepdim", False))})
 
 
 @aten("max.dim", "min.dim")
@@ -722,3 +730,33 @@ def _cos_sim(cx, n, a):
 def _pdist(cx, n, a):
     return cx.emit("pairwise_distance", [a["x1"], a["x2"]],
                    {"p": float(a["p"]), "eps": float(a["eps"]), "keepdim": bool(a["keepdim"])})
+
+
+# --- gathers ---------------------------------------------------------------------------------
+@aten("embedding.default")
+def _embedding(cx, n, a):
+    # padding_idx only changes gradients; the forward is a row gather either way
+    return cx.emit("embedding", [a["indices"], a["weight"]])
+
+
+@aten("gather.default")
+def _gather(cx, n, a):
+    return cx.emit("gather", [a["self"], a["index"]], {"dim": int(a["dim"])})
+
+
+@aten("index_select.default")
+def _index_select(cx, n, a):
+    return cx.emit("index_select", [a["self"], a["index"]], {"dim": int(a["dim"])})
+
+
+@aten("pixel_shuffle.default")
+def _pixel_shuffle(cx, n, a):
+    # [N, C*r*r, H, W] -> [N, C, r, r, H, W] -> [N, C, H, r, W, r] -> [N, C, H*r, W*r]
+    shape = cx.spec(a["self"]).shape
+    r = int(a["upscale_factor"])
+    if len(shape) != 4:
+        raise Unmapped("pixel_shuffle of a tensor that is not 4-D")
+    nb, c, h, w = shape
+    x = cx.emit("reshape", [a["self"]], {"shape": [nb, c // (r * r), r, r, h, w]})
+    x = cx.emit("permute", [x], {"dims": [0, 1, 4, 2, 5, 3]})
+    return cx.emit("reshape", [x], {"shape": [nb, c // (r * r), h * r, w * r]})

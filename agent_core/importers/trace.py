@@ -10,6 +10,8 @@ Both trace with fake tensors when the example inputs are fake or meta, so nothin
 """
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.fx as fx
 from torch.export.graph_signature import InputKind, OutputKind
@@ -29,7 +31,8 @@ def trace(module: torch.nn.Module, args: list, input_names: list[str] | None = N
     ("constant", name, tensor) | ("baked", value).
     """
     try:
-        with torch.no_grad():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # export's advice to module authors (e.g. LSTM's flat weights)
             ep = torch.export.export(module, tuple(args), strict=False)
         return _from_export(ep, args) + ("torch.export",)
     except ImportFailure:
