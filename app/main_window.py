@@ -63,6 +63,7 @@ class MainWindow(QMainWindow):
         self._apply_theme(theme)
         if restore_settings:
             self._restore_settings()
+        self._autosaved = None
         self.autosave_timer = QTimer(self, interval=AUTOSAVE_MS, timeout=self.autosave)
         self.autosave_timer.start()
 
@@ -378,11 +379,17 @@ class MainWindow(QMainWindow):
 
     # autosave and recovery ------------------------------------------------------------------------
     def autosave(self) -> str | None:
+        """Write the recovery copy if the document changed since the last one."""
         d = self.document
         if d is None or not d.dirty:
             return None
+        mark = (id(d), d.stack.index(), d.stack.count())
+        if mark == self._autosaved:
+            return None
         try:
-            return recovery.write(d.program, d.path, self.session)
+            path = recovery.write(d.program, d.path, self.session)
+            self._autosaved = mark
+            return path
         except (OSError, StitchError) as e:
             self.status(f"autosave failed: {e}", error=True)
             return None
@@ -397,14 +404,14 @@ class MainWindow(QMainWindow):
         if self.ask("restore", "Restore unsaved work?",
                     f"StitchCUDA Studio closed without saving changes to {where}. Restore them?") != "yes":
             for r in found:
-                os.remove(r["file"])
+                recovery.discard(r["file"])
             return False
         try:
             program, original = recovery.restore(rec["file"])
         except (StitchError, OSError, ValueError, KeyError) as e:
             self.ask("error", "Could not restore", f"{rec['file']}\n\n{e}")
             return False
-        os.remove(rec["file"])
+        recovery.discard(rec["file"])
         self.set_document(Document(program, original, dirty=True))
         self.status(f"Restored unsaved work on {where}")
         return True

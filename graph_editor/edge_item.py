@@ -19,8 +19,7 @@ class EdgeItem(QGraphicsItem):
         super().__init__()
         self.value_id, self.node_id, self.port = value_id, node_id, port
         self.style = style
-        self.setFlags(QGraphicsItem.ItemIsSelectable)
-        self.setZValue(0)
+        self.setFlag(QGraphicsItem.ItemIsSelectable)
         self._a = self._b = QPointF()
         self._path: QPainterPath | None = None
         self._rect = QRectF()

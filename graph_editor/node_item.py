@@ -10,7 +10,9 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFontMetricsF, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem, QStyleOptionGraphicsItem
 
+from agent_core.errors import StitchError
 from agent_core.ir import Node, Program, Role
+from agent_core.ops import get_op
 
 from .style import ATTR_H, HEADER_H, MAX_ATTR_LINES, NODE_WIDTH, PAD, PORT_R, ROW_H, CanvasStyle
 
@@ -34,25 +36,33 @@ def fmt_attr(v) -> str:
     return str(v)
 
 
+_OP_INFO: dict[str, tuple] = {}
+_NO_DEFAULT = object()
+
+
+def _op_info(op: str):
+    """(declared port count, variadic, attribute defaults) per op, looked up once per op name."""
+    info = _OP_INFO.get(op)
+    if info is None:
+        try:
+            opdef = get_op(op)
+            info = (len(opdef.inputs), opdef.variadic, {a.name: a.default for a in opdef.attrs})
+        except StitchError:
+            info = (0, False, {})
+        _OP_INFO[op] = info
+    return info
+
+
 def input_port_count(node: Node) -> int:
     """Ports drawn on the left: every declared port, plus one free port on a variadic op."""
-    try:
-        opdef = node.opdef
-    except Exception:
-        return len(node.inputs)
-    if opdef.variadic:
-        return max(len(opdef.inputs), len(node.inputs) + 1)
-    return max(len(opdef.inputs), len(node.inputs))
+    declared, variadic, _ = _op_info(node.op)
+    return max(declared, len(node.inputs) + (1 if variadic else 0))
 
 
 def attr_text(node: Node) -> str:
     """Attributes a user set (non-default ones), the ones worth reading on the canvas."""
-    try:
-        defs = {a.name: a.default for a in node.opdef.attrs}
-    except Exception:
-        defs = {}
-    parts = [f"{k}={fmt_attr(v)}" for k, v in node.attrs.items() if defs.get(k, object()) != v]
-    return ", ".join(parts)
+    defs = _op_info(node.op)[2]
+    return ", ".join(f"{k}={fmt_attr(v)}" for k, v in node.attrs.items() if defs.get(k, _NO_DEFAULT) != v)
 
 
 def node_size(node: Node) -> tuple[float, float]:

@@ -19,6 +19,7 @@ from .node_item import NodeItem, node_size
 from .overview_item import OverviewItem
 from .style import TERMINAL_H, TERMINAL_W, CanvasStyle
 
+_DRAWN_INSIDE = frozenset((Role.PARAMETER, Role.CONSTANT))
 TERMINAL_GAP = 46.0   # between an input terminal and the node that reads it
 OVERLAY_Z = -10.0     # region hulls (next issue) are drawn here: under edges and nodes
 
@@ -130,7 +131,7 @@ class GraphScene(QGraphicsScene):
 
     def _make_edge(self, vid: str, nid: str, port: int) -> EdgeItem | None:
         v = self.program.values.get(vid)
-        if v is None or v.role in (Role.PARAMETER, Role.CONSTANT):
+        if v is None or v.role in _DRAWN_INSIDE:
             return None  # parameters are drawn inside the node that reads them
         e = EdgeItem(vid, nid, port, self.style)
         self.addItem(self._fresh(e))
@@ -185,8 +186,28 @@ class GraphScene(QGraphicsScene):
         e.set_ends(a, b)
 
     def refresh_all_edges(self) -> None:
-        for key in self.edges:
-            self._update_edge(key)
+        if self.groups:
+            for key in self.edges:
+                self._update_edge(key)
+            return
+        # the common case (opening a file) inlined: ~7,000 edges, where call overhead is the cost
+        p, nodes, terms = self.program, self.nodes, self.terminals
+        for (nid, port), e in self.edges.items():
+            v = p.values.get(e.value_id)
+            if v is None:
+                continue
+            if v.producer:
+                src = nodes.get(v.producer)
+                if src is None:
+                    continue
+                a = src.pos() + src.output_pos(p.nodes[v.producer].outputs.index(e.value_id))
+            else:
+                t = terms.get(e.value_id)
+                if t is None:
+                    continue
+                a = t.pos() + t.output_pos()
+            dst = nodes[nid]
+            e.set_ends(a, dst.pos() + dst.input_pos(port))
 
     def _edges_of_node(self, nid: str) -> set:
         keys = {(nid, port) for port in self.edges_into.get(nid, ())}

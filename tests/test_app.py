@@ -52,7 +52,7 @@ class Answers:
 @pytest.fixture
 def window(qtbot):
     for r in recovery.pending():
-        os.remove(r["file"])
+        recovery.discard(r["file"])
     win = MainWindow(theme="dark", restore_settings=False)
     win.ask = Answers(unsaved="discard")
     qtbot.addWidget(win)
@@ -181,6 +181,7 @@ def test_autosave_and_recovery(window, qtbot, tmp_path):
     nid = win.scene.add_node("gelu", QPointF(10, 20))
     rec = win.autosave()
     assert rec and os.path.exists(rec)
+    assert win.autosave() is None              # nothing changed since: nothing written
     text = dumps(win.document.program)
     # a crash: the window goes away without a clean close; the next session offers the copy
     win2 = MainWindow(theme="light", restore_settings=False)
