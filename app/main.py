@@ -6,11 +6,12 @@ import os
 import sys
 
 
-def run_studio(path: str | None = None, screenshot: str | None = None, theme: str = "dark") -> int:
+def run_studio(path: str | None = None, screenshot: str | None = None, theme: str | None = "dark") -> int:
     """Open the studio on `path` (a .json program or a .py KernelBench / PyTorch file).
 
     With `screenshot`, the window is rendered offscreen to that PNG after the program is laid out,
     and the function returns without entering the event loop (docs, bug reports, checks).
+    theme=None uses the theme last chosen in the studio (View ▸ Toggle theme).
     Returns the process exit code.
     """
     if screenshot:
@@ -23,11 +24,11 @@ def run_studio(path: str | None = None, screenshot: str | None = None, theme: st
     app = QApplication.instance() or QApplication(sys.argv[:1])
     from .main_window import MainWindow
 
+    if theme is None:
+        theme = QSettings("StitchCUDA", "Studio").value("theme", "dark") or "dark"
     if theme not in ("dark", "light"):
         print(f"stitchcuda studio: unknown theme '{theme}' (choose dark or light)", file=sys.stderr)
         return 2
-    if not screenshot and theme == "dark":
-        theme = QSettings("StitchCUDA", "Studio").value("theme", "dark") or "dark"
     win = MainWindow(theme=theme, restore_settings=not screenshot)
     if screenshot:
         win.ask = _answer_for_screenshot
