@@ -607,6 +607,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if schedule == "split" else [])
 
 
+COLUMN_REGISTER_ITEMS = 16  # column elements per thread kept in registers between the passes
 COLUMN_TILE = (32, 8)  # threads over kept inner positions (coalesced) x threads splitting the reduced length
 
 
@@ -622,17 +623,33 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
     grid = outer * tiles
     numel = outer * cols * inner
     index_t = "int" if numel < 2**31 - 2**20 else "long long"
+    # short columns stay in registers between the two passes (no re-read)
+    items = math.ceil(cols / ty)
+    cached = preserving and items <= COLUMN_REGISTER_ITEMS
     body = ["  const index_t tile = blockIdx.x % kTilesPerOuter;",
             "  const index_t outer = blockIdx.x / kTilesPerOuter;",
             "  const index_t inner = tile * kTileX + threadIdx.x;",
             "  const bool active = inner < kInner;",
             "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
-            "  State st = identity();",
-            "  // pass 1: this thread's share of the column, strided by kInner",
-            "  for (int l = threadIdx.y; active && l < kCols; l += kTileY) {",
-            f"    const float xe = point({pro_args('base + (index_t)l * kInner')});",
-            "    fold(st, xe);",
-            "  }",
+            "  State st = identity();"]
+    if cached:
+        body += ["  float v[kItems];  // this thread's share of the column, kept in registers",
+                 "  // pass 1: this thread's share of the column, strided by kInner",
+                 "#pragma unroll",
+                 "  for (int k = 0; k < kItems; ++k) {",
+                 "    const int l = threadIdx.y + k * kTileY;",
+                 "    if (active && l < kCols) {",
+                 f"      v[k] = point({pro_args('base + (index_t)l * kInner')});",
+                 "      fold(st, v[k]);",
+                 "    }",
+                 "  }"]
+    else:
+        body += ["  // pass 1: this thread's share of the column, strided by kInner",
+                 "  for (int l = threadIdx.y; active && l < kCols; l += kTileY) {",
+                 f"    const float xe = point({pro_args('base + (index_t)l * kInner')});",
+                 "    fold(st, xe);",
+                 "  }"]
+    body += [
             "  __shared__ State part[kTileY][kTileX];",
             "  part[threadIdx.y][threadIdx.x] = st;",
             "  __syncthreads();",
@@ -642,7 +659,18 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
             "  if (!active) return;"]
     if preamble:
         body.append(f"  {preamble}")
-    if preserving:
+    if preserving and cached:
+        body += ["  // pass 2: outputs from the registers",
+                 "#pragma unroll",
+                 "  for (int k = 0; k < kItems; ++k) {",
+                 "    const int l = threadIdx.y + k * kTileY;",
+                 "    if (l < kCols) {",
+                 "      const index_t idx = base + (index_t)l * kInner;",
+                 "      const float xe = v[k];",
+                 f"      {epi_call(out_expr, 'xe', 'idx')}",
+                 "    }",
+                 "  }"]
+    elif preserving:
         body += ["  // pass 2: re-read this thread's share (prologue again) and write the outputs",
                  "  for (int l = threadIdx.y; l < kCols; l += kTileY) {",
                  "    const index_t idx = base + (index_t)l * kInner;",
@@ -661,8 +689,10 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
               f"constexpr index_t kInner = {inner};  // kept elements after the reduced dims (the stride)",
               f"constexpr int kTileX = {tx}, kTileY = {ty}, kBlock = kTileX * kTileY;",
               f"constexpr index_t kTilesPerOuter = {tiles};",
+              *([f"constexpr int kItems = {items};  // column elements per thread"] if cached else []),
               *ld_pro.consts, *ld_epi.consts]
-    sched = f"column tiles of {tx} positions x {ty} thread rows, {grid} blocks"
+    sched = (f"column tiles of {tx} positions x {ty} thread rows, {grid} blocks"
+             + (", column in registers" if cached else ""))
     head = header(program, f"Region {name}: {anchor.op} over columns of {cols} (stride {inner}), stitched "
                            f"with {len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
         "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
