@@ -47,12 +47,13 @@ def import_nn_module(module: torch.nn.Module, example_inputs, *, name: str = "mo
         else:
             resolved[ph] = spec
     program = Program(name)
-    convert_graph(program, gm, resolved, outs)
+    cx = convert_graph(program, gm, resolved, outs)
+    by_name = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
     template, baked = [], {}
     for k, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             ph = ph_names.get(k)
-            vid = next((v for v in program.inputs if ph is not None and program.values[v].name == resolved[ph][1]), None)
+            vid = cx.env.get(by_name[ph]) if ph in by_name else None
             if vid is None:
                 raise ImportFailure(f"forward argument {arg_names[k]} did not become a program input")
             template.append({"input": program.values[vid].name})
