@@ -88,3 +88,27 @@ def test_transpose_with_prologue_and_epilogue_compiles():
     ks = generate_kernel(q, [u.id], name="gather")
     assert not ks.params["tiled"]
     compile_kernel(ks, arch="sm_90")
+
+
+POOL_CASES = [
+    ("max_pool2d", {"kernel_size": [3], "stride": [2], "padding": [1]}, (2, 3, 9, 10)),
+    ("avg_pool2d", {"kernel_size": [3], "stride": [2], "padding": [1], "ceil_mode": True,
+                    "count_include_pad": False}, (2, 3, 9, 10)),
+    ("max_pool1d", {"kernel_size": [2]}, (2, 3, 9)),
+    ("avg_pool3d", {"kernel_size": [2]}, (1, 2, 5, 6, 7)),
+    ("max_pool3d", {"kernel_size": [3], "dilation": [2], "padding": [1]}, (1, 2, 9, 9, 9)),
+    ("avg_pool2d", {"kernel_size": [2], "divisor_override": 3}, (2, 3, 8, 8)),
+]
+
+
+@pytest.mark.parametrize("op,attrs,shape", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_pooling_with_prologue_and_epilogue_compiles(op, attrs, shape):
+    p = Program("pool")
+    x = p.add_input("x", shape)
+    r = p.add_node("relu", [x.id])
+    n = p.add_node(op, [r.outputs[0]], attrs)
+    t = p.add_node("tanh", [n.outputs[0]])
+    p.mark_output(t.outputs[0])
+    ks = generate_kernel(p, [r.id, n.id, t.id], name=op)
+    assert ks.kind == "pooling" and "point(" in ks.source and "store_point(pooled" in ks.source
+    compile_kernel(ks, arch="sm_90")

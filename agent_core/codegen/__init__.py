@@ -11,7 +11,8 @@ from .kernel import CodegenError, KernelSource
 from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
-KINDS = ("pointwise", "row_reduction", "layout")
+KINDS = ("pointwise", "row_reduction", "layout", "pooling")
+POOL_OPS = tuple(f"{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
 LAYOUT_OPS = ("permute", "transpose")
 
 
@@ -70,6 +71,9 @@ def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None =
     kind = kind or region_kind(program, io)
     if kind == "pointwise":
         return generate_pointwise(program, io, name, params)
+    if kind == "pooling" or (kind == "row_reduction" and any(program.nodes[n].op in POOL_OPS for n in io.nodes)):
+        from .pooling import generate_pooling
+        return generate_pooling(program, io, name, params)
     if kind == "layout" or (kind == "row_reduction" and any(program.nodes[n].op in LAYOUT_OPS for n in io.nodes)):
         from .layout import generate_layout
         return generate_layout(program, io, name, params)

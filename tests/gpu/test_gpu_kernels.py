@@ -250,3 +250,28 @@ def test_permute(shape, perm):
     e = p.add_node("mul_scalar", [t.outputs[0]], {"value": 3.0})
     p.mark_output(e.outputs[0])
     fused(p, [a.id, t.id, e.id], "perm")
+
+
+POOL_CASES = [
+    ("max_pool2d", {"kernel_size": [3], "stride": [2], "padding": [1]}, (2, 3, 9, 10)),
+    ("max_pool2d", {"kernel_size": [2], "ceil_mode": True}, (2, 3, 9, 11)),
+    ("avg_pool2d", {"kernel_size": [3], "stride": [2], "padding": [1], "ceil_mode": True,
+                    "count_include_pad": False}, (2, 3, 9, 10)),
+    ("avg_pool2d", {"kernel_size": [3], "stride": [2], "padding": [1]}, (2, 3, 9, 10)),
+    ("max_pool1d", {"kernel_size": [2]}, (2, 3, 9)),
+    ("avg_pool1d", {"kernel_size": [3], "padding": [1]}, (2, 3, 10)),
+    ("avg_pool3d", {"kernel_size": [2]}, (1, 2, 5, 6, 7)),
+    ("max_pool3d", {"kernel_size": [3], "dilation": [2], "padding": [1]}, (1, 2, 9, 9, 9)),
+    ("avg_pool2d", {"kernel_size": [2], "divisor_override": 3}, (2, 3, 8, 8)),
+]
+
+
+@pytest.mark.parametrize("op,attrs,shape", POOL_CASES, ids=[f"{c[0]}-{k}" for k, c in enumerate(POOL_CASES)])
+def test_pooling(op, attrs, shape):
+    p = Program("pool")
+    x = p.add_input("x", shape)
+    r = p.add_node("relu", [x.id])
+    n = p.add_node(op, [r.outputs[0]], attrs)
+    t = p.add_node("tanh", [n.outputs[0]])
+    p.mark_output(t.outputs[0])
+    fused(p, [r.id, n.id, t.id], op)

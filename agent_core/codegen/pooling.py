@@ -1,0 +1,175 @@
+"""Pooling regions: max_pool / avg_pool (1-D, 2-D, 3-D) with a pointwise prologue on the input side
+and an epilogue on the output side, so conv -> relu -> max_pool -> ... reads the pre-activation once.
+
+One thread per output element (grid-stride); the window loops have compile-time bounds and are
+unrolled. Max pooling skips padded positions (torch pads with -inf) and propagates NaN like torch;
+average pooling follows torch's divisor rules (count_include_pad, divisor_override, ceil_mode's
+clipped last window).
+"""
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+
+from ..ir import Program
+from ..ops.common import ntuple
+from .cuda import Names, header, kernel_name
+from .kernel import CodegenError, KernelSource
+from .pointwise import is_elementwise, operand_views, render_chain
+from .region_io import RegionIO
+
+POOL_OPS = tuple(f"{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
+
+
+def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
+    from .rowreduce import _Operands
+    vals, nodes = program.values, program.nodes
+    pools = [n for n in io.nodes if nodes[n].op in POOL_OPS]
+    if len(pools) != 1 or any(n not in pools and not is_elementwise(nodes[n]) for n in io.nodes):
+        raise CodegenError("a pooling region holds one max_pool/avg_pool and pointwise ops around it")
+    pn_ = nodes[pools[0]]
+    d = int(pn_.op[-2])
+    is_max = pn_.op.startswith("max")
+    a = pn_.attrs
+    k = ntuple(a["kernel_size"], d, "kernel_size")
+    s = ntuple(a["stride"] or k, d, "stride")
+    pad = ntuple(a["padding"], d, "padding")
+    dil = ntuple(a["dilation"], d, "dilation") if is_max else [1] * d
+    x_vid, y_vid = pn_.inputs[0], pn_.outputs[0]
+    x, y = vals[x_vid], vals[y_vid]
+    for vid in [x_vid, y_vid, *io.inputs, *io.outputs]:
+        if vals[vid].dtype != "float32":
+            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; pooling kernels are generated "
+                               f"for float32 so far")
+    g = program.graph().subgraph(io.nodes)
+    before, after = nx.ancestors(g, pn_.id), nx.descendants(g, pn_.id)
+    pro = [n for n in io.nodes if n in before]
+    epi = [n for n in io.nodes if n in after]
+    if len(pro) + len(epi) + 1 != len(io.nodes):
+        raise CodegenError(f"every op of a pooling region must feed {pn_.name} or follow it; split the region")
+    pro_vals = {v for n in pro for v in nodes[n].outputs}
+    if any(v in pro_vals for v in io.outputs) or any(v in pro_vals for n in epi for v in nodes[n].inputs):
+        raise CodegenError("a prologue value is used after the pooling or outside the region; split the region")
+    out_numel = math.prod(y.shape)
+    for v in io.outputs:
+        if math.prod(vals[v].shape) != out_numel:
+            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of the pooled tensor; "
+                               f"split the region there")
+    if out_numel == 0:
+        raise CodegenError("the region pools an empty tensor; there is nothing to launch")
+
+    names = Names()
+    names.taken.update(("o", "q", "acc", "cnt", "lead", "in_base", "point", "store_point"))
+    arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
+    pro_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in pro)] if pro else [x_vid]
+    epi_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in epi)]
+    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, pro, pro_inputs))
+    ld_epi = _Operands(program, y.shape, epi_inputs, names, "Out", operand_views(program, epi, epi_inputs))
+    pn = Names()
+    penv = {v: pn.new(vals[v].name) for v in pro_inputs}
+    pro_lines = render_chain(program, pro, penv, pn) if pro else []
+    pro_fn = ("// Prologue: one input element of a window.\n"
+              f"__device__ __forceinline__ float point({', '.join(f'float {penv[v]}' for v in pro_inputs)}) {{\n"
+              + "\n".join(pro_lines) + f"\n  return {penv[x_vid]};\n}}\n")
+    en = Names()
+    eenv = {y_vid: en.new(y.name)}
+    for v in epi_inputs:
+        eenv[v] = en.new(vals[v].name)
+    epi_lines = render_chain(program, epi, eenv, en) if epi else []
+    oref = {v: en.new(vals[v].name + "_out") for v in io.outputs}
+    epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in io.outputs]
+    sig = [f"float {eenv[y_vid]}"] + [f"float {eenv[v]}" for v in epi_inputs] + [f"float& {oref[v]}" for v in io.outputs]
+    epi_fn = ("// Epilogue: one pooled element to the region's outputs.\n"
+              f"__device__ __forceinline__ void store_point({', '.join(sig)}) {{\n" + "\n".join(epi_lines) + "\n}\n")
+
+    sin, sout = list(x.shape[-d:]), list(y.shape[-d:])
+    index_t = "int" if math.prod(x.shape) < 2**31 - 2**20 else "long long"
+    consts = [f"typedef {index_t} index_t;", f"constexpr index_t kOutNumel = {out_numel};",
+              f"constexpr index_t kInSpatial = {math.prod(sin)}, kOutSpatial = {math.prod(sout)};"]
+    axes = "dhw"[-d:]
+    # strides as products of the named sizes: "kInH * kInW" for the depth axis of a 3-D pool
+    in_strides = [" * ".join(f"kIn{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
+    out_strides = [" * ".join(f"kOut{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
+    for j, ax in enumerate(axes):
+        u = ax.upper()
+        consts.append(f"constexpr int kIn{u} = {sin[j]}, kOut{u} = {sout[j]}, kK{u} = {k[j]}, kS{u} = {s[j]}, "
+                      f"kP{u} = {pad[j]}, kD{u} = {dil[j]};")
+    consts += ld_pro.consts + ld_epi.consts
+    block = 256
+    grid = max(1, min(math.ceil(out_numel / block), 132 * 8))
+    consts.append(f"constexpr int kBlock = {block};")
+
+    body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
+            "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kOutNumel; o += stride) {",
+            "    const index_t lead = o / kOutSpatial;  // batch and channel",
+            "    const index_t in_base = lead * kInSpatial;"]
+    for j, ax in enumerate(axes):
+        u = ax.upper()
+        q = "o" if out_strides[j] == "1" else f"o / ({out_strides[j]})"
+        body.append(f"    const int o{ax} = (int)(({q}) % kOut{u});")
+        body.append(f"    const int s{ax} = o{ax} * kS{u} - kP{u};  // window start (may be in the padding)")
+    pro_at = f"point({', '.join(ld_pro.load(v, arg[v], 'idx') for v in pro_inputs)})"
+    pos = " + ".join(f"i{ax} * ({in_strides[j]})" if in_strides[j] != "1" else f"i{ax}" for j, ax in enumerate(axes))
+    indent = "    "
+    if is_max:
+        body.append("    float acc = -INFINITY;")
+        for j, ax in enumerate(axes):
+            u = ax.upper()
+            body += [f"{indent}#pragma unroll", f"{indent}for (int k{ax} = 0; k{ax} < kK{u}; ++k{ax}) {{",
+                     f"{indent}  const int i{ax} = s{ax} + k{ax} * kD{u};",
+                     f"{indent}  if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // padding: -inf never wins"]
+            indent += "  "
+        body += [f"{indent}const index_t idx = in_base + {pos};",
+                 f"{indent}const float xv = {pro_at};",
+                 f"{indent}if (xv > acc || xv != xv) acc = xv;  // NaN propagates, as in torch"]
+        for _ in axes:
+            indent = indent[:-2]
+            body.append(f"{indent}}}")
+        body.append("    const float pooled = acc;")
+    else:
+        body.append("    float acc = 0.0f;")
+        count_pad, div = [], []
+        for j, ax in enumerate(axes):
+            u = ax.upper()
+            body += [f"    const int e{ax} = min(s{ax} + kK{u}, kIn{u} + kP{u});",
+                     f"    const int n{ax} = e{ax} - s{ax};  // window size counted with padding",
+                     f"    const int b{ax} = max(s{ax}, 0), f{ax} = min(e{ax}, kIn{u});"]
+            count_pad.append(f"n{ax}")
+            div.append(f"(f{ax} - b{ax})")
+        for ax in axes:
+            body += [f"{indent}for (int i{ax} = b{ax}; i{ax} < f{ax}; ++i{ax}) {{"]
+            indent += "  "
+        body += [f"{indent}const index_t idx = in_base + {pos};", f"{indent}acc += {pro_at};"]
+        for _ in axes:
+            indent = indent[:-2]
+            body.append(f"{indent}}}")
+        if a.get("divisor_override"):
+            divisor = f"{float(a['divisor_override'])!r}f"
+        elif a["count_include_pad"]:
+            divisor = "(float)(" + " * ".join(count_pad) + ")"
+        else:
+            divisor = "(float)(" + " * ".join(div) + ")"
+        body.append(f"    const float pooled = acc / {divisor};")
+    call = ["pooled"] + [ld_epi.load(v, arg[v], "o") for v in epi_inputs] + [f"{arg[v]}[o]" for v in io.outputs]
+    body += [f"    store_point({', '.join(call)});", "  }"]
+
+    kname = kernel_name(name)
+    cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
+    sched = f"one thread per output element, unrolled {'x'.join(map(str, k))} window, {grid} blocks of {block}"
+    head = header(program, f"Region {name}: {pn_.op} {list(x.shape)} -> {list(y.shape)} with {len(pro)} "
+                           f"prologue and {len(epi)} epilogue op(s)", io.nodes, [
+        "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
+        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+        f"kernel {k}, stride {s}, padding {pad}, dilation {dil}; schedule: {sched}.",
+    ])
+    source = "\n".join([head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, pro_fn, epi_fn,
+                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
+                        *body, "}", ""])
+    return KernelSource(
+        name=kname, kind="pooling", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
+        params={"grid": grid, "block": block}, align=4,
+        bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
+        flops=sum(program.node_flops(n) for n in io.nodes))
