@@ -98,8 +98,9 @@ def _row_op(program: Program, nid: str):
         spatial = int(op[-2])
         return "sum", "", "st.s / kColsF", False, list(range(rank - spatial, rank)), None
     elif node.opdef.category in ("layout", "pooling", "opaque", "matmul", "convolution"):
-        raise CodegenError(f"{node.name} ({op}) is a {node.opdef.category} op with no generated kernel yet; "
-                           f"it runs through torch", node_id=nid)
+        cat = node.opdef.category
+        raise CodegenError(f"{node.name} ({op}) is {'an' if cat[0] in 'aeiou' else 'a'} {cat} op with no "
+                           f"generated kernel yet; it runs through torch", node_id=nid)
     else:
         raise CodegenError(f"{node.name} ({op}) has no row-reduction template (have: softmax, log_softmax, "
                            f"layer_norm, rms_norm, group_norm, instance_norm, logsumexp, sum, mean, max, min, "
