@@ -1,0 +1,422 @@
+"""The agent loop: rewrite -> plan -> for each region generate, compile, verify, time, tune, decide ->
+the end-to-end program (arena, one stream, CUDA graph) verified and timed against torch.
+
+Every step is an event (agent.events); every region's outcome is written into the region itself
+(`measured_ms`, `source`, `schedule["agent"]`, a decision-log entry), so the saved program file
+explains what was kept and why. Without a GPU the loop stops after compiling every kernel to sm_90.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..codegen import CodegenError, LIBRARY_CATEGORIES, generate_kernel
+from ..compiler import DEFAULT_ARCH, CompileError, compile_kernel
+from ..errors import StitchError
+from ..ir import Program
+from .events import EventEmitter
+from .tune import tune_space
+
+NO_GPU_LINE = "no GPU is present: kernels were generated and compiled for {arch}; verification and timing need a CUDA GPU"
+
+
+@dataclass
+class RegionOutcome:
+    region: str
+    status: str                    # fused | fallback | compiled (no GPU) | library | view
+    reason: str = ""
+    kernel: str | None = None
+    source_path: str | None = None
+    params: dict = field(default_factory=dict)
+    fused_ms: float | None = None
+    unfused_ms: float | None = None
+    attribution: dict = field(default_factory=dict)
+    trials: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+@dataclass
+class OptimizeResult:
+    program: Program
+    outcomes: list[RegionOutcome]
+    gpu: bool
+    status: str                    # done | no-gpu
+    profile: dict = field(default_factory=dict)
+    executable: object | None = None
+    out_dir: str | None = None
+
+    @property
+    def fused(self) -> list[RegionOutcome]:
+        return [o for o in self.outcomes if o.status == "fused"]
+
+
+def kernel_name(program: Program, rid: str) -> str:
+    base = re.sub(r"\W+", "_", program.name or "program").strip("_") or "program"
+    if base[0].isdigit():
+        base = "p_" + base
+    return f"{base[:40]}_{rid}"
+
+
+def _first(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+class _Agent:
+    def __init__(self, program, emit: EventEmitter, out_dir, gpu, draws, tune, tune_trials, trials, arch,
+                 time_regions=True):
+        self.program, self.ev, self.out_dir = program, emit, out_dir
+        self.time_regions = time_regions
+        self.ref = None   # refcache.ReferenceCache (GPU runs)
+        self.gpu, self.draws, self.tune, self.tune_trials, self.trials = gpu, draws, tune, tune_trials, trials
+        self.arch = arch
+        self.hw: dict = {}
+
+    # --- per region --------------------------------------------------------------------------
+    def region(self, r) -> tuple[RegionOutcome, object | None]:
+        """(outcome, (nodes, KernelSource, LoadedKernel) when kept)."""
+        p = self.program
+        name = kernel_name(p, r.id)
+        out = RegionOutcome(r.id, "fallback", kernel=name)
+        nodes = [p.nodes[n] for n in r.nodes]
+        from ..analysis.cost import is_view
+        if all(is_view(p, n.id) for n in nodes):
+            out.status, out.reason = "view", "only relabels memory (a view): no kernel runs"
+            return self._finish(r, out), None
+        if len(nodes) == 1 and nodes[0].opdef.category in LIBRARY_CATEGORIES:
+            out.status = "library"
+            out.reason = f"{nodes[0].name} ({nodes[0].op}) alone runs through cuBLAS/cuDNN via torch (TF32 off)"
+            return self._finish(r, out), None
+        try:
+            t0 = time.perf_counter()
+            ks = generate_kernel(p, r.nodes, name=name, kind=r.kind)
+            self.ev.emit("codegen", region=r.id, kernel=name, kind=ks.kind, schedule=ks.schedule,
+                         params=ks.params, lines=ks.source.count("\n") + 1, bytes=ks.bytes_moved,
+                         library_nodes=ks.library_nodes, seconds=time.perf_counter() - t0)
+        except CodegenError as exc:
+            out.reason = f"not generated: {exc}"
+            return self._finish(r, out), None
+        except Exception as exc:   # a generator bug must not stop the other regions
+            out.reason = f"not generated (generator error {type(exc).__name__}: {_first(exc)})"
+            return self._finish(r, out), None
+        r.source = ks.source
+        out.source_path = self._write_source(ks)
+        try:
+            c = self._compile(r, ks)
+        except CompileError as exc:
+            out.reason = f"compile failed: {exc}"
+            return self._finish(r, out), None
+        out.attribution = {"registers": c.registers, "spill_stores": c.spill_stores, "spill_loads": c.spill_loads,
+                           "stack_bytes": c.stack_bytes}
+        if not self.gpu:
+            out.status, out.reason = "compiled", f"compiled for {c.arch}; not verified or timed (no GPU)"
+            return self._finish(r, out), None
+        return self._on_gpu(r, out, ks, c)
+
+    def _compile(self, r, ks):
+        c = compile_kernel(ks, arch=self.arch)
+        self.ev.emit("compile", region=r.id, kernel=ks.name, arch=c.arch, seconds=c.seconds, cached=c.cached,
+                     registers=c.registers, spill_stores=c.spill_stores, spill_loads=c.spill_loads)
+        return c
+
+    def _write_source(self, ks) -> str | None:
+        if not self.out_dir:
+            return None
+        path = Path(self.out_dir) / "kernels" / ks.filename
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(ks.source)
+        return str(path.relative_to(self.out_dir))
+
+    def _region_tensors(self, ks, io_inputs):
+        """Random GPU inputs of a region for timing (values do not change a kernel's time)."""
+        import torch
+        from ..reference import parameter_tensors
+        params = parameter_tensors(self.program, "cuda") if not hasattr(self, "_params") else self._params
+        self._params = params
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        ins = []
+        for v in io_inputs:
+            if v in params:
+                ins.append(params[v])
+                continue
+            val = self.program.values[v]
+            if val.dtype == "bool":
+                ins.append(torch.rand(tuple(val.shape), device="cuda", generator=gen) < 0.5)
+            elif val.dtype.startswith("int"):
+                ins.append(torch.zeros(tuple(val.shape), dtype=getattr(torch, val.dtype), device="cuda"))
+            else:
+                ins.append(torch.randn(tuple(val.shape), device="cuda", generator=gen, dtype=getattr(torch, val.dtype)))
+        return ins
+
+    def _runner(self, r, ks, loaded):
+        from ..codegen import region_io
+        from ..runtime.region import RegionRunner
+        io = region_io(self.program, r.nodes)
+        return RegionRunner(self.program, ks.name, io.nodes, io.inputs, io.outputs, kernel=ks, loaded=loaded)
+
+    def _verify(self, r, runner, draws, what):
+        from .refcache import verify_candidate
+        res = verify_candidate(self.program, self.ref, runner.inputs, runner.outputs, lambda ins: runner(ins),
+                               draws=draws)
+        self.ev.emit("verify", scope="region", region=r.id, kernel=runner.name, ok=res.ok, draws=res.draws,
+                     max_abs_err=res.max_abs_err, reason=res.reason, candidate=what)
+        return res
+
+    def _time(self, runner, ins):
+        import torch
+        from ..profile.timing import time_gpu
+        if runner.kernel.library_nodes:
+            fn = lambda: runner(ins)  # noqa: E731
+        else:
+            outs = runner.loaded.specs and [torch.empty(s, dtype=getattr(torch, d), device="cuda")
+                                            for s, d in runner.loaded.specs]
+            fn = runner.loaded.bind(ins, outs)
+        return time_gpu(fn, trials=self.trials)
+
+    def _on_gpu(self, r, out, ks, c):
+        import torch
+        from ..profile.attribution import attribute
+        from ..profile.timing import time_gpu
+        from ..runtime.launch import load_kernel
+        try:
+            loaded = load_kernel(ks, self.program, c)
+        except StitchError as exc:
+            out.reason = f"load failed: {exc}"
+            return self._finish(r, out), None
+        runner = self._runner(r, ks, loaded)
+        res = self._verify(r, runner, self.draws, "default")
+        if not res.ok:
+            out.reason = f"verification failed: {res.reason}"
+            return self._finish(r, out), None
+        if not self.time_regions:
+            out.status = "fused"
+            out.reason = f"verified on {self.draws} draws (not timed: region timing was turned off)"
+            return self._finish(r, out), (list(r.nodes), ks, loaded)
+        ins = self._region_tensors(ks, runner.inputs)
+        try:
+            best_t = self._time(runner, ins)
+        except Exception as exc:
+            out.reason = f"timing failed: {type(exc).__name__}: {_first(exc)}"
+            return self._finish(r, out), None
+        best = (best_t.median_ms, ks, loaded, runner, dict(ks.params))
+        out.trials.append({"trial": 0, "params": ks.params, "ms": best_t.median_ms, "ok": True})
+        self.ev.emit("tune-step", region=r.id, trial=0, params=ks.params, ok=True, ms=best_t.median_ms,
+                     best=True, schedule=ks.schedule)
+        if self.tune:
+            sm = int(self.hw.get("sm_count") or 132)
+            for i, params in enumerate(tune_space(ks, sm_count=sm, limit=self.tune_trials), 1):
+                rec = {"trial": i, "params": params, "ok": False}
+                try:
+                    k2 = generate_kernel(self.program, r.nodes, name=ks.name, kind=r.kind, params=params)
+                    c2 = compile_kernel(k2, arch=self.arch)
+                    l2 = load_kernel(k2, self.program, c2)
+                    run2 = self._runner(r, k2, l2)
+                    quick = self._verify(r, run2, 1, f"trial {i}")
+                    if not quick.ok:
+                        rec["reason"] = quick.reason
+                    else:
+                        t2 = self._time(run2, ins)
+                        rec.update(ok=True, ms=t2.median_ms, params=k2.params, schedule=k2.schedule)
+                        if t2.median_ms < best[0]:
+                            best = (t2.median_ms, k2, l2, run2, dict(k2.params))
+                except (StitchError, RuntimeError) as exc:
+                    rec["reason"] = _first(exc)
+                out.trials.append(rec)
+                self.ev.emit("tune-step", region=r.id, best=best[0] == rec.get("ms"), **rec)
+        ms, ks, loaded, runner, params = best
+        if ks.source != r.source:
+            res = self._verify(r, runner, self.draws, "tuned best")
+            if not res.ok:     # never keep a variant that only passed the quick check
+                out.reason = f"the tuned kernel failed full verification: {res.reason}"
+                return self._finish(r, out), None
+            r.source = ks.source
+            out.source_path = self._write_source(ks)
+        try:
+            with torch.no_grad():
+                unfused = time_gpu(lambda: runner.run_unfused(ins), trials=self.trials).median_ms
+        except Exception as exc:
+            out.reason = f"timing the unfused ops failed: {type(exc).__name__}: {_first(exc)}"
+            return self._finish(r, out), None
+        out.fused_ms, out.unfused_ms, out.params = ms, unfused, params
+        res_attr = loaded.attribution()
+        out.attribution = attribute(ms, ks.bytes_moved, ks.flops, self.hw.get("copy_bandwidth_gbs") or 4200.0,
+                                    resources=res_attr)
+        self.ev.emit("profile", scope="region", region=r.id, kernel=ks.name, ms=ms, unfused_ms=unfused,
+                     **{k: v for k, v in out.attribution.items() if k != "ms"})
+        if ms < unfused:
+            out.status = "fused"
+            out.reason = (f"verified on {self.draws} draws and {unfused / ms:.2f}x faster than its "
+                          f"{len(r.nodes)} unfused op(s) ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us)")
+            return self._finish(r, out), (list(r.nodes), ks, loaded)
+        out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us); "
+                      "the ops run through torch")
+        return self._finish(r, out), None
+
+    def _finish(self, r, out: RegionOutcome) -> RegionOutcome:
+        if out.fused_ms is not None:
+            r.measured_ms = out.fused_ms
+        r.schedule["agent"] = {"status": out.status, "reason": out.reason, "kernel": out.kernel,
+                               "source_path": out.source_path, "params": out.params, "fused_ms": out.fused_ms,
+                               "unfused_ms": out.unfused_ms}
+        r.note("agent", "kept" if out.status == "fused" else out.status, out.reason)
+        if out.status in ("fallback",):
+            self.ev.emit("fallback", region=r.id, reason=out.reason, kernel=out.kernel)
+        else:
+            self.ev.log(f"region {r.id}: {out.status}: {out.reason}", region=r.id, status=out.status)
+        return out
+
+
+def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter | None = None, tune: bool = True,
+             draws: int = 5, tune_trials: int = 6, trials: int = 20, rewrite: bool = True, baselines: bool = True,
+             baseline_fn=None, compile_modes=("default", "reduce-overhead"), compile_budget_s: float = 120.0,
+             graph: bool = True, time_regions: bool = True) -> OptimizeResult:
+    """Optimize `program` (left untouched: the result holds the rewritten, planned copy).
+
+    device: None = the GPU when one is usable, "cpu" = plan, generate and compile only (sm_90).
+    baseline_fn: (fn, inputs) to time as torch eager / torch.compile (default: the program op by op)."""
+    from ..planner import apply_plan, plan_program
+    from ..profile.hardware import no_gpu_reason
+    emit = emit or EventEmitter()
+    if out_dir:
+        os.makedirs(out_dir, exist_ok=True)
+    why_not = "device='cpu' was asked for" if device == "cpu" else no_gpu_reason()
+    gpu = why_not is None
+    prog = program
+    if rewrite:
+        from ..rewrites import rewrite_program
+        try:
+            rr = rewrite_program(program)
+            prog = rr.program
+            for e in rr.fired:
+                emit.emit("rewrite", rule=e["rule"], node=e["node"], message=e["message"], kept=True)
+            for e in rr.refused:
+                emit.emit("rewrite", rule=e["rule"], node=e["node"], message=e.get("error") or e["message"], kept=False)
+        except StitchError as exc:
+            emit.log(f"rewrites skipped: {exc}", level="warning")
+    else:
+        from ..rewrites import clone_program
+        prog = clone_program(program)
+    plan = plan_program(prog)
+    apply_plan(prog, plan)
+    emit.emit("plan", program=prog.name, nodes=len(prog.nodes), regions=len(plan.active), kernels=plan.kernels,
+              unfused_ms=plan.estimate.unfused_ms, planned_ms=plan.estimate.planned_ms,
+              floor_ms=plan.estimate.floor_ms, seconds=plan.seconds)
+    for r in plan.active:
+        emit.emit("region-proposed", region=r.id, kind=r.kind, nodes=list(r.nodes), reason=r.reason,
+                  est_before_ms=r.est_before_ms, est_after_ms=r.est_after_ms, schedule=r.schedule)
+    arch = None if gpu else DEFAULT_ARCH
+    agent = _Agent(prog, emit, out_dir, gpu, draws, tune, tune_trials, trials, arch, time_regions)
+    profile: dict = {"program": prog.name, "gpu": gpu}
+    if gpu:
+        from .refcache import ReferenceCache
+        keep: set[str] = set()
+        from ..codegen import region_io
+        for r in plan.active:
+            try:
+                io = region_io(prog, r.nodes)
+                keep.update(io.inputs, io.outputs)
+            except StitchError:
+                pass
+        agent.ref = ReferenceCache(prog, keep, device=ReferenceCache.choose_device(prog, True))
+        from ..profile.baselines import strict_fp32
+        from ..profile.hardware import hardware_snapshot
+        strict_fp32()
+        agent.hw = hardware_snapshot()
+        profile["hardware"] = agent.hw
+        emit.log(f"GPU: {agent.hw['name']}, {agent.hw['sm_count']} SMs, copy bandwidth "
+                 f"{agent.hw['copy_bandwidth_gbs']:.0f} GB/s", hardware=agent.hw)
+    outcomes, fused = [], {}
+    for r in plan.active:
+        try:
+            o, keep = agent.region(r)
+        except Exception as exc:  # one region's failure is that region's fallback, never the run's
+            o = agent._finish(r, RegionOutcome(r.id, "fallback", f"agent error {type(exc).__name__}: {_first(exc)}"))
+            keep = None
+        outcomes.append(o)
+        if keep is not None:
+            fused[r.id] = keep
+    profile["regions"] = [o.to_dict() for o in outcomes]
+    result = OptimizeResult(prog, outcomes, gpu, "done" if gpu else "no-gpu", profile, out_dir=out_dir)
+    if gpu:
+        _end_to_end(result, fused, emit, agent.ref, draws=draws, trials=trials, graph=graph, baselines=baselines,
+                    baseline_fn=baseline_fn, compile_modes=compile_modes, compile_budget_s=compile_budget_s)
+    else:
+        emit.log(NO_GPU_LINE.format(arch=DEFAULT_ARCH) + f" ({why_not})", level="warning", no_gpu=True)
+    prog.profile = _json_safe(profile)
+    if out_dir:
+        _write_outputs(result)
+    counts = {}
+    for o in outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    emit.emit("done", status=result.status, regions=len(outcomes), outcomes=counts,
+              ours_ms=profile.get("end_to_end", {}).get("ms"), out_dir=str(out_dir) if out_dir else None)
+    return result
+
+
+def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, baseline_fn, compile_modes,
+                compile_budget_s):
+    from ..profile.attribution import attribute
+    from ..profile.timing import time_gpu
+    from ..program_runtime import build_executable
+    prog, profile = result.program, result.profile
+    exe = build_executable(prog, fused, graph=graph)
+    res = exe.verify(draws, ref=ref)
+    emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err, reason=res.reason)
+    if not res.ok and fused:
+        emit.emit("error", message=f"the end-to-end program with generated kernels failed verification "
+                                   f"({res.reason}); running every node through torch instead")
+        for o in result.outcomes:
+            if o.status == "fused":
+                o.status, o.reason = "fallback", f"the whole program failed verification with it: {res.reason}"
+        exe = build_executable(prog, {}, graph=graph)
+        res = exe.verify(draws, ref=ref)
+        emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
+                  reason=res.reason)
+    if exe.graph_error:
+        emit.log(exe.graph_error, level="warning")
+    t = time_gpu(exe.replay, trials=trials)
+    bw = (profile.get("hardware") or {}).get("copy_bandwidth_gbs") or 4200.0
+    nbytes = sum(prog.values[v].nbytes for v in prog.inputs) + sum(v.nbytes for v in prog.parameters()) + \
+        sum(prog.values[v].nbytes for v in set(prog.outputs))
+    flops = sum(prog.node_flops(n) for n in prog.nodes)
+    e2e = attribute(t.median_ms, nbytes, flops, bw)
+    e2e.update(correct=res.ok, verify=res.as_dict(), timing=t.to_dict(), **exe.summary(),
+               arena=exe.arena_plan.to_dict())
+    profile["end_to_end"] = e2e
+    emit.emit("profile", scope="program", ms=t.median_ms, floor_ms=e2e["floor_ms"], achieved_gbs=e2e["achieved_gbs"],
+              launches=exe.launches, cuda_graph=exe.graph is not None, arena_bytes=exe.arena_plan.total_bytes)
+    result.executable = exe
+    if baselines:
+        from ..profile.baselines import best_compile_ms, measure_baselines, program_callable
+        try:
+            fn, inputs = baseline_fn if baseline_fn is not None else program_callable(prog)
+            base = measure_baselines(fn, inputs, compile_modes=compile_modes, trials=trials,
+                                     compile_budget_s=compile_budget_s, emit=emit.emit)
+        except Exception as exc:
+            base = {"error": f"{type(exc).__name__}: {_first(exc)}"}
+            emit.emit("error", message=f"baselines failed: {base['error']}")
+        profile["baselines"] = base
+        eager = (base.get("eager") or {}).get("ms")
+        comp = best_compile_ms(base) if "error" not in base else None
+        profile["speedup_vs_eager"] = eager / t.median_ms if eager else None
+        profile["speedup_vs_compile"] = comp / t.median_ms if comp else None
+
+
+def _json_safe(x):
+    from .events import _plain
+    return _plain(x)
+
+
+def _write_outputs(result: OptimizeResult) -> None:
+    from ..project_file import save_program
+    out = Path(result.out_dir)
+    save_program(result.program, out / "program.json")
+    prof = dict(result.program.profile or {})
+    prof["status"] = result.status
+    (out / "profile.json").write_text(json.dumps(_json_safe(prof), indent=1))

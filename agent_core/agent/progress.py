@@ -1,0 +1,49 @@
+"""One short human-readable line per event, for the CLI's progress output."""
+from __future__ import annotations
+
+
+def _us(ms) -> str:
+    return "?" if ms is None else (f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms")
+
+
+def format_event(e: dict) -> str | None:
+    """The line to print for event e, or None for events too chatty to print (debug logs)."""
+    k = e.get("event")
+    if k == "plan":
+        return (f"plan: {e['nodes']} nodes -> {e['regions']} regions, {e['kernels']} kernels "
+                f"(estimated {_us(e.get('unfused_ms'))} unfused, {_us(e.get('planned_ms'))} planned)")
+    if k == "region-proposed":
+        return f"  {e['region']} {e['kind']}: {len(e['nodes'])} node(s): {e['reason']}"
+    if k == "rewrite":
+        return f"rewrite {e['rule']}{'' if e['kept'] else ' (refused)'}: {e['message']}"
+    if k == "codegen":
+        return f"  {e['region']}: generated {e['kernel']} ({e['kind']}, {e['schedule']})"
+    if k == "compile":
+        regs = e.get("registers")
+        return (f"  {e['region']}: compiled for {e['arch']}" + (" (cached)" if e["cached"] else f" in {e['seconds']:.2f} s")
+                + (f", {regs} registers" if regs is not None else "")
+                + (f", {e['spill_stores']} B spilled" if e.get("spill_stores") else ""))
+    if k == "verify":
+        where = e.get("region") or "program"
+        return f"  {where}: verify {'ok' if e['ok'] else 'FAILED'} on {e['draws']} draw(s)" + \
+            (f": {e['reason']}" if e.get("reason") else "")
+    if k == "tune-step":
+        return (f"  {e['region']}: trial {e['trial']} {e['params']}: " +
+                (_us(e.get("ms")) + (" (best)" if e.get("best") else "") if e["ok"] else f"rejected ({e.get('reason', '')})"))
+    if k == "profile":
+        if e["scope"] == "baseline":
+            return f"baseline {e.get('baseline')}: " + (_us(e["ms"]) if e.get("ok") else f"failed: {e.get('error')}")
+        if e["scope"] == "program":
+            return (f"end to end: {_us(e['ms'])} (floor {_us(e.get('floor_ms'))}, {e.get('launches')} launches, "
+                    f"{'one CUDA graph' if e.get('cuda_graph') else 'no CUDA graph'})")
+        return f"  {e.get('region')}: {_us(e['ms'])} fused vs {_us(e.get('unfused_ms'))} unfused ({e.get('bound')} bound)"
+    if k == "fallback":
+        return f"  {e['region']}: falls back: {e['reason']}"
+    if k == "error":
+        return f"error: {e['message']}"
+    if k == "log":
+        # the no-GPU line is printed once by the command's summary
+        return None if e["level"] == "debug" or e.get("no_gpu") else e["message"]
+    if k == "done":
+        return f"done ({e['status']})"
+    return None

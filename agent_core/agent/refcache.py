@@ -1,0 +1,80 @@
+"""Reference results shared by every verification of one optimize run.
+
+verify.verify_region runs the whole program through the reference for each region and draw; over a
+program with many regions (and tuning trials) that is most of the loop's time. Here each draw runs
+once and keeps only the values some check reads (region boundaries and program outputs). Large
+programs run their reference on the GPU (the same torch ops, fp32, TF32 off), as the importers'
+verification does, because the CPU would take seconds per draw.
+"""
+from __future__ import annotations
+
+from ..ir import Program
+from ..reference import parameter_tensors, random_inputs, run_reference
+
+GPU_REFERENCE_FLOPS = 2e9   # above this the reference runs on the GPU when there is one
+
+
+class ReferenceCache:
+    def __init__(self, program: Program, keep: set[str], *, device: str = "cpu"):
+        self.program = program
+        self.keep = set(keep) | set(program.outputs) | set(program.inputs)
+        self.device = device
+        self._params = None
+        self._draws: dict[int, dict] = {}
+
+    @staticmethod
+    def choose_device(program: Program, gpu: bool) -> str:
+        if not gpu:
+            return "cpu"
+        flops = sum(program.node_flops(n) for n in program.nodes)
+        return "cuda" if flops > GPU_REFERENCE_FLOPS else "cpu"
+
+    def draw(self, d: int) -> dict:
+        """value id -> tensor (on self.device) for draw d (seed d)."""
+        env = self._draws.get(d)
+        if env is None:
+            if self._params is None:
+                self._params = parameter_tensors(self.program, self.device)
+            full = run_reference(self.program, random_inputs(self.program, d, self.device), keep=True,
+                                 params=self._params, device=self.device)
+            env = self._draws[d] = {v: t for v, t in full.items() if v in self.keep}
+        return env
+
+    def inputs(self, d: int) -> list:
+        env = self.draw(d)
+        return [env[v] for v in self.program.inputs]
+
+    def outputs(self, d: int) -> list:
+        env = self.draw(d)
+        return [env[v] for v in self.program.outputs]
+
+
+def verify_candidate(program: Program, cache: ReferenceCache, inputs: list[str], outputs: list[str], run,
+                     draws: int = 5, device: str = "cuda"):
+    """verify.verify_region over cached draws: run(region input tensors) -> outputs, compared with
+    atol = rtol = 1e-4 (NaN must match NaN). Never raises for a mismatch or a failing candidate."""
+    import torch
+    from ..errors import StitchError
+    from ..verify import VerifyResult, compare
+    worst_abs = worst_ex = 0.0
+    per = {}
+    for d in range(draws):
+        env = cache.draw(d)
+        try:
+            got = run([env[v].to(device) for v in inputs])
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+        except StitchError as exc:
+            return VerifyResult(False, d, reason=f"draw {d}: {exc}")
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            return VerifyResult(False, d, reason=f"draw {d}: the candidate raised {type(exc).__name__}: {first}")
+        if len(got) != len(outputs):
+            return VerifyResult(False, d, reason=f"the candidate returned {len(got)} outputs, want {len(outputs)}")
+        for vid, g, w in zip(outputs, got, [env[v] for v in outputs]):
+            ok, ab, ex, why = compare(program, vid, g, w.cpu())
+            worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
+            per[vid] = max(per.get(vid, 0.0), ab)
+            if not ok:
+                return VerifyResult(False, d + 1, worst_abs, worst_ex, f"draw {d}: {why}", per)
+    return VerifyResult(True, draws, worst_abs, worst_ex, "", per)

@@ -1,0 +1,100 @@
+"""`stitchcuda optimize prog.json|model.py -o OUTDIR`: the whole agent loop.
+
+Writes OUTDIR/program.json (the rewritten program with its regions: status, reasons, sources,
+measurements), OUTDIR/kernels/*.cu, OUTDIR/profile.json and OUTDIR/events.jsonl. Without a GPU it
+plans, rewrites, generates and compiles (sm_90), writes the sources and the program file, prints that
+no GPU is present and exits 0.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+HELP = "plan, generate, compile, verify and time CUDA for a program"
+
+
+def add_common(parser) -> None:
+    parser.add_argument("--no-tune", action="store_true", help="keep each region's default launch parameters")
+    parser.add_argument("--tune-trials", type=int, default=6, help="parameter sets tried per region (default 6)")
+    parser.add_argument("--draws", type=int, default=5, help="random draws each verification uses (default 5)")
+    parser.add_argument("--trials", type=int, default=20, help="timed trials per measurement, median (default 20)")
+    parser.add_argument("--no-rewrite", action="store_true", help="plan the program as it is")
+    parser.add_argument("--cpu", action="store_true", help="do not use a GPU even if there is one")
+    parser.add_argument("--no-compile-baselines", action="store_true",
+                        help="time torch eager only, not torch.compile")
+    parser.add_argument("--compile-budget", type=float, default=120.0,
+                        help="seconds of torch.compile per problem before further modes are skipped (default 120)")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("program", help="a program file (.json), a KernelBench .py file or module:Class")
+    parser.add_argument("-o", "--output", required=True, help="output folder")
+    parser.add_argument("--no-baselines", action="store_true", help="do not time torch eager / torch.compile")
+    parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
+    add_common(parser)
+
+
+def baseline_for(spec: str):
+    """(fn, inputs) to time as torch's baseline: the file's own Model for a .py, else None (the program)."""
+    if spec.endswith(".py") and os.path.isfile(spec):
+        from ..profile.baselines import source_callable
+        return source_callable(spec)
+    return None
+
+
+def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True):
+    from ..agent import optimize
+    from ..profile.hardware import no_gpu_reason
+    from .import_cmd import open_program
+    program = open_program(spec)
+    program.check()
+    gpu = not args.cpu and no_gpu_reason() is None
+    base_fn = None
+    if gpu and baselines:
+        try:
+            base_fn = baseline_for(spec)
+        except Exception as exc:  # the program's own op-by-op run is the baseline then
+            emit.log(f"the file's Model could not be built for the baseline ({type(exc).__name__}: {exc}); "
+                     "timing the program op by op instead", level="warning")
+    modes = () if args.no_compile_baselines else ("default", "reduce-overhead")
+    return optimize(program, out_dir=out_dir, device=None if gpu else "cpu", emit=emit, tune=not args.no_tune,
+                    draws=args.draws, tune_trials=args.tune_trials, trials=args.trials,
+                    rewrite=not args.no_rewrite, baselines=baselines, baseline_fn=base_fn, compile_modes=modes,
+                    compile_budget_s=args.compile_budget)
+
+
+def run(args) -> int:
+    from ..agent import EventEmitter
+    from ..agent.progress import format_event
+    os.makedirs(args.output, exist_ok=True)
+    path = os.path.join(args.output, "events.jsonl")
+
+    def show(e):
+        if args.quiet:
+            return
+        line = format_event(e)
+        if line:
+            print(line, flush=True)
+    with open(path, "w") as log:
+        emit = EventEmitter(log, show)
+        result = optimize_spec(args.program, args.output, emit, args, baselines=not args.no_baselines)
+    counts = {}
+    for o in result.outcomes:
+        counts[o.status] = counts.get(o.status, 0) + 1
+    print(f"{result.program.name}: {len(result.outcomes)} regions: "
+          + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    prof = result.profile
+    if result.gpu:
+        e2e = prof.get("end_to_end", {})
+        line = f"end to end {e2e.get('ms', 0):.4f} ms, {'correct' if e2e.get('correct') else 'NOT CORRECT'}"
+        if prof.get("speedup_vs_eager"):
+            line += f", {prof['speedup_vs_eager']:.2f}x vs eager"
+        if prof.get("speedup_vs_compile"):
+            line += f", {prof['speedup_vs_compile']:.2f}x vs torch.compile"
+        print(line)
+    else:
+        from ..agent import NO_GPU_LINE
+        print(NO_GPU_LINE.format(arch="sm_90"))
+    print(f"wrote {args.output}/program.json, kernels/, profile.json, events.jsonl")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,32 @@
+"""Per-kernel attribution: what bounds a kernel (memory, compute or launches) and how close it is to
+its floor. The floor of a memory-bound kernel is (bytes read once + bytes written) / measured copy
+bandwidth; a compute-bound one's is FLOPs / peak; below a few microseconds the launch dominates.
+"""
+from __future__ import annotations
+
+LAUNCH_BOUND_MS = 0.004    # a kernel this short is mostly launch latency and tail effects
+FP32_TFLOPS = 51.0         # the H200's measured fp32 cuBLAS peak (DESIGN.md)
+
+
+def floor_ms(nbytes: float, bandwidth_gbs: float, flops: float = 0.0, tflops: float = FP32_TFLOPS) -> float:
+    mem = nbytes / (bandwidth_gbs * 1e9) * 1e3 if bandwidth_gbs else 0.0
+    comp = flops / (tflops * 1e12) * 1e3 if tflops else 0.0
+    return max(mem, comp)
+
+
+def attribute(ms: float, nbytes: float, flops: float, bandwidth_gbs: float, *, tflops: float = FP32_TFLOPS,
+              resources: dict | None = None) -> dict:
+    mem = nbytes / (bandwidth_gbs * 1e9) * 1e3 if bandwidth_gbs else 0.0
+    comp = flops / (tflops * 1e12) * 1e3
+    floor = max(mem, comp)
+    if ms < LAUNCH_BOUND_MS and floor < ms / 2:
+        bound = "launch"
+    else:
+        bound = "compute" if comp > mem else "memory"
+    out = {"ms": ms, "bound": bound, "floor_ms": floor, "pct_of_floor": (100.0 * floor / ms) if ms > 0 else None,
+           "achieved_gbs": (nbytes / (ms * 1e-3) / 1e9) if ms > 0 else None,
+           "achieved_tflops": (flops / (ms * 1e-3) / 1e12) if ms > 0 else None,
+           "bytes": int(nbytes), "flops": int(flops)}
+    if resources:
+        out.update(resources)
+    return out

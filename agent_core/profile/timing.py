@@ -1,0 +1,81 @@
+"""GPU timing with CUDA events: warm-up, L2 flushed before every trial, the median of the trials.
+
+Flushing writes a buffer larger than L2 (twice its size), so every trial reads its inputs from HBM as
+a real run would, and the flush itself is outside the timed events.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_TRIALS = 20
+DEFAULT_WARMUP = 3
+
+
+@dataclass
+class Timing:
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    trials: int
+    samples: list[float] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["samples"] = [round(s, 6) for s in self.samples]
+        return d
+
+
+_flush_buf = {}
+
+
+def l2_flush_buffer(device=None):
+    """A byte buffer twice the L2 size of the device (cached per device)."""
+    import torch
+    dev = torch.device(device or "cuda")
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    buf = _flush_buf.get(idx)
+    if buf is None:
+        l2 = getattr(torch.cuda.get_device_properties(idx), "L2_cache_size", 0) or 64 * 2**20
+        buf = _flush_buf[idx] = torch.empty(2 * l2, dtype=torch.uint8, device=f"cuda:{idx}")
+    return buf
+
+
+def summarize(samples: list[float]) -> Timing:
+    if not samples:
+        raise ValueError("no timing samples")
+    return Timing(statistics.median(samples), min(samples), max(samples), len(samples), list(samples))
+
+
+def time_gpu(fn, *, trials: int = DEFAULT_TRIALS, warmup: int = DEFAULT_WARMUP, flush: bool = True,
+             stream=None) -> Timing:
+    """Median time of fn() in ms, measured with CUDA events around each call on the current stream."""
+    import torch
+    trials = max(1, int(trials))
+    for _ in range(max(0, warmup)):
+        fn()
+    torch.cuda.synchronize()
+    buf = l2_flush_buffer() if flush else None
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
+    for i in range(trials):
+        if buf is not None:
+            buf.fill_(i & 0xFF)   # evict the inputs from L2 (outside the timed span)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+def time_cpu(fn, *, trials: int = 5, warmup: int = 1) -> Timing:
+    """Wall-clock median in ms (for host-side steps: import, plan, compile)."""
+    import time
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(max(1, trials)):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return summarize(samples)

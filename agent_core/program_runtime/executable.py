@@ -1,0 +1,191 @@
+"""The end-to-end program on the GPU: one arena, one stream, one CUDA graph.
+
+Generated kernels write into views of the arena (one torch.empty of bytes) and are launched with raw
+device pointers on torch's current stream (cupy.cuda.ExternalStream), so capturing them into a
+torch.cuda.CUDAGraph records the launches like any torch op. Library calls and unfused nodes run
+through torch; whatever they allocate during capture lives in the graph's private pool. Inputs are
+static tensors the caller may write into directly (zero copy); outputs are the tensors the graph
+writes (valid until the next replay).
+"""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..errors import StitchError
+from ..ir import Program
+from ..reference import parameter_tensors, random_inputs, run_node, run_reference
+from .steps import Step, plan_steps
+
+
+class ExecutableError(StitchError):
+    """The end-to-end program could not be built or run."""
+
+
+def _torch_dtype(torch, dtype: str):
+    from ..ops.common import torch_dtype
+    return torch_dtype(dtype)
+
+
+class ProgramExecutable:
+    def __init__(self, program: Program, fused: dict[str, tuple[list[str], object, object]], *,
+                 graph: bool = True, device: str = "cuda"):
+        """fused: region id -> (node ids, KernelSource, LoadedKernel) of the regions kept as kernels."""
+        import torch
+        self.program = program
+        self.device = device
+        self.steps, self.arena_plan = plan_steps(program, {r: (n, ks) for r, (n, ks, _) in fused.items()})
+        for s in self.steps:
+            if s.kind == "kernel":
+                s.loaded = fused[s.region][2]
+        self.arena = torch.empty(max(1, self.arena_plan.total_bytes), dtype=torch.uint8, device=device)
+        self._arena_ptr = self.arena.untyped_storage().data_ptr()
+        self.params = parameter_tensors(program, device)
+        self.inputs = [torch.empty(tuple(program.values[v].shape), dtype=_torch_dtype(torch, program.values[v].dtype),
+                                   device=device) for v in program.inputs]
+        self.views = {}
+        for vid, slot in self.arena_plan.slots.items():
+            val = program.values[vid]
+            dt = _torch_dtype(torch, val.dtype)
+            nbytes = val.nbytes
+            self.views[vid] = self.arena[slot.offset:slot.offset + nbytes].view(dt).view(tuple(val.shape))
+        self._streams = {}
+        self.graph = None
+        self.graph_error: str | None = None
+        self.outputs = None
+        if graph:
+            self._capture()
+
+    # --- running -------------------------------------------------------------------------------
+    def _cupy_stream(self, torch):
+        import cupy
+        ptr = torch.cuda.current_stream().cuda_stream
+        s = self._streams.get(ptr)
+        if s is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                s = self._streams[ptr] = cupy.cuda.ExternalStream(ptr)
+        return s
+
+    def _launch(self, torch, step: Step, env: dict) -> None:
+        ks, lk = step.kernel, step.loaded
+        for nid in step.library_nodes:           # cuBLAS / cuDNN through torch, TF32 off
+            run_node(self.program, nid, env)
+        ptrs = []
+        for v in ks.inputs:
+            t = env[v]
+            if not t.is_contiguous() or t.data_ptr() % ks.align:
+                t = t.contiguous() if not t.is_contiguous() else t.clone()
+                env[v] = t
+            ptrs.append(t.data_ptr())
+        for v in ks.outputs:
+            env[v] = self.views[v]
+            ptrs.append(self.views[v].data_ptr())
+        ptrs += [w.data_ptr() for w in lk._workspace(torch)]
+        # pointers passed by value: no DLPack exchange, nothing that could synchronise during capture
+        args = tuple(np.uint64(p) for p in ptrs)
+        with self._cupy_stream(torch):
+            lk.function(ks.grid, ks.block, args, shared_mem=ks.shared_bytes)
+
+    def _execute(self) -> list:
+        import torch
+        env = dict(self.params)
+        env.update(zip(self.program.inputs, self.inputs))
+        with torch.no_grad():
+            for step in self.steps:
+                if step.kind == "kernel":
+                    self._launch(torch, step, env)
+                    continue
+                nid = step.nodes[0]
+                run_node(self.program, nid, env)
+                if step.view:
+                    continue
+                for v in self.program.nodes[nid].outputs:   # a torch view into the arena would outlive its slot
+                    t = env.get(v)
+                    if isinstance(t, torch.Tensor) and t.is_cuda and t.untyped_storage().data_ptr() == self._arena_ptr:
+                        env[v] = t.clone()
+        return [env[v] for v in self.program.outputs]
+
+    def _capture(self) -> None:
+        import torch
+        from ..runtime.region import strict_fp32
+        strict_fp32()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        try:
+            with torch.cuda.stream(stream):
+                self._execute()      # warm-up: loads modules, allocates workspaces, cuBLAS handles
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=stream):
+                outs = self._execute()
+            torch.cuda.synchronize()
+            self.graph, self.outputs = g, outs
+        except Exception as exc:  # e.g. an op that synchronises: run the steps one by one instead
+            torch.cuda.synchronize()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self.graph_error = f"CUDA graph capture failed ({type(exc).__name__}: {first[:200]}); steps run one by one"
+            self.graph = None
+
+    def replay(self):
+        """Run once on the current inputs; returns the output tensors."""
+        if self.graph is not None:
+            self.graph.replay()
+            return self.outputs
+        from ..runtime.region import strict_fp32
+        strict_fp32()
+        self.outputs = self._execute()
+        return self.outputs
+
+    def __call__(self, *inputs):
+        """Copy inputs into the static input tensors (skipped when they are those tensors) and run."""
+        if len(inputs) != len(self.inputs):
+            raise ExecutableError(f"the program takes {len(self.inputs)} inputs, got {len(inputs)}")
+        for dst, src in zip(self.inputs, inputs):
+            if src is not dst:
+                dst.copy_(src)
+        return self.replay()
+
+    # --- facts ---------------------------------------------------------------------------------
+    @property
+    def kernel_steps(self) -> int:
+        return sum(1 for s in self.steps if s.kind == "kernel")
+
+    @property
+    def launches(self) -> int:
+        """Kernels a run launches: generated ones, their library calls, and non-view torch nodes."""
+        return sum((1 + len(s.library_nodes)) if s.kind == "kernel" else (0 if s.view else 1) for s in self.steps)
+
+    def summary(self) -> dict:
+        return {"steps": len(self.steps), "generated_kernels": self.kernel_steps, "launches": self.launches,
+                "cuda_graph": self.graph is not None, "graph_error": self.graph_error,
+                "arena_bytes": self.arena_plan.total_bytes, "arena_naive_bytes": self.arena_plan.naive_bytes,
+                "order": [s.label(self.program) for s in self.steps]}
+
+    def verify(self, draws: int = 5, seed: int = 0, ref=None):
+        """The whole program against the reference interpreter on `draws` random draws (seeds seed..);
+        ref: an agent.refcache.ReferenceCache whose draws to reuse (its seeds are 0..)."""
+        import torch
+        from ..verify import VerifyResult, compare
+        worst_abs = worst_ex = 0.0
+        for d in range(draws):
+            if ref is not None:
+                ins, want = ref.inputs(seed + d), ref.outputs(seed + d)
+            else:
+                drawn = random_inputs(self.program, seed + d)
+                out = run_reference(self.program, drawn)
+                ins = [drawn[self.program.values[v].name] for v in self.program.inputs]
+                want = [out[self.program.values[v].name] for v in self.program.outputs]
+            try:
+                got = self(*[t.to(self.device) for t in ins])
+                torch.cuda.synchronize()
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                return VerifyResult(False, d, reason=f"draw {d}: the program raised {type(exc).__name__}: {first}")
+            for vid, g, w in zip(self.program.outputs, got, want):
+                ok, ab, ex, why = compare(self.program, vid, g, w.cpu())
+                worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
+                if not ok:
+                    return VerifyResult(False, d + 1, worst_abs, worst_ex, f"draw {d}: {why}")
+        return VerifyResult(True, draws, worst_abs, worst_ex)
