@@ -141,3 +141,22 @@ def test_few_long_rows_split_across_blocks():
     m = many.add_node("sum", [y.id], {"dim": [-1]})
     many.mark_output(m.outputs[0])
     assert generate_kernel(many, [m.id], name="many").params["schedule"] == "online"
+
+
+@pytest.mark.parametrize("shape,op,attrs", [
+    ((8, 1000), "layer_norm", {"normalized_shape": [1000]}), ((3, 40000), "layer_norm", {"normalized_shape": [40000]}),
+    ((4, 6, 35), "softmax", {"dim": 1}), ((2, 1 << 20), "sum", {"dim": [-1]}),
+])
+def test_prologue_value_used_outside_is_written_in_pass_one(shape, op, attrs):
+    """The residual stream: h = x + b feeds layer_norm and is also returned."""
+    p = Program("residual")
+    x = p.add_input("x", shape)
+    b = p.add_input("b", shape[-1:])
+    a = p.add_node("add", [x.id, b.id])
+    n = p.add_node(op, [a.outputs[0]], attrs)
+    p.mark_output(n.outputs[0])
+    p.mark_output(a.outputs[0])
+    ks = generate_kernel(p, [a.id, n.id], name="residual")
+    assert ks.outputs == [a.outputs[0], n.outputs[0]]
+    assert "float& add_out" in ks.source
+    compile_kernel(ks, arch="sm_90")

@@ -227,10 +227,10 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     pro = [n for n in io.nodes if n in before]
     epi = [n for n in io.nodes if n in after]
     pro_vals = {v for n in pro for v in nodes[n].outputs}
-    for v in io.outputs:
-        if v in pro_vals:
-            raise CodegenError(f"'{vals[v].name}' of the prologue is also used outside the region; "
-                               f"the reduction kernel writes only its own and its epilogue's results")
+    for v in io.outputs:  # prologue values used outside are written while the row is loaded
+        if v in pro_vals and math.prod(vals[v].shape) != math.prod(x.shape):
+            raise CodegenError(f"'{vals[v].name}' of the prologue is used outside the region but is smaller "
+                               f"than the reduction's input; split the region there")
     for n in epi:
         for v in nodes[n].inputs:
             if v in pro_vals and v != x_vid:
@@ -305,7 +305,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     ld_pro = _Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, pro, pro_inputs))
     ld_epi = _Operands(program, out_space, epi_inputs, names, "Out", operand_views(program, epi, epi_inputs))
     out_vids = list(io.outputs)
-    for v in out_vids:
+    pro_outs = [v for v in out_vids if v in pro_vals]    # written by the prologue in pass 1
+    epi_outs = [v for v in out_vids if v not in pro_vals]
+    for v in epi_outs:
         if math.prod(vals[v].shape) != math.prod(out_space):
             raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} does not match the reduction's "
                                f"output space {list(out_space)}; split the region there")
@@ -314,8 +316,12 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     pn = Names()
     penv = {v: pn.new(vals[v].name) for v in pro_inputs}
     pro_lines = render_chain(program, pro, penv, pn) if pro else []
-    pro_fn = ("// Prologue: one element of the reduction's input.\n"
-              f"__device__ __forceinline__ float point({', '.join(f'float {penv[v]}' for v in pro_inputs)}) {{\n"
+    pref = {v: pn.new(vals[v].name + "_out") for v in pro_outs}
+    pro_lines += [f"  {pref[v]} = {penv[v]};" for v in pro_outs]
+    psig = [f"float {penv[v]}" for v in pro_inputs] + [f"float& {pref[v]}" for v in pro_outs]
+    pro_fn = ("// Prologue: one element of the reduction's input" + (" (and the prologue values used "
+              "outside the region)" if pro_outs else "") + ".\n"
+              f"__device__ __forceinline__ float point({', '.join(psig)}) {{\n"
               + "\n".join(pro_lines) + f"\n  return {penv[x_vid]};\n}}\n")
     # epilogue: anchor output (+ its input, + other inputs) -> region outputs
     en = Names()
@@ -326,10 +332,10 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     for v in epi_inputs:
         eenv[v] = en.new(vals[v].name)
     epi_lines = render_chain(program, epi, eenv, en) if epi else []
-    oref = {v: en.new(vals[v].name + "_out") for v in out_vids}
-    epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in out_vids]
+    oref = {v: en.new(vals[v].name + "_out") for v in epi_outs}
+    epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in epi_outs]
     sig = [f"float {eenv[anchor_out]}"] + ([f"float {eenv[x_vid]}"] if epi_x else []) + \
-          [f"float {eenv[v]}" for v in epi_inputs] + [f"float& {oref[v]}" for v in out_vids]
+          [f"float {eenv[v]}" for v in epi_inputs] + [f"float& {oref[v]}" for v in epi_outs]
     epi_fn = ("// Epilogue: one element of the reduction's output to the region's outputs.\n"
               f"__device__ __forceinline__ void store_point({', '.join(sig)}) {{\n" + "\n".join(epi_lines) + "\n}\n")
 
@@ -400,7 +406,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                            f"{ld_pro.fn[v]}(base + {col}))[0];")
         return out
 
-    def pro_args(idx, lane=None):
+    def pro_args(idx, lane=None, store=True):
+        """Arguments of point(): inputs at element idx, then where the prologue's outputs go (their
+        tensors in pass 1; a discarded local when a later pass evaluates the prologue again)."""
         out = []
         for v in pro_inputs:
             if lane is not None and modes.get(v) == "uniform":
@@ -409,20 +417,22 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                 out.append(f"{arg[v]}4.{'xyzw'[lane]}")
             else:
                 out.append(ld_pro.load(v, arg[v], idx))
+        out += [f"{arg[v]}[{idx}]" if store else "discard" for v in pro_outs]
         return ", ".join(out)
 
     def epi_call(y, xv, idx, lane=None):
         a = [y] + ([xv] if epi_x else []) + [ld_epi.load(v, arg[v], idx) for v in epi_inputs]
-        for v in out_vids:
+        for v in epi_outs:
             a.append(f"{arg[v]}4.{'xyzw'[lane]}" if lane is not None else f"{arg[v]}[{idx}]")
         return f"store_point({', '.join(a)});"
 
     if column:
         return _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_expr, preserving,
                               rows // inner, cols, inner, state_code, pro_fn, epi_fn, cparams, pro_args,
-                              epi_call, out_vids, ld_pro, ld_epi)
+                              epi_call, out_vids, ld_pro, ld_epi, bool(pro_outs))
 
-    body = ["  const int group = threadIdx.x / kThreadsPerRow;",
+    body = (["  float discard;  // prologue outputs when pass 2 evaluates the prologue again"]
+            if pro_outs else []) + ["  const int group = threadIdx.x / kThreadsPerRow;",
             "  const int lane = threadIdx.x % kThreadsPerRow;",
             "  const index_t row = (index_t)blockIdx.x * kRowsPerBlock + group;",
             "  const bool active = row < kRows;  // inactive lanes still join the shuffles",
@@ -455,14 +465,14 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if preserving:
             f4 = vec == 4
             if f4:
-                for v in out_vids:
+                for v in epi_outs:
                     out.append(f"{indent}float4 {arg[v]}4;")
             for e in range(vec):
                 c = f"{col} + {e}" if vec == 4 else col
                 out.append(f"{indent}{{ const int col = {c}; const float xe = {source(e)};")
                 out.append(f"{indent}  {epi_call(out_expr, 'xe', f'base + col', e if f4 else None)} }}")
             if f4:
-                for v in out_vids:
+                for v in epi_outs:
                     out.append(f"{indent}reinterpret_cast<float4*>({arg[v]} + base + {col})[0] = {arg[v]}4;")
         return out
 
@@ -554,7 +564,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                      "  for (int c0 = lane * kVec; c0 < kCols; c0 += kThreadsPerRow * kVec) {"]
             if vec == 4:
                 body += group_loads("    ", "c0")
-            srcs = [f"point({pro_args(f'base + c0 + {e}' if vec == 4 else 'base + c0', e if vec == 4 else None)})"
+            srcs = [f"point({pro_args(f'base + c0 + {e}' if vec == 4 else 'base + c0', e if vec == 4 else None, False)})"
                     for e in range(vec)]
             body += emit_group("    ", "c0", lambda e: srcs[e])
             body += ["  }"]
@@ -613,7 +623,8 @@ COLUMN_TILE = (32, 8)  # threads over kept inner positions (coalesced) x threads
 
 
 def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_expr, preserving, outer, cols,
-                   inner, state_code, pro_fn, epi_fn, cparams, pro_args, epi_call, out_vids, ld_pro, ld_epi):
+                   inner, state_code, pro_fn, epi_fn, cparams, pro_args, epi_call, out_vids, ld_pro, ld_epi,
+                   has_pro_outs=False):
     """Reduction over dims followed by kept ones: [outer, cols, inner]. A block owns 32 neighbouring
     inner positions (coalesced loads) of one outer index; its 8 thread rows split the reduced length,
     fold their part, and combine through shared memory; row-preserving anchors then re-read their part
@@ -627,7 +638,8 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
     # short columns stay in registers between the two passes (no re-read)
     items = math.ceil(cols / ty)
     cached = preserving and items <= COLUMN_REGISTER_ITEMS
-    body = ["  const index_t tile = blockIdx.x % kTilesPerOuter;",
+    body = (["  float discard;  // prologue outputs when pass 2 evaluates the prologue again"]
+            if has_pro_outs else []) + ["  const index_t tile = blockIdx.x % kTilesPerOuter;",
             "  const index_t outer = blockIdx.x / kTilesPerOuter;",
             "  const index_t inner = tile * kTileX + threadIdx.x;",
             "  const bool active = inner < kInner;",
@@ -675,7 +687,7 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
         body += ["  // pass 2: re-read this thread's share (prologue again) and write the outputs",
                  "  for (int l = threadIdx.y; l < kCols; l += kTileY) {",
                  "    const index_t idx = base + (index_t)l * kInner;",
-                 f"    const float xe = point({pro_args('idx')});",
+                 f"    const float xe = point({pro_args('idx', None, False)});",
                  f"    {epi_call(out_expr, 'xe', 'idx')}",
                  "  }"]
     else:

@@ -275,3 +275,18 @@ def test_pooling(op, attrs, shape):
     t = p.add_node("tanh", [n.outputs[0]])
     p.mark_output(t.outputs[0])
     fused(p, [r.id, n.id, t.id], op)
+
+
+@pytest.mark.parametrize("shape,op,attrs", [
+    ((8, 1000), "layer_norm", {"normalized_shape": [1000]}), ((3, 40000), "layer_norm", {"normalized_shape": [40000]}),
+    ((4, 6, 35), "softmax", {"dim": 1}), ((4, 300, 35), "softmax", {"dim": 1}), ((2, 1 << 20), "sum", {"dim": [-1]}),
+])
+def test_prologue_value_used_outside(shape, op, attrs):
+    p = Program("residual")
+    x = p.add_input("x", shape)
+    b = p.add_input("b", shape[-1:])
+    a = p.add_node("add", [x.id, b.id])
+    n = p.add_node(op, [a.outputs[0]], attrs)
+    p.mark_output(n.outputs[0])
+    p.mark_output(a.outputs[0])
+    fused(p, [a.id, n.id], "residual")
