@@ -78,12 +78,12 @@ class CanvasStyle:
 
 def _fonts(style: CanvasStyle) -> CanvasStyle:
     base = QFont()
-    base.setPointSizeF(8.5)
+    base.setPointSizeF(9.0)
     bold = QFont(base)
     bold.setBold(True)
-    bold.setPointSizeF(9.0)
+    bold.setPointSizeF(9.5)
     small = QFont(base)
-    small.setPointSizeF(7.5)
+    small.setPointSizeF(8.0)
     style.font, style.font_bold, style.font_small = base, bold, small
     return style
 

@@ -35,6 +35,15 @@ class GraphView(QGraphicsView):
         if scene is not None:
             self.set_scene(scene)
 
+    def _minimap_update(self) -> None:
+        """The minimap shows only while part of the program is out of view."""
+        sc = self.scene()
+        if sc is None:
+            return
+        vis = self.mapToScene(self.viewport().rect()).boundingRect()
+        self.minimap.setVisible(not vis.contains(sc.content_rect()))
+        self.minimap.update()
+
     def set_scene(self, scene) -> None:
         self.setScene(scene)
         self.resetCachedContent()
@@ -56,7 +65,7 @@ class GraphView(QGraphicsView):
         factor = max(ZOOM_MIN / z, min(ZOOM_MAX / z, factor))
         self.scale(factor, factor)
         self._detail_for_zoom()
-        self.minimap.update()
+        self._minimap_update()
 
     def _detail_for_zoom(self) -> None:
         from .node_item import LOD_TEXT
@@ -73,7 +82,7 @@ class GraphView(QGraphicsView):
             self.resetTransform()
             self.centerOn(rect.center())
         self._detail_for_zoom()
-        self.minimap.update()
+        self._minimap_update()
 
     def fit_all(self) -> None:
         sc = self.scene()
@@ -98,7 +107,7 @@ class GraphView(QGraphicsView):
         self.zoom_by(min_zoom)
         vis = self.mapToScene(self.viewport().rect()).boundingRect()
         self.centerOn(QPointF(r.left() - 30 + vis.width() / 2, r.center().y()))
-        self.minimap.update()
+        self._minimap_update()
 
     def fit_selection(self) -> None:
         sc = self.scene()
@@ -124,7 +133,7 @@ class GraphView(QGraphicsView):
         h, v = self.horizontalScrollBar(), self.verticalScrollBar()
         h.setValue(h.value() - int(dx))
         v.setValue(v.value() - int(dy))
-        self.minimap.update()
+        self._minimap_update()
 
     # keys and mouse ------------------------------------------------------------------------------
     def keyPressEvent(self, event):
@@ -179,7 +188,7 @@ class GraphView(QGraphicsView):
 
     def scrollContentsBy(self, dx, dy):
         super().scrollContentsBy(dx, dy)
-        self.minimap.update()
+        self._minimap_update()
 
     # palette drops -------------------------------------------------------------------------------
     def dragEnterEvent(self, event):
