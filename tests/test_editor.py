@@ -313,3 +313,45 @@ def test_low_detail_overview_when_zoomed_out(canvas):
     assert scene.overview._by_color and scene.overview._lines
     view.zoom_by(10)
     assert not scene._low_detail and not scene.overview.isVisible()
+
+
+def test_delete_program_input_and_undo_restores_order_and_readers(canvas):
+    p, stack, scene, view = canvas
+    y = p.add_input("y", (4, 8))
+    nid = scene.add_node("add", QPointF(0, 300))
+    scene.try_connect(p.inputs[0], nid, 0)
+    scene.try_connect(y.id, nid, 1)
+    x = p.inputs[0]
+    readers = p.consumers(x)
+    scene.clearSelection()
+    scene.terminals[x].setSelected(True)
+    scene.delete_selection()
+    assert x not in p.values and x not in scene.terminals
+    stack.undo()
+    assert p.inputs == [x, y.id] and p.consumers(x) == readers
+    assert_mirrors(scene)
+
+
+def test_mouse_drag_moves_node_as_one_undo_step(canvas, qtbot):
+    p, stack, scene, view = canvas
+    relu = next(n for n in p.nodes.values() if n.op == "relu")
+    item = scene.nodes[relu.id]
+    view.centerOn(item)
+    start = view.mapFromScene(item.pos() + QPointF(60, 8))   # on the header, away from the ports
+    end = start + QPointF(0, 120).toPoint()
+    depth = stack.count()
+    qtbot.mousePress(view.viewport(), Qt.LeftButton, pos=start)
+    from PySide6.QtGui import QMouseEvent
+    from PySide6.QtWidgets import QApplication
+    for k in (1, 2, 3):
+        pt = QPointF(start) + QPointF(0, 40 * k)
+        QApplication.sendEvent(view.viewport(), QMouseEvent(
+            QMouseEvent.Type.MouseMove, pt, view.viewport().mapToGlobal(pt), Qt.NoButton, Qt.LeftButton,
+            Qt.NoModifier))
+    qtbot.mouseRelease(view.viewport(), Qt.LeftButton, pos=end)
+    assert stack.count() == depth + 1 and stack.undoText().startswith("Move")
+    assert p.nodes[relu.id].pos[1] > 60
+    assert scene.edges[(relu.id, 0)]._b == scene.target_pos(relu.id, 0)   # the edge followed
+    stack.undo()
+    assert p.nodes[relu.id].pos == (300.0, 0.0)
+    assert_mirrors(scene)
