@@ -1,8 +1,11 @@
 """CUDA code generation: a region of a Program in, readable specialised CUDA C++ out.
 
 Entry point: generate_kernel(program, node_ids, name=...). The region's kind is worked out from its
-nodes unless given: only pointwise ops -> "pointwise"; one row reduction or normalization with a
-pointwise prologue and epilogue -> "row_reduction".
+nodes unless given (the planner's kinds are accepted): elementwise ops only -> "pointwise"; one
+permute/transpose -> "layout"; one max/avg pool -> "pooling"; one reduction or normalization ->
+"row_reduction" (rows, columns, split rows); each with pointwise ops fused before and after it. A
+region that starts with a matmul or convolution gets a kernel for its epilogue, and the runtime runs
+the library call first. docs/CODEGEN.md describes what is generated for each kind.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ def region_kind(program: Program, io: RegionIO) -> str:
 LIBRARY_CATEGORIES = ("matmul", "convolution")
 # region kinds of the planner that map onto the generators here
 _PLANNER_KINDS = {"reduction": "row_reduction", "normalization": "row_reduction", "single": None,
-                  "sibling": None, "matmul_epilogue": None, "conv_epilogue": None}
+                  "sibling": None, "matmul_epilogue": None, "conv_epilogue": None, "opaque": None}
 
 
 def split_library(program: Program, io: RegionIO) -> tuple[list[str], list[str]]:

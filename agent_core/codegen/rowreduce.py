@@ -1,5 +1,6 @@
-"""Row reductions stitched with their pointwise prologue and epilogue (softmax, log_softmax,
-layer_norm, rms_norm, logsumexp, sum / mean / max / min / var / std over the trailing dimensions).
+"""Reductions stitched with their pointwise prologue and epilogue (softmax, log_softmax, layer_norm,
+rms_norm, group_norm, instance_norm, global average pooling, logsumexp, sum / mean / max / min / var /
+std) over a run of neighbouring dimensions: rows when they are trailing, columns otherwise.
 
 The anchor op reduces the trailing L elements of each of R rows. The kernel computes the prologue per
 element while loading a row, folds the elements into a small statistics state (max and sum of
@@ -11,7 +12,10 @@ Schedules, chosen by row length:
   warp    L <= 1024: a group of 4..32 lanes per row, shuffles only, the row in registers;
   block   L <= 16384: one block per row, shuffles then shared memory, the row in registers;
   online  longer rows: one block per row, pass 1 folds the row into the state (online max / sum of
-          exponentials, Welford), pass 2 re-reads it and writes the output.
+          exponentials, Welford), pass 2 re-reads it and writes the output;
+  split   long rows reduced away, fewer rows than SMs: several blocks per row, the last to finish
+          combines their partial states;
+  column  [outer, L, inner] with inner > 1: 32 inner positions x 8 thread rows per block.
 """
 from __future__ import annotations
 
