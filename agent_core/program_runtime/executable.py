@@ -103,7 +103,7 @@ class ProgramExecutable:
                     continue
                 for v in self.program.nodes[nid].outputs:   # a torch view into the arena would outlive its slot
                     t = env.get(v)
-                    if isinstance(t, torch.Tensor) and t.is_cuda and t.untyped_storage().data_ptr() == self._arena_ptr:
+                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == self._arena_ptr:
                         env[v] = t.clone()
         return [env[v] for v in self.program.outputs]
 
@@ -179,7 +179,8 @@ class ProgramExecutable:
                 want = [out[self.program.values[v].name] for v in self.program.outputs]
             try:
                 got = self(*[t.to(self.device) for t in ins])
-                torch.cuda.synchronize()
+                if self.arena.is_cuda:
+                    torch.cuda.synchronize()
             except Exception as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 return VerifyResult(False, d, reason=f"draw {d}: the program raised {type(exc).__name__}: {first}")
