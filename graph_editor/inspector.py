@@ -9,7 +9,7 @@ import json
 import numpy as np
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QFrame, QGridLayout, QLabel,
-                               QLineEdit, QPushButton, QScrollArea, QVBoxLayout, QWidget)
+                               QLineEdit, QScrollArea, QVBoxLayout, QWidget)
 
 from agent_core.errors import StitchError
 from agent_core.ir import Program, Role

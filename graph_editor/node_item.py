@@ -149,9 +149,13 @@ class NodeItem(QGraphicsItem):
             width = half if i < self._n_out else self._w - 2 * PAD - PORT_R - 2
             self._in_labels.append((st.elide("font", text, width), kind))
         self._out_labels = []
-        for vid in node.outputs:
+        fm = st.metrics("font")
+        for k, vid in enumerate(node.outputs):
             v = self.program.values[vid]
-            self._out_labels.append((st.elide("font", fmt_spec(v.shape, v.dtype), half, Qt.ElideLeft),
+            # the output's shape gets whatever the input label beside it leaves free
+            used = fm.horizontalAdvance(self._in_labels[k][0]) + 12 if k < len(self._in_labels) else 0
+            room = self._w - 2 * PAD - 2 * PORT_R - 4 - used
+            self._out_labels.append((st.elide("font", fmt_spec(v.shape, v.dtype), max(half, room), Qt.ElideLeft),
                                      vid in self.program.outputs))
         text = attr_text(node)
         lines = int((self._h - HEADER_H - PAD - max(self._n_in, self._n_out, 1) * ROW_H) // ATTR_H)

@@ -11,7 +11,6 @@ QStandardPaths.setTestModeEnabled(True)
 
 from agent_core.ir import Program, Role  # noqa: E402
 from graph_editor import clipboard  # noqa: E402
-from graph_editor.edge_item import EdgeItem  # noqa: E402
 from graph_editor.inspector import Inspector  # noqa: E402
 from graph_editor.layout import LayoutInput, layered_layout  # noqa: E402
 from graph_editor.layout_job import LayoutRunner  # noqa: E402
