@@ -599,3 +599,15 @@ def test_round_trip_property(tmp_path, data):
     save_program(p, path, inline_limit=data.draw(st.sampled_from([0, 4, 4096]), "inline limit"))
     assert program_to_json(load_program(path)) == program_to_json(p)
     assert program_to_json(loads(dumps(p))) == program_to_json(p)
+
+
+def test_a_recorded_shape_that_disagrees_with_inference(tmp_path):
+    obj = doc(tmp_path)
+    i = next(k for k, v in enumerate(obj["values"]) if v["role"] == "intermediate")
+    obj["values"][i]["shape"] = [4, 9]
+    q = load_obj(tmp_path, obj)
+    producer = obj["values"][i]["producer"]
+    assert "is recorded as float32[4, 9] but add makes float32[4, 8]" in q.nodes[producer].error
+    assert q.values[obj["values"][i]["id"]].shape == (4, 9)  # as saved: loading never rewrites the file's data
+    with pytest.raises(FileFormatError, match=r"is recorded as float32\[4, 9\]"):
+        load_program(tmp_path / "bad.json", strict=True)
