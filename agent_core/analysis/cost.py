@@ -7,10 +7,12 @@ is a program output): that difference is what fusion buys.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable
 
 from ..ir import Program, Role
+from ..ops import DTYPE_BYTES
 from .gpu import H200, GPUProfile
 
 # Layout ops that only relabel a contiguous buffer: no kernel, no traffic. (Categories cannot tell a
@@ -64,13 +66,17 @@ def node_cost(program: Program, node_id: str) -> NodeCost:
     n = program.nodes[node_id]
     if is_view(program, node_id):
         return NodeCost(node_id, 0, 0, 0, view=True)
-    read = sum(program.values[v].nbytes for v in dict.fromkeys(x for x in n.inputs if x is not None))
-    written = sum(program.values[v].nbytes for v in n.outputs)
+    read = sum(_nbytes(program.values[v]) for v in dict.fromkeys(x for x in n.inputs if x is not None))
+    written = sum(_nbytes(program.values[v]) for v in n.outputs)
     try:
         flops = program.node_flops(node_id)
     except Exception:  # an op without a FLOP rule still has a memory cost
         flops = 0
     return NodeCost(node_id, read, written, flops)
+
+
+def _nbytes(v) -> int:
+    return math.prod(v.shape) * DTYPE_BYTES[v.dtype]
 
 
 def program_costs(program: Program) -> dict[str, NodeCost]:
@@ -163,9 +169,9 @@ def floor_bytes(program: Program) -> int:
 
 
 def estimate_program(program: Program, regions=None, gpu: GPUProfile = H200,
-                     graph: bool = True) -> ProgramEstimate:
+                     graph: bool = True, costs: dict[str, NodeCost] | None = None) -> ProgramEstimate:
     """Roofline estimates; `regions` (lists of node ids, or Region objects) gives the planned figure."""
-    costs = program_costs(program)
+    costs = costs if costs is not None else program_costs(program)
     kernels = [c for c in costs.values() if not c.view]
     unfused = sum(c.time_ms(gpu, graph) for c in kernels)
     eager = sum(c.time_ms(gpu, False) for c in kernels)

@@ -25,11 +25,11 @@ class GPUProfile:
 
     @property
     def bytes_per_ms(self) -> float:
-        return self.bandwidth_gbs * 1e9 / 1e3
+        return self.bandwidth_gbs * 1e6
 
     @property
     def flops_per_ms(self) -> float:
-        return self.fp32_tflops * 1e12 / 1e3
+        return self.fp32_tflops * 1e9
 
     def launch_ms(self, graph: bool = True) -> float:
         return (self.launch_us_graph if graph else self.launch_us_python) / 1e3

@@ -2,9 +2,9 @@
 reads. Every number in a reason comes from the same cost model that ranked the fusion."""
 from __future__ import annotations
 
-from ..analysis.cost import fmt_bytes, fmt_ms, group_traffic
+from ..analysis.cost import fmt_bytes, fmt_ms
 from ..regions import Region
-from .fusion import full_space_inputs, group_time, schedule_for, summarize
+from .fusion import full_space_inputs, group_time, rereads_rows, schedule_for, summarize, traffic
 
 _OP_WORDS = 6  # name at most this many ops in a reason
 
@@ -50,25 +50,26 @@ def kind_of(state, group, s) -> str:
     return "sibling" if group.sibling else "pointwise"
 
 
-def make_region(state, group, rid: str, refusals: dict[str, str]) -> Region:
+def make_region(state, group, rid: str, refusals: dict[str, str], node_time, facts=None) -> Region:
     nodes = state.sort_nodes(group.nodes)
     s = summarize(state, nodes)
     kind = kind_of(state, group, s)
-    before = sum(state.costs[n].time_ms(state.gpu, state.graph) for n in nodes)
-    after, traffic = group_time(state, nodes, s)
+    before = sum(node_time(n) for n in nodes)
+    after, _ = group_time(state, nodes, s, facts)
+    tr = traffic(state, nodes, facts)
     unfused_bytes = sum(state.costs[n].bytes for n in nodes)
     launches = sum(1 for n in nodes if not state.costs[n].view)
-    saved_bytes = unfused_bytes - traffic.bytes
+    saved_bytes = unfused_bytes - tr.bytes
     saved_ms = before - after
     saving = (f"saves {_count(max(launches - 1, 0), 'launch').replace('launchs', 'launches')} and "
               f"{fmt_bytes(max(saved_bytes, 0))} of traffic, about {fmt_ms(max(saved_ms, 0))}")
     kept = ""
-    if traffic.kept_values:
-        big = max(traffic.kept_values, key=lambda v: state.program.values[v].nbytes)
+    if tr.kept_values:
+        big = max(tr.kept_values, key=lambda v: state.program.values[v].nbytes)
         producer = state.program.values[big].producer
         kept = (f"keeps the {fmt_bytes(state.program.values[big].nbytes)} output of {_label(state, producer)}"
-                + (f" and {_count(len(traffic.kept_values) - 1, 'other intermediate')}"
-                   if len(traffic.kept_values) > 1 else "") + " on chip; ")
+                + (f" and {_count(len(tr.kept_values) - 1, 'other intermediate')}"
+                   if len(tr.kept_values) > 1 else "") + " on chip; ")
     sched: dict = {}
     if kind == "reduction":
         red = s.red
@@ -80,14 +81,16 @@ def make_region(state, group, rid: str, refusals: dict[str, str]) -> Region:
         why_sched = {"warp-per-row": f"one warp per row (a {fmt_bytes(red.row_len * 4)} row fits in registers)",
                      "block-per-row": f"one block per row (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
                                       f"fits on chip)",
-                     "two-pass": f"two passes over memory (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
-                                 f"exceeds the {fmt_bytes(state.gpu.block_row_bytes)} on-chip budget)"}[mode]
+                     "two-pass": (f"two passes over memory (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
+                                  f"exceeds the {state.gpu.block_row_bytes // 1024} KiB on-chip budget)"
+                                  if rereads_rows(state, nodes, red) else
+                                  f"blocks reduce slices of each {fmt_bytes(red.row_len * 4)} row and a "
+                                  f"second small pass combines their partial results")}[mode]
+        rows = (f"all {red.row_len} elements" if red.rows == 1 else f"{red.rows} rows of {red.row_len}")
         if launches <= 1:
-            reason = (f"{_names(state, nodes)} over {red.rows} rows of {red.row_len} in one kernel, "
-                      f"{why_sched}; about {fmt_ms(after)} at the roofline.")
+            reason = f"{_names(state, nodes)} over {rows} in one kernel, {why_sched}; about {fmt_ms(after)} at the roofline."
         else:
-            reason = (f"stitches {_names(state, nodes)} over {red.rows} rows of {red.row_len}, {why_sched}; "
-                      f"{kept}{saving}.")
+            reason = f"stitches {_names(state, nodes)} over {rows}, {why_sched}; {kept}{saving}."
     elif kind in ("matmul_epilogue", "conv_epilogue"):
         an = s.anchor
         epi = [n for n in nodes if n != an]
@@ -116,8 +119,14 @@ def make_region(state, group, rid: str, refusals: dict[str, str]) -> Region:
         nid = next((n for n in nodes if state.geo[n].role != "view"), nodes[0])
         alias = all(state.geo[n].role == "view" for n in nodes)
         sched = {"op": state.program.nodes[nid].op, "alias": alias}
+        role = state.geo[nid].role
         if alias:
             reason = f"{_label(state, nid)} only relabels its input's shape; no kernel, no traffic."
+        elif role in ("single", "window", "opaque"):
+            what = {"window": "a windowed pooling", "opaque": "an opaque call the planner cannot see into",
+                    }.get(role, "a layout change or library call")
+            reason = (f"{_label(state, nid)} is {what} and runs as its own kernel; about {fmt_ms(after)} "
+                      f"at the roofline.")
         else:
             why = refusals.get(nid) or "no neighbour it could share a loop with"
             reason = f"{_label(state, nid)} runs alone: {why}; about {fmt_ms(after)} at the roofline."
@@ -135,7 +144,3 @@ def _shared_inputs(state, nodes) -> list[str]:
                 readers.setdefault(v, set()).add(nid)
     shared = [v for v, rs in readers.items() if len(rs) > 1]
     return sorted(shared, key=lambda v: -state.program.values[v].nbytes)
-
-
-def traffic_of(state, nodes):
-    return group_traffic(state.program, nodes, state.consumers, state.costs)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..analysis.cost import fmt_bytes, group_traffic, roofline_ms
+from ..analysis.cost import fmt_bytes, roofline_ms
 from ..analysis.gpu import GPUProfile
 from .geometry import Geometry
 
@@ -84,25 +84,149 @@ def schedule_for(red: Geometry, full_inputs: int, gpu: GPUProfile) -> tuple[str,
     return "two-pass", 0
 
 
-def full_space_inputs(state, nodes, red: Geometry) -> int:
+def full_space_inputs(state, nodes, red: Geometry, facts=None) -> int:
     """Tensors of the reduction's full size that the group reads from memory."""
-    members = set(nodes)
     n_full = red.full_numel
-    seen = set()
+    vnumel = state.vnumel
+    if facts is not None:
+        return sum(1 for v in facts.reads if vnumel[v] == n_full)
+    members = set(nodes)
+    vprod = state.vprod
+    seen = {v for nid in nodes for v in state.nin[nid] if vprod[v] not in members}
+    return sum(1 for v in seen if vnumel[v] == n_full)
+
+
+@dataclass
+class Traffic:
+    bytes_read: int
+    bytes_written: int
+    bytes_kept: int
+    kept_values: list
+    flops: int
+    views_only: bool
+
+    @property
+    def bytes(self) -> int:
+        return self.bytes_read + self.bytes_written
+
+
+@dataclass
+class Facts:
+    """What a group reads from outside, produces, and must write out (values used outside it or
+    returned), with their byte counts, kept per group so a union's facts come from set operations."""
+    reads: set
+    produced: set
+    escaping: set
+    read_bytes: int
+    esc_bytes: int
+    flops: int
+    views_only: bool
+
+
+def _bytes(state, values) -> int:
+    if not values:
+        return 0
+    return sum(map(state.vbytes.__getitem__, values))
+
+
+def node_facts(state, nid) -> Facts:
+    c = state.costs[nid]
+    outs = set(state.nout[nid])
+    # a value nobody reads and the program does not return is never written
+    esc = {v for v in outs if v in state.outputs or state.consumers.get(v)}
+    reads = set(state.nin[nid])
+    if c.view:
+        return Facts(reads, outs, esc, 0, 0, 0, True)
+    return Facts(reads, outs, esc, _bytes(state, reads), _bytes(state, esc), c.flops, False)
+
+
+def group_facts(state, nodes) -> Facts:
+    members = set(nodes)
+    f = None
     for nid in nodes:
-        for v in state.program.nodes[nid].inputs:
-            if v is None or v in seen:
-                continue
-            val = state.program.values[v]
-            if val.producer in members:
-                continue
-            seen.add(v)
-    return sum(1 for v in seen if state.program.values[v].spec.numel == n_full)
+        f = node_facts(state, nid) if f is None else union_facts(state, f, node_facts(state, nid), members)
+    return f
 
 
-def can_fuse(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
+def union_facts(state, fa: Facts, fb: Facts, members, light: bool = False,
+                need_reads: bool = True) -> Facts:
+    """Facts of two groups fused. `members` says whether a node is in the union: a set of node ids,
+    or a pair of group ids (checked through state.group_of). With light=True only the byte counts
+    (and the reads, if need_reads) are computed: enough to score a candidate, and cheap, because only
+    the small intersections between the two groups are built."""
+    # a group's reads are external to it, so fa.reads & fb.reads holds no value either produces
+    a_in_b, b_in_a = fa.reads & fb.produced, fb.reads & fa.produced
+    both = fa.reads & fb.reads
+    crossing = (fa.escaping & b_in_a) | (fb.escaping & a_in_b)
+    back = ()
+    if crossing:
+        outputs, cons = state.outputs, state.consumers
+        if isinstance(members, tuple):
+            group_of, pair = state.group_of, members
+            inside = lambda u: group_of[u] in pair  # noqa: E731
+        else:
+            inside = members.__contains__
+        back = [v for v in crossing if v in outputs or not all(map(inside, cons.get(v, ())))]
+    views_only = fa.views_only and fb.views_only
+    if light:
+        reads = ((fa.reads - a_in_b) | (fb.reads - b_in_a)) if need_reads else None
+        produced = escaping = None
+    else:
+        reads = (fa.reads - a_in_b) | (fb.reads - b_in_a)
+        produced = fa.produced | fb.produced
+        escaping = (fa.escaping | fb.escaping) - crossing
+        escaping.update(back)
+    if views_only:
+        return Facts(reads, produced, escaping, 0, 0, 0, True)
+    vb = state.vbytes.__getitem__
+    # views contribute no bytes of their own: recount a side that was views only
+    rba = sum(map(vb, fa.reads)) if fa.views_only else fa.read_bytes
+    rbb = sum(map(vb, fb.reads)) if fb.views_only else fb.read_bytes
+    eba = sum(map(vb, fa.escaping)) if fa.views_only else fa.esc_bytes
+    ebb = sum(map(vb, fb.escaping)) if fb.views_only else fb.esc_bytes
+    read_bytes = rba + rbb - sum(map(vb, a_in_b)) - sum(map(vb, b_in_a)) - sum(map(vb, both))
+    esc_bytes = eba + ebb - sum(map(vb, crossing)) + sum(map(vb, back))
+    return Facts(reads, produced, escaping, read_bytes, esc_bytes, fa.flops + fb.flops, False)
+
+
+def traffic(state, nodes, facts: Facts | None = None) -> Traffic:
+    """What `nodes` fused into one kernel read from and write to memory."""
+    f = facts or group_facts(state, nodes)
+    if f.views_only:
+        return Traffic(0, 0, 0, [], 0, True)
+    cons = state.consumers
+    kept_values = [v for v in f.produced - f.escaping if cons.get(v)]
+    return Traffic(f.read_bytes, f.esc_bytes, _bytes(state, kept_values), kept_values, f.flops, False)
+
+
+def merge_summaries(sa: Summary, sb: Summary) -> Summary:
+    s = Summary(sa.nodes + sb.nodes)
+    s.anchor, s.anchor_role = (sa.anchor, sa.anchor_role) if sa.anchor else (sb.anchor, sb.anchor_role)
+    if sa.anchor and sb.anchor:
+        s.blocker = sb.anchor
+    s.reductions = sa.reductions + sb.reductions
+    s.red = sa.red or sb.red
+    s.numels = {**sa.numels, **sb.numels}
+    s.ops = sa.ops + sb.ops
+    s.blocker = sa.blocker or sb.blocker or s.blocker
+    return s
+
+
+def quick_refusal(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
+    """The structural refusals that need no traffic figures (checked first: they are most of them)."""
+    return _structural(state, a, b, sa, sb, relation)
+
+
+def can_fuse(state, a, b, sa: Summary, sb: Summary, relation: str, facts=None) -> str | None:
     """Why groups a and b (a before b) may not become one kernel, or None. relation is 'producer'
     (a feeds b) or 'sibling' (they read a common input)."""
+    why = _structural(state, a, b, sa, sb, relation)
+    if why:
+        return why
+    return _budgetary(state, a, b, sa, sb, relation, facts)
+
+
+def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
     gpu, budgets = state.gpu, state.budgets
     for g in (a, b):
         if g.frozen is not None:
@@ -171,12 +295,16 @@ def can_fuse(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None
         nb = max(sb.numels.values(), default=0)
         if relation == "sibling" and na != nb:
             return f"the two groups loop over different sizes ({na} and {nb} elements)"
-    rej = state.rejected_conflict(a, b)
-    if rej:
-        return rej
+    return state.rejected_conflict(a, b)
+
+
+def _budgetary(state, a, b, sa: Summary, sb: Summary, relation: str, facts) -> str | None:
+    gpu, budgets = state.gpu, state.budgets
+    ops = sa.ops + sb.ops
+    red = sa.red or sb.red
     regs = budgets.base_registers + budgets.regs_per_op * ops
     if red is not None:
-        sched, held = schedule_for(red, full_space_inputs(state, sa.nodes + sb.nodes, red), gpu)
+        sched, held = schedule_for(red, full_space_inputs(state, sa.nodes + sb.nodes, red, facts), gpu)
         regs += held
     if regs > budgets.max_registers:
         return (f"the kernel would need about {regs} registers per thread, over the budget of "
@@ -184,18 +312,47 @@ def can_fuse(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None
     return None
 
 
-def group_time(state, nodes: list[str], summary: Summary | None = None) -> tuple[float, object]:
-    """Roofline ms of `nodes` as one kernel, and its traffic. A two-pass reduction reads its rows twice."""
-    t = group_traffic(state.program, nodes, state.consumers, state.costs)
-    if t.views_only:
-        return 0.0, t
+def group_time(state, nodes: list[str], summary: Summary | None = None,
+               facts: Facts | None = None, red=False, anchored=False) -> tuple[float, object]:
+    """Roofline ms of `nodes` as one kernel (a two-pass reduction reads its rows twice), and its facts.
+    red / anchored describe the group when no summary is given (False: compute the summary)."""
+    f = facts or group_facts(state, nodes)
+    if f.views_only:
+        return 0.0, f
     extra = 0
-    s = summary or summarize(state, nodes)
-    if s.red is not None and s.anchor is None and len(nodes) > 1:
-        sched, _ = schedule_for(s.red, full_space_inputs(state, nodes, s.red), state.gpu)
-        if sched == "two-pass":
-            extra = t.bytes_read
-    return roofline_ms(t.bytes + extra, t.flops, 1, state.gpu, state.graph), t
+    if red is False:
+        s = summary or summarize(state, nodes)
+        red, anchored = s.red, bool(s.anchor)
+    if red is not None and not anchored:
+        sched, _ = schedule_for(red, full_space_inputs(state, nodes, red, f), state.gpu)
+        if sched == "two-pass" and rereads_rows(state, nodes, red):
+            extra = f.read_bytes
+    gpu = state.gpu
+    return (gpu.launch_ms(state.graph) + max((f.read_bytes + f.esc_bytes + extra) / gpu.bytes_per_ms,
+                                             f.flops / gpu.flops_per_ms)), f
+
+
+def rereads_rows(state, nodes, red: Geometry) -> bool:
+    """Whether a two-pass schedule must read the rows again: something of the full row size is
+    computed from a row's reduced result (softmax's division, a norm's scaling). A plain reduction
+    only combines per-block partial results in its second pass."""
+    members = set(nodes)
+    program, geo = state.program, state.geo
+    n_full = red.full_numel
+    after: set[str] = set()
+    for nid in state.sort_nodes(nodes):
+        g = geo[nid]
+        if g.role == "reduction":
+            if g.out_full:
+                return True
+            after.add(nid)
+            continue
+        ups = (program.values[v].producer for v in program.nodes[nid].inputs if v is not None)
+        if any(u in after for u in ups if u in members):
+            after.add(nid)
+            if g.role == "pointwise" and g.numel == n_full:
+                return True
+    return False
 
 
 def recompute_ms(state, sa: Summary, sb: Summary) -> tuple[float, str | None]:

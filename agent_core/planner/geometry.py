@@ -93,6 +93,8 @@ def geometry(program: Program, node_id: str) -> Geometry:
         return Geometry("single", out)
     if cat == "reduction":
         rank = len(x)
+        if a.get("reduction") == "none" and math.prod(out) == math.prod(x):
+            return Geometry("pointwise", out)                 # an elementwise loss
         if "dim" in a and n.op not in CLASS_LOSSES:
             d = a["dim"]
             dims = norm_dims([d] if isinstance(d, int) else d, rank)

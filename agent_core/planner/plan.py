@@ -7,6 +7,7 @@ never put together again. Every decision, taken or refused, goes to the plan's l
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import time
 from dataclasses import dataclass, field
@@ -17,7 +18,10 @@ from ..errors import ProgramError
 from ..ir import Program, Role
 from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, new_region_id, replace_regions
 from .explain import make_region
-from .fusion import Budgets, can_fuse, group_time, recompute_ms, summarize
+from .fusion import (
+    Budgets, Facts, _budgetary as _budgets, group_facts, node_facts, quick_refusal, group_time, merge_summaries, recompute_ms, summarize,
+    union_facts,
+)
 from .state import PlanState
 
 _MAX_LOG = 400  # refusals beyond this are counted, not listed
@@ -76,6 +80,18 @@ def _label(state, nid):
 def plan_program(program: Program, *, gpu: GPUProfile = H200, budgets: Budgets = Budgets(),
                  graph: bool = True, sibling: bool = True) -> Plan:
     """Plan regions for `program` (not modified; see apply_plan)."""
+    # planning allocates many short-lived sets and no reference cycles: the cyclic collector would
+    # only rescan the (large) program again and again
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _plan(program, gpu, budgets, graph, sibling)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _plan(program, gpu, budgets, graph, sibling) -> Plan:
     t0 = time.perf_counter()
     costs = program_costs(program)
     kept = [r for r in program.regions if r.status in KEPT_STATUSES]
@@ -130,23 +146,36 @@ def plan_program(program: Program, *, gpu: GPUProfile = H200, budgets: Budgets =
             s = summaries[k] = summarize(state, g.nodes)
         return s
 
+    facts_cache: dict[tuple[int, int], Facts] = {}
+
+    def facts(g):
+        k = (g.gid, g.version)
+        f = facts_cache.get(k)
+        if f is None:
+            f = facts_cache[k] = group_facts(state, g.nodes)
+        return f
+
     def gtime(g):
         k = (g.gid, g.version)
         t = times.get(k)
         if t is None:
-            t = times[k] = group_time(state, g.nodes, summary(g))[0]
+            t = times[k] = group_time(state, g.nodes, summary(g), facts(g))[0]
         return t
 
     def evaluate(a, b, relation):
         """(saved ms, None) or (None, refusal)."""
         ga, gb = state.groups[a], state.groups[b]
         sa, sb = summary(ga), summary(gb)
-        why = can_fuse(state, ga, gb, sa, sb, relation)
+        why = quick_refusal(state, ga, gb, sa, sb, relation)
+        if why:
+            return None, why
+        fu = union_facts(state, facts(ga), facts(gb), (a, b), light=True,
+                         need_reads=sa.red is not None or sb.red is not None)
+        why = _budgets(state, ga, gb, sa, sb, relation, fu)
         if why:
             return None, why
         union = ga.nodes + gb.nodes
-        su = summarize(state, union)
-        tu = group_time(state, union, su)[0]
+        tu = group_time(state, union, None, fu, red=sa.red or sb.red, anchored=bool(sa.anchor or sb.anchor))[0]
         rec, rec_why = recompute_ms(state, sa, sb)
         saved = gtime(ga) + gtime(gb) - tu - rec
         if saved <= 0:
@@ -155,19 +184,49 @@ def plan_program(program: Program, *, gpu: GPUProfile = H200, budgets: Budgets =
             return None, "fusing would not save time on the roofline"
         return saved, None
 
+    def merge(a, b):
+        ga, gb = state.groups[a], state.groups[b]
+        su, fu = merge_summaries(summary(ga), summary(gb)), union_facts(state, facts(ga), facts(gb), (a, b))
+        m = state.merge(a, b)
+        g = state.groups[m]
+        summaries[(m, g.version)] = su
+        facts_cache[(m, g.version)] = fu
+        return m
+
+    # single-consumer edges first: a group whose only consumer is one other group gains from fusing
+    # into it whenever the two may fuse, and cannot make a cycle (every path out of it goes through
+    # that consumer). Taking these in one linear pass leaves the queue only the real choices: values
+    # with several consumers, sibling reads. Each merge is still checked and scored.
+    for g in list(state.order):
+        while g is not None and g in state.groups and len(state.succ[g]) == 1:
+            (h,) = state.succ[g]
+            saved, why = evaluate(g, h, "producer")
+            if why:
+                _refuse(state, refusals, note, g, h, why)
+                break
+            state.cycle_path(g, h)   # trivially clear; sets what merge() needs to reorder
+            g = merge(g, h)
+            note("fused", state.groups[g].nodes, f"only consumer; saves about {saved * 1000:.2f} us")
+
     heap: list = []
     counter = 0
 
+    launch = gpu.launch_ms(graph)
+    bw = gpu.bytes_per_ms
+
     def push(a, b):
+        """Queue a candidate under a cheap first estimate (a launch, plus the bytes passed between
+        the two written and read again, plus common inputs read once); the exact figure and the
+        legality checks come when it reaches the front (lazy evaluation: most queued candidates go
+        stale before that, as their groups merge elsewhere)."""
         nonlocal counter
         if state.pos[a] > state.pos[b]:
             a, b = b, a
-        saved, why = evaluate(a, b, "producer")
-        if why:
-            _refuse(state, refusals, note, a, b, why)
-            return
+        fa, fb = facts(state.groups[a]), facts(state.groups[b])
+        vb = state.vbytes.__getitem__
+        guess = launch + (2 * sum(map(vb, fa.escaping & fb.reads)) + sum(map(vb, fa.reads & fb.reads))) / bw
         counter += 1
-        heapq.heappush(heap, (-saved, counter, a, b, state.groups[a].version, state.groups[b].version))
+        heapq.heappush(heap, (-guess, counter, a, b, state.groups[a].version, state.groups[b].version, False))
 
     for g in list(state.order):
         if g is None:
@@ -175,12 +234,22 @@ def plan_program(program: Program, *, gpu: GPUProfile = H200, budgets: Budgets =
         for s in sorted(state.succ[g], key=state.pos.__getitem__):
             push(g, s)
     while heap:
-        neg, _, a, b, va, vb = heapq.heappop(heap)
+        neg, _, a, b, va, vb, exact = heapq.heappop(heap)
         ga, gb = state.groups.get(a), state.groups.get(b)
         if ga is None or gb is None or ga.version != va or gb.version != vb:
             continue
         if state.pos[a] > state.pos[b]:
             a, b = b, a
+        if not exact:
+            saved, why = evaluate(a, b, "producer")
+            if why:
+                _refuse(state, refusals, note, a, b, why)
+                continue
+            if heap and -heap[0][0] > saved:      # another candidate may save more: requeue exactly
+                counter += 1
+                heapq.heappush(heap, (-saved, counter, a, b, va, vb, True))
+                continue
+            neg = -saved
         via = state.cycle_path(a, b)
         if via:
             x = state.groups[via[0]]
@@ -188,7 +257,7 @@ def plan_program(program: Program, *, gpu: GPUProfile = H200, budgets: Budgets =
                     f"fusing would create a cycle: the path runs out through "
                     f"{_label(state, x.nodes[0])} and back in")
             continue
-        m = state.merge(a, b)
+        m = merge(a, b)
         note("fused", state.groups[m].nodes, f"saves about {-neg * 1000:.2f} us")
         for s in list(state.succ[m]) + list(state.pred[m]):
             push(m, s)
@@ -211,44 +280,70 @@ def plan_program(program: Program, *, gpu: GPUProfile = H200, budgets: Budgets =
                     if why or state.cycle_path(x, y):
                         rest.append(b)
                         continue
-                    a = state.merge(x, y)
+                    a = merge(x, y)
                     state.groups[a].sibling = True
                     note("fused", state.groups[a].nodes,
                          f"siblings reading {val.name}; saves about {saved * 1000:.2f} us")
                 gids = rest
 
     # 4. regions, in execution order
+    alone: dict[str, float] = {}
+
+    def node_time(n):
+        """A node as its own kernel, with its own schedule (a long-row norm reads its rows twice)."""
+        t = alone.get(n)
+        if t is None:
+            geo = state.geo[n]
+            t = alone[n] = group_time(state, [n], None, node_facts(state, n),
+                                      red=geo if geo.role == "reduction" else None, anchored=False)[0]
+        return t
+
     old_by_nodes = {frozenset(r.nodes): r for r in program.regions if r.status == "proposed"}
-    taken = [r.id for r in program.regions if r.status in KEPT_STATUSES or r.status == "rejected"]
+    taken_set = {r.id for r in program.regions if r.status in KEPT_STATUSES or r.status == "rejected"}
+    # ids of old proposed regions that come back unchanged keep their id; new ones never take those
+    reserved = {r.id for r in program.regions if r.status == "proposed"
+                and frozenset(r.nodes) in {frozenset(g.nodes) for g in state.groups.values()}}
+    next_num = 1
     regions: list[Region] = []
     for g in state.ordered_groups():
         if g.frozen is not None:
             r = g.frozen
+            r.est_before_ms = round(sum(node_time(n) for n in r.nodes), 6)
+            r.est_after_ms = round(group_time(state, state.sort_nodes(r.nodes))[0], 6)
             regions.append(r)
             continue
         old = old_by_nodes.get(frozenset(g.nodes))
-        rid = old.id if old is not None and old.id not in taken else _next_id(taken)
-        taken.append(rid)
-        r = make_region(state, g, rid, refusals)
+        if old is not None and old.id not in taken_set:
+            rid = old.id
+        else:
+            while f"r{next_num}" in taken_set or f"r{next_num}" in reserved:
+                next_num += 1
+            rid = f"r{next_num}"
+        taken_set.add(rid)
+        r = make_region(state, g, rid, refusals, node_time, facts(g))
         if old is not None:
             r.log = list(old.log)
         r.note("planner", "proposed", r.reason)
         regions.append(r)
     regions += [r for r, _ in rejected]
-    est = estimate_program(program, [r for r in regions if r.status != "rejected"], gpu, graph)
+    est = estimate_program(program, None, gpu, graph, costs=costs)
+    # the plan's own per-region figures include schedule effects (a two-pass row read twice)
+    active = [r for r in regions if r.status != "rejected"]
+    est.planned_ms = sum(r.est_after_ms for r in active)
+    est.kernels_planned = sum(1 for r in active if not r.schedule.get("alias"))
+    est.bytes_planned = sum(f.read_bytes + f.esc_bytes for f in (facts(g) for g in state.groups.values()))
+    est.unfused_ms = sum(node_time(n) for n in program.nodes)
     return Plan(regions, est, log, time.perf_counter() - t0, n_refused)
 
-
-def _next_id(taken: list[str]) -> str:
-    k = 1 + max((int(i[1:]) for i in taken if i[:1] == "r" and i[1:].isdigit()), default=0)
-    return f"r{k}"
 
 
 def _refuse(state, refusals, note, a, b, why):
     ga, gb = state.groups[a], state.groups[b]
     # remember, for a node that may end up alone, the first reason it was not fused
     for g, other in ((ga, gb), (gb, ga)):
-        if len(g.nodes) == 1:
+        if all(state.geo[n].role == "view" for n in other.nodes):
+            continue  # a reshape neighbour explains nothing
+        if len(g.nodes) == 1 and state.geo[g.nodes[0]].role not in ("single", "window", "opaque"):
             refusals.setdefault(g.nodes[0], f"not fused with {_label(state, other.nodes[0])}: {why}")
     note("refused", ga.nodes[:3] + gb.nodes[:3], why)
 
