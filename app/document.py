@@ -47,9 +47,10 @@ class Document(QObject):
         self.mark_clean()
 
 
-def load(path: str) -> Document:
-    """A project file (.json) or a PyTorch / KernelBench module (.py, imported). Raises StitchError or
-    OSError with the cause; nothing else is touched."""
+def read(path: str) -> tuple[Program, str | None]:
+    """The program in a project file (.json) or a PyTorch / KernelBench module (.py, imported), and
+    the path it will save to (None for an import). Raises StitchError or OSError with the cause.
+    Touches no Qt object, so it may run on a worker thread."""
     if not os.path.exists(path):
         raise FileFormatError(f"{path}: no such file")
     if path.endswith(IMPORTABLE):
@@ -57,13 +58,21 @@ def load(path: str) -> Document:
             from agent_core.importers import import_file
         except ImportError as e:
             raise ImportFailure(f"the PyTorch importer is not available: {e}") from None
-        program = import_file(path)
-        return Document(program, None, dirty=True)
+        return import_file(path), None
     from agent_core.project_file import load_program
     try:
-        program = load_program(path)
+        return load_program(path), path
     except StitchError:
         raise
     except (UnicodeDecodeError, ValueError) as e:
         raise FileFormatError(f"{path}: {e}") from None
-    return Document(program, path)
+
+
+def document_for(program: Program, saved_path: str | None) -> Document:
+    """An import is unsaved until saved; a project file opens clean."""
+    return Document(program, saved_path, dirty=saved_path is None)
+
+
+def load(path: str) -> Document:
+    """read() and wrap the program in a Document (on the GUI thread)."""
+    return document_for(*read(path))

@@ -36,9 +36,10 @@ def run_studio(path: str | None = None, screenshot: str | None = None, theme: st
     win.show()
     if not screenshot:
         win.offer_recovery()
-    if path and not win.open_path(path, layout_sync=bool(screenshot)):
-        if screenshot:
-            return 1
+    if path and screenshot and not win.open_path(path, layout_sync=True):
+        return 1
+    if path and not screenshot:
+        win.open_in_background(path)  # the window is up at once; an import may take seconds
     if screenshot:
         app.processEvents()
         win.view.show_program()

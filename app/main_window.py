@@ -6,7 +6,8 @@ import gc
 import os
 import uuid
 
-from PySide6.QtCore import QByteArray, QMimeData, QPoint, QSettings, Qt, QTimer
+from PySide6.QtCore import (QByteArray, QMimeData, QObject, QPoint, QRunnable, QSettings, Qt, QThreadPool,
+                            QTimer, Signal)
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
                                QUndoView, QVBoxLayout, QWidget)
@@ -25,14 +26,33 @@ from graph_editor.style import for_theme
 from graph_editor.view import GraphView
 
 from . import recovery, theme as themes
-from .document import Document, load
+from .document import Document, document_for, load, read
 
 AUTOSAVE_MS = 30_000
 MAX_RECENT = 8
 FILE_FILTER = "StitchCUDA programs (*.json);;PyTorch / KernelBench files (*.py);;All files (*)"
 
 
+class _ReadRelay(QObject):
+    done = Signal(str, object)   # path, (program, saved path) or the exception
+
+
+class _ReadJob(QRunnable):
+    def __init__(self, path: str, relay: _ReadRelay):
+        super().__init__()
+        self.path, self.relay = path, relay
+
+    def run(self):
+        try:
+            result = read(self.path)
+        except Exception as e:  # shown to the user with its cause; a bug in an importer included
+            result = e if isinstance(e, (StitchError, OSError)) else StitchError(f"{type(e).__name__}: {e}")
+        self.relay.done.emit(self.path, result)
+
+
 class MainWindow(QMainWindow):
+    opened = Signal(str, bool)   # a background open finished: path, success
+
     def __init__(self, theme: str = "dark", restore_settings: bool = True):
         super().__init__()
         self.theme = theme
@@ -64,6 +84,10 @@ class MainWindow(QMainWindow):
         if restore_settings:
             self._restore_settings()
         self._autosaved = None
+        self._loader = QThreadPool(self)
+        self._loader.setMaxThreadCount(1)
+        self._load_relay = _ReadRelay(self)
+        self._load_relay.done.connect(self._read_done)
         self.autosave_timer = QTimer(self, interval=AUTOSAVE_MS, timeout=self.autosave)
         self.autosave_timer.start()
 
@@ -291,6 +315,37 @@ class MainWindow(QMainWindow):
         self.status(f"Opened {os.path.basename(path)}: {len(doc.program.nodes)} nodes")
         return True
 
+    def open_in_background(self, path: str) -> None:
+        """Open or import on a worker thread (an import runs torch.export and can take seconds);
+        `opened(path, ok)` when done. The window stays usable meanwhile."""
+        if not self._may_discard():
+            return
+        self.status(f"Opening {os.path.basename(path)}…")
+        self._loader.start(_ReadJob(path, self._load_relay))
+
+    def _read_done(self, path: str, result) -> None:
+        if isinstance(result, BaseException):
+            self.status(f"Could not open {os.path.basename(path)}", error=True)
+            self.ask("error", "Could not open the file", f"{path}\n\n{result}")
+            self.opened.emit(path, False)
+            return
+        if self.document is not None and self.document.dirty:
+            # an edit made while the file was loading: ask again before replacing it
+            if not self._may_discard():
+                self.opened.emit(path, False)
+                return
+        doc = document_for(*result)
+        gc.disable()
+        try:
+            self._layout_if_needed(doc, False)
+            self.set_document(doc)
+        finally:
+            gc.enable()
+        if doc.path:
+            self._add_recent(doc.path)
+        self.status(f"Opened {os.path.basename(path)}: {len(doc.program.nodes)} nodes")
+        self.opened.emit(path, True)
+
     def _layout_if_needed(self, doc: Document, sync: bool) -> None:
         """Programs without positions (imports) are laid out before they are shown; loading is not an
         edit, so positions are set directly. Large ones lay out on the worker thread."""
@@ -318,13 +373,13 @@ class MainWindow(QMainWindow):
     def open_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open program", self._last_dir(), FILE_FILTER)
         if path:
-            self.open_path(path)
+            self.open_in_background(path)
 
     def import_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Import PyTorch / KernelBench file", self._last_dir(),
                                               "Python files (*.py)")
         if path:
-            self.open_path(path)
+            self.open_in_background(path)
 
     def save(self) -> bool:
         if not self.document.path:
@@ -444,7 +499,7 @@ class MainWindow(QMainWindow):
     def _rebuild_recent(self) -> None:
         self.recent_menu.clear()
         for p in self._recent():
-            self.recent_menu.addAction(p, lambda p=p: self.open_path(p))
+            self.recent_menu.addAction(p, lambda p=p: self.open_in_background(p))
         self.recent_menu.setEnabled(bool(self._recent()))
 
     def _last_dir(self) -> str:
@@ -457,6 +512,7 @@ class MainWindow(QMainWindow):
             return
         self.layout_runner.cancel()
         self.layout_runner.pool.waitForDone(2000)
+        self._loader.waitForDone(2000)
         recovery.remove(self.document.path, self.session)
         self._save_settings()
         self.autosave_timer.stop()

@@ -228,3 +228,15 @@ def test_tab_quick_search_and_drag_to_empty_canvas(window, qtbot):
     node = next(n for n in win.document.program.nodes.values() if n.op == "logical_not")
     assert node.inputs == [x] and node.pos == (5000.0, 5000.0)
     assert win.document.stack.undoText() == "Add logical_not"   # add + connect: one step
+
+
+def test_open_in_background_keeps_window_usable(window, qtbot, tmp_path):
+    win = window
+    path = example_path(tmp_path)
+    with qtbot.waitSignal(win.opened, timeout=60000) as sig:
+        win.open_in_background(path)
+        assert win.status_label.text().startswith("Opening")   # returned at once
+    assert sig.args == [path, True] and len(win.document.program.nodes) >= 2
+    with qtbot.waitSignal(win.opened, timeout=10000) as sig:
+        win.open_in_background(str(tmp_path / "missing.json"))
+    assert sig.args[1] is False and "no such file" in win.ask.asked[-1][2]
