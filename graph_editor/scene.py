@@ -7,7 +7,7 @@ event. Collapsed groups are view state kept in program.metadata["editor"]["colla
 """
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtCore import QPointF, QRectF, QSizeF, Qt, Signal
 from PySide6.QtGui import QPainterPath, QPen, QUndoStack
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene, QToolTip
 
@@ -17,7 +17,7 @@ from . import commands as C
 from .edge_item import EdgeItem, GroupItem, TerminalItem
 from .node_item import NodeItem, node_size
 from .overview_item import OverviewItem
-from .style import TERMINAL_H, TERMINAL_W, CanvasStyle
+from .style import NODE_WIDTH, TERMINAL_H, TERMINAL_W, CanvasStyle
 
 _DRAWN_INSIDE = frozenset((Role.PARAMETER, Role.CONSTANT))
 TERMINAL_GAP = 46.0   # between an input terminal and the node that reads it
@@ -351,10 +351,16 @@ class GraphScene(QGraphicsScene):
             self._update_edge((nid, port))
 
     def _free_spot(self) -> QPointF:
+        """The view's centre, or just below the nodes already there (adding twice must not stack
+        one node exactly on another)."""
         views = self.views()
-        if views:
-            return views[0].mapToScene(views[0].viewport().rect().center()) - QPointF(100, 30)
-        return QPointF(0, 0)
+        at = views[0].mapToScene(views[0].viewport().rect().center()) - QPointF(100, 30) if views else QPointF(0, 0)
+        for _ in range(40):
+            hits = [i for i in self.items(QRectF(at, QSizeF(NODE_WIDTH, 60))) if isinstance(i, (NodeItem, TerminalItem))]
+            if not hits:
+                break
+            at = QPointF(at.x(), max(i.sceneBoundingRect().bottom() for i in hits) + 24)
+        return at
 
     def fit_scene_rect(self, force: bool = False) -> None:
         """Keep the scene rect (which the BSP index divides) a margin around the content. Left to

@@ -354,3 +354,9 @@ def test_mouse_drag_moves_node_as_one_undo_step(canvas, qtbot):
     stack.undo()
     assert p.nodes[relu.id].pos == (300.0, 0.0)
     assert_mirrors(scene)
+
+
+def test_nodes_added_at_the_centre_do_not_stack(canvas):
+    p, stack, scene, view = canvas
+    a, b = scene.add_node("relu"), scene.add_node("relu")
+    assert not scene.nodes[a].sceneBoundingRect().intersects(scene.nodes[b].sceneBoundingRect().adjusted(2, 2, -2, -2))
