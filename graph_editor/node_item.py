@@ -99,7 +99,8 @@ class NodeItem(QGraphicsItem):
         node = self.program.nodes[self.node_id]
         size = node_size(node)
         if size != (self._w, self._h):
-            self.prepareGeometryChange()
+            if self.scene() is not None:  # a new item is not indexed yet: nothing to announce
+                self.prepareGeometryChange()
             self._w, self._h = size
             m = PORT_R + 2
             self._bounds = QRectF(-m, -m, self._w + 2 * m, self._h + 2 * m)
@@ -112,7 +113,8 @@ class NodeItem(QGraphicsItem):
         self._n_in, self._n_out = input_port_count(node), len(node.outputs)
         self._error = node.error
         self._labels_ready = False
-        self.update()
+        if self.scene() is not None:
+            self.update()
 
     def tooltip_text(self) -> str:
         node = self.program.nodes.get(self.node_id)

@@ -236,7 +236,9 @@ class Minimap(QWidget):
                 pass
         self._scene = scene
         scene.program_changed.connect(self._timer.start)
-        self._collect()
+        self._pixmap = None
+        self._content = QRectF()
+        self._timer.start()  # drawn just after the program is shown, not while it opens
 
     def place(self) -> None:
         vp = self.view.viewport().geometry()
