@@ -21,6 +21,8 @@ from ..ir import Program
 from .events import EventEmitter
 from .tune import tune_space
 
+# where the loop puts tensors on a GPU run; tests of the GPU path's logic on a CPU machine set "cpu"
+TENSOR_DEVICE = "cuda"
 NO_GPU_LINE = "no GPU is present: kernels were generated and compiled for {arch}; verification and timing need a CUDA GPU"
 
 
@@ -116,8 +118,24 @@ class _Agent:
                            "stack_bytes": c.stack_bytes}
         if not self.gpu:
             out.status, out.reason = "compiled", f"compiled for {c.arch}; not verified or timed (no GPU)"
+            if self.tune:   # the tuning variants must compile too (and this fills the cache a GPU run reuses)
+                n = self._compile_variants(r, ks)
+                if n:
+                    out.reason += f"; {n} tuning variant(s) compiled"
             return self._finish(r, out), None
         return self._on_gpu(r, out, ks, c)
+
+    def _compile_variants(self, r, ks) -> int:
+        n = 0
+        for params in tune_space(ks, limit=self.tune_trials):
+            try:
+                compile_kernel(generate_kernel(self.program, r.nodes, name=ks.name, kind=r.kind, params=params),
+                               arch=self.arch)
+                n += 1
+            except StitchError as exc:
+                self.ev.log(f"region {r.id}: tuning variant {params} does not build: {exc}", level="warning",
+                            region=r.id)
+        return n
 
     def _compile(self, r, ks):
         c = compile_kernel(ks, arch=self.arch)
@@ -137,9 +155,10 @@ class _Agent:
         """Random GPU inputs of a region for timing (values do not change a kernel's time)."""
         import torch
         from ..reference import parameter_tensors
-        params = parameter_tensors(self.program, "cuda") if not hasattr(self, "_params") else self._params
+        dev = TENSOR_DEVICE
+        params = parameter_tensors(self.program, dev) if not hasattr(self, "_params") else self._params
         self._params = params
-        gen = torch.Generator(device="cuda").manual_seed(0)
+        gen = torch.Generator(device=dev).manual_seed(0)
         ins = []
         for v in io_inputs:
             if v in params:
@@ -147,11 +166,11 @@ class _Agent:
                 continue
             val = self.program.values[v]
             if val.dtype == "bool":
-                ins.append(torch.rand(tuple(val.shape), device="cuda", generator=gen) < 0.5)
+                ins.append(torch.rand(tuple(val.shape), device=dev, generator=gen) < 0.5)
             elif val.dtype.startswith("int"):
-                ins.append(torch.zeros(tuple(val.shape), dtype=getattr(torch, val.dtype), device="cuda"))
+                ins.append(torch.zeros(tuple(val.shape), dtype=getattr(torch, val.dtype), device=dev))
             else:
-                ins.append(torch.randn(tuple(val.shape), device="cuda", generator=gen, dtype=getattr(torch, val.dtype)))
+                ins.append(torch.randn(tuple(val.shape), device=dev, generator=gen, dtype=getattr(torch, val.dtype)))
         return ins
 
     def _runner(self, r, ks, loaded):
@@ -163,7 +182,7 @@ class _Agent:
     def _verify(self, r, runner, draws, what):
         from .refcache import verify_candidate
         res = verify_candidate(self.program, self.ref, runner.inputs, runner.outputs, lambda ins: runner(ins),
-                               draws=draws)
+                               draws=draws, device=TENSOR_DEVICE)
         self.ev.emit("verify", scope="region", region=r.id, kernel=runner.name, ok=res.ok, draws=res.draws,
                      max_abs_err=res.max_abs_err, reason=res.reason, candidate=what)
         return res
@@ -174,7 +193,7 @@ class _Agent:
         if runner.kernel.library_nodes:
             fn = lambda: runner(ins)  # noqa: E731
         else:
-            outs = runner.loaded.specs and [torch.empty(s, dtype=getattr(torch, d), device="cuda")
+            outs = runner.loaded.specs and [torch.empty(s, dtype=getattr(torch, d), device=TENSOR_DEVICE)
                                             for s, d in runner.loaded.specs]
             fn = runner.loaded.bind(ins, outs)
         return time_gpu(fn, trials=self.trials)
@@ -225,10 +244,12 @@ class _Agent:
                         rec.update(ok=True, ms=t2.median_ms, params=k2.params, schedule=k2.schedule)
                         if t2.median_ms < best[0]:
                             best = (t2.median_ms, k2, l2, run2, dict(k2.params))
+                            rec["best"] = True
                 except (StitchError, RuntimeError) as exc:
                     rec["reason"] = _first(exc)
                 out.trials.append(rec)
-                self.ev.emit("tune-step", region=r.id, best=best[0] == rec.get("ms"), **rec)
+                rec.setdefault("best", False)
+                self.ev.emit("tune-step", region=r.id, **rec)
         ms, ks, loaded, runner, params = best
         if ks.source != r.source:
             res = self._verify(r, runner, self.draws, "tuned best")
@@ -365,7 +386,7 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     from ..profile.timing import time_gpu
     from ..program_runtime import build_executable
     prog, profile = result.program, result.profile
-    exe = build_executable(prog, fused, graph=graph)
+    exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
     res = exe.verify(draws, ref=ref)
     emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err, reason=res.reason)
     if not res.ok and fused:
@@ -374,7 +395,7 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         for o in result.outcomes:
             if o.status == "fused":
                 o.status, o.reason = "fallback", f"the whole program failed verification with it: {res.reason}"
-        exe = build_executable(prog, {}, graph=graph)
+        exe = build_executable(prog, {}, graph=graph, device=TENSOR_DEVICE)
         res = exe.verify(draws, ref=ref)
         emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
                   reason=res.reason)

@@ -219,6 +219,7 @@ def run(args) -> int:
     t_start = time.perf_counter()
     compile_spent = 0.0
     out = open(args.json_out, "a") if args.json_out else None
+    interrupted = False
     try:
         for i, path in enumerate(args.files):
             if args.time_cap and time.perf_counter() - t_start > args.time_cap:
@@ -239,9 +240,13 @@ def run(args) -> int:
                 f"correct={rec.get('correct')} ours {_f(rec.get('ours_ms'))} ms, eager {_f(rec.get('eager_ms'))} ms, "
                 f"compile {_f(rec.get('compile_best_ms'))} ms")
             print(f"[{i + 1}/{len(args.files)}] {rec['problem']}: {status} ({rec.get('seconds', 0)} s)", flush=True)
+    except KeyboardInterrupt:   # a wall-clock cap (timeout -s INT) still gets the table of what ran
+        interrupted = True
     finally:
         if out is not None:
             out.close()
+    if interrupted:
+        print(f"interrupted after {len(records)} of {len(args.files)} problems")
     for line in table(records):
         print(line)
     if records and not any(r.get("gpu") for r in records):

@@ -40,7 +40,8 @@ def program_callable(program):
     from ..reference import parameter_tensors, random_inputs, run_reference
     params = parameter_tensors(program, "cuda")
     names = [program.values[v].name for v in program.inputs]
-    inputs = [random_inputs(program, 0, "cuda")[n] for n in names]
+    drawn = random_inputs(program, 0, "cuda")
+    inputs = [drawn[n] for n in names]
 
     def fn(*xs):
         out = run_reference(program, list(xs), params=params)

@@ -1,0 +1,155 @@
+"""The loop's GPU path (verify, time, tune, decide, end-to-end program, baselines) run on the CPU:
+kernels are compiled for real (sm_90) but launched by a fake that evaluates their nodes with torch,
+and timing counts torch op calls, so every decision the loop makes on a GPU is exercised in CI."""
+import io
+
+import pytest
+import torch
+
+import agent_core.agent.loop as loop
+import agent_core.profile.baselines as baselines
+import agent_core.profile.hardware as hardware
+import agent_core.profile.timing as timing
+import agent_core.program_runtime as program_runtime
+import agent_core.runtime.launch as launch
+import agent_core.runtime.region as region_mod
+from agent_core.agent import EventEmitter, optimize, read_events
+from agent_core.commands import bench
+from agent_core.ir import Program
+from agent_core.reference import run_node
+
+SABOTAGED = set()
+CALLS = {"n": 0}
+
+
+class FakeLoaded:
+    def __init__(self, ks, program, compiled=None):
+        self.kernel, self.program, self.compiled = ks, program, compiled
+        self.specs = [(tuple(program.values[v].shape), "float32") for v in ks.outputs]
+
+    def __call__(self, ins, outs=None):
+        env = dict(zip(self.kernel.inputs, ins))
+        for nid in self.kernel.node_ids:
+            run_node(self.program, nid, env)
+        res = [env[v] for v in self.kernel.outputs]
+        if any(tag in self.kernel.name for tag in SABOTAGED):
+            res = [r + 1e-2 for r in res]
+        if outs is not None:
+            for o, r in zip(outs, res):
+                o.copy_(r.reshape(o.shape))
+            return list(outs)
+        return res
+
+    def bind(self, ins, outs):
+        return lambda: self(ins, outs)
+
+    def attribution(self):
+        return {"registers": 16, "local_bytes": 0, "shared_bytes": 0, "spill_stores": 0, "spill_loads": 0}
+
+    def _workspace(self, torch_mod):
+        return []
+
+
+def fake_time_gpu(fn, *, trials=20, warmup=3, flush=True, stream=None):
+    """1 us plus 10 us per torch op the function runs through the runtime (fused kernels are free)."""
+    before = CALLS["n"]
+    fn()
+    ms = 0.001 + 0.01 * (CALLS["n"] - before)
+    return timing.summarize([ms] * trials)
+
+
+
+
+@pytest.fixture
+def mock_gpu(monkeypatch):
+    from agent_core.program_runtime.executable import ProgramExecutable
+
+    class Exe(ProgramExecutable):
+        def _launch(self, torch_mod, step, env):
+            for nid in step.library_nodes:
+                run_node(self.program, nid, env)
+            res = step.loaded([env[v] for v in step.kernel.inputs])
+            for v, r in zip(step.kernel.outputs, res):
+                self.views[v].copy_(r.reshape(self.views[v].shape))
+                env[v] = self.views[v]
+
+    real_run_node = region_mod.run_node
+
+    def counting_run_node(*a, **k):
+        CALLS["n"] += 1
+        return real_run_node(*a, **k)
+    monkeypatch.setattr(loop, "TENSOR_DEVICE", "cpu")
+    monkeypatch.setattr(hardware, "no_gpu_reason", lambda: None)
+    monkeypatch.setattr(hardware, "hardware_snapshot", lambda: {"name": "fake", "sm_count": 132,
+                                                                 "copy_bandwidth_gbs": 4000.0})
+    monkeypatch.setattr(launch, "load_kernel", lambda ks, program, c=None: FakeLoaded(ks, program, c))
+    monkeypatch.setattr(timing, "time_gpu", fake_time_gpu)
+    monkeypatch.setattr(region_mod, "run_node", counting_run_node)
+    monkeypatch.setattr(program_runtime, "build_executable",
+                        lambda prog, fused, graph=True, device="cpu": Exe(prog, fused, graph=False, device="cpu"))
+    monkeypatch.setattr(baselines, "measure_baselines", lambda fn, inputs, **kw: {
+        "eager": {"ok": True, "ms": 0.5}, "compile_default": {"ok": True, "ms": 0.25, "compile_s": 3.0},
+        "compile_reduce-overhead": {"ok": False, "error": "RuntimeError: no"}})
+    SABOTAGED.clear()
+    yield
+
+
+def _mlp():
+    p = Program("mlp")
+    h = p.add_input("x", [16, 32]).id
+    for i, width in enumerate((48, 40, 8)):
+        w = p.add_parameter(f"w{i}", shape=[width, p.values[h].shape[1]]).id
+        b = p.add_parameter(f"b{i}", shape=[width]).id
+        h = p.add_node("linear", [h, w, b]).outputs[0]
+        h = p.add_node("relu" if i < 2 else "tanh", [h]).outputs[0]
+    h = p.add_node("softmax", [h], {"dim": -1}).outputs[0]
+    p.mark_output(h)
+    return p
+
+
+def _optimize(prog, tmp_path, **kw):
+    buf = io.StringIO()
+    res = optimize(prog, out_dir=tmp_path, emit=EventEmitter(buf), tune_trials=2, baseline_fn=(None, []), **kw)
+    return res, list(read_events(buf.getvalue().splitlines()))
+
+
+def test_gpu_path_verifies_tunes_keeps_faster_kernels_and_builds_the_program(mock_gpu, tmp_path):
+    res, events = _optimize(_mlp(), tmp_path)
+    kinds = [e["event"] for e in events]
+    assert res.gpu and res.status == "done" and kinds[-1] == "done"
+    fused = [o for o in res.outcomes if o.status == "fused"]
+    assert fused and all(o.fused_ms < o.unfused_ms and "faster" in o.reason for o in fused)
+    assert any(e["event"] == "verify" and e["scope"] == "region" and e["ok"] and e["draws"] == 5 for e in events)
+    steps = [e for e in events if e["event"] == "tune-step"]
+    assert steps and {"trial", "params", "ok", "ms"} <= set(steps[0])
+    e2e = res.profile["end_to_end"]
+    assert e2e["correct"] and e2e["generated_kernels"] == len(fused)
+    assert any(e["event"] == "verify" and e["scope"] == "program" and e["ok"] for e in events)
+    assert res.profile["speedup_vs_eager"] == pytest.approx(0.5 / e2e["ms"])
+    assert res.profile["speedup_vs_compile"] == pytest.approx(0.25 / e2e["ms"])
+    rec = bench.record_from_result("mlp.py", res, 1.0)
+    assert rec["correct"] and rec["kernels"] == len(fused) and rec["compile_best_ms"] == 0.25
+    assert rec["compile_errors"] == {"reduce-overhead": "RuntimeError: no"}
+    # library epilogues: a linear with its activation after it became one kernel after cuBLAS
+    assert any("linear" in str(e.get("library_nodes")) or e.get("library_nodes") for e in events
+               if e["event"] == "codegen")
+
+
+def test_wrong_kernel_falls_back_with_its_reason_and_the_program_stays_correct(mock_gpu, tmp_path):
+    SABOTAGED.add("_r")     # every generated kernel is off by 1e-2
+    res, events = _optimize(_mlp(), tmp_path)
+    assert not [o for o in res.outcomes if o.status == "fused"]
+    fb = [e for e in events if e["event"] == "fallback"]
+    assert fb and all("verification failed" in e["reason"] and "differs by" in e["reason"] for e in fb)
+    assert res.profile["end_to_end"]["correct"] and res.profile["end_to_end"]["generated_kernels"] == 0
+    for r in res.program.regions:
+        a = r.schedule["agent"]
+        assert a["status"] in ("fallback", "library", "view") and a["reason"]
+
+
+def test_region_timing_off_keeps_verified_kernels(mock_gpu, tmp_path):
+    res, events = _optimize(_mlp(), tmp_path, time_regions=False, baselines=False, tune=False)
+    fused = [o for o in res.outcomes if o.status == "fused"]
+    assert fused and all("not timed" in o.reason for o in fused)
+    assert not any(e["event"] == "tune-step" for e in events)
+    assert "baselines" not in res.profile and res.profile["end_to_end"]["correct"]
