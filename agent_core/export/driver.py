@@ -34,7 +34,7 @@ def driver_source(program: Program, src: ProgramSource, files: dict[str, str]) -
            "#include <string>", "#include <vector>", "", "namespace {", "",
            f"constexpr double kAbsTolerance = {TOLERANCE};", f"constexpr double kRelTolerance = {TOLERANCE};",
            "constexpr int kWarmupRuns = 3;", "constexpr int kDefaultTimedRuns = 100;",
-           "constexpr int kMismatchesShown = 5;", "constexpr int kExitMismatch = 1;", "constexpr int kExitError = 2;", "",
+           "constexpr size_t kMismatchesShown = 5;", "constexpr int kExitMismatch = 1;", "constexpr int kExitError = 2;", "",
            "// One tensor's file under DATA_DIR: raw little-endian bytes, row-major.",
            "struct TensorFile {", "  const char* name;", "  const char* path;", "  size_t bytes;",
            "  bool is_float;  // float32 is compared with the tolerance, anything else bit for bit", "};", ""]
