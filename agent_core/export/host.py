@@ -238,7 +238,7 @@ class ProgramSource:
         for vid, src in m.output_copies:
             val = p.values[vid]
             out += ["", f"  // {val.name} is {p.values[src].name} itself: copied into the output buffer",
-                    f"  STITCH_CHECK_CUDA(cudaMemcpyAsync({self.ptr(vid)}, {self.ptr(src)}, {val.nbytes}, "
+                    f"  STITCH_CHECK_CUDA(cudaMemcpyAsync(outputs.{self.n[vid]}, {self.ptr(src)}, {val.nbytes}, "
                     f"cudaMemcpyDeviceToDevice, stream));"]
         out += ["  return 0;", "}"]
         return "\n".join(out) + "\n"

@@ -106,7 +106,10 @@ def build_schedule(program: Program) -> Schedule:
             except (CodegenError, ExportError) as exc:
                 node = program.nodes[n]
                 refused.append(f"{node.name} ({node.op}): {exc}")
-        notes.append(f"{rid}: split into its {len(real)} nodes (the region as a whole has no generator)")
+        if len(real) == 1 and steps and steps[-1].node_ids == real:
+            notes.append(f"{rid}: {steps[-1].reason}")
+        elif len(real) > 1:
+            notes.append(f"{rid}: split into its {len(real)} nodes (the region as a whole has no generator)")
     if refused:
         raise ExportError(f"{len(refused)} node(s) have no CUDA path in the export: " + "; ".join(refused))
     return Schedule(steps, aliases, notes)
