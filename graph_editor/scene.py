@@ -4,17 +4,20 @@ It observes `Program.subscribe` events and keeps one item per node, per program 
 connected input port. User gestures become undo commands (graph_editor.commands) pushed on the
 document's QUndoStack; the scene never edits its items to reflect an edit, it waits for the model's
 event. Collapsed groups are view state kept in program.metadata["editor"]["collapsed"].
+Port dragging lives in connect.py and collapsing in groups.py (mixed into GraphScene).
 """
 from __future__ import annotations
 
 from PySide6.QtCore import QPointF, QRectF, QSizeF, Qt, Signal
-from PySide6.QtGui import QPainterPath, QPen, QUndoStack
+from PySide6.QtGui import QPen, QUndoStack
 from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene, QToolTip
 
 from agent_core.ir import Program, Role
 
 from . import commands as C
+from .connect import ConnectMixin
 from .edge_item import EdgeItem, GroupItem, TerminalItem
+from .groups import GroupsMixin
 from .node_item import NodeItem, node_size
 from .overview_item import OverviewItem
 from .style import NODE_WIDTH, TERMINAL_H, TERMINAL_W, CanvasStyle
@@ -24,7 +27,7 @@ TERMINAL_GAP = 46.0   # between an input terminal and the node that reads it
 OVERLAY_Z = -10.0     # region hulls (next issue) are drawn here: under edges and nodes
 
 
-class GraphScene(QGraphicsScene):
+class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
     connection_refused = Signal(str)        # the model's reason, for the status bar
     message = Signal(str)                   # other one-line feedback
     quick_search_requested = Signal(QPointF, object)  # scene pos, (side, value_id / (node, port)) or None
@@ -452,66 +455,6 @@ class GraphScene(QGraphicsScene):
                 self.stack.push(C.RemoveValue(p, vid))
         return len(node_ids) + len(edges) + len(terms)
 
-    # collapse / expand -------------------------------------------------------------------------
-    def collapse(self, node_ids, name: str | None = None) -> GroupItem | None:
-        members = [n for n in node_ids if n in self.nodes and n not in self.group_of]
-        if len(members) < 2:
-            self.message.emit("select at least two nodes to collapse")
-            return None
-        g = self._make_group(name or f"group {len(self.groups) + 1}", members)
-        self._save_groups()
-        self.clearSelection()
-        g.setSelected(True)
-        return g
-
-    def expand(self, group: GroupItem) -> list[str]:
-        members = list(group.members)
-        self._drop_group(group)
-        self._save_groups()
-        self.select_nodes(members)
-        return members
-
-    def _make_group(self, name: str, members: list[str]) -> GroupItem:
-        g = GroupItem(name, members, self.program, self.style)
-        g.setFlag(QGraphicsItem.ItemIsMovable, False)
-        rect = QRectF()
-        for nid in members:
-            item = self.nodes[nid]
-            rect = rect.united(item.sceneBoundingRect())
-            item.setVisible(False)
-            self.group_of[nid] = g
-        w, h = g.size()
-        g.setPos(rect.center() - QPointF(w / 2, h / 2))
-        self.addItem(self._fresh(g))
-        self.groups.append(g)
-        self._refresh_group_edges(members)
-        return g
-
-    def _drop_group(self, g: GroupItem) -> None:
-        for nid in g.members:
-            self.group_of.pop(nid, None)
-            if nid in self.nodes:
-                self.nodes[nid].setVisible(True)
-        self.groups.remove(g)
-        self.removeItem(g)
-        self._refresh_group_edges([m for m in g.members if m in self.program.nodes])
-
-    def _refresh_group_edges(self, members) -> None:
-        keys = set()
-        for nid in members:
-            if nid in self.program.nodes:
-                keys |= self._edges_of_node(nid)
-        for key in keys:
-            self._update_edge(key)
-        for nid in members:
-            self._place_terminals_for(nid)
-        self.overview.invalidate()
-        self._content = None
-
-    def _save_groups(self) -> None:
-        meta = self.program.metadata.setdefault("editor", {})
-        meta["collapsed"] = [{"name": g.name, "nodes": list(g.members)} for g in self.groups]
-
     # overlays (the region hulls of the next issue plug in here) ----------------------------------
     def add_overlay(self, item: QGraphicsItem) -> None:
         """Draw `item` under edges and nodes; it is kept across rebuilds. Region hulls use this."""
@@ -522,136 +465,6 @@ class GraphScene(QGraphicsScene):
     # sizes and layout input --------------------------------------------------------------------
     def layout_input(self, node_ids=None):
         return program_layout_input(self.program, node_ids)
-
-    # mouse: connecting by dragging from a port --------------------------------------------------
-    def _port_under(self, pos: QPointF):
-        for item in self.items(pos, Qt.IntersectsItemShape, Qt.DescendingOrder):
-            if isinstance(item, (NodeItem, TerminalItem)) and item.isVisible():
-                hit = item.port_at(item.mapFromScene(pos))
-                if hit is not None:
-                    return item, hit
-                if isinstance(item, NodeItem):
-                    return item, None
-        return None, None
-
-    def _drag_start(self, item, hit):
-        """What a drag from this port carries: ('out', value_id) or ('in', node, port, current value)."""
-        side, idx = hit
-        if isinstance(item, TerminalItem):
-            return ("out", item.value_id)
-        node = self.program.nodes[item.node_id]
-        if side == "out":
-            return ("out", node.outputs[idx])
-        current = node.inputs[idx] if idx < len(node.inputs) else None
-        return ("in", item.node_id, idx, current)
-
-    def mousePressEvent(self, event):
-        if event.button() == Qt.LeftButton:
-            item, hit = self._port_under(event.scenePos())
-            if hit is not None:
-                self._drag = self._drag_start(item, hit)
-                self._drag_origin = event.scenePos()
-                if self._drag[0] == "in" and self._drag[3] is not None:
-                    self._drag_origin = self.source_pos(self._drag[3]) or event.scenePos()
-                elif self._drag[0] == "out":
-                    self._drag_origin = self.source_pos(self._drag[1]) or event.scenePos()
-                self._drag_path = QGraphicsPathItem()
-                self._drag_path.setPen(QPen(self.style.accent, 1.6, Qt.DashLine))
-                self._drag_path.setZValue(5)
-                self.addItem(self._drag_path)
-                event.accept()
-                return
-        super().mousePressEvent(event)
-        self._press_pos = {nid: item.pos() for nid, item in self.nodes.items() if item.isSelected()}
-
-    def mouseMoveEvent(self, event):
-        if self._drag is not None:
-            a, b = self._drag_origin, event.scenePos()
-            if self._drag[0] == "in" and self._drag[3] is None:
-                a, b = b, self.target_pos(self._drag[1], self._drag[2])
-            dx = max(40.0, abs(b.x() - a.x()) * 0.5)
-            path = QPainterPath(a)
-            path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b)
-            self._drag_path.setPath(path)
-            event.accept()
-            return
-        super().mouseMoveEvent(event)
-        if self._press_pos and event.buttons() & Qt.LeftButton:  # nodes being dragged: edges follow
-            for nid in self._press_pos:
-                self._node_item_moved(nid)
-
-    def mouseReleaseEvent(self, event):
-        if self._drag is not None:
-            drag, self._drag = self._drag, None
-            self.removeItem(self._drag_path)
-            self._drag_path = None
-            reason = self.finish_drag(drag, event.scenePos())
-            if reason and event.widget() is not None:
-                QToolTip.showText(event.screenPos(), reason, event.widget())
-            event.accept()
-            return
-        super().mouseReleaseEvent(event)
-        self._commit_moves()
-
-    def finish_drag(self, drag, pos: QPointF) -> str | None:
-        """Complete a port drag released at scene `pos`; returns the refusal reason, if any."""
-        item, hit = self._port_under(pos)
-        if drag[0] == "out":
-            vid = drag[1]
-            if hit is not None and hit[0] == "in" and isinstance(item, NodeItem):
-                return self.try_connect(vid, item.node_id, hit[1])
-            if hit is None and item is None:
-                self.quick_search_requested.emit(pos, ("out", vid))
-                return None
-            return self._refuse("connect an output port to an input port")
-        _, nid, port, current = drag
-        if hit is not None and hit[0] == "out":
-            src = self._drag_start(item, hit)[1]
-            return self.try_connect(src, nid, port)
-        if current is not None and hit is not None and hit[0] == "in" and isinstance(item, NodeItem):
-            # moving an existing edge to another input port: one undo step
-            reason = self.program.can_connect(current, item.node_id, hit[1])
-            if reason:
-                return self._refuse(reason)
-            with C.macro(self.stack, "Move connection"):
-                self.disconnect_port(nid, port)
-                self.try_connect(current, item.node_id, hit[1])
-            return None
-        if item is None and current is not None:
-            self.disconnect_port(nid, port)
-            return None
-        if item is None:
-            self.quick_search_requested.emit(pos, ("in", (nid, port)))
-            return None
-        return self._refuse("connect an input port to an output port")
-
-    def _refuse(self, reason: str) -> str:
-        self.last_refusal = reason
-        self.connection_refused.emit(reason)
-        return reason
-
-    def _commit_moves(self) -> None:
-        """After a drag of nodes: one MoveNodes command for everything that moved."""
-        moves = {}
-        for nid, before in self._press_pos.items():
-            item = self.nodes.get(nid)
-            if item is not None and item.pos() != before:
-                moves[nid] = (item.pos().x(), item.pos().y())
-        self._press_pos = {}
-        if moves:
-            self.stack.push(C.MoveNodes(self.program, moves, f"Move {len(moves)} node{'s' * (len(moves) > 1)}"))
-
-    def mouseDoubleClickEvent(self, event):
-        for item in self.items(event.scenePos()):
-            if isinstance(item, GroupItem):
-                self.expand(item)
-                event.accept()
-                return
-            if isinstance(item, (NodeItem, TerminalItem)):
-                super().mouseDoubleClickEvent(event)
-                return
-        self.quick_search_requested.emit(event.scenePos(), None)
-        event.accept()
 
     def helpEvent(self, event):
         """Tooltips come from the model when asked for (5,000 items need not each hold one)."""
