@@ -320,7 +320,7 @@ class Program:
         if v.producer and node_id in nx.ancestors(self.graph(), v.producer):
             return (f"connecting '{v.name}' into {node.name} would create a cycle: "
                     f"{node.name} already feeds {self.nodes[v.producer].name}")
-        trial = list(node.inputs) + [None] * max(0, port + 1 - len(node.inputs))
+        trial = list(node.inputs) + [None] * max(0, max(port + 1, lo) - len(node.inputs))
         trial[port] = value_id
         probe = Node(node.id, node.op, trial, node.outputs, node.attrs, node.name)
         if all(t is not None for t in trial[:lo]):

@@ -136,3 +136,13 @@ def test_changing_split_count_resizes_outputs():
     p.set_attrs(n.id, {"chunks": 6})
     assert len(n.outputs) == 6 and all(p.values[v].shape == (1, 4) for v in n.outputs)
     assert not [d for d in p.validate() if d.severity == "error"]
+
+
+def test_first_connection_to_a_fresh_node_is_allowed():
+    p = Program()
+    x, y = p.add_input("x", (4,)), p.add_input("y", (4,))
+    n = p.add_node("add", [], strict=False)
+    assert p.can_connect(x.id, n.id, 0) is None
+    p.connect(x.id, n.id, 0)
+    p.connect(y.id, n.id, 1)
+    assert p.nodes[n.id].error is None and p.values[n.outputs[0]].shape == (4,)
