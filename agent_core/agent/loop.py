@@ -309,6 +309,11 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     why_not = "device='cpu' was asked for" if device == "cpu" else no_gpu_reason()
     gpu = why_not is None
     prog = program
+    big = _too_big_to_check(program)
+    if rewrite and big:
+        emit.log(f"rewrites skipped: checking them runs the reference twice on the CPU, and this program "
+                 f"({big}) would take too long; it is planned as it is", level="warning")
+        rewrite = False
     if rewrite:
         from ..rewrites import rewrite_program
         try:
@@ -378,6 +383,22 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     emit.emit("done", status=result.status, regions=len(outcomes), outcomes=counts,
               ours_ms=profile.get("end_to_end", {}).get("ms"), out_dir=str(out_dir) if out_dir else None)
     return result
+
+
+# rewrites are checked on CPU reference runs (agent_core.rewrites.Checker, two draws, every value kept):
+# beyond these sizes that costs more than a minute and several GB, so large programs skip them
+REWRITE_MAX_FLOPS = 2e10
+REWRITE_MAX_BYTES = 1 << 30
+
+
+def _too_big_to_check(program: Program) -> str | None:
+    flops = sum(program.node_flops(n) for n in program.nodes)
+    nbytes = sum(v.nbytes for v in program.values.values())
+    if flops > REWRITE_MAX_FLOPS:
+        return f"{flops / 1e9:.0f} GFLOP"
+    if nbytes > REWRITE_MAX_BYTES:
+        return f"{nbytes / 2**30:.1f} GiB of values"
+    return None
 
 
 def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, baseline_fn, compile_modes,
