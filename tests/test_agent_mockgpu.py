@@ -84,6 +84,9 @@ def mock_gpu(monkeypatch):
                                                                  "copy_bandwidth_gbs": 4000.0})
     monkeypatch.setattr(launch, "load_kernel", lambda ks, program, c=None: FakeLoaded(ks, program, c))
     monkeypatch.setattr(timing, "time_gpu", fake_time_gpu)
+    monkeypatch.setattr(timing, "time_in_graph", lambda fn, **kw: (fake_time_gpu(fn, **kw), "graph"))
+    from agent_core.program_runtime import executable
+    monkeypatch.setattr(executable, "raw_launch", lambda lk, ins, outs: lk(ins, outs))
     monkeypatch.setattr(region_mod, "run_node", counting_run_node)
     monkeypatch.setattr(program_runtime, "build_executable",
                         lambda prog, fused, graph=True, device="cpu": Exe(prog, fused, graph=False, device="cpu"))

@@ -187,21 +187,31 @@ class _Agent:
                      max_abs_err=res.max_abs_err, reason=res.reason, candidate=what)
         return res
 
-    def _time(self, runner, ins):
+    def _fused_fn(self, runner, ins):
+        """The region as the end-to-end program runs it: library call(s) through torch, then the
+        kernel launched with raw pointers (capturable)."""
         import torch
-        from ..profile.timing import time_gpu
-        if runner.kernel.library_nodes:
-            fn = lambda: runner(ins)  # noqa: E731
-        else:
-            outs = runner.loaded.specs and [torch.empty(s, dtype=getattr(torch, d), device=TENSOR_DEVICE)
-                                            for s, d in runner.loaded.specs]
-            fn = runner.loaded.bind(ins, outs)
-        return time_gpu(fn, trials=self.trials)
+        from ..program_runtime.executable import launchable, raw_launch
+        from ..reference import run_node
+        ks, lk, prog = runner.kernel, runner.loaded, self.program
+        outs = [torch.empty(s, dtype=getattr(torch, d), device=TENSOR_DEVICE) for s, d in lk.specs]
+
+        def fn():
+            env = dict(zip(runner.inputs, ins))
+            for nid in ks.library_nodes:
+                run_node(prog, nid, env)
+            raw_launch(lk, [launchable(env[v], ks.align) for v in ks.inputs], outs)
+        return fn
+
+    def _time(self, runner, ins):
+        """Median ms of the fused region, replayed in a CUDA graph as the end-to-end program runs it."""
+        from ..profile.timing import time_in_graph
+        return time_in_graph(self._fused_fn(runner, ins), trials=self.trials)[0]
 
     def _on_gpu(self, r, out, ks, c):
         import torch
         from ..profile.attribution import attribute
-        from ..profile.timing import time_gpu
+        from ..profile.timing import time_in_graph
         from ..runtime.launch import load_kernel
         try:
             loaded = load_kernel(ks, self.program, c)
@@ -259,8 +269,8 @@ class _Agent:
             r.source = ks.source
             out.source_path = self._write_source(ks)
         try:
-            with torch.no_grad():
-                unfused = time_gpu(lambda: runner.run_unfused(ins), trials=self.trials).median_ms
+            with torch.no_grad():   # the same way: its ops one by one, replayed in a CUDA graph
+                unfused = time_in_graph(lambda: runner.run_unfused(ins), trials=self.trials)[0].median_ms
         except Exception as exc:
             out.reason = f"timing the unfused ops failed: {type(exc).__name__}: {_first(exc)}"
             return self._finish(r, out), None
@@ -273,7 +283,8 @@ class _Agent:
         if ms < unfused:
             out.status = "fused"
             out.reason = (f"verified on {self.draws} draws and {unfused / ms:.2f}x faster than its "
-                          f"{len(r.nodes)} unfused op(s) ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us)")
+                          f"{len(r.nodes)} unfused op(s) ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us, "
+                          f"both replayed in a CUDA graph)")
             return self._finish(r, out), (list(r.nodes), ks, loaded)
         out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us); "
                       "the ops run through torch")

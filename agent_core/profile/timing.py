@@ -79,3 +79,28 @@ def time_cpu(fn, *, trials: int = 5, warmup: int = 1) -> Timing:
         fn()
         samples.append((time.perf_counter() - t0) * 1e3)
     return summarize(samples)
+
+
+def time_in_graph(fn, *, trials: int = DEFAULT_TRIALS, warmup: int = DEFAULT_WARMUP,
+                  flush: bool = True) -> tuple[Timing, str]:
+    """(timing, how): fn captured into a CUDA graph and its replays timed, which is how the end-to-end
+    program runs it (no Python launch overhead on either side of a comparison). When fn cannot be
+    captured it is timed as it is ("eager")."""
+    import torch
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()                      # warm-up outside the capture: lazy loads, workspaces, handles
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g, stream=side):
+            fn()
+        torch.cuda.synchronize()
+    except Exception:
+        torch.cuda.synchronize()
+        return time_gpu(fn, trials=trials, warmup=warmup, flush=flush), "eager"
+    try:
+        return time_gpu(g.replay, trials=trials, warmup=warmup, flush=flush), "graph"
+    finally:
+        del g

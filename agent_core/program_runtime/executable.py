@@ -23,6 +23,44 @@ class ExecutableError(StitchError):
     """The end-to-end program could not be built or run."""
 
 
+_STREAMS: dict = {}
+
+
+def cupy_stream():
+    """CuPy's view of torch's current stream (cached per stream), so launches join torch's order."""
+    import cupy
+    import torch
+    ptr = torch.cuda.current_stream().cuda_stream
+    s = _STREAMS.get(ptr)
+    if s is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
+    return s
+
+
+def raw_launch(loaded, inputs, outputs) -> None:
+    """Launch a runtime.launch.LoadedKernel on torch's current stream with the tensors' raw device
+    pointers passed by value: no DLPack exchange and nothing that synchronises, so it can be captured
+    into a CUDA graph. The caller guarantees contiguous, aligned tensors of the right sizes."""
+    import torch
+    ks = loaded.kernel
+    ptrs = [t.data_ptr() for t in inputs] + [t.data_ptr() for t in outputs]
+    ptrs += [w.data_ptr() for w in loaded._workspace(torch)]
+    args = tuple(np.uint64(p) for p in ptrs)
+    with cupy_stream():
+        loaded.function(ks.grid, ks.block, args, shared_mem=ks.shared_bytes)
+
+
+def launchable(t, align: int):
+    """t itself when a kernel can read it in place, else a contiguous, aligned copy."""
+    if not t.is_contiguous():
+        return t.contiguous()
+    if t.data_ptr() % align:
+        return t.clone()
+    return t
+
+
 def _torch_dtype(torch, dtype: str):
     from ..ops.common import torch_dtype
     return torch_dtype(dtype)
@@ -50,7 +88,6 @@ class ProgramExecutable:
             dt = _torch_dtype(torch, val.dtype)
             nbytes = val.nbytes
             self.views[vid] = self.arena[slot.offset:slot.offset + nbytes].view(dt).view(tuple(val.shape))
-        self._streams = {}
         self.graph = None
         self.graph_error: str | None = None
         self.outputs = None
@@ -58,35 +95,17 @@ class ProgramExecutable:
             self._capture()
 
     # --- running -------------------------------------------------------------------------------
-    def _cupy_stream(self, torch):
-        import cupy
-        ptr = torch.cuda.current_stream().cuda_stream
-        s = self._streams.get(ptr)
-        if s is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", DeprecationWarning)
-                s = self._streams[ptr] = cupy.cuda.ExternalStream(ptr)
-        return s
-
     def _launch(self, torch, step: Step, env: dict) -> None:
-        ks, lk = step.kernel, step.loaded
+        ks = step.kernel
         for nid in step.library_nodes:           # cuBLAS / cuDNN through torch, TF32 off
             run_node(self.program, nid, env)
-        ptrs = []
+        ins = []
         for v in ks.inputs:
-            t = env[v]
-            if not t.is_contiguous() or t.data_ptr() % ks.align:
-                t = t.contiguous() if not t.is_contiguous() else t.clone()
-                env[v] = t
-            ptrs.append(t.data_ptr())
-        for v in ks.outputs:
-            env[v] = self.views[v]
-            ptrs.append(self.views[v].data_ptr())
-        ptrs += [w.data_ptr() for w in lk._workspace(torch)]
-        # pointers passed by value: no DLPack exchange, nothing that could synchronise during capture
-        args = tuple(np.uint64(p) for p in ptrs)
-        with self._cupy_stream(torch):
-            lk.function(ks.grid, ks.block, args, shared_mem=ks.shared_bytes)
+            env[v] = launchable(env[v], ks.align)
+            ins.append(env[v])
+        outs = [self.views[v] for v in ks.outputs]
+        raw_launch(step.loaded, ins, outs)
+        env.update(zip(ks.outputs, outs))
 
     def _execute(self) -> list:
         import torch

@@ -65,7 +65,6 @@ def test_mlp6_runs_as_one_cuda_graph():
     res = optimize(prog, tune=True, tune_trials=2, baselines=True, compile_modes=(), draws=5)
     e2e = res.profile["end_to_end"]
     assert e2e["correct"] and e2e["cuda_graph"], e2e.get("graph_error")
-    assert e2e["generated_kernels"] >= 1
     eager = res.profile["baselines"]["eager"]["ms"]
     print(f"mlp6_tiny: {e2e['ms'] * 1e3:.1f} us as one CUDA graph ({e2e['launches']} launches) vs "
           f"{eager * 1e3:.1f} us eager: {eager / e2e['ms']:.2f}x")
