@@ -156,3 +156,20 @@ def test_region_timing_off_keeps_verified_kernels(mock_gpu, tmp_path):
     assert fused and all("not timed" in o.reason for o in fused)
     assert not any(e["event"] == "tune-step" for e in events)
     assert "baselines" not in res.profile and res.profile["end_to_end"]["correct"]
+
+
+def test_device_inputs_follow_the_init_hints():
+    from agent_core.agent.refcache import device_inputs
+    p = Program("hints")
+    p.add_input("a", [64, 8])
+    p.add_input("u", [1000], init={"kind": "uniform", "low": 2.0, "high": 3.0})
+    p.add_input("pos", [1000], init={"kind": "positive"})
+    p.add_input("sm", [4, 10], init={"kind": "softmax"})
+    p.add_input("i", [50], dtype="int64", init={"kind": "randint", "low": 0, "high": 5})
+    d = device_inputs(p, 3, "cpu")
+    assert d["a"].shape == (64, 8) and d["a"].dtype == torch.float32
+    assert 2.0 <= float(d["u"].min()) and float(d["u"].max()) <= 3.0
+    assert float(d["pos"].min()) >= 0.1
+    assert torch.allclose(d["sm"].sum(-1), torch.ones(4))
+    assert d["i"].dtype == torch.int64 and 0 <= int(d["i"].min()) and int(d["i"].max()) < 5
+    assert torch.equal(device_inputs(p, 3, "cpu")["a"], d["a"])     # a seed gives the same draw

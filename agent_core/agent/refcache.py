@@ -14,6 +14,35 @@ from ..reference import parameter_tensors, random_inputs, run_reference
 GPU_REFERENCE_FLOPS = 2e9   # above this the reference runs on the GPU when there is one
 
 
+def device_inputs(program: Program, seed: int, device: str) -> dict:
+    """reference.random_inputs drawn on the device itself (same init hints, another random stream):
+    drawing hundreds of MB in float64 on the CPU and copying them takes seconds per draw."""
+    import torch
+    from ..ops.common import torch_dtype
+    gen = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for vid in program.inputs:
+        v = program.values[vid]
+        init = v.init or {"kind": "normal"}
+        kind, shape, dt = init.get("kind", "normal"), tuple(v.shape), v.dtype
+        if kind == "randint" or dt in ("int64", "int32", "int8", "uint8"):
+            lo, hi = int(init.get("low", 0)), int(init.get("high", 2))
+            t = torch.randint(lo, max(hi, lo + 1), shape, generator=gen, device=device)
+        elif dt == "bool":
+            t = torch.rand(shape, generator=gen, device=device) < 0.5
+        elif kind == "uniform":
+            lo, hi = float(init.get("low", 0.0)), float(init.get("high", 1.0))
+            t = torch.rand(shape, generator=gen, device=device) * (hi - lo) + lo
+        elif kind == "positive":
+            t = torch.rand(shape, generator=gen, device=device) + 0.1
+        elif kind == "softmax":
+            t = torch.randn(shape, generator=gen, device=device).softmax(-1)
+        else:
+            t = torch.randn(shape, generator=gen, device=device)
+        out[v.name] = t.to(torch_dtype(dt))
+    return out
+
+
 class ReferenceCache:
     def __init__(self, program: Program, keep: set[str], *, device: str = "cpu"):
         self.program = program
@@ -35,8 +64,9 @@ class ReferenceCache:
         if env is None:
             if self._params is None:
                 self._params = parameter_tensors(self.program, self.device)
-            full = run_reference(self.program, random_inputs(self.program, d, self.device), keep=True,
-                                 params=self._params, device=self.device)
+            inputs = (random_inputs(self.program, d, self.device) if self.device == "cpu"
+                      else device_inputs(self.program, d, self.device))
+            full = run_reference(self.program, inputs, keep=True, params=self._params, device=self.device)
             env = self._draws[d] = {v: t for v, t in full.items() if v in self.keep}
         return env
 
