@@ -125,7 +125,7 @@ def export_program(program: Program, outdir, *, params: bool = True, arch: str =
         warnings.append(f"data/ holds {data_bytes / 2**20:.0f} MiB"
                         + ("; export with --no-params to leave the parameters out" if params else ""))
     write("CMakeLists.txt", cmake_lists(program, schedule, kernel_files, arch, params))
-    write("README.md", readme(program, schedule, memory, kernel_files, arch, params, data_bytes))
+    write("README.md", readme(program, schedule, memory, arch, params, data_bytes))
     write("manifest.json", json.dumps(_manifest(program, schedule, memory, src, files, params, arch), indent=1) + "\n")
     return ExportResult(out, schedule, memory, written, data_bytes, warnings)
 

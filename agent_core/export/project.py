@@ -146,7 +146,7 @@ class StitchProgram(torch.nn.Module):
 '''
 
 
-def readme(program: Program, schedule: Schedule, memory: MemoryPlan, kernel_files: list[str], arch: str,
+def readme(program: Program, schedule: Schedule, memory: MemoryPlan, arch: str,
            has_params: bool, data_bytes: int) -> str:
     p = program
     ins = ", ".join(f"`{p.values[v].name}` {p.values[v].spec}" for v in p.inputs) or "none"

@@ -40,7 +40,6 @@ class Step:
     reason: str = ""             # why it runs this way (README, header comments)
     kernel: KernelSource | None = None
     node: str | None = None      # the node a gemm / copy step computes
-    library_anchor: str | None = None  # a kernel that is the epilogue of this gemm node
 
 
 @dataclass
@@ -131,16 +130,14 @@ def _whole_region(program: Program, rid: str, real: list[str], unique) -> list[S
             anchor = program.nodes[lib[0]]
             ks.source = (f"// Runs after {anchor.name} ({anchor.op} -> {program.values[anchor.outputs[0]].spec}) "
                          f"through cuBLAS; this kernel is its fused epilogue.\n") + ks.source
-            epi = _kernel_step(program, rid, ks, f"cuBLAS {anchor.op} with a fused epilogue kernel ({ks.schedule})")
-            epi.library_anchor = lib[0]
-            return [gemm, epi]
+            return [gemm, _kernel_step(rid, ks, f"cuBLAS {anchor.op} with a fused epilogue kernel ({ks.schedule})")]
         ks = generate_kernel(program, real, name=unique(_region_name(program, rid, real)))
     except (CodegenError, ExportError):
         return None
-    return [_kernel_step(program, rid, ks, f"{ks.kind} kernel of {len(real)} op(s) ({ks.schedule})")]
+    return [_kernel_step(rid, ks, f"{ks.kind} kernel of {len(real)} op(s) ({ks.schedule})")]
 
 
-def _kernel_step(program: Program, rid: str, ks: KernelSource, reason: str) -> Step:
+def _kernel_step(rid: str, ks: KernelSource, reason: str) -> Step:
     return Step("kernel", ks.name, list(ks.inputs), list(ks.outputs), list(ks.node_ids), rid, reason, kernel=ks)
 
 
@@ -155,10 +152,10 @@ def _single(program: Program, rid: str, nid: str, unique) -> Step:
     if node.opdef.category == "matmul":
         raise ExportError(f"only {', '.join(GEMM_OPS)} map onto cuBLAS calls in the export")
     ks = generate_kernel(program, [nid], name=unique(c_ident(f"{rid}_{node.name}")))
-    return _kernel_step(program, rid, ks, f"single-node {ks.kind} kernel ({ks.schedule})")
+    return _kernel_step(rid, ks, f"single-node {ks.kind} kernel ({ks.schedule})")
 
 
-def _float32(program: Program, node, vids) -> None:
+def _float32(program: Program, vids) -> None:
     for v in vids:
         if v is not None and program.values[v].dtype != "float32":
             raise ExportError(f"{program.values[v].name} is {program.values[v].dtype}; cuBLAS calls here are float32")
@@ -168,7 +165,7 @@ def gemm_dims(program: Program, nid: str) -> dict:
     """The cuBLAS call that computes a matmul / bmm / linear node on contiguous row-major tensors:
     batch, m, n, k and the element strides between batches of a, b and c (0: shared by every batch)."""
     node = program.nodes[nid]
-    _float32(program, node, list(node.inputs) + list(node.outputs))
+    _float32(program, list(node.inputs) + list(node.outputs))
     a = tuple(program.values[node.inputs[0]].shape)
     b = tuple(program.values[node.inputs[1]].shape)
     if node.op == "linear":  # y[..., N] = x[..., K] @ W[N, K]^T
