@@ -255,8 +255,8 @@ class _Agent:
                         if t2.median_ms < best[0]:
                             best = (t2.median_ms, k2, l2, run2, dict(k2.params))
                             rec["best"] = True
-                except (StitchError, RuntimeError) as exc:
-                    rec["reason"] = _first(exc)
+                except Exception as exc:   # a variant that fails to build, load or run is one rejected trial
+                    rec["reason"] = f"{type(exc).__name__}: {_first(exc)}"
                 out.trials.append(rec)
                 rec.setdefault("best", False)
                 self.ev.emit("tune-step", region=r.id, **rec)
