@@ -173,3 +173,31 @@ def test_device_inputs_follow_the_init_hints():
     assert torch.allclose(d["sm"].sum(-1), torch.ones(4))
     assert d["i"].dtype == torch.int64 and 0 <= int(d["i"].min()) and int(d["i"].max()) < 5
     assert torch.equal(device_inputs(p, 3, "cpu")["a"], d["a"])     # a seed gives the same draw
+
+
+def _bn_program():
+    p = Program("bn")
+    x = p.add_input("x", [4, 3, 8, 8]).id
+    w = p.add_parameter("w", shape=[5, 3, 3, 3]).id
+    y = p.add_node("conv2d", [x, w]).outputs[0]
+    import numpy as np
+    rng = np.random.default_rng(0)
+    stats = [p.add_parameter(n, data=(rng.random(5) + 0.5 if n == "var" else rng.standard_normal(5)).astype("float32")).id
+             for n in ("mean", "var", "g", "b")]
+    y = p.add_node("batch_norm", [y, *stats]).outputs[0]
+    p.mark_output(p.add_node("relu", [y]).outputs[0])
+    return p
+
+
+def test_large_programs_are_rewritten_unchecked_then_checked_whole(mock_gpu, tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "REWRITE_MAX_FLOPS", 0)
+    res, events = _optimize(_bn_program(), tmp_path, tune=False, baselines=False)
+    rw = [e for e in events if e["event"] == "rewrite" and e["kept"]]
+    assert rw and all(e["checked"] == "whole program on the GPU" for e in rw)
+    assert res.profile["end_to_end"]["correct"]
+    # a rewrite that changes the results is dropped as a whole
+    monkeypatch.setattr(loop, "_same_results_on_gpu", lambda a, b: "draw 0: 'relu' differs by 1")
+    res, events = _optimize(_bn_program(), tmp_path / "2", tune=False, baselines=False)
+    assert all(not e["kept"] for e in events if e["event"] == "rewrite")
+    assert any("rewrites dropped" in e.get("message", "") for e in events if e["event"] == "log")
+    assert any(n.op == "batch_norm" for n in res.program.nodes.values())
