@@ -65,7 +65,6 @@ def measure_copy_bandwidth(nbytes: int = 2**30, trials: int = 20) -> float:
     src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").fill_(1.0)
     dst = torch.empty_like(src)
     t = time_gpu(lambda: dst.copy_(src), trials=trials, warmup=3)
-    del src, dst
     return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
 
 
