@@ -153,11 +153,12 @@ class Checker:
     """Holds the reference values of every value on a few random draws; checks a replacement by
     computing only the new nodes from the values they read."""
 
-    def __init__(self, program: Program, draws: int = 2, seed: int = 0):
+    def __init__(self, program: Program, draws: int = 2, seed: int = 0, device: str = "cpu"):
         self.envs: list[dict] = []
-        params = parameter_tensors(program)
+        self.device = device
+        params = parameter_tensors(program, device)
         for k in range(draws):
-            inputs = random_inputs(program, seed=seed + k)
+            inputs = random_inputs(program, seed=seed + k, device=device)
             self.envs.append(run_reference(program, inputs, params=dict(params), keep=True))
 
     def check(self, program: Program, new_nodes: list[str], replaced: dict[str, str]) -> str | None:
@@ -171,10 +172,15 @@ class Checker:
                         arr = param_array(program, v)
                         if arr is None:
                             return f"the replacement reads {v}, which has no reference value"
-                        local[v] = torch.from_numpy(np.ascontiguousarray(arr))
+                        local[v] = torch.from_numpy(np.ascontiguousarray(arr)).to(self.device)
                 with torch.no_grad():
                     run_node(program, nid, view)
             for old, new in replaced.items():
+                if new not in view:   # the replacement is a folded parameter, not a node
+                    arr = param_array(program, new)
+                    if arr is None:
+                        return f"the replacement {new} has no value"
+                    local[new] = torch.from_numpy(np.ascontiguousarray(arr)).to(self.device)
                 got = view[new]
                 why = close(got, env[old])
                 if why:
@@ -187,7 +193,7 @@ class Checker:
 
 # --- the driver ---------------------------------------------------------------------------------
 def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: int = 2,
-                    max_rounds: int = 8) -> RewriteResult:
+                    max_rounds: int = 8, device: str = "cpu") -> RewriteResult:
     """Apply the rules to a copy of `program` until none fires; the original is left untouched."""
     from .rules import DEFAULT_RULES
     rules = DEFAULT_RULES if rules is None else rules
@@ -195,7 +201,7 @@ def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: 
     prog.regions = []
     materialize_parameters(prog)
     result = RewriteResult(prog)
-    checker = Checker(prog, draws) if check else None
+    checker = Checker(prog, draws, device=device) if check else None
     refused_once: set[tuple[str, str]] = set()
     for _ in range(max_rounds):
         fired = False

@@ -1,0 +1,172 @@
+"""Rewrites: each one fires where it should, keeps the program's meaning, and is logged; a wrong one
+is caught by the numerical check."""
+import numpy as np
+import pytest
+import torch
+
+from agent_core.ir import Program
+from agent_core.reference import random_inputs, run_reference
+from agent_core.rewrites import Rewrite, rewrite_program
+from agent_core.rewrites.rules import DEFAULT_RULES
+
+rng = np.random.default_rng(0)
+
+
+def f32(*shape, positive=False):
+    a = rng.random(shape) + 0.5 if positive else rng.standard_normal(shape)
+    return a.astype(np.float32)
+
+
+def same(p, q, seed=5):
+    inputs = random_inputs(p, seed=seed)
+    want, got = run_reference(p, inputs), run_reference(q, inputs)
+    assert list(want) == list(got)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-4)
+
+
+def ops(p):
+    return [p.nodes[n].op for n in p.topo_order()]
+
+
+def test_noops_are_dropped_and_original_untouched():
+    p = Program()
+    x = p.add_input("x", (4, 8))
+    a = p.add_node("dropout", [x.id], {"p": 0.3})
+    b = p.add_node("relu", [a.outputs[0]])
+    c = p.add_node("contiguous", [b.outputs[0]])
+    d = p.add_node("mul_scalar", [c.outputs[0]], {"value": 1})
+    p.mark_output(d.outputs[0])
+    res = rewrite_program(p)
+    assert ops(res.program) == ["relu"] and res.rules_fired == {"drop_noop": 3}
+    assert len(p.nodes) == 4                              # a copy was rewritten
+    assert res.program.values[res.program.outputs[0]].name == p.values[d.outputs[0]].name
+    same(p, res.program)
+
+
+def test_scalar_chain_and_self_add_fold():
+    p = Program()
+    x = p.add_input("x", (4, 8))
+    a = p.add_node("mul_scalar", [x.id], {"value": 2.0})
+    b = p.add_node("div_scalar", [a.outputs[0]], {"value": 4.0})
+    c = p.add_node("add_scalar", [b.outputs[0]], {"value": 1.0})
+    d = p.add_node("sub_scalar", [c.outputs[0]], {"value": 3.0})
+    e = p.add_node("tanh", [d.outputs[0]])
+    s = p.add_node("mul_scalar", [e.outputs[0]], {"value": 1.5})
+    r = p.add_node("add", [s.outputs[0], e.outputs[0]])   # x*1.5 + x (a scaled residual)
+    p.mark_output(r.outputs[0])
+    res = rewrite_program(p)
+    assert ops(res.program) == ["mul_scalar", "add_scalar", "tanh", "mul_scalar"]
+    msg = [e for e in res.fired if e["rule"] == "fold_scalar_chain"][0]["message"]
+    assert "4 scalar ops" in msg and "x*0.5 + -2" in msg
+    assert res.program.nodes[res.program.topo_order()[-1]].attrs["value"] == pytest.approx(2.5)
+    same(p, res.program)
+
+
+def conv_prog(op="conv2d"):
+    p = Program()
+    x = p.add_input("x", (2, 4, 6, 6))
+    if op == "conv2d":
+        w = p.add_parameter("w", f32(6, 4, 3, 3))
+    else:
+        w = p.add_parameter("w", f32(4, 3, 3, 3))       # conv_transpose: [Cin, Cout/groups, k, k]
+    b = p.add_parameter("b", f32(6))
+    attrs = {"padding": [1]} if op == "conv2d" else {"stride": [2], "groups": 2}
+    c = p.add_node(op, [x.id, w.id, b.id], attrs)
+    return p, c
+
+
+@pytest.mark.parametrize("op", ["conv2d", "conv_transpose2d"])
+def test_batch_norm_folds_into_conv(op):
+    p, c = conv_prog(op)
+    stats = [p.add_parameter(n, f32(6, positive=n == "var")) for n in ("mean", "var", "gamma", "beta")]
+    bn = p.add_node("batch_norm", [c.outputs[0]] + [s.id for s in stats], {"eps": 1e-3})
+    p.mark_output(bn.outputs[0])
+    res = rewrite_program(p)
+    assert ops(res.program) == [op] and res.rules_fired == {"fold_batch_norm": 1}
+    assert "6 channels, eps 0.001" in res.fired[0]["message"]
+    assert not any(v.name in ("mean", "var") for v in res.program.values.values())  # old stats gone
+    same(p, res.program)
+
+
+def test_training_batch_norm_is_left_alone():
+    p, c = conv_prog()
+    stats = [p.add_parameter(n, f32(6, positive=True)) for n in ("mean", "var")]
+    bn = p.add_node("batch_norm", [c.outputs[0]] + [s.id for s in stats], {"training": True})
+    p.mark_output(bn.outputs[0])
+    assert "fold_batch_norm" not in rewrite_program(p).rules_fired
+
+
+def test_per_channel_scale_and_bias_fold_into_conv_and_linear():
+    p, c = conv_prog()
+    s = p.add_parameter("scale", f32(6, 1, 1))
+    m = p.add_node("mul", [c.outputs[0], s.id])
+    a = p.add_node("add_scalar", [m.outputs[0]], {"value": 0.25})
+    p.mark_output(a.outputs[0])
+    x2 = p.add_input("y", (5, 7))
+    lin = p.add_node("linear", [x2.id, p.add_parameter("W", f32(3, 7)).id])
+    d = p.add_node("div_scalar", [lin.outputs[0]], {"value": 2.0})
+    p.mark_output(d.outputs[0])
+    res = rewrite_program(p)
+    assert res.rules_fired == {"fold_affine_into_producer": 3}
+    assert sorted(ops(res.program)) == ["conv2d", "linear"]
+    same(p, res.program)
+
+
+@pytest.mark.parametrize("red,keepdim", [("sum", True), ("mean", False)])
+def test_reduction_over_linear_features_becomes_a_matrix_vector_product(red, keepdim):
+    p = Program()
+    x = p.add_input("x", (16, 32))
+    lin = p.add_node("linear", [x.id, p.add_parameter("W", f32(64, 32)).id, p.add_parameter("b", f32(64)).id])
+    s = p.add_node(red, [lin.outputs[0]], {"dim": [1], "keepdim": keepdim})
+    p.mark_output(s.outputs[0])
+    res = rewrite_program(p)
+    q = res.program
+    assert res.rules_fired["reduce_linear"] == 1
+    lins = [n for n in q.nodes.values() if n.op == "linear"]
+    assert len(lins) == 1 and q.values[lins[0].inputs[1]].shape == (1, 32)
+    assert "64 output features" in [e for e in res.fired if e["rule"] == "reduce_linear"][0]["message"]
+    same(p, q)
+
+
+def test_reductions_over_size_one_and_broadcast_dims():
+    p = Program()
+    x = p.add_input("x", (4, 1, 8))
+    m = p.add_node("max", [x.id], {"dim": [1], "keepdim": True})
+    l = p.add_node("logsumexp", [m.outputs[0]], {"dim": [1], "keepdim": False})
+    e = p.add_node("expand", [l.outputs[0]], {"size": [4, 8]})
+    u = p.add_node("unsqueeze", [e.outputs[0]], {"dim": 1})
+    ex = p.add_node("expand", [u.outputs[0]], {"size": [4, 5, 8]})
+    s = p.add_node("sum", [ex.outputs[0]], {"dim": [1]})
+    p.mark_output(s.outputs[0])
+    res = rewrite_program(p)
+    assert res.rules_fired.get("reduce_size_one") == 2 and res.rules_fired.get("reduce_of_broadcast") == 1
+    same(p, res.program)
+
+
+def test_constant_subgraphs_are_folded():
+    p = Program()
+    x = p.add_input("x", (3, 4))
+    w = p.add_parameter("w", f32(5, 4))
+    t = p.add_node("transpose", [w.id], {"dim0": 0, "dim1": 1})
+    m = p.add_node("matmul", [x.id, t.outputs[0]])
+    p.mark_output(m.outputs[0])
+    res = rewrite_program(p)
+    assert ops(res.program) == ["matmul"] and "fold_constants" in res.rules_fired
+    same(p, res.program)
+
+
+def test_a_wrong_rewrite_is_refused_by_the_numerical_check():
+    def bogus(program, nid):
+        n = program.nodes[nid]
+        if n.op != "relu":
+            return None
+        return Rewrite("bogus", "claims relu is abs", lambda q: {n.outputs[0]: q.add_node("abs", [n.inputs[0]]).outputs[0]})
+    p = Program()
+    x = p.add_input("x", (16,))
+    r = p.add_node("relu", [x.id])
+    p.mark_output(r.outputs[0])
+    res = rewrite_program(p, rules=[bogus] + DEFAULT_RULES)
+    assert ops(res.program) == ["relu"] and not res.fired
+    assert res.refused[0]["rule"] == "bogus" and "numerical check failed" in res.refused[0]["error"]
+    assert len(res.program.nodes) == 1    # the trial node was rolled back
