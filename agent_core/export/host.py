@@ -74,6 +74,16 @@ def kernel_file(step: Step) -> str:
     return '#include "stitch_kernels.h"\n\n' + ks.source.rstrip("\n") + "\n" + "\n".join(launcher) + "\n"
 
 
+def kernel_params(ks) -> list[tuple[str, str]]:
+    """(pointer type, name) of each parameter of a generated kernel, from its signature."""
+    m = _SIGNATURE.search(ks.source)
+    out = []
+    for p in (p.strip() for p in m.group(2).split(",") if p.strip()):
+        words = p.split()
+        out.append((" ".join(w for w in words[:-1] if w != "__restrict__"), words[-1]))
+    return out
+
+
 def launcher_declaration(step: Step) -> str:
     m = _SIGNATURE.search(step.kernel.source)
     params = [p.strip() for p in m.group(2).split(",") if p.strip()]
@@ -129,6 +139,19 @@ class ProgramSource:
         self.params = [v.id for v in program.values.values() if v.role.value in ("parameter", "constant")]
         self.outputs = list(program.outputs)
 
+    def scratch(self) -> list[tuple[str, str, tuple]]:
+        """(offset constant, pointer type, memory-plan entry) of each kernel scratch buffer; the
+        buffers are the kernel's last parameters, in order, and named after them."""
+        out = []
+        for step in self.s.steps:
+            entries = [e for e in self.m.scratch if e[0] == step.name]
+            if not entries:
+                continue
+            params = kernel_params(step.kernel)[-len(entries):]
+            for (ctype, pname), entry in zip(params, entries):
+                out.append((f"k{camel(step.name)}{camel(pname)}Offset", ctype, entry))
+        return out
+
     def offset_name(self, vid: str) -> str:
         return f"k{camel(self.n[vid])}Offset"
 
@@ -171,8 +194,8 @@ class ProgramSource:
             val = p.values[b.value_id]
             out.append(f"constexpr size_t {self.offset_name(b.value_id)} = {b.offset};  // {val.name} "
                        f"{val.spec}, {b.nbytes} bytes, live in launches {b.first}..{b.last}")
-        for kname, dtype, n, off in m.scratch:
-            out.append(f"constexpr size_t k{camel(kname)}ScratchOffset = {off};  // {n} x {dtype}, zeroed once")
+        for name, _ctype, (_k, dtype, n, off) in self.scratch():
+            out.append(f"constexpr size_t {name} = {off};  // {n} x {dtype}, zeroed once")
         out += [f"constexpr size_t kActivationBytes = {m.activation_bytes};  // {m.unshared_bytes} without sharing",
                 f"constexpr size_t kWorkspaceBytes = {m.arena_bytes};", "", "}  // namespace stitch_memory", ""]
         cublas = "cublasHandle_t cublas, " if self.s.uses_cublas else ""
@@ -252,10 +275,9 @@ class ProgramSource:
         if step.kind == "kernel":
             ks = step.kernel
             args = [self.ptr(v) for v in ks.inputs] + [self.ptr(v) for v in ks.outputs]
-            for kname, dtype, _n, _off in self.m.scratch:
+            for name, ctype, (kname, *_rest) in self.scratch():
                 if kname == step.name:
-                    ct = "float" if dtype == "float32" else "unsigned int"
-                    args.append(f"reinterpret_cast<{ct}*>(arena + stitch_memory::k{camel(kname)}ScratchOffset)")
+                    args.append(f"reinterpret_cast<{ctype}>(arena + stitch_memory::{name})")
             return [head, f"STITCH_CHECK_CUDA(launch_{ks.name}({', '.join(args + ['stream'])}));"]
         if step.kind == "gemm":
             return [head] + self._gemm(step)
