@@ -52,6 +52,7 @@ class _ReadJob(QRunnable):
 
 class MainWindow(QMainWindow):
     opened = Signal(str, bool)   # a background open finished: path, success
+    document_set = Signal()      # a new document (and scene) is shown: the agent docks follow
 
     def __init__(self, theme: str = "dark", restore_settings: bool = True):
         super().__init__()
@@ -80,6 +81,8 @@ class MainWindow(QMainWindow):
         self.setDockOptions(QMainWindow.AnimatedDocks | QMainWindow.AllowTabbedDocks)
         self.resize(1500, 940)
         self.set_document(Document())
+        from .studio_agent import StudioAgent   # regions, source, profiles, decision log, the worker
+        self.agent = StudioAgent(self)
         self._apply_theme(theme)
         if restore_settings:
             self._restore_settings()
@@ -280,6 +283,7 @@ class MainWindow(QMainWindow):
         self._update_counts()
         QTimer.singleShot(0, self.view.show_program)
         self.view.show_program()
+        self.document_set.emit()
 
     def _update_title(self) -> None:
         d = self.document
@@ -510,6 +514,7 @@ class MainWindow(QMainWindow):
         if not self._may_discard():
             event.ignore()
             return
+        self.agent.shutdown()
         self.layout_runner.cancel()
         self.layout_runner.pool.waitForDone(2000)
         self._loader.waitForDone(2000)

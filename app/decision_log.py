@@ -1,0 +1,103 @@
+"""The Decision log dock: what the agent did and why, one row per event (live or replayed), with
+filters by step and by text; clicking a row selects what it is about (a region, or a node for a
+rewrite). Problems (failed verification, fallbacks, errors, a worker's garbage lines) stand out."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout,
+                               QWidget)
+
+from agent_core.agent.progress import format_event
+
+# filter name -> the events it shows (None: all)
+FILTERS = {"All steps": None, "Plan": {"plan", "region-proposed", "rewrite"}, "Codegen & compile": {"codegen", "compile"},
+           "Verify": {"verify"}, "Tuning": {"tune-step"}, "Profile": {"profile"},
+           "Outcomes": {"fallback", "done", "log"}, "Problems": None}
+
+
+def is_problem(e: dict) -> bool:
+    k = e.get("event")
+    return (k in ("error", "fallback", "studio") and e.get("level") != "info") or \
+        (k == "verify" and not e.get("ok")) or (k == "log" and e.get("level") == "warning") or \
+        (k == "tune-step" and not e.get("ok")) or (k == "rewrite" and not e.get("kept"))
+
+
+def describe(e: dict) -> str:
+    if e.get("event") == "studio":   # the studio's own notes (worker crashed, bad line, ...)
+        return e.get("message", "")
+    return (format_event(e) or e.get("message") or e.get("event", "")).strip()
+
+
+class DecisionLog(QWidget):
+    entry_clicked = Signal(dict)   # the event of the clicked row
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        row = QHBoxLayout()
+        self.kind = QComboBox()
+        self.kind.addItems(list(FILTERS))
+        self.kind.currentIndexChanged.connect(lambda _i: self._apply_filter())
+        self.text = QLineEdit()
+        self.text.setPlaceholderText("Filter: region, kernel, word…")
+        self.text.setClearButtonEnabled(True)
+        self.text.textChanged.connect(lambda _t: self._apply_filter())
+        row.addWidget(self.kind)
+        row.addWidget(self.text, 1)
+        lay.addLayout(row)
+        self.tree = QTreeWidget()
+        self.tree.setHeaderLabels(["t (s)", "Step", "About", "What and why"])
+        self.tree.setRootIsDecorated(False)
+        self.tree.setUniformRowHeights(True)
+        self.tree.setWordWrap(False)
+        for i, w in enumerate((52, 92, 50)):
+            self.tree.setColumnWidth(i, w)
+        self.tree.itemClicked.connect(lambda it, _c: self.entry_clicked.emit(it.data(0, Qt.UserRole)))
+        lay.addWidget(self.tree, 1)
+        self.events: list[dict] = []
+
+    def clear(self) -> None:
+        self.events.clear()
+        self.tree.clear()
+
+    def add(self, e: dict) -> None:
+        self.events.append(e)
+        about = e.get("region") or e.get("node") or e.get("baseline") or ""
+        t = e.get("t")
+        it = QTreeWidgetItem([f"{t:.2f}" if isinstance(t, (int, float)) else "", e.get("event", ""), str(about),
+                              describe(e)])
+        it.setData(0, Qt.UserRole, e)
+        it.setToolTip(3, describe(e))
+        if is_problem(e):
+            for c in range(4):
+                it.setForeground(c, QColor("#e06c6c"))
+        self.tree.addTopLevelItem(it)
+        it.setHidden(not self._visible(e))
+        if not it.isHidden():
+            self.tree.scrollToItem(it)
+
+    def note(self, message: str, level: str = "warning") -> None:
+        """A row from the studio itself (the worker died, printed garbage, was cancelled...)."""
+        self.add({"event": "studio", "level": level, "message": message})
+
+    def _visible(self, e: dict) -> bool:
+        name = self.kind.currentText()
+        want = FILTERS.get(name)
+        if name == "Problems" and not is_problem(e):
+            return False
+        if want is not None and e.get("event") not in want:
+            return False
+        q = self.text.text().strip().lower()
+        if q and q not in (describe(e) + " " + str(e.get("region") or "") + " " + str(e.get("kernel") or "")).lower():
+            return False
+        return True
+
+    def _apply_filter(self) -> None:
+        for i in range(self.tree.topLevelItemCount()):
+            it = self.tree.topLevelItem(i)
+            it.setHidden(not self._visible(it.data(0, Qt.UserRole)))
+
+    def visible_count(self) -> int:
+        return sum(1 for i in range(self.tree.topLevelItemCount()) if not self.tree.topLevelItem(i).isHidden())

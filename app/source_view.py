@@ -1,0 +1,222 @@
+"""The Generated source dock: the CUDA of the selected region (or of every region), syntax highlighted,
+with the region's ops highlighted where the source names them and compile errors marked at their line.
+
+A region without stored source (planned, not yet optimized) is generated on demand through codegen for
+display only: the model is not changed. Compile runs NVRTC (cached) on what is shown.
+"""
+from __future__ import annotations
+
+import re
+
+from PySide6.QtCore import QRegularExpression, Qt
+from PySide6.QtGui import QColor, QFont, QFontDatabase, QSyntaxHighlighter, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit, QVBoxLayout,
+                               QWidget)
+
+KEYWORDS = ("auto break case const constexpr continue default do else enum extern for if inline namespace "
+            "return sizeof static struct switch template typedef typename union unsigned signed using void "
+            "volatile while int float double char bool long short half float2 float4 int4 index_t true false "
+            "__global__ __device__ __host__ __shared__ __restrict__ __forceinline__ __launch_bounds__ "
+            "__syncthreads __syncwarp").split()
+BUILTINS = ("threadIdx blockIdx blockDim gridDim warpSize __shfl_xor_sync __shfl_down_sync __ldg fmaxf fminf "
+            "expf logf sqrtf rsqrtf tanhf erff fabsf powf __expf __int_as_float").split()
+ERROR_LINE = re.compile(r"(?:compile error at line|line)\s+(\d+)")
+
+
+def _fmt(color: str, bold=False, italic=False) -> QTextCharFormat:
+    f = QTextCharFormat()
+    f.setForeground(QColor(color))
+    if bold:
+        f.setFontWeight(QFont.Bold)
+    f.setFontItalic(italic)
+    return f
+
+
+class CudaHighlighter(QSyntaxHighlighter):
+    """CUDA C++: keywords, CUDA builtins, numbers, strings, preprocessor lines and comments (// and
+    /* */ across lines)."""
+
+    def __init__(self, doc, dark: bool = True):
+        super().__init__(doc)
+        self.set_theme(dark)
+
+    def set_theme(self, dark: bool) -> None:
+        c = (dict(kw="#c678dd", bi="#56b6c2", num="#d19a66", str="#98c379", pre="#e5c07b", com="#7f848e")
+             if dark else dict(kw="#a626a4", bi="#0184bc", num="#986801", str="#50a14f", pre="#c18401",
+                               com="#8e908c"))
+        self.rules = [(QRegularExpression(r"\b(" + "|".join(map(re.escape, KEYWORDS)) + r")\b"), _fmt(c["kw"], True)),
+                      (QRegularExpression(r"\b(" + "|".join(BUILTINS) + r")\b"), _fmt(c["bi"])),
+                      (QRegularExpression(r"\b[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?[fFuUlL]*\b"), _fmt(c["num"])),
+                      (QRegularExpression(r'"[^"\n]*"'), _fmt(c["str"])),
+                      (QRegularExpression(r"^\s*#\s*\w+"), _fmt(c["pre"])),
+                      (QRegularExpression(r"//[^\n]*"), _fmt(c["com"], italic=True))]
+        self.comment = _fmt(c["com"], italic=True)
+        self.rehighlight()
+
+    def highlightBlock(self, text: str) -> None:
+        for rx, fmt in self.rules:
+            it = rx.globalMatch(text)
+            while it.hasNext():
+                m = it.next()
+                self.setFormat(m.capturedStart(), m.capturedLength(), fmt)
+        # block comments may span lines: state 1 = inside one
+        self.setCurrentBlockState(0)
+        start = 0 if self.previousBlockState() == 1 else text.find("/*")
+        while start >= 0:
+            end = text.find("*/", start)
+            if end < 0:
+                self.setCurrentBlockState(1)
+                self.setFormat(start, len(text) - start, self.comment)
+                break
+            self.setFormat(start, end + 2 - start, self.comment)
+            start = text.find("/*", end + 2)
+
+
+class SourceView(QWidget):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.program = None
+        self.region_id: str | None = None
+        self.error_line: int | None = None
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(4, 4, 4, 4)
+        top = QHBoxLayout()
+        self.scope = QComboBox()
+        self.scope.addItems(["Selected region", "Whole program"])
+        self.scope.currentIndexChanged.connect(lambda _i: self.refresh())
+        self.title = QLabel("No region selected")
+        self.title.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.compile_btn = QPushButton("Compile")
+        self.compile_btn.setToolTip("Compile what is shown with NVRTC (sm_90 without a GPU) and mark any error")
+        self.compile_btn.clicked.connect(self.compile_shown)
+        top.addWidget(self.scope)
+        top.addWidget(self.title, 1)
+        top.addWidget(self.compile_btn)
+        lay.addLayout(top)
+        self.edit = QPlainTextEdit()
+        self.edit.setReadOnly(True)
+        self.edit.setLineWrapMode(QPlainTextEdit.NoWrap)
+        font = QFontDatabase.systemFont(QFontDatabase.FixedFont)
+        font.setPointSize(max(font.pointSize(), 9))
+        self.edit.setFont(font)
+        self.highlighter = CudaHighlighter(self.edit.document(), dark=self._dark())
+        lay.addWidget(self.edit, 1)
+        self.status = QLabel("")
+        self.status.setWordWrap(True)
+        lay.addWidget(self.status)
+
+    def _dark(self) -> bool:
+        return self.palette().base().color().lightness() < 128
+
+    def changeEvent(self, ev):
+        from PySide6.QtCore import QEvent
+        if ev.type() == QEvent.PaletteChange and hasattr(self, "highlighter"):
+            self.highlighter.set_theme(self._dark())
+            self._mark_error()
+        super().changeEvent(ev)
+
+    # what is shown -----------------------------------------------------------------------------
+    def set_program(self, program) -> None:
+        self.program = program
+        self.region_id = None
+        self.error_line = None
+        self.refresh()
+
+    def show_region(self, region_id: str | None) -> None:
+        self.region_id = region_id
+        self.error_line = None
+        if self.scope.currentIndex() != 0:
+            self.scope.setCurrentIndex(0)   # refreshes
+        else:
+            self.refresh()
+
+    def region_source(self, region) -> tuple[str | None, str]:
+        """(source, where it came from) of a region: stored by the agent, or generated now."""
+        if region.source:
+            return region.source, "generated by the agent"
+        from agent_core.agent.loop import kernel_name
+        from agent_core.errors import StitchError
+        from agent_core.codegen import generate_kernel
+        try:
+            ks = generate_kernel(self.program, region.nodes, name=kernel_name(self.program, region.id),
+                                 kind=region.kind)
+        except StitchError as e:
+            return None, f"no kernel is generated for this region: {e}"
+        except Exception as e:   # a generator bug: say so rather than show nothing
+            return None, f"the generator failed ({type(e).__name__}: {e})"
+        return ks.source, "generated on demand for viewing (Optimize stores it)"
+
+    def refresh(self) -> None:
+        from agent_core.regions import active_regions
+        p = self.program
+        text, note = "", ""
+        if p is None:
+            self.title.setText("No program")
+        elif self.scope.currentIndex() == 1:
+            parts = []
+            for r in active_regions(p):
+                src, why = self.region_source(r)
+                parts.append(f"// ===== {r.id} ({r.kind}) =====\n" + (src or f"// {why}\n"))
+            text = "\n".join(parts)
+            self.title.setText(f"{p.name}: {len(parts)} regions")
+            note = "" if parts else "No regions yet: Plan or Optimize first."
+        elif self.region_id is None:
+            self.title.setText("No region selected: click a region on the canvas, in the list or in a plot")
+        else:
+            r = next((x for x in p.regions if x.id == self.region_id), None)
+            if r is None:
+                self.title.setText(f"Region {self.region_id} no longer exists")
+            else:
+                src, note = self.region_source(r)
+                text = src or ""
+                ops = ", ".join(f"{p.nodes[n].name} ({p.nodes[n].op})" for n in r.nodes if n in p.nodes)
+                self.title.setText(f"{r.id} · {r.kind.replace('_', ' ')} · {ops}")
+        self.edit.setPlainText(text)
+        self.status.setText(note)
+        self._mark_error()
+
+    # compile errors ------------------------------------------------------------------------------
+    def show_compile_error(self, message: str, line: int | None = None) -> None:
+        """Mark `line` (or the line the message names) in what is shown and say what went wrong."""
+        if line is None:
+            m = ERROR_LINE.search(message)
+            line = int(m.group(1)) if m else None
+        self.error_line = line
+        self.status.setText(f"Compile error: {message}")
+        self._mark_error()
+
+    def _mark_error(self) -> None:
+        sels = []
+        if self.error_line:
+            block = self.edit.document().findBlockByNumber(self.error_line - 1)
+            if block.isValid():
+                sel = QTextEdit.ExtraSelection()
+                sel.format.setBackground(QColor(220, 60, 60, 90))
+                sel.format.setProperty(QTextFormat.FullWidthSelection, True)
+                sel.format.setToolTip(self.status.text())
+                sel.cursor = QTextCursor(block)
+                sels.append(sel)
+                self.edit.setTextCursor(QTextCursor(block))
+                self.edit.centerCursor()
+        self.edit.setExtraSelections(sels)
+
+    def compile_shown(self) -> bool:
+        """Compile the shown source; marks the error line on failure. True if it compiled."""
+        from agent_core.compiler import CompileError, compile_source
+        src = self.edit.toPlainText()
+        if not src.strip() or self.scope.currentIndex() == 1:
+            self.status.setText("Select one region with generated source to compile it")
+            return False
+        name = f"region_{self.region_id}"
+        try:
+            c = compile_source(src, name, arch="sm_90")
+        except CompileError as e:
+            self.show_compile_error(str(e), e.line)
+            return False
+        except Exception as e:   # NVRTC missing or broken: say so
+            self.status.setText(f"Could not compile: {type(e).__name__}: {e}")
+            return False
+        self.error_line = None
+        self._mark_error()
+        self.status.setText(f"Compiled: {c.summary()}" if hasattr(c, "summary") else "Compiled")
+        return True

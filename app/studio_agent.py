@@ -1,0 +1,304 @@
+"""The agent in the studio: the region overlay and list, the source view, the profiles and the
+decision log, and the runs that fill them (Plan in-process; Optimize in a worker process; a results
+folder replayed). One selected region is shared by all of them.
+
+A run never edits the document while it runs: the worker optimizes a saved copy, and only a run that
+finished has its regions (with sources and measurements) applied, as one undoable edit. A worker that
+crashes, hangs or is cancelled leaves the document exactly as it was.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from PySide6.QtCore import QObject, Qt
+from PySide6.QtWidgets import QApplication, QFileDialog
+
+from agent_core.errors import StitchError
+from graph_editor.region_commands import RegionEditCommand
+from graph_editor.region_item import RegionOverlay
+from graph_editor.region_list import RegionList
+from profiler_view.panel import ProfilePanel
+
+from .decision_log import DecisionLog
+from .results import read_results
+from .source_view import SourceView
+from .worker_client import WorkerClient
+
+
+class StudioAgent(QObject):
+    def __init__(self, window):
+        super().__init__(window)
+        w = self.window = window
+        self.overlay: RegionOverlay | None = None
+        self.current: str | None = None
+        self.compile_errors: dict[str, str] = {}
+        self.run_dir: str | None = None
+        self.progress = {"regions": 0, "done": 0}
+        self.source = SourceView()
+        self.profiles = ProfilePanel()
+        self.regions = RegionList()
+        self.log = DecisionLog()
+        self.worker = WorkerClient(self)
+        w.source_dock.setWidget(self.source)
+        w.profile_dock.setWidget(self.profiles)
+        self.regions_dock = w._dock("Regions", "RegionsDock", self.regions, Qt.RightDockWidgetArea)
+        w.tabifyDockWidget(w.history_dock, self.regions_dock)
+        self.regions_dock.raise_()
+        self.log_dock = w._dock("Decision log", "DecisionLogDock", self.log, Qt.BottomDockWidgetArea)
+        w.splitDockWidget(w.source_dock, w.profile_dock, Qt.Horizontal)
+        w.tabifyDockWidget(w.source_dock, self.log_dock)
+        w.source_dock.raise_()
+        w.resizeDocks([w.source_dock, w.profile_dock], [560, 900], Qt.Horizontal)
+        w.resizeDocks([w.source_dock], [330], Qt.Vertical)
+        self.regions.selected_nodes = lambda: w.scene.selected_node_ids() if w.scene else []
+        self.regions.region_selected.connect(self.select_region)
+        self.regions.message.connect(lambda text, err: w.status(text, error=err))
+        self.profiles.region_clicked.connect(self.select_region)
+        self.log.entry_clicked.connect(self._log_clicked)
+        self.worker.event.connect(self.on_event)
+        self.worker.bad_line.connect(self._bad_line)
+        self.worker.finished.connect(self._run_finished)
+        self._actions()
+        w.document_set.connect(self.document_set)
+        self.document_set()
+
+    def _actions(self) -> None:
+        w = self.window
+        A = w._action
+        self.act = {
+            "plan": A("&Plan regions", self.plan, "Ctrl+Shift+P", None,
+                      "Run the fusion planner (fast, no GPU): regions appear on the canvas"),
+            "optimize": A("&Optimize", self.optimize, "F5", None,
+                          "Generate, compile, verify and time CUDA for the regions in a worker process"),
+            "cancel": A("&Cancel Optimize", self.cancel, "Shift+F5", None, "Stop the running worker"),
+            "open_results": A("Open &results…", self.open_results_dialog, "Ctrl+Shift+O", None,
+                              "Open a folder written by stitchcuda optimize (program, events, profile)"),
+        }
+        self.act["cancel"].setEnabled(False)
+        m = w.menuBar().addMenu("&Agent")
+        for k in ("plan", "optimize", "cancel"):
+            m.addAction(self.act[k])
+        file_menu = w.menuBar().actions()[0].menu()
+        file_menu.insertAction(w.act["import"], self.act["open_results"])
+        view_menu = w.menuBar().actions()[2].menu()
+        for d in (self.regions_dock, self.log_dock):
+            view_menu.addAction(d.toggleViewAction())
+        w.toolbar.addSeparator()
+        for k in ("plan", "optimize", "cancel"):
+            w.toolbar.addAction(self.act[k])
+
+    # document and selection ------------------------------------------------------------------------
+    def document_set(self) -> None:
+        w = self.window
+        if self.overlay is not None:
+            self.overlay.detach()
+            self.overlay.deleteLater()
+        self.overlay = RegionOverlay(w.scene, self)
+        self.overlay.region_clicked.connect(self.select_region)
+        self.regions.set_document(w.document.program, w.document.stack)
+        self.source.set_program(w.document.program)
+        self.current = None
+        self.compile_errors.clear()
+        if getattr(self, "_watched", None) is not None:
+            self._watched.unsubscribe(self._program_event)
+        self._watched = w.document.program
+        self._watched.subscribe(self._program_event)
+
+    def _program_event(self, event: str, payload: dict) -> None:
+        if event == "regions_changed" and self.current is not None:
+            if not any(r.id == self.current for r in self.window.document.program.regions):
+                self.select_region(None)
+            else:
+                self.source.refresh()
+
+    def select_region(self, region_id: str | None) -> None:
+        """Select a region everywhere: its hull, its row, its source."""
+        self.current = region_id
+        if self.overlay is not None:
+            self.overlay.select(region_id)
+            item = self.overlay.items.get(region_id)
+            if item is not None and item.isVisible():
+                self.window.view.ensureVisible(item, 40, 40)
+        self.regions.select(region_id)
+        self.source.show_region(region_id)
+        if region_id in self.compile_errors:
+            self.source.show_compile_error(self.compile_errors[region_id])
+        self.window.source_dock.raise_()
+        if region_id:
+            self.window.status(f"Region {region_id} selected")
+
+    def _log_clicked(self, e: dict) -> None:
+        if e.get("region"):
+            self.select_region(e["region"])
+        elif e.get("event") == "rewrite" and e.get("node") in self.window.scene.nodes:
+            self.window.scene.select_nodes([e["node"]])
+            self.window.view.fit_selection()
+
+    # plan (in-process) -------------------------------------------------------------------------------
+    def plan(self) -> None:
+        self.regions.plan()
+        p = getattr(self.regions, "last_plan", None)
+        if p is not None:
+            self.profiles.reset()
+            self.profiles.data.plan = {"unfused_ms": p.estimate.unfused_ms, "planned_ms": p.estimate.planned_ms,
+                                       "floor_ms": p.estimate.floor_ms}
+            self.profiles.show_estimates(p.active)
+            self.log.note(f"planned {len(p.active)} regions, {p.kernels} kernels in {p.seconds * 1e3:.0f} ms", "info")
+            for r in p.active:
+                self.log.add({"event": "region-proposed", "region": r.id, "kind": r.kind, "nodes": r.nodes,
+                              "reason": r.reason})
+
+    # optimize (worker process) ---------------------------------------------------------------------
+    def optimize(self, extra_args=("--no-rewrite",)) -> bool:
+        """Start the worker on a saved copy of the program. --no-rewrite by default: the results must
+        name the document's own nodes to be applied to it."""
+        from agent_core.project_file import save_program
+        w = self.window
+        if self.worker.running:
+            w.status("Optimize is already running (Shift+F5 cancels it)", error=True)
+            return False
+        program = w.document.program
+        if not program.nodes:
+            w.status("Nothing to optimize: the program is empty", error=True)
+            return False
+        self._cleanup()
+        self.run_dir = tempfile.mkdtemp(prefix="stitchcuda-run-")
+        path = os.path.join(self.run_dir, "program.json")
+        try:
+            save_program(program, path)
+        except (StitchError, OSError) as e:
+            w.status(f"Could not hand the program to the worker: {e}", error=True)
+            return False
+        self.run_document = w.document
+        self.profiles.reset()
+        self.log.clear()
+        self.compile_errors.clear()
+        self.progress = {"regions": 0, "done": 0}
+        self.log.note(f"Optimize started on {program.name} ({len(program.nodes)} nodes)", "info")
+        self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *extra_args])
+        self.act["cancel"].setEnabled(True)
+        self.act["optimize"].setEnabled(False)
+        w.status("Optimizing: starting the worker…")
+        return True
+
+    def cancel(self) -> None:
+        if self.worker.running:
+            self.worker.cancel()
+
+    def on_event(self, e: dict) -> None:
+        """One event, live or replayed: the log, the plots, the progress and compile errors."""
+        self.log.add(e)
+        self.profiles.apply(e)
+        k, rid = e.get("event"), e.get("region")
+        if k == "plan":
+            self.progress["regions"] = e.get("regions") or 0
+        if (k == "log" and e.get("status")) or k == "fallback":
+            self.progress["done"] += 1
+        reason = e.get("reason") or ""
+        if k == "fallback" and rid and reason.startswith("compile failed"):
+            self.compile_errors[rid] = reason
+            if rid == self.current:
+                self.source.show_compile_error(reason)
+        if self.worker.running:
+            n, d = self.progress["regions"], self.progress["done"]
+            step = f"{k} {rid}" if rid else k
+            self.window.status(f"Optimizing: {step}" + (f" ({d}/{n} regions done)" if n else ""))
+
+    def _bad_line(self, message: str) -> None:
+        self.log.note(message)
+
+    def _run_finished(self, status: str, message: str) -> None:
+        w = self.window
+        self.act["cancel"].setEnabled(False)
+        self.act["optimize"].setEnabled(True)
+        self.log.note(message, "info" if status in ("done", "no-gpu") else "warning")
+        if status not in ("done", "no-gpu"):
+            w.status(f"Optimize: {message}", error=True)
+            self._cleanup()
+            return
+        out = os.path.join(self.run_dir, "out")
+        try:
+            res = read_results(out)
+            applied = self._apply_results(res)
+        except (StitchError, OSError) as e:
+            w.status(f"Optimize finished but its results could not be read: {e}", error=True)
+            self._cleanup()
+            return
+        note = " (no GPU: kernels generated and compiled, not timed)" if status == "no-gpu" else ""
+        w.status(f"Optimize finished: {applied} regions{note}")
+        self._cleanup()
+
+    def _apply_results(self, res) -> int:
+        """Put the run's regions on the document (one undoable edit) if the document is still the one
+        the run started from and the regions name its nodes."""
+        from agent_core.regions import check_program_regions, replace_regions
+        doc = self.window.document
+        if doc is not getattr(self, "run_document", None):
+            raise StitchError("the document was replaced while Optimize ran; its results were not applied")
+        program = doc.program
+        unknown = sorted({n for r in res.program.regions for n in r.nodes if n not in program.nodes})
+        if unknown:
+            raise StitchError(f"the results name nodes the program no longer has ({', '.join(unknown[:5])})")
+        old = list(program.regions)
+        program.regions = res.program.regions
+        problems = check_program_regions(program)
+        program.regions = old
+        if problems:
+            raise StitchError(f"the results do not fit the program as it is now: {problems[0]}")
+        edit = replace_regions(program, [r for r in res.program.regions], label="Optimize results")
+        doc.stack.push(RegionEditCommand(program, edit))
+        if res.profile:
+            self.profiles.load_profile(res.profile, program.regions)
+        return len(res.program.regions)
+
+    def _cleanup(self) -> None:
+        if self.run_dir and not self.worker.running:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            self.run_dir = None
+
+    def shutdown(self) -> None:
+        if self.worker.running:
+            self.worker.cancel()
+            self.worker.wait(3000)
+        self._cleanup()
+
+    # results folders -------------------------------------------------------------------------------
+    def open_results_dialog(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self.window, "Open results (a folder stitchcuda optimize wrote)",
+                                                  self.window._last_dir())
+        if folder:
+            self.open_results(folder)
+
+    def open_results(self, folder: str) -> bool:
+        """Open a run's folder: its program (with regions and sources) becomes the document, its events
+        replay into the log and plots, its profile fills them."""
+        from .document import Document
+        w = self.window
+        if not w._may_discard():
+            return False
+        try:
+            res = read_results(folder)
+        except (StitchError, OSError) as e:
+            w.status(f"Could not open results: {e}", error=True)
+            w.ask("error", "Could not open results", f"{folder}\n\n{e}")
+            return False
+        doc = Document(res.program, os.path.join(folder, "program.json"))
+        w._layout_if_needed(doc, True)
+        w.set_document(doc)
+        self.replay(res.events)
+        for b in res.bad:
+            self.log.note(f"events.jsonl {b.error}")
+        if res.profile:
+            self.profiles.load_profile(res.profile, res.program.regions)
+        w.status(f"Opened results of {res.program.name}: {len(res.program.regions)} regions, "
+                 f"{len(res.events)} events")
+        return True
+
+    def replay(self, events) -> None:
+        self.profiles.reset()
+        self.log.clear()
+        for e in events:
+            self.on_event(e)
+            QApplication.processEvents()
