@@ -11,7 +11,8 @@ from __future__ import annotations
 from ..ir import Program
 from ..reference import parameter_tensors, random_inputs, run_reference
 
-GPU_REFERENCE_FLOPS = 2e9   # above this the reference runs on the GPU when there is one
+GPU_REFERENCE_FLOPS = 2e9      # above either of these the reference runs on the GPU when there is one
+GPU_REFERENCE_BYTES = 64 << 20
 
 
 def device_inputs(program: Program, seed: int, device: str) -> dict:
@@ -56,7 +57,8 @@ class ReferenceCache:
         if not gpu:
             return "cpu"
         flops = sum(program.node_flops(n) for n in program.nodes)
-        return "cuda" if flops > GPU_REFERENCE_FLOPS else "cpu"
+        nbytes = sum(v.nbytes for v in program.values.values())
+        return "cuda" if flops > GPU_REFERENCE_FLOPS or nbytes > GPU_REFERENCE_BYTES else "cpu"
 
     def draw(self, d: int) -> dict:
         """value id -> tensor (on self.device) for draw d (seed d)."""
