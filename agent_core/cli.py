@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(importlib.import_module(args._module).run(args) or 0)
+    except BrokenPipeError:  # `stitchcuda show x.json | head`: the reader left, nothing is wrong
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("stitchcuda: interrupted", file=sys.stderr)
         return 130

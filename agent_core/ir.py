@@ -261,7 +261,11 @@ class Program:
             "node": node, "values": [self.values[v] for v in node.outputs],
             "consumers": {v: self.consumers(v) for v in node.outputs},
             "outputs": [(self.outputs.index(v), v) for v in node.outputs if v in self.outputs],
+            # a region that loses a member is no longer what was planned or verified: drop it
+            "regions": [(i, r) for i, r in enumerate(self.regions) if node_id in _region_nodes(r)],
         }
+        for _, r in reversed(record["regions"]):
+            self.regions.remove(r)
         for vid, uses in record["consumers"].items():
             for cid, port in uses:
                 self.nodes[cid].inputs[port] = None
@@ -272,6 +276,9 @@ class Program:
             del self.values[vid]
         del self.nodes[node_id]
         self._emit("node_removed", node_id=node_id)
+        if record["regions"]:
+            self._emit("regions_changed", region_ids=[_region_id(r) for _, r in record["regions"]],
+                       action="drop")
         for cid in {c for uses in record["consumers"].values() for c, _ in uses}:
             self.reinfer(cid)
         return record
@@ -289,6 +296,11 @@ class Program:
         self._emit("node_added", node_id=node.id)
         for cid in {c for uses in record["consumers"].values() for c, _ in uses}:
             self.reinfer(cid)
+        for idx, r in record.get("regions", []):
+            self.regions.insert(idx, r)
+        if record.get("regions"):
+            self._emit("regions_changed", region_ids=[_region_id(r) for _, r in record["regions"]],
+                       action="restore")
 
     def remove_value(self, value_id: str) -> None:
         """Remove a program input, parameter or constant; its consumers become unconnected."""
@@ -594,6 +606,14 @@ class Program:
 
     def __repr__(self) -> str:
         return f"Program({self.name!r}, {len(self.nodes)} nodes, {len(self.values)} values)"
+
+
+def _region_nodes(region) -> list[str]:
+    return region.nodes if hasattr(region, "nodes") else region.get("nodes", [])
+
+
+def _region_id(region) -> str:
+    return region.id if hasattr(region, "id") else region.get("id", "")
 
 
 def _arity_count(inputs: list) -> int:

@@ -146,3 +146,23 @@ def test_first_connection_to_a_fresh_node_is_allowed():
     p.connect(x.id, n.id, 0)
     p.connect(y.id, n.id, 1)
     assert p.nodes[n.id].error is None and p.values[n.outputs[0]].shape == (4,)
+
+
+def test_removing_a_member_drops_its_region_and_undo_restores_it():
+    p, x, b, add, act = chain()
+    p.regions.append({"id": "r1", "nodes": [add.id, act.id]})
+    events = []
+    p.subscribe(lambda ev, payload: events.append(ev))
+    record = p.remove_node(act.id)
+    assert p.regions == [] and "regions_changed" in events
+    p.restore_node(record)
+    assert p.regions == [{"id": "r1", "nodes": [add.id, act.id]}]
+
+
+def test_broadcast_matches_torch():
+    import torch
+    from agent_core.ops.common import broadcast
+    for shapes in [((4, 1, 3), (5, 1)), ((), (2, 3)), ((1,), (7,)), ((2, 1), (1, 3), (3,))]:
+        assert broadcast(*shapes) == tuple(torch.broadcast_shapes(*shapes))
+    with pytest.raises(ShapeError):
+        broadcast((2, 3), (4, 3))
