@@ -170,3 +170,21 @@ def test_a_wrong_rewrite_is_refused_by_the_numerical_check():
     assert ops(res.program) == ["relu"] and not res.fired
     assert res.refused[0]["rule"] == "bogus" and "numerical check failed" in res.refused[0]["error"]
     assert len(res.program.nodes) == 1    # the trial node was rolled back
+
+
+def test_sum_after_matmul_with_a_transposed_weight_is_a_matrix_vector_product():
+    # torch.matmul(x, self.weight.T); x = x / 2; x = x.sum(dim=1, keepdim=True) (KernelBench 14)
+    p = Program()
+    x = p.add_input("x", (8, 32))
+    w = p.add_parameter("weight", f32(48, 32))
+    t = p.add_node("transpose", [w.id], {"dim0": 0, "dim1": 1})
+    m = p.add_node("matmul", [x.id, t.outputs[0]])
+    d = p.add_node("div_scalar", [m.outputs[0]], {"value": 2.0})
+    s = p.add_node("sum", [d.outputs[0]], {"dim": [1], "keepdim": True})
+    p.mark_output(s.outputs[0])
+    # a weight too large to transpose ahead of time is the case that matters; make folding skip it
+    from agent_core.rewrites import rules
+    res = rewrite_program(p, rules=[r for r in rules.DEFAULT_RULES if r is not rules.fold_constants])
+    assert res.rules_fired.get("reduce_linear") == 1
+    assert ops(res.program) == ["linear"]   # the halving then folds into the summed weights
+    same(p, res.program)

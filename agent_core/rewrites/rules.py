@@ -420,7 +420,15 @@ def reduce_linear(program: Program, nid: str) -> Rewrite | None:
     shape = _val(program, x).shape
     if len(shape) < 2 or _reduced_dims(n, len(shape)) != [len(shape) - 1]:
         return None
-    lay = _channel_layout(program, prod)
+    t = _producer(program, prod.inputs[1]) if prod.op == "matmul" else None
+    if t is not None and t.op in ("transpose", "permute") and param_array(program, t.inputs[0]) is not None \
+            and param_array(program, t.inputs[0]).ndim == 2:
+        # x @ W.T with W a [out, in] parameter (torch.matmul(x, self.weight.T)): a linear without bias
+        w, bias, ch = t.inputs[0], None, param_array(program, t.inputs[0]).shape[0]
+        prod = _as_linear(prod, w)
+        lay = (w, None, None, None, ch)
+    else:
+        lay = _channel_layout(program, prod)
     if lay is None:
         return None
     w, bias, _, _, ch = lay
@@ -451,6 +459,32 @@ def reduce_linear(program: Program, nid: str) -> Rewrite | None:
                    f"{_n(program, prod.id)} is a matrix-vector product with the summed weights: "
                    f"{flops_before / 1e6:.3g} MFLOP become {flops_before / ch / 1e6:.3g} MFLOP and the "
                    f"{fmt_bytes(_val(program, x).nbytes)} product is never stored.", build, nid)
+
+
+def scale_after_reduction(program: Program, nid: str) -> Rewrite | None:
+    """sum or mean of x * c is (sum or mean of x) * c: the multiply runs on the reduced result, and the
+    reduction sits right after whatever produced x (where reduce_linear can see a linear)."""
+    n = program.nodes[nid]
+    if n.op not in ("sum", "mean") or n.inputs[0] is None:
+        return None
+    m = _producer(program, n.inputs[0])
+    if m is None or m.op not in ("mul_scalar", "div_scalar") or not single_use(program, n.inputs[0]) \
+            or not _float(program, m.inputs[0]) or (m.op == "div_scalar" and m.attrs["value"] == 0):
+        return None
+    src, out = m.inputs[0], n.outputs[0]
+    before, after = _val(program, src).spec.numel, _val(program, out).spec.numel
+
+    def build(p):
+        r = p.add_node(n.op, [src], dict(n.attrs)).outputs[0]
+        return {out: p.add_node(m.op, [r], dict(m.attrs)).outputs[0]}
+    return Rewrite("scale_after_reduction", f"{_n(program, m.id)} moves after {_n(program, nid)}: "
+                   f"{before} multiplies become {after}.", build, nid)
+
+
+def _as_linear(node, w):
+    """A stand-in describing matmul(x, W.T) as linear(x, W)."""
+    from ..ir import Node
+    return Node(node.id, "linear", [node.inputs[0], w], node.outputs, {}, node.name)
 
 
 def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
@@ -490,4 +524,5 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
 
 
 DEFAULT_RULES = [drop_noop, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
-                 fold_batch_norm, fold_affine_into_producer, reduce_linear, reduce_of_broadcast]
+                 fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
+                 reduce_of_broadcast]
