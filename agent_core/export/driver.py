@@ -8,11 +8,12 @@ TOLERANCE = 1e-4  # atol = rtol, KernelBench's fp32 tolerance and verify.py's
 
 
 def _table(name: str, rows: list[tuple[str, str, int, bool]]) -> list[str]:
+    """A constexpr array of TensorFile rows; nothing when there are none (C++ has no empty arrays)."""
+    if not rows:
+        return []
     out = [f"constexpr TensorFile {name}[] = {{"]
     out += [f'    {{"{n}", "{path}", {nbytes}, {"true" if is_float else "false"}}},' for n, path, nbytes, is_float in rows]
-    if not rows:
-        out.append('    {"", "", 0, false},  // none (C++ has no empty arrays)')
-    return out + ["};", f"constexpr size_t {name}Count = {len(rows)};"]
+    return out + ["};", ""]
 
 
 def driver_source(program: Program, src: ProgramSource, files: dict[str, str]) -> str:
@@ -38,10 +39,10 @@ def driver_source(program: Program, src: ProgramSource, files: dict[str, str]) -
            "// One tensor's file under DATA_DIR: raw little-endian bytes, row-major.",
            "struct TensorFile {", "  const char* name;", "  const char* path;", "  size_t bytes;",
            "  bool is_float;  // float32 is compared with the tolerance, anything else bit for bit", "};", ""]
-    out += _table("kInputFiles", rows(src.inputs)) + [""]
-    out += _table("kParameterFiles", rows(src.params)) + [""]
+    out += _table("kInputFiles", rows(src.inputs))
+    out += _table("kParameterFiles", rows(src.params))
     out += _table("kReferenceFiles", [(p.values[v].name, files["ref:" + v], p.values[v].nbytes,
-                                       p.values[v].dtype == "float32") for v in src.outputs]) + [""]
+                                       p.values[v].dtype == "float32") for v in src.outputs])
     out += [
         "void check_cuda(cudaError_t status, const char* what) {",
         "  if (status != cudaSuccess) {",
@@ -109,12 +110,13 @@ def driver_source(program: Program, src: ProgramSource, files: dict[str, str]) -
         '    std::fprintf(stderr, "stitch_driver: --runs needs a positive count\\n");',
         "    return kExitError;", "  }", "",
         "  std::vector<void*> device_inputs, device_params, device_outputs;",
-        "  for (size_t i = 0; i < kInputFilesCount; ++i) device_inputs.push_back(upload(dir, kInputFiles[i]));",
-        "  for (size_t i = 0; i < kParameterFilesCount; ++i) device_params.push_back(upload(dir, kParameterFiles[i]));",
-        "  for (size_t i = 0; i < kReferenceFilesCount; ++i) {",
+        *(["  for (const TensorFile& file : kInputFiles) device_inputs.push_back(upload(dir, file));"]
+          if src.inputs else []),
+        *(["  for (const TensorFile& file : kParameterFiles) device_params.push_back(upload(dir, file));"]
+          if src.params else []),
+        "  for (const TensorFile& file : kReferenceFiles) {",
         "    void* device = nullptr;",
-        "    check_cuda(cudaMalloc(&device, kReferenceFiles[i].bytes > 0 ? kReferenceFiles[i].bytes : 1), "
-        "kReferenceFiles[i].name);",
+        "    check_cuda(cudaMalloc(&device, file.bytes > 0 ? file.bytes : 1), file.name);",
         "    device_outputs.push_back(device);", "  }",
         "  StitchInputs inputs{};"]
     out += [f"  inputs.{n[v]} = static_cast<const {c_type(p.values[v].dtype)}*>(device_inputs[{i}]);"
@@ -169,7 +171,7 @@ def driver_source(program: Program, src: ProgramSource, files: dict[str, str]) -
         "",
         "  // outputs are checked after the timed runs: repeated runs and graph replays must keep them",
         "  size_t mismatches = 0;",
-        "  for (size_t i = 0; i < kReferenceFilesCount; ++i) {",
+        "  for (size_t i = 0; i < device_outputs.size(); ++i) {",
         "    const std::vector<unsigned char> want = read_file(dir, kReferenceFiles[i]);",
         "    std::vector<unsigned char> got(kReferenceFiles[i].bytes);",
         "    check_cuda(cudaMemcpy(got.data(), device_outputs[i], got.size(), cudaMemcpyDeviceToHost), kReferenceFiles[i].name);",
