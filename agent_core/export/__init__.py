@@ -86,7 +86,6 @@ def export_program(program: Program, outdir, *, params: bool = True, arch: str =
     for vid in src.params:
         files[vid] = f"parameters/{names[vid]}.bin"
     for vid in src.outputs:
-        files[vid] = files.get(vid, f"outputs/{names[vid]}.bin")
         files["ref:" + vid] = f"reference/{names[vid]}.bin"
 
     written: list[str] = []

@@ -56,10 +56,12 @@ target_link_libraries(stitch_driver PRIVATE stitch_program)
 def python_binding(program: Program, src: ProgramSource, files: dict[str, str]) -> str:
     p = program
 
-    def rows(vids):
-        return "\n".join(f"    ({p.values[v].name!r}, {tuple(p.values[v].shape)!r}, {p.values[v].dtype!r}, "
-                         f"{files[v]!r}),"
-                         for v in vids)
+    def rows(vids, key=""):
+        if not vids:
+            return "[]"
+        return "[\n" + "\n".join(f"    ({p.values[v].name!r}, {tuple(p.values[v].shape)!r}, {p.values[v].dtype!r}, "
+                                  f"{files[key + v]!r}),"
+                                  for v in vids) + "\n]"
     return f'''"""{p.name} as a PyTorch module, over the exported shared library (ctypes).
 
     from stitch_program import StitchProgram
@@ -77,16 +79,11 @@ import numpy as np
 import torch
 
 EXPORT_DIR = Path(__file__).resolve().parent.parent
-# (name, shape, dtype, file under data/) in the order stitch_run_packed takes them
-INPUTS = [
-{rows(src.inputs)}
-]
-PARAMETERS = [
-{rows(src.params)}
-]
-OUTPUTS = [
-{rows(src.outputs)}
-]
+# (name, shape, dtype, file under data/) in the order stitch_run_packed takes them; the outputs' files
+# are the saved reference outputs
+INPUTS = {rows(src.inputs)}
+PARAMETERS = {rows(src.params)}
+OUTPUTS = {rows(src.outputs, "ref:")}
 
 
 def _pointers(tensors) -> ctypes.Array:
