@@ -189,15 +189,29 @@ def _bn_program():
     return p
 
 
-def test_large_programs_are_rewritten_unchecked_then_checked_whole(mock_gpu, tmp_path, monkeypatch):
+def test_large_programs_check_their_rewrites_on_the_gpu(mock_gpu, tmp_path, monkeypatch):
+    import agent_core.rewrites as rewrites
+    seen = []
+    real = rewrites.rewrite_program
+
+    def spy(program, **kw):
+        seen.append(kw.get("device"))
+        return real(program, **kw)
+    monkeypatch.setattr(rewrites, "rewrite_program", spy)
     monkeypatch.setattr(loop, "REWRITE_MAX_FLOPS", 0)
+    monkeypatch.setattr(loop, "TENSOR_DEVICE", "cpu")   # stands for "cuda" in this CPU test
     res, events = _optimize(_bn_program(), tmp_path, tune=False, baselines=False)
     rw = [e for e in events if e["event"] == "rewrite" and e["kept"]]
-    assert rw and all(e["checked"] == "whole program on the GPU" for e in rw)
+    assert rw and all(e["checked_on"] == "cpu" for e in rw) and seen == ["cpu"]
     assert res.profile["end_to_end"]["correct"]
-    # a rewrite that changes the results is dropped as a whole
-    monkeypatch.setattr(loop, "_same_results_on_gpu", lambda a, b: "draw 0: 'relu' differs by 1")
-    res, events = _optimize(_bn_program(), tmp_path / "2", tune=False, baselines=False)
-    assert all(not e["kept"] for e in events if e["event"] == "rewrite")
-    assert any("rewrites dropped" in e.get("message", "") for e in events if e["event"] == "log")
+    assert not any(n.op == "batch_norm" for n in res.program.nodes.values())   # folded into the conv
+
+
+def test_large_programs_without_a_gpu_are_not_rewritten(tmp_path, monkeypatch):
+    monkeypatch.setattr(loop, "REWRITE_MAX_FLOPS", 0)
+    buf = io.StringIO()
+    res = optimize(_bn_program(), device="cpu", emit=EventEmitter(buf))
+    events = list(read_events(buf.getvalue().splitlines()))
+    assert not any(e["event"] == "rewrite" for e in events)
+    assert any("rewrites skipped" in e.get("message", "") for e in events if e["event"] == "log")
     assert any(n.op == "batch_norm" for n in res.program.nodes.values())
