@@ -271,3 +271,20 @@ def test_random_plans_are_legal_and_compute_the_same(p):
     got = run_by_region(p, inputs)
     for k in want:
         torch.testing.assert_close(got[k], want[k], rtol=0, atol=0)
+
+
+def test_plan_command_prints_regions_and_saves_them(tmp_path, capsys):
+    from agent_core.cli import main
+    from agent_core.project_file import load_program, save_program
+    p, ids = chain(3)
+    src, out = tmp_path / "chain.json", tmp_path / "planned.json"
+    save_program(p, src)
+    assert main(["plan", str(src), "-o", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "r1 pointwise (proposed)" in text and "unfused" in text and "floor" in text
+    q = load_program(out)
+    assert [r.nodes for r in q.regions] == [ids] and q.regions[0].reason
+    assert main(["plan", str(out), "--json", "--no-rewrite"]) == 0
+    import json
+    data = json.loads(capsys.readouterr().out)
+    assert data["kernels"] == 1 and data["estimate"]["planned_ms"] < data["estimate"]["unfused_ms"]
