@@ -25,7 +25,6 @@ sys.path.insert(0, str(ROOT))
 
 def one(path: str, check_limit: int, device: str = "cpu") -> dict:
     from agent_core.importers import import_file
-    from agent_core.importers.source import load_source
     from agent_core.planner import plan_program
     from agent_core.reference import random_inputs, run_reference
     from agent_core.rewrites import close, rewrite_program

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..analysis.cost import fmt_bytes, roofline_ms
+from ..analysis.cost import fmt_bytes
 from ..analysis.gpu import GPUProfile
 from .geometry import Geometry
 

@@ -16,7 +16,7 @@ from ..analysis.cost import ProgramEstimate, estimate_program, program_costs
 from ..analysis.gpu import H200, GPUProfile
 from ..errors import ProgramError
 from ..ir import Program, Role
-from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, new_region_id, replace_regions
+from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, replace_regions
 from .explain import make_region
 from .fusion import (
     Budgets, Facts, _budgetary as _budgets, group_facts, node_facts, quick_refusal, group_time, merge_summaries, recompute_ms, summarize,

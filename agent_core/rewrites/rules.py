@@ -10,8 +10,8 @@ import math
 import numpy as np
 
 from ..analysis.cost import fmt_bytes
-from ..ir import Program, Role
-from ..ops import FLOAT_DTYPES, get_op
+from ..ir import Program
+from ..ops import FLOAT_DTYPES
 from ..ops.common import norm_dims
 from .engine import Rewrite, add_param, param_array, single_use
 
