@@ -13,7 +13,7 @@ import shutil
 import tempfile
 
 from PySide6.QtCore import QObject, Qt
-from PySide6.QtWidgets import QApplication, QFileDialog
+from PySide6.QtWidgets import QFileDialog
 
 from agent_core.errors import StitchError
 from graph_editor.region_commands import RegionEditCommand
@@ -44,13 +44,17 @@ class StudioAgent(QObject):
         w.source_dock.setWidget(self.source)
         w.profile_dock.setWidget(self.profiles)
         self.regions_dock = w._dock("Regions", "RegionsDock", self.regions, Qt.RightDockWidgetArea)
-        w.tabifyDockWidget(w.history_dock, self.regions_dock)
+        w.tabifyDockWidget(w.inspector_dock, self.regions_dock)
         self.regions_dock.raise_()
         self.log_dock = w._dock("Decision log", "DecisionLogDock", self.log, Qt.BottomDockWidgetArea)
+        # source beside the profiles (the editor had them tabbed): both in view while the agent runs
+        w.removeDockWidget(w.profile_dock)
+        w.addDockWidget(Qt.BottomDockWidgetArea, w.profile_dock)
+        w.profile_dock.show()
         w.splitDockWidget(w.source_dock, w.profile_dock, Qt.Horizontal)
         w.tabifyDockWidget(w.source_dock, self.log_dock)
         w.source_dock.raise_()
-        w.resizeDocks([w.source_dock, w.profile_dock], [560, 900], Qt.Horizontal)
+        w.resizeDocks([w.source_dock, w.profile_dock], [480, 1000], Qt.Horizontal)
         w.resizeDocks([w.source_dock], [330], Qt.Vertical)
         self.regions.selected_nodes = lambda: w.scene.selected_node_ids() if w.scene else []
         self.regions.region_selected.connect(self.select_region)
@@ -187,10 +191,13 @@ class StudioAgent(QObject):
         if self.worker.running:
             self.worker.cancel()
 
-    def on_event(self, e: dict) -> None:
+    def on_event(self, e: dict, redraw: bool = True) -> None:
         """One event, live or replayed: the log, the plots, the progress and compile errors."""
         self.log.add(e)
-        self.profiles.apply(e)
+        if redraw:
+            self.profiles.apply(e)
+        else:
+            self.profiles.data.apply(e)
         k, rid = e.get("event"), e.get("region")
         if k == "plan":
             self.progress["regions"] = e.get("regions") or 0
@@ -297,8 +304,11 @@ class StudioAgent(QObject):
         return True
 
     def replay(self, events) -> None:
+        """A recorded run, all at once: the same handling as live events, the plots drawn once."""
         self.profiles.reset()
         self.log.clear()
+        self.log.setUpdatesEnabled(False)
         for e in events:
-            self.on_event(e)
-            QApplication.processEvents()
+            self.on_event(e, redraw=False)
+        self.log.setUpdatesEnabled(True)
+        self.profiles.redraw()

@@ -17,7 +17,7 @@ from agent_core.regions import active_regions
 KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
                "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "single": "#8a8f98", "opaque": "#6b6f76"}
 HULL_PAD = 16.0
-LABEL_H = 18.0
+LABEL_H = 22.0
 
 
 def kind_color(kind: str) -> QColor:
@@ -155,10 +155,10 @@ class RegionItem(QGraphicsItem):
         p.setPen(pen)
         p.setBrush(QBrush(fill))
         p.drawPath(self.path)
-        p.setFont(style.font_small)
+        p.setFont(style.font_bold)
         text = region_label(r)
         lr = self.label_rect()
-        text = style.elide("font_small", text, max(lr.width(), 120.0)) if hasattr(style, "elide") else text
+        text = text
         p.setPen(col.lighter(130) if style.name == "dark" else col.darker(140))
         p.drawText(QRectF(lr.left(), lr.top(), max(lr.width(), 400.0), lr.height()),
                    Qt.AlignLeft | Qt.AlignVCenter, text)

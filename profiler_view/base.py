@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Signal
+from PySide6.QtCore import QEvent, QRectF, QTimer, Signal
 from PySide6.QtGui import QColor, QPalette
 
 # kernel colours by region kind: the same hues the canvas uses for its region hulls
@@ -31,9 +31,10 @@ class ProfilePlot(pg.PlotWidget):
         super().__init__(parent=parent)
         self.title = title
         self.setMenuEnabled(False)
-        self.setMinimumSize(220, 160)
+        self.setMinimumSize(150, 140)
         self.plotItem.setTitle(title, size="9pt")
         self.plotItem.showGrid(x=False, y=True, alpha=0.15)
+        self._restyle_pending = False
         self.restyle()
 
     def restyle(self) -> None:
@@ -51,10 +52,15 @@ class ProfilePlot(pg.PlotWidget):
         self.redraw()
 
     def changeEvent(self, ev):
-        from PySide6.QtCore import QEvent
-        if ev.type() in (QEvent.PaletteChange, QEvent.StyleChange):
-            self.restyle()
+        # a theme switch sends many palette events: restyle once, after the last
+        if ev.type() == QEvent.PaletteChange and not getattr(self, "_restyle_pending", True):
+            self._restyle_pending = True
+            QTimer.singleShot(0, self, self._restyle_later)   # dropped if the plot is gone
         super().changeEvent(ev)
+
+    def _restyle_later(self) -> None:
+        self._restyle_pending = False
+        self.restyle()
 
     def redraw(self) -> None:   # subclasses draw their data
         pass

@@ -105,7 +105,12 @@ def main():
     pj = json.load(open(os.path.join(DST, "program.json")))
     for r in pj.get("regions", []):
         if r["id"] in TIMES:
-            r["measured_ms"] = next(x["fused_ms"] for x in prof["regions"] if x["region"] == r["id"])
+            o = next(x for x in prof["regions"] if x["region"] == r["id"])
+            r["measured_ms"] = o["fused_ms"]
+            r["schedule"]["agent"] = {k: o[k] for k in ("status", "reason", "kernel", "source_path", "params",
+                                                        "fused_ms", "unfused_ms")}
+            r["log"].append({"time": "2026-11-30T00:00:00Z", "actor": "agent", "action": "kept",
+                             "message": o["reason"]})
     with open(os.path.join(DST, "program.json"), "w") as f:
         json.dump(pj, f, indent=1)
 

@@ -1,0 +1,225 @@
+"""The agent in the studio, replayed (pytest-qt, offscreen): a results folder opens with its regions
+on the canvas, their reasons, their source and every profile plot filled; the live tuning plot grows
+per tune-step; clicking a hull, a bar or a log entry selects the region; region edits undo; Plan works
+without a GPU; compile errors are marked at their line. Screenshots in both themes.
+
+Data (tests/data): mlp_small_cpu and residual_add_layer_norm_cpu are real `stitchcuda optimize --cpu`
+recordings; mlp_small_gpu_synthetic adds GPU events with made-up timings (make_synthetic_gpu.py) until
+an H200 recording replaces it.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+from PySide6.QtCore import QPoint, QPointF, QStandardPaths, Qt
+from PySide6.QtWidgets import QApplication
+
+QStandardPaths.setTestModeEnabled(True)
+
+from agent_core.agent.events import read_events  # noqa: E402
+from agent_core.project_file import load_program  # noqa: E402
+from app import recovery  # noqa: E402
+from app.main_window import MainWindow  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data")
+GPU = os.path.join(DATA, "mlp_small_gpu_synthetic")
+CPU = os.path.join(DATA, "residual_add_layer_norm_cpu")
+SHOTS = os.path.join(ROOT, "test-output", "screenshots")
+
+
+class Answers:
+    def __init__(self, **answers):
+        self.answers, self.asked = answers, []
+
+    def __call__(self, kind, title, text):
+        self.asked.append((kind, title, text))
+        return self.answers.get(kind, "ok")
+
+
+@pytest.fixture
+def window(qtbot):
+    for r in recovery.pending():
+        recovery.discard(r["file"])
+    win = MainWindow(theme="dark", restore_settings=False)
+    win.ask = Answers(unsaved="discard")
+    qtbot.addWidget(win)
+    win.resize(1500, 940)
+    win.show()
+    yield win
+    win.document.mark_clean()
+    win.close()
+
+
+def click_scene(window, scene_pos: QPointF, qtbot):
+    vp = window.view.viewport()
+    qtbot.mouseClick(vp, Qt.LeftButton, pos=window.view.mapFromScene(scene_pos))
+
+
+def test_results_replay_fills_canvas_source_and_every_plot(window, qtbot):
+    agent = window.agent
+    assert agent.open_results(GPU)
+    program = window.document.program
+    ov = agent.overlay
+    assert sorted(ov.items) == ["r1", "r2", "r3"]
+    # hulls behind their nodes, each around its members, with the agent's reason in the tooltip
+    for rid, item in ov.items.items():
+        region = next(r for r in program.regions if r.id == rid)
+        assert item.zValue() < 0 and item.isVisible()
+        for nid in region.nodes:
+            assert item.path.boundingRect().contains(window.scene.nodes[nid].sceneBoundingRect())
+        assert region.reason and region.reason[:40] in item.tooltip_text()
+    assert "measured" in ov.items["r1"].tooltip_text().lower()
+    # clicking a hull selects the region and shows its CUDA
+    item = ov.items["r2"]
+    click_scene(window, item.label_rect().center() + QPointF(-item.label_rect().width() / 2 + 30, 0), qtbot)
+    assert agent.current == "r2"
+    assert "mlp_small_r2" in agent.source.edit.toPlainText()
+    assert "relu" in agent.source.title.text()
+    assert agent.regions.selected_ids() == ["r2"]
+    # every plot has data
+    pv = agent.profiles
+    assert pv.kernels.bars is not None and len(pv.kernels.bars.regions) == 6   # before + after, 3 regions
+    assert [k for k, _ in pv.e2e.rows()] == ["eager", "compile_default", "compile_reduce-overhead", "ours"]
+    assert pv.timeline.bars is not None and len(pv.timeline.bars.regions) == 6
+    assert pv.roofline.scatter is not None and len(pv.roofline.scatter.points()) == 2
+    assert pv.tuning.point_count() == 12
+    assert "H200" in pv.note.text()
+    # the decision log lists every event; the Problems filter keeps the rejected trials
+    assert agent.log.tree.topLevelItemCount() >= 46
+    agent.log.kind.setCurrentText("Problems")
+    assert 0 < agent.log.visible_count() < 10
+    agent.log.kind.setCurrentText("All steps")
+
+
+def test_live_tuning_plot_grows_per_tune_step(window):
+    agent = window.agent
+    window.set_document(window.document.__class__(load_program(os.path.join(GPU, "program.json"))))
+    events = list(read_events(open(os.path.join(GPU, "events.jsonl"))))
+    agent.profiles.reset()
+    seen = 0
+    for e in events:
+        agent.on_event(e)
+        if e["event"] == "tune-step":
+            seen += 1
+        assert agent.profiles.tuning.point_count() == seen
+    assert seen == 12
+    assert agent.profiles.data.end_to_end["ours"] == pytest.approx(0.0139)
+
+
+def test_clicking_a_bar_or_a_log_entry_selects_the_region(window, qtbot):
+    agent = window.agent
+    agent.open_results(GPU)
+    window.profile_dock.raise_()
+    QApplication.processEvents()
+    plot = agent.profiles.kernels
+    sp = plot.bar_center("r1")
+    assert sp is not None
+    qtbot.mouseClick(plot.viewport(), Qt.LeftButton, pos=plot.mapFromScene(sp))
+    assert agent.current == "r1"
+    assert "mlp_small_r1" in agent.source.edit.toPlainText()
+    tl = agent.profiles.timeline
+    i = max(j for j, r in enumerate(tl.bars.regions) if r == "r2")
+    qtbot.mouseClick(tl.viewport(), Qt.LeftButton,
+                     pos=tl.mapFromScene(tl.bars.mapToScene(tl.bars.boxes[i].center())))
+    assert agent.current == "r2"
+    agent.select_region(None)
+    log = agent.log.tree
+    row = next(i for i in range(log.topLevelItemCount()) if log.topLevelItem(i).text(2) == "r3")
+    agent.log_dock.raise_()
+    log.scrollToItem(log.topLevelItem(row))
+    QApplication.processEvents()
+    rect = log.visualItemRect(log.topLevelItem(row))
+    qtbot.mouseClick(log.viewport(), Qt.LeftButton, pos=rect.center())
+    assert agent.current == "r3"
+
+
+def test_region_edits_from_the_list_are_undoable(window):
+    agent = window.agent
+    agent.open_results(CPU)
+    program, stack = window.document.program, window.document.stack
+    lst = agent.regions
+    before = [r.to_dict() for r in program.regions]
+    lst.select("r1")
+    lst.reject()
+    assert program.regions[0].status == "rejected" and not agent.overlay.items
+    stack.undo()
+    assert [r.to_dict() for r in program.regions] == before and "r1" in agent.overlay.items
+    lst.select("r1")
+    lst.lock()
+    assert program.regions[0].status == "locked"
+    assert "locked" in agent.overlay.items["r1"].tooltip_text()
+    lst.lock()
+    assert program.regions[0].status == "accepted"
+    # split needs canvas nodes of the region; the refusal says what to do
+    msgs = []
+    lst.message.connect(lambda text, err: msgs.append((text, err)))
+    window.scene.select_nodes([])
+    lst.split()
+    assert msgs[-1][1] and "Select some" in msgs[-1][0]
+    first = program.regions[0].nodes[0]
+    window.scene.select_nodes([first])
+    lst.split()
+    assert len(program.regions) == 2 and len(agent.overlay.items) == 2
+    lst.tree.clearSelection()
+    for i in range(lst.tree.topLevelItemCount()):
+        lst.tree.topLevelItem(i).setSelected(True)
+    lst.merge()
+    assert len(program.regions) == 1
+    while stack.canUndo():
+        stack.undo()
+    assert [r.to_dict() for r in program.regions] == before
+    # drawing over nodes that already belong to a region is refused with the model's reason
+    window.scene.select_nodes(program.regions[0].nodes)
+    lst.draw()
+    assert msgs[-1][1] and "already belong" in msgs[-1][0]
+
+
+def test_plan_without_gpu_shows_regions_and_estimates(window):
+    agent = window.agent
+    program = load_program(os.path.join(GPU, "program.json"))
+    program.regions = []
+    window.set_document(window.document.__class__(program))
+    window._layout_if_needed(window.document, True)
+    agent.plan()
+    assert len(agent.overlay.items) == 3
+    assert all(item.isVisible() for item in agent.overlay.items.values())
+    assert "est." in agent.overlay.items["r1"].tooltip_text() or "Estimate" in agent.overlay.items["r1"].tooltip_text()
+    assert "estimates" in agent.profiles.note.text()
+    assert len(agent.profiles.kernels.bars.regions) == 6
+    assert agent.profiles.e2e.rows() == []   # nothing measured: the plot shows the planner's estimate
+    agent.select_region("r1")   # a planned region has no stored source: generated on demand
+    assert "__global__" in agent.source.edit.toPlainText()
+    assert "on demand" in agent.source.status.text()
+    window.document.stack.undo()
+    assert not program.regions and not agent.overlay.items
+
+
+def test_compile_errors_are_marked_at_their_line(window):
+    sv = window.agent.source
+    window.agent.open_results(CPU)
+    window.agent.select_region("r1")
+    sv.show_compile_error("region r1: CUDA compile error at line 12: expected a ';'")
+    sels = sv.edit.extraSelections()
+    assert len(sels) == 1 and sels[0].cursor.blockNumber() == 11
+    assert "line 12" in sv.status.text()
+    # a real NVRTC error on a broken kernel lands on the line it names
+    sv.edit.setPlainText('extern "C" __global__ void k(float* x) {\n  x[0] = 1.0f\n}\n')
+    assert not sv.compile_shown()
+    sels = sv.edit.extraSelections()
+    assert len(sels) == 1 and sels[0].cursor.blockNumber() in (1, 2)
+
+
+def test_screenshots_with_regions_source_and_profiles(window, qtbot):
+    os.makedirs(SHOTS, exist_ok=True)
+    for theme in ("dark", "light"):
+        if window.theme != theme:
+            window.toggle_theme()
+        window.agent.open_results(GPU)
+        window.agent.select_region("r1")
+        window.view.show_program()
+        QApplication.processEvents()
+        path = os.path.join(SHOTS, f"studio_agent_{theme}.png")
+        window.screenshot(path)
+        assert os.path.getsize(path) > 20_000
