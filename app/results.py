@@ -19,20 +19,24 @@ class Results:
     bad: list[BadLine] = field(default_factory=list)
 
 
-def read_results(folder: str) -> Results:
-    """The run in `folder`; FileFormatError naming what is missing or broken."""
+def read_results(folder: str, need_events: bool = True) -> Results:
+    """The run in `folder`; FileFormatError naming what is missing or broken. need_events=False for
+    a worker's own output folder (its events came over stdout, not in events.jsonl)."""
     from agent_core.project_file import load_program
     if not os.path.isdir(folder):
         raise FileFormatError(f"{folder}: not a folder (choose the folder stitchcuda optimize -o wrote)")
     prog_path = os.path.join(folder, "program.json")
     ev_path = os.path.join(folder, "events.jsonl")
-    missing = [os.path.basename(p) for p in (prog_path, ev_path) if not os.path.isfile(p)]
+    missing = [os.path.basename(p) for p in ((prog_path, ev_path) if need_events else (prog_path,))
+               if not os.path.isfile(p)]
     if missing:
         raise FileFormatError(f"{folder}: no {' or '.join(missing)} (is this a folder stitchcuda optimize -o wrote?)")
     program = load_program(prog_path)
     bad: list[BadLine] = []
-    with open(ev_path, encoding="utf-8") as f:
-        events = list(read_events(f, strict=False, bad=bad))
+    events = []
+    if os.path.isfile(ev_path):
+        with open(ev_path, encoding="utf-8") as f:
+            events = list(read_events(f, strict=False, bad=bad))
     profile = {}
     prof_path = os.path.join(folder, "profile.json")
     if os.path.isfile(prof_path):

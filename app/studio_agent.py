@@ -43,19 +43,20 @@ class StudioAgent(QObject):
         self.worker = WorkerClient(self)
         w.source_dock.setWidget(self.source)
         w.profile_dock.setWidget(self.profiles)
-        self.regions_dock = w._dock("Regions", "RegionsDock", self.regions, Qt.RightDockWidgetArea)
-        w.tabifyDockWidget(w.inspector_dock, self.regions_dock)
-        self.regions_dock.raise_()
-        self.log_dock = w._dock("Decision log", "DecisionLogDock", self.log, Qt.BottomDockWidgetArea)
-        # source beside the profiles (the editor had them tabbed): both in view while the agent runs
+        # source beside the profiles (the editor had them tabbed): both in view while the agent runs.
+        # Rearranged before any new dock is tabified: moving a dock later leaves a stray tab bar behind.
         w.removeDockWidget(w.profile_dock)
         w.addDockWidget(Qt.BottomDockWidgetArea, w.profile_dock)
         w.profile_dock.show()
         w.splitDockWidget(w.source_dock, w.profile_dock, Qt.Horizontal)
+        self.regions_dock = w._dock("Regions", "RegionsDock", self.regions, Qt.RightDockWidgetArea)
+        w.splitDockWidget(w.inspector_dock, self.regions_dock, Qt.Vertical)
+        self.log_dock = w._dock("Decision log", "DecisionLogDock", self.log, Qt.BottomDockWidgetArea)
         w.tabifyDockWidget(w.source_dock, self.log_dock)
         w.source_dock.raise_()
-        w.resizeDocks([w.source_dock, w.profile_dock], [480, 1000], Qt.Horizontal)
-        w.resizeDocks([w.source_dock], [330], Qt.Vertical)
+        w.resizeDocks([w.source_dock, w.profile_dock], [440, 1060], Qt.Horizontal)
+        w.resizeDocks([w.source_dock], [420], Qt.Vertical)
+        w.resizeDocks([w.inspector_dock, self.regions_dock, w.history_dock], [200, 330, 80], Qt.Vertical)
         self.regions.selected_nodes = lambda: w.scene.selected_node_ids() if w.scene else []
         self.regions.region_selected.connect(self.select_region)
         self.regions.message.connect(lambda text, err: w.status(text, error=err))
@@ -227,7 +228,7 @@ class StudioAgent(QObject):
             return
         out = os.path.join(self.run_dir, "out")
         try:
-            res = read_results(out)
+            res = read_results(out, need_events=False)
             applied = self._apply_results(res)
         except (StitchError, OSError) as e:
             w.status(f"Optimize finished but its results could not be read: {e}", error=True)

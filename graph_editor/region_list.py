@@ -31,7 +31,7 @@ class RegionList(QWidget):
         self.tree.setSelectionMode(QAbstractItemView.ExtendedSelection)
         self.tree.setUniformRowHeights(True)
         self.tree.itemSelectionChanged.connect(self._picked)
-        for i, w in enumerate((54, 118, 74, 44, 92)):
+        for i, w in enumerate((48, 112, 70, 42, 84)):
             self.tree.setColumnWidth(i, w)
         lay.addWidget(self.tree, 1)
         grid = QGridLayout()

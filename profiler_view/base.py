@@ -31,7 +31,7 @@ class ProfilePlot(pg.PlotWidget):
         super().__init__(parent=parent)
         self.title = title
         self.setMenuEnabled(False)
-        self.setMinimumSize(150, 140)
+        self.setMinimumSize(140, 120)
         self.plotItem.setTitle(title, size="9pt")
         self.plotItem.showGrid(x=False, y=True, alpha=0.15)
         self._restyle_pending = False

@@ -14,7 +14,7 @@ COLORS = {"ours": "#3fb28f", "eager": "#8a8f98", "compile_default": "#4f9dde", "
 class EndToEnd(ProfilePlot):
     def __init__(self, data, parent=None):
         self.data = data
-        super().__init__("End to end vs torch", parent)
+        super().__init__("E2E", parent)
         self.setLabel("bottom", "time (us)")
         self.plotItem.showGrid(x=True, y=False, alpha=0.15)
         self.plotItem.getAxis("left").setWidth(96)
@@ -48,13 +48,17 @@ class EndToEnd(ProfilePlot):
             col = pg.mkColor(COLORS.get(k, "#e0b94a"))
             pi.addItem(pg.BarGraphItem(x0=[0], y=[i], width=[ms * 1e3], height=0.6, brush=col, pen=pg.mkPen(col)))
             note = fmt_ms(ms)
-            if ours and k != "ours" and k in LABELS:
-                note += f"  ({ms / ours:.2f}x ours)"
             t = pg.TextItem(note, color=self.text_color(), anchor=(0, 0.5))
             t.setPos(ms * 1e3, i)
             pi.addItem(t)
         pi.getAxis("left").setTicks([ticks])
+        best = [ms for k, ms in rows if k.startswith("compile") and ms]
+        eager = self.data.end_to_end.get("eager")
+        title = self.title
+        if ours and eager:
+            title += f": {eager / ours:.2f}x eager" + (f", {min(best) / ours:.2f}x compile" if best else "")
+        pi.setTitle(title, size="9pt", color=self.text_color().name())
         if rows:
             top = max((ms or 0) for _, ms in rows) * 1e3
-            pi.setXRange(0, top * 2.8 if top else 1, padding=0)
+            pi.setXRange(0, top * 1.7 if top else 1, padding=0)
             pi.setYRange(-0.6, len(rows) - 0.4, padding=0)

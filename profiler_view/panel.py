@@ -26,17 +26,24 @@ class ProfilePanel(QWidget):
         self.note.setObjectName("ProfileNote")
         self.note.setSizePolicy(QSizePolicy.Preferred, QSizePolicy.Fixed)
         lay.addWidget(self.note)
-        self.split = QSplitter(Qt.Horizontal)
+        # two rows: what the kernels cost (bars, timeline, end to end), then why (roofline, tuning)
+        self.split = QSplitter(Qt.Vertical)
+        rows = [QSplitter(Qt.Horizontal), QSplitter(Qt.Horizontal)]
+        for r in rows:
+            r.setChildrenCollapsible(False)
+            self.split.addWidget(r)
         self.kernels = KernelBars(self.data)
         self.e2e = EndToEnd(self.data)
         self.timeline = Timeline(self.data)
         self.roofline = Roofline(self.data)
         self.tuning = TuningPlot(self.data)
-        self.plots = {"kernels": self.kernels, "e2e": self.e2e, "timeline": self.timeline,
+        self.plots = {"kernels": self.kernels, "timeline": self.timeline, "e2e": self.e2e,
                       "roofline": self.roofline, "tuning": self.tuning}
-        for p in self.plots.values():
-            self.split.addWidget(p)
+        for i, p in enumerate(self.plots.values()):
+            rows[0 if i < 3 else 1].addWidget(p)
             p.region_clicked.connect(self.region_clicked)
+        rows[0].setSizes([380, 300, 380])
+        rows[1].setSizes([500, 560])
         lay.addWidget(self.split, 1)
 
     def reset(self) -> None:

@@ -49,4 +49,4 @@ class Roofline(ProfilePlot):
             self.scatter.sigClicked.connect(lambda _it, points, _ev: points and self.region_clicked.emit(points[0].data()))
             pi.addItem(self.scatter)
         pi.setXRange(-3, 3, padding=0.02)
-        pi.setYRange(np.log10(bw * 1e-3) - 0.5, np.log10(peak) + 0.5, padding=0)
+        pi.setYRange(np.log10(bw * 1e-3) - 0.5, np.log10(peak) + 0.9, padding=0)
