@@ -59,6 +59,7 @@ class StudioAgent(QObject):
         w.resizeDocks([w.inspector_dock, self.regions_dock, w.history_dock], [200, 330, 80], Qt.Vertical)
         self.regions.selected_nodes = lambda: w.scene.selected_node_ids() if w.scene else []
         self.regions.region_selected.connect(self.select_region)
+        self.regions.collapse_requested.connect(self.collapse_region)
         self.regions.message.connect(lambda text, err: w.status(text, error=err))
         self.profiles.region_clicked.connect(self.select_region)
         self.log.entry_clicked.connect(self._log_clicked)
@@ -133,6 +134,13 @@ class StudioAgent(QObject):
         self.window.source_dock.raise_()
         if region_id:
             self.window.status(f"Region {region_id} selected")
+
+    def collapse_region(self, region_id: str) -> None:
+        from agent_core.regions import get_region
+        r = get_region(self.window.document.program, region_id)
+        g = self.window.scene.collapse(r.nodes, name=f"{r.id} {r.kind.replace('_', ' ')}")
+        if g is not None:
+            self.window.status(f"Collapsed region {r.id} into one node (double-click it to expand)")
 
     def _log_clicked(self, e: dict) -> None:
         if e.get("region"):

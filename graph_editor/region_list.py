@@ -18,6 +18,7 @@ COLUMNS = ("Region", "Kind", "Status", "Nodes", "Speedup", "Measured")
 class RegionList(QWidget):
     region_selected = Signal(str)   # the user picked a region in the list
     message = Signal(str, bool)     # text, is an error
+    collapse_requested = Signal(str)   # draw the region as one node (the canvas does it: view state)
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -45,11 +46,12 @@ class RegionList(QWidget):
                 ("split", "Split", "Split the region: the selected canvas nodes become a region of their own"),
                 ("merge", "Merge", "Merge the selected regions into one"),
                 ("draw", "From selection", "Draw a region around the nodes selected on the canvas"),
-                ("remove", "Remove", "Remove the selected regions"))):
+                ("remove", "Remove", "Remove the selected regions"),
+                ("collapse", "Collapse", "Draw the selected region as one node on the canvas (Ctrl+Shift+G expands)"))):
             b = QPushButton(text)
             b.setToolTip(tip)
             b.clicked.connect(getattr(self, key))
-            grid.addWidget(b, i // 4, i % 4)
+            grid.addWidget(b, i // 5, i % 5)
             self.buttons[key] = b
         lay.addLayout(grid)
         self._syncing = False
@@ -178,6 +180,13 @@ class RegionList(QWidget):
             self.message.emit(f"Drew region {region.id} ({region.kind}) around {len(nodes)} nodes", False)
             self.select(region.id)
             self.region_selected.emit(region.id)
+
+    def collapse(self) -> None:
+        ids = self.selected_ids()
+        if len(ids) != 1:
+            self.message.emit("Select one region to collapse", True)
+            return
+        self.collapse_requested.emit(ids[0])
 
     def plan(self) -> None:
         from agent_core.planner import apply_plan, plan_program

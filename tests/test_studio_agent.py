@@ -170,6 +170,12 @@ def test_region_edits_from_the_list_are_undoable(window):
     while stack.canUndo():
         stack.undo()
     assert [r.to_dict() for r in program.regions] == before
+    # a region collapses into one node; its hull then wraps that node
+    lst.select("r1")
+    lst.collapse()
+    assert len(window.scene.groups) == 1 and set(window.scene.groups[0].members) == set(program.regions[0].nodes)
+    assert agent.overlay.items["r1"].path.boundingRect().contains(window.scene.groups[0].sceneBoundingRect())
+    window.scene.expand(window.scene.groups[0])
     # drawing over nodes that already belong to a region is refused with the model's reason
     window.scene.select_nodes(program.regions[0].nodes)
     lst.draw()
