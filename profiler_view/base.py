@@ -9,7 +9,7 @@ from PySide6.QtGui import QColor, QPalette
 KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
                "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "single": "#8a8f98", "opaque": "#6b6f76"}
 BEFORE = "#8a8f98"
-FLOOR = "#e0b94a"
+FLOOR = "#c8961e"   # gold that reads on both the dark and the light background
 
 
 def kind_color(kind: str) -> QColor:

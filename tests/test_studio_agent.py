@@ -224,7 +224,8 @@ def test_screenshots_with_regions_source_and_profiles(window, qtbot):
             window.toggle_theme()
         window.agent.open_results(GPU)
         window.agent.select_region("r1")
-        window.view.show_program()
+        QApplication.processEvents()
+        window.view.fit_all()   # after the docks took their room
         QApplication.processEvents()
         path = os.path.join(SHOTS, f"studio_agent_{theme}.png")
         window.screenshot(path)
