@@ -456,9 +456,10 @@ def test_regions_that_no_longer_fit_are_dropped_and_logged_or_refused_when_stric
     from agent_core.regions import Region
     p = make_program(big=False)
     a, r, m = list(p.nodes)
-    p.regions = [Region("r1", "pointwise", [a, r]), Region("r2", "pointwise", [m])]
-    p.remove_node(r)  # the editor's delete: r1 now names a node that is gone
+    p.remove_node(r)
     p.set_input(m, 0, p.nodes[a].outputs[0])
+    # a file written by a tool that left r1 naming the deleted node (remove_node itself drops it)
+    p.regions = [Region("r1", "pointwise", [a, r]), Region("r2", "pointwise", [m])]
     path = saved(tmp_path, p)
     q = load_program(path)
     assert [x.id for x in q.regions] == ["r2"]
