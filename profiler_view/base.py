@@ -65,6 +65,14 @@ class ProfilePlot(pg.PlotWidget):
     def redraw(self) -> None:   # subclasses draw their data
         pass
 
+    def empty_hint(self, text: str) -> None:
+        """Say in the plot why it is empty (e.g. nothing is measured without a GPU)."""
+        t = pg.TextItem(text, color=self.text_color(), anchor=(0.5, 0.5))
+        vb = self.plotItem.getViewBox()
+        (x0, x1), (y0, y1) = vb.viewRange()
+        t.setPos((x0 + x1) / 2, (y0 + y1) / 2)
+        self.plotItem.addItem(t)
+
     def text_color(self) -> QColor:
         return getattr(self, "fg", QColor("#888"))
 

@@ -50,3 +50,8 @@ class Roofline(ProfilePlot):
             pi.addItem(self.scatter)
         pi.setXRange(-3, 3, padding=0.02)
         pi.setYRange(np.log10(bw * 1e-3) - 0.5, np.log10(peak) + 0.9, padding=0)
+        if not pts:
+            t = pg.TextItem("Measured kernels appear here\n(needs a GPU run)", color=self.text_color(),
+                            anchor=(0.5, 0.5))
+            t.setPos(1.4, np.log10(bw * 1e-3) + 0.5)   # under the compute roof, clear of the line
+            pi.addItem(t)

@@ -45,4 +45,9 @@ class TuningPlot(ProfilePlot):
                 low = min((s.ms for s in ok), default=0.001) * 1e3
                 pi.plot([s.trial for s in bad], [low * 0.9] * len(bad), pen=None, symbol="x", symbolSize=8,
                         symbolBrush=col, symbolPen=pg.mkPen(col))
+        if not self.data.tuning:
+            pi.setXRange(0, 6, padding=0)
+            pi.setYRange(0, 1, padding=0)
+            self.empty_hint("Trials appear here while\nthe agent tunes on a GPU")
+            return
         pi.enableAutoRange()
