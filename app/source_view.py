@@ -6,6 +6,7 @@ display only: the model is not changed. Compile runs NVRTC (cached) on what is s
 """
 from __future__ import annotations
 
+import difflib
 import re
 
 from PySide6.QtCore import QRegularExpression, Qt
@@ -86,11 +87,19 @@ class SourceView(QWidget):
         self.scope.currentIndexChanged.connect(lambda _i: self.refresh())
         self.title = QLabel("No region selected")
         self.title.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.variant = QComboBox()
+        self.variant.setToolTip("Compare this kernel with a tuning variant (a unified diff)")
+        self.variant.setMinimumContentsLength(14)
+        self.variant.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        self.variant.currentIndexChanged.connect(self._variant_changed)
+        self.variants: list[dict] = []
+        self.trials_for = lambda region_id: []   # measured tune steps of a region (the studio sets this)
         self.compile_btn = QPushButton("Compile")
         self.compile_btn.setToolTip("Compile what is shown with NVRTC (sm_90 without a GPU) and mark any error")
         self.compile_btn.clicked.connect(self.compile_shown)
         top.addWidget(self.scope)
         top.addWidget(self.title, 1)
+        top.addWidget(self.variant)
         top.addWidget(self.compile_btn)
         lay.addLayout(top)
         self.edit = QPlainTextEdit()
@@ -150,6 +159,7 @@ class SourceView(QWidget):
         from agent_core.regions import active_regions
         p = self.program
         text, note = "", ""
+        self._fill_variants(None)
         if p is None:
             self.title.setText("No program")
         elif self.scope.currentIndex() == 1:
@@ -169,11 +179,77 @@ class SourceView(QWidget):
             else:
                 src, note = self.region_source(r)
                 text = src or ""
+                self._fill_variants(r if src else None)
                 ops = ", ".join(f"{p.nodes[n].name} ({p.nodes[n].op})" for n in r.nodes if n in p.nodes)
                 self.title.setText(f"{r.id} · {r.kind.replace('_', ' ')} · {ops}")
         self.edit.setPlainText(text)
         self.status.setText(note)
         self._mark_error()
+
+    # tuning variants ---------------------------------------------------------------------------------
+    def _fill_variants(self, region) -> None:
+        """The variants of `region`'s kernel: the trials the agent measured (with their times), else
+        the tuning space codegen offers for it."""
+        self.variant.blockSignals(True)
+        self.variant.clear()
+        self.variants = []
+        if region is not None:
+            steps = [t for t in self.trials_for(region.id) if t.trial > 0]
+            if steps:
+                self.variants = [dict(t.params) for t in steps]
+                labels = [f"vs trial {t.trial}" + (f" ({t.ms * 1e3:.1f} us)" if t.ms else " (rejected)") for t in steps]
+            else:
+                self.variants = self._tune_space(region)
+                labels = [f"vs variant {i + 1}" for i in range(len(self.variants))]
+            if self.variants:
+                self.variant.addItem("This kernel")
+                for label, params in zip(labels, self.variants):
+                    self.variant.addItem(label)
+                    self.variant.setItemData(self.variant.count() - 1, str(params), Qt.ToolTipRole)
+        self.variant.setVisible(bool(self.variants))
+        self.variant.blockSignals(False)
+
+    def _kernel(self, region, params=None):
+        from agent_core.agent.loop import kernel_name
+        from agent_core.codegen import generate_kernel
+        return generate_kernel(self.program, region.nodes, name=kernel_name(self.program, region.id),
+                               kind=region.kind, params=params)
+
+    def _tune_space(self, region) -> list[dict]:
+        from agent_core.agent.tune import tune_space
+        try:
+            return tune_space(self._kernel(region))
+        except Exception:   # no kernel for this region: nothing to compare
+            return []
+
+    def _variant_changed(self, index: int) -> None:
+        r = next((x for x in (self.program.regions if self.program else []) if x.id == self.region_id), None)
+        if r is None or index <= 0:
+            self.variant.blockSignals(True)
+            self.refresh()
+            self.variant.setCurrentIndex(0)
+            self.variant.blockSignals(False)
+            return
+        params = self.variants[index - 1]
+        base, _ = self.region_source(r)
+        try:
+            other = self._kernel(r, params).source
+        except Exception as e:
+            self.status.setText(f"Variant {params} cannot be generated: {e}")
+            return
+        diff = list(difflib.unified_diff((base or "").splitlines(), other.splitlines(), "this kernel",
+                                         f"variant {params}", lineterm="", n=2))
+        self.edit.setPlainText("\n".join(diff) if diff else "// the variant's source is identical")
+        self.status.setText(f"Diff against the variant with {params}")
+        sels = []
+        for i, line in enumerate(diff):
+            if line[:1] in "+-" and line[:3] not in ("+++", "---"):
+                sel = QTextEdit.ExtraSelection()
+                sel.format.setBackground(QColor(60, 180, 90, 60) if line[0] == "+" else QColor(220, 60, 60, 60))
+                sel.format.setProperty(QTextFormat.FullWidthSelection, True)
+                sel.cursor = QTextCursor(self.edit.document().findBlockByNumber(i))
+                sels.append(sel)
+        self.edit.setExtraSelections(sels)
 
     # compile errors ------------------------------------------------------------------------------
     def show_compile_error(self, message: str, line: int | None = None) -> None:

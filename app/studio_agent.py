@@ -57,6 +57,7 @@ class StudioAgent(QObject):
         w.resizeDocks([w.source_dock, w.profile_dock], [440, 1060], Qt.Horizontal)
         w.resizeDocks([w.source_dock], [420], Qt.Vertical)
         w.resizeDocks([w.inspector_dock, self.regions_dock, w.history_dock], [200, 330, 80], Qt.Vertical)
+        self.source.trials_for = lambda rid: self.profiles.data.tuning.get(rid, [])
         self.regions.selected_nodes = lambda: w.scene.selected_node_ids() if w.scene else []
         self.regions.region_selected.connect(self.select_region)
         self.regions.collapse_requested.connect(self.collapse_region)

@@ -202,6 +202,21 @@ def test_plan_without_gpu_shows_regions_and_estimates(window):
     assert not program.regions and not agent.overlay.items
 
 
+def test_diff_against_a_tuning_variant(window):
+    agent = window.agent
+    agent.open_results(GPU)
+    agent.select_region("r1")
+    sv = agent.source
+    assert sv.variant.isVisible() and sv.variant.count() == 6   # this kernel + the 5 measured trials
+    assert "4.9 us" in sv.variant.itemText(1)
+    sv.variant.setCurrentIndex(1)
+    text = sv.edit.toPlainText()
+    assert text.startswith("--- this kernel") and "\n+" in text and "\n-" in text
+    assert sv.edit.extraSelections()
+    sv.variant.setCurrentIndex(0)
+    assert "__global__" in sv.edit.toPlainText() and not sv.edit.toPlainText().startswith("---")
+
+
 def test_compile_errors_are_marked_at_their_line(window):
     sv = window.agent.source
     window.agent.open_results(CPU)
