@@ -281,3 +281,10 @@ def test_two_scratch_buffers_of_one_kernel_get_their_own_names(tmp_path):
     assert len(names) == 2 and len(set(names)) == 2, names
     source = (tmp_path / "e" / "stitch_program.cu").read_text()
     assert all(f"stitch_memory::{n})" in source for n in names)
+
+
+def test_large_data_gets_a_size_warning(tmp_path, monkeypatch):
+    import agent_core.export as export
+    monkeypatch.setattr(export, "SIZE_WARNING_BYTES", 1000)
+    res = export.export_program(import_file(str(EXAMPLES / "mlp_block.py")), tmp_path / "e")
+    assert res.warnings and "--no-params" in res.warnings[0]
