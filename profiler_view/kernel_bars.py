@@ -48,7 +48,7 @@ class KernelBars(ProfilePlot):
                             + (f"\nfloor {fmt_ms(k.floor_ms)}" if k.floor_ms else "")
                             + (f", {k.achieved_gbs:.0f} GB/s" if k.achieved_gbs else ""))
             if k.floor_ms:
-                floor_x.append(i + W / 2 - W / 2)
+                floor_x.append(i + W * 0.475)   # on the fused bar
                 floor_y.append(k.floor_ms * 1e3)
         self.bars = None
         if regions:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from PySide6.QtCore import QPoint, QPointF, QStandardPaths, Qt
+from PySide6.QtCore import QPointF, QStandardPaths, Qt
 from PySide6.QtWidgets import QApplication
 
 QStandardPaths.setTestModeEnabled(True)
