@@ -7,6 +7,7 @@ and a scalar tail for the last numel % 4 elements.
 from __future__ import annotations
 
 import math
+import re
 
 from ..ir import Program
 from ..ops.common import broadcast
@@ -211,8 +212,8 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
             k += ["      }", "    }"]
         k += ["#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
               "      const index_t v = v0 + u * stride;",
-              "      if (v >= kNumVec) break;",
-              "      const index_t i = v * kVecWidth;"]
+              "      if (v >= kNumVec) break;"]
+        body_start = len(k)
         for vid, mode in group_mode.items():
             if mode == "uniform":
                 k.append(f"      const {c_type(vals[vid].dtype, '')} {arg[vid]}_u = {arg[vid]}[{offsets[vid]}(i)];"
@@ -230,6 +231,8 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
         for vid in io.outputs:
             if is_f32[vid]:
                 k.append(f"      reinterpret_cast<float4*>({arg[vid]})[v] = {arg[vid]}4;")
+        if any(re.search(r"\bi\b", line) for line in k[body_start:]):  # element index, when used
+            k.insert(body_start, "      const index_t i = v * kVecWidth;")
         k += ["    }", "  }"]
         if numel % 4:
             k += [f"  // scalar tail: the last {numel % 4} element(s)",
