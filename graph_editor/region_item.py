@@ -231,6 +231,10 @@ class RegionOverlay(QObject):
         return rects
 
     def update_geometry(self) -> None:
+        """Follow moved nodes (called once per scene change batch: Qt coalesces `changed`); an
+        unchanged hull is not rebuilt (RegionItem compares its members' rects)."""
+        if not self.items:
+            return
         regs = {r.id: r for r in self.scene.program.regions}
         for rid, item in self.items.items():
             r = regs.get(rid)
