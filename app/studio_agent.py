@@ -13,7 +13,7 @@ import shutil
 import tempfile
 
 from PySide6.QtCore import QObject, Qt
-from PySide6.QtWidgets import QFileDialog
+from PySide6.QtWidgets import QFileDialog, QProgressBar
 
 from agent_core.errors import StitchError
 from graph_editor.region_commands import RegionEditCommand
@@ -68,6 +68,12 @@ class StudioAgent(QObject):
         self.worker.bad_line.connect(self._bad_line)
         self.worker.finished.connect(self._run_finished)
         self._actions()
+        self.bar = QProgressBar()
+        self.bar.setMaximumWidth(160)
+        self.bar.setMaximumHeight(14)
+        self.bar.setTextVisible(True)
+        self.bar.hide()
+        w.statusBar().addPermanentWidget(self.bar)
         w.document_set.connect(self.document_set)
         self.document_set()
 
@@ -194,6 +200,8 @@ class StudioAgent(QObject):
         self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *extra_args])
         self.act["cancel"].setEnabled(True)
         self.act["optimize"].setEnabled(False)
+        self.bar.setRange(0, 0)   # busy until the plan says how many regions there are
+        self.bar.show()
         w.status("Optimizing: starting the worker…")
         return True
 
@@ -220,6 +228,10 @@ class StudioAgent(QObject):
                 self.source.show_compile_error(reason)
         if self.worker.running:
             n, d = self.progress["regions"], self.progress["done"]
+            if n:
+                self.bar.setRange(0, n)
+                self.bar.setValue(min(d, n))
+                self.bar.setFormat(f"{d}/{n} regions")
             step = f"{k} {rid}" if rid else k
             self.window.status(f"Optimizing: {step}" + (f" ({d}/{n} regions done)" if n else ""))
 
@@ -230,6 +242,7 @@ class StudioAgent(QObject):
         w = self.window
         self.act["cancel"].setEnabled(False)
         self.act["optimize"].setEnabled(True)
+        self.bar.hide()
         self.log.note(message, "info" if status in ("done", "no-gpu") else "warning")
         if status not in ("done", "no-gpu"):
             w.status(f"Optimize: {message}", error=True)

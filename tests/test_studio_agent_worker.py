@@ -55,7 +55,7 @@ def test_real_worker_streams_events_while_the_gui_stays_responsive(window, qtbot
     agent.worker.event.connect(lambda e: seen.append(e["event"]))
     with qtbot.waitSignal(agent.worker.finished, timeout=120_000) as done:
         assert agent.optimize(FAST)
-        assert agent.act["cancel"].isEnabled()
+        assert agent.act["cancel"].isEnabled() and agent.bar.isVisible()
     timer.stop()
     status, message = done.args
     assert status == "no-gpu", message
@@ -69,7 +69,7 @@ def test_real_worker_streams_events_while_the_gui_stays_responsive(window, qtbot
     assert program.regions, window.refusal_label.text()
     assert all(r.source for r in program.regions if r.kind == "reduction")
     assert sorted(agent.overlay.items) == sorted(r.id for r in program.regions)
-    assert "Optimize finished" in window.status_label.text()
+    assert "Optimize finished" in window.status_label.text() and not agent.bar.isVisible()
     agent.select_region(program.regions[0].id)
     assert "__global__" in agent.source.edit.toPlainText()
     window.document.stack.undo()
