@@ -13,7 +13,7 @@ import shutil
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC, DST = os.path.join(HERE, "mlp_small_cpu"), os.path.join(HERE, "mlp_small_gpu_synthetic")
-HW = {"name": "NVIDIA H200", "compute_capability": "9.0", "sm_count": 132, "copy_bandwidth_gbs": 4200.0}
+HW = {"name": "synthetic H200 (hand-made test data, not a measurement)", "compute_capability": "9.0", "sm_count": 132, "copy_bandwidth_gbs": 4200.0}
 # region -> (default ms, trial ms (None = rejected), unfused ms, bytes, flops)
 TIMES = {"r1": (0.0046, [0.0049, 0.0043, None, 0.0044, 0.0047], 0.0071, 8448, 32768),
          "r2": (0.0045, [0.0047, 0.0042, 0.0044, None, 0.0046], 0.0069, 8448, 32768)}
