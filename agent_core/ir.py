@@ -7,6 +7,7 @@ the model, never keeps a copy of it).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterable
@@ -15,7 +16,7 @@ import networkx as nx
 import numpy as np
 
 from .errors import ConnectionRefused, CycleError, ProgramError, ShapeError
-from .ops import OpDef, TensorSpec, get_op
+from .ops import DTYPE_BYTES, OpDef, TensorSpec, get_op
 
 
 class Role(str, Enum):
@@ -51,7 +52,8 @@ class Value:
 
     @property
     def nbytes(self) -> int:
-        return self.spec.nbytes
+        # computed directly: the planner asks this of thousands of values, a TensorSpec per call adds up
+        return math.prod(self.shape) * DTYPE_BYTES[self.dtype]
 
 
 @dataclass
