@@ -46,9 +46,11 @@ def parse_attr(attr: Attr, text: str):
             return float(t)
         if attr.kind == "scalar":
             return int(t) if t.lstrip("-").isdigit() else float(t)
-        if attr.kind in ("ints", "floats"):
+        if attr.kind == "ints_or_str" and (t in (attr.choices or ()) or not t.strip("[]() -").replace(",", "").replace(" ", "").isdigit()):
+            return t  # a named mode such as conv padding "same"; Attr.check refuses anything else
+        if attr.kind in ("ints", "floats", "ints_or_str"):
             parts = [p for p in t.strip("[]() ").replace(",", " ").split() if p]
-            conv = int if attr.kind == "ints" else float
+            conv = float if attr.kind == "floats" else int
             return [conv(p) for p in parts]
         if attr.kind == "json":
             return json.loads(t)

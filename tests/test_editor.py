@@ -360,3 +360,13 @@ def test_nodes_added_at_the_centre_do_not_stack(canvas):
     p, stack, scene, view = canvas
     a, b = scene.add_node("relu"), scene.add_node("relu")
     assert not scene.nodes[a].sceneBoundingRect().intersects(scene.nodes[b].sceneBoundingRect().adjusted(2, 2, -2, -2))
+
+
+def test_inspector_parses_conv_padding_as_list_or_mode():
+    from agent_core.ops import get_op
+    from graph_editor.inspector import parse_attr
+    padding = next(a for a in get_op("conv2d").attrs if a.name == "padding")
+    assert padding.check("conv2d", parse_attr(padding, "[1, 1]")) == [1, 1]
+    assert padding.check("conv2d", parse_attr(padding, "same")) == "same"
+    with pytest.raises(Exception, match="padding"):
+        padding.check("conv2d", parse_attr(padding, "sideways"))
