@@ -335,3 +335,23 @@ def test_real_modules_import_and_match():
     assert emb.value_by_name("input").init == {"kind": "randint", "low": 0, "high": 10}
     lstm = _import_and_verify(nn.LSTM(4, 6, batch_first=True), [torch.randn(2, 3, 4)])
     assert _ops(lstm) == ["opaque"] and "aten.lstm.input" in lstm.metadata["opaque_ops"]
+
+
+def test_complex_intermediates_run_as_opaque_nodes(tmp_path):
+    """torch.fft makes complex values: they flow between opaque nodes and the import still matches."""
+    src = tmp_path / "fft_model.py"
+    src.write_text(
+        "import torch, torch.nn as nn\n"
+        "class Model(nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.view_as_real(torch.fft.rfft(x)).sum(-1)\n"
+        "def get_inputs():\n    return [torch.randn(4, 16)]\n"
+        "def get_init_inputs():\n    return []\n")
+    from agent_core.importers import import_file
+    from agent_core.reference import random_inputs, run_reference
+    p = import_file(str(src))
+    assert not [d for d in p.validate() if d.severity == "error"]
+    assert any("fft_rfft" in w for w in p.metadata["import_warnings"])
+    x = random_inputs(p)["x"]
+    expected = torch.view_as_real(torch.fft.rfft(x)).sum(-1)
+    assert torch.allclose(run_reference(p, [x])["sum"], expected, atol=1e-5)

@@ -471,7 +471,7 @@ def test_opaque_template_errors():
     op = get_op("opaque")
     base = {"target": "aten.relu.default", "out_specs": [{"shape": [2]}]}
     for args, msg in (([{"input": 1}], "refers to input 1"), ([{"code": "x"}], "only"),
-                      ([{"dtype": "complex64"}], "unknown dtype")):
+                      ([{"dtype": "complex32"}], "unknown dtype")):
         with pytest.raises(ShapeError, match=msg):
             op.infer([TensorSpec((2,))], op.normalize_attrs({**base, "args": args}))
     with pytest.raises(ShapeError, match="out_specs"):

@@ -9,7 +9,7 @@ from .registry import FLOAT_DTYPES, TensorSpec
 _TORCH_DTYPES = {
     "float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
     "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32, "int8": torch.int8,
-    "uint8": torch.uint8, "bool": torch.bool,
+    "uint8": torch.uint8, "bool": torch.bool, "complex64": torch.complex64, "complex128": torch.complex128,
 }
 _DTYPE_NAMES = {v: k for k, v in _TORCH_DTYPES.items()}
 

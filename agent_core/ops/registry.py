@@ -14,9 +14,11 @@ from ..errors import ProgramError, ShapeError
 CATEGORIES = (
     "pointwise", "reduction", "normalization", "matmul", "convolution", "pooling", "layout", "opaque",
 )
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
+# complex values only flow between opaque nodes (torch.fft and friends): no library op computes on them
+DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool",
+          "complex64", "complex128")
 DTYPE_BYTES = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
-               "int8": 1, "uint8": 1, "bool": 1}
+               "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16}
 FLOAT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 
