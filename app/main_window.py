@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import uuid
+from contextlib import nullcontext
 
 from PySide6.QtCore import (QByteArray, QMimeData, QObject, QPoint, QRunnable, QSettings, Qt, QThreadPool,
                             QTimer, Signal)
@@ -181,7 +182,13 @@ class MainWindow(QMainWindow):
             "theme": A("Toggle &dark / light theme", self.toggle_theme, "Ctrl+Shift+T", "theme"),
         }
         self.act["undo"] = A("&Undo", lambda: self.document.stack.undo(), K.Undo, "undo", "Undo")
-        self.act["redo"] = A("&Redo", lambda: self.document.stack.redo(), [K(K.Redo), K("Ctrl+Y")], "redo", "Redo")
+        # the platform's redo keys plus Ctrl+Y and Ctrl+Shift+Z, each once: a key listed twice on one
+        # action is an "ambiguous shortcut" and does nothing (Qt's Redo already is Ctrl+Y on some platforms)
+        redo_keys = []
+        for k in K.keyBindings(K.Redo) + [K("Ctrl+Y"), K("Ctrl+Shift+Z")]:
+            if k not in redo_keys:
+                redo_keys.append(k)
+        self.act["redo"] = A("&Redo", lambda: self.document.stack.redo(), redo_keys, "redo", "Redo")
         for name in ("fit", "delete"):  # single keys act only while the canvas has focus
             self.act[name].setShortcutContext(Qt.WidgetWithChildrenShortcut)
             self.removeAction(self.act[name])
@@ -431,6 +438,8 @@ class MainWindow(QMainWindow):
             r = QMessageBox.question(self, title, text, QMessageBox.Save | QMessageBox.Discard | QMessageBox.Cancel,
                                      QMessageBox.Save)
             return {QMessageBox.Save: "save", QMessageBox.Discard: "discard"}.get(r, "cancel")
+        if kind == "folder":   # the answer is a directory path, "" when cancelled
+            return QFileDialog.getExistingDirectory(self, title, self._last_dir())
         if kind == "restore":
             r = QMessageBox.question(self, title, text, QMessageBox.Yes | QMessageBox.No, QMessageBox.Yes)
             return "yes" if r == QMessageBox.Yes else "no"
@@ -650,8 +659,10 @@ class MainWindow(QMainWindow):
         groups = [i for i in self.scene.selectedItems() if isinstance(i, GroupItem)]
         if not groups:
             self.status("Select a collapsed group to expand")
-        for g in groups:
-            self.scene.expand(g)
+            return
+        with macro(self.document.stack, f"Expand {len(groups)} groups") if len(groups) > 1 else nullcontext():
+            for g in groups:   # one gesture, one undo step
+                self.scene.expand(g)
 
     def validate(self) -> None:
         diags = self.document.program.validate()

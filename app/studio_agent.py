@@ -12,7 +12,7 @@ import os
 import shutil
 import tempfile
 
-from PySide6.QtCore import QObject, Qt
+from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 from PySide6.QtWidgets import QFileDialog, QProgressBar
 
 from agent_core.errors import StitchError
@@ -27,7 +27,33 @@ from .source_view import SourceView
 from .worker_client import WorkerClient
 
 
+class _ExportRelay(QObject):
+    done = Signal(str, object)   # output folder, (program name, ExportResult) or the exception
+
+
+class _ExportJob(QRunnable):
+    """Rebuilds the program from its JSON snapshot and exports it, off the GUI thread. The snapshot is
+    taken on the GUI thread, so edits made meanwhile (and the plan the export adds to a program without
+    regions) never reach the document."""
+
+    def __init__(self, snapshot: dict, outdir: str, relay: _ExportRelay):
+        super().__init__()
+        self.snapshot, self.outdir, self.relay = snapshot, outdir, relay
+
+    def run(self):
+        from agent_core.export import export_program
+        from agent_core.project_file import program_from_json
+        try:
+            program = program_from_json(self.snapshot)
+            result = (program.name, export_program(program, self.outdir))
+        except Exception as e:  # shown in the status bar; a bug in the exporter included
+            result = e if isinstance(e, (StitchError, OSError)) else StitchError(f"{type(e).__name__}: {e}")
+        self.relay.done.emit(self.outdir, result)
+
+
 class StudioAgent(QObject):
+    exported = Signal(str, bool)   # an export finished: output folder, success
+
     def __init__(self, window):
         super().__init__(window)
         w = self.window = window
@@ -67,6 +93,10 @@ class StudioAgent(QObject):
         self.worker.event.connect(self.on_event)
         self.worker.bad_line.connect(self._bad_line)
         self.worker.finished.connect(self._run_finished)
+        self._exporter = QThreadPool(self)
+        self._exporter.setMaxThreadCount(1)
+        self._export_relay = _ExportRelay(self)
+        self._export_relay.done.connect(self._export_done)
         self._actions()
         self.bar = QProgressBar()
         self.bar.setMaximumWidth(160)
@@ -88,6 +118,8 @@ class StudioAgent(QObject):
             "cancel": A("&Cancel Optimize", self.cancel, "Shift+F5", None, "Stop the running worker"),
             "open_results": A("Open &results…", self.open_results_dialog, "Ctrl+Shift+O", None,
                               "Open a folder written by stitchcuda optimize (program, events, profile)"),
+            "export": A("E&xport CUDA project…", self.export_dialog, "Ctrl+E", None,
+                        "Write the program as a standalone CUDA project (kernels, CMake, driver) into an empty folder"),
         }
         self.act["cancel"].setEnabled(False)
         m = w.menuBar().addMenu("&Agent")
@@ -95,6 +127,8 @@ class StudioAgent(QObject):
             m.addAction(self.act[k])
         file_menu = w.menuBar().actions()[0].menu()
         file_menu.insertAction(w.act["import"], self.act["open_results"])
+        file_menu.insertAction(w.act["quit"], self.act["export"])
+        file_menu.insertSeparator(w.act["quit"])
         view_menu = w.menuBar().actions()[2].menu()
         for d in (self.regions_dock, self.log_dock):
             view_menu.addAction(d.toggleViewAction())
@@ -292,7 +326,62 @@ class StudioAgent(QObject):
         if self.worker.running:
             self.worker.cancel()
             self.worker.wait(3000)
+        self._exporter.waitForDone(30000)   # an export writes its folder to the end
         self._cleanup()
+
+    # export (worker thread) ------------------------------------------------------------------------
+    def export_dialog(self) -> bool:
+        w = self.window
+        if not w.document.program.nodes:
+            w.status("Nothing to export: the program is empty", error=True)
+            return False
+        folder = w.ask("folder", "Export CUDA project into an empty folder", "")
+        if not folder or not os.path.isabs(folder):   # the dialog answers an absolute path or "" (cancelled)
+            return False
+        return self.export(folder)
+
+    def export(self, folder: str) -> bool:
+        """Export the document's program into `folder` (empty or new) on a worker thread; `exported`
+        when done. The document is never changed, whatever the outcome."""
+        from agent_core.project_file import program_to_json
+        w = self.window
+        if not self.act["export"].isEnabled():
+            w.status("An export is already running", error=True)
+            return False
+        if os.path.isdir(folder) and os.listdir(folder):
+            w.status(f"Export refused: {folder} is not empty; choose an empty folder", error=True)
+            return False
+        try:
+            snapshot = program_to_json(w.document.program)
+        except (StitchError, OSError) as e:
+            w.status(f"Export refused: {e}", error=True)
+            return False
+        self.act["export"].setEnabled(False)
+        self.bar.setRange(0, 0)
+        self.bar.setFormat("exporting")
+        self.bar.show()
+        w.status(f"Exporting {w.document.program.name} to {folder}…")
+        self._exporter.start(_ExportJob(snapshot, folder, self._export_relay))
+        return True
+
+    def _export_done(self, folder: str, result) -> None:
+        w = self.window
+        self.act["export"].setEnabled(True)
+        if not self.worker.running:
+            self.bar.hide()
+        if isinstance(result, BaseException):
+            # the exporter's messages are one line; keep the status bar to one in any case
+            w.status(f"Export refused: {str(result).splitlines()[0] if str(result) else type(result).__name__}",
+                     error=True)
+            self.exported.emit(folder, False)
+            return
+        name, res = result
+        kernels = sum(1 for s in res.schedule.steps if s.kind == "kernel")
+        gemms = sum(1 for s in res.schedule.steps if s.kind == "gemm")
+        warn = f"; {res.warnings[0]}" if res.warnings else ""
+        w.status(f"Exported {name} to {folder}: {len(res.schedule.steps)} launches ({kernels} kernels, "
+                 f"{gemms} cuBLAS calls), {len(res.files)} files{warn}")
+        self.exported.emit(folder, True)
 
     # results folders -------------------------------------------------------------------------------
     def open_results_dialog(self) -> None:

@@ -195,3 +195,28 @@ class MoveNodes(QUndoCommand):
         for nid, pos in self.old.items():
             if nid in self.program.nodes:
                 self.program.set_pos(nid, pos)
+
+
+class SetCollapsed(QUndoCommand):
+    """Collapse or expand node groups: replaces program.metadata["editor"]["collapsed"] (a list of
+    {"name", "nodes"}). The scene rebuilds its group items from the "groups_changed" event."""
+
+    def __init__(self, program: Program, groups: list[dict], text: str):
+        super().__init__(text)
+        self.program = program
+        self.new = _copy_groups(groups)
+        self.old = _copy_groups(program.metadata.get("editor", {}).get("collapsed", []))
+
+    def _set(self, groups: list[dict]) -> None:
+        self.program.metadata.setdefault("editor", {})["collapsed"] = _copy_groups(groups)
+        self.program._emit("groups_changed")  # metadata has no setter of its own that would announce it
+
+    def redo(self):
+        self._set(self.new)
+
+    def undo(self):
+        self._set(self.old)
+
+
+def _copy_groups(groups) -> list[dict]:
+    return [{"name": g.get("name", "group"), "nodes": list(g.get("nodes", []))} for g in groups]

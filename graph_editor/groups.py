@@ -1,14 +1,16 @@
 """Collapsing a group of nodes into one item and expanding it again (part of GraphScene).
 
-Groups are view state, not edits: they are kept in program.metadata["editor"]["collapsed"] so they
-survive saving, and they are not undo steps. Edges crossing a group's border end on its ports;
-edges inside it are hidden. The planner's fused regions (next issue) can collapse the same way.
+Groups live in program.metadata["editor"]["collapsed"], so they survive saving. Collapsing and
+expanding are undo steps (commands.SetCollapsed) that change only that list; the scene follows the
+"groups_changed" event. Edges crossing a group's border end on its ports; edges inside it are
+hidden. The planner's fused regions collapse the same way.
 """
 from __future__ import annotations
 
 from PySide6.QtCore import QPointF, QRectF
 from PySide6.QtWidgets import QGraphicsItem
 
+from . import commands as C
 from .edge_item import GroupItem
 
 
@@ -18,18 +20,42 @@ class GroupsMixin:
         if len(members) < 2:
             self.message.emit("select at least two nodes to collapse")
             return None
-        g = self._make_group(name or f"group {len(self.groups) + 1}", members)
-        self._save_groups()
+        name = name or f"group {len(self.groups) + 1}"
+        groups = self._group_dicts() + [{"name": name, "nodes": members}]
+        self.stack.push(C.SetCollapsed(self.program, groups, f"Collapse {len(members)} nodes into {name}"))
+        g = self.group_of.get(members[0])
         self.clearSelection()
-        g.setSelected(True)
+        if g is not None:
+            g.setSelected(True)
         return g
 
     def expand(self, group: GroupItem) -> list[str]:
         members = list(group.members)
-        self._drop_group(group)
-        self._save_groups()
-        self.select_nodes(members)
+        groups = [d for g, d in zip(self.groups, self._group_dicts()) if g is not group]
+        self.stack.push(C.SetCollapsed(self.program, groups, f"Expand {group.name}"))
+        self.select_nodes([m for m in members if m in self.nodes])
         return members
+
+    def _group_dicts(self) -> list[dict]:
+        return [{"name": g.name, "nodes": list(g.members)} for g in self.groups]
+
+    def _ev_groups_changed(self) -> None:
+        """Make the group items match the metadata: keep the unchanged ones, drop and make the rest."""
+        p = self.program
+        want = []
+        for d in p.metadata.get("editor", {}).get("collapsed", []):
+            members = [m for m in d.get("nodes", []) if m in p.nodes]
+            if members:
+                want.append((d.get("name", "group"), tuple(members)))
+        have = {(g.name, tuple(g.members)): g for g in self.groups}
+        for key, g in have.items():
+            if key not in want:
+                self._drop_group(g)
+        for name, members in want:
+            if (name, members) not in have:
+                self._make_group(name, list(members))
+        order = {key: i for i, key in enumerate(want)}
+        self.groups.sort(key=lambda g: order.get((g.name, tuple(g.members)), len(order)))
 
     def _make_group(self, name: str, members: list[str]) -> GroupItem:
         g = GroupItem(name, members, self.program, self.style)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from PySide6.QtCore import QPointF, QStandardPaths
+from PySide6.QtCore import QPointF, QStandardPaths, Qt
 from PySide6.QtWidgets import QApplication
 
 QStandardPaths.setTestModeEnabled(True)  # settings and recovery files go to a throw-away location
@@ -147,8 +147,19 @@ def test_layout_and_collapse_from_menus(window, qtbot):
     sc.select_nodes(list(win.document.program.nodes)[:3])
     win.act["collapse"].trigger()
     assert len(sc.groups) == 1 and "Collapsed 3 nodes" in win.status_label.text()
+    assert win.document.stack.undoText().startswith("Collapse 3 nodes")
     win.act["expand"].trigger()
     assert not sc.groups
+    # each gesture is one undo step, from the keyboard too
+    win.activateWindow()
+    win.view.setFocus()
+    qtbot.keyClick(win.view, Qt.Key_Z, Qt.ControlModifier)
+    assert len(sc.groups) == 1 and win.document.program.metadata["editor"]["collapsed"][0]["nodes"]
+    qtbot.keyClick(win.view, Qt.Key_Z, Qt.ControlModifier)
+    assert not sc.groups and win.document.stack.undoText() == "Auto layout"
+    qtbot.keyClick(win.view, Qt.Key_Y, Qt.ControlModifier)
+    qtbot.keyClick(win.view, Qt.Key_Y, Qt.ControlModifier)
+    assert not sc.groups and win.document.stack.undoText().startswith("Expand")
 
 
 def test_load_error_keeps_document_and_shows_cause(window, tmp_path):

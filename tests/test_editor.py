@@ -370,3 +370,27 @@ def test_inspector_parses_conv_padding_as_list_or_mode():
     assert padding.check("conv2d", parse_attr(padding, "same")) == "same"
     with pytest.raises(Exception, match="padding"):
         padding.check("conv2d", parse_attr(padding, "sideways"))
+
+
+def test_collapse_and_expand_are_undo_steps(canvas, qtbot):
+    p, stack, scene, view = canvas
+    ids = list(p.nodes)
+    view.setFocus()
+    g = scene.collapse(ids, "block")
+    assert stack.count() == 1 and stack.undoText() == "Collapse 2 nodes into block"
+    stack.undo()   # the model goes back and the scene follows it
+    assert p.metadata["editor"]["collapsed"] == [] and not scene.groups
+    assert all(scene.nodes[n].isVisible() for n in ids) and scene.edges[(ids[1], 0)].isVisible()
+    stack.redo()
+    assert [g.name for g in scene.groups] == ["block"] and not scene.nodes[ids[0]].isVisible()
+    g = scene.groups[0]
+    scene.expand(g)
+    assert stack.count() == 2 and stack.undoText() == "Expand block" and not scene.groups
+    stack.undo()
+    assert p.metadata["editor"]["collapsed"] == [{"name": "block", "nodes": ids}]
+    assert len(scene.groups) == 1 and not any(scene.nodes[n].isVisible() for n in ids)
+    assert not scene.edges[(ids[1], 0)].isVisible()
+    stack.redo()
+    assert not scene.groups and p.metadata["editor"]["collapsed"] == []
+    # too few nodes: nothing is pushed
+    assert scene.collapse(ids[:1]) is None and stack.count() == 2

@@ -245,3 +245,62 @@ def test_screenshots_with_regions_source_and_profiles(window, qtbot):
         path = os.path.join(SHOTS, f"studio_agent_{theme}.png")
         window.screenshot(path)
         assert os.path.getsize(path) > 20_000
+
+
+def _file_action(window, text):
+    file_menu = window.menuBar().actions()[0].menu()
+    return next(a for a in file_menu.actions() if a.text().replace("&", "").startswith(text))
+
+
+def test_export_cuda_project_from_the_file_menu(window, qtbot, tmp_path):
+    program = load_program(os.path.join(DATA, "mlp_small_cpu", "program.json"))   # tests/data/mlp_small.py
+    program.regions = []   # the export plans it on its own copy; the document must keep no regions
+    window.set_document(window.document.__class__(program))
+    before = window.document.stack.count()
+    out = tmp_path / "mlp_cuda"
+    window.ask = Answers(folder=str(out))
+    with qtbot.waitSignal(window.agent.exported, timeout=60000) as sig:
+        _file_action(window, "Export CUDA project").trigger()
+        assert "Exporting" in window.status_label.text() and window.agent.bar.isVisible()
+    assert sig.args == [str(out), True]
+    assert (out / "CMakeLists.txt").is_file() and (out / "manifest.json").is_file()
+    assert list((out / "kernels").glob("*.cu"))
+    assert "Exported" in window.status_label.text() and not window.agent.bar.isVisible()
+    assert not program.regions and window.document.stack.count() == before and not window.document.dirty
+    # a folder that is not empty is refused before anything runs
+    window.ask = Answers(folder=str(out))
+    assert not window.agent.export_dialog()
+    assert "not empty" in window.refusal_label.text()
+
+
+def test_refused_export_shows_its_reason_and_leaves_the_document(window, qtbot, tmp_path):
+    import numpy as np
+
+    from agent_core.ir import Program
+    p = Program("conv")
+    x = p.add_input("x", (1, 3, 8, 8))
+    w = p.add_parameter("w", np.ones((4, 3, 3, 3), np.float32))
+    c = p.add_node("conv2d", [x.id, w.id], pos=(0, 0))
+    p.mark_output(c.outputs[0])
+    window.set_document(window.document.__class__(p))
+    window.ask = Answers(folder=str(tmp_path / "conv_cuda"))
+    with qtbot.waitSignal(window.agent.exported, timeout=60000) as sig:
+        _file_action(window, "Export CUDA project").trigger()
+    assert sig.args[1] is False
+    reason = window.refusal_label.text()
+    assert reason.startswith("Export refused") and "conv2d" in reason and "\n" not in reason
+    assert not p.regions and window.document.stack.count() == 0 and not window.document.dirty
+
+
+def test_region_collapse_is_one_undo_step(window):
+    agent = window.agent
+    agent.open_results(GPU)
+    stack = window.document.stack
+    n = stack.count()
+    agent.regions.select("r1")
+    agent.regions.collapse()
+    assert len(window.scene.groups) == 1 and stack.count() == n + 1
+    window.act["undo"].trigger()
+    assert not window.scene.groups and window.document.program.metadata["editor"]["collapsed"] == []
+    window.act["redo"].trigger()
+    assert len(window.scene.groups) == 1
