@@ -13,7 +13,7 @@ import shutil
 import tempfile
 
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
-from PySide6.QtWidgets import QFileDialog, QProgressBar
+from PySide6.QtWidgets import QFileDialog, QProgressBar, QSizePolicy
 
 from agent_core.errors import StitchError
 from graph_editor.region_commands import RegionEditCommand
@@ -68,6 +68,10 @@ class StudioAgent(QObject):
         self.log = DecisionLog()
         self.worker = WorkerClient(self)
         w.source_dock.setWidget(self.source)
+        # the region title above the source may be clipped rather than widen the dock: its full text would
+        # hold the source dock at 650 px and squeeze the profile plots (their titles were cut off)
+        self.source.title.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.source.title.setMinimumWidth(120)
         w.profile_dock.setWidget(self.profiles)
         # source beside the profiles (the editor had them tabbed): both in view while the agent runs.
         # Rearranged before any new dock is tabified: moving a dock later leaves a stray tab bar behind.
