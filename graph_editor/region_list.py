@@ -18,7 +18,7 @@ COLUMNS = ("Region", "Kind", "Status", "Nodes", "Speedup", "Measured")
 class RegionList(QWidget):
     region_selected = Signal(str)   # the user picked a region in the list
     message = Signal(str, bool)     # text, is an error
-    collapse_requested = Signal(str)   # draw the region as one node (the canvas does it: view state)
+    collapse_requested = Signal(str)   # draw the region as one node (an undoable canvas command)
 
     def __init__(self, parent=None):
         super().__init__(parent)

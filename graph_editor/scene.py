@@ -3,7 +3,8 @@
 It observes `Program.subscribe` events and keeps one item per node, per program input and per
 connected input port. User gestures become undo commands (graph_editor.commands) pushed on the
 document's QUndoStack; the scene never edits its items to reflect an edit, it waits for the model's
-event. Collapsed groups are view state kept in program.metadata["editor"]["collapsed"].
+event. Collapsed groups live in the model too (program.metadata["editor"]["collapsed"], changed by the
+undoable SetCollapsed command); the scene redraws them on the model's groups_changed event.
 Port dragging lives in connect.py and collapsing in groups.py (mixed into GraphScene).
 """
 from __future__ import annotations
