@@ -10,6 +10,7 @@ the library call first. docs/CODEGEN.md describes what is generated for each kin
 from __future__ import annotations
 
 from ..ir import Program
+from .cuda import prune_unused
 from .kernel import CodegenError, KernelSource
 from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
@@ -60,10 +61,16 @@ def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None =
 
     A region that starts with a matmul or convolution gets a kernel for the epilogue only:
     KernelSource.library_nodes names the node the runtime runs first through torch."""
+    ks = _generate(program, node_ids, name=name, kind=kind, params=params)
+    ks.source = prune_unused(ks.source)
+    return ks
+
+
+def _generate(program: Program, node_ids, *, name: str, kind: str | None, params: dict | None) -> KernelSource:
     io = region_io(program, node_ids)
     lib, rest = split_library(program, io)
     if lib:
-        ks = generate_kernel(program, rest, name=name, params=params)
+        ks = _generate(program, rest, name=name, kind=None, params=params)
         ks.library_nodes = lib
         anchor = program.nodes[lib[0]]
         note = (f"// Runs after {anchor.name} ({anchor.op} -> {program.values[anchor.outputs[0]].spec}) "

@@ -132,3 +132,55 @@ def header(program: Program, title: str, node_ids: list[str], lines: list[str]) 
     out += [f"//   {describe_node(program, nid)}" for nid in node_ids]
     out += [f"// {line}" if line else "//" for line in lines]
     return "\n".join(out) + "\n\n" + PRELUDE
+
+
+_COMMENT = re.compile(r"//[^\n]*")
+_CONST_LINE = re.compile(r"^(\s*constexpr\s+[A-Za-z_][\w ]*?\s+)(k\w+\s*=.*?);(\s*//.*)?$")
+_HELPER = re.compile(r"^(?:template\s*<[^>]*>\s*)?__device__\s[^;{(]*?\b(\w+)\s*\([^;{]*\)[^;{]*\{", re.M)
+
+
+def _uses(code: str, name: str) -> int:
+    return len(re.findall(rf"\b{re.escape(name)}\b", code))
+
+
+def _helper_span(source: str, m: re.Match) -> tuple[int, int]:
+    """The definition's text from its first character to the end of its line after the closing brace."""
+    depth, i = 0, m.end() - 1
+    while True:
+        depth += {"{": 1, "}": -1}.get(source[i], 0)
+        if depth == 0:
+            break
+        i += 1
+    end = source.find("\n", i)
+    return m.start(), (len(source) if end < 0 else end + 1)
+
+
+def prune_unused(source: str) -> str:
+    """Drop the named constants (`constexpr ... kName = ...`) and `__device__` helper functions that
+    nothing else in the kernel names, until none is left: the generators emit a fixed preamble per
+    schedule and not every kernel needs all of it. Only unreferenced declarations go, so the kernel
+    computes exactly what it did (nvcc warns #177 on each one otherwise)."""
+    while True:
+        code = _COMMENT.sub("", source)
+        changed = False
+        for m in _HELPER.finditer(source):
+            a, b = _helper_span(source, m)
+            if _uses(code, m.group(1)) == _uses(_COMMENT.sub("", source[a:b]), m.group(1)):
+                source = source[:a] + source[b:]
+                changed = True
+                break
+        if changed:
+            continue
+        lines = source.split("\n")
+        for i, line in enumerate(lines):
+            cm = _CONST_LINE.match(line)
+            if not cm:
+                continue
+            decls = [d.strip() for d in cm.group(2).split(",")]
+            keep = [d for d in decls if _uses(code, d.split("=")[0].strip()) > 1]
+            if len(keep) != len(decls):
+                lines[i] = (f"{cm.group(1)}{', '.join(keep)};{cm.group(3) or ''}" if keep else None)
+                changed = True
+        source = "\n".join(line for line in lines if line is not None)
+        if not changed:
+            return source

@@ -166,6 +166,9 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
             in_terms.append(f"{coord} * kBatchIn{d}")
             out_terms.append(f"{coord} * kBatchOut{d}")
             inner *= shape[d]
+        # states how the tiles and batches cover the tensor (and keeps kNumel, which the tests read)
+        consts.append(f"static_assert(kNumel == {' * '.join(['kA', 'kB'] + [f'kBatch{d}' for d in batch])}, "
+                      '"tiles x batches cover every element");')
         helpers = [
             "// Offsets of batch q (the dims that neither move in nor out) in the input and the output.\n"
             f"__device__ __forceinline__ index_t batch_in(index_t q) {{ return {' + '.join(in_terms) or '0'}; }}\n"
