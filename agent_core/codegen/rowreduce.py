@@ -20,6 +20,7 @@ Schedules, chosen by row length:
 from __future__ import annotations
 
 import math
+import re
 
 import networkx as nx
 
@@ -473,8 +474,11 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                     out.append(f"{indent}float4 {arg[v]}4;")
             for e in range(vec):
                 c = f"{col} + {e}" if vec == 4 else col
-                out.append(f"{indent}{{ const int col = {c}; const float xe = {source(e)};")
-                out.append(f"{indent}  {epi_call(out_expr, 'xe', f'base + col', e if f4 else None)} }}")
+                xe, call = source(e), epi_call(out_expr, "xe", "base + col", e if f4 else None)
+                # `col` only when something indexes with it (an epilogue without broadcast inputs does not)
+                col_decl = f"const int col = {c}; " if re.search(r"\bcol\b", xe + call) else ""
+                out.append(f"{indent}{{ {col_decl}const float xe = {xe};")
+                out.append(f"{indent}  {call} }}")
             if f4:
                 for v in epi_outs:
                     out.append(f"{indent}reinterpret_cast<float4*>({arg[v]} + base + {col})[0] = {arg[v]}4;")
@@ -484,7 +488,6 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         body = ["  const index_t row = blockIdx.x / kSplit;",
                 "  const int part = blockIdx.x % kSplit;  // which of the row's kSplit blocks this is",
                 "  const int lane = threadIdx.x;",
-                "  const bool active = true;",
                 "  const index_t base = row * kCols;",
                 "  State st = identity();",
                 "  // pass 1: this block's interleaved share of the row, folded into running statistics",
@@ -606,6 +609,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in out_vids),
         f"{rows} rows x {cols} columns; schedule: {sched_text}.",
     ])
+    if sum("discard" in ln for ln in body) == 1:   # pass 2 reads the registers: nothing to discard
+        body = [ln for ln in body if "discard" not in ln]
     source = "\n".join([
         head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn,
         f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
@@ -716,6 +721,8 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in out_vids),
         f"[{outer}, {cols}, {inner}] reduced over the middle; schedule: {sched}.",
     ])
+    if sum("discard" in ln for ln in body) == 1:   # pass 2 reads the registers: nothing to discard
+        body = [ln for ln in body if "discard" not in ln]
     source = "\n".join([
         head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn,
         f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
