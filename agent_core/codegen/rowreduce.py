@@ -90,7 +90,8 @@ def _row_op(program: Program, nid: str):
         spatial = math.prod(x.shape[2:])
         eps = float_literal(a["eps"])
         w_port, b_port = (1, 2) if op == "group_norm" else (3, 4)
-        ch = f"[(int)(row % {groups}) * {chans // groups} + col / {spatial}]"
+        # kGroups, kChannelsPerGroup, kSpatial: see _norm_constants
+        ch = "[(int)(row % kGroups) * kChannelsPerGroup + col / kSpatial]"
         expr = "(xe - st.mean) * rstd"
         if len(node.inputs) > w_port and node.inputs[w_port]:
             expr += f" * WEIGHT{ch}"
@@ -368,13 +369,13 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             if schedule == "block":
                 state_code += (
                     "  __shared__ float partial[kWarpsPerRow];\n"
-                    "  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n"
+                    "  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;\n"
                     "  __syncthreads();  // the partials of an earlier reduction have been read\n"
                     "  if (lane == 0) partial[warp] = a;\n"
                     "  __syncthreads();\n"
                     f"  a = lane < kWarpsPerRow ? partial[lane] : {ident};\n"
                     "#pragma unroll\n"
-                    "  for (int offset = 16; offset > 0; offset >>= 1) {\n"
+                    "  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) {\n"
                     f"    const float b = __shfl_xor_sync(0xffffffffu, a, offset);\n    a = {fn};\n  }}\n")
             state_code += "  return a;\n}\n"
     if schedule != "warp":
@@ -382,7 +383,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             "// Block all-reduce: each warp reduces, then every warp combines the per-warp partials.\n"
             "__device__ __forceinline__ State row_reduce(State a) {\n"
             "  __shared__ State partial[kWarpsPerRow];\n"
-            "  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;\n"
+            "  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;\n"
             "  a = group_reduce(a);\n"
             "  if (lane == 0) partial[warp] = a;\n"
             "  __syncthreads();\n"
@@ -590,7 +591,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
               f"constexpr int kRowsPerBlock = {rows_per_block};",
               f"constexpr int kBlock = kThreadsPerRow * kRowsPerBlock;",
               f"constexpr int kShuffleStart = {min(tpr, 32) // 2};",
-              f"constexpr int kWarpsPerRow = {max(1, tpr // 32)};"]
+              f"constexpr int kWarpsPerRow = {max(1, tpr // 32)};",
+              "constexpr int kWarpSize = 32;"] + _norm_constants(program, anchor)
     if cached:
         consts.append(f"constexpr int kItems = {items};  // vectors per thread")
     if schedule == "split":
@@ -625,6 +627,18 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=[("float32", rows * split * len(STATES[state][0])), ("int32", rows)]
         if schedule == "split" else [])
+
+
+def _norm_constants(program, anchor) -> list[str]:
+    """group_norm / instance_norm rows are (sample, group): the channel of element `col` of row `row`
+    is (row % kGroups) * kChannelsPerGroup + col / kSpatial, which indexes weight and bias."""
+    if anchor.op not in ("group_norm", "instance_norm"):
+        return []
+    shape = program.values[anchor.inputs[0]].shape
+    chans = shape[1]
+    groups = anchor.attrs["num_groups"] if anchor.op == "group_norm" else chans
+    return [f"constexpr int kGroups = {groups}, kChannelsPerGroup = {chans // groups};  // row % kGroups: the group",
+            f"constexpr int kSpatial = {math.prod(shape[2:])};  // elements per channel"]
 
 
 COLUMN_REGISTER_ITEMS = 16  # column elements per thread kept in registers between the passes
