@@ -160,8 +160,9 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
         in_terms, out_terms, inner = [], [], 1
         for d in reversed(batch):
             consts.append(f"constexpr index_t kBatch{d} = {shape[d]}, kBatchIn{d} = {in_strides[d]}, "
-                          f"kBatchOut{d} = {out_stride[d]};")
-            coord = "q" if inner == 1 else f"(q / {inner})"
+                          f"kBatchOut{d} = {out_stride[d]}" + (f", kBatchInner{d} = {inner}" if inner != 1 else "")
+                          + ";" + (f"  // batches per step of batch dim {d}" if inner != 1 else ""))
+            coord = "q" if inner == 1 else f"(q / kBatchInner{d})"
             coord = f"({coord} % kBatch{d})" if d != batch[0] else coord
             in_terms.append(f"{coord} * kBatchIn{d}")
             out_terms.append(f"{coord} * kBatchOut{d}")
