@@ -478,7 +478,10 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                 xe, call = source(e), epi_call(out_expr, "xe", "base + col", e if f4 else None)
                 # `col` only when something indexes with it (an epilogue without broadcast inputs does not)
                 col_decl = f"const int col = {c}; " if re.search(r"\bcol\b", xe + call) else ""
-                out.append(f"{indent}{{ {col_decl}const float xe = {xe};")
+                # the element itself only when the epilogue reads it (a register read has no effects;
+                # a re-evaluated prologue `point(...)` is always kept)
+                xe_decl = f"const float xe = {xe}; " if re.search(r"\bxe\b", call) or "(" in xe else ""
+                out.append(f"{indent}{{ {col_decl}{xe_decl}".rstrip())
                 out.append(f"{indent}  {call} }}")
             if f4:
                 for v in epi_outs:
