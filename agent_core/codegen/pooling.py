@@ -16,14 +16,14 @@ from ..ir import Program
 from ..ops.common import ntuple
 from .cuda import Names, header, kernel_name
 from .kernel import CodegenError, KernelSource
-from .pointwise import is_elementwise, operand_views, render_chain
+from .around import render_around
+from .pointwise import is_elementwise
 from .region_io import RegionIO
 
 POOL_OPS = tuple(f"{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
 
 
 def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
-    from .rowreduce import _Operands
     vals, nodes = program.values, program.nodes
     pools = [n for n in io.nodes if nodes[n].op in POOL_OPS]
     if len(pools) != 1 or any(n not in pools and not is_elementwise(nodes[n]) for n in io.nodes):
@@ -61,27 +61,11 @@ def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | N
 
     names = Names()
     names.taken.update(("o", "q", "acc", "cnt", "lead", "in_base", "point", "store_point"))
-    arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
-    pro_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in pro)] if pro else [x_vid]
-    epi_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in epi)]
-    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, pro, pro_inputs))
-    ld_epi = _Operands(program, y.shape, epi_inputs, names, "Out", operand_views(program, epi, epi_inputs))
-    pn = Names()
-    penv = {v: pn.new(vals[v].name) for v in pro_inputs}
-    pro_lines = render_chain(program, pro, penv, pn) if pro else []
-    pro_fn = ("// Prologue: one input element of a window.\n"
-              f"__device__ __forceinline__ float point({', '.join(f'float {penv[v]}' for v in pro_inputs)}) {{\n"
-              + "\n".join(pro_lines) + f"\n  return {penv[x_vid]};\n}}\n")
-    en = Names()
-    eenv = {y_vid: en.new(y.name)}
-    for v in epi_inputs:
-        eenv[v] = en.new(vals[v].name)
-    epi_lines = render_chain(program, epi, eenv, en) if epi else []
-    oref = {v: en.new(vals[v].name + "_out") for v in io.outputs}
-    epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in io.outputs]
-    sig = [f"float {eenv[y_vid]}"] + [f"float {eenv[v]}" for v in epi_inputs] + [f"float& {oref[v]}" for v in io.outputs]
-    epi_fn = ("// Epilogue: one pooled element to the region's outputs.\n"
-              f"__device__ __forceinline__ void store_point({', '.join(sig)}) {{\n" + "\n".join(epi_lines) + "\n}\n")
+    w = render_around(program, io, pro, epi, x_vid, y_vid, names,
+                      "one input element of a window.",
+                      "one pooled element to the region's outputs.")
+    arg, pro_inputs, epi_inputs = w.arg, w.pro_inputs, w.epi_inputs
+    ld_pro, ld_epi, pro_fn, epi_fn = w.ld_pro, w.ld_epi, w.pro_fn, w.epi_fn
 
     sin, sout = list(x.shape[-d:]), list(y.shape[-d:])
     index_t = "int" if math.prod(x.shape) < 2**31 - 2**20 else "long long"
