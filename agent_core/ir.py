@@ -421,8 +421,12 @@ class Program:
         if node_id not in self.nodes:
             return
         g = self.graph()
-        todo = {node_id} | nx.descendants(g, node_id) if not self._has_cycle(g) else {node_id}
-        order = [n for n in self._safe_order(g) if n in todo]
+        # order only what the edit reaches, not the whole program
+        downstream = g.subgraph({node_id} | nx.descendants(g, node_id))
+        try:
+            order = list(nx.lexicographical_topological_sort(downstream, key=_id_key))
+        except nx.NetworkXUnfeasible:  # the edit made a cycle: validate() reports it
+            order = [node_id]
         for nid in order:
             node = self.nodes[nid]
             before = node.error
