@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 HELP = "benchmark programs against torch eager and torch.compile"
@@ -34,6 +35,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--isolate", action="store_true",
                         help="run each problem in its own process (a faulting kernel or a hang cannot take "
                              "the others down; costs a few seconds of start-up per problem)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="problems run at once, each in its own process (implies --isolate); their "
+                             "compile and verify steps overlap, their timed measurements take turns "
+                             "through a file lock")
     from .optimize import add_common
     add_common(parser)
     parser.set_defaults(tune_trials=3)
@@ -214,37 +219,78 @@ def _release_gpu_memory() -> None:
         pass
 
 
-def run(args) -> int:
-    records: list[dict] = []
-    t_start = time.perf_counter()
-    compile_spent = 0.0
-    out = open(args.json_out, "a") if args.json_out else None
-    interrupted = False
-    try:
-        for i, path in enumerate(args.files):
-            if args.time_cap and time.perf_counter() - t_start > args.time_cap:
-                rec = {"problem": problem_name(path), "file": path, "ok": False,
-                       "error": f"skipped: the run's time cap of {args.time_cap:.0f} s was reached", "skipped": True}
-            else:
-                no_compile = bool(args.compile_cap) and compile_spent > args.compile_cap
-                rec = run_isolated(path, args, no_compile) if args.isolate else run_one(path, args, no_compile)
-                if no_compile and rec.get("ok"):
-                    rec["compile_skipped"] = (f"the run's torch.compile budget of {args.compile_cap:.0f} s "
-                                              "was spent")
-                compile_spent += rec.get("compile_seconds") or 0.0
-            records.append(rec)
-            if out is not None:
-                out.write(json.dumps(rec) + "\n")
-                out.flush()
+class _Run:
+    """The shared state of one bench run: the caps, the records so far, the JSON-lines file."""
+
+    def __init__(self, args):
+        self.args = args
+        self.t_start = time.perf_counter()
+        self.compile_spent = 0.0
+        self.records: dict[int, dict] = {}
+        self.out = open(args.json_out, "a") if args.json_out else None
+        self.lock = threading.Lock()
+
+    def one(self, i: int, path: str) -> None:
+        args = self.args
+        if args.time_cap and time.perf_counter() - self.t_start > args.time_cap:
+            rec = {"problem": problem_name(path), "file": path, "ok": False,
+                   "error": f"skipped: the run's time cap of {args.time_cap:.0f} s was reached", "skipped": True}
+        else:
+            no_compile = bool(args.compile_cap) and self.compile_spent > args.compile_cap
+            isolate = args.isolate or args.jobs > 1
+            rec = run_isolated(path, args, no_compile) if isolate else run_one(path, args, no_compile)
+            if no_compile and rec.get("ok"):
+                rec["compile_skipped"] = f"the run's torch.compile budget of {args.compile_cap:.0f} s was spent"
+        with self.lock:
+            self.compile_spent += rec.get("compile_seconds") or 0.0
+            self.records[i] = rec
+            if self.out is not None:
+                self.out.write(json.dumps(rec) + "\n")
+                self.out.flush()
             status = ("FAILED: " + rec.get("error", "")) if not rec.get("ok") else (
                 f"correct={rec.get('correct')} ours {_f(rec.get('ours_ms'))} ms, eager {_f(rec.get('eager_ms'))} ms, "
                 f"compile {_f(rec.get('compile_best_ms'))} ms")
-            print(f"[{i + 1}/{len(args.files)}] {rec['problem']}: {status} ({rec.get('seconds', 0)} s)", flush=True)
+            print(f"[{len(self.records)}/{len(args.files)}] {rec['problem']}: {status} ({rec.get('seconds', 0)} s)",
+                  flush=True)
+
+
+def _run_parallel(state: _Run, files: list[str], jobs: int) -> None:
+    """Each problem in its own process, `jobs` at a time; timed sections serialized by a file lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ..profile.timing import TIMING_LOCK_ENV
+    with tempfile.NamedTemporaryFile(prefix="stitchcuda-timing-", suffix=".lock") as lock:
+        saved = os.environ.get(TIMING_LOCK_ENV)
+        os.environ[TIMING_LOCK_ENV] = lock.name        # inherited by the problems' processes
+        try:
+            pool = ThreadPoolExecutor(max_workers=jobs)
+            try:
+                for f in [pool.submit(state.one, i, p) for i, p in enumerate(files)]:
+                    f.result()
+            finally:   # on an interrupt, start nothing more; the running problems were interrupted too
+                pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            if saved is None:
+                os.environ.pop(TIMING_LOCK_ENV, None)
+            else:
+                os.environ[TIMING_LOCK_ENV] = saved
+
+
+def run(args) -> int:
+    state = _Run(args)
+    interrupted = False
+    try:
+        if args.jobs > 1:
+            _run_parallel(state, args.files, args.jobs)
+        else:
+            for i, path in enumerate(args.files):
+                state.one(i, path)
     except KeyboardInterrupt:   # a wall-clock cap (timeout -s INT) still gets the table of what ran
         interrupted = True
     finally:
-        if out is not None:
-            out.close()
+        if state.out is not None:
+            state.out.close()
+    records = [state.records[i] for i in sorted(state.records)]   # the files' order, whatever finished first
     if interrupted:
         print(f"interrupted after {len(records)} of {len(args.files)} problems")
     for line in table(records):

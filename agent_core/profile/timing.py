@@ -5,6 +5,8 @@ a real run would, and the flush itself is outside the timed events.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -41,6 +43,27 @@ def l2_flush_buffer(device=None):
     return buf
 
 
+# `stitchcuda bench --jobs N` runs problems in parallel processes on one GPU; each measurement holds
+# this file lock so no two processes time at once (their compile and verify steps still overlap).
+TIMING_LOCK_ENV = "STITCHCUDA_TIMING_LOCK"
+
+
+@contextlib.contextmanager
+def exclusive_timing():
+    """Hold the cross-process timing lock named by $STITCHCUDA_TIMING_LOCK, if any."""
+    path = os.environ.get(TIMING_LOCK_ENV)
+    if not path:
+        yield
+        return
+    import fcntl
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def summarize(samples: list[float]) -> Timing:
     if not samples:
         raise ValueError("no timing samples")
@@ -52,19 +75,20 @@ def time_gpu(fn, *, trials: int = DEFAULT_TRIALS, warmup: int = DEFAULT_WARMUP, 
     """Median time of fn() in ms, measured with CUDA events around each call on the current stream."""
     import torch
     trials = max(1, int(trials))
-    for _ in range(max(0, warmup)):
-        fn()
-    torch.cuda.synchronize()
     buf = l2_flush_buffer() if flush else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-    for i in range(trials):
-        if buf is not None:
-            buf.fill_(i & 0xFF)   # evict the inputs from L2 (outside the timed span)
-        starts[i].record()
-        fn()
-        ends[i].record()
-    torch.cuda.synchronize()
+    with exclusive_timing():
+        for _ in range(max(0, warmup)):
+            fn()
+        torch.cuda.synchronize()
+        for i in range(trials):
+            if buf is not None:
+                buf.fill_(i & 0xFF)   # evict the inputs from L2 (outside the timed span)
+            starts[i].record()
+            fn()
+            ends[i].record()
+        torch.cuda.synchronize()
     return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
