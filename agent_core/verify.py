@@ -16,6 +16,7 @@ from .ir import Program
 from .reference import parameter_tensors, random_inputs, run_reference
 
 ATOL = RTOL = 1e-4
+COMPARE_CHUNK = 1 << 24
 
 
 class VerifyError(StitchError):
@@ -46,30 +47,36 @@ def region_samples(program: Program, inputs: list[str], outputs: list[str], seed
 def compare(program: Program, vid: str, got: torch.Tensor, want: torch.Tensor,
             atol: float = ATOL, rtol: float = RTOL) -> tuple[bool, float, float, str]:
     name = program.values[vid].name
-    got = got.detach().to("cpu")
+    got = got.detach()
+    want = want.to(got.device)   # compared where the candidate ran: copying GBs to the host costs seconds
     if got.numel() != want.numel():
         return False, float("inf"), float("inf"), f"'{name}' has shape {list(got.shape)}, want {list(want.shape)}"
     got = got.reshape(want.shape)
     if want.dtype == torch.bool or got.dtype == torch.bool:
         bad = int((got.bool() != want.bool()).sum())
         return bad == 0, float(bad), float(bad), f"'{name}': {bad} boolean element(s) differ" if bad else ""
-    g, w = got.double(), want.double()
-    same_nan = torch.isnan(g) == torch.isnan(w)
-    finite = ~torch.isnan(w)
-    diff = torch.where(finite, (g - w).abs(), torch.zeros_like(w))
-    diff = torch.where(torch.isinf(w) & (g == w), torch.zeros_like(w), diff)
-    excess = diff / (atol + rtol * w.abs().nan_to_num(0.0, posinf=0.0))
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    max_ex = float(excess.max()) if excess.numel() else 0.0
-    ok = bool(same_nan.all()) and max_ex <= 1.0
+    g_all, w_all = got.reshape(-1), want.reshape(-1)
+    max_abs = max_ex = 0.0
+    worst, nan_mismatch = -1, False
+    for lo in range(0, g_all.numel(), COMPARE_CHUNK):   # float64 temporaries of bounded size
+        g = g_all[lo:lo + COMPARE_CHUNK].double()
+        w = w_all[lo:lo + COMPARE_CHUNK].double()
+        nan_mismatch |= bool((torch.isnan(g) != torch.isnan(w)).any())
+        diff = torch.where(torch.isnan(w), torch.zeros_like(w), (g - w).abs())
+        diff = torch.where(torch.isinf(w) & (g == w), torch.zeros_like(w), diff)
+        excess = diff / (atol + rtol * w.abs().nan_to_num(0.0, posinf=0.0))
+        chunk_ex = float(excess.max())
+        max_abs = max(max_abs, float(diff.max()))
+        if not chunk_ex <= max_ex:      # also catches NaN, which wins
+            max_ex, worst = chunk_ex, lo + int(excess.argmax())
+    ok = not nan_mismatch and max_ex <= 1.0
     reason = ""
     if not ok:
-        if not bool(same_nan.all()):
+        if nan_mismatch:
             reason = f"'{name}': NaN where the reference has none (or the reverse)"
         else:
-            flat = int(excess.reshape(-1).argmax())
-            reason = (f"'{name}' differs by {max_abs:.3g} (element {flat}: got "
-                      f"{float(g.reshape(-1)[flat]):.6g}, want {float(w.reshape(-1)[flat]):.6g}; "
+            reason = (f"'{name}' differs by {max_abs:.3g} (element {worst}: got "
+                      f"{float(g_all[worst]):.6g}, want {float(w_all[worst]):.6g}; "
                       f"tolerance atol=rtol={atol:g})")
     return ok, max_abs, max_ex, reason
 

@@ -323,6 +323,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         from ..profile.baselines import strict_fp32
         strict_fp32()     # before any reference runs on the GPU: TF32 off everywhere
     prog = program
+    rewritten = False
     big = _too_big_to_check(program)
     if rewrite and big and not gpu:
         emit.log(f"rewrites skipped: checking them runs the reference twice on the CPU, and this program "
@@ -335,6 +336,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         try:
             rr = rewrite_program(program, device=check_on)
             prog = rr.program
+            rewritten = bool(rr.fired)
             for e in rr.fired:
                 emit.emit("rewrite", rule=e["rule"], node=e["node"], message=e["message"], kept=True,
                           checked_on=check_on)
@@ -366,7 +368,9 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                 keep.update(io.inputs, io.outputs)
             except StitchError:
                 pass
-        agent.ref = ReferenceCache(prog, keep, device=ReferenceCache.choose_device(prog, True))
+        # the end-to-end check compares with the program as given, not as rewritten
+        agent.ref = ReferenceCache(prog, keep, device=ReferenceCache.choose_device(prog, True),
+                                   original=program if rewritten else None)
         from ..profile.baselines import strict_fp32
         from ..profile.hardware import hardware_snapshot
         strict_fp32()
@@ -387,8 +391,16 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     profile["regions"] = [o.to_dict() for o in outcomes]
     result = OptimizeResult(prog, outcomes, gpu, "done" if gpu else "no-gpu", profile, out_dir=out_dir)
     if gpu:
-        _end_to_end(result, fused, emit, agent.ref, draws=draws, trials=trials, graph=graph, baselines=baselines,
-                    baseline_fn=baseline_fn, compile_modes=compile_modes, compile_budget_s=compile_budget_s)
+        try:
+            _end_to_end(result, fused, emit, agent.ref, draws=draws, trials=trials, graph=graph,
+                        baselines=baselines, baseline_fn=baseline_fn, compile_modes=compile_modes,
+                        compile_budget_s=compile_budget_s, rewritten=rewritten)
+        except RewriteMismatch as exc:
+            emit.emit("error", message=f"{exc}; optimizing the program again without rewrites")
+            return optimize(program, out_dir=out_dir, device=device, emit=emit, tune=tune, draws=draws,
+                            tune_trials=tune_trials, trials=trials, rewrite=False, baselines=baselines,
+                            baseline_fn=baseline_fn, compile_modes=compile_modes,
+                            compile_budget_s=compile_budget_s, graph=graph, time_regions=time_regions)
     else:
         emit.log(NO_GPU_LINE.format(arch=DEFAULT_ARCH) + f" ({why_not})", level="warning", no_gpu=True)
     prog.profile = _json_safe(profile)
@@ -418,8 +430,12 @@ def _too_big_to_check(program: Program) -> str | None:
     return None
 
 
+class RewriteMismatch(StitchError):
+    """The rewritten program, run op by op through torch, disagrees with the program as given."""
+
+
 def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, baseline_fn, compile_modes,
-                compile_budget_s):
+                compile_budget_s, rewritten=False):
     from ..profile.attribution import attribute
     from ..profile.timing import time_gpu
     from ..program_runtime import build_executable
@@ -437,6 +453,8 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         res = exe.verify(draws, ref=ref)
         emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
                   reason=res.reason)
+    if not res.ok and rewritten:
+        raise RewriteMismatch(f"the rewritten program does not match the original ({res.reason})")
     if exe.graph_error:
         emit.log(exe.graph_error, level="warning")
     t = time_gpu(exe.replay, trials=trials)

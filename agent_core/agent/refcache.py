@@ -13,6 +13,7 @@ from ..reference import parameter_tensors, random_inputs, run_reference
 
 GPU_REFERENCE_FLOPS = 2e9      # above either of these the reference runs on the GPU when there is one
 GPU_REFERENCE_BYTES = 64 << 20
+ORIGINAL_OUTPUTS = "__original_outputs__"    # key of the original program's outputs in a draw
 
 
 def device_inputs(program: Program, seed: int, device: str) -> dict:
@@ -45,12 +46,26 @@ def device_inputs(program: Program, seed: int, device: str) -> dict:
 
 
 class ReferenceCache:
-    def __init__(self, program: Program, keep: set[str], *, device: str = "cpu"):
+    """Draws of the program's reference values, kept while they fit MAX_CACHED_BYTES (older draws are
+    dropped and recomputed: a recomputation costs one reference run, holding them all could cost GBs).
+
+    original: the program before rewrites; when given, outputs() are its outputs on the same inputs,
+    so the end-to-end check holds the optimized program to what the user wrote."""
+
+    MAX_CACHED_BYTES = 8 << 30
+
+    def __init__(self, program: Program, keep: set[str], *, device: str = "cpu", original: Program | None = None):
         self.program = program
+        self.original = original
         self.keep = set(keep) | set(program.outputs) | set(program.inputs)
         self.device = device
         self._params = None
+        self._original_params = None
         self._draws: dict[int, dict] = {}
+        per_draw = sum(program.values[v].nbytes for v in self.keep if v in program.values)
+        if original is not None:
+            per_draw += sum(original.values[v].nbytes for v in original.outputs)
+        self.max_draws = max(1, int(self.MAX_CACHED_BYTES // max(1, per_draw)))
 
     @staticmethod
     def choose_device(program: Program, gpu: bool) -> str:
@@ -69,7 +84,16 @@ class ReferenceCache:
             inputs = (random_inputs(self.program, d, self.device) if self.device == "cpu"
                       else device_inputs(self.program, d, self.device))
             full = run_reference(self.program, inputs, keep=True, params=self._params, device=self.device)
-            env = self._draws[d] = {v: t for v, t in full.items() if v in self.keep}
+            env = {v: t for v, t in full.items() if v in self.keep}
+            del full
+            if self.original is not None:
+                if self._original_params is None:
+                    self._original_params = parameter_tensors(self.original, self.device)
+                outs = run_reference(self.original, inputs, params=self._original_params, device=self.device)
+                env[ORIGINAL_OUTPUTS] = [outs[self.original.values[v].name] for v in self.original.outputs]
+            while len(self._draws) >= self.max_draws:
+                self._draws.pop(next(iter(self._draws)))
+            self._draws[d] = env
         return env
 
     def inputs(self, d: int) -> list:
@@ -77,7 +101,10 @@ class ReferenceCache:
         return [env[v] for v in self.program.inputs]
 
     def outputs(self, d: int) -> list:
+        """The expected program outputs of draw d (the original program's when there is one)."""
         env = self.draw(d)
+        if ORIGINAL_OUTPUTS in env:
+            return env[ORIGINAL_OUTPUTS]
         return [env[v] for v in self.program.outputs]
 
 
@@ -104,7 +131,7 @@ def verify_candidate(program: Program, cache: ReferenceCache, inputs: list[str],
         if len(got) != len(outputs):
             return VerifyResult(False, d, reason=f"the candidate returned {len(got)} outputs, want {len(outputs)}")
         for vid, g, w in zip(outputs, got, [env[v] for v in outputs]):
-            ok, ab, ex, why = compare(program, vid, g, w.cpu())
+            ok, ab, ex, why = compare(program, vid, g, w)
             worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
             per[vid] = max(per.get(vid, 0.0), ab)
             if not ok:

@@ -87,6 +87,8 @@ def record_from_result(path: str, result, seconds: float) -> dict:
            "compiled": sum(1 for o in result.outcomes if o.status in ("fused", "compiled") or
                            (o.status == "fallback" and o.source_path)),
            "seconds": round(seconds, 2)}
+    if result.gpu and not e2e.get("correct"):
+        rec["verify_reason"] = (e2e.get("verify") or {}).get("reason")
     if "error" in base:
         rec["baseline_error"] = base["error"]
     eager = base.get("eager") or {}

@@ -31,6 +31,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("-o", "--output", required=True, help="output folder")
     parser.add_argument("--no-baselines", action="store_true", help="do not time torch eager / torch.compile")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
+    parser.add_argument("--sanitize", action="store_true",
+                        help="afterwards, verify the generated kernels again under compute-sanitizer memcheck "
+                             "(no tuning, no baselines; slow); exit 3 when it reports an error")
     add_common(parser)
 
 
@@ -97,4 +100,44 @@ def run(args) -> int:
         print(NO_GPU_LINE.format(arch="sm_90"))
     print(f"wrote {args.output}/program.json, kernels/, profile.json, events.jsonl")
     sys.stdout.flush()
+    if args.sanitize:
+        return sanitize(args, result.gpu)
+    return 0
+
+
+def sanitize_command(args) -> list[str]:
+    """The optimize run repeated under compute-sanitizer memcheck: every kernel is loaded, verified
+    on the draws and run end to end once more with out-of-bounds and misaligned accesses checked."""
+    return ["compute-sanitizer", "--tool", "memcheck", "--error-exitcode", str(SANITIZE_ERROR_EXIT),
+            "--print-limit", "20", sys.executable, "-m", "agent_core.cli", "optimize", args.program,
+            "-o", os.path.join(args.output, "sanitize"), "--no-tune", "--no-baselines", "--quiet",
+            "--draws", str(min(args.draws, 2)), "--trials", "1"] + (["--no-rewrite"] if args.no_rewrite else [])
+
+
+SANITIZE_ERROR_EXIT = 3
+
+
+def sanitize(args, gpu: bool) -> int:
+    import shutil
+    import subprocess
+    if not gpu:
+        print("sanitize: skipped, compute-sanitizer needs a CUDA GPU", file=sys.stderr)
+        return 0
+    if shutil.which("compute-sanitizer") is None:
+        print("sanitize: compute-sanitizer is not on PATH (it comes with the CUDA toolkit)", file=sys.stderr)
+        return 2
+    cmd = sanitize_command(args)
+    print("sanitize: " + " ".join(cmd), flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    report = os.path.join(args.output, "sanitize.txt")
+    with open(report, "w") as f:
+        f.write(proc.stdout + proc.stderr)
+    summary = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "ERROR SUMMARY" in ln]
+    if proc.returncode == SANITIZE_ERROR_EXIT:
+        print(f"sanitize: memcheck found errors ({summary[-1] if summary else 'see the report'}); report: {report}")
+        return SANITIZE_ERROR_EXIT
+    if proc.returncode != 0:
+        print(f"sanitize: the run under compute-sanitizer failed (exit {proc.returncode}); report: {report}")
+        return proc.returncode
+    print(f"sanitize: clean ({summary[-1].strip('= ') if summary else 'no errors'}); report: {report}")
     return 0

@@ -66,6 +66,14 @@ def _torch_dtype(torch, dtype: str):
     return torch_dtype(dtype)
 
 
+def _valid_placeholder(torch, value, device):
+    """An input tensor the warm-up and capture runs may read: zeros, or the lowest index an integer
+    input's init hint allows (uninitialised memory can hold out-of-range class indices, which trip
+    device-side asserts in ops like nll_loss and poison the whole CUDA context)."""
+    low = int((value.init or {}).get("low", 0)) if value.dtype in ("int64", "int32", "int8", "uint8") else 0
+    return torch.full(tuple(value.shape), low, dtype=_torch_dtype(torch, value.dtype), device=device)
+
+
 class ProgramExecutable:
     def __init__(self, program: Program, fused: dict[str, tuple[list[str], object, object]], *,
                  graph: bool = True, device: str = "cuda"):
@@ -80,8 +88,7 @@ class ProgramExecutable:
         self.arena = torch.empty(max(1, self.arena_plan.total_bytes), dtype=torch.uint8, device=device)
         self._arena_ptr = self.arena.untyped_storage().data_ptr()
         self.params = parameter_tensors(program, device)
-        self.inputs = [torch.empty(tuple(program.values[v].shape), dtype=_torch_dtype(torch, program.values[v].dtype),
-                                   device=device) for v in program.inputs]
+        self.inputs = [_valid_placeholder(torch, program.values[v], device) for v in program.inputs]
         self.views = {}
         for vid, slot in self.arena_plan.slots.items():
             val = program.values[vid]
@@ -204,7 +211,7 @@ class ProgramExecutable:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 return VerifyResult(False, d, reason=f"draw {d}: the program raised {type(exc).__name__}: {first}")
             for vid, g, w in zip(self.program.outputs, got, want):
-                ok, ab, ex, why = compare(self.program, vid, g, w.cpu())
+                ok, ab, ex, why = compare(self.program, vid, g, w)
                 worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
                 if not ok:
                     return VerifyResult(False, d + 1, worst_abs, worst_ex, f"draw {d}: {why}")

@@ -1,0 +1,111 @@
+"""CPU checks for the pieces the GPU benchmarks lean on: the chunked comparison, the reference cache
+(bounded, and holding a rewritten program to the original's outputs), the cross-process timing lock
+and `bench --jobs`."""
+import fcntl
+import json
+import os
+
+import pytest
+import torch
+
+import agent_core.verify as verify
+from agent_core.agent.refcache import ReferenceCache
+from agent_core.commands import bench
+from agent_core.importers import import_file
+from agent_core.profile import timing
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "resources", "examples")
+
+
+class _Prog:
+    values = {"v": type("V", (), {"name": "out"})()}
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(verify, "COMPARE_CHUNK", 7)   # many chunks over 100 elements
+
+
+def test_chunked_compare_finds_the_worst_element_in_any_chunk(small_chunks):
+    want = torch.randn(100)
+    assert verify.compare(_Prog, "v", want.clone(), want)[0]
+    got = want.clone()
+    got[57] += 1.0
+    got[3] += 1e-3
+    ok, max_abs, excess, why = verify.compare(_Prog, "v", got, want)
+    assert not ok and max_abs == pytest.approx(1.0) and "element 57" in why
+
+
+def test_chunked_compare_nan_and_inf(small_chunks):
+    want = torch.randn(50)
+    got = want.clone()
+    got[40] = float("nan")
+    ok, _, _, why = verify.compare(_Prog, "v", got, want)
+    assert not ok and "NaN" in why
+    want[5] = float("inf")
+    assert verify.compare(_Prog, "v", want.clone(), want)[0]
+    got = want.clone()
+    got[5] = 0.0
+    assert not verify.compare(_Prog, "v", got, want)[0]
+
+
+def test_reference_cache_outputs_follow_the_original_program():
+    from agent_core.importers import import_nn_module
+    x = torch.randn(8, 32)
+    prog = import_nn_module(torch.nn.Softmax(dim=1), [x])
+    original = import_nn_module(torch.nn.Tanh(), [x])       # the same input, other outputs
+    ref = ReferenceCache(prog, set(), device="cpu", original=original)
+    inputs = ref.inputs(0)
+    assert torch.equal(ref.outputs(0)[0], torch.tanh(inputs[0]))
+    assert torch.allclose(ref.draw(0)[prog.outputs[0]], torch.softmax(inputs[0], 1))
+
+
+def test_reference_cache_drops_old_draws_beyond_its_budget(monkeypatch):
+    prog = import_file(os.path.join(EXAMPLES, "softmax_rows.py"))
+    monkeypatch.setattr(ReferenceCache, "MAX_CACHED_BYTES", 1)
+    ref = ReferenceCache(prog, set(), device="cpu")
+    assert ref.max_draws == 1
+    first = ref.outputs(0)[0]
+    ref.outputs(1)
+    assert list(ref._draws) == [1]
+    assert torch.equal(ref.outputs(0)[0], first)      # recomputed, the same values
+
+
+def test_exclusive_timing_holds_the_lock(tmp_path, monkeypatch):
+    lock = tmp_path / "t.lock"
+    monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
+    with timing.exclusive_timing():
+        with open(lock, "a") as f, pytest.raises(BlockingIOError):
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)     # released afterwards
+
+
+def test_bench_jobs_runs_problems_in_parallel_and_keeps_file_order(tmp_path, capsys):
+    files = [os.path.join(EXAMPLES, n) for n in ("softmax_rows.py", "layer_norm.py", "relu_missing.py")]
+    out = tmp_path / "b.jsonl"
+    parser = __import__("argparse").ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(files + ["--json", str(out), "--jobs", "2", "--cpu", "--no-tune"])
+    assert bench.run(args) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["problem"] for r in recs) == ["layer_norm", "relu_missing", "softmax_rows"]
+    by = {r["problem"]: r for r in recs}
+    assert by["softmax_rows"]["ok"] and by["layer_norm"]["ok"] and not by["relu_missing"]["ok"]
+    table = capsys.readouterr().out.split("problem ")[-1].splitlines()
+    rows = [line.split()[0] for line in table[2:5]]
+    assert rows == ["softmax_rows", "layer_norm", "relu_missing"]
+    assert timing.TIMING_LOCK_ENV not in os.environ
+
+
+def test_sanitize_command_and_cpu_skip(tmp_path, capsys):
+    from agent_core.commands import optimize as opt
+    parser = __import__("argparse").ArgumentParser()
+    opt.add_arguments(parser)
+    args = parser.parse_args([os.path.join(EXAMPLES, "softmax_rows.py"), "-o", str(tmp_path), "--sanitize",
+                              "--cpu", "--no-tune", "-q"])
+    cmd = opt.sanitize_command(args)
+    assert cmd[:3] == ["compute-sanitizer", "--tool", "memcheck"]
+    assert "--error-exitcode" in cmd and "--no-baselines" in cmd and cmd[cmd.index("-o") + 1].endswith("sanitize")
+    assert opt.run(args) == 0
+    assert "compute-sanitizer needs a CUDA GPU" in capsys.readouterr().err
