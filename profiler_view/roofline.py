@@ -49,7 +49,10 @@ class Roofline(ProfilePlot):
             self.scatter.sigClicked.connect(lambda _it, points, _ev: points and self.region_clicked.emit(points[0].data()))
             pi.addItem(self.scatter)
         pi.setXRange(-3, 3, padding=0.02)
-        pi.setYRange(np.log10(bw * 1e-3) - 0.5, np.log10(peak) + 0.9, padding=0)
+        low = np.log10(bw * 1e-3) - 0.5
+        if pts:   # tiny, launch-bound kernels sit far under the roof: keep them in view
+            low = min(low, min(np.log10(y) for _, _, y in pts) - 0.5)
+        pi.setYRange(low, np.log10(peak) + 0.9, padding=0)
         if not pts:
             t = pg.TextItem("Measured kernels appear here\n(needs a GPU run)", color=self.text_color(),
                             anchor=(0.5, 0.5))

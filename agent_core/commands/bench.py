@@ -37,8 +37,9 @@ def add_arguments(parser) -> None:
                              "the others down; costs a few seconds of start-up per problem)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="problems run at once, each in its own process (implies --isolate); their "
-                             "compile and verify steps overlap, their timed measurements take turns "
-                             "through a file lock")
+                             "timed measurements take turns through a file lock, but other problems' "
+                             "verification and compilation still load the GPU meanwhile, so timings are "
+                             "indicative only (up to 2x off either way on the H200): report --jobs 1 runs")
     from .optimize import add_common
     add_common(parser)
     parser.set_defaults(tune_trials=3)
@@ -243,6 +244,7 @@ class _Run:
             rec = run_isolated(path, args, no_compile) if isolate else run_one(path, args, no_compile)
             if no_compile and rec.get("ok"):
                 rec["compile_skipped"] = f"the run's torch.compile budget of {args.compile_cap:.0f} s was spent"
+        rec["jobs"] = args.jobs          # > 1: timed while other problems used the GPU
         with self.lock:
             self.compile_spent += rec.get("compile_seconds") or 0.0
             self.records[i] = rec

@@ -5,6 +5,7 @@ bandwidth; a compute-bound one's is FLOPs / peak; below a few microseconds the l
 from __future__ import annotations
 
 LAUNCH_BOUND_MS = 0.004    # a kernel this short is mostly launch latency and tail effects
+LAUNCH_FLOOR_MS = 0.002    # work whose floor is under ~2 us is hidden by launch and event latency
 FP32_TFLOPS = 51.0         # the H200's measured fp32 cuBLAS peak (DESIGN.md)
 
 
@@ -19,7 +20,7 @@ def attribute(ms: float, nbytes: float, flops: float, bandwidth_gbs: float, *, t
     mem = nbytes / (bandwidth_gbs * 1e9) * 1e3 if bandwidth_gbs else 0.0
     comp = flops / (tflops * 1e12) * 1e3
     floor = max(mem, comp)
-    if ms < LAUNCH_BOUND_MS and floor < ms / 2:
+    if (ms < LAUNCH_BOUND_MS or floor < LAUNCH_FLOOR_MS) and floor < ms / 2:
         bound = "launch"
     else:
         bound = "compute" if comp > mem else "memory"

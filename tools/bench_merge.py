@@ -1,0 +1,92 @@
+"""Merge `stitchcuda bench --json` files into one markdown table with geometric means.
+
+Files later on the command line override earlier ones problem by problem, so a quiet re-time (--jobs 1)
+listed after a parallel sweep replaces its numbers; each row says which kind of run it comes from.
+
+    python tools/bench_merge.py --title "KernelBench level 2" sweep_a.jsonl sweep_b.jsonl quiet.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from agent_core.commands.bench import geomean  # noqa: E402
+
+
+def load(paths: list[str]) -> list[dict]:
+    by: dict[str, dict] = {}
+    order: list[str] = []
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                if rec.get("skipped") and rec["problem"] in by:
+                    continue                       # a capped run does not erase an earlier measurement
+                if rec["problem"] not in by:
+                    order.append(rec["problem"])
+                rec["source"] = os.path.basename(path)
+                by[rec["problem"]] = rec
+    return [by[p] for p in sorted(order, key=_natural)]
+
+
+def _natural(name: str):
+    head = name.split("_", 1)[0]
+    return (0, int(head), name) if head.isdigit() else (1, 0, name)
+
+
+def _f(x, fmt="{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def timing_kind(rec: dict) -> str:
+    jobs = rec.get("jobs")
+    if jobs is None:     # records written before bench noted it: quiet runs are named so
+        return "alone" if "quiet" in rec.get("source", "") else "parallel"
+    return "alone" if jobs == 1 else f"parallel ({jobs})"
+
+
+def markdown(records: list[dict], title: str) -> list[str]:
+    lines = [f"### {title}", "",
+             "| problem | correct | eager ms | torch.compile ms (best mode) | ours ms | x eager | x compile | "
+             "kernels | floor ms | timed |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for r in records:
+        if not r.get("ok"):
+            lines.append(f"| {r['problem']} | not run: {r.get('error', '')[:80]} | | | | | | | | |")
+            continue
+        corr = "yes" if r.get("correct") else ("NO: " + str(r.get("verify_reason"))[:60])
+        lines.append(f"| {r['problem']} | {corr} | {_f(r.get('eager_ms'))} | {_f(r.get('compile_best_ms'))} | "
+                     f"{_f(r.get('ours_ms'))} | {_f(r.get('speedup_eager'), '{:.2f}')} | "
+                     f"{_f(r.get('speedup_compile'), '{:.2f}')} | {r.get('kernels', 0)} | {_f(r.get('floor_ms'))} | "
+                     f"{timing_kind(r)} |")
+    lines += [""] + summary_lines(records)
+    return lines
+
+
+def summary_lines(records: list[dict]) -> list[str]:
+    ran = [r for r in records if r.get("ok")]
+    good = [r for r in ran if r.get("correct")]
+    alone = [r for r in good if timing_kind(r) == "alone"]
+    out = [f"- correct: {len(good)}/{len(ran)} that ran ({len(records)} problems)"]
+    for label, rs in (("all correct", good), ("timed alone", alone)):
+        ge = geomean(r.get("speedup_eager") for r in rs)
+        gc = geomean(r.get("speedup_compile") for r in rs)
+        out.append(f"- geometric mean, {label} ({len(rs)}): {_f(ge, '{:.2f}')}x vs eager, "
+                   f"{_f(gc, '{:.2f}')}x vs the better torch.compile mode")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--title", default="bench")
+    args = ap.parse_args(argv)
+    print("\n".join(markdown(load(args.files), args.title)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
