@@ -84,6 +84,16 @@ def _in_process(program, inputs_by_name):
     return run, runners
 
 
+def _in_process_graph_ms(program) -> float:
+    """The program as `stitchcuda optimize` runs it (no rewrites and default launch parameters, like the
+    export), its CUDA graph replayed back to back and timed like the export's driver."""
+    from agent_core.agent import optimize
+    result = optimize(program, tune=False, rewrite=False, baselines=False, time_regions=False, draws=2, trials=5)
+    assert result.profile["end_to_end"]["correct"]
+    exe = result.executable
+    return _time_ms(exe.replay)
+
+
 def _program(name: str):
     if name == "long_rows_mean":
         from agent_core.ir import Program
@@ -137,7 +147,11 @@ def test_export_builds_passes_ctest_and_matches_through_the_binding(name, tmp_pa
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     inproc_ms = _time_ms(run)
     fused = sum(r.fused for r in runners)
+    graph_ms = _in_process_graph_ms(program)
     print(f"\n{name}: built in {seconds:.0f} s; {len(res.schedule.steps)} launches; "
           f"export driver {driver_ms['stream']:.4f} ms (stream), {driver_ms['graph']:.4f} ms (CUDA graph); "
           f"export via the binding {binding_ms:.4f} ms; in-process program ({fused}/{len(runners)} regions "
-          f"fused, Python launches) {inproc_ms:.4f} ms")
+          f"fused, Python launches) {inproc_ms:.4f} ms, as optimize runs it (one CUDA graph) {graph_ms:.4f} ms")
+    # the same kernels in the same order, both replayed as a CUDA graph and timed the same way:
+    # within 10% (or 1 us, below which launch jitter dominates)
+    assert abs(driver_ms["graph"] - graph_ms) <= max(0.10 * graph_ms, 0.001), (driver_ms, graph_ms)
