@@ -117,6 +117,8 @@ class StudioAgent(QObject):
         self.act = {
             "plan": A("&Plan regions", self.plan, "Ctrl+Shift+P", None,
                       "Run the fusion planner (fast, no GPU): regions appear on the canvas"),
+            "rewrite": A("&Rewrites…", self.rewrite, "Ctrl+Shift+R", None,
+                         "Show the algebraic rewrites the agent would make, before and after; apply them as one undo step"),
             "optimize": A("&Optimize", self.optimize, "F5", None,
                           "Generate, compile, verify and time CUDA for the regions in a worker process"),
             "cancel": A("&Cancel Optimize", self.cancel, "Shift+F5", None, "Stop the running worker"),
@@ -127,7 +129,7 @@ class StudioAgent(QObject):
         }
         self.act["cancel"].setEnabled(False)
         m = w.menuBar().addMenu("&Agent")
-        for k in ("plan", "optimize", "cancel"):
+        for k in ("plan", "rewrite", "optimize", "cancel"):
             m.addAction(self.act[k])
         file_menu = w.menuBar().actions()[0].menu()
         file_menu.insertAction(w.act["import"], self.act["open_results"])
@@ -190,9 +192,11 @@ class StudioAgent(QObject):
     def _log_clicked(self, e: dict) -> None:
         if e.get("region"):
             self.select_region(e["region"])
-        elif e.get("event") == "rewrite" and e.get("node") in self.window.scene.nodes:
-            self.window.scene.select_nodes([e["node"]])
-            self.window.view.fit_selection()
+        elif e.get("event") == "rewrite":
+            nodes = [n for n in (e.get("nodes") or [e.get("node")]) if n in self.window.scene.nodes]
+            if nodes:     # the node it fired at, or (applied from the studio) the nodes it put there
+                self.window.scene.select_nodes(nodes)
+                self.window.view.fit_selection()
 
     # plan (in-process) -------------------------------------------------------------------------------
     def plan(self) -> None:
@@ -207,6 +211,57 @@ class StudioAgent(QObject):
             for r in p.active:
                 self.log.add({"event": "region-proposed", "region": r.id, "kind": r.kind, "nodes": r.nodes,
                               "reason": r.reason})
+
+    # rewrites (in-process, checked on the CPU reference) -------------------------------------------
+    def rewrite(self):
+        """Preview the rewrites in a dialog (returned, also as self.rewrite_dialog); None when there
+        is nothing to show (the status bar says why)."""
+        from PySide6.QtGui import QGuiApplication
+
+        from .rewrite_dialog import RewriteDialog, preview_rewrites, too_big_reason
+        w = self.window
+        program = w.document.program
+        if not program.nodes:
+            w.status("Nothing to rewrite: the program is empty", error=True)
+            return None
+        why = too_big_reason(program)
+        if why:
+            w.status(f"Rewrites not checked here: {why}", error=True)
+            return None
+        QGuiApplication.setOverrideCursor(Qt.WaitCursor)
+        try:
+            preview = preview_rewrites(program)
+        except StitchError as e:
+            w.status(f"Rewrites could not be checked: {e}", error=True)
+            return None
+        finally:
+            QGuiApplication.restoreOverrideCursor()
+        if not preview.fired:
+            refused = f" ({len(preview.refused)} refused by their check)" if preview.refused else ""
+            w.status(preview.summary + refused)
+            return None
+        signature = _structure(program)
+        dlg = self.rewrite_dialog = RewriteDialog(preview, w)
+        dlg.apply_requested.connect(lambda: self._apply_rewrites(preview, signature))
+        dlg.show()
+        return dlg
+
+    def _apply_rewrites(self, preview, signature) -> None:
+        from graph_editor.rewrite_commands import apply_rewritten
+        w = self.window
+        doc = w.document
+        if doc.program is not preview.program or _structure(doc.program) != signature:
+            w.status("The program changed since the rewrites were checked: open Rewrites again", error=True)
+            return
+        n, before = len(preview.fired), len(doc.program.nodes)
+        added = apply_rewritten(doc.stack, doc.program, preview.rewritten,
+                                text=f"Apply {n} rewrite{'s' if n != 1 else ''}")
+        for e in preview.fired:
+            self.log.add({"event": "rewrite", "rule": e["rule"], "message": e["message"], "kept": True,
+                          "node": e.get("node"), "nodes": added})
+        w.scene.select_nodes(added)
+        w.status(f"Applied {n} rewrite{'s' if n != 1 else ''}: {before} ops became {len(doc.program.nodes)} "
+                 "(Ctrl+Z undoes)")
 
     # optimize (worker process) ---------------------------------------------------------------------
     def optimize(self, extra_args=("--no-rewrite",)) -> bool:
@@ -428,3 +483,9 @@ class StudioAgent(QObject):
             self.on_event(e, redraw=False)
         self.log.setUpdatesEnabled(True)
         self.profiles.redraw()
+
+
+def _structure(program) -> tuple:
+    """What a rewrite preview depends on: every node's op, inputs and attributes, and the outputs."""
+    return (tuple((nid, n.op, tuple(n.inputs), repr(sorted(n.attrs.items()))) for nid, n in program.nodes.items()),
+            tuple(program.outputs))

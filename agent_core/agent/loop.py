@@ -324,7 +324,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         strict_fp32()     # before any reference runs on the GPU: TF32 off everywhere
     prog = program
     rewritten = False
-    big = _too_big_to_check(program)
+    big = too_big_to_check(program)
     if rewrite and big and not gpu:
         emit.log(f"rewrites skipped: checking them runs the reference twice on the CPU, and this program "
                  f"({big}) would take too long; it is planned as it is", level="warning")
@@ -420,7 +420,7 @@ REWRITE_MAX_FLOPS = 1e9
 REWRITE_MAX_BYTES = 256 << 20
 
 
-def _too_big_to_check(program: Program) -> str | None:
+def too_big_to_check(program: Program) -> str | None:
     flops = sum(program.node_flops(n) for n in program.nodes)
     nbytes = sum(v.nbytes for v in program.values.values())
     if flops > REWRITE_MAX_FLOPS:
