@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 from PySide6.QtWidgets import QFileDialog, QProgressBar, QSizePolicy
 
 from agent_core.errors import StitchError
+from graph_editor.live_regions import LiveRegionOverlay
 from graph_editor.region_commands import RegionEditCommand
 from graph_editor.region_item import RegionOverlay
 from graph_editor.region_list import RegionList
@@ -58,6 +59,7 @@ class StudioAgent(QObject):
         super().__init__(window)
         w = self.window = window
         self.overlay: RegionOverlay | None = None
+        self.live: LiveRegionOverlay | None = None   # hulls of the run in progress
         self.current: str | None = None
         self.compile_errors: dict[str, str] = {}
         self.run_dir: str | None = None
@@ -145,6 +147,7 @@ class StudioAgent(QObject):
     # document and selection ------------------------------------------------------------------------
     def document_set(self) -> None:
         w = self.window
+        self._end_live()
         if self.overlay is not None:
             self.overlay.detach()
             self.overlay.deleteLater()
@@ -291,6 +294,7 @@ class StudioAgent(QObject):
         self.progress = {"regions": 0, "done": 0}
         self.log.note(f"Optimize started on {program.name} ({len(program.nodes)} nodes)", "info")
         self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *extra_args])
+        self._start_live()
         self.act["cancel"].setEnabled(True)
         self.act["optimize"].setEnabled(False)
         self.bar.setRange(0, 0)   # busy until the plan says how many regions there are
@@ -302,9 +306,27 @@ class StudioAgent(QObject):
         if self.worker.running:
             self.worker.cancel()
 
+    def _start_live(self) -> None:
+        """Hulls grow on the canvas as the worker proposes regions; the document's own regions are
+        dimmed meanwhile (the finished run replaces them)."""
+        self._end_live()
+        self.live = LiveRegionOverlay(self.window.scene, self)
+        for item in self.overlay.items.values():
+            item.setOpacity(0.3)
+
+    def _end_live(self) -> None:
+        if self.live is not None:
+            self.live.detach()
+            self.live.deleteLater()
+            self.live = None
+        for item in (self.overlay.items.values() if self.overlay is not None else ()):
+            item.setOpacity(1.0)
+
     def on_event(self, e: dict, redraw: bool = True) -> None:
         """One event, live or replayed: the log, the plots, the progress and compile errors."""
         self.log.add(e)
+        if self.live is not None:
+            self.live.apply(e)
         if redraw:
             self.profiles.apply(e)
         else:
@@ -333,6 +355,7 @@ class StudioAgent(QObject):
 
     def _run_finished(self, status: str, message: str) -> None:
         w = self.window
+        self._end_live()
         self.act["cancel"].setEnabled(False)
         self.act["optimize"].setEnabled(True)
         self.bar.hide()

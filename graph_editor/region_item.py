@@ -49,6 +49,9 @@ def region_label(region) -> str:
         text += f" · {s:.2f}x {'measured' if measured else 'est.'}"
     if region.status in ("locked", "accepted", "user-made"):
         text += f" · {region.status}"
+    verdict = ((region.schedule or {}).get("agent") or {}).get("status")
+    if verdict in ("fallback", "compiled"):     # "fused" already shows as the measured speedup
+        text += " · fell back" if verdict == "fallback" else " · compiled"
     return text
 
 
@@ -235,13 +238,16 @@ class RegionOverlay(QObject):
         unchanged hull is not rebuilt (RegionItem compares its members' rects)."""
         if not self.items:
             return
-        regs = {r.id: r for r in self.scene.program.regions}
+        regs = self.region_map()
         for rid, item in self.items.items():
             r = regs.get(rid)
             rects = self.member_rects(r) if r is not None else []
             item.setVisible(bool(rects))
             if rects:
                 item.update_geometry(rects)
+
+    def region_map(self) -> dict:
+        return {r.id: r for r in self.scene.program.regions}
 
     def select(self, region_id: str | None) -> None:
         self.current = region_id if region_id in self.items else None

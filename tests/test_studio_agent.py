@@ -309,3 +309,26 @@ def test_region_collapse_is_one_undo_step(window):
     assert not window.scene.groups and window.document.program.metadata["editor"]["collapsed"] == []
     window.act["redo"].trigger()
     assert len(window.scene.groups) == 1
+
+
+def test_live_hulls_grow_and_relabel_from_the_recorded_run(window):
+    from graph_editor.region_item import region_label
+    program = load_program(os.path.join(GPU, "program.json"))
+    program.regions = []                       # as a fresh document before Optimize
+    window.set_document(window.document.__class__(program))
+    agent = window.agent
+    agent._start_live()
+    counts = []
+    for e in RECORDED:
+        agent.on_event(e)
+        counts.append(len(agent.live.items))
+    proposals = [e["region"] for e in RECORDED if e["event"] == "region-proposed"]
+    assert max(counts) == len(proposals) == 3 and sorted(agent.live.items) == sorted(proposals)
+    assert counts == sorted(counts)           # hulls only ever appear during a run
+    fused = [e["region"] for e in RECORDED if e["event"] == "log" and e.get("status") == "fused"]
+    for rid in fused:
+        live = agent.live.live[rid]
+        assert "measured" in region_label(live) and live.measured_ms
+        assert live.reason[:30] in agent.live.items[rid].tooltip_text()
+    agent._end_live()
+    assert agent.live is None and not program.regions     # nothing was stored in the document

@@ -51,8 +51,13 @@ def test_real_worker_streams_events_while_the_gui_stays_responsive(window, qtbot
     ticks = []
     timer = QTimer(interval=50, timeout=lambda: ticks.append(time.perf_counter()))
     timer.start()
-    seen = []
-    agent.worker.event.connect(lambda e: seen.append(e["event"]))
+    seen, hulls = [], []
+
+    def on_event(e):   # connected after the studio's own handler: the live overlay has seen e
+        seen.append(e["event"])
+        if e["event"] == "region-proposed":
+            hulls.append(sorted(agent.live.items) if agent.live is not None else None)
+    agent.worker.event.connect(on_event)
     with qtbot.waitSignal(agent.worker.finished, timeout=120_000) as done:
         assert agent.optimize(FAST)
         assert agent.act["cancel"].isEnabled() and agent.bar.isVisible()
@@ -61,6 +66,9 @@ def test_real_worker_streams_events_while_the_gui_stays_responsive(window, qtbot
     assert status == "no-gpu", message
     for name in ("plan", "region-proposed", "codegen", "compile", "done"):
         assert name in seen
+    # the hulls grew on the canvas one proposal at a time, then gave way to the document's regions
+    assert [len(h) for h in hulls] == list(range(1, len(hulls) + 1)), hulls
+    assert agent.live is None
     # the event loop kept running: many ticks, none held up for long
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert len(ticks) > 20 and max(gaps) < 2.0
@@ -86,6 +94,7 @@ def test_killed_worker_is_reported_and_the_document_is_unchanged(window, qtbot):
     status, message = done.args
     assert status == "crashed" and "unchanged" in message
     assert snapshot(window) == before
+    assert agent.live is None and not any(type(i).__name__ == "LiveRegionItem" for i in window.scene.items())
     assert "crashed" in window.refusal_label.text() or "killed" in window.refusal_label.text() \
         or "before finishing" in window.refusal_label.text()
     assert not agent.worker.running and agent.act["optimize"].isEnabled()
