@@ -88,6 +88,9 @@ def record_from_result(path: str, result, seconds: float) -> dict:
            "compiled": sum(1 for o in result.outcomes if o.status in ("fused", "compiled") or
                            (o.status == "fallback" and o.source_path)),
            "seconds": round(seconds, 2)}
+    falls = {o.region: o.reason[:300] for o in result.outcomes if o.status == "fallback"}
+    if falls:
+        rec["fallbacks"] = falls          # why each region runs unfused (diagnosis without the event log)
     if result.gpu and not e2e.get("correct"):
         rec["verify_reason"] = (e2e.get("verify") or {}).get("reason")
     if "error" in base:
