@@ -215,3 +215,27 @@ def test_large_programs_without_a_gpu_are_not_rewritten(tmp_path, monkeypatch):
     assert not any(e["event"] == "rewrite" for e in events)
     assert any("rewrites skipped" in e.get("message", "") for e in events if e["event"] == "log")
     assert any(n.op == "batch_norm" for n in res.program.nodes.values())
+
+
+def test_a_rewrite_the_end_to_end_check_rejects_is_undone(mock_gpu, tmp_path, monkeypatch):
+    """A rewrite its own check let through (its tolerance is looser than the end-to-end one) but
+    whose program disagrees with the original: the run starts over without rewrites, says why, and
+    ends correct."""
+    import agent_core.rewrites as rewrites
+    from agent_core.rewrites import RewriteResult, clone_program
+    calls = []
+
+    def bogus(program, **kw):
+        calls.append(1)
+        twin = clone_program(program)
+        last = next(n for n in twin.nodes.values() if n.op == "tanh")
+        twin.nodes[last.id].op = "relu"          # a "rewrite" that changes the result
+        return RewriteResult(twin, fired=[{"rule": "bogus", "node": last.id, "message": "tanh -> relu"}])
+    monkeypatch.setattr(rewrites, "rewrite_program", bogus)
+    res, events = _optimize(_mlp(), tmp_path, tune=False, baselines=False)
+    assert calls == [1]                                               # the second pass does not rewrite
+    errors = [e["message"] for e in events if e["event"] == "error"]
+    assert any("does not match the original" in m and "without rewrites" in m for m in errors)
+    assert res.profile["end_to_end"]["correct"]
+    assert any(n.op == "tanh" for n in res.program.nodes.values())
+    assert [e["event"] for e in events].count("done") == 1
