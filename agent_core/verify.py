@@ -86,6 +86,12 @@ def verify_region(program: Program, inputs: list[str], outputs: list[str],
                   device: str = "cuda", atol: float = ATOL, rtol: float = RTOL, seed: int = 0) -> VerifyResult:
     """Run `run` (the candidate: region input tensors on `device` -> output tensors) on `draws` random
     draws and compare with the reference. Never raises for a mismatch: the result says why."""
+    from .profile.timing import gpu_work
+    with gpu_work():
+        return _verify_region(program, inputs, outputs, run, draws, device, atol, rtol, seed)
+
+
+def _verify_region(program, inputs, outputs, run, draws, device, atol, rtol, seed) -> VerifyResult:
     worst_abs, worst_ex, per = 0.0, 0.0, {}
     for d in range(draws):
         ins, want = region_samples(program, inputs, outputs, seed + d)

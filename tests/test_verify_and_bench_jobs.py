@@ -81,6 +81,25 @@ def test_exclusive_timing_holds_the_lock(tmp_path, monkeypatch):
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)     # released afterwards
 
 
+def test_gpu_work_is_shared_and_a_measurement_inside_it_takes_the_lock_alone(tmp_path, monkeypatch):
+    lock = tmp_path / "t.lock"
+    monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
+
+    def other(mode):     # another open file description acts as another process would
+        with open(lock, "a") as f:
+            try:
+                fcntl.flock(f, mode | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+    with timing.gpu_work():
+        assert other(fcntl.LOCK_SH) and not other(fcntl.LOCK_EX)
+        with timing.exclusive_timing():          # nested: converts this process's lock, no deadlock
+            assert not other(fcntl.LOCK_SH)
+        assert other(fcntl.LOCK_SH) and not other(fcntl.LOCK_EX)
+    assert other(fcntl.LOCK_EX)
+
+
 def test_bench_jobs_runs_problems_in_parallel_and_keeps_file_order(tmp_path, capsys):
     files = [os.path.join(EXAMPLES, n) for n in ("softmax_rows.py", "layer_norm.py", "relu_missing.py")]
     out = tmp_path / "b.jsonl"

@@ -334,7 +334,11 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         # each rewrite is checked on reference values; a large program's are computed on the GPU
         check_on = TENSOR_DEVICE if big else "cpu"
         try:
-            rr = rewrite_program(program, device=check_on)
+            import contextlib
+
+            from ..profile.timing import gpu_work
+            with gpu_work() if check_on != "cpu" else contextlib.nullcontext():   # GPU reference runs
+                rr = rewrite_program(program, device=check_on)
             prog = rr.program
             rewritten = bool(rr.fired)
             for e in rr.fired:

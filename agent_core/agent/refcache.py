@@ -112,6 +112,12 @@ def verify_candidate(program: Program, cache: ReferenceCache, inputs: list[str],
                      draws: int = 5, device: str = "cuda"):
     """verify.verify_region over cached draws: run(region input tensors) -> outputs, compared with
     atol = rtol = 1e-4 (NaN must match NaN). Never raises for a mismatch or a failing candidate."""
+    from ..profile.timing import gpu_work
+    with gpu_work():
+        return _verify_candidate(program, cache, inputs, outputs, run, draws, device)
+
+
+def _verify_candidate(program, cache, inputs, outputs, run, draws, device):
     import torch
     from ..errors import StitchError
     from ..verify import VerifyResult, compare

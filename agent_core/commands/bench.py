@@ -36,10 +36,10 @@ def add_arguments(parser) -> None:
                         help="run each problem in its own process (a faulting kernel or a hang cannot take "
                              "the others down; costs a few seconds of start-up per problem)")
     parser.add_argument("--jobs", type=int, default=1,
-                        help="problems run at once, each in its own process (implies --isolate); their "
-                             "timed measurements take turns through a file lock, but other problems' "
-                             "verification and compilation still load the GPU meanwhile, so timings are "
-                             "indicative only (up to 2x off either way on the H200): report --jobs 1 runs")
+                        help="problems run at once, each in its own process (implies --isolate); a "
+                             "measurement holds the GPU alone through a file lock that verification and "
+                             "reference runs share, but torch.compile's first calls and the CPU load still "
+                             "overlap: check against --jobs 1 before quoting timings")
     from .optimize import add_common
     add_common(parser)
     parser.set_defaults(tune_trials=3)

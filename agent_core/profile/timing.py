@@ -43,25 +43,59 @@ def l2_flush_buffer(device=None):
     return buf
 
 
-# `stitchcuda bench --jobs N` runs problems in parallel processes on one GPU; each measurement holds
-# this file lock so no two processes time at once (their compile and verify steps still overlap).
+# `stitchcuda bench --jobs N` runs problems in parallel processes on one GPU. A file lock keeps their
+# measurements clean: a measurement holds it exclusively, and the untimed GPU work (reference runs,
+# verification) holds it shared, so nothing else runs on the GPU while a process times.
 TIMING_LOCK_ENV = "STITCHCUDA_TIMING_LOCK"
 
 
-@contextlib.contextmanager
-def exclusive_timing():
-    """Hold the cross-process timing lock named by $STITCHCUDA_TIMING_LOCK, if any."""
-    path = os.environ.get(TIMING_LOCK_ENV)
-    if not path:
-        yield
-        return
-    import fcntl
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+class _GpuLock:
+    """One open file per process; nested holds convert the lock on that file (shared -> exclusive and
+    back) rather than taking a second lock that would wait for this process's own first one."""
+
+    def __init__(self):
+        self.path: str | None = None
+        self.file = None
+        self.modes: list[bool] = []      # exclusive? per nested hold
+
+    def _apply(self) -> None:
+        import fcntl
+        if not self.modes:
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+        else:
+            fcntl.flock(self.file, fcntl.LOCK_EX if any(self.modes) else fcntl.LOCK_SH)
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool):
+        path = os.environ.get(TIMING_LOCK_ENV)
+        if not path:
+            yield
+            return
+        if self.path != path:
+            if self.file is not None:
+                self.file.close()
+            self.file, self.path, self.modes = open(path, "a"), path, []
+        self.modes.append(exclusive)
+        self._apply()
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            self.modes.pop()
+            self._apply()
+
+
+_GPU_LOCK = _GpuLock()
+
+
+def exclusive_timing():
+    """Hold the cross-process GPU lock alone while measuring (no-op without $STITCHCUDA_TIMING_LOCK)."""
+    return _GPU_LOCK.hold(True)
+
+
+def gpu_work():
+    """Untimed GPU work (reference runs, verification): shared with other such work, never with a
+    measurement (no-op without $STITCHCUDA_TIMING_LOCK)."""
+    return _GPU_LOCK.hold(False)
 
 
 def summarize(samples: list[float]) -> Timing:

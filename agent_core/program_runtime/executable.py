@@ -192,6 +192,11 @@ class ProgramExecutable:
     def verify(self, draws: int = 5, seed: int = 0, ref=None):
         """The whole program against the reference interpreter on `draws` random draws (seeds seed..);
         ref: an agent.refcache.ReferenceCache whose draws to reuse (its seeds are 0..)."""
+        from ..profile.timing import gpu_work
+        with gpu_work():
+            return self._verify(draws, seed, ref)
+
+    def _verify(self, draws: int, seed: int, ref):
         import torch
         from ..verify import VerifyResult, compare
         worst_abs = worst_ex = 0.0
