@@ -36,6 +36,16 @@ class ExportResult:
     warnings: list[str] = field(default_factory=list)
 
 
+def _lower_composites(program: Program) -> Program:
+    """A program not yet planned has its losses written out as pointwise ops and reductions first
+    (agent_core.rewrites.lowering), as `stitchcuda optimize` does: the kernels cannot take them whole."""
+    from ..rewrites.lowering import LOWERED, lower_loss
+    if program.regions or not any(n.op in LOWERED for n in program.nodes.values()):
+        return program
+    from ..rewrites import rewrite_program
+    return rewrite_program(program, rules=[lower_loss], check=False).program
+
+
 def _ensure_regions(program: Program) -> None:
     if not program.regions:
         from ..planner import apply_plan, plan_program
@@ -68,6 +78,7 @@ def export_program(program: Program, outdir, *, params: bool = True, arch: str =
                    overwrite: bool = False) -> ExportResult:
     """Write the CUDA project for `program` into `outdir` (ExportError says why it cannot)."""
     program.check()
+    program = _lower_composites(program)
     _ensure_regions(program)
     schedule = build_schedule(program)
     memory = plan_memory(program, schedule)

@@ -226,6 +226,15 @@ def can_fuse(state, a, b, sa: Summary, sb: Summary, relation: str, facts=None) -
     return _budgetary(state, a, b, sa, sb, relation, facts)
 
 
+def _chained(state, sa: Summary, sb: Summary) -> bool:
+    """Every reduction of sb reads, through the program, a result of sa's reductions."""
+    import networkx as nx
+    g = getattr(state, "_graph", None)
+    if g is None:        # the program does not change while it is planned
+        g = state._graph = state.program.graph()
+    return all(any(nx.has_path(g, r0, r1) for r0 in sa.reductions) for r1 in sb.reductions)
+
+
 def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
     gpu, budgets = state.gpu, state.budgets
     for g in (a, b):
@@ -253,6 +262,11 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     if anchor is not None and anchor is sb and relation == "producer" and (sa.ops or sa.reductions):
         return (f"feeding {_name(state, sb.anchor)}'s operand from a fused producer would recompute "
                 f"that producer for every tile of the product")
+    if sa.reductions and sb.reductions and not (relation == "producer" and _chained(state, sa, sb)):
+        # a stitched chain (one reduction feeding the next, like a written-out softmax) stays one
+        # region; independent reductions side by side are not generated as one kernel yet
+        return (f"{_name(state, sa.reductions[0])} and {_name(state, sb.reductions[0])} are independent "
+                "reductions; each runs as its own kernel (one kernel computing both is not generated yet)")
     reds = [s.red for s in (sa, sb) if s.red is not None]
     if len(reds) == 2 and reds[0].key != reds[1].key:
         r0, r1 = sa.reductions[0], sb.reductions[0]

@@ -523,6 +523,8 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
                    build, nid)
 
 
-DEFAULT_RULES = [drop_noop, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
+from .lowering import lower_loss  # noqa: E402  (lowering builds on the same engine)
+
+DEFAULT_RULES = [lower_loss, drop_noop, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
                  reduce_of_broadcast]
