@@ -11,6 +11,7 @@ ROW_OPS = [
     ("sum", {"dim": [-1]}), ("mean", {"dim": [-1], "keepdim": True}), ("max", {"dim": [-1]}),
     ("min", {"dim": [-1]}), ("var", {"dim": [-1]}), ("std", {"dim": [-1], "correction": 0}),
     ("layer_norm", {"normalized_shape": [None]}), ("rms_norm", {"normalized_shape": [None], "eps": 1e-6}),
+    ("prod", {"dim": -1}),
 ]
 
 

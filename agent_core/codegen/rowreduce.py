@@ -44,6 +44,7 @@ STATES = {
     "max": (["m"], "{-INFINITY}", "s.m = fmaxf(s.m, x);", "return {fmaxf(a.m, b.m)};"),
     "min": (["m"], "{INFINITY}", "s.m = fminf(s.m, x);", "return {fminf(a.m, b.m)};"),
     "sum": (["s"], "{0.0f}", "s.s += x;", "return {a.s + b.s};"),
+    "prod": (["p"], "{1.0f}", "s.p *= x;", "return {a.p * b.p};"),
     "sumsq": (["q"], "{0.0f}", "s.q = fmaf(x, x, s.q);", "return {a.q + b.q};"),
     # online softmax: running max m and sum s of exp(x - m)
     "maxsumexp": (["m", "s"], "{-INFINITY, 0.0f}",
@@ -80,6 +81,8 @@ def _row_op(program: Program, nid: str):
         dims = list(range(rank - k, rank))
     elif op in ("sum", "mean", "max", "min", "logsumexp", "var", "std"):
         dims = norm_dims(a["dim"], rank)
+    elif op == "prod":          # one dim, or (null) the flattened tensor
+        dims = norm_dims(None if a["dim"] is None else [a["dim"]], rank)
     elif op in ("group_norm", "instance_norm"):
         # rows are (sample, group): C/G * spatial contiguous elements; channel parameters by channel
         if op == "instance_norm" and not a["use_input_stats"]:
@@ -110,7 +113,7 @@ def _row_op(program: Program, nid: str):
     else:
         raise CodegenError(f"{node.name} ({op}) has no row-reduction template (have: softmax, log_softmax, "
                            f"layer_norm, rms_norm, group_norm, instance_norm, logsumexp, sum, mean, max, min, "
-                           f"var, std)", node_id=nid)
+                           f"prod, var, std)", node_id=nid)
     if dims != list(range(dims[0], dims[0] + len(dims))):
         raise CodegenError(f"{node.name} ({op}) reduces dims {dims} of {list(x.shape)}, which are not "
                            f"neighbours; no kernel template reduces scattered dims", node_id=nid)
@@ -138,6 +141,8 @@ def _row_op(program: Program, nid: str):
         return "sum", "", "st.s / kColsF", False, dims, None
     if op in ("max", "min"):
         return op, "", "st.m", False, dims, None
+    if op == "prod":
+        return "prod", "", "st.p", False, dims, None
     corr = float_literal(a["correction"])
     var = f"st.m2 / (kColsF - {corr})"
     return "welford", "", var if op == "var" else f"sqrtf({var})", False, dims, None

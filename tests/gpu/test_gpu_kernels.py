@@ -135,6 +135,17 @@ def test_row_ops_across_schedules(op, attrs, cols):
     fused(p, ids, f"{op}_{cols}")
 
 
+@pytest.mark.parametrize("cols", [1, 7, 1000, 4096, 16385])
+def test_prod_across_schedules(cols):
+    """Products of values near 1, so neither the reference nor any summation order over- or
+    underflows (a product of thousands of normal draws would, in order-dependent ways)."""
+    p = Program("prod")
+    x = p.add_input("x", (3 if cols > 4096 else 37, cols), init={"kind": "uniform", "low": 0.999, "high": 1.001})
+    n = p.add_node("prod", [x.id], {"dim": -1})
+    p.mark_output(n.outputs[0])
+    fused(p, [n.id], f"prod_{cols}")
+
+
 def test_bare_and_multi_dim_reductions():
     p = Program("ln")
     x = p.add_input("x", (2, 3, 8, 5))
