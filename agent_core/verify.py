@@ -81,35 +81,40 @@ def compare(program: Program, vid: str, got: torch.Tensor, want: torch.Tensor,
     return ok, max_abs, max_ex, reason
 
 
+def check_draws(program: Program, outputs: list[str], sample, run, *, draws: int = 5, device: str = "cuda",
+                atol: float = ATOL, rtol: float = RTOL, who: str = "the candidate") -> VerifyResult:
+    """The one verification loop: for d in range(draws), sample(d) -> (input tensors, expected
+    outputs), run(inputs on `device`) -> outputs, compared value by value. Never raises for a
+    mismatch or a failing run: the result says why. Holds the GPU lock shared (see profile.timing)."""
+    from .profile.timing import gpu_work
+    worst_abs, worst_ex, per = 0.0, 0.0, {}
+    with gpu_work():
+        for d in range(draws):
+            ins, want = sample(d)
+            try:
+                got = run([t.to(device) for t in ins])
+                if device.startswith("cuda"):
+                    torch.cuda.synchronize()
+            except StitchError as exc:
+                return VerifyResult(False, d, reason=f"draw {d}: {exc}")
+            except Exception as exc:  # a launch or driver failure is a failed candidate, not a crash
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                return VerifyResult(False, d, reason=f"draw {d}: {who} raised {type(exc).__name__}: {first}")
+            if len(got) != len(outputs):
+                return VerifyResult(False, d, reason=f"{who} returned {len(got)} outputs, want {len(outputs)}")
+            for vid, g, w in zip(outputs, got, want):
+                ok, ab, ex, why = compare(program, vid, g, w, atol, rtol)
+                worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
+                per[vid] = max(per.get(vid, 0.0), ab)
+                if not ok:
+                    return VerifyResult(False, d + 1, worst_abs, worst_ex, f"draw {d}: {why}", per)
+    return VerifyResult(True, draws, worst_abs, worst_ex, "", per)
+
+
 def verify_region(program: Program, inputs: list[str], outputs: list[str],
                   run: Callable[[list[torch.Tensor]], list[torch.Tensor]], *, draws: int = 5,
                   device: str = "cuda", atol: float = ATOL, rtol: float = RTOL, seed: int = 0) -> VerifyResult:
     """Run `run` (the candidate: region input tensors on `device` -> output tensors) on `draws` random
-    draws and compare with the reference. Never raises for a mismatch: the result says why."""
-    from .profile.timing import gpu_work
-    with gpu_work():
-        return _verify_region(program, inputs, outputs, run, draws, device, atol, rtol, seed)
-
-
-def _verify_region(program, inputs, outputs, run, draws, device, atol, rtol, seed) -> VerifyResult:
-    worst_abs, worst_ex, per = 0.0, 0.0, {}
-    for d in range(draws):
-        ins, want = region_samples(program, inputs, outputs, seed + d)
-        try:
-            got = run([t.to(device) for t in ins])
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-        except StitchError as exc:
-            return VerifyResult(False, d, reason=f"draw {d}: {exc}")
-        except Exception as exc:  # a launch or driver failure is a failed candidate, not a crash
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            return VerifyResult(False, d, reason=f"draw {d}: the candidate raised {type(exc).__name__}: {first}")
-        if len(got) != len(outputs):
-            return VerifyResult(False, d, reason=f"the candidate returned {len(got)} outputs, want {len(outputs)}")
-        for vid, g, w in zip(outputs, got, want):
-            ok, ab, ex, why = compare(program, vid, g, w, atol, rtol)
-            worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
-            per[vid] = max(per.get(vid, 0.0), ab)
-            if not ok:
-                return VerifyResult(False, d + 1, worst_abs, worst_ex, f"draw {d}: {why}", per)
-    return VerifyResult(True, draws, worst_abs, worst_ex, "", per)
+    draws (seeds seed..) of the whole program's reference and compare."""
+    return check_draws(program, outputs, lambda d: region_samples(program, inputs, outputs, seed + d), run,
+                       draws=draws, device=device, atol=atol, rtol=rtol)

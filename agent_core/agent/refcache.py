@@ -110,36 +110,10 @@ class ReferenceCache:
 
 def verify_candidate(program: Program, cache: ReferenceCache, inputs: list[str], outputs: list[str], run,
                      draws: int = 5, device: str = "cuda"):
-    """verify.verify_region over cached draws: run(region input tensors) -> outputs, compared with
-    atol = rtol = 1e-4 (NaN must match NaN). Never raises for a mismatch or a failing candidate."""
-    from ..profile.timing import gpu_work
-    with gpu_work():
-        return _verify_candidate(program, cache, inputs, outputs, run, draws, device)
+    """verify.verify_region over the cached draws."""
+    from ..verify import check_draws
 
-
-def _verify_candidate(program, cache, inputs, outputs, run, draws, device):
-    import torch
-    from ..errors import StitchError
-    from ..verify import VerifyResult, compare
-    worst_abs = worst_ex = 0.0
-    per = {}
-    for d in range(draws):
+    def sample(d):
         env = cache.draw(d)
-        try:
-            got = run([env[v].to(device) for v in inputs])
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-        except StitchError as exc:
-            return VerifyResult(False, d, reason=f"draw {d}: {exc}")
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            return VerifyResult(False, d, reason=f"draw {d}: the candidate raised {type(exc).__name__}: {first}")
-        if len(got) != len(outputs):
-            return VerifyResult(False, d, reason=f"the candidate returned {len(got)} outputs, want {len(outputs)}")
-        for vid, g, w in zip(outputs, got, [env[v] for v in outputs]):
-            ok, ab, ex, why = compare(program, vid, g, w)
-            worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
-            per[vid] = max(per.get(vid, 0.0), ab)
-            if not ok:
-                return VerifyResult(False, d + 1, worst_abs, worst_ex, f"draw {d}: {why}", per)
-    return VerifyResult(True, draws, worst_abs, worst_ex, "", per)
+        return [env[v] for v in inputs], [env[v] for v in outputs]
+    return check_draws(program, outputs, sample, run, draws=draws, device=device)

@@ -192,32 +192,14 @@ class ProgramExecutable:
     def verify(self, draws: int = 5, seed: int = 0, ref=None):
         """The whole program against the reference interpreter on `draws` random draws (seeds seed..);
         ref: an agent.refcache.ReferenceCache whose draws to reuse (its seeds are 0..)."""
-        from ..profile.timing import gpu_work
-        with gpu_work():
-            return self._verify(draws, seed, ref)
+        from ..verify import check_draws
+        p = self.program
 
-    def _verify(self, draws: int, seed: int, ref):
-        import torch
-        from ..verify import VerifyResult, compare
-        worst_abs = worst_ex = 0.0
-        for d in range(draws):
+        def sample(d):
             if ref is not None:
-                ins, want = ref.inputs(seed + d), ref.outputs(seed + d)
-            else:
-                drawn = random_inputs(self.program, seed + d)
-                out = run_reference(self.program, drawn)
-                ins = [drawn[self.program.values[v].name] for v in self.program.inputs]
-                want = [out[self.program.values[v].name] for v in self.program.outputs]
-            try:
-                got = self(*[t.to(self.device) for t in ins])
-                if self.arena.is_cuda:
-                    torch.cuda.synchronize()
-            except Exception as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-                return VerifyResult(False, d, reason=f"draw {d}: the program raised {type(exc).__name__}: {first}")
-            for vid, g, w in zip(self.program.outputs, got, want):
-                ok, ab, ex, why = compare(self.program, vid, g, w)
-                worst_abs, worst_ex = max(worst_abs, ab), max(worst_ex, ex)
-                if not ok:
-                    return VerifyResult(False, d + 1, worst_abs, worst_ex, f"draw {d}: {why}")
-        return VerifyResult(True, draws, worst_abs, worst_ex)
+                return ref.inputs(seed + d), ref.outputs(seed + d)
+            drawn = random_inputs(p, seed + d)
+            out = run_reference(p, drawn)
+            return [drawn[p.values[v].name] for v in p.inputs], [out[p.values[v].name] for v in p.outputs]
+        return check_draws(p, p.outputs, sample, lambda ins: self(*ins), draws=draws, device=self.device,
+                           who="the program")
