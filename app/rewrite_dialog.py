@@ -15,6 +15,7 @@ from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QHBoxLayout, QLabel, Q
                                QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
 from agent_core.ir import Program
+from graph_editor.rewrite_commands import kept_nodes
 
 REMOVED = ("-", QColor(226, 96, 96))     # diff-style marker and colour of a node that goes away
 ADDED = ("+", QColor(86, 196, 120))      # ... and of one the rewrites put in
@@ -41,14 +42,10 @@ class RewritePreview:
                 f"{len(self.rewritten.nodes)} ({rules}). Each was checked against the reference on random draws.")
 
     def removed_nodes(self) -> set[str]:
-        return {n for n in self.program.nodes if not self._same(n)}
+        return set(self.program.nodes) - kept_nodes(self.program, self.rewritten)
 
     def added_nodes(self) -> set[str]:
-        return {n for n in self.rewritten.nodes if not self._same(n)}
-
-    def _same(self, nid: str) -> bool:
-        return nid in self.program.nodes and nid in self.rewritten.nodes and \
-            self.program.nodes[nid].op == self.rewritten.nodes[nid].op
+        return set(self.rewritten.nodes) - kept_nodes(self.program, self.rewritten)
 
 
 def too_big_reason(program: Program) -> str | None:

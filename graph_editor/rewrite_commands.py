@@ -34,65 +34,86 @@ class SetData(QUndoCommand):
             self.program.data[self.value_id] = self.old
 
 
+def kept_nodes(program: Program, rewritten: Program) -> set[str]:
+    """The nodes the rewrites left in place: the same id with the same op in both programs."""
+    return {nid for nid, n in rewritten.nodes.items() if nid in program.nodes and program.nodes[nid].op == n.op}
+
+
 def apply_rewritten(stack: QUndoStack, program: Program, rewritten: Program,
                     text: str = "Apply rewrites") -> list[str]:
     """Edit `program` into `rewritten` (a rewrite_program result of a copy of it) as one macro.
     Returns the ids, in `program`, of the nodes the rewrites added."""
-    vmap = {vid: vid for vid in rewritten.values if vid in program.values}
-    added: list[str] = []
-    # new nodes take the places of the ones they replace, in order (rules replace a few nodes by fewer)
-    same = {nid for nid in rewritten.nodes if nid in program.nodes and program.nodes[nid].op == rewritten.nodes[nid].op}
-    spots = [program.nodes[nid].pos for nid in program.topo_order() if nid not in same and program.nodes[nid].pos]
+    same = kept_nodes(program, rewritten)
+    vmap = {vid: vid for vid in rewritten.values if vid in program.values}   # rewritten value -> program's
     with macro(stack, text):
-        for vid, v in rewritten.values.items():
-            if v.role not in (Role.PARAMETER, Role.CONSTANT):
-                continue
-            if vid not in program.values:
-                cmd = AddInput(program, v.name, v.shape, v.dtype, role=v.role, data=rewritten.data.get(vid))
-                cmd.value_id = vid
-                stack.push(cmd)
-                vmap[vid] = vid
-            elif vid in rewritten.data and vid not in program.data:
-                stack.push(SetData(program, vid, rewritten.data[vid]))
-        for nid in rewritten.topo_order():
-            node = rewritten.nodes[nid]
-            if nid in same:
-                continue
-            pos = node.pos or (spots.pop(0) if spots else None)
-            cmd = AddNode(program, node.op, [vmap.get(i) if i else None for i in node.inputs], node.attrs,
-                          pos=pos, name=node.name)
-            stack.push(cmd)
-            added.append(cmd.node_id)
-            for mine, theirs in zip(program.nodes[cmd.node_id].outputs, node.outputs):
-                vmap[theirs] = mine
-        kept = [nid for nid in rewritten.nodes if nid in same]
-        for nid in kept:
-            node, mine = rewritten.nodes[nid], program.nodes[nid]
-            if dict(mine.attrs) != dict(node.attrs):
-                stack.push(SetAttrs(program, nid, node.attrs))
-            for port, vid in enumerate(node.inputs):
-                want = vmap.get(vid) if vid else None
-                have = mine.inputs[port] if port < len(mine.inputs) else None
-                if want != have:
-                    stack.push(SetInput(program, nid, port, want))
-        outputs = [vmap[v] for v in rewritten.outputs]
-        for vid in list(program.outputs):
-            if vid not in outputs:
-                stack.push(MarkOutput(program, vid, False))
-        for vid in outputs:
-            if vid not in program.outputs:
-                stack.push(MarkOutput(program, vid, True))
-        if program.outputs != outputs and sorted(program.outputs) == sorted(outputs):
-            stack.push(_Reorder(program, outputs))
-        keep_nodes = set(kept) | set(added)
+        _add_parameters(stack, program, rewritten, vmap)
+        added = _add_nodes(stack, program, rewritten, same, vmap)
+        for nid in same:
+            _rewire(stack, program, rewritten.nodes[nid], vmap)
+        _set_outputs(stack, program, [vmap[v] for v in rewritten.outputs])
+        keep = same | set(added)
         for nid in reversed(program.topo_order()):
-            if nid not in keep_nodes:
+            if nid not in keep:
                 stack.push(RemoveNode(program, nid))
         for vid, v in list(program.values.items()):
             if v.role in (Role.PARAMETER, Role.CONSTANT) and vid not in rewritten.values \
                     and not program.consumers(vid):
                 stack.push(RemoveValue(program, vid))
     return added
+
+
+def _add_parameters(stack, program: Program, rewritten: Program, vmap: dict) -> None:
+    """Folded parameters (same ids), and the drawn values of parameters the rewrites were checked with."""
+    for vid, v in rewritten.values.items():
+        if v.role not in (Role.PARAMETER, Role.CONSTANT):
+            continue
+        if vid not in program.values:
+            cmd = AddInput(program, v.name, v.shape, v.dtype, role=v.role, data=rewritten.data.get(vid))
+            cmd.value_id = vid
+            stack.push(cmd)
+            vmap[vid] = vid
+        elif vid in rewritten.data and vid not in program.data:
+            stack.push(SetData(program, vid, rewritten.data[vid]))
+
+
+def _add_nodes(stack, program: Program, rewritten: Program, same: set[str], vmap: dict) -> list[str]:
+    """The rewrites' new nodes, in dependency order; each takes the place of a node it replaces (in
+    order: rules replace a few nodes by fewer)."""
+    spots = [program.nodes[nid].pos for nid in program.topo_order() if nid not in same and program.nodes[nid].pos]
+    added = []
+    for nid in rewritten.topo_order():
+        if nid in same:
+            continue
+        node = rewritten.nodes[nid]
+        cmd = AddNode(program, node.op, [vmap.get(i) if i else None for i in node.inputs], node.attrs,
+                      pos=node.pos or (spots.pop(0) if spots else None), name=node.name)
+        stack.push(cmd)
+        added.append(cmd.node_id)
+        for mine, theirs in zip(program.nodes[cmd.node_id].outputs, node.outputs):
+            vmap[theirs] = mine
+    return added
+
+
+def _rewire(stack, program: Program, node, vmap: dict) -> None:
+    """A kept node takes the rewritten program's attributes and inputs."""
+    mine = program.nodes[node.id]
+    if dict(mine.attrs) != dict(node.attrs):
+        stack.push(SetAttrs(program, node.id, node.attrs))
+    for port, vid in enumerate(node.inputs):
+        want = vmap.get(vid) if vid else None
+        if want != (mine.inputs[port] if port < len(mine.inputs) else None):
+            stack.push(SetInput(program, node.id, port, want))
+
+
+def _set_outputs(stack, program: Program, outputs: list[str]) -> None:
+    for vid in list(program.outputs):
+        if vid not in outputs:
+            stack.push(MarkOutput(program, vid, False))
+    for vid in outputs:
+        if vid not in program.outputs:
+            stack.push(MarkOutput(program, vid, True))
+    if program.outputs != outputs and sorted(program.outputs) == sorted(outputs):
+        stack.push(_Reorder(program, outputs))
 
 
 class _Reorder(QUndoCommand):
