@@ -9,6 +9,7 @@ from agent_core.codegen import generate_kernel
 from agent_core.codegen.layout import simplify
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
+from tests.programs import pooled
 
 
 def _consts(src):
@@ -103,12 +104,7 @@ POOL_CASES = [
 
 @pytest.mark.parametrize("op,attrs,shape", POOL_CASES, ids=[c[0] for c in POOL_CASES])
 def test_pooling_with_prologue_and_epilogue_compiles(op, attrs, shape):
-    p = Program("pool")
-    x = p.add_input("x", shape)
-    r = p.add_node("relu", [x.id])
-    n = p.add_node(op, [r.outputs[0]], attrs)
-    t = p.add_node("tanh", [n.outputs[0]])
-    p.mark_output(t.outputs[0])
-    ks = generate_kernel(p, [r.id, n.id, t.id], name=op)
+    p, ids = pooled(op, attrs, shape)
+    ks = generate_kernel(p, ids, name=op)
     assert ks.kind == "pooling" and "point(" in ks.source and "store_point(pooled" in ks.source
     compile_kernel(ks, arch="sm_90")

@@ -5,6 +5,7 @@ import pytest
 from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
+from tests.programs import stitched
 
 ROW_OPS = [
     ("softmax", {"dim": -1}), ("log_softmax", {"dim": -1}), ("logsumexp", {"dim": [-1]}),
@@ -15,38 +16,9 @@ ROW_OPS = [
 ]
 
 
-def stitched(op, attrs, shape, prologue=True, epilogue=True, affine=True):
-    """x -> [mul by scale] -> op -> [gelu]: the program and the region's node ids."""
-    p = Program(op)
-    x = p.add_input("x", shape)
-    ids, cur = [], x.id
-    if prologue:
-        s = p.add_input("scale", shape[-1:])
-        n = p.add_node("mul", [cur, s.id])
-        ids.append(n.id)
-        cur = n.outputs[0]
-    attrs = dict(attrs)
-    ins = [cur]
-    if "normalized_shape" in attrs:
-        attrs["normalized_shape"] = [shape[-1]]
-        if affine:
-            ins.append(p.add_parameter("weight", shape=shape[-1:]).id)
-            if op == "layer_norm":
-                ins.append(p.add_parameter("bias", shape=shape[-1:]).id)
-    n = p.add_node(op, ins, attrs)
-    ids.append(n.id)
-    cur = n.outputs[0]
-    if epilogue:
-        n = p.add_node("gelu", [cur])
-        ids.append(n.id)
-        cur = n.outputs[0]
-    p.mark_output(cur)
-    return p, ids
-
-
 @pytest.mark.parametrize("op,attrs", ROW_OPS, ids=[o for o, _ in ROW_OPS])
 def test_every_row_op_compiles(op, attrs):
-    p, ids = stitched(op, attrs, (6, 200))
+    p, ids = stitched(op, attrs, (6, 200), epilogue="gelu")
     ks = generate_kernel(p, ids, name=f"{op}_rows")
     assert ks.kind == "row_reduction" and ks.params["schedule"] == "warp"
     assert f"{op}(" in ks.source and "store_point" in ks.source
@@ -63,7 +35,7 @@ def test_schedules_by_row_length(cols, schedule, vec):
     if cols in (1025, 40000):  # Welford's state through the block and online reductions too
         ops.append(("layer_norm", {"normalized_shape": [None]}))
     for op, attrs in ops:
-        p, ids = stitched(op, attrs, (3, cols))
+        p, ids = stitched(op, attrs, (3, cols), epilogue="gelu")
         ks = generate_kernel(p, ids, name=f"{op}_{cols}")
         assert ks.params["schedule"] == schedule and ks.params["vector_width"] == vec, ks.params
         assert ks.block[0] <= 1024 and ks.block[0] % 32 == 0

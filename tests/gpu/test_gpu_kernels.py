@@ -12,6 +12,7 @@ from agent_core.ops import REQUIRED, all_ops
 from agent_core.runtime import build_region
 from agent_core.runtime import region as region_mod
 from agent_core.runtime.launch import load_kernel
+from tests.programs import pooled, stitched
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -99,32 +100,6 @@ ROW_OPS = [
     ("min", {"dim": [-1]}), ("var", {"dim": [-1]}), ("std", {"dim": [-1], "correction": 0}),
     ("layer_norm", {}), ("rms_norm", {"eps": 1e-6}),
 ]
-
-
-def stitched(op, attrs, shape, prologue=True, epilogue=True):
-    p = Program(op)
-    x = p.add_input("x", shape)
-    ids, cur = [], x.id
-    if prologue:
-        s = p.add_input("scale", shape[-1:])
-        n = p.add_node("mul", [cur, s.id])
-        ids.append(n.id)
-        cur = n.outputs[0]
-    attrs, ins = dict(attrs), [cur]
-    if op in ("layer_norm", "rms_norm"):
-        attrs["normalized_shape"] = [shape[-1]]
-        ins.append(p.add_parameter("weight", shape=shape[-1:]).id)
-        if op == "layer_norm":
-            ins.append(p.add_parameter("bias", shape=shape[-1:]).id)
-    n = p.add_node(op, ins, attrs)
-    ids.append(n.id)
-    cur = n.outputs[0]
-    if epilogue:
-        e = p.add_node("tanh", [cur])
-        ids.append(e.id)
-        cur = e.outputs[0]
-    p.mark_output(cur)
-    return p, ids
 
 
 @pytest.mark.parametrize("cols", [1, 7, 100, 1000, 1025, 4096, 16384, 16385, 40000])
@@ -279,13 +254,8 @@ POOL_CASES = [
 
 @pytest.mark.parametrize("op,attrs,shape", POOL_CASES, ids=[f"{c[0]}-{k}" for k, c in enumerate(POOL_CASES)])
 def test_pooling(op, attrs, shape):
-    p = Program("pool")
-    x = p.add_input("x", shape)
-    r = p.add_node("relu", [x.id])
-    n = p.add_node(op, [r.outputs[0]], attrs)
-    t = p.add_node("tanh", [n.outputs[0]])
-    p.mark_output(t.outputs[0])
-    fused(p, [r.id, n.id, t.id], op)
+    p, ids = pooled(op, attrs, shape)
+    fused(p, ids, op)
 
 
 @pytest.mark.parametrize("shape,op,attrs", [
