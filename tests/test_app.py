@@ -12,8 +12,8 @@ from PySide6.QtWidgets import QApplication
 QStandardPaths.setTestModeEnabled(True)  # settings and recovery files go to a throw-away location
 
 from agent_core.project_file import dumps, load_program, save_program  # noqa: E402
-from app import recovery  # noqa: E402
 from app.main_window import MainWindow  # noqa: E402
+from tests.studio import Answers  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "resources", "examples", "mlp_block.py")
@@ -38,29 +38,9 @@ def get_init_inputs():
 '''
 
 
-class Answers:
-    """Stands in for the modal dialogs: records each question and gives a scripted answer."""
-
-    def __init__(self, **answers):
-        self.answers, self.asked = answers, []
-
-    def __call__(self, kind, title, text):
-        self.asked.append((kind, title, text))
-        return self.answers.get(kind, "ok")
-
-
 @pytest.fixture
-def window(qtbot):
-    for r in recovery.pending():
-        recovery.discard(r["file"])
-    win = MainWindow(theme="dark", restore_settings=False)
-    win.ask = Answers(unsaved="discard")
-    qtbot.addWidget(win)
-    win.resize(1500, 940)
-    win.show()
-    yield win
-    win.document.mark_clean()
-    win.close()
+def window(studio_window):
+    return studio_window
 
 
 def example_path(tmp_path) -> str:

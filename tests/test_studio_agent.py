@@ -19,9 +19,8 @@ QStandardPaths.setTestModeEnabled(True)
 
 from agent_core.agent.events import read_events  # noqa: E402
 from agent_core.project_file import load_program  # noqa: E402
-from app import recovery  # noqa: E402
 from app.decision_log import is_problem  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
+from tests.studio import Answers  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -32,27 +31,9 @@ RECORDED = list(read_events(open(os.path.join(GPU, "events.jsonl"))))
 TUNE_STEPS = [e for e in RECORDED if e["event"] == "tune-step"]
 
 
-class Answers:
-    def __init__(self, **answers):
-        self.answers, self.asked = answers, []
-
-    def __call__(self, kind, title, text):
-        self.asked.append((kind, title, text))
-        return self.answers.get(kind, "ok")
-
-
 @pytest.fixture
-def window(qtbot):
-    for r in recovery.pending():
-        recovery.discard(r["file"])
-    win = MainWindow(theme="dark", restore_settings=False)
-    win.ask = Answers(unsaved="discard")
-    qtbot.addWidget(win)
-    win.resize(1500, 940)
-    win.show()
-    yield win
-    win.document.mark_clean()
-    win.close()
+def window(studio_window):
+    return studio_window
 
 
 def click_scene(window, scene_pos: QPointF, qtbot):

@@ -14,9 +14,7 @@ from PySide6.QtCore import QStandardPaths, QTimer
 QStandardPaths.setTestModeEnabled(True)
 
 from agent_core.project_file import load_program  # noqa: E402
-from app import recovery  # noqa: E402
 from app.document import Document  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
 from app.worker_client import WorkerClient  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,21 +23,12 @@ FAST = ("--no-rewrite", "--no-tune", "--cpu", "--no-baselines")
 
 
 @pytest.fixture
-def window(qtbot):
-    for r in recovery.pending():
-        recovery.discard(r["file"])
-    win = MainWindow(theme="dark", restore_settings=False)
-    win.ask = lambda *a: "discard"
-    qtbot.addWidget(win)
-    win.show()
+def window(studio_window):
     program = load_program(PROGRAM)
     program.regions = []      # the worker plans them
-    win.set_document(Document(program))
-    win._layout_if_needed(win.document, True)
-    yield win
-    win.agent.shutdown()
-    win.document.mark_clean()
-    win.close()
+    studio_window.set_document(Document(program))
+    studio_window._layout_if_needed(studio_window.document, True)
+    return studio_window
 
 
 def snapshot(win):

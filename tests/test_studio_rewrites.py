@@ -15,8 +15,6 @@ QStandardPaths.setTestModeEnabled(True)
 from agent_core.importers import import_file  # noqa: E402
 from agent_core.reference import random_inputs, run_reference  # noqa: E402
 from agent_core.rewrites import rewrite_program  # noqa: E402
-from app import recovery  # noqa: E402
-from app.main_window import MainWindow  # noqa: E402
 from graph_editor.commands import RemoveNode  # noqa: E402
 from graph_editor.rewrite_commands import apply_rewritten  # noqa: E402
 
@@ -54,17 +52,8 @@ def test_apply_rewritten_is_one_exact_undo_step(qapp, name):
 
 
 @pytest.fixture
-def window(qtbot):
-    for r in recovery.pending():
-        recovery.discard(r["file"])
-    win = MainWindow(theme="dark", restore_settings=False)
-    win.ask = lambda kind, title, text: "discard" if kind == "unsaved" else "ok"   # never a modal box
-    qtbot.addWidget(win)
-    win.resize(1400, 900)
-    win.show()
-    yield win
-    win.document.mark_clean()
-    win.close()
+def window(studio_window):
+    return studio_window
 
 
 def test_rewrites_dialog_before_after_apply_and_undo(window, tmp_path):
