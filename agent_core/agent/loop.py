@@ -7,6 +7,7 @@ explains what was kept and why. Without a GPU the loop stops after compiling eve
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -334,8 +335,6 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         # each rewrite is checked on reference values; a large program's are computed on the GPU
         check_on = TENSOR_DEVICE if big else "cpu"
         try:
-            import contextlib
-
             from ..profile.timing import gpu_work
             with gpu_work() if check_on != "cpu" else contextlib.nullcontext():   # GPU reference runs
                 rr = rewrite_program(program, device=check_on)
