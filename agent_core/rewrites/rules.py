@@ -524,7 +524,9 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
 
 
 from .lowering import lower_loss  # noqa: E402  (lowering builds on the same engine)
+from .linear_reduce import pool_linear, reduce_conv_spatial  # noqa: E402
 
 DEFAULT_RULES = [lower_loss, drop_noop, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
+                 reduce_conv_spatial, pool_linear,
                  reduce_of_broadcast]
