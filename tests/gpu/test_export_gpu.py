@@ -152,6 +152,8 @@ def test_export_builds_passes_ctest_and_matches_through_the_binding(name, tmp_pa
           f"export driver {driver_ms['stream']:.4f} ms (stream), {driver_ms['graph']:.4f} ms (CUDA graph); "
           f"export via the binding {binding_ms:.4f} ms; in-process program ({fused}/{len(runners)} regions "
           f"fused, Python launches) {inproc_ms:.4f} ms, as optimize runs it (one CUDA graph) {graph_ms:.4f} ms")
-    # the same kernels in the same order, both replayed as a CUDA graph and timed the same way:
-    # within 10% (or 1 us, below which launch jitter dominates)
-    assert abs(driver_ms["graph"] - graph_ms) <= max(0.10 * graph_ms, 0.001), (driver_ms, graph_ms)
+    # both replayed as a CUDA graph and timed the same way: the export may not be more than 10% slower
+    # (or 1 us, below which launch jitter dominates). It may be faster: on the H200 (2026-11-30) it was,
+    # by 10-27% (mlp_block 27.0 us against 36.8 us), as the in-process graph also holds torch's own
+    # launches (cuBLAS through torch, output allocation) where the export calls cuBLAS directly.
+    assert driver_ms["graph"] <= graph_ms + max(0.10 * graph_ms, 0.001), (driver_ms, graph_ms)
