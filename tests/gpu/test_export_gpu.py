@@ -154,6 +154,6 @@ def test_export_builds_passes_ctest_and_matches_through_the_binding(name, tmp_pa
           f"fused, Python launches) {inproc_ms:.4f} ms, as optimize runs it (one CUDA graph) {graph_ms:.4f} ms")
     # both replayed as a CUDA graph and timed the same way: the export may not be more than 10% slower
     # (or 1 us, below which launch jitter dominates). It may be faster: on the H200 (2026-11-30) it was,
-    # by 10-27% (mlp_block 27.0 us against 36.8 us), as the in-process graph also holds torch's own
-    # launches (cuBLAS through torch, output allocation) where the export calls cuBLAS directly.
+    # by 10-27% (mlp_block 27.0 us against 36.8 us). Not yet profiled; one difference is that the
+    # in-process graph reaches cuBLAS through torch, where the export calls it directly.
     assert driver_ms["graph"] <= graph_ms + max(0.10 * graph_ms, 0.001), (driver_ms, graph_ms)
