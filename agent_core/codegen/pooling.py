@@ -1,14 +1,19 @@
-"""Pooling regions: max_pool / avg_pool (1-D, 2-D, 3-D) with a pointwise prologue on the input side
-and an epilogue on the output side, so conv -> relu -> max_pool -> ... reads the pre-activation once.
+"""Pooling regions: max_pool / avg_pool and adaptive_max_pool / adaptive_avg_pool (1-D, 2-D, 3-D) with a
+pointwise prologue on the input side and an epilogue on the output side, so conv -> relu -> max_pool
+-> ... reads the pre-activation once.
 
-One thread per output element (grid-stride); the window loops have compile-time bounds and are
-unrolled. Max pooling skips padded positions (torch pads with -inf) and propagates NaN like torch;
-average pooling follows torch's divisor rules (count_include_pad, divisor_override, ceil_mode's
-clipped last window).
+One thread per output element (grid-stride). Fixed windows have compile-time bounds and are unrolled;
+max pooling skips padded positions (torch pads with -inf) and average pooling follows torch's divisor
+rules (count_include_pad, divisor_override, ceil_mode's clipped last window). Adaptive windows are
+worked out per output index with integer arithmetic, as torch does: along an axis of In inputs and
+Out outputs, output i pools [floor(i * In / Out), ceil((i + 1) * In / Out)), and the average divides
+by that window's size. Max pooling of either kind propagates NaN like torch. Global average pooling
+(adaptive_avg_pool down to one element per channel) is left to rowreduce, where it is a row mean.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import networkx as nx
 
@@ -19,23 +24,102 @@ from .kernel import CodegenError, KernelSource
 from .around import render_around
 from .pointwise import is_elementwise
 from .region_io import RegionIO
+from .rowreduce import _global_pool
 
-POOL_OPS = tuple(f"{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
+WINDOW_POOL_OPS = tuple(f"{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
+ADAPTIVE_POOL_OPS = tuple(f"adaptive_{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
+POOL_OPS = WINDOW_POOL_OPS + ADAPTIVE_POOL_OPS
+INT32_MAX = 2**31 - 1
+
+
+def pooled_here(program: Program, node) -> bool:
+    """Whether generate_pooling is the generator for this node: any max/avg or adaptive pool except
+    adaptive_avg_pool down to one element per channel, which rowreduce generates as a row mean."""
+    if node.op not in POOL_OPS:
+        return False
+    return not (node.op.startswith("adaptive_avg_pool") and _global_pool(program, node))
+
+
+@dataclass
+class _Window:
+    """How one output element's window is found and folded, per kind of pooling."""
+    consts: list      # constexpr lines beyond the input and output sizes
+    setup: list       # per output element, after its coordinates o{ax}: window bounds
+    loops: list       # per axis, the lines that open its loop (later lines relative to the `for`)
+    result: str       # the pooled value from acc
+    describe: str     # header line
+    sched: str        # the window part of the schedule
+
+
+def _product(terms: list) -> str:
+    """The window size as a float: `(float)(ew - sw)`, `(float)((eh - sh) * (ew - sw))`."""
+    return "(float)(" + " * ".join(t if len(terms) == 1 or " " not in t else f"({t})" for t in terms) + ")"
+
+
+def _fixed_window(a: dict, d: int, axes: str, is_max: bool) -> _Window:
+    """max_pool / avg_pool: kernel_size, stride, padding (and max_pool's dilation) fixed per axis."""
+    k = ntuple(a["kernel_size"], d, "kernel_size")
+    s = ntuple(a["stride"] or k, d, "stride")
+    pad = ntuple(a["padding"], d, "padding")
+    dil = ntuple(a["dilation"], d, "dilation") if is_max else [1] * d
+    consts, setup, loops, count_pad, div = [], [], [], [], []
+    for j, ax in enumerate(axes):
+        u = ax.upper()
+        consts.append(f"constexpr int kK{u} = {k[j]}, kS{u} = {s[j]}, kP{u} = {pad[j]}, kD{u} = {dil[j]};")
+        setup.append(f"    const int s{ax} = o{ax} * kS{u} - kP{u};  // window start (may be in the padding)")
+        if is_max:
+            loops.append(["#pragma unroll", f"for (int k{ax} = 0; k{ax} < kK{u}; ++k{ax}) {{",
+                          f"  const int i{ax} = s{ax} + k{ax} * kD{u};",
+                          f"  if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // padding: -inf never wins"])
+        else:
+            setup += [f"    const int e{ax} = min(s{ax} + kK{u}, kIn{u} + kP{u});",
+                      f"    const int n{ax} = e{ax} - s{ax};  // window size counted with padding",
+                      f"    const int b{ax} = max(s{ax}, 0), f{ax} = min(e{ax}, kIn{u});"]
+            loops.append([f"for (int i{ax} = b{ax}; i{ax} < f{ax}; ++i{ax}) {{"])
+            count_pad.append(f"n{ax}")
+            div.append(f"f{ax} - b{ax}")
+    if is_max:
+        result = "acc"
+    elif a.get("divisor_override"):
+        result = f"acc / {float(a['divisor_override'])!r}f"
+    else:
+        result = f"acc / {_product(count_pad if a['count_include_pad'] else div)}"
+    return _Window(consts, setup, loops, result,
+                   f"kernel {k}, stride {s}, padding {pad}, dilation {dil}",
+                   f"unrolled {'x'.join(map(str, k))} window")
+
+
+def _adaptive_window(sin: list, sout: list, axes: str, is_max: bool) -> _Window:
+    """adaptive_max_pool / adaptive_avg_pool: output i along an axis pools
+    [floor(i * In / Out), ceil((i + 1) * In / Out)), computed per output element."""
+    setup, loops, sizes, widest = [], [], [], []
+    for j, ax in enumerate(axes):
+        u, n_in, n_out = ax.upper(), sin[j], sout[j]
+        # (o + 1) * In + Out - 1 is the largest intermediate; it is computed in 64 bits when it overflows an int
+        if n_out * n_in + n_out - 1 > INT32_MAX:
+            lo = f"(int)((long long)o{ax} * kIn{u} / kOut{u})"
+            hi = f"(int)((((long long)o{ax} + 1) * kIn{u} + kOut{u} - 1) / kOut{u})"
+        else:
+            lo, hi = f"o{ax} * kIn{u} / kOut{u}", f"((o{ax} + 1) * kIn{u} + kOut{u} - 1) / kOut{u}"
+        setup += [f"    const int s{ax} = {lo};  // window start: floor(o * In / Out)",
+                  f"    const int e{ax} = {hi};  // window end: ceil((o + 1) * In / Out)"]
+        loops.append([f"for (int i{ax} = s{ax}; i{ax} < e{ax}; ++i{ax}) {{"])
+        sizes.append(f"e{ax} - s{ax}")
+        widest.append(max(-(-(o + 1) * n_in // n_out) - o * n_in // n_out for o in range(n_out)))
+    return _Window([], setup, loops, "acc" if is_max else f"acc / {_product(sizes)}",
+                   f"output {sout} from {sin}: output i along an axis of In inputs and Out outputs pools "
+                   f"[floor(i * In / Out), ceil((i + 1) * In / Out))",
+                   f"adaptive windows of up to {'x'.join(map(str, widest))}")
 
 
 def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     vals, nodes = program.values, program.nodes
     pools = [n for n in io.nodes if nodes[n].op in POOL_OPS]
     if len(pools) != 1 or any(n not in pools and not is_elementwise(nodes[n]) for n in io.nodes):
-        raise CodegenError("a pooling region holds one max_pool/avg_pool and pointwise ops around it")
+        raise CodegenError("a pooling region holds one max/avg or adaptive pool and pointwise ops around it")
     pn_ = nodes[pools[0]]
     d = int(pn_.op[-2])
-    is_max = pn_.op.startswith("max")
-    a = pn_.attrs
-    k = ntuple(a["kernel_size"], d, "kernel_size")
-    s = ntuple(a["stride"] or k, d, "stride")
-    pad = ntuple(a["padding"], d, "padding")
-    dil = ntuple(a["dilation"], d, "dilation") if is_max else [1] * d
+    is_max = "max_pool" in pn_.op
     x_vid, y_vid = pn_.inputs[0], pn_.outputs[0]
     x, y = vals[x_vid], vals[y_vid]
     for vid in [x_vid, y_vid, *io.inputs, *io.outputs]:
@@ -60,7 +144,7 @@ def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | N
         raise CodegenError("the region pools an empty tensor; there is nothing to launch")
 
     names = Names()
-    names.taken.update(("o", "q", "acc", "cnt", "lead", "in_base", "point", "store_point"))
+    names.taken.update(("o", "q", "acc", "cnt", "lead", "in_base", "point", "store_point", "xv", "pooled"))
     w = render_around(program, io, pro, epi, x_vid, y_vid, names,
                       "one input element of a window.",
                       "one pooled element to the region's outputs.")
@@ -68,18 +152,18 @@ def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | N
     ld_pro, ld_epi, pro_fn, epi_fn = w.ld_pro, w.ld_epi, w.pro_fn, w.epi_fn
 
     sin, sout = list(x.shape[-d:]), list(y.shape[-d:])
+    axes = "dhw"[-d:]
+    window = (_adaptive_window(sin, sout, axes, is_max) if pn_.op in ADAPTIVE_POOL_OPS
+              else _fixed_window(pn_.attrs, d, axes, is_max))
     index_t = "int" if math.prod(x.shape) < 2**31 - 2**20 else "long long"
     consts = [f"typedef {index_t} index_t;", f"constexpr index_t kOutNumel = {out_numel};",
               f"constexpr index_t kInSpatial = {math.prod(sin)}, kOutSpatial = {math.prod(sout)};"]
-    axes = "dhw"[-d:]
     # strides as products of the named sizes: "kInH * kInW" for the depth axis of a 3-D pool
     in_strides = [" * ".join(f"kIn{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
     out_strides = [" * ".join(f"kOut{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
     for j, ax in enumerate(axes):
-        u = ax.upper()
-        consts.append(f"constexpr int kIn{u} = {sin[j]}, kOut{u} = {sout[j]}, kK{u} = {k[j]}, kS{u} = {s[j]}, "
-                      f"kP{u} = {pad[j]}, kD{u} = {dil[j]};")
-    consts += ld_pro.consts + ld_epi.consts
+        consts.append(f"constexpr int kIn{ax.upper()} = {sin[j]}, kOut{ax.upper()} = {sout[j]};")
+    consts += window.consts + ld_pro.consts + ld_epi.consts
     block = 256
     grid = max(1, min(math.ceil(out_numel / block), 132 * 8))
     consts.append(f"constexpr int kBlock = {block};")
@@ -89,64 +173,34 @@ def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | N
             "    const index_t lead = o / kOutSpatial;  // batch and channel",
             "    const index_t in_base = lead * kInSpatial;"]
     for j, ax in enumerate(axes):
-        u = ax.upper()
         q = "o" if out_strides[j] == "1" else f"o / ({out_strides[j]})"
-        body.append(f"    const int o{ax} = (int)(({q}) % kOut{u});")
-        body.append(f"    const int s{ax} = o{ax} * kS{u} - kP{u};  // window start (may be in the padding)")
+        body.append(f"    const int o{ax} = (int)(({q}) % kOut{ax.upper()});")
+    body += window.setup
+    body.append(f"    float acc = {'-INFINITY' if is_max else '0.0f'};")
     pro_at = f"point({', '.join(ld_pro.load(v, arg[v], 'idx') for v in pro_inputs)})"
     pos = " + ".join(f"i{ax} * ({in_strides[j]})" if in_strides[j] != "1" else f"i{ax}" for j, ax in enumerate(axes))
+    fold = "if (xv > acc || xv != xv) acc = xv;  // NaN propagates, as in torch" if is_max else "acc += xv;"
     indent = "    "
-    if is_max:
-        body.append("    float acc = -INFINITY;")
-        for j, ax in enumerate(axes):
-            u = ax.upper()
-            body += [f"{indent}#pragma unroll", f"{indent}for (int k{ax} = 0; k{ax} < kK{u}; ++k{ax}) {{",
-                     f"{indent}  const int i{ax} = s{ax} + k{ax} * kD{u};",
-                     f"{indent}  if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // padding: -inf never wins"]
-            indent += "  "
-        body += [f"{indent}const index_t idx = in_base + {pos};",
-                 f"{indent}const float xv = {pro_at};",
-                 f"{indent}if (xv > acc || xv != xv) acc = xv;  // NaN propagates, as in torch"]
-        for _ in axes:
-            indent = indent[:-2]
-            body.append(f"{indent}}}")
-        body.append("    const float pooled = acc;")
-    else:
-        body.append("    float acc = 0.0f;")
-        count_pad, div = [], []
-        for j, ax in enumerate(axes):
-            u = ax.upper()
-            body += [f"    const int e{ax} = min(s{ax} + kK{u}, kIn{u} + kP{u});",
-                     f"    const int n{ax} = e{ax} - s{ax};  // window size counted with padding",
-                     f"    const int b{ax} = max(s{ax}, 0), f{ax} = min(e{ax}, kIn{u});"]
-            count_pad.append(f"n{ax}")
-            div.append(f"(f{ax} - b{ax})")
-        for ax in axes:
-            body += [f"{indent}for (int i{ax} = b{ax}; i{ax} < f{ax}; ++i{ax}) {{"]
-            indent += "  "
-        body += [f"{indent}const index_t idx = in_base + {pos};", f"{indent}acc += {pro_at};"]
-        for _ in axes:
-            indent = indent[:-2]
-            body.append(f"{indent}}}")
-        if a.get("divisor_override"):
-            divisor = f"{float(a['divisor_override'])!r}f"
-        elif a["count_include_pad"]:
-            divisor = "(float)(" + " * ".join(count_pad) + ")"
-        else:
-            divisor = "(float)(" + " * ".join(div) + ")"
-        body.append(f"    const float pooled = acc / {divisor};")
+    for head in window.loops:
+        body += [indent + line for line in head]
+        indent += "  "
+    body += [f"{indent}const index_t idx = in_base + {pos};", f"{indent}const float xv = {pro_at};", indent + fold]
+    for _ in axes:
+        indent = indent[:-2]
+        body.append(f"{indent}}}")
+    body.append(f"    const float pooled = {window.result};")
     call = ["pooled"] + [ld_epi.load(v, arg[v], "o") for v in epi_inputs] + [f"{arg[v]}[o]" for v in io.outputs]
     body += [f"    store_point({', '.join(call)});", "  }"]
 
     kname = kernel_name(name)
     cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"float* __restrict__ {arg[v]}" for v in io.outputs]
-    sched = f"one thread per output element, unrolled {'x'.join(map(str, k))} window, {grid} blocks of {block}"
+    sched = f"one thread per output element, {window.sched}, {grid} blocks of {block}"
     head = header(program, f"Region {name}: {pn_.op} {list(x.shape)} -> {list(y.shape)} with {len(pro)} "
                            f"prologue and {len(epi)} epilogue op(s)", io.nodes, [
         "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
-        f"kernel {k}, stride {s}, padding {pad}, dilation {dil}; schedule: {sched}.",
+        f"{window.describe}; schedule: {sched}.",
     ])
     source = "\n".join([head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, pro_fn, epi_fn,
                         f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',

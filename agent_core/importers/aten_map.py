@@ -13,6 +13,7 @@ SSA form, and export already points later readers at the in-place op's result.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Callable
 
 from ..ops import REGISTRY
@@ -378,10 +379,27 @@ def _adaptive(kind: str, rank: int):
     return conv
 
 
+def _indices_read(n) -> bool:
+    """Whether anything reads output 1 (the indices) of a (values, indices) node: a getitem of it with
+    users, or a user that takes the tuple whole."""
+    return any(u.target is not operator.getitem or (u.args[1] != 0 and u.users) for u in n.users)
+
+
+def _adaptive_max_idx(rank: int):
+    """aten's adaptive_max_pool returns (values, indices); the library op gives the values. The indices
+    output is None, as for max_pool2d_with_indices, and a node whose indices are read stays opaque."""
+    def conv(cx, n, a):
+        if _indices_read(n):
+            raise Unmapped(f"its indices are read; the library's adaptive_max_pool{rank}d gives the values only")
+        return [_adaptive("max", rank)(cx, n, a), None]
+    return conv
+
+
 for _r in (1, 2, 3):
     aten(f"max_pool{_r}d.default")(_max_pool(_r))
     aten(f"avg_pool{_r}d.default")(_avg_pool(_r))
     aten(f"adaptive_avg_pool{_r}d.default", f"_adaptive_avg_pool{_r}d.default")(_adaptive("avg", _r))
+    aten(f"adaptive_max_pool{_r}d.default")(_adaptive_max_idx(_r))
 
 
 @aten("max_pool2d_with_indices.default", "max_pool3d_with_indices.default")
