@@ -55,6 +55,9 @@ def compare(program: Program, vid: str, got: torch.Tensor, want: torch.Tensor,
     if want.dtype == torch.bool or got.dtype == torch.bool:
         bad = int((got.bool() != want.bool()).sum())
         return bad == 0, float(bad), float(bad), f"'{name}': {bad} boolean element(s) differ" if bad else ""
+    if not want.dtype.is_floating_point:  # indices and counts: exactly, a tolerance would pass off-by-ones
+        bad = int((got.long() != want.long()).sum())
+        return bad == 0, float(bad), float(bad), f"'{name}': {bad} integer element(s) differ" if bad else ""
     g_all, w_all = got.reshape(-1), want.reshape(-1)
     max_abs = max_ex = 0.0
     worst, nan_mismatch = -1, False
@@ -90,7 +93,13 @@ def check_draws(program: Program, outputs: list[str], sample, run, *, draws: int
     worst_abs, worst_ex, per = 0.0, 0.0, {}
     with gpu_work():
         for d in range(draws):
-            ins, want = sample(d)
+            try:
+                ins, want = sample(d)
+            except Exception as exc:  # e.g. class targets drawn outside [0, C): nothing to compare against
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                return VerifyResult(False, d, reason=f"draw {d}: the reference cannot run on this random draw "
+                                                     f"({type(exc).__name__}: {first}); give the input an init "
+                                                     f"hint with its valid range")
             try:
                 got = run([t.to(device) for t in ins])
                 if device.startswith("cuda"):

@@ -2,7 +2,7 @@
 
 Entry point: generate_kernel(program, node_ids, name=...). The region's kind is worked out from its
 nodes unless given (the planner's kinds are accepted): elementwise ops only -> "pointwise"; one
-permute/transpose -> "layout"; one max/avg pool -> "pooling"; one reduction or normalization ->
+permute/transpose -> "layout"; one max/avg or adaptive pool -> "pooling"; one reduction or normalization ->
 "row_reduction" (rows, columns, split rows); each with pointwise ops fused before and after it. A
 region that starts with a matmul or convolution gets a kernel for its epilogue, and the runtime runs
 the library call first. docs/CODEGEN.md describes what is generated for each kind.
@@ -15,9 +15,18 @@ from .kernel import CodegenError, KernelSource
 from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
-KINDS = ("pointwise", "row_reduction", "layout", "pooling")
-POOL_OPS = tuple(f"{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
+KINDS = ("pointwise", "row_reduction", "layout", "pooling", "convolution", "arg_reduction", "scan",
+         "nll_loss", "strided_slice")
 LAYOUT_OPS = ("permute", "transpose")
+# single-node kernels whose op decides the generator: op -> kind
+OP_KINDS = {"argmax": "arg_reduction", "argmin": "arg_reduction", "cumsum": "scan", "cumprod": "scan",
+            "nll_loss": "nll_loss"}
+
+
+def _pools(program: Program, io: RegionIO) -> bool:
+    """A max/avg or adaptive pool for the pooling generator (global average pooling stays a row mean)."""
+    from .pooling import pooled_here
+    return any(pooled_here(program, program.nodes[n]) for n in io.nodes)
 
 
 def region_kind(program: Program, io: RegionIO) -> str:
@@ -31,6 +40,10 @@ LIBRARY_CATEGORIES = ("matmul", "convolution")
 # region kinds of the planner that map onto the generators here
 _PLANNER_KINDS = {"reduction": "row_reduction", "normalization": "row_reduction", "single": None,
                   "sibling": None, "matmul_epilogue": None, "conv_epilogue": None, "opaque": None}
+
+
+def _is_strided_slice(program: Program, io: RegionIO) -> bool:
+    return any(program.nodes[n].op == "slice" and program.nodes[n].attrs.get("step", 1) != 1 for n in io.nodes)
 
 
 def split_library(program: Program, io: RegionIO) -> tuple[list[str], list[str]]:
@@ -68,7 +81,7 @@ def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None =
 
 def _generate(program: Program, node_ids, *, name: str, kind: str | None, params: dict | None) -> KernelSource:
     io = region_io(program, node_ids)
-    lib, rest = split_library(program, io)
+    lib, rest = ([], None) if kind == "convolution" else split_library(program, io)
     if lib:
         ks = _generate(program, rest, name=name, kind=None, params=params)
         ks.library_nodes = lib
@@ -77,11 +90,29 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
                 f"through cuBLAS/cuDNN (torch); this kernel is its fused epilogue.\n")
         ks.source = note + ks.source
         return ks
+    if kind == "convolution":  # asked for explicitly (the export): a generated conv instead of cuDNN
+        from .conv import generate_conv
+        return generate_conv(program, io, name, params)
     kind = _PLANNER_KINDS.get(kind, kind) if kind else None
-    kind = kind or region_kind(program, io)
+    own = {OP_KINDS[program.nodes[n].op] for n in io.nodes if program.nodes[n].op in OP_KINDS}
+    if _is_strided_slice(program, io):
+        own.add("strided_slice")
+    kind = (own.pop() if len(own) == 1 else None) or kind or region_kind(program, io)
+    if kind == "arg_reduction":
+        from .argreduce import generate_arg_reduction
+        return generate_arg_reduction(program, io, name, params)
+    if kind == "scan":
+        from .scan import generate_scan
+        return generate_scan(program, io, name, params)
+    if kind == "nll_loss":
+        from .nll import generate_nll_loss
+        return generate_nll_loss(program, io, name, params)
+    if kind == "strided_slice":
+        from .layout import generate_strided_slice
+        return generate_strided_slice(program, io, name, params)
     if kind == "pointwise":
         return generate_pointwise(program, io, name, params)
-    if kind == "pooling" or (kind == "row_reduction" and any(program.nodes[n].op in POOL_OPS for n in io.nodes)):
+    if kind == "pooling" or (kind == "row_reduction" and _pools(program, io)):
         from .pooling import generate_pooling
         return generate_pooling(program, io, name, params)
     if kind == "layout" or (kind == "row_reduction" and any(program.nodes[n].op in LAYOUT_OPS for n in io.nodes)):

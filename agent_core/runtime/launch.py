@@ -8,7 +8,7 @@ from ..codegen.kernel import KernelSource
 from ..compiler import CompiledKernel, compile_kernel
 from ..errors import StitchError
 
-_TORCH_DTYPES = {"float32": "float32", "bool": "bool"}
+_TORCH_DTYPES = {"float32": "float32", "bool": "bool", "int64": "int64"}  # argmax/argmin out, class targets in
 
 
 class LaunchError(StitchError):

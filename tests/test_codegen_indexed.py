@@ -1,0 +1,240 @@
+"""Kernels with indices: argmax / argmin (int64 results), cumsum / cumprod (scans) and nll_loss (int64
+targets). Each configuration generates the schedule it should, compiles through NVRTC for sm_90
+without warnings or spills, and a representative set compiles with nvcc, warnings on, to nothing;
+regions these generators do not handle are refused with the reason. (Numerics are checked on the GPU:
+tests/gpu/test_gpu_indexed.py.)"""
+import re
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from agent_core.codegen import CodegenError, generate_kernel
+from agent_core.compiler import compile_kernel
+from agent_core.importers import import_file
+from agent_core.ir import Program
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "resources" / "examples"
+# tools/kernel_warnings.py compiles the examples' kernels with these
+NVCC_FLAGS = ["-arch=sm_90", "-c", "-std=c++17", "-Xcudafe", "--display_error_number",
+              "-Wno-deprecated-gpu-targets", "-Xptxas", "-warn-spills"]
+
+
+def arg_program(op, shape, dim, keepdim=False):
+    p = Program(op)
+    x = p.add_input("x", shape)
+    n = p.add_node(op, [x.id], {"dim": dim, "keepdim": keepdim})
+    p.mark_output(n.outputs[0])
+    return p, n.id
+
+
+def scan_program(op, shape, dim):
+    p = Program(op)
+    x = p.add_input("x", shape)
+    n = p.add_node(op, [x.id], {"dim": dim})
+    p.mark_output(n.outputs[0])
+    return p, n.id
+
+
+def nll_program(shape, reduction, weight=False, ignore_index=-100):
+    """nll_loss of log-probabilities `shape` ([C], [N, C] or [N, C, d...]); targets drawn in [0, C)."""
+    classes = shape[0] if len(shape) == 1 else shape[1]
+    tshape = () if len(shape) == 1 else (shape[0], *shape[2:])
+    p = Program("nll")
+    x = p.add_input("logp", shape)
+    t = p.add_input("target", tshape, "int64", init={"kind": "randint", "low": 0, "high": classes})
+    ins = [x.id, t.id]
+    if weight:
+        ins.append(p.add_parameter("class_weight", shape=[classes]).id)
+    n = p.add_node("nll_loss", ins, {"reduction": reduction, "ignore_index": ignore_index})
+    p.mark_output(n.outputs[0])
+    return p, n.id
+
+
+def compiled_clean(ks):
+    c = compile_kernel(ks, arch="sm_90")
+    warnings = [ln for ln in c.log.splitlines() if "warning" in ln]
+    assert warnings == [], "\n".join(warnings)
+    assert c.spill_stores == 0, c.summary()
+    return c
+
+
+# --- argmax / argmin ----------------------------------------------------------------------------
+ARG_CASES = [  # shape, dim, keepdim, schedule, float4
+    ((64, 1000), 1, False, "warp", True),
+    ((64, 1000), -1, True, "warp", True),
+    ((9, 7), 0, False, "warp", False),          # a short strided dim: a warp per row, strided loads
+    ((40, 33), 0, True, "column", False),       # strided by 33: column tiles
+    ((6, 5, 7), -1, True, "warp", False),
+    ((3, 5, 40), 1, False, "column", False),
+    ((4, 10, 3), 1, True, "warp", False),
+    ((64, 100), None, False, "block", True),    # the flattened tensor: one row of 6400
+    ((3, 4, 5), None, True, "warp", True),
+    ((5, 3000), -1, False, "block", True),      # longer than a block of 256 x 4
+    ((3, 17001), 1, False, "block", False),     # 1024 threads per row, odd length
+    ((7, 2000, 3), 1, False, "block", False),   # long and strided
+    ((33,), None, False, "warp", False),
+    ((1,), 0, False, "warp", False),            # a single element
+    ((), None, False, "warp", False),           # a scalar
+]
+
+
+@pytest.mark.parametrize("op", ["argmax", "argmin"])
+@pytest.mark.parametrize("shape,dim,keepdim,schedule,vec4", ARG_CASES,
+                         ids=[f"{'x'.join(map(str, c[0])) or 'scalar'}-dim{c[1]}{'-keep' if c[2] else ''}"
+                              for c in ARG_CASES])
+def test_arg_reduction_compiles(op, shape, dim, keepdim, schedule, vec4):
+    p, nid = arg_program(op, shape, dim, keepdim)
+    ks = generate_kernel(p, [nid], name=f"{op}_k")
+    assert ks.kind == "arg_reduction" and ks.params["schedule"] == schedule, ks.params
+    assert (ks.params["vector_width"] == 4) == vec4
+    assert "long long* __restrict__" in ks.source and "const float* __restrict__ x" in ks.source
+    assert "__launch_bounds__(kBlock)" in ks.source and f"{op}(x, dim={dim}" in ks.source
+    # torch's order: NaN wins, and on equal values the smaller index wins
+    assert "if (a != a) return b == b || ia < ib;" in ks.source
+    assert f"return a {'>' if op == 'argmax' else '<'} b || (a == b && ia < ib);" in ks.source
+    assert ks.block[0] * ks.block[1] <= 1024
+    compiled_clean(ks)
+
+
+def test_arg_reduction_shapes_in_the_source():
+    p, nid = arg_program("argmax", (4, 6, 5), 1)
+    ks = generate_kernel(p, [nid], name="am")
+    assert "kCols = 6;" in ks.source and "kInner = 5;" in ks.source and "[outer 4, L 6, inner 5]" in ks.source
+    assert "base + l * kInner" in ks.source
+    p, nid = arg_program("argmin", (3, 7), None, keepdim=True)
+    ks = generate_kernel(p, [nid], name="am_flat")
+    assert "kCols = 21;" in ks.source and "into the flattened tensor" in ks.source
+    assert ks.grid == (1, 1, 1)
+
+
+# --- cumsum / cumprod ---------------------------------------------------------------------------
+SCAN_CASES = [  # shape, dim, schedule, float4
+    ((6, 1), 1, "warp", False), ((6, 33), 1, "warp", False), ((6, 1000), -1, "warp", True),
+    ((3, 5000), 1, "block", True), ((2, 70001), -1, "block", False),
+    ((4, 1, 7), 1, "warp", False), ((4, 33, 5), 1, "warp", False), ((2, 1000, 3), 1, "warp", False),
+    ((2, 5000, 3), 1, "block", False), ((3, 40, 64), 1, "column", False), ((1000, 40), 0, "column", False),
+    ((17,), 0, "warp", False),
+]
+
+
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("shape,dim,schedule,vec4", SCAN_CASES,
+                         ids=[f"{'x'.join(map(str, c[0]))}-dim{c[1]}" for c in SCAN_CASES])
+def test_scan_compiles(op, shape, dim, schedule, vec4):
+    p, nid = scan_program(op, shape, dim)
+    ks = generate_kernel(p, [nid], name=f"{op}_k")
+    assert ks.kind == "scan" and ks.params["schedule"] == schedule, ks.params
+    assert (ks.params["vector_width"] == 4) == vec4
+    identity, operator = ("0.0f", "a + b") if op == "cumsum" else ("1.0f", "a * b")
+    assert f"kIdentity = {identity};" in ks.source and f"return {operator};" in ks.source
+    if schedule != "column":
+        assert "__shfl_up_sync" in ks.source and "carry" in ks.source
+    if schedule == "block":
+        assert "__shared__ float totals[kWarps];" in ks.source
+    compiled_clean(ks)
+
+
+# --- nll_loss -----------------------------------------------------------------------------------
+NLL_SHAPES = [(16, 10), (4, 5, 3, 2), (7,)]
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weight", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("shape", NLL_SHAPES, ids=["NC", "NCd", "C"])
+def test_nll_loss_compiles(shape, reduction, weight):
+    p, nid = nll_program(shape, reduction, weight)
+    ks = generate_kernel(p, [nid], name=f"nll_{reduction}")
+    assert ks.kind == "nll_loss"
+    src = ks.source
+    assert "const long long* __restrict__ target" in src and "kIgnoreIndex = -100;" in src
+    assert ("class_weight[t]" in src) == weight
+    assert "if (t < 0 || t >= kClasses) { w = NAN; return NAN; }" in src  # no read out of bounds
+    if reduction == "none":
+        assert ks.grid[0] >= 1 and ks.block == (256, 1, 1)
+    else:
+        assert ks.grid == (1, 1, 1) and ks.block == (1024, 1, 1) and "atomic" not in src
+        assert ("loss_sum / weight_sum" in src) == (reduction == "mean")
+    if len(shape) > 2:
+        assert "kSpatial = 6;" in src
+    compiled_clean(ks)
+
+
+def test_nll_loss_ignore_index_and_inputs_order():
+    p, nid = nll_program((8, 5), "mean", weight=True, ignore_index=3)
+    ks = generate_kernel(p, [nid], name="nll_ig")
+    assert "kIgnoreIndex = 3;" in ks.source
+    # kernel arguments follow the region's inputs: log-probabilities, targets, the weight
+    sig = re.search(r"nll_ig\((.*)\) \{", ks.source).group(1)
+    assert [a.split()[-1] for a in sig.split(", ")] == ["logp", "target", "class_weight", "nll_loss"]
+
+
+# --- refusals -----------------------------------------------------------------------------------
+def test_refusals_name_the_reason():
+    p = Program("r")
+    x = p.add_input("x", (4, 8))
+    r = p.add_node("relu", [x.id])
+    a = p.add_node("argmax", [r.outputs[0]], {"dim": 1})
+    p.mark_output(a.outputs[0])
+    with pytest.raises(CodegenError, match="exactly one argmax/argmin node"):
+        generate_kernel(p, [r.id, a.id], name="two")
+    q = Program("i")
+    y = q.add_input("y", (4, 8), "int64")
+    c = q.add_node("cumsum", [y.id], {"dim": 1})
+    q.mark_output(c.outputs[0])
+    with pytest.raises(CodegenError, match="dtype int64; scans are generated for float32 only"):
+        generate_kernel(q, [c.id], name="int_scan")
+    s = Program("t32")
+    lp = s.add_input("logp", (4, 5))
+    t = s.add_input("target", (4,), "int32")
+    n = s.add_node("nll_loss", [lp.id, t.id], {"reduction": "sum"})
+    s.mark_output(n.outputs[0])
+    with pytest.raises(CodegenError, match="'target' has dtype int32"):
+        generate_kernel(s, [n.id], name="t32")
+    e = Program("empty")
+    z = e.add_input("z", (0, 5))
+    m = e.add_node("cumprod", [z.id], {"dim": 1})
+    e.mark_output(m.outputs[0])
+    with pytest.raises(CodegenError, match="empty tensor"):
+        generate_kernel(e, [m.id], name="empty")
+
+
+# --- the bundled examples -----------------------------------------------------------------------
+@pytest.mark.parametrize("example,ops", [("argmax_argmin", {"argmax", "argmin"}), ("cumsum_rows", {"cumsum"})])
+def test_examples_generate_and_compile(example, ops):
+    p = import_file(EXAMPLES / f"{example}.py")
+    nodes = [n for n in p.nodes.values() if n.op in ops]
+    assert {n.op for n in nodes} == ops
+    for n in nodes:
+        ks = generate_kernel(p, [n.id], name=f"{example}_{n.id}")
+        assert ks.params["schedule"] == "warp" and ks.params["vector_width"] == 4
+        compiled_clean(ks)
+
+
+# --- nvcc, warnings on --------------------------------------------------------------------------
+NVCC_CASES = [
+    lambda: arg_program("argmax", (64, 1000), 1), lambda: arg_program("argmin", (40, 33), 0, True),
+    lambda: arg_program("argmax", (3, 17001), 1), lambda: arg_program("argmin", (7, 2000, 3), 1),
+    lambda: scan_program("cumsum", (6, 1000), 1), lambda: scan_program("cumprod", (2, 5000, 3), 1),
+    lambda: scan_program("cumsum", (3, 40, 64), 1), lambda: scan_program("cumprod", (6, 33), 1),
+    lambda: nll_program((4, 5, 3, 2), "none", True), lambda: nll_program((16, 10), "mean"),
+    lambda: nll_program((7,), "sum", True),
+]
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_nvcc_compiles_without_warnings(tmp_path):
+    def build(k):
+        p, nid = NVCC_CASES[k]()
+        ks = generate_kernel(p, [nid], name=f"nvcc_{k}")
+        cu = tmp_path / f"k{k}.cu"
+        cu.write_text(ks.source)
+        r = subprocess.run(["nvcc", *NVCC_FLAGS, str(cu), "-o", str(cu.with_suffix(".o"))],
+                           capture_output=True, text=True)
+        return ks.name, r.returncode, (r.stdout + r.stderr).strip()
+
+    with ThreadPoolExecutor(2) as pool:
+        for name, rc, log in pool.map(build, range(len(NVCC_CASES))):
+            assert rc == 0 and "warning" not in log, f"{name}:\n{log}"
