@@ -1,16 +1,20 @@
-"""Losses lowered to pointwise ops and reductions match the op's torch reference, for every reduction
-and the attributes that change the formula; lowered examples then compile instead of falling back."""
+"""Losses, cross_entropy and scaled_dot_product_attention written out as simpler ops match the op's torch
+reference, for every reduction and the attributes that change the formula; lowered examples then compile
+instead of falling back (and attention exports)."""
 import io
 import os
 
+import numpy as np
 import pytest
 import torch
 
 from agent_core.agent import EventEmitter, optimize
+from agent_core.export import export_program
+from agent_core.export.steps import gemm_dims
 from agent_core.importers import import_file
 from agent_core.ir import Program
 from agent_core.reference import random_inputs, run_reference
-from agent_core.rewrites import rewrite_program
+from agent_core.rewrites import lowering, rewrite_program
 from agent_core.rewrites.lowering import lower_loss
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "resources", "examples")
@@ -60,8 +64,169 @@ def test_lowered_loss_matches_the_op(op, attrs, sa, sb):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["mse_loss_functional", "smooth_l1_loss", "kl_div_loss", "cosine_similarity_loss"])
+@pytest.mark.parametrize("name", ["mse_loss_functional", "smooth_l1_loss", "kl_div_loss", "cosine_similarity_loss",
+                                  "cross_entropy_loss", "attention_sdpa"])
 def test_lowered_examples_compile_instead_of_falling_back(name):
     res = optimize(import_file(os.path.join(EXAMPLES, f"{name}.py")), device="cpu", emit=EventEmitter(io.StringIO()))
     assert not [o.reason for o in res.outcomes if o.status == "fallback"]
     assert any(o.status == "compiled" for o in res.outcomes)
+
+
+# --- cross_entropy -----------------------------------------------------------------------------------
+# (input shape, target: "index" or "probs", weight, attrs); class dim 1 (0 for a [C] input)
+CE_CASES = [((6, 5), "index", w, {"reduction": r, "ignore_index": ii, "label_smoothing": eps})
+            for r in ("none", "sum", "mean") for w in (False, True) for ii in (-100, 2) for eps in (0.0, 0.1)] + [
+    ((4, 5, 3), "index", False, {"reduction": "mean", "ignore_index": -100, "label_smoothing": 0.0}),
+    ((4, 5, 3), "index", True, {"reduction": "mean", "ignore_index": 1, "label_smoothing": 0.25}),
+    ((4, 5, 3), "index", True, {"reduction": "none", "ignore_index": -100, "label_smoothing": 0.3}),
+    ((3, 4, 2, 2), "index", True, {"reduction": "sum", "ignore_index": -100, "label_smoothing": 0.2}),
+    ((3, 4, 2, 2), "index", False, {"reduction": "mean", "ignore_index": 0, "label_smoothing": 0.2}),
+    ((7,), "index", True, {"reduction": "mean", "ignore_index": -100, "label_smoothing": 0.0}),
+    ((7,), "index", False, {"reduction": "none", "ignore_index": -100, "label_smoothing": 0.4}),
+    ((6, 5), "probs", False, {"reduction": "mean", "ignore_index": -100, "label_smoothing": 0.0}),
+    ((6, 5), "probs", True, {"reduction": "none", "ignore_index": -100, "label_smoothing": 0.2}),
+    ((4, 5, 3), "probs", True, {"reduction": "mean", "ignore_index": -100, "label_smoothing": 0.1}),
+    ((4, 5, 3), "probs", False, {"reduction": "sum", "ignore_index": -100, "label_smoothing": 0.0}),
+    ((7,), "probs", True, {"reduction": "mean", "ignore_index": -100, "label_smoothing": 0.3}),
+]
+
+
+def _ce_program(shape, target, weight, attrs):
+    p = Program("ce")
+    cd = 0 if len(shape) == 1 else 1
+    x = p.add_input("x", shape).id
+    if target == "index":
+        t = p.add_input("t", shape[:cd] + shape[cd + 1:], "int64",
+                        init={"kind": "randint", "low": 0, "high": shape[cd]}).id
+    else:
+        t = p.add_input("t", shape, init={"kind": "uniform", "low": 0.0, "high": 1.0}).id
+    ins = [x, t] + ([p.add_input("w", (shape[cd],), init={"kind": "positive"}).id] if weight else [])
+    p.mark_output(p.add_node("cross_entropy", ins, dict(attrs)).outputs[0])
+    return p
+
+
+@pytest.mark.parametrize("shape,target,weight,attrs", CE_CASES, ids=lambda x: str(x).replace(" ", ""))
+def test_lowered_cross_entropy_matches_the_op(shape, target, weight, attrs):
+    p = _ce_program(shape, target, weight, attrs)
+    result = rewrite_program(p, rules=[lower_loss], check=False)
+    lowered = result.program
+    ops = {n.op for n in lowered.nodes.values()}
+    assert result.rules_fired == {"lower_loss": 1} and "cross_entropy" not in ops and "log_softmax" in ops
+    if target == "index" and attrs["label_smoothing"] == 0:
+        assert ops == {"log_softmax", "nll_loss"}
+    ii = attrs["ignore_index"]
+    for seed in range(3):
+        drawn = random_inputs(p, seed)
+        if target == "index":
+            flat = drawn["t"].view(-1)
+            flat[: max(1, flat.numel() // 3)] = ii    # ignored samples (some left: a mean over none is NaN)
+            if flat.numel() == 1 and seed == 0:
+                flat[0] = 1 if ii != 1 else 0        # [C]: one draw not ignored
+        want = next(iter(run_reference(p, drawn).values()))
+        got = next(iter(run_reference(lowered, drawn).values()))
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, equal_nan=True)
+
+
+def test_cross_entropy_example_lowers_to_log_softmax_and_nll():
+    p = import_file(os.path.join(EXAMPLES, "cross_entropy_loss.py"))
+    res = rewrite_program(p, rules=[lower_loss], check=True)
+    assert res.rules_fired == {"lower_loss": 1} and not res.refused
+    assert sorted(n.op for n in res.program.nodes.values()) == ["log_softmax", "nll_loss"]
+
+
+# --- scaled_dot_product_attention --------------------------------------------------------------------
+# (query, key, value shapes, mask: None / ("bool" | "float", shape) / ("const", array), attrs)
+_HIDDEN_ROW = np.zeros((4, 6), dtype=np.float32)
+_HIDDEN_ROW[2] = -np.inf                                  # a float mask hiding every key of query 2
+_HIDDEN_ROW[0, 1:] = -np.inf
+SDPA_CASES = [
+    ((2, 3, 5, 8), (2, 3, 5, 8), (2, 3, 5, 6), None, {}),
+    ((2, 3, 5, 8), (2, 3, 5, 8), (2, 3, 5, 6), None, {"is_causal": True}),
+    ((2, 2, 4, 8), (2, 2, 7, 8), (2, 2, 7, 5), None, {"is_causal": True}),        # L < S
+    ((2, 7, 8), (2, 4, 8), (2, 4, 3), None, {"is_causal": True}),                 # L > S, 3-D
+    ((3, 6, 16), (3, 9, 16), (3, 9, 4), None, {"scale": 0.3}),
+    ((2, 3, 6, 8), (2, 3, 6, 8), (2, 3, 6, 8), None, {"is_causal": True, "scale": 0.05}),
+    ((2, 3, 5, 8), (2, 3, 3, 8), (2, 3, 3, 6), ("bool", (5, 3)), {}),             # rows fully masked
+    ((2, 3, 5, 8), (2, 3, 7, 8), (2, 3, 7, 6), ("bool", (2, 1, 5, 7)), {"scale": 0.5}),
+    ((2, 4, 8), (2, 6, 8), (2, 6, 5), ("float", (4, 6)), {}),
+    ((2, 4, 8), (2, 6, 8), (2, 6, 5), ("float", (2, 4, 6)), {"scale": 1.0}),
+    ((2, 4, 8), (2, 6, 8), (2, 6, 5), ("const", _HIDDEN_ROW), {}),
+    ((2, 4, 8), (2, 6, 8), (2, 6, 5), ("const", np.tril(np.ones((4, 6), dtype=bool))), {}),
+    ((2, 3, 5, 8), (2, 1, 6, 8), (1, 3, 6, 4), None, {"is_causal": True}),       # batch broadcast
+    ((5, 8), (6, 8), (6, 3), None, {"is_causal": True}),                           # 2-D
+]
+
+
+def _sdpa_program(qs, ks, vs, mask, attrs):
+    p = Program("sdpa")
+    ins = [p.add_input(name, s).id for name, s in (("q", qs), ("k", ks), ("v", vs))]
+    if mask is not None:
+        kind, m = mask
+        if kind == "const":
+            ins.append(p.add_parameter("mask", m, constant=True).id)
+        else:
+            ins.append(p.add_input("mask", m, "bool" if kind == "bool" else "float32").id)
+    p.mark_output(p.add_node("scaled_dot_product_attention", ins, dict(attrs)).outputs[0])
+    return p
+
+
+@pytest.mark.parametrize("qs,ks,vs,mask,attrs", SDPA_CASES, ids=lambda x: str(x).replace(" ", "")[:40])
+def test_lowered_attention_matches_the_op(qs, ks, vs, mask, attrs):
+    p = _sdpa_program(qs, ks, vs, mask, attrs)
+    result = rewrite_program(p, rules=[lower_loss], check=False)
+    lowered = result.program
+    assert result.rules_fired == {"lower_attention": 1}
+    assert not any(n.op == "scaled_dot_product_attention" for n in lowered.nodes.values())
+    for nid, n in lowered.nodes.items():          # every matmul is one cuBLAS call in the export
+        if n.op == "matmul":
+            gemm_dims(lowered, nid)
+    hidden = False
+    for seed in range(3):
+        drawn = random_inputs(p, seed)
+        if mask is not None and mask[0] == "bool":
+            drawn["mask"][..., 1, :] = False       # a query that sees no key: torch gives zeros
+            hidden = True
+        want = next(iter(run_reference(p, drawn).values()))
+        got = next(iter(run_reference(lowered, drawn).values()))
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+    if hidden or mask is not None and mask[0] == "const" and mask[1].dtype != bool:
+        assert (want == 0).all(-1).any()           # the fully masked rows were exercised
+
+
+def test_causal_attention_adds_one_constant_bias_and_needs_no_row_fix():
+    p = _sdpa_program((2, 4, 16, 8), (2, 4, 12, 8), (2, 4, 12, 8), None, {"is_causal": True})
+    lowered = rewrite_program(p, rules=[lower_loss], check=True).program
+    assert sorted(n.op for n in lowered.nodes.values()) == ["add", "matmul", "matmul", "mul_scalar", "softmax",
+                                                            "transpose"]
+    (c,) = lowered.parameters()
+    assert c.shape == (16, 12) and c.role.value == "constant"
+    arr = lowered.data[c.id]                                  # torch's tril: query i sees key j <= i
+    assert (np.isneginf(arr) == ~np.tril(np.ones((16, 12), dtype=bool))).all() and (arr[arr > -np.inf] == 0).all()
+
+
+@pytest.mark.parametrize("qs,ks", [((2, 3, 6, 8), (2, 3, 6, 8)), ((2, 7, 8), (2, 4, 8)), ((4, 8), (9, 8))])
+def test_long_causal_attention_masks_by_positions(monkeypatch, qs, ks):
+    """Past CAUSAL_BIAS_LIMIT the causal mask is key position > query position on L + S numbers."""
+    monkeypatch.setattr(lowering, "CAUSAL_BIAS_LIMIT", 0)
+    p = _sdpa_program(qs, ks, ks[:-1] + (5,), None, {"is_causal": True})
+    lowered = rewrite_program(p, rules=[lower_loss], check=False).program
+    assert {v.shape for v in lowered.parameters()} == {(ks[-2],), (qs[-2], 1)}
+    assert "gt" in [n.op for n in lowered.nodes.values()]
+    for seed in range(2):
+        drawn = random_inputs(p, seed)
+        torch.testing.assert_close(next(iter(run_reference(lowered, drawn).values())),
+                                   next(iter(run_reference(p, drawn).values())), atol=1e-5, rtol=1e-4)
+
+
+def test_constant_mask_without_hidden_rows_skips_the_row_fix():
+    p = _sdpa_program((2, 4, 8), (2, 6, 8), (2, 6, 5), ("const", np.tril(np.ones((4, 6), dtype=bool))), {})
+    ops = [n.op for n in rewrite_program(p, rules=[lower_loss], check=False).program.nodes.values()]
+    assert "max" not in ops and ops.count("masked_fill") == 1
+
+
+def test_attention_example_exports_after_lowering(tmp_path):
+    res = export_program(import_file(os.path.join(EXAMPLES, "attention_sdpa.py")), tmp_path / "attn")
+    kinds = [s.kind for s in res.schedule.steps]
+    assert kinds.count("gemm") == 2 and "kernel" in kinds

@@ -6,6 +6,9 @@ most permutations become a batched 2-D transpose. When the innermost dimension s
 kernel is a gather (each thread one output element, both sides coalesced); when it moves, tiles of
 32 x 32 go through shared memory (padded against bank conflicts): loads coalesced along the input's
 last dimension, stores along the output's.
+
+Strided slices (x[start:end:step] along one dim, step != 1) are a gather too, with the same prologue
+and epilogue: generate_strided_slice.
 """
 from __future__ import annotations
 
@@ -49,6 +52,28 @@ def simplify(shape, perm) -> tuple[list[int], list[int]]:
     return new_shape or [1], new_perm or [0]
 
 
+def _split_around(program: Program, io: RegionIO, t, numel: int, kind: str, what: str) -> tuple[list, list]:
+    """(prologue, epilogue) nodes of a region around its anchor t: every other op feeds t or follows
+    it, prologue values stay inside, and every output has the anchor's output size (numel)."""
+    vals, nodes = program.values, program.nodes
+    g = program.graph().subgraph(io.nodes)
+    before, after = nx.ancestors(g, t.id), nx.descendants(g, t.id)
+    pro = [n for n in io.nodes if n in before]
+    epi = [n for n in io.nodes if n in after]
+    if len(pro) + len(epi) + 1 != len(io.nodes):
+        raise CodegenError(f"every op of a {kind} region must feed {t.name} or follow it; split the region")
+    pro_vals = {v for n in pro for v in nodes[n].outputs}
+    if any(v in pro_vals for v in io.outputs):
+        raise CodegenError("a prologue value is also used outside the region; split the region")
+    if any(v in pro_vals for n in epi for v in nodes[n].inputs):
+        raise CodegenError("the epilogue reads a prologue value; split the region")
+    for v in io.outputs:
+        if math.prod(vals[v].shape) != numel:
+            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of the {what} "
+                               f"tensor; split the region there")
+    return pro, epi
+
+
 def generate_layout(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     vals, nodes = program.values, program.nodes
     anchors = [n for n in io.nodes if nodes[n].op in LAYOUT_OPS]
@@ -65,21 +90,7 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
     numel = math.prod(x.shape)
     if numel == 0:
         raise CodegenError("the region moves an empty tensor; there is nothing to launch")
-    g = program.graph().subgraph(io.nodes)
-    before, after = nx.ancestors(g, t.id), nx.descendants(g, t.id)
-    pro = [n for n in io.nodes if n in before]
-    epi = [n for n in io.nodes if n in after]
-    if len(pro) + len(epi) + 1 != len(io.nodes):
-        raise CodegenError(f"every op of a layout region must feed {t.name} or follow it; split the region")
-    pro_vals = {v for n in pro for v in nodes[n].outputs}
-    if any(v in pro_vals for v in io.outputs):
-        raise CodegenError("a prologue value is also used outside the region; split the region")
-    if any(v in pro_vals for n in epi for v in nodes[n].inputs):
-        raise CodegenError("the epilogue reads a prologue value; split the region")
-    for v in io.outputs:
-        if math.prod(vals[v].shape) != numel:
-            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of the permuted "
-                               f"tensor; split the region there")
+    pro, epi = _split_around(program, io, t, numel, "layout", "permuted")
 
     rank = len(x.shape)
     shape, perm = simplify(list(x.shape), permutation(t, rank))
@@ -203,4 +214,98 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
         outputs=list(io.outputs), grid=(grid, 1, 1), block=blockdim, schedule=sched,
         params={"tiled": tiled, "shape": shape, "perm": perm, "grid": grid}, align=4,
         bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
+        flops=sum(program.node_flops(n) for n in io.nodes))
+
+
+def slice_geometry(size: int, start, end, step: int) -> tuple[int, int]:
+    """(first index, length) of x[start:end:step] along a dim of `size`, by python's rules (negative
+    indices count from the end, out-of-range bounds clamp)."""
+    r = range(size)[slice(start, end, step)]
+    return (r.start if len(r) else 0), len(r)
+
+
+def generate_strided_slice(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
+    """A region of one slice with step != 1, with pointwise ops before it (evaluated only at the
+    elements it keeps) and after it: each thread one output element o (grid-stride loop), reading input
+    element start + j * step along the sliced dim, j the output's index along it."""
+    vals, nodes = program.values, program.nodes
+    anchors = [n for n in io.nodes if nodes[n].op == "slice"]
+    others = [n for n in io.nodes if n not in anchors and not is_elementwise(nodes[n])]
+    if len(anchors) != 1 or others or nodes[anchors[0]].attrs.get("step", 1) == 1:
+        raise CodegenError("a strided-slice region holds one slice with a step and pointwise ops around it")
+    t = nodes[anchors[0]]
+    x_vid, y_vid = t.inputs[0], t.outputs[0]
+    x, y = vals[x_vid], vals[y_vid]
+    for vid in [x_vid, y_vid, *io.inputs, *io.outputs]:
+        if vals[vid].dtype != "float32":
+            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; strided slices are generated "
+                               f"for float32 so far")
+    numel = math.prod(y.shape)
+    if numel == 0:
+        raise CodegenError(f"{t.name} keeps no element; there is nothing to launch")
+    pro, epi = _split_around(program, io, t, numel, "strided-slice", "sliced")
+    rank = len(x.shape)
+    d = t.attrs["dim"] % rank
+    size, step = x.shape[d], int(t.attrs["step"])
+    start, length = slice_geometry(size, t.attrs.get("start"), t.attrs.get("end"), step)
+    outer, inner = math.prod(x.shape[:d]), math.prod(x.shape[d + 1:])
+
+    names = Names()
+    names.taken.update(("o", "stride", "source", "point", "store_point"))
+    w = render_around(program, io, pro, epi, x_vid, y_vid, names,
+                      "one element of the input, at an index the slice keeps.",
+                      "one element of the sliced tensor.")
+    arg, pro_inputs, epi_inputs = w.arg, w.pro_inputs, w.epi_inputs
+    ld_pro, ld_epi = w.ld_pro, w.ld_epi
+    point = f"point({', '.join(ld_pro.load(v, arg[v], 'source(o)') for v in pro_inputs)})"
+    store = ([point] + [ld_epi.load(v, arg[v], "o") for v in epi_inputs] + [f"{arg[v]}[o]" for v in io.outputs])
+
+    index_t = "int" if math.prod(x.shape) < 2**31 - 2**20 else "long long"
+    consts = [f"typedef {index_t} index_t;",
+              f"constexpr index_t kNumel = {numel};  // output elements",
+              f"constexpr index_t kStart = {start}, kStep = {step}, kLen = {length};  // along dim {d} "
+              f"(size {size})"]
+    # o = (b * kLen + j) * kInner + i  reads  (b * size + kStart + j * kStep) * kInner + i
+    along = "o" if inner == 1 else "(o / kInner)"
+    if outer > 1:
+        along = f"{along} % kLen"
+    terms = [f"(kStart + {along} * kStep)" + ("" if inner == 1 else " * kInner")]
+    if inner > 1:
+        consts.append(f"constexpr index_t kInner = {inner};  // elements per step of dim {d}")
+        terms.append("o % kInner")
+    if outer > 1:
+        consts.append(f"constexpr index_t kOutBlock = {length * inner}, kInBlock = {size * inner};  "
+                      f"// one index of the dims before {d}, out and in")
+        terms.insert(0, "o / kOutBlock * kInBlock")
+    block = int((params or {}).get("block", 256))
+    grid = max(1, min(math.ceil(numel / block), 132 * 8))
+    consts.append(f"constexpr int kBlock = {block};")
+    consts += ld_pro.consts + ld_epi.consts
+    source_fn = ("// The input element that output element o reads.\n"
+                 f"__device__ __forceinline__ index_t source(index_t o) {{ return {' + '.join(terms)}; }}\n")
+    kname = kernel_name(name)
+    cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
+    sched = f"gather, one output element per thread, {block} threads x {grid} blocks"
+    stop = start + (length - 1) * step + 1
+    head = header(program, f"Region {name}: {t.op} {list(x.shape)}[{start}:{stop}:{step}] along dim {d} -> "
+                           f"{list(y.shape)} with {len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
+        "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
+        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+        f"Output element j along dim {d} reads input element {start} + j * {step}; schedule: {sched}.",
+    ])
+    body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
+            "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {",
+            f"    store_point({', '.join(store)});",
+            "  }"]
+    source = "\n".join([head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, source_fn, w.pro_fn, w.epi_fn,
+                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
+                        *body, "}", ""])
+    return KernelSource(
+        name=kname, kind="strided_slice", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
+        params={"dim": d, "start": start, "step": step, "length": length, "grid": grid, "block": block},
+        align=4,   # the prologue's operands are read only at the kept elements
+        bytes_moved=sum(min(vals[v].nbytes, numel * 4) for v in pro_inputs)
+        + sum(vals[v].nbytes for v in epi_inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))

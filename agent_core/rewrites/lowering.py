@@ -1,5 +1,13 @@
-"""Losses written out as the pointwise ops and reductions they are made of, so the planner can fuse
-them and codegen can emit them (a loss op itself has no kernel template: it ran through torch).
+"""Composite ops written out as the ops they are made of, so the planner can fuse them and codegen (or
+cuBLAS) can run them: a composite op itself has no kernel template and ran through torch.
+
+* mse, l1, smooth_l1, huber, kl_div, cosine_similarity: pointwise ops and reductions.
+* cross_entropy: log_softmax over the class dim, then nll_loss (the same weight, ignore_index and
+  reduction); with label smoothing, plus the smoothing term; with probability targets, the
+  log-probabilities times the targets summed over the classes.
+* scaled_dot_product_attention: q @ k^T (a transpose and a matmul), the scale, the mask (for is_causal
+  a constant additive [L, S] bias, or index arithmetic on key and query positions when that would be
+  large), a softmax over the keys and a matmul with v.
 
 Each lowering follows torch's definition of the op. The engine still checks the result numerically,
 like any rewrite; tests/test_lowering.py holds each one to the op's reference on random inputs.
@@ -8,11 +16,17 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from ..errors import ProgramError
 from ..ir import Program
-from .engine import Rewrite
+from ..ops.common import broadcast
+from .engine import Rewrite, param_array
 
 FLT_MIN = 1.17549435e-38   # smallest normal float: log(max(t, FLT_MIN)) is finite and t * it is 0 at t = 0
-LOWERED = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "cosine_similarity")
+LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "cosine_similarity")
+SDPA = "scaled_dot_product_attention"
+LOWERED = LOSSES + ("cross_entropy", SDPA)   # every op lower_loss writes out
 
 
 def _add(p: Program, op: str, ins, **attrs) -> str:
@@ -62,8 +76,14 @@ def _cosine(p: Program, x1: str, x2: str, dim: int, eps: float) -> str:
 
 
 def lower_loss(program: Program, nid: str) -> Rewrite | None:
+    """The lowering rule: any op of LOWERED (the export and DEFAULT_RULES apply it by this name;
+    attention fires as lower_attention, the losses as lower_loss)."""
     n = program.nodes[nid]
-    if n.op not in LOWERED or any(v is None for v in n.inputs[:2]) or len(n.inputs) != 2:
+    if n.op == SDPA:
+        return lower_attention(program, nid)
+    if n.op == "cross_entropy":
+        return lower_cross_entropy(program, nid)
+    if n.op not in LOSSES or any(v is None for v in n.inputs[:2]) or len(n.inputs) != 2:
         return None
     a, b = n.inputs
     out = n.outputs[0]
@@ -91,3 +111,194 @@ def lower_loss(program: Program, nid: str) -> Rewrite | None:
                 f"over {math.prod(full)} elements"))
     return Rewrite("lower_loss", f"{n.name} ({n.op}) written out as {what}, so it fuses into generated "
                    "kernels instead of running through torch.", build, nid)
+
+
+
+# --- cross_entropy ------------------------------------------------------------------------------------
+def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
+    """cross_entropy as log_softmax over the class dim and nll_loss with the same weight, ignore_index
+    and reduction. Label smoothing eps follows torch (aten cross_entropy_loss_label_smoothing):
+    (1 - eps) * nll + eps / C * smooth, smooth = -sum_c w_c logp_c per sample, 0 where the target is
+    ignored, reduced like nll (mean: divided by the summed weights of the samples not ignored). With
+    probability targets y: -sum_c w_c logp_c ((1 - eps) y_c + eps / C) per sample, mean over samples."""
+    n = program.nodes[nid]
+    if n.op != "cross_entropy" or len(n.inputs) < 2 or any(v is None for v in n.inputs[:2]):
+        return None
+    x, t = n.inputs[:2]
+    w = n.inputs[2] if len(n.inputs) > 2 else None
+    vals = program.values
+    if vals[x].dtype != "float32" or (w is not None and vals[w].dtype != "float32"):
+        return None
+    probs = vals[t].dtype == "float32"
+    if not probs and vals[t].dtype not in ("int64", "int32", "int8", "uint8"):
+        return None
+    shape = tuple(vals[x].shape)
+    rank = len(shape)
+    cd = 0 if rank == 1 else 1
+    classes = shape[cd]
+    reduction, ii = n.attrs["reduction"], int(n.attrs["ignore_index"])
+    eps = float(n.attrs["label_smoothing"])
+    out = n.outputs[0]
+
+    def weighted(p, v):      # v * weight, the weight lined up with the class dim
+        if w is None:
+            return v
+        wv = w if rank <= 2 else _add(p, "reshape", [w], shape=[classes] + [1] * (rank - 2))
+        return _add(p, "mul", [v, wv])
+
+    def build(p):
+        logp = _add(p, "log_softmax", [x], dim=cd)
+        ws = [w] if w is not None else []
+        if probs:
+            y = t if eps == 0 else _add(p, "add_scalar", [_add(p, "mul_scalar", [t], value=1.0 - eps)],
+                                        value=eps / classes)
+            per = _add(p, "neg", [_add(p, "sum", [weighted(p, _add(p, "mul", [logp, y]))], dim=[cd],
+                                       keepdim=False)])
+            if reduction == "none" or not p.values[per].shape:
+                return {out: per}
+            return {out: _add(p, reduction, [per], dim=None, keepdim=False)}
+        if eps == 0:
+            return {out: _add(p, "nll_loss", [logp, t] + ws, reduction=reduction, ignore_index=ii)}
+        nll = _add(p, "nll_loss", [logp, t] + ws, reduction="none", ignore_index=ii)
+        minus1 = _add(p, "full_like", [x], fill_value=-1.0)
+        valid = _add(p, "nll_loss", [minus1, t], reduction="none", ignore_index=ii)  # 1, 0 where ignored
+        wsum = _add(p, "sum", [weighted(p, logp)], dim=[cd], keepdim=False)            # -smooth
+        total = _add(p, "add", [_add(p, "mul_scalar", [nll], value=1.0 - eps),
+                                _add(p, "mul", [_add(p, "mul_scalar", [wsum], value=-eps / classes), valid])])
+        if reduction == "none":
+            return {out: total}
+        total = _add(p, "sum", [total], dim=None, keepdim=False)
+        if reduction == "mean":   # nll's denominator: the summed weights of the samples not ignored
+            denom = (_add(p, "nll_loss", [minus1, t, w], reduction="sum", ignore_index=ii) if w is not None
+                     else _add(p, "sum", [valid], dim=None, keepdim=False))
+            total = _add(p, "div", [total, denom])
+        return {out: total}
+    if probs:
+        what = (f"log_softmax over dim {cd} times the {'smoothed ' if eps else ''}probability targets"
+                f"{' and the class weights' if w is not None else ''}, summed over the {classes} classes"
+                + ("" if reduction == "none" else f", then a {reduction}"))
+    else:
+        what = f"log_softmax over dim {cd} ({classes} classes) and nll_loss"
+        if eps:
+            what += f", plus the label-smoothing term (eps {eps:g}) over the classes"
+    return Rewrite("lower_loss", f"{n.name} (cross_entropy) written out as {what}, so the softmax fuses "
+                   "into a generated kernel instead of running through torch.", build, nid)
+
+
+# --- scaled_dot_product_attention ---------------------------------------------------------------------
+def _batch(shape) -> tuple:
+    return tuple(shape[:-2])
+
+
+def _gemm_ready(p: Program, a: str, b: str) -> tuple[str, str]:
+    """Operands of a matmul whose batch dims are equal or one single matrix (one cuBLAS call): an
+    operand whose batch only partly broadcasts is expanded to the common batch."""
+    ba, bb = _batch(p.values[a].shape), _batch(p.values[b].shape)
+    target = broadcast(ba, bb)
+
+    def fit(v, bv):
+        if bv == target or math.prod(bv) == 1:
+            return v
+        return _add(p, "expand", [v], size=list(target) + list(p.values[v].shape[-2:]))
+    return fit(a, ba), fit(b, bb)
+
+
+def _may_mask_a_row(program: Program, mask: str) -> bool:
+    """Whether some row of the mask could hide every key (torch then returns zeros for that row, where
+    a plain softmax over -inf gives NaN): always for a computed mask or an input."""
+    arr = param_array(program, mask)
+    if arr is None:
+        return True
+    if arr.size == 0:
+        return False
+    keep = arr.astype(bool) if arr.dtype == np.bool_ else ~np.isneginf(arr)
+    return bool((~keep.reshape(-1, keep.shape[-1] if keep.ndim else 1).any(axis=-1)).any())
+
+
+# is_causal becomes an additive [L, S] float32 constant (0 or -inf) up to this size: the add fuses
+# into the softmax after the matmul. Beyond it (L = S = 4096 and up) the mask is index arithmetic on
+# L + S positions instead. 64 MiB, as fold_constants' limit, which folds that arithmetic back into
+# the same constant in `optimize` when it fits.
+CAUSAL_BIAS_LIMIT = 64 * 2**20
+
+
+def causal_bias(length: int, keys: int) -> np.ndarray:
+    """torch's is_causal mask (top-left alignment, like torch.ones(L, S).tril(): query i sees key j <= i)
+    as an additive [L, S] float32 bias: 0 where j <= i, -inf above the diagonal."""
+    return np.triu(np.full((length, keys), -np.inf, dtype=np.float32), k=1)
+
+
+def causal_positions(length: int, keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """The same mask as index arithmetic: float32 key positions [S] and query positions [L, 1], so
+    `key > query` broadcasts to the [L, S] positions to hide while only L + S numbers are stored."""
+    return (np.arange(keys, dtype=np.float32), np.arange(length, dtype=np.float32).reshape(length, 1))
+
+
+def lower_attention(program: Program, nid: str) -> Rewrite | None:
+    """scaled_dot_product_attention as torch's math definition: softmax(q @ k^T * scale + bias) @ v, the
+    bias -inf where a bool mask is false (masked_fill), a float mask added, or for is_causal -inf where
+    key j > query i (a constant [L, S] bias added, or index arithmetic when that would be large); rows
+    that the mask hides entirely are zeros (torch's safe softmax; a causal mask hides none). Dropout is
+    ignored (eval). The matmuls map onto cuBLAS: operands whose batch dims partly broadcast are
+    expanded."""
+    n = program.nodes[nid]
+    if n.op != SDPA or len(n.inputs) < 3 or any(v is None for v in n.inputs[:3]):
+        return None
+    q, k, v = n.inputs[:3]
+    mask = n.inputs[3] if len(n.inputs) > 3 else None
+    vals = program.values
+    if any(vals[x].dtype != "float32" for x in (q, k, v)):
+        return None
+    if mask is not None and vals[mask].dtype not in ("bool", "float32"):
+        return None
+    Q, K = vals[q].shape, vals[k].shape
+    L, S, E = Q[-2], K[-2], Q[-1]
+    out = n.outputs[0]
+    out_shape = tuple(vals[out].shape)
+    causal = bool(n.attrs.get("is_causal")) and mask is None
+    # a mask whose batch dims reach beyond the query/key/value batch would make a bigger result than
+    # the op's: not lowered
+    scores = broadcast(broadcast(_batch(Q), _batch(K)) + (L, S), tuple(vals[mask].shape) if mask else ())
+    if broadcast(_batch(scores), _batch(vals[v].shape)) != out_shape[:-2]:
+        return None
+    scale = float(n.attrs["scale"]) if n.attrs.get("scale") is not None else 1.0 / math.sqrt(E)
+    fix_rows = mask is not None and _may_mask_a_row(program, mask)
+    dense = L * S * 4 <= CAUSAL_BIAS_LIMIT     # is_causal as one [L, S] constant
+
+    def build(p):
+        kt = _add(p, "transpose", [k], dim0=-2, dim1=-1)
+        s = _add(p, "matmul", list(_gemm_ready(p, q, kt)))
+        if scale != 1.0:
+            s = _add(p, "mul_scalar", [s], value=scale)
+        if causal and dense:
+            bias = p.add_parameter(p.unique_name(f"{n.name}_causal_bias"), causal_bias(L, S), constant=True).id
+            s = _add(p, "add", [s, bias])
+        elif causal:
+            kpos, qpos = (p.add_parameter(p.unique_name(f"{n.name}_{role}_pos"), arr, constant=True).id
+                          for role, arr in zip(("key", "query"), causal_positions(L, S)))
+            s = _add(p, "masked_fill", [s, _add(p, "gt", [kpos, qpos])], value=float("-inf"))
+        elif mask is not None and vals[mask].dtype == "bool":
+            s = _add(p, "masked_fill", [s, _add(p, "logical_not", [mask])], value=float("-inf"))
+        elif mask is not None:
+            s = _add(p, "add", [s, mask])
+        o = _add(p, "matmul", list(_gemm_ready(p, _add(p, "softmax", [s], dim=-1), v)))
+        if fix_rows:   # a row with every key masked: zeros, as torch's softmax gives for it
+            if p.values[mask].dtype == "bool":   # no key kept: the row's max of the mask as 0/1 is 0
+                kept = _add(p, "max", [_add(p, "cast", [mask], dtype="float32")], dim=[-1], keepdim=True)
+                dead = _add(p, "logical_not", [_add(p, "cast", [kept], dtype="bool")])
+            else:
+                ninf = p.add_parameter(p.unique_name(f"{n.name}_neg_inf"), np.array(-np.inf, dtype=np.float32),
+                                       constant=True).id
+                dead = _add(p, "eq", [_add(p, "max", [mask], dim=[-1], keepdim=True), ninf])
+            o = _add(p, "masked_fill", [o, dead], value=0.0)
+        if tuple(p.values[o].shape) != out_shape:
+            raise ProgramError(f"the written-out attention makes {list(p.values[o].shape)}, not {list(out_shape)}")
+        return {out: o}
+    how = (f"-inf where the key comes after the query (is_causal: "
+           f"{'an [L, S] constant added' if dense else 'from key and query positions'})" if causal else
+           "no mask" if mask is None else
+           "the bool mask applied as -inf where it is false" if vals[mask].dtype == "bool" else "the float mask added")
+    return Rewrite("lower_attention", f"{n.name} ({SDPA}) written out as q @ k^T (a transpose and a cuBLAS "
+                   f"matmul, {L}x{S} scores per head) scaled by {scale:.6g}, {how}, a softmax over the {S} keys "
+                   f"and a matmul with v{'; rows the mask hides entirely give zeros' if fix_rows else ''}, so it "
+                   "runs as cuBLAS calls and generated kernels instead of through torch.", build, nid)
