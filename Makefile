@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 studio: $(STAMP)
 	$(VENV)/bin/stitchcuda studio $(EXAMPLE)
 
+# two pytest-xdist workers: CI has two cores, and the export builds take minutes of one
 test: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -p no:cacheprovider
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -p no:cacheprovider -n 2
 
 gpu-test:
 	PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider -m gpu

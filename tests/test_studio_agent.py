@@ -260,21 +260,19 @@ def test_export_cuda_project_from_the_file_menu(window, qtbot, tmp_path):
 
 
 def test_refused_export_shows_its_reason_and_leaves_the_document(window, qtbot, tmp_path):
-    import numpy as np
-
-    from agent_core.ir import Program
-    p = Program("conv")
-    x = p.add_input("x", (1, 3, 8, 8))
-    w = p.add_parameter("w", np.ones((4, 3, 3, 3), np.float32))
-    c = p.add_node("conv2d", [x.id, w.id], pos=(0, 0))
-    p.mark_output(c.outputs[0])
+    from agent_core.importers import import_file
+    model = tmp_path / "sorted_rows.py"  # torch.sort has no library op: an opaque node, no CUDA path
+    model.write_text("import torch\n\nclass Model(torch.nn.Module):\n    def forward(self, x):\n"
+                     "        return torch.sort(x, dim=1).values\n\n"
+                     "def get_inputs():\n    return [torch.randn(4, 33)]\n\ndef get_init_inputs():\n    return []\n")
+    p = import_file(str(model))
     window.set_document(window.document.__class__(p))
-    window.ask = Answers(folder=str(tmp_path / "conv_cuda"))
+    window.ask = Answers(folder=str(tmp_path / "sorted_cuda"))
     with qtbot.waitSignal(window.agent.exported, timeout=60000) as sig:
         _file_action(window, "Export CUDA project").trigger()
     assert sig.args[1] is False
     reason = window.refusal_label.text()
-    assert reason.startswith("Export refused") and "conv2d" in reason and "\n" not in reason
+    assert reason.startswith("Export refused") and "opaque" in reason and "\n" not in reason
     assert not p.regions and window.document.stack.count() == 0 and not window.document.dirty
 
 

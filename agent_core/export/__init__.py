@@ -119,14 +119,14 @@ def export_program(program: Program, outdir, *, params: bool = True, arch: str =
         kernel_files.append("kernels/broadcast_bias_rows.cu")
     write("stitch_kernels.h", kernels_header(schedule, bias))
     write("stitch_program.h", src.header())
-    write("stitch_program.cu", src.source())
-    write("stitch_capi.cu", capi_source(program, src))
-    write("main.cu", driver_source(program, src, files))
+    write("stitch_program.cpp", src.source())
+    write("stitch_capi.cpp", capi_source(program, src))
+    write("main.cpp", driver_source(program, src, files))
     write("python/stitch_program.py", python_binding(program, src, files))
 
     arrays = _reference_data(program, seed)
     data_bytes = 0
-    for vid in src.inputs + (src.params if params else []):
+    for vid in src.inputs + [v for v in src.params if _included(program, v, params)]:
         data_bytes += _write_raw(out / "data" / files[vid], arrays[vid], program.values[vid].dtype)
     for vid in src.outputs:
         data_bytes += _write_raw(out / "data" / files["ref:" + vid], arrays[vid], program.values[vid].dtype)
@@ -140,6 +140,12 @@ def export_program(program: Program, outdir, *, params: bool = True, arch: str =
     return ExportResult(out, schedule, memory, written, data_bytes, warnings)
 
 
+def _included(program: Program, vid: str, params: bool) -> bool:
+    """Parameters go into data/ unless left out (--no-params); constants the program made (the causal
+    mask of a lowered attention) always do: the user has no other source for them."""
+    return params or program.values[vid].role.value == "constant"
+
+
 def _manifest(program: Program, schedule: Schedule, memory: MemoryPlan, src: ProgramSource, files: dict,
               params: bool, arch: str) -> dict:
     def entry(vid, file_key=None):
@@ -150,7 +156,7 @@ def _manifest(program: Program, schedule: Schedule, memory: MemoryPlan, src: Pro
         "manifest_version": MANIFEST_VERSION, "program": program.name, "cuda_architectures": arch,
         "byte_order": "little", "layout": "contiguous row-major", "tolerance": {"atol": TOLERANCE, "rtol": TOLERANCE},
         "inputs": [entry(v) for v in src.inputs],
-        "parameters": [dict(entry(v), included=params) for v in src.params],
+        "parameters": [dict(entry(v), included=_included(program, v, params)) for v in src.params],
         "outputs": [dict(entry(v, "ref:" + v), reference=True) for v in src.outputs],
         "workspace": {"bytes": memory.arena_bytes, "activation_bytes": memory.activation_bytes,
                       "unshared_bytes": memory.unshared_bytes,

@@ -1,4 +1,6 @@
-"""The host driver (main.cu) and the C API the Python binding calls (stitch_capi.cu)."""
+"""The host driver (main.cpp) and the C API the Python binding calls (stitch_capi.cpp).
+
+Both are plain C++ over the CUDA runtime API (no device code), so the host compiler builds them."""
 from __future__ import annotations
 
 from ..ir import Program
@@ -17,7 +19,7 @@ def _table(name: str, rows: list[tuple[str, str, int, bool]]) -> list[str]:
 
 
 def driver_source(program: Program, src: ProgramSource, files: dict[str, str]) -> str:
-    """main.cu: load data/, run, check against the reference outputs, time with CUDA events."""
+    """main.cpp: load data/, run, check against the reference outputs, time with CUDA events."""
     p, n = program, src.n
 
     def rows(vids):
@@ -195,7 +197,7 @@ def driver_source(program: Program, src: ProgramSource, files: dict[str, str]) -
 
 
 def capi_source(program: Program, src: ProgramSource) -> str:
-    """stitch_capi.cu: a flat extern "C" entry point over pointer arrays, for ctypes."""
+    """stitch_capi.cpp: a flat extern "C" entry point over pointer arrays, for ctypes."""
     p, n = program, src.n
     cublas = src.s.uses_cublas
     out = [f"// C API of {p.name} for ctypes (python/stitch_program.py): pointer arrays in manifest order.",

@@ -17,7 +17,8 @@ from ..ops.registry import DTYPE_BYTES
 from .memory import MemoryPlan
 from .steps import Schedule, Step, gemm_dims
 
-C_TYPES = {"float32": "float", "bool": "bool", "int64": "int64_t", "int32": "int32_t", "uint8": "uint8_t",
+# int64 as `long long`, the type the generated kernels use (int64_t is `long` on Linux: not the same type)
+C_TYPES = {"float32": "float", "bool": "bool", "int64": "long long", "int32": "int32_t", "uint8": "uint8_t",
            "int8": "int8_t"}
 # identifiers stitch_run uses itself
 HOST_LOCALS = ("arena", "inputs", "params", "outputs", "workspace", "stream", "cublas", "memory")
@@ -131,7 +132,7 @@ def kernels_header(schedule: Schedule, bias: bool) -> str:
 
 # --- the program ------------------------------------------------------------------------------------------
 class ProgramSource:
-    """stitch_program.h / stitch_program.cu for one schedule and memory plan."""
+    """stitch_program.h / stitch_program.cpp for one schedule and memory plan."""
 
     def __init__(self, program: Program, schedule: Schedule, memory: MemoryPlan, names: HostNames):
         self.p, self.s, self.m, self.n = program, schedule, memory, names

@@ -11,14 +11,14 @@ from .steps import Schedule
 def cmake_lists(program: Program, schedule: Schedule, kernel_files: list[str], arch: str, has_params: bool) -> str:
     name = "".join(c if c.isalnum() else "_" for c in program.name) or "stitch_export"
     libs = "CUDA::cudart CUDA::cublas" if schedule.uses_cublas else "CUDA::cudart"
-    sources = "\n".join(f"  {f}" for f in ["stitch_program.cu", "stitch_capi.cu"] + kernel_files)
+    sources = "\n".join(f"  {f}" for f in ["stitch_program.cpp", "stitch_capi.cpp"] + kernel_files)
     test = ["enable_testing()"]
     if has_params:
-        test += ["add_test(NAME outputs_match COMMAND stitch_driver ${CMAKE_CURRENT_SOURCE_DIR}/data --runs 10)",
-                 "add_test(NAME outputs_match_graph COMMAND stitch_driver ${CMAKE_CURRENT_SOURCE_DIR}/data --graph --runs 10)"]
+        test += [f"add_test(NAME outputs_match COMMAND {name}_driver ${{CMAKE_CURRENT_SOURCE_DIR}}/data --runs 10)",
+                 f"add_test(NAME outputs_match_graph COMMAND {name}_driver ${{CMAKE_CURRENT_SOURCE_DIR}}/data --graph --runs 10)"]
     else:
         test += ["# Exported with --no-params: put each parameter's raw file under data/ (see manifest.json)",
-                 "# and add_test(NAME outputs_match COMMAND stitch_driver ${CMAKE_CURRENT_SOURCE_DIR}/data)."]
+                 f"# and add_test(NAME outputs_match COMMAND {name}_driver ${{CMAKE_CURRENT_SOURCE_DIR}}/data)."]
     return f"""# {program.name}, exported by StitchCUDA. Build: cmake -S . -B build && cmake --build build -j
 cmake_minimum_required(VERSION 3.24)
 
@@ -38,16 +38,20 @@ endif()
 
 find_package(CUDAToolkit REQUIRED)
 
-# the program: its kernels, the launch sequence (stitch_run) and the C API the Python binding calls
-add_library(stitch_program SHARED
+# the program: its kernels, the launch sequence (stitch_run) and the C API the Python binding calls.
+# Targets are named after the program, so several exports can live in one build (add_subdirectory);
+# the files keep fixed names: libstitch_program.so and stitch_driver.
+add_library({name}_program SHARED
 {sources}
 )
-target_include_directories(stitch_program PUBLIC ${{CMAKE_CURRENT_SOURCE_DIR}})
-target_link_libraries(stitch_program PUBLIC {libs})
+set_target_properties({name}_program PROPERTIES OUTPUT_NAME stitch_program)
+target_include_directories({name}_program PUBLIC ${{CMAKE_CURRENT_SOURCE_DIR}})
+target_link_libraries({name}_program PUBLIC {libs})
 
 # the host driver: loads data/, checks the outputs against the reference, times the program
-add_executable(stitch_driver main.cu)
-target_link_libraries(stitch_driver PRIVATE stitch_program)
+add_executable({name}_driver main.cpp)
+set_target_properties({name}_driver PROPERTIES OUTPUT_NAME stitch_driver)
+target_link_libraries({name}_driver PRIVATE {name}_program)
 
 {chr(10).join(test)}
 """
@@ -170,9 +174,9 @@ def readme(program: Program, schedule: Schedule, memory: MemoryPlan, arch: str,
         lines.append("Split reductions keep scratch there: zero the workspace once before the first call.")
     lines += ["", "## Files", "",
               "- `kernels/*.cu`: one generated kernel per region, with its header comment and launcher",
-              "- `stitch_program.h` / `stitch_program.cu`: `stitch_run(...)`, the memory plan, the launch sequence",
-              "- `stitch_capi.cu` and `python/stitch_program.py`: the C API and its PyTorch wrapper (ctypes)",
-              "- `main.cu`: the driver; `manifest.json`: every tensor's name, shape, dtype and file, the arena offsets",
+              "- `stitch_program.h` / `stitch_program.cpp`: `stitch_run(...)`, the memory plan, the launch sequence",
+              "- `stitch_capi.cpp` and `python/stitch_program.py`: the C API and its PyTorch wrapper (ctypes)",
+              "- `main.cpp`: the driver; `manifest.json`: every tensor's name, shape, dtype and file, the arena offsets",
               f"- `data/`: inputs, {'parameters, ' if has_params else ''}reference outputs, raw little-endian "
               f"({data_bytes} bytes)"]
     lines += ["", "## Build, run, test", "", "```sh",

@@ -121,9 +121,11 @@ def _whole_region(program: Program, rid: str, real: list[str], unique) -> list[S
         lib, rest = split_library(program, io)
     except CodegenError:
         return None
-    if lib and program.nodes[lib[0]].op not in GEMM_OPS:
-        return None  # convolutions would need cuDNN
     try:
+        if lib and program.nodes[lib[0]].opdef.category == "convolution":
+            # no cuDNN in the export: the convolution is generated, with its epilogue inside the kernel
+            ks = generate_kernel(program, real, name=unique(_region_name(program, rid, real)), kind="convolution")
+            return [_kernel_step(rid, ks, f"generated {ks.kind} kernel of {len(real)} op(s) ({ks.schedule})")]
         if lib:
             gemm = _gemm_step(program, rid, lib[0], unique)
             ks = generate_kernel(program, rest, name=unique(_region_name(program, rid, rest)))
@@ -145,13 +147,12 @@ def _single(program: Program, rid: str, nid: str, unique) -> Step:
     node = program.nodes[nid]
     if node.op in GEMM_OPS:
         return _gemm_step(program, rid, nid, unique)
-    if node.op in COPY_OPS:
+    if node.op in COPY_OPS and node.attrs.get("step", 1) == 1:  # a slice with a step is a generated kernel
         return _copy_step(program, rid, nid, unique)
-    if node.opdef.category == "convolution":
-        raise ExportError("convolutions need cuDNN, which the export does not link")
     if node.opdef.category == "matmul":
         raise ExportError(f"only {', '.join(GEMM_OPS)} map onto cuBLAS calls in the export")
-    ks = generate_kernel(program, [nid], name=unique(c_ident(f"{rid}_{node.name}")))
+    kind = "convolution" if node.opdef.category == "convolution" else None
+    ks = generate_kernel(program, [nid], name=unique(c_ident(f"{rid}_{node.name}")), kind=kind)
     return _kernel_step(rid, ks, f"single-node {ks.kind} kernel ({ks.schedule})")
 
 
@@ -205,8 +206,6 @@ def _gemm_step(program: Program, rid: str, nid: str, unique) -> Step:
 
 def _copy_step(program: Program, rid: str, nid: str, unique) -> Step:
     node = program.nodes[nid]
-    if node.op == "slice" and node.attrs.get("step", 1) != 1:
-        raise ExportError(f"a slice with step {node.attrs['step']} is not a strided copy")
     reads = [v for v in node.inputs if v is not None]
     return Step("copy", unique(c_ident(f"{rid}_{node.name}")), reads, list(node.outputs), [nid], rid,
                 f"{node.op} as cudaMemcpy2DAsync row copies", node=nid)
