@@ -195,6 +195,16 @@ def test_split_reduction_scratch_lives_after_the_activations(tmp_path):
     assert "zeroed once" in (tmp_path / "e" / "stitch_program.h").read_text()
 
 
+def one_tree(top: Path, exports: dict[str, Path]) -> Path:
+    """A CMake tree holding every export as a subdirectory (its targets are named after its program, so
+    they do not collide): the compilers are detected once, and one build compiles them all."""
+    top.mkdir()
+    (top / "CMakeLists.txt").write_text("\n".join(
+        ["cmake_minimum_required(VERSION 3.24)", "project(all_exports LANGUAGES CXX CUDA)", "enable_testing()"]
+        + [f'add_subdirectory("{path}" "{name}")' for name, path in exports.items()]) + "\n")
+    return top
+
+
 def build_export(outdir: Path, cmake_args: list[str], jobs: int = 1) -> float:
     """Configure and compile an export for sm_90; returns the seconds it took."""
     t0 = time.perf_counter()
@@ -243,11 +253,7 @@ def test_every_other_export_builds_in_one_cmake_tree(exports, tmp_path, half):
     pytest-xdist can build them on both cores."""
     cublas = cublas_cmake_args(tmp_path)
     names = [n for n in _supported(exports, cublas) if n not in BUILD_SUBSET][half::2]
-    top = tmp_path / "all_exports"
-    top.mkdir()
-    (top / "CMakeLists.txt").write_text("\n".join(
-        ["cmake_minimum_required(VERSION 3.24)", "project(all_exports LANGUAGES CXX CUDA)"]
-        + [f'add_subdirectory("{exports[n].outdir}" "{n}")' for n in names]) + "\n")
+    top = one_tree(tmp_path / "all_exports", {n: exports[n].outdir for n in names})
     seconds = build_export(top, cublas or [], jobs=2)
     print(f"\nbuilt {len(names)} exports in one tree in {seconds:.0f} s", file=sys.stderr)
     for n in names:

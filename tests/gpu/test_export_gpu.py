@@ -157,3 +157,22 @@ def test_export_builds_passes_ctest_and_matches_through_the_binding(name, tmp_pa
     # by 10-27% (mlp_block 27.0 us against 36.8 us). Not yet profiled; one difference is that the
     # in-process graph reaches cuBLAS through torch, where the export calls it directly.
     assert driver_ms["graph"] <= graph_ms + max(0.10 * graph_ms, 0.001), (driver_ms, graph_ms)
+
+
+def test_every_example_export_passes_its_ctest(tmp_path):
+    """All bundled examples exported, built as one CMake tree, and every export's ctest run on the GPU:
+    each driver checks its outputs (stream launches and CUDA graph) against the saved reference."""
+    import os
+
+    from agent_core.export import export_program
+    from agent_core.importers import import_file
+    helpers = _helpers()
+    names = sorted(p.stem for p in EXAMPLES.glob("*.py"))
+    for name in names:
+        export_program(import_file(str(EXAMPLES / f"{name}.py")), tmp_path / name)
+    top = helpers.one_tree(tmp_path / "all", {n: tmp_path / n for n in names})
+    helpers.build_export(top, helpers.cublas_cmake_args(tmp_path) or [], jobs=os.cpu_count() or 8)
+    r = subprocess.run(["ctest", "--output-on-failure", "-j", "4"], cwd=top / "build", capture_output=True, text=True)
+    print("\n" + r.stdout[-1500:])
+    assert r.returncode == 0, r.stdout[-6000:] + r.stderr[-2000:]
+    assert f"0 tests failed out of {2 * len(names)}" in r.stdout
