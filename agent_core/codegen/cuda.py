@@ -124,6 +124,9 @@ PRELUDE = """#ifndef INFINITY
 #ifndef NAN
 #define NAN __int_as_float(0x7fffffff)
 #endif
+// max / min that keep a NaN operand, as torch does (fmaxf / fminf return the other operand)
+__device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
+__device__ __forceinline__ float min_nan(float a, float b) { return (a < b || a != a) ? a : b; }
 """
 
 

@@ -41,15 +41,15 @@ FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(float32).eps: rms_norm's def
 
 # statistics states: C fields, identity, how one element is folded in, how two states combine
 STATES = {
-    "max": (["m"], "{-INFINITY}", "s.m = fmaxf(s.m, x);", "return {fmaxf(a.m, b.m)};"),
-    "min": (["m"], "{INFINITY}", "s.m = fminf(s.m, x);", "return {fminf(a.m, b.m)};"),
+    "max": (["m"], "{-INFINITY}", "s.m = max_nan(s.m, x);", "return {max_nan(a.m, b.m)};"),
+    "min": (["m"], "{INFINITY}", "s.m = min_nan(s.m, x);", "return {min_nan(a.m, b.m)};"),
     "sum": (["s"], "{0.0f}", "s.s += x;", "return {a.s + b.s};"),
     "prod": (["p"], "{1.0f}", "s.p *= x;", "return {a.p * b.p};"),
     "sumsq": (["q"], "{0.0f}", "s.q = fmaf(x, x, s.q);", "return {a.q + b.q};"),
     # online softmax: running max m and sum s of exp(x - m)
     "maxsumexp": (["m", "s"], "{-INFINITY, 0.0f}",
                   "if (x > s.m) { s.s = s.s * expf(s.m - x) + 1.0f; s.m = x; } else { s.s += expf(x - s.m); }",
-                  "const float m = fmaxf(a.m, b.m);\n"
+                  "const float m = max_nan(a.m, b.m);\n"
                   "  if (m == -INFINITY) return a;\n"
                   "  return {m, (a.m == m ? a.s : a.s * expf(a.m - m)) + (b.m == m ? b.s : b.s * expf(b.m - m))};"),
     # Welford: count n, mean, sum of squared deviations m2 (Chan et al. to combine)
@@ -365,7 +365,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         + "".join(f"    b.{f} = __shfl_xor_sync(0xffffffffu, a.{f}, offset);\n" for f in fields)
         + "    a = combine(a, b);\n  }\n  return a;\n}\n")
     if schedule != "online" and state in ("maxsumexp", "welford"):
-        for op, fn, ident in (("max", "fmaxf(a, b)", "-INFINITY"), ("sum", "a + b", "0.0f")):
+        for op, fn, ident in (("max", "max_nan(a, b)", "-INFINITY"), ("sum", "a + b", "0.0f")):
             state_code += (
                 f"__device__ __forceinline__ float reduce_{op}(float a) {{\n"
                 "#pragma unroll\n"
@@ -537,7 +537,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if state == "maxsumexp" and two_stage:
             # max first, then exponentials against it: independent exps instead of a serial chain
             body += ["  // statistics from the registers: the row max, then the sum of exp(x - max)",
-                     "  float row_max = -INFINITY;", *each_cached(["row_max = fmaxf(row_max, xv);"]),
+                     "  float row_max = -INFINITY;", *each_cached(["row_max = max_nan(row_max, xv);"]),
                      "  row_max = reduce_max(row_max);",
                      "  float row_sum = 0.0f;", *each_cached(["row_sum += expf(xv - row_max);"]),
                      "  row_sum = reduce_sum(row_sum);",

@@ -68,7 +68,7 @@ def _per_elem(k):
 
 
 # --- activations -----------------------------------------------------------------------------
-_unary("relu", lambda x, a: torch.relu(x), "fmaxf({x}, 0.0f)", doc="max(x, 0)")
+_unary("relu", lambda x, a: torch.relu(x), "max_nan({x}, 0.0f)", doc="max(x, 0)")
 _unary("leaky_relu", lambda x, a: F.leaky_relu(x, a["negative_slope"]),
        "({x} > 0.0f ? {x} : {x} * {negative_slope})", attrs=(Attr("negative_slope", "float", 0.01),))
 _unary("gelu", lambda x, a: F.gelu(x, approximate=a["approximate"]),
@@ -91,17 +91,17 @@ _unary("elu", lambda x, a: F.elu(x, a["alpha"]), "({x} > 0.0f ? {x} : {alpha} * 
 _unary("selu", lambda x, a: F.selu(x),
        "1.0507009873554805f * ({x} > 0.0f ? {x} : 1.6732632423543772f * expm1f({x}))", flops=_per_elem(4))
 _unary("celu", lambda x, a: F.celu(x, a["alpha"]),
-       "fmaxf({x}, 0.0f) + fminf(0.0f, {alpha} * expm1f({x} / {alpha}))",
+       "max_nan({x}, 0.0f) + min_nan(0.0f, {alpha} * expm1f({x} / {alpha}))",
        attrs=(Attr("alpha", "float", 1.0),), flops=_per_elem(4))
 _unary("hardtanh", lambda x, a: F.hardtanh(x, a["min_val"], a["max_val"]),
-       "fminf(fmaxf({x}, {min_val}), {max_val})",
+       "min_nan(max_nan({x}, {min_val}), {max_val})",
        attrs=(Attr("min_val", "float", -1.0), Attr("max_val", "float", 1.0)))
-_unary("hardsigmoid", lambda x, a: F.hardsigmoid(x), "fminf(fmaxf({x} / 6.0f + 0.5f, 0.0f), 1.0f)",
+_unary("hardsigmoid", lambda x, a: F.hardsigmoid(x), "min_nan(max_nan({x} / 6.0f + 0.5f, 0.0f), 1.0f)",
        flops=_per_elem(3))
-_unary("hardswish", lambda x, a: F.hardswish(x), "{x} * fminf(fmaxf({x} + 3.0f, 0.0f), 6.0f) / 6.0f",
+_unary("hardswish", lambda x, a: F.hardswish(x), "{x} * min_nan(max_nan({x} + 3.0f, 0.0f), 6.0f) / 6.0f",
        flops=_per_elem(4))
-_unary("relu6", lambda x, a: F.relu6(x), "fminf(fmaxf({x}, 0.0f), 6.0f)")
-_unary("logsigmoid", lambda x, a: F.logsigmoid(x), "fminf({x}, 0.0f) - log1pf(expf(-fabsf({x})))",
+_unary("relu6", lambda x, a: F.relu6(x), "min_nan(max_nan({x}, 0.0f), 6.0f)")
+_unary("logsigmoid", lambda x, a: F.logsigmoid(x), "min_nan({x}, 0.0f) - log1pf(expf(-fabsf({x})))",
        flops=_per_elem(4))
 _unary("hardshrink", lambda x, a: F.hardshrink(x, a["lambd"]),
        "(fabsf({x}) > {lambd} ? {x} : 0.0f)", attrs=(Attr("lambd", "float", 0.5),))
@@ -147,7 +147,7 @@ def _clamp_infer(ins, attrs):
 
 register(OpDef("clamp", "pointwise", ("x",), _clamp_infer, lambda t, a: torch.clamp(t[0], a["min"], a["max"]),
                attrs=(Attr("min", "scalar", None, optional=True), Attr("max", "scalar", None, optional=True)),
-               aliases=("clip",), cuda="fminf(fmaxf({x}, {min}), {max})",
+               aliases=("clip",), cuda="min_nan(max_nan({x}, {min}), {max})",
                doc="min(max(x, min), max); a missing bound is not applied",
                extra={"example": ([(3, 5)], {"min": -0.5}), "bad": ([(3, 5)], {}, "give min, max or both")}))
 _unary("identity", lambda x, a: x, "{x}", keep_dtype=True, flops=_per_elem(0), doc="passes x through")
@@ -195,8 +195,8 @@ _scalar("div_scalar", lambda x, c: x / c, "({x} / {value})", doc="x / value")
 _scalar("rdiv_scalar", lambda x, c: c / x, "({value} / {x})", doc="value / x")
 _scalar("pow_scalar", lambda x, c: torch.pow(x, c), "powf({x}, {value})", doc="x ** value")
 _scalar("rpow_scalar", lambda x, c: torch.pow(c, x), "powf({value}, {x})", doc="value ** x")
-_scalar("max_scalar", lambda x, c: torch.clamp_min(x, c), "fmaxf({x}, {value})", doc="max(x, value)")
-_scalar("min_scalar", lambda x, c: torch.clamp_max(x, c), "fminf({x}, {value})", doc="min(x, value)")
+_scalar("max_scalar", lambda x, c: torch.clamp_min(x, c), "max_nan({x}, {value})", doc="max(x, value)")
+_scalar("min_scalar", lambda x, c: torch.clamp_max(x, c), "min_nan({x}, {value})", doc="min(x, value)")
 
 
 # --- binary with broadcasting --------------------------------------------------------------------
@@ -216,8 +216,8 @@ _binary("sub", torch.sub, "({a} - {b})", aliases=("subtract",), infer=_sub_infer
 _binary("mul", torch.mul, "({a} * {b})", aliases=("multiply",))
 _binary("div", torch.div, "({a} / {b})", aliases=("divide", "true_divide"))
 _binary("pow", torch.pow, "powf({a}, {b})")
-_binary("maximum", torch.maximum, "fmaxf({a}, {b})", aliases=("max_elementwise",))
-_binary("minimum", torch.minimum, "fminf({a}, {b})", aliases=("min_elementwise",))
+_binary("maximum", torch.maximum, "max_nan({a}, {b})", aliases=("max_elementwise",))
+_binary("minimum", torch.minimum, "min_nan({a}, {b})", aliases=("min_elementwise",))
 _binary("gt", torch.gt, "({a} > {b})", infer=_bcast_bool)
 _binary("ge", torch.ge, "({a} >= {b})", infer=_bcast_bool)
 _binary("lt", torch.lt, "({a} < {b})", infer=_bcast_bool)

@@ -9,6 +9,7 @@ import torch
 from agent_core.codegen import generate_kernel
 from agent_core.ir import Program
 from agent_core.ops import REQUIRED, all_ops
+from agent_core.reference import run_reference
 from agent_core.runtime import build_region
 from agent_core.runtime import region as region_mod
 from agent_core.runtime.launch import load_kernel
@@ -271,3 +272,34 @@ def test_prologue_value_used_outside(shape, op, attrs):
     p.mark_output(n.outputs[0])
     p.mark_output(a.outputs[0])
     fused(p, [a.id, n.id], "residual")
+
+
+@pytest.mark.parametrize("op,attrs", [("relu", {}), ("relu6", {}), ("hardtanh", {}), ("clamp", {"min": -0.5, "max": 0.5}),
+                                      ("max_scalar", {"value": 0.25}), ("elu", {}), ("hardsigmoid", {})])
+def test_nan_passes_through_clamping_ops_like_torch(op, attrs):
+    """torch keeps NaN through relu, clamp and the like; fmaxf / fminf would turn it into the bound."""
+    p = Program(op)
+    x = p.add_input("x", (4, 257))
+    n = p.add_node(op, [x.id], attrs)
+    p.mark_output(n.outputs[0])
+    r = fused(p, [n.id], f"nan_{op}")
+    t = torch.randn(4, 257)
+    t[:, ::7] = float("nan")
+    (got,) = r([t.cuda()])
+    (want,) = run_reference(p, {"x": t}).values()
+    assert torch.equal(torch.isnan(got.cpu()), torch.isnan(want))
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_row_max_min_keep_nan_like_torch(op):
+    p = Program(op)
+    x = p.add_input("x", (8, 3000))
+    n = p.add_node(op, [x.id], {"dim": [1]})
+    p.mark_output(n.outputs[0])
+    r = fused(p, [n.id], f"nan_row_{op}")
+    t = torch.randn(8, 3000)
+    t[2, 1234] = float("nan")
+    t[5, 0] = float("nan")
+    (got,) = r([t.cuda()])
+    want = getattr(torch, "amax" if op == "max" else "amin")(t, dim=1)
+    assert torch.equal(torch.isnan(got.cpu()), torch.isnan(want)) and torch.isnan(got.cpu()).sum() == 2
