@@ -31,9 +31,6 @@ SEED = 0  # the seed import_file builds the model with (its default)
 # Known gaps (the importer or the op library does not express the op yet): once closed, the
 # example imports with no opaque node and the test keeps passing; then delete the entry.
 ALLOWED_OPAQUE: dict[str, dict[str, str]] = {
-    "adaptive_pool_mixed.py": {
-        "aten.adaptive_max_pool2d.default": "importer gap: the (values, indices) aten op is not mapped to the "
-                                            "library's adaptive_max_pool2d"},
     "reduce_max_min_prod.py": {
         "aten.prod.dim_int": "importer gap: dim arrives as a list, the library's prod takes one int"},
 }

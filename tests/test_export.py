@@ -91,6 +91,14 @@ def test_every_example_exports(exports):
                 "manifest.json", "python/stitch_program.py", "stitch_capi.cpp"} <= files
 
 
+def test_convolutions_are_generated_and_the_readme_says_what_that_costs(exports):
+    res = exports["conv2d_bias_relu"]
+    kinds = [s.kernel.kind for s in res.schedule.steps if s.kernel is not None]
+    assert kinds == ["convolution"], kinds  # conv, bias and relu in one kernel
+    assert "no cuDNN is linked" in (res.outdir / "README.md").read_text()
+    assert "no cuDNN" not in (exports["softmax_rows"].outdir / "README.md").read_text()
+
+
 def test_generated_sources_read_like_hand_written_code(exports):
     for name, res in exports.items():
         if isinstance(res, str):

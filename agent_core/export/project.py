@@ -172,6 +172,10 @@ def readme(program: Program, schedule: Schedule, memory: MemoryPlan, arch: str,
               f"({memory.unshared_bytes} without sharing), offsets from their lifetimes in `stitch_program.h`."]
     if memory.scratch:
         lines.append("Split reductions keep scratch there: zero the workspace once before the first call.")
+    if any(s.kernel is not None and s.kernel.kind == "convolution" for s in schedule.steps):
+        lines += ["", "Convolutions run as generated direct convolutions (no cuDNN is linked): correct, but "
+                  "well behind cuDNN for many channels, so this export can be slower than the program "
+                  "measured in process, which runs them through cuDNN."]
     lines += ["", "## Files", "",
               "- `kernels/*.cu`: one generated kernel per region, with its header comment and launcher",
               "- `stitch_program.h` / `stitch_program.cpp`: `stitch_run(...)`, the memory plan, the launch sequence",

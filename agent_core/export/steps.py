@@ -1,10 +1,12 @@
 """The launch sequence of an exported program: what runs, in which order, reading and writing what.
 
 Each active region becomes one generated kernel when codegen can write it. A region that starts with
-a matmul runs it through cuBLAS and fuses the rest into an epilogue kernel. Anything else is split
-into its nodes: views cost nothing (they alias their input), matmul / linear / bmm run through
-cuBLAS, contiguous slices and concatenations are strided copies, and every other node becomes a
-single-node generated kernel. A node with none of these paths makes the export refuse, naming it.
+a matmul runs it through cuBLAS and fuses the rest into an epilogue kernel; one that starts with a
+convolution becomes one generated convolution kernel with the rest fused into it (the export links
+no cuDNN). Anything else is split into its nodes: views cost nothing (they alias their input),
+matmul / linear / bmm run through cuBLAS, contiguous slices and concatenations are strided copies,
+and every other node becomes a single-node generated kernel. A node with none of these paths (an
+opaque op) makes the export refuse, naming it.
 """
 from __future__ import annotations
 
