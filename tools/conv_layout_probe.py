@@ -1,6 +1,7 @@
 """Where do convolutions lose to torch.compile? Times every convolution of the given program files
 through cuDNN in the contiguous layout (what the agent runs) and in channels-last (what Inductor's
-layout optimisation picks), fp32 with TF32 off, the channels-last input conversion timed separately.
+layout optimisation picks), fp32 with TF32 off, the channels-last input conversion timed separately;
+with --cudnn-benchmark, cuDNN picks each algorithm by timing it instead of by its heuristics.
 
     PYTHONPATH=. python3 tools/conv_layout_probe.py kernelbench/KernelBench/level2/*Conv3d*.py [--json OUT]
 
@@ -59,9 +60,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="+")
     ap.add_argument("--json")
+    ap.add_argument("--cudnn-benchmark", action="store_true",
+                    help="let cuDNN time its algorithms per shape (torch.backends.cudnn.benchmark)")
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = args.cudnn_benchmark
     scratch = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     flush = scratch.zero_
     rows = []
