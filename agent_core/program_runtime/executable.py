@@ -15,8 +15,7 @@ import numpy as np
 
 from ..errors import StitchError
 from ..ir import Program
-from ..reference import parameter_tensors, random_inputs, run_reference
-from ..runtime.region import run_library_node
+from ..reference import parameter_tensors, random_inputs, run_node, run_reference
 from .steps import Step, plan_steps
 
 
@@ -106,7 +105,7 @@ class ProgramExecutable:
     def _launch(self, torch, step: Step, env: dict) -> None:
         ks = step.kernel
         for nid in step.library_nodes:           # cuBLAS / cuDNN through torch, TF32 off
-            run_library_node(self.program, nid, env)
+            run_node(self.program, nid, env)
         ins = []
         for v in ks.inputs:
             env[v] = launchable(env[v], ks.align)
@@ -125,7 +124,7 @@ class ProgramExecutable:
                     self._launch(torch, step, env)
                     continue
                 nid = step.nodes[0]
-                run_library_node(self.program, nid, env)
+                run_node(self.program, nid, env)
                 if step.view:
                     continue
                 for v in self.program.nodes[nid].outputs:   # a torch view into the arena would outlive its slot

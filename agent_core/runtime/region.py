@@ -25,25 +25,6 @@ def strict_fp32() -> None:
     torch.backends.cudnn.allow_tf32 = False
 
 
-# cuDNN's heuristics pick slow algorithms for some 3-D convolutions: timing them instead (benchmark
-# mode, once per shape, cached for the process) made 10 of KernelBench level 2's 31 3-D convolutions
-# 1.09-1.8x faster on the H200 and none slower (tools/conv_layout_probe.py --cudnn-benchmark). 2-D
-# convolutions were not measured that way, so they keep the heuristics.
-TIMED_ALGORITHM_OPS = ("conv3d", "conv_transpose3d")
-
-
-def run_library_node(program: Program, nid: str, env: dict) -> None:
-    """Run one node of our program through torch (cuBLAS / cuDNN). A 3-D convolution lets cuDNN time
-    its algorithms; the flag is set for this call only, so reference runs and the eager and
-    torch.compile baselines keep torch's defaults."""
-    if program.nodes[nid].op not in TIMED_ALGORITHM_OPS:
-        run_node(program, nid, env)
-        return
-    import torch
-    with torch.backends.cudnn.flags(enabled=True, benchmark=True, deterministic=False, allow_tf32=False):
-        run_node(program, nid, env)
-
-
 @dataclass
 class RegionRunner:
     program: Program
@@ -64,7 +45,7 @@ class RegionRunner:
     def run_unfused(self, ins):
         env = dict(zip(self.inputs, ins))
         for nid in self.node_ids:
-            run_library_node(self.program, nid, env)
+            run_node(self.program, nid, env)
         return [env[v] for v in self.outputs]
 
     def __call__(self, ins, outs=None):
@@ -75,7 +56,7 @@ class RegionRunner:
             strict_fp32()
             with torch.no_grad():
                 for nid in self.kernel.library_nodes:   # cuBLAS / cuDNN through torch
-                    run_library_node(self.program, nid, env)
+                    run_node(self.program, nid, env)
             res = self.loaded([env[v].contiguous() for v in self.kernel.inputs])
             env.update(zip(self.kernel.outputs, res))
             res = [env[v] for v in self.outputs]
