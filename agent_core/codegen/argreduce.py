@@ -26,7 +26,7 @@ import math
 
 from ..ir import Program
 from ..ops.common import norm_dim
-from .cuda import Names, header, kernel_name
+from .cuda import Names, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 
@@ -47,6 +47,19 @@ def single_node(program: Program, io: RegionIO, ops, what: str):
         raise CodegenError(f"{what} kernels are generated for a region of exactly one {'/'.join(ops)} node; "
                            f"this one has {len(nodes)}: {found}")
     return nodes[0]
+
+
+def pick_schedule(p: dict, cols: int, inner: int) -> str:
+    """A row walk's schedule: "column" when the walked dim is strided (neighbouring threads take
+    neighbouring rows), else "warp" for rows up to p["warp_max_cols"] and "block" for longer ones."""
+    if inner >= int(p["column_min_inner"]):
+        return "column"
+    return "warp" if cols <= int(p["warp_max_cols"]) else "block"
+
+
+def vector_width(p: dict, schedule: str, cols: int, inner: int) -> int:
+    """float4 loads when the row is contiguous and a multiple of 4 long, else single floats."""
+    return 4 if schedule != "column" and inner == 1 and cols % 4 == 0 and int(p["vector_width"]) == 4 else 1
 
 
 def outer_len_inner(shape, dim: int | None) -> tuple[int, int, int]:
@@ -75,17 +88,12 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
         raise CodegenError(f"{node.name} ({node.op}) reduces an empty tensor {list(x.shape)}; torch raises "
                            f"and there is nothing to launch", node_id=node.id)
     numel = rows * cols
-    index_t = "int" if numel < 2**31 - 2**20 else "long long"
+    index_t = index_type(numel)
     better_op = ">" if node.op == "argmax" else "<"
     worst = "-INFINITY" if node.op == "argmax" else "INFINITY"
 
-    if inner >= int(p["column_min_inner"]):
-        schedule = "column"
-    elif cols <= int(p["warp_max_cols"]):
-        schedule = "warp"
-    else:
-        schedule = "block"
-    vec = 4 if schedule != "column" and inner == 1 and cols % 4 == 0 and int(p["vector_width"]) == 4 else 1
+    schedule = pick_schedule(p, cols, inner)
+    vec = vector_width(p, schedule, cols, inner)
 
     names = Names()
     names.taken.update(KERNEL_LOCALS)

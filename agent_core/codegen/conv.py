@@ -21,7 +21,7 @@ import networkx as nx
 from ..ir import Program
 from ..ops.common import ntuple
 from .around import render_around
-from .cuda import Names, header, kernel_name
+from .cuda import Names, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
 from .region_io import RegionIO
@@ -169,7 +169,7 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     arg, epi_inputs, ld_epi, epi_fn = wr.arg, wr.epi_inputs, wr.ld_epi, wr.epi_fn
 
     big = max(math.prod(x.shape), math.prod(w.shape), out_numel)
-    index_t = "int" if big < 2**31 - 2**20 else "long long"
+    index_t = index_type(big)
     consts = [f"typedef {index_t} index_t;",
               f"constexpr int kBatch = {batch}, kCin = {cin}, kCout = {cout}, kGroups = {groups};",
               f"constexpr int kCinPerGroup = {cin_g}, kCoutPerGroup = {cout_g};",

@@ -74,6 +74,16 @@ class Names:
         return cand
 
 
+# int indexing while every offset stays clear of 2^31 (with a margin for the vector and window
+# arithmetic around it); 64-bit otherwise
+INT_INDEX_LIMIT = 2**31 - 2**20
+
+
+def index_type(extent: int) -> str:
+    """The C type of a kernel's index_t for tensors of up to `extent` elements."""
+    return "int" if extent < INT_INDEX_LIMIT else "long long"
+
+
 def kernel_name(name: str) -> str:
     ident = re.sub(r"\W", "_", name).strip("_") or "region"
     return ident if not ident[0].isdigit() else "region_" + ident

@@ -17,7 +17,7 @@ import math
 import networkx as nx
 
 from ..ir import Program
-from .cuda import Names, header, kernel_name
+from .cuda import Names, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .around import render_around
 from .pointwise import is_elementwise
@@ -118,7 +118,7 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
         a = [val] + [ld_epi.load(v, arg[v], idx) for v in epi_inputs] + [f"{arg[v]}[{idx}]" for v in io.outputs]
         return f"store_point({', '.join(a)});"
 
-    index_t = "int" if numel < 2**31 - 2**20 else "long long"
+    index_t = index_type(numel)
     consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};"]
     block = 256
     if not tiled:
@@ -260,7 +260,7 @@ def generate_strided_slice(program: Program, io: RegionIO, name: str, params: di
     point = f"point({', '.join(ld_pro.load(v, arg[v], 'source(o)') for v in pro_inputs)})"
     store = ([point] + [ld_epi.load(v, arg[v], "o") for v in epi_inputs] + [f"{arg[v]}[o]" for v in io.outputs])
 
-    index_t = "int" if math.prod(x.shape) < 2**31 - 2**20 else "long long"
+    index_t = index_type(math.prod(x.shape))
     consts = [f"typedef {index_t} index_t;",
               f"constexpr index_t kNumel = {numel};  // output elements",
               f"constexpr index_t kStart = {start}, kStep = {step}, kLen = {length};  // along dim {d} "

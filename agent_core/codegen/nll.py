@@ -20,7 +20,7 @@ import math
 
 from ..ir import Program
 from .argreduce import single_node
-from .cuda import Names, header, kernel_name
+from .cuda import Names, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 
@@ -49,7 +49,7 @@ def generate_nll_loss(program: Program, io: RegionIO, name: str, params: dict | 
     if numel == 0 or classes == 0:
         raise CodegenError(f"{node.name} (nll_loss) has an empty input {list(x.shape)}; there is nothing "
                            f"to launch", node_id=node.id)
-    index_t = "int" if math.prod(x.shape) < 2**31 - 2**20 else "long long"
+    index_t = index_type(math.prod(x.shape))
 
     names = Names()
     names.taken.update(KERNEL_LOCALS)

@@ -11,7 +11,7 @@ import re
 
 from ..ir import Program
 from ..ops.common import broadcast
-from .cuda import Names, c_type, float_literal, header, kernel_name, render_pointwise
+from .cuda import Names, c_type, float_literal, header, index_type, kernel_name, render_pointwise
 from .kernel import CodegenError, KernelSource
 from .region_io import BroadcastIndex, RegionIO
 
@@ -110,7 +110,7 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
         c_type(vals[vid].dtype, f"'{vals[vid].name}'")
     views = operand_views(program, io.nodes, io.inputs)
     bidx = BroadcastIndex(space, [views.get(v, vals[v].shape) for v in operands])
-    index_t = "int" if numel < 2**31 - 2**20 else "long long"
+    index_t = index_type(numel)
 
     names = Names()
     arg = {vid: names.new(vals[vid].name) for vid in operands}

@@ -19,7 +19,7 @@ import networkx as nx
 
 from ..ir import Program
 from ..ops.common import ntuple
-from .cuda import Names, header, kernel_name
+from .cuda import Names, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .around import render_around
 from .pointwise import is_elementwise
@@ -155,7 +155,7 @@ def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | N
     axes = "dhw"[-d:]
     window = (_adaptive_window(sin, sout, axes, is_max) if pn_.op in ADAPTIVE_POOL_OPS
               else _fixed_window(pn_.attrs, d, axes, is_max))
-    index_t = "int" if math.prod(x.shape) < 2**31 - 2**20 else "long long"
+    index_t = index_type(math.prod(x.shape))
     consts = [f"typedef {index_t} index_t;", f"constexpr index_t kOutNumel = {out_numel};",
               f"constexpr index_t kInSpatial = {math.prod(sin)}, kOutSpatial = {math.prod(sout)};"]
     # strides as products of the named sizes: "kInH * kInW" for the depth axis of a 3-D pool

@@ -26,7 +26,7 @@ import networkx as nx
 
 from ..ir import Program
 from ..ops.common import broadcast, norm_dim, norm_dims
-from .cuda import Names, c_type, float_literal, header, kernel_name
+from .cuda import Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
@@ -302,7 +302,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     rows_per_block = block // tpr
     items = math.ceil(cols / (tpr * vec))
     grid = math.ceil(rows / rows_per_block) * split
-    index_t = "int" if rows * cols < 2**31 - 2**20 else "long long"
+    index_t = index_type(rows * cols)
 
     names = Names()
     names.taken.update(KERNEL_LOCALS)
@@ -665,7 +665,7 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
     tiles = math.ceil(inner / tx)
     grid = outer * tiles
     numel = outer * cols * inner
-    index_t = "int" if numel < 2**31 - 2**20 else "long long"
+    index_t = index_type(numel)
     # short columns stay in registers between the two passes (no re-read)
     items = math.ceil(cols / ty)
     cached = preserving and items <= COLUMN_REGISTER_ITEMS

@@ -29,8 +29,8 @@ from __future__ import annotations
 import math
 
 from ..ir import Program
-from .argreduce import outer_len_inner, single_node
-from .cuda import Names, header, kernel_name
+from .argreduce import outer_len_inner, pick_schedule, single_node, vector_width
+from .cuda import Names, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 
@@ -60,23 +60,16 @@ def generate_scan(program: Program, io: RegionIO, name: str, params: dict | None
         raise CodegenError(f"{node.name} ({node.op}) scans an empty tensor {list(x.shape)}; there is nothing "
                            f"to launch", node_id=node.id)
     numel = rows * cols
-    index_t = "int" if numel < 2**31 - 2**20 else "long long"
+    index_t = index_type(numel)
     op_expr, identity = COMBINE[node.op]
 
-    schedule = p["schedule"]
-    if schedule is None:
-        if inner >= int(p["column_min_inner"]):
-            schedule = "column"
-        elif cols <= int(p["warp_max_cols"]):
-            schedule = "warp"
-        else:
-            schedule = "block"
+    schedule = p["schedule"] or pick_schedule(p, cols, inner)
     if schedule not in ("warp", "block", "column"):
         raise CodegenError(f"scan schedule must be warp, block or column, got {schedule!r}")
     if schedule == "column" and inner == 1:
         raise CodegenError(f"the column schedule scans a strided dim; dim {node.attrs['dim']} of "
                            f"{list(x.shape)} is contiguous (use warp or block)")
-    vec = 4 if schedule != "column" and inner == 1 and cols % 4 == 0 and int(p["vector_width"]) == 4 else 1
+    vec = vector_width(p, schedule, cols, inner)
 
     names = Names()
     names.taken.update(KERNEL_LOCALS)
