@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import os
 import sys
 
 import torch
@@ -22,23 +22,10 @@ from agent_core.importers import import_file
 from agent_core.ops.common import ntuple
 from agent_core.reference import parameter_tensors
 
-TRIALS, WARMUP = 20, 3
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_kernels import timed  # noqa: E402  (median of 20 after warm-up, L2 flushed before each)
+
 FLUSH_BYTES = 256 * 2**20  # larger than the H200's 60 MB L2
-
-
-def timed(fn, flush) -> float:
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(TRIALS):
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def conv_call(node, d: int):
