@@ -15,42 +15,12 @@ from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.importers import import_file
 from agent_core.ir import Program
+from tests.programs import arg_program, nll_program, scan_program
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "resources" / "examples"
 # tools/kernel_warnings.py compiles the examples' kernels with these
 NVCC_FLAGS = ["-arch=sm_90", "-c", "-std=c++17", "-Xcudafe", "--display_error_number",
               "-Wno-deprecated-gpu-targets", "-Xptxas", "-warn-spills"]
-
-
-def arg_program(op, shape, dim, keepdim=False):
-    p = Program(op)
-    x = p.add_input("x", shape)
-    n = p.add_node(op, [x.id], {"dim": dim, "keepdim": keepdim})
-    p.mark_output(n.outputs[0])
-    return p, n.id
-
-
-def scan_program(op, shape, dim):
-    p = Program(op)
-    x = p.add_input("x", shape)
-    n = p.add_node(op, [x.id], {"dim": dim})
-    p.mark_output(n.outputs[0])
-    return p, n.id
-
-
-def nll_program(shape, reduction, weight=False, ignore_index=-100):
-    """nll_loss of log-probabilities `shape` ([C], [N, C] or [N, C, d...]); targets drawn in [0, C)."""
-    classes = shape[0] if len(shape) == 1 else shape[1]
-    tshape = () if len(shape) == 1 else (shape[0], *shape[2:])
-    p = Program("nll")
-    x = p.add_input("logp", shape)
-    t = p.add_input("target", tshape, "int64", init={"kind": "randint", "low": 0, "high": classes})
-    ins = [x.id, t.id]
-    if weight:
-        ins.append(p.add_parameter("class_weight", shape=[classes]).id)
-    n = p.add_node("nll_loss", ins, {"reduction": reduction, "ignore_index": ignore_index})
-    p.mark_output(n.outputs[0])
-    return p, n.id
 
 
 def compiled_clean(ks):

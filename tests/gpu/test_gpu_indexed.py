@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agent_core.ir import Program
 from agent_core.runtime import build_region
+from tests.programs import arg_program, nll_program, scan_program
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -21,38 +21,6 @@ def fused(p, ids, name, **kw):
     assert r.fused, r.fallback_reason
     assert r.verify.ok and r.verify.draws == 5, r.verify
     return r
-
-
-def arg_program(op, shape, dim, keepdim=False):
-    p = Program(op)
-    x = p.add_input("x", shape)
-    n = p.add_node(op, [x.id], {"dim": dim, "keepdim": keepdim})
-    p.mark_output(n.outputs[0])
-    return p, n.id
-
-
-def scan_program(op, shape, dim):
-    p = Program(op)
-    x = p.add_input("x", shape)
-    n = p.add_node(op, [x.id], {"dim": dim})
-    p.mark_output(n.outputs[0])
-    return p, n.id
-
-
-def nll_program(shape, reduction, weight=False, ignore_index=-100):
-    """nll_loss over `shape` ([C], [N, C] or [N, C, d...]); the random targets are drawn in [0, C) (an
-    ignore_index inside that range is drawn too, so it is exercised)."""
-    classes = shape[0] if len(shape) == 1 else shape[1]
-    tshape = () if len(shape) == 1 else (shape[0], *shape[2:])
-    p = Program("nll")
-    x = p.add_input("logp", shape)
-    t = p.add_input("target", tshape, "int64", init={"kind": "randint", "low": 0, "high": classes})
-    ins = [x.id, t.id]
-    if weight:
-        ins.append(p.add_parameter("class_weight", shape=[classes]).id)
-    n = p.add_node("nll_loss", ins, {"reduction": reduction, "ignore_index": ignore_index})
-    p.mark_output(n.outputs[0])
-    return p, n.id
 
 
 def torch_arg(op, x, dim, keepdim):
