@@ -15,7 +15,7 @@ from agent_core.importers import import_file
 from agent_core.ir import Program
 from agent_core.reference import random_inputs, run_reference
 from agent_core.rewrites import lowering, rewrite_program
-from agent_core.rewrites.lowering import lower_loss
+from agent_core.rewrites.lowering import lower_all, lower_loss
 
 EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "resources", "examples")
 
@@ -230,3 +230,14 @@ def test_attention_example_exports_after_lowering(tmp_path):
     res = export_program(import_file(os.path.join(EXAMPLES, "attention_sdpa.py")), tmp_path / "attn")
     kinds = [s.kind for s in res.schedule.steps]
     assert kinds.count("gemm") == 2 and "kernel" in kinds
+
+
+def test_optimize_keeps_large_attention_for_torch_but_the_export_writes_it_out():
+    # 8 heads of 2048 x 2048 scores: 128 MiB, over SCORES_LIMIT_BYTES; torch's fused attention never
+    # stores them, so optimize leaves the op alone, while the export (no other path) lowers it anyway
+    p = _sdpa_program((1, 8, 2048, 64), (1, 8, 2048, 64), (1, 8, 2048, 64), None, {"is_causal": True})
+    assert not rewrite_program(p, rules=[lower_loss], check=False).fired
+    lowered = rewrite_program(p, rules=[lower_all], check=False)
+    assert lowered.rules_fired == {"lower_attention": 1}
+    small = _sdpa_program((1, 8, 128, 64), (1, 8, 128, 64), (1, 8, 128, 64), None, {"is_causal": True})
+    assert rewrite_program(small, rules=[lower_loss], check=False).rules_fired == {"lower_attention": 1}

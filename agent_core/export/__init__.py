@@ -39,11 +39,11 @@ class ExportResult:
 def _lower_composites(program: Program) -> Program:
     """A program not yet planned has its losses written out as pointwise ops and reductions first
     (agent_core.rewrites.lowering), as `stitchcuda optimize` does: the kernels cannot take them whole."""
-    from ..rewrites.lowering import LOWERED, lower_loss
+    from ..rewrites.lowering import LOWERED, lower_all
     if program.regions or not any(n.op in LOWERED for n in program.nodes.values()):
         return program
     from ..rewrites import rewrite_program
-    return rewrite_program(program, rules=[lower_loss], check=False).program
+    return rewrite_program(program, rules=[lower_all], check=False).program
 
 
 def _ensure_regions(program: Program) -> None:

@@ -75,9 +75,28 @@ def _cosine(p: Program, x1: str, x2: str, dim: int, eps: float) -> str:
     return _add(p, "div", [dot, _add(p, "mul", [norm(x1), norm(x2)])])
 
 
+# optimize writes attention out only while its L x S scores stay this small: above it torch's fused
+# (memory-efficient) attention, which never stores the scores, is the better path in process
+SCORES_LIMIT_BYTES = 64 * 2**20
+
+
 def lower_loss(program: Program, nid: str) -> Rewrite | None:
-    """The lowering rule: any op of LOWERED (the export and DEFAULT_RULES apply it by this name;
-    attention fires as lower_attention, the losses as lower_loss)."""
+    """The lowering rule of DEFAULT_RULES (optimize): every op of LOWERED, attention only while its
+    scores are small (SCORES_LIMIT_BYTES); fires as lower_attention for attention, lower_loss else."""
+    n = program.nodes[nid]
+    if n.op == SDPA and _scores_bytes(program, n) > SCORES_LIMIT_BYTES:
+        return None
+    return lower_all(program, nid)
+
+
+def _scores_bytes(program: Program, node) -> int:
+    q, k = (program.values[v].shape for v in node.inputs[:2])
+    return 4 * math.prod(broadcast(_batch(q), _batch(k))) * q[-2] * k[-2]
+
+
+def lower_all(program: Program, nid: str) -> Rewrite | None:
+    """The export's lowering rule: every op of LOWERED, whatever its size (the export has no other
+    path for attention, cross entropy or these losses)."""
     n = program.nodes[nid]
     if n.op == SDPA:
         return lower_attention(program, nid)
