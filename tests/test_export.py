@@ -301,3 +301,15 @@ def test_large_data_gets_a_size_warning(tmp_path, monkeypatch):
     monkeypatch.setattr(export, "SIZE_WARNING_BYTES", 1000)
     res = export.export_program(import_file(str(EXAMPLES / "mlp_block.py")), tmp_path / "e")
     assert res.warnings and "--no-params" in res.warnings[0]
+
+
+def test_an_optimized_program_with_attention_left_to_torch_is_lowered_and_planned_again(tmp_path):
+    # optimize leaves attention over 64 MiB of scores to torch; the export has no such path
+    from agent_core.planner.plan import apply_plan, plan_program
+    p = Program("long_attention")
+    q, k, v = (p.add_input(n, (1, 8, 2048, 64)).id for n in "qkv")
+    p.mark_output(p.add_node("scaled_dot_product_attention", [q, k, v], {"is_causal": True}).outputs[0])
+    apply_plan(p, plan_program(p))
+    assert p.regions
+    res = export_program(p, tmp_path / "e")
+    assert [s.kind for s in res.schedule.steps].count("gemm") == 2  # q @ k^T and the product with v

@@ -37,10 +37,12 @@ class ExportResult:
 
 
 def _lower_composites(program: Program) -> Program:
-    """A program not yet planned has its losses written out as pointwise ops and reductions first
-    (agent_core.rewrites.lowering), as `stitchcuda optimize` does: the kernels cannot take them whole."""
+    """Losses, cross entropy and attention written out as the ops they are (agent_core.rewrites.lowering),
+    as `stitchcuda optimize` does: the kernels cannot take them whole. An optimized program can still
+    hold one (optimize leaves a large attention to torch); its regions are then dropped and the
+    lowered program planned again, since they name ops that are gone."""
     from ..rewrites.lowering import LOWERED, lower_all
-    if program.regions or not any(n.op in LOWERED for n in program.nodes.values()):
+    if not any(n.op in LOWERED for n in program.nodes.values()):
         return program
     from ..rewrites import rewrite_program
     return rewrite_program(program, rules=[lower_all], check=False).program
