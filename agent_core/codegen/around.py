@@ -6,11 +6,15 @@ renders both helpers and the broadcast-aware operand loads they need.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import networkx as nx
 
 from ..ir import Program
 from .cuda import Names
-from .pointwise import operand_views, render_chain
+from .kernel import CodegenError
+from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import RegionIO
 from .rowreduce import _Operands
 
@@ -24,6 +28,50 @@ class Around:
     ld_epi: _Operands  # loads of epi_inputs, indexed in the anchor's output space
     pro_fn: str        # `float point(...)` source
     epi_fn: str        # `void store_point(anchor value, epilogue inputs..., outputs&...)` source
+
+
+# grid-stride kernels launch at most this many blocks: 8 per SM of the H200's 132, enough to fill it
+MAX_GRID_BLOCKS = 132 * 8
+
+
+def grid_for(numel: int, block: int) -> int:
+    """Blocks of a grid-stride loop over numel elements."""
+    return max(1, min(math.ceil(numel / block), MAX_GRID_BLOCKS))
+
+
+def split_around(program: Program, io: RegionIO, anchor_ops, kind: str, what: str, size_of: str = "output"):
+    """(anchor node, prologue nodes, epilogue nodes) of a region made of one anchor op (of anchor_ops)
+    and pointwise ops around it: every other op feeds the anchor or follows it, prologue values stay
+    inside, all values are float32, and every output has the size of the anchor's `size_of` ("input"
+    or "output"), which is not empty. CodegenError says which rule the region breaks."""
+    vals, nodes = program.values, program.nodes
+    anchors = [n for n in io.nodes if nodes[n].op in anchor_ops]
+    if len(anchors) != 1 or any(n not in anchors and not is_elementwise(nodes[n]) for n in io.nodes):
+        raise CodegenError(f"a {kind} region holds one {what} and pointwise ops around it")
+    t = nodes[anchors[0]]
+    for vid in [t.inputs[0], t.outputs[0], *io.inputs, *io.outputs]:
+        if vals[vid].dtype != "float32":
+            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; {kind} kernels are generated "
+                               f"for float32 so far")
+    numel = math.prod(vals[t.inputs[0] if size_of == "input" else t.outputs[0]].shape)
+    if numel == 0:
+        raise CodegenError(f"{t.name} ({t.op}) has an empty {size_of}; there is nothing to launch")
+    g = program.graph().subgraph(io.nodes)
+    before, after = nx.ancestors(g, t.id), nx.descendants(g, t.id)
+    pro = [n for n in io.nodes if n in before]
+    epi = [n for n in io.nodes if n in after]
+    if len(pro) + len(epi) + 1 != len(io.nodes):
+        raise CodegenError(f"every op of a {kind} region must feed {t.name} or follow it; split the region")
+    pro_vals = {v for n in pro for v in nodes[n].outputs}
+    if any(v in pro_vals for v in io.outputs):
+        raise CodegenError("a prologue value is also used outside the region; split the region")
+    if any(v in pro_vals for n in epi for v in nodes[n].inputs):
+        raise CodegenError("the epilogue reads a prologue value; split the region")
+    for v in io.outputs:
+        if math.prod(vals[v].shape) != numel:
+            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of {t.name}'s "
+                               f"{size_of}; split the region there")
+    return t, pro, epi
 
 
 def render_around(program: Program, io: RegionIO, pro: list, epi: list, x_vid: str, y_vid: str,

@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import math
 
-import networkx as nx
-
 from ..ir import Program
+from .around import grid_for, render_around, split_around
 from .cuda import Names, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
-from .around import render_around
-from .pointwise import is_elementwise
 from .region_io import RegionIO, contiguous_strides
 
 LAYOUT_OPS = ("permute", "transpose")
@@ -52,45 +49,12 @@ def simplify(shape, perm) -> tuple[list[int], list[int]]:
     return new_shape or [1], new_perm or [0]
 
 
-def _split_around(program: Program, io: RegionIO, t, numel: int, kind: str, what: str) -> tuple[list, list]:
-    """(prologue, epilogue) nodes of a region around its anchor t: every other op feeds t or follows
-    it, prologue values stay inside, and every output has the anchor's output size (numel)."""
-    vals, nodes = program.values, program.nodes
-    g = program.graph().subgraph(io.nodes)
-    before, after = nx.ancestors(g, t.id), nx.descendants(g, t.id)
-    pro = [n for n in io.nodes if n in before]
-    epi = [n for n in io.nodes if n in after]
-    if len(pro) + len(epi) + 1 != len(io.nodes):
-        raise CodegenError(f"every op of a {kind} region must feed {t.name} or follow it; split the region")
-    pro_vals = {v for n in pro for v in nodes[n].outputs}
-    if any(v in pro_vals for v in io.outputs):
-        raise CodegenError("a prologue value is also used outside the region; split the region")
-    if any(v in pro_vals for n in epi for v in nodes[n].inputs):
-        raise CodegenError("the epilogue reads a prologue value; split the region")
-    for v in io.outputs:
-        if math.prod(vals[v].shape) != numel:
-            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of the {what} "
-                               f"tensor; split the region there")
-    return pro, epi
-
-
 def generate_layout(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
-    vals, nodes = program.values, program.nodes
-    anchors = [n for n in io.nodes if nodes[n].op in LAYOUT_OPS]
-    others = [n for n in io.nodes if n not in anchors and not is_elementwise(nodes[n])]
-    if len(anchors) != 1 or others:
-        raise CodegenError("a layout region holds one permute or transpose and pointwise ops around it")
-    t = nodes[anchors[0]]
+    vals = program.values
+    t, pro, epi = split_around(program, io, LAYOUT_OPS, "layout", "permute or transpose", size_of="input")
     x_vid, y_vid = t.inputs[0], t.outputs[0]
     x, y = vals[x_vid], vals[y_vid]
-    for vid in [x_vid, y_vid, *io.inputs, *io.outputs]:
-        if vals[vid].dtype != "float32":
-            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; layout kernels are generated "
-                               f"for float32 so far")
     numel = math.prod(x.shape)
-    if numel == 0:
-        raise CodegenError("the region moves an empty tensor; there is nothing to launch")
-    pro, epi = _split_around(program, io, t, numel, "layout", "permuted")
 
     rank = len(x.shape)
     shape, perm = simplify(list(x.shape), permutation(t, rank))
@@ -132,7 +96,7 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
             terms.append(f"{coord} * kInStride{i}")
         gather = ("// The input element that output element o reads.\n"
                   f"__device__ __forceinline__ index_t source(index_t o) {{ return {' + '.join(terms)}; }}\n")
-        grid = max(1, min(math.ceil(numel / block), 132 * 8))
+        grid = grid_for(numel, block)
         body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
                 "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {",
                 f"    {epi_call(pro_call('source(o)'), 'o')}",
@@ -228,22 +192,13 @@ def generate_strided_slice(program: Program, io: RegionIO, name: str, params: di
     """A region of one slice with step != 1, with pointwise ops before it (evaluated only at the
     elements it keeps) and after it: each thread one output element o (grid-stride loop), reading input
     element start + j * step along the sliced dim, j the output's index along it."""
-    vals, nodes = program.values, program.nodes
-    anchors = [n for n in io.nodes if nodes[n].op == "slice"]
-    others = [n for n in io.nodes if n not in anchors and not is_elementwise(nodes[n])]
-    if len(anchors) != 1 or others or nodes[anchors[0]].attrs.get("step", 1) == 1:
-        raise CodegenError("a strided-slice region holds one slice with a step and pointwise ops around it")
-    t = nodes[anchors[0]]
+    vals = program.values
+    t, pro, epi = split_around(program, io, ("slice",), "strided-slice", "slice with a step")
+    if t.attrs.get("step", 1) == 1:
+        raise CodegenError(f"{t.name} has step 1: a contiguous slice is a view or a copy, not this kernel")
     x_vid, y_vid = t.inputs[0], t.outputs[0]
     x, y = vals[x_vid], vals[y_vid]
-    for vid in [x_vid, y_vid, *io.inputs, *io.outputs]:
-        if vals[vid].dtype != "float32":
-            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; strided slices are generated "
-                               f"for float32 so far")
     numel = math.prod(y.shape)
-    if numel == 0:
-        raise CodegenError(f"{t.name} keeps no element; there is nothing to launch")
-    pro, epi = _split_around(program, io, t, numel, "strided-slice", "sliced")
     rank = len(x.shape)
     d = t.attrs["dim"] % rank
     size, step = x.shape[d], int(t.attrs["step"])
@@ -278,7 +233,7 @@ def generate_strided_slice(program: Program, io: RegionIO, name: str, params: di
                       f"// one index of the dims before {d}, out and in")
         terms.insert(0, "o / kOutBlock * kInBlock")
     block = int((params or {}).get("block", 256))
-    grid = max(1, min(math.ceil(numel / block), 132 * 8))
+    grid = grid_for(numel, block)
     consts.append(f"constexpr int kBlock = {block};")
     consts += ld_pro.consts + ld_epi.consts
     source_fn = ("// The input element that output element o reads.\n"

@@ -15,14 +15,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import networkx as nx
-
 from ..ir import Program
 from ..ops.common import ntuple
+from .around import grid_for, render_around, split_around
 from .cuda import Names, header, index_type, kernel_name
-from .kernel import CodegenError, KernelSource
-from .around import render_around
-from .pointwise import is_elementwise
+from .kernel import KernelSource
 from .region_io import RegionIO
 from .rowreduce import _global_pool
 
@@ -113,35 +110,13 @@ def _adaptive_window(sin: list, sout: list, axes: str, is_max: bool) -> _Window:
 
 
 def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
-    vals, nodes = program.values, program.nodes
-    pools = [n for n in io.nodes if nodes[n].op in POOL_OPS]
-    if len(pools) != 1 or any(n not in pools and not is_elementwise(nodes[n]) for n in io.nodes):
-        raise CodegenError("a pooling region holds one max/avg or adaptive pool and pointwise ops around it")
-    pn_ = nodes[pools[0]]
+    vals = program.values
+    pn_, pro, epi = split_around(program, io, POOL_OPS, "pooling", "max/avg or adaptive pool")
     d = int(pn_.op[-2])
     is_max = "max_pool" in pn_.op
     x_vid, y_vid = pn_.inputs[0], pn_.outputs[0]
     x, y = vals[x_vid], vals[y_vid]
-    for vid in [x_vid, y_vid, *io.inputs, *io.outputs]:
-        if vals[vid].dtype != "float32":
-            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; pooling kernels are generated "
-                               f"for float32 so far")
-    g = program.graph().subgraph(io.nodes)
-    before, after = nx.ancestors(g, pn_.id), nx.descendants(g, pn_.id)
-    pro = [n for n in io.nodes if n in before]
-    epi = [n for n in io.nodes if n in after]
-    if len(pro) + len(epi) + 1 != len(io.nodes):
-        raise CodegenError(f"every op of a pooling region must feed {pn_.name} or follow it; split the region")
-    pro_vals = {v for n in pro for v in nodes[n].outputs}
-    if any(v in pro_vals for v in io.outputs) or any(v in pro_vals for n in epi for v in nodes[n].inputs):
-        raise CodegenError("a prologue value is used after the pooling or outside the region; split the region")
     out_numel = math.prod(y.shape)
-    for v in io.outputs:
-        if math.prod(vals[v].shape) != out_numel:
-            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of the pooled tensor; "
-                               f"split the region there")
-    if out_numel == 0:
-        raise CodegenError("the region pools an empty tensor; there is nothing to launch")
 
     names = Names()
     names.taken.update(("o", "q", "acc", "cnt", "lead", "in_base", "point", "store_point", "xv", "pooled"))
@@ -165,7 +140,7 @@ def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | N
         consts.append(f"constexpr int kIn{ax.upper()} = {sin[j]}, kOut{ax.upper()} = {sout[j]};")
     consts += window.consts + ld_pro.consts + ld_epi.consts
     block = 256
-    grid = max(1, min(math.ceil(out_numel / block), 132 * 8))
+    grid = grid_for(out_numel, block)
     consts.append(f"constexpr int kBlock = {block};")
 
     body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
