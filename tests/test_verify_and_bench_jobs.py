@@ -49,6 +49,22 @@ def test_chunked_compare_nan_and_inf(small_chunks):
     assert not verify.compare(_Prog, "v", got, want)[0]
 
 
+def test_integer_outputs_compare_exactly():
+    want = torch.arange(20000, 20010, dtype=torch.int64)   # indices large enough for rtol to hide 1
+    assert verify.compare(_Prog, "v", want.clone(), want)[0]
+    got = want.clone()
+    got[4] += 1
+    ok, _, _, why = verify.compare(_Prog, "v", got, want)
+    assert not ok and "1 integer element(s) differ" in why
+
+
+def test_a_reference_that_fails_on_a_draw_is_a_failed_check_not_a_crash():
+    def sample(d):
+        raise IndexError("Target 7 is out of bounds.")
+    res = verify.check_draws(_Prog, ["v"], sample, lambda ins: ins, draws=3, device="cpu")
+    assert not res.ok and "the reference cannot run" in res.reason and "IndexError" in res.reason
+
+
 def test_reference_cache_outputs_follow_the_original_program():
     from agent_core.importers import import_nn_module
     x = torch.randn(8, 32)
