@@ -18,6 +18,7 @@ import torch
 
 from ..errors import ProgramError, StitchError
 from ..ir import Program, Role
+from ..ops.common import norm_dims
 from ..reference import parameter_tensors, random_inputs, run_node, run_reference
 
 
@@ -73,6 +74,24 @@ def param_array(program: Program, value_id: str | None) -> np.ndarray | None:
     if v.role not in (Role.PARAMETER, Role.CONSTANT):
         return None
     return program.data.get(value_id)
+
+
+def node_label(program: Program, nid: str) -> str:
+    """How messages name a node: "name (op)", or the op alone when the node is named after it."""
+    n = program.nodes[nid]
+    return f"{n.name} ({n.op})" if n.name != n.op else n.op
+
+
+def producer(program: Program, value_id: str | None):
+    """The node that computes value_id, or None for an input, parameter or constant."""
+    p = program.values[value_id].producer if value_id else None
+    return program.nodes.get(p) if p else None
+
+
+def reduced_dims(node, rank: int) -> list[int]:
+    """The dims a reduction node reduces, sorted and non-negative (all of them when dim is None)."""
+    dim = node.attrs.get("dim")
+    return norm_dims([dim] if isinstance(dim, int) else dim, rank)
 
 
 def single_use(program: Program, value_id: str) -> bool:

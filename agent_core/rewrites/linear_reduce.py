@@ -24,17 +24,7 @@ import numpy as np
 from ..analysis.cost import fmt_bytes
 from ..ir import Program
 from ..ops.common import ntuple
-from .engine import Rewrite, add_param, param_array, single_use
-
-
-def _node_label(program, nid):
-    n = program.nodes[nid]
-    return f"{n.name} ({n.op})" if n.name != n.op else n.op
-
-
-def _producer(program, vid):
-    p = program.values[vid].producer if vid else None
-    return program.nodes.get(p) if p else None
+from .engine import Rewrite, add_param, node_label, param_array, producer, reduced_dims, single_use
 
 
 def _reshape(p: Program, vid: str, shape) -> str:
@@ -80,14 +70,6 @@ def _profitable(flops_before: float, flops_after: float) -> bool:
     return flops_before >= max(MIN_FLOPS, 4 * flops_after)
 
 
-def _reduced_axes(node, rank) -> list[int] | None:
-    dim = node.attrs.get("dim")
-    if dim is None:
-        return None
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    return sorted({d % rank for d in dims})
-
-
 def reduce_conv_spatial(program: Program, nid: str) -> Rewrite | None:
     """sum or mean over spatial axes of a convolution's output becomes a convolution over the kept
     axes (or a linear layer) of box sums of its input: see the module docstring."""
@@ -95,7 +77,7 @@ def reduce_conv_spatial(program: Program, nid: str) -> Rewrite | None:
     if n.op not in ("sum", "mean") or not n.inputs or n.inputs[0] is None:
         return None
     y = n.inputs[0]
-    conv = _producer(program, y)
+    conv = producer(program, y)
     if conv is None or conv.opdef.category != "convolution" or not single_use(program, y):
         return None
     transposed = conv.op.startswith("conv_transpose")
@@ -107,8 +89,8 @@ def reduce_conv_spatial(program: Program, nid: str) -> Rewrite | None:
     ba = param_array(program, bias) if bias else None
     if wa is None or (bias and ba is None) or len(xs) != d + 2 or program.values[y].dtype != "float32":
         return None
-    axes = _reduced_axes(n, len(ys))
-    if not axes or any(a < 2 for a in axes):
+    axes = reduced_dims(n, len(ys))
+    if any(a < 2 for a in axes):
         return None  # only spatial axes: a channel or batch reduction is another rule's business
     a = conv.attrs
     if isinstance(a.get("padding"), str) and a["padding"] != "valid":
@@ -126,7 +108,6 @@ def reduce_conv_spatial(program: Program, nid: str) -> Rewrite | None:
     scale = 1.0 / count if n.op == "mean" else 1.0
     k_red = math.prod(kernel[s] for s in red)
     out = n.outputs[0]
-    keepdim = bool(n.attrs.get("keepdim", False))
     # the replacement: box sums (the first contraction reads x once) and a map 1/count as big
     flops_before = program.node_flops(conv.id)
     box_flops = 2 * math.prod(xs) * kernel[red[-1]]
@@ -178,7 +159,7 @@ def reduce_conv_spatial(program: Program, nid: str) -> Rewrite | None:
         return {out: _reshape(p, r, program.values[out].shape)}
 
     return Rewrite("reduce_conv_spatial",
-                   f"{_node_label(program, nid)} over axes {axes} of {_node_label(program, conv.id)} moves in "
+                   f"{node_label(program, nid)} over axes {axes} of {node_label(program, conv.id)} moves in "
                    f"front of it: box sums of the input ({k_red} per channel) feed a "
                    f"{'smaller convolution' if kept else 'linear layer'}, so the {fmt_bytes(program.values[y].nbytes)} "
                    f"convolution output is never computed (about {flops_before / 1e9:.3g} GFLOP become "
@@ -187,11 +168,11 @@ def reduce_conv_spatial(program: Program, nid: str) -> Rewrite | None:
 
 def _through_reshapes(program: Program, vid: str):
     """The node that computes vid, looking through single-use reshapes; with the value it produced."""
-    node = _producer(program, vid)
+    node = producer(program, vid)
     while node is not None and node.op in ("reshape", "unsqueeze", "squeeze", "view", "flatten") \
             and single_use(program, node.inputs[0]):
         vid = node.inputs[0]
-        node = _producer(program, vid)
+        node = producer(program, vid)
     return node, vid
 
 
@@ -236,7 +217,7 @@ def pool_linear(program: Program, nid: str) -> Rewrite | None:
             ins.append(add_param(p, p.unique_name(p.values[bias].name + "_pooled"), b, like=w))
         r = p.add_node("linear", ins).outputs[0]
         return {out: _reshape(p, r, program.values[out].shape)}
-    return Rewrite("pool_linear", f"{_node_label(program, nid)} (window {k}, stride {s}) averages the "
-                   f"{features} output features of {_node_label(program, lin.id)}; averaging its weight rows "
+    return Rewrite("pool_linear", f"{node_label(program, nid)} (window {k}, stride {s}) averages the "
+                   f"{features} output features of {node_label(program, lin.id)}; averaging its weight rows "
                    f"instead makes it {len(starts)} features wide, a {features / len(starts):.3g}x smaller GEMM.",
                    build, nid)

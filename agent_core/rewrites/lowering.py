@@ -132,7 +132,6 @@ def lower_all(program: Program, nid: str) -> Rewrite | None:
                    "kernels instead of running through torch.", build, nid)
 
 
-
 # --- cross_entropy ------------------------------------------------------------------------------------
 def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
     """cross_entropy as log_softmax over the class dim and nll_loss with the same weight, ignore_index

@@ -12,22 +12,12 @@ import numpy as np
 from ..analysis.cost import fmt_bytes
 from ..ir import Program
 from ..ops import FLOAT_DTYPES
-from ..ops.common import norm_dims
 from .engine import Rewrite, add_param, param_array, single_use
-
-
-def _n(program, nid):
-    n = program.nodes[nid]
-    return f"{n.name} ({n.op})" if n.name != n.op else n.op
+from .engine import node_label as _n, producer as _producer, reduced_dims as _reduced_dims
 
 
 def _val(program, vid):
     return program.values[vid]
-
-
-def _producer(program, vid):
-    p = program.values[vid].producer if vid else None
-    return program.nodes.get(p) if p else None
 
 
 def _reshape(program, vid, shape, name=None) -> str:
@@ -36,13 +26,6 @@ def _reshape(program, vid, shape, name=None) -> str:
 
 def _float(program, vid) -> bool:
     return program.values[vid].dtype in FLOAT_DTYPES
-
-
-def _reduced_dims(node, rank) -> list[int] | None:
-    dim = node.attrs.get("dim")
-    if isinstance(dim, int):
-        dim = [dim]
-    return norm_dims(dim, rank)
 
 
 # --- no-ops -------------------------------------------------------------------------------------
