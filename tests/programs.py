@@ -1,5 +1,16 @@
-"""Small programs the codegen tests build, shared by the CPU (compile) and GPU (verify) tests."""
+"""Small programs the codegen tests build, shared by the CPU (compile) and GPU (verify) tests, and
+the GPU tests' check that a region's kernel was kept."""
 from agent_core.ir import Program
+
+
+def fused(p, ids, name, **kw):
+    """build_region on the GPU, asserting the generated kernel was kept: compiled, launched and
+    verified on 5 random draws."""
+    from agent_core.runtime import build_region
+    r = build_region(p, ids, name=name, **kw)
+    assert r.fused, r.fallback_reason
+    assert r.verify.ok and r.verify.draws == 5, r.verify
+    return r
 
 
 def stitched(op, attrs, shape, prologue=True, epilogue="tanh"):

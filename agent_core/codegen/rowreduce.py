@@ -26,7 +26,7 @@ import networkx as nx
 
 from ..ir import Program
 from ..ops.common import broadcast, norm_dim, norm_dims
-from .cuda import Names, c_type, float_literal, header, index_type, kernel_name
+from .cuda import Names, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
@@ -308,7 +308,6 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     names.taken.update(KERNEL_LOCALS)
     arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
     # the anchor's weight and bias are referred to by fixed names in the templates
-    wb = [v for v in params_in if v is not None]
     for port, v in zip(anchor.opdef.port_names[1:], params_in):
         if v is not None:
             out_expr = out_expr.replace(f"{port.upper()}[", f"{arg[v]}[")

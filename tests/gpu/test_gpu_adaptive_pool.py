@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from agent_core.ir import Program
-from agent_core.runtime import build_region
-from tests.programs import pooled
+from tests.programs import fused, pooled
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -35,12 +34,6 @@ CASES = [
     ("adaptive_max_pool3d", (2, 3, 4, 4), [2, 2, 2]),
 ]
 
-
-def fused(p, ids, name, **kw):
-    r = build_region(p, ids, name=name, **kw)
-    assert r.fused, r.fallback_reason
-    assert r.verify.ok and r.verify.draws == 5, r.verify
-    return r
 
 
 @pytest.mark.parametrize("op,shape,out", CASES, ids=[f"{c[0]}-{k}" for k, c in enumerate(CASES)])

@@ -9,18 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from agent_core.runtime import build_region
-from tests.programs import arg_program, nll_program, scan_program
+from tests.programs import arg_program, fused, nll_program, scan_program
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-
-def fused(p, ids, name, **kw):
-    r = build_region(p, ids, name=name, **kw)
-    assert r.fused, r.fallback_reason
-    assert r.verify.ok and r.verify.draws == 5, r.verify
-    return r
 
 
 def torch_arg(op, x, dim, keepdim):

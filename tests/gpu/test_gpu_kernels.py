@@ -13,17 +13,11 @@ from agent_core.reference import run_reference
 from agent_core.runtime import build_region
 from agent_core.runtime import region as region_mod
 from agent_core.runtime.launch import load_kernel
-from tests.programs import pooled, stitched
+from tests.programs import fused, pooled, stitched
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-
-def fused(p, ids, name, **kw):
-    r = build_region(p, ids, name=name, **kw)
-    assert r.fused, r.fallback_reason
-    assert r.verify.ok and r.verify.draws == 5, r.verify
-    return r
 
 
 def sample_attrs(op):
