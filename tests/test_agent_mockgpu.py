@@ -12,7 +12,7 @@ import agent_core.profile.hardware as hardware
 import agent_core.profile.timing as timing
 import agent_core.program_runtime as program_runtime
 import agent_core.runtime.launch as launch
-import agent_core.runtime.region as region_mod
+import agent_core.runtime.split_tf32 as split_mod
 from agent_core.agent import EventEmitter, optimize, read_events
 from agent_core.commands import bench
 from agent_core.ir import Program
@@ -73,7 +73,7 @@ def mock_gpu(monkeypatch):
                 self.views[v].copy_(r.reshape(self.views[v].shape))
                 env[v] = self.views[v]
 
-    real_run_node = region_mod.run_node
+    real_run_node = split_mod.run_node
 
     def counting_run_node(*a, **k):
         CALLS["n"] += 1
@@ -87,7 +87,7 @@ def mock_gpu(monkeypatch):
     monkeypatch.setattr(timing, "time_in_graph", lambda fn, **kw: (fake_time_gpu(fn, **kw), "graph"))
     from agent_core.program_runtime import executable
     monkeypatch.setattr(executable, "raw_launch", lambda lk, ins, outs: lk(ins, outs))
-    monkeypatch.setattr(region_mod, "run_node", counting_run_node)
+    monkeypatch.setattr(split_mod, "run_node", counting_run_node)   # regions and torch steps run nodes here
     monkeypatch.setattr(program_runtime, "build_executable",
                         lambda prog, fused, graph=True, device="cpu": Exe(prog, fused, graph=False, device="cpu"))
     monkeypatch.setattr(baselines, "measure_baselines", lambda fn, inputs, **kw: {
@@ -239,3 +239,68 @@ def test_a_rewrite_the_end_to_end_check_rejects_is_undone(mock_gpu, tmp_path, mo
     assert res.profile["end_to_end"]["correct"]
     assert any(n.op == "tanh" for n in res.program.nodes.values())
     assert [e["event"] for e in events].count("done") == 1
+
+
+def _fp32_looks_slow(monkeypatch):
+    """The precision step times fp32 as five torch calls and split TF32 as none (fake timing)."""
+    import agent_core.agent.precision as precision
+
+    def slow_run_node(*a, **k):
+        CALLS["n"] += 5
+        return run_node(*a, **k)
+    monkeypatch.setattr(precision, "run_node", slow_run_node)
+
+
+def test_split_tf32_is_chosen_where_faster_and_the_program_runs_and_verifies_with_it(mock_gpu, tmp_path, monkeypatch):
+    _fp32_looks_slow(monkeypatch)
+    ran = []
+    real = split_mod.run_split_tf32
+    monkeypatch.setattr(split_mod, "run_split_tf32", lambda p, nid, env: ran.append(nid) or real(p, nid, env))
+    res, events = _optimize(_mlp(), tmp_path)
+    linears = [n.id for n in res.program.nodes.values() if n.op == "linear"]
+    chosen = [e for e in events if e["event"] == "precision"]
+    assert sorted(e["node"] for e in chosen) == sorted(linears)
+    assert all(e["chosen"] == "3xtf32" and "faster than plain fp32" in e["reason"] for e in chosen)
+    assert res.program.metadata["library_precision"] == {n: "3xtf32" for n in linears}
+    assert set(ran) == set(linears)                     # regions and the end-to-end program ran the split form
+    assert res.profile["end_to_end"]["correct"]
+    assert bench.record_from_result("mlp.py", res, 1.0)["split_tf32_nodes"] == 3
+    from agent_core.project_file import load_program
+    assert load_program(tmp_path / "program.json").metadata["library_precision"] == {n: "3xtf32" for n in linears}
+
+
+def _off_by_a_bit(monkeypatch):
+    """split TF32 right at the precision step's random draw, wrong in the program."""
+    import agent_core.agent.precision as precision
+    real = split_mod.run_split_tf32
+
+    def wrong(p, nid, env):
+        real(p, nid, env)
+        env[p.nodes[nid].outputs[0]] = env[p.nodes[nid].outputs[0]] + 1e-2
+    monkeypatch.setattr(split_mod, "run_split_tf32", wrong)
+    monkeypatch.setattr(precision, "run_split_tf32", real)
+
+
+def test_a_region_that_fails_with_split_tf32_keeps_its_kernel_with_the_call_in_fp32(mock_gpu, tmp_path, monkeypatch):
+    _fp32_looks_slow(monkeypatch)
+    _off_by_a_bit(monkeypatch)
+    res, events = _optimize(_mlp(), tmp_path, tune=False)
+    back = [e for e in events if e["event"] == "precision" and "failed verification with split TF32" in e["reason"]]
+    assert len(back) == 3 and all(e["chosen"] == "fp32" for e in back)
+    heads = {e["region"] for e in events if e["event"] == "codegen" and e.get("library_nodes")}
+    assert len(heads) == 3 and all(o.status == "fused" for o in res.outcomes if o.region in heads)
+    assert res.profile["end_to_end"]["correct"] and res.profile["library_precision"] == {}
+
+
+def test_a_program_that_fails_verification_with_split_tf32_runs_in_fp32_with_the_reason(mock_gpu, tmp_path, monkeypatch):
+    _fp32_looks_slow(monkeypatch)
+    _off_by_a_bit(monkeypatch)
+    p = Program("lone_linear")      # a linear alone is a library region: only the end-to-end check sees it
+    x = p.add_input("x", [16, 32]).id
+    w = p.add_parameter("w", shape=[24, 32]).id
+    p.mark_output(p.add_node("linear", [x, w]).outputs[0])
+    res, events = _optimize(p, tmp_path, tune=False)
+    assert res.profile["end_to_end"]["correct"]
+    assert res.program.metadata["library_precision"] == {} == res.profile["library_precision"]
+    assert "library_precision_fallback" in res.profile
+    assert any(e["event"] == "error" and "split-TF32" in e["message"] for e in events)

@@ -28,6 +28,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     "verify": ("scope", "ok", "draws"),
     "profile": ("scope", "ms"),
     "tune-step": ("region", "trial", "params", "ok"),
+    "precision": ("node", "op", "chosen"),
     "fallback": ("region", "reason"),
     "done": ("status",),
     "error": ("message",),

@@ -193,14 +193,14 @@ class _Agent:
         kernel launched with raw pointers (capturable)."""
         import torch
         from ..program_runtime.executable import launchable, raw_launch
-        from ..reference import run_node
+        from ..runtime.split_tf32 import run_library_node
         ks, lk, prog = runner.kernel, runner.loaded, self.program
         outs = [torch.empty(s, dtype=getattr(torch, d), device=TENSOR_DEVICE) for s, d in lk.specs]
 
         def fn():
             env = dict(zip(runner.inputs, ins))
             for nid in ks.library_nodes:
-                run_node(prog, nid, env)
+                run_library_node(prog, nid, env)
             raw_launch(lk, [launchable(env[v], ks.align) for v in ks.inputs], outs)
         return fn
 
@@ -221,6 +221,13 @@ class _Agent:
             return self._finish(r, out), None
         runner = self._runner(r, ks, loaded)
         res = self._verify(r, runner, self.draws, "default")
+        split = [n for n in ks.library_nodes if n in (self.program.metadata.get("library_precision") or {})]
+        if not res.ok and split:   # the split-TF32 library call may be what differs: fp32 it, then again
+            for n in split:
+                del self.program.metadata["library_precision"][n]
+                self.ev.emit("precision", node=n, op=self.program.nodes[n].op, chosen="fp32",
+                             reason=f"region {r.id} failed verification with split TF32 ({res.reason})")
+            res = self._verify(r, runner, self.draws, "library calls in fp32")
         if not res.ok:
             out.reason = f"verification failed: {res.reason}"
             return self._finish(r, out), None
@@ -308,10 +315,12 @@ class _Agent:
 def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter | None = None, tune: bool = True,
              draws: int = 5, tune_trials: int = 6, trials: int = 20, rewrite: bool = True, baselines: bool = True,
              baseline_fn=None, compile_modes=("default", "reduce-overhead"), compile_budget_s: float = 120.0,
-             graph: bool = True, time_regions: bool = True) -> OptimizeResult:
+             graph: bool = True, time_regions: bool = True, split_tf32: bool = True) -> OptimizeResult:
     """Optimize `program` (left untouched: the result holds the rewritten, planned copy).
 
     device: None = the GPU when one is usable, "cpu" = plan, generate and compile only (sm_90).
+    split_tf32: let matmuls and convolutions run as split TF32 where that is measured faster
+    (runtime.split_tf32; fp32-accurate, verified like everything else).
     baseline_fn: (fn, inputs) to time as torch eager / torch.compile (default: the program op by op)."""
     from ..planner import apply_plan, plan_program
     from ..profile.hardware import no_gpu_reason
@@ -381,6 +390,11 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         profile["hardware"] = agent.hw
         emit.log(f"GPU: {agent.hw['name']}, {agent.hw['sm_count']} SMs, copy bandwidth "
                  f"{agent.hw['copy_bandwidth_gbs']:.0f} GB/s", hardware=agent.hw)
+        prog.metadata.pop("library_precision", None)
+        if split_tf32:   # before the regions: their library calls are verified and timed as they will run
+            from .precision import choose_library_precision
+            profile["library_precision"] = choose_library_precision(
+                prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
     outcomes, fused = [], {}
     for r in plan.active:
         try:
@@ -403,7 +417,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
             return optimize(program, out_dir=out_dir, device=device, emit=emit, tune=tune, draws=draws,
                             tune_trials=tune_trials, trials=trials, rewrite=False, baselines=baselines,
                             baseline_fn=baseline_fn, compile_modes=compile_modes,
-                            compile_budget_s=compile_budget_s, graph=graph, time_regions=time_regions)
+                            compile_budget_s=compile_budget_s, graph=graph, time_regions=time_regions,
+                            split_tf32=split_tf32)
     else:
         emit.log(NO_GPU_LINE.format(arch=DEFAULT_ARCH) + f" ({why_not})", level="warning", no_gpu=True)
     prog.profile = _json_safe(profile)
@@ -439,13 +454,24 @@ class RewriteMismatch(StitchError):
 
 def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, baseline_fn, compile_modes,
                 compile_budget_s, rewritten=False):
-    from ..profile.attribution import attribute
+    from ..profile.attribution import attribute, effective_tflops
     from ..profile.timing import time_gpu
     from ..program_runtime import build_executable
     prog, profile = result.program, result.profile
     exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
     res = exe.verify(draws, ref=ref)
     emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err, reason=res.reason)
+    if not res.ok and prog.metadata.get("library_precision"):
+        emit.emit("error", message=f"the end-to-end program with split-TF32 library calls failed verification "
+                                   f"({res.reason}); every matmul and convolution runs in fp32 instead")
+        prog.metadata["library_precision"] = {}
+        profile["library_precision"] = {}
+        profile["library_precision_fallback"] = res.reason
+        exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
+        res = exe.verify(draws, ref=ref)
+        emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
+                  reason=res.reason)
+    profile["library_precision"] = dict(prog.metadata.get("library_precision") or {})
     if not res.ok and fused:
         emit.emit("error", message=f"the end-to-end program with generated kernels failed verification "
                                    f"({res.reason}); running every node through torch instead")
@@ -465,7 +491,8 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     nbytes = sum(prog.values[v].nbytes for v in prog.inputs) + sum(v.nbytes for v in prog.parameters()) + \
         sum(prog.values[v].nbytes for v in set(prog.outputs))
     flops = sum(prog.node_flops(n) for n in prog.nodes)
-    e2e = attribute(t.median_ms, nbytes, flops, bw)
+    split = sum(prog.node_flops(n) for n in prog.metadata.get("library_precision") or {})
+    e2e = attribute(t.median_ms, nbytes, flops, bw, tflops=effective_tflops(flops, split))
     e2e.update(correct=res.ok, verify=res.as_dict(), timing=t.to_dict(), **exe.summary(),
                arena=exe.arena_plan.to_dict())
     profile["end_to_end"] = e2e

@@ -30,6 +30,8 @@ def format_event(e: dict) -> str | None:
     if k == "tune-step":
         return (f"  {e['region']}: trial {e['trial']} {e['params']}: " +
                 (_us(e.get("ms")) + (" (best)" if e.get("best") else "") if e["ok"] else f"rejected ({e.get('reason', '')})"))
+    if k == "precision":
+        return f"  {e['node']} {e['op']}: {e['chosen']} ({e.get('reason', '')})"
     if k == "profile":
         if e["scope"] == "baseline":
             return f"baseline {e.get('baseline')}: " + (_us(e["ms"]) if e.get("ok") else f"failed: {e.get('error')}")

@@ -85,6 +85,7 @@ def record_from_result(path: str, result, seconds: float) -> dict:
            "pct_of_floor": e2e.get("pct_of_floor"),
            "kernels": sum(1 for o in result.outcomes if o.status == "fused"),
            "launches": e2e.get("launches"), "cuda_graph": e2e.get("cuda_graph"), "regions": counts,
+           "split_tf32_nodes": len(prof.get("library_precision") or {}),
            "compiled": sum(1 for o in result.outcomes if o.status in ("fused", "compiled") or
                            (o.status == "fallback" and o.source_path)),
            "seconds": round(seconds, 2)}

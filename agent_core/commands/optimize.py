@@ -19,6 +19,8 @@ def add_common(parser) -> None:
     parser.add_argument("--draws", type=int, default=5, help="random draws each verification uses (default 5)")
     parser.add_argument("--trials", type=int, default=20, help="timed trials per measurement, median (default 20)")
     parser.add_argument("--no-rewrite", action="store_true", help="plan the program as it is")
+    parser.add_argument("--fp32-only", action="store_true",
+                        help="run every matmul and convolution in plain fp32, never as split TF32")
     parser.add_argument("--cpu", action="store_true", help="do not use a GPU even if there is one")
     parser.add_argument("--no-compile-baselines", action="store_true",
                         help="time torch eager only, not torch.compile")
@@ -63,7 +65,7 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True):
     return optimize(program, out_dir=out_dir, device=None if gpu else "cpu", emit=emit, tune=not args.no_tune,
                     draws=args.draws, tune_trials=args.tune_trials, trials=args.trials,
                     rewrite=not args.no_rewrite, baselines=baselines, baseline_fn=base_fn, compile_modes=modes,
-                    compile_budget_s=args.compile_budget)
+                    compile_budget_s=args.compile_budget, split_tf32=not getattr(args, "fp32_only", False))
 
 
 def run(args) -> int:

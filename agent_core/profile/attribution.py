@@ -7,6 +7,14 @@ from __future__ import annotations
 LAUNCH_BOUND_MS = 0.004    # a kernel this short is mostly launch latency and tail effects
 LAUNCH_FLOOR_MS = 0.002    # work whose floor is under ~2 us is hidden by launch and event latency
 FP32_TFLOPS = 51.0         # the H200's measured fp32 cuBLAS peak (DESIGN.md)
+TF32_TFLOPS = 418.0        # its measured TF32 cuBLAS rate (1024x8192x8192 in 0.329 ms, tools/tf32x3_probe.py)
+
+
+def effective_tflops(flops: float, split_tf32_flops: float) -> float:
+    """The compute rate a program's floor uses when split_tf32_flops of its flops run as split TF32
+    (three TF32 products each, runtime.split_tf32) and the rest in fp32."""
+    seconds = (flops - split_tf32_flops) / FP32_TFLOPS + 3 * split_tf32_flops / TF32_TFLOPS
+    return flops / seconds if seconds > 0 else FP32_TFLOPS
 
 
 def floor_ms(nbytes: float, bandwidth_gbs: float, flops: float = 0.0, tflops: float = FP32_TFLOPS) -> float:

@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import StitchError
 from ..ir import Program
-from ..reference import parameter_tensors, random_inputs, run_node, run_reference
+from ..reference import parameter_tensors, random_inputs, run_reference
+from ..runtime.split_tf32 import run_library_node
 from .steps import Step, plan_steps
 
 
@@ -104,8 +105,8 @@ class ProgramExecutable:
     # --- running -------------------------------------------------------------------------------
     def _launch(self, torch, step: Step, env: dict) -> None:
         ks = step.kernel
-        for nid in step.library_nodes:           # cuBLAS / cuDNN through torch, TF32 off
-            run_node(self.program, nid, env)
+        for nid in step.library_nodes:           # cuBLAS / cuDNN through torch: fp32, or split TF32
+            run_library_node(self.program, nid, env)
         ins = []
         for v in ks.inputs:
             env[v] = launchable(env[v], ks.align)
@@ -124,7 +125,7 @@ class ProgramExecutable:
                     self._launch(torch, step, env)
                     continue
                 nid = step.nodes[0]
-                run_node(self.program, nid, env)
+                run_library_node(self.program, nid, env)
                 if step.view:
                     continue
                 for v in self.program.nodes[nid].outputs:   # a torch view into the arena would outlive its slot

@@ -13,8 +13,8 @@ from ..codegen import KernelSource, generate_kernel, region_io
 from ..compiler import compile_kernel
 from ..errors import StitchError
 from ..ir import Program
-from ..reference import run_node
 from ..verify import VerifyResult, verify_region
+from .split_tf32 import run_library_node
 
 
 def strict_fp32() -> None:
@@ -45,7 +45,7 @@ class RegionRunner:
     def run_unfused(self, ins):
         env = dict(zip(self.inputs, ins))
         for nid in self.node_ids:
-            run_node(self.program, nid, env)
+            run_library_node(self.program, nid, env)
         return [env[v] for v in self.outputs]
 
     def __call__(self, ins, outs=None):
@@ -56,7 +56,7 @@ class RegionRunner:
             strict_fp32()
             with torch.no_grad():
                 for nid in self.kernel.library_nodes:   # cuBLAS / cuDNN through torch
-                    run_node(self.program, nid, env)
+                    run_library_node(self.program, nid, env)
             res = self.loaded([env[v].contiguous() for v in self.kernel.inputs])
             env.update(zip(self.kernel.outputs, res))
             res = [env[v] for v in self.outputs]

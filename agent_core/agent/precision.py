@@ -1,0 +1,65 @@
+"""Per matmul / convolution node: how its library call runs (runtime.split_tf32): plain fp32, split TF32
+on tensor cores, or (convolutions) fp32 with a cuDNN algorithm picked by timing. Every form is timed on
+the node's shapes; one other than fp32 is kept only when it is clearly faster and agrees with fp32 at
+1e-4 on the timing draw. The end-to-end verification against the fp32 reference has the last word."""
+from __future__ import annotations
+
+from ..codegen import LIBRARY_CATEGORIES
+from ..ir import Program
+from ..reference import run_node
+from ..runtime.split_tf32 import TF32X3, TIMED_FP32, can_split, run_split_tf32, run_timed_fp32
+
+MIN_GAIN = 1.05   # below this the choice would follow timing noise
+FIELDS = {"fp32": "fp32_ms", TF32X3: "tf32x3_ms", TIMED_FP32: "timed_fp32_ms"}
+
+
+def library_nodes(program: Program) -> list[str]:
+    return [n for n in program.topo_order()
+            if program.nodes[n].opdef.category in LIBRARY_CATEGORIES and can_split(program, n)]
+
+
+def _forms(program: Program, nid: str) -> dict:
+    forms = {"fp32": run_node, TF32X3: run_split_tf32}
+    if program.nodes[nid].opdef.category == "convolution":
+        forms[TIMED_FP32] = run_timed_fp32
+    return forms
+
+
+def choose_library_precision(program: Program, tensors_for, emit, trials: int) -> dict[str, str]:
+    """Time every eligible node each way; tensors_for(value ids) -> GPU tensors (parameters real).
+    Writes and returns program.metadata["library_precision"] (node id -> "3xtf32" / "fp32-timed")."""
+    import torch
+    from ..profile.timing import time_in_graph
+    chosen: dict[str, str] = {}
+    for nid in library_nodes(program):
+        node = program.nodes[nid]
+        env = {v: t for v, t in zip(node.inputs, tensors_for([v for v in node.inputs if v])) if v}
+        out = node.outputs[0]
+        ms, disagree = {}, []
+        try:
+            with torch.no_grad():
+                results = {}
+                for mode, run in _forms(program, nid).items():
+                    results[mode] = dict(env)
+                    run(program, nid, results[mode])
+                    if mode != "fp32" and not torch.allclose(results[mode][out], results["fp32"][out],
+                                                             rtol=1e-4, atol=1e-4):
+                        disagree.append(mode)
+                    ms[mode] = time_in_graph(lambda: run(program, nid, dict(env)), trials=trials)[0].median_ms
+                del results
+        except Exception as exc:  # noqa: BLE001 - a node that cannot be timed stays fp32
+            emit.log(f"{node.name} ({node.op}): only fp32 tried: {type(exc).__name__}: {exc}",
+                     level="warning", node=nid)
+            continue
+        fits = [m for m in ms if m != "fp32" and m not in disagree and ms[m] * MIN_GAIN < ms["fp32"]]
+        best = min(fits, key=ms.get) if fits else "fp32"
+        why = (f"{ms['fp32'] / ms[best]:.2f}x faster than plain fp32 ({ms[best]:.3f} ms vs {ms['fp32']:.3f} ms)"
+               if best != "fp32" else "no other form is faster")
+        if disagree:
+            why += "; " + ", ".join(disagree) + " disagreed with fp32 beyond 1e-4 on a random draw"
+        emit.emit("precision", node=nid, op=node.op, chosen=best, reason=why,
+                  **{FIELDS[m]: t for m, t in ms.items()})
+        if best != "fp32":
+            chosen[nid] = best
+    program.metadata["library_precision"] = chosen
+    return chosen

@@ -1,0 +1,147 @@
+"""fp32 matmuls and convolutions on tensor cores at fp32 accuracy: split TF32 ("3xTF32").
+
+Each fp32 operand x is split into hi = x rounded to TF32 (10 mantissa bits) and lo = (x - hi) rounded to
+TF32, so x = hi + lo to about 2^-22. A bilinear op f (matmul, linear, bmm, convolutions) is then
+f(hi_a, hi_b) + f(hi_a, lo_b) + f(lo_a, hi_b): three TF32 tensor-core calls whose products are exact in
+the fp32 accumulator; only lo_a * lo_b (2^-22 of a product) is dropped. On the H200 the three calls
+take 0.4x the time of one fp32 SGEMM at 1024x8192x8192 and 0.2-0.6x for many transposed
+convolutions, while others are slower (tools/tf32x3_probe.py measures each), so the agent chooses per
+node by timing both, and keeps the choice only when the whole program verifies at 1e-4 against the
+fp32 reference. TF32 stays off for everything else, the reference and the torch baselines included.
+
+A convolution has one more choice, "fp32-timed": plain fp32 with cuDNN picking its algorithm by timing
+the candidates (cudnn.benchmark) instead of by its heuristics, up to 1.8x faster for some 3-D transposed
+convolutions. torch caches one algorithm per convolution shape and settings for the process, so the
+call also asks for deterministic algorithms: that setting is part of the cache key, which gives these
+calls their own entry instead of the heuristic one the reference and the torch baselines made.
+
+A node's choice lives in program.metadata["library_precision"][node id] ("3xtf32" or "fp32-timed";
+absent = fp32). Parameters are split once and cached for as long as the parameter tensor lives.
+"""
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+from ..ir import Program
+from ..reference import run_node
+
+TF32X3 = "3xtf32"
+TIMED_FP32 = "fp32-timed"
+SPLIT_OPS = frozenset({"matmul", "bmm", "linear", "conv1d", "conv2d", "conv3d",
+                       "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
+_ROUND, _MASK = 0x1000, -0x2000   # round-to-nearest at TF32's 10th mantissa bit, then clear the 13 below
+
+
+def library_precision(program: Program) -> dict[str, str]:
+    return program.metadata.get("library_precision") or {}
+
+
+def can_split(program: Program, node_id: str) -> bool:
+    node = program.nodes[node_id]
+    return node.op in SPLIT_OPS and all(program.values[v].dtype == "float32" for v in node.inputs if v)
+
+
+def _round_tf32(t):
+    import torch
+    return ((t.view(torch.int32) + _ROUND) & _MASK).view(torch.float32)
+
+
+def split_tf32(t):
+    """(hi, lo), both exact in TF32, hi + lo = t to about 2^-22 relative; an infinite or NaN element
+    gives a NaN lo, so it still poisons the result as it would in fp32."""
+    hi = _round_tf32(t)
+    return hi, _round_tf32(t - hi)
+
+
+_param_splits: dict[int, tuple] = {}
+
+
+def _cached_split(t):
+    """split_tf32 of a parameter, computed once per tensor (and again if it is changed in place)."""
+    entry = _param_splits.get(id(t))
+    if entry is not None and entry[0]() is t and entry[1] == t._version:
+        return entry[2]
+    parts = split_tf32(t)
+    _param_splits[id(t)] = (weakref.ref(t, lambda _, k=id(t): _param_splits.pop(k, None)), t._version, parts)
+    return parts
+
+
+@contextlib.contextmanager
+def tf32_tensor_cores():
+    """TF32 on for the calls inside (cuDNN picks their algorithms by timing them; TF32 is part of its
+    algorithm cache key, so the fp32 calls elsewhere keep theirs), then everything as it was."""
+    import torch
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+         torch.backends.cudnn.benchmark) = saved
+
+
+def run_split_tf32(program: Program, node_id: str, env: dict) -> None:
+    """run_node for a bilinear node, as three TF32 tensor-core calls (see the module docstring)."""
+    node = program.nodes[node_id]
+    a, b = env[node.inputs[0]], env[node.inputs[1]]
+    bias = env[node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else None
+    a_hi, a_lo = _cached_split(a) if node.inputs[0] in program.data else split_tf32(a)
+    b_hi, b_lo = _cached_split(b) if node.inputs[1] in program.data else split_tf32(b)
+    with tf32_tensor_cores():
+        out = _gemm_sum(node.op, a_hi, a_lo, b_hi, b_lo, bias)
+        if out is None:
+            ref, attrs = node.opdef.reference, node.attrs
+            out = ref([a_lo, b_hi, None], attrs)      # the small terms first
+            out += ref([a_hi, b_lo, None], attrs)
+            out += ref([a_hi, b_hi, bias], attrs)
+    env[node.outputs[0]] = out
+
+
+def _gemm_sum(op, a_hi, a_lo, b_hi, b_lo, bias):
+    """The three products of a 2-D GEMM (linear over any batch shape, mm, bmm) summed by cuBLAS itself
+    (beta = 1), which saves two passes over the output; None for other shapes."""
+    import torch
+    if op == "linear" and b_hi.dim() == 2 and a_hi.is_contiguous() and a_lo.is_contiguous():
+        k = a_hi.shape[-1]
+        x_hi, x_lo, w_hi, w_lo = a_hi.reshape(-1, k), a_lo.reshape(-1, k), b_hi.t(), b_lo.t()
+        out = torch.addmm(bias, x_hi, w_hi) if bias is not None else torch.mm(x_hi, w_hi)
+        out.addmm_(x_lo, w_hi)
+        out.addmm_(x_hi, w_lo)
+        return out.view(*a_hi.shape[:-1], out.shape[-1])
+    if op in ("matmul", "bmm") and a_hi.dim() == b_hi.dim() and a_hi.dim() in (2, 3):
+        mm, acc = (torch.mm, "addmm_") if a_hi.dim() == 2 else (torch.bmm, "baddbmm_")
+        out = mm(a_lo, b_hi)
+        getattr(out, acc)(a_hi, b_lo)
+        getattr(out, acc)(a_hi, b_hi)
+        return out
+    return None
+
+
+@contextlib.contextmanager
+def cudnn_timed():
+    """fp32 convolutions whose algorithm cuDNN picks by timing, cached apart from the heuristic picks."""
+    import torch
+    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    torch.backends.cudnn.benchmark = torch.backends.cudnn.deterministic = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
+
+
+def run_timed_fp32(program: Program, node_id: str, env: dict) -> None:
+    with cudnn_timed():
+        run_node(program, node_id, env)
+
+
+def run_library_node(program: Program, node_id: str, env: dict) -> None:
+    """run_node, or the form the agent chose for this node (split TF32, or a timed cuDNN algorithm)."""
+    mode = library_precision(program).get(node_id)
+    if mode == TF32X3:
+        run_split_tf32(program, node_id, env)
+    elif mode == TIMED_FP32:
+        run_timed_fp32(program, node_id, env)
+    else:
+        run_node(program, node_id, env)

@@ -1,0 +1,104 @@
+"""On the GPU: split TF32 (runtime.split_tf32) runs matmuls and convolutions on tensor cores within
+fp32's accuracy, where one TF32 call is not; the agent chooses it per node and the program verifies
+and replays as one CUDA graph with it.
+
+PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_split_tf32_gpu.py
+"""
+import io
+
+import pytest
+import torch
+
+from agent_core.agent import EventEmitter, optimize, read_events
+from agent_core.ir import Program
+from agent_core.reference import parameter_tensors, run_node
+from agent_core.runtime import split_tf32 as st
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def _node(op, shapes, attrs=None):
+    p = Program(op)
+    x = p.add_input("x", shapes[0])
+    rest = [p.add_parameter(f"p{i}", shape=s).id for i, s in enumerate(shapes[1:])]
+    n = p.add_node(op, [x.id] + rest, attrs or {})
+    p.mark_output(n.outputs[0])
+    return p, n
+
+
+def _errors(p, n):
+    """Worst |result - float64| of fp32, split TF32 and one TF32 call, in units of the 1e-4 tolerance."""
+    env = dict(parameter_tensors(p, "cuda"))
+    env[p.inputs[0]] = torch.randn(p.values[p.inputs[0]].shape, device="cuda")
+    exact = n.opdef.reference([env[v].double() if v else None for v in n.inputs], n.attrs)
+    out = n.outputs[0]
+
+    def units(t):
+        return float(((t.double() - exact).abs() / (1e-4 + 1e-4 * exact.abs())).max())
+    fp32, split, one = dict(env), dict(env), dict(env)
+    with torch.no_grad():
+        run_node(p, n.id, fp32)
+        st.run_split_tf32(p, n.id, split)
+        with st.tf32_tensor_cores():
+            run_node(p, n.id, one)
+    return units(fp32[out]), units(split[out]), units(one[out])
+
+
+@pytest.mark.parametrize("op,shapes,attrs", [
+    ("linear", [(512, 8192), (4096, 8192), (4096,)], {}),
+    ("bmm", [(8, 256, 2048), (8, 2048, 512)], {}),
+    ("conv_transpose3d", [(8, 32, 8, 16, 16), (32, 64, 3, 3, 3), (64,)], {"stride": [2, 2, 2], "padding": [1, 1, 1]}),
+    ("conv2d", [(16, 64, 32, 32), (128, 64, 3, 3), (128,)], {}),
+], ids=["linear", "bmm", "conv_transpose3d", "conv2d"])
+def test_split_tf32_is_as_accurate_as_fp32_where_one_tf32_call_is_not(op, shapes, attrs):
+    fp32, split, one = _errors(*_node(op, shapes, attrs))
+    assert split < 0.5, (fp32, split, one)               # well inside the 1e-4 tolerance
+    assert split <= 8 * fp32 + 0.05, (fp32, split, one)
+    if op in ("linear", "bmm"):    # cuBLAS always takes tensor cores under TF32 (cuDNN sometimes does not)
+        assert one > 4 * split, (fp32, split, one)       # so the split is what makes them usable
+
+
+def test_the_agent_chooses_split_tf32_for_a_large_gemm_and_the_program_verifies_in_one_graph():
+    p = Program("gemm_relu")
+    x = p.add_input("x", [1024, 4096])
+    w = p.add_parameter("w", shape=[4096, 4096])
+    b = p.add_parameter("b", shape=[4096])
+    h = p.add_node("linear", [x.id, w.id, b.id])
+    r = p.add_node("relu", [h.outputs[0]])
+    p.mark_output(r.outputs[0])
+    buf = io.StringIO()
+    res = optimize(p, emit=EventEmitter(buf), tune=False, baselines=False, draws=5, trials=10)
+    events = list(read_events(buf.getvalue().splitlines()))
+    prec = [e for e in events if e["event"] == "precision"]
+    assert len(prec) == 1 and prec[0]["chosen"] == "3xtf32", prec
+    assert prec[0]["tf32x3_ms"] < prec[0]["fp32_ms"]
+    e2e = res.profile["end_to_end"]
+    assert e2e["correct"] and e2e["verify"]["draws"] == 5 and e2e["cuda_graph"], e2e
+    assert res.program.metadata["library_precision"] == {h.id: "3xtf32"}
+    # TF32 is off again for everything else (the reference and the baselines)
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+
+
+def test_fp32_only_keeps_every_call_in_fp32():
+    p, n = _node("linear", [(256, 1024), (1024, 1024)])
+    res = optimize(p, emit=EventEmitter(io.StringIO()), tune=False, baselines=False, trials=5, split_tf32=False)
+    assert res.profile["end_to_end"]["correct"]
+    assert not res.program.metadata.get("library_precision")
+
+
+def test_a_timed_cudnn_algorithm_agrees_with_fp32_and_replays_in_a_graph():
+    from agent_core.profile.timing import time_in_graph
+    p, n = _node("conv_transpose3d", [(16, 3, 16, 32, 32), (3, 16, 3, 3, 3), (16,)],
+                 {"stride": [2, 2, 2], "padding": [1, 1, 1], "output_padding": [1, 1, 1]})
+    env = dict(parameter_tensors(p, "cuda"))
+    env[p.inputs[0]] = torch.randn(p.values[p.inputs[0]].shape, device="cuda")
+    plain, timed = dict(env), dict(env)
+    with torch.no_grad():
+        run_node(p, n.id, plain)
+        st.run_timed_fp32(p, n.id, timed)
+        t, how = time_in_graph(lambda: st.run_timed_fp32(p, n.id, dict(env)), trials=5)
+    out = n.outputs[0]
+    assert torch.allclose(timed[out], plain[out], rtol=1e-5, atol=1e-5)
+    assert how == "graph" and t.median_ms > 0
+    assert not torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic

@@ -1,0 +1,116 @@
+"""Split TF32 (runtime.split_tf32) on the CPU: the split's arithmetic, each bilinear op against float64,
+the dispatch by program.metadata, and the parameter cache. (On the CPU the TF32 flags change nothing, so
+these check the algebra; tests/gpu check the tensor-core path.)"""
+import pytest
+import torch
+
+from agent_core.ir import Program
+from agent_core.profile.attribution import FP32_TFLOPS, TF32_TFLOPS, effective_tflops
+from agent_core.reference import parameter_tensors, run_node
+from agent_core.runtime import split_tf32 as st
+
+
+def test_split_parts_are_tf32_exact_and_sum_back_to_fp32():
+    x = torch.randn(4096) * torch.logspace(-20, 20, 4096)
+    hi, lo = st.split_tf32(x)
+    low_bits = 0x1FFF
+    assert not (hi.view(torch.int32) & low_bits).any() and not (lo.view(torch.int32) & low_bits).any()
+    assert (hi - x).abs().le(x.abs() * 2.0 ** -11).all()           # hi is x rounded to 10 mantissa bits
+    err = (hi.double() + lo.double() - x.double()).abs()
+    assert err.le(x.abs().double() * 2.0 ** -21).all()               # hi + lo is x to about 2^-22
+
+
+def test_split_keeps_zeros_and_poisons_nonfinite():
+    x = torch.tensor([0.0, -0.0, float("inf"), float("nan"), 1.0])
+    hi, lo = st.split_tf32(x)
+    assert hi[0] == 0 and lo[0] == 0 and lo[1] == 0
+    assert torch.isnan(lo[2]) and torch.isnan(hi[3]) and hi[4] == 1 and lo[4] == 0
+
+
+CASES = [
+    ("linear", [(33, 70), (19, 70), (19,)], {}),
+    ("matmul", [(5, 33, 70), (70, 18)], {}),
+    ("bmm", [(3, 17, 29), (3, 29, 11)], {}),
+    ("conv2d", [(2, 5, 13, 11), (7, 5, 3, 3), (7,)], {"stride": [2, 1], "padding": [1, 0], "dilation": [1, 1],
+                                                      "groups": 1}),
+    ("conv_transpose3d", [(1, 4, 5, 6, 3), (4, 6, 3, 3, 3), (12,)],
+     {"stride": [2, 2, 1], "padding": [1, 0, 1], "output_padding": [1, 0, 0], "groups": 2, "dilation": [1, 1, 1]}),
+]
+
+
+def _program(op, shapes, attrs):
+    p = Program(op)
+    x = p.add_input("x", shapes[0])
+    rest = [p.add_parameter(f"p{i}", shape=s).id for i, s in enumerate(shapes[1:])]
+    n = p.add_node(op, [x.id] + rest, attrs)
+    p.mark_output(n.outputs[0])
+    return p, n
+
+
+@pytest.mark.parametrize("op,shapes,attrs", CASES, ids=[c[0] for c in CASES])
+def test_split_form_matches_float64_as_closely_as_fp32(op, shapes, attrs):
+    p, n = _program(op, shapes, attrs)
+    env = dict(parameter_tensors(p, "cpu"))
+    env[p.inputs[0]] = torch.randn(shapes[0]) * 3
+    exact = n.opdef.reference([env[v].double() if v else None for v in n.inputs], n.attrs)
+    fp32, split = dict(env), dict(env)
+    run_node(p, n.id, fp32)
+    st.run_split_tf32(p, n.id, split)
+    out = n.outputs[0]
+    scale = exact.abs().max()
+    assert (split[out].double() - exact).abs().max() <= 4 * (fp32[out].double() - exact).abs().max() + 1e-6 * scale
+    assert torch.allclose(split[out], fp32[out], rtol=1e-5, atol=1e-5 * float(scale))
+
+
+def test_run_library_node_follows_the_programs_choice(monkeypatch):
+    p, n = _program(*CASES[0])
+    env = dict(parameter_tensors(p, "cpu"))
+    env[p.inputs[0]] = torch.randn(CASES[0][1][0])
+    calls = []
+    monkeypatch.setattr(st, "run_split_tf32", lambda prog, nid, e: calls.append(nid) or run_node(prog, nid, e))
+    st.run_library_node(p, n.id, dict(env))
+    assert calls == []                                   # no choice: plain fp32
+    p.metadata["library_precision"] = {n.id: st.TF32X3}
+    st.run_library_node(p, n.id, dict(env))
+    assert calls == [n.id]
+    timed = []
+    monkeypatch.setattr(st, "run_timed_fp32", lambda prog, nid, e: timed.append(nid) or run_node(prog, nid, e))
+    p.metadata["library_precision"] = {n.id: st.TIMED_FP32}
+    st.run_library_node(p, n.id, dict(env))
+    assert calls == [n.id] and timed == [n.id]
+    assert st.can_split(p, n.id)
+    relu = p.add_node("relu", [n.outputs[0]])
+    assert not st.can_split(p, relu.id)
+
+
+def test_parameters_are_split_once_and_again_after_an_in_place_change():
+    w = torch.randn(8, 8)
+    first = st._cached_split(w)
+    assert st._cached_split(w) is first
+    w.mul_(2)
+    again = st._cached_split(w)
+    assert again is not first and torch.equal(again[0], st.split_tf32(w)[0])
+    key = id(w)
+    del w, first, again
+    assert key not in st._param_splits
+
+
+def test_library_flags_are_restored_after_the_calls():
+    def flags():
+        return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+                torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
+    saved = flags()
+    with st.tf32_tensor_cores():
+        assert flags()[:3] == (True, True, True)
+    assert flags() == saved
+    with pytest.raises(RuntimeError), st.cudnn_timed():
+        assert flags()[2:] == (True, True)
+        raise RuntimeError("a failing call")
+    assert flags() == saved
+
+
+def test_the_floor_counts_split_flops_at_three_tf32_products():
+    assert effective_tflops(1e12, 0) == pytest.approx(FP32_TFLOPS)
+    assert effective_tflops(1e12, 1e12) == pytest.approx(TF32_TFLOPS / 3)
+    half = effective_tflops(2e12, 1e12)
+    assert FP32_TFLOPS < half < TF32_TFLOPS / 3
