@@ -62,6 +62,37 @@ def test_split_form_matches_float64_as_closely_as_fp32(op, shapes, attrs):
     assert torch.allclose(split[out], fp32[out], rtol=1e-5, atol=1e-5 * float(scale))
 
 
+@pytest.mark.parametrize("op,shapes,attrs", [c for c in CASES if c[0].startswith("conv")] + [
+    ("conv_transpose2d", [(4, 6, 5), (4, 3, 3, 3), (3,)], {"stride": [2, 2], "padding": [1, 0]}),   # unbatched
+    ("conv1d", [(3, 4, 17), (5, 4, 3)], {"dilation": [2]}),
+], ids=["conv2d", "conv_transpose3d_groups", "conv_transpose2d_unbatched", "conv1d"])
+def test_the_channel_concatenated_form_is_the_same_sum(op, shapes, attrs):
+    p, n = _program(op, shapes, attrs)
+    env = dict(parameter_tensors(p, "cpu"))
+    env[p.inputs[0]] = torch.randn(shapes[0])
+    if not st.can_concatenate(p, n.id):
+        assert n.attrs["groups"] > 1          # only grouped convolutions lack the form
+        return
+    fp32, cat, split = dict(env), dict(env), dict(env)
+    run_node(p, n.id, fp32)
+    st.run_split_tf32_cat(p, n.id, cat)
+    st.run_split_tf32(p, n.id, split)
+    out = n.outputs[0]
+    assert cat[out].shape == fp32[out].shape
+    assert torch.allclose(cat[out], fp32[out], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(cat[out], split[out], rtol=1e-5, atol=1e-5)
+
+
+def test_the_chooser_prefers_the_more_accurate_form_unless_another_is_clearly_faster():
+    from agent_core.agent.precision import pick
+    assert pick({"fp32": 1.0, "3xtf32": 0.97}, []) == "fp32"
+    assert pick({"fp32": 1.0, "3xtf32": 0.5, "3xtf32-cat": 0.49}, []) == "3xtf32"
+    assert pick({"fp32": 1.0, "3xtf32": 0.5, "3xtf32-cat": 0.3}, []) == "3xtf32-cat"
+    assert pick({"fp32": 1.0, "3xtf32": 0.5, "3xtf32-cat": 0.3}, ["3xtf32-cat"]) == "3xtf32"
+    assert pick({"fp32": 1.0, "fp32-timed": 0.6, "3xtf32": 0.58}, []) == "fp32-timed"
+    assert pick({"fp32": 1.0, "3xtf32": 0.5}, ["3xtf32"]) == "fp32"
+
+
 def test_run_library_node_follows_the_programs_choice(monkeypatch):
     p, n = _program(*CASES[0])
     env = dict(parameter_tensors(p, "cpu"))
@@ -78,6 +109,11 @@ def test_run_library_node_follows_the_programs_choice(monkeypatch):
     p.metadata["library_precision"] = {n.id: st.TIMED_FP32}
     st.run_library_node(p, n.id, dict(env))
     assert calls == [n.id] and timed == [n.id]
+    cat = []
+    monkeypatch.setattr(st, "run_split_tf32_cat", lambda prog, nid, e: cat.append(nid) or run_node(prog, nid, e))
+    p.metadata["library_precision"] = {n.id: st.TF32X3_CAT}
+    st.run_library_node(p, n.id, dict(env))
+    assert calls == [n.id] and timed == [n.id] and cat == [n.id]
     assert st.can_split(p, n.id)
     relu = p.add_node("relu", [n.outputs[0]])
     assert not st.can_split(p, relu.id)
@@ -90,7 +126,7 @@ def test_parameters_are_split_once_and_again_after_an_in_place_change():
     w.mul_(2)
     again = st._cached_split(w)
     assert again is not first and torch.equal(again[0], st.split_tf32(w)[0])
-    key = id(w)
+    key = (id(w), "split")
     del w, first, again
     assert key not in st._param_splits
 

@@ -1,16 +1,20 @@
 """Per matmul / convolution node: how its library call runs (runtime.split_tf32): plain fp32, split TF32
-on tensor cores, or (convolutions) fp32 with a cuDNN algorithm picked by timing. Every form is timed on
-the node's shapes; one other than fp32 is kept only when it is clearly faster and agrees with fp32 at
-1e-4 on the timing draw. The end-to-end verification against the fp32 reference has the last word."""
+on tensor cores (three calls summed, or for a convolution one call over channel-concatenated parts),
+or (convolutions) fp32 with a cuDNN algorithm picked by timing. Every form is timed on the node's
+shapes and must agree with fp32 at 1e-4 on the timing draw. The more accurate form wins unless a less
+accurate one is clearly faster. The end-to-end verification against the fp32 reference has the last
+word."""
 from __future__ import annotations
 
 from ..codegen import LIBRARY_CATEGORIES
 from ..ir import Program
 from ..reference import run_node
-from ..runtime.split_tf32 import TF32X3, TIMED_FP32, can_split, run_split_tf32, run_timed_fp32
+from ..runtime.split_tf32 import (TF32X3, TF32X3_CAT, TIMED_FP32, can_concatenate, can_split, run_split_tf32,
+                                  run_split_tf32_cat, run_timed_fp32)
 
 MIN_GAIN = 1.05   # below this the choice would follow timing noise
-FIELDS = {"fp32": "fp32_ms", TF32X3: "tf32x3_ms", TIMED_FP32: "timed_fp32_ms"}
+# the forms, most accurate first, and their event fields
+FIELDS = {"fp32": "fp32_ms", TIMED_FP32: "timed_fp32_ms", TF32X3: "tf32x3_ms", TF32X3_CAT: "tf32x3_cat_ms"}
 
 
 def library_nodes(program: Program) -> list[str]:
@@ -19,15 +23,25 @@ def library_nodes(program: Program) -> list[str]:
 
 
 def _forms(program: Program, nid: str) -> dict:
-    forms = {"fp32": run_node, TF32X3: run_split_tf32}
+    forms = {"fp32": run_node}
     if program.nodes[nid].opdef.category == "convolution":
         forms[TIMED_FP32] = run_timed_fp32
+    forms[TF32X3] = run_split_tf32
+    if can_concatenate(program, nid):
+        forms[TF32X3_CAT] = run_split_tf32_cat
     return forms
+
+
+def pick(ms: dict[str, float], disagree) -> str:
+    """The fastest form that agrees with fp32, unless a more accurate one is within MIN_GAIN of it."""
+    fits = [m for m in FIELDS if m in ms and m not in disagree]
+    fastest = min(fits, key=ms.get)
+    return next(m for m in fits if ms[m] <= ms[fastest] * MIN_GAIN)
 
 
 def choose_library_precision(program: Program, tensors_for, emit, trials: int) -> dict[str, str]:
     """Time every eligible node each way; tensors_for(value ids) -> GPU tensors (parameters real).
-    Writes and returns program.metadata["library_precision"] (node id -> "3xtf32" / "fp32-timed")."""
+    Writes and returns program.metadata["library_precision"] (node id -> its form, fp32 ones left out)."""
     import torch
     from ..profile.timing import time_in_graph
     chosen: dict[str, str] = {}
@@ -51,8 +65,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int) -
             emit.log(f"{node.name} ({node.op}): only fp32 tried: {type(exc).__name__}: {exc}",
                      level="warning", node=nid)
             continue
-        fits = [m for m in ms if m != "fp32" and m not in disagree and ms[m] * MIN_GAIN < ms["fp32"]]
-        best = min(fits, key=ms.get) if fits else "fp32"
+        best = pick(ms, disagree)
         why = (f"{ms['fp32'] / ms[best]:.2f}x faster than plain fp32 ({ms[best]:.3f} ms vs {ms['fp32']:.3f} ms)"
                if best != "fp32" else "no other form is faster")
         if disagree:
