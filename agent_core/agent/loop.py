@@ -94,7 +94,9 @@ class _Agent:
             return self._finish(r, out), None
         if len(nodes) == 1 and nodes[0].opdef.category in LIBRARY_CATEGORIES:
             out.status = "library"
-            out.reason = f"{nodes[0].name} ({nodes[0].op}) alone runs through cuBLAS/cuDNN via torch (TF32 off)"
+            from ..runtime.split_tf32 import describe_library_call
+            out.reason = (f"{nodes[0].name} ({nodes[0].op}) alone runs through cuBLAS/cuDNN via torch "
+                          f"({describe_library_call(p, nodes[0].id)})")
             return self._finish(r, out), None
         try:
             t0 = time.perf_counter()
@@ -293,6 +295,9 @@ class _Agent:
             out.reason = (f"verified on {self.draws} draws and {unfused / ms:.2f}x faster than its "
                           f"{len(r.nodes)} unfused op(s) ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us, "
                           f"both replayed in a CUDA graph)")
+            for nid in ks.library_nodes:
+                from ..runtime.split_tf32 import describe_library_call
+                out.reason += f"; its {self.program.nodes[nid].op} runs as {describe_library_call(self.program, nid)}"
             return self._finish(r, out), (list(r.nodes), ks, loaded)
         out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us); "
                       "the ops run through torch")

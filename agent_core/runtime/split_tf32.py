@@ -38,10 +38,17 @@ TIMED_FP32 = "fp32-timed"
 SPLIT_OPS = frozenset({"matmul", "bmm", "linear", "conv1d", "conv2d", "conv3d",
                        "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
 _ROUND, _MASK = 0x1000, -0x2000   # round-to-nearest at TF32's 10th mantissa bit, then clear the 13 below
+DESCRIPTIONS = {"fp32": "fp32, TF32 off", TF32X3: "split TF32: three tensor-core products summed",
+                TF32X3_CAT: "split TF32: one tensor-core convolution over channel-concatenated parts",
+                TIMED_FP32: "fp32, TF32 off, with the cuDNN algorithm picked by timing"}
 
 
 def library_precision(program: Program) -> dict[str, str]:
     return program.metadata.get("library_precision") or {}
+
+
+def describe_library_call(program: Program, node_id: str) -> str:
+    return DESCRIPTIONS[library_precision(program).get(node_id, "fp32")]
 
 
 def can_split(program: Program, node_id: str) -> bool:
