@@ -266,7 +266,8 @@ def test_split_tf32_is_chosen_where_faster_and_the_program_runs_and_verifies_wit
     fused = [o for o in res.outcomes if o.status == "fused" and "linear runs as split TF32" in o.reason]
     assert len(fused) == 3                              # each kept kernel says how its library call runs
     assert res.profile["end_to_end"]["correct"]
-    assert bench.record_from_result("mlp.py", res, 1.0)["split_tf32_nodes"] == 3
+    rec = bench.record_from_result("mlp.py", res, 1.0)
+    assert rec["split_tf32_nodes"] == 3 and rec["library_calls"] == {n: "3xtf32" for n in linears}
     from agent_core.project_file import load_program
     assert load_program(tmp_path / "program.json").metadata["library_precision"] == {n: "3xtf32" for n in linears}
 
@@ -305,4 +306,5 @@ def test_a_program_that_fails_verification_with_split_tf32_runs_in_fp32_with_the
     assert res.profile["end_to_end"]["correct"]
     assert res.program.metadata["library_precision"] == {} == res.profile["library_precision"]
     assert "library_precision_fallback" in res.profile
+    assert bench.record_from_result("lone.py", res, 1.0)["library_precision_fallback"]
     assert any(e["event"] == "error" and "split-TF32" in e["message"] for e in events)

@@ -51,17 +51,17 @@ def timing_kind(rec: dict) -> str:
 def markdown(records: list[dict], title: str) -> list[str]:
     lines = [f"### {title}", "",
              "| problem | correct | eager ms | torch.compile ms (best mode) | ours ms | x eager | x compile | "
-             "kernels | floor ms | timed |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+             "kernels | library calls not plain fp32 | floor ms | timed | run |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for r in records:
         if not r.get("ok"):
-            lines.append(f"| {r['problem']} | not run: {r.get('error', '')[:80]} | | | | | | | | |")
+            lines.append(f"| {r['problem']} | not run: {r.get('error', '')[:80]} | | | | | | | | | | |")
             continue
         corr = "yes" if r.get("correct") else ("NO: " + str(r.get("verify_reason"))[:60])
         lines.append(f"| {r['problem']} | {corr} | {_f(r.get('eager_ms'))} | {_f(r.get('compile_best_ms'))} | "
                      f"{_f(r.get('ours_ms'))} | {_f(r.get('speedup_eager'), '{:.2f}')} | "
-                     f"{_f(r.get('speedup_compile'), '{:.2f}')} | {r.get('kernels', 0)} | {_f(r.get('floor_ms'))} | "
-                     f"{timing_kind(r)} |")
+                     f"{_f(r.get('speedup_compile'), '{:.2f}')} | {r.get('kernels', 0)} | "
+                     f"{r.get('split_tf32_nodes', '-')} | {_f(r.get('floor_ms'))} | {timing_kind(r)} | {r['source']} |")
     lines += [""] + summary_lines(records)
     return lines
 

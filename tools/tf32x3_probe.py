@@ -1,7 +1,9 @@
 """Can tensor cores run our fp32 library calls at fp32 accuracy? Times every matmul / linear / bmm /
 convolution of the given program files in fp32 (TF32 off, what the agent and the baselines run) and as
 split TF32 ("3xTF32": each operand split into a TF32-exact high part and its remainder, three tensor-core
-products hi*hi + hi*lo + lo*hi summed in fp32), weights split once beforehand. Errors are measured
+products hi*hi + hi*lo + lo*hi summed in fp32; the runtime's split_tf32), weights split once beforehand.
+(The records of 2026-11-30 in docs/benchmarks/h200-2026-11-30c/ came from a first version whose
+split truncated hi instead of rounding it and left lo unrounded.) Errors are measured
 against a float64 run of the same call.
 
     PYTHONPATH=. python3 tools/tf32x3_probe.py kernelbench/KernelBench/level2/*.py [--json OUT] [--cudnn-benchmark]
@@ -21,6 +23,7 @@ import torch
 
 from agent_core.importers import import_file
 from agent_core.reference import parameter_tensors
+from agent_core.runtime.split_tf32 import split_tf32 as split
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_kernels import timed  # noqa: E402  (median of 20 after warm-up, L2 flushed before each)
@@ -28,12 +31,6 @@ from bench_kernels import timed  # noqa: E402  (median of 20 after warm-up, L2 f
 FLUSH_BYTES = 256 * 2**20
 BILINEAR = ("matmul", "bmm", "linear", "conv1d", "conv2d", "conv3d",
             "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
-
-
-def split(t):
-    """(hi, lo): hi keeps the 10 mantissa bits TF32 holds (exact in TF32), lo = t - hi exactly."""
-    hi = (t.view(torch.int32) & -8192).view(torch.float32)
-    return hi, t - hi
 
 
 def tolerance_units(got, exact):

@@ -86,6 +86,7 @@ def record_from_result(path: str, result, seconds: float) -> dict:
            "kernels": sum(1 for o in result.outcomes if o.status == "fused"),
            "launches": e2e.get("launches"), "cuda_graph": e2e.get("cuda_graph"), "regions": counts,
            "split_tf32_nodes": len(prof.get("library_precision") or {}),
+           "library_calls": dict(prof.get("library_precision") or {}),   # node -> form, fp32 ones left out
            "compiled": sum(1 for o in result.outcomes if o.status in ("fused", "compiled") or
                            (o.status == "fallback" and o.source_path)),
            "seconds": round(seconds, 2)}
@@ -94,6 +95,8 @@ def record_from_result(path: str, result, seconds: float) -> dict:
         rec["fallbacks"] = falls          # why each region runs unfused (diagnosis without the event log)
     if result.gpu and not e2e.get("correct"):
         rec["verify_reason"] = (e2e.get("verify") or {}).get("reason")
+    if prof.get("library_precision_fallback"):
+        rec["library_precision_fallback"] = prof["library_precision_fallback"]
     if "error" in base:
         rec["baseline_error"] = base["error"]
     eager = base.get("eager") or {}
