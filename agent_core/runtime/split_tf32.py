@@ -1,18 +1,20 @@
-"""fp32 matmuls and convolutions on tensor cores at fp32 accuracy: split TF32 ("3xTF32").
+"""fp32 matmuls and convolutions on tensor cores, inside the 1e-4 tolerance: split TF32 ("3xTF32").
 
 Each fp32 operand x is split into hi = x rounded to TF32 (10 mantissa bits) and lo = (x - hi) rounded to
 TF32, so x = hi + lo to about 2^-22. A bilinear op f (matmul, linear, bmm, convolutions) is then
-f(hi_a, hi_b) + f(hi_a, lo_b) + f(lo_a, hi_b): three TF32 tensor-core calls whose products are exact in
-the fp32 accumulator; only lo_a * lo_b (2^-22 of a product) is dropped. On the H200 the three calls
-take 0.4x the time of one fp32 SGEMM at 1024x8192x8192 and 0.2-0.6x for many transposed
-convolutions, while others are slower (tools/tf32x3_probe.py measures each), so the agent chooses per
-node by timing both, and keeps the choice only when the whole program verifies at 1e-4 against the
-fp32 reference. TF32 stays off for everything else, the reference and the torch baselines included.
+f(hi_a, hi_b) + f(hi_a, lo_b) + f(lo_a, hi_b): three TF32 tensor-core calls whose products are exact;
+only lo_a * lo_b (2^-22 of a product) is dropped. The tensor cores truncate as they accumulate, though,
+so the worst error is about 5x fp32's at a reduction of 8192 and grows with its length (measured:
+docs/benchmarks/kernelbench_level2_h200.md). On the H200 the three calls take 0.4x the time of one fp32
+SGEMM at 1024x8192x8192 and 0.2-0.6x for many transposed convolutions, while others are slower
+(tools/tf32x3_probe.py), so the agent times every form per node (agent/precision.py) and keeps one only
+when it and then the whole program verify at 1e-4 against the fp32 reference. TF32 stays off for
+everything else, the reference and the torch baselines included.
 
 A convolution with groups = 1 can also run the three products as one convolution over channel-
 concatenated parts, [hi_a, lo_a, hi_a] against [hi_b, hi_b, lo_b] ("3xtf32-cat"): the same work, but
 one pass over the output instead of three, and one larger reduction that fills the tensor cores better;
-1.5-2.9x faster than the three summed for most of level 2's transposed convolutions. Its one longer
+1.3-2.9x faster than the three summed for most of level 2's transposed convolutions. Its one longer
 reduction is a little less accurate, so it is preferred only where it is faster.
 
 A convolution has one more choice, "fp32-timed": plain fp32 with cuDNN picking its algorithm by timing
