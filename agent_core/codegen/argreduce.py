@@ -25,49 +25,17 @@ from __future__ import annotations
 import math
 
 from ..ir import Program
-from ..ops.common import norm_dim
-from .cuda import Names, header, index_type, kernel_name
+from .cuda import Names, header, kernel_name
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
+from .rowwalk import WARP, describe_rows, pick_schedule, row_walk, single_node, threads_per_row, vector_width
 
 ARG_OPS = ("argmax", "argmin")
 DEFAULTS = {"warp_max_cols": 1024, "long_cols": 16384, "block": 256, "long_block": 1024,
             "column_min_inner": 16, "vector_width": 4}
-WARP = 32
 COLUMN_TILE = (32, 8)  # inner positions per block (coalesced) x thread rows splitting the reduced dim
 KERNEL_LOCALS = ("Candidate", "better", "consider", "none", "warp_reduce", "row_reduce", "best", "base",
                  "row", "lane", "warp", "partial", "part", "tile", "outer", "inner", "active", "c0", "l")
-
-
-def single_node(program: Program, io: RegionIO, ops, what: str):
-    """The region's one node, which must be one of `ops`; CodegenError otherwise."""
-    nodes = [program.nodes[n] for n in io.nodes]
-    if len(nodes) != 1 or nodes[0].op not in ops:
-        found = ", ".join(f"{n.name} ({n.op})" for n in nodes)
-        raise CodegenError(f"{what} kernels are generated for a region of exactly one {'/'.join(ops)} node; "
-                           f"this one has {len(nodes)}: {found}")
-    return nodes[0]
-
-
-def pick_schedule(p: dict, cols: int, inner: int) -> str:
-    """A row walk's schedule: "column" when the walked dim is strided (neighbouring threads take
-    neighbouring rows), else "warp" for rows up to p["warp_max_cols"] and "block" for longer ones."""
-    if inner >= int(p["column_min_inner"]):
-        return "column"
-    return "warp" if cols <= int(p["warp_max_cols"]) else "block"
-
-
-def vector_width(p: dict, schedule: str, cols: int, inner: int) -> int:
-    """float4 loads when the row is contiguous and a multiple of 4 long, else single floats."""
-    return 4 if schedule != "column" and inner == 1 and cols % 4 == 0 and int(p["vector_width"]) == 4 else 1
-
-
-def outer_len_inner(shape, dim: int | None) -> tuple[int, int, int]:
-    """[outer, L, inner] around dim (the whole tensor as one row when dim is None)."""
-    if dim is None or not shape:
-        return 1, math.prod(shape), 1
-    d = norm_dim(dim, len(shape))
-    return math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])
 
 
 def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -82,13 +50,8 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
         raise CodegenError(f"{node.name} ({node.op}) gives '{y.name}' as {y.dtype}; expected int64",
                            node_id=node.id)
     dim = node.attrs.get("dim")
-    outer, cols, inner = outer_len_inner(x.shape, dim)
-    rows = outer * inner
-    if rows == 0 or cols == 0:
-        raise CodegenError(f"{node.name} ({node.op}) reduces an empty tensor {list(x.shape)}; torch raises "
-                           f"and there is nothing to launch", node_id=node.id)
-    numel = rows * cols
-    index_t = index_type(numel)
+    walk = row_walk(node, x.shape, dim, "reduces", "torch raises and there is nothing to launch")
+    outer, cols, inner, rows = walk.outer, walk.cols, walk.inner, walk.rows
     better_op = ">" if node.op == "argmax" else "<"
     worst = "-INFINITY" if node.op == "argmax" else "INFINITY"
 
@@ -144,7 +107,7 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
     else:
         helpers.append("__device__ __forceinline__ Candidate row_reduce(Candidate c) { return warp_reduce(c); }")
 
-    consts = [f"typedef {index_t} index_t;",
+    consts = [f"typedef {walk.index_t} index_t;",
               f"constexpr index_t kCols = {cols};  // length of the reduced dim",
               "constexpr index_t kNoIndex = kCols;  // index of the empty candidate (after every element)",
               f"constexpr int kWarpSize = {WARP};"]
@@ -178,12 +141,7 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
         sched = f"column tiles of {tx} inner positions x {ty} thread rows, {grid} blocks"
         launch_bound = "kBlock"
     else:
-        if schedule == "warp":
-            tpr, rows_per_block = WARP, int(p["block"]) // WARP
-            grid = math.ceil(rows / rows_per_block)
-        else:
-            tpr = int(p["block"]) if cols <= int(p["long_cols"]) else int(p["long_block"])
-            rows_per_block, grid = 1, rows
+        tpr, rows_per_block, grid = threads_per_row(p, schedule, walk)
         block = (tpr * rows_per_block, 1, 1)
         consts += [f"constexpr index_t kRows = {rows};",
                    f"constexpr int kVec = {vec};  // floats per load",
@@ -198,10 +156,7 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
         body = ["  const int lane = threadIdx.x % kThreadsPerRow;", row]
         if schedule == "warp":
             body.append("  if (row >= kRows) return;  // a whole warp: its shuffles need no idle lanes")
-        if inner > 1:
-            body.append("  const index_t base = (row / kInner) * kCols * kInner + row % kInner;  // element (outer, 0, inner)")
-        else:
-            body.append("  const index_t base = row * kCols;")
+        body.append(walk.base_line())
         body += ["  Candidate best = none();",
                  "  // this thread's share of the row, in increasing index order"]
         if vec == 4:
@@ -221,10 +176,7 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
                      "  }"]
         body += ["  best = row_reduce(best);",
                  f"  if (lane == 0) {ya}[row] = best.index;"]
-        sched = ({"warp": f"one warp per row, {rows_per_block} rows per block",
-                  "block": f"one block of {tpr} threads per row"}[schedule]
-                 + f", {'float4' if vec == 4 else 'scalar'} loads"
-                 + (f" strided by {inner}" if inner > 1 else "") + f", {grid} blocks")
+        sched = describe_rows(schedule, tpr, rows_per_block, vec, inner, grid)
         launch_bound = "kBlock"
 
     what = "the flattened tensor" if dim is None else f"dim {dim}"
@@ -232,7 +184,7 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
         f"Inputs:  {x.name} {x.spec}",
         f"Outputs: {y.name} {y.spec} (int64 indices along the reduced dim"
         + (", into the flattened tensor" if dim is None else "") + ")",
-        f"[outer {outer}, L {cols}, inner {inner}]: {rows} rows of {cols}; schedule: {sched}.",
+        walk.describe(sched),
         "NaN counts as the extreme value (the first NaN wins); ties go to the first index, as in torch.",
     ])
     source = "\n".join([head, *consts, "", *helpers, "",

@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 
 from ..ir import Program
-from .argreduce import single_node
 from .cuda import Names, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
+from .rowwalk import single_node
 
 DEFAULTS = {"block": 256, "reduce_block": 1024, "sm_count": 132}
 WARP = 32

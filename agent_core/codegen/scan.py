@@ -29,15 +29,14 @@ from __future__ import annotations
 import math
 
 from ..ir import Program
-from .argreduce import outer_len_inner, pick_schedule, single_node, vector_width
-from .cuda import Names, header, index_type, kernel_name
+from .cuda import Names, header, kernel_name
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
+from .rowwalk import WARP, describe_rows, pick_schedule, row_walk, single_node, threads_per_row, vector_width
 
 SCAN_OPS = ("cumsum", "cumprod")
 DEFAULTS = {"warp_max_cols": 2048, "long_cols": 65536, "block": 256, "long_block": 1024,
             "column_min_inner": 32, "vector_width": 4, "schedule": None}
-WARP = 32
 # the scan's binary operator and its identity
 COMBINE = {"cumsum": ("a + b", "0.0f"), "cumprod": ("a * b", "1.0f")}
 KERNEL_LOCALS = ("combine", "warp_scan", "carry", "chunk", "totals", "row", "lane", "warp", "base", "c0", "c",
@@ -54,13 +53,8 @@ def generate_scan(program: Program, io: RegionIO, name: str, params: dict | None
             raise CodegenError(f"{node.name} ({node.op}): '{v.name}' has dtype {v.dtype}; scans are generated "
                                f"for float32 only (integer scans accumulate in int64 and run through torch)",
                                node_id=node.id)
-    outer, cols, inner = outer_len_inner(x.shape, node.attrs["dim"])
-    rows = outer * inner
-    if rows == 0 or cols == 0:
-        raise CodegenError(f"{node.name} ({node.op}) scans an empty tensor {list(x.shape)}; there is nothing "
-                           f"to launch", node_id=node.id)
-    numel = rows * cols
-    index_t = index_type(numel)
+    walk = row_walk(node, x.shape, node.attrs["dim"], "scans")
+    cols, inner, rows = walk.cols, walk.inner, walk.rows
     op_expr, identity = COMBINE[node.op]
 
     schedule = p["schedule"] or pick_schedule(p, cols, inner)
@@ -78,7 +72,7 @@ def generate_scan(program: Program, io: RegionIO, name: str, params: dict | None
     cparams = [f"const float* __restrict__ {xa}", f"float* __restrict__ {ya}"]
     opname = "sum" if node.op == "cumsum" else "product"
 
-    consts = [f"typedef {index_t} index_t;",
+    consts = [f"typedef {walk.index_t} index_t;",
               f"constexpr index_t kCols = {cols};  // length of the scanned dim",
               f"constexpr float kIdentity = {identity};  // the {opname} of nothing",
               f"constexpr int kWarpSize = {WARP};"]
@@ -93,7 +87,7 @@ def generate_scan(program: Program, io: RegionIO, name: str, params: dict | None
                    f"constexpr int kBlock = {block};"]
         body = ["  const index_t row = (index_t)blockIdx.x * kBlock + threadIdx.x;",
                 "  if (row >= kRows) return;",
-                "  const index_t base = (row / kInner) * kCols * kInner + row % kInner;  // element (outer, 0, inner)",
+                walk.base_line(),
                 "  float acc = kIdentity;",
                 "  // in order along the row; neighbouring threads touch neighbouring addresses",
                 "#pragma unroll 4",
@@ -113,12 +107,7 @@ def generate_scan(program: Program, io: RegionIO, name: str, params: dict | None
             "  }",
             "  return v;",
             "}"]
-        if schedule == "warp":
-            tpr, rows_per_block = WARP, int(p["block"]) // WARP
-            grid = math.ceil(rows / rows_per_block)
-        else:
-            tpr = int(p["block"]) if cols <= int(p["long_cols"]) else int(p["long_block"])
-            rows_per_block, grid = 1, rows
+        tpr, rows_per_block, grid = threads_per_row(p, schedule, walk)
         block = tpr * rows_per_block
         consts += [f"constexpr index_t kRows = {rows};",
                    f"constexpr int kVec = {vec};  // neighbouring elements per lane and chunk"
@@ -137,8 +126,7 @@ def generate_scan(program: Program, io: RegionIO, name: str, params: dict | None
             body = ["  const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;",
                     "  const index_t row = blockIdx.x;",
                     "  __shared__ float totals[kWarps];  // per-warp totals, then their inclusive scan"]
-        body.append("  const index_t base = (row / kInner) * kCols * kInner + row % kInner;  // element (outer, 0, inner)"
-                    if inner > 1 else "  const index_t base = row * kCols;")
+        body.append(walk.base_line())
         body += ["  float carry = kIdentity;  // the scan of every earlier chunk",
                  "  for (index_t c0 = 0; c0 < kCols; c0 += kChunk) {",
                  f"    const index_t c = c0 + {'lane' if schedule == 'warp' else 'threadIdx.x'} * kVec;"
@@ -182,16 +170,13 @@ def generate_scan(program: Program, io: RegionIO, name: str, params: dict | None
         else:
             body += [f"    if (c < kCols) {ya}[{at('c')}] = combine(prefix, v[0]);"]
         body.append("  }")
-        sched = ({"warp": f"one warp per row, {rows_per_block} rows per block",
-                  "block": f"one block of {tpr} threads per row"}[schedule]
-                 + f", chunks of {tpr * vec}, {'float4' if vec == 4 else 'scalar'} loads"
-                 + (f" strided by {inner}" if inner > 1 else "") + f", {grid} blocks")
+        sched = describe_rows(schedule, tpr, rows_per_block, vec, inner, grid, extra=f", chunks of {tpr * vec}")
 
     head = header(program, f"Region {name}: {node.op} along dim {node.attrs['dim']} of {list(x.shape)}",
                   io.nodes, [
                       f"Inputs:  {x.name} {x.spec}",
                       f"Outputs: {y.name} {y.spec}",
-                      f"[outer {outer}, L {cols}, inner {inner}]: {rows} rows of {cols}; schedule: {sched}.",
+                      walk.describe(sched),
                       "float32 throughout; the association order differs from a sequential loop (small "
                       "rounding differences).",
                   ])
