@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 
 from ..ir import Program
-from .cuda import Names, header, kernel_name
+from .cuda import Names, header, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 from .rowwalk import WARP, describe_rows, pick_schedule, row_walk, single_node, threads_per_row, vector_width
@@ -139,7 +139,6 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
             f"  {ya}[outer * kInner + inner] = best.index;",
         ]
         sched = f"column tiles of {tx} inner positions x {ty} thread rows, {grid} blocks"
-        launch_bound = "kBlock"
     else:
         tpr, rows_per_block, grid = threads_per_row(p, schedule, walk)
         block = (tpr * rows_per_block, 1, 1)
@@ -177,7 +176,6 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
         body += ["  best = row_reduce(best);",
                  f"  if (lane == 0) {ya}[row] = best.index;"]
         sched = describe_rows(schedule, tpr, rows_per_block, vec, inner, grid)
-        launch_bound = "kBlock"
 
     what = "the flattened tensor" if dim is None else f"dim {dim}"
     head = header(program, f"Region {name}: {node.op} over {what} of {list(x.shape)} -> {y.spec}", io.nodes, [
@@ -187,9 +185,7 @@ def generate_arg_reduction(program: Program, io: RegionIO, name: str, params: di
         walk.describe(sched),
         "NaN counts as the extreme value (the first NaN wins); ties go to the first index, as in torch.",
     ])
-    source = "\n".join([head, *consts, "", *helpers, "",
-                        f'extern "C" __global__ void __launch_bounds__({launch_bound})\n'
-                        f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
+    source = kernel_source(head, consts, [*helpers, ""], kname, cparams, body)
     return KernelSource(
         name=kname, kind="arg_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=block, schedule=sched,

@@ -21,7 +21,7 @@ import networkx as nx
 from ..ir import Program
 from ..ops.common import ntuple
 from .around import render_around
-from .cuda import Names, header, index_type, kernel_name
+from .cuda import Names, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
 from .region_io import RegionIO
@@ -268,9 +268,7 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
         f"kernel {kernel}, {geometry}.",
         f"schedule: {sched}.",
     ])
-    source = "\n".join([head, *consts, "", *ld_epi.helpers, epi_fn,
-                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
-                        *body, "}", ""])
+    source = kernel_source(head, consts, [*ld_epi.helpers, epi_fn], kname, cparams, body)
     return KernelSource(
         name=kname, kind="convolution", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,

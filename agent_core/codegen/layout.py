@@ -16,7 +16,7 @@ import math
 
 from ..ir import Program
 from .around import grid_for, render_around, split_around
-from .cuda import Names, header, index_type, kernel_name
+from .cuda import Names, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO, contiguous_strides
 
@@ -170,9 +170,8 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
         f"Simplified: {shape} permuted by {perm}; schedule: {sched}.",
     ])
-    source = "\n".join([head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, *helpers, pro_fn, epi_fn,
-                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
-                        *body, "}", ""])
+    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, *helpers, pro_fn, epi_fn], kname,
+                           cparams, body)
     return KernelSource(
         name=kname, kind="layout", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=blockdim, schedule=sched,
@@ -253,9 +252,8 @@ def generate_strided_slice(program: Program, io: RegionIO, name: str, params: di
             "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {",
             f"    store_point({', '.join(store)});",
             "  }"]
-    source = "\n".join([head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, source_fn, w.pro_fn, w.epi_fn,
-                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
-                        *body, "}", ""])
+    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, source_fn, w.pro_fn, w.epi_fn],
+                           kname, cparams, body)
     return KernelSource(
         name=kname, kind="strided_slice", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,

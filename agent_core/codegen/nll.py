@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from ..ir import Program
-from .cuda import Names, header, index_type, kernel_name
+from .cuda import Names, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 from .rowwalk import single_node
@@ -140,9 +140,7 @@ def generate_nll_loss(program: Program, io: RegionIO, name: str, params: dict | 
         f"{numel} targets over {classes} classes, ignore_index {ignore}; schedule: {sched}.",
         "A target outside [0, C) (torch raises) gives NaN instead of reading out of bounds.",
     ])
-    source = "\n".join([head, *consts, "", *helpers, "",
-                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n'
-                        f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
+    source = kernel_source(head, consts, [*helpers, ""], kname, cparams, body)
     # the memory floor: targets, the one input element each reads, the weight, the output
     nbytes = tg.nbytes + numel * 4 + (wv.nbytes if wv else 0) + out.nbytes
     return KernelSource(

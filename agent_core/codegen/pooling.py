@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..ir import Program
 from ..ops.common import ntuple
 from .around import grid_for, render_around, split_around
-from .cuda import Names, header, index_type, kernel_name
+from .cuda import Names, header, index_type, kernel_name, kernel_source
 from .kernel import KernelSource
 from .region_io import RegionIO
 from .rowreduce import _global_pool
@@ -177,9 +177,7 @@ def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | N
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
         f"{window.describe}; schedule: {sched}.",
     ])
-    source = "\n".join([head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, pro_fn, epi_fn,
-                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
-                        *body, "}", ""])
+    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, pro_fn, epi_fn], kname, cparams, body)
     return KernelSource(
         name=kname, kind="pooling", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,

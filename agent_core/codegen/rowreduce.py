@@ -26,7 +26,7 @@ import networkx as nx
 
 from ..ir import Program
 from ..ops.common import broadcast, norm_dim, norm_dims
-from .cuda import Names, float_literal, header, index_type, kernel_name
+from .cuda import Names, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
@@ -620,10 +620,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     ])
     if sum("discard" in ln for ln in body) == 1:   # pass 2 reads the registers: nothing to discard
         body = [ln for ln in body if "discard" not in ln]
-    source = "\n".join([
-        head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn,
-        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
-        *body, "}", ""])
+    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
+                           cparams, body)
     nbytes = sum(vals[v].nbytes for v in io.inputs + out_vids)
     return KernelSource(
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
@@ -744,10 +742,8 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
     ])
     if sum("discard" in ln for ln in body) == 1:   # pass 2 reads the registers: nothing to discard
         body = [ln for ln in body if "discard" not in ln]
-    source = "\n".join([
-        head, *consts, "", *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn,
-        f'extern "C" __global__ void __launch_bounds__(kBlock)\n{kname}({", ".join(cparams)}) {{',
-        *body, "}", ""])
+    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
+                           cparams, body)
     return KernelSource(
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(out_vids), grid=(grid, 1, 1), block=(tx, ty, 1), schedule=sched,

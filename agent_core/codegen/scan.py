@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 
 from ..ir import Program
-from .cuda import Names, header, kernel_name
+from .cuda import Names, header, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 from .rowwalk import WARP, describe_rows, pick_schedule, row_walk, single_node, threads_per_row, vector_width
@@ -180,9 +180,7 @@ def generate_scan(program: Program, io: RegionIO, name: str, params: dict | None
                       "float32 throughout; the association order differs from a sequential loop (small "
                       "rounding differences).",
                   ])
-    source = "\n".join([head, *consts, "", *helpers, "",
-                        f'extern "C" __global__ void __launch_bounds__(kBlock)\n'
-                        f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
+    source = kernel_source(head, consts, [*helpers, ""], kname, cparams, body)
     return KernelSource(
         name=kname, kind="scan", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
