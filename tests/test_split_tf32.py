@@ -30,6 +30,8 @@ def test_split_keeps_zeros_and_poisons_nonfinite():
 CASES = [
     ("linear", [(33, 70), (19, 70), (19,)], {}),
     ("matmul", [(5, 33, 70), (70, 18)], {}),
+    ("matmul", [(1, 9, 20), (3, 20, 7)], {}),          # batches that broadcast (bmm alone would refuse)
+    ("matmul", [(6, 40), (40, 11)], {}),
     ("bmm", [(3, 17, 29), (3, 29, 11)], {}),
     ("conv2d", [(2, 5, 13, 11), (7, 5, 3, 3), (7,)], {"stride": [2, 1], "padding": [1, 0], "dilation": [1, 1],
                                                       "groups": 1}),
@@ -47,7 +49,7 @@ def _program(op, shapes, attrs):
     return p, n
 
 
-@pytest.mark.parametrize("op,shapes,attrs", CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize("op,shapes,attrs", CASES, ids=[f"{c[0]}-{k}" for k, c in enumerate(CASES)])
 def test_split_form_matches_float64_as_closely_as_fp32(op, shapes, attrs):
     p, n = _program(op, shapes, attrs)
     env = dict(parameter_tensors(p, "cpu"))

@@ -19,6 +19,7 @@ from ..codegen import CodegenError, LIBRARY_CATEGORIES, generate_kernel
 from ..compiler import DEFAULT_ARCH, CompileError, compile_kernel
 from ..errors import StitchError
 from ..ir import Program
+from ..runtime.split_tf32 import describe_library_call, library_precision
 from .events import EventEmitter
 from .tune import tune_space
 
@@ -94,7 +95,6 @@ class _Agent:
             return self._finish(r, out), None
         if len(nodes) == 1 and nodes[0].opdef.category in LIBRARY_CATEGORIES:
             out.status = "library"
-            from ..runtime.split_tf32 import describe_library_call
             out.reason = (f"{nodes[0].name} ({nodes[0].op}) alone runs through cuBLAS/cuDNN via torch "
                           f"({describe_library_call(p, nodes[0].id)})")
             return self._finish(r, out), None
@@ -223,7 +223,7 @@ class _Agent:
             return self._finish(r, out), None
         runner = self._runner(r, ks, loaded)
         res = self._verify(r, runner, self.draws, "default")
-        split = [n for n in ks.library_nodes if n in (self.program.metadata.get("library_precision") or {})]
+        split = [n for n in ks.library_nodes if n in library_precision(self.program)]
         if not res.ok and split:   # the split-TF32 library call may be what differs: fp32 it, then again
             for n in split:
                 del self.program.metadata["library_precision"][n]
@@ -296,7 +296,6 @@ class _Agent:
                           f"{len(r.nodes)} unfused op(s) ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us, "
                           f"both replayed in a CUDA graph)")
             for nid in ks.library_nodes:
-                from ..runtime.split_tf32 import describe_library_call
                 out.reason += f"; its {self.program.nodes[nid].op} runs as {describe_library_call(self.program, nid)}"
             return self._finish(r, out), (list(r.nodes), ks, loaded)
         out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us); "
@@ -398,8 +397,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         prog.metadata.pop("library_precision", None)
         if split_tf32:   # before the regions: their library calls are verified and timed as they will run
             from .precision import choose_library_precision
-            profile["library_precision"] = choose_library_precision(
-                prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
+            choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
     outcomes, fused = [], {}
     for r in plan.active:
         try:
@@ -466,17 +464,16 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
     res = exe.verify(draws, ref=ref)
     emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err, reason=res.reason)
-    if not res.ok and prog.metadata.get("library_precision"):
+    if not res.ok and library_precision(prog):
         emit.emit("error", message=f"the end-to-end program with split-TF32 library calls failed verification "
                                    f"({res.reason}); every matmul and convolution runs in fp32 instead")
         prog.metadata["library_precision"] = {}
-        profile["library_precision"] = {}
         profile["library_precision_fallback"] = res.reason
         exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
         res = exe.verify(draws, ref=ref)
         emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
                   reason=res.reason)
-    profile["library_precision"] = dict(prog.metadata.get("library_precision") or {})
+    profile["library_precision"] = dict(library_precision(prog))
     if not res.ok and fused:
         emit.emit("error", message=f"the end-to-end program with generated kernels failed verification "
                                    f"({res.reason}); running every node through torch instead")
@@ -496,7 +493,7 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     nbytes = sum(prog.values[v].nbytes for v in prog.inputs) + sum(v.nbytes for v in prog.parameters()) + \
         sum(prog.values[v].nbytes for v in set(prog.outputs))
     flops = sum(prog.node_flops(n) for n in prog.nodes)
-    split = sum(prog.node_flops(n) for n in prog.metadata.get("library_precision") or {})
+    split = sum(prog.node_flops(n) for n in library_precision(prog))
     e2e = attribute(t.median_ms, nbytes, flops, bw, tflops=effective_tflops(flops, split))
     e2e.update(correct=res.ok, verify=res.as_dict(), timing=t.to_dict(), **exe.summary(),
                arena=exe.arena_plan.to_dict())

@@ -52,15 +52,17 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int) -
         ms, disagree = {}, []
         try:
             with torch.no_grad():
-                results = {}
+                fp32 = None   # fp32's result; each other form's is compared with it and dropped
                 for mode, run in _forms(program, nid).items():
-                    results[mode] = dict(env)
-                    run(program, nid, results[mode])
-                    if mode != "fp32" and not torch.allclose(results[mode][out], results["fp32"][out],
-                                                             rtol=1e-4, atol=1e-4):
+                    result = dict(env)
+                    run(program, nid, result)
+                    if fp32 is None:
+                        fp32 = result[out]
+                    elif not torch.allclose(result[out], fp32, rtol=1e-4, atol=1e-4):
                         disagree.append(mode)
+                    del result
                     ms[mode] = time_in_graph(lambda: run(program, nid, dict(env)), trials=trials)[0].median_ms
-                del results
+                del fp32
         except Exception as exc:  # noqa: BLE001 - a node that cannot be timed stays fp32
             emit.log(f"{node.name} ({node.op}): only fp32 tried: {type(exc).__name__}: {exc}",
                      level="warning", node=nid)

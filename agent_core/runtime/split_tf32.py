@@ -99,25 +99,44 @@ def can_concatenate(program: Program, node_id: str) -> bool:
 
 
 @contextlib.contextmanager
-def tf32_tensor_cores():
-    """TF32 on for the calls inside (cuDNN picks their algorithms by timing them; TF32 is part of its
-    algorithm cache key, so the fp32 calls elsewhere keep theirs), then everything as it was."""
-    import torch
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cudnn.benchmark = True
+def _settings(*changes):
+    """(object, attribute, value) settings for the calls inside, then everything as it was, also when a
+    call raises."""
+    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in changes]
     try:
+        for obj, attr, value in changes:
+            setattr(obj, attr, value)
         yield
     finally:
-        (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-         torch.backends.cudnn.benchmark) = saved
+        for obj, attr, value in saved:
+            setattr(obj, attr, value)
+
+
+def tf32_tensor_cores():
+    """TF32 on for the calls inside, with cuDNN picking their algorithms by timing them (TF32 is part
+    of its algorithm cache key, so the fp32 calls elsewhere keep theirs)."""
+    import torch
+    b = torch.backends
+    return _settings((b.cuda.matmul, "allow_tf32", True), (b.cudnn, "allow_tf32", True), (b.cudnn, "benchmark", True))
+
+
+def cudnn_timed():
+    """fp32 convolutions whose algorithm cuDNN picks by timing, cached apart from the heuristic picks
+    (deterministic is part of the cache key; see the module docstring)."""
+    import torch
+    return _settings((torch.backends.cudnn, "benchmark", True), (torch.backends.cudnn, "deterministic", True))
+
+
+def _operands(node, env: dict):
+    """(a, b, bias) of a bilinear node; bias None when it has none."""
+    bias = env[node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else None
+    return env[node.inputs[0]], env[node.inputs[1]], bias
 
 
 def run_split_tf32(program: Program, node_id: str, env: dict) -> None:
     """run_node for a bilinear node, as three TF32 tensor-core calls (see the module docstring)."""
     node = program.nodes[node_id]
-    a, b = env[node.inputs[0]], env[node.inputs[1]]
-    bias = env[node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else None
+    a, b, bias = _operands(node, env)
     a_hi, a_lo = _cached_split(a) if _is_parameter(program, node.inputs[0]) else split_tf32(a)
     b_hi, b_lo = _cached_split(b) if _is_parameter(program, node.inputs[1]) else split_tf32(b)
     with tf32_tensor_cores():
@@ -134,32 +153,21 @@ def _gemm_sum(op, a_hi, a_lo, b_hi, b_lo, bias):
     """The three products of a 2-D GEMM (linear over any batch shape, mm, bmm) summed by cuBLAS itself
     (beta = 1), which saves two passes over the output; None for other shapes."""
     import torch
-    if op == "linear" and b_hi.dim() == 2 and a_hi.is_contiguous() and a_lo.is_contiguous():
+    if op == "linear" and b_hi.dim() == 2:
         k = a_hi.shape[-1]
         x_hi, x_lo, w_hi, w_lo = a_hi.reshape(-1, k), a_lo.reshape(-1, k), b_hi.t(), b_lo.t()
         out = torch.addmm(bias, x_hi, w_hi) if bias is not None else torch.mm(x_hi, w_hi)
         out.addmm_(x_lo, w_hi)
         out.addmm_(x_hi, w_lo)
         return out.view(*a_hi.shape[:-1], out.shape[-1])
-    if op in ("matmul", "bmm") and a_hi.dim() == b_hi.dim() and a_hi.dim() in (2, 3):
+    if op in ("matmul", "bmm") and a_hi.dim() == b_hi.dim() and a_hi.dim() in (2, 3) \
+            and a_hi.shape[:-2] == b_hi.shape[:-2]:   # matmul broadcasts batches; bmm does not
         mm, acc = (torch.mm, "addmm_") if a_hi.dim() == 2 else (torch.bmm, "baddbmm_")
         out = mm(a_lo, b_hi)
         getattr(out, acc)(a_hi, b_lo)
         getattr(out, acc)(a_hi, b_hi)
         return out
     return None
-
-
-@contextlib.contextmanager
-def cudnn_timed():
-    """fp32 convolutions whose algorithm cuDNN picks by timing, cached apart from the heuristic picks."""
-    import torch
-    saved = (torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic)
-    torch.backends.cudnn.benchmark = torch.backends.cudnn.deterministic = True
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.benchmark, torch.backends.cudnn.deterministic = saved
 
 
 def run_timed_fp32(program: Program, node_id: str, env: dict) -> None:
@@ -172,8 +180,7 @@ def run_split_tf32_cat(program: Program, node_id: str, env: dict) -> None:
     concatenated along the input channels (the weight's dim 1, or dim 0 when transposed)."""
     import torch
     node = program.nodes[node_id]
-    a, b = env[node.inputs[0]], env[node.inputs[1]]
-    bias = env[node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else None
+    a, b, bias = _operands(node, env)
     spatial = int(node.op[-2])
     channel = a.dim() - spatial - 1                    # 1, or 0 for an unbatched input
     w_dim = 0 if node.op.startswith("conv_transpose") else 1
