@@ -10,19 +10,16 @@ Errors against float64 in units of the 1e-4 tolerance, as tools/tf32x3_probe.py.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 import torch
 
-from agent_core.importers import import_file
-from agent_core.reference import parameter_tensors
 from agent_core.runtime.split_tf32 import split_tf32, tf32_tensor_cores
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_kernels import timed  # noqa: E402
-from tf32x3_probe import FLUSH_BYTES, tolerance_units  # noqa: E402
+from library_calls import exact_result, flusher, library_calls, tolerance_units, write_rows  # noqa: E402
 
 LAYOUT = {4: torch.channels_last, 5: torch.channels_last_3d}
 
@@ -78,41 +75,27 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda").zero_
-    rows, seen = [], set()
-    for path in args.files:
-        program = import_file(path)
-        params = parameter_tensors(program, "cuda")
-        for node in program.nodes.values():
-            if node.opdef.category != "convolution":
-                continue
-            key = (node.op, tuple(program.values[node.inputs[0]].shape), tuple(program.values[node.inputs[1]].shape),
-                   json.dumps(node.attrs, sort_keys=True))
-            if key in seen:   # level 2 repeats shapes: each is timed once
-                continue
-            seen.add(key)
-            a = torch.randn(program.values[node.inputs[0]].shape, device="cuda")
-            w = params[node.inputs[1]]
-            bias = params.get(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2] else None
-            ref, attrs = node.opdef.reference, node.attrs
-            with torch.no_grad():
-                exact = ref([a.double(), w.double(), bias.double() if bias is not None else None], attrs)
-                row = {"problem": os.path.basename(path)[:-3], "op": node.op, "a": list(a.shape), "w": list(w.shape),
-                       "fp32_ms": timed(lambda: ref([a, w, bias], attrs), flush)}
-                for name, run in forms(node, a, w, bias).items():
-                    row[name + "_ms"] = timed(run, flush)
-                    row[name + "_err"] = tolerance_units(run(), exact)
-            del exact
-            torch.cuda.empty_cache()
-            rows.append(row)
-            best = min((k for k in row if k.endswith("_ms") and k != "fp32_ms"), key=row.get)
-            print(f"{row['problem'][:40]:40s} {node.op:16s} a{row['a']} w{row['w']} fp32 {row['fp32_ms']:.3f} | "
-                  + " ".join(f"{k[:-3]} {row[k]:.3f}" for k in row if k.endswith("_ms") and k != "fp32_ms")
-                  + f" | best {best[:-3]} {row['fp32_ms'] / row[best]:.2f}x err {row[best[:-3] + '_err']:.3f}",
-                  flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    flush = flusher()
+    rows = []
+    calls = library_calls(args.files, lambda n: n.opdef.category == "convolution", unique_shapes=True)
+    for problem, _, node, a, w, bias in calls:
+        ref, attrs = node.opdef.reference, node.attrs
+        with torch.no_grad():
+            exact = exact_result(node, a, w, bias)
+            row = {"problem": problem, "op": node.op, "a": list(a.shape), "w": list(w.shape),
+                   "fp32_ms": timed(lambda: ref([a, w, bias], attrs), flush)}
+            for name, run in forms(node, a, w, bias).items():
+                row[name + "_ms"] = timed(run, flush)
+                row[name + "_err"] = tolerance_units(run(), exact)
+        del exact
+        torch.cuda.empty_cache()
+        rows.append(row)
+        best = min((k for k in row if k.endswith("_ms") and k != "fp32_ms"), key=row.get)
+        print(f"{row['problem'][:40]:40s} {node.op:16s} a{row['a']} w{row['w']} fp32 {row['fp32_ms']:.3f} | "
+              + " ".join(f"{k[:-3]} {row[k]:.3f}" for k in row if k.endswith("_ms") and k != "fp32_ms")
+              + f" | best {best[:-3]} {row['fp32_ms'] / row[best]:.2f}x err {row[best[:-3] + '_err']:.3f}",
+              flush=True)
+    write_rows(args.json, rows)
     return 0
 
 
