@@ -82,3 +82,56 @@ def nll_program(shape, reduction, weight=False, ignore_index=-100):
     n = p.add_node("nll_loss", ins, {"reduction": reduction, "ignore_index": ignore_index})
     p.mark_output(n.outputs[0])
     return p, n.id
+
+
+# (input shape, dim, start, end, step) of strided slices: last and middle dims, steps 2 and 3, odd sizes
+SLICE_CASES = [((3, 10, 7), 1, 1, 9, 3), ((4, 9), 1, 0, None, 2), ((5, 13), -1, 2, None, 3), ((7, 11, 5), 1, 0, 11, 2),
+               ((2, 3, 17), 2, 1, 16, 2), ((9,), 0, 0, None, 2), ((15, 4), 0, 3, 14, 3), ((2, 5, 7, 3), 2, 1, None, 3),
+               ((4, 240, 16), 1, 100, 200, 2)]
+SLICE_BOUNDS_CASES = [((6, 10), 1, -7, -1, 2), ((6, 10), 1, 3, 99, 4)]   # negative and out-of-range bounds
+
+
+def sliced(shape, dim, start, end, step, around=False):
+    """x[start:end:step] along dim; around: with a prologue (+ a broadcast input, gelu) before the
+    slice and an epilogue (* a broadcast input, relu) after it. The program and the region's node ids."""
+    p = Program("slice")
+    v = p.add_input("x", shape).id
+    ids = []
+    if around:
+        b0 = p.add_input("b0", shape[-1:])
+        a = p.add_node("add", [v, b0.id])
+        g = p.add_node("gelu", [a.outputs[0]])
+        ids += [a.id, g.id]
+        v = g.outputs[0]
+    t = p.add_node("slice", [v], {"dim": dim, "start": start, "end": end, "step": step})
+    ids.append(t.id)
+    v = t.outputs[0]
+    if around:
+        b = p.add_input("b", p.values[v].shape[-1:])
+        e = p.add_node("mul", [v, b.id])
+        r = p.add_node("relu", [e.outputs[0]])
+        ids += [e.id, r.id]
+        v = r.outputs[0]
+    p.mark_output(v)
+    return p, ids
+
+
+# (op, input shape, output_size): sizes that divide the input, that do not, and outputs larger than it
+ADAPTIVE_CASES = [
+    ("adaptive_avg_pool1d", (2, 3, 257), [10]),
+    ("adaptive_max_pool1d", (2, 3, 257), [10]),
+    ("adaptive_avg_pool1d", (2, 3, 7), [3]),
+    ("adaptive_max_pool1d", (2, 3, 12), [4]),
+    ("adaptive_avg_pool1d", (2, 3, 5), [8]),
+    ("adaptive_max_pool1d", (3, 5), [8]),
+    ("adaptive_avg_pool2d", (2, 3, 30, 30), [4, 4]),
+    ("adaptive_max_pool2d", (2, 3, 30, 30), [4, 4]),
+    ("adaptive_avg_pool2d", (2, 3, 7, 9), [3, 5]),
+    ("adaptive_max_pool2d", (2, 3, 5, 6), [8, 7]),
+    ("adaptive_avg_pool2d", (2, 3, 7, 9), [1, 3]),
+    ("adaptive_max_pool2d", (2, 3, 7, 9), [1, 1]),
+    ("adaptive_avg_pool3d", (1, 2, 5, 6, 7), [2, 3, 4]),
+    ("adaptive_max_pool3d", (1, 2, 5, 6, 7), [2, 3, 4]),
+    ("adaptive_avg_pool3d", (1, 2, 3, 4, 5), [5, 6, 7]),
+    ("adaptive_max_pool3d", (2, 3, 4, 4), [2, 2, 2]),
+]

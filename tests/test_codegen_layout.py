@@ -11,7 +11,7 @@ from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.codegen.layout import simplify
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from tests.programs import pooled
+from tests.programs import SLICE_BOUNDS_CASES, SLICE_CASES, pooled, sliced
 
 
 def _consts(src):
@@ -113,39 +113,12 @@ def test_pooling_with_prologue_and_epilogue_compiles(op, attrs, shape):
 
 
 # --- strided slices ------------------------------------------------------------------------------
-# (input shape, dim, start, end, step): last and middle dims, steps 2 and 3, odd sizes
-SLICE_CASES = [((3, 10, 7), 1, 1, 9, 3), ((4, 9), 1, 0, None, 2), ((5, 13), -1, 2, None, 3), ((7, 11, 5), 1, 0, 11, 2),
-               ((2, 3, 17), 2, 1, 16, 2), ((9,), 0, 0, None, 2), ((15, 4), 0, 3, 14, 3), ((2, 5, 7, 3), 2, 1, None, 3),
-               ((4, 240, 16), 1, 100, 200, 2)]
-
-
-def _sliced(shape, dim, start, end, step, around=False):
-    p = Program("slice")
-    x = p.add_input("x", shape)
-    ids, v = [], x.id
-    if around:
-        a = p.add_node("mul_scalar", [v], {"value": 2.0})
-        ids.append(a.id)
-        v = a.outputs[0]
-    t = p.add_node("slice", [v], {"dim": dim, "start": start, "end": end, "step": step})
-    ids.append(t.id)
-    v = t.outputs[0]
-    if around:
-        b = p.add_input("b", p.values[v].shape[-1:])
-        e = p.add_node("add", [v, b.id])
-        r = p.add_node("relu", [e.outputs[0]])
-        ids += [e.id, r.id]
-        v = r.outputs[0]
-    p.mark_output(v)
-    return p, ids
-
-
-@pytest.mark.parametrize("shape,dim,start,end,step", SLICE_CASES + [((6, 10), 1, -7, -1, 2), ((6, 10), 1, 3, 99, 4)])
+@pytest.mark.parametrize("shape,dim,start,end,step", SLICE_CASES + SLICE_BOUNDS_CASES)
 def test_strided_slice_index_arithmetic_matches_torch(shape, dim, start, end, step):
     """The kernel's own source(o) expression, evaluated for every output element, reads the element
     torch's slicing keeps (negative and out-of-range bounds too)."""
     import torch
-    p, ids = _sliced(shape, dim, start, end, step)
+    p, ids = sliced(shape, dim, start, end, step)
     ks = generate_kernel(p, ids, name="sl")
     assert ks.kind == "strided_slice" and ks.params["step"] == step
     env, expr = _consts(ks.source), _fn(ks.source, "source")
@@ -158,17 +131,17 @@ def test_strided_slice_index_arithmetic_matches_torch(shape, dim, start, end, st
 @pytest.mark.parametrize("shape,dim,start,end,step", SLICE_CASES)
 @pytest.mark.parametrize("around", [False, True], ids=["alone", "pro_epi"])
 def test_strided_slice_compiles(shape, dim, start, end, step, around):
-    p, ids = _sliced(shape, dim, start, end, step, around)
+    p, ids = sliced(shape, dim, start, end, step, around)
     ks = generate_kernel(p, ids, name="strided")
     assert ks.kind == "strided_slice" and "__restrict__" in ks.source and "// Fused ops:" in ks.source
     assert f"kStep = {step}" in ks.source
     if around:
-        assert "point(" in ks.source and "store_point(" in ks.source and len(ks.inputs) == 2
+        assert "point(" in ks.source and "store_point(" in ks.source and len(ks.inputs) == 3  # x, b0, b
     compile_kernel(ks, arch="sm_90")
 
 
 def test_strided_slice_region_with_a_transpose_is_refused():
-    p, ids = _sliced((4, 9, 6), 1, 0, None, 2)
+    p, ids = sliced((4, 9, 6), 1, 0, None, 2)
     t = p.add_node("transpose", [p.outputs[0]], {"dim0": 1, "dim1": 2})
     with pytest.raises(CodegenError, match="one slice with a step"):
         generate_kernel(p, ids + [t.id], name="mixed")

@@ -17,29 +17,10 @@ from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.importers import import_file, import_nn_module, verify_import
 from agent_core.ir import Program
-from tests.programs import pooled
+from tests.programs import ADAPTIVE_CASES, pooled
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "resources" / "examples" / "adaptive_pool_mixed.py"
 
-# (op, input shape, output_size): sizes that divide the input, that do not, and outputs larger than it
-ADAPTIVE_CASES = [
-    ("adaptive_avg_pool1d", (2, 3, 257), [10]),
-    ("adaptive_max_pool1d", (2, 3, 257), [10]),
-    ("adaptive_avg_pool1d", (2, 3, 7), [3]),
-    ("adaptive_max_pool1d", (2, 3, 12), [4]),
-    ("adaptive_avg_pool1d", (2, 3, 5), [8]),
-    ("adaptive_max_pool1d", (3, 5), [8]),
-    ("adaptive_avg_pool2d", (2, 3, 30, 30), [4, 4]),
-    ("adaptive_max_pool2d", (2, 3, 30, 30), [4, 4]),
-    ("adaptive_avg_pool2d", (2, 3, 7, 9), [3, 5]),
-    ("adaptive_max_pool2d", (2, 3, 5, 6), [8, 7]),
-    ("adaptive_avg_pool2d", (2, 3, 7, 9), [1, 3]),
-    ("adaptive_max_pool2d", (2, 3, 7, 9), [1, 1]),
-    ("adaptive_avg_pool3d", (1, 2, 5, 6, 7), [2, 3, 4]),
-    ("adaptive_max_pool3d", (1, 2, 5, 6, 7), [2, 3, 4]),
-    ("adaptive_avg_pool3d", (1, 2, 3, 4, 5), [5, 6, 7]),
-    ("adaptive_max_pool3d", (2, 3, 4, 4), [2, 2, 2]),
-]
 IDS = [f"{op}-{'x'.join(map(str, shape[-int(op[-2]):]))}-to-{'x'.join(map(str, out))}"
        for op, shape, out in ADAPTIVE_CASES]
 TORCH = {f"adaptive_{k}_pool{d}d": getattr(F, f"adaptive_{k}_pool{d}d") for k in ("avg", "max") for d in (1, 2, 3)}
