@@ -46,22 +46,34 @@ def _program(op, attrs, sa, sb):
     return p
 
 
+def _lowered(p, fired="lower_loss"):
+    """The program lowered by the lower_loss rule, which must fire once (as `fired`)."""
+    result = rewrite_program(p, rules=[lower_loss], check=False)
+    assert result.rules_fired == {fired: 1}
+    return result.program
+
+
+def _assert_same_result(p, lowered, drawn, **kw):
+    """Both programs on one draw agree; returns the original's result."""
+    want = next(iter(run_reference(p, drawn).values()))
+    got = next(iter(run_reference(lowered, drawn).values()))
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, **kw)
+    return want
+
+
 @pytest.mark.parametrize("op,attrs,sa,sb", CASES, ids=lambda x: str(x).replace(" ", ""))
 def test_lowered_loss_matches_the_op(op, attrs, sa, sb):
     p = _program(op, attrs, sa, sb)
-    result = rewrite_program(p, rules=[lower_loss], check=False)
-    lowered = result.program
-    assert result.rules_fired == {"lower_loss": 1} and not any(n.op == op for n in lowered.nodes.values())
+    lowered = _lowered(p)
+    assert not any(n.op == op for n in lowered.nodes.values())
     for seed in range(3):
         drawn = random_inputs(p, seed)
         if op == "kl_div" and not attrs.get("log_target"):
             drawn["b"][0, :3] = 0.0              # zero probabilities contribute 0, not NaN
         if op == "cosine_similarity":
             drawn["a"][0] *= 1e-9                 # a near-zero vector: the eps clamp decides
-        want = next(iter(run_reference(p, drawn).values()))
-        got = next(iter(run_reference(lowered, drawn).values()))
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        _assert_same_result(p, lowered, drawn)
 
 
 @pytest.mark.parametrize("name", ["mse_loss_functional", "smooth_l1_loss", "kl_div_loss", "cosine_similarity_loss",
@@ -108,10 +120,9 @@ def _ce_program(shape, target, weight, attrs):
 @pytest.mark.parametrize("shape,target,weight,attrs", CE_CASES, ids=lambda x: str(x).replace(" ", ""))
 def test_lowered_cross_entropy_matches_the_op(shape, target, weight, attrs):
     p = _ce_program(shape, target, weight, attrs)
-    result = rewrite_program(p, rules=[lower_loss], check=False)
-    lowered = result.program
+    lowered = _lowered(p)
     ops = {n.op for n in lowered.nodes.values()}
-    assert result.rules_fired == {"lower_loss": 1} and "cross_entropy" not in ops and "log_softmax" in ops
+    assert "cross_entropy" not in ops and "log_softmax" in ops
     if target == "index" and attrs["label_smoothing"] == 0:
         assert ops == {"log_softmax", "nll_loss"}
     ii = attrs["ignore_index"]
@@ -122,10 +133,7 @@ def test_lowered_cross_entropy_matches_the_op(shape, target, weight, attrs):
             flat[: max(1, flat.numel() // 3)] = ii    # ignored samples (some left: a mean over none is NaN)
             if flat.numel() == 1 and seed == 0:
                 flat[0] = 1 if ii != 1 else 0        # [C]: one draw not ignored
-        want = next(iter(run_reference(p, drawn).values()))
-        got = next(iter(run_reference(lowered, drawn).values()))
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, equal_nan=True)
+        _assert_same_result(p, lowered, drawn, equal_nan=True)
 
 
 def test_cross_entropy_example_lowers_to_log_softmax_and_nll():
@@ -174,9 +182,7 @@ def _sdpa_program(qs, ks, vs, mask, attrs):
 @pytest.mark.parametrize("qs,ks,vs,mask,attrs", SDPA_CASES, ids=lambda x: str(x).replace(" ", "")[:40])
 def test_lowered_attention_matches_the_op(qs, ks, vs, mask, attrs):
     p = _sdpa_program(qs, ks, vs, mask, attrs)
-    result = rewrite_program(p, rules=[lower_loss], check=False)
-    lowered = result.program
-    assert result.rules_fired == {"lower_attention": 1}
+    lowered = _lowered(p, fired="lower_attention")
     assert not any(n.op == "scaled_dot_product_attention" for n in lowered.nodes.values())
     for nid, n in lowered.nodes.items():          # every matmul is one cuBLAS call in the export
         if n.op == "matmul":
@@ -187,10 +193,7 @@ def test_lowered_attention_matches_the_op(qs, ks, vs, mask, attrs):
         if mask is not None and mask[0] == "bool":
             drawn["mask"][..., 1, :] = False       # a query that sees no key: torch gives zeros
             hidden = True
-        want = next(iter(run_reference(p, drawn).values()))
-        got = next(iter(run_reference(lowered, drawn).values()))
-        assert got.shape == want.shape
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+        want = _assert_same_result(p, lowered, drawn)
     if hidden or mask is not None and mask[0] == "const" and mask[1].dtype != bool:
         assert (want == 0).all(-1).any()           # the fully masked rows were exercised
 
