@@ -64,17 +64,18 @@ def test_split_form_matches_float64_as_closely_as_fp32(op, shapes, attrs):
     assert torch.allclose(split[out], fp32[out], rtol=1e-5, atol=1e-5 * float(scale))
 
 
-@pytest.mark.parametrize("op,shapes,attrs", [c for c in CASES if c[0].startswith("conv")] + [
+CONVS = [c for c in CASES if c[0].startswith("conv")]
+
+
+@pytest.mark.parametrize("op,shapes,attrs", [c for c in CONVS if c[2].get("groups", 1) == 1] + [
     ("conv_transpose2d", [(4, 6, 5), (4, 3, 3, 3), (3,)], {"stride": [2, 2], "padding": [1, 0]}),   # unbatched
     ("conv1d", [(3, 4, 17), (5, 4, 3)], {"dilation": [2]}),
-], ids=["conv2d", "conv_transpose3d_groups", "conv_transpose2d_unbatched", "conv1d"])
+], ids=["conv2d", "conv_transpose2d_unbatched", "conv1d"])
 def test_the_channel_concatenated_form_is_the_same_sum(op, shapes, attrs):
     p, n = _program(op, shapes, attrs)
+    assert st.can_concatenate(p, n.id)
     env = dict(parameter_tensors(p, "cpu"))
     env[p.inputs[0]] = torch.randn(shapes[0])
-    if not st.can_concatenate(p, n.id):
-        assert n.attrs["groups"] > 1          # only grouped convolutions lack the form
-        return
     fp32, cat, split = dict(env), dict(env), dict(env)
     run_node(p, n.id, fp32)
     st.run_split_tf32_cat(p, n.id, cat)
@@ -83,6 +84,14 @@ def test_the_channel_concatenated_form_is_the_same_sum(op, shapes, attrs):
     assert cat[out].shape == fp32[out].shape
     assert torch.allclose(cat[out], fp32[out], rtol=1e-5, atol=1e-5)
     assert torch.allclose(cat[out], split[out], rtol=1e-5, atol=1e-5)
+
+
+def test_grouped_convolutions_and_matmuls_have_no_concatenated_form():
+    grouped = [c for c in CONVS if c[2].get("groups", 1) > 1]
+    assert grouped
+    for case in grouped + [c for c in CASES if not c[0].startswith("conv")]:
+        p, n = _program(*case)
+        assert st.can_split(p, n.id) and not st.can_concatenate(p, n.id)
 
 
 def test_the_chooser_prefers_the_more_accurate_form_unless_another_is_clearly_faster():
