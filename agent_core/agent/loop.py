@@ -19,7 +19,7 @@ from ..codegen import CodegenError, LIBRARY_CATEGORIES, generate_kernel
 from ..compiler import DEFAULT_ARCH, CompileError, compile_kernel
 from ..errors import StitchError
 from ..ir import Program
-from ..runtime.split_tf32 import describe_library_call, library_precision
+from ..runtime.split_tf32 import describe_library_call, library_precision, run_library_node
 from .events import EventEmitter
 from .tune import tune_space
 
@@ -195,7 +195,6 @@ class _Agent:
         kernel launched with raw pointers (capturable)."""
         import torch
         from ..program_runtime.executable import launchable, raw_launch
-        from ..runtime.split_tf32 import run_library_node
         ks, lk, prog = runner.kernel, runner.loaded, self.program
         outs = [torch.empty(s, dtype=getattr(torch, d), device=TENSOR_DEVICE) for s, d in lk.specs]
 
@@ -323,8 +322,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     """Optimize `program` (left untouched: the result holds the rewritten, planned copy).
 
     device: None = the GPU when one is usable, "cpu" = plan, generate and compile only (sm_90).
-    split_tf32: let matmuls and convolutions run as split TF32 where that is measured faster
-    (runtime.split_tf32; fp32-accurate, verified like everything else).
+    split_tf32: let matmuls and convolutions run as split TF32 (or a timed cuDNN algorithm) where that
+    is measured faster (agent.precision, runtime.split_tf32; kept only where it verifies at 1e-4).
     baseline_fn: (fn, inputs) to time as torch eager / torch.compile (default: the program op by op)."""
     from ..planner import apply_plan, plan_program
     from ..profile.hardware import no_gpu_reason
