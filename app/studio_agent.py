@@ -63,6 +63,8 @@ class StudioAgent(QObject):
         self.current: str | None = None
         self.compile_errors: dict[str, str] = {}
         self.run_dir: str | None = None
+        # what Agent > Optimize passes the worker (tests add --no-tune and friends for speed)
+        self.worker_args: tuple[str, ...] = ("--no-rewrite",)
         self.progress = {"regions": 0, "done": 0}
         self.source = SourceView()
         self.profiles = ProfilePanel()
@@ -121,7 +123,7 @@ class StudioAgent(QObject):
                       "Run the fusion planner (fast, no GPU): regions appear on the canvas"),
             "rewrite": A("&Rewrites…", self.rewrite, "Ctrl+Shift+R", None,
                          "Show the algebraic rewrites the agent would make, before and after; apply them as one undo step"),
-            "optimize": A("&Optimize", self.optimize, "F5", None,
+            "optimize": A("&Optimize", lambda: self.optimize(), "F5", None,
                           "Generate, compile, verify and time CUDA for the regions in a worker process"),
             "cancel": A("&Cancel Optimize", self.cancel, "Shift+F5", None, "Stop the running worker"),
             "open_results": A("Open &results…", self.open_results_dialog, "Ctrl+Shift+O", None,
@@ -267,9 +269,9 @@ class StudioAgent(QObject):
                  "(Ctrl+Z undoes)")
 
     # optimize (worker process) ---------------------------------------------------------------------
-    def optimize(self, extra_args=("--no-rewrite",)) -> bool:
-        """Start the worker on a saved copy of the program. --no-rewrite by default: the results must
-        name the document's own nodes to be applied to it."""
+    def optimize(self) -> bool:
+        """Start the worker on a saved copy of the program, with `worker_args` (--no-rewrite: the results
+        must name the document's own nodes to be applied to it)."""
         from agent_core.project_file import save_program
         w = self.window
         if self.worker.running:
@@ -293,7 +295,7 @@ class StudioAgent(QObject):
         self.compile_errors.clear()
         self.progress = {"regions": 0, "done": 0}
         self.log.note(f"Optimize started on {program.name} ({len(program.nodes)} nodes)", "info")
-        self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *extra_args])
+        self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *self.worker_args])
         self._start_live()
         self.act["cancel"].setEnabled(True)
         self.act["optimize"].setEnabled(False)

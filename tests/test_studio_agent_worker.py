@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from PySide6.QtCore import QStandardPaths, QTimer
+from PySide6.QtCore import QStandardPaths, Qt, QTimer
 
 QStandardPaths.setTestModeEnabled(True)
 
@@ -24,6 +24,7 @@ FAST = ("--no-rewrite", "--no-tune", "--cpu", "--no-baselines")
 
 @pytest.fixture
 def window(studio_window):
+    studio_window.agent.worker_args = FAST
     program = load_program(PROGRAM)
     program.regions = []      # the worker plans them
     studio_window.set_document(Document(program))
@@ -48,7 +49,8 @@ def test_real_worker_streams_events_while_the_gui_stays_responsive(window, qtbot
             hulls.append(sorted(agent.live.items) if agent.live is not None else None)
     agent.worker.event.connect(on_event)
     with qtbot.waitSignal(agent.worker.finished, timeout=120_000) as done:
-        assert agent.optimize(FAST)
+        window.view.setFocus()
+        qtbot.keyClick(window.view, Qt.Key_F5)   # as a user starts it
         assert agent.act["cancel"].isEnabled() and agent.bar.isVisible()
     timer.stop()
     status, message = done.args
@@ -77,7 +79,7 @@ def test_killed_worker_is_reported_and_the_document_is_unchanged(window, qtbot):
     agent = window.agent
     before = snapshot(window)
     with qtbot.waitSignal(agent.worker.event, timeout=60_000, check_params_cb=lambda e: e["event"] == "plan"):
-        agent.optimize(FAST)
+        agent.act["optimize"].trigger()
     with qtbot.waitSignal(agent.worker.finished, timeout=60_000) as done:
         agent.worker.proc.kill()          # mid-run, as if a kernel had faulted and taken the process down
     status, message = done.args
@@ -93,7 +95,7 @@ def test_cancel_stops_the_worker(window, qtbot):
     agent = window.agent
     before = snapshot(window)
     with qtbot.waitSignal(agent.worker.finished, timeout=60_000) as done:
-        agent.optimize(FAST)
+        agent.act["optimize"].trigger()
         agent.act["cancel"].trigger()
     assert done.args[0] == "cancelled"
     assert snapshot(window) == before
