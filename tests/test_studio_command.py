@@ -48,3 +48,24 @@ def test_with_every_library_found_the_check_does_not_stand_in_the_way(tmp_path):
     pytest.importorskip("PySide6")
     res = _studio(tmp_path, "\tlibxcb-cursor.so.0 => /usr/lib/x86_64-linux-gnu/libxcb-cursor.so.0 (0x1)")
     assert "apt-get install" not in res.stderr
+
+
+def test_the_headless_install_needs_no_qt_and_the_studio_extra_brings_it():
+    import tomllib
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    core = " ".join(project["dependencies"]).lower()
+    assert "pyside" not in core and "pyqtgraph" not in core and "qt" not in core.replace("nvrtc", "")
+    studio = " ".join(project["optional-dependencies"]["studio"]).lower()
+    assert "pyside6" in studio and "pyqtgraph" in studio
+
+
+def test_without_the_studio_packages_the_command_says_what_to_install():
+    # PySide6 made unimportable, as on a GPU server that installed only `pip install .`
+    code = ("import sys; sys.modules['PySide6'] = None; from agent_core.cli import main; "
+            f"sys.exit(main(['studio', {PROGRAM!r}, '--screenshot', 'never.png']))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                         env={**os.environ, "PYTHONPATH": ROOT})
+    assert res.returncode == 0, res.stderr
+    assert "PySide6 is missing" in res.stderr and "stitchcuda[studio]" in res.stderr, res.stderr
+    assert "residual" in res.stdout.lower() and not os.path.exists(os.path.join(ROOT, "never.png"))

@@ -24,12 +24,16 @@ def add_arguments(parser) -> None:
 def editor_unavailable() -> str | None:
     """Why the editor cannot be opened here, or None when app.main.run_studio is importable."""
     try:
-        mod = importlib.import_module("app.main")
+        for name in ("PySide6.QtWidgets", "pyqtgraph", "app.main"):  # app.main imports Qt only when run
+            mod = importlib.import_module(name)
     except ImportError as e:  # ModuleNotFoundError included
         missing = getattr(e, "name", None) or ""
         if missing in ("app", "app.main"):
             return "the editor is not installed (no app.main)"
-        if missing.split(".")[0] in _QT_MODULES or any(q in str(e) for q in _QT_MODULES) or ".so" in str(e):
+        if missing.split(".")[0] in _QT_MODULES:
+            return (f"its packages are not installed ({missing.split('.')[0]} is missing; "
+                    "pip install 'stitchcuda[studio]', or pip install -e '.[studio]' in a checkout)")
+        if any(q in str(e) for q in _QT_MODULES) or ".so" in str(e):
             return f"Qt cannot be loaded ({e})"
         raise
     if not callable(getattr(mod, "run_studio", None)):
