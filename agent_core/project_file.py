@@ -5,9 +5,11 @@ is checked for type and range, ops must be known to the registry, and the sideca
 member with numpy's header reader (no pickle), its shape, dtype and SHA-256 checked against the JSON.
 Any problem raises FileFormatError naming the JSON path ("nodes[3].inputs[1]: ...").
 
-Saving is atomic: each file is written to a temporary file in the same folder, fsynced and renamed over
-the old one, so a crash mid-save leaves the old file whole. The schema is described in
-docs/PROJECT_FILE.md.
+Saving is atomic: each file is written to a temporary file in the same folder
+(`.<name>.<random>.stitchcuda-tmp`, locked while its save runs), fsynced and renamed over the old one,
+so a crash mid-save leaves the old file whole; the temporary files a killed save leaves are removed by
+the next save or open of that file. A sidecar is only ever read as a regular file in the project
+file's own folder, never through a link. The schema is described in docs/PROJECT_FILE.md.
 """
 from __future__ import annotations
 
@@ -18,11 +20,17 @@ import math
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
 import zipfile
 from enum import Enum
 from typing import Any
+
+try:
+    import fcntl  # POSIX: a live save's temporary file is locked, so no one removes it under it
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 import numpy as np
 
@@ -54,29 +62,86 @@ _VALUE_KEYS = ("id", "name", "shape", "dtype", "role", "producer", "init")
 _NODE_KEYS = ("id", "op", "name", "attrs", "inputs", "outputs", "pos")
 _FLOAT_TAG = "$float"
 
+# Temporary files of a save: ".<target name>.<8 random characters>.stitchcuda-tmp", next to the target.
+TMP_SUFFIX = ".stitchcuda-tmp"
+# One not locked by a live save is an orphan once it is this old; the grace covers the instant between
+# a save creating its file and locking it (without fcntl, no lock: only files an hour old are orphans).
+ORPHAN_GRACE_S = 1.0 if fcntl is not None else 3600.0
+
 
 # --- public API ------------------------------------------------------------------------------
 def save_program(program: Program, path: str | os.PathLike, *, inline_limit: int = INLINE_LIMIT) -> None:
     """Write `program` to `path` (JSON) and, if it has large parameters, `<path>.npz`, atomically."""
     path = os.path.realpath(os.fspath(path))  # through a symlink: update its target, keep the link
     sidecar_name = os.path.basename(path) + ".npz"
+    sidecar = os.path.join(os.path.dirname(path), sidecar_name)
+    remove_orphans(path)
     large: dict[str, np.ndarray] = {}
     obj = _to_json(program, inline_limit=inline_limit, sidecar=sidecar_name, large=large)
     text = _format(obj)
     if large:
-        sidecar = os.path.join(os.path.dirname(path) or ".", sidecar_name)
         want = [e for e in obj["parameters"] if "sidecar" in e]
         # An unchanged sidecar is left alone. A changed one also keeps the arrays the JSON now on disk
-        # reads, so that a crash between the two renames leaves a loadable pair either way.
+        # reads, so that a crash between the two renames leaves a loadable pair either way. A sidecar
+        # that is a link or not a regular file is never read: the rename replaces the entry itself.
         if not _sidecar_holds(sidecar, want):
             keep = _members_read_by(path, sidecar_name)
             _atomic_write(sidecar, lambda f: _write_npz(f, {_member(e): large[e["value"]] for e in want},
                                                         sidecar, keep))
     _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-    if not large:  # a sidecar left from an earlier save is no longer referenced
-        stale = os.path.join(os.path.dirname(path) or ".", sidecar_name)
-        if os.path.isfile(stale):
-            os.unlink(stale)
+    if not large:  # a sidecar left from an earlier save is no longer referenced (only a file we wrote)
+        try:
+            if stat.S_ISREG(os.lstat(sidecar).st_mode):
+                os.unlink(sidecar)
+        except FileNotFoundError:
+            pass
+
+
+def remove_orphans(path: str | os.PathLike) -> list[str]:
+    """Remove the temporary files that killed saves of `path` (and of its sidecar) left in its folder.
+
+    Only names of our own pattern for exactly this target are considered, only regular files, and
+    only those no live save holds locked and that are older than ORPHAN_GRACE_S. Returns the names
+    removed; a folder that cannot be listed or written is left as it is."""
+    path = os.path.realpath(os.fspath(path))
+    folder, base = os.path.split(path)
+    pattern = re.compile(r"\.(" + re.escape(base) + r"|" + re.escape(base + ".npz") + r")\.[A-Za-z0-9_]{8}"
+                         + re.escape(TMP_SUFFIX))
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        if pattern.fullmatch(name) and _remove_if_orphan(os.path.join(folder, name)):
+            removed.append(name)
+    return removed
+
+
+def _remove_if_orphan(tmp: str) -> bool:
+    try:
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False  # gone, a link, or not ours to open
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < ORPHAN_GRACE_S:
+            return False
+        if fcntl is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # a save in another process is writing it now
+        try:
+            same = os.lstat(tmp)
+            if (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):
+                return False  # replaced meanwhile: not the file we checked
+            os.unlink(tmp)
+        except OSError:
+            return False
+        return True
+    finally:
+        os.close(fd)
 
 
 def load_program(path: str | os.PathLike, *, strict: bool = False) -> Program:
@@ -89,9 +154,14 @@ def load_program(path: str | os.PathLike, *, strict: bool = False) -> Program:
     """
     path = os.fspath(path)
     try:
-        if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
-            raise FileFormatError(f"{path}: not a regular file")
-        with open(path, "rb") as f:
+        # O_NONBLOCK: a FIFO or device named like a project file must not hang the open
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with open(fd, "rb") as f:
+            mode = os.fstat(f.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(mode):
+                raise FileFormatError(f"{path}: not a regular file")
             raw = f.read(MAX_FILE_BYTES + 1)  # bounded even if the size on disk lies
         if len(raw) > MAX_FILE_BYTES:
             raise FileFormatError(f"{path}: larger than the {MAX_FILE_BYTES >> 20} MiB a project file may have")
@@ -102,10 +172,13 @@ def load_program(path: str | os.PathLike, *, strict: bool = False) -> Program:
     except OSError as e:
         raise FileFormatError(f"{path}: cannot read ({e.strerror or e})") from None
     obj = _parse(raw, path)
+    real = os.path.realpath(path)  # the sidecar lies next to the file itself, not next to a link to it
     try:
-        return program_from_json(obj, base_dir=os.path.dirname(os.path.abspath(path)), strict=strict)
+        program = program_from_json(obj, base_dir=os.path.dirname(real), strict=strict)
     except FileFormatError as e:
         raise FileFormatError(f"{path}: {e}") from None
+    remove_orphans(real)  # only after a good load: opening a bad file changes nothing
+    return program
 
 
 def program_to_json(program: Program) -> dict:
@@ -251,19 +324,24 @@ def _plain(x: Any, path: str, depth: int = 0) -> Any:
 
 
 def _atomic_write(path: str, write) -> None:
-    """Write through a temporary file in the same folder, fsync, then rename over `path`."""
+    """Write through a temporary file in the same folder, fsync, then rename over `path`. The file
+    stays open and locked until it has its name, so remove_orphans never takes it for an orphan."""
     folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
+            if fcntl is not None:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             write(f)
             f.flush()
             os.fsync(f.fileno())
-        if os.path.exists(path):  # keep the old file's permissions
-            os.chmod(tmp, os.stat(path).st_mode & 0o7777)
-        else:
-            os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+            try:  # keep the old file's permissions (a link's target's are not the old file's)
+                old = os.lstat(path)
+                mode = stat.S_IMODE(old.st_mode) if stat.S_ISREG(old.st_mode) else None
+            except FileNotFoundError:
+                mode = None
+            os.fchmod(f.fileno(), 0o666 & ~_umask() if mode is None else mode)
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -303,15 +381,16 @@ def _write_npz(f, arrays: dict[str, np.ndarray], old_path: str, keep: set[str]) 
             with z.open(name, "w", force_zip64=True) as m:
                 np.lib.format.write_array(m, _le(arr), allow_pickle=False)
         keep = keep - set(arrays)
-        if keep and os.path.isfile(old_path):
-            try:
-                with zipfile.ZipFile(old_path) as old:
-                    for info in old.infolist():
-                        if info.filename in keep:
-                            with old.open(info) as src, z.open(info.filename, "w", force_zip64=True) as dst:
-                                shutil.copyfileobj(src, dst, 1 << 20)
-            except (zipfile.BadZipFile, OSError, EOFError):
-                pass  # the old pair was broken already; nothing to keep
+        if not keep:
+            return
+        try:
+            with _open_sidecar(old_path) as raw, zipfile.ZipFile(raw) as old:
+                for info in old.infolist():
+                    if info.filename in keep:
+                        with old.open(info) as src, z.open(info.filename, "w", force_zip64=True) as dst:
+                            shutil.copyfileobj(src, dst, 1 << 20)
+        except (FileFormatError, zipfile.BadZipFile, OSError, EOFError):
+            pass  # the old pair was broken already (or its sidecar is not ours to read): nothing to keep
 
 
 def _sidecar_holds(path: str, want: list[dict]) -> bool:
@@ -325,7 +404,8 @@ def _sidecar_holds(path: str, want: list[dict]) -> bool:
 def _members_read_by(path: str, sidecar_name: str) -> set[str]:
     """Sidecar members the project file now at `path` reads (none if it is absent or unreadable)."""
     try:
-        if os.path.getsize(path) > MAX_FILE_BYTES:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_FILE_BYTES:  # a FIFO would hang the open
             return set()
         with open(path, "rb") as f:
             old = json.loads(f.read().decode("utf-8"))
@@ -749,14 +829,53 @@ class _Reader:
                           "message": f"region {r.id} no longer fits the program and was dropped: {problem}"})
 
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _open_sidecar(path: str):
+    """The sidecar as a binary file object, only if it is a regular file at exactly `path`: a link is
+    never followed (its target may lie anywhere) and a FIFO or device is never opened (it could hang
+    the load or read forever). `path` is the project file's real folder plus a plain name, so the file
+    opened always lies in that folder."""
+    label = os.path.basename(path)
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise FileFormatError(f"sidecar file '{label}' with the large parameters is missing") from None
+    if stat.S_ISLNK(st.st_mode):
+        try:
+            target = f" to '{os.readlink(path)[:200]}'"
+        except OSError:
+            target = ""
+        raise FileFormatError(f"sidecar '{label}' is a symbolic link{target}; a sidecar must be a regular "
+                              f"file in the project file's folder, so it is not followed")
+    _require_regular(st.st_mode, label)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:  # replaced by a link since the lstat, or unreadable
+        raise FileFormatError(f"sidecar '{label}' cannot be opened ({e.strerror or e})") from None
+    f = open(fd, "rb")
+    try:
+        _require_regular(os.fstat(fd).st_mode, label)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _require_regular(mode: int, label: str) -> None:
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "not a file")
+        raise FileFormatError(f"sidecar '{label}' is {kind}, not a regular file; refusing to read it")
+
+
 def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> dict[str, np.ndarray]:
     """Read and check the arrays `want` describes from a sidecar .npz, without pickle."""
     label = os.path.basename(path)
-    if not os.path.isfile(path):
-        raise FileFormatError(f"sidecar file '{label}' with the large parameters is missing")
     out = {}
     try:
-        with zipfile.ZipFile(path) as z:
+        with _open_sidecar(path) as raw, zipfile.ZipFile(raw) as z:
             members = {i.filename: i for i in z.infolist()}
             for w in want:
                 where = w.get("path", "parameters")
