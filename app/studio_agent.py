@@ -37,16 +37,17 @@ class _ExportJob(QRunnable):
     taken on the GUI thread, so edits made meanwhile (and the plan the export adds to a program without
     regions) never reach the document."""
 
-    def __init__(self, snapshot: dict, outdir: str, relay: _ExportRelay):
+    def __init__(self, snapshot: dict, outdir: str, relay: _ExportRelay, protect=()):
         super().__init__()
-        self.snapshot, self.outdir, self.relay = snapshot, outdir, relay
+        self.snapshot, self.outdir, self.relay, self.protect = snapshot, outdir, relay, protect
 
     def run(self):
         from agent_core.export import export_program
         from agent_core.project_file import program_from_json
         try:
             program = program_from_json(self.snapshot)
-            result = (program.name, export_program(program, self.outdir))
+            # written beside outdir and moved there when complete; the dialog has no --force
+            result = (program.name, export_program(program, self.outdir, protect=self.protect, hint=None))
         except Exception as e:  # shown in the status bar; a bug in the exporter included
             result = e if isinstance(e, (StitchError, OSError)) else StitchError(f"{type(e).__name__}: {e}")
         self.relay.done.emit(self.outdir, result)
@@ -427,13 +428,17 @@ class StudioAgent(QObject):
     def export(self, folder: str) -> bool:
         """Export the document's program into `folder` (empty or new) on a worker thread; `exported`
         when done. The document is never changed, whatever the outcome."""
+        from agent_core.output_dir import check_target, input_paths
         from agent_core.project_file import program_to_json
         w = self.window
         if not self.act["export"].isEnabled():
             w.status("An export is already running", error=True)
             return False
-        if os.path.isdir(folder) and os.listdir(folder):
-            w.status(f"Export refused: {folder} is not empty; choose an empty folder", error=True)
+        protect = input_paths(w.document.path) if w.document.path else []
+        try:   # the export checks again; this refuses before the snapshot and the thread
+            check_target(folder, "export", protect=protect, hint=None)
+        except StitchError as e:
+            w.status(f"Export refused: {e}", error=True)
             return False
         try:
             snapshot = program_to_json(w.document.program)
@@ -445,7 +450,7 @@ class StudioAgent(QObject):
         self.bar.setFormat("exporting")
         self.bar.show()
         w.status(f"Exporting {w.document.program.name} to {folder}…")
-        self._exporter.start(_ExportJob(snapshot, folder, self._export_relay))
+        self._exporter.start(_ExportJob(snapshot, folder, self._export_relay, protect))
         return True
 
     def _export_done(self, folder: str, result) -> None:

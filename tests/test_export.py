@@ -19,6 +19,7 @@ import pytest
 
 from agent_core.cli import main as cli_main
 from agent_core.export import ExportError, export_program
+from agent_core.output_dir import OutputRefused
 from agent_core.importers import import_file
 from agent_core.ir import Program
 from agent_core.reference import run_reference
@@ -187,7 +188,7 @@ def test_refuses_a_non_empty_directory(tmp_path):
     (tmp_path / "e").mkdir()
     (tmp_path / "e" / "keep.txt").write_text("mine")
     program = import_file(str(EXAMPLES / "softmax_rows.py"))
-    with pytest.raises(ExportError, match="not empty"):
+    with pytest.raises(OutputRefused, match="not empty.*keep.txt"):
         export_program(program, tmp_path / "e")
     assert (tmp_path / "e" / "keep.txt").read_text() == "mine"
 

@@ -318,8 +318,13 @@ class _Agent:
 def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter | None = None, tune: bool = True,
              draws: int = 5, tune_trials: int = 6, trials: int = 20, rewrite: bool = True, baselines: bool = True,
              baseline_fn=None, compile_modes=("default", "reduce-overhead"), compile_budget_s: float = 120.0,
-             graph: bool = True, time_regions: bool = True, split_tf32: bool = True) -> OptimizeResult:
+             graph: bool = True, time_regions: bool = True, split_tf32: bool = True,
+             final_dir=None) -> OptimizeResult:
     """Optimize `program` (left untouched: the result holds the rewritten, planned copy).
+
+    out_dir: where the kernels, program.json and profile.json are written; final_dir: where the caller
+    moves out_dir when the run succeeds (the commands write into a fresh folder, agent_core.output_dir),
+    named by the done event (default out_dir).
 
     device: None = the GPU when one is usable, "cpu" = plan, generate and compile only (sm_90).
     split_tf32: let matmuls and convolutions run as split TF32 (or a timed cuDNN algorithm) where that
@@ -420,7 +425,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                             tune_trials=tune_trials, trials=trials, rewrite=False, baselines=baselines,
                             baseline_fn=baseline_fn, compile_modes=compile_modes,
                             compile_budget_s=compile_budget_s, graph=graph, time_regions=time_regions,
-                            split_tf32=split_tf32)
+                            split_tf32=split_tf32, final_dir=final_dir)
     else:
         emit.log(NO_GPU_LINE.format(arch=DEFAULT_ARCH) + f" ({why_not})", level="warning", no_gpu=True)
     prog.profile = _json_safe(profile)
@@ -430,7 +435,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     for o in outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
     emit.emit("done", status=result.status, regions=len(outcomes), outcomes=counts,
-              ours_ms=profile.get("end_to_end", {}).get("ms"), out_dir=str(out_dir) if out_dir else None)
+              ours_ms=profile.get("end_to_end", {}).get("ms"), out_dir=str(final_dir or out_dir) if out_dir else None)
     return result
 
 

@@ -3,12 +3,17 @@
 Writes OUTDIR/program.json (the rewritten program with its regions: status, reasons, sources,
 measurements), OUTDIR/kernels/*.cu, OUTDIR/profile.json and OUTDIR/events.jsonl. Without a GPU it
 plans, rewrites, generates and compiles (sm_90), writes the sources and the program file, prints that
-no GPU is present and exits 0.
+no GPU is present and exits 0. Everything, the event log included, goes into a fresh folder beside
+OUTDIR that replaces it only when the run succeeded (agent_core.output_dir): a rerun replaces the
+folder an earlier optimize wrote, a failed run leaves it as it was.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+
+from ..output_dir import MARKER
 
 HELP = "plan, generate, compile, verify and time CUDA for a program"
 
@@ -30,7 +35,12 @@ def add_common(parser) -> None:
 
 def add_arguments(parser) -> None:
     parser.add_argument("program", help="a program file (.json), a KernelBench .py file or module:Class")
-    parser.add_argument("-o", "--output", required=True, help="output folder")
+    parser.add_argument("-o", "--output", required=True,
+                        help="output folder: new, empty or one an earlier optimize wrote (replaced when this "
+                             "run succeeds; a failed run leaves it as it was)")
+    parser.add_argument("--force", action="store_true",
+                        help=f"also replace a folder an export wrote (it holds the {MARKER} marker and no file "
+                             "stitchcuda did not write)")
     parser.add_argument("--no-baselines", action="store_true", help="do not time torch eager / torch.compile")
     parser.add_argument("-q", "--quiet", action="store_true", help="print only the summary")
     parser.add_argument("--sanitize", action="store_true",
@@ -47,7 +57,17 @@ def baseline_for(spec: str):
     return None
 
 
-def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True):
+def output_for(args):
+    """The fresh folder optimize writes into (moved to args.output when the run succeeds; see
+    agent_core.output_dir), or a null context yielding None without -o."""
+    if args.output is None:
+        return contextlib.nullcontext()
+    from ..output_dir import input_paths, output_folder
+    return output_folder(args.output, "optimize", force=getattr(args, "force", False),   # the worker has none
+                         protect=input_paths(args.program), hint="--force" if hasattr(args, "force") else None)
+
+
+def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, final_dir=None):
     from ..agent import optimize
     from ..profile.hardware import no_gpu_reason
     from .import_cmd import open_program
@@ -65,14 +85,13 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True):
     return optimize(program, out_dir=out_dir, device=None if gpu else "cpu", emit=emit, tune=not args.no_tune,
                     draws=args.draws, tune_trials=args.tune_trials, trials=args.trials,
                     rewrite=not args.no_rewrite, baselines=baselines, baseline_fn=base_fn, compile_modes=modes,
-                    compile_budget_s=args.compile_budget, split_tf32=not getattr(args, "fp32_only", False))
+                    compile_budget_s=args.compile_budget, split_tf32=not getattr(args, "fp32_only", False),
+                    final_dir=final_dir)
 
 
 def run(args) -> int:
     from ..agent import EventEmitter
     from ..agent.progress import format_event
-    os.makedirs(args.output, exist_ok=True)
-    path = os.path.join(args.output, "events.jsonl")
 
     def show(e):
         if args.quiet:
@@ -80,9 +99,11 @@ def run(args) -> int:
         line = format_event(e)
         if line:
             print(line, flush=True)
-    with open(path, "w") as log:
+    with output_for(args) as tmp, open(tmp / "events.jsonl", "w") as log:   # the log streams into tmp
         emit = EventEmitter(log, show)
-        result = optimize_spec(args.program, args.output, emit, args, baselines=not args.no_baselines)
+        result = optimize_spec(args.program, str(tmp), emit, args, baselines=not args.no_baselines,
+                               final_dir=args.output)
+    result.out_dir = args.output
     counts = {}
     for o in result.outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
@@ -134,6 +155,8 @@ def sanitize(args, gpu: bool) -> int:
     report = os.path.join(args.output, "sanitize.txt")
     with open(report, "w") as f:
         f.write(proc.stdout + proc.stderr)
+    from ..output_dir import add_to_marker
+    add_to_marker(args.output, ["sanitize.txt"])   # a rerun may replace it (sanitize/ has its own marker)
     summary = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "ERROR SUMMARY" in ln]
     if proc.returncode == SANITIZE_ERROR_EXIT:
         print(f"sanitize: memcheck found errors ({summary[-1] if summary else 'see the report'}); report: {report}")

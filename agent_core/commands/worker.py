@@ -2,7 +2,8 @@
 
 The studio starts this in a separate process (a kernel that faults kills the worker, not the editor)
 and reads one event per line (docs/EVENTS.md); anything else the loop would print goes to stderr.
-The last event is `done`, or `error` when the run failed.
+The last event is `done`, or `error` when the run failed. With -o the outputs are written as
+`optimize -o` writes them (a fresh folder moved into place at the end; agent_core.output_dir).
 """
 from __future__ import annotations
 
@@ -23,13 +24,15 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from ..agent import EventEmitter
     from ..errors import StitchError
-    from .optimize import optimize_spec
+    from .optimize import optimize_spec, output_for
     out = sys.stdout
     emit = EventEmitter(out)
     # stray prints from imported model code must not corrupt the stream
     with contextlib.redirect_stdout(sys.stderr):
         try:
-            optimize_spec(args.program, args.output, emit, args, baselines=not args.no_baselines)
+            with output_for(args) as tmp:   # written beside -o, moved there when the run succeeds
+                optimize_spec(args.program, tmp and str(tmp), emit, args, baselines=not args.no_baselines,
+                              final_dir=args.output)
         except (StitchError, OSError, ValueError) as exc:
             emit.emit("error", message=str(exc).replace("\n", " "), fatal=True)
             return 1

@@ -4,18 +4,20 @@ Python binding, README and the data to test it on.
     from agent_core.export import export_program
     result = export_program(program, "out/", params=True, arch="90")
 
-The program is planned first if it has no regions. See docs/EXPORT.md.
+The program is planned first if it has no regions. The project is written into a fresh folder beside
+`out/` and moved into place when complete (agent_core.output_dir): a failed export leaves `out/` as it
+was, and `overwrite` replaces only an earlier output of this tool. See docs/EXPORT.md.
 """
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..ir import Program
+from ..output_dir import output_folder
 from .driver import TOLERANCE, capi_source, driver_source
 from .host import BIAS_KERNEL, HostNames, ProgramSource, kernel_file, kernels_header
 from .memory import MemoryPlan, plan_memory
@@ -77,21 +79,25 @@ def _write_raw(path: Path, arr: np.ndarray, dtype: str) -> int:
 
 
 def export_program(program: Program, outdir, *, params: bool = True, arch: str = "90", seed: int = 0,
-                   overwrite: bool = False) -> ExportResult:
-    """Write the CUDA project for `program` into `outdir` (ExportError says why it cannot)."""
+                   overwrite: bool = False, protect=(), hint: str | None = "--force") -> ExportResult:
+    """Write the CUDA project for `program` into `outdir` (ExportError says why it cannot, OutputRefused
+    why `outdir` may not be written). overwrite: replace an earlier output of this tool there; protect:
+    the files the program came from, which the output may never replace; hint: how the caller asks for
+    overwrite, named in a refusal (None where it cannot)."""
     program.check()
+    with output_folder(outdir, "export", force=overwrite, protect=protect, hint=hint) as tmp:
+        result = _export_into(program, Path(tmp), params=params, arch=arch, seed=seed)
+    result.outdir = Path(outdir)
+    return result
+
+
+def _export_into(program: Program, out: Path, *, params: bool, arch: str, seed: int) -> ExportResult:
     program = _lower_composites(program)
     _ensure_regions(program)
     schedule = build_schedule(program)
     memory = plan_memory(program, schedule)
     names = HostNames.of(program)
     src = ProgramSource(program, schedule, memory, names)
-    out = Path(outdir)
-    if out.exists() and any(out.iterdir()):
-        if not overwrite:
-            raise ExportError(f"{out} exists and is not empty; choose another directory or pass --force")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
 
     files: dict[str, str] = {}
     for vid in src.inputs:
