@@ -1,6 +1,8 @@
 """The reference interpreter: runs a program op by op through each op's torch implementation.
 
-This is the ground truth that every rewrite and every generated kernel is checked against.
+This is the ground truth that every rewrite and every generated kernel is checked against. Making a
+run's random inputs or its parameters first asks memory_check whether the run's tensors fit, so a
+program too large for the machine is refused before anything is allocated.
 """
 from __future__ import annotations
 
@@ -11,11 +13,14 @@ import torch
 
 from .errors import ProgramError
 from .ir import Program, Role
+from .memory_check import require_fits
 from .ops.common import torch_dtype
 
 
 def random_inputs(program: Program, seed: int = 0, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """One random draw for every program input, by name, following each input's init hint."""
+    """One random draw for every program input, by name, following each input's init hint.
+    Refused (memory_check.DoesNotFit) when the run these inputs are for cannot fit on `device`."""
+    require_fits(program, device)
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for vid in program.inputs:
@@ -46,7 +51,9 @@ def draw(shape, dtype: str, init: dict | None, gen: torch.Generator) -> torch.Te
 
 
 def parameter_tensors(program: Program, device: str = "cpu", seed: int = 1234) -> dict[str, torch.Tensor]:
-    """Parameters and constants by value id; ones saved without data are drawn (deterministically)."""
+    """Parameters and constants by value id; ones saved without data are drawn (deterministically).
+    Refused (memory_check.DoesNotFit) when they and the values a run computes cannot fit on `device`."""
+    require_fits(program, device, parts=("parameters", "computed"))
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for v in program.values.values():

@@ -2,7 +2,9 @@
 
 Prints the rewrites that fired, each region with its kind, nodes and reason, and the estimate for the
 whole program: every op its own kernel (unfused), the plan, and the floor. `-o` saves the rewritten
-program with its regions; `--json` prints the same as JSON.
+program with its regions; `--json` prints the same as JSON. Planning itself allocates no tensors;
+checking the rewrites runs the reference, so a program too large for this machine is planned as it
+is, with a note that its rewrites were skipped and why.
 """
 from __future__ import annotations
 
@@ -25,16 +27,23 @@ def add_arguments(parser) -> None:
 
 def run(args) -> int:
     from ..analysis.cost import fmt_ms
+    from ..memory_check import DoesNotFit, require_fits
     from ..planner import apply_plan, plan_program
     from ..rewrites import rewrite_program
     from .import_cmd import open_program
 
     program = open_program(args.program)
     program.check()
-    rewrites = None
+    rewrites = skipped = None
     if not args.no_rewrite:
-        rewrites = rewrite_program(program, check=not args.no_check)
-        program = rewrites.program
+        try:
+            if not args.no_check:  # checking rewrites runs the reference on the CPU
+                require_fits(program, "cpu", label=args.program)
+            rewrites = rewrite_program(program, check=not args.no_check)
+            program = rewrites.program
+        except DoesNotFit as e:  # refused before it allocated: plan the program unrewritten
+            skipped = f"rewrites skipped: {e.reason}"
+            print(f"stitchcuda plan: {args.program}: {skipped}", file=sys.stderr)
     plan = plan_program(program, graph=not args.eager)
     apply_plan(program, plan)
     if args.output:
@@ -44,7 +53,7 @@ def run(args) -> int:
     if args.json:
         out = {"program": program.name, "nodes": len(program.nodes), **plan.to_dict(),
                "rewrites": {"fired": rewrites.fired if rewrites else [],
-                            "refused": rewrites.refused if rewrites else []}}
+                            "refused": rewrites.refused if rewrites else [], "skipped": skipped}}
         json.dump(out, sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0

@@ -2,6 +2,7 @@
 
 Runs on the GPU when torch sees one. Prints each output's shape, dtype and a checksum (sum and sum of
 absolute values, in float64) so two runs, or a run and a generated kernel, can be compared by eye.
+A program whose tensors do not fit the device (or the host) is refused before anything is allocated.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     import torch
 
+    from ..memory_check import require_fits
     from ..reference import parameter_tensors, random_inputs, run_reference
     program = open_program(args.program)
     program.check()
@@ -33,6 +35,7 @@ def run(args) -> int:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif device == "cuda" and not torch.cuda.is_available():
         raise ProgramError("--device cuda: torch sees no CUDA GPU here")
+    require_fits(program, device, label=args.program)  # random_inputs checks too; this names the file
     inputs = random_inputs(program, seed=args.seed, device=device)
     params = parameter_tensors(program, device)
 
@@ -44,8 +47,8 @@ def run(args) -> int:
         if device == "cuda":
             torch.cuda.synchronize()
         return out, (time.perf_counter() - t0) * 1e3
-    outputs, first_ms = once()
-    _, ms = once()  # the first run pays for lazy initialisation; report a warm one
+    first_ms = once()[1]  # the first run pays for lazy initialisation; its outputs are dropped at once
+    outputs, ms = once()
     rows = []
     for name, t in outputs.items():
         d = t.detach().to(torch.float64)
