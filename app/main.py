@@ -16,26 +16,15 @@ def run_studio(path: str | None = None, screenshot: str | None = None, theme: st
     """
     if screenshot:
         os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from PySide6.QtCore import QCoreApplication, QSettings
-    from PySide6.QtWidgets import QApplication
-
-    QCoreApplication.setOrganizationName("StitchCUDA")
-    QCoreApplication.setApplicationName("Studio")
-    app = QApplication.instance() or QApplication(sys.argv[:1])
-    from .main_window import MainWindow
-
-    if theme is None:
-        theme = QSettings("StitchCUDA", "Studio").value("theme", "dark") or "dark"
-    if theme not in ("dark", "light"):
+    if theme is not None and theme not in ("dark", "light"):
         print(f"stitchcuda studio: unknown theme '{theme}' (choose dark or light)", file=sys.stderr)
         return 2
-    win = MainWindow(theme=theme, restore_settings=not screenshot)
+    app = application()
+    win = open_studio(theme, ask=_answer_for_screenshot if screenshot else None, restore=not screenshot)
     if screenshot:
-        win.ask = _answer_for_screenshot
+        for line in win.notices:
+            print(f"stitchcuda studio: {line}", file=sys.stderr)
         win.resize(1600, 1000)
-    win.show()
-    if not screenshot:
-        win.offer_recovery()
     if path and screenshot and not win.open_path(path, layout_sync=True):
         return 1
     if path and not screenshot:
@@ -54,6 +43,44 @@ def run_studio(path: str | None = None, screenshot: str | None = None, theme: st
         print(f"wrote {screenshot}")
         return 0
     return app.exec()
+
+
+def application():
+    """The QApplication, named so that QSettings and the recovery folder resolve to the studio's."""
+    from PySide6.QtCore import QCoreApplication
+    from PySide6.QtWidgets import QApplication
+
+    QCoreApplication.setOrganizationName("StitchCUDA")
+    QCoreApplication.setApplicationName("Studio")
+    return QApplication.instance() or QApplication(sys.argv[:1])
+
+
+def open_studio(theme: str | None = None, ask=None, restore: bool = True):
+    """Everything a start does before the event loop runs, and the shown window.
+
+    Each file read here (settings, theme files and, with `restore`, the window's saved layout, the
+    recent files and the recovery folder) is checked first; a damaged one is set aside or reset and
+    the window shows a one-line notice for it (win.notices): nothing read at start can stop it.
+    `ask` answers the window's questions instead of dialogs (screenshot runs, tests).
+    """
+    from PySide6.QtCore import QSettings
+
+    from . import settings, theme as themes
+    from .main_window import MainWindow
+
+    notices = settings.check_file()   # before any QSettings parses the file
+    if theme is None:
+        theme, note = settings.theme(QSettings(settings.ORG, settings.APP))
+        notices += [note] if note else []
+    win = MainWindow(theme=theme, restore_settings=restore)
+    if ask is not None:
+        win.ask = ask
+    for line in notices + themes.take_notices():
+        win.notice(line)
+    win.show()
+    if restore:
+        win.offer_recovery()
+    return win
 
 
 def _answer_for_screenshot(kind: str, title: str, text: str) -> str:
