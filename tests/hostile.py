@@ -23,6 +23,8 @@ def snapshot(folder) -> dict[str, tuple]:
                 out[rel] = ("link", os.readlink(p))
             elif stat.S_ISDIR(st.st_mode):
                 out[rel] = ("dir", stat.S_IMODE(st.st_mode))
+            elif not stat.S_ISREG(st.st_mode):  # a FIFO or device: reading it would hang or never end
+                out[rel] = ("special", stat.S_IFMT(st.st_mode), stat.S_IMODE(st.st_mode))
             else:
                 out[rel] = ("file", stat.S_IMODE(st.st_mode), hashlib.sha256(p.read_bytes()).hexdigest())
     return out
