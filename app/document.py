@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import os
+import threading
 
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoStack
 
-from agent_core.errors import FileFormatError, ImportFailure, StitchError
+from agent_core.errors import FileFormatError, StitchError
 from agent_core.ir import Program
-
-IMPORTABLE = (".py",)
 
 
 class Document(QObject):
@@ -47,25 +46,52 @@ class Document(QObject):
         self.mark_clean()
 
 
-def read(path: str) -> tuple[Program, str | None]:
-    """The program in a project file (.json) or a PyTorch / KernelBench module (.py, imported), and
-    the path it will save to (None for an import). Raises StitchError or OSError with the cause.
-    Touches no Qt object, so it may run on a worker thread."""
-    if not os.path.exists(path):
-        raise FileFormatError(f"{path}: no such file")
-    if path.endswith(IMPORTABLE):
+class Reader:
+    """One open of a file, cancellable from another thread: a project file is parsed here (it never
+    runs code); a .py is imported in a child process (agent_core.importers.isolated), so a file that
+    loops, exits or crashes ends that process, never the studio. Touches no Qt object."""
+
+    def __init__(self, path: str, timeout: float | None = None):
+        self.path = path
+        self.timeout = timeout
+        self._import = None
+        self._cancelled = False
+        self._lock = threading.Lock()
+
+    def read(self) -> tuple[Program, str | None]:
+        """The program and the path it will save to (None for an import). Raises StitchError (an
+        ImportCancelled after cancel()) or OSError with the cause."""
+        path = self.path
+        if not os.path.exists(path):
+            raise FileFormatError(f"{path}: no such file")
+        from agent_core.commands.import_cmd import is_python_source, read_program_file
+        if is_python_source(path):
+            from agent_core.importers.isolated import DEFAULT_TIMEOUT, IsolatedImport
+            job = IsolatedImport(path, timeout=self.timeout or DEFAULT_TIMEOUT)
+            with self._lock:  # a cancel() that came first still stops it
+                self._import = job
+                if self._cancelled:
+                    job.cancel()
+            return job.run(), None
         try:
-            from agent_core.importers import import_file
-        except ImportError as e:
-            raise ImportFailure(f"the PyTorch importer is not available: {e}") from None
-        return import_file(path), None
-    from agent_core.project_file import load_program
-    try:
-        return load_program(path), path
-    except StitchError:
-        raise
-    except (UnicodeDecodeError, ValueError) as e:
-        raise FileFormatError(f"{path}: {e}") from None
+            return read_program_file(path), path
+        except StitchError:
+            raise
+        except (UnicodeDecodeError, ValueError) as e:
+            raise FileFormatError(f"{path}: {e}") from None
+
+    def cancel(self) -> None:
+        """Stop an import under way (its child process is killed); a project file read just finishes."""
+        with self._lock:
+            self._cancelled = True
+            job = self._import
+        if job is not None:
+            job.cancel()
+
+
+def read(path: str) -> tuple[Program, str | None]:
+    """Reader(path).read(): the program in a project file or an imported .py, and its save path."""
+    return Reader(path).read()
 
 
 def document_for(program: Program, saved_path: str | None) -> Document:
