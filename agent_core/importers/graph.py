@@ -2,7 +2,9 @@
 
 Placeholders become program inputs, parameters (weights and buffers) and constants; each call node
 goes through the aten_map table; whatever the table cannot express becomes an `opaque` node that
-runs the aten op itself through torch, and is listed in program.metadata["import_warnings"].
+runs the aten op itself through torch, and is listed in program.metadata["import_warnings"]. An op
+the opaque policy refuses (ops/operator_policy.py: random, in-place, file or device ops...) becomes
+a `blocked` opaque placeholder instead: visible, with its reason as the node's error, never called.
 Every mapped result is checked against the shape and dtype torch recorded for the node, so a
 converter that gets an op wrong degrades to opaque instead of producing a wrong program.
 """
@@ -16,11 +18,13 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..errors import ImportFailure, ProgramError, StitchError
+from ..errors import ImportFailure, ProgramError, ShapeError, StitchError
 from ..ir import Program
 from ..ops import REGISTRY, TensorSpec
 from ..ops.common import dtype_name
+from ..ops.operator_policy import OperatorRefused, resolve_overload
 from .aten_map import Unmapped, lookup
+from .module_paths import note_module
 
 # Factory ops inside forward make a tensor from nothing: evaluate them once into a constant.
 _FACTORIES = {"zeros", "ones", "full", "empty", "arange", "linspace", "eye", "rand", "randn", "randint",
@@ -272,11 +276,37 @@ class Converter:
         if not all(isinstance(v, torch.Tensor) for v in vals):
             raise ImportFailure(f"{n.name} ({name}) returns a non-tensor value; the program model holds tensors only")
         out_specs = [{"shape": list(_spec_of(v).shape), "dtype": _spec_of(v).dtype} for v in vals]
-        node = self.program.add_node("opaque", inputs, {"target": name, "args": args, "kwargs": kwargs,
-                                                        "out_specs": out_specs}, name=n.name)
+        attrs = {"target": name, "args": args, "kwargs": kwargs, "out_specs": out_specs}
+        refused = self._refusal(n.target, args, kwargs)
         self.opaque[name] += 1
-        self.warnings.append(f"{name}: runs as an opaque torch op (node {node.id}): {why}")
+        if refused is None:
+            node = self.program.add_node("opaque", inputs, attrs, name=n.name)
+            self.warnings.append(f"{name}: runs as an opaque torch op (node {node.id}): {why}")
+        else:
+            node = self._placeholder(inputs, {**attrs, "blocked": refused}, out_specs, n.name)
+            self.warnings.append(f"{name}: node {node.id} is a blocked placeholder that never runs: {refused}")
         return list(node.outputs) if isinstance(val, (list, tuple)) else node.outputs[0]
+
+    @staticmethod
+    def _refusal(target, args, kwargs) -> str | None:
+        """Why the opaque policy refuses this call (None: it may run)."""
+        if not isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            return f"{_aten_name(target)} is not a torch operator"
+        try:
+            resolve_overload(target, args, kwargs)
+        except OperatorRefused as e:
+            return str(e)
+        return None
+
+    def _placeholder(self, inputs: list[str], attrs: dict, out_specs: list[dict], name: str):
+        """A blocked opaque node: its inference raises the reason (the editor's error badge), so it is
+        added unchecked and its outputs get the shapes torch recorded, which downstream nodes read."""
+        node = self.program.add_node("opaque", inputs, attrs, name=name, strict=False)
+        self.program._resize_outputs(node, len(out_specs))  # inference cannot say how many
+        for vid, spec in zip(node.outputs, out_specs):
+            v = self.program.values[vid]
+            v.shape, v.dtype = tuple(spec["shape"]), spec["dtype"]
+        return node
 
 
 def convert_graph(program: Program, gm: fx.GraphModule, placeholders: dict[str, tuple], outputs: list[int] | None):
@@ -318,6 +348,7 @@ def convert_graph(program: Program, gm: fx.GraphModule, placeholders: dict[str, 
                 cx.env[n] = t
         elif n.op == "call_function":
             cx.call(n)
+            note_module(program, n)
         elif n.op == "output":
             outs = n.args[0]
             outs = list(outs) if isinstance(outs, (list, tuple)) else [outs]
@@ -330,6 +361,16 @@ def convert_graph(program: Program, gm: fx.GraphModule, placeholders: dict[str, 
     program.metadata["import_warnings"] = cx.warnings
     program.metadata["opaque_ops"] = dict(cx.opaque)
     return cx
+
+
+def check_imported(program: Program) -> None:
+    """Program.check(), except for the blocked placeholders the import made on purpose: their error is
+    the message the user sees on the canvas, and the import warnings already name them."""
+    blocked = {nid for nid, n in program.nodes.items() if n.op == "opaque" and n.attrs.get("blocked") is not None}
+    for d in program.validate():
+        if d.severity == "error" and d.node_id not in blocked:
+            cls = ShapeError if d.code == "shape" else ProgramError
+            raise cls(d.message, node_id=d.node_id, value_id=d.value_id)
 
 
 def _drop_dead(program: Program) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from ..errors import ImportFailure
 from ..ir import Program
-from .graph import convert_graph
+from .graph import check_imported, convert_graph
 from .hints import init_hint
 from .trace import trace
 
@@ -64,5 +64,5 @@ def import_nn_module(module: torch.nn.Module, example_inputs, *, name: str = "mo
     if method != "torch.export":
         program.metadata["import_warnings"].insert(
             0, f"torch.export could not trace the model; imported through {method} instead")
-    program.check()
+    check_imported(program)  # blocked opaque placeholders stay, as the user's error to see
     return program

@@ -1,5 +1,9 @@
-"""The `opaque` op: a call to any torch operator the library does not know, so that importing a real
+"""The `opaque` op: a call to a torch operator the library does not know, so that importing a real
 model never just fails. The planner treats it as a black box; the reference runs the torch op.
+
+Only pure tensor operators may be named (operator_policy.py states the rule): a file naming any
+other is refused when it is loaded or edited (check_attrs, through normalize_attrs), and the check
+runs again, on the real argument values, right before every call.
 
 Attributes (all JSON, nothing is ever evaluated or imported):
   target    "aten.upsample_nearest2d.vec": a torch operator, found only by walking the namespaces of
@@ -9,6 +13,9 @@ Attributes (all JSON, nothing is ever evaluated or imported):
             input, {"dtype": "float32"} for a torch dtype; lists nest; other values pass through.
   kwargs    keyword arguments, the same template language.
   out_specs [{"shape": [...], "dtype": "float32"}, ...]: one per output, since nothing can be inferred.
+  blocked   null, or why the importer refused the operator: the node is then a placeholder that keeps
+            the graph visible but never runs, whatever its target (its inference and reference raise
+            the reason, so validation reports it). Clearing it is an ordinary edit, checked as any.
 """
 from __future__ import annotations
 
@@ -18,6 +25,7 @@ import torch
 
 from ..errors import ProgramError, ShapeError
 from .common import dtype_name, torch_dtype
+from .operator_policy import OperatorRefused, check_results, resolve_overload
 from .registry import DTYPE_BYTES, Attr, OpDef, TensorSpec, register
 
 _SEGMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -93,8 +101,33 @@ def out_specs(attrs) -> list[TensorSpec]:
     return out
 
 
+def _check_attrs(attrs) -> None:
+    """At load and on every edit: a target that names a torch operator must be one the policy allows
+    (a name that resolves to nothing is left to inference, which reports it as the node's error)."""
+    if attrs["blocked"] is not None:
+        return
+    try:
+        obj = resolve_target(attrs["target"])
+    except ShapeError:
+        return
+    args = attrs["args"] if isinstance(attrs["args"], list) else []
+    kwargs = attrs["kwargs"] if isinstance(attrs["kwargs"], dict) else {}
+    try:
+        resolve_overload(obj, args, kwargs)
+    except OperatorRefused as e:
+        raise OperatorRefused(f"opaque: {e}; an opaque node may call only a pure tensor operator "
+                              f"(docs/OPS.md), use library ops instead") from None
+
+
+def _blocked(attrs) -> ProgramError:
+    return ProgramError(f"opaque {attrs['target']}: blocked, this placeholder never runs: {attrs['blocked']}; "
+                        f"replace it with library ops")
+
+
 def _infer(ins, attrs):
-    resolve_target(attrs["target"])
+    if attrs["blocked"] is not None:
+        raise _blocked(attrs)
+    obj = resolve_target(attrs["target"])
     if not isinstance(attrs["args"], list):
         raise ShapeError(f"opaque: args must be a list, got {attrs['args']!r}")
     if not isinstance(attrs["kwargs"], dict):
@@ -102,15 +135,22 @@ def _infer(ins, attrs):
     _check_template(attrs["args"], len(ins), "args")
     for key, v in attrs["kwargs"].items():
         _check_template(v, len(ins), f"kwargs.{key}")
+    resolve_overload(obj, attrs["args"], attrs["kwargs"])
     return out_specs(attrs)
 
 
 def _reference(tensors, attrs):
-    fn = resolve_target(attrs["target"])
+    if attrs["blocked"] is not None:
+        raise _blocked(attrs)
+    _check_template(attrs["args"], len(tensors), "args")
+    for key, v in attrs["kwargs"].items():
+        _check_template(v, len(tensors), f"kwargs.{key}")
     args = _fill(attrs["args"], tensors)
     kwargs = {k: _fill(v, tensors) for k, v in attrs["kwargs"].items()}
+    # checked again here, on the values the call gets: a program built in memory skips the loader
+    fn = resolve_overload(resolve_target(attrs["target"]), args, kwargs, filled=True)
     result = fn(*args, **kwargs)
-    results = tuple(result) if isinstance(result, (tuple, list)) else (result,)
+    results = check_results(fn, tuple(result) if isinstance(result, (tuple, list)) else (result,), tensors)
     want = out_specs(attrs)
     if len(results) < len(want):
         raise ProgramError(f"opaque {attrs['target']}: returned {len(results)} outputs, out_specs lists {len(want)}")
@@ -126,9 +166,11 @@ register(OpDef(
     attrs=(Attr("target", "str", doc="torch operator, e.g. 'aten.upsample_nearest2d.vec'"),
            Attr("args", "json", [], doc="positional arguments; {\"input\": k} is tensor input k"),
            Attr("kwargs", "json", {}, doc="keyword arguments, same template language"),
-           Attr("out_specs", "json", doc="[{\"shape\": [...], \"dtype\": \"float32\"}, ...]")),
-    outputs=("0",),
-    doc="a torch operator the library does not know; runs through torch, shapes as declared",
+           Attr("out_specs", "json", doc="[{\"shape\": [...], \"dtype\": \"float32\"}, ...]"),
+           Attr("blocked", "str", None, optional=True,
+                doc="why the importer refused the operator: a placeholder that never runs")),
+    outputs=("0",), check_attrs=_check_attrs,
+    doc="a pure torch tensor operator the library does not know; runs through torch, shapes as declared",
     extra={"example": ([(1, 2, 3, 4)], {"target": "aten.upsample_nearest2d.vec",
                                         "args": [{"input": 0}, [6, 8], None],
                                         "out_specs": [{"shape": [1, 2, 6, 8], "dtype": "float32"}]}),

@@ -143,6 +143,8 @@ class OpDef:
           (shape, dtype, init)], attrs) and extra["bad"] = ([inputs], attrs, "message fragment") or
           None when every input shape is valid (see docs/OPS.md, "Adding an op").
     min_inputs: overrides the minimum arity (opaque takes zero or more inputs).
+    check_attrs(attrs): a per-op check of the filled-in attributes as a whole, run by normalize_attrs
+          (so by the loader, every edit and validation); raise ProgramError saying what is wrong.
     """
     name: str
     category: str
@@ -157,6 +159,7 @@ class OpDef:
     cuda: str | None = None
     extra: dict = field(default_factory=dict)
     min_inputs: int | None = None  # overrides the arity minimum (a variadic op that may take none)
+    check_attrs: Callable[[dict], None] | None = None
 
     def __post_init__(self):
         assert self.category in CATEGORIES, (self.name, self.category)
@@ -191,7 +194,7 @@ class OpDef:
 
     # attributes --------------------------------------------------------------------------
     def normalize_attrs(self, attrs: dict | None) -> dict:
-        """Fill defaults, check kinds, and refuse unknown or missing attributes."""
+        """Fill defaults, check kinds, refuse unknown or missing attributes, then run the op's check_attrs."""
         attrs = dict(attrs or {})
         known = {a.name: a for a in self.attrs}
         unknown = sorted(set(attrs) - set(known))
@@ -206,6 +209,8 @@ class OpDef:
                 raise ProgramError(f"{self.name} needs attribute '{a.name}'")
             else:
                 out[a.name] = a.default
+        if self.check_attrs is not None:
+            self.check_attrs(out)
         return out
 
     def count_flops(self, ins: list, outs: list, attrs: dict) -> int:
