@@ -23,6 +23,7 @@ import shutil
 import stat
 import tempfile
 import time
+import tokenize
 import zipfile
 from enum import Enum
 from typing import Any
@@ -870,6 +871,21 @@ def _require_regular(mode: int, label: str) -> None:
         raise FileFormatError(f"sidecar '{label}' is {kind}, not a regular file; refusing to read it")
 
 
+def _npy_header(m, where: str, value: str):
+    """(shape, fortran order, dtype) of one member's .npy header. numpy parses the header's text
+    with its own literal evaluator, which a damaged header makes raise SyntaxError or TokenError
+    rather than ValueError: each is a damaged sidecar."""
+    version = np.lib.format.read_magic(m)
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
+        raise FileFormatError(f"{where}: sidecar array '{value}' has .npy version {version}")
+    try:
+        return readers[version](m)
+    except (ValueError, SyntaxError, tokenize.TokenError, TypeError, KeyError) as e:
+        raise FileFormatError(f"{where}: sidecar array '{value}' has a damaged .npy header "
+                              f"({type(e).__name__})") from None
+
+
 def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> dict[str, np.ndarray]:
     """Read and check the arrays `want` describes from a sidecar .npz, without pickle."""
     label = os.path.basename(path)
@@ -888,13 +904,7 @@ def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> d
                     raise FileFormatError(f"{where}: sidecar array '{w['value']}' is {info.file_size} bytes, "
                                           f"expected about {nbytes}")
                 with z.open(info) as m:
-                    version = np.lib.format.read_magic(m)
-                    if version == (1, 0):
-                        hshape, fortran, hdtype = np.lib.format.read_array_header_1_0(m)
-                    elif version == (2, 0):
-                        hshape, fortran, hdtype = np.lib.format.read_array_header_2_0(m)
-                    else:
-                        raise FileFormatError(f"{where}: sidecar array '{w['value']}' has .npy version {version}")
+                    hshape, fortran, hdtype = _npy_header(m, where, w["value"])
                     if hdtype.hasobject:
                         raise FileFormatError(f"{where}: sidecar array '{w['value']}' holds Python objects; "
                                               f"refusing to load it")
