@@ -7,11 +7,11 @@ search with only the ops that fit. A drag from a connected input moves or remove
 from __future__ import annotations
 
 from PySide6.QtCore import QPointF, Qt
-from PySide6.QtGui import QPainterPath, QPen
+from PySide6.QtGui import QPen
 from PySide6.QtWidgets import QGraphicsPathItem, QToolTip
 
 from . import commands as C
-from .edge_item import GroupItem, TerminalItem
+from .edge_item import GroupItem, TerminalItem, edge_path
 from .node_item import NodeItem
 
 
@@ -61,10 +61,7 @@ class ConnectMixin:
             a, b = self._drag_origin, event.scenePos()
             if self._drag[0] == "in" and self._drag[3] is None:
                 a, b = b, self.target_pos(self._drag[1], self._drag[2])
-            dx = max(40.0, abs(b.x() - a.x()) * 0.5)
-            path = QPainterPath(a)
-            path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b)
-            self._drag_path.setPath(path)
+            self._drag_path.setPath(edge_path(a, b))
             event.accept()
             return
         super().mouseMoveEvent(event)
@@ -142,5 +139,9 @@ class ConnectMixin:
             if isinstance(item, (NodeItem, TerminalItem)):
                 super().mouseDoubleClickEvent(event)
                 return
+            if getattr(item, "kind", "") == "module":   # a module box: its title collapses it
+                super().mouseDoubleClickEvent(event)
+                if event.isAccepted():
+                    return
         self.quick_search_requested.emit(event.scenePos(), None)
         event.accept()

@@ -8,7 +8,22 @@ from PySide6.QtWidgets import QGraphicsItem
 from agent_core.ir import Program
 
 from .node_item import LOD_DETAIL, LOD_TEXT, fmt_spec
-from .style import HEADER_H, PAD, PORT_R, ROW_H, TERMINAL_H, TERMINAL_W, CanvasStyle
+from .style import GROUP_SIZE, HEADER_H, PAD, PORT_R, ROW_H, TERMINAL_H, TERMINAL_W, CanvasStyle
+
+
+def curve_reach(a: QPointF, b: QPointF) -> float:
+    """How far the curve runs straight down out of its source and into its target (top to bottom
+    layout); an edge going back up (to the next column of a wrapped layout) loops out further."""
+    dy = b.y() - a.y()
+    return max(30.0, dy * 0.5) if dy > 0 else 60.0
+
+
+def edge_path(a: QPointF, b: QPointF) -> QPainterPath:
+    """The drawn curve from an output port (bottom edge) to an input port (top edge)."""
+    d = curve_reach(a, b)
+    path = QPainterPath(a)
+    path.cubicTo(a + QPointF(0, d), b - QPointF(0, d), b)
+    return path
 
 
 class EdgeItem(QGraphicsItem):
@@ -29,22 +44,18 @@ class EdgeItem(QGraphicsItem):
             return
         self.prepareGeometryChange()
         self._a, self._b = a, b
-        # the curve's control points are a + (dx, 0) and b - (dx, 0): its box follows without
+        # the curve's control points are a + (0, dy) and b - (0, dy): its box follows without
         # building the path, which waits until the edge is first painted or hit-tested
         ax, ay, bx, by = a.x(), a.y(), b.x(), b.y()
-        dx = max(40.0, abs(bx - ax) * 0.5)
-        left, right = min(ax, bx - dx), max(ax + dx, bx)
-        top, bottom = min(ay, by), max(ay, by)
+        dy = curve_reach(a, b)
+        top, bottom = min(ay, by - dy), max(ay + dy, by)
+        left, right = min(ax, bx), max(ax, bx)
         self._rect = QRectF(left - 3, top - 3, right - left + 6, bottom - top + 6)
         self._path = None
 
     def path(self) -> QPainterPath:
         if self._path is None:
-            a, b = self._a, self._b
-            dx = max(40.0, abs(b.x() - a.x()) * 0.5)
-            path = QPainterPath(a)
-            path.cubicTo(a + QPointF(dx, 0), b - QPointF(dx, 0), b)
-            self._path = path
+            self._path = edge_path(self._a, self._b)
         return self._path
 
     def boundingRect(self) -> QRectF:
@@ -70,9 +81,9 @@ class EdgeItem(QGraphicsItem):
 
 
 class TerminalItem(QGraphicsItem):
-    """A program input: a pill with its name and shape and one output port on the right.
+    """A program input: a pill with its name and shape and one output port on its bottom edge.
 
-    Its position is derived (left of its first consumer), never stored: the model keeps node
+    Its position is derived (above its first consumer), never stored: the model keeps node
     positions only, and an input belongs beside what reads it.
     """
     kind = "terminal"
@@ -90,7 +101,7 @@ class TerminalItem(QGraphicsItem):
         fm = QFontMetricsF(self.style.font)
         self._name = fm.elidedText(v.name, Qt.ElideRight, TERMINAL_W * 0.45)
         self._shape = fm.elidedText(fmt_spec(v.shape, v.dtype), Qt.ElideLeft,
-                                    TERMINAL_W - 3 * PAD - PORT_R - fm.horizontalAdvance(self._name))
+                                    TERMINAL_W - 3 * PAD - 4 - fm.horizontalAdvance(self._name))
         self.update()
 
     def tooltip_text(self) -> str:
@@ -98,10 +109,10 @@ class TerminalItem(QGraphicsItem):
         return f"program input {v.name}: {fmt_spec(v.shape, v.dtype)}" if v else ""
 
     def boundingRect(self) -> QRectF:
-        return QRectF(-2, -2, TERMINAL_W + PORT_R + 4, TERMINAL_H + 4)
+        return QRectF(-2, -2, TERMINAL_W + 4, TERMINAL_H + PORT_R + 4)
 
     def output_pos(self, index: int = 0) -> QPointF:
-        return QPointF(TERMINAL_W, TERMINAL_H / 2)
+        return QPointF(TERMINAL_W / 2, TERMINAL_H)
 
     def port_at(self, local: QPointF):
         return ("out", 0) if (local - self.output_pos()).manhattanLength() <= 14 else None
@@ -120,15 +131,15 @@ class TerminalItem(QGraphicsItem):
         p.setPen(st.text)
         p.drawText(r.adjusted(PAD + 4, 0, 0, 0), Qt.AlignLeft | Qt.AlignVCenter, self._name)
         p.setPen(st.text_muted)
-        p.drawText(r.adjusted(0, 0, -PAD - PORT_R - 2, 0), Qt.AlignRight | Qt.AlignVCenter, self._shape)
+        p.drawText(r.adjusted(0, 0, -PAD - 4, 0), Qt.AlignRight | Qt.AlignVCenter, self._shape)
         p.setPen(QPen(st.accent, 1.5))
         p.setBrush(st.accent)
         p.drawEllipse(self.output_pos(), PORT_R, PORT_R)
 
 
 class GroupItem(QGraphicsItem):
-    """Several nodes collapsed into one: edges into the group meet its left port, edges out of it its
-    right port. Double-click expands it again."""
+    """Several nodes collapsed into one: edges into the group meet its top port, edges out of it its
+    bottom port. Double-click expands it again. A collapsed module is titled with its path and class."""
     kind = "group"
 
     def __init__(self, name: str, members: list[str], program: Program, style: CanvasStyle):
@@ -137,7 +148,7 @@ class GroupItem(QGraphicsItem):
         self.setFlags(QGraphicsItem.ItemIsSelectable)
         self.setCacheMode(QGraphicsItem.DeviceCoordinateCache)
         self.setZValue(1)
-        self._w, self._h = 220.0, HEADER_H + 2 * ROW_H + PAD
+        self._w, self._h = GROUP_SIZE
         self.refresh()
 
     def refresh(self) -> None:
@@ -150,22 +161,25 @@ class GroupItem(QGraphicsItem):
         fm = QFontMetricsF(self.style.font_small)
         self._summary = fm.elidedText(summary, Qt.ElideRight, self._w - 2 * PAD)
         self._tip = f"{self.name}: {len(self.members)} nodes collapsed ({summary}); double-click to expand"
+        count = f"{len(self.members)} nodes"
+        room = self._w - 3 * PAD - QFontMetricsF(self.style.font).horizontalAdvance(count)
+        self._title = QFontMetricsF(self.style.font_bold).elidedText(f"▸ {self.name}", Qt.ElideMiddle, room)
         self.update()
 
     def tooltip_text(self) -> str:
         return self._tip
 
     def boundingRect(self) -> QRectF:
-        return QRectF(-PORT_R - 2, -2, self._w + 2 * PORT_R + 4, self._h + 4)
+        return QRectF(-2, -PORT_R - 2, self._w + 10, self._h + 2 * PORT_R + 10)
 
     def size(self):
         return self._w, self._h
 
     def input_pos(self, port: int = 0) -> QPointF:
-        return QPointF(0, HEADER_H + ROW_H / 2 + 2)
+        return QPointF(self._w / 2, 0.0)
 
     def output_pos(self, index: int = 0) -> QPointF:
-        return QPointF(self._w, HEADER_H + ROW_H / 2 + 2)
+        return QPointF(self._w / 2, self._h)
 
     def paint(self, p: QPainter, option, widget=None) -> None:
         st = self.style
@@ -183,8 +197,7 @@ class GroupItem(QGraphicsItem):
             return
         p.setPen(st.text)
         p.setFont(st.font_bold)
-        p.drawText(QRectF(PAD, 0, self._w - 2 * PAD, HEADER_H), Qt.AlignLeft | Qt.AlignVCenter,
-                   f"▸ {self.name}")
+        p.drawText(QRectF(PAD, 0, self._w - 2 * PAD, HEADER_H), Qt.AlignLeft | Qt.AlignVCenter, self._title)
         p.setFont(st.font)
         p.setPen(st.text_muted)
         p.drawText(QRectF(PAD, 0, self._w - 2 * PAD, HEADER_H), Qt.AlignRight | Qt.AlignVCenter,

@@ -30,11 +30,42 @@ class GroupsMixin:
         return g
 
     def expand(self, group: GroupItem) -> list[str]:
+        """One undo step. Members the layout stacked under the group (a module collapsed when the
+        program opened) have no places of their own yet: the program is laid out again with it open."""
         members = list(group.members)
         groups = [d for g, d in zip(self.groups, self._group_dicts()) if g is not group]
-        self.stack.push(C.SetCollapsed(self.program, groups, f"Expand {group.name}"))
+        with C.macro(self.stack, f"Expand {group.name}"):
+            self.stack.push(C.SetCollapsed(self.program, groups, f"Expand {group.name}"))
+            if self._stacked(members):
+                from .layout import layered_layout
+                pos = layered_layout(self.layout_input())
+                self.stack.push(C.MoveNodes(self.program, {k: v for k, v in pos.items() if k in self.program.nodes},
+                                            "Auto layout"))
+                self.place_groups()
         self.select_nodes([m for m in members if m in self.nodes])
         return members
+
+    def _stacked(self, members) -> bool:
+        centres = set()
+        for nid in members:
+            item = self.nodes.get(nid)
+            if item is not None:
+                w, h = item.size()
+                centres.add((round(item.pos().x() + w / 2), round(item.pos().y() + h / 2)))
+        return len(members) > 1 and len(centres) == 1
+
+    def place_groups(self) -> None:
+        """Centre each collapsed item on its members again (after a layout moved them)."""
+        for g in self.groups:
+            rect = QRectF()
+            for nid in g.members:
+                item = self.nodes.get(nid)
+                if item is not None:
+                    w, h = item.size()
+                    rect = rect.united(QRectF(item.pos().x(), item.pos().y(), w, h))
+            w, h = g.size()
+            g.setPos(rect.center() - QPointF(w / 2, h / 2))
+            self._refresh_group_edges(g.members)
 
     def _group_dicts(self) -> list[dict]:
         return [{"name": g.name, "nodes": list(g.members)} for g in self.groups]
@@ -63,7 +94,8 @@ class GroupsMixin:
         rect = QRectF()
         for nid in members:
             item = self.nodes[nid]
-            rect = rect.united(item.sceneBoundingRect())
+            w, h = item.size()
+            rect = rect.united(QRectF(item.pos().x(), item.pos().y(), w, h))
             item.setVisible(False)
             self.group_of[nid] = g
         w, h = g.size()

@@ -1,26 +1,44 @@
-"""Layered (Sugiyama) layout, left to right, on plain data: no Qt, so it runs in a worker thread.
+"""Hierarchical layered (Sugiyama) layout, top to bottom, on plain data: no Qt, so it runs in a
+worker thread.
+
+A model imported from PyTorch knows which nn.Module each node came from (LayoutInput.groups: node ->
+the chain of module boxes around it, outermost first). Each box is laid out as a unit, its children
+being its own nodes and its child boxes, and then placed as one block in its parent's layout: a ResNet
+reads as stages of blocks. A collapsed group (LayoutInput.units) is one block of its item's size, its
+members stacked under it. A box much taller than wide wraps its layers into side-by-side columns, so
+a deep chain still fits a screen.
 
 Why our own: grandalf's SugiyamaLayout takes tens of seconds at 5,000 nodes (see
-docs/benchmarks/editor.md); this one does the same four steps in linear-ish time:
+docs/benchmarks/editor.md); this one does the same four steps in linear-ish time per box:
 longest-path layering, dummy nodes on long edges, barycentre ordering sweeps, and a coordinate pass
 that pulls each node towards its neighbours' centres while keeping the layer packed.
 """
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-LAYER_GAP = 70.0   # horizontal space between layers (edges need room to curve)
-NODE_GAP = 28.0    # vertical space between nodes of a layer
+LAYER_GAP = 56.0   # vertical space between layers (edges need room to curve)
+NODE_GAP = 36.0    # horizontal space between the items of a layer
+COLUMN_GAP = 90.0  # between the columns of a wrapped box
+BOX_PAD = 14.0     # a module box's margin around its children ...
+BOX_TITLE = 30.0   # ... and the band at its top that holds its title
+WRAP_ASPECT = 2.2  # a box taller than this many times its width wraps into columns ...
+WRAP_MIN_H = 2400.0  # ... once it is taller than this (short chains stay one column)
 SWEEPS = 4         # barycentre down+up sweep pairs; more changes little on real programs
+DEFAULT_SIZE = (160.0, 60.0)
 
 
 @dataclass
 class LayoutInput:
-    """nodes: ids in a stable order; sizes: id -> (width, height); edges: (source id, target id)."""
+    """nodes: ids in a stable order; sizes: id -> (width, height); edges: (source id, target id).
+    groups: node id -> module boxes around it, outermost first (absent: top level).
+    units: key -> member ids laid out as one block of sizes[key] (a collapsed group)."""
     nodes: list[str]
     sizes: dict[str, tuple[float, float]]
     edges: list[tuple[str, str]]
+    groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    units: dict[str, list[str]] = field(default_factory=dict)
 
 
 class LayoutCancelled(Exception):
@@ -28,16 +46,110 @@ class LayoutCancelled(Exception):
 
 
 def layered_layout(data: LayoutInput, cancelled=lambda: False) -> dict[str, tuple[float, float]]:
-    """Top-left positions for every node. `cancelled()` is polled between phases."""
+    """Top-left positions for every node. `cancelled()` is polled between boxes."""
+    return hierarchical_layout(data, cancelled)[0]
+
+
+def hierarchical_layout(data: LayoutInput, cancelled=lambda: False):
+    """(node positions, module box rects path -> (x, y, w, h)), all top-left in scene units."""
     if not data.nodes:
-        return {}
+        return {}, {}
+    unit_of = {m: key for key, ms in data.units.items() for m in ms}
+    items = []          # what is laid out: plain nodes and collapsed units
+    seen = set()
+    for n in data.nodes:
+        k = unit_of.get(n, n)
+        if k not in seen:
+            seen.add(k)
+            items.append(k)
+    chain = {}
+    for key, ms in data.units.items():  # a unit lives in the deepest box all its members share
+        chains = [data.groups.get(m, ()) for m in ms]
+        common = chains[0] if chains else ()
+        for c in chains[1:]:
+            i = 0
+            while i < min(len(common), len(c)) and common[i] == c[i]:
+                i += 1
+            common = common[:i]
+        chain[key] = common
+    for n in items:
+        if n not in chain:
+            chain[n] = tuple(data.groups.get(n, ()))
+    size = {n: data.sizes.get(n, DEFAULT_SIZE) for n in items}
+    # each edge belongs to the deepest box holding both ends: there it joins two of its children
+    per_box: dict[tuple, list] = defaultdict(list)
+    for a, b in data.edges:
+        a, b = unit_of.get(a, a), unit_of.get(b, b)
+        if a == b or a not in chain or b not in chain:
+            continue
+        ca, cb = chain[a], chain[b]
+        i = 0
+        while i < min(len(ca), len(cb)) and ca[i] == cb[i]:
+            i += 1
+        box = ca[:i]
+        child_a = ("box", ca[: i + 1]) if len(ca) > i else a
+        child_b = ("box", cb[: i + 1]) if len(cb) > i else b
+        if child_a != child_b:
+            per_box[box].append((child_a, child_b))
+    children: dict[tuple, list] = defaultdict(list)
+    listed = set()
+    for n in items:  # every box on the chain lists its child box once, in first-seen order
+        c = chain[n]
+        for d in range(len(c)):
+            key = ("box", c[: d + 1])
+            if key not in listed:
+                listed.add(key)
+                children[c[:d]].append(key)
+        children[c].append(n)
+    rel: dict = {}     # box -> {child: (x, y)} relative to the box's top-left
+    box_size: dict = {}
+
+    def lay(box: tuple) -> tuple[float, float]:
+        kids = children[box]
+        sizes = {}
+        for k in kids:
+            sizes[k] = lay(k[1]) if isinstance(k, tuple) else size[k]
+        if cancelled():
+            raise LayoutCancelled
+        pos, (w, h) = _flat(kids, sizes, per_box.get(box, []))
+        if box:
+            pos = {k: (x + BOX_PAD, y + BOX_TITLE) for k, (x, y) in pos.items()}
+            w, h = w + 2 * BOX_PAD, h + BOX_TITLE + BOX_PAD
+        rel[box] = pos
+        box_size[box] = (w, h)
+        return w, h
+
+    lay(())
+    out: dict[str, tuple[float, float]] = {}
+    boxes: dict[str, tuple[float, float, float, float]] = {}
+
+    def place(box: tuple, ox: float, oy: float) -> None:
+        for k, (x, y) in rel[box].items():
+            if isinstance(k, tuple):
+                w, h = box_size[k[1]]
+                boxes[k[1][-1]] = (ox + x, oy + y, w, h)
+                place(k[1], ox + x, oy + y)
+            elif k in data.units:
+                w, h = size[k]
+                cx, cy = ox + x + w / 2, oy + y + h / 2
+                for m in data.units[k]:  # stacked under the group's item, centred on it
+                    mw, mh = data.sizes.get(m, DEFAULT_SIZE)
+                    out[m] = (cx - mw / 2, cy - mh / 2)
+            else:
+                out[k] = (ox + x, oy + y)
+
+    place((), 0.0, 0.0)
+    return out, boxes
+
+
+def _flat(nodes: list, sizes: dict, edges: list) -> tuple[dict, tuple[float, float]]:
+    """One box's children laid out top to bottom: positions relative to (0, 0) and the total size."""
+    if not nodes:
+        return {}, (0.0, 0.0)
+    data = LayoutInput(nodes, sizes, edges)
     layer = _layers(data)
-    if cancelled():
-        raise LayoutCancelled
     order, succ, pred, is_dummy = _with_dummies(data, layer)
     _order_layers(order, succ, pred)
-    if cancelled():
-        raise LayoutCancelled
     return _coordinates(data, order, succ, pred, is_dummy)
 
 
@@ -138,21 +250,18 @@ def _sort_by(lay: list[str], nbrs, index: dict[str, float]) -> None:
         index[n] = i
 
 
-def _coordinates(data: LayoutInput, order, succ, pred, is_dummy) -> dict[str, tuple[float, float]]:
-    size = lambda n: (0.0, 12.0) if n in is_dummy else data.sizes.get(n, (160.0, 60.0))  # noqa: E731
-    xs, x = [], 0.0
-    for lay in order:
-        xs.append(x)
-        x += max((size(n)[0] for n in lay), default=0.0) + LAYER_GAP
-    # packed start: each layer stacked and centred on y = 0
-    cy: dict[str, float] = {}
-    for lay in order:
-        total = sum(size(n)[1] for n in lay) + NODE_GAP * max(0, len(lay) - 1)
-        y = -total / 2
+def _coordinates(data: LayoutInput, order, succ, pred, is_dummy):
+    """Layers stacked downwards; within a layer items packed left to right near their neighbours;
+    a tall result wrapped into columns at layer boundaries."""
+    size = lambda n: (12.0, 0.0) if n in is_dummy else data.sizes.get(n, DEFAULT_SIZE)  # noqa: E731
+    width = lambda n: size(n)[0]  # noqa: E731
+    cx: dict = {}
+    for lay in order:  # packed start: each layer side by side, centred on x = 0
+        total = sum(width(n) for n in lay) + NODE_GAP * max(0, len(lay) - 1)
+        x = -total / 2
         for n in lay:
-            h = size(n)[1]
-            cy[n] = y + h / 2
-            y += h + NODE_GAP
+            cx[n] = x + width(n) / 2
+            x += width(n) + NODE_GAP
     # relaxation: move towards neighbours' centres, then undo overlaps keeping the layer's order
     for rnd in range(4):
         sweep = order[1:] if rnd % 2 == 0 else list(reversed(order[:-1]))
@@ -161,28 +270,59 @@ def _coordinates(data: LayoutInput, order, succ, pred, is_dummy) -> dict[str, tu
             want = []
             for n in lay:
                 ns = nbrs[n] or (succ[n] if nbrs is pred else pred[n])
-                want.append(sum(cy[m] for m in ns) / len(ns) if ns else cy[n])
-            _place(lay, want, size, cy)
-    pos = {}
-    for li, lay in enumerate(order):
-        for n in lay:
-            if n in is_dummy:
-                continue
-            w, h = size(n)
-            pos[n] = (xs[li], cy[n] - h / 2)
-    return pos
+                want.append(sum(cx[m] for m in ns) / len(ns) if ns else cx[n])
+            _place(lay, want, width, cx)
+    heights = [max((size(n)[1] for n in lay), default=0.0) for lay in order]
+    spans = [(min((cx[n] - width(n) / 2 for n in lay), default=0.0),
+              max((cx[n] + width(n) / 2 for n in lay), default=0.0)) for lay in order]
+    total_h = sum(heights) + LAYER_GAP * max(0, len(order) - 1)
+    total_w = max(r for _, r in spans) - min(l for l, _ in spans)
+    columns = _columns(heights, total_h, total_w)
+    pos, x0, right, bottom = {}, 0.0, 0.0, 0.0
+    for first, last in columns:
+        left = min(spans[i][0] for i in range(first, last))
+        shift = x0 - left
+        y = 0.0
+        for li in range(first, last):
+            for n in order[li]:
+                if n not in is_dummy:
+                    w, h = size(n)
+                    pos[n] = (cx[n] - w / 2 + shift, y + (heights[li] - h) / 2)
+            y += heights[li] + LAYER_GAP
+        col_right = max(spans[i][1] for i in range(first, last)) + shift
+        right, bottom = max(right, col_right), max(bottom, y - LAYER_GAP)
+        x0 = col_right + COLUMN_GAP
+    return pos, (right, bottom)
 
 
-def _place(lay: list[str], want: list[float], size, cy: dict[str, float]) -> None:
-    """Put each node as near its wanted centre as the order and the gaps allow (forward pass pushes
-    down, backward pass pulls back up, the average of the two balances the layer)."""
+def _columns(heights: list[float], total_h: float, total_w: float) -> list[tuple[int, int]]:
+    """Layer ranges [first, last) per column: one, unless the box is far taller than wide; then
+    enough columns that the result is still a little taller than wide."""
+    n = len(heights)
+    if total_h < WRAP_MIN_H or total_h < WRAP_ASPECT * max(total_w, 1.0) or n < 4:
+        return [(0, n)]
+    k = max(2, int((total_h / (1.6 * max(total_w, 1.0))) ** 0.5))
+    target = total_h / k
+    cols, first, y = [], 0, 0.0
+    for i, h in enumerate(heights):
+        if y > 0 and y + h / 2 > target and len(cols) < k - 1:
+            cols.append((first, i))
+            first, y = i, 0.0
+        y += h + LAYER_GAP
+    cols.append((first, n))
+    return cols
+
+
+def _place(lay: list[str], want: list[float], extent, cx: dict) -> None:
+    """Put each item as near its wanted centre as the order and the gaps allow (forward pass pushes
+    right, backward pass pulls back left, the average of the two balances the layer)."""
     n = len(lay)
     if not n:
         return
     if n == 1:
-        cy[lay[0]] = want[0]
+        cx[lay[0]] = want[0]
         return
-    half = [size(m)[1] / 2 for m in lay]
+    half = [extent(m) / 2 for m in lay]
     down = list(want)
     for i in range(1, n):
         lo = down[i - 1] + half[i - 1] + NODE_GAP + half[i]
@@ -198,8 +338,8 @@ def _place(lay: list[str], want: list[float], size, cy: dict[str, float]) -> Non
         lo = mid[i - 1] + half[i - 1] + NODE_GAP + half[i]
         if mid[i] < lo:
             mid[i] = lo
-    for m, y in zip(lay, mid):
-        cy[m] = y
+    for m, x in zip(lay, mid):
+        cx[m] = x
 
 
 def grandalf_layout(data: LayoutInput) -> dict[str, tuple[float, float]]:
@@ -209,8 +349,7 @@ def grandalf_layout(data: LayoutInput) -> dict[str, tuple[float, float]]:
 
     class _View:
         def __init__(self, w, h):
-            # grandalf lays out top to bottom; swap axes so layers run left to right like ours
-            self.w, self.h = h, w
+            self.w, self.h = w, h
             self.xy = (0.0, 0.0)
 
     verts = {n: Vertex(n) for n in data.nodes}
@@ -227,5 +366,5 @@ def grandalf_layout(data: LayoutInput) -> dict[str, tuple[float, float]]:
         for v in comp.sV:
             x, y = v.view.xy
             w, h = data.sizes.get(v.data, (160.0, 60.0))
-            pos[v.data] = (y - w / 2, x - h / 2)
+            pos[v.data] = (x - w / 2, y - h / 2)
     return pos

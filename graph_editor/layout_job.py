@@ -100,5 +100,6 @@ def apply_positions(scene, moves: dict, undoable: bool = True) -> None:
                 scene.program.set_pos(nid, p)
     finally:
         scene._positioning = False
+    scene.place_groups()
     scene._place_terminals()
     scene.fit_scene_rect()

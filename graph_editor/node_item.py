@@ -140,7 +140,7 @@ class NodeItem(QGraphicsItem):
         self._title = title
         rest = self._w - 3 * PAD - st.metrics("font_bold").horizontalAdvance(title) - badge
         self._subtitle = st.elide("font_small", node.name, rest, Qt.ElideLeft) if rest > 24 and node.name != node.op else ""
-        half = self._w / 2 - PAD - PORT_R - 2
+        half = self._w / 2 - PAD - 2
         self._in_labels = []
         for i in range(self._n_in):
             vid = node.inputs[i] if i < len(node.inputs) else None
@@ -148,7 +148,7 @@ class NodeItem(QGraphicsItem):
             v = self.program.values.get(vid) if vid else None
             kind = "free" if v is None else ("param" if v.role in (Role.PARAMETER, Role.CONSTANT) else "wire")
             text = name if kind != "param" else f"{name} {fmt_spec(v.shape, v.dtype)}"
-            width = half if i < self._n_out else self._w - 2 * PAD - PORT_R - 2
+            width = half if i < self._n_out else self._w - 2 * PAD
             self._in_labels.append((st.elide("font", text, width), kind))
         self._out_labels = []
         fm = st.metrics("font")
@@ -156,7 +156,7 @@ class NodeItem(QGraphicsItem):
             v = self.program.values[vid]
             # the output's shape gets whatever the input label beside it leaves free
             used = fm.horizontalAdvance(self._in_labels[k][0]) + 12 if k < len(self._in_labels) else 0
-            room = self._w - 2 * PAD - 2 * PORT_R - 4 - used
+            room = self._w - 2 * PAD - 4 - used
             self._out_labels.append((st.elide("font", fmt_spec(v.shape, v.dtype), max(half, room), Qt.ElideLeft),
                                      vid in self.program.outputs))
         text = attr_text(node)
@@ -170,17 +170,18 @@ class NodeItem(QGraphicsItem):
 
     def shape(self) -> QPainterPath:
         p = QPainterPath()
-        p.addRect(QRectF(-PORT_R, 0, self._w + 2 * PORT_R, self._h))
+        p.addRect(QRectF(0, -PORT_R, self._w, self._h + 2 * PORT_R))
         return p
 
     def size(self) -> tuple[float, float]:
         return self._w, self._h
 
+    # the layout runs top to bottom: inputs arrive on the top edge, outputs leave from the bottom
     def input_pos(self, port: int) -> QPointF:
-        return QPointF(0.0, HEADER_H + port * ROW_H + ROW_H / 2 + 2)
+        return QPointF(self._w * (port + 1) / (self._n_in + 1), 0.0)
 
     def output_pos(self, index: int) -> QPointF:
-        return QPointF(self._w, HEADER_H + index * ROW_H + ROW_H / 2 + 2)
+        return QPointF(self._w * (index + 1) / (self._n_out + 1), self._h)
 
     def port_at(self, local: QPointF) -> tuple[str, int] | None:
         """('in', port) or ('out', index) when `local` is on a port (with a forgiving margin)."""
@@ -240,26 +241,28 @@ class NodeItem(QGraphicsItem):
         self._paint_rows(p)
 
     def _paint_rows(self, p: QPainter) -> None:
+        """One row per input (its name, a parameter's shape) and the output shapes on the right; the
+        ports themselves sit on the top and bottom edges, where the edges meet them."""
         st = self.style
         p.setFont(st.font)
         for i, (label, kind) in enumerate(self._in_labels):
+            y = HEADER_H + i * ROW_H
+            p.setPen(st.text_muted if kind != "wire" else st.text)
+            p.drawText(QRectF(PAD, y, self._w, ROW_H), Qt.AlignLeft | Qt.AlignVCenter, label)
             c = self.input_pos(i)
             if kind == "param":
                 p.setPen(QPen(st.text_muted, 1.2))
-                p.setBrush(Qt.NoBrush)
+                p.setBrush(st.node_body)
                 p.drawRect(QRectF(c.x() - 3.5, c.y() - 3.5, 7, 7))
             else:
                 p.setPen(QPen(st.edge if kind == "free" else st.accent, 1.5))
                 p.setBrush(st.node_body if kind == "free" else st.accent)
                 p.drawEllipse(c, PORT_R, PORT_R)
-            p.setPen(st.text_muted if kind != "wire" else st.text)
-            p.drawText(QRectF(PAD + PORT_R + 2, c.y() - ROW_H / 2, self._w, ROW_H),
-                       Qt.AlignLeft | Qt.AlignVCenter, label)
         for k, (label, is_out) in enumerate(self._out_labels):
-            c = self.output_pos(k)
+            y = HEADER_H + k * ROW_H
             p.setPen(st.text)
-            p.drawText(QRectF(0, c.y() - ROW_H / 2, self._w - PAD - PORT_R - 2, ROW_H),
-                       Qt.AlignRight | Qt.AlignVCenter, label)
+            p.drawText(QRectF(0, y, self._w - PAD, ROW_H), Qt.AlignRight | Qt.AlignVCenter, label)
+            c = self.output_pos(k)
             p.setPen(QPen(st.accent, 1.5))
             p.setBrush(st.accent)
             if is_out:  # a program output: a diamond, the mark users look for at the end of a graph

@@ -1,5 +1,11 @@
-"""Regions on the canvas: a translucent rounded hull behind each active region's nodes, coloured by
-kind, labelled with its kind and speedup, with the agent's reason as the tooltip.
+"""Regions on the canvas: a tinted frame behind each active region's nodes, coloured by kind, labelled
+with its kind and speedup, with the agent's reason as the tooltip.
+
+A frame is the union of its members' bodies grown by FRAME_PAD (less than half the layout's gaps),
+joined where two members sit one above the other with nothing between them, and with a label band
+above its topmost member. Whatever another region's frame already covers is cut out, so no point of
+the canvas is in two regions: membership is never ambiguous, even where a user dragged nodes together.
+The label sits inside the band, away from the border.
 
 RegionOverlay observes the program (regions_changed and node events) and the scene (nodes being
 dragged), keeps one RegionItem per active region at the scene's OVERLAY_Z, and says which region was
@@ -8,7 +14,7 @@ clicked. The hulls are view state only: every region edit goes through the model
 from __future__ import annotations
 
 from PySide6.QtCore import QObject, QPointF, QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QPainterPath, QPainterPathStroker, QPen, QPolygonF
+from PySide6.QtGui import QBrush, QColor, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem
 
 from agent_core.regions import active_regions
@@ -16,8 +22,9 @@ from agent_core.regions import active_regions
 # the same hues as profiler_view's kernel colours, so a region and its bars read as one thing
 KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
                "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "single": "#8a8f98", "opaque": "#6b6f76"}
-HULL_PAD = 16.0
-LABEL_H = 22.0
+FRAME_PAD = 8.0    # below half of the layout's NODE_GAP: two regions' frames never touch
+LABEL_H = 20.0
+LABEL_LOD = 0.45   # below this zoom region labels are not drawn
 
 
 def kind_color(kind: str) -> QColor:
@@ -71,36 +78,37 @@ def region_tooltip(region) -> str:
     return "<br>".join(lines)
 
 
-def _convex_hull(points: list[QPointF]) -> list[QPointF]:
-    pts = sorted({(p.x(), p.y()) for p in points})
-    if len(pts) < 3:
-        return [QPointF(x, y) for x, y in pts]
-
-    def cross(o, a, b):
-        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
-    lower, upper = [], []
-    for p in pts:
-        while len(lower) >= 2 and cross(lower[-2], lower[-1], p) <= 0:
-            lower.pop()
-        lower.append(p)
-    for p in reversed(pts):
-        while len(upper) >= 2 and cross(upper[-2], upper[-1], p) <= 0:
-            upper.pop()
-        upper.append(p)
-    return [QPointF(x, y) for x, y in lower[:-1] + upper[:-1]]
+def _body(item) -> QRectF:
+    w, h = item.size()
+    return QRectF(item.pos().x(), item.pos().y(), w, h)
 
 
-def hull_path(rects: list[QRectF], pad: float = HULL_PAD) -> QPainterPath:
-    """The convex hull of the rects, grown by `pad` with round corners."""
-    pts = [c for r in rects for c in (r.topLeft(), r.topRight(), r.bottomLeft(), r.bottomRight())]
-    poly = QPainterPath()
-    poly.addPolygon(QPolygonF(_convex_hull(pts)))
-    poly.closeSubpath()
-    st = QPainterPathStroker()
-    st.setWidth(2 * pad)
-    st.setJoinStyle(Qt.RoundJoin)
-    st.setCapStyle(Qt.RoundCap)
-    return st.createStroke(poly).united(poly).simplified()
+def frame_path(rects: list[QRectF], obstacles: list[QRectF] = ()) -> tuple[QPainterPath, QRectF]:
+    """(the region's outline, its label band) around member bodies `rects`; `obstacles` are the
+    bodies of every other visible item, which a joining bridge must not cross."""
+    grown = [r.adjusted(-FRAME_PAD, -FRAME_PAD, FRAME_PAD, FRAME_PAD) for r in rects]
+    path = QPainterPath()
+    for g in grown:
+        path.addRoundedRect(g, 6, 6)
+    # bridges: a member directly below another, overlapping in x, nothing in between
+    by_top = sorted(grown, key=lambda r: r.top())
+    for i, a in enumerate(by_top):
+        for b in by_top[i + 1:]:
+            left, right = max(a.left(), b.left()) + 8, min(a.right(), b.right()) - 8
+            if right - left < 24 or b.top() <= a.bottom():
+                continue
+            bridge = QRectF(left, a.bottom() - 1, right - left, b.top() - a.bottom() + 2)
+            if not any(bridge.intersects(o) for o in obstacles):
+                path.addRect(bridge)
+            break
+    top = by_top[0]
+    band = QRectF(top.left(), top.top() - LABEL_H, top.width(), LABEL_H + 6)
+    path.addRoundedRect(band, 6, 6)
+    return path.simplified(), QRectF(band.left() + 6, band.top() + 3, band.width() - 12, LABEL_H - 4)
+
+
+def _rect_key(r: QRectF) -> tuple:
+    return (round(r.x(), 1), round(r.y(), 1), round(r.width(), 1), round(r.height(), 1))
 
 
 class RegionItem(QGraphicsItem):
@@ -108,6 +116,7 @@ class RegionItem(QGraphicsItem):
         super().__init__()
         self.overlay, self.region_id = overlay, region_id
         self.path = QPainterPath()
+        self._label = QRectF()
         self._key = None
         self.selected = False
         self.setAcceptHoverEvents(True)
@@ -117,25 +126,18 @@ class RegionItem(QGraphicsItem):
     def region(self):
         return next((r for r in self.overlay.scene.program.regions if r.id == self.region_id), None)
 
-    def update_geometry(self, rects: list[QRectF]) -> None:
-        key = tuple((r.x(), r.y(), r.width(), r.height()) for r in rects)
-        if key == self._key:
-            return
-        self._key = key
+    def set_geometry(self, path: QPainterPath, label: QRectF) -> None:
         self.prepareGeometryChange()
-        self.path = hull_path(rects)
+        self.path, self._label = path, label
 
     def label_rect(self) -> QRectF:
-        b = self.path.boundingRect()
-        return QRectF(b.left() + 10, b.top() - LABEL_H + 4, max(b.width() - 20, 60), LABEL_H)
+        return QRectF(self._label)
 
     def boundingRect(self) -> QRectF:
-        return self.path.boundingRect().united(self.label_rect()).adjusted(-3, -3, 3, 3)
+        return self.path.boundingRect().adjusted(-3, -3, 3, 3)
 
     def shape(self) -> QPainterPath:
-        s = QPainterPath(self.path)
-        s.addRect(self.label_rect())
-        return s
+        return self.path
 
     def tooltip_text(self) -> str:
         r = self.region
@@ -158,13 +160,13 @@ class RegionItem(QGraphicsItem):
         p.setPen(pen)
         p.setBrush(QBrush(fill))
         p.drawPath(self.path)
-        p.setFont(style.font_bold)
-        text = region_label(r)
+        if option.levelOfDetailFromTransform(p.worldTransform()) < LABEL_LOD:
+            return   # a few pixels high: colour says the kind, the tooltip says the rest
         lr = self.label_rect()
-        text = text
-        p.setPen(col.lighter(130) if style.name == "dark" else col.darker(140))
-        p.drawText(QRectF(lr.left(), lr.top(), max(lr.width(), 400.0), lr.height()),
-                   Qt.AlignLeft | Qt.AlignVCenter, text)
+        p.setFont(style.font_bold)
+        p.setPen(style.text)
+        p.drawText(lr, Qt.AlignLeft | Qt.AlignVCenter,
+                   style.elide("font_bold", region_label(r), lr.width()))
 
     def mousePressEvent(self, ev):
         if ev.button() == Qt.LeftButton:
@@ -183,6 +185,7 @@ class RegionOverlay(QObject):
         self.scene = scene
         self.items: dict[str, RegionItem] = {}
         self.current: str | None = None
+        self._key = None
         scene.program.subscribe(self._on_event)
         scene.changed.connect(lambda _rects: self.update_geometry())
         self.rebuild()
@@ -219,7 +222,7 @@ class RegionOverlay(QObject):
             self.current = None
         for rid, item in self.items.items():
             item.selected = rid == self.current
-            item._key = None
+        self._key = None
         self.update_geometry()
         for item in self.items.values():
             item.update()
@@ -230,21 +233,38 @@ class RegionOverlay(QObject):
             group = self.scene.group_of.get(nid) if hasattr(self.scene, "group_of") else None
             item = group if group is not None else self.scene.nodes.get(nid)
             if item is not None and item.isVisible():
-                rects.append(item.sceneBoundingRect())
+                r = _body(item)
+                if r not in rects:
+                    rects.append(r)
         return rects
 
     def update_geometry(self) -> None:
-        """Follow moved nodes (called once per scene change batch: Qt coalesces `changed`); an
-        unchanged hull is not rebuilt (RegionItem compares its members' rects)."""
+        """Follow moved nodes (called once per scene change batch: Qt coalesces `changed`); nothing
+        is rebuilt while no member moved. Frames are cut in order, so the first region keeps a
+        point two frames would share."""
         if not self.items:
             return
         regs = self.region_map()
+        members = {rid: self.member_rects(regs[rid]) if rid in regs else [] for rid in self.items}
+        key = tuple((rid, tuple((r.x(), r.y(), r.width(), r.height()) for r in rs)) for rid, rs in members.items())
+        if key == self._key:
+            return
+        self._key = key
+        obstacles = [_body(i) for i in list(self.scene.nodes.values()) + list(self.scene.groups)
+                     if i.isVisible()]
+        taken = QPainterPath()
         for rid, item in self.items.items():
-            r = regs.get(rid)
-            rects = self.member_rects(r) if r is not None else []
+            rects = members[rid]
             item.setVisible(bool(rects))
-            if rects:
-                item.update_geometry(rects)
+            if not rects:
+                continue
+            own = set(map(_rect_key, rects))
+            others = [o for o in obstacles if _rect_key(o) not in own]
+            path, label = frame_path(rects, others)
+            if not taken.isEmpty():
+                path = path.subtracted(taken)
+            item.set_geometry(path, label)
+            taken = taken.united(path)
 
     def region_map(self) -> dict:
         return {r.id: r for r in self.scene.program.regions}

@@ -19,6 +19,7 @@ PORT_R = 5.0
 TERMINAL_W = 170.0
 TERMINAL_H = 26.0
 MAX_ATTR_LINES = 2
+GROUP_SIZE = (240.0, HEADER_H + 2 * ROW_H + PAD)   # a collapsed group's item (the layout needs it)
 
 CATEGORY_HUES = {
     "pointwise": 150, "reduction": 32, "normalization": 280, "matmul": 210, "convolution": 0,

@@ -72,6 +72,9 @@ class GraphView(QGraphicsView):
         self.zoom_changed.emit(self.zoom())
         if self.scene() is not None:
             self.scene().set_low_detail(self.zoom() < LOD_TEXT)
+            modules = getattr(self.scene(), "modules", None)
+            if modules is not None:
+                modules.zoom_changed()
 
     def fit_rect(self, rect: QRectF) -> None:
         if rect.isNull() or rect.isEmpty():
