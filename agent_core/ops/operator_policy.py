@@ -5,8 +5,8 @@ the node is given. An overload (`torch._ops.OpOverload`) is allowed only when ev
 
   namespace   it is in `aten` (prim, profiler, quantized, c10d and custom namespaces are refused);
   mutation    no argument is written (`Tensor(a!)`: in-place `x_` ops, `out=` overloads, `set_`,
-              `resize_`, `copy_`, `fill_`), its name does not end in `_`, and it has no destination
-              argument (`dst`, `out`, `output`) even where the schema omits the `!` (`_copy_from`);
+              `resize_`, `copy_`, `fill_`), its name does not end in `_`, and it has no `dst`
+              argument (`_copy_from` writes it though its schema has no `!`);
   types       no argument or return is a Storage, Generator, Stream, Event or script object, and no
               Device argument is required (an optional one must be null, see below);
   files       no `*from_file*` name and no string argument naming a path (`filename`, `path`, `file`,
@@ -14,20 +14,23 @@ the node is given. An overload (`torch._ops.OpOverload`) is allowed only when ev
   random      not tagged `nondeterministic_seeded` (rand*, normal, bernoulli, multinomial, uniform,
               dropout...), except an op with a `train`/`training` flag, allowed only with it false;
   memory      no `storage_offset` argument and no view made from explicit strides (`as_strided`,
-              `_reshape_alias` reads past its storage), no uninitialised memory (`empty*`, `resize`),
-              no pinning (`pin_memory`, `_pin_memory`), no `_assert*` / `_print` / `_functionalize*`
-              / `_sync` internals;
+              `_reshape_alias` reads past its storage), nothing named `unsafe` (`_unsafe_index` skips
+              bounds checks), no nested/jagged buffer views, no uninitialised memory (`empty*`,
+              `resize`), no pinning (`pin_memory`, `_pin_memory`), no `_assert*` / `_print` /
+              `_functionalize*` / `_sync` / autograd and vmap internals;
   results     it returns at least one value and every return is a Tensor or a list of Tensors (so
               `item`, `_local_scalar_dense`, `record_stream`, `sym_size` are refused).
 
 Rules on argument *values* (`check_call`), applied at load with the JSON template and again right
-before the call with the real values: a Device argument must be null, `pin_memory` null or false, and
-the `train`/`training` flag of a seeded op false. An OpOverloadPacket (no overload named) is resolved,
-by torch's own schema matching on the template's argument types, to the one overload a call would
-run, and that overload is checked; the call then goes to it, never to the packet.
+before the call with the real values: a Device argument must be null, `pin_memory` and `unsafe` null
+or false, and the `train`/`training` flag of a seeded op false. An OpOverloadPacket (no overload
+named) is resolved, by torch's own schema matching on the template's argument types, to the one
+overload a call would run, and that overload is checked; the call then goes to it, never to the packet.
 
-Views of inputs (`view_as_real`, `lift_fresh`, `alias`) only read, so they are allowed; the opaque
-reference copies such a result so that no program value shares memory with another.
+After the call (`check_results`) every result must be a dense strided tensor on the inputs' device:
+a sparse, quantized, nested or mkldnn result is refused, so none reaches another operator. Views of inputs
+(`view_as_real`, `lift_fresh`, `alias`) only read, so they are allowed, and such a result is copied
+so that no program value shares memory with another.
 """
 from __future__ import annotations
 
@@ -214,6 +217,7 @@ def check_results(op: torch._ops.OpOverload, results: tuple, inputs: list) -> tu
     nested or mkldnn result (the schema cannot say which an op makes) is refused, so no such tensor
     ever reaches another operator; a view of an input is copied."""
     bases = {_storage(t) for t in inputs if isinstance(t, torch.Tensor)} - {None}
+    devices = {t.device for t in inputs if isinstance(t, torch.Tensor)}
     out = []
     for i, t in enumerate(results):
         if not isinstance(t, torch.Tensor):
@@ -221,6 +225,9 @@ def check_results(op: torch._ops.OpOverload, results: tuple, inputs: list) -> tu
         if t.layout != torch.strided or t.is_quantized or t.is_nested or t.is_mkldnn:
             raise OperatorRefused(f"operator {overload_name(op)}: output {i} is a {t.layout} tensor; "
                                   f"programs hold dense tensors only")
+        if devices and t.device not in devices:
+            raise OperatorRefused(f"operator {overload_name(op)}: output {i} is on {t.device}, its inputs on "
+                                  f"{', '.join(sorted(map(str, devices)))}; the program runs on one device")
         if _storage(t) in bases:
             t = t.clone()
         out.append(t)
