@@ -63,16 +63,16 @@ def _protected_reason(real: str, protect) -> str | None:
         return "it is the current folder"
     if real == home:
         return "it is your home folder"
+    if _is_within(cwd, real):
+        return "it holds the current folder"
+    if _is_within(home, real):
+        return "it holds your home folder"
     for p in protect:
         for form in {os.path.abspath(p), os.path.realpath(p)}:   # the link and what it points at
             if form == real:
                 return f"it is the input {p}"
             if _is_within(form, real):
                 return f"it holds the input {p}"
-    if _is_within(cwd, real):
-        return "it holds the current folder"
-    if _is_within(home, real):
-        return "it holds your home folder"
     return None
 
 
@@ -130,7 +130,7 @@ def _names(files: list[str]) -> str:
 def check_target(target, kind: str, *, force: bool = False, protect=(), hint: str | None = "--force") -> bool:
     """Raise OutputRefused unless `kind`'s output may go to `target`; True when an existing folder will
     be replaced. `hint` is how the caller asks for force (None where it cannot)."""
-    target = os.fspath(target)
+    target = os.fspath(target) or "."
     if os.path.islink(target):
         raise OutputRefused(f"{target}: is a symbolic link (to {os.readlink(target)}); the output is never "
                             "written through a link: name a real folder")

@@ -27,12 +27,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ..export import export_program
     from ..output_dir import check_target, input_paths
+    protect = input_paths(args.program)
+    check_target(args.output, "export", force=args.force, protect=protect)   # before torch loads
+    from ..export import export_program
     from .import_cmd import open_program
 
-    protect = input_paths(args.program)
-    check_target(args.output, "export", force=args.force, protect=protect)   # before the import runs
     program = open_program(args.program)
     result = export_program(program, args.output, params=not args.no_params, arch=args.arch, seed=args.seed,
                             overwrite=args.force, protect=protect)
