@@ -23,7 +23,7 @@ from agent_core.regions import active_regions
 KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
                "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "single": "#8a8f98", "opaque": "#6b6f76"}
 FRAME_PAD = 8.0    # below half of the layout's NODE_GAP: two regions' frames never touch
-LABEL_H = 20.0
+LABEL_H = 22.0
 LABEL_LOD = 0.45   # below this zoom region labels are not drawn
 
 
@@ -88,6 +88,7 @@ def frame_path(rects: list[QRectF], obstacles: list[QRectF] = ()) -> tuple[QPain
     bodies of every other visible item, which a joining bridge must not cross."""
     grown = [r.adjusted(-FRAME_PAD, -FRAME_PAD, FRAME_PAD, FRAME_PAD) for r in rects]
     path = QPainterPath()
+    path.setFillRule(Qt.WindingFill)   # overlapping pieces are one area, not holes (odd-even)
     for g in grown:
         path.addRoundedRect(g, 6, 6)
     # bridges: a member directly below another, overlapping in x, nothing in between
@@ -104,7 +105,7 @@ def frame_path(rects: list[QRectF], obstacles: list[QRectF] = ()) -> tuple[QPain
     top = by_top[0]
     band = QRectF(top.left(), top.top() - LABEL_H, top.width(), LABEL_H + 6)
     path.addRoundedRect(band, 6, 6)
-    return path.simplified(), QRectF(band.left() + 6, band.top() + 3, band.width() - 12, LABEL_H - 4)
+    return path.simplified(), QRectF(band.left() + 9, band.top() + 4, band.width() - 18, LABEL_H - 6)
 
 
 def _rect_key(r: QRectF) -> tuple:
