@@ -289,3 +289,26 @@ def test_a_folder_is_replaced_only_when_every_file_is_the_tools(ours, theirs, fo
             for t in theirs:   # each user file is named, or the folder of it that the tool did not make
                 assert any(p in str(e) for p in [t] + [f"{q}/" for q in Path(t).parents if str(q) != "."]), e
         assert snapshot(d) == before
+
+
+def test_sanitize_writes_into_the_moved_output_and_a_rerun_may_replace_it(work, tmp_path, monkeypatch):
+    """--sanitize's run (here without compute-sanitizer in front, which needs a GPU) writes OUT/sanitize/
+    and OUT/sanitize.txt after the move; both count as the tool's, so optimize may replace OUT again."""
+    import argparse
+    import shutil
+
+    from agent_core.commands import optimize as opt
+    out = copy_of(work / "earlier_opt", tmp_path / "opt")
+    real_run = subprocess.run
+
+    def without_sanitizer(cmd, **kw):
+        return real_run(cmd[cmd.index(sys.executable):], env=dict(os.environ, PYTHONPATH=str(ROOT)), **kw)
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(subprocess, "run", without_sanitizer)
+    parser = argparse.ArgumentParser()
+    opt.add_arguments(parser)
+    args = parser.parse_args([str(work / "project" / "base.json"), "-o", str(out), "--sanitize", *FAST])
+    assert opt.sanitize(args, gpu=True) == 0
+    assert (out / "sanitize" / "program.json").is_file() and read_marker(out / "sanitize")["kind"] == "optimize"
+    assert "sanitize.txt" in read_marker(out)["files"]
+    assert output_dir.foreign_files(out) == [] and check_target(out, "optimize") is True

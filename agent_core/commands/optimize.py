@@ -37,7 +37,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("program", help="a program file (.json), a KernelBench .py file or module:Class")
     parser.add_argument("-o", "--output", required=True,
                         help="output folder: new, empty or one an earlier optimize wrote (replaced when this "
-                             "run succeeds; a failed run leaves it as it was)")
+                             "run succeeds; a failed run leaves it as it was); never a folder holding files "
+                             "stitchcuda did not write, the input's folder, the current or home folder, / or a "
+                             "symbolic link")
     parser.add_argument("--force", action="store_true",
                         help=f"also replace a folder an export wrote (it holds the {MARKER} marker and no file "
                              "stitchcuda did not write)")
