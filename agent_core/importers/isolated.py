@@ -31,6 +31,8 @@ TAIL_BYTES = 16 << 10           # what is kept of each stream (for the last line
 _RESULT = "result.json"         # the child's verdict: {"ok": true} or {"ok": false, "message": ...}
 _PROGRAM = "program.json"
 _REQUEST = "request.json"
+_STARTED = "started"            # made by the child just before the file runs: the time limit starts then
+STARTUP_LIMIT = 300.0           # seconds the child may take to load torch and the importer (a loaded machine)
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -127,16 +129,20 @@ class IsolatedImport:
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
         counter, lock, overflow = [0], threading.Lock(), threading.Event()
         tails = [_Tail(proc.stdout, counter, lock, overflow), _Tail(proc.stderr, counter, lock, overflow)]
-        deadline = time.monotonic() + self.timeout
+        # the limit is the file's: it starts once the child has loaded torch and the importer
+        started, deadline = os.path.join(folder, _STARTED), time.monotonic() + STARTUP_LIMIT
+        running = False
         why = None
         try:
             while not _exited(proc):
+                if not running and os.path.exists(started):
+                    running, deadline = True, time.monotonic() + self.timeout
                 if self._stop.wait(0.02):
                     why = "cancelled"
                 elif overflow.is_set():
                     why = "output"
                 elif time.monotonic() > deadline:
-                    why = "timeout"
+                    why = "timeout" if running else "startup"
                 if why:
                     break
         finally:
@@ -154,6 +160,9 @@ class IsolatedImport:
         if why == "timeout":
             raise ImportFailure(f"{self.name}: importing took longer than {self.timeout:g} s{self.limit_hint} "
                                 f"and was stopped")
+        if why == "startup":
+            raise ImportFailure(f"{self.name}: the import process did not get ready within {STARTUP_LIMIT:g} s "
+                                f"(loading torch); the file did not run")
         if why == "output":
             raise ImportFailure(f"{self.name}: the file printed more than {OUTPUT_LIMIT >> 20} MiB while importing "
                                 f"and was stopped; no program was made")
@@ -279,6 +288,7 @@ def _child(folder: str) -> None:
     result: dict
     try:
         from . import import_file, import_module
+        open(os.path.join(folder, _STARTED), "w").close()
         program = import_file(target) if request["kind"] == "file" else import_module(target)
         if _in_fork:
             os._exit(0)
