@@ -12,7 +12,8 @@ the node is given. An overload (`torch._ops.OpOverload`) is allowed only when ev
   files       no `*from_file*` name and no string argument naming a path (`filename`, `path`, `file`,
               `fname`, `filepath`);
   random      not tagged `nondeterministic_seeded` (rand*, normal, bernoulli, multinomial, uniform,
-              dropout...), except an op with a `train`/`training` flag, allowed only with it false;
+              dropout...), except an op with a switch that turns the randomness off, allowed only with it
+              off (`train`/`training` false, `dropout_p` 0: dropout in eval, attention without dropout);
   memory      no `storage_offset` argument and no view made from explicit strides (`as_strided`,
               `_reshape_alias` reads past its storage), nothing named `unsafe` (`_unsafe_index` skips
               bounds checks), no nested/jagged buffer views, no uninitialised memory (`empty*`,
@@ -23,7 +24,7 @@ the node is given. An overload (`torch._ops.OpOverload`) is allowed only when ev
 
 Rules on argument *values* (`check_call`), applied at load with the JSON template and again right
 before the call with the real values: a Device argument must be null, `pin_memory` and `unsafe` null
-or false, and the `train`/`training` flag of a seeded op false. An OpOverloadPacket (no overload
+or false, and a seeded op's randomness switch off. An OpOverloadPacket (no overload
 named) is resolved, by torch's own schema matching on the template's argument types, to the one
 overload a call would run, and that overload is checked; the call then goes to it, never to the packet.
 
@@ -51,7 +52,10 @@ _FORBIDDEN_KINDS = {"StorageType": "a Storage", "GeneratorType": "a Generator", 
 _TENSOR_RESULT_KINDS = {"TensorType", "ListType", "OptionalType"}
 _PATH_ARGS = {"filename", "path", "file", "fname", "filepath"}
 _DESTINATION_ARGS = {"dst"}  # _copy_from writes dst, though its schema has no (a!)
-_TRAIN_ARGS = ("train", "training")
+# the argument that switches a seeded op's randomness off, and its off value: dropout(train=False),
+# scaled_dot_product_attention(dropout_p=0.0)
+_RANDOMNESS_SWITCHES = {"train": ("BoolType", False), "training": ("BoolType", False),
+                        "dropout_p": ("FloatType", 0.0)}
 # names whose effect the schema does not show: uninitialised memory, pinned host memory, internals
 _NAME_RULES = (
     (re.compile(r"from_file"), "reads or writes a file"),
@@ -131,8 +135,10 @@ def refusal(op: torch._ops.OpOverload) -> str | None:
 
 
 def _train_flag(schema) -> str | None:
+    """The argument that turns a seeded op's randomness off (see _RANDOMNESS_SWITCHES), if it has one."""
     for arg in schema.arguments:
-        if arg.name in _TRAIN_ARGS and _plain(arg.type).kind() == "BoolType":
+        kind = _RANDOMNESS_SWITCHES.get(arg.name, (None,))[0]
+        if kind is not None and _plain(arg.type).kind() == kind:
             return arg.name
     return None
 
@@ -169,7 +175,8 @@ def check_call(op: torch._ops.OpOverload, args: list, kwargs: dict) -> None:
     if torch.Tag.nondeterministic_seeded in op.tags:
         default = next(a for a in schema.arguments if a.name == flag)
         value = given.get(flag, default.default_value if default.has_default_value() else True)
-        if value is not False:
+        off = _RANDOMNESS_SWITCHES[flag][1]
+        if isinstance(value, bool) != isinstance(off, bool) or value != off:
             raise OperatorRefused(f"operator {overload_name(op)} is not allowed with {flag}={value!r}: "
                                   f"it draws random numbers")
 
