@@ -1,5 +1,6 @@
 """The Generated source dock: the CUDA of the selected region (or of every region), syntax highlighted,
-with the region's ops highlighted where the source names them and compile errors marked at their line.
+with line numbers, the region's ops highlighted where the source names them and compile errors marked at
+their line.
 
 A region without stored source (planned, not yet optimized) is generated on demand through codegen for
 display only: the model is not changed. Compile runs NVRTC (cached) on what is shown.
@@ -9,8 +10,9 @@ from __future__ import annotations
 import difflib
 import re
 
-from PySide6.QtCore import QRegularExpression, Qt
-from PySide6.QtGui import QColor, QFont, QFontDatabase, QSyntaxHighlighter, QTextCharFormat, QTextCursor, QTextFormat
+from PySide6.QtCore import QRect, QRegularExpression, QSize, Qt
+from PySide6.QtGui import (QColor, QFont, QFontDatabase, QPainter, QSyntaxHighlighter, QTextCharFormat, QTextCursor,
+                           QTextFormat)
 from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit, QVBoxLayout,
                                QWidget)
 
@@ -73,6 +75,89 @@ class CudaHighlighter(QSyntaxHighlighter):
             start = text.find("/*", end + 2)
 
 
+class LineNumbers(QWidget):
+    """The gutter beside a CodeEdit: one number per line, as wide as the largest number needs."""
+
+    def __init__(self, edit: "CodeEdit"):
+        super().__init__(edit)
+        self.edit = edit
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.edit.gutter_width(), 0)
+
+    def paintEvent(self, ev) -> None:
+        self.edit.paint_gutter(ev)
+
+
+class CodeEdit(QPlainTextEdit):
+    """A read-only code view with line numbers in a gutter (the pattern of Qt's Code Editor example);
+    the line marked as a compile error has its number in red."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.gutter = LineNumbers(self)
+        self.marked_line: int | None = None   # 1-based
+        self.blockCountChanged.connect(lambda _n: self._fit_gutter())
+        self.updateRequest.connect(self._scroll_gutter)
+        self._fit_gutter()
+
+    def gutter_width(self) -> int:
+        digits = max(2, len(str(max(1, self.blockCount()))))
+        return 10 + self.fontMetrics().horizontalAdvance("9") * digits
+
+    def _fit_gutter(self) -> None:
+        self.setViewportMargins(self.gutter_width(), 0, 0, 0)
+
+    def _scroll_gutter(self, rect, dy) -> None:
+        if dy:
+            self.gutter.scroll(0, dy)
+        else:
+            self.gutter.update(0, rect.y(), self.gutter.width(), rect.height())
+        if rect.contains(self.viewport().rect()):
+            self._fit_gutter()
+
+    def changeEvent(self, ev):
+        super().changeEvent(ev)
+        from PySide6.QtCore import QEvent
+        if ev.type() == QEvent.FontChange:
+            self._fit_gutter()
+
+    def resizeEvent(self, ev):
+        super().resizeEvent(ev)
+        cr = self.contentsRect()
+        self.gutter.setGeometry(QRect(cr.left(), cr.top(), self.gutter_width(), cr.height()))
+
+    def visible_line_numbers(self) -> list[int]:
+        """The numbers the gutter shows now (1-based), top to bottom."""
+        out, block = [], self.firstVisibleBlock()
+        top = self.blockBoundingGeometry(block).translated(self.contentOffset()).top()
+        height = self.viewport().height()
+        while block.isValid() and top <= height:
+            if block.isVisible():
+                out.append(block.blockNumber() + 1)
+            top += self.blockBoundingRect(block).height()
+            block = block.next()
+        return out
+
+    def paint_gutter(self, ev) -> None:
+        p = QPainter(self.gutter)
+        pal = self.palette()
+        p.fillRect(ev.rect(), pal.alternateBase())
+        dim, err = pal.placeholderText().color(), QColor("#e06c6c")
+        block = self.firstVisibleBlock()
+        top = round(self.blockBoundingGeometry(block).translated(self.contentOffset()).top())
+        line_h = self.fontMetrics().height()
+        w = self.gutter.width() - 5
+        while block.isValid() and top <= ev.rect().bottom():
+            bottom = top + round(self.blockBoundingRect(block).height())
+            if block.isVisible() and bottom >= ev.rect().top():
+                n = block.blockNumber() + 1
+                p.setPen(err if n == self.marked_line else dim)
+                p.drawText(0, top, w, line_h, Qt.AlignRight, str(n))
+            block, top = block.next(), bottom
+        p.end()
+
+
 class SourceView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -102,7 +187,7 @@ class SourceView(QWidget):
         top.addWidget(self.variant)
         top.addWidget(self.compile_btn)
         lay.addLayout(top)
-        self.edit = QPlainTextEdit()
+        self.edit = CodeEdit()
         self.edit.setReadOnly(True)
         self.edit.setLineWrapMode(QPlainTextEdit.NoWrap)
         font = QFontDatabase.systemFont(QFontDatabase.FixedFont)
@@ -263,6 +348,8 @@ class SourceView(QWidget):
 
     def _mark_error(self) -> None:
         sels = []
+        self.edit.marked_line = self.error_line
+        self.edit.gutter.update()
         if self.error_line:
             block = self.edit.document().findBlockByNumber(self.error_line - 1)
             if block.isValid():

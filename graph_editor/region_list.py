@@ -13,6 +13,18 @@ from .region_commands import push_region_edit
 from .region_item import fmt_ms, kind_color, speedup
 
 COLUMNS = ("Region", "Kind", "Status", "Nodes", "Speedup", "Measured")
+VERDICTS = {"fallback": "fell back"}   # the agent's outcome in the words the hull's label uses
+
+
+def status_text(region) -> str:
+    """The region's status as the hull and the profile plots show it: the agent's verdict once a run
+    gave one (read from the same schedule["agent"] the hull reads), with the user's decision when it
+    is more than "proposed"."""
+    verdict = ((region.schedule or {}).get("agent") or {}).get("status")
+    if not verdict:
+        return region.status
+    verdict = VERDICTS.get(verdict, verdict)
+    return verdict if region.status == "proposed" else f"{region.status} · {verdict}"
 
 
 class RegionList(QWidget):
@@ -32,7 +44,7 @@ class RegionList(QWidget):
         self.tree.setSelectionMode(QAbstractItemView.ExtendedSelection)
         self.tree.setUniformRowHeights(True)
         self.tree.itemSelectionChanged.connect(self._picked)
-        for i, w in enumerate((48, 112, 70, 42, 84)):
+        for i, w in enumerate((48, 112, 96, 42, 84)):
             self.tree.setColumnWidth(i, w)
         lay.addWidget(self.tree, 1)
         grid = QGridLayout()
@@ -74,13 +86,15 @@ class RegionList(QWidget):
         self.tree.clear()
         for r in self.program.regions if self.program else []:
             s, measured = speedup(r)
-            it = QTreeWidgetItem([r.id, r.kind.replace("_", " "), r.status, str(len(r.nodes)),
+            it = QTreeWidgetItem([r.id, r.kind.replace("_", " "), status_text(r), str(len(r.nodes)),
                                   "-" if s is None else f"{s:.2f}x {'meas.' if measured else 'est.'}",
                                   fmt_ms(r.measured_ms)])
             it.setData(0, Qt.UserRole, r.id)
             it.setForeground(1, kind_color(r.kind))
             it.setToolTip(0, r.reason)
             it.setToolTip(1, r.reason)
+            agent = (r.schedule or {}).get("agent") or {}
+            it.setToolTip(2, agent.get("reason") or r.reason)
             if r.status == "rejected":
                 for c in range(len(COLUMNS)):
                     it.setForeground(c, self.palette().placeholderText().color())

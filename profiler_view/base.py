@@ -1,9 +1,12 @@
 """Shared look and click handling of the profile plots (pyqtgraph PlotWidgets)."""
 from __future__ import annotations
 
+from html import escape
+
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QRectF, QTimer, Signal
-from PySide6.QtGui import QColor, QPalette
+from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import QColor, QFontMetricsF, QPalette
+from PySide6.QtWidgets import QGraphicsTextItem, QSizePolicy
 
 # kernel colours by region kind: the same hues the canvas uses for its region hulls
 KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
@@ -14,6 +17,93 @@ FLOOR = "#c8961e"   # gold that reads on both the dark and the light background
 
 def kind_color(kind: str) -> QColor:
     return QColor(KIND_COLORS.get(kind, "#8a8f98"))
+
+
+def kind_name(kind: str) -> str:
+    return (kind or "unknown").replace("_", " ")
+
+
+GLYPHS = {"bar": "\u25a0", "floor": "\u25b2", "point": "\u25cf", "line": "\u2501", "cross": "\u2715"}
+
+
+class FlowLegend(pg.GraphicsWidget):
+    """A legend under the plot's x axis: coloured glyphs and names flowing over as many lines as the
+    plot's width needs, so it never covers data and a narrow plot keeps its height for the data."""
+
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.entries: list[tuple[str, str, str]] = []   # (name, colour, glyph)
+        self.max_lines = 3
+        self.fg = QColor("#888")
+        self.text = QGraphicsTextItem(self)
+        self.text.setDefaultTextColor(self.fg)
+        f = self.text.font()
+        f.setPointSizeF(8)
+        self.text.setFont(f)
+        self.text.document().setDocumentMargin(1)
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)   # as wide as the plot, never wider
+        self.setMinimumWidth(0)
+        self._fit()
+
+    def set_entries(self, entries: list[tuple[str, str, str]]) -> None:
+        self.entries = list(entries)
+        self._render()
+
+    def set_color(self, fg: QColor) -> None:
+        self.fg = QColor(fg)
+        self._render()
+
+    def _render(self) -> None:
+        """Entries packed greedily into lines as wide as the plot (an entry breaks only when it is wider
+        than a line), at most max_lines of them; what does not fit is in the tooltip."""
+        fm = QFontMetricsF(self.text.font())
+        width = max(self.size().width() - 4, 40.0)
+        gap = fm.horizontalAdvance("   ")
+        lines: list[list[str]] = [[]]
+        used, shown = 0.0, 0
+        for n, c, g in self.entries:
+            w = fm.horizontalAdvance(f"{GLYPHS.get(g, g)} {n}")
+            if lines[-1] and used + gap + w > width:
+                if len(lines) == self.max_lines:
+                    break
+                lines.append([])
+                used = 0.0
+            name = escape(n) if w > width else escape(n).replace(" ", "&nbsp;")
+            lines[-1].append(f'<span style="color:{QColor(c).name()}">{GLYPHS.get(g, g)}</span>&nbsp;{name}')
+            used += (gap if used else 0.0) + w
+            shown += 1
+        if shown < len(self.entries):
+            lines[-1].append(f"+{len(self.entries) - shown} more")
+        self.setToolTip("\n".join(n for n, _c, _g in self.entries) if shown < len(self.entries) else "")
+        self.text.setDefaultTextColor(self.fg)
+        self.text.setHtml("<br>".join("&nbsp;&nbsp; ".join(line) for line in lines))
+        self._fit()
+
+    def set_max_lines(self, n: int) -> None:
+        if n != self.max_lines:
+            self.max_lines = n
+            self._render()
+
+    def resizeEvent(self, ev):
+        super().resizeEvent(ev)
+        if abs(ev.newSize().width() - ev.oldSize().width()) > 0.5:
+            self._render()
+
+    def _fit(self) -> None:
+        width = self.size().width()
+        if width > 20:
+            self.text.setTextWidth(width)
+        h = self.text.document().size().height() if self.entries else 0.0
+        if abs(self.minimumHeight() - h) > 0.5 or abs(self.maximumHeight() - h) > 0.5:
+            self.setMinimumHeight(h)
+            self.setMaximumHeight(h)
+            self.updateGeometry()
+
+
+def text_width(item: pg.TextItem, text: str) -> float:
+    """The width `item` takes on screen showing `text`, its margins included."""
+    margin = item.textItem.document().documentMargin()
+    return QFontMetricsF(item.textItem.font()).horizontalAdvance(text) + 2 * margin
 
 
 def fmt_ms(ms: float | None) -> str:
@@ -34,6 +124,14 @@ class ProfilePlot(pg.PlotWidget):
         self.setMinimumSize(140, 120)
         self.plotItem.setTitle(title, size="9pt")
         self.plotItem.showGrid(x=False, y=True, alpha=0.15)
+        self.plotItem.layout.setContentsMargins(6, 2, 6, 2)   # pyqtgraph sets the left axis label 4 px outside
+        # under the x axis, so it never hides data; its columns follow the plot's width
+        self.legend = FlowLegend()
+        self.plotItem.layout.addItem(self.legend, 4, 1)
+        self.pinned: dict[pg.TextItem, tuple[float, float]] = {}   # text -> wanted view position
+        vb = self.plotItem.getViewBox()
+        vb.sigResized.connect(self._keep_pinned_inside)
+        vb.sigRangeChanged.connect(self._keep_pinned_inside)
         self._restyle_pending = False
         self.restyle()
 
@@ -49,6 +147,7 @@ class ProfilePlot(pg.PlotWidget):
             ax.setPen(pg.mkPen(fg))
             ax.setTextPen(pg.mkPen(fg))
         self.plotItem.setTitle(self.title, size="9pt", color=fg.name())
+        self.legend.set_color(fg)
         self.redraw()
 
     def changeEvent(self, ev):
@@ -64,6 +163,43 @@ class ProfilePlot(pg.PlotWidget):
 
     def redraw(self) -> None:   # subclasses draw their data
         pass
+
+    # legend ------------------------------------------------------------------------------------
+    def set_legend(self, entries: list[tuple[str, str, str]]) -> None:
+        """(name, colour, glyph) entries shown under the plot; glyph is a GLYPHS key."""
+        if entries != self.legend.entries:
+            self.legend.set_entries(entries)
+
+    def legend_labels(self) -> list[str]:
+        return [n for n, _c, _g in self.legend.entries]
+
+    # texts kept inside the view box ------------------------------------------------------------
+    def pin(self, item: pg.TextItem, x: float, y: float) -> pg.TextItem:
+        """Add `item` at view position (x, y), moved as little as needed to lie inside the view box
+        at every size and range (a ceiling label at the right edge was clipped)."""
+        self.pinned[item] = (x, y)
+        self.plotItem.addItem(item)
+        self._place(item)
+        return item
+
+    def _keep_pinned_inside(self, *_args) -> None:
+        for item in list(self.pinned):
+            if item.scene() is None:   # cleared with the plot
+                del self.pinned[item]
+            else:
+                self._place(item)
+
+    def _place(self, item: pg.TextItem) -> None:
+        vb = self.plotItem.getViewBox()
+        x, y = self.pinned[item]
+        item.setPos(x, y)
+        box, r = vb.sceneBoundingRect(), item.sceneBoundingRect()
+        if box.width() <= r.width() or box.height() <= r.height():
+            return   # the plot is smaller than the text: nothing to fit it into
+        dx = max(0.0, box.left() - r.left()) - max(0.0, r.right() - box.right())
+        dy = max(0.0, box.top() - r.top()) - max(0.0, r.bottom() - box.bottom())
+        if dx or dy:
+            item.setPos(vb.mapSceneToView(vb.mapViewToScene(QPointF(x, y)) + QPointF(dx, dy)))
 
     def empty_hint(self, text: str) -> None:
         """Say in the plot why it is empty (e.g. nothing is measured without a GPU)."""

@@ -29,6 +29,7 @@ class Kernel:
     achieved_tflops: float | None = None
     bound: str | None = None
     status: str = "proposed"            # the agent's outcome once known (fused, fallback, library, ...)
+    reason: str = ""                    # why the agent reached that outcome
 
     @property
     def before_ms(self) -> float | None:
@@ -63,6 +64,11 @@ class ProfileData:
         self.peak_tflops = PEAK_TFLOPS
         self.hardware: str = ""
         self.plan: dict = {}
+        self.launches: int | None = None     # end to end, as the generated program runs
+        self.gpu: bool | None = None         # None: not known yet; False: the run had no GPU to time on
+        self.finished = False                # a done or fatal error event, or a profile.json, was read
+        self.outcome: str = ""               # the run's last word: done, no-gpu, or the fatal error
+        self.live = False                    # events arrive from a run in progress (ProfilePanel.apply)
 
     # events ------------------------------------------------------------------------------------
     def kernel(self, rid: str) -> Kernel:
@@ -93,13 +99,29 @@ class ProfileData:
             hw = e["hardware"]
             self.bandwidth_gbs = float(hw.get("copy_bandwidth_gbs") or self.bandwidth_gbs)
             self.hardware = str(hw.get("name") or "")
-            return {"roofline"}
+            self.gpu = True
+            return {"roofline", "summary"}
+        if name == "log" and e.get("no_gpu"):
+            self.gpu = False
+            return {"summary"}
         if name == "log" and rid and e.get("status"):
-            self.kernel(rid).status = e["status"]
-            return {"kernels"}
+            k = self.kernel(rid)
+            k.status = e["status"]
+            # the message is "region r1: fused: <reason>"
+            k.reason = str(e.get("message") or "").split(f"{e['status']}: ", 1)[-1]
+            return {"kernels", "timeline", "summary"}
         if name == "fallback" and rid:
-            self.kernel(rid).status = "fallback"
-            return {"kernels"}
+            k = self.kernel(rid)
+            k.status, k.reason = "fallback", str(e.get("reason") or "")
+            return {"kernels", "timeline", "summary"}
+        if name == "done":
+            self.finished, self.outcome = True, str(e.get("status") or "done")
+            if self.outcome == "no-gpu":
+                self.gpu = False
+            return {"tuning", "summary"}
+        if name == "error" and e.get("fatal"):
+            self.finished, self.outcome = True, f"failed: {e.get('message') or 'the worker stopped'}"
+            return {"tuning", "summary"}
         if name == "tune-step" and rid:
             self.tuning.setdefault(rid, []).append(TuneStep(int(e.get("trial", 0)), e.get("ms"), bool(e.get("ok")),
                                                             bool(e.get("best")), e.get("params") or {},
@@ -112,12 +134,14 @@ class ProfileData:
                 return {"kernels", "timeline", "roofline"}
             if scope == "program":
                 self.end_to_end["ours"] = e.get("ms")
-                return {"e2e"}
+                if e.get("launches") is not None:
+                    self.launches = int(e["launches"])
+                return {"e2e", "summary"}
             if scope == "baseline" and e.get("baseline"):
                 self.end_to_end[e["baseline"]] = e.get("ms") if e.get("ok", True) else None
                 if e.get("error"):
                     self.baseline_errors[e["baseline"]] = str(e["error"])
-                return {"e2e"}
+                return {"e2e", "summary"}
         return set()
 
     def _measured(self, k: Kernel, d: dict) -> None:
@@ -136,6 +160,11 @@ class ProfileData:
                 continue
             k = self.kernel(r.id)
             k.kind, k.est_before_ms, k.est_after_ms = r.kind, r.est_before_ms, r.est_after_ms
+        if prof:
+            self.finished = True
+            self.outcome = str(prof.get("status") or self.outcome or "done")
+            if "gpu" in prof:
+                self.gpu = bool(prof["gpu"])
         hw = prof.get("hardware") or {}
         if hw.get("copy_bandwidth_gbs"):
             self.bandwidth_gbs = float(hw["copy_bandwidth_gbs"])
@@ -146,6 +175,7 @@ class ProfileData:
                 continue
             k = self.kernel(rid)
             k.status = o.get("status") or k.status
+            k.reason = o.get("reason") or k.reason
             k.kernel = o.get("kernel") or k.kernel
             att = dict(o.get("attribution") or {})
             if o.get("fused_ms") is not None:
@@ -162,6 +192,8 @@ class ProfileData:
         e2e = prof.get("end_to_end") or {}
         if e2e.get("ms") is not None:
             self.end_to_end["ours"] = e2e["ms"]
+        if e2e.get("launches") is not None:
+            self.launches = int(e2e["launches"])
         for key, b in (prof.get("baselines") or {}).items():
             if isinstance(b, dict):
                 self.end_to_end[key] = b.get("ms") if b.get("ok") else None
@@ -169,19 +201,47 @@ class ProfileData:
                     self.baseline_errors[key] = str(b.get("error") or b.get("skipped"))
 
     # derived -----------------------------------------------------------------------------------
-    def order(self) -> list[str]:
-        return list(self.kernels)
+    def order(self, slowest_first: bool = False, top: int | None = None) -> list[str]:
+        """Region ids in program order, or slowest (fused, else unfused time) first; `top` keeps the
+        `top` slowest, in the order asked for."""
+        ids = list(self.kernels)
+        def cost(rid):
+            k = self.kernels[rid]
+            return k.after_ms or k.before_ms or 0.0
+        slow = sorted(ids, key=lambda r: (-cost(r), ids.index(r)))   # ties keep program order
+        if top is not None:
+            keep = set(slow[:top])
+            ids = [r for r in ids if r in keep]
+            slow = slow[:top]
+        return slow if slowest_first else ids
 
-    def timeline(self, after: bool) -> list[tuple[str, float, float, bool]]:
+    def timeline(self, after: bool, regions: list[str] | None = None,
+                 packed: bool = False) -> list[tuple[str, float, float, bool]]:
         """(region, start ms, duration ms, measured) for the kernel sequence before or after fusion:
-        regions run one after another on one stream, so starts are running sums."""
-        out, t = [], 0.0
+        regions run one after another on one stream, so starts are running sums. `regions` picks and
+        orders what is shown; without `packed` a region keeps its start in the whole program (the
+        ones left out leave gaps, as in a trace viewer), with it the shown ones are laid end to end."""
+        starts, t = {}, 0.0
         for rid, k in self.kernels.items():
             ms = k.after_ms if after else k.before_ms
-            if not ms:
+            if ms:
+                starts[rid] = (t, ms, k.measured if after else k.unfused_ms is not None)
+                t += ms
+        out, t = [], 0.0
+        for rid in (list(self.kernels) if regions is None else regions):
+            if rid not in starts:
                 continue
-            out.append((rid, t, ms, k.measured if after else k.unfused_ms is not None))
+            start, ms, real = starts[rid]
+            out.append((rid, t if packed else start, ms, real))
             t += ms
+        return out
+
+    def outcomes(self) -> dict[str, list[str]]:
+        """Region ids by the agent's outcome (fused, library, fallback, compiled, ...), program order."""
+        out: dict[str, list[str]] = {}
+        for rid, k in self.kernels.items():
+            if k.status != "proposed":
+                out.setdefault(k.status, []).append(rid)
         return out
 
     def roofline_points(self) -> list[tuple[str, float, float]]:

@@ -8,6 +8,8 @@ from .base import ProfilePlot, fmt_ms
 
 LABELS = {"ours": "StitchCUDA", "eager": "torch eager", "compile_default": "torch.compile",
           "compile_reduce-overhead": "compile (r-o)"}
+LEGEND = {"ours": "ours (StitchCUDA)", "eager": "torch eager", "compile_default": "torch.compile",
+          "compile_reduce-overhead": "torch.compile reduce-overhead"}
 COLORS = {"ours": "#3fb28f", "eager": "#8a8f98", "compile_default": "#4f9dde", "compile_reduce-overhead": "#9b6ad6"}
 
 
@@ -52,6 +54,7 @@ class EndToEnd(ProfilePlot):
             t.setPos(ms * 1e3, i)
             pi.addItem(t)
         pi.getAxis("left").setTicks([ticks])
+        self.set_legend([(LEGEND.get(k, k), COLORS.get(k, "#e0b94a"), "bar") for k, ms in rows if ms is not None])
         best = [ms for k, ms in rows if k.startswith("compile") and ms]
         eager = self.data.end_to_end.get("eager")
         title = self.title

@@ -1,6 +1,7 @@
 """Per-kernel time bars: each region's ops unfused (grey) beside its fused kernel (kind colour), with
-the roofline floor as a gold tick. Measured times when the run had a GPU, else the planner's estimates
-(drawn hollow, and the title says so)."""
+the memory floor as a gold marker. Measured times when the run had a GPU, else the planner's estimates
+(drawn faint, and the title says so). The panel's view controls sort them slowest first or keep the
+N slowest; region names on the axis are thinned to those that fit."""
 from __future__ import annotations
 
 import pyqtgraph as pg
@@ -8,6 +9,7 @@ import pyqtgraph as pg
 from .base import BEFORE, FLOOR, ClickableBars, ProfilePlot, fmt_ms, kind_color
 
 W = 0.38
+OURS = "#9b6ad6"   # the legend's sample for "ours": each bar itself takes its region kind's colour
 
 
 class KernelBars(ProfilePlot):
@@ -15,14 +17,25 @@ class KernelBars(ProfilePlot):
         self.data = data
         super().__init__("Kernel time, before / after fusion", parent)
         self.setLabel("left", "time (us)")
+        self.slowest_first, self.top = False, None
+        self.names: list[str] = []
         self.bars: ClickableBars | None = None
+        vb = self.plotItem.getViewBox()
+        vb.setMouseEnabled(x=True, y=False)
+        vb.sigXRangeChanged.connect(lambda *_: self._fit_ticks())
+        vb.sigResized.connect(lambda *_: self._fit_ticks())
+
+    def set_view(self, slowest_first: bool, top: int | None) -> None:
+        self.slowest_first, self.top = slowest_first, top
+        self.redraw()
 
     def redraw(self) -> None:
         if not hasattr(self, "data"):
             return
         pi = self.plotItem
         pi.clear()
-        ks = list(self.data.kernels.values())
+        ks = [self.data.kernels[r] for r in self.data.order(getattr(self, "slowest_first", False),
+                                                             getattr(self, "top", None))]
         regions, x0, y0, w, h, brushes, pens, tips = [], [], [], [], [], [], [], []
         measured = any(k.measured for k in ks)
         floor_x, floor_y = [], []
@@ -43,7 +56,7 @@ class KernelBars(ProfilePlot):
                 brushes.append(pg.mkBrush(fill))
                 pens.append(pg.mkPen(brush if isinstance(brush, str) else col, width=1))
                 what = "unfused ops" if j == 0 else (k.kernel or "fused kernel")
-                tips.append(f"{k.region} ({k.kind}): {what} {fmt_ms(ms)} "
+                tips.append(f"{k.region} ({k.kind}, {k.status}): {what} {fmt_ms(ms)} "
                             f"{'measured' if real else 'estimated'}"
                             + (f"\nfloor {fmt_ms(k.floor_ms)}" if k.floor_ms else "")
                             + (f", {k.achieved_gbs:.0f} GB/s" if k.achieved_gbs else ""))
@@ -56,15 +69,38 @@ class KernelBars(ProfilePlot):
                                       brushes=brushes, pens=pens)
             pi.addItem(self.bars)
         if floor_x:
-            pi.plot(floor_x, floor_y, pen=None, symbol="t1", symbolSize=14, symbolBrush=FLOOR,
+            pi.plot(floor_x, floor_y, pen=None, symbol="t1", symbolSize=14 if len(ks) <= 12 else 8, symbolBrush=FLOOR,
                     symbolPen=pg.mkPen(FLOOR), name="floor")
-        ax = pi.getAxis("bottom")
-        ax.setTicks([[(i, k.region) for i, k in enumerate(ks)]])
+        self.names = [k.region for k in ks]
+        entries = [("unfused ops (torch)", BEFORE, "bar"), ("fused kernel (ours)", OURS, "bar")]
+        if floor_x:
+            entries.append(("memory floor (bytes / measured bandwidth)", FLOOR, "floor"))
+        self.set_legend(entries if ks else [])
         self.plotItem.setTitle(self.title + ("" if measured or not ks else " (estimates)"), size="9pt",
                                color=self.text_color().name())
-        if ks:
-            pi.setXRange(-0.8, len(ks) - 0.2, padding=0)
+        self.reset_zoom()
         pi.enableAutoRange(axis="y")
+
+    def reset_zoom(self) -> None:
+        n = max(len(self.names), 1)
+        vb = self.plotItem.getViewBox()
+        vb.setLimits(xMin=-1.0, xMax=n, minXRange=2.0)
+        self.plotItem.setXRange(-0.8, n - 0.2, padding=0)
+        self._fit_ticks()
+
+    def _fit_ticks(self) -> None:
+        """Every k-th region name on the axis, k the smallest that keeps the names apart at this zoom."""
+        ax = self.plotItem.getAxis("bottom")
+        if not self.names:
+            ax.setTicks([[]])
+            return
+        per_px = self.plotItem.getViewBox().viewPixelSize()[0]
+        widest = max(self.fontMetrics().horizontalAdvance(n) for n in self.names) + 8
+        step = 1
+        if per_px > 0:
+            while step < len(self.names) and step / per_px < widest:
+                step += 1
+        ax.setTicks([[(i, n) for i, n in enumerate(self.names) if i % step == 0]])
 
     def bar_center(self, region: str):
         """Scene position of the fused bar of `region` (tests click it)."""
