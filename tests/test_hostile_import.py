@@ -189,3 +189,18 @@ def test_a_bad_time_limit_is_refused(tmp_path):
     (tmp_path / "m.py").write_text("x = 1\n")
     with pytest.raises(ImportFailure, match="positive number of seconds"):
         import_source(str(tmp_path / "m.py"), timeout=0)
+
+
+def test_a_module_class_target_is_imported_in_the_child_on_the_callers_path(tmp_path, monkeypatch):
+    from agent_core.importers.isolated import import_isolated
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "blocks.py").write_text(model("return torch.tanh(x)\n") + "class Quits(Model):\n"
+                                   "    def __init__(self):\n        raise SystemExit(2)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))   # only this process's path knows the package
+    p = import_isolated("mypkg.blocks:Model")
+    assert p.metadata["source"]["target"] == "mypkg.blocks:Model"
+    assert [n.op for n in p.nodes.values()] == ["tanh"]
+    with pytest.raises(ImportFailure, match=r"^mypkg\.blocks:Quits: the file called sys\.exit\(2\) while importing"):
+        import_isolated("mypkg.blocks:Quits")

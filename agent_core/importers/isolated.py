@@ -59,7 +59,12 @@ class _Tail:
         self.thread.start()
 
     def _read(self) -> None:
-        fd = self.pipe.fileno()
+        # this thread closes the pipe itself: closed under a blocked read, its number could be reused
+        # by another file, which the next read would then drain
+        with self.pipe:
+            self._drain(self.pipe.fileno())
+
+    def _drain(self, fd: int) -> None:
         while True:
             try:
                 chunk = os.read(fd, 1 << 16)
@@ -149,10 +154,8 @@ class IsolatedImport:
             # whatever happened, nothing the file started outlives the import (grandchildren too)
             _kill_group(proc)
             rc = proc.wait()
-            for t in tails:
+            for t in tails:  # a process that left the group may hold the pipes: do not wait on it
                 t.thread.join(timeout=2)
-            for pipe in (proc.stdout, proc.stderr):
-                pipe.close()
         if why is None and overflow.is_set():
             why = "output"
         if why == "cancelled" or self._cancelled:
