@@ -101,7 +101,7 @@ def scan() -> Scan:
         try:
             out.entries.append(_entry(base, parts))
         except Damaged as e:
-            out.notices.append(_set_aside_files(base, sorted(parts), str(e)))
+            out.notices.append(_set_aside_files(base, [p for p in PARTS if p in parts], str(e)))
     out.entries.sort(key=lambda r: -r["saved_at"])
     return out
 
@@ -136,7 +136,7 @@ def _checked_folder(notices: list[str]) -> str | None:
     path = os.path.join(base, "recovery")
     try:
         if os.path.islink(path) or (os.path.lexists(path) and not os.path.isdir(path)):
-            notices.append(_set_aside_files(path, [""], "it is not a folder"))
+            notices.append(f"Recovery folder {path} was set aside as {shown(set_aside(path))}: it is not a folder")
         return recovery_dir()
     except OSError as e:
         notices.append(f"Recovery folder {path} cannot be used ({e.strerror or e}); autosave is off until it can")
@@ -153,7 +153,7 @@ def _entry(stem: str, parts: set[str]) -> dict:
         _regular(stem + SIDECAR, None)
     _regular(stem + PROGRAM, MAX_FILE_BYTES)
     meta = _read_meta(stem)
-    return {"file": stem + PROGRAM, "original": meta["original"], "saved_at": float(meta["saved_at"])}
+    return {"file": stem + PROGRAM, "original": meta["original"], "saved_at": meta["saved_at"]}
 
 
 def _regular(path: str, limit: int | None) -> None:
@@ -191,13 +191,27 @@ def _read_meta(stem: str) -> dict:
     if not isinstance(meta, dict):
         raise Damaged(f"its note is a JSON {type(meta).__name__}, not an object")
     saved = meta.get("saved_at")
-    if isinstance(saved, bool) or not isinstance(saved, (int, float)) or not math.isfinite(saved):
+    try:   # an integer too large for a float is no time either
+        seconds = float(saved) if isinstance(saved, (int, float)) and not isinstance(saved, bool) else math.nan
+    except OverflowError:
+        seconds = math.nan
+    if not math.isfinite(seconds):
         raise Damaged(f"its saved_at is not a number of seconds: {_short(saved)}")
     original = meta.get("original")
-    if original is not None and (not isinstance(original, str) or not original or "\x00" in original
-                                 or len(original) > MAX_PATH_CHARS):
+    if original is not None and not _is_path(original):
         raise Damaged(f"its original is not a file path or null: {_short(original)}")
-    return {"original": original, "saved_at": saved}
+    return {"original": original, "saved_at": seconds}
+
+
+def _is_path(value) -> bool:
+    """What the restored document can be saved to (and named after) without an encoding error."""
+    if not isinstance(value, str) or not value or "\x00" in value or len(value) > MAX_PATH_CHARS:
+        return False
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _short(value) -> str:

@@ -117,26 +117,37 @@ class WorkerClient(QObject):
 
     def _take(self, data: bytes) -> None:
         """Split what arrived into lines (a pipe's worth at a time), cutting each at MAX_LINE."""
-        parts = data.split(b"\n")
-        for i, part in enumerate(parts):
-            room = MAX_LINE - len(self._partial)
-            if len(part) > room:
-                self._cut += len(part) - room
-                part = part[:room]
-            self._partial += part
-            if i < len(parts) - 1:
+        *lines, tail = data.split(b"\n")
+        for raw in lines:
+            if self._partial or self._cut:   # the end of a line begun in an earlier read
+                self._append(raw)
                 self._end_line()
+            else:
+                self._line(raw[:MAX_LINE], max(0, len(raw) - MAX_LINE))
+        self._append(tail)
+
+    def _append(self, part: bytes) -> None:
+        room = MAX_LINE - len(self._partial)
+        if len(part) > room:   # the rest of this line is dropped as it arrives, up to its newline
+            self._cut += len(part) - room
+            part = part[:room]
+        self._partial += part
 
     def _end_line(self) -> None:
-        self._lineno += 1
         raw, cut = bytes(self._partial), self._cut
         self._partial, self._cut = bytearray(), 0
+        self._line(raw, cut)
+
+    def _line(self, raw: bytes, cut: int) -> None:
+        self._lineno += 1
         report = None
         if cut:
-            report = self._not_event(f"line {self._lineno}: {len(raw) + cut:,} bytes without a newline, cut: "
+            report = self._not_event(f"line {self._lineno}: {len(raw) + cut:,} bytes long, cut at {MAX_LINE:,}: "
                                      f"{raw[:60].decode('utf-8', 'replace')!r}...")
         elif raw.lstrip()[:1] == b"{":
             self._queue.append((self._lineno, raw, None))
+        elif raw.strip() and len(self.bad) >= KEEP_BAD:
+            self.bad_count += 1
         elif raw.strip():   # not an object, so not an event: only its first bytes are worth parsing
             try:
                 parse_event(raw[:BAD_CHARS].decode("utf-8", "replace"), self._lineno)
