@@ -19,9 +19,9 @@ import pytest
 
 from agent_core.cli import main as cli_main
 from agent_core.export import ExportError, export_program
-from agent_core.output_dir import OutputRefused
 from agent_core.importers import import_file
 from agent_core.ir import Program
+from agent_core.output_dir import OutputRefused
 from agent_core.reference import run_reference
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "resources" / "examples"
