@@ -391,7 +391,11 @@ ev("done", status="stand-in")
 def test_a_junk_flood_is_bounded_and_the_gui_keeps_ticking(studio_window, qtbot):
     win, worker = studio_window, studio_window.agent.worker
     ticks, held = [], []
-    timer = QTimer(interval=20, timeout=lambda: (ticks.append(time.perf_counter()), held.append(worker.buffered_bytes())))
+
+    def tick():
+        ticks.append(time.perf_counter())
+        held.append(worker.buffered_bytes())
+    timer = QTimer(interval=20, timeout=tick)
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
     timer.start()
