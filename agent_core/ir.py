@@ -8,6 +8,7 @@ the model, never keeps a copy of it).
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable, Iterable
@@ -188,8 +189,9 @@ class Program:
 
     def add_parameter(self, name: str, data: np.ndarray | None = None, *, shape=None,
                       dtype: str | None = None, constant: bool = False,
-                      value_id: str | None = None) -> Value:
-        """A parameter (weights) or constant. Without data, parameters are drawn at random on use."""
+                      value_id: str | None = None, init: dict | None = None) -> Value:
+        """A parameter (weights) or constant. Without data, parameters are drawn at random on use;
+        with an init (see check_init) and no data, the data is drawn from it now, deterministically."""
         if data is not None:
             data = np.asarray(data)
             shape = data.shape
@@ -197,7 +199,15 @@ class Program:
         if shape is None:
             raise ProgramError(f"parameter '{name}' needs data or a shape")
         role = Role.CONSTANT if constant else Role.PARAMETER
-        v = self._add_source(role, name, shape, dtype or "float32", value_id)
+        if init is not None:
+            if constant:
+                raise ProgramError(f"constant '{name}' holds the data it was given; it takes no init")
+            init = check_init(init, role, name)
+            if data is None:
+                shape = check_shape(shape, name)
+        v = self._add_source(role, name, shape, dtype or "float32", value_id, init)
+        if data is None and init is not None:
+            data = draw_init(init, v.shape, v.dtype, v.id)
         if data is not None:
             self.data[v.id] = data
         self._emit("value_added", value_id=v.id)
@@ -357,7 +367,7 @@ class Program:
         while len(node.inputs) <= port:
             node.inputs.append(None)
         node.inputs[port] = value_id
-        if value_id is None and node.opdef.variadic:
+        if value_id is None:   # trailing open optional ports are no ports: undo of a bias leaves none
             while node.inputs and node.inputs[-1] is None and len(node.inputs) > node.opdef.arity()[0]:
                 node.inputs.pop()
         self._emit("edge_changed", node_id=node_id, port=port)
@@ -385,6 +395,71 @@ class Program:
             obj.name = self.unique_name(name)
         self._emit("node_changed" if ident in self.nodes else "value_changed",
                    **({"node_id": ident} if ident in self.nodes else {"value_id": ident}))
+
+    def source_state(self, value_id: str) -> dict:
+        """What set_source can change on a program input, parameter or constant (for undo)."""
+        v = self.value(value_id)
+        data = self.data.get(value_id)
+        return {"shape": v.shape, "dtype": v.dtype, "init": dict(v.init) if v.init else None,
+                "data": None if data is None else np.array(data, copy=True)}
+
+    def set_source(self, value_id: str, *, shape=None, dtype: str | None = None, init: dict | None = None,
+                   data=None) -> dict:
+        """Edit a program input, parameter or constant; every argument is checked before anything
+        changes. A parameter whose shape, dtype or init changes is drawn again from its init (a
+        fixed seed per value id: redoing gives the same numbers). A constant takes new data (its
+        shape follows it) or a dtype its data is cast to. Returns the previous state for
+        restore_source; readers are re-inferred."""
+        v = self.value(value_id)
+        if v.producer:
+            raise ProgramError(f"'{v.name}' is computed by {self.nodes[v.producer].name}; "
+                               "only inputs, parameters and constants are edited here", value_id=value_id)
+        old = self.source_state(value_id)
+        new_shape = v.shape if shape is None else check_shape(shape, v.name)
+        new_dtype = v.dtype if dtype is None else dtype
+        TensorSpec(new_shape, new_dtype)  # checks the dtype
+        if v.role != Role.INPUT and new_dtype != v.dtype and new_dtype not in _DATA_DTYPES:
+            raise ProgramError(f"'{v.name}' holds data, which can be {', '.join(_DATA_DTYPES)}; not {new_dtype}",
+                               value_id=value_id)
+        new_init = v.init if init is None else check_init(init, v.role, v.name)
+        new_data = self.data.get(value_id)
+        if data is not None:
+            if v.role == Role.INPUT:
+                raise ProgramError(f"program input '{v.name}' takes no data: it is drawn when the program runs",
+                                   value_id=value_id)
+            new_data = _typed_data(data, dtype or v.dtype, v.name)
+            if shape is not None and new_data.shape != new_shape:
+                raise ShapeError(f"'{v.name}': the data has shape {list(new_data.shape)}, not {list(new_shape)}",
+                                 value_id=value_id)
+            new_shape, new_dtype, new_init = new_data.shape, _np_dtype_name(new_data.dtype), None
+        elif v.role == Role.CONSTANT:
+            if new_shape != v.shape:
+                raise ShapeError(f"constant '{v.name}' takes its shape from its value: type a "
+                                 f"{len(new_shape)}-d value instead", value_id=value_id)
+            if new_data is not None and new_dtype != v.dtype:
+                new_data = new_data.astype(new_dtype)
+        elif v.role == Role.PARAMETER and (new_shape, new_dtype, new_init) != (v.shape, v.dtype, v.init):
+            new_init = new_init or dict(DEFAULT_PARAMETER_INIT)
+            new_data = draw_init(new_init, new_shape, new_dtype, value_id)
+        self._put_source(v, new_shape, new_dtype, new_init, new_data)
+        return old
+
+    def restore_source(self, value_id: str, state: dict) -> None:
+        """Put back exactly what source_state recorded (undo of set_source)."""
+        v = self.value(value_id)
+        data = state["data"]
+        self._put_source(v, tuple(state["shape"]), state["dtype"], state["init"],
+                         None if data is None else np.array(data, copy=True))
+
+    def _put_source(self, v: Value, shape, dtype: str, init, data) -> None:
+        v.shape, v.dtype, v.init = tuple(shape), dtype, (dict(init) if init else None)
+        if data is None:
+            self.data.pop(v.id, None)
+        else:
+            self.data[v.id] = data
+        self._emit("value_changed", value_id=v.id)
+        for cid in dict.fromkeys(c for c, _ in self.consumers(v.id)):
+            self.reinfer(cid)
 
     # inference ---------------------------------------------------------------------------
     def _infer(self, node: Node) -> list[TensorSpec] | None:
@@ -614,6 +689,95 @@ class Program:
         return f"Program({self.name!r}, {len(self.nodes)} nodes, {len(self.values)} values)"
 
 
+MAX_RANK = 8
+MAX_DRAWN = 1 << 27   # elements a parameter may have to be drawn in memory (512 MiB of float32)
+
+# what a parameter can be drawn from (the studio's "init"), and the numbers each kind takes
+PARAMETER_INITS = {"normal": ("mean", "std"), "uniform": ("low", "high"), "zeros": (), "ones": ()}
+# what an input can be drawn from (agent_core.reference.draw)
+INPUT_INITS = {"normal": (), "uniform": ("low", "high"), "randint": ("low", "high"), "positive": (),
+               "softmax": ()}
+INIT_DEFAULTS = {"mean": 0.0, "std": 0.1, "low": 0.0, "high": 1.0}
+DEFAULT_PARAMETER_INIT = {"kind": "normal", "mean": 0.0, "std": 0.1}
+
+
+def check_shape(shape, name: str = "value") -> tuple[int, ...]:
+    """A shape as a tuple of positive ints (at most MAX_RANK of them); ShapeError says what is wrong."""
+    try:
+        dims = list(shape)
+    except TypeError:
+        raise ShapeError(f"'{name}': a shape is a list of sizes such as [8, 16], got {shape!r}") from None
+    if len(dims) > MAX_RANK:
+        raise ShapeError(f"'{name}': {len(dims)} dimensions is more than the {MAX_RANK} supported")
+    out = []
+    for d in dims:
+        if isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise ShapeError(f"'{name}': every size must be a whole number of at least 1, got {d!r}")
+        out.append(int(d))
+    return tuple(out)
+
+
+def check_init(init, role: Role, name: str = "value") -> dict:
+    """An init as a complete dict ({"kind": ..., and its numbers}); ProgramError names what is wrong."""
+    kinds = PARAMETER_INITS if role == Role.PARAMETER else INPUT_INITS if role == Role.INPUT else None
+    if kinds is None:
+        raise ProgramError(f"'{name}' is a {role.value}; only inputs and parameters take an init")
+    if not isinstance(init, dict) or init.get("kind") not in kinds:
+        raise ProgramError(f"'{name}': init kind must be one of {', '.join(kinds)}, got "
+                           f"{init.get('kind') if isinstance(init, dict) else init!r}")
+    extra = set(init) - {"kind", *kinds[init["kind"]]}
+    if extra:
+        raise ProgramError(f"'{name}': init {init['kind']} takes {', '.join(kinds[init['kind']]) or 'no numbers'}, "
+                           f"not {', '.join(sorted(extra))}")
+    out = {"kind": init["kind"]}
+    for key in kinds[init["kind"]]:
+        x = init.get(key, INIT_DEFAULTS[key])
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x):
+            raise ProgramError(f"'{name}': init {key} must be a finite number, got {x!r}")
+        out[key] = float(x)
+    if "std" in out and out["std"] < 0:
+        raise ProgramError(f"'{name}': init std must not be negative, got {out['std']:g}")
+    if "low" in out and out["low"] >= out["high"]:
+        raise ProgramError(f"'{name}': init low ({out['low']:g}) must be below high ({out['high']:g})")
+    return out
+
+
+def draw_init(init: dict, shape, dtype: str, value_id: str) -> np.ndarray:
+    """A parameter's data drawn from its init, seeded by its value id (the same numbers every time)."""
+    n = math.prod(shape)
+    if n > MAX_DRAWN:
+        raise ShapeError(f"a parameter of {n:,} elements is too large to draw here (at most {MAX_DRAWN:,})",
+                         value_id=value_id)
+    kind = init["kind"]
+    if kind in ("zeros", "ones"):
+        return (np.zeros if kind == "zeros" else np.ones)(shape, dtype=dtype)
+    rng = np.random.default_rng(zlib.crc32(value_id.encode()))
+    if kind == "uniform":
+        x = rng.uniform(init["low"], init["high"], size=shape)
+    else:
+        x = rng.normal(init["mean"], init["std"], size=shape)
+    return np.asarray(x).astype(dtype)
+
+
+def _typed_data(data, dtype: str | None, name: str) -> np.ndarray:
+    """Numbers a user typed (a scalar or nested lists) as an array of a supported dtype."""
+    try:
+        arr = np.asarray(data)
+    except ValueError:
+        raise ShapeError(f"'{name}': the rows of the value have different lengths") from None
+    if arr.dtype == object or arr.dtype.kind not in "biuf":
+        raise ProgramError(f"'{name}': a value is a number or nested lists of numbers")
+    if dtype is None:
+        dtype = "bool" if arr.dtype.kind == "b" else ("int64" if arr.dtype.kind in "iu" else "float32")
+    TensorSpec(arr.shape, dtype)
+    if np.dtype(dtype).kind in "biu" and arr.dtype.kind == "f" and not np.array_equal(arr, np.round(arr)):
+        raise ProgramError(f"'{name}' is {dtype}: the value holds fractions (choose a float dtype first)")
+    arr = arr.astype(dtype)
+    if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+        raise ProgramError(f"'{name}': the value holds inf or nan")
+    return arr
+
+
 def _region_nodes(region) -> list[str]:
     return region.nodes if hasattr(region, "nodes") else region.get("nodes", [])
 
@@ -635,8 +799,11 @@ def _id_key(ident: str) -> str:
     return f"{int(digits):012d}" if digits.isdigit() else ident
 
 
+_DATA_DTYPES = ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool")  # numpy holds these
+
+
 def _np_dtype_name(dt) -> str:
     name = np.dtype(dt).name
-    if name not in ("float32", "float64", "float16", "int64", "int32", "int8", "uint8", "bool"):
+    if name not in _DATA_DTYPES:
         raise ProgramError(f"unsupported parameter dtype {name}")
     return name

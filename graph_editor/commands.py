@@ -10,8 +10,14 @@ from contextlib import contextmanager
 
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
-from agent_core.ir import Program, Role
+import numpy as np
+
+from agent_core.ir import DEFAULT_PARAMETER_INIT, Program, Role
 from agent_core.ops import get_op
+
+SOURCE_ROLES = {"input": Role.INPUT, "parameter": Role.PARAMETER, "constant": Role.CONSTANT}
+DEFAULT_INPUT_SHAPE = (8, 16)      # a fresh input until the user types its shape in the inspector
+DEFAULT_PARAMETER_SHAPE = (16,)    # where the port does not say what it expects
 
 
 @contextmanager
@@ -78,7 +84,8 @@ class AddInput(QUndoCommand):
             v = p.add_input(self.name, self.shape, self.dtype, init=self.init, value_id=self.value_id)
         else:
             v = p.add_parameter(self.name, self.data, shape=None if self.data is not None else self.shape,
-                                dtype=self.dtype, constant=self.role == Role.CONSTANT, value_id=self.value_id)
+                                dtype=self.dtype, constant=self.role == Role.CONSTANT, value_id=self.value_id,
+                                init=self.init)
         self.value_id = v.id
 
     def undo(self):
@@ -111,9 +118,71 @@ class RemoveValue(QUndoCommand):
                 p.inputs.insert(self.index, v.id)
         else:
             p.add_parameter(v.name, self.data, shape=None if self.data is not None else v.shape,
-                            dtype=v.dtype, constant=v.role == Role.CONSTANT, value_id=v.id)
+                            dtype=v.dtype, constant=v.role == Role.CONSTANT, value_id=v.id,
+                            init=v.init if v.role == Role.PARAMETER else None)
         for nid, port in self.uses:
             p.set_input(nid, port, v.id)
+
+
+class EditSource(QUndoCommand):
+    """Shape, dtype, init or data of an input, parameter or constant (Program.set_source checks
+    them; a refused edit raises before the command is pushed, see `push_edit_source`)."""
+
+    def __init__(self, program: Program, value_id: str, changes: dict, text: str):
+        super().__init__(text)
+        self.program, self.value_id, self.changes = program, value_id, dict(changes)
+        self.old: dict | None = None
+        self.new: dict | None = None
+
+    def redo(self):
+        if self.new is not None:
+            self.program.restore_source(self.value_id, self.new)
+            return
+        self.old = self.program.set_source(self.value_id, **self.changes)
+        self.new = self.program.source_state(self.value_id)
+
+    def undo(self):
+        self.program.restore_source(self.value_id, self.old)
+
+
+def add_source(stack: QUndoStack, program: Program, kind: str, connect_to: tuple[str, int] | None = None,
+               shape=None) -> tuple[str, str | None]:
+    """A new program input, parameter or constant ("input" / "parameter" / "constant"), optionally
+    feeding input port `connect_to` = (node id, port): one undo step. Fed into a port it is named
+    after it and takes the shape the op expects there when that is known (linear's weight: [out, in]);
+    a constant starts as the scalar 1.0. Returns (value id, why the connection was refused or None)."""
+    from .port_shapes import expected_shape
+    role = SOURCE_ROLES[kind]
+    node = program.nodes[connect_to[0]] if connect_to else None
+    port_name = node.opdef.port_name(connect_to[1]).rstrip("?") if node else None
+    if node is not None and shape is None:
+        shape = expected_shape(program, *connect_to)
+    data = init = None
+    if role == Role.INPUT:
+        name, shape = port_name or "x", tuple(shape or DEFAULT_INPUT_SHAPE)
+    elif role == Role.PARAMETER:
+        name, shape = (f"{node.name}.{port_name}" if node else "w"), tuple(shape or DEFAULT_PARAMETER_SHAPE)
+        init = dict(DEFAULT_PARAMETER_INIT)
+    else:
+        name, shape, data = (f"{node.name}.{port_name}" if node else "c"), (), np.array(1.0, np.float32)
+    reason = None
+    with macro(stack, f"Add {kind} {name}"):
+        cmd = AddInput(program, name, shape, "float32", role, data=data, init=init)
+        stack.push(cmd)
+        if connect_to is not None:
+            reason = program.can_connect(cmd.value_id, *connect_to)
+            if reason is None:
+                stack.push(SetInput(program, connect_to[0], connect_to[1], cmd.value_id))
+    return cmd.value_id, reason
+
+
+def push_edit_source(stack: QUndoStack, program: Program, value_id: str, changes: dict, text: str) -> None:
+    """Check the edit on the model first (raising its one-line reason), then push it as one step:
+    a refused edit leaves neither the program nor the undo history changed."""
+    state = program.source_state(value_id)
+    program.set_source(value_id, **changes)       # raises before anything changed if it is refused
+    program.restore_source(value_id, state)
+    stack.push(EditSource(program, value_id, changes, text))
 
 
 class SetInput(QUndoCommand):

@@ -1,22 +1,29 @@
 """The inspector: what is selected, in full. For a node: op, name, editable attributes (validated by
 the op's Attr before any command is pushed), input and output shapes and dtypes, bytes and FLOPs,
-parameters with a small preview. For a program input: its spec and readers. For nothing: the
-program's summary and its diagnostics."""
+parameters with their shape, dtype and init (editable), and for each unconnected port "New input",
+"New parameter" and a choice of existing values to connect. For a program input, parameter or
+constant: its name, shape, dtype, init or typed value (all editable) and readers. For nothing: the
+program's summary and its diagnostics. Every edit is checked by the model before one undo command
+is pushed; a refused one shows its reason under the field and changes nothing."""
 from __future__ import annotations
 
 import json
 
 import numpy as np
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QFrame, QGridLayout, QLabel,
-                               QLineEdit, QScrollArea, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QFrame, QGridLayout, QHBoxLayout, QLabel,
+                               QLineEdit, QPushButton, QScrollArea, QVBoxLayout, QWidget)
 
-from agent_core.errors import StitchError
-from agent_core.ir import Program, Role
-from agent_core.ops import Attr
+from agent_core.errors import ProgramError, ShapeError, StitchError
+from agent_core.ir import PARAMETER_INITS, Program, Role
+from agent_core.ops import DTYPES, Attr
 
 from . import commands as C
 from .node_item import fmt_attr, fmt_spec
+from .port_shapes import expected_shape
+
+MAX_TYPED = 4096          # numbers a constant typed in the inspector may hold
+MAX_CONNECT_CHOICES = 300  # values listed under "connect a value…" (the nearest in program order)
 
 
 def human_bytes(n: int) -> str:
@@ -59,6 +66,36 @@ def parse_attr(attr: Attr, text: str):
     return t
 
 
+def parse_shape(text: str) -> tuple[int, ...]:
+    """'8, 16', '8 16', '[8,16]' or '(8, 16)' -> (8, 16); '[]' is a scalar. ShapeError says what is wrong."""
+    t = text.strip()
+    if not t:
+        raise ShapeError("type a shape such as 8, 16 ([] for a scalar)")
+    parts = [p for p in t.strip("[]() ").replace(",", " ").split() if p]
+    try:
+        return tuple(int(p) for p in parts)
+    except ValueError:
+        raise ShapeError(f"'{t}' is not a shape: sizes are whole numbers, such as 8, 16") from None
+
+
+def parse_value(text: str):
+    """What a user types for a constant: a number or nested lists of numbers ('0.5', '[1, 2]')."""
+    t = text.strip().replace("(", "[").replace(")", "]")
+    try:
+        value = json.loads(t)
+    except ValueError:
+        raise ProgramError(f"'{text.strip()}' is not a value: type a number such as 0.5 or a list such as "
+                           "[1, 2, 3]") from None
+    if np.size(np.asarray(value, dtype=object)) > MAX_TYPED:
+        raise ProgramError(f"a constant typed here holds at most {MAX_TYPED:,} numbers; use a parameter "
+                           "for larger tensors")
+    return value
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
 class Inspector(QScrollArea):
     rename_requested = Signal(str, str)
 
@@ -71,6 +108,13 @@ class Inspector(QScrollArea):
         self.target: tuple[str, str] | None = None   # ("node", id) / ("value", id) / None
         self.attr_editors: dict[str, QWidget] = {}
         self.attr_errors: dict[str, QLabel] = {}
+        # the editors of inputs, parameters and constants, by (value id, "shape" / "dtype" / "init" /
+        # "mean" / "std" / "low" / "high" / "value" / "name"), and one error line per value
+        self.source_editors: dict[tuple[str, str], QWidget] = {}
+        self.source_errors: dict[str, QLabel] = {}
+        # what an unconnected input port offers, by (port, "input" / "parameter" / "connect")
+        self.port_actions: dict[tuple[int, str], QWidget] = {}
+        self.port_error: QLabel | None = None
         self._timer = QTimer(self, singleShot=True, interval=0, timeout=self.rebuild)
         self.rebuild()
 
@@ -95,6 +139,7 @@ class Inspector(QScrollArea):
     # building -------------------------------------------------------------------------------
     def rebuild(self) -> None:
         self.attr_editors, self.attr_errors = {}, {}
+        self.source_editors, self.source_errors, self.port_actions, self.port_error = {}, {}, {}, None
         w = QWidget()
         w.setObjectName("InspectorBody")
         self._lay = QVBoxLayout(w)
@@ -217,16 +262,26 @@ class Inspector(QScrollArea):
                 af.addRow(lab, box)
             self._lay.addLayout(af)
         self._section("Inputs")
-        rows = []
+        rows, free = [], []
         for i in range(max(len(node.inputs), len(opdef.inputs) if opdef else 0)):
             vid = node.inputs[i] if i < len(node.inputs) else None
             port = opdef.port_name(i) if opdef else f"in{i}"
             v = p.values.get(vid) if vid else None
             if v is None:
                 rows.append([port, "—", "unconnected", ""])
+                free.append((i, port))
             else:
                 rows.append([port, v.name, fmt_spec(v.shape, v.dtype), v.role.value])
         self._grid(rows, ["port", "value", "spec", "role"])
+        if opdef is not None:
+            for i, port in free:
+                self._free_port(nid, i, port)
+            if free:
+                self.port_error = QLabel("")
+                self.port_error.setObjectName("Error")
+                self.port_error.setWordWrap(True)
+                self.port_error.hide()
+                self._lay.addWidget(self.port_error)
         self._section("Outputs")
         og = QGridLayout()
         og.setHorizontalSpacing(10)
@@ -253,10 +308,68 @@ class Inspector(QScrollArea):
             for v in params:
                 self._param(v)
 
+    def _free_port(self, nid: str, port: int, name: str) -> None:
+        """What an unconnected port offers: a new input or parameter for it, or an existing value."""
+        p = self.program
+        shape = expected_shape(p, nid, port)
+        row = QHBoxLayout()
+        row.setSpacing(4)
+        lab = QLabel(name.rstrip("?"))
+        lab.setObjectName("Muted")
+        row.addWidget(lab)
+        b_in = QPushButton("New input")
+        b_in.setToolTip(f"A program input feeding {name}")
+        b_in.clicked.connect(lambda: self._new_source("input", nid, port))
+        b_par = QPushButton(f"New parameter {_shape_text(shape)}" if shape else "New parameter")
+        b_par.setToolTip(f"A parameter feeding {name}" + (f", shaped {_shape_text(shape)} as the op expects"
+                                                           if shape else "; set its shape below"))
+        b_par.clicked.connect(lambda: self._new_source("parameter", nid, port))
+        pick = QComboBox()
+        pick.addItem("connect a value…", None)
+        for vid in self._connect_choices(nid):
+            v = p.values[vid]
+            pick.addItem(f"{v.name}  {fmt_spec(v.shape, v.dtype)}", vid)
+        pick.activated.connect(lambda i: self._connect(nid, port, pick.itemData(i)))
+        for w in (b_in, b_par, pick):
+            row.addWidget(w)
+        row.addStretch(1)
+        self._lay.addLayout(row)
+        self.port_actions[(port, "input")], self.port_actions[(port, "parameter")] = b_in, b_par
+        self.port_actions[(port, "connect")] = pick
+
+    def _connect_choices(self, nid: str) -> list[str]:
+        """Values that could feed a port of nid: sources, then other nodes' outputs (can_connect
+        decides when one is chosen; checking all of them here would cost a graph walk each)."""
+        p = self.program
+        own = set(p.nodes[nid].outputs)
+        sources = [vid for vid, v in p.values.items() if v.producer is None]
+        computed = [vid for n in p.nodes.values() if n.id != nid for vid in n.outputs if vid not in own]
+        return (sources + computed)[:MAX_CONNECT_CHOICES]
+
+    def _new_source(self, kind: str, nid: str, port: int) -> None:
+        if self.stack is None or nid not in self.program.nodes:
+            return
+        _, reason = C.add_source(self.stack, self.program, kind, (nid, port))
+        if reason and self.port_error is not None:
+            self.port_error.setText(f"made, but not connected: {reason}")
+            self.port_error.show()
+
+    def _connect(self, nid: str, port: int, vid: str | None) -> None:
+        if vid is None or nid not in self.program.nodes:
+            return
+        reason = self.program.can_connect(vid, nid, port)
+        if reason:
+            if self.port_error is not None:
+                self.port_error.setText(reason)
+                self.port_error.show()
+            return
+        self._push(C.SetInput(self.program, nid, port, vid))
+
     def _param(self, v) -> None:
         data = self.program.data.get(v.id)
         head = QLabel(f"<b>{v.name}</b>  {fmt_spec(v.shape, v.dtype)}  ·  {human_bytes(v.nbytes)}")
         self._lay.addWidget(head)
+        self._source_editor(v)
         if data is None:
             text = "no data: drawn at random when the program runs"
         else:
@@ -274,9 +387,19 @@ class Inspector(QScrollArea):
     def _value(self, vid: str) -> None:
         p = self.program
         v = p.values[vid]
-        self._title(v.name, f"program {v.role.value}")
-        self._grid([["shape", fmt_spec(v.shape, v.dtype)], ["bytes", human_bytes(v.nbytes)],
-                    ["init", json.dumps(v.init) if v.init else "normal"]])
+        what = {Role.INPUT: "program input", Role.PARAMETER: "parameter", Role.CONSTANT: "constant"}
+        self._title(v.name, what.get(v.role, v.role.value) + f" · {fmt_spec(v.shape, v.dtype)} · "
+                    f"{human_bytes(v.nbytes)}")
+        form = QFormLayout()
+        form.setLabelAlignment(Qt.AlignRight)
+        name = QLineEdit(v.name)
+        name.setObjectName("NameEdit")
+        name.editingFinished.connect(lambda: self._rename(vid, name.text()))
+        self.source_editors[(vid, "name")] = name
+        form.addRow("name", name)
+        self._lay.addLayout(form)
+        if v.producer is None:
+            self._source_editor(v)
         readers = p.consumers(vid)
         self._section(f"Read by ({len(readers)})")
         self._grid([[p.nodes[n].name, p.nodes[n].opdef.port_name(k)] for n, k in readers[:40]])
@@ -321,10 +444,129 @@ class Inspector(QScrollArea):
         self._push(C.SetAttrs(p, nid, {a.name: value}))
         return True
 
-    def _rename(self, nid: str, name: str) -> None:
-        node = self.program.nodes.get(nid)
-        if node is not None and name.strip() and name != node.name:
-            self._push(C.Rename(self.program, nid, name.strip()))
+    def _rename(self, ident: str, name: str) -> None:
+        obj = self.program.nodes.get(ident) or self.program.values.get(ident)
+        if obj is not None and name.strip() and name.strip() != obj.name:
+            self._push(C.Rename(self.program, ident, name.strip()))
+
+    # inputs, parameters and constants ---------------------------------------------------------------
+    def _source_editor(self, v) -> None:
+        """Shape and dtype (inputs, parameters), init with its numbers (parameters), the typed value
+        (constants), and the line that says why an edit was refused."""
+        vid = v.id
+        form = QFormLayout()
+        form.setLabelAlignment(Qt.AlignRight)
+        if v.role in (Role.INPUT, Role.PARAMETER):
+            shape = QLineEdit(_shape_text(v.shape))
+            shape.setPlaceholderText("8, 16")
+            shape.setToolTip("Sizes separated by commas, e.g. 8, 16 or [8, 16]; [] is a scalar")
+            shape.editingFinished.connect(lambda: self._edit_shape(vid, shape.text()))
+            self.source_editors[(vid, "shape")] = shape
+            form.addRow("shape", shape)
+        dtype = QComboBox()
+        for d in DTYPES:
+            dtype.addItem(d, d)
+        dtype.setCurrentIndex(list(DTYPES).index(v.dtype))
+        dtype.activated.connect(lambda i: self.commit_source(vid, {"dtype": dtype.itemData(i)}, "dtype"))
+        self.source_editors[(vid, "dtype")] = dtype
+        form.addRow("dtype", dtype)
+        if v.role == Role.PARAMETER:
+            init = dict(v.init) if v.init else None
+            kind = QComboBox()
+            if init is None:
+                kind.addItem("loaded data", None)
+            for k in PARAMETER_INITS:
+                kind.addItem(k, k)
+            kind.setCurrentIndex(kind.findData(init["kind"]) if init else 0)
+            kind.setToolTip("How the parameter's numbers are drawn (a fixed seed: the same numbers every time)")
+            kind.activated.connect(lambda i: kind.itemData(i) and self._edit_init(vid, kind.itemData(i)))
+            self.source_editors[(vid, "init")] = kind
+            form.addRow("init", kind)
+            for key in (PARAMETER_INITS[init["kind"]] if init else ()):
+                num = QLineEdit(f"{init[key]:g}")
+                num.editingFinished.connect(lambda key=key, num=num: self._edit_init_number(vid, key, num.text()))
+                self.source_editors[(vid, key)] = num
+                form.addRow(key, num)
+        if v.role == Role.CONSTANT:
+            data = self.program.data.get(vid)
+            text = "" if data is None else json.dumps(np.asarray(data).tolist())
+            value = QLineEdit(text if len(text) <= 2000 else "")
+            value.setPlaceholderText("0.5 or [1, 2, 3]")
+            value.setToolTip("A number, or nested lists of numbers; its shape follows what you type")
+            value.editingFinished.connect(lambda: self._edit_value(vid, value.text()))
+            self.source_editors[(vid, "value")] = value
+            form.addRow("value", value)
+        self._lay.addLayout(form)
+        err = QLabel("")
+        err.setObjectName("Error")
+        err.setWordWrap(True)
+        err.hide()
+        self.source_errors[vid] = err
+        self._lay.addWidget(err)
+
+    def commit_source(self, vid: str, changes: dict, what: str) -> bool:
+        """Check the edit on the model and push it as one undo step, else show why it was refused."""
+        p = self.program
+        v = p.values.get(vid)
+        if v is None or self.stack is None:
+            return False
+        err = self.source_errors.get(vid)
+        try:
+            C.push_edit_source(self.stack, p, vid, changes, f"Edit {v.name}: {what}")
+        except StitchError as e:
+            if err is not None:
+                err.setText(str(e))
+                err.show()
+            return False
+        if err is not None:
+            err.hide()
+        return True
+
+    def _refuse(self, vid: str, e: StitchError) -> bool:
+        err = self.source_errors.get(vid)
+        if err is not None:
+            err.setText(f"{self.program.values[vid].name}: {e}")
+            err.show()
+        return False
+
+    def _edit_shape(self, vid: str, text: str) -> bool:
+        try:
+            shape = parse_shape(text)
+        except StitchError as e:
+            return self._refuse(vid, e)
+        if vid not in self.program.values or shape == self.program.values[vid].shape:
+            return True
+        return self.commit_source(vid, {"shape": shape}, f"shape {_shape_text(shape)}")
+
+    def _edit_init(self, vid: str, kind: str) -> bool:
+        v = self.program.values[vid]
+        old = dict(v.init or {})
+        init = {"kind": kind, **{k: old[k] for k in PARAMETER_INITS[kind] if k in old}}
+        if init == old:
+            return True
+        return self.commit_source(vid, {"init": init}, f"init {kind}")
+
+    def _edit_init_number(self, vid: str, key: str, text: str) -> bool:
+        v = self.program.values.get(vid)
+        if v is None or not v.init:
+            return False
+        try:
+            x = float(text)
+        except ValueError:
+            return self._refuse(vid, ProgramError(f"init {key} must be a number, got '{text.strip()}'"))
+        if v.init.get(key) == x:
+            return True
+        return self.commit_source(vid, {"init": {**v.init, key: x}}, f"init {key}={x:g}")
+
+    def _edit_value(self, vid: str, text: str) -> bool:
+        try:
+            value = parse_value(text)
+        except StitchError as e:
+            return self._refuse(vid, e)
+        data = self.program.data.get(vid)
+        if data is not None and np.asarray(value).shape == data.shape and np.array_equal(np.asarray(value), data):
+            return True
+        return self.commit_source(vid, {"data": value}, "value")
 
     def _push(self, cmd) -> None:
         if self.stack is not None:

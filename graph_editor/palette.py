@@ -1,7 +1,12 @@
 """Adding nodes: the op palette (a filterable tree grouped by category, drag onto the canvas) and the
 quick search that Tab or a double-click opens at the cursor (fuzzy on names and aliases; after a drag
-from a free port it offers only ops that accept that value)."""
+from a free port it offers only ops that accept that value).
+
+Both also list the program's sources first: "input", "parameter" (also found as "weight") and
+"constant". They are not ops; GraphScene.add_node hands their names to add_source."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from PySide6.QtCore import QMimeData, QPoint, Qt, Signal
 from PySide6.QtGui import QDrag
@@ -12,6 +17,37 @@ from agent_core.errors import StitchError
 from agent_core.ops import CATEGORIES, OpDef, TensorSpec, all_ops
 
 MIME_OP = "application/x-stitchcuda-op"
+PROGRAM_CATEGORY = "program"
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    """A palette entry that makes a value without a producer (what an op entry's OpDef is for ops)."""
+    name: str
+    aliases: tuple[str, ...]
+    doc: str
+    category: str = PROGRAM_CATEGORY
+    inputs: tuple[str, ...] = ()
+    attrs: tuple = ()
+
+
+SOURCE_ENTRIES = (
+    SourceEntry("input", ("program input", "argument"),
+                "A program input: a tensor the caller passes in; its shape and dtype are set in the inspector."),
+    SourceEntry("parameter", ("weight", "bias", "param"),
+                "A parameter (weights): shape, dtype and how it is drawn (normal, uniform, zeros, ones)."),
+    SourceEntry("constant", ("const", "scalar", "literal"),
+                "A constant: a scalar or a small tensor typed in the inspector."),
+)
+
+
+def palette_entries() -> list:
+    """What the palette and the quick search offer: the program's sources, then every op."""
+    return [*SOURCE_ENTRIES, *all_ops()]
+
+
+def _category_rank(category: str) -> int:
+    return -1 if category == PROGRAM_CATEGORY else CATEGORIES.index(category)
 
 
 def fuzzy_score(query: str, text: str) -> int | None:
@@ -38,14 +74,14 @@ def fuzzy_score(query: str, text: str) -> int | None:
 
 
 def search_ops(query: str, ops: list[OpDef] | None = None) -> list[OpDef]:
-    """Ops matching query on name or an alias, best first."""
+    """Entries (ops, and the sources when given them) matching query on name or an alias, best first."""
     ops = all_ops() if ops is None else ops
     scored = []
     for op in ops:
         best = max((s for s in (fuzzy_score(query, n) for n in (op.name, *op.aliases)) if s is not None),
                    default=None)
         if best is not None:
-            scored.append((-best, CATEGORIES.index(op.category), op.name, op))
+            scored.append((-best, _category_rank(op.category), op.name, op))
     scored.sort(key=lambda t: t[:3])
     return [t[3] for t in scored]
 
@@ -78,7 +114,8 @@ def op_tooltip(op: OpDef) -> str:
     lines = [f"<b>{op.name}</b> <i>({op.category})</i>"]
     if op.doc:
         lines.append(op.doc)
-    lines.append("inputs: " + ", ".join(op.inputs))
+    if op.inputs:
+        lines.append("inputs: " + ", ".join(op.inputs))
     if op.attrs:
         lines.append("attributes: " + ", ".join(a.name for a in op.attrs))
     if op.aliases:
@@ -92,7 +129,7 @@ class PaletteWidget(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.filter = QLineEdit(placeholderText="Filter ops (fuzzy: ln, conv2, relu…)")
+        self.filter = QLineEdit(placeholderText="Filter (fuzzy: input, weight, ln, relu…)")
         self.filter.setClearButtonEnabled(True)
         self.tree = _OpTree()
         self.tree.setHeaderHidden(True)
@@ -110,7 +147,7 @@ class PaletteWidget(QWidget):
     def refresh(self) -> None:
         """Rebuild from the registry (more ops may have been registered since)."""
         query = self.filter.text().strip()
-        ops = search_ops(query) if query else all_ops()
+        ops = search_ops(query, palette_entries()) if query else palette_entries()
         self.tree.clear()
         groups: dict[str, QTreeWidgetItem] = {}
         for op in ops:
@@ -125,7 +162,7 @@ class PaletteWidget(QWidget):
             item.setData(0, Qt.UserRole, op.name)
             item.setToolTip(0, op_tooltip(op))
             g.addChild(item)
-        order = sorted(groups, key=CATEGORIES.index) if not query else list(groups)
+        order = sorted(groups, key=_category_rank) if not query else list(groups)
         for cat in order:
             self.tree.addTopLevelItem(groups[cat])
             groups[cat].setText(0, f"{cat.capitalize()}  ({groups[cat].childCount()})")
@@ -133,7 +170,7 @@ class PaletteWidget(QWidget):
             self.tree.expandAll()
         else:
             self.tree.collapseAll()
-            for cat in ("matmul", "normalization", "convolution"):  # short lists; pointwise is long
+            for cat in (PROGRAM_CATEGORY, "matmul", "normalization", "convolution"):  # short; pointwise is long
                 if cat in groups:
                     groups[cat].setExpanded(True)
 
@@ -174,7 +211,7 @@ class QuickSearch(QFrame):
         self.setFrameShape(QFrame.StyledPanel)
         self.title = QLabel()
         self.title.setObjectName("QuickSearchTitle")
-        self.edit = QLineEdit(placeholderText="Search ops…")
+        self.edit = QLineEdit(placeholderText="Search ops, input, parameter, constant…")
         self.list = QListWidget()
         self.list.setMinimumHeight(240)
         lay = QVBoxLayout(self)
@@ -192,7 +229,7 @@ class QuickSearch(QFrame):
         self.edit.installEventFilter(self)
 
     def open_at(self, global_pos: QPoint, ops: list[OpDef] | None = None, title: str = "Add node") -> None:
-        self._ops = all_ops() if ops is None else ops
+        self._ops = palette_entries() if ops is None else ops
         self.title.setText(title)
         self.edit.clear()
         self._fill("")

@@ -1,17 +1,20 @@
 """The canvas scene: a view of one agent_core Program.
 
-It observes `Program.subscribe` events and keeps one item per node, per program input and per
-connected input port. User gestures become undo commands (graph_editor.commands) pushed on the
+It observes `Program.subscribe` events and keeps one item per node, per program input (and per
+parameter or constant no node reads yet: once read, it is drawn inside its reader) and per connected
+input port. User gestures become undo commands (graph_editor.commands) pushed on the
 document's QUndoStack; the scene never edits its items to reflect an edit, it waits for the model's
 event. Collapsed groups live in the model too (program.metadata["editor"]["collapsed"], changed by the
 undoable SetCollapsed command); the scene redraws them on the model's groups_changed event.
-Port dragging lives in connect.py and collapsing in groups.py (mixed into GraphScene).
+Port dragging lives in connect.py and collapsing in groups.py (mixed into GraphScene). Inputs,
+parameters and constants are added through `add_source` (the palette's and quick search's "input",
+"parameter" and "constant" entries reach it through `add_node`).
 """
 from __future__ import annotations
 
 from PySide6.QtCore import QPointF, QRectF, QSizeF, Qt, Signal
 from PySide6.QtGui import QPen, QUndoStack
-from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene, QToolTip
+from PySide6.QtWidgets import QGraphicsItem, QGraphicsPathItem, QGraphicsScene, QMenu, QToolTip
 
 from agent_core.ir import Program, Role
 
@@ -26,6 +29,7 @@ from .style import NODE_WIDTH, TERMINAL_H, TERMINAL_W, CanvasStyle
 _DRAWN_INSIDE = frozenset((Role.PARAMETER, Role.CONSTANT))
 TERMINAL_GAP = 46.0   # between an input terminal and the node that reads it
 OVERLAY_Z = -10.0     # region hulls (next issue) are drawn here: under edges and nodes
+SOURCE_KINDS = C.SOURCE_ROLES   # the palette's "input", "parameter" and "constant"
 
 
 class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
@@ -53,6 +57,10 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         self._positioning = False
         self._low_detail = False
         self._content: QRectF | None = None   # content_rect cache, dropped on any change
+        # where an unconnected terminal sits (where it was added); once read it sits by its reader.
+        # View state, not the model's: positions in the model are node positions only.
+        self.terminal_home: dict[str, QPointF] = {}
+        self._home_next: QPointF | None = None
         self.setBackgroundBrush(style.background)
         self.overview = OverviewItem(self)
         self.rebuild()
@@ -80,7 +88,7 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
             item = self._make_node(nid)
             if p.nodes[nid].pos is None:  # never laid out: a grid until the layout runs
                 item.setPos(QPointF((i % 20) * 260.0, (i // 20) * 140.0))
-        for vid in p.inputs:
+        for vid in self._terminal_values():
             self._make_terminal(vid)
         for nid, node in p.nodes.items():
             for port, vid in enumerate(node.inputs):
@@ -251,8 +259,10 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         if keys:
             b = self.target_pos(*keys[0])
             t.setPos(b.x() - TERMINAL_W - TERMINAL_GAP, b.y() - TERMINAL_H / 2)
+        elif vid in self.terminal_home:
+            t.setPos(self.terminal_home[vid])
         elif t.pos() == QPointF(0, 0):
-            t.setPos(-TERMINAL_W - TERMINAL_GAP, 40.0 * self.program.inputs.index(vid))
+            t.setPos(-TERMINAL_W - TERMINAL_GAP, 40.0 * list(self.terminals).index(vid))
         for key in self.edges_from.get(vid, ()):
             self._update_edge(key)
 
@@ -277,6 +287,7 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         for vid in p.nodes[node_id].outputs:  # restore_node reconnects consumers without an event
             for cid, port in p.consumers(vid):
                 self._sync_inputs(cid)
+        self._sync_terminals()
         self._node_item_moved(node_id)
 
     def _ev_node_removed(self, node_id: str) -> None:
@@ -298,6 +309,7 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
             else:
                 g.refresh()
             self._save_groups()
+        self._sync_terminals()
 
     def _ev_node_changed(self, node_id: str) -> None:
         item = self.nodes.get(node_id)
@@ -315,12 +327,11 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
             self._node_item_moved(node_id)
 
     def _ev_edge_changed(self, node_id: str, port: int) -> None:
+        self._sync_terminals()
         self._ev_node_changed(node_id)
 
     def _ev_value_added(self, value_id: str) -> None:
-        if value_id in self.program.inputs and value_id not in self.terminals:
-            self._make_terminal(value_id)
-            self._place_terminal(value_id)
+        self._sync_terminals()
 
     def _ev_value_removed(self, value_id: str) -> None:
         for key in list(self.edges_from.pop(value_id, set())):
@@ -330,6 +341,25 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         t = self.terminals.pop(value_id, None)
         if t is not None:
             self.removeItem(t)
+        self._sync_terminals()
+
+    def _terminal_values(self) -> list[str]:
+        """Program inputs, then the parameters and constants that no node reads."""
+        p = self.program
+        read = {v for n in p.nodes.values() for v in n.inputs if v}
+        return list(p.inputs) + [vid for vid, v in p.values.items() if v.role in _DRAWN_INSIDE and vid not in read]
+
+    def _sync_terminals(self) -> None:
+        want = self._terminal_values()
+        keep = set(want)
+        for vid in [v for v in self.terminals if v not in keep]:
+            self.removeItem(self.terminals.pop(vid))
+        for vid in want:
+            if vid not in self.terminals:
+                if self._home_next is not None:   # the one add_source is adding: where it was asked for
+                    self.terminal_home[vid], self._home_next = self._home_next, None
+                self._make_terminal(vid)
+                self._place_terminal(vid)
 
     def _ev_value_changed(self, value_id: str) -> None:
         v = self.program.values.get(value_id)
@@ -339,6 +369,9 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
             self.terminals[value_id].refresh()
         if v.producer in self.nodes:
             self.nodes[v.producer].refresh()
+        for nid, _ in ([] if v.producer else self.program.consumers(value_id)):
+            if nid in self.nodes:   # a parameter's shape is printed inside its reader
+                self.nodes[nid].refresh()
 
     def _sync_inputs(self, nid: str) -> None:
         """Make the edge items into `nid` match node.inputs."""
@@ -409,7 +442,11 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
     # edits (gestures -> commands) ------------------------------------------------------------
     def add_node(self, op: str, pos: QPointF | None = None, connect_from: str | None = None,
                  connect_to: tuple[str, int] | None = None) -> str:
-        """Add an op at pos; optionally read `connect_from` on port 0 or feed `connect_to`. One undo step."""
+        """Add an op at pos; optionally read `connect_from` on port 0 or feed `connect_to`. One undo step.
+        "input", "parameter" and "constant" (the palette's Program entries) go to add_source and
+        return the new value's id."""
+        if op in SOURCE_KINDS:
+            return self.add_source(op, pos, connect_to)
         at = pos if pos is not None else self._free_spot()
         with C.macro(self.stack, f"Add {op}"):
             cmd = C.AddNode(self.program, op, [connect_from] if connect_from else [], pos=(at.x(), at.y()))
@@ -420,6 +457,60 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
                     self.try_connect(node.outputs[0], *connect_to)
         self.select_nodes([cmd.node_id])
         return cmd.node_id
+
+    def add_source(self, kind: str, pos: QPointF | None = None, connect_to: tuple[str, int] | None = None,
+                   shape=None) -> str:
+        """A program input, parameter or constant (commands.add_source names and shapes it) at pos, or
+        feeding input port `connect_to`; one undo step. Returns the new value's id and selects it."""
+        self._home_next = pos if pos is not None else self._free_spot()
+        try:
+            vid, reason = C.add_source(self.stack, self.program, kind, connect_to, shape)
+        finally:
+            self._home_next = None
+        if reason:
+            self._refuse(reason)
+        self.clearSelection()
+        target = self.terminals.get(vid) or (self.nodes.get(connect_to[0]) if connect_to else None)
+        if target is not None:
+            target.setSelected(True)
+        return vid
+
+    def set_program_output(self, value_id: str, on: bool) -> None:
+        """Mark (or unmark) a node's output as a program output: one undo step."""
+        if (value_id in self.program.outputs) != on:
+            self.stack.push(C.MarkOutput(self.program, value_id, on))
+
+    def context_menu(self, pos: QPointF) -> QMenu:
+        """The canvas's right-click menu at scene `pos` (its QActions are what a right-click offers)."""
+        menu = QMenu()
+        p = self.program
+        item, hit = self._port_under(pos)
+        if isinstance(item, NodeItem):
+            node = p.nodes[item.node_id]
+            if hit is not None and hit[0] == "in" and (hit[1] >= len(node.inputs) or node.inputs[hit[1]] is None):
+                port = node.opdef.port_name(hit[1]).rstrip("?")
+                for kind in SOURCE_KINDS:
+                    menu.addAction(f"New {kind} for {port}",
+                                   lambda k=kind, at=(node.id, hit[1]): self.add_source(k, connect_to=at))
+                menu.addSeparator()
+            for vid in node.outputs:
+                v = p.values[vid]
+                on = vid in p.outputs
+                menu.addAction(f"{'Unmark' if on else 'Mark'} {v.name} as program output",
+                               lambda vid=vid, on=on: self.set_program_output(vid, not on))
+        elif item is None:
+            for kind in SOURCE_KINDS:
+                menu.addAction(f"Add {kind} here", lambda k=kind: self.add_source(k, pos))
+            menu.addAction("Add node here…", lambda: self.quick_search_requested.emit(pos, None))
+        return menu
+
+    def contextMenuEvent(self, event):
+        menu = self.context_menu(event.scenePos())
+        if menu.isEmpty():
+            super().contextMenuEvent(event)
+            return
+        menu.exec(event.screenPos())
+        event.accept()
 
     def try_connect(self, value_id: str, node_id: str, port: int) -> str | None:
         """Connect if the model allows it; else report the model's reason and return it."""

@@ -31,10 +31,13 @@ def small_program() -> Program:
 
 
 def assert_mirrors(scene: GraphScene) -> None:
-    """Items match the model: one item per node and input, one edge per wired (non-parameter) port."""
+    """Items match the model: one item per node, per input and per parameter or constant no node reads
+    (a read one is drawn inside its reader), one edge per wired (non-parameter) port."""
     p = scene.program
     assert set(scene.nodes) == set(p.nodes)
-    assert set(scene.terminals) == set(p.inputs)
+    read = {v for n in p.nodes.values() for v in n.inputs if v}
+    loose = {vid for vid, v in p.values.items() if v.role in (Role.PARAMETER, Role.CONSTANT) and vid not in read}
+    assert set(scene.terminals) == set(p.inputs) | loose
     want = {(n.id, i): v for n in p.nodes.values() for i, v in enumerate(n.inputs)
             if v and p.values[v].role not in (Role.PARAMETER, Role.CONSTANT)}
     assert {k: e.value_id for k, e in scene.edges.items()} == want
