@@ -166,3 +166,118 @@ def test_broadcast_matches_torch():
         assert broadcast(*shapes) == tuple(torch.broadcast_shapes(*shapes))
     with pytest.raises(ShapeError):
         broadcast((2, 3), (4, 3))
+
+
+# inputs, parameters and constants edited in place (what the studio's inspector does) -------------------
+def linear_program():
+    import numpy as np
+    p = Program("lin")
+    x = p.add_input("x", (4, 8))
+    w = p.add_parameter("w", shape=(16, 8), init={"kind": "normal", "std": 0.5})
+    c = p.add_parameter("c", np.array(2.0, np.float32), constant=True)
+    lin = p.add_node("linear", [x.id, w.id])
+    out = p.add_node("mul", [lin.outputs[0], c.id])
+    p.mark_output(out.outputs[0])
+    return p, x, w, c, lin
+
+
+def test_parameter_init_draws_its_data_the_same_way_every_time():
+    import numpy as np
+    p, x, w, c, lin = linear_program()
+    assert w.init == {"kind": "normal", "mean": 0.0, "std": 0.5}
+    assert p.data[w.id].shape == (16, 8) and p.data[w.id].dtype == np.float32
+    assert 0.3 < p.data[w.id].std() < 0.7
+    again = Program("again")
+    again.add_parameter("w", shape=(16, 8), init=w.init, value_id=w.id)
+    assert np.array_equal(again.data[w.id], p.data[w.id])   # seeded by the value id
+    for kind, check in (("zeros", lambda a: not a.any()), ("ones", lambda a: (a == 1).all()),
+                        ("uniform", lambda a: a.min() >= -2 and a.max() <= -1)):
+        init = {"kind": kind, **({"low": -2, "high": -1} if kind == "uniform" else {})}
+        old = p.set_source(w.id, init=init)
+        assert check(p.data[w.id]) and p.values[w.id].init["kind"] == kind
+        p.restore_source(w.id, old)
+        assert p.values[w.id].init == w.init
+
+
+def test_set_source_reshapes_and_reinfers_readers_and_restore_puts_back_exactly():
+    import numpy as np
+    p, x, w, c, lin = linear_program()
+    seen = []
+    p.subscribe(lambda e, payload: seen.append(e))
+    state = p.source_state(w.id)
+    old = p.set_source(w.id, shape=(32, 8))
+    assert p.values[lin.outputs[0]].shape == (4, 32) and p.data[w.id].shape == (32, 8)
+    assert "value_changed" in seen
+    p.restore_source(w.id, old)
+    assert p.values[lin.outputs[0]].shape == (4, 16)
+    after = p.source_state(w.id)
+    assert after["shape"] == state["shape"] and np.array_equal(after["data"], state["data"])
+    # an input's new shape flows downstream; a mismatch is the reader's error, not a refusal
+    p.set_source(x.id, shape=(4, 9))
+    assert p.nodes[lin.id].error and "9" in p.nodes[lin.id].error
+    p.set_source(x.id, shape=(4, 8), dtype="float64")
+    assert p.values[x.id].dtype == "float64"
+    # a constant takes typed data; its shape follows it
+    p.set_source(c.id, data=[[1, 2], [3, 4]])
+    assert p.values[c.id].shape == (2, 2) and p.data[c.id].dtype == np.float32
+
+
+@pytest.mark.parametrize("target,changes,words", [
+    ("x", {"shape": (0, 8)}, "at least 1"),
+    ("x", {"shape": (4, 2.5)}, "whole number"),
+    ("x", {"shape": [1] * 9}, "more than the 8"),
+    ("x", {"dtype": "float8"}, "unknown dtype"),
+    ("x", {"data": [1.0]}, "takes no data"),
+    ("w", {"init": {"kind": "gaussian"}}, "init kind must be one of"),
+    ("w", {"init": {"kind": "normal", "std": -1}}, "std must not be negative"),
+    ("w", {"init": {"kind": "uniform", "low": 1, "high": 0}}, "below high"),
+    ("w", {"init": {"kind": "zeros", "low": 1}}, "takes no numbers"),
+    ("w", {"init": {"kind": "normal", "mean": float("inf")}}, "finite number"),
+    ("w", {"dtype": "bfloat16"}, "holds data"),
+    ("w", {"shape": (1 << 14, 1 << 14)}, "too large to draw"),
+    ("c", {"shape": (3,)}, "takes its shape from its value"),
+    ("c", {"init": {"kind": "ones"}}, "only inputs and parameters take an init"),
+    ("c", {"data": [[1], [2, 3]]}, "different lengths"),
+    ("c", {"data": "abc"}, "number or nested lists"),
+    ("c", {"data": [1.0, float("nan")]}, "inf or nan"),
+    ("lin_out", {"shape": (2,)}, "is computed by"),
+])
+def test_set_source_refuses_with_one_line_and_changes_nothing(target, changes, words):
+    from agent_core.project_file import program_to_json
+    p, x, w, c, lin = linear_program()
+    vid = {"x": x.id, "w": w.id, "c": c.id, "lin_out": lin.outputs[0]}[target]
+    before = program_to_json(p)
+    with pytest.raises(ProgramError) as err:
+        p.set_source(vid, **changes)
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert program_to_json(p) == before
+
+
+def test_any_shape_is_either_taken_exactly_or_refused_leaving_the_program_as_it_was():
+    from hypothesis import given, settings, strategies as st
+
+    from agent_core.project_file import program_to_json
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.one_of(st.integers(-3, 40), st.floats(allow_nan=True), st.booleans(), st.text(max_size=2)),
+                    max_size=10))
+    def check(dims):
+        p, x, w, c, lin = linear_program()
+        before = program_to_json(p)
+        try:
+            p.set_source(w.id, shape=dims)
+        except ProgramError:
+            assert program_to_json(p) == before
+            return
+        assert list(p.values[w.id].shape) == dims and p.data[w.id].shape == tuple(dims)
+        assert all(isinstance(d, int) and not isinstance(d, bool) and d >= 1 for d in dims)
+    check()
+
+
+def test_an_open_optional_port_left_by_undo_is_no_port():
+    p, x, w, c, lin = linear_program()
+    b = p.add_parameter("b", shape=(16,), init={"kind": "zeros"})
+    p.connect(b.id, lin.id, 2)
+    assert len(p.nodes[lin.id].inputs) == 3
+    p.set_input(lin.id, 2, None)
+    assert p.nodes[lin.id].inputs == [x.id, w.id]
