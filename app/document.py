@@ -51,9 +51,8 @@ class Reader:
     runs code); a .py is imported in a child process (agent_core.importers.isolated), so a file that
     loops, exits or crashes ends that process, never the studio. Touches no Qt object."""
 
-    def __init__(self, path: str, timeout: float | None = None):
+    def __init__(self, path: str):
         self.path = path
-        self.timeout = timeout
         self._import = None
         self._cancelled = False
         self._lock = threading.Lock()
@@ -66,8 +65,8 @@ class Reader:
             raise FileFormatError(f"{path}: no such file")
         from agent_core.commands.import_cmd import is_python_source, read_program_file
         if is_python_source(path):
-            from agent_core.importers.isolated import DEFAULT_TIMEOUT, IsolatedImport
-            job = IsolatedImport(path, timeout=self.timeout or DEFAULT_TIMEOUT)
+            from agent_core.importers.isolated import IsolatedImport
+            job = IsolatedImport(path)   # the default limit, 120 s; File > Cancel opening stops it sooner
             with self._lock:  # a cancel() that came first still stops it
                 self._import = job
                 if self._cancelled:

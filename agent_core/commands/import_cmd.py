@@ -82,8 +82,6 @@ def import_warnings(program: Program) -> list[str]:
 def run(args) -> int:
     from ..project_file import save_program
     out = args.output or os.path.splitext(os.path.basename(args.source.split(":")[-1]))[0] + ".json"
-    if args.timeout is not None and not args.timeout > 0:
-        raise ImportFailure(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     program = import_source(args.source, timeout=args.timeout, limit_hint=" (--timeout)")
     warnings = import_warnings(program)
     for w in warnings:

@@ -95,21 +95,15 @@ class IsolatedImport:
 
     def __init__(self, target: str, *, timeout: float = DEFAULT_TIMEOUT, limit_hint: str = ""):
         if not timeout > 0:
-            raise ImportFailure(f"the import time limit must be a positive number of seconds, got {timeout}")
+            raise ImportFailure(f"the import time limit (--timeout) must be a positive number of seconds, "
+                                f"got {timeout:g}")
         self.target, self.timeout, self.limit_hint = target, float(timeout), limit_hint
         self.name = source_name(target)
         self._stop = threading.Event()
-        self._cancelled = False
-        self._proc: subprocess.Popen | None = None
-        self._lock = threading.Lock()
 
     def cancel(self) -> None:
-        with self._lock:
-            self._cancelled = True
-            proc = self._proc
+        # run() kills the group within 20 ms: only it knows the child is not yet reaped (its id reused)
         self._stop.set()
-        if proc is not None:
-            _kill_group(proc)
 
     def run(self):
         kind = "file" if self.target.endswith(".py") else "module"
@@ -126,12 +120,11 @@ class IsolatedImport:
         env = dict(os.environ)
         # the child must find agent_core wherever the caller was started from
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        with self._lock:
-            if self._cancelled:
-                raise ImportCancelled(f"{self.name}: the import was cancelled")
-            self._proc = proc = subprocess.Popen(
-                [sys.executable, "-m", "agent_core.importers.isolated", folder], stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+        if self._stop.is_set():
+            raise ImportCancelled(f"{self.name}: the import was cancelled")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agent_core.importers.isolated", folder], stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
         counter, lock, overflow = [0], threading.Lock(), threading.Event()
         tails = [_Tail(proc.stdout, counter, lock, overflow), _Tail(proc.stderr, counter, lock, overflow)]
         # the limit is the file's: it starts once the child has loaded torch and the importer
@@ -158,7 +151,7 @@ class IsolatedImport:
                 t.thread.join(timeout=2)
         if why is None and overflow.is_set():
             why = "output"
-        if why == "cancelled" or self._cancelled:
+        if why == "cancelled" or self._stop.is_set():
             raise ImportCancelled(f"{self.name}: the import was cancelled")
         if why == "timeout":
             raise ImportFailure(f"{self.name}: importing took longer than {self.timeout:g} s{self.limit_hint} "
