@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "import": ("agent_core.commands.import_cmd", "import a KernelBench .py file or module:Class into a program file"),
     "show": ("agent_core.commands.show", "summarise a program: nodes by category, parameters, bytes, FLOPs"),
     "run": ("agent_core.commands.run", "run the reference interpreter and print output shapes and checksums"),
+    "rewrite": ("agent_core.commands.rewrite", "show the algebraic rewrites the agent would make, each checked"),
     "plan": ("agent_core.commands.plan", "propose fused and stitched regions with their reasons"),
     "optimize": ("agent_core.commands.optimize", "plan, generate, compile, verify and time CUDA for a program"),
     "bench": ("agent_core.commands.bench", "benchmark programs against torch eager and torch.compile"),

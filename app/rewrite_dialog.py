@@ -7,15 +7,24 @@ before and after (removed ones marked in the first list, new ones in the second)
 """
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import sys
+import tempfile
 from dataclasses import dataclass
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
                                QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget)
 
+from agent_core.errors import StitchError
 from agent_core.ir import Program
+from agent_core.project_file import save_program
 from graph_editor.rewrite_commands import kept_nodes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 REMOVED = ("-", QColor(226, 96, 96))     # diff-style marker and colour of a node that goes away
 ADDED = ("+", QColor(86, 196, 120))      # ... and of one the rewrites put in
@@ -49,18 +58,78 @@ class RewritePreview:
 
 
 def too_big_reason(program: Program) -> str | None:
-    """Why the rewrites are not checked here (the same limit as `stitchcuda optimize` on a CPU)."""
+    """Why checking the rewrites here may take long (the same limit as `stitchcuda optimize` on a CPU)."""
     from agent_core.agent.loop import too_big_to_check
     big = too_big_to_check(program)
-    return (f"checking rewrites runs the reference on the CPU and this program ({big}) would take too long; "
-            "run stitchcuda optimize on a GPU machine") if big else None
+    return (f"checking rewrites runs the reference on the CPU, and for this program ({big}) that may take "
+            "minutes") if big else None
 
 
-def preview_rewrites(program: Program) -> RewritePreview:
-    """Run the rewrite rules on a copy of `program` (StitchError when they cannot be checked)."""
-    from agent_core.rewrites import rewrite_program
-    result = rewrite_program(program)
-    return RewritePreview(program, result.program, list(result.fired), list(result.refused))
+class RewriteCheck(QObject):
+    """`stitchcuda rewrite --json` on a saved copy of the program, in a child process: a long check
+    never blocks the editor, Cancel kills it, and a rewrite rule that crashes takes only the child down.
+    Ends with exactly one of ready(RewritePreview) or failed(message)."""
+    ready = Signal(object)
+    failed = Signal(str)
+
+    def __init__(self, program: Program, check_anyway: bool = False, parent=None):
+        super().__init__(parent)
+        self.program = program
+        self.folder = tempfile.mkdtemp(prefix="stitchcuda-rewrite-")
+        self._out, self._ended = b"", False
+        path = os.path.join(self.folder, "program.json")
+        save_program(program, path)   # StitchError / OSError reach the caller: nothing was started
+        self.proc = QProcess(self)
+        env = QProcessEnvironment.systemEnvironment()
+        env.insert("PYTHONPATH", ROOT + os.pathsep + env.value("PYTHONPATH", ""))
+        self.proc.setProcessEnvironment(env)
+        self.proc.setWorkingDirectory(self.folder)
+        self.proc.readyReadStandardOutput.connect(self._read)
+        self.proc.finished.connect(self._finished)
+        self.proc.errorOccurred.connect(self._error)
+        args = ["-m", "agent_core.cli", "rewrite", path, "--json"] + (["--check-anyway"] if check_anyway else [])
+        self.proc.start(sys.executable, args)
+
+    @property
+    def running(self) -> bool:
+        return self.proc.state() != QProcess.NotRunning
+
+    def cancel(self) -> None:
+        if self.running:
+            self._end(self.failed, "Rewrites: the check was cancelled; nothing changed")
+            self.proc.kill()
+            self.proc.waitForFinished(2000)
+
+    def _read(self) -> None:
+        self._out += bytes(self.proc.readAllStandardOutput())
+
+    def _error(self, err) -> None:
+        if err == QProcess.FailedToStart:
+            self._end(self.failed, f"Rewrites could not be checked: the check could not start "
+                                   f"({self.proc.errorString()})")
+
+    def _finished(self, code: int, _status) -> None:
+        from agent_core.project_file import program_from_json
+        self._read()
+        err = bytes(self.proc.readAllStandardError()).decode("utf-8", "replace").strip().splitlines()
+        if code != 0:
+            why = err[-1] if err else f"the check exited with code {code}"
+            self._end(self.failed, f"Rewrites could not be checked: {why.removeprefix('stitchcuda rewrite: ')}")
+            return
+        try:
+            obj = json.loads(self._out.decode("utf-8").strip().splitlines()[-1])
+            rewritten = program_from_json(obj["program"], None)
+        except (ValueError, KeyError, IndexError, StitchError) as e:
+            self._end(self.failed, f"Rewrites could not be checked: the check's answer was unreadable ({e})")
+            return
+        self._end(self.ready, RewritePreview(self.program, rewritten, list(obj["fired"]), list(obj["refused"])))
+
+    def _end(self, signal, value) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        shutil.rmtree(self.folder, ignore_errors=True)
+        signal.emit(value)
 
 
 def _node_line(program: Program, nid: str) -> str:

@@ -55,6 +55,7 @@ class _ExportJob(QRunnable):
 
 class StudioAgent(QObject):
     exported = Signal(str, bool)   # an export finished: output folder, success
+    rewrites_checked = Signal()    # Agent > Rewrites' check ended (its dialog is open, or the status says why)
 
     def __init__(self, window):
         super().__init__(window)
@@ -64,6 +65,9 @@ class StudioAgent(QObject):
         self.current: str | None = None
         self.compile_errors: dict[str, str] = {}
         self.run_dir: str | None = None
+        self.rewrite_check = None        # the running or last RewriteCheck
+        self.rewrite_dialog = None
+        self.rewrite_progress = None
         # what Agent > Optimize passes the worker (tests add --no-tune and friends for speed)
         self.worker_args: tuple[str, ...] = ("--no-rewrite",)
         self.progress = {"regions": 0, "done": 0}
@@ -206,6 +210,9 @@ class StudioAgent(QObject):
 
     # plan (in-process) -------------------------------------------------------------------------------
     def plan(self) -> None:
+        from .problems import refuse_if_invalid
+        if refuse_if_invalid(self.window, "Plan"):
+            return
         self.regions.plan()
         p = getattr(self.regions, "last_plan", None)
         if p is not None:
@@ -218,39 +225,60 @@ class StudioAgent(QObject):
                 self.log.add({"event": "region-proposed", "region": r.id, "kind": r.kind, "nodes": r.nodes,
                               "reason": r.reason})
 
-    # rewrites (in-process, checked on the CPU reference) -------------------------------------------
-    def rewrite(self):
-        """Preview the rewrites in a dialog (returned, also as self.rewrite_dialog); None when there
-        is nothing to show (the status bar says why)."""
-        from PySide6.QtGui import QGuiApplication
+    # rewrites (checked on the CPU reference, in a child process) ----------------------------------
+    def rewrite(self) -> None:
+        """Agent > Rewrites: check the rewrites in a child process while a progress dialog offers
+        Cancel; the before/after dialog (self.rewrite_dialog) opens when the check ends, or the status
+        bar says why not. `rewrites_checked` is emitted either way."""
+        from PySide6.QtWidgets import QProgressDialog
 
-        from .rewrite_dialog import RewriteDialog, preview_rewrites, too_big_reason
+        from .rewrite_dialog import RewriteCheck, too_big_reason
         w = self.window
         program = w.document.program
+        if self.rewrite_check is not None and self.rewrite_check.running:
+            w.status("The rewrites are already being checked (Cancel in the progress dialog stops it)", error=True)
+            return
         if not program.nodes:
             w.status("Nothing to rewrite: the program is empty", error=True)
-            return None
+            return
         why = too_big_reason(program)
-        if why:
-            w.status(f"Rewrites not checked here: {why}", error=True)
-            return None
-        QGuiApplication.setOverrideCursor(Qt.WaitCursor)
+        if why and w.ask("confirm", "Check the rewrites anyway?", f"{why[0].upper()}{why[1:]}. Check anyway? "
+                         "(The editor stays usable, and Cancel stops the check.)") != "yes":
+            w.status(f"Rewrites not checked: {why}")
+            return
         try:
-            preview = preview_rewrites(program)
-        except StitchError as e:
+            check = self.rewrite_check = RewriteCheck(program, check_anyway=bool(why), parent=self)
+        except (StitchError, OSError) as e:
             w.status(f"Rewrites could not be checked: {e}", error=True)
-            return None
-        finally:
-            QGuiApplication.restoreOverrideCursor()
+            return
+        busy = self.rewrite_progress = QProgressDialog("Checking the rewrites on the reference…", "Cancel", 0, 0, w)
+        busy.setWindowTitle("Rewrites")
+        busy.setMinimumDuration(300)
+        busy.canceled.connect(check.cancel)
+        signature = _structure(program)
+
+        def ended():
+            busy.canceled.disconnect(check.cancel)
+            busy.reset()
+            self.rewrites_checked.emit()
+        check.ready.connect(lambda preview: (self._show_rewrites(preview, signature), ended()))
+        check.failed.connect(lambda message: (w.status(message, error="cancelled" not in message), ended()))
+        w.status("Checking the rewrites…")
+
+    def _show_rewrites(self, preview, signature) -> None:
+        from .rewrite_dialog import RewriteDialog
+        w = self.window
+        if preview.program is not w.document.program:
+            w.status("The document changed while the rewrites were checked: open Rewrites again", error=True)
+            return
         if not preview.fired:
             refused = f" ({len(preview.refused)} refused by their check)" if preview.refused else ""
             w.status(preview.summary + refused)
-            return None
-        signature = _structure(program)
+            return
         dlg = self.rewrite_dialog = RewriteDialog(preview, w)
         dlg.apply_requested.connect(lambda: self._apply_rewrites(preview, signature))
         dlg.show()
-        return dlg
+        w.status(preview.summary)
 
     def _apply_rewrites(self, preview, signature) -> None:
         from graph_editor.rewrite_commands import apply_rewritten
@@ -274,7 +302,11 @@ class StudioAgent(QObject):
         """Start the worker on a saved copy of the program, with `worker_args` (--no-rewrite: the results
         must name the document's own nodes to be applied to it)."""
         from agent_core.project_file import save_program
+
+        from .problems import refuse_if_invalid
         w = self.window
+        if not self.worker.running and refuse_if_invalid(w, "Optimize"):
+            return False
         if self.worker.running:
             w.status("Optimize is already running (Shift+F5 cancels it)", error=True)
             return False
@@ -359,6 +391,7 @@ class StudioAgent(QObject):
     def _run_finished(self, status: str, message: str) -> None:
         w = self.window
         self._end_live()
+        self.profiles.finish()   # a cancelled or crashed run has no done event to end the live plots
         self.act["cancel"].setEnabled(False)
         self.act["optimize"].setEnabled(True)
         self.bar.hide()
@@ -411,6 +444,8 @@ class StudioAgent(QObject):
         if self.worker.running:
             self.worker.cancel()
             self.worker.wait(3000)
+        if self.rewrite_check is not None:
+            self.rewrite_check.cancel()
         self._exporter.waitForDone(30000)   # an export writes its folder to the end
         self._cleanup()
 

@@ -7,7 +7,7 @@ import os
 
 import pytest
 import torch
-from PySide6.QtCore import QStandardPaths
+from PySide6.QtCore import QStandardPaths, Qt
 from PySide6.QtGui import QUndoStack
 
 QStandardPaths.setTestModeEnabled(True)
@@ -56,11 +56,11 @@ def window(studio_window):
     return studio_window
 
 
-def test_rewrites_dialog_before_after_apply_and_undo(window, tmp_path):
+def test_rewrites_dialog_before_after_apply_and_undo(window, qtbot, tmp_path):
     assert window.open_path(os.path.join(EXAMPLES, "conv_bn_relu.py"), layout_sync=True)
     program = window.document.program
     ops_before = sorted(n.op for n in program.nodes.values())
-    dlg = window.agent.rewrite()
+    dlg = _rewrites(window, qtbot)
     assert dlg is not None and dlg.isVisible()
     assert "fold_batch_norm" in dlg.summary.text() and "3 ops become 2" in dlg.summary.text()
     assert dlg.rules.topLevelItemCount() >= 1 and "batch" in dlg.rules.topLevelItem(0).text(2).lower()
@@ -82,10 +82,10 @@ def test_rewrites_dialog_before_after_apply_and_undo(window, tmp_path):
     assert len(window.scene.nodes) == 3
 
 
-def test_a_stale_preview_is_refused(window):
+def test_a_stale_preview_is_refused(window, qtbot):
     assert window.open_path(os.path.join(EXAMPLES, "conv_bn_relu.py"), layout_sync=True)
     program = window.document.program
-    dlg = window.agent.rewrite()
+    dlg = _rewrites(window, qtbot)
     relu = next(n for n in program.nodes.values() if n.op == "relu")
     window.document.stack.push(RemoveNode(program, relu.id))     # an edit after the preview
     dlg.apply_button.click()
@@ -93,10 +93,62 @@ def test_a_stale_preview_is_refused(window):
     assert sorted(n.op for n in program.nodes.values()) == ["batch_norm", "conv2d"]
 
 
-def test_nothing_to_rewrite_says_so(window):
+def test_nothing_to_rewrite_says_so(window, qtbot):
     assert window.open_path(os.path.join(EXAMPLES, "softmax_rows.py"), layout_sync=True)
-    assert window.agent.rewrite() is None
+    assert _rewrites(window, qtbot) is None
     assert "No rewrite applies" in _status(window)
+
+
+def _big_program():
+    from agent_core.ir import Program
+    p = Program("big_matmul")
+    a, b = p.add_input("a", (4096, 4096)).id, p.add_input("b", (4096, 4096)).id
+    p.mark_output(p.add_node("matmul", [a, b]).outputs[0])
+    return p
+
+
+def test_a_big_program_asks_before_checking_and_the_check_can_be_cancelled(window, qtbot):
+    from app.document import Document
+    window.set_document(Document(_big_program()))
+    window.ask.answers["confirm"] = "no"
+    assert _rewrites(window, qtbot, wait=False) is None
+    assert window.ask.asked[-1][0] == "confirm" and "Check anyway" in window.ask.asked[-1][2]
+    assert "not checked" in _status(window) and window.agent.rewrite_check is None
+    window.ask.answers["confirm"] = "yes"           # check anyway: it runs in a child, the editor stays live
+    _rewrites(window, qtbot, wait=False)
+    check = window.agent.rewrite_check
+    assert check.running and "--check-anyway" in check.proc.arguments()
+    qtbot.waitUntil(lambda: window.agent.rewrite_progress.isVisible(), timeout=5000)
+    from PySide6.QtWidgets import QPushButton
+    cancel = window.agent.rewrite_progress.findChild(QPushButton)
+    assert cancel.text() == "Cancel"
+    with qtbot.waitSignal(window.agent.rewrites_checked, timeout=10_000):
+        qtbot.mouseClick(cancel, Qt.LeftButton)
+    assert not check.running and not os.path.exists(check.folder)
+    assert "cancelled" in _status(window) and window.agent.rewrite_dialog is None
+
+
+def test_a_check_that_fails_in_its_process_is_reported(window, qtbot):
+    from app.document import Document
+    program = _big_program()
+    window.set_document(Document(program))
+    window.ask.answers["confirm"] = "yes"
+    _rewrites(window, qtbot, wait=False)
+    with qtbot.waitSignal(window.agent.rewrites_checked, timeout=10_000):
+        window.agent.rewrite_check.proc.kill()     # as if a rule had crashed the process
+    assert "could not be checked" in _status(window) and window.agent.rewrite_dialog is None
+    assert window.document.program is program and len(program.nodes) == 1
+
+
+def _rewrites(window, qtbot, wait: bool = True):
+    """Agent > Rewrites as a user starts it; the dialog it opened, or None."""
+    window.agent.rewrite_dialog = None
+    if wait:
+        with qtbot.waitSignal(window.agent.rewrites_checked, timeout=120_000):
+            window.agent.act["rewrite"].trigger()
+    else:
+        window.agent.act["rewrite"].trigger()
+    return window.agent.rewrite_dialog
 
 
 def _status(window) -> str:
