@@ -203,7 +203,9 @@ def test_a_module_class_target_is_imported_in_the_child_on_the_callers_path(tmp_
     (pkg / "blocks.py").write_text(model("return torch.tanh(x)\n") + "class Quits(Model):\n"
                                    "    def __init__(self):\n        raise SystemExit(2)\n")
     monkeypatch.syspath_prepend(str(tmp_path))   # only this process's path knows the package
-    p = import_isolated("mypkg.blocks:Model")
+    monkeypatch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)   # the child sets it itself
+    with unchanged(tmp_path):                     # no __pycache__ either
+        p = import_isolated("mypkg.blocks:Model")
     assert p.metadata["source"]["target"] == "mypkg.blocks:Model"
     assert [n.op for n in p.nodes.values()] == ["tanh"]
     with pytest.raises(ImportFailure, match=r"^mypkg\.blocks:Quits: the file called sys\.exit\(2\) while importing"):

@@ -120,6 +120,7 @@ class IsolatedImport:
         env = dict(os.environ)
         # the child must find agent_core wherever the caller was started from
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"   # importing a package writes no __pycache__ into the user's folder
         if self._stop.is_set():
             raise ImportCancelled(f"{self.name}: the import was cancelled")
         proc = subprocess.Popen(
