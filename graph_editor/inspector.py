@@ -312,11 +312,13 @@ class Inspector(QScrollArea):
         """What an unconnected port offers: a new input or parameter for it, or an existing value."""
         p = self.program
         shape = expected_shape(p, nid, port)
+        declared = self.program.nodes[nid].opdef.inputs
+        optional = port < len(declared) and declared[port].endswith("?")
+        lab = QLabel(f"{name.rstrip('?')}{' (optional)' if optional else ''}: unconnected")
+        lab.setObjectName("Muted")
+        self._lay.addWidget(lab)
         row = QHBoxLayout()
         row.setSpacing(4)
-        lab = QLabel(name.rstrip("?"))
-        lab.setObjectName("Muted")
-        row.addWidget(lab)
         b_in = QPushButton("New input")
         b_in.setToolTip(f"A program input feeding {name}")
         b_in.clicked.connect(lambda: self._new_source("input", nid, port))
@@ -330,10 +332,14 @@ class Inspector(QScrollArea):
             v = p.values[vid]
             pick.addItem(f"{v.name}  {fmt_spec(v.shape, v.dtype)}", vid)
         pick.activated.connect(lambda i: self._connect(nid, port, pick.itemData(i)))
-        for w in (b_in, b_par, pick):
-            row.addWidget(w)
+        # sized by the dock, not by the longest value name: the inspector must not scroll sideways
+        pick.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
+        pick.setMinimumContentsLength(10)
+        row.addWidget(b_in)
+        row.addWidget(b_par)
         row.addStretch(1)
         self._lay.addLayout(row)
+        self._lay.addWidget(pick)
         self.port_actions[(port, "input")], self.port_actions[(port, "parameter")] = b_in, b_par
         self.port_actions[(port, "connect")] = pick
 

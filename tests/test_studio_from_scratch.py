@@ -214,8 +214,8 @@ def test_program_built_from_scratch_plans_optimizes_and_exports(win, qtbot, tmp_
 
     shot = os.environ.get("STITCHCUDA_SCRATCH_SHOT")
     if shot:   # for looking at it: STITCHCUDA_SCRATCH_SHOT=/tmp/scratch.png pytest -k from_scratch
-        win.act["layout"].trigger()
-        qtbot.waitUntil(lambda: not win.layout_runner.running, timeout=10_000)
+        with qtbot.waitSignal(win.layout_runner.finished, timeout=10_000):
+            win.act["layout"].trigger()
         win.view.fit_all()
         settle()
         win.grab().save(shot)
