@@ -204,6 +204,11 @@ class RegionList(QWidget):
 
     def plan(self) -> None:
         from agent_core.planner import apply_plan, plan_program
+        errors = [d for d in self.program.validate() if d.severity == "error"]
+        if errors:   # a plan of a graph that does not validate estimates nonsense: say why instead
+            self.message.emit(f"Could not plan: {errors[0].message} ({len(errors)} problem"
+                              f"{'s' * (len(errors) > 1)}; Agent > Plan regions lists them)", True)
+            return
         try:
             p = plan_program(self.program)
         except Exception as e:   # a program the planner cannot read (e.g. unconnected ports): say why

@@ -294,3 +294,15 @@ def test_palette_and_context_menu_make_inputs_parameters_and_constants(win, qtbo
     pick = win.inspector.port_actions[(0, "connect")]
     one_undo_step(win, lambda: choose(pick, c))
     assert program.nodes[add].inputs[0] == c and c not in sc.terminals
+
+
+def test_the_regions_dock_plan_button_refuses_an_invalid_graph_too(win, qtbot):
+    """relu -> sigmoid on an input plans fine, but with no program output it is not a program."""
+    win.act["new"].trigger()
+    sc = win.scene
+    x = sc.add_source("input", QPointF(0, 0))
+    relu = sc.add_node("relu", QPointF(0, 100), connect_from=x)
+    sc.add_node("sigmoid", QPointF(0, 250), connect_from=win.document.program.nodes[relu].outputs[0])
+    qtbot.mouseClick(win.agent.regions.buttons["plan"], Qt.LeftButton)
+    assert win.document.program.regions == []
+    assert "Could not plan: the program has no output" in win.refusal_label.text()
