@@ -8,6 +8,7 @@ install), with exit status 0: the command exists on every machine.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -65,11 +66,13 @@ def missing_xcb_libraries() -> list[str]:
     import subprocess
     if not sys.platform.startswith("linux") or shutil.which("ldd") is None:
         return []
-    try:
-        import PySide6
-    except ImportError:
+    try:   # found, not imported: agent_core never imports Qt (tests/test_layering.py)
+        spec = importlib.util.find_spec("PySide6")
+    except (ImportError, ValueError):
         return []
-    qt = os.path.join(os.path.dirname(PySide6.__file__), "Qt")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    qt = os.path.join(list(spec.submodule_search_locations)[0], "Qt")
     files = [os.path.join(qt, "plugins", "platforms", "libqxcb.so"), os.path.join(qt, "lib", "libQt6XcbQpa.so.6")]
     missing: list[str] = []
     for f in (f for f in files if os.path.exists(f)):
