@@ -50,10 +50,13 @@ class DecisionLog(QWidget):
         self.tree = QTreeWidget()
         self.tree.setHeaderLabels(["t (s)", "Step", "About", "What and why"])
         self.tree.setRootIsDecorated(False)
-        self.tree.setUniformRowHeights(True)
-        self.tree.setWordWrap(False)
-        for i, w in enumerate((52, 92, 50)):
-            self.tree.setColumnWidth(i, w)
+        # long reasons wrap onto more lines in the last column instead of being cut off
+        self.tree.setUniformRowHeights(False)
+        self.tree.setWordWrap(True)
+        fm = self.tree.fontMetrics()
+        for i, sample in enumerate(("99999.99", "region-proposed", "compile_default")):
+            self.tree.setColumnWidth(i, fm.horizontalAdvance(sample) + 16)
+        self.tree.header().setStretchLastSection(True)
         self.tree.itemClicked.connect(lambda it, _c: self.entry_clicked.emit(it.data(0, Qt.UserRole)))
         lay.addWidget(self.tree, 1)
         self.events: list[dict] = []
@@ -69,7 +72,8 @@ class DecisionLog(QWidget):
         it = QTreeWidgetItem([f"{t:.2f}" if isinstance(t, (int, float)) else "", e.get("event", ""), str(about),
                               describe(e)])
         it.setData(0, Qt.UserRole, e)
-        it.setToolTip(3, describe(e))
+        for c in range(4):   # a narrowed column still shows its whole cell on hover
+            it.setToolTip(c, describe(e) if c == 3 else it.text(c))
         if is_problem(e):
             for c in range(4):
                 it.setForeground(c, QColor("#e06c6c"))

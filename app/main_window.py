@@ -10,8 +10,8 @@ from contextlib import nullcontext
 from PySide6.QtCore import (QByteArray, QMimeData, QObject, QPoint, QRunnable, QSettings, Qt, QThreadPool,
                             QTimer, Signal)
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMessageBox,
-                               QUndoView, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMenu, QMessageBox,
+                               QPushButton, QUndoView, QVBoxLayout, QWidget)
 
 from agent_core.errors import StitchError
 from graph_editor import clipboard
@@ -26,8 +26,8 @@ from graph_editor.scene import GraphScene, program_layout_input
 from graph_editor.style import for_theme
 from graph_editor.view import GraphView
 
-from . import recovery, theme as themes
-from .document import Document, document_for, load, read
+from . import recovery, settings as stored, theme as themes
+from .document import Document, Reader, document_for, load
 
 AUTOSAVE_MS = 30_000
 MAX_RECENT = 8
@@ -35,20 +35,28 @@ FILE_FILTER = "StitchCUDA programs (*.json);;PyTorch / KernelBench files (*.py);
 
 
 class _ReadRelay(QObject):
-    done = Signal(str, object)   # path, (program, saved path) or the exception
+    done = Signal(object, str, object)   # the job, its path, (program, saved path) or the exception
 
 
 class _ReadJob(QRunnable):
+    """One open on the loader thread. A .py is imported in a child process (app.document.Reader), so
+    whatever the file does ends there; cancel() kills that process and the thread is free at once."""
+
     def __init__(self, path: str, relay: _ReadRelay):
         super().__init__()
+        self.setAutoDelete(False)   # the window holds it while it runs, to cancel it
         self.path, self.relay = path, relay
+        self.reader = Reader(path)
+
+    def cancel(self) -> None:
+        self.reader.cancel()
 
     def run(self):
         try:
-            result = read(self.path)
+            result = self.reader.read()
         except Exception as e:  # shown to the user with its cause; a bug in an importer included
             result = e if isinstance(e, (StitchError, OSError)) else StitchError(f"{type(e).__name__}: {e}")
-        self.relay.done.emit(self.path, result)
+        self.relay.done.emit(self, self.path, result)
 
 
 class MainWindow(QMainWindow):
@@ -60,6 +68,7 @@ class MainWindow(QMainWindow):
         self.theme = theme
         self.session = uuid.uuid4().hex[:8]
         self.settings = QSettings("StitchCUDA", "Studio")
+        self.notices: list[str] = []   # start-up files set aside or reset (see notice())
         self.style_ = for_theme(theme)
         self.document: Document | None = None
         self.scene: GraphScene | None = None
@@ -88,10 +97,7 @@ class MainWindow(QMainWindow):
         if restore_settings:
             self._restore_settings()
         self._autosaved = None
-        self._loader = QThreadPool(self)
-        self._loader.setMaxThreadCount(1)
-        self._load_relay = _ReadRelay(self)
-        self._load_relay.done.connect(self._read_done)
+        self._build_loader()
         self.autosave_timer = QTimer(self, interval=AUTOSAVE_MS, timeout=self.autosave)
         self.autosave_timer.start()
 
@@ -326,15 +332,60 @@ class MainWindow(QMainWindow):
         self.status(f"Opened {os.path.basename(path)}: {len(doc.program.nodes)} nodes")
         return True
 
+    def _build_loader(self) -> None:
+        """The loader thread, and File > Cancel opening (Esc, and a Cancel button in the status bar),
+        enabled only while an open runs."""
+        self._loader = QThreadPool(self)
+        self._loader.setMaxThreadCount(1)
+        self._load_relay = _ReadRelay(self)
+        self._load_relay.done.connect(self._read_done)
+        self._reading: _ReadJob | None = None
+        act = self._action("&Cancel opening", self.cancel_open, "Escape", None, "Stop opening the file (Esc)")
+        act.setEnabled(False)
+        self.act["cancel_open"] = act
+        file_menu = self.act["import"].associatedObjects()
+        menu = next(m for m in file_menu if isinstance(m, QMenu))
+        after = menu.actions()[menu.actions().index(self.act["import"]) + 1:]
+        menu.insertAction(after[0], act) if after else menu.addAction(act)
+        self.cancel_open_button = QPushButton("Cancel")
+        self.cancel_open_button.setToolTip("Stop opening the file (Esc)")
+        self.cancel_open_button.clicked.connect(act.trigger)
+        self.cancel_open_button.hide()
+        self.statusBar().addPermanentWidget(self.cancel_open_button)
+
+    def _loading(self, job: _ReadJob | None) -> None:
+        self._reading = job
+        self.act["cancel_open"].setEnabled(job is not None)
+        self.cancel_open_button.setVisible(job is not None)
+
     def open_in_background(self, path: str) -> None:
-        """Open or import on a worker thread (an import runs torch.export and can take seconds);
-        `opened(path, ok)` when done. The window stays usable meanwhile."""
+        """Open or import on a worker thread (an import runs its file in a child process and can take
+        seconds); `opened(path, ok)` when done. The window stays usable meanwhile; a second open
+        cancels the one under way."""
         if not self._may_discard():
             return
-        self.status(f"Opening {os.path.basename(path)}…")
-        self._loader.start(_ReadJob(path, self._load_relay))
+        if self._reading is not None:
+            self.cancel_open()
+        self.status(f"Opening {os.path.basename(path)}… (Esc cancels)")
+        job = _ReadJob(path, self._load_relay)
+        self._loading(job)
+        self._loader.start(job)
 
-    def _read_done(self, path: str, result) -> None:
+    def cancel_open(self) -> bool:
+        """Stop the open under way (an import's child process is killed); the document stays as it was."""
+        job = self._reading
+        if job is None:
+            return False
+        self._loading(None)
+        job.cancel()
+        self.status(f"Cancelled opening {os.path.basename(job.path)}")
+        self.opened.emit(job.path, False)
+        return True
+
+    def _read_done(self, job: _ReadJob, path: str, result) -> None:
+        if job is not self._reading:
+            return   # cancelled or replaced by a later open: its result is dropped
+        self._loading(None)
         if isinstance(result, BaseException):
             self.status(f"Could not open {os.path.basename(path)}", error=True)
             self.ask("error", "Could not open the file", f"{path}\n\n{result}")
@@ -440,6 +491,9 @@ class MainWindow(QMainWindow):
             return {QMessageBox.Save: "save", QMessageBox.Discard: "discard"}.get(r, "cancel")
         if kind == "folder":   # the answer is a directory path, "" when cancelled
             return QFileDialog.getExistingDirectory(self, title, self._last_dir())
+        if kind == "confirm":
+            r = QMessageBox.question(self, title, text, QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
+            return "yes" if r == QMessageBox.Yes else "no"
         if kind == "restore":
             r = QMessageBox.question(self, title, text, QMessageBox.Yes | QMessageBox.No, QMessageBox.Yes)
             return "yes" if r == QMessageBox.Yes else "no"
@@ -463,35 +517,56 @@ class MainWindow(QMainWindow):
             return None
 
     def offer_recovery(self) -> bool:
-        """After a crash: offer the newest recovery file; restored documents open unsaved."""
-        found = recovery.pending()
-        if not found:
-            return False
-        rec = found[0]
-        where = rec["original"] or "an untitled program"
-        if self.ask("restore", "Restore unsaved work?",
-                    f"StitchCUDA Studio closed without saving changes to {where}. Restore them?") != "yes":
-            for r in found:
-                recovery.discard(r["file"])
-            return False
-        try:
-            program, original = recovery.restore(rec["file"])
-        except (StitchError, OSError, ValueError, KeyError) as e:
-            self.ask("error", "Could not restore", f"{rec['file']}\n\n{e}")
-            return False
-        recovery.discard(rec["file"])
-        self.set_document(Document(program, original, dirty=True))
-        self.status(f"Restored unsaved work on {where}")
-        return True
+        """After a crash: offer the newest recovery copy that loads; restored documents open unsaved.
+        A damaged copy (see recovery.scan; or one whose program does not load) is set aside with a notice."""
+        found = recovery.scan()
+        for line in found.notices:
+            self.notice(line)
+        for i, rec in enumerate(found.entries):
+            try:
+                program, original = recovery.restore(rec["file"])
+            except Exception as e:  # whatever is wrong with a copy, it is set aside, never fatal
+                why = " ".join(str(e).split())[:200] or type(e).__name__
+                self.notice(recovery.set_aside_copy(rec["file"], f"it does not load ({why})"))
+                continue
+            where = original or "an untitled program"
+            also = (f"\n\nDamaged start-up files were set aside or reset: {self.notices[0]}"
+                    + (f" (and {len(self.notices) - 1} more in the Decision log)" if len(self.notices) > 1 else "")
+                    ) if self.notices else ""
+            if self.ask("restore", "Restore unsaved work?",
+                        f"StitchCUDA Studio closed without saving changes to {where}. Restore them?{also}") != "yes":
+                for r in found.entries[i:]:
+                    recovery.discard(r["file"])
+                return False
+            recovery.discard(rec["file"])
+            self.set_document(Document(program, original, dirty=True))
+            self.status(f"Restored unsaved work on {where}")
+            return True
+        return False
+
+    def notice(self, text: str) -> None:
+        """A start-up file the studio set aside or reset: one line in the status bar, kept until the
+        next problem replaces it, and a row in the Decision log that keeps them all."""
+        self.notices.append(text)
+        more = f" (and {len(self.notices) - 1} more in the Decision log)" if len(self.notices) > 1 else ""
+        self.status(text + more, error=True)
+        self._clear_refusal.stop()   # not the usual 10 s: the user may not look at the window at once
+        self.agent.log.note(text)
 
     # settings -----------------------------------------------------------------------------------------
     def _restore_settings(self) -> None:
-        geo = self.settings.value("geometry")
-        if isinstance(geo, QByteArray):
-            self.restoreGeometry(geo)
-        state = self.settings.value("windowState")
-        if isinstance(state, QByteArray):
-            self.restoreState(state)
+        """Window geometry, dock layout and recent files; a value of the wrong type or one Qt refuses
+        is reset with a notice (settings.py)."""
+        for key, what, restore in (("geometry", "window size and position", self.restoreGeometry),
+                                   ("windowState", "dock layout", self.restoreState)):
+            value, note = stored.byte_array(self.settings, key, what)
+            if value is not None and not restore(value):
+                note = stored.reject(self.settings, key, what)
+            if note:
+                self.notice(note)
+        _, note = stored.recent(self.settings, MAX_RECENT)
+        if note:
+            self.notice(note)
         self._rebuild_recent()
 
     def _save_settings(self) -> None:
@@ -500,8 +575,7 @@ class MainWindow(QMainWindow):
         self.settings.setValue("theme", self.theme)
 
     def _recent(self) -> list[str]:
-        v = self.settings.value("recent", [])
-        return [v] if isinstance(v, str) else list(v or [])
+        return stored.recent(self.settings, MAX_RECENT)[0]
 
     def _add_recent(self, path: str) -> None:
         path = os.path.abspath(path)
@@ -526,6 +600,7 @@ class MainWindow(QMainWindow):
         self.agent.shutdown()
         self.layout_runner.cancel()
         self.layout_runner.pool.waitForDone(2000)
+        self.cancel_open()
         self._loader.waitForDone(2000)
         recovery.remove(self.document.path, self.session)
         self._save_settings()
