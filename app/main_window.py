@@ -71,6 +71,7 @@ class MainWindow(QMainWindow):
         self.notices: list[str] = []   # start-up files set aside or reset (see notice())
         self.style_ = for_theme(theme)
         self.document: Document | None = None
+        self._edits = 0
         self.scene: GraphScene | None = None
         self.layout_runner = LayoutRunner(self)
         self.layout_runner.finished.connect(lambda n: self.status(f"Laid out {n} nodes"))
@@ -102,7 +103,9 @@ class MainWindow(QMainWindow):
         self.autosave_timer.start()
 
     # construction --------------------------------------------------------------------------------
-    def _dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
+    def add_dock(self, title: str, name: str, widget: QWidget, area) -> QDockWidget:
+        """A closable, movable dock holding `widget` (its object name keys the saved layout); View lists
+        it once a caller adds d.toggleViewAction() to menu("view")."""
         d = QDockWidget(title, self)
         d.setObjectName(name)
         d.setWidget(widget)
@@ -124,27 +127,32 @@ class MainWindow(QMainWindow):
     def _build_docks(self) -> None:
         self.palette = PaletteWidget()
         self.palette.op_activated.connect(lambda op: self.scene and self.scene.add_node(op))
-        self.palette_dock = self._dock("Ops", "PaletteDock", self.palette, Qt.LeftDockWidgetArea)
+        self.palette_dock = self.add_dock("Ops", "PaletteDock", self.palette, Qt.LeftDockWidgetArea)
         self.inspector = Inspector()
-        self.inspector_dock = self._dock("Inspector", "InspectorDock", self.inspector, Qt.RightDockWidgetArea)
+        self.inspector_dock = self.add_dock("Inspector", "InspectorDock", self.inspector, Qt.RightDockWidgetArea)
         self.history = QUndoView()
         self.history.setEmptyLabel("Opened")
-        self.history_dock = self._dock("History", "HistoryDock", self.history, Qt.RightDockWidgetArea)
-        self.splitDockWidget(self.inspector_dock, self.history_dock, Qt.Vertical)
+        # under the palette: the right column is the inspector's (with the regions), which squeezed
+        # between two more docks showed about six lines and cut off its INPUTS section
+        self.history_dock = self.add_dock("History", "HistoryDock", self.history, Qt.LeftDockWidgetArea)
+        self.splitDockWidget(self.palette_dock, self.history_dock, Qt.Vertical)
         # filled by the agent (next part): the generated CUDA and the live profiles
-        self.source_dock = self._dock("Generated source", "SourceDock", self._placeholder(
+        self.source_dock = self.add_dock("Generated source", "SourceDock", self._placeholder(
             "No generated source yet.\nIt appears here after Optimize runs: one CUDA kernel per fused region."),
             Qt.BottomDockWidgetArea)
-        self.profile_dock = self._dock("Profiles", "ProfileDock", self._placeholder(
+        self.profile_dock = self.add_dock("Profiles", "ProfileDock", self._placeholder(
             "No profile yet.\nKernel times against torch eager and torch.compile appear here after Optimize runs."),
             Qt.BottomDockWidgetArea)
         self.tabifyDockWidget(self.source_dock, self.profile_dock)
         self.source_dock.raise_()
         self.resizeDocks([self.palette_dock, self.inspector_dock], [220, 320], Qt.Horizontal)
-        self.resizeDocks([self.inspector_dock, self.history_dock], [520, 200], Qt.Vertical)
+        self.resizeDocks([self.palette_dock, self.history_dock], [320, 120], Qt.Vertical)
         self.resizeDocks([self.source_dock], [120], Qt.Vertical)
 
-    def _action(self, text, slot, shortcut=None, icon=None, tip=None) -> QAction:
+    def add_action(self, text, slot, shortcut=None, icon=None, tip=None) -> QAction:
+        """A window-wide action calling slot() with no arguments (QAction.triggered hands a bool to
+        whatever it calls: that once reached optimize() as its argument list). Put it in a menu with
+        menu(name).addAction and on the toolbar with toolbar.addAction."""
         a = QAction(text, self)
         if shortcut:
             a.setShortcuts(shortcut if isinstance(shortcut, list) else [QKeySequence(shortcut)])
@@ -153,13 +161,23 @@ class MainWindow(QMainWindow):
         if tip:
             a.setStatusTip(tip)
             a.setToolTip(tip)
-        a.triggered.connect(slot)
+        a.triggered.connect(lambda _checked=False: slot())
         self.addAction(a)
         return a
 
+    def add_menu(self, key: str, title: str) -> QMenu:
+        """A menu at the end of the menu bar, found again by menu(key)."""
+        self._menus[key] = self.menuBar().addMenu(title)
+        return self._menus[key]
+
+    def menu(self, key: str) -> QMenu:
+        """The menu bar's menu by key: "file", "edit", "view", "graph" (and "agent" once the agent adds it)."""
+        return self._menus[key]
+
     def _build_actions(self) -> None:
+        self._menus: dict[str, QMenu] = {}
         K = QKeySequence
-        A = self._action
+        A = self.add_action
         self.act = {
             "new": A("&New", self.new_document, K.New, "new", "New empty program"),
             "open": A("&Open…", self.open_dialog, K.Open, "open", "Open a program file"),
@@ -199,8 +217,7 @@ class MainWindow(QMainWindow):
             self.act[name].setShortcutContext(Qt.WidgetWithChildrenShortcut)
             self.removeAction(self.act[name])
             self.view.addAction(self.act[name])
-        mb = self.menuBar()
-        m = mb.addMenu("&File")
+        m = self.add_menu("file", "&File")
         for k in ("new", "open"):
             m.addAction(self.act[k])
         self.recent_menu = m.addMenu("Open &Recent")
@@ -210,16 +227,16 @@ class MainWindow(QMainWindow):
         m.addAction(self.act["save_as"])
         m.addSeparator()
         m.addAction(self.act["quit"])
-        m = mb.addMenu("&Edit")
+        m = self.add_menu("edit", "&Edit")
         for k in ("undo", "redo", None, "cut", "copy", "paste", "duplicate", "delete", None, "select_all"):
             m.addSeparator() if k is None else m.addAction(self.act[k])
-        m = mb.addMenu("&View")
+        m = self.add_menu("view", "&View")
         for k in ("zoom_in", "zoom_out", "fit", "fit_sel", None, "theme"):
             m.addSeparator() if k is None else m.addAction(self.act[k])
         m.addSeparator()
         for d in (self.palette_dock, self.inspector_dock, self.history_dock, self.source_dock, self.profile_dock):
             m.addAction(d.toggleViewAction())
-        m = mb.addMenu("&Graph")
+        m = self.add_menu("graph", "&Graph")
         for k in ("add_node", None, "layout", "collapse", "expand", None, "validate"):
             m.addSeparator() if k is None else m.addAction(self.act[k])
         tb = self.addToolBar("Main")
@@ -279,6 +296,7 @@ class MainWindow(QMainWindow):
         if self.document is not None:
             recovery.remove(self.document.path, self.session)
         self.document = doc
+        doc.stack.indexChanged.connect(self._edited)
         self.scene = GraphScene(doc.program, doc.stack, self.style_, self)
         self.scene.connection_refused.connect(self._refused)
         self.scene.message.connect(self.status)
@@ -298,6 +316,9 @@ class MainWindow(QMainWindow):
         self.view.show_program()
         self.document_set.emit()
 
+    def _edited(self, _index=0) -> None:
+        self._edits += 1   # an open in the background asks again only after an edit made meanwhile
+
     def _update_title(self) -> None:
         d = self.document
         self.setWindowTitle(f"{d.title}[*] — StitchCUDA Studio")
@@ -310,22 +331,19 @@ class MainWindow(QMainWindow):
 
     def open_path(self, path: str, layout_sync: bool = False) -> bool:
         """Open (or import) path. On failure the cause is shown and the current document stays."""
-        if not self._may_discard():
+        if not self.may_discard():
             return False
         self.status(f"Opening {os.path.basename(path)}…")
         QApplication.setOverrideCursor(Qt.WaitCursor)
         # tens of thousands of new objects: the cyclic GC would rescan the whole heap many times over
-        gc.disable()
         try:
             doc = load(path)
-            self._layout_if_needed(doc, layout_sync)
-            self.set_document(doc)
+            self.show_document(doc, layout_sync)
         except (StitchError, OSError) as e:
             self.status(f"Could not open {os.path.basename(path)}", error=True)
             self.ask("error", "Could not open the file", f"{path}\n\n{e}")
             return False
         finally:
-            gc.enable()
             QApplication.restoreOverrideCursor()
         if doc.path:
             self._add_recent(doc.path)
@@ -340,11 +358,10 @@ class MainWindow(QMainWindow):
         self._load_relay = _ReadRelay(self)
         self._load_relay.done.connect(self._read_done)
         self._reading: _ReadJob | None = None
-        act = self._action("&Cancel opening", self.cancel_open, "Escape", None, "Stop opening the file (Esc)")
+        act = self.add_action("&Cancel opening", self.cancel_open, "Escape", None, "Stop opening the file (Esc)")
         act.setEnabled(False)
         self.act["cancel_open"] = act
-        file_menu = self.act["import"].associatedObjects()
-        menu = next(m for m in file_menu if isinstance(m, QMenu))
+        menu = self.menu("file")
         after = menu.actions()[menu.actions().index(self.act["import"]) + 1:]
         menu.insertAction(after[0], act) if after else menu.addAction(act)
         self.cancel_open_button = QPushButton("Cancel")
@@ -362,12 +379,13 @@ class MainWindow(QMainWindow):
         """Open or import on a worker thread (an import runs its file in a child process and can take
         seconds); `opened(path, ok)` when done. The window stays usable meanwhile; a second open
         cancels the one under way."""
-        if not self._may_discard():
+        if not self.may_discard():
             return
         if self._reading is not None:
             self.cancel_open()
         self.status(f"Opening {os.path.basename(path)}… (Esc cancels)")
         job = _ReadJob(path, self._load_relay)
+        job.agreed = (self.document, self._edits)   # what the user agreed to replace (or nothing unsaved)
         self._loading(job)
         self._loader.start(job)
 
@@ -391,22 +409,27 @@ class MainWindow(QMainWindow):
             self.ask("error", "Could not open the file", f"{path}\n\n{result}")
             self.opened.emit(path, False)
             return
-        if self.document is not None and self.document.dirty:
-            # an edit made while the file was loading: ask again before replacing it
-            if not self._may_discard():
-                self.opened.emit(path, False)
-                return
+        if (self.document, self._edits) != job.agreed and not self.may_discard():
+            # an edit (or another document) came while the file was loading: asked again, and refused
+            self.opened.emit(path, False)
+            return
         doc = document_for(*result)
-        gc.disable()
-        try:
-            self._layout_if_needed(doc, False)
-            self.set_document(doc)
-        finally:
-            gc.enable()
+        self.show_document(doc)
         if doc.path:
             self._add_recent(doc.path)
         self.status(f"Opened {os.path.basename(path)}: {len(doc.program.nodes)} nodes")
         self.opened.emit(path, True)
+
+    def show_document(self, doc: Document, layout_sync: bool = False) -> None:
+        """Show a document read from a file (or a results folder): laid out where it has no positions
+        (layout_sync: before this returns, whatever its size), then every dock follows (document_set)."""
+        # tens of thousands of new objects: the cyclic GC would rescan the whole heap many times over
+        gc.disable()
+        try:
+            self._layout_if_needed(doc, layout_sync)
+            self.set_document(doc)
+        finally:
+            gc.enable()
 
     def _layout_if_needed(self, doc: Document, sync: bool) -> None:
         """Programs without positions (imports) are laid out before they are shown; loading is not an
@@ -429,16 +452,16 @@ class MainWindow(QMainWindow):
         self.view.show_program()
 
     def new_document(self) -> None:
-        if self._may_discard():
+        if self.may_discard():
             self.set_document(Document())
 
     def open_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Open program", self._last_dir(), FILE_FILTER)
+        path, _ = QFileDialog.getOpenFileName(self, "Open program", self.last_dir(), FILE_FILTER)
         if path:
             self.open_in_background(path)
 
     def import_dialog(self) -> None:
-        path, _ = QFileDialog.getOpenFileName(self, "Import PyTorch / KernelBench file", self._last_dir(),
+        path, _ = QFileDialog.getOpenFileName(self, "Import PyTorch / KernelBench file", self.last_dir(),
                                               "Python files (*.py)")
         if path:
             self.open_in_background(path)
@@ -450,7 +473,7 @@ class MainWindow(QMainWindow):
 
     def save_as(self, path: str | None = None) -> bool:
         if not path:
-            path, _ = QFileDialog.getSaveFileName(self, "Save program", self._last_dir(), FILE_FILTER)
+            path, _ = QFileDialog.getSaveFileName(self, "Save program", self.last_dir(), FILE_FILTER)
             if not path:
                 return False
             if not os.path.splitext(path)[1]:
@@ -471,7 +494,7 @@ class MainWindow(QMainWindow):
         self.status(f"Saved {path}")
         return True
 
-    def _may_discard(self) -> bool:
+    def may_discard(self) -> bool:
         """Before replacing or closing a document with unsaved changes: save, discard or cancel."""
         if self.document is None or not self.document.dirty:
             return True
@@ -490,7 +513,7 @@ class MainWindow(QMainWindow):
                                      QMessageBox.Save)
             return {QMessageBox.Save: "save", QMessageBox.Discard: "discard"}.get(r, "cancel")
         if kind == "folder":   # the answer is a directory path, "" when cancelled
-            return QFileDialog.getExistingDirectory(self, title, self._last_dir())
+            return QFileDialog.getExistingDirectory(self, title, self.last_dir())
         if kind == "confirm":
             r = QMessageBox.question(self, title, text, QMessageBox.Yes | QMessageBox.No, QMessageBox.No)
             return "yes" if r == QMessageBox.Yes else "no"
@@ -589,12 +612,12 @@ class MainWindow(QMainWindow):
             self.recent_menu.addAction(p, lambda p=p: self.open_in_background(p))
         self.recent_menu.setEnabled(bool(self._recent()))
 
-    def _last_dir(self) -> str:
+    def last_dir(self) -> str:
         recent = self._recent()
         return os.path.dirname(recent[0]) if recent else os.getcwd()
 
     def closeEvent(self, event):
-        if not self._may_discard():
+        if not self.may_discard():
             event.ignore()
             return
         self.agent.shutdown()

@@ -65,6 +65,7 @@ class StudioAgent(QObject):
         self.current: str | None = None
         self.compile_errors: dict[str, str] = {}
         self.run_dir: str | None = None
+        self.run_document = None          # the document the running (or last) Optimize started from
         self.rewrite_check = None        # the running or last RewriteCheck
         self.rewrite_dialog = None
         self.rewrite_progress = None
@@ -88,14 +89,14 @@ class StudioAgent(QObject):
         w.addDockWidget(Qt.BottomDockWidgetArea, w.profile_dock)
         w.profile_dock.show()
         w.splitDockWidget(w.source_dock, w.profile_dock, Qt.Horizontal)
-        self.regions_dock = w._dock("Regions", "RegionsDock", self.regions, Qt.RightDockWidgetArea)
+        self.regions_dock = w.add_dock("Regions", "RegionsDock", self.regions, Qt.RightDockWidgetArea)
         w.splitDockWidget(w.inspector_dock, self.regions_dock, Qt.Vertical)
-        self.log_dock = w._dock("Decision log", "DecisionLogDock", self.log, Qt.BottomDockWidgetArea)
+        self.log_dock = w.add_dock("Decision log", "DecisionLogDock", self.log, Qt.BottomDockWidgetArea)
         w.tabifyDockWidget(w.source_dock, self.log_dock)
         w.source_dock.raise_()
         w.resizeDocks([w.source_dock, w.profile_dock], [440, 1060], Qt.Horizontal)
-        w.resizeDocks([w.source_dock], [420], Qt.Vertical)
-        w.resizeDocks([w.inspector_dock, self.regions_dock, w.history_dock], [200, 330, 80], Qt.Vertical)
+        w.resizeDocks([w.source_dock], [360], Qt.Vertical)
+        w.resizeDocks([w.inspector_dock, self.regions_dock], [300, 200], Qt.Vertical)
         self.source.trials_for = lambda rid: self.profiles.data.tuning.get(rid, [])
         self.regions.selected_nodes = lambda: w.scene.selected_node_ids() if w.scene else []
         self.regions.region_selected.connect(self.select_region)
@@ -103,7 +104,7 @@ class StudioAgent(QObject):
         self.regions.message.connect(lambda text, err: w.status(text, error=err))
         self.profiles.region_clicked.connect(self.select_region)
         self.log.entry_clicked.connect(self._log_clicked)
-        self.worker.event.connect(self.on_event)
+        self.worker.event.connect(self._live_event)
         self.worker.bad_line.connect(self._bad_line)
         self.worker.finished.connect(self._run_finished)
         self._exporter = QThreadPool(self)
@@ -122,13 +123,13 @@ class StudioAgent(QObject):
 
     def _actions(self) -> None:
         w = self.window
-        A = w._action
+        A = w.add_action
         self.act = {
             "plan": A("&Plan regions", self.plan, "Ctrl+Shift+P", None,
                       "Run the fusion planner (fast, no GPU): regions appear on the canvas"),
             "rewrite": A("&Rewrites…", self.rewrite, "Ctrl+Shift+R", None,
                          "Show the algebraic rewrites the agent would make, before and after; apply them as one undo step"),
-            "optimize": A("&Optimize", lambda: self.optimize(), "F5", None,
+            "optimize": A("&Optimize", self.optimize, "F5", None,
                           "Generate, compile, verify and time CUDA for the regions in a worker process"),
             "cancel": A("&Cancel Optimize", self.cancel, "Shift+F5", None, "Stop the running worker"),
             "open_results": A("Open &results…", self.open_results_dialog, "Ctrl+Shift+O", None,
@@ -137,37 +138,63 @@ class StudioAgent(QObject):
                         "Write the program as a standalone CUDA project (kernels, CMake, driver) into an empty folder"),
         }
         self.act["cancel"].setEnabled(False)
-        m = w.menuBar().addMenu("&Agent")
+        m = w.add_menu("agent", "&Agent")
         for k in ("plan", "rewrite", "optimize", "cancel"):
             m.addAction(self.act[k])
-        file_menu = w.menuBar().actions()[0].menu()
+        file_menu = w.menu("file")
         file_menu.insertAction(w.act["import"], self.act["open_results"])
         file_menu.insertAction(w.act["quit"], self.act["export"])
         file_menu.insertSeparator(w.act["quit"])
-        view_menu = w.menuBar().actions()[2].menu()
         for d in (self.regions_dock, self.log_dock):
-            view_menu.addAction(d.toggleViewAction())
+            w.menu("view").addAction(d.toggleViewAction())
         w.toolbar.addSeparator()
         for k in ("plan", "optimize", "cancel"):
             w.toolbar.addAction(self.act[k])
 
     # document and selection ------------------------------------------------------------------------
     def document_set(self) -> None:
+        """A new document (File > New, Open, Open results, a restored copy): every dock forgets the old
+        program and its run (regions, source, profiles and summary, decision log), then shows what the
+        new file holds: its regions, and its last profile or else its planned regions' estimates. A run
+        still going on the old document is stopped (its results name the old program's nodes)."""
         w = self.window
+        if self.worker.running:
+            self.worker.cancel()
         self._end_live()
         if self.overlay is not None:
             self.overlay.detach()
             self.overlay.deleteLater()
         self.overlay = RegionOverlay(w.scene, self)
         self.overlay.region_clicked.connect(self.select_region)
-        self.regions.set_document(w.document.program, w.document.stack)
-        self.source.set_program(w.document.program)
+        program = w.document.program
+        self.regions.set_document(program, w.document.stack)
+        self.source.set_program(program)
         self.current = None
         self.compile_errors.clear()
         if getattr(self, "_watched", None) is not None:
             self._watched.unsubscribe(self._program_event)
-        self._watched = w.document.program
+        self._watched = program
         self._watched.subscribe(self._program_event)
+        self.log.clear()
+        for line in w.notices:   # start-up files set aside: not part of any run, kept in the log
+            self.log.note(line)
+        self.profiles.reset()
+        self._show_saved_profile(program)
+
+    def _show_saved_profile(self, program) -> None:
+        """The profile a program file keeps from its last run, else its regions' planner estimates."""
+        from agent_core.regions import active_regions
+        regions = active_regions(program)
+        if isinstance(program.profile, dict) and program.profile:
+            try:
+                self.profiles.load_profile(program.profile, program.regions)
+                return
+            except (TypeError, ValueError, KeyError, AttributeError) as e:   # the file's free-form part
+                self.profiles.reset()
+                self.log.note(f"the saved profile of {program.name} could not be shown ({type(e).__name__}: "
+                              f"{e}); its regions' estimates are shown instead")
+        if any(r.est_before_ms is not None for r in regions):
+            self.profiles.show_estimates(regions)
 
     def _program_event(self, event: str, payload: dict) -> None:
         if event == "regions_changed" and self.current is not None:
@@ -385,16 +412,26 @@ class StudioAgent(QObject):
             step = f"{k} {rid}" if rid else k
             self.window.status(f"Optimizing: {step}" + (f" ({d}/{n} regions done)" if n else ""))
 
+    def _live_event(self, e: dict) -> None:
+        if self.window.document is self.run_document:   # not a stopped run's last lines
+            self.on_event(e)
+
     def _bad_line(self, message: str) -> None:
-        self.log.note(message)
+        if self.window.document is self.run_document:
+            self.log.note(message)
 
     def _run_finished(self, status: str, message: str) -> None:
         w = self.window
-        self._end_live()
-        self.profiles.finish()   # a cancelled or crashed run has no done event to end the live plots
         self.act["cancel"].setEnabled(False)
         self.act["optimize"].setEnabled(True)
         self.bar.hide()
+        if w.document is not self.run_document:
+            # stopped by New or Open (document_set): the docks already show the new document
+            w.status("Optimize of the previous document was stopped: another document is open")
+            self._cleanup()
+            return
+        self._end_live()
+        self.profiles.finish()   # a cancelled or crashed run has no done event to end the live plots
         self.log.note(message, "info" if status in ("done", "no-gpu") else "warning")
         if status not in ("done", "no-gpu"):
             w.status(f"Optimize: {message}", error=True)
@@ -417,7 +454,7 @@ class StudioAgent(QObject):
         the run started from and the regions name its nodes."""
         from agent_core.regions import check_program_regions, replace_regions
         doc = self.window.document
-        if doc is not getattr(self, "run_document", None):
+        if doc is not self.run_document:
             raise StitchError("the document was replaced while Optimize ran; its results were not applied")
         program = doc.program
         unknown = sorted({n for r in res.program.regions for n in r.nodes if n not in program.nodes})
@@ -510,7 +547,7 @@ class StudioAgent(QObject):
     # results folders -------------------------------------------------------------------------------
     def open_results_dialog(self) -> None:
         folder = QFileDialog.getExistingDirectory(self.window, "Open results (a folder stitchcuda optimize wrote)",
-                                                  self.window._last_dir())
+                                                  self.window.last_dir())
         if folder:
             self.open_results(folder)
 
@@ -519,7 +556,7 @@ class StudioAgent(QObject):
         replay into the log and plots, its profile fills them."""
         from .document import Document
         w = self.window
-        if not w._may_discard():
+        if not w.may_discard():
             return False
         try:
             res = read_results(folder)
@@ -527,9 +564,7 @@ class StudioAgent(QObject):
             w.status(f"Could not open results: {e}", error=True)
             w.ask("error", "Could not open results", f"{folder}\n\n{e}")
             return False
-        doc = Document(res.program, os.path.join(folder, "program.json"))
-        w._layout_if_needed(doc, True)
-        w.set_document(doc)
+        w.show_document(Document(res.program, os.path.join(folder, "program.json")), layout_sync=True)
         self.replay(res.events)
         for b in res.bad:
             self.log.note(f"events.jsonl {b.error}")
