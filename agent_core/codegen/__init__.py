@@ -6,12 +6,16 @@ permute/transpose -> "layout"; one max/avg or adaptive pool -> "pooling"; one re
 "row_reduction" (rows, columns, split rows); each with pointwise ops fused before and after it. A
 region that starts with a matmul or convolution gets a kernel for its epilogue, and the runtime runs
 the library call first. docs/CODEGEN.md describes what is generated for each kind.
+
+can_lower(program, node_ids, kind) answers, without compiling, whether generate_kernel would write a
+kernel for a group: the planner asks it before it proposes one (codegen/lower_check.py).
 """
 from __future__ import annotations
 
 from ..ir import Program
 from .cuda import prune_unused
 from .kernel import CodegenError, KernelSource
+from .lower_check import can_lower
 from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
@@ -124,5 +128,5 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     raise CodegenError(f"region {name}: no code generator for kind '{kind}' (have: {', '.join(KINDS)})")
 
 
-__all__ = ["CodegenError", "KernelSource", "RegionIO", "generate_kernel", "region_io", "region_kind",
+__all__ = ["CodegenError", "KernelSource", "RegionIO", "can_lower", "generate_kernel", "region_io", "region_kind",
            "split_library"]

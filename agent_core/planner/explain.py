@@ -1,10 +1,17 @@
 """Turning a final group into a Region: its kind, schedule details, estimates and the reason a user
-reads. Every number in a reason comes from the same cost model that ranked the fusion."""
+reads. Every number in a reason comes from the same cost model that ranked the fusion, and every
+region says how it runs (schedule["runs"]): "kernel" (one generated kernel), "library+kernel" (a
+cuBLAS / cuDNN call, then the generated epilogue kernel that reads its output back), "library" (the
+call alone), "torch" (a node the generator has no kernel for, run through its torch implementation)
+or "alias" (views only, nothing runs); schedule["launches"] counts them as the export does."""
 from __future__ import annotations
 
 from ..analysis.cost import fmt_bytes, fmt_ms
 from ..regions import Region
-from .fusion import full_space_inputs, group_time, rereads_rows, schedule_for, summarize, traffic
+from .fusion import (
+    backend_refusal, full_space_inputs, group_bytes, group_time, launches, rereads_rows, schedule_for, summarize,
+    traffic,
+)
 
 _OP_WORDS = 6  # name at most this many ops in a reason
 
@@ -35,8 +42,10 @@ def _elems(n) -> str:
     return str(n)
 
 
-def kind_of(state, group, s) -> str:
-    nodes = group.nodes
+LIBRARY = {"matmul": "cuBLAS", "conv": "cuDNN"}
+
+
+def kind_of(state, nodes, s, sibling: bool) -> str:
     if s.blocker:
         return "opaque" if state.geo[s.blocker].role == "opaque" else "single"
     if s.anchor:
@@ -47,21 +56,26 @@ def kind_of(state, group, s) -> str:
         return "reduction"
     if s.ops <= 1:
         return "single"
-    return "sibling" if group.sibling else "pointwise"
+    return "sibling" if sibling else "pointwise"
 
 
-def make_region(state, group, rid: str, refusals: dict[str, str], node_time, facts=None) -> Region:
+def make_region(state, group, rid: str, refusals: dict[str, str], node_time, facts=None,
+                backend_notes: dict | None = None) -> Region:
     nodes = state.sort_nodes(group.nodes)
     s = summarize(state, nodes)
-    kind = kind_of(state, group, s)
+    kind = kind_of(state, nodes, s, group.sibling)
     before = sum(node_time(n) for n in nodes)
-    after, _ = group_time(state, nodes, s, facts)
-    tr = traffic(state, nodes, facts)
+    after, facts = group_time(state, nodes, s, facts)
+    real = [n for n in nodes if not state.costs[n].view]
+    runs = _runs(state, nodes, s, kind, facts)
+    n_launches = launches(state, nodes, s.anchor) if runs != "torch" else len(real)
+    anchored = runs == "library+kernel"
+    # what stays on chip is what the generated kernel keeps: after a library call, the epilogue's own
+    tr = traffic(state, [n for n in nodes if n != s.anchor] if anchored else nodes, None if anchored else facts)
     unfused_bytes = sum(state.costs[n].bytes for n in nodes)
-    launches = sum(1 for n in nodes if not state.costs[n].view)
-    saved_bytes = unfused_bytes - tr.bytes
+    saved_bytes = unfused_bytes - group_bytes(state, nodes, s.anchor, facts)
     saved_ms = before - after
-    saving = (f"saves {_count(max(launches - 1, 0), 'launch').replace('launchs', 'launches')} and "
+    saving = (f"saves {_count(max(len(real) - n_launches, 0), 'launch').replace('launchs', 'launches')} and "
               f"{fmt_bytes(max(saved_bytes, 0))} of traffic, about {fmt_ms(max(saved_ms, 0))}")
     kept = ""
     if tr.kept_values:
@@ -87,7 +101,7 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                                   f"blocks reduce slices of each {fmt_bytes(red.row_len * 4)} row and a "
                                   f"second small pass combines their partial results")}[mode]
         rows = (f"all {red.row_len} elements" if red.rows == 1 else f"{red.rows} rows of {red.row_len}")
-        if launches <= 1:
+        if len(real) <= 1:
             reason = f"{_names(state, nodes)} over {rows} in one kernel, {why_sched}; about {fmt_ms(after)} at the roofline."
         else:
             reason = f"stitches {_names(state, nodes)} over {rows}, {why_sched}; {kept}{saving}."
@@ -100,9 +114,11 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         if s.reductions:
             sched.update({"row_reduction": True, "reductions": list(s.reductions), "rows": s.red.rows,
                           "row_len": s.red.row_len})
-            row = f" and reduces each of its {s.red.rows} rows of {s.red.row_len} in the same block"
-        reason = (f"applies {_names(state, epi)} to the {fmt_bytes(out.nbytes)} output of "
-                  f"{_label(state, an)} before it is stored{row}; {saving}.")
+            row = f" and reduces its {s.red.rows} rows of {s.red.row_len}"
+        lib = LIBRARY[s.anchor_role]
+        reason = (f"{lib} + epilogue kernel ({_count(n_launches, 'launch').replace('launchs', 'launches')}): "
+                  f"{_label(state, an)} runs through {lib} and writes its {fmt_bytes(out.nbytes)} output; "
+                  f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
     elif kind in ("pointwise", "sibling"):
         numel = max(s.numels.values(), default=0)
         sched = {"numel": numel, "shape": list(state.geo[max(s.numels, key=s.numels.get)].shape)
@@ -122,17 +138,66 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         role = state.geo[nid].role
         if alias:
             reason = f"{_label(state, nid)} only relabels its input's shape; no kernel, no traffic."
+        elif runs == "library":
+            reason = (f"{_label(state, nid)} runs through {LIBRARY.get(role, 'the library (torch)')} (a library "
+                      f"call, no generated kernel); "
+                      f"about {fmt_ms(after)} at the roofline.")
         elif role in ("single", "window", "opaque"):
             what = {"window": "a windowed pooling", "opaque": "an opaque call the planner cannot see into",
-                    }.get(role, "a layout change or library call")
-            reason = (f"{_label(state, nid)} is {what} and runs as its own kernel; about {fmt_ms(after)} "
-                      f"at the roofline.")
+                    }.get(role, "a layout change")
+            how = "its own generated kernel" if runs == "kernel" else "its own kernel"
+            reason = f"{_label(state, nid)} is {what} and runs as {how}; about {fmt_ms(after)} at the roofline."
         else:
             why = refusals.get(nid) or "no neighbour it could share a loop with"
             reason = f"{_label(state, nid)} runs alone: {why}; about {fmt_ms(after)} at the roofline."
+    if runs == "torch":
+        # the generator's own refusal: the region is the node(s) run through torch, as the agent will
+        kind = "single" if kind not in ("opaque",) else kind
+        sched = {"op": state.program.nodes[real[0]].op, "alias": False}
+        reason = (f"{_label(state, real[0])} runs through torch: {runs_why(state, nodes, s, facts)}; about "
+                  f"{fmt_ms(after)} at the roofline.")
+    sched["runs"] = runs
+    sched["launches"] = n_launches
+    unfused = _backend_note(state, nodes, backend_notes)
+    if unfused:
+        reason = f"{reason} {unfused}"
     r = Region(rid, kind, nodes, status="proposed", reason=reason, est_before_ms=round(before, 6),
                est_after_ms=round(after, 6), schedule=sched)
     return r
+
+
+def _runs(state, nodes, s, kind, facts) -> str:
+    """How the group runs (see the module docstring); asks the generator where a kernel is expected."""
+    real = [n for n in nodes if not state.costs[n].view]
+    if not real:
+        return "alias"
+    if len(real) == 1 and (s.anchor or state.program.nodes[real[0]].opdef.category in ("matmul", "convolution")):
+        return "library"       # a lone matmul / convolution (attention, einsum too) runs through torch's library
+    if kind == "opaque":
+        return "torch"
+    return "torch" if runs_why(state, nodes, s, facts) else ("library+kernel" if s.anchor else "kernel")
+
+
+def runs_why(state, nodes, s, facts) -> str | None:
+    """The generator's refusal of the group's kernel, or None (cached in codegen.can_lower)."""
+    kind = kind_of(state, nodes, s, False)
+    if kind == "opaque":
+        return "an opaque call has no generated kernel"
+    why = backend_refusal(state, nodes, facts.escaping, kind)
+    return None if why is None else why.replace("the generator has no kernel for them together",
+                                                "the generator has no kernel for it")
+
+
+def _backend_note(state, nodes, notes) -> str:
+    """'Not fused with X: the generator ...' for the first neighbour codegen kept this group apart from."""
+    if not notes:
+        return ""
+    members = set(nodes)
+    for n in nodes:
+        hit = notes.get(n)
+        if hit and hit[0] not in members:
+            return f"Not fused with {_label(state, hit[0])}: {hit[1]}."
+    return ""
 
 
 def _shared_inputs(state, nodes) -> list[str]:

@@ -1,7 +1,8 @@
 """The three questions of fusion, kept apart (as Inductor's scheduler does):
 
 - `can_fuse`: may these two groups become one kernel? (loop shapes, anchors, budgets, user decisions;
-  the cycle check lives in PlanState because it depends on every other group);
+  the cycle check lives in PlanState because it depends on every other group); and last, because it is
+  the costliest, `backend_refusal`: would the code generator write that kernel? (codegen.can_lower);
 - `score`: is it worth it? the estimated time saved on the roofline, less any recomputation;
 - the reasons a user reads are written from the same summaries in explain.py.
 
@@ -12,7 +13,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from ..analysis.cost import fmt_bytes
 from ..analysis.gpu import GPUProfile
 from .geometry import Geometry
 
@@ -236,7 +236,7 @@ def _chained(state, sa: Summary, sb: Summary) -> bool:
 
 
 def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
-    gpu, budgets = state.gpu, state.budgets
+    budgets = state.budgets
     for g in (a, b):
         if g.frozen is not None:
             r = g.frozen
@@ -277,19 +277,11 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     if anchor is not None:
         an = anchor.anchor
         out = state.geo[an]
-        if red is not None:
-            if anchor.anchor_role != "matmul":
-                return f"{_name(state, an)}'s epilogue takes pointwise ops only, not a reduction"
-            if red.full != out.shape or not red.contiguous or red.rows * red.row_len != out.numel \
-                    or red.row_len != out.shape[-1]:
-                return (f"the reduction does not run along the rows of {_name(state, an)}'s "
-                        f"{_shape(out.shape)} output")
-            row_bytes = red.row_len * 4
-            smem = gpu.shared_mem_per_block // 2
-            if row_bytes * 16 > smem:   # a tile of 16 output rows is kept to finish their reduction
-                return (f"a row of {_name(state, an)}'s output ({red.row_len} values) is too long to "
-                        f"finish in the matmul's block (16 rows need {fmt_bytes(row_bytes * 16)} of "
-                        f"shared memory, budget {fmt_bytes(smem)})")
+        # the epilogue is a kernel of its own that reads the library call's output back, so a
+        # reduction there is an ordinary row reduction (whether it generates is codegen's answer); the
+        # export generates a convolution with its epilogue inside, and that takes pointwise ops only
+        if red is not None and anchor.anchor_role != "matmul":
+            return f"{_name(state, an)}'s epilogue takes pointwise ops only, not a reduction"
         allowed = {out.numel} | ({red.rows} if red is not None else set())
         for s in (sa, sb):
             for nid, ne in s.numels.items():
@@ -326,24 +318,80 @@ def _budgetary(state, a, b, sa: Summary, sb: Summary, relation: str, facts) -> s
     return None
 
 
+def backend_refusal(state, nodes, escaping, kind: str) -> str | None:
+    """Why the code generator would not write the kernel of `nodes` (a group the planner is about to
+    make), or None: codegen's own answer (codegen.can_lower, cached on the group's structure).
+    `escaping`: the values of the group used outside it or returned."""
+    from ..codegen import can_lower
+    why = can_lower(state.program, state.sort_nodes(nodes), kind, outputs=escaping)
+    return None if why is None else f"the generator has no kernel for them together ({why})"
+
+
 def group_time(state, nodes: list[str], summary: Summary | None = None,
-               facts: Facts | None = None, red=False, anchored=False) -> tuple[float, object]:
-    """Roofline ms of `nodes` as one kernel (a two-pass reduction reads its rows twice), and its facts.
-    red / anchored describe the group when no summary is given (False: compute the summary)."""
+               facts: Facts | None = None, red=False, anchor=False) -> tuple[float, object]:
+    """Roofline ms of `nodes` as they will run, and their facts: one kernel (a two-pass reduction
+    reads its rows twice), or, for a group that starts with a matmul or convolution, the library call
+    (cuBLAS / cuDNN, writing its output) followed by the epilogue kernel, which reads that output back:
+    two launches. red / anchor (the anchor node id or None) describe the group when no summary is
+    given (False: compute the summary)."""
     f = facts or group_facts(state, nodes)
     if f.views_only:
         return 0.0, f
-    extra = 0
     if red is False:
         s = summary or summarize(state, nodes)
-        red, anchored = s.red, bool(s.anchor)
-    if red is not None and not anchored:
+        red, anchor = s.red, s.anchor
+    if anchor:
+        lib = library_ms(state, anchor)
+        rest = [n for n in nodes if n != anchor]
+        fr = group_facts(state, rest) if rest else None
+        if fr is None or fr.views_only:
+            return lib, f
+        return lib + kernel_ms(state, rest, fr, red), f
+    return kernel_ms(state, nodes, f, red), f
+
+
+def kernel_ms(state, nodes, f: Facts, red) -> float:
+    """Roofline ms of `nodes` as one generated kernel with facts f (red: its first reduction)."""
+    extra = 0
+    if red is not None:
         sched, _ = schedule_for(red, full_space_inputs(state, nodes, red, f), state.gpu)
         if sched == "two-pass" and rereads_rows(state, nodes, red):
             extra = f.read_bytes
     gpu = state.gpu
-    return (gpu.launch_ms(state.graph) + max((f.read_bytes + f.esc_bytes + extra) / gpu.bytes_per_ms,
-                                             f.flops / gpu.flops_per_ms)), f
+    return gpu.launch_ms(state.graph) + max((f.read_bytes + f.esc_bytes + extra) / gpu.bytes_per_ms,
+                                            f.flops / gpu.flops_per_ms)
+
+
+def library_ms(state, anchor: str) -> float:
+    """Roofline ms of a matmul / convolution run through the library: it reads its operands and always
+    writes its output (an epilogue kernel reads it back)."""
+    c, gpu = state.costs[anchor], state.gpu
+    moved = library_bytes(state, anchor)
+    return gpu.launch_ms(state.graph) + max(moved / gpu.bytes_per_ms, c.flops / gpu.flops_per_ms)
+
+
+def library_bytes(state, anchor: str) -> int:
+    return _bytes(state, state.nin[anchor]) + _bytes(state, state.nout[anchor])
+
+
+def launches(state, nodes, anchor) -> int:
+    """Launches of a group as it will run: none for views only, the library call plus the epilogue
+    kernel after a matmul / convolution, else one kernel."""
+    real = [n for n in nodes if not state.costs[n].view]
+    if not real:
+        return 0
+    return 1 + (1 if anchor and len(real) > 1 else 0)
+
+
+def group_bytes(state, nodes, anchor, f: Facts) -> int:
+    """Bytes the group moves as it will run (the epilogue reads the library call's output back)."""
+    if f.views_only:
+        return 0
+    if not anchor:
+        return f.read_bytes + f.esc_bytes
+    rest = [n for n in nodes if n != anchor]
+    fr = group_facts(state, rest) if rest else None
+    return library_bytes(state, anchor) + (0 if fr is None or fr.views_only else fr.read_bytes + fr.esc_bytes)
 
 
 def rereads_rows(state, nodes, red: Geometry) -> bool:

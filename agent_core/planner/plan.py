@@ -2,7 +2,9 @@
 
 Vertical fusion first (producer into consumer), best estimated saving first, the queue updated after
 each merge (XLA's priority fusion); then sibling fusion of groups that read a common input with the
-same loop. Regions a user accepted, drew or locked are kept exactly; nodes of a rejected region are
+same loop. Before each merge the code generator is asked whether it would write the merged group's
+kernel (fusion.backend_refusal): a group it refuses is left as two groups, so every proposed region
+generates. Regions a user accepted, drew or locked are kept exactly; nodes of a rejected region are
 never put together again. Every decision, taken or refused, goes to the plan's log.
 """
 from __future__ import annotations
@@ -17,10 +19,10 @@ from ..analysis.gpu import H200, GPUProfile
 from ..errors import ProgramError
 from ..ir import Program, Role
 from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, replace_regions
-from .explain import make_region
+from .explain import kind_of, make_region
 from .fusion import (
-    Budgets, Facts, _budgetary as _budgets, group_facts, node_facts, quick_refusal, group_time, merge_summaries, recompute_ms, summarize,
-    union_facts,
+    Budgets, Facts, _budgetary as _budgets, backend_refusal, group_bytes, group_facts, group_time, launches,
+    merge_summaries, node_facts, quick_refusal, recompute_ms, summarize, union_facts,
 )
 from .state import PlanState
 
@@ -41,7 +43,8 @@ class Plan:
 
     @property
     def kernels(self) -> int:
-        return sum(1 for r in self.active if not r.schedule.get("alias"))
+        """Launches of the plan: a library call and its epilogue kernel count two, views none."""
+        return sum(region_launches(r) for r in self.active)
 
     def to_dict(self) -> dict:
         return {"regions": [r.to_dict() for r in self.regions], "estimate": self.estimate.to_dict(),
@@ -70,6 +73,13 @@ class _State(PlanState):
                 if members <= union and not members <= set(a.nodes) and not members <= set(b.nodes):
                     return f"you rejected region {r.id}, so its nodes are not fused together again"
         return None
+
+
+def region_launches(r: Region) -> int:
+    """Launches of a region as it runs: schedule["launches"] where the planner wrote it (a kept region
+    of an older file may lack it: one unless it is views only)."""
+    n = r.schedule.get("launches")
+    return int(n) if n is not None else (0 if r.schedule.get("alias") else 1)
 
 
 def _label(state, nid):
@@ -175,18 +185,41 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         if why:
             return None, why
         union = ga.nodes + gb.nodes
-        tu = group_time(state, union, None, fu, red=sa.red or sb.red, anchored=bool(sa.anchor or sb.anchor))[0]
+        tu = group_time(state, union, None, fu, red=sa.red or sb.red, anchor=sa.anchor or sb.anchor)[0]
         rec, rec_why = recompute_ms(state, sa, sb)
         saved = gtime(ga) + gtime(gb) - tu - rec
-        if saved <= 0:
+        # an epilogue costs the same inside or outside its library call's region (cuBLAS / cuDNN writes
+        # the output, the epilogue kernel reads it back): a tie keeps it with the call, as the runtime
+        # and the export run them (the library call, then that kernel)
+        tie_with_library = saved == 0 and relation == "producer" and bool(sa.anchor) and not sb.anchor
+        if saved <= 0 and not tie_with_library:
             if rec_why:
                 return None, f"{rec_why}, which costs more than fusing saves"
             return None, "fusing would not save time on the roofline"
         return saved, None
 
-    def merge(a, b):
+    backend_notes: dict[str, tuple[str, str]] = {}   # node -> (a node it was not fused with, why)
+
+    def lowerable(a, b) -> tuple[object, str | None]:
+        """(the union's summary and facts, None) when codegen would write the merged group's kernel,
+        else (None, the refusal); asked last, just before a merge, because it is the costliest check."""
         ga, gb = state.groups[a], state.groups[b]
         su, fu = merge_summaries(summary(ga), summary(gb)), union_facts(state, facts(ga), facts(gb), (a, b))
+        nodes = ga.nodes + gb.nodes
+        kind = kind_of(state, nodes, su, ga.sibling or gb.sibling)
+        why = None if kind == "single" else backend_refusal(state, nodes, fu.escaping, kind)
+        if why is None:
+            return (su, fu), None
+        left = next((n for n in ga.nodes if state.geo[n].role != "view"), ga.nodes[0])
+        right = next((n for n in gb.nodes if state.geo[n].role != "view"), gb.nodes[0])
+        for side, other in ((ga.nodes, right), (gb.nodes, left)):
+            for n in side:
+                backend_notes.setdefault(n, (other, why))
+        _refuse(state, refusals, note, a, b, why)
+        return None, why
+
+    def merge(a, b, union):
+        su, fu = union
         m = state.merge(a, b)
         g = state.groups[m]
         summaries[(m, g.version)] = su
@@ -204,8 +237,11 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
             if why:
                 _refuse(state, refusals, note, g, h, why)
                 break
+            union, why = lowerable(g, h)
+            if why:
+                break
             state.cycle_path(g, h)   # trivially clear; sets what merge() needs to reorder
-            g = merge(g, h)
+            g = merge(g, h, union)
             note("fused", state.groups[g].nodes, f"only consumer; saves about {saved * 1000:.2f} us")
 
     heap: list = []
@@ -257,7 +293,10 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
                     f"fusing would create a cycle: the path runs out through "
                     f"{_label(state, x.nodes[0])} and back in")
             continue
-        m = merge(a, b)
+        union, why = lowerable(a, b)
+        if why:
+            continue
+        m = merge(a, b, union)
         note("fused", state.groups[m].nodes, f"saves about {-neg * 1000:.2f} us")
         for s in list(state.succ[m]) + list(state.pred[m]):
             push(m, s)
@@ -280,7 +319,11 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
                     if why or state.cycle_path(x, y):
                         rest.append(b)
                         continue
-                    a = merge(x, y)
+                    union, why = lowerable(x, y)
+                    if why:
+                        rest.append(b)
+                        continue
+                    a = merge(x, y, union)
                     state.groups[a].sibling = True
                     note("fused", state.groups[a].nodes,
                          f"siblings reading {val.name}; saves about {saved * 1000:.2f} us")
@@ -295,7 +338,8 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         if t is None:
             geo = state.geo[n]
             t = alone[n] = group_time(state, [n], None, node_facts(state, n),
-                                      red=geo if geo.role == "reduction" else None, anchored=False)[0]
+                                      red=geo if geo.role == "reduction" else None,
+                                      anchor=n if geo.role in ("matmul", "conv") else None)[0]
         return t
 
     old_by_nodes = {frozenset(r.nodes): r for r in program.regions if r.status == "proposed"}
@@ -310,6 +354,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
             r = g.frozen
             r.est_before_ms = round(sum(node_time(n) for n in r.nodes), 6)
             r.est_after_ms = round(group_time(state, state.sort_nodes(r.nodes))[0], 6)
+            r.schedule["launches"] = launches(state, r.nodes, summary(g).anchor)
             regions.append(r)
             continue
         old = old_by_nodes.get(frozenset(g.nodes))
@@ -320,7 +365,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
                 next_num += 1
             rid = f"r{next_num}"
         taken_set.add(rid)
-        r = make_region(state, g, rid, refusals, node_time, facts(g))
+        r = make_region(state, g, rid, refusals, node_time, facts(g), backend_notes)
         if old is not None:
             r.log = list(old.log)
         r.note("planner", "proposed", r.reason)
@@ -330,8 +375,8 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
     # the plan's own per-region figures include schedule effects (a two-pass row read twice)
     active = [r for r in regions if r.status != "rejected"]
     est.planned_ms = sum(r.est_after_ms for r in active)
-    est.kernels_planned = sum(1 for r in active if not r.schedule.get("alias"))
-    est.bytes_planned = sum(f.read_bytes + f.esc_bytes for f in (facts(g) for g in state.groups.values()))
+    est.kernels_planned = sum(region_launches(r) for r in active)
+    est.bytes_planned = sum(group_bytes(state, g.nodes, summary(g).anchor, facts(g)) for g in state.groups.values())
     est.unfused_ms = sum(node_time(n) for n in program.nodes)
     return Plan(regions, est, log, time.perf_counter() - t0, n_refused)
 
