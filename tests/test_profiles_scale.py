@@ -177,8 +177,9 @@ def test_roofline_spreads_coinciding_points_and_labels_the_one_under_the_mouse(q
     assert (pts["r1"] - pts["r2"]).manhattanLength() > 12
     for rid, pos in pts.items():
         qtbot.mouseMove(rf.viewport(), pos)
-        QApplication.processEvents()
-        assert rf.hover_text().startswith(f"{rid} · matmul epilogue · mlp_small_{rid}\n"), rf.hover_text()
+        # pyqtgraph delivers hover events on its own timer: wait for it rather than one processEvents
+        qtbot.waitUntil(lambda: rf.hover_text().startswith(f"{rid} · matmul epilogue · mlp_small_{rid}\n"),
+                        timeout=5000)
         assert "GB/s" in rf.hover_text()
         assert rf.plotItem.getViewBox().sceneBoundingRect().contains(scene_rect(rf.hover))
 
