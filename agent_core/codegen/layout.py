@@ -1,79 +1,134 @@
-"""Layout regions: a permute or transpose, with pointwise prologue (input space) and epilogue
-(output space) fused around it.
+"""Layout regions: a chain of layout ops (a permute or transpose, a strided slice, and any view op
+around them: slice, select, flip, pad, roll, reshape, squeeze, ...) with a pointwise prologue (in the
+chain's input space) and epilogue (in its output space) fused around it.
 
-Size-1 dimensions are dropped and input dimensions that stay neighbours in the output merged, so
-most permutations become a batched 2-D transpose. When the innermost dimension stays innermost the
-kernel is a gather (each thread one output element, both sides coalesced); when it moves, tiles of
-32 x 32 go through shared memory (padded against bank conflicts): loads coalesced along the input's
-last dimension, stores along the output's.
-
-Strided slices (x[start:end:step] along one dim, step != 1) are a gather too, with the same prologue
-and epilogue: generate_strided_slice.
+The chain becomes one Layout (codegen/views.py): each output element reads its input element through
+the views' index expression (`source(o)`), under a validity condition where the chain pads or joins.
+Size-1 dims drop out and dims that stay neighbours merge, so most permutations become a batched 2-D
+transpose. When the element an output reads next is not the next input element (the view's innermost
+stride is not 1) but some output dim walks the input contiguously, tiles of 32 x 32 go through shared
+memory (padded against bank conflicts): loads coalesced along that dim, stores along the output's last
+dim. Otherwise the kernel is a gather: each thread one output element, grid-stride.
 """
 from __future__ import annotations
 
 import math
 
+import networkx as nx
+
 from ..ir import Program
-from .around import grid_for, render_around, split_around
+from . import views as V
+from .around import grid_for, render_around
 from .cuda import Names, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
+from .pointwise import is_elementwise
 from .region_io import RegionIO, contiguous_strides
 
 LAYOUT_OPS = ("permute", "transpose")
+# single-input layout ops a chain may hold (expand is elementwise: the pointwise code broadcasts it)
+CHAIN_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "repeat",
+             "slice", "select", "pad", "contiguous", "flip", "roll", "diag")
 TILE, ROWS = 32, 8
 
 
-def permutation(node, rank: int) -> list[int]:
-    if node.op == "permute":
-        return [d % rank for d in node.attrs["dims"]]
-    d0, d1 = node.attrs["dim0"] % rank, node.attrs["dim1"] % rank
-    perm = list(range(rank))
-    perm[d0], perm[d1] = perm[d1], perm[d0]
-    return perm
+def split_chain(program: Program, io: RegionIO, kind: str):
+    """(chain nodes in order, prologue nodes, epilogue nodes) of a region made of one path of layout
+    ops with pointwise ops before and after it; CodegenError names the rule the region breaks."""
+    vals, nodes = program.values, program.nodes
+    chain = [n for n in io.nodes if nodes[n].op in CHAIN_OPS and not is_elementwise(nodes[n])]
+    other = [n for n in io.nodes if n not in chain and not is_elementwise(nodes[n])]
+    if not chain or other:
+        what = ", ".join(f"{nodes[n].name} ({nodes[n].op})" for n in other) or "no layout op"
+        raise CodegenError(f"a {kind} region holds one chain of layout ops and pointwise ops around it "
+                           f"({what}); split the region")
+    for a, b in zip(chain, chain[1:]):
+        out = nodes[a].outputs[0]
+        readers = {n for n, _ in program.consumers(out)}
+        if nodes[b].inputs[0] != out or readers != {b} or out in io.outputs:
+            raise CodegenError(f"the layout ops of a {kind} region must form one path: {nodes[a].name} "
+                               f"({nodes[a].op}) feeds more than {nodes[b].name} ({nodes[b].op}); split the region")
+    first, last = nodes[chain[0]], nodes[chain[-1]]
+    x_vid, y_vid = first.inputs[0], last.outputs[0]
+    for vid in [x_vid, y_vid, *io.inputs, *io.outputs]:
+        if vals[vid].dtype != "float32":
+            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; {kind} kernels are generated "
+                               f"for float32 so far")
+    numel = math.prod(vals[y_vid].shape)
+    if numel == 0:
+        raise CodegenError(f"{last.name} ({last.op}) has an empty output; there is nothing to launch")
+    g = program.graph().subgraph(io.nodes)
+    before, after = nx.ancestors(g, first.id), nx.descendants(g, last.id)
+    pro = [n for n in io.nodes if n in before]
+    epi = [n for n in io.nodes if n in after]
+    if len(pro) + len(epi) + len(chain) != len(io.nodes):
+        raise CodegenError(f"every op of a {kind} region must feed {first.name} or follow {last.name}; "
+                           f"split the region")
+    pro_vals = {v for n in pro for v in nodes[n].outputs}
+    if any(v in pro_vals for v in io.outputs):
+        raise CodegenError("a prologue value is also used outside the region; split the region")
+    if any(v in pro_vals for n in epi for v in nodes[n].inputs):
+        raise CodegenError("the epilogue reads a prologue value; split the region")
+    for v in io.outputs:
+        if math.prod(vals[v].shape) != numel:
+            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of {last.name}'s "
+                               f"output; split the region there")
+    return [nodes[n] for n in chain], pro, epi
 
 
-def simplify(shape, perm) -> tuple[list[int], list[int]]:
-    """Drop size-1 dims and merge input dims that stay adjacent and in order in the output."""
-    keep = [d for d in range(len(shape)) if shape[d] != 1]
-    order = [d for d in perm if shape[d] != 1]            # kept input dims in output order
-    groups: list[list[int]] = []                          # in output order
-    for d in order:
-        if groups and keep.index(d) == keep.index(groups[-1][-1]) + 1:
-            groups[-1].append(d)
-        else:
-            groups.append([d])
-    by_input = sorted(range(len(groups)), key=lambda g: groups[g][0])
-    new_shape = [math.prod(shape[d] for d in groups[g]) for g in by_input]
-    new_perm = [by_input.index(g) for g in range(len(groups))]
-    return new_shape or [1], new_perm or [0]
+def chain_layout(program: Program, chain) -> V.Layout:
+    """The Layout of the chain's output over its input, named "x"."""
+    lay = V.Layout.of("x", program.values[chain[0].inputs[0]].shape)
+    for node in chain:
+        try:
+            lay = V.apply_op(node.op, node.attrs, [lay])[0]
+        except V.ViewError as exc:
+            raise CodegenError(f"{node.name}: {exc}", node_id=node.id) from None
+    return lay
+
+
+def tile_plan(lay: V.Layout):
+    """(view, a, b) for the tiled transpose: the merged single view, the output dim `a` that walks the
+    input contiguously and the output's last dim `b`; None when a gather is the schedule."""
+    r = lay.single
+    if r is None or len(r.stack.layers) != 1 or r.stack.layers[0].mask is not None:
+        return None
+    view = r.stack.layers[0].merged()
+    if len(view.shape) < 2 or view.strides[-1] == 1 or 1 not in view.strides:
+        return None
+    return view, view.strides.index(1), len(view.shape) - 1
+
+
+def _describe(node) -> str:
+    return f"{node.op}({', '.join(f'{k}={v}' for k, v in node.attrs.items())})"
 
 
 def generate_layout(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
-    vals = program.values
-    t, pro, epi = split_around(program, io, LAYOUT_OPS, "layout", "permute or transpose", size_of="input")
-    x_vid, y_vid = t.inputs[0], t.outputs[0]
-    x, y = vals[x_vid], vals[y_vid]
-    numel = math.prod(x.shape)
+    """A region around a permute or transpose (kind "layout")."""
+    return generate_view_region(program, io, name, params, "layout")
 
-    rank = len(x.shape)
-    shape, perm = simplify(list(x.shape), permutation(t, rank))
-    r = len(shape)
-    in_strides = contiguous_strides(shape)
-    out_shape = [shape[p] for p in perm]
-    out_strides_o = contiguous_strides(out_shape)
-    out_stride = [0] * r                                   # output stride of each input dim
-    for i, d in enumerate(perm):
-        out_stride[d] = out_strides_o[i]
-    tiled = perm[-1] != r - 1
+
+def generate_strided_slice(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
+    """A region around a slice with step != 1 (kind "strided_slice")."""
+    return generate_view_region(program, io, name, params, "strided_slice")
+
+
+def generate_view_region(program: Program, io: RegionIO, name: str, params: dict | None, kind: str) -> KernelSource:
+    vals = program.values
+    chain, pro, epi = split_chain(program, io, kind.replace("_", "-"))
+    x_vid, y_vid = chain[0].inputs[0], chain[-1].outputs[0]
+    x, y = vals[x_vid], vals[y_vid]
+    numel = math.prod(y.shape)
+    lay = chain_layout(program, chain)
+    plan = tile_plan(lay)
 
     names = Names()
-    names.taken.update(("tile", "ti", "tb", "ta", "q", "ia", "ib", "in_idx", "out_idx", "point", "store_point"))
+    names.taken.update(("tile", "ti", "tb", "ta", "q", "ia", "ib", "in_idx", "out_idx", "in_base", "out_base",
+                        "o", "source", "batch_in", "batch_out", "point", "store_point"))
     w = render_around(program, io, pro, epi, x_vid, y_vid, names,
-                      "one element of the permuted tensor, in input order.",
-                      "one element of the permuted tensor, in output order.")
+                      "one element of the chain's input, at an element it reads.",
+                      "one element of the chain's output.")
     arg, pro_inputs, epi_inputs = w.arg, w.pro_inputs, w.epi_inputs
-    ld_pro, ld_epi, pro_fn, epi_fn = w.ld_pro, w.ld_epi, w.pro_fn, w.epi_fn
+    ld_pro, ld_epi = w.ld_pro, w.ld_epi
 
     def pro_call(idx):
         return f"point({', '.join(ld_pro.load(v, arg[v], idx) for v in pro_inputs)})"
@@ -82,62 +137,60 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
         a = [val] + [ld_epi.load(v, arg[v], idx) for v in epi_inputs] + [f"{arg[v]}[{idx}]" for v in io.outputs]
         return f"store_point({', '.join(a)});"
 
-    index_t = index_type(numel)
-    consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};"]
-    block = 256
-    if not tiled:
-        # output coordinate i of the simplified shape reads input dim perm[i]
-        consts += [f"constexpr index_t kOutSize{i} = {out_shape[i]}, kOutInner{i} = {out_strides_o[i]}, "
-                   f"kInStride{i} = {in_strides[perm[i]]};" for i in range(r)]
-        terms = []
-        for i in range(r):
-            q = "o" if out_strides_o[i] == 1 else f"o / kOutInner{i}"
-            coord = f"({q})" if i == 0 else f"({q}) % kOutSize{i}"
-            terms.append(f"{coord} * kInStride{i}")
-        gather = ("// The input element that output element o reads.\n"
-                  f"__device__ __forceinline__ index_t source(index_t o) {{ return {' + '.join(terms)}; }}\n")
+    index_t = index_type(max(math.prod(x.shape), numel))
+    consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};  // output elements"]
+    helpers = []
+    if plan is None:
+        block = int((params or {}).get("block", 256))
         grid = grid_for(numel, block)
+        if lay.single is not None and lay.single.stack.always_valid:
+            off, _ = V.render_read(lay.single.stack, "o")
+            helpers.append("// The input element that output element o reads.\n"
+                           f"__device__ __forceinline__ index_t source(index_t o) {{ return {off}; }}\n")
+            value = pro_call("source(o)")
+        else:
+            # several reads (a pad, a roll, ...): each under its condition, the first valid one wins
+            value = V.render_layout(lay, "o", load=lambda src, i: pro_call(i))
+            helpers.append("// The element output element o reads: the chain's input under a condition, "
+                           "or a fill value.\n"
+                           f"__device__ __forceinline__ float source_value(index_t o{''.join(', const float* __restrict__ ' + arg[v] for v in pro_inputs)}) "
+                           f"{{ return {value}; }}\n")
+            value = f"source_value(o{''.join(', ' + arg[v] for v in pro_inputs)})"
         body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
                 "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {",
-                f"    {epi_call(pro_call('source(o)'), 'o')}",
+                f"    {epi_call(value, 'o')}",
                 "  }"]
-        helpers = [gather]
         blockdim = (block, 1, 1)
-        sched = f"gather (innermost dim stays), {block} threads x {grid} blocks"
+        sched = f"gather, one output element per thread, {block} threads x {grid} blocks"
+        view_params = {"tiled": False, "reads": len(lay.reads)}
     else:
-        a, b = r - 1, perm[-1]
-        batch = [d for d in range(r) if d not in (a, b)]
+        view, a, b = plan
+        shape = view.shape
+        batch = [d for d in range(len(shape)) if d not in (a, b)]
+        out_strides = contiguous_strides(shape)
         nb = math.prod(shape[d] for d in batch)
         ta, tb = math.ceil(shape[a] / TILE), math.ceil(shape[b] / TILE)
         grid = ta * tb * nb
-        consts += [f"constexpr index_t kA = {shape[a]};  // input's last dim (moves)",
-                   f"constexpr index_t kB = {shape[b]};  // output's last dim",
-                   f"constexpr index_t kInStrideB = {in_strides[b]}, kOutStrideA = {out_stride[a]};",
+        consts += [f"constexpr index_t kA = {shape[a]};  // walks the input contiguously",
+                   f"constexpr index_t kB = {shape[b]};  // the output's last dim",
+                   f"constexpr index_t kInStrideB = {view.strides[b]}, kOutStrideA = {out_strides[a]};",
                    f"constexpr index_t kTilesA = {ta}, kTilesB = {tb};",
-                   f"constexpr int kTile = {TILE}, kRows = {ROWS};"]
-        in_terms, out_terms, inner = [], [], 1
-        for d in reversed(batch):
-            consts.append(f"constexpr index_t kBatch{d} = {shape[d]}, kBatchIn{d} = {in_strides[d]}, "
-                          f"kBatchOut{d} = {out_stride[d]}" + (f", kBatchInner{d} = {inner}" if inner != 1 else "")
-                          + ";" + (f"  // batches per step of batch dim {d}" if inner != 1 else ""))
-            coord = "q" if inner == 1 else f"(q / kBatchInner{d})"
-            coord = f"({coord} % kBatch{d})" if d != batch[0] else coord
-            in_terms.append(f"{coord} * kBatchIn{d}")
-            out_terms.append(f"{coord} * kBatchOut{d}")
-            inner *= shape[d]
-        # states how the tiles and batches cover the tensor (and keeps kNumel, which the tests read)
-        consts.append(f"static_assert(kNumel == {' * '.join(['kA', 'kB'] + [f'kBatch{d}' for d in batch])}, "
-                      '"tiles x batches cover every element");')
-        helpers = [
+                   f"constexpr int kTile = {TILE}, kRows = {ROWS};",
+                   f'static_assert(kNumel == kA * kB * {nb}, "tiles x batches cover every element");']
+        # batch q: the dims that neither walk the input nor the output, as views of their own
+        bshape = [shape[d] for d in batch] or [1]
+        bin_ = V.ViewStack((V.View.create(bshape, [view.strides[d] for d in batch] or [0], view.offset),))
+        bout = V.ViewStack((V.View.create(bshape, [out_strides[d] for d in batch] or [0]),))
+        helpers.append(
             "// Offsets of batch q (the dims that neither move in nor out) in the input and the output.\n"
-            f"__device__ __forceinline__ index_t batch_in(index_t q) {{ return {' + '.join(in_terms) or '0'}; }}\n"
-            f"__device__ __forceinline__ index_t batch_out(index_t q) {{ return {' + '.join(out_terms) or '0'}; }}\n"]
+            f"__device__ __forceinline__ index_t batch_in(index_t q) {{ return {V.render_read(bin_, 'q')[0]}; }}\n"
+            f"__device__ __forceinline__ index_t batch_out(index_t q) {{ return {V.render_read(bout, 'q')[0]}; }}\n")
         body = ["  __shared__ float tile[kTile][kTile + 1];  // +1: columns fall in different banks",
                 "  const index_t ti = blockIdx.x % (kTilesA * kTilesB);",
                 "  const index_t q = blockIdx.x / (kTilesA * kTilesB);",
                 "  const index_t ta = ti % kTilesA, tb = ti / kTilesA;",
                 "  const index_t in_base = batch_in(q), out_base = batch_out(q);",
-                "  // load: threadIdx.x runs along the input's last dim (coalesced)",
+                "  // load: threadIdx.x runs along dim a, contiguous in the input (coalesced)",
                 "#pragma unroll",
                 "  for (int j = 0; j < kTile; j += kRows) {",
                 "    const index_t ib = tb * kTile + threadIdx.y + j, ia = ta * kTile + threadIdx.x;",
@@ -159,106 +212,33 @@ def generate_layout(program: Program, io: RegionIO, name: str, params: dict | No
         blockdim = (TILE, ROWS, 1)
         block = TILE * ROWS
         sched = f"32x32 tiles through shared memory, {nb} batch(es), {grid} blocks of {TILE}x{ROWS}"
+        view_params = {"tiled": True, "reads": 1}
     consts.append(f"constexpr int kBlock = {block};")
     consts += ld_pro.consts + ld_epi.consts
     kname = kernel_name(name)
     cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"float* __restrict__ {arg[v]}" for v in io.outputs]
-    head = header(program, f"Region {name}: {t.op} {list(x.shape)} -> {list(y.shape)} with {len(pro)} "
-                           f"prologue and {len(epi)} epilogue op(s)", io.nodes, [
+    merged = lay.single.stack.layers[-1].merged() if lay.single is not None and len(lay.single.stack.layers) == 1 \
+        else None
+    view_line = (f"As one view: shape {list(merged.shape)}, strides {list(merged.strides)}, offset {merged.offset}"
+                 + (f", mask {list(merged.mask)}" if merged.mask else "") if merged is not None else
+                 f"As {len(lay.reads)} read(s) through stacked views")
+    head = header(program, f"Region {name}: {' -> '.join(n.op for n in chain)} {list(x.shape)} -> {list(y.shape)} "
+                           f"with {len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
         "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
-        f"Simplified: {shape} permuted by {perm}; schedule: {sched}.",
+        "Layout chain: " + " -> ".join(_describe(n) for n in chain),
+        f"{view_line}; schedule: {sched}.",
     ])
-    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, *helpers, pro_fn, epi_fn], kname,
-                           cparams, body)
-    return KernelSource(
-        name=kname, kind="layout", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-        outputs=list(io.outputs), grid=(grid, 1, 1), block=blockdim, schedule=sched,
-        params={"tiled": tiled, "shape": shape, "perm": perm, "grid": grid}, align=4,
-        bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
-        flops=sum(program.node_flops(n) for n in io.nodes))
-
-
-def slice_geometry(size: int, start, end, step: int) -> tuple[int, int]:
-    """(first index, length) of x[start:end:step] along a dim of `size`, by python's rules (negative
-    indices count from the end, out-of-range bounds clamp)."""
-    r = range(size)[slice(start, end, step)]
-    return (r.start if len(r) else 0), len(r)
-
-
-def generate_strided_slice(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
-    """A region of one slice with step != 1, with pointwise ops before it (evaluated only at the
-    elements it keeps) and after it: each thread one output element o (grid-stride loop), reading input
-    element start + j * step along the sliced dim, j the output's index along it."""
-    vals = program.values
-    t, pro, epi = split_around(program, io, ("slice",), "strided-slice", "slice with a step")
-    if t.attrs.get("step", 1) == 1:
-        raise CodegenError(f"{t.name} has step 1: a contiguous slice is a view or a copy, not this kernel")
-    x_vid, y_vid = t.inputs[0], t.outputs[0]
-    x, y = vals[x_vid], vals[y_vid]
-    numel = math.prod(y.shape)
-    rank = len(x.shape)
-    d = t.attrs["dim"] % rank
-    size, step = x.shape[d], int(t.attrs["step"])
-    start, length = slice_geometry(size, t.attrs.get("start"), t.attrs.get("end"), step)
-    outer, inner = math.prod(x.shape[:d]), math.prod(x.shape[d + 1:])
-
-    names = Names()
-    names.taken.update(("o", "stride", "source", "point", "store_point"))
-    w = render_around(program, io, pro, epi, x_vid, y_vid, names,
-                      "one element of the input, at an index the slice keeps.",
-                      "one element of the sliced tensor.")
-    arg, pro_inputs, epi_inputs = w.arg, w.pro_inputs, w.epi_inputs
-    ld_pro, ld_epi = w.ld_pro, w.ld_epi
-    point = f"point({', '.join(ld_pro.load(v, arg[v], 'source(o)') for v in pro_inputs)})"
-    store = ([point] + [ld_epi.load(v, arg[v], "o") for v in epi_inputs] + [f"{arg[v]}[o]" for v in io.outputs])
-
-    index_t = index_type(math.prod(x.shape))
-    consts = [f"typedef {index_t} index_t;",
-              f"constexpr index_t kNumel = {numel};  // output elements",
-              f"constexpr index_t kStart = {start}, kStep = {step}, kLen = {length};  // along dim {d} "
-              f"(size {size})"]
-    # o = (b * kLen + j) * kInner + i  reads  (b * size + kStart + j * kStep) * kInner + i
-    along = "o" if inner == 1 else "(o / kInner)"
-    if outer > 1:
-        along = f"{along} % kLen"
-    terms = [f"(kStart + {along} * kStep)" + ("" if inner == 1 else " * kInner")]
-    if inner > 1:
-        consts.append(f"constexpr index_t kInner = {inner};  // elements per step of dim {d}")
-        terms.append("o % kInner")
-    if outer > 1:
-        consts.append(f"constexpr index_t kOutBlock = {length * inner}, kInBlock = {size * inner};  "
-                      f"// one index of the dims before {d}, out and in")
-        terms.insert(0, "o / kOutBlock * kInBlock")
-    block = int((params or {}).get("block", 256))
-    grid = grid_for(numel, block)
-    consts.append(f"constexpr int kBlock = {block};")
-    consts += ld_pro.consts + ld_epi.consts
-    source_fn = ("// The input element that output element o reads.\n"
-                 f"__device__ __forceinline__ index_t source(index_t o) {{ return {' + '.join(terms)}; }}\n")
-    kname = kernel_name(name)
-    cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
-              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
-    sched = f"gather, one output element per thread, {block} threads x {grid} blocks"
-    stop = start + (length - 1) * step + 1
-    head = header(program, f"Region {name}: {t.op} {list(x.shape)}[{start}:{stop}:{step}] along dim {d} -> "
-                           f"{list(y.shape)} with {len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
-        "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
-        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
-        f"Output element j along dim {d} reads input element {start} + j * {step}; schedule: {sched}.",
-    ])
-    body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
-            "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {",
-            f"    store_point({', '.join(store)});",
-            "  }"]
-    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, source_fn, w.pro_fn, w.epi_fn],
+    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, w.pro_fn, *helpers, w.epi_fn],
                            kname, cparams, body)
+    # the prologue's operands are read only at the elements the chain reads (at most once each)
+    read = min(math.prod(x.shape), numel)
     return KernelSource(
-        name=kname, kind="strided_slice", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-        outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
-        params={"dim": d, "start": start, "step": step, "length": length, "grid": grid, "block": block},
-        align=4,   # the prologue's operands are read only at the kept elements
-        bytes_moved=sum(min(vals[v].nbytes, numel * 4) for v in pro_inputs)
+        name=kname, kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(io.outputs), grid=(grid, 1, 1), block=blockdim, schedule=sched,
+        params={**view_params, "grid": grid, "block": block,
+                "chain": [n.op for n in chain]}, align=4,
+        bytes_moved=sum(min(vals[v].nbytes, read * 4) for v in pro_inputs)
         + sum(vals[v].nbytes for v in epi_inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))
