@@ -3,7 +3,9 @@
     nice -n 10 .venv/bin/python tools/plan_generates_report.py /tmp/kb/KernelBench/level1 \\
         /tmp/kb/KernelBench/level2 --jobs 2 -o docs/benchmarks/plan_generates.md
 
-Each problem runs in its own subprocess with a timeout, on the CPU. It is imported on fake inputs and
+Problems run in worker subprocesses (one per job, each starting torch once and reading problem paths
+from stdin); a problem that passes --timeout kills its worker, is reported as timed out, and a fresh
+worker takes the next one. Everything runs on the CPU. A problem is imported on fake inputs and
 planned as imported; when its inputs and parameters fit --rewrite-limit bytes it is also rewritten
 (unchecked: only the plan is under test here) and planned again, as `stitchcuda optimize` plans it.
 Every active region is checked against what the plan says it is (schedule["runs"]): a region said to
@@ -18,6 +20,7 @@ import datetime
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -84,6 +87,24 @@ def one(path: str, rewrite_limit: int) -> dict:
     return row
 
 
+def worker(rewrite_limit: int) -> int:
+    """Read problem paths from stdin, write one JSON row per problem to stdout (stray prints from a
+    problem's own code go to stderr)."""
+    out = sys.stdout
+    sys.stdout = sys.stderr
+    for line in sys.stdin:
+        path = line.strip()
+        if not path:
+            continue
+        try:
+            row = one(path, rewrite_limit)
+        except Exception as e:  # reported as a row, one line
+            row = {"problem": Path(path).stem, "error": f"{type(e).__name__}: {e}"[:300]}
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="*")
@@ -92,27 +113,36 @@ def main(argv=None) -> int:
     ap.add_argument("--rewrite-limit", type=int, default=60_000_000, help="bytes of inputs and parameters")
     ap.add_argument("--jobs", type=int, default=1, help="problems in parallel")
     ap.add_argument("--jsonl", help="also write the raw rows here")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.one:
-        try:
-            print(json.dumps(one(args.one, args.rewrite_limit)))
-        except Exception as e:  # reported as a row, one line
-            print(json.dumps({"problem": Path(args.one).stem, "error": f"{type(e).__name__}: {e}"[:300]}))
-        return 0
+    if args.worker:
+        return worker(args.rewrite_limit)
     files = [p for f in args.folders for p in sorted((Path(f).glob("*.py") if Path(f).is_dir() else [Path(f)]),
                                                      key=_order)]
     out_jsonl = open(args.jsonl, "w") if args.jsonl else None
 
+    local = threading.local()
+
     def run_one(f):
-        try:
-            r = subprocess.run([sys.executable, __file__, "--one", str(f), "--rewrite-limit", str(args.rewrite_limit)],
-                               capture_output=True, text=True, timeout=args.timeout, cwd=ROOT)
-            line = (r.stdout.strip().splitlines() or [""])[-1]
-            row = json.loads(line) if line.startswith("{") else {
-                "problem": f.stem, "error": (r.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-        except subprocess.TimeoutExpired:
-            row = {"problem": f.stem, "error": f"timed out after {args.timeout} s"}
+        w = getattr(local, "worker", None)
+        if w is None or w.poll() is not None:
+            w = local.worker = subprocess.Popen(
+                [sys.executable, __file__, "--worker", "--rewrite-limit", str(args.rewrite_limit)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT)
+        w.stdin.write(str(f) + "\n")
+        w.stdin.flush()
+        lines: list = []
+        reader = threading.Thread(target=lambda: lines.append(w.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(args.timeout)
+        if reader.is_alive() or not lines or not lines[0].startswith("{"):
+            w.kill()
+            w.wait()
+            local.worker = None
+            row = {"problem": f.stem, "error": f"timed out after {args.timeout} s" if reader.is_alive()
+                   else "the worker died"}
+        else:
+            row = json.loads(lines[0])
         row["level"] = f.parent.name
         if out_jsonl:
             out_jsonl.write(json.dumps(row) + "\n")
