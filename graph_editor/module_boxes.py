@@ -110,12 +110,14 @@ class ModuleTitle(QGraphicsItem):
         w = self.box.rect.width() * zoom - 8
         text_w = self._fm.horizontalAdvance(self.box.path) + 10
         h = TITLE_PX + 6
-        if w < min(text_w, 44) or self.box.rect.height() * zoom < h + 4:
+        if self.box.rect.height() * zoom < h + 4:
+            return None
+        if not self.box.leaf:   # over the top edge: it may run past a narrow box into the gap
+            return QRectF(4, -h / 2, text_w, h)
+        if w < min(text_w, 44):
             return None
         w = min(w, text_w)
-        if self.box.leaf:
-            return QRectF(-w / 2, -h / 2, w, h)
-        return QRectF(4, -h / 2, w, h)
+        return QRectF(-w / 2, -h / 2, w, h)
 
     def boundingRect(self) -> QRectF:
         return QRectF(-600, -20, 1200, 40)

@@ -2,6 +2,9 @@
 
     .venv/bin/python tools/bench_editor.py [--open-nodes 5000] [--paint-nodes 2000] [--grandalf]
 
+It also opens, lays out and repaints ResNet101 (tools/resnets.py, imported with import_nn_module:
+module boxes, its 33 Bottlenecks collapsed), and the 5,000-node program.
+
 Programs are transformer-like chains of blocks (layer_norm, q/k/v linears, attention, projection,
 residual add, MLP with gelu), cached under test-output/bench/ as project files. Both wall and CPU
 time are reported: the development machine is shared, and CPU time is what the editor itself spends.
@@ -71,6 +74,16 @@ class Clock:
         self.cpu = time.process_time() - self.c
 
 
+def resnet101_file() -> str:
+    from agent_core.project_file import save_program
+    from tools.resnets import resnet_program
+    path = os.path.join(ROOT, "test-output", "bench", "resnet101.json")
+    if not os.path.exists(path):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        save_program(resnet_program(101), path)
+    return path
+
+
 def bench_open(app, path: str, warm_path: str) -> dict:
     """Open through the main window as a user does (load, layout, scene, first paint): the first
     open in a fresh process (it pays one-time imports), then again after a small program was
@@ -107,12 +120,16 @@ def bench_open(app, path: str, warm_path: str) -> dict:
 def bench_layout(path: str, grandalf: bool) -> dict:
     from agent_core.project_file import load_program
     from graph_editor.layout import LayoutInput, grandalf_layout, layered_layout
-    from graph_editor.node_item import node_size
+    from graph_editor.scene import program_layout_input
     p = load_program(path)
-    data = LayoutInput(list(p.nodes), {n: node_size(p.nodes[n]) for n in p.nodes},
-                       [(p.values[v].producer, n.id) for n in p.nodes.values() for v in n.inputs
-                        if v and p.values[v].producer])
+    full = program_layout_input(p)     # what the editor lays out: module boxes, collapsed units
+    data = LayoutInput([n for n in full.nodes if n in p.nodes], full.sizes,
+                       [(a, b) for a, b in full.edges if a in p.nodes], full.groups, {})
     out = {"nodes": len(p.nodes)}
+    with Clock() as c:
+        layered_layout(full)
+    out["editor_layout_cpu_s"] = round(c.cpu, 3)
+    out["editor_layout_wall_s"] = round(c.wall, 3)
     with Clock() as c:
         pos = layered_layout(data)
     out["own_cpu_s"] = round(c.cpu, 3)
@@ -126,8 +143,8 @@ def bench_layout(path: str, grandalf: bool) -> dict:
 
 
 def layout_quality(data, pos) -> dict:
-    """Overlapping node pairs (must be 0), edges that do not run left to right, and the mean
-    vertical bend of an edge in pixels (lower reads better)."""
+    """Overlapping node pairs (must be 0), edges that neither run downwards nor start a column to the
+    right (a wrapped layout), and the mean sideways bend of an edge in pixels (lower reads better)."""
     boxes = sorted((pos[n][0], pos[n][1], pos[n][0] + data.sizes[n][0], pos[n][1] + data.sizes[n][1])
                    for n in data.nodes if n in pos)
     overlaps = 0
@@ -137,8 +154,9 @@ def layout_quality(data, pos) -> dict:
                 break
             if not (a[3] <= b[1] or b[3] <= a[1]):
                 overlaps += 1
-    backwards = sum(1 for a, b in data.edges if pos[a][0] >= pos[b][0])
-    bend = [abs((pos[a][1] + data.sizes[a][1] / 2) - (pos[b][1] + data.sizes[b][1] / 2)) for a, b in data.edges]
+    backwards = sum(1 for a, b in data.edges
+                    if pos[a][1] >= pos[b][1] and pos[a][0] + data.sizes[a][0] >= pos[b][0])
+    bend = [abs((pos[a][0] + data.sizes[a][0] / 2) - (pos[b][0] + data.sizes[b][0] / 2)) for a, b in data.edges]
     return {"overlaps": overlaps, "backward_edges": backwards,
             "mean_edge_bend_px": round(sum(bend) / max(1, len(bend)), 1)}
 
@@ -203,6 +221,10 @@ def main(argv=None) -> int:
     result["open"] = bench_open(app, open_path, cached_program_file(200))
     result["paint"] = bench_paint(app, paint_path)
     result["layout"] = bench_layout(open_path, grandalf=False)
+    resnet = resnet101_file()
+    result["resnet101_open"] = bench_open(app, resnet, cached_program_file(200))
+    result["resnet101_paint"] = bench_paint(app, resnet)
+    result["resnet101_layout"] = bench_layout(resnet, grandalf=False)
     if args.grandalf:
         result["layout_small"] = bench_layout(cached_program_file(args.grandalf_nodes), grandalf=True)
     print(json.dumps(result, indent=2))

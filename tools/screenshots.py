@@ -1,0 +1,86 @@
+"""Screenshots of the studio's main workflows, for the README and for looking at what we build.
+
+    xvfb-run -a -s "-screen 0 1600x1000x24" .venv/bin/python tools/screenshots.py OUT_FOLDER
+    QT_QPA_PLATFORM=offscreen .venv/bin/python tools/screenshots.py OUT_FOLDER     # no X server
+
+Writes, each from a fresh document in one 1600 x 1000 window:
+  first_open.png       resources/examples/mlp_block.py as first opened
+  planned.png          the same after Graph > Plan regions
+  replayed_h200.png    tests/data/mlp_small_h200 opened through File > Open results (every dock filled)
+  resnet18_fit.png / resnet18_zoom.png     ResNet18 at fit-all and at 80 %
+  resnet101_fit.png / resnet101_zoom.png   ResNet101 (Bottlenecks collapsed) at fit-all and at 80 %
+The ResNets are tools/resnets.py's own modules, imported with import_nn_module.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.strip().splitlines()[2].strip())
+        return 2
+    out = os.path.abspath(argv[0])
+    os.makedirs(out, exist_ok=True)
+    from PySide6.QtWidgets import QApplication
+    app = QApplication.instance() or QApplication([])
+    from agent_core.project_file import save_program
+    from app.main_window import MainWindow
+    from tools.resnets import resnet_program
+
+    def window():
+        w = MainWindow()
+        w.resize(1600, 1000)
+        w.show()
+        app.processEvents()
+        return w
+
+    def settle(w):
+        for _ in range(5):
+            app.processEvents()
+        w.layout_runner.wait()
+
+    def shot(w, name):
+        settle(w)
+        path = os.path.join(out, name)
+        w.grab().save(path)
+        print(path)
+
+    w = window()
+    w.open_path(os.path.join(ROOT, "resources", "examples", "mlp_block.py"), layout_sync=True)
+    shot(w, "first_open.png")
+    w.agent.act["plan"].trigger()   # Graph > Plan regions
+    shot(w, "planned.png")
+    w.hide()      # closing would ask about the unsaved plan
+
+    w = window()
+    results = os.path.join(ROOT, "tests", "data", "mlp_small_h200")
+    w.agent.open_results(results)     # what File > Open results does after its folder dialog
+    shot(w, "replayed_h200.png")
+    w.hide()      # closing would ask about the unsaved plan
+
+    tmp = tempfile.mkdtemp(prefix="stitchcuda-shots-")
+    for depth in (18, 101):
+        path = os.path.join(tmp, f"resnet{depth}.json")
+        save_program(resnet_program(depth), path)
+        w = window()
+        w.open_path(path, layout_sync=True)
+        settle(w)
+        w.view.fit_all()
+        shot(w, f"resnet{depth}_fit.png")
+        r = w.view.scene().content_rect()
+        w.view.resetTransform()
+        w.view.zoom_by(0.8)
+        w.view.centerOn(r.center().x(), r.top() + 420)
+        shot(w, f"resnet{depth}_zoom.png")
+        w.hide()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
