@@ -13,6 +13,7 @@ from agent_core.ir import Program
 
 class Document(QObject):
     changed = Signal()   # dirty state or path changed (the window title follows)
+    edited = Signal()    # the undo stack moved: an edit, an undo or a redo
 
     def __init__(self, program: Program | None = None, path: str | None = None, dirty: bool = False):
         super().__init__()
@@ -21,7 +22,16 @@ class Document(QObject):
         self.stack = QUndoStack(self)
         self.stack.setUndoLimit(500)
         self._dirty_without_edit = dirty  # an import or a restored recovery is unsaved before any edit
-        self.stack.cleanChanged.connect(lambda _: self.changed.emit())
+        # through methods of the document, not lambdas: a stack emits as it is destroyed, and only a
+        # receiver's own connections are cut before its children (the stack) go
+        self.stack.cleanChanged.connect(self._clean_changed)
+        self.stack.indexChanged.connect(self._moved)
+
+    def _clean_changed(self, _clean: bool) -> None:
+        self.changed.emit()
+
+    def _moved(self, _index: int) -> None:
+        self.edited.emit()
 
     @property
     def dirty(self) -> bool:

@@ -161,9 +161,19 @@ class MainWindow(QMainWindow):
         if tip:
             a.setStatusTip(tip)
             a.setToolTip(tip)
+        a.setProperty("tip", tip or "")   # what set_enabled(a, True) shows again
         a.triggered.connect(lambda _checked=False: slot())
         self.addAction(a)
         return a
+
+    @staticmethod
+    def set_enabled(action: QAction, on: bool, why: str = "") -> None:
+        """Enable an action, or grey it out with `why` (what would enable it) as its tooltip and status
+        tip: a disabled item always says why."""
+        action.setEnabled(on)
+        text = (action.property("tip") or "") if on else why
+        action.setToolTip(text or action.text().replace("&", ""))
+        action.setStatusTip(text)
 
     def add_menu(self, key: str, title: str) -> QMenu:
         """A menu at the end of the menu bar, found again by menu(key)."""
@@ -199,20 +209,20 @@ class MainWindow(QMainWindow):
                           "Collapse the selected nodes into one"),
             "expand": A("&Expand group", self.expand, "Ctrl+Shift+G", "expand", "Expand the selected groups"),
             "validate": A("&Validate", self.validate, "F7", None, "Check the program and list its problems"),
-            "zoom_in": A("Zoom &in", lambda: self.view.zoom_by(1.25), K.ZoomIn, "zoom-in"),
-            "zoom_out": A("Zoom &out", lambda: self.view.zoom_by(0.8), K.ZoomOut, "zoom-out"),
-            "fit": A("&Fit program", self.view.fit_all, "F", "fit", "Zoom to fit the whole program (F)"),
-            "fit_sel": A("Fit &selection", self.view.fit_selection, "Shift+F"),
+            "zoom_in": A("Zoom &in", lambda: self.zoom_by(1.25), K.ZoomIn, "zoom-in"),
+            "zoom_out": A("Zoom &out", lambda: self.zoom_by(0.8), K.ZoomOut, "zoom-out"),
+            "fit": A("&Fit program", self.fit_all, "F", "fit", "Zoom to fit the whole program (F)"),
+            "fit_sel": A("Fit &selection", self.fit_selection, "Shift+F", None, "Zoom to the selected nodes"),
             "theme": A("Toggle &dark / light theme", self.toggle_theme, "Ctrl+Shift+T", "theme"),
         }
-        self.act["undo"] = A("&Undo", lambda: self.document.stack.undo(), K.Undo, "undo", "Undo")
+        self.act["undo"] = A("&Undo", lambda: self.document.stack.undo(), K.Undo, "undo", "Undo the last edit")
         # the platform's redo keys plus Ctrl+Y and Ctrl+Shift+Z, each once: a key listed twice on one
         # action is an "ambiguous shortcut" and does nothing (Qt's Redo already is Ctrl+Y on some platforms)
         redo_keys = []
         for k in K.keyBindings(K.Redo) + [K("Ctrl+Y"), K("Ctrl+Shift+Z")]:
             if k not in redo_keys:
                 redo_keys.append(k)
-        self.act["redo"] = A("&Redo", lambda: self.document.stack.redo(), redo_keys, "redo", "Redo")
+        self.act["redo"] = A("&Redo", lambda: self.document.stack.redo(), redo_keys, "redo", "Redo the edit undone last")
         for name in ("fit", "delete"):  # single keys act only while the canvas has focus
             self.act[name].setShortcutContext(Qt.WidgetWithChildrenShortcut)
             self.removeAction(self.act[name])
@@ -296,7 +306,7 @@ class MainWindow(QMainWindow):
         if self.document is not None:
             recovery.remove(self.document.path, self.session)
         self.document = doc
-        doc.stack.indexChanged.connect(self._edited)
+        doc.edited.connect(self._edited)
         self.scene = GraphScene(doc.program, doc.stack, self.style_, self)
         self.scene.connection_refused.connect(self._refused)
         self.scene.message.connect(self.status)
@@ -309,6 +319,7 @@ class MainWindow(QMainWindow):
             old_scene.deleteLater()
         self.inspector.set_document(doc.program, doc.stack)
         self.history.setStack(doc.stack)
+        self._update_undo()
         doc.changed.connect(self._update_title)
         self._update_title()
         self._update_counts()
@@ -316,8 +327,14 @@ class MainWindow(QMainWindow):
         self.view.show_program()
         self.document_set.emit()
 
-    def _edited(self, _index=0) -> None:
+    def _update_undo(self) -> None:
+        st = self.document.stack
+        self.set_enabled(self.act["undo"], st.canUndo(), "Nothing to undo: no edit since the program was opened")
+        self.set_enabled(self.act["redo"], st.canRedo(), "Nothing to redo: no edit was undone since the last one")
+
+    def _edited(self) -> None:
         self._edits += 1   # an open in the background asks again only after an edit made meanwhile
+        self._update_undo()
 
     def _update_title(self) -> None:
         d = self.document
@@ -359,7 +376,7 @@ class MainWindow(QMainWindow):
         self._load_relay.done.connect(self._read_done)
         self._reading: _ReadJob | None = None
         act = self.add_action("&Cancel opening", self.cancel_open, "Escape", None, "Stop opening the file (Esc)")
-        act.setEnabled(False)
+        self.set_enabled(act, False, self._NOT_OPENING)
         self.act["cancel_open"] = act
         menu = self.menu("file")
         after = menu.actions()[menu.actions().index(self.act["import"]) + 1:]
@@ -370,9 +387,11 @@ class MainWindow(QMainWindow):
         self.cancel_open_button.hide()
         self.statusBar().addPermanentWidget(self.cancel_open_button)
 
+    _NOT_OPENING = "Nothing is being opened: this stops a File > Open or Import under way (Esc)"
+
     def _loading(self, job: _ReadJob | None) -> None:
         self._reading = job
-        self.act["cancel_open"].setEnabled(job is not None)
+        self.set_enabled(self.act["cancel_open"], job is not None, self._NOT_OPENING)
         self.cancel_open_button.setVisible(job is not None)
 
     def open_in_background(self, path: str) -> None:
@@ -610,7 +629,8 @@ class MainWindow(QMainWindow):
         self.recent_menu.clear()
         for p in self._recent():
             self.recent_menu.addAction(p, lambda p=p: self.open_in_background(p))
-        self.recent_menu.setEnabled(bool(self._recent()))
+        self.set_enabled(self.recent_menu.menuAction(), bool(self._recent()),
+                         "No recent files yet: programs you open or save are listed here")
 
     def last_dir(self) -> str:
         recent = self._recent()
@@ -730,22 +750,47 @@ class MainWindow(QMainWindow):
 
     def duplicate(self) -> list[str]:
         clip = self.selected_clip()
-        return self._paste_clip(clip) if clip else []
+        if clip is None:
+            self.status("Nothing selected to duplicate")
+            return []
+        return self._paste_clip(clip)
 
     def delete(self) -> None:
         n = self.scene.delete_selection()
-        if n:
-            self.status(f"Deleted {n} items")
+        self.status(f"Deleted {n} items" if n else "Nothing selected to delete")
 
     def select_all(self) -> None:
-        for item in list(self.scene.nodes.values()) + list(self.scene.terminals.values()) + self.scene.groups:
-            if item.isVisible():
-                item.setSelected(True)
+        items = [i for i in list(self.scene.nodes.values()) + list(self.scene.terminals.values()) + self.scene.groups
+                 if i.isVisible()]
+        for item in items:
+            item.setSelected(True)
+        self.status(f"{len(items)} items selected" if items else "Nothing to select: the program is empty")
 
     def auto_layout(self) -> None:
+        if not self.document.program.nodes:
+            self.status("Nothing to lay out: the program is empty")
+            return
         ids = self.scene.selected_node_ids()
         self.status(f"Laying out {len(ids) if len(ids) > 1 else len(self.document.program.nodes)} nodes…")
         self.layout_runner.start(self.scene, ids if len(ids) > 1 else None)
+
+    def zoom_by(self, factor: float) -> None:
+        before = self.view.zoom()
+        self.view.zoom_by(factor)
+        if self.view.zoom() == before:
+            self.status(f"Zoomed {'in' if factor > 1 else 'out'} as far as it goes ({before * 100:.0f}%)")
+
+    def fit_all(self) -> None:
+        if not self.document.program.nodes:
+            self.status("Nothing to fit: the program is empty")
+            return
+        self.view.fit_all()
+
+    def fit_selection(self) -> None:
+        if not self.scene.selectedItems():
+            self.status("Nothing selected to fit (F fits the whole program)")
+            return
+        self.view.fit_selection()
 
     def collapse(self) -> None:
         ids = self.scene.selected_node_ids()

@@ -57,6 +57,7 @@ class ProblemsPanel(QWidget):
         self.dock.setObjectName("ProblemsDock")
         self.dock.setWidget(self)
         window.addDockWidget(Qt.BottomDockWidgetArea, self.dock)
+        window.menu("view").addAction(self.dock.toggleViewAction())
         logs = [d for d in window.findChildren(QDockWidget) if d.objectName() == "DecisionLogDock"]
         if logs:   # a tab beside the decision log, not one more strip squeezing the canvas
             window.tabifyDockWidget(logs[0], self.dock)

@@ -137,7 +137,7 @@ class StudioAgent(QObject):
             "export": A("E&xport CUDA project…", self.export_dialog, "Ctrl+E", None,
                         "Write the program as a standalone CUDA project (kernels, CMake, driver) into an empty folder"),
         }
-        self.act["cancel"].setEnabled(False)
+        self._running(False)
         m = w.add_menu("agent", "&Agent")
         for k in ("plan", "rewrite", "optimize", "cancel"):
             m.addAction(self.act[k])
@@ -150,6 +150,12 @@ class StudioAgent(QObject):
         w.toolbar.addSeparator()
         for k in ("plan", "optimize", "cancel"):
             w.toolbar.addAction(self.act[k])
+
+    def _running(self, on: bool) -> None:
+        """Optimize and Cancel Optimize follow the worker; the greyed-out one says why."""
+        w = self.window
+        w.set_enabled(self.act["optimize"], not on, "Optimize is running: Shift+F5 (Cancel Optimize) stops it")
+        w.set_enabled(self.act["cancel"], on, "Nothing to cancel: Optimize (F5) is not running")
 
     # document and selection ------------------------------------------------------------------------
     def document_set(self) -> None:
@@ -238,6 +244,9 @@ class StudioAgent(QObject):
     # plan (in-process) -------------------------------------------------------------------------------
     def plan(self) -> None:
         from .problems import refuse_if_invalid
+        if not self.window.document.program.nodes:
+            self.window.status("Nothing to plan: the program is empty", error=True)
+            return
         if refuse_if_invalid(self.window, "Plan"):
             return
         self.regions.plan()
@@ -357,8 +366,7 @@ class StudioAgent(QObject):
         self.log.note(f"Optimize started on {program.name} ({len(program.nodes)} nodes)", "info")
         self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *self.worker_args])
         self._start_live()
-        self.act["cancel"].setEnabled(True)
-        self.act["optimize"].setEnabled(False)
+        self._running(True)
         self.bar.setRange(0, 0)   # busy until the plan says how many regions there are
         self.bar.show()
         w.status("Optimizing: starting the worker…")
@@ -422,8 +430,7 @@ class StudioAgent(QObject):
 
     def _run_finished(self, status: str, message: str) -> None:
         w = self.window
-        self.act["cancel"].setEnabled(False)
-        self.act["optimize"].setEnabled(True)
+        self._running(False)
         self.bar.hide()
         if w.document is not self.run_document:
             # stopped by New or Open (document_set): the docks already show the new document
@@ -517,7 +524,7 @@ class StudioAgent(QObject):
         except (StitchError, OSError) as e:
             w.status(f"Export refused: {e}", error=True)
             return False
-        self.act["export"].setEnabled(False)
+        self.window.set_enabled(self.act["export"], False, "An export is being written: wait for it to finish")
         self.bar.setRange(0, 0)
         self.bar.setFormat("exporting")
         self.bar.show()
@@ -527,7 +534,7 @@ class StudioAgent(QObject):
 
     def _export_done(self, folder: str, result) -> None:
         w = self.window
-        self.act["export"].setEnabled(True)
+        self.window.set_enabled(self.act["export"], True)
         if not self.worker.running:
             self.bar.hide()
         if isinstance(result, BaseException):
