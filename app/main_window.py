@@ -473,6 +473,7 @@ class MainWindow(QMainWindow):
     def new_document(self) -> None:
         if self.may_discard():
             self.set_document(Document())
+            self.status("New empty program: Tab on the canvas (or right-click) adds an input, a parameter or an op")
 
     def open_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Open program", self.last_dir(), FILE_FILTER)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QSizePolicy, QSplitter, QVBoxLayout, QWidget
 
+from .base import ProfilePlot
 from .data import ProfileData
 from .e2e import EndToEnd
 from .kernel_bars import KernelBars
@@ -78,9 +79,15 @@ class ProfilePanel(QWidget):
         self.timeline.reset_zoom()
 
     def reset(self) -> None:
+        """Nothing of the last run or document: no data, and every plot's axes back to a new window's
+        (the old run's time ticks stayed on the empty plots)."""
         self.data = ProfileData()
         for p in self.plots.values():
             p.data = self.data
+            if isinstance(p, ProfilePlot):
+                vb = p.plotItem.getViewBox()
+                vb.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+                vb.enableAutoRange()
             p.redraw()
         self._note()
 

@@ -523,6 +523,10 @@ def test_new_and_open_leave_nothing_of_a_replayed_run(win, qtbot, tmp_path):
         assert "mlp_small_r1" not in agent.source.edit.toPlainText() and agent.current is None
         assert not old_nodes & set(win.scene.nodes)
     nothing_left()
+    assert "mlp_small" not in win.status_label.text() and "New empty program" in win.status_label.text()
+    for plot in (pv.kernels, pv.e2e):   # the old run's time axes went with it
+        (x0, x1), (y0, y1) = plot.plotItem.getViewBox().viewRange()
+        assert max(abs(x0), abs(x1), abs(y0), abs(y1)) <= 1.0, (plot.title, x0, x1, y0, y1)
     assert pv.summary.plain_text() == EMPTY and not agent.source.edit.toPlainText()
     assert "No region selected" in agent.source.title.text()
 
