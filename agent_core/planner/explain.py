@@ -77,6 +77,9 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
     saved_ms = before - after
     saving = (f"saves {_count(max(len(real) - n_launches, 0), 'launch').replace('launchs', 'launches')} and "
               f"{fmt_bytes(max(saved_bytes, 0))} of traffic, about {fmt_ms(max(saved_ms, 0))}")
+    if len(real) - n_launches <= 0 and saved_bytes <= 0:
+        saving = "no saving over running them apart (an epilogue kernel runs after the library call either way)" \
+            if anchored else "no saving over running them apart"
     kept = ""
     if tr.kept_values:
         big = max(tr.kept_values, key=lambda v: state.program.values[v].nbytes)
