@@ -123,6 +123,7 @@ def main(argv=None) -> int:
     files = [p for f in args.folders for p in sorted((Path(f).glob("*.py") if Path(f).is_dir() else [Path(f)]),
                                                      key=_order)]
     out_jsonl = open(args.jsonl, "w") if args.jsonl else None
+    commit = _commit()     # the code the run starts with (a commit made while it runs is not in it)
 
     local = threading.local()
 
@@ -158,7 +159,7 @@ def main(argv=None) -> int:
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max(args.jobs, 1)) as pool:
         rows = list(pool.map(run_one, files))
-    write_report(rows, args)
+    write_report(rows, args, commit)
     bad = sum(len(r.get("not_generated", [])) + len(r.get("not_compiled", [])) for r in rows)
     return 1 if bad else 0
 
@@ -168,9 +169,12 @@ def _order(p: Path):
     return int(head) if head.isdigit() else 0
 
 
-def write_report(rows, args) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          cwd=ROOT).stdout.strip()
+
+
+def write_report(rows, args, commit: str) -> None:
     ok = [r for r in rows if "error" not in r]
     total = {k: sum(r[k] for r in ok) for k in ("proposed", "generated", "compiled")}
     runs: dict = {}
