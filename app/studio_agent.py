@@ -66,6 +66,7 @@ class StudioAgent(QObject):
         self.compile_errors: dict[str, str] = {}
         self.run_dir: str | None = None
         self.run_document = None          # the document the running (or last) Optimize started from
+        self.stopped_run = False          # the running worker was stopped by New or Open
         self.rewrite_check = None        # the running or last RewriteCheck
         self.rewrite_dialog = None
         self.rewrite_progress = None
@@ -165,6 +166,7 @@ class StudioAgent(QObject):
         still going on the old document is stopped (its results name the old program's nodes)."""
         w = self.window
         if self.worker.running:
+            self.stopped_run = True   # what it still prints, and its end, no longer concern the docks
             self.worker.cancel()
         self._end_live()
         if self.overlay is not None:
@@ -421,19 +423,20 @@ class StudioAgent(QObject):
             self.window.status(f"Optimizing: {step}" + (f" ({d}/{n} regions done)" if n else ""))
 
     def _live_event(self, e: dict) -> None:
-        if self.window.document is self.run_document:   # not a stopped run's last lines
+        if not self.stopped_run:   # not the last lines of a run that New or Open stopped
             self.on_event(e)
 
     def _bad_line(self, message: str) -> None:
-        if self.window.document is self.run_document:
+        if not self.stopped_run:
             self.log.note(message)
 
     def _run_finished(self, status: str, message: str) -> None:
         w = self.window
         self._running(False)
         self.bar.hide()
-        if w.document is not self.run_document:
+        if self.stopped_run:
             # stopped by New or Open (document_set): the docks already show the new document
+            self.stopped_run = False
             w.status("Optimize of the previous document was stopped: another document is open")
             self._cleanup()
             return

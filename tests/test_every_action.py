@@ -557,6 +557,21 @@ def test_new_and_open_leave_nothing_of_a_replayed_run(win, qtbot, tmp_path):
     assert not agent.log.events or all(e["event"] == "studio" for e in agent.log.events)
 
 
+def test_new_during_optimize_stops_the_run_and_keeps_nothing_of_it(win, qtbot):
+    assert win.open_path(os.path.join(H200, "program.json"))
+    agent = win.agent
+    focus_canvas(win, qtbot)
+    qtbot.keyClick(win.view, Qt.Key_F5)
+    assert agent.worker.running and agent.act["cancel"].isEnabled()
+    with qtbot.waitSignal(agent.worker.finished, timeout=SLOW_MS):
+        win.act["new"].trigger()
+        assert not agent.log.events and not agent.profiles.data.kernels
+    assert "stopped" in win.status_label.text() and not agent.worker.running
+    assert not agent.log.events and not agent.profiles.data.kernels and not win.document.program.regions
+    assert agent.act["optimize"].isEnabled() and not agent.act["cancel"].isEnabled()
+    assert "not running" in agent.act["cancel"].toolTip()
+
+
 def test_opening_a_py_over_unsaved_work_asks_once(win, qtbot):
     win.scene.add_node("relu", QPointF(0, 0))
     assert win.document.dirty
