@@ -442,8 +442,9 @@ def check_context_menu(win, qtbot, at: QPointF, state) -> int:
     return len(actions)
 
 
-def planned_file(tmp_path, program) -> str:
-    """The document saved, then planned in agent_core as `stitchcuda plan -o` does."""
+def planned_file(tmp_path, program) -> tuple[str, str]:
+    """The document saved (loaded.json), and the same planned in agent_core as `stitchcuda plan -o` does
+    (planned.json)."""
     path = str(tmp_path / "loaded.json")
     save_program(program, path)
     p = load_program(path)
