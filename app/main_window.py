@@ -2,7 +2,6 @@
 source and profiles in docks; menus, toolbar and status bar; files, autosave and settings."""
 from __future__ import annotations
 
-import gc
 import os
 import uuid
 from contextlib import nullcontext
@@ -14,6 +13,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, Q
                                QPushButton, QUndoView, QVBoxLayout, QWidget)
 
 from agent_core.errors import StitchError
+from agent_core.gcpause import paused_gc
 from graph_editor import clipboard
 from graph_editor.commands import macro
 from graph_editor.edge_item import GroupItem, TerminalItem
@@ -442,13 +442,9 @@ class MainWindow(QMainWindow):
     def show_document(self, doc: Document, layout_sync: bool = False) -> None:
         """Show a document read from a file (or a results folder): laid out where it has no positions
         (layout_sync: before this returns, whatever its size), then every dock follows (document_set)."""
-        # tens of thousands of new objects: the cyclic GC would rescan the whole heap many times over
-        gc.disable()
-        try:
+        with paused_gc():   # tens of thousands of new objects
             self._layout_if_needed(doc, layout_sync)
             self.set_document(doc)
-        finally:
-            gc.enable()
 
     def _layout_if_needed(self, doc: Document, sync: bool) -> None:
         """Programs without positions (imports) are laid out before they are shown; loading is not an

@@ -69,7 +69,10 @@ def region_tooltip(region) -> str:
     if region.reason:
         lines.append(f"<i>Why:</i> {region.reason}")
     if region.est_before_ms is not None:
-        lines.append(f"<i>Estimate:</i> {fmt_ms(region.est_before_ms)} unfused → {fmt_ms(region.est_after_ms)} fused")
+        launches = (region.schedule or {}).get("launches")
+        runs = f" ({launches} launch{'es' if launches != 1 else ''})" if launches else ""
+        lines.append(f"<i>Estimate:</i> {fmt_ms(region.est_before_ms)} unfused → {fmt_ms(region.est_after_ms)} "
+                     f"planned{runs}")
     if region.measured_ms is not None:
         lines.append(f"<i>Measured:</i> {fmt_ms(region.measured_ms)} fused"
                      + (f" vs {fmt_ms(agent['unfused_ms'])} unfused" if agent.get("unfused_ms") else ""))

@@ -22,12 +22,14 @@ from . import commands as C
 from .connect import ConnectMixin
 from .edge_item import EdgeItem, GroupItem, TerminalItem
 from .groups import GroupsMixin
+from .module_boxes import ModuleBoxes
+from .modules import with_modules
 from .node_item import NodeItem, node_size
 from .overview_item import OverviewItem
 from .style import NODE_WIDTH, TERMINAL_H, TERMINAL_W, CanvasStyle
 
 _DRAWN_INSIDE = frozenset((Role.PARAMETER, Role.CONSTANT))
-TERMINAL_GAP = 46.0   # between an input terminal and the node that reads it
+TERMINAL_GAP = 26.0   # between an input terminal and the node below that reads it
 OVERLAY_Z = -10.0     # region hulls (next issue) are drawn here: under edges and nodes
 SOURCE_KINDS = C.SOURCE_ROLES   # the palette's "input", "parameter" and "constant"
 
@@ -63,8 +65,13 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         self._home_next: QPointF | None = None
         self.setBackgroundBrush(style.background)
         self.overview = OverviewItem(self)
+        self.modules = ModuleBoxes(self)   # collapses a big model's repeated blocks before the build
         self.rebuild()
         program.subscribe(self._on_event)
+        # a program can outlive its scene (a test's shared model, a document shown again): a deleted
+        # scene must stop observing it, or the next edit reaches items whose C++ side is gone
+        on_event = self._on_event
+        self.destroyed.connect(lambda *_: program.unsubscribe(on_event))
 
     def detach(self) -> None:
         """Stop observing the program (the window replaced this document)."""
@@ -258,7 +265,7 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         keys = sorted(self.edges_from.get(vid, ()), key=lambda k: (len(k[0]), k[0], k[1]))
         if keys:
             b = self.target_pos(*keys[0])
-            t.setPos(b.x() - TERMINAL_W - TERMINAL_GAP, b.y() - TERMINAL_H / 2)
+            t.setPos(b.x() - TERMINAL_W / 2, b.y() - TERMINAL_H - TERMINAL_GAP)
         elif vid in self.terminal_home:
             t.setPos(self.terminal_home[vid])
         elif t.pos() == QPointF(0, 0):
@@ -629,4 +636,4 @@ def program_layout_input(p: Program, node_ids=None):
                     sizes[key] = (TERMINAL_W, TERMINAL_H)
                     ids.append(key)
                 edges.append((key, nid))
-    return LayoutInput(ids, sizes, edges)
+    return with_modules(p, LayoutInput(ids, sizes, edges))

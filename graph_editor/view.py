@@ -292,18 +292,20 @@ class Minimap(QWidget):
         return s, ox, oy
 
     def paintEvent(self, event):
-        p = QPainter(self)
-        if self._pixmap is not None:
-            p.drawPixmap(0, 0, self._pixmap)
-        t = self._transform()
-        if t is None or self._scene is None:
-            return
-        s, ox, oy = t
-        vis = self._visible()
-        box = QRectF(vis.left() * s + ox, vis.top() * s + oy, vis.width() * s, vis.height() * s)
-        p.setBrush(Qt.NoBrush)
-        p.setPen(QPen(self._scene.style.accent, 1.5))
-        p.drawRect(box.intersected(QRectF(1, 1, self.W - 2, self.H - 2)))
+        # the painter ends on every path, an exception included: a painter left active on a widget
+        # that is later destroyed crashes Qt ("Cannot destroy paint device that is being painted")
+        with QPainter(self) as p:
+            if self._pixmap is not None:
+                p.drawPixmap(0, 0, self._pixmap)
+            t = self._transform()
+            if t is None or self._scene is None:
+                return
+            s, ox, oy = t
+            vis = self._visible()
+            box = QRectF(vis.left() * s + ox, vis.top() * s + oy, vis.width() * s, vis.height() * s)
+            p.setBrush(Qt.NoBrush)
+            p.setPen(QPen(self._scene.style.accent, 1.5))
+            p.drawRect(box.intersected(QRectF(1, 1, self.W - 2, self.H - 2)))
 
     def mousePressEvent(self, event):
         self._go(event.position())

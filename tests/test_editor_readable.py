@@ -63,6 +63,20 @@ def resnet101():
     return resnet_program(101)
 
 
+_SHOWN: list = []
+
+
+@pytest.fixture(autouse=True)
+def _keep_views_alive():
+    """The views a test shows stay referenced until its teardown: pytest-qt holds added widgets only
+    weakly, and a shown view that the garbage collector frees while Qt paints it (pytest-qt processes
+    events after the test returns) crashes the process."""
+    yield
+    for view in _SHOWN:
+        view.close()
+    _SHOWN.clear()
+
+
 def _laid_out(program, qtbot, style=dark):
     pos = layered_layout(program_layout_input(program))
     for nid, xy in pos.items():
@@ -70,6 +84,7 @@ def _laid_out(program, qtbot, style=dark):
             program.nodes[nid].pos = xy
     view = GraphView()
     qtbot.addWidget(view)
+    _SHOWN.append(view)
     stack = QUndoStack(view)
     scene = GraphScene(program, stack, style(), view)   # owned by the view: never painted after it is gone
     view.set_scene(scene)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from PySide6.QtCore import QPointF, QStandardPaths, Qt
+from PySide6.QtCore import QPointF, QRectF, QSizeF, QStandardPaths, Qt
 from PySide6.QtWidgets import QApplication
 
 QStandardPaths.setTestModeEnabled(True)
@@ -120,7 +120,7 @@ def test_clicking_a_bar_or_a_log_entry_selects_the_region(window, qtbot):
     assert agent.current == "r3"
 
 
-def test_region_edits_from_the_list_are_undoable(window):
+def test_region_edits_from_the_list_are_undoable(window, qtbot):
     agent = window.agent
     agent.open_results(CPU)
     program, stack = window.document.program, window.document.stack
@@ -159,7 +159,10 @@ def test_region_edits_from_the_list_are_undoable(window):
     lst.select("r1")
     lst.collapse()
     assert len(window.scene.groups) == 1 and set(window.scene.groups[0].members) == set(program.regions[0].nodes)
-    assert agent.overlay.items["r1"].path.boundingRect().contains(window.scene.groups[0].sceneBoundingRect())
+    # frames follow the scene's coalesced `changed` signal: the hull moves on the next turn of the loop
+    g = window.scene.groups[0]
+    body = QRectF(g.pos(), QSizeF(*g.size()))
+    qtbot.waitUntil(lambda: agent.overlay.items["r1"].path.boundingRect().contains(body), timeout=3000)
     window.scene.expand(window.scene.groups[0])
     # drawing over nodes that already belong to a region is refused with the model's reason
     window.scene.select_nodes(program.regions[0].nodes)
@@ -311,3 +314,12 @@ def test_live_hulls_grow_and_relabel_from_the_recorded_run(window):
         assert live.reason[:30] in agent.live.items[rid].tooltip_text()
     agent._end_live()
     assert agent.live is None and not program.regions     # nothing was stored in the document
+
+
+def test_an_epilogue_region_says_it_runs_as_the_library_call_and_a_kernel(window):
+    assert window.open_path(os.path.join(ROOT, "resources", "examples", "gemm_scale_sigmoid.py"), layout_sync=True)
+    window.agent.act["plan"].trigger()
+    program = window.document.program
+    epilogue = next(r for r in program.regions if r.kind == "matmul_epilogue")
+    tip = window.agent.overlay.items[epilogue.id].tooltip_text()
+    assert "planned (2 launches)" in tip and "cuBLAS + epilogue kernel" in tip, tip

@@ -9,7 +9,6 @@ never put together again. Every decision, taken or refused, goes to the plan's l
 """
 from __future__ import annotations
 
-import gc
 import heapq
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from ..analysis.cost import ProgramEstimate, estimate_program, program_costs
 from ..analysis.gpu import H200, GPUProfile
 from ..errors import ProgramError
+from ..gcpause import paused_gc
 from ..ir import Program, Role
 from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, replace_regions
 from .explain import kind_of, make_region
@@ -90,15 +90,9 @@ def _label(state, nid):
 def plan_program(program: Program, *, gpu: GPUProfile = H200, budgets: Budgets = Budgets(),
                  graph: bool = True, sibling: bool = True) -> Plan:
     """Plan regions for `program` (not modified; see apply_plan)."""
-    # planning allocates many short-lived sets and no reference cycles: the cyclic collector would
-    # only rescan the (large) program again and again
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    # planning allocates many short-lived sets and no reference cycles
+    with paused_gc():
         return _plan(program, gpu, budgets, graph, sibling)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _plan(program, gpu, budgets, graph, sibling) -> Plan:
