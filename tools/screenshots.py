@@ -9,6 +9,8 @@ Writes, each from a fresh document in one 1600 x 1000 window:
   replayed_h200.png    tests/data/mlp_small_h200 opened through File > Open results (every dock filled)
   resnet18_fit.png / resnet18_zoom.png     ResNet18 at fit-all and at 80 %
   resnet101_fit.png / resnet101_zoom.png   ResNet101 (Bottlenecks collapsed) at fit-all and at 80 %
+  from_scratch.png     a program built from File > New with the user's gestures (Tab input / linear /
+                       relu, the inspector's New parameter, the output marked), laid out and planned
 The ResNets are tools/resnets.py's own modules, imported with import_nn_module.
 """
 from __future__ import annotations
@@ -64,6 +66,11 @@ def main(argv: list[str]) -> int:
     shot(w, "replayed_h200.png")
     w.hide()      # closing would ask about the unsaved plan
 
+    w = window()
+    from_scratch(w, app)
+    shot(w, "from_scratch.png")
+    w.hide()
+
     tmp = tempfile.mkdtemp(prefix="stitchcuda-shots-")
     for depth in (18, 101):
         path = os.path.join(tmp, f"resnet{depth}.json")
@@ -80,6 +87,60 @@ def main(argv: list[str]) -> int:
         shot(w, f"resnet{depth}_zoom.png")
         w.hide()
     return 0
+
+
+def from_scratch(w, app) -> None:
+    """File > New, then what a user does (as tests/test_studio_from_scratch.py does it): Tab to add,
+    the inspector to shape the input and make the weight and bias, the context menu for the output."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+
+    def settle():
+        for _ in range(3):
+            app.processEvents()
+
+    def tab_add(text):
+        w.view.setFocus()
+        QTest.keyClick(w.view, Qt.Key_Tab)
+        QTest.keyClicks(w.quick.edit, text)
+        QTest.keyClick(w.quick.edit, Qt.Key_Return)
+        settle()
+
+    def type_into(editor, text):
+        editor.setFocus()
+        editor.selectAll()
+        QTest.keyClicks(editor, text)
+        QTest.keyClick(editor, Qt.Key_Return)
+        settle()
+
+    w.act["new"].trigger()
+    p, sc = w.document.program, w.scene
+    tab_add("input")
+    x = p.inputs[0]
+    sc.clearSelection()
+    sc.terminals[x].setSelected(True)          # the inspector shows the input
+    settle()
+    type_into(w.inspector.source_editors[(x, "shape")], "64, 256")
+    type_into(w.inspector.source_editors[(x, "name")], "tokens")
+    tab_add("linear")
+    lin = next(n.id for n in p.nodes.values() if n.op == "linear")
+    sc.finish_drag(("out", x), sc.target_pos(lin, 0))
+    sc.select_nodes([lin])
+    settle()
+    for port in (1, 2):                      # New parameter: weight [out, in], then bias [out]
+        QTest.mouseClick(w.inspector.port_actions[(port, "parameter")], Qt.LeftButton)
+        settle()
+    tab_add("relu")
+    relu = next(n.id for n in p.nodes.values() if n.op == "relu")
+    sc.finish_drag(("out", p.nodes[lin].outputs[0]), sc.target_pos(relu, 0))
+    menu = sc.context_menu(sc.nodes[relu].sceneBoundingRect().center())
+    next(a for a in menu.actions() if a.text().startswith("Mark") and "program output" in a.text()).trigger()
+    w.act["layout"].trigger()
+    w.layout_runner.wait()
+    settle()
+    w.agent.act["plan"].trigger()
+    w.view.fit_all()
+    sc.select_nodes([lin])
 
 
 if __name__ == "__main__":
