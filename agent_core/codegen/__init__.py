@@ -2,7 +2,8 @@
 
 Entry point: generate_kernel(program, node_ids, name=...). The region's kind is worked out from its
 nodes unless given (the planner's kinds are accepted): elementwise ops only -> "pointwise"; one
-permute/transpose -> "layout"; one max/avg or adaptive pool -> "pooling"; one reduction or normalization ->
+permute/transpose, or any graph of layout ops with views (slice, select, chunk, cat, pad, flip, roll, ...)
+-> "layout"; one max/avg or adaptive pool -> "pooling"; one reduction or normalization ->
 "row_reduction" (rows, columns, split rows); each with pointwise ops fused before and after it. A
 region that starts with a matmul or convolution gets a kernel for its epilogue, and the runtime runs
 the library call first. docs/CODEGEN.md describes what is generated for each kind.
@@ -15,6 +16,7 @@ from __future__ import annotations
 from ..ir import Program
 from .cuda import prune_unused
 from .kernel import CodegenError, KernelSource
+from .layout_graph import is_layout_graph
 from .lower_check import can_lower
 from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
@@ -119,7 +121,8 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind == "pooling" or (kind == "row_reduction" and _pools(program, io)):
         from .pooling import generate_pooling
         return generate_pooling(program, io, name, params)
-    if kind == "layout" or (kind == "row_reduction" and any(program.nodes[n].op in LAYOUT_OPS for n in io.nodes)):
+    if kind == "layout" or (kind == "row_reduction" and (any(program.nodes[n].op in LAYOUT_OPS for n in io.nodes)
+                                                         or is_layout_graph(program, io))):
         from .layout import generate_layout
         return generate_layout(program, io, name, params)
     if kind in ("row_reduction", "reduction", "normalization"):

@@ -113,8 +113,22 @@ def generate_strided_slice(program: Program, io: RegionIO, name: str, params: di
 
 
 def generate_view_region(program: Program, io: RegionIO, name: str, params: dict | None, kind: str) -> KernelSource:
+    """One path of single-input layout ops with a prologue and an epilogue: a gather or 32x32 tiles
+    (below). Any other graph of layout and pointwise ops (a cat of several values, pointwise ops
+    between layout ops, the pieces of a chunk): codegen/layout_graph.py."""
+    from .layout_graph import generate_layout_graph, is_layout_graph
+    try:
+        chain, pro, epi = split_chain(program, io, kind.replace("_", "-"))
+    except CodegenError:
+        if not is_layout_graph(program, io):
+            raise
+        return generate_layout_graph(program, io, name, params, kind)
+    return _generate_chain(program, io, name, params, kind, chain, pro, epi)
+
+
+def _generate_chain(program: Program, io: RegionIO, name: str, params: dict | None, kind: str,
+                    chain, pro, epi) -> KernelSource:
     vals = program.values
-    chain, pro, epi = split_chain(program, io, kind.replace("_", "-"))
     x_vid, y_vid = chain[0].inputs[0], chain[-1].outputs[0]
     x, y = vals[x_vid], vals[y_vid]
     numel = math.prod(y.shape)

@@ -951,24 +951,27 @@ def _literal(v: float, lang: str) -> str:
     return repr(float(v)) if math.isfinite(v) else f"float('{v}')"
 
 
-def render_layout(layout: Layout, idx, lang: str = "cuda", names=None, load=None, fill=math.nan) -> str:
+def render_layout(layout: Layout, idx, lang: str = "cuda", names=None, load=None, fill=math.nan,
+                  literal=None) -> str:
     """The element of `layout` at output index variable(s) idx as one expression: each read's load
     under its condition, tried in order, `fill` where none is valid (an index out of range).
-    load(source, index_text) renders a load (default `name[index]`)."""
+    load(source, index_text) renders a load (default `name[index]`); literal(text) wraps a constant's
+    literal (a float4 kernel makes four lanes of it)."""
     names = names or {}
     load = load or (lambda src, i: f"{names.get(src, src)}[{i}]")
+    lit = (lambda v: literal(_literal(v, lang))) if literal else (lambda v: _literal(v, lang))
     arms = []
     for r in layout.reads:
         off, tests = locate(r.stack, idx)
         if tests is FALSE:
             continue
-        value = _literal(r.value, lang) if r.source is None else load(r.source, render_expr(off, lang, names))
+        value = lit(r.value) if r.source is None else load(r.source, render_expr(off, lang, names))
         cond = render_tests(tests, lang, names)
         arms.append((cond, value))
         if cond is None:
             break
     if not arms or arms[-1][0] is not None:
-        arms.append((None, _literal(fill, lang)))
+        arms.append((None, lit(fill)))
     text = arms[-1][1]
     for cond, value in reversed(arms[:-1]):
         text = f"({cond}) ? {value} : {text}" if lang == "cuda" else f"({value} if {cond} else {text})"

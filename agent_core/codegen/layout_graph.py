@@ -1,0 +1,277 @@
+"""Layout graphs: regions whose non-pointwise ops are layout ops with views (slice with any step,
+select, the pieces of chunk / split / unbind, cat / stack of several values, pad, flip, roll, repeat,
+diag, the reshape family, permute / transpose, expand), with pointwise ops anywhere between them:
+RoPE's slice -> neg -> cat -> mul -> add, SwiGLU's chunk -> silu -> mul, a ViT's cat of a class token.
+
+One kernel, one thread per output element (grid-stride; float4 where every read allows it). Each value
+the outputs need becomes a function of its own flat index, a lambda `name_at(i)`, in topological order:
+- a region input is a load, name[i];
+- a pointwise op is its expression over its inputs read at their broadcast index (a broadcast is an
+  expand view, so it renders as any other view does);
+- a layout op reads its inputs through their views (codegen/views.py): the index expression under each
+  read's validity condition, a cat taking the first input whose mask holds (a chain of ?: selects, no
+  test on the last one), a pad its fill value where no read is valid.
+Nothing between the ops is written to memory. A value read at several indices (RoPE reads q three
+times) is recomputed at each; for pointwise ops that costs arithmetic, not traffic.
+
+Vectorised: when the outputs' element count is a multiple of 4 and every region input is only ever
+read at offsets that move with the output index in aligned runs of 4 (an innermost stride of 1, all
+other strides, offsets and mask bounds multiples of 4), each thread computes 4 neighbouring outputs:
+the lambdas take the run's first index and return float4, loads and stores are 16 bytes.
+"""
+from __future__ import annotations
+
+import math
+
+from ..ir import Program
+from . import views as V
+from .around import grid_for
+from .cuda import Names, c_type, header, index_type, kernel_name, kernel_source, render_pointwise
+from .kernel import CodegenError, KernelSource
+from .pointwise import is_elementwise
+from .region_io import RegionIO
+
+# layout ops read through views (gather / index_select / embedding load an index: not here yet)
+GRAPH_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "expand",
+             "repeat", "cat", "stack", "slice", "select", "split", "chunk", "unbind", "pad", "contiguous",
+             "flip", "roll", "diag")
+# the ops that only relabel elements: a region of these and pointwise ops stays a pointwise / row kernel
+RELABEL_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous", "expand")
+VEC = 4
+
+
+def is_layout_graph(program: Program, io: RegionIO) -> bool:
+    """Every non-pointwise op of the region is a layout op with a view, and one of them moves elements."""
+    ops = [program.nodes[n].op for n in io.nodes
+           if program.nodes[n].op in GRAPH_OPS or not is_elementwise(program.nodes[n])]
+    return bool(ops) and all(op in GRAPH_OPS for op in ops) and any(op not in RELABEL_OPS for op in ops)
+
+
+def _needed(program: Program, io: RegionIO) -> set:
+    """Values the outputs depend on (only these are rendered)."""
+    need, todo = set(), list(io.outputs)
+    while todo:
+        v = todo.pop()
+        if v in need:
+            continue
+        need.add(v)
+        if v in io.produced:
+            todo += [u for u in program.nodes[program.values[v].producer].inputs if u]
+    return need
+
+
+def _broadcast(shape, space) -> V.Layout:
+    """The Layout of a value of `shape` read at each index of `space` (numpy broadcasting)."""
+    lay = V.Layout.of("b", shape)
+    return lay if tuple(shape) == tuple(space) else V.expand(lay, list(space))
+
+
+def _check(program: Program, io: RegionIO, kind: str) -> int:
+    vals, nodes = program.values, program.nodes
+    for n in io.nodes:
+        node = nodes[n]
+        if node.op in GRAPH_OPS:
+            continue
+        if not is_elementwise(node):
+            raise CodegenError(f"{node.name} ({node.op}) is not a layout op with a view nor pointwise; a {kind} "
+                               f"region holds only those; split the region", node_id=n)
+        if node.op == "batch_norm":
+            raise CodegenError(f"{node.name} (batch_norm) reads per-channel parameters that a {kind} region "
+                               f"does not broadcast; split the region before it", node_id=n)
+    for v in [*io.inputs, *io.outputs]:
+        if vals[v].dtype != "float32":
+            raise CodegenError(f"'{vals[v].name}' has dtype {vals[v].dtype}; {kind} kernels are generated for "
+                               f"float32 so far")
+    numel = math.prod(vals[io.outputs[0]].shape)
+    if numel == 0:
+        raise CodegenError(f"output '{vals[io.outputs[0]].name}' is empty; there is nothing to launch")
+    for v in io.outputs:
+        if math.prod(vals[v].shape) != numel:
+            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of "
+                               f"'{vals[io.outputs[0]].name}' {vals[io.outputs[0]].spec}; split the region there")
+    return numel
+
+
+class _Graph:
+    """Each needed value as a Layout over the region's inputs (for the vector check) and as a lambda."""
+
+    def __init__(self, program: Program, io: RegionIO, kind: str):
+        self.program, self.io, self.kind = program, io, kind
+        self.need = _needed(program, io)
+
+    def layouts(self, node):
+        """(input value ids, output Layouts over them) of a layout node."""
+        ins = [v for v in node.inputs if v]
+        try:
+            outs = V.apply_op(node.op, node.attrs, [V.Layout.of(v, self.program.values[v].shape) for v in ins])
+        except V.ViewError as exc:
+            raise CodegenError(f"{node.name}: {exc}", node_id=node.id) from None
+        return ins, outs
+
+    def reads(self):
+        """(value read, Read through which it is read, at the index space of the reader) of every edge."""
+        vals = self.program.values
+        for nid in self.io.nodes:
+            node = self.program.nodes[nid]
+            if not any(v in self.need for v in node.outputs):
+                continue
+            if node.op in GRAPH_OPS:
+                _, outs = self.layouts(node)
+                for v, lay in zip(node.outputs, outs):
+                    if v in self.need:
+                        for r in lay.reads:
+                            if r.source is not None:
+                                yield r.source, r
+            else:
+                space = vals[node.outputs[0]].shape
+                for v in node.inputs:
+                    if v:
+                        r = _broadcast(vals[v].shape, space).reads[0]
+                        yield v, V.Read(v, r.stack)
+
+
+def _vector_ok(g: _Graph, numel: int) -> bool:
+    """Runs of 4 outputs read runs of 4 aligned, neighbouring elements everywhere: every read of
+    every value, composed down to the region's inputs, keeps the run together (see the module doc)."""
+    if numel % VEC:
+        return False
+    vals = g.program.values
+    for v in g.need:
+        if math.prod(vals[v].shape) % VEC:
+            return False
+    for _, r in g.reads():
+        for layer in r.stack.layers:
+            if not isinstance(layer, V.View):
+                return False
+            m = layer.merged()
+            if not m.shape:
+                return False
+            if m.shape[-1] % VEC or m.strides[-1] not in (1,) or m.offset % VEC \
+                    or any(st % VEC for st in m.strides[:-1]):
+                return False
+            if m.mask and (m.mask[-1][0] % VEC or m.mask[-1][1] % VEC):
+                return False
+        # a stacked read unravels the flat offset again: the run stays together when the lower view's
+        # innermost extent is a multiple of 4 too (checked above for each layer)
+    return True
+
+
+def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], dict]:
+    program, io = g.program, g.io
+    vals, nodes = program.values, program.nodes
+    fn: dict[str, str] = {}
+    ret = "float4" if vec else "float"
+    lines = []
+    for v in io.inputs:
+        if v not in g.need:
+            continue
+        fn[v] = names.new(vals[v].name + "_at")
+        load = f"reinterpret_cast<const float4*>({arg[v]})[i / 4]" if vec else f"{arg[v]}[i]"
+        lines.append(f"  auto {fn[v]} = [&](index_t i) -> {ret} {{ return {load}; }};  // input {vals[v].spec}")
+
+    def call(src, idx):
+        return f"{fn[src]}({idx})"
+
+    for nid in io.nodes:
+        node = nodes[nid]
+        if not any(v in g.need for v in node.outputs):
+            continue
+        note = f"{node.name}: {node.op}" + (f"({', '.join(f'{k}={a}' for k, a in node.attrs.items())})"
+                                          if node.attrs else "")
+        if node.op in GRAPH_OPS:
+            _, outs = g.layouts(node)
+            for v, lay in zip(node.outputs, outs):
+                if v not in g.need:
+                    continue
+                fn[v] = names.new(vals[v].name + "_at")
+                # a constant (a pad's fill, the NaN where no read is valid) is four lanes of it in float4
+                widen = (lambda lit: f"make_float4({lit}, {lit}, {lit}, {lit})") if vec else None
+                expr = V.render_layout(lay, "i", load=call, literal=widen)
+                lines.append(f"  // {note} -> {vals[v].spec}, read through its view")
+                lines.append(f"  auto {fn[v]} = [&](index_t i) -> {ret} {{ return {expr}; }};")
+            continue
+        out = vals[node.outputs[0]]
+        ln = Names()
+        ln.taken.update(names.taken | {"i"})      # locals never shadow a kernel argument or a lambda
+        body, args = [], []
+        for u in node.inputs:
+            if not u:
+                continue
+            local = ln.new(vals[u].name)
+            idx, _ = V.render_read(_broadcast(vals[u].shape, out.shape).reads[0].stack, "i")
+            body.append(f"const {ret if vec else c_type(vals[u].dtype, vals[u].name)} {local} = {fn[u]}({idx});")
+            args.append(local)
+        fn[out.id] = names.new(out.name + "_at")
+        if vec:
+            lanes = []
+            for c in "xyzw":
+                lanes.append(render_pointwise(node, [f"{a}.{c}" for a in args]))
+            expr = f"make_float4({', '.join(lanes)})"
+            rtype = "float4"
+        else:
+            expr = render_pointwise(node, args)
+            rtype = c_type(out.dtype, out.name)
+        lines.append(f"  // {note} -> {out.spec}")
+        lines.append(f"  auto {fn[out.id]} = [&](index_t i) -> {rtype} {{ {' '.join(body)} return {expr}; }};")
+    return lines, fn
+
+
+def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dict | None, kind: str) -> KernelSource:
+    vals, nodes = program.values, program.nodes
+    what = kind.replace("_", "-")
+    numel = _check(program, io, what)
+    g = _Graph(program, io, what)
+    for v in g.need:       # pointwise ops may compute bool (a comparison feeding a where)
+        c_type(vals[v].dtype, vals[v].name)
+    vec = bool((params or {}).get("vector", True)) and _vector_ok(g, numel) \
+        and all(vals[v].dtype == "float32" for v in g.need)
+    names = Names()
+    names.taken.update(("o", "i", "stride", "kNumel", "kBlock", "kRuns"))
+    arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
+    lines, fn = _lambdas(g, arg, names, vec)
+    block = int((params or {}).get("block", 256))
+    work = numel // VEC if vec else numel
+    grid = grid_for(work, block)
+    index_t = index_type(max([numel] + [math.prod(vals[v].shape) for v in io.inputs]))
+    consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};  // output elements"]
+    if vec:
+        consts.append(f"constexpr index_t kRuns = {work};  // runs of 4 neighbouring output elements")
+        stores = [f"    reinterpret_cast<float4*>({arg[v]})[o] = {fn[v]}(o * 4);" for v in io.outputs]
+        loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
+    else:
+        stores = [f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs]
+        loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {"
+    consts.append(f"constexpr int kBlock = {block};")
+    body = ["  // each value the outputs need, as a function of its own flat index (run start when float4)",
+            *lines,
+            "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
+            loop, *stores, "  }"]
+    layout_nodes = [nodes[n] for n in io.nodes if nodes[n].op in GRAPH_OPS]
+    n_reads = sum(1 for _ in g.reads())
+    sched = (f"{'float4 ' if vec else ''}gather over a graph of views, one output "
+             f"{'run of 4' if vec else 'element'} per thread, {block} threads x {grid} blocks")
+    head = header(program, f"Region {name}: layout graph ({', '.join(n.op for n in layout_nodes)}) with "
+                           f"{len(io.nodes) - len(layout_nodes)} pointwise op(s) -> {vals[io.outputs[0]].spec}",
+                  io.nodes, [
+                      "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
+                      "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+                      "Every output element is computed from the region's inputs, read through the views of "
+                      "the layout ops; nothing in between goes to memory.",
+                      f"Schedule: {sched}.",
+                  ])
+    cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
+    source = kernel_source(head, consts, [], kernel_name(name), cparams, body)
+    # each input is read at most once per element of each read of it, never more than all of it
+    uses = {}
+    for v, _ in g.reads():
+        uses[v] = uses.get(v, 0) + 1
+    read = sum(min(vals[v].nbytes, uses.get(v, 1) * numel * 4) for v in io.inputs if v in g.need)
+    return KernelSource(
+        name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
+        params={"tiled": False, "graph": True, "vector": VEC if vec else 1, "reads": n_reads, "grid": grid,
+                "block": block, "chain": [n.op for n in layout_nodes]},
+        align=16 if vec else 4,
+        bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
+        flops=sum(program.node_flops(n) for n in io.nodes))
