@@ -12,13 +12,27 @@ import re
 from ..ir import Node, Program
 from .kernel import CodegenError
 
-C_TYPES = {"float32": "float", "bool": "bool"}
+# The dtypes a generated kernel computes in, each loaded and stored with its own C type (bools travel
+# as bytes). float64 and the half types are refused rather than computed in float32: that would change
+# the program's precision.
+C_TYPES = {"float32": "float", "bool": "bool", "int64": "long long", "int32": "int", "uint8": "unsigned char",
+           "int8": "signed char"}
+INT_DTYPES = ("int64", "int32", "uint8", "int8")
+# 4 lanes of each dtype in one access: 16 bytes for float32 / int32, two 16-byte halves for int64, 4
+# bytes for the byte types. Lanes are .x .y .z .w of the element's own C type.
+VEC4 = {"float32": "float4", "int32": "int4", "int64": "vec4_i64", "uint8": "uchar4", "int8": "char4",
+        "bool": "vec4_bool"}
+VEC4_STRUCTS = {
+    "vec4_i64": "struct __align__(16) vec4_i64 { long long x, y, z, w; };  // 4 int64 lanes, two 16-byte halves",
+    "vec4_bool": "struct __align__(4) vec4_bool { bool x, y, z, w; };  // 4 bool lanes, one 4-byte access",
+}
+_INT_LIMITS = {"int64": (-2**63, 2**63 - 1), "int32": (-2**31, 2**31 - 1), "uint8": (0, 255), "int8": (-128, 127)}
 
 # Words a generated identifier may not take: C++ keywords, CUDA built-ins and the kernel's own locals.
 RESERVED = set("""
 auto bool break case char const constexpr continue default do double else enum extern false float for
 goto if inline int long register restrict return short signed sizeof static struct switch true typedef
-union unsigned void volatile while float4 int4 threadIdx blockIdx blockDim gridDim warpSize min max
+union unsigned void volatile while float4 int4 uchar4 char4 vec4_i64 vec4_bool threadIdx blockIdx blockDim gridDim warpSize min max
 index_t idx vec stride first row col lane tid k e i j n v s m out in x4 acc smem
 """.split())
 
@@ -27,8 +41,8 @@ def c_type(dtype: str, what: str) -> str:
     try:
         return C_TYPES[dtype]
     except KeyError:
-        raise CodegenError(f"{what} has dtype {dtype}; code generation handles float32 and bool so far "
-                           f"(the region runs unfused)") from None
+        raise CodegenError(f"{what} has dtype {dtype}; generated kernels compute in float32, int64, int32, "
+                           f"uint8, int8 and bool, not in {dtype} (the region runs unfused)") from None
 
 
 def float_literal(value) -> str:
@@ -45,11 +59,35 @@ def float_literal(value) -> str:
     return f"({text}f)" if v < 0 else f"{text}f"
 
 
-def attr_literal(name: str, value) -> str:
+def int_literal(value: int, dtype: str) -> str:
+    """An integer literal of dtype's C type: 7LL, (-100LL), ((unsigned char)3); the most negative
+    int64 is written as an expression (its magnitude has no literal)."""
+    v = int(value)
+    if dtype == "int64":
+        text = "(-9223372036854775807LL - 1)" if v == -2**63 else f"{v}LL"
+    elif dtype == "int32":
+        text = "(-2147483647 - 1)" if v == -2**31 else str(v)
+    else:
+        return f"(({C_TYPES[dtype]}){v})"
+    return f"({text})" if v < 0 and not text.startswith("(") else text
+
+
+def attr_literal(name: str, value, dtype: str = "float32") -> str:
+    """An attribute as a literal of the dtype the op computes in (torch converts a Python number to the
+    tensor's dtype: masked_fill(int64, -100) fills -100, never -100.0f)."""
+    lower = name in ("min", "min_val", "low")
+    if dtype in INT_DTYPES:
+        if value is None:  # clamp's open ends: the type's own limits
+            return int_literal(_INT_LIMITS[dtype][0 if lower else 1], dtype)
+        if isinstance(value, (bool, int, float)) and not (isinstance(value, float) and not math.isfinite(value)):
+            return int_literal(int(value), dtype)
+        raise CodegenError(f"attribute {name}={value!r} has no {dtype} literal")
+    if dtype == "bool" and isinstance(value, (bool, int, float)):
+        return "true" if value else "false"
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:  # clamp's open ends
-        return "(-INFINITY)" if name in ("min", "min_val", "low") else "INFINITY"
+        return "(-INFINITY)" if lower else "INFINITY"
     if isinstance(value, (int, float)):
         return float_literal(value)
     raise CodegenError(f"attribute {name}={value!r} has no C literal")
@@ -89,12 +127,55 @@ def kernel_name(name: str) -> str:
     return ident if not ident[0].isdigit() else "region_" + ident
 
 
-def render_pointwise(node: Node, args: list[str]) -> str:
-    """The C expression of one pointwise node over the SSA names of its inputs."""
+_COMPARISONS = {"gt", "ge", "lt", "le", "eq", "ne"}
+_UNCONVERTED = {"cast", "logical_and", "logical_or", "logical_not"}   # read their inputs as they are
+_CONDITIONS = {("where", 0), ("masked_fill", 1)}                      # (op, port): a truth value, as is
+
+
+def compute_dtype(program: Program, node: Node) -> str:
+    """The dtype a pointwise node computes in, as torch does: a comparison in the promoted type of its
+    operands (torch.result_type, so a 0-dim operand does not widen a tensor of its own kind: int64 labels
+    == -100 compare as int64, never through float), everything else in its output's dtype (an int64 mask
+    times a float32 tensor is float32: the mask is converted, then multiplied)."""
+    out = program.values[node.outputs[0]].dtype
+    if node.op not in _COMPARISONS:
+        return out
+    from ..ops.common import dtype_name, torch_dtype
+    import torch
+    dummies = [torch.empty([0] if program.values[v].shape else [], dtype=torch_dtype(program.values[v].dtype))
+               for v in node.inputs if v is not None]
+    return dtype_name(torch.result_type(*dummies))
+
+
+def convert(arg: str, dtype: str, to: str) -> str:
+    """arg (of dtype) as a value of dtype `to`: unchanged when they match, else a C conversion (C's
+    rules are torch's here: int -> float rounds to nearest, float -> int truncates, != 0 -> true)."""
+    return arg if dtype == to else f"(({C_TYPES[to]}){arg})"
+
+
+def render_pointwise(node: Node, args: list[str], program: Program | None = None) -> str:
+    """The C expression of one pointwise node over the SSA names of its inputs. With the program, each
+    input is first converted to the dtype the node computes in (`compute_dtype`), and an integer or
+    bool computation takes the op's integer form (ops.pointwise.INT_CUDA)."""
+    from ..ops.pointwise import INT_CUDA, TYPE_GENERIC
     opdef = node.opdef
     template = opdef.cuda
     if template is None:
         raise CodegenError(f"{node.name} ({node.op}) has no CUDA expression", node_id=node.id)
+    dtype = "float32"
+    if program is not None:
+        dtype = compute_dtype(program, node)
+        c_type(dtype, f"{node.name} ({node.op}) computes in a type that")
+        present = [v for v in node.inputs if v is not None]
+        if node.op not in _UNCONVERTED:
+            args = [a if (node.op, port) in _CONDITIONS else convert(a, program.values[v].dtype, dtype)
+                    for port, (a, v) in enumerate(zip(args, present))]
+        if dtype != "float32" and node.op not in _UNCONVERTED:
+            if node.op in INT_CUDA:
+                template = INT_CUDA[node.op]
+            elif node.op not in TYPE_GENERIC:
+                raise CodegenError(f"{node.name} ({node.op}) on {dtype} has no integer CUDA form; cast its "
+                                   f"input to float32 first (the region runs unfused)", node_id=node.id)
     if isinstance(template, dict):  # chosen by a string attribute, e.g. gelu's approximate
         key = next((v for v in node.attrs.values() if isinstance(v, str) and v in template), None)
         if key is None:
@@ -106,7 +187,7 @@ def render_pointwise(node: Node, args: list[str]) -> str:
         if a.kind == "str":
             fields[a.name] = node.attrs.get(a.name)
         else:
-            fields[a.name] = attr_literal(a.name, node.attrs.get(a.name))
+            fields[a.name] = attr_literal(a.name, node.attrs.get(a.name), dtype)
     if node.op == "cast":
         fields["ctype"] = c_type(node.attrs["dtype"], f"{node.name} (cast)")
     for port, arg in zip(opdef.port_names, args):
@@ -134,9 +215,10 @@ PRELUDE = """#ifndef INFINITY
 #ifndef NAN
 #define NAN __int_as_float(0x7fffffff)
 #endif
-// max / min that keep a NaN operand, as torch does (fmaxf / fminf return the other operand)
-__device__ __forceinline__ float max_nan(float a, float b) { return (a > b || a != a) ? a : b; }
-__device__ __forceinline__ float min_nan(float a, float b) { return (a < b || a != a) ? a : b; }
+// max / min that keep a NaN operand, as torch does (fmaxf / fminf return the other operand); one
+// template, so integer maximum / clamp compare exactly in their own type
+template <typename T> __device__ __forceinline__ T max_nan(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> __device__ __forceinline__ T min_nan(T a, T b) { return (a < b || a != a) ? a : b; }
 """
 
 

@@ -1,6 +1,7 @@
 """Pointwise and broadcast chains: one kernel that evaluates the region's expression tree per element.
 
-Schedule: a grid-stride loop over groups of four contiguous elements with 16-byte float4 loads and
+Schedule: a grid-stride loop over groups of four contiguous elements with vector loads (float4, int4,
+2 x 16 bytes for int64, 4 bytes for the byte types) and
 stores for the operands that span the whole iteration space, index arithmetic for broadcast operands,
 and a scalar tail for the last numel % 4 elements.
 """
@@ -11,7 +12,8 @@ import re
 
 from ..ir import Program
 from ..ops.common import broadcast
-from .cuda import Names, c_type, float_literal, header, index_type, kernel_name, render_pointwise
+from .cuda import (VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name,
+                   render_pointwise)
 from .kernel import CodegenError, KernelSource
 from .region_io import BroadcastIndex, RegionIO
 
@@ -76,10 +78,14 @@ def render_chain(program: Program, order: list[str], env: dict[str, str], names:
             raise CodegenError(f"{node.name} ({node.op}) is not pointwise and cannot join a "
                                f"pointwise chain", node_id=nid)
         if node.op == "batch_norm":
+            for v in node.inputs:
+                if v is not None and program.values[v].dtype != "float32":
+                    raise CodegenError(f"{node.name} (batch_norm) reads '{program.values[v].name}' of dtype "
+                                       f"{program.values[v].dtype}; it is generated for float32", node_id=nid)
             expr = _batch_norm_expr(node, [env[v] if v is not None else "" for v in node.inputs])
         else:
             args = [env[v] for v in node.inputs if v is not None]
-            expr = render_pointwise(node, args)
+            expr = render_pointwise(node, args, program)
         out = program.values[node.outputs[0]]
         ident = names.new(out.name)
         note = node.name if node.name == node.op else f"{node.name}: {node.op}"
@@ -115,17 +121,18 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
     names = Names()
     arg = {vid: names.new(vals[vid].name) for vid in operands}
     full = {vid: bidx.is_full(k) for k, vid in enumerate(operands)}
-    is_f32 = {vid: vals[vid].dtype == "float32" for vid in operands}
-    vec = p["vector_width"] == 4 and numel >= 4 and any(full[v] and is_f32[v] for v in operands)
+    # every operand dtype has a 4-lane vector type (VEC4): full-size operands load and store 4 at a time
+    vt = {vid: VEC4[vals[vid].dtype] for vid in operands}
+    vec = p["vector_width"] == 4 and numel >= 4 and any(full[v] for v in operands)
     width = 4 if vec else 1
     num_vec = numel // width if vec else 0
 
     # constants of the broadcast index arithmetic
     consts = [f"constexpr index_t kNumel = {numel};"]
     if vec:
-        consts += ["constexpr index_t kVecWidth = 4;  // floats per 16-byte access",
+        consts += ["constexpr index_t kVecWidth = 4;  // elements per vector access",
                    "constexpr index_t kNumVec = kNumel / kVecWidth;",
-                   f"constexpr int kUnroll = {int(p['unroll'])};  // float4 groups in flight per thread"]
+                   f"constexpr int kUnroll = {int(p['unroll'])};  // vector groups in flight per thread"]
     size_names = [f"kSize{g}" for g in range(len(bidx.sizes))]
     inner_names = [f"kInner{g}" for g in range(len(bidx.sizes))]
     offsets, helpers = {}, []
@@ -174,21 +181,21 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
             last = bidx.strides[k_][-1]
             if last == 0:
                 group_mode[vid] = "uniform"
-            elif last == 1 and is_f32[vid]:
+            elif last == 1:
                 group_mode[vid] = "vec4"
 
     def load(vid: str, idx: str, lane: int | None) -> str:
         if lane is not None and vid in group_mode:
             return f"{arg[vid]}_u" if group_mode[vid] == "uniform" else f"{arg[vid]}4.{LANES[lane]}"
         if full[vid]:
-            if lane is not None and is_f32[vid]:
+            if lane is not None:
                 return f"{arg[vid]}4[u].{LANES[lane]}"
             return f"{arg[vid]}[{idx}]"
         fn = offsets[vid]
         return f"{arg[vid]}[0]" if fn is None else f"{arg[vid]}[{fn}({idx})]"
 
     def store(vid: str, idx: str, lane: int | None) -> str:
-        if lane is not None and is_f32[vid]:
+        if lane is not None:
             return f"{arg[vid]}4.{LANES[lane]}"
         return f"{arg[vid]}[{idx}]"
 
@@ -199,16 +206,16 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
          "  const index_t first = (index_t)blockIdx.x * blockDim.x + threadIdx.x;",
          "  const index_t stride = (index_t)gridDim.x * blockDim.x;"]
     if vec:
-        k += ["  // 16-byte vector body: kUnroll float4 groups per thread and step, all loads issued first",
+        k += ["  // vector body: kUnroll groups of 4 elements per thread and step, all loads issued first",
               "  for (index_t v0 = first; v0 < kNumVec; v0 += stride * kUnroll) {"]
-        full_f32 = [v for v in io.inputs if full[v] and is_f32[v]]
+        full_f32 = [v for v in io.inputs if full[v]]
         for vid in full_f32:
-            k.append(f"    float4 {arg[vid]}4[kUnroll];")
+            k.append(f"    {vt[vid]} {arg[vid]}4[kUnroll];")
         if full_f32:
             k += ["#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
                   "      const index_t v = v0 + u * stride;",
                   "      if (v < kNumVec) {"]
-            k += [f"        {arg[vid]}4[u] = reinterpret_cast<const float4*>({arg[vid]})[v];" for vid in full_f32]
+            k += [f"        {arg[vid]}4[u] = reinterpret_cast<const {vt[vid]}*>({arg[vid]})[v];" for vid in full_f32]
             k += ["      }", "    }"]
         k += ["#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
               "      const index_t v = v0 + u * stride;",
@@ -219,18 +226,16 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
                 k.append(f"      const {c_type(vals[vid].dtype, '')} {arg[vid]}_u = {arg[vid]}[{offsets[vid]}(i)];"
                          "  // the same for all 4 lanes")
             else:
-                k.append(f"      const float4 {arg[vid]}4 = reinterpret_cast<const float4*>({arg[vid]} + "
+                k.append(f"      const {vt[vid]} {arg[vid]}4 = reinterpret_cast<const {vt[vid]}*>({arg[vid]} + "
                          f"{offsets[vid]}(i))[0];")
         for vid in io.outputs:
-            if is_f32[vid]:
-                k.append(f"      float4 {arg[vid]}4;")
+            k.append(f"      {vt[vid]} {arg[vid]}4;")
         for lane in range(4):
             idx = "i" if lane == 0 else f"i + {lane}"
             a = [load(v, idx, lane) for v in io.inputs] + [store(v, idx, lane) for v in io.outputs]
             k.append(f"      point({', '.join(a)});")
         for vid in io.outputs:
-            if is_f32[vid]:
-                k.append(f"      reinterpret_cast<float4*>({arg[vid]})[v] = {arg[vid]}4;")
+            k.append(f"      reinterpret_cast<{vt[vid]}*>({arg[vid]})[v] = {arg[vid]}4;")
         if any(re.search(r"\bi\b", line) for line in k[body_start:]):  # element index, when used
             k.insert(body_start, "      const index_t i = v * kVecWidth;")
         k += ["    }", "  }"]
@@ -248,7 +253,8 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
     work = num_vec if vec else numel
     max_blocks = int(p["sm_count"]) * max(1, int(p["threads_per_sm"]) // block)
     grid = max(1, min(math.ceil(work / block), max_blocks))
-    schedule = (f"{'float4' if vec else 'scalar'} grid-stride loop, {block} threads x {grid} blocks"
+    vec_kinds = "/".join(dict.fromkeys(vt[v] for v in operands if full[v]))
+    schedule = (f"{vec_kinds if vec else 'scalar'} grid-stride loop, {block} threads x {grid} blocks"
                 + (f", scalar tail of {numel % 4}" if vec and numel % 4 else ""))
     ins_desc = [f"{vals[v].name} {vals[v].spec}" + ("" if full[v] else " (broadcast)") for v in io.inputs]
     head = header(program, f"Region {name}: pointwise chain of {len(io.nodes)} op(s)", io.nodes, [
@@ -261,6 +267,8 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
         f"typedef {index_t} index_t;",
         f"constexpr int kBlock = {block};",
         *consts, "",
+        *[VEC4_STRUCTS[t] + "\n" for t in dict.fromkeys(vt.values()) if vec and t in VEC4_STRUCTS
+          and re.search(rf"\b{t}\b", "\n".join(k))],
         *helpers,
         point,
         "\n".join(k), "",

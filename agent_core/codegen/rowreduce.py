@@ -26,7 +26,7 @@ import networkx as nx
 
 from ..ir import Program
 from ..ops.common import broadcast, norm_dim, norm_dims
-from .cuda import Names, float_literal, header, index_type, kernel_name, kernel_source
+from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
@@ -43,7 +43,7 @@ FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(float32).eps: rms_norm's def
 STATES = {
     "max": (["m"], "{-INFINITY}", "s.m = max_nan(s.m, x);", "return {max_nan(a.m, b.m)};"),
     "min": (["m"], "{INFINITY}", "s.m = min_nan(s.m, x);", "return {min_nan(a.m, b.m)};"),
-    "sum": (["s"], "{0.0f}", "s.s += x;", "return {a.s + b.s};"),
+    "sum": (["s"], "{0}", "s.s += x;", "return {a.s + b.s};"),  # 0: a float or an int64 sum
     "prod": (["p"], "{1.0f}", "s.p *= x;", "return {a.p * b.p};"),
     "sumsq": (["q"], "{0.0f}", "s.q = fmaf(x, x, s.q);", "return {a.q + b.q};"),
     # online softmax: running max m and sum s of exp(x - m)
@@ -215,10 +215,20 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     state, preamble, out_expr, preserving, dims, row_len = _row_op(program, anchor.id)
     x_vid = anchor.inputs[0]
     x = vals[x_vid]
-    for vid in [x_vid, anchor.outputs[0], *io.inputs, *io.outputs]:
-        if vals[vid].dtype != "float32":
-            raise CodegenError(f"'{vals[vid].name}' has dtype {vals[vid].dtype}; row reductions are "
-                               f"generated for float32 so far (the region runs unfused)")
+    # the element type of the statistics: float32, or int64 for a sum of integers or bools (torch sums
+    # them exactly in int64: mask.sum() counts tokens)
+    acc = "float"
+    if vals[x_vid].dtype != "float32" and anchor.op == "sum" and vals[anchor.outputs[0]].dtype == "int64":
+        c_type(vals[x_vid].dtype, f"'{vals[x_vid].name}'")
+        acc = "long long"
+    else:
+        for vid in [x_vid, anchor.outputs[0]]:
+            if vals[vid].dtype != "float32":
+                raise CodegenError(f"{anchor.name} ({anchor.op}) reduces '{vals[vid].name}' of dtype "
+                                   f"{vals[vid].dtype}; row reductions accumulate float32, or int64 for a sum "
+                                   f"(cast it to float32 first; the region runs unfused)", node_id=anchor.id)
+    # the prologue and epilogue read and write any kernel dtype, each with its own C type
+    ct = {vid: c_type(vals[vid].dtype, f"'{vals[vid].name}'") for vid in [*io.inputs, *io.outputs]}
     cols = row_len or math.prod(x.shape[d] for d in dims)
     rows = math.prod(x.shape) // max(cols, 1)
     # [outer, cols, inner]: inner > 1 means the reduced dims are followed by kept ones (columns)
@@ -231,6 +241,10 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     g = program.graph().subgraph(io.nodes)
     before = nx.ancestors(g, anchor.id)
     after = nx.descendants(g, anchor.id)
+    # a side branch that only feeds the epilogue (`labels == -100` of `where(labels == -100, 0, loss)`)
+    # is evaluated with it, per output element, from the region's inputs
+    feeds_epi = set().union(*(nx.ancestors(g, n) for n in after)) if after else set()
+    after = after | {n for n in io.nodes if n in feeds_epi and n not in before and n != anchor.id}
     stray = [n for n in io.nodes if n not in before and n not in after and n != anchor.id]
     if stray:
         raise CodegenError(f"{nodes[stray[0]].name} ({nodes[stray[0]].op}) neither feeds the reduction nor "
@@ -292,7 +306,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                                    f"in registers (at most 64)")
         block = max(int(p["block"]), tpr) if schedule == "warp" else tpr
     split = 1
-    if schedule == "online" and not preserving and not column and rows < int(p["sm_count"]):
+    # (the split workspace holds float partials: an int64 sum stays on one block per row)
+    if schedule == "online" and not preserving and not column and rows < int(p["sm_count"]) and acc == "float":
         # few long rows reduced away: several blocks per row, the last to finish combines the partials
         split = max(1, min(math.ceil(cols / (tpr * vec * 16)), math.ceil(2 * int(p["sm_count"]) / rows)))
         if p.get("split"):
@@ -328,10 +343,10 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     pro_lines = render_chain(program, pro, penv, pn) if pro else []
     pref = {v: pn.new(vals[v].name + "_out") for v in pro_outs}
     pro_lines += [f"  {pref[v]} = {penv[v]};" for v in pro_outs]
-    psig = [f"float {penv[v]}" for v in pro_inputs] + [f"float& {pref[v]}" for v in pro_outs]
+    psig = [f"{ct.get(v, 'float')} {penv[v]}" for v in pro_inputs] + [f"{ct[v]}& {pref[v]}" for v in pro_outs]
     pro_fn = ("// Prologue: one element of the reduction's input" + (" (and the prologue values used "
               "outside the region)" if pro_outs else "") + ".\n"
-              f"__device__ __forceinline__ float point({', '.join(psig)}) {{\n"
+              f"__device__ __forceinline__ {acc} point({', '.join(psig)}) {{\n"
               + "\n".join(pro_lines) + f"\n  return {penv[x_vid]};\n}}\n")
     # epilogue: anchor output (+ its input, + other inputs) -> region outputs
     en = Names()
@@ -344,17 +359,17 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     epi_lines = render_chain(program, epi, eenv, en) if epi else []
     oref = {v: en.new(vals[v].name + "_out") for v in epi_outs}
     epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in epi_outs]
-    sig = [f"float {eenv[anchor_out]}"] + ([f"float {eenv[x_vid]}"] if epi_x else []) + \
-          [f"float {eenv[v]}" for v in epi_inputs] + [f"float& {oref[v]}" for v in epi_outs]
+    sig = [f"{acc} {eenv[anchor_out]}"] + ([f"{acc} {eenv[x_vid]}"] if epi_x else []) + \
+          [f"{ct[v]} {eenv[v]}" for v in epi_inputs] + [f"{ct[v]}& {oref[v]}" for v in epi_outs]
     epi_fn = ("// Epilogue: one element of the reduction's output to the region's outputs.\n"
               f"__device__ __forceinline__ void store_point({', '.join(sig)}) {{\n" + "\n".join(epi_lines) + "\n}\n")
 
     fields, identity, fold, comb = STATES[state]
     state_code = (
         f"// Row statistics ({state}): identity, fold one element, combine two partial states.\n"
-        f"struct State {{ float {', '.join(fields)}; }};\n"
+        f"struct State {{ {acc} {', '.join(fields)}; }};\n"
         f"__device__ __forceinline__ State identity() {{ return State{identity}; }}\n"
-        f"__device__ __forceinline__ void fold(State& s, float x) {{ {fold} }}\n"
+        f"__device__ __forceinline__ void fold(State& s, {acc} x) {{ {fold} }}\n"
         f"__device__ __forceinline__ State combine(State a, State b) {{\n  {comb}\n}}\n"
         "// All-reduce across the kThreadsPerRow lanes of a row (xor shuffles stay inside the group).\n"
         "__device__ __forceinline__ State group_reduce(State a) {\n"
@@ -399,20 +414,27 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     kname = kernel_name(name)
     if column:
         state_code = state_code[:state_code.index("// All-reduce across")]
-    cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
-              [f"float* __restrict__ {arg[v]}" for v in out_vids]
+    cparams = [f"const {ct[v]}* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"{ct[v]}* __restrict__ {arg[v]}" for v in out_vids]
+    vt = {v: VEC4[vals[v].dtype] for v in [*io.inputs, *io.outputs]}  # 4 lanes of each operand's type
 
     modes = {v: ld_pro.group_mode(v) for v in pro_inputs} if vec == 4 else {}
+
+    def discard_name(v):
+        return "discard" if vals[v].dtype == "float32" else f"discard_{vals[v].dtype}"
+    discards = dict.fromkeys(discard_name(v) for v in pro_outs)
+    discard_decl = ("  " + " ".join(f"{'float' if d == 'discard' else c_type(d[8:], d)} {d};" for d in discards)
+                    + "  // prologue outputs when pass 2 evaluates the prologue again")
 
     def group_loads(indent, col):
         out = []
         for v in pro_inputs:
             if ld_pro.full(v):
-                out.append(f"{indent}const float4 {arg[v]}4 = reinterpret_cast<const float4*>({arg[v]} + base + {col})[0];")
+                out.append(f"{indent}const {vt[v]} {arg[v]}4 = reinterpret_cast<const {vt[v]}*>({arg[v]} + base + {col})[0];")
             elif modes.get(v) == "uniform":
-                out.append(f"{indent}const float {arg[v]}_u = {ld_pro.load(v, arg[v], f'base + {col}')};")
+                out.append(f"{indent}const {ct[v]} {arg[v]}_u = {ld_pro.load(v, arg[v], f'base + {col}')};")
             elif modes.get(v) == "vec4":
-                out.append(f"{indent}const float4 {arg[v]}4 = reinterpret_cast<const float4*>({arg[v]} + "
+                out.append(f"{indent}const {vt[v]} {arg[v]}4 = reinterpret_cast<const {vt[v]}*>({arg[v]} + "
                            f"{ld_pro.fn[v]}(base + {col}))[0];")
         return out
 
@@ -427,7 +449,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                 out.append(f"{arg[v]}4.{'xyzw'[lane]}")
             else:
                 out.append(ld_pro.load(v, arg[v], idx))
-        out += [f"{arg[v]}[{idx}]" if store else "discard" for v in pro_outs]
+        out += [f"{arg[v]}[{idx}]" if store else discard_name(v) for v in pro_outs]
         return ", ".join(out)
 
     def epi_call(y, xv, idx, lane=None):
@@ -439,10 +461,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     if column:
         return _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_expr, preserving,
                               rows // inner, cols, inner, state_code, pro_fn, epi_fn, cparams, pro_args,
-                              epi_call, out_vids, ld_pro, ld_epi, bool(pro_outs))
+                              epi_call, out_vids, ld_pro, ld_epi, discard_decl if pro_outs else "", acc)
 
-    body = (["  float discard;  // prologue outputs when pass 2 evaluates the prologue again"]
-            if pro_outs else []) + ["  const int group = threadIdx.x / kThreadsPerRow;",
+    body = ([discard_decl] if pro_outs else []) + ["  const int group = threadIdx.x / kThreadsPerRow;",
             "  const int lane = threadIdx.x % kThreadsPerRow;",
             "  const index_t row = (index_t)blockIdx.x * kRowsPerBlock + group;",
             "  const bool active = row < kRows;  // inactive lanes still join the shuffles",
@@ -476,7 +497,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             f4 = vec == 4
             if f4:
                 for v in epi_outs:
-                    out.append(f"{indent}float4 {arg[v]}4;")
+                    out.append(f"{indent}{vt[v]} {arg[v]}4;")
             for e in range(vec):
                 c = f"{col} + {e}" if vec == 4 else col
                 xe, call = source(e), epi_call(out_expr, "xe", "base + col", e if f4 else None)
@@ -484,12 +505,12 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                 col_decl = f"const int col = {c}; " if re.search(r"\bcol\b", xe + call) else ""
                 # the element itself only when the epilogue reads it (a register read has no effects;
                 # a re-evaluated prologue `point(...)` is always kept)
-                xe_decl = f"const float xe = {xe}; " if re.search(r"\bxe\b", call) or "(" in xe else ""
+                xe_decl = f"const {acc} xe = {xe}; " if re.search(r"\bxe\b", call) or "(" in xe else ""
                 out.append(f"{indent}{{ {col_decl}{xe_decl}".rstrip())
                 out.append(f"{indent}  {call} }}")
             if f4:
                 for v in epi_outs:
-                    out.append(f"{indent}reinterpret_cast<float4*>({arg[v]} + base + {col})[0] = {arg[v]}4;")
+                    out.append(f"{indent}reinterpret_cast<{vt[v]}*>({arg[v]} + base + {col})[0] = {arg[v]}4;")
         return out
 
     if schedule == "split":
@@ -501,7 +522,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                 "  // pass 1: this block's interleaved share of the row, folded into running statistics",
                 "  for (int c0 = (part * kThreadsPerRow + lane) * kVec; c0 < kCols; "
                 "c0 += kSplit * kThreadsPerRow * kVec) {",
-                "    float v[kVec];"]
+                f"    {acc} v[kVec];"]
         body += load_group("    ", "c0", lambda e: f"v[{e}]")
         body += ["  }",
                  "  st = row_reduce(st);",
@@ -523,9 +544,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                  "  counters[row] = 0u;  // ready for the next launch (and graph replay)"]
         if preamble:
             body.append(f"  {preamble}")
-        body += ["  {", f"    const float y = {out_expr};", f"    {epi_call('y', 'NAN', 'row')}", "  }"]
+        body += ["  {", f"    const {acc} y = {out_expr};", f"    {epi_call('y', 'NAN', 'row')}", "  }"]
     elif cached:
-        body.insert(0, "  float v[kItems * kVec];  // this thread's part of the row, kept in registers")
+        body.insert(0, f"  {acc} v[kItems * kVec];  // this thread's part of the row, kept in registers")
         body += ["  // pass 1: load the row (prologue applied)" + ("" if two_stage else ", fold it into the statistics"),
                  "#pragma unroll",
                  "  for (int k = 0; k < kItems; ++k) {",
@@ -552,7 +573,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     else:
         body += ["  // pass 1: stream the row once, folding it into running statistics",
                  "  for (int c0 = lane * kVec; active && c0 < kCols; c0 += kThreadsPerRow * kVec) {",
-                 "    float v[kVec];"]
+                 f"    {acc} v[kVec];"]
         body += load_group("    ", "c0", lambda e: f"v[{e}]")
         body += ["  }"]
     if schedule == "split":
@@ -585,7 +606,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             body += ["  }"]
     else:
         body += ["  if (lane == 0) {",
-                 f"    const float y = {out_expr};",
+                 f"    const {acc} y = {out_expr};",
                  f"    {epi_call('y', 'NAN', 'row')}",
                  "  }"]
 
@@ -620,7 +641,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     ])
     if sum("discard" in ln for ln in body) == 1:   # pass 2 reads the registers: nothing to discard
         body = [ln for ln in body if "discard" not in ln]
-    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
+    structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", "\n".join(body))]
+    source = kernel_source(head, consts, [*structs, *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
                            cparams, body)
     nbytes = sum(vals[v].nbytes for v in io.inputs + out_vids)
     return KernelSource(
@@ -652,7 +674,7 @@ COLUMN_TILE = (32, 8)  # threads over kept inner positions (coalesced) x threads
 
 def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_expr, preserving, outer, cols,
                    inner, state_code, pro_fn, epi_fn, cparams, pro_args, epi_call, out_vids, ld_pro, ld_epi,
-                   has_pro_outs=False):
+                   discard_decl="", acc="float"):
     """Reduction over dims followed by kept ones: [outer, cols, inner]. A block owns 32 neighbouring
     inner positions (coalesced loads) of one outer index; its 8 thread rows split the reduced length,
     fold their part, and combine through shared memory; row-preserving anchors then re-read their part
@@ -666,15 +688,14 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
     # short columns stay in registers between the two passes (no re-read)
     items = math.ceil(cols / ty)
     cached = preserving and items <= COLUMN_REGISTER_ITEMS
-    body = (["  float discard;  // prologue outputs when pass 2 evaluates the prologue again"]
-            if has_pro_outs else []) + ["  const index_t tile = blockIdx.x % kTilesPerOuter;",
+    body = ([discard_decl] if discard_decl else []) + ["  const index_t tile = blockIdx.x % kTilesPerOuter;",
             "  const index_t outer = blockIdx.x / kTilesPerOuter;",
             "  const index_t inner = tile * kTileX + threadIdx.x;",
             "  const bool active = inner < kInner;",
             "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
             "  State st = identity();"]
     if cached:
-        body += ["  float v[kItems];  // this thread's share of the column, kept in registers",
+        body += [f"  {acc} v[kItems];  // this thread's share of the column, kept in registers",
                  "  // pass 1: this thread's share of the column, strided by kInner",
                  "#pragma unroll",
                  "  for (int k = 0; k < kItems; ++k) {",
@@ -687,7 +708,7 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
     else:
         body += ["  // pass 1: this thread's share of the column, strided by kInner",
                  "  for (int l = threadIdx.y; active && l < kCols; l += kTileY) {",
-                 f"    const float xe = point({pro_args('base + (index_t)l * kInner')});",
+                 f"    const {acc} xe = point({pro_args('base + (index_t)l * kInner')});",
                  "    fold(st, xe);",
                  "  }"]
     body += [
@@ -707,7 +728,7 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
                  "    const int l = threadIdx.y + k * kTileY;",
                  "    if (l < kCols) {",
                  "      const index_t idx = base + (index_t)l * kInner;",
-                 "      const float xe = v[k];",
+                 f"      const {acc} xe = v[k];",
                  f"      {epi_call(out_expr, 'xe', 'idx')}",
                  "    }",
                  "  }"]
@@ -715,12 +736,12 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
         body += ["  // pass 2: re-read this thread's share (prologue again) and write the outputs",
                  "  for (int l = threadIdx.y; l < kCols; l += kTileY) {",
                  "    const index_t idx = base + (index_t)l * kInner;",
-                 f"    const float xe = point({pro_args('idx', None, False)});",
+                 f"    const {acc} xe = point({pro_args('idx', None, False)});",
                  f"    {epi_call(out_expr, 'xe', 'idx')}",
                  "  }"]
     else:
         body += ["  if (threadIdx.y == 0) {",
-                 f"    const float y = {out_expr};",
+                 f"    const {acc} y = {out_expr};",
                  f"    {epi_call('y', 'NAN', 'outer * kInner + inner')}",
                  "  }"]
     consts = [f"typedef {index_t} index_t;",
@@ -742,7 +763,8 @@ def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_exp
     ])
     if sum("discard" in ln for ln in body) == 1:   # pass 2 reads the registers: nothing to discard
         body = [ln for ln in body if "discard" not in ln]
-    source = kernel_source(head, consts, [*ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
+    structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", "\n".join(body))]
+    source = kernel_source(head, consts, [*structs, *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
                            cparams, body)
     return KernelSource(
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),

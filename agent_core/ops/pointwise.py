@@ -214,7 +214,12 @@ def _sub_infer(ins, attrs):
 
 _binary("sub", torch.sub, "({a} - {b})", aliases=("subtract",), infer=_sub_infer)
 _binary("mul", torch.mul, "({a} * {b})", aliases=("multiply",))
-_binary("div", torch.div, "({a} / {b})", aliases=("divide", "true_divide"))
+def _true_div_infer(ins, attrs):  # true division: int64 / int64 is float32 in torch
+    out = _bcast(ins, attrs)[0]
+    return [TensorSpec(out.shape, float_of(out.dtype))]
+
+
+_binary("div", torch.div, "({a} / {b})", aliases=("divide", "true_divide"), infer=_true_div_infer)
 _binary("pow", torch.pow, "powf({a}, {b})")
 _binary("maximum", torch.maximum, "max_nan({a}, {b})", aliases=("max_elementwise",))
 _binary("minimum", torch.minimum, "min_nan({a}, {b})", aliases=("min_elementwise",))
@@ -298,3 +303,26 @@ register(OpDef("full_like", "pointwise", ("x",), _fill_infer,
 
 def _dtype_or_none(name):
     return None if name is None else _torch_dtype(name)
+
+
+# --- integer and bool forms ------------------------------------------------------------------------
+# Code generation computes an op in int64 / int32 / uint8 / int8 / bool when torch does (its output, or
+# for a comparison its promoted operands, has that dtype). These ops' `cuda` expressions hold for any C
+# arithmetic type once the operands are converted to it (literals are rendered in that type):
+TYPE_GENERIC = frozenset({
+    "add", "sub", "mul", "maximum", "minimum", "gt", "ge", "lt", "le", "eq", "ne", "where", "masked_fill",
+    "neg", "identity", "dropout", "square", "clamp", "addcmul", "zeros_like", "ones_like", "full_like",
+    "add_scalar", "sub_scalar", "rsub_scalar", "mul_scalar", "max_scalar", "min_scalar",
+})
+# these need their own integer expression (the float one calls float functions or holds float literals);
+# an op in neither set is refused on integer inputs rather than computed through float
+INT_CUDA = {
+    "abs": "({x} < 0 ? -{x} : {x})",
+    "sign": "(({x} > 0) - ({x} < 0))",
+    "relu": "({x} > 0 ? {x} : 0)",
+    "relu6": "({x} < 0 ? 0 : ({x} > 6 ? 6 : {x}))",
+    "floor": "{x}", "ceil": "{x}", "round": "{x}", "trunc": "{x}",   # an integer is already whole
+    "fmod": "({a} % {b})",                                            # C's %: the sign of a, as fmod
+    # Python's %: the sign of b
+    "remainder": "({a} % {b} != 0 && (({a} % {b} < 0) != ({b} < 0)) ? {a} % {b} + {b} : {a} % {b})",
+}

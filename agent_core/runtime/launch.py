@@ -8,7 +8,8 @@ from ..codegen.kernel import KernelSource
 from ..compiler import CompiledKernel, compile_kernel
 from ..errors import StitchError
 
-_TORCH_DTYPES = {"float32": "float32", "bool": "bool", "int64": "int64"}  # argmax/argmin out, class targets in
+_TORCH_DTYPES = {"float32": "float32", "bool": "bool", "int64": "int64", "int32": "int32", "uint8": "uint8",
+                 "int8": "int8"}  # every dtype a generated kernel reads or writes
 
 
 class LaunchError(StitchError):
