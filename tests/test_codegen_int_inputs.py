@@ -11,6 +11,7 @@ in tests/gpu/test_gpu_int_inputs.py.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import shutil
 import subprocess
 
@@ -64,10 +65,12 @@ def run_on_host(p: Program, ks, ins: dict, folder):
               f"      blockIdx.x = b; threadIdx.x = t;\n"
               f"      {ks.name}({', '.join(f'(decltype({a}))args[{i}]' for i, a in enumerate(_params(ks)))});\n"
               f"    }}\n}}\n")
-    src = folder / f"{ks.name}.cpp"
+    # one file per source: dlopen hands back an already loaded library of the same path
+    tag = hashlib.sha256(ks.source.encode()).hexdigest()[:12]
+    src = folder / f"{ks.name}_{tag}.cpp"
     # the kernel's own parameter types, taken from its signature, type each argument
     src.write_text(HOST_SHIM + ks.source + _param_typedefs(ks) + driver)
-    lib = folder / f"{ks.name}.so"
+    lib = folder / f"{ks.name}_{tag}.so"
     r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", "-ffp-contract=off", "-fwrapv",
                         "-Wno-unknown-pragmas", str(src), "-o", str(lib)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
