@@ -162,6 +162,41 @@ def repeated(shape):
     return p
 
 
+def _indices(p, name, shape, high):
+    return p.add_input(name, shape, dtype="int64", init={"kind": "randint", "low": 0, "high": high})
+
+
+def embedded(b, n, vocab, d):
+    """embedding(ids, table) + pos (BERT's token and position embeddings)."""
+    p = Program("embed")
+    ids, w, pos = _indices(p, "ids", (b, n), vocab), p.add_input("table", (vocab, d)), p.add_input("pos", (n, d))
+    e = _node(p, "embedding", [ids, w])
+    out = _node(p, "add", [e.outputs[0], pos])
+    p.mark_output(out.outputs[0])
+    return p
+
+
+def gathered(shape, k):
+    """-gather(x, 1, index[rows, k])."""
+    p = Program("gather")
+    x, idx = p.add_input("x", shape), _indices(p, "index", (shape[0], k), shape[1])
+    g = _node(p, "gather", [x, idx], {"dim": 1})
+    out = _node(p, "neg", [g.outputs[0]])
+    p.mark_output(out.outputs[0])
+    return p
+
+
+def selected(shape, k):
+    """index_select(x, 0, index[k]) - x[:k]."""
+    p = Program("select_rows")
+    x, idx = p.add_input("x", shape), _indices(p, "index", (k,), shape[0])
+    g = _node(p, "index_select", [x, idx], {"dim": 0})
+    s = _node(p, "slice", [x], {"dim": 0, "start": 0, "end": k, "step": 1})
+    out = _node(p, "sub", [g.outputs[0], s.outputs[0]])
+    p.mark_output(out.outputs[0])
+    return p
+
+
 # (label, builder, args, kind, vectorised); the CPU evaluator reads neg/add/sub/mul only, so the
 # activations here are pointwise ops it can evaluate (the GPU tests use silu)
 CASES = [
@@ -180,6 +215,9 @@ CASES = [
     ("split-back", split_back, ((3, 9),), "layout", False),
     ("interleave", interleaved, ((3, 10),), "strided_slice", False),
     ("repeat", repeated, ((3, 8),), "layout", True),
+    ("embedding", embedded, (2, 5, 10, 8), "layout", False),
+    ("gather", gathered, ((3, 7), 4), "layout", False),
+    ("index-select", selected, ((6, 5), 4), "layout", False),
 ]
 
 
@@ -244,7 +282,7 @@ def _spec_numel(text):
 
 
 def _args(ks):
-    sig = re.search(r"\w+\((const float\* __restrict__ .*?)\) \{", ks.source).group(1)
+    sig = re.search(r"\w+\((const \w[\w ]*\* __restrict__ .*?)\) \{", ks.source).group(1)
     return [a.split()[-1] for a in sig.split(", ")]
 
 
@@ -286,8 +324,26 @@ def emulate(ks, ins):
 def _inputs(program, seed=0):
     """Integer-valued inputs (every sum and product stays exact in float32), and the parameters."""
     g = torch.Generator().manual_seed(seed)
-    ins = {v: torch.randint(-8, 9, program.values[v].shape, generator=g).float() for v in program.inputs}
+    ins = {}
+    for v in program.inputs:
+        val = program.values[v]
+        ins[v] = torch.randint(val.init["low"], val.init["high"], val.shape, generator=g) if val.dtype == "int64" \
+            else torch.randint(-8, 9, val.shape, generator=g).float()
     return {**parameter_tensors(program, "cpu"), **ins}
+
+
+def test_an_index_out_of_range_reads_nothing_and_gives_nan():
+    """torch raises on it; the kernel tests the loaded index before it reads: NaN, which verification
+    rejects, and no load outside any tensor (the evaluator checks every one)."""
+    p = embedded(2, 3, 10, 4)
+    ks = generate_kernel(p, list(p.nodes), name="oob")
+    ins = _inputs(p)
+    ids = next(v for v in p.inputs if p.values[v].dtype == "int64")
+    ins[ids] = torch.tensor([[0, 10, 3], [-1, 9, 2]])
+    got = next(iter(emulate(ks, ins).values()))
+    bad = {1, 3}            # flat token positions of 10 and -1
+    for o, x in enumerate(got):
+        assert math.isnan(x) == (o // 4 in bad), (o, x)
 
 
 def _build(builder, args):

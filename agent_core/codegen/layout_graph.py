@@ -1,7 +1,8 @@
 """Layout graphs: regions whose non-pointwise ops are layout ops with views (slice with any step,
 select, the pieces of chunk / split / unbind, cat / stack of several values, pad, flip, roll, repeat,
-diag, the reshape family, permute / transpose, expand), with pointwise ops anywhere between them:
-RoPE's slice -> neg -> cat -> mul -> add, SwiGLU's chunk -> silu -> mul, a ViT's cat of a class token.
+diag, the reshape family, permute / transpose, expand, gather / index_select / embedding), with
+pointwise ops anywhere between them: RoPE's slice -> neg -> cat -> mul -> add, SwiGLU's chunk -> silu
+-> mul, a ViT's cat of a class token, BERT's embedding + position.
 
 One kernel, one thread per output element (grid-stride; float4 where every read allows it). Each value
 the outputs need becomes a function of its own flat index, a lambda `name_at(i)`, in topological order:
@@ -11,6 +12,8 @@ the outputs need becomes a function of its own flat index, a lambda `name_at(i)`
 - a layout op reads its inputs through their views (codegen/views.py): the index expression under each
   read's validity condition, a cat taking the first input whose mask holds (a chain of ?: selects, no
   test on the last one), a pad its fill value where no read is valid.
+A gather's index is loaded from an integer region input inside the index expression and tested
+before it is used: out of range (torch raises) reads nothing and gives NaN, which verification rejects.
 Nothing between the ops is written to memory. A value read at several indices (RoPE reads q three
 times) is recomputed at each; for pointwise ops that costs arithmetic, not traffic.
 
@@ -31,10 +34,12 @@ from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
 from .region_io import RegionIO
 
-# layout ops read through views (gather / index_select / embedding load an index: not here yet)
+# layout ops read through views; the indirect ones load an index from an integer region input
+INDIRECT_OPS = {"gather": 1, "index_select": 1, "embedding": 0}     # op -> port of its index tensor
 GRAPH_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "expand",
              "repeat", "cat", "stack", "slice", "select", "split", "chunk", "unbind", "pad", "contiguous",
-             "flip", "roll", "diag")
+             "flip", "roll", "diag", *INDIRECT_OPS)
+INDEX_TYPES = {"int64": "long long", "int32": "int"}
 # the ops that only relabel elements: a region of these and pointwise ops stays a pointwise / row kernel
 RELABEL_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous", "expand")
 VEC = 4
@@ -66,7 +71,31 @@ def _broadcast(shape, space) -> V.Layout:
     return lay if tuple(shape) == tuple(space) else V.expand(lay, list(space))
 
 
-def _check(program: Program, io: RegionIO, kind: str) -> int:
+def index_inputs(program: Program, io: RegionIO, kind: str) -> set:
+    """The integer region inputs that gather / index_select / embedding read their indices from."""
+    out = set()
+    for n in io.nodes:
+        node = program.nodes[n]
+        if node.op in INDIRECT_OPS:
+            v = node.inputs[INDIRECT_OPS[node.op]]
+            if v not in io.inputs:
+                raise CodegenError(f"{node.name} ({node.op}) reads indices computed inside the region; a {kind} "
+                                   f"kernel loads them from an input tensor: split the region before it",
+                                   node_id=n)
+            if program.values[v].dtype not in INDEX_TYPES:
+                raise CodegenError(f"{node.name} ({node.op}): indices '{program.values[v].name}' are "
+                                   f"{program.values[v].dtype}; int64 or int32 are read", node_id=n)
+            out.add(v)
+    for n in io.nodes:      # an index tensor feeds nothing but the index ports
+        node = program.nodes[n]
+        for port, v in enumerate(node.inputs):
+            if v in out and not (node.op in INDIRECT_OPS and port == INDIRECT_OPS[node.op]):
+                raise CodegenError(f"{node.name} ({node.op}) reads the indices '{program.values[v].name}' as "
+                                   f"values; split the region", node_id=n)
+    return out
+
+
+def _check(program: Program, io: RegionIO, kind: str, indices: set) -> int:
     vals, nodes = program.values, program.nodes
     for n in io.nodes:
         node = nodes[n]
@@ -79,7 +108,7 @@ def _check(program: Program, io: RegionIO, kind: str) -> int:
             raise CodegenError(f"{node.name} (batch_norm) reads per-channel parameters that a {kind} region "
                                f"does not broadcast; split the region before it", node_id=n)
     for v in [*io.inputs, *io.outputs]:
-        if vals[v].dtype != "float32":
+        if vals[v].dtype != "float32" and v not in indices:
             raise CodegenError(f"'{vals[v].name}' has dtype {vals[v].dtype}; {kind} kernels are generated for "
                                f"float32 so far")
     numel = math.prod(vals[io.outputs[0]].shape)
@@ -95,8 +124,8 @@ def _check(program: Program, io: RegionIO, kind: str) -> int:
 class _Graph:
     """Each needed value as a Layout over the region's inputs (for the vector check) and as a lambda."""
 
-    def __init__(self, program: Program, io: RegionIO, kind: str):
-        self.program, self.io, self.kind = program, io, kind
+    def __init__(self, program: Program, io: RegionIO, kind: str, indices: set):
+        self.program, self.io, self.kind, self.indices = program, io, kind, indices
         self.need = _needed(program, io)
 
     def layouts(self, node):
@@ -122,6 +151,9 @@ class _Graph:
                         for r in lay.reads:
                             if r.source is not None:
                                 yield r.source, r
+                            for layer in r.stack.layers:     # the index a gather loads
+                                if isinstance(layer, V.Indirect):
+                                    yield layer.index.source, layer.index
             else:
                 space = vals[node.outputs[0]].shape
                 for v in node.inputs:
@@ -163,7 +195,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], 
     ret = "float4" if vec else "float"
     lines = []
     for v in io.inputs:
-        if v not in g.need:
+        if v not in g.need or v in g.indices:    # indices are loaded inside the views' index expressions
             continue
         fn[v] = names.new(vals[v].name + "_at")
         load = f"reinterpret_cast<const float4*>({arg[v]})[i / 4]" if vec else f"{arg[v]}[i]"
@@ -186,7 +218,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], 
                 fn[v] = names.new(vals[v].name + "_at")
                 # a constant (a pad's fill, the NaN where no read is valid) is four lanes of it in float4
                 widen = (lambda lit: f"make_float4({lit}, {lit}, {lit}, {lit})") if vec else None
-                expr = V.render_layout(lay, "i", load=call, literal=widen)
+                expr = V.render_layout(lay, "i", names=arg, load=call, literal=widen)
                 lines.append(f"  // {note} -> {vals[v].spec}, read through its view")
                 lines.append(f"  auto {fn[v]} = [&](index_t i) -> {ret} {{ return {expr}; }};")
             continue
@@ -219,8 +251,9 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], 
 def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dict | None, kind: str) -> KernelSource:
     vals, nodes = program.values, program.nodes
     what = kind.replace("_", "-")
-    numel = _check(program, io, what)
-    g = _Graph(program, io, what)
+    indices = index_inputs(program, io, what)
+    numel = _check(program, io, what, indices)
+    g = _Graph(program, io, what, indices)
     for v in g.need:       # pointwise ops may compute bool (a comparison feeding a where)
         c_type(vals[v].dtype, vals[v].name)
     vec = bool((params or {}).get("vector", True)) and _vector_ok(g, numel) \
@@ -259,7 +292,7 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
                       "the layout ops; nothing in between goes to memory.",
                       f"Schedule: {sched}.",
                   ])
-    cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
+    cparams = [f"const {INDEX_TYPES.get(vals[v].dtype, 'float')}* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"float* __restrict__ {arg[v]}" for v in io.outputs]
     source = kernel_source(head, consts, [], kernel_name(name), cparams, body)
     # each input is read at most once per element of each read of it, never more than all of it

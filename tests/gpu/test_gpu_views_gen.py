@@ -1,7 +1,7 @@
 """On the GPU: layout-graph kernels (agent_core/codegen/layout_graph.py) match torch at atol = rtol =
 1e-6 on random inputs, float4 and scalar, for RoPE (slice / neg / cat / mul / add), SwiGLU (chunk /
 silu / mul), a class-token cat, stack, pad + flip, two rolls, shifted slices, split pieces joined back,
-interleaved strided slices and repeat; several shapes each, odd extents among them (tests/
+interleaved strided slices, repeat, embedding + position, gather and index_select; several shapes each, odd extents among them (tests/
 test_codegen_views_gen.py checks the same kernels' index arithmetic on the CPU).
 
 Run on the GPU machine: PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu_views_gen.py"""
@@ -10,8 +10,8 @@ import torch
 
 from agent_core.reference import run_reference
 from agent_core.runtime import build_region
-from tests.test_codegen_views_gen import (class_token, interleaved, padded, repeated, rolled, rope, shifted,
-                                          split_back, stacked, swiglu)
+from tests.test_codegen_views_gen import (class_token, embedded, gathered, interleaved, padded, repeated, rolled,
+                                          rope, selected, shifted, split_back, stacked, swiglu)
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -35,6 +35,10 @@ CASES = [
     ("interleave", interleaved, ((128, 1024),)),
     ("interleave-odd", interleaved, ((7, 34),)),
     ("repeat", repeated, ((128, 768),)),
+    ("embedding-bert", embedded, (8, 512, 30522, 768)),
+    ("embedding-odd", embedded, (3, 7, 101, 13)),
+    ("gather", gathered, ((512, 1000), 17)),
+    ("index-select", selected, ((4099, 33), 1000)),
 ]
 
 
@@ -49,7 +53,11 @@ def test_layout_graph_matches_torch(label, builder, args, vector):
     assert r.verify.ok and r.verify.draws == 5, r.verify
     for seed in range(3):
         g = torch.Generator(device="cuda").manual_seed(seed)
-        ins = {v: torch.randn(p.values[v].shape, device="cuda", generator=g) for v in p.inputs}
+        ins = {}
+        for v in p.inputs:
+            val = p.values[v]
+            ins[v] = torch.randint(val.init["low"], val.init["high"], val.shape, device="cuda", generator=g) \
+                if val.dtype == "int64" else torch.randn(val.shape, device="cuda", generator=g)
         want = run_reference(p, [ins[v] for v in p.inputs], keep=True)
         got = r([ins[v] for v in r.inputs])
         for vid, t in zip(r.outputs, got):
