@@ -129,7 +129,7 @@ def test_int64_labels_compare_as_int64_and_mask_converts_where_torch_does():
     assert "(float)" not in src and "long long* __restrict__ where" in src
     p2, ids2 = IP.mask_multiply()
     src2 = generate_kernel(p2, ids2, name="mask_mul").source
-    assert "(((float)mask) * x)" in src2.replace(" ", " ") or "((float)mask)" in src2
+    assert "const float mul = (((float)mask) * x);" in src2   # torch: mask to float32, then the product
 
 
 def test_host_run_catches_a_lossy_conversion(host_dir):
@@ -200,3 +200,30 @@ def test_refusals_name_the_value_and_the_dtype():
     with pytest.raises(CodegenError, match="reduces 'mask' of dtype int64; row reductions accumulate float32, "
                                            "or int64 for a sum"):
         generate_kernel(q, [s.id], name="imax")
+
+
+def _global_accesses(ks) -> tuple[set, set]:
+    """The global load and store instructions of the kernel's PTX for sm_90."""
+    import re
+    nvrtc = pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+    prog = nvrtc.createProgram(ks.source, f"{ks.name}.cu", [], [])
+    try:
+        nvrtc.compileProgram(prog, ["-arch=compute_90", "-std=c++17"])
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    return (set(re.findall(r"ld\.global(?:\.nc)?\.([\w.]+)", ptx)), set(re.findall(r"st\.global\.([\w.]+)", ptx)))
+
+
+def test_integer_operands_keep_vector_accesses():
+    """int64 moves 16 bytes (2 elements) per access, bytes 4 per access, next to float4 floats."""
+    loads, stores = _global_accesses(generate_kernel(*IP.cross_entropy_mask(), name="ce_vec"))
+    assert "v2.u64" in loads and "v2.u64" in stores
+    loads, stores = _global_accesses(generate_kernel(*IP.mask_multiply("uint8"), name="u8_vec"))
+    assert "v4.u8" in loads and "v4.f32" in loads and "v4.f32" in stores
+    p, ids = IP.mask_softmax("int64")
+    loads, _ = _global_accesses(generate_kernel(p, ids[:3], name="mask_arith_vec"))   # the mask arithmetic
+    assert "v2.u64" in loads
+    loads, _ = _global_accesses(generate_kernel(*IP.mask_count("int64"), name="cnt_vec"))
+    assert "v2.u64" in loads
