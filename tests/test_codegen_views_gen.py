@@ -466,3 +466,68 @@ def test_refusals_name_the_node_and_what_to_do():
     q.mark_output(c.outputs[0])
     with pytest.raises(CodegenError, match=r"'y' has dtype int64; layout kernels are generated for float32"):
         generate_kernel(q, [c.id], name="ints")
+
+
+# --- random graphs -----------------------------------------------------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from agent_core.codegen.layout_graph import generate_layout_graph  # noqa: E402
+from agent_core.codegen.region_io import region_io  # noqa: E402
+
+
+@st.composite
+def layout_graphs(draw):
+    """A program of 3-7 random steps over two [a, b] inputs: slices (any step), flips, rolls, pads,
+    transposes, negations, elementwise sums / products of two values of one shape and cats of two
+    values along a dim where their other dims agree. Its last value is the output."""
+    p = Program("random")
+    a, b = draw(st.integers(1, 6)), draw(st.integers(2, 9))
+    pool = [p.add_input("x", (a, b)).id, p.add_input("y", (a, b)).id]
+    for _ in range(draw(st.integers(3, 7))):
+        v = draw(st.sampled_from(pool))
+        shape = p.values[v].shape
+        d = draw(st.integers(0, len(shape) - 1))
+        kind = draw(st.sampled_from(["slice", "flip", "roll", "pad", "transpose", "neg", "binary", "cat"]))
+        if kind == "slice":
+            n = shape[d]
+            start, step = draw(st.integers(0, n - 1)), draw(st.integers(1, 3))
+            node = _node(p, "slice", [v], {"dim": d, "start": start, "end": draw(st.integers(start + 1, n)),
+                                           "step": step})
+        elif kind == "flip":
+            node = _node(p, "flip", [v], {"dims": [d]})
+        elif kind == "roll":
+            node = _node(p, "roll", [v], {"shifts": [draw(st.integers(-4, 4))], "dims": [d]})
+        elif kind == "pad":
+            node = _node(p, "pad", [v], {"pad": [draw(st.integers(0, 2)), draw(st.integers(0, 2))],
+                                         "mode": "constant", "value": -3.0})
+        elif kind == "transpose":
+            node = _node(p, "transpose", [v], {"dim0": 0, "dim1": 1})
+        elif kind == "neg":
+            node = _node(p, "neg", [v])
+        else:
+            if kind == "binary":
+                others = [u for u in pool if p.values[u].shape == shape]
+            else:
+                others = [u for u in pool if all(s == t for k, (s, t) in enumerate(zip(p.values[u].shape, shape))
+                                                 if k != d)]
+            u = draw(st.sampled_from(others))
+            node = _node(p, draw(st.sampled_from(["add", "mul", "sub"])), [v, u]) if kind == "binary" else \
+                _node(p, "cat", [u, v], {"dim": d})
+        pool.append(node.outputs[0])
+    p.mark_output(pool[-1])
+    return p
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layout_graphs())
+def test_random_layout_graphs_compute_what_torch_computes(p):
+    """Any graph of these ops generates (as a layout graph) and its kernel's own text, evaluated,
+    gives torch's result at every element, reading nothing outside any tensor."""
+    io = region_io(p, list(p.nodes))
+    ks = generate_layout_graph(p, io, "random", {"vector": False}, "layout")
+    ins = _inputs(p)
+    want = run_reference(p, [ins[v] for v in p.inputs], keep=True)
+    got = emulate(ks, ins)
+    for vid in ks.outputs:
+        assert got[vid] == want[vid].reshape(-1).tolist(), ks.source
