@@ -531,3 +531,19 @@ def test_random_layout_graphs_compute_what_torch_computes(p):
     got = emulate(ks, ins)
     for vid in ks.outputs:
         assert got[vid] == want[vid].reshape(-1).tolist(), ks.source
+
+
+@pytest.mark.skipif(__import__("shutil").which("nvcc") is None, reason="needs nvcc")
+def test_nvcc_compiles_layout_graphs_without_warnings(tmp_path):
+    """The lambdas, float4 casts and 64-bit index loads compile with nvcc, warnings on, to nothing."""
+    import subprocess
+
+    from tests.test_codegen_indexed import NVCC_FLAGS
+    for k, p in enumerate([rope((2, 3, 4, 16)), embedded(2, 5, 10, 8)]):
+        ks = generate_kernel(p, list(p.nodes), name=f"nvcc_{k}")
+        cu = tmp_path / f"k{k}.cu"
+        cu.write_text(ks.source)
+        r = subprocess.run(["nvcc", *NVCC_FLAGS, str(cu), "-o", str(cu.with_suffix(".o"))],
+                           capture_output=True, text=True)
+        log = (r.stdout + r.stderr).strip()
+        assert r.returncode == 0 and "warning" not in log, f"{ks.name}:\n{log}"
