@@ -116,7 +116,9 @@ def test_pointwise_kernel_matches_torch_exactly_on_the_host(dtype, host_dir):
     # full-size operands travel 4 lanes per access in their own type (int64: two 16-byte halves)
     vec = {"int64": "vec4_i64", "int32": "int4", "uint8": "uchar4", "int8": "char4", "bool": "vec4_bool"}[dtype]
     assert f"reinterpret_cast<const {vec}*>" in ks.source
-    assert compile_kernel(ks, arch="sm_90").path.read_bytes()[:4] == b"\x7fELF"
+    compiled = compile_kernel(ks, arch="sm_90")
+    assert compiled.path.read_bytes()[:4] == b"\x7fELF"
+    assert [ln for ln in compiled.log.splitlines() if "warning" in ln] == []   # e.g. #186 on uint8 >= 0
 
 
 def test_int64_labels_compare_as_int64_and_mask_converts_where_torch_does():
@@ -152,6 +154,7 @@ def test_row_reduction_with_integer_operands_generates_and_compiles(case):
     assert ks.kind == "row_reduction"
     compiled = compile_kernel(ks, arch="sm_90")
     assert compiled.spill_stores == 0 and compiled.spill_loads == 0, compiled.summary()
+    assert [ln for ln in compiled.log.splitlines() if "warning" in ln] == []
     for v in ks.inputs:
         dt = p.values[v].dtype
         if dt != "float32":

@@ -157,7 +157,7 @@ def render_pointwise(node: Node, args: list[str], program: Program | None = None
     """The C expression of one pointwise node over the SSA names of its inputs. With the program, each
     input is first converted to the dtype the node computes in (`compute_dtype`), and an integer or
     bool computation takes the op's integer form (ops.pointwise.INT_CUDA)."""
-    from ..ops.pointwise import INT_CUDA, TYPE_GENERIC
+    from ..ops.pointwise import INT_CUDA, TYPE_GENERIC, UINT_CUDA
     opdef = node.opdef
     template = opdef.cuda
     if template is None:
@@ -171,8 +171,9 @@ def render_pointwise(node: Node, args: list[str], program: Program | None = None
             args = [a if (node.op, port) in _CONDITIONS else convert(a, program.values[v].dtype, dtype)
                     for port, (a, v) in enumerate(zip(args, present))]
         if dtype != "float32" and node.op not in _UNCONVERTED:
-            if node.op in INT_CUDA:
-                template = INT_CUDA[node.op]
+            forms = UINT_CUDA if dtype == "uint8" else INT_CUDA
+            if node.op in forms:
+                template = forms[node.op]
             elif node.op not in TYPE_GENERIC:
                 raise CodegenError(f"{node.name} ({node.op}) on {dtype} has no integer CUDA form; cast its "
                                    f"input to float32 first (the region runs unfused)", node_id=node.id)

@@ -326,3 +326,12 @@ INT_CUDA = {
     # Python's %: the sign of b
     "remainder": "({a} % {b} != 0 && (({a} % {b} < 0) != ({b} < 0)) ? {a} % {b} + {b} : {a} % {b})",
 }
+# and for unsigned integers (uint8), where a test against zero is always false (nvcc warns #186)
+UINT_CUDA = {
+    **INT_CUDA,
+    "abs": "{x}",
+    "sign": "({x} > 0)",
+    "relu": "{x}",
+    "relu6": "({x} > 6 ? 6 : {x})",
+    "remainder": "({a} % {b})",
+}
