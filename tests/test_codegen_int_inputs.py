@@ -230,3 +230,24 @@ def test_integer_operands_keep_vector_accesses():
     assert "v2.u64" in loads
     loads, _ = _global_accesses(generate_kernel(*IP.mask_count("int64"), name="cnt_vec"))
     assert "v2.u64" in loads
+
+
+MASKED_BLOCKS = ["cross_entropy_llama2_32k", "cross_entropy_llama3_128k_smoothing", "masked_mean_pool_normalize_minilm",
+                 "masked_softmax_bert_base"]
+
+
+@pytest.mark.parametrize("block", MASKED_BLOCKS)
+def test_masked_blocks_plan_their_integer_ops_into_generated_kernels(block, monkeypatch):
+    """The blocks whose masks and labels fell back ("'labels' has dtype int64") now plan every
+    integer op into a generated region, which generates and compiles."""
+    from pathlib import Path
+
+    from agent_core.importers import import_file
+    monkeypatch.setenv("STITCHCUDA_BLOCKS_SMALL", "1")
+    p = import_file(Path(__file__).resolve().parent.parent / "benchmarks" / "blocks" / f"{block}.py")
+    plan = plan_program(p)
+    assert not [r.reason for r in plan.active if "dtype" in r.reason]
+    for r in plan.active:
+        integer = any(p.values[v].dtype != "float32" for n in r.nodes for v in p.nodes[n].inputs if v)
+        if integer and r.schedule.get("runs") == "kernel":
+            compile_kernel(generate_kernel(p, r.nodes, name=f"{block}_{r.id}", kind=r.kind), arch="sm_90")
