@@ -11,6 +11,7 @@ in tests/gpu/test_gpu_int_inputs.py.
 from __future__ import annotations
 
 import ctypes
+import math
 import hashlib
 import shutil
 import subprocess
@@ -251,3 +252,77 @@ def test_masked_blocks_plan_their_integer_ops_into_generated_kernels(block, monk
         integer = any(p.values[v].dtype != "float32" for n in r.nodes for v in p.nodes[n].inputs if v)
         if integer and r.schedule.get("runs") == "kernel":
             compile_kernel(generate_kernel(p, r.nodes, name=f"{block}_{r.id}", kind=r.kind), arch="sm_90")
+
+
+# --- random mixed-dtype chains, run on the host against torch ---------------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from agent_core.errors import ShapeError  # noqa: E402
+
+# ops whose float32 results are single IEEE operations (so the host run equals torch bit for bit)
+CHAIN_BINARY = ("add", "sub", "mul", "div", "maximum", "minimum", "gt", "le", "eq", "ne", "where_cond",
+                "logical_and", "remainder")
+CHAIN_UNARY = ("neg", "abs", "relu", "sign", "square", "logical_not", "cast_f32", "cast_i64", "cast_bool")
+
+
+@st.composite
+def mixed_chains(draw):
+    p = Program("chain")
+    dts = [draw(st.sampled_from(IP.DTYPES + ("float32",))) for _ in range(3)]
+    pool = [p.add_input(f"in{k}", IP.SHAPE if k != 1 else IP.SHAPE[-1:], dt).id for k, dt in enumerate(dts)]
+    ids = []
+    for _ in range(draw(st.integers(2, 6))):
+        op = draw(st.sampled_from(CHAIN_BINARY + CHAIN_UNARY))
+        a, b = draw(st.sampled_from(pool)), draw(st.sampled_from(pool))
+        name, attrs, ins = op, {}, [a, b]
+        if op == "where_cond":
+            c = draw(st.sampled_from(pool))
+            name, ins = "where", [c, a, b]
+        elif op.startswith("cast_"):
+            name, attrs, ins = "cast", {"dtype": {"f32": "float32", "i64": "int64", "bool": "bool"}[op[5:]]}, [a]
+        elif op in CHAIN_UNARY:
+            ins = [a]
+        if name == "remainder" and p.values[b].dtype not in ("int64", "int32"):
+            continue                     # float remainder is floor arithmetic; integer b is drawn nonzero
+        if name == "where" and p.values[ins[0]].dtype != "bool":
+            continue                     # torch.where wants a bool condition
+        try:
+            n = p.add_node(name, ins, attrs)
+        except ShapeError:
+            continue                     # torch refuses this combination (e.g. sub of bools)
+        ids.append(n.id)
+        pool.append(n.outputs[0])
+    produced = {v for nid in ids for v in p.nodes[nid].outputs}
+    outs = [v for v in produced if math.prod(p.values[v].shape) == math.prod(IP.SHAPE)]
+    if not outs:
+        return None
+    for v in outs:
+        p.mark_output(v)
+    return p, ids
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=mixed_chains(), seed=st.integers(0, 3))
+def test_random_mixed_dtype_chains_match_torch_exactly(case, seed, host_dir):
+    if case is None or not case[1]:
+        return
+    p, ids = case
+    ins = IP.draw(p, seed)
+    for vid, t in ins.items():           # a divisor of remainder is never 0 (torch raises there)
+        if not t.dtype.is_floating_point and t.dtype != torch.bool:
+            t[t == 0] = 1
+    try:
+        want = reference(p, ins)
+    except RuntimeError:
+        return                           # torch itself refuses (an integer divided by zero)
+    try:
+        ks = generate_kernel(p, ids, name="chain")
+    except CodegenError as exc:          # only the documented refusals
+        assert "no integer CUDA form" in str(exc) or "smaller than the region" in str(exc), str(exc)
+        return
+    got = run_on_host(p, ks, ins, host_dir)
+    for v, t in got.items():
+        assert t.dtype == want[v].dtype, (p.values[v].name, t.dtype, want[v].dtype)
+        assert torch.equal(t, want[v]) or (t.dtype.is_floating_point and torch.allclose(
+            t, want[v], atol=0, rtol=0, equal_nan=True)), (p.values[v].name, ks.source)
