@@ -156,7 +156,8 @@ def convert(arg: str, dtype: str, to: str) -> str:
 def render_pointwise(node: Node, args: list[str], program: Program | None = None) -> str:
     """The C expression of one pointwise node over the SSA names of its inputs. With the program, each
     input is first converted to the dtype the node computes in (`compute_dtype`), and an integer or
-    bool computation takes the op's integer form (ops.pointwise.INT_CUDA)."""
+    bool computation takes the op's integer form (ops.pointwise.INT_CUDA); without it (generators that
+    take float32 only) the expression is the float one over the arguments as given."""
     from ..ops.pointwise import INT_CUDA, TYPE_GENERIC, UINT_CUDA
     opdef = node.opdef
     template = opdef.cuda
@@ -165,7 +166,7 @@ def render_pointwise(node: Node, args: list[str], program: Program | None = None
     dtype = "float32"
     if program is not None:
         dtype = compute_dtype(program, node)
-        c_type(dtype, f"{node.name} ({node.op}) computes in a type that")
+        c_type(dtype, f"{node.name} ({node.op})")
         present = [v for v in node.inputs if v is not None]
         if node.op not in _UNCONVERTED:
             args = [a if (node.op, port) in _CONDITIONS else convert(a, program.values[v].dtype, dtype)
