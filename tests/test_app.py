@@ -186,18 +186,27 @@ def test_autosave_and_recovery(window, qtbot, tmp_path):
 
 
 def test_screenshot_entry_point(tmp_path):
-    """`python -m app FILE --screenshot OUT.png` (run in-process: run_studio is what it calls)."""
+    """`python -m app FILE --screenshot OUT.png --theme light`, as a shell runs it (in a process of its
+    own: the studio's start sets application-wide state that must not leak into other tests)."""
+    import subprocess
+    import sys
     from agent_core.ir import Program
-    from app.main import run_studio
     p = Program("cli")
     x = p.add_input("x", (4, 4))
     p.mark_output(p.add_node("relu", [x.id]).outputs[0])
     src = tmp_path / "p.json"
     save_program(p, src)
     out = tmp_path / "shot.png"
-    assert run_studio(str(src), screenshot=str(out), theme="light") == 0
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def studio(path):
+        return subprocess.run([sys.executable, "-m", "app", str(path), "--screenshot", str(out), "--theme", "light"],
+                              capture_output=True, text=True, cwd=root, timeout=120,
+                              env={**os.environ, "PYTHONPATH": root})
+    res = studio(src)
+    assert res.returncode == 0, res.stderr
     assert out.stat().st_size > 10_000
-    assert run_studio(str(tmp_path / "nope.json"), screenshot=str(out)) == 1
+    assert studio(tmp_path / "nope.json").returncode == 1
     assert load_program(src).name == "cli"
 
 
