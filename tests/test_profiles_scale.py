@@ -175,9 +175,6 @@ def test_roofline_spreads_coinciding_points_and_labels_the_one_under_the_mouse(q
     assert set(pts) == {"r1", "r2"}
     # the two recorded kernels achieve nearly the same rate: spread so that each can be hovered
     assert (pts["r1"] - pts["r2"]).manhattanLength() > 12
-    # QTest keeps one mouse-button state for the whole process: an earlier test that pressed without
-    # releasing would make these moves drags, which pyqtgraph never turns into hovers
-    qtbot.mouseRelease(rf.viewport(), Qt.LeftButton, pos=QPoint(2, 2))
     for rid, pos in pts.items():
         def hovered(rid=rid, pos=pos):
             # pyqtgraph sends hover events from its own mouse tracking: a loaded machine can drop one
