@@ -94,7 +94,10 @@ def apply(app: QApplication, name: str) -> None:
     if name not in THEMES:
         raise ValueError(f"unknown theme '{name}' (choose {' or '.join(THEMES)})")
     c = colors(name)
-    app.setStyle("Fusion")  # the same widget metrics on every platform; QSS then sets the colours
+    # the same widget metrics on every platform; QSS then sets the colours. Set once: replacing the
+    # style re-polishes every widget in the process, for each new window and each theme toggle
+    if app.style().name().lower() != "fusion":
+        app.setStyle("Fusion")
     pal = QPalette()
     for role, key in ((QPalette.Window, "window"), (QPalette.Base, "field"), (QPalette.AlternateBase, "panel"),
                       (QPalette.Text, "text"), (QPalette.WindowText, "text"), (QPalette.Button, "field"),

@@ -41,3 +41,8 @@ def studio_window(qtbot):
     win.agent.shutdown()
     win.document.mark_clean()
     win.close()
+    # destroyed now, not whenever the garbage collector meets its Python wrapper: a window left
+    # half-alive has crashed a later test's style change (pytest-qt only closes what it is given)
+    from PySide6.QtCore import QCoreApplication, QEvent
+    win.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
