@@ -9,6 +9,7 @@ import keyword
 import math
 import re
 
+from ..errors import ShapeError
 from ..ir import Node, Program
 from .kernel import CodegenError
 
@@ -144,7 +145,12 @@ def compute_dtype(program: Program, node: Node) -> str:
     import torch
     dummies = [torch.empty([0] if program.values[v].shape else [], dtype=torch_dtype(program.values[v].dtype))
                for v in node.inputs if v is not None]
-    return dtype_name(torch.result_type(*dummies))
+    promoted = torch.result_type(*dummies)
+    try:
+        return dtype_name(promoted)
+    except ShapeError:   # uint8 against int8 compares in int16, which no kernel here computes in
+        raise CodegenError(f"{node.name or node.id} ({node.op}) compares in {promoted}, which generated "
+                           "kernels do not compute in", node.id) from None
 
 
 def convert(arg: str, dtype: str, to: str) -> str:
