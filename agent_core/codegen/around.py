@@ -56,12 +56,24 @@ def split_around(program: Program, io: RegionIO, anchor_ops, kind: str, what: st
     numel = math.prod(vals[t.inputs[0] if size_of == "input" else t.outputs[0]].shape)
     if numel == 0:
         raise CodegenError(f"{t.name} ({t.op}) has an empty {size_of}; there is nothing to launch")
+    pro, epi = prologue_epilogue(program, io, t, t, 1, kind, numel, size_of)
+    return t, pro, epi
+
+
+def prologue_epilogue(program: Program, io: RegionIO, first, last, n_middle: int, kind: str, numel: int,
+                      size_of: str) -> tuple[list, list]:
+    """(prologue nodes, epilogue nodes) around the `n_middle` nodes from `first` to `last`: every other
+    op feeds `first` or follows `last`, prologue values stay inside the region and are not read by the
+    epilogue, and every output has `numel` elements (the size of `last`'s `size_of`)."""
+    vals, nodes = program.values, program.nodes
     g = program.graph().subgraph(io.nodes)
-    before, after = nx.ancestors(g, t.id), nx.descendants(g, t.id)
+    before, after = nx.ancestors(g, first.id), nx.descendants(g, last.id)
     pro = [n for n in io.nodes if n in before]
     epi = [n for n in io.nodes if n in after]
-    if len(pro) + len(epi) + 1 != len(io.nodes):
-        raise CodegenError(f"every op of a {kind} region must feed {t.name} or follow it; split the region")
+    if len(pro) + len(epi) + n_middle != len(io.nodes):
+        follow = "it" if first is last else last.name
+        raise CodegenError(f"every op of a {kind} region must feed {first.name} or follow {follow}; "
+                           "split the region")
     pro_vals = {v for n in pro for v in nodes[n].outputs}
     if any(v in pro_vals for v in io.outputs):
         raise CodegenError("a prologue value is also used outside the region; split the region")
@@ -69,9 +81,9 @@ def split_around(program: Program, io: RegionIO, anchor_ops, kind: str, what: st
         raise CodegenError("the epilogue reads a prologue value; split the region")
     for v in io.outputs:
         if math.prod(vals[v].shape) != numel:
-            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of {t.name}'s "
+            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of {last.name}'s "
                                f"{size_of}; split the region there")
-    return t, pro, epi
+    return pro, epi
 
 
 def render_around(program: Program, io: RegionIO, pro: list, epi: list, x_vid: str, y_vid: str,

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import math
 
-import networkx as nx
 
 from ..ir import Program
 from . import views as V
-from .around import grid_for, render_around
+from .around import grid_for, prologue_epilogue, render_around
 from .cuda import Names, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
@@ -56,22 +55,7 @@ def split_chain(program: Program, io: RegionIO, kind: str):
     numel = math.prod(vals[y_vid].shape)
     if numel == 0:
         raise CodegenError(f"{last.name} ({last.op}) has an empty output; there is nothing to launch")
-    g = program.graph().subgraph(io.nodes)
-    before, after = nx.ancestors(g, first.id), nx.descendants(g, last.id)
-    pro = [n for n in io.nodes if n in before]
-    epi = [n for n in io.nodes if n in after]
-    if len(pro) + len(epi) + len(chain) != len(io.nodes):
-        raise CodegenError(f"every op of a {kind} region must feed {first.name} or follow {last.name}; "
-                           f"split the region")
-    pro_vals = {v for n in pro for v in nodes[n].outputs}
-    if any(v in pro_vals for v in io.outputs):
-        raise CodegenError("a prologue value is also used outside the region; split the region")
-    if any(v in pro_vals for n in epi for v in nodes[n].inputs):
-        raise CodegenError("the epilogue reads a prologue value; split the region")
-    for v in io.outputs:
-        if math.prod(vals[v].shape) != numel:
-            raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of {last.name}'s "
-                               f"output; split the region there")
+    pro, epi = prologue_epilogue(program, io, first, last, len(chain), kind, numel, "output")
     return [nodes[n] for n in chain], pro, epi
 
 
