@@ -439,12 +439,9 @@ class Inspector(QScrollArea):
         try:
             value = a.check(node.op, value)
         except StitchError as e:
-            if msg is not None:
-                msg.setText(str(e))
-                msg.show()
+            _show_error(msg, str(e))
             return False
-        if msg is not None:
-            msg.hide()
+        _show_error(msg, None)
         if node.attrs.get(a.name) == value:
             return True
         self._push(C.SetAttrs(p, nid, {a.name: value}))
@@ -520,12 +517,9 @@ class Inspector(QScrollArea):
         try:
             C.push_edit_source(self.stack, p, vid, changes, f"Edit {v.name}: {what}")
         except StitchError as e:
-            if err is not None:
-                err.setText(str(e))
-                err.show()
+            _show_error(err, str(e))
             return False
-        if err is not None:
-            err.hide()
+        _show_error(err, None)
         return True
 
     def _refuse(self, vid: str, e: StitchError) -> bool:
@@ -577,3 +571,14 @@ class Inspector(QScrollArea):
     def _push(self, cmd) -> None:
         if self.stack is not None:
             self.stack.push(cmd)
+
+
+def _show_error(label, text: str | None) -> None:
+    """An editor's one-line refusal under it (None hides it); a row may have no label yet."""
+    if label is None:
+        return
+    if text is None:
+        label.hide()
+    else:
+        label.setText(text)
+        label.show()
