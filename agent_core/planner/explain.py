@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..analysis.cost import fmt_bytes, fmt_ms
 from ..regions import Region
+from ..text import plural
 from .fusion import (
     backend_refusal, full_space_inputs, group_bytes, group_time, launches, rereads_rows, schedule_for, summarize,
     traffic,
@@ -30,10 +31,6 @@ def _label(state, nid) -> str:
     return n.op if n.name == n.op else f"{n.name}"
 
 
-def _count(n, word) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
 def _elems(n) -> str:
     if n >= 1e6:
         return f"{n / 1e6:.1f}M"
@@ -54,6 +51,8 @@ def kind_of(state, nodes, s, sibling: bool) -> str:
         return "matmul_epilogue" if s.anchor_role == "matmul" else "conv_epilogue"
     if s.reductions:
         return "reduction"
+    if s.layouts:
+        return "layout"     # codegen's layout generator: a chain, or a graph of views and pointwise ops
     if s.ops <= 1:
         return "single"
     return "sibling" if sibling else "pointwise"
@@ -75,7 +74,7 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
     unfused_bytes = sum(state.costs[n].bytes for n in nodes)
     saved_bytes = unfused_bytes - group_bytes(state, nodes, s.anchor, facts)
     saved_ms = before - after
-    saving = (f"saves {_count(max(len(real) - n_launches, 0), 'launch').replace('launchs', 'launches')} and "
+    saving = (f"saves {plural(max(len(real) - n_launches, 0), 'launch')} and "
               f"{fmt_bytes(max(saved_bytes, 0))} of traffic, about {fmt_ms(max(saved_ms, 0))}")
     if len(real) - n_launches <= 0 and saved_bytes <= 0:
         saving = "no saving over running them apart (an epilogue kernel runs after the library call either way)" \
@@ -85,7 +84,7 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         big = max(tr.kept_values, key=lambda v: state.program.values[v].nbytes)
         producer = state.program.values[big].producer
         kept = (f"keeps the {fmt_bytes(state.program.values[big].nbytes)} output of {_label(state, producer)}"
-                + (f" and {_count(len(tr.kept_values) - 1, 'other intermediate')}"
+                + (f" and {plural(len(tr.kept_values) - 1, 'other intermediate')}"
                    if len(tr.kept_values) > 1 else "") + " on chip; ")
     sched: dict = {}
     if kind == "reduction":
@@ -117,11 +116,13 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         if s.reductions:
             sched.update({"row_reduction": True, "reductions": list(s.reductions), "rows": s.red.rows,
                           "row_len": s.red.row_len})
-            row = f" and reduces its {s.red.rows} rows of {s.red.row_len}"
+            row = f" and reduces its {plural(s.red.rows, 'row')} of {s.red.row_len}"
         lib = LIBRARY[s.anchor_role]
-        reason = (f"{lib} + epilogue kernel ({_count(n_launches, 'launch').replace('launchs', 'launches')}): "
+        reason = (f"{lib} + epilogue kernel ({plural(n_launches, 'launch')}): "
                   f"{_label(state, an)} runs through {lib} and writes its {fmt_bytes(out.nbytes)} output; "
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
+    elif kind == "layout":
+        sched, reason = _layout_reason(state, nodes, s, facts, refusals, after, f"{kept}{saving}")
     elif kind in ("pointwise", "sibling"):
         numel = max(s.numels.values(), default=0)
         sched = {"numel": numel, "shape": list(state.geo[max(s.numels, key=s.numels.get)].shape)
@@ -167,6 +168,36 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
     r = Region(rid, kind, nodes, status="proposed", reason=reason, est_before_ms=round(before, 6),
                est_after_ms=round(after, 6), schedule=sched)
     return r
+
+
+# layout ops torch returns as views of their input: alone, eager torch runs them for free
+TORCH_VIEWS = frozenset({"slice", "select", "split", "chunk", "unbind", "permute", "transpose", "expand"})
+
+
+def _layout_reason(state, nodes, s, facts, refusals, after, saving) -> tuple[dict, str]:
+    """(schedule, reason) of a layout-graph region: its loop is its outputs, whatever its ops' sizes."""
+    vnumel = state.vnumel
+    out = max(facts.escaping, key=vnumel.__getitem__, default=None)
+    numel = vnumel[out] if out is not None else max(s.layouts.values())
+    lay_ops = list(dict.fromkeys(state.program.nodes[n].op for n in s.layouts))
+    sched = {"numel": numel, "shape": list(state.program.values[out].shape) if out is not None else [],
+             "layout_ops": lay_ops}
+    real = [n for n in nodes if state.geo[n].role != "view"]
+    if len(real) > 1:
+        return sched, (f"stitches {_names(state, nodes)} over {_elems(numel)} elements into one kernel: each "
+                       f"output element reads the inputs through the views of the {_words(lay_ops)}, and "
+                       f"nothing in between goes to memory; {saving}.")
+    nid = real[0]
+    op = state.program.nodes[nid].op
+    why = refusals.get(nid) or "no neighbour it could share a loop with"
+    free = (f"eager torch makes a {op} a strided view for free, so this copy pays only where a "
+            f"generated consumer would copy it anyway; " if op in TORCH_VIEWS else "")
+    return sched, (f"{_label(state, nid)} is a layout change and runs as its own generated kernel: {why}; "
+                   f"{free}about {fmt_ms(after)} at the roofline.")
+
+
+def _words(words) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
 def _runs(state, nodes, s, kind, facts) -> str:

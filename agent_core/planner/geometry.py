@@ -4,6 +4,9 @@ Roles, from the op's category and attributes (op names only where a category can
 - pointwise: one output element per loop index (also eval batch_norm, which is a per-channel affine,
   and expand, which is a broadcast);
 - view: reshape and friends, no kernel of their own;
+- layout: a layout op that moves elements through a view (slice, select, chunk pieces, cat, pad, flip,
+  roll, permute, gather, ...: codegen/layout_graph.py's GRAPH_OPS); its loop space is its output, and it
+  joins pointwise work of any size, because the layout generator folds its view into the loads;
 - reduction: a row reduction described by the full shape it reads, the dimensions it reduces, the
   number of rows and the row length; `out_full` when its output has the input's shape (softmax,
   norms, scans), otherwise it writes one value per row;
@@ -16,16 +19,18 @@ import math
 from dataclasses import dataclass
 
 from ..analysis.cost import is_view
+from ..codegen.layout_graph import GRAPH_OPS, RELABEL_OPS
 from ..ir import Program
 from ..ops.common import norm_dim, norm_dims
 
+LAYOUT_OPS = frozenset(GRAPH_OPS) - frozenset(RELABEL_OPS)       # layout ops that move elements
 GEMM_OPS = frozenset({"linear", "matmul", "bmm", "addmm", "baddbmm"})  # a tiled GEMM with an epilogue
 CLASS_LOSSES = frozenset({"cross_entropy", "nll_loss"})                # rows of classes along dim 1
 
 
 @dataclass(frozen=True)
 class Geometry:
-    role: str                      # pointwise | view | reduction | matmul | conv | window | single | opaque
+    role: str                      # pointwise | view | layout | reduction | matmul | conv | window | single | opaque
     shape: tuple[int, ...]         # the output shape (the loop space of pointwise work)
     full: tuple[int, ...] = ()     # reduction: the shape read
     key: tuple = ()                # reduction: what must match for two reductions to share rows
@@ -68,6 +73,8 @@ def geometry(program: Program, node_id: str) -> Geometry:
         return Geometry("pointwise", out)
     if cat == "opaque":
         return Geometry("opaque", out)
+    if n.op in LAYOUT_OPS:
+        return Geometry("layout", out)
     if len(n.outputs) != 1:
         return Geometry("single", out)
     if cat == "normalization":
