@@ -1,0 +1,19 @@
+"""Words in what users read: the one place a count and its noun agree ("1 region", "2 regions")."""
+from __future__ import annotations
+
+_SIBILANT = ("s", "x", "z", "ch", "sh")
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """`n word`, the noun in its plural for any n but 1: "1 kernel", "0 kernels", "2 launches",
+    "3 entries"; `many` gives an irregular plural ("1 matrix", "2 matrices")."""
+    if n == 1:
+        return f"{n} {word}"
+    if many is None:
+        if word.endswith(_SIBILANT):
+            many = word + "es"
+        elif len(word) > 1 and word.endswith("y") and word[-2] not in "aeiou":
+            many = word[:-1] + "ies"
+        else:
+            many = word + "s"
+    return f"{n} {many}"
