@@ -100,7 +100,7 @@ def test_bench_record_from_an_optimize_result_and_guarded_failures(tmp_path, cap
         json_out = str(tmp_path / "b.jsonl")
         timeout, time_cap, compile_cap, isolate, jobs = 60.0, 0.0, 0.0, False, 1
         no_tune, tune_trials, draws, trials, no_rewrite, cpu = True, 1, 5, 20, False, True
-        no_compile_baselines, compile_budget = False, 60.0
+        no_compile_baselines, compile_budget, compile_modes = False, 60.0, None
     assert bench.run(Args()) == 0
     with open(Args.json_out) as f:
         recs = [json.loads(line) for line in f]

@@ -1,9 +1,10 @@
 """`stitchcuda bench FILE... --json OUT.jsonl`: optimize each problem and time it against torch.
 
 Per problem (one JSON line each, appended as soon as it is measured): correct, eager_ms, compile_ms
-per mode and the better of them, ours_ms, speedups, kernels, floor_ms, achieved GB/s. Each problem is
-guarded: a failure (or a timeout) is recorded and the run goes on. A table with geometric means ends
-the run.
+per mode (--compile-modes; a mode not timed has its reason in compile_errors) and the best of them,
+the best baseline of all, ours_ms, speedups, our kernels and launches next to the kernels Inductor
+generated per mode (inductor_kernels), floor_ms, achieved GB/s. Each problem is guarded: a failure
+(or a timeout) is recorded and the run goes on. A table with geometric means ends the run.
 """
 from __future__ import annotations
 
@@ -18,7 +19,17 @@ import tempfile
 import threading
 import time
 
+from ..profile.baselines import KNOWN_MODES, MODES, parse_modes
+
 HELP = "benchmark programs against torch eager and torch.compile"
+
+
+def _compile_modes(text: str) -> tuple[str, ...]:
+    import argparse
+    try:
+        return parse_modes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser) -> None:
@@ -35,6 +46,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--isolate", action="store_true",
                         help="run each problem in its own process (a faulting kernel or a hang cannot take "
                              "the others down; costs a few seconds of start-up per problem)")
+    parser.add_argument("--compile-modes", type=_compile_modes, default=None, metavar="MODE,MODE",
+                        help="torch.compile modes to time, comma-separated: "
+                             f"{', '.join(KNOWN_MODES)} (default {','.join(MODES)}); each records "
+                             "the kernels Inductor generated. Without a GPU (or with --cpu) torch is timed "
+                             "only when this is given, then on the CPU (Inductor writes C++ there)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="problems run at once, each in its own process (implies --isolate); a "
                              "measurement holds the GPU alone through a file lock that verification and "
@@ -103,7 +119,7 @@ def record_from_result(path: str, result, seconds: float) -> dict:
     rec["eager_ms"] = eager.get("ms") if eager.get("ok") else None
     if eager and not eager.get("ok"):
         rec["eager_error"] = eager.get("error")
-    modes = {}
+    modes, inductor = {}, {}
     for key, e in base.items():
         if not key.startswith("compile_"):
             continue
@@ -111,15 +127,34 @@ def record_from_result(path: str, result, seconds: float) -> dict:
         modes[mode] = e.get("ms") if e.get("ok") else None
         if not e.get("ok"):
             rec.setdefault("compile_errors", {})[mode] = e.get("error") or e.get("skipped")
+        if e.get("inductor_kernels"):
+            inductor[mode] = e["inductor_kernels"]
     rec["compile_ms"] = modes
     rec["compile_seconds"] = round(sum(float(e.get("compile_s") or 0.0) for k, e in base.items()
                                        if k.startswith("compile_") and isinstance(e, dict)), 2)
     ok_modes = [v for v in modes.values() if v]
     rec["compile_best_ms"] = min(ok_modes) if ok_modes else None
+    timed = {k: e["ms"] for k, e in base.items() if isinstance(e, dict) and e.get("ok") and e.get("ms")}
+    rec["best_baseline"] = min(timed, key=timed.get) if timed else None   # eager or compile_<mode>
+    rec["best_baseline_ms"] = timed.get(rec["best_baseline"])
+    if base and "error" not in base:
+        rec["baseline_device"] = prof.get("baseline_device", "cuda")
+    rec["inductor_kernels"] = inductor
+    rec.update(kernel_comparison(rec["launches"], inductor))
     ours = rec["ours_ms"]
     rec["speedup_eager"] = rec["eager_ms"] / ours if ours and rec["eager_ms"] else None
     rec["speedup_compile"] = rec["compile_best_ms"] / ours if ours and rec["compile_best_ms"] else None
+    rec["speedup_best"] = rec["best_baseline_ms"] / ours if ours and rec["best_baseline_ms"] else None
     return rec
+
+
+def kernel_comparison(launches, inductor: dict) -> dict:
+    """Our kernels per run against the fewest Inductor runs in any mode (generated + extern, both
+    count as kernels a run starts); more_kernels_than_inductor is None when either side is unknown."""
+    totals = [c["generated"] + c["extern"] for c in inductor.values() if "generated" in c]
+    fewest = min(totals) if totals else None
+    more = None if fewest is None or launches is None else launches > fewest
+    return {"inductor_fewest_kernels": fewest, "more_kernels_than_inductor": more}
 
 
 def geomean(xs) -> float | None:
@@ -133,26 +168,70 @@ def _f(x, fmt="{:.4f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
+MODE_LABELS = {"default": "default", "reduce-overhead": "r-o", "max-autotune": "m-a",
+               "max-autotune-no-cudagraphs": "m-a-ncg"}
+
+
+def modes_run(records: list[dict]) -> list[str]:
+    """The torch.compile modes any record has, in the order they ran."""
+    return list(dict.fromkeys(m for r in records for m in (r.get("compile_ms") or {})))
+
+
+def kernels_cell(r: dict) -> str:
+    """"ours/Inductor's fewest", with a ! when ours is more (issue #14: never more kernels)."""
+    ours = r.get("launches")
+    ind = r.get("inductor_fewest_kernels")
+    return f"{'-' if ours is None else ours}/{'-' if ind is None else ind}" + \
+        ("!" if r.get("more_kernels_than_inductor") else "")
+
+
 def table(records: list[dict]) -> list[str]:
-    """The printed table: one row per problem, then the geometric means over correct problems."""
-    head = f"{'problem':<34} {'correct':>7} {'eager ms':>9} {'compile ms':>10} {'ours ms':>9} " \
-           f"{'x eager':>7} {'x compile':>9} {'kernels':>7} {'floor ms':>9} {'GB/s':>7}"
+    """The printed table: one row per problem, then the geometric means over correct problems and
+    what the best baseline left out."""
+    modes = modes_run(records)
+    mode_head = "".join(f" {MODE_LABELS.get(m, m) + ' ms':>10}" for m in modes)
+    head = f"{'problem':<34} {'correct':>7} {'eager ms':>9}{mode_head} {'ours ms':>9} " \
+           f"{'x eager':>7} {'x compile':>9} {'x best':>6} {'kernels':>7} {'ours/ind':>8} {'floor ms':>9} {'GB/s':>7}"
     lines = [head, "-" * len(head)]
     for r in records:
         if not r.get("ok"):
             lines.append(f"{r['problem'][:34]:<34} {'FAILED':>7}  {r.get('error', '')[:90]}")
             continue
         corr = "-" if r.get("correct") is None else ("yes" if r["correct"] else "NO")
-        lines.append(f"{r['problem'][:34]:<34} {corr:>7} {_f(r.get('eager_ms')):>9} {_f(r.get('compile_best_ms')):>10} "
+        per_mode = "".join(f" {_f((r.get('compile_ms') or {}).get(m)):>10}" for m in modes)
+        lines.append(f"{r['problem'][:34]:<34} {corr:>7} {_f(r.get('eager_ms')):>9}{per_mode} "
                      f"{_f(r.get('ours_ms')):>9} {_f(r.get('speedup_eager'), '{:.2f}'):>7} "
-                     f"{_f(r.get('speedup_compile'), '{:.2f}'):>9} {r.get('kernels', 0):>7} "
+                     f"{_f(r.get('speedup_compile'), '{:.2f}'):>9} {_f(r.get('speedup_best'), '{:.2f}'):>6} "
+                     f"{r.get('kernels', 0):>7} {kernels_cell(r):>8} "
                      f"{_f(r.get('floor_ms')):>9} {_f(r.get('achieved_gbs'), '{:.0f}'):>7}")
     g = summary(records)
     lines.append("-" * len(head))
     lines.append(f"geometric mean over {g['timed']} correct timed problems: {_f(g['geomean_speedup_eager'], '{:.2f}')}x "
                  f"vs eager, {_f(g['geomean_speedup_compile'], '{:.2f}')}x vs the better torch.compile mode "
-                 f"({g['compile_timed']} problems); {g['correct']}/{g['problems']} correct, {g['failed']} failed")
+                 f"({g['compile_timed']} problems), {_f(g['geomean_speedup_best'], '{:.2f}')}x vs the best of eager "
+                 f"and every mode run ({g['best_timed']} problems); {g['correct']}/{g['problems']} correct, "
+                 f"{g['failed']} failed")
+    lines += notes(records)
     return lines
+
+
+def notes(records: list[dict]) -> list[str]:
+    """What a reader of the geometric means must know: modes the best baseline left out and why, rows
+    with more kernels than Inductor, baselines timed on the CPU."""
+    out = []
+    for r in records:
+        for mode, why in (r.get("compile_errors") or {}).items():
+            out.append(f"{r['problem']}: torch.compile {mode} is not in the best baseline: {why}")
+        for mode, c in (r.get("inductor_kernels") or {}).items():
+            if "error" in c:
+                out.append(f"{r['problem']}: Inductor's kernels for {mode} not counted: {c['error']}")
+    more = [r["problem"] for r in records if r.get("more_kernels_than_inductor")]
+    if more:
+        out.append(f"more kernels per run than Inductor (ours/ind with !): {', '.join(more)}")
+    if any(r.get("baseline_device") == "cpu" for r in records):
+        out.append("torch eager and torch.compile were timed on the CPU (no GPU): their ms are CPU times and "
+                   "Inductor's counts are of its C++ kernels")
+    return out
 
 
 def summary(records: list[dict]) -> dict:
@@ -161,13 +240,18 @@ def summary(records: list[dict]) -> dict:
     return {"problems": len(records), "failed": len(records) - len(ok), "correct": len(good),
             "timed": sum(1 for r in good if r.get("speedup_eager")),
             "compile_timed": sum(1 for r in good if r.get("speedup_compile")),
+            "best_timed": sum(1 for r in good if r.get("speedup_best")),
+            "more_kernels_than_inductor": sum(1 for r in ok if r.get("more_kernels_than_inductor")),
             "geomean_speedup_eager": geomean(r.get("speedup_eager") for r in good),
-            "geomean_speedup_compile": geomean(r.get("speedup_compile") for r in good)}
+            "geomean_speedup_compile": geomean(r.get("speedup_compile") for r in good),
+            "geomean_speedup_best": geomean(r.get("speedup_best") for r in good)}
 
 
 def _forward_flags(args) -> list[str]:
     out = ["--timeout", str(args.timeout), "--tune-trials", str(args.tune_trials), "--draws", str(args.draws),
            "--trials", str(args.trials), "--compile-budget", str(args.compile_budget)]
+    if args.compile_modes:
+        out += ["--compile-modes", ",".join(args.compile_modes)]
     for flag in ("no_tune", "no_rewrite", "cpu", "no_compile_baselines"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
@@ -207,6 +291,8 @@ def run_one(path: str, args, no_compile: bool) -> dict:
     try:
         with time_limit(args.timeout):
             result = optimize_spec(path, None, emit, args, baselines=True)
+            if not result.gpu and args.compile_modes and not args.no_compile_baselines:
+                time_torch_on_cpu(path, result, args)
         return record_from_result(path, result, time.perf_counter() - t0)
     except (Exception, ProblemTimeout) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
@@ -215,6 +301,22 @@ def run_one(path: str, args, no_compile: bool) -> dict:
     finally:
         args.no_compile_baselines = saved
         _release_gpu_memory()
+
+
+def time_torch_on_cpu(path: str, result, args) -> None:
+    """Without a GPU: torch eager and the asked torch.compile modes timed on the CPU, into the
+    result's baselines, so Inductor's kernel counts are read on any machine (ours has no time here)."""
+    from ..profile.baselines import measure_baselines, program_callable, source_callable
+    try:
+        fn, inputs = source_callable(path, "cpu") if path.endswith(".py") and os.path.isfile(path) else \
+            program_callable(result.program, "cpu")
+        base = measure_baselines(fn, inputs, compile_modes=args.compile_modes, trials=args.trials,
+                                 compile_budget_s=args.compile_budget, device="cpu")
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        base = {"error": f"{type(exc).__name__}: {first[:300]}"}
+    result.profile["baselines"] = base
+    result.profile["baseline_device"] = "cpu"
 
 
 def _release_gpu_memory() -> None:
