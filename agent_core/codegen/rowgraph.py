@@ -1,0 +1,289 @@
+"""A small row-level IR for regions that hold several reductions over the same rows (issue #14).
+
+The region's reductions all reduce the same dims of the same shape, seen as [outer, L, inner]: R =
+outer * inner rows of L elements. Every value of the region then lives in one of two spaces:
+
+  E  per element: one per (row, column), the reductions' input shape;
+  R  per row: one scalar per row (a reduction's result, a pointwise op of such results).
+
+Pointwise ops over E values may read R values (broadcast along the row); an R value never reads an E
+value except through a reduction. Each reduction becomes *steps*: a step folds one E value into a
+statistics state of rowreduce.STATES (max, sum, Welford, online max-sum-exp, ...) and gives R values
+(its state's fields); the op's output is then an E value (softmax, layer_norm: row-preserving) or an
+R value (mean, logsumexp) computed from those fields with rowreduce's own op table (`_row_op`).
+
+A step's *round* counts the all-reduces that must finish before it can fold: steps of one round fold
+in the same pass over the row and share one all-reduce (their states in one struct). With
+`two_stage` (the row is held on chip, re-reading it is free) softmax-like states split into the row
+max, then the sum of exp(x - max), and Welford into the mean, then the squared deviations: the exact
+two-pass numerics of rowreduce. Without it (the row is streamed from memory for every round) they
+stay one online state, so a round costs one read of the row.
+
+Definitions are kept in creation order, which is a topological order; a renderer emits only what the
+outputs need (`RowGraph.needed`).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..ir import Program
+from .cuda import Names, c_type
+from .kernel import CodegenError
+from .pointwise import is_elementwise, render_chain
+from .region_io import RegionIO
+from .rowreduce import STATES, _row_op
+
+E, R = "E", "R"
+_IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
+
+
+@dataclass
+class Def:
+    key: str                 # the C name of the value
+    space: str               # E or R
+    ctype: str
+    expr: str | None         # C expression; None for region inputs (the renderer loads them)
+    deps: list[str]          # keys it reads
+    round: int               # all-reduces that must finish before it can be computed
+    vid: str | None = None   # the program value it is, if any
+    note: str = ""
+
+
+@dataclass
+class Step:
+    state: str               # a key of rowreduce.STATES
+    arg: str                 # the E key folded into it
+    round: int
+    slot: int                # its place in the round's struct (s0, s1, ...)
+    fields: list[str]        # the R keys it gives, one per state field
+    node: str                # the reduction it belongs to
+
+
+@dataclass
+class RowGraph:
+    full: tuple[int, ...]    # the reductions' input shape (the E space)
+    dims: list[int]          # the reduced dims (neighbours)
+    outer: int
+    cols: int
+    inner: int
+    defs: dict[str, Def] = field(default_factory=dict)
+    steps: list[Step] = field(default_factory=list)
+    inputs: dict[tuple[str, str], str] = field(default_factory=dict)   # (value, space) -> key
+    outputs: dict[str, str] = field(default_factory=dict)              # value -> key
+    round_vars: dict[int, str] = field(default_factory=dict)           # round -> C name of its state
+    reductions: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return self.outer * self.inner
+
+    @property
+    def rounds(self) -> int:
+        return max((s.round for s in self.steps), default=0)
+
+    def needed(self) -> set[str]:
+        """Keys the outputs and the steps need (every reduction of the region folds, used or not)."""
+        need: set[str] = set()
+        todo = list(self.outputs.values()) + [s.arg for s in self.steps]
+        while todo:
+            k = todo.pop()
+            if k not in need:
+                need.add(k)
+                todo += self.defs[k].deps
+        return need
+
+    def closure(self, keys, space: str, need: set[str]) -> list[Def]:
+        """Definitions of `space` that `keys` need (themselves included), in creation order."""
+        seen: set[str] = set()
+        todo = list(keys)
+        while todo:
+            k = todo.pop()
+            if k in seen:
+                continue
+            seen.add(k)
+            if self.defs[k].space == space:
+                todo += self.defs[k].deps
+        return [d for d in self.defs.values() if d.key in seen and d.space == space and d.key in need]
+
+
+def _strip(shape) -> tuple:
+    shape = tuple(shape)
+    while shape and shape[0] == 1:
+        shape = shape[1:]
+    return shape
+
+
+def _name(node) -> str:
+    return node.name if node.name == node.op else f"{node.name} ({node.op})"
+
+
+def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowGraph:
+    """The row graph of a region whose reductions share their rows; CodegenError names what does not fit."""
+    vals, nodes = program.values, program.nodes
+    reds = [n for n in io.nodes if not is_elementwise(nodes[n])]
+    if not reds:
+        raise CodegenError("the region holds no reduction")
+    ops = {}
+    for nid in reds:
+        state, preamble, expr, preserving, dims, row_len = _row_op(program, nid)
+        if row_len is not None:
+            raise CodegenError(f"{_name(nodes[nid])} reduces (sample, group) rows; a kernel with several "
+                               f"reductions takes rows of neighbouring dims only", node_id=nid)
+        ops[nid] = (state, preamble, expr, preserving, list(dims))
+    first = nodes[reds[0]]
+    full = tuple(vals[first.inputs[0]].shape)
+    dims = ops[reds[0]][4]
+    for nid in reds[1:]:
+        shape = tuple(vals[nodes[nid].inputs[0]].shape)
+        if (shape, ops[nid][4]) != (full, dims):
+            raise CodegenError(f"{_name(first)} and {_name(nodes[nid])} reduce different rows (dims {dims} of "
+                               f"{list(full)} vs dims {ops[nid][4]} of {list(shape)}); one kernel shares "
+                               f"one set of rows", node_id=nid)
+    outer, cols, inner = math.prod(full[:dims[0]]), math.prod(full[d] for d in dims), math.prod(full[dims[-1] + 1:])
+    if outer * cols * inner == 0:
+        raise CodegenError("the region reduces an empty tensor; there is nothing to launch")
+    if cols < 2:
+        raise CodegenError(f"{_name(first)} reduces rows of one element; it is a pointwise map")
+    g = RowGraph(full, dims, outer, cols, inner, reductions=reds)
+    numel, rows = math.prod(full), outer * inner
+    keep = tuple(1 if d in dims else s for d, s in enumerate(full))           # a per-row value, keepdim
+    kept = tuple(s for d, s in enumerate(full) if d not in dims)              # the same without them
+
+    def space_of(vid) -> str:
+        v = vals[vid]
+        n = math.prod(v.shape)
+        if n == numel and _strip(v.shape) == _strip(full):
+            return E
+        if n == rows and _strip(v.shape) in (_strip(keep), _strip(kept)):
+            return R
+        raise CodegenError(f"'{v.name}' {list(v.shape)} is neither the rows {list(full)} nor one value per "
+                           f"row of them; split the region there")
+
+    def add(d: Def) -> str:
+        g.defs[d.key] = d
+        return d.key
+
+    def rnd(keys) -> int:
+        return max((g.defs[k].round for k in keys), default=0)
+
+    def expr_def(key, space, expr, note="", ctype="float", vid=None) -> str:
+        deps = [w for w in dict.fromkeys(_IDENT.findall(expr)) if w in g.defs]
+        return add(Def(key, space, ctype, expr, deps, rnd(deps), vid, note))
+
+    env: dict[str, str] = {}          # produced value -> key
+
+    def read(vid, space: str, reader) -> str:
+        """The key of `vid` as `reader` (a node computing in `space`) reads it."""
+        v = vals[vid]
+        if vid in env:
+            k = env[vid]
+            have = g.defs[k].space
+            if have == R and space == E and (1,) * (len(full) - len(v.shape)) + tuple(v.shape) != keep:
+                raise CodegenError(f"{_name(reader)} broadcasts the per-row value '{v.name}' {list(v.shape)} "
+                                   f"across the rows of {list(full)}, not along them; split the region",
+                                   node_id=reader.id)
+            if have == E and space == R:
+                raise CodegenError(f"{_name(reader)} mixes per-element and per-row values; split the region",
+                                   node_id=reader.id)
+            return k
+        if (vid, space) not in g.inputs:
+            n = math.prod(v.shape)
+            if space == R and n not in (rows, 1):
+                raise CodegenError(f"{_name(reader)} reads '{v.name}' {list(v.shape)} per row, which has "
+                                   f"neither one value per row nor one value", node_id=reader.id)
+            key = names.new(v.name)
+            g.inputs[(vid, space)] = add(Def(key, space, c_type(v.dtype, f"'{v.name}'"), None, [], 0, vid))
+        return g.inputs[(vid, space)]
+
+    for nid in io.nodes:
+        node = nodes[nid]
+        if nid in ops:
+            _reduction(g, program, node, ops[nid], read, expr_def, names, two_stage, env)
+            continue
+        out = node.outputs[0]
+        space = space_of(out)
+        local = {v: read(v, space, node) for v in node.inputs if v is not None}
+        if node.op == "expand":
+            env[out] = local[node.inputs[0]]
+            continue
+        lines = render_chain(program, [nid], local, names, indent="")
+        key = local[out]
+        deps = list(dict.fromkeys(local[v] for v in node.inputs if v is not None))
+        add(Def(key, space, c_type(vals[out].dtype, f"'{vals[out].name}'"), lines[0].split(" = ", 1)[1].rsplit(";  //", 1)[0],
+                deps, rnd(deps), out, lines[0].rsplit("//", 1)[1].strip()))
+        env[out] = key
+    for vid in io.outputs:
+        g.outputs[vid] = env[vid]
+    return g
+
+
+def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two_stage: bool, env) -> None:
+    """Steps, fields and the output of one reduction: rowreduce's template with `st.<field>` read from
+    this reduction's fields and its locals (inv_sum, rstd, ...) renamed after it."""
+    vals = program.values
+    state, preamble, expr, preserving, _ = op
+    for vid in [node.inputs[0], node.outputs[0]]:
+        if vals[vid].dtype != "float32":
+            raise CodegenError(f"{_name(node)} reduces '{vals[vid].name}' of dtype {vals[vid].dtype}; a kernel "
+                               f"with several reductions accumulates float32 only", node_id=node.id)
+    x = read(node.inputs[0], E, node)
+    if g.defs[x].space != E:
+        raise CodegenError(f"{_name(node)} reduces a per-row value", node_id=node.id)
+    base = names.new(vals[node.outputs[0]].name)
+    fkey = {f: names.new(f"{base}_{f}") for f in STATES[state][0]}
+
+    def step(st: str, arg: str, keys: list[str]) -> None:
+        r = g.defs[arg].round + 1
+        slot = sum(1 for s in g.steps if s.round == r)
+        var = g.round_vars.setdefault(r, names.new(f"round{r}"))
+        for f, k in zip(STATES[st][0], keys):
+            g.defs[k] = Def(k, R, "float", f"{var}.s{slot}.{f}", [], r, None, f"{st} of {vals[node.inputs[0]].name}")
+        g.steps.append(Step(st, arg, r, slot, keys, node.id))
+
+    if two_stage and state == "maxsumexp":     # the row max, then the sum of exp(x - max)
+        step("max", x, [fkey["m"]])
+        e = expr_def(names.new(f"{base}_exp"), E, f"expf({x} - {fkey['m']})")
+        step("sum", e, [fkey["s"]])
+    elif two_stage and state == "welford":     # the mean, then the squared deviations from it
+        total = names.new(f"{base}_sum")
+        step("sum", x, [total])
+        expr_def(fkey["mean"], R, f"{total} / kColsF", "mean")
+        dev = expr_def(names.new(f"{base}_dev"), E, f"{x} - {fkey['mean']}")
+        step("sumsq", dev, [fkey["m2"]])
+        expr_def(fkey["n"], R, "kColsF")
+    else:
+        step(state, x, [fkey[f] for f in STATES[state][0]])
+
+    local: dict[str, str] = {}
+    for ln in filter(None, (s.strip() for s in preamble.split(";"))):
+        m = re.fullmatch(r"const float (\w+) = (.*)", ln)
+        local[m.group(1)] = names.new(f"{base}_{m.group(1)}")
+        expr_def(local[m.group(1)], R, _substitute(m.group(2), fkey, local, x, {}), m.group(1))
+    ports = {}
+    for port, vid in zip(node.opdef.port_names[1:], node.inputs[1:]):
+        if vid is None:
+            continue
+        if vid in env:
+            raise CodegenError(f"the {port} of {_name(node)} is computed inside the region; only inputs and "
+                               f"parameters are supported there", node_id=node.id)
+        ports[port.upper()] = read(vid, E, node)
+    out = node.outputs[0]
+    env[out] = expr_def(base, E if preserving else R, _substitute(expr, fkey, local, x, ports), node.op, vid=out)
+
+
+_TEMPLATE_WORD = re.compile(r"\bst\.(\w+)|\b([A-Z]+)\[col\]|\b(\w+)\b")
+
+
+def _substitute(expr: str, fkey, local, x, ports) -> str:
+    """A rowreduce template in this graph's names, in one pass (so a key never gets renamed twice):
+    st.<field> -> the field's key, WEIGHT[col] -> the port's E key, xe -> x, a preamble local -> its key."""
+    def word(m):
+        if m.group(1):
+            return fkey[m.group(1)]
+        if m.group(2):
+            return ports[m.group(2)]
+        w = m.group(3)
+        return x if w == "xe" else local.get(w, w)
+    return _TEMPLATE_WORD.sub(word, expr)

@@ -1,0 +1,335 @@
+"""One kernel for any number of chained and sibling reductions over the same rows: the renderer of
+codegen/rowgraph.py's row graph (issue #14).
+
+The kernel loads each full-size input of a row once, then runs the graph's rounds in order: a pass
+over the row's elements folds every step of the round into one struct of states, one all-reduce
+combines them across the threads of the row, and the per-row values of that round follow. A last pass
+evaluates and stores the per-element outputs; per-row outputs are stored once per row. Only what the
+outputs need is emitted.
+
+Schedules (the row limits of rowreduce.DEFAULTS, counting every full-size input the row holds):
+  warp    rows up to 1024 that fit 64 floats per lane: 4..32 lanes per row, several rows per block,
+          the row in registers, xor shuffles;
+  block   rows whose inputs fit 16384 floats: one block per row, the row in registers, shuffles then
+          shared memory;
+  stream  longer rows: one block of 1024 threads per row; each round re-reads the row from memory
+          (softmax and Welford states stay online, so a round is one read);
+  column  [outer, L, inner] with inner > 1: 32 inner positions x 8 thread rows per block, combined
+          through shared memory; the column in registers when each thread holds at most 16 values.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+from ..ir import Program
+from .cuda import VEC4, VEC4_STRUCTS, Names, float_literal, header, index_type, kernel_name, kernel_source
+from .kernel import CodegenError, KernelSource
+from .pointwise import operand_views
+from .region_io import RegionIO
+from .rowgraph import E, R, RowGraph, lower
+from .rowreduce import DEFAULTS as ROW_DEFAULTS, STATES, _Operands
+
+DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16}
+COLUMN_TILE = (32, 8)
+# the kernel's own locals; generated names never take them
+LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
+          "identity", "combine", "shuffle", "reduce")
+
+
+def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
+    p = {**DEFAULTS, **(params or {})}
+    names, arg = _names(program, io)
+    g = lower(program, io, names, two_stage=True)
+    sched = _schedule(g, p, _full_inputs(program, g, io))
+    if not sched["cached"]:      # streamed rows: online states, one read of the row per round
+        names, arg = _names(program, io)
+        g = lower(program, io, names, two_stage=False)
+    return _render(program, io, g, names, arg, sched, name)
+
+
+def _names(program, io) -> tuple[Names, dict[str, str]]:
+    """The kernel's namespace, its pointer arguments named first (after their values)."""
+    names = Names()
+    names.taken.update(LOCALS)
+    return names, {v: names.new(program.values[v].name) for v in [*io.inputs, *io.outputs]}
+
+
+def _full_inputs(program, g: RowGraph, io) -> list[str]:
+    """Region inputs read per element over the whole row space (held in registers, or streamed)."""
+    numel = math.prod(g.full)
+    return [v for (v, sp) in g.inputs if sp == E and math.prod(program.values[v].shape) == numel]
+
+
+def _pow2(n: float) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1.0, n))))
+
+
+def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
+    k = max(1, len(full))
+    cols = g.cols
+    if g.inner > 1:
+        tx, ty = COLUMN_TILE
+        items = math.ceil(cols / ty)
+        return {"schedule": "column", "vec": 1, "tpr": ty, "rows_per_block": 1, "block": tx * ty,
+                "items": items, "cached": items * k <= int(p["column_max_items"]),
+                "grid": g.outer * math.ceil(g.inner / tx)}
+    vec = 4 if cols % 4 == 0 and int(p["vector_width"]) == 4 else 1
+    if cols <= int(p["warp_max_cols"]) and k * math.ceil(cols / 32) <= int(p["lane_max_floats"]):
+        schedule, tpr = "warp", 1 << max(2, min(5, math.ceil(math.log2(max(1, math.ceil(cols / vec / 4))))))
+    elif cols * k <= int(p["register_max_cols"]):
+        schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
+    else:
+        schedule, tpr = "stream", int(p["online_threads"])
+    if p.get("threads_per_row"):      # a tuner's choice overrides the rule above
+        tpr = int(p["threads_per_row"])
+        if tpr & (tpr - 1) or not 4 <= tpr <= 1024:
+            raise CodegenError(f"threads_per_row must be a power of two from 4 to 1024, got {tpr}")
+        if schedule != "stream":
+            schedule = "warp" if tpr <= 32 else "block"
+    items = math.ceil(cols / (tpr * vec))
+    cached = schedule != "stream" and items * vec * k <= int(p["lane_max_floats"])
+    block = max(int(p["block"]), tpr) if schedule == "warp" else tpr
+    rows_per_block = block // tpr
+    return {"schedule": schedule, "vec": vec, "tpr": tpr, "rows_per_block": rows_per_block, "block": block,
+            "items": items, "cached": cached, "grid": math.ceil(g.rows / rows_per_block)}
+
+
+def _state_code(kind: str) -> str:
+    """One statistics state of rowreduce.STATES as a struct with its identity, fold and combine."""
+    fields, identity, fold, comb = STATES[kind]
+    return (f"struct St_{kind} {{ float {', '.join(fields)}; }};\n"
+            f"__device__ __forceinline__ St_{kind} identity_{kind}() {{ return St_{kind}{identity}; }}\n"
+            f"__device__ __forceinline__ void fold_{kind}(St_{kind}& s, float x) {{ {fold} }}\n"
+            f"__device__ __forceinline__ St_{kind} combine_{kind}(St_{kind} a, St_{kind} b) {{\n  {comb}\n}}\n")
+
+
+def _round_code(r: int, steps, schedule: str, label) -> str:
+    """The struct of round r's states, its identity, combine, and all-reduce across the row's threads."""
+    t = f"Round{r}"
+    kinds = [s.state for s in steps]
+    members = " ".join(f"St_{k} s{j};" for j, k in enumerate(kinds))
+    shuffles = "".join(f"  a.s{j}.{f} = __shfl_xor_sync(0xffffffffu, a.s{j}.{f}, offset);\n"
+                       for j, k in enumerate(kinds) for f in STATES[k][0])
+    code = (f"// Round {r}: {', '.join(f'{s.state} ({label(s.node)})' for s in steps)}, all-reduced together.\n"
+            f"struct {t} {{ {members} }};\n"
+            f"__device__ __forceinline__ {t} identity{r}() {{ return {t}{{{', '.join(f'identity_{k}()' for k in kinds)}}}; }}\n"
+            f"__device__ __forceinline__ {t} combine{r}({t} a, {t} b) {{\n"
+            + "".join(f"  a.s{j} = combine_{k}(a.s{j}, b.s{j});\n" for j, k in enumerate(kinds))
+            + "  return a;\n}\n")
+    if schedule == "column":
+        return code + (f"__device__ __forceinline__ {t} reduce{r}({t} a) {{\n"
+                       f"  __shared__ {t} part[kTileY][kTileX];\n"
+                       "  part[threadIdx.y][threadIdx.x] = a;\n"
+                       "  __syncthreads();\n"
+                       "  a = part[0][threadIdx.x];\n"
+                       "#pragma unroll\n"
+                       f"  for (int y = 1; y < kTileY; ++y) a = combine{r}(a, part[y][threadIdx.x]);\n"
+                       "  return a;\n}\n")
+    code += (f"__device__ __forceinline__ {t} shuffle{r}({t} a, int offset) {{\n{shuffles}  return a;\n}}\n"
+             f"__device__ __forceinline__ {t} reduce{r}({t} a) {{\n"
+             "#pragma unroll\n"
+             f"  for (int offset = kShuffleStart; offset > 0; offset >>= 1) a = combine{r}(a, shuffle{r}(a, offset));\n")
+    if schedule != "warp":
+        code += (f"  __shared__ {t} partial[kWarpsPerRow];\n"
+                 "  const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;\n"
+                 "  if (lane == 0) partial[warp] = a;\n"
+                 "  __syncthreads();\n"
+                 f"  a = lane < kWarpsPerRow ? partial[lane] : identity{r}();\n"
+                 "#pragma unroll\n"
+                 f"  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) a = combine{r}(a, shuffle{r}(a, offset));\n")
+    return code + "  return a;\n}\n"
+
+
+def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict, sched: dict,
+            name: str) -> KernelSource:
+    vals = program.values
+    schedule, vec, cached, column = sched["schedule"], sched["vec"], sched["cached"], sched["schedule"] == "column"
+    need, steps = g.needed(), g.steps
+    numel = math.prod(g.full)
+    index_t = index_type(numel)
+    e_in = [v for (v, sp), k in g.inputs.items() if sp == E and k in need]
+    r_in = {k: v for (v, sp), k in g.inputs.items() if sp == R and k in need}
+    ld = _Operands(program, g.full, e_in, names, "In", operand_views(program, io.nodes, e_in))
+    held = [v for v in e_in if ld.full(v)]            # full-size inputs: registers, or streamed
+    key_of = {v: g.inputs[(v, E)] for v in e_in}
+    ct = {v: g.defs[key_of[v]].ctype for v in e_in}
+    out_e = [v for v in io.outputs if g.defs[g.outputs[v]].space == E]
+    out_r = [v for v in io.outputs if g.defs[g.outputs[v]].space == R]
+    octype = {v: g.defs[g.outputs[v]].ctype for v in io.outputs}
+    regs = {v: names.new(f"v_{arg[v]}") for v in held}
+    outs_local = {v: names.new(f"o_{arg[v]}") for v in out_e}
+
+    def flat(col: str) -> str:
+        return f"base + {col}" if not column else f"base + (index_t)({col}) * kInner"
+
+    def element_body(defs, indent: str, tail: list[str], reg_at: str) -> list[str]:
+        """Lines for one element at column c: its inputs, then `defs`, then `tail`."""
+        lines = []
+        for d in defs:
+            if d.expr is None:      # a region input
+                v = d.vid
+                src = f"{regs[v]}[{reg_at}]" if v in regs else ld.load(v, arg[v], "i")
+                lines.append(f"const {d.ctype} {d.key} = {src};")
+            else:
+                lines.append(f"const {d.ctype} {d.key} = {d.expr};" + (f"  // {d.note}" if d.note else ""))
+        lines += tail
+        text = "\n".join(lines)
+        head = []
+        if re.search(r"\bi\b", text):
+            head.append(f"const index_t i = {flat('c')};")
+        if re.search(r"\bc\b", "\n".join(head) + text):
+            head.insert(0, "const int c = p + e;" if vec == 4 else "const int c = p;")
+        return [indent + ln for ln in head + lines]
+
+    def each_element(body_fn, loads: list[str], pre_e=(), post_e=()) -> list[str]:
+        """A pass over this thread's elements of the row: from its registers (cached) or loaded again."""
+        ind = "        " if vec == 4 else "      "
+        if cached:
+            out = ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
+                   "    const int p = lane * kVec + k * kStride;",
+                   "    if (active && p < kCols) {"]
+            at = "k * kVec + e" if vec == 4 else "k"
+        else:
+            out = ["  for (int p = lane * kVec; active && p < kCols; p += kStride) {", "    {"]
+            at = "e" if vec == 4 else "0"
+            for v in loads:
+                if vec == 4:
+                    out += [f"      {ct[v]} {regs[v]}[kVec];",
+                            f"      {{ const {VEC4[vals[v].dtype]} t = reinterpret_cast<const {VEC4[vals[v].dtype]}*>({arg[v]} + {flat('p')})[0];",
+                            "        " + " ".join(f"{regs[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+                else:
+                    out.append(f"      const {ct[v]} {regs[v]}[1] = {{{arg[v]}[{flat('p')}]}};")
+        out += [f"      {ln}" for ln in pre_e]
+        if vec == 4:
+            out += ["#pragma unroll", "      for (int e = 0; e < kVec; ++e) {"]
+        out += body_fn(ind, at)
+        if vec == 4:
+            out.append("      }")
+        out += [f"      {ln}" for ln in post_e]
+        out += ["    }", "  }"]
+        return out
+
+    body = ["  const int group = threadIdx.x / kThreadsPerRow;",
+            "  const int lane = threadIdx.x % kThreadsPerRow;",
+            "  const index_t row = (index_t)blockIdx.x * kRowsPerBlock + group;",
+            "  const bool active = row < kRows;  // inactive lanes still join the all-reduces",
+            "  const index_t base = row * kCols;"] if not column else [
+            "  const index_t tile = blockIdx.x % kTilesPerOuter;",
+            "  const index_t outer = blockIdx.x / kTilesPerOuter;",
+            "  const index_t inner = tile * kTileX + threadIdx.x;",
+            "  const bool active = inner < kInner;  // inactive threads still join the all-reduces",
+            "  const index_t row = outer * kInner + inner;",
+            "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
+            "  const int lane = threadIdx.y;"]
+    if cached and held:
+        body.append("  // the row's full-size inputs, loaded once and kept in registers")
+        for v in held:
+            body.append(f"  {ct[v]} {regs[v]}[kItems * kVec];")
+        body += ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
+                 "    const int p = lane * kVec + k * kStride;",
+                 "    if (active && p < kCols) {"]
+        for v in held:
+            if vec == 4:
+                vt = VEC4[vals[v].dtype]
+                body += [f"      {{ const {vt} t = reinterpret_cast<const {vt}*>({arg[v]} + {flat('p')})[0];",
+                         "        " + " ".join(f"{regs[v]}[k * kVec + {j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+            else:
+                body.append(f"      {regs[v]}[k] = {arg[v]}[{flat('p')}];")
+        body += ["    }", "  }"]
+
+    def row_defs(r: int) -> list[str]:
+        lines = []
+        for d in g.defs.values():
+            if d.space == R and d.round == r and d.key in need:
+                src = d.expr
+                if d.expr is None:
+                    n = math.prod(vals[d.vid].shape)
+                    src = f"{arg[d.vid]}[active ? row : 0]" if n > 1 else f"{arg[d.vid]}[0]"
+                lines.append(f"  const {d.ctype} {d.key} = {src};" + (f"  // {d.note}" if d.note else ""))
+        return lines
+
+    body += row_defs(0)
+    helpers = [_state_code(k) for k in dict.fromkeys(s.state for s in steps)]
+    for r in range(1, max((s.round for s in steps), default=0) + 1):
+        rs = sorted((s for s in steps if s.round == r), key=lambda s: s.slot)
+        helpers.append(_round_code(r, rs, schedule, lambda n: program.nodes[n].name))
+        var = g.round_vars[r]
+        args = [s.arg for s in rs]
+        folds = [f"fold_{s.state}({var}.s{j}, {s.arg});" for j, s in enumerate(rs)]
+        loads = [v for v in held if key_of[v] in {d.key for d in g.closure(args, E, need)}]
+        body += [f"  // round {r}: fold {', '.join(vals[program.nodes[s.node].outputs[0]].name + ' (' + s.state + ')' for s in rs)}",
+                 f"  Round{r} {var} = identity{r}();"]
+        body += each_element(lambda ind, at, a=args, f=folds: element_body(g.closure(a, E, need), ind, f, at), loads)
+        body.append(f"  {var} = reduce{r}({var});")
+        body += row_defs(r)
+    if out_e:
+        keys = [g.outputs[v] for v in out_e]
+        loads = [v for v in held if key_of[v] in {d.key for d in g.closure(keys, E, need)}]
+        if vec == 4:
+            tail = [f"{outs_local[v]}[e] = {g.outputs[v]};" for v in out_e]
+            pre = [f"{octype[v]} {outs_local[v]}[kVec];" for v in out_e]
+            post = [f"reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]} + {flat('p')})[0] = "
+                    f"{VEC4[vals[v].dtype]}{{{', '.join(f'{outs_local[v]}[{j}]' for j in range(4))}}};" for v in out_e]
+        else:
+            tail = [f"{arg[v]}[i] = {g.outputs[v]};" for v in out_e]
+            pre = post = []
+        body.append("  // the per-element outputs")
+        body += each_element(lambda ind, at: element_body(g.closure(keys, E, need), ind, tail, at), loads, pre, post)
+    if out_r:
+        body += ["  if (active && lane == 0) {  // the per-row outputs, once per row",
+                 *[f"    {arg[v]}[row] = {g.outputs[v]};" for v in out_r], "  }"]
+
+    tx, ty = COLUMN_TILE
+    tpr, items = sched["tpr"], sched["items"]
+    consts = [f"typedef {index_t} index_t;",
+              f"constexpr index_t kRows = {g.rows};",
+              f"constexpr int kCols = {g.cols};  // reduced length of each row",
+              f"constexpr float kColsF = {float_literal(g.cols)};",
+              f"constexpr int kVec = {vec};  // elements per load"]
+    if column:
+        consts += [f"constexpr index_t kInner = {g.inner};  // kept elements after the reduced dims (the stride)",
+                   f"constexpr int kTileX = {tx}, kTileY = {ty}, kBlock = kTileX * kTileY;",
+                   f"constexpr index_t kTilesPerOuter = {math.ceil(g.inner / tx)};",
+                   "constexpr int kStride = kTileY;  // columns between a thread's elements"]
+    else:
+        consts += [f"constexpr int kThreadsPerRow = {tpr};",
+                   f"constexpr int kRowsPerBlock = {sched['rows_per_block']};",
+                   "constexpr int kBlock = kThreadsPerRow * kRowsPerBlock;",
+                   f"constexpr int kShuffleStart = {min(tpr, 32) // 2};",
+                   f"constexpr int kWarpsPerRow = {max(1, tpr // 32)};",
+                   "constexpr int kWarpSize = 32;",
+                   "constexpr int kStride = kThreadsPerRow * kVec;  // columns between a thread's loads"]
+    if cached:
+        consts.append(f"constexpr int kItems = {items};  // loads per thread and input")
+    consts += ld.consts
+    rounds = max((s.round for s in steps), default=0)
+    sched_text = {"warp": f"{tpr} lanes per row, {sched['rows_per_block']} rows per block",
+                  "block": f"one block of {tpr} threads per row",
+                  "stream": f"one block of {tpr} threads per row",
+                  "column": f"column tiles of {tx} positions x {ty} thread rows"}[schedule]
+    sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times") + \
+        f", {rounds} all-reduce round(s), {'float4' if vec == 4 else 'scalar'} loads, {sched['grid']} blocks"
+    red_names = ", ".join(program.nodes[n].op for n in g.reductions)
+    head = header(program, f"Region {name}: {len(g.reductions)} reductions ({red_names}) over the same "
+                           f"rows of {g.cols}, one kernel", io.nodes, [
+        "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
+        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+        f"[{g.outer}, {g.cols}, {g.inner}]: {g.rows} rows of {g.cols}; schedule: {sched_text}.",
+    ])
+    cparams = [f"const {g.defs[g.inputs[(v, E)]].ctype if (v, E) in g.inputs else g.defs[g.inputs[(v, R)]].ctype}* "
+               f"__restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"{octype[v]}* __restrict__ {arg[v]}" for v in io.outputs]
+    text = "\n".join(body)
+    structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", text)]
+    kname = kernel_name(name)
+    source = kernel_source(head, consts, [*structs, *ld.helpers, *helpers], kname, cparams, body)
+    block = (tx, ty, 1) if column else (sched["block"], 1, 1)
+    return KernelSource(
+        name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(io.outputs), grid=(sched["grid"], 1, 1), block=block, schedule=sched_text,
+        params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": sched["rows_per_block"],
+                "vector_width": vec, "block": block[0] * block[1], "grid": sched["grid"], "cached": cached,
+                "rounds": rounds, "reductions": len(g.reductions)},
+        align=16 if vec == 4 else 4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
+        flops=sum(program.node_flops(n) for n in io.nodes))

@@ -1,0 +1,250 @@
+"""Several reductions over the same rows in one kernel (codegen/rowgraph.py + codegen/rowkernel.py):
+sibling statistics of one tensor, var and mean with a pointwise of both, softmax and log_softmax of
+two inputs feeding a KL expression, layer_norm chained into softmax. On the CPU each generates and
+compiles (NVRTC, sm_90, no spills) at a warp-size row, a block-size row, a row whose length is not a
+multiple of 4, a streamed long row and a column (strided) reduction; the planner puts the
+statistics blocks in fewer kernels than one per reduction. On the GPU (`-m gpu`) each kernel matches
+torch at atol = rtol = 1e-4 over several draws, including rows with -inf and large values.
+"""
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_core.codegen import CodegenError, can_lower, generate_kernel
+from agent_core.ir import Program
+
+ROOT = Path(__file__).resolve().parent.parent
+T = 2.0
+
+
+def stats(shape, dim=-1):
+    """mean, max and min of one tensor over one dim (the observer / per-token statistics)."""
+    p = Program("stats")
+    x = p.add_input("x", shape)
+    ids = []
+    for op in ("mean", "max", "min"):
+        n = p.add_node(op, [x.id], {"dim": [dim]})
+        p.mark_output(n.outputs[0])
+        ids.append(n.id)
+    return p, ids
+
+
+def var_mean(shape, dim=-1):
+    """var and mean (keepdim) of one row, the row standardised with both, and their product per row."""
+    p = Program("var_mean")
+    x = p.add_input("x", shape)
+    v = p.add_node("var", [x.id], {"dim": [dim], "keepdim": True})
+    m = p.add_node("mean", [x.id], {"dim": [dim], "keepdim": True})
+    d = p.add_node("sub", [x.id, m.outputs[0]])
+    e = p.add_node("add_scalar", [v.outputs[0]], {"value": 1e-5})
+    r = p.add_node("rsqrt", [e.outputs[0]])
+    z = p.add_node("mul", [d.outputs[0], r.outputs[0]])
+    q = p.add_node("mul", [m.outputs[0], v.outputs[0]])
+    p.mark_output(z.outputs[0])
+    p.mark_output(q.outputs[0])
+    return p, [v.id, m.id, d.id, e.id, r.id, z.id, q.id]
+
+
+def kl_terms(shape):
+    """softmax(teacher / T) and log_softmax(student / T) over the same rows, then kl_div's per-element
+    terms target * (log(target) - input), as the lower_loss rewrite writes them (no final sum)."""
+    p = Program("kl_terms")
+    s = p.add_input("student", shape)
+    t = p.add_input("teacher", shape)
+    a = p.add_node("div_scalar", [s.id], {"value": T})
+    ls = p.add_node("log_softmax", [a.outputs[0]], {"dim": -1})
+    b = p.add_node("div_scalar", [t.id], {"value": T})
+    sm = p.add_node("softmax", [b.outputs[0]], {"dim": -1})
+    c = p.add_node("max_scalar", [sm.outputs[0]], {"value": 1e-30})
+    lg = p.add_node("log", [c.outputs[0]])
+    d = p.add_node("sub", [lg.outputs[0], ls.outputs[0]])
+    k = p.add_node("mul", [sm.outputs[0], d.outputs[0]])
+    p.mark_output(k.outputs[0])
+    return p, [a.id, ls.id, b.id, sm.id, c.id, lg.id, d.id, k.id]
+
+
+def ln_softmax(shape):
+    """layer_norm (weight, bias) of the row, then softmax of its output over the same row."""
+    p = Program("ln_softmax")
+    x = p.add_input("x", shape)
+    w = p.add_parameter("weight", shape=shape[-1:])
+    b = p.add_parameter("bias", shape=shape[-1:])
+    ln = p.add_node("layer_norm", [x.id, w.id, b.id], {"normalized_shape": [shape[-1]]})
+    sm = p.add_node("softmax", [ln.outputs[0]], {"dim": -1})
+    p.mark_output(sm.outputs[0])
+    return p, [ln.id, sm.id]
+
+
+BUILDERS = {"stats": stats, "var_mean": var_mean, "kl_terms": kl_terms, "ln_softmax": ln_softmax}
+# (row length, the schedule it takes): a warp-size row, a block-size row, rows not a multiple of 4, a
+# row streamed from memory for every round
+LENGTHS = [(32, "warp"), (1000, "warp"), (4096, "block"), (203, "warp"), (1027, "block"), (40000, "stream")]
+CASES = [(b, n, s) for b in BUILDERS for n, s in LENGTHS]
+
+
+def _case(builder, cols, rows=6):
+    return BUILDERS[builder]((rows, cols))
+
+
+@pytest.mark.parametrize("builder,cols,schedule", CASES, ids=[f"{b}-{n}" for b, n, _ in CASES])
+def test_generates_one_kernel_and_compiles(builder, cols, schedule):
+    from agent_core.compiler import compile_kernel
+    p, ids = _case(builder, cols)
+    assert can_lower(p, ids) is None
+    ks = generate_kernel(p, ids, name=f"{builder}_{cols}")
+    assert ks.kind == "row_reduction" and ks.params["schedule"] == schedule, ks.params
+    assert ks.params["reductions"] >= 2 and ks.params["vector_width"] == (4 if cols % 4 == 0 else 1)
+    assert ks.node_ids == [n for n in p.topo_order() if n in ids]
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0, c.summary()
+
+
+def test_sibling_reductions_share_one_all_reduce():
+    """mean, max and min fold in one pass into one struct: one all-reduce round, the row read once."""
+    p, ids = stats((8, 512))
+    ks = generate_kernel(p, ids, name="stats")
+    assert ks.params["rounds"] == 1 and ks.params["cached"]
+    assert ks.source.count("reduce1(round1)") == 1 and "Round2" not in ks.source
+    assert ks.source.count("reinterpret_cast<const float4*>(x") == 1
+
+
+def test_chained_reductions_take_rounds_in_dependency_order():
+    """layer_norm then softmax, from registers: mean, deviations, then the softmax's max and sum."""
+    p, ids = ln_softmax((4, 768))
+    ks = generate_kernel(p, ids, name="ln_softmax")
+    assert ks.params["rounds"] == 4 and ks.params["cached"]
+    s = ks.source
+    assert s.index("reduce1(") < s.index("reduce2(") < s.index("reduce3(") < s.index("reduce4(")
+    # a streamed row keeps online states: Welford, then max-sum-exp, two reads and the output pass
+    p, ids = ln_softmax((4, 40000))
+    ks = generate_kernel(p, ids, name="ln_softmax_long")
+    assert ks.params["rounds"] == 2 and not ks.params["cached"]
+    assert "fold_welford" in ks.source and "fold_maxsumexp" in ks.source
+
+
+COLUMNS = [("stats", (64, 256), 0), ("stats", (33, 7, 50), 1), ("var_mean", (16, 512), 0),
+           ("var_mean", (300, 65), 0)]
+
+
+@pytest.mark.parametrize("builder,shape,dim", COLUMNS, ids=[f"{b}-{'x'.join(map(str, s))}" for b, s, _ in COLUMNS])
+def test_column_reductions_generate(builder, shape, dim):
+    from agent_core.compiler import compile_kernel
+    p, ids = BUILDERS[builder](shape, dim)
+    ks = generate_kernel(p, ids, name=f"col_{builder}")
+    assert ks.params["schedule"] == "column" and ks.block == (32, 8, 1)
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0, c.summary()
+
+
+def test_reductions_over_different_rows_are_refused():
+    p = Program("two_axes")
+    x = p.add_input("x", (16, 32))
+    a = p.add_node("sum", [x.id], {"dim": [0]})
+    b = p.add_node("sum", [x.id], {"dim": [1]})
+    p.mark_output(a.outputs[0])
+    p.mark_output(b.outputs[0])
+    with pytest.raises(CodegenError, match="reduce different rows"):
+        generate_kernel(p, [a.id, b.id], name="two_axes")
+    why = can_lower(p, [a.id, b.id])
+    assert why and "different rows" in why
+
+
+def test_a_per_row_value_broadcast_across_rows_is_refused():
+    """mean(x, dim=-1) without keepdim is [B]; x - it broadcasts along the columns (B == L here)."""
+    p = Program("wrong_axis")
+    x = p.add_input("x", (8, 8))
+    m = p.add_node("mean", [x.id], {"dim": [-1]})
+    s = p.add_node("amax", [x.id], {"dim": [-1]})
+    d = p.add_node("sub", [x.id, m.outputs[0]])
+    p.mark_output(d.outputs[0])
+    p.mark_output(s.outputs[0])
+    why = can_lower(p, [m.id, s.id, d.id])
+    assert why and "across the rows" in why
+
+
+def _plan(block: str) -> list[dict]:
+    """The CLI's plan of a benchmark block, as a user runs it (small sizes), as JSON regions."""
+    import json
+    env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", str(ROOT / "benchmarks" / "blocks" / f"{block}.py"),
+                          "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.mark.parametrize("block,kernels", [("activation_stats_observer_llama7b", 1), ("row_stats_mean_max_min_vit", 1)])
+def test_statistics_blocks_plan_into_one_kernel(block, kernels):
+    """Three reductions of one tensor over the same axis were three kernels; now one, which generates."""
+    plan = _plan(block)
+    regions = [r for r in plan["regions"] if r["kind"] != "single"]
+    assert len(regions) == kernels, [r["nodes"] for r in regions]
+    assert sorted(len(r["nodes"]) for r in regions) == [3]
+
+
+# --- on the GPU ---------------------------------------------------------------------------------
+
+def _draws(p, seed: int, hostile: bool) -> dict:
+    """Inputs by value id: normal draws scaled by 4; hostile ones put -inf at random places (every
+    row keeps finite values) and values of +-1e4 beside them, where softmax needs its max."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for vid in p.inputs:
+        shape = tuple(p.values[vid].shape)
+        t = 4.0 * torch.randn(shape, generator=g)
+        if hostile:
+            t[torch.rand(shape, generator=g) < 0.05] = 1e4
+            t[torch.rand(shape, generator=g) < 0.05] = -1e4
+            t[torch.rand(shape, generator=g) < 0.1] = -math.inf
+            t.view(-1, shape[-1])[:, 0] = 1.0       # a finite value in every row
+        out[vid] = t
+    return out
+
+
+def _check_on_gpu(p, ids, name, hostile=False, seeds=(0, 1, 2, 3, 4)):
+    from agent_core.reference import parameter_tensors, run_reference
+    from agent_core.runtime.launch import load_kernel
+    ks = generate_kernel(p, ids, name=name)
+    k = load_kernel(ks, p)
+    params = parameter_tensors(p, "cpu")
+    for seed in seeds:
+        ins = _draws(p, seed, hostile)
+        want = run_reference(p, {p.values[v].name: t for v, t in ins.items()}, device="cpu", keep=True)
+        got = k([{**params, **ins}[v].cuda() for v in ks.inputs])
+        for v, g in zip(ks.outputs, got):
+            torch.testing.assert_close(g.cpu(), want[v], atol=1e-4, rtol=1e-4, equal_nan=True,
+                                       msg=lambda m: f"{p.values[v].name} (seed {seed}, {ks.schedule}): {m}")
+    return ks
+
+
+GPU_LENGTHS = [32, 203, 1000, 1027, 4096, 40000]
+GPU_CASES = [(b, n) for b in BUILDERS for n in GPU_LENGTHS]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("builder,cols", GPU_CASES, ids=[f"{b}-{n}" for b, n in GPU_CASES])
+def test_gpu_matches_torch(builder, cols):
+    p, ids = _case(builder, cols, rows=37)
+    _check_on_gpu(p, ids, f"{builder}_{cols}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("builder,cols", [(b, n) for b in ("stats", "kl_terms") for n in (203, 1000, 4096, 40000)])
+def test_gpu_softmax_stable_with_inf_and_large_values(builder, cols):
+    p, ids = _case(builder, cols, rows=37)
+    _check_on_gpu(p, ids, f"{builder}_{cols}_hostile", hostile=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("builder,shape,dim", COLUMNS + [("stats", (4096, 300), 0), ("var_mean", (2, 9, 700), 1)],
+                         ids=lambda c: "x".join(map(str, c)) if isinstance(c, tuple) else str(c))
+def test_gpu_column_reductions_match_torch(builder, shape, dim):
+    p, ids = BUILDERS[builder](shape, dim)
+    _check_on_gpu(p, ids, f"col_{builder}")
