@@ -13,7 +13,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from agent_core.commands.bench import geomean  # noqa: E402
+from agent_core.commands.bench import geomean, modes_run  # noqa: E402
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -49,21 +49,46 @@ def timing_kind(rec: dict) -> str:
 
 
 def markdown(records: list[dict], title: str) -> list[str]:
+    modes = modes_run(records)
     lines = [f"### {title}", "",
-             "| problem | correct | eager ms | torch.compile ms (best mode) | ours ms | x eager | x compile | "
-             "kernels | library calls not plain fp32 | floor ms | timed | run |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
+             "| problem | correct | eager ms | " + "".join(f"{m} ms | " for m in modes) +
+             "best baseline ms | ours ms | x eager | x compile | x best | kernels ours / Inductor | "
+             "library calls not plain fp32 | floor ms | timed | run |",
+             "| --- | --- | ---: | " + "---: | " * len(modes) + "---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+             "---: | --- | --- |"]
     for r in records:
         if not r.get("ok"):
-            lines.append(f"| {r['problem']} | not run: {r.get('error', '')[:80]} | | | | | | | | | | |")
+            lines.append(f"| {r['problem']} | not run: {r.get('error', '')[:80]} |" + " |" * (12 + len(modes)))
             continue
         corr = "yes" if r.get("correct") else ("NO: " + str(r.get("verify_reason"))[:60])
-        lines.append(f"| {r['problem']} | {corr} | {_f(r.get('eager_ms'))} | {_f(r.get('compile_best_ms'))} | "
+        per_mode = "".join(f"{mode_cell(r, m)} | " for m in modes)
+        lines.append(f"| {r['problem']} | {corr} | {_f(r.get('eager_ms'))} | {per_mode}{best_cell(r)} | "
                      f"{_f(r.get('ours_ms'))} | {_f(r.get('speedup_eager'), '{:.2f}')} | "
-                     f"{_f(r.get('speedup_compile'), '{:.2f}')} | {r.get('kernels', 0)} | "
-                     f"{r.get('split_tf32_nodes', '-')} | {_f(r.get('floor_ms'))} | {timing_kind(r)} | {r['source']} |")
+                     f"{_f(r.get('speedup_compile'), '{:.2f}')} | {_f(r.get('speedup_best'), '{:.2f}')} | "
+                     f"{kernels_cell(r)} | {r.get('split_tf32_nodes', '-')} | {_f(r.get('floor_ms'))} | "
+                     f"{timing_kind(r)} | {r['source']} |")
     lines += [""] + summary_lines(records)
     return lines
+
+
+def mode_cell(r: dict, mode: str) -> str:
+    ms = r.get("compile_ms") or {}
+    if mode not in ms:
+        return "-"                                  # this record's run did not ask for the mode
+    return _f(ms[mode]) if ms[mode] else "not timed"
+
+
+def best_cell(r: dict) -> str:
+    name = r.get("best_baseline")
+    if not name:
+        return "-"
+    return f"{_f(r.get('best_baseline_ms'))} ({name.removeprefix('compile_')})"
+
+
+def kernels_cell(r: dict) -> str:
+    ours, ind = r.get("launches"), r.get("inductor_fewest_kernels")
+    cell = f"{'-' if ours is None else ours} / {'-' if ind is None else ind}"
+    return cell + (" (more than Inductor)" if r.get("more_kernels_than_inductor") else "")
 
 
 def summary_lines(records: list[dict]) -> list[str]:
@@ -74,8 +99,18 @@ def summary_lines(records: list[dict]) -> list[str]:
     for label, rs in (("all correct", good), ("timed alone", alone)):
         ge = geomean(r.get("speedup_eager") for r in rs)
         gc = geomean(r.get("speedup_compile") for r in rs)
+        gb = geomean(r.get("speedup_best") for r in rs)
         out.append(f"- geometric mean, {label} ({len(rs)}): {_f(ge, '{:.2f}')}x vs eager, "
-                   f"{_f(gc, '{:.2f}')}x vs the better torch.compile mode")
+                   f"{_f(gc, '{:.2f}')}x vs the better torch.compile mode, "
+                   f"{_f(gb, '{:.2f}')}x vs the best of eager and every torch.compile mode run")
+    compared = [r for r in ran if r.get("more_kernels_than_inductor") is not None]
+    more = [r["problem"] for r in compared if r["more_kernels_than_inductor"]]
+    if compared:
+        out.append(f"- more kernels than Inductor: {len(more)} of {len(compared)} rows"
+                   + (f" ({', '.join(more)})" if more else ""))
+    for r in ran:
+        for mode, why in (r.get("compile_errors") or {}).items():
+            out.append(f"- {r['problem']}: {mode} left out of the best baseline: {why}")
     return out
 
 
