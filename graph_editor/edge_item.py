@@ -1,7 +1,7 @@
 """Edges (a value read by one input port), program-input terminals, and collapsed groups."""
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtCore import QLineF, QPointF, QRectF, Qt
 from PySide6.QtGui import QFontMetricsF, QPainter, QPainterPath, QPainterPathStroker, QPen
 from PySide6.QtWidgets import QGraphicsItem
 
@@ -27,7 +27,8 @@ def edge_path(a: QPointF, b: QPointF) -> QPainterPath:
 
 
 class EdgeItem(QGraphicsItem):
-    """A curve from a value's source port to one consumer's input port. Key: (node id, port)."""
+    """A curve from a value's source port to one consumer's input port, or, where it climbs to the
+    next column of a wrapped layout, an orthogonal route (edge_routes.py). Key: (node id, port)."""
     kind = "edge"
 
     def __init__(self, value_id: str, node_id: str, port: int, style: CanvasStyle):
@@ -36,26 +37,42 @@ class EdgeItem(QGraphicsItem):
         self.style = style
         self.setFlag(QGraphicsItem.ItemIsSelectable)
         self._a = self._b = QPointF()
+        self.route: list[QPointF] | None = None
         self._path: QPainterPath | None = None
         self._rect = QRectF()
 
-    def set_ends(self, a: QPointF, b: QPointF) -> None:
-        if a == self._a and b == self._b:
+    def set_ends(self, a: QPointF, b: QPointF, route: list[QPointF] | None = None) -> None:
+        if a == self._a and b == self._b and route == self.route:
             return
         self.prepareGeometryChange()
-        self._a, self._b = a, b
-        # the curve's control points are a + (0, dy) and b - (0, dy): its box follows without
-        # building the path, which waits until the edge is first painted or hit-tested
-        ax, ay, bx, by = a.x(), a.y(), b.x(), b.y()
-        dy = curve_reach(a, b)
-        top, bottom = min(ay, by - dy), max(ay + dy, by)
-        left, right = min(ax, bx), max(ax, bx)
+        self._a, self._b, self.route = a, b, route
+        if route:
+            xs, ys = [p.x() for p in route], [p.y() for p in route]
+            left, right, top, bottom = min(xs), max(xs), min(ys), max(ys)
+        else:
+            # the curve's control points are a + (0, dy) and b - (0, dy): its box follows without
+            # building the path, which waits until the edge is first painted or hit-tested
+            ax, ay, bx, by = a.x(), a.y(), b.x(), b.y()
+            dy = curve_reach(a, b)
+            top, bottom = min(ay, by - dy), max(ay + dy, by)
+            left, right = min(ax, bx), max(ax, bx)
         self._rect = QRectF(left - 3, top - 3, right - left + 6, bottom - top + 6)
         self._path = None
 
+    def lines(self) -> list[QLineF]:
+        """What the zoomed-out overview draws: the route's segments, or one straight line."""
+        if self.route:
+            return [QLineF(p, q) for p, q in zip(self.route, self.route[1:])]
+        return [QLineF(self._a, self._b)]
+
     def path(self) -> QPainterPath:
         if self._path is None:
-            self._path = edge_path(self._a, self._b)
+            if self.route:
+                self._path = QPainterPath(self.route[0])
+                for pt in self.route[1:]:
+                    self._path.lineTo(pt)
+            else:
+                self._path = edge_path(self._a, self._b)
         return self._path
 
     def boundingRect(self) -> QRectF:
@@ -72,7 +89,7 @@ class EdgeItem(QGraphicsItem):
         color = st.edge_selected if self.isSelected() else st.edge
         if lod < LOD_TEXT:  # zoomed far out: straight cosmetic lines are all the eye can see
             p.setPen(QPen(color, 0))
-            p.drawLine(self._a, self._b)
+            p.drawLines(self.lines())
             return
         p.setRenderHint(QPainter.Antialiasing, True)
         p.setPen(QPen(color, 2.2 if self.isSelected() else 1.5))

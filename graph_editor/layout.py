@@ -5,8 +5,14 @@ A model imported from PyTorch knows which nn.Module each node came from (LayoutI
 the chain of module boxes around it, outermost first). Each box is laid out as a unit, its children
 being its own nodes and its child boxes, and then placed as one block in its parent's layout: a ResNet
 reads as stages of blocks. A collapsed group (LayoutInput.units) is one block of its item's size, its
-members stacked under it. A box much taller than wide wraps its layers into side-by-side columns, so
-a deep chain still fits a screen.
+members stacked under it. A box much taller than wide wraps its layers into side-by-side columns
+(about as many as make it screen-shaped), so a deep chain still fits a screen; the scene routes the
+edges from one column's foot to the next column's head through the gutter between them.
+
+Every box has a title band above its children. Its height is title_band() of the whole layout's
+extent: tall enough that a title drawn at screen size fits in it when the program is fitted to a
+screen. The band changes the extent, so the layout runs again until the band stays the same (two or
+three passes; the band is quantised).
 
 Why our own: grandalf's SugiyamaLayout takes tens of seconds at 5,000 nodes (see
 docs/benchmarks/editor.md); this one does the same four steps in linear-ish time per box:
@@ -22,9 +28,14 @@ LAYER_GAP = 56.0   # vertical space between layers (edges need room to curve)
 NODE_GAP = 36.0    # horizontal space between the items of a layer
 COLUMN_GAP = 90.0  # between the columns of a wrapped box
 BOX_PAD = 14.0     # a module box's margin around its children ...
-BOX_TITLE = 30.0   # ... and the band at its top that holds its title
+BOX_TITLE = 30.0   # ... and the least height of the band at its top that holds its title
 WRAP_ASPECT = 2.2  # a box taller than this many times its width wraps into columns ...
-WRAP_MIN_H = 2400.0  # ... once it is taller than this (short chains stay one column)
+WRAP_MIN_H = 2400.0  # ... once it is taller than this (short chains stay one column) ...
+COLUMN_ASPECT = 0.75  # ... into as many columns as make it about this high per unit of width
+FIT_VIEW = (1000.0, 600.0)  # the canvas of a 1600 x 1000 window: what "fitted to a screen" means
+BAND_PX = 22.0     # screen pixels of a title band at that fit (a 13 px title on its plate)
+BAND_STEP = 12.0   # band heights are multiples of this, so the passes settle
+TERMINAL_PREFIX = "\0in:"   # layout ids of program-input terminals (graph_editor.scene adds them)
 SWEEPS = 4         # barycentre down+up sweep pairs; more changes little on real programs
 DEFAULT_SIZE = (160.0, 60.0)
 
@@ -101,6 +112,45 @@ def hierarchical_layout(data: LayoutInput, cancelled=lambda: False):
                 listed.add(key)
                 children[c[:d]].append(key)
         children[c].append(n)
+    band, out, boxes = BOX_TITLE, {}, {}
+    for _ in range(6):
+        out, boxes = _lay_boxes(data, children, size, per_box, band, cancelled)
+        again = title_band(*_extent(data, out, size, unit_of)) if boxes else band
+        if again <= band:
+            break
+        band = again
+    return out, boxes
+
+
+def title_band(width: float, height: float) -> float:
+    """The height of every module box's title band for a program whose nodes span width x height:
+    BAND_PX on screen when the program is fitted to FIT_VIEW (as GraphView.fit_all does, with a
+    40 px margin), and never less than BOX_TITLE."""
+    zoom = min(1.0, FIT_VIEW[0] / (width + 80.0), FIT_VIEW[1] / (height + 80.0))
+    steps = -(-BAND_PX / max(zoom, 1e-3) // BAND_STEP)   # ceiling division
+    return max(BOX_TITLE, steps * BAND_STEP)
+
+
+def _extent(data: LayoutInput, out: dict, size: dict, unit_of: dict) -> tuple[float, float]:
+    """Width and height spanned by the laid-out nodes and collapsed groups (not the terminals): what
+    the scene measures again to size its bands (module_boxes.ModuleBoxes.refresh)."""
+    left = top = float("inf")
+    right = bottom = float("-inf")
+    for n, (x, y) in out.items():
+        if n.startswith(TERMINAL_PREFIX):
+            continue
+        key = unit_of.get(n)
+        w, h = size[key] if key is not None else data.sizes.get(n, DEFAULT_SIZE)
+        if key is not None:   # a unit's members are stacked on its centre: measure the unit's item
+            mw, mh = data.sizes.get(n, DEFAULT_SIZE)
+            x, y = x + mw / 2 - w / 2, y + mh / 2 - h / 2
+        left, top = min(left, x), min(top, y)
+        right, bottom = max(right, x + w), max(bottom, y + h)
+    return (right - left, bottom - top) if right > left else (0.0, 0.0)
+
+
+def _lay_boxes(data, children, size, per_box, band, cancelled):
+    """One pass of the hierarchical layout with title bands `band` high."""
     rel: dict = {}     # box -> {child: (x, y)} relative to the box's top-left
     box_size: dict = {}
 
@@ -113,8 +163,8 @@ def hierarchical_layout(data: LayoutInput, cancelled=lambda: False):
             raise LayoutCancelled
         pos, (w, h) = _flat(kids, sizes, per_box.get(box, []))
         if box:
-            pos = {k: (x + BOX_PAD, y + BOX_TITLE) for k, (x, y) in pos.items()}
-            w, h = w + 2 * BOX_PAD, h + BOX_TITLE + BOX_PAD
+            pos = {k: (x + BOX_PAD, y + band) for k, (x, y) in pos.items()}
+            w, h = w + 2 * BOX_PAD, h + band + BOX_PAD
         rel[box] = pos
         box_size[box] = (w, h)
         return w, h
@@ -297,11 +347,12 @@ def _coordinates(data: LayoutInput, order, succ, pred, is_dummy):
 
 def _columns(heights: list[float], total_h: float, total_w: float) -> list[tuple[int, int]]:
     """Layer ranges [first, last) per column: one, unless the box is far taller than wide; then
-    enough columns that the result is still a little taller than wide."""
+    enough columns (k of them: total_h / k high, about k * (total_w + COLUMN_GAP) wide) that it is
+    COLUMN_ASPECT as high as wide, screen-shaped."""
     n = len(heights)
     if total_h < WRAP_MIN_H or total_h < WRAP_ASPECT * max(total_w, 1.0) or n < 4:
         return [(0, n)]
-    k = max(2, int((total_h / (1.6 * max(total_w, 1.0))) ** 0.5))
+    k = max(2, round((total_h / (COLUMN_ASPECT * (max(total_w, 1.0) + COLUMN_GAP))) ** 0.5))
     target = total_h / k
     cols, first, y = [], 0, 0.0
     for i, h in enumerate(heights):

@@ -37,7 +37,7 @@ class OverviewItem(QGraphicsItem):
             color = getattr(item, "_header_color", None) or sc.style.accent
             by_color.setdefault(color.rgba(), (color, []))[1].append(r)
         self._by_color = list(by_color.values())
-        self._lines = [QLineF(e._a, e._b) for e in sc.edges.values() if e.isVisible()]
+        self._lines = [ln for e in sc.edges.values() if e.isVisible() for ln in e.lines()]
         self._dirty = False
 
     def set_rect(self, rect: QRectF) -> None:

@@ -21,6 +21,7 @@ from agent_core.ir import Program, Role
 from . import commands as C
 from .connect import ConnectMixin
 from .edge_item import EdgeItem, GroupItem, TerminalItem
+from .edge_routes import column_route, needs_route
 from .groups import GroupsMixin
 from .module_boxes import ModuleBoxes
 from .modules import with_modules
@@ -202,9 +203,10 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         src_group = self.group_of.get(v.producer) if v and v.producer else None
         inside = src_group is not None and src_group is self.group_of.get(key[0])
         e.setVisible(not inside)
-        e.set_ends(a, b)
+        e.set_ends(a, b, column_route(self, a, b) if not inside and needs_route(a, b) else None)
 
     def refresh_all_edges(self) -> None:
+        self.modules.refresh()   # routes between columns keep clear of the module boxes
         if self.groups:
             for key in self.edges:
                 self._update_edge(key)
@@ -226,7 +228,14 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
                     continue
                 a = t.pos() + t.output_pos()
             dst = nodes[nid]
-            e.set_ends(a, dst.pos() + dst.input_pos(port))
+            b = dst.pos() + dst.input_pos(port)
+            e.set_ends(a, b, column_route(self, a, b) if needs_route(a, b) else None)
+
+    def reroute_edges(self) -> None:
+        """Module boxes moved: the edges routed between columns find their gutters again."""
+        for e in self.edges.values():
+            if e.route:
+                e.set_ends(e._a, e._b, column_route(self, e._a, e._b))
 
     def _edges_of_node(self, nid: str) -> set:
         keys = {(nid, port) for port in self.edges_into.get(nid, ())}
