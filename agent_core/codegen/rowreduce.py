@@ -28,6 +28,7 @@ from ..ir import Program
 from ..ops.common import broadcast, norm_dim, norm_dims
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
+from .last_block import publish_and_arrive, reset_counter
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
 
@@ -452,8 +453,36 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         out += [f"{arg[v]}[{idx}]" if store else discard_name(v) for v in pro_outs]
         return ", ".join(out)
 
+    # epilogue operands read 4 at a time in the float4 paths: "vec4" / "full" ones as one vector
+    # access, "uniform" ones (one element per 4 columns) once (as the prologue's group_loads)
+    epi_modes = {v: "vec4" if ld_epi.full(v) else ld_epi.group_mode(v) for v in epi_inputs} if vec == 4 else {}
+    # the anchor's weight and bias indexed by column (layer_norm, rms_norm): one vector per 4 columns
+    col_params = [v for v in params_in if v is not None and f"{arg[v]}[col]" in out_expr] if vec == 4 else []
+
+    def epi_group_loads(indent, col):
+        out = []
+        for v in epi_inputs:
+            at = "base + " + col if ld_epi.full(v) else f"{ld_epi.fn[v]}(base + {col})"
+            if epi_modes.get(v) == "vec4":
+                out.append(f"{indent}const {vt[v]} {arg[v]}_e4 = reinterpret_cast<const {vt[v]}*>({arg[v]} + {at})[0];")
+            elif epi_modes.get(v) == "uniform":
+                out.append(f"{indent}const {ct[v]} {arg[v]}_eu = {ld_epi.load(v, arg[v], f'base + {col}')};")
+        for v in col_params:
+            out.append(f"{indent}const {vt[v]} {arg[v]}_w4 = reinterpret_cast<const {vt[v]}*>({arg[v]} + {col})[0];")
+        return out
+
+    def epi_operand(v, idx, lane):
+        if lane is not None and epi_modes.get(v) == "vec4":
+            return f"{arg[v]}_e4.{'xyzw'[lane]}"
+        if lane is not None and epi_modes.get(v) == "uniform":
+            return f"{arg[v]}_eu"
+        return ld_epi.load(v, arg[v], idx)
+
     def epi_call(y, xv, idx, lane=None):
-        a = [y] + ([xv] if epi_x else []) + [ld_epi.load(v, arg[v], idx) for v in epi_inputs]
+        if lane is not None:
+            for v in col_params:
+                y = y.replace(f"{arg[v]}[col]", f"{arg[v]}_w4.{'xyzw'[lane]}")
+        a = [y] + ([xv] if epi_x else []) + [epi_operand(v, idx, lane) for v in epi_inputs]
         for v in epi_outs:
             a.append(f"{arg[v]}4.{'xyzw'[lane]}" if lane is not None else f"{arg[v]}[{idx}]")
         return f"store_point({', '.join(a)});"
@@ -496,6 +525,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if preserving:
             f4 = vec == 4
             if f4:
+                out += epi_group_loads(indent, col)
                 for v in epi_outs:
                     out.append(f"{indent}{vt[v]} {arg[v]}4;")
             for e in range(vec):
@@ -506,8 +536,11 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                 # the element itself only when the epilogue reads it (a register read has no effects;
                 # a re-evaluated prologue `point(...)` is always kept)
                 xe_decl = f"const {acc} xe = {xe}; " if re.search(r"\bxe\b", call) or "(" in xe else ""
-                out.append(f"{indent}{{ {col_decl}{xe_decl}".rstrip())
-                out.append(f"{indent}  {call} }}")
+                if col_decl or xe_decl:
+                    out.append(f"{indent}{{ {col_decl}{xe_decl}".rstrip())
+                    out.append(f"{indent}  {call} }}")
+                else:
+                    out.append(f"{indent}{call}")
             if f4:
                 for v in epi_outs:
                     out.append(f"{indent}reinterpret_cast<{vt[v]}*>({arg[v]} + base + {col})[0] = {arg[v]}4;")
@@ -527,13 +560,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         body += ["  }",
                  "  st = row_reduce(st);",
                  "  // publish this block's partial; the row's last block to arrive combines them all",
-                 "  __shared__ bool last;",
-                 "  if (threadIdx.x == 0) {",
-                 *[f"    workspace[blockIdx.x * kFields + {k}] = st.{f};" for k, f in enumerate(STATES[state][0])],
-                 "    __threadfence();",
-                 "    last = atomicAdd(&counters[row], 1u) == kSplit - 1;",
-                 "  }",
-                 "  __syncthreads();",
+                 *publish_and_arrive([f"workspace[blockIdx.x * kFields + {k}] = st.{f};"
+                                      for k, f in enumerate(STATES[state][0])], "counters[row]", "kSplit"),
                  "  if (!last || threadIdx.x != 0) return;",
                  "  __threadfence();",
                  "  st = identity();",
@@ -541,7 +569,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                  "    const float* w = workspace + (row * kSplit + k) * kFields;",
                  "    st = combine(st, State{" + ", ".join(f"__ldcg(w + {k})" for k in range(len(STATES[state][0]))) + "});",
                  "  }",
-                 "  counters[row] = 0u;  // ready for the next launch (and graph replay)"]
+                 reset_counter("counters[row]")]
         if preamble:
             body.append(f"  {preamble}")
         body += ["  {", f"    const {acc} y = {out_expr};", f"    {epi_call('y', 'NAN', 'row')}", "  }"]
@@ -555,11 +583,18 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         body += load_group("      ", "c0", lambda e: f"v[k * kVec + {e}]", fold=not two_stage)
         body += ["    }", "  }"]
         if state == "maxsumexp" and two_stage:
-            # max first, then exponentials against it: independent exps instead of a serial chain
+            # max first, then exponentials against it: independent exps instead of a serial chain;
+            # softmax keeps each exp(x - max) in its register for pass 2 (one expf per element, the
+            # same value pass 2 would compute again) unless the epilogue still reads x itself
+            keep_exp = anchor.op == "softmax" and not epi_x
+            sum_lines = (["const float ex = expf(xv - row_max);", "row_sum += ex;", "v[k * kVec + e] = ex;"]
+                         if keep_exp else ["row_sum += expf(xv - row_max);"])
+            if keep_exp:
+                out_expr = "xe * inv_sum"
             body += ["  // statistics from the registers: the row max, then the sum of exp(x - max)",
                      "  float row_max = -INFINITY;", *each_cached(["row_max = max_nan(row_max, xv);"]),
                      "  row_max = reduce_max(row_max);",
-                     "  float row_sum = 0.0f;", *each_cached(["row_sum += expf(xv - row_max);"]),
+                     "  float row_sum = 0.0f;", *each_cached(sum_lines),
                      "  row_sum = reduce_sum(row_sum);",
                      "  st = State{row_max, row_sum};"]
         elif state == "welford" and two_stage:
@@ -644,6 +679,10 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", "\n".join(body))]
     source = kernel_source(head, consts, [*structs, *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
                            cparams, body)
+    if block == 1024:
+        # one block fills the SM's 2048 threads halfway; told nothing more, ptxas aims for two such
+        # blocks (32 registers) and spills; one block per SM lets it use the 64 registers each thread has
+        source = source.replace("__launch_bounds__(kBlock)", "__launch_bounds__(kBlock, 1)", 1)
     nbytes = sum(vals[v].nbytes for v in io.inputs + out_vids)
     return KernelSource(
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
