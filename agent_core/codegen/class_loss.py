@@ -157,11 +157,11 @@ def analyse(program: Program, io: RegionIO) -> _Plan:
                 sp[out] = "const"
                 continue
             if "logp" in spaces and node.op == "mul" and n_out == full:
-                w = src(ins[spaces.index("logp") ^ 1]) if len(ins) == 2 else None
-                if w is None or space_of(w) == "logp" or not _class_vector(program, w, shape, cd):
+                w = ins[spaces.index("logp") ^ 1] if len(ins) == 2 else None   # as broadcast ([C, 1, 1])
+                if w is None or space_of(w) == "logp" or src(w) in sp or not _class_vector(program, w, shape, cd):
                     _refuse(program, nid, "multiplies the log-probabilities by something other than a "
                                           "per-class weight; the kernel never forms them per element")
-                pl.class_weight[out] = w
+                pl.class_weight[out] = src(w)
                 sp[out] = "wlogp"
                 continue
             if any(s in ("logp", "wlogp", "const", "other") for s in spaces):
