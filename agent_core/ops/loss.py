@@ -262,3 +262,35 @@ register(OpDef(
     extra={"example": ([(4, 6), (4, 6), (4,)], {}), "bad": ([(4, 6), (4, 6), (3,)], {}, "target must be [4]")},
 ))
 
+
+
+# --- the element of binary_cross_entropy_with_logits, pointwise (the lowering reduces it) ---------
+def _bce_elem_infer(op):
+    def infer(ins, attrs):
+        names = ("input", "target", "pos_weight")
+        pairs = list(zip(ins, names))
+        return [TensorSpec(_bshape(op, pairs), _floats(op, pairs))]
+    return infer
+
+
+# max(x, 0) - x t + log1p(exp(-|x|)): torch's stable form, never exp of a large positive number
+register(OpDef(
+    "bce_with_logits", "pointwise", ("input", "target"), _bce_elem_infer("bce_with_logits"),
+    lambda t, a: F.binary_cross_entropy_with_logits(t[0], t[1], reduction="none"),
+    cuda="(max_nan({input}, 0.0f) - {input} * {target} + log1pf(expf(-fabsf({input}))))",
+    flops=lambda i, o, a: 6 * o[0].numel, doc="the element of binary_cross_entropy_with_logits: "
+    "max(x, 0) - x * t + log1p(exp(-|x|))",
+    extra={"example": ([(4, 3), ((4, 3), "float32", {"kind": "uniform"})], {}),
+           "bad": ([(4, 3), (3, 4)], {}, "do not broadcast")},
+))
+# with pos_weight p (torch): (1 - t) x + (1 + (p - 1) t) (log1p(exp(-|x|)) + max(-x, 0))
+register(OpDef(
+    "bce_with_logits_pos", "pointwise", ("input", "target", "pos_weight"), _bce_elem_infer("bce_with_logits_pos"),
+    lambda t, a: F.binary_cross_entropy_with_logits(t[0], t[1], reduction="none", pos_weight=t[2]),
+    cuda="((1.0f - {target}) * {input} + (1.0f + ({pos_weight} - 1.0f) * {target}) * "
+         "(log1pf(expf(-fabsf({input}))) + max_nan(-{input}, 0.0f)))",
+    flops=lambda i, o, a: 9 * o[0].numel, doc="the element of binary_cross_entropy_with_logits with a "
+    "pos_weight p: (1 - t) x + (1 + (p - 1) t) (log1p(exp(-|x|)) + max(-x, 0))",
+    extra={"example": ([(4, 3), ((4, 3), "float32", {"kind": "uniform"}), (3,)], {}),
+           "bad": ([(4, 3), (4, 3), (2,)], {}, "do not broadcast")},
+))

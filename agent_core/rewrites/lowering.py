@@ -2,6 +2,7 @@
 cuBLAS) can run them: a composite op itself has no kernel template and ran through torch.
 
 * mse, l1, smooth_l1, huber, kl_div, cosine_similarity: pointwise ops and reductions.
+* binary_cross_entropy_with_logits: its pointwise element (ops/loss.py), the weight, the reduction.
 * cross_entropy: log_softmax over the class dim, then nll_loss (the same weight, ignore_index and
   reduction); with label smoothing, plus the smoothing term; with probability targets, the
   log-probabilities times the targets summed over the classes.
@@ -26,7 +27,8 @@ from .engine import Rewrite, param_array
 FLT_MIN = 1.17549435e-38   # smallest normal float: log(max(t, FLT_MIN)) is finite and t * it is 0 at t = 0
 LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "cosine_similarity")
 SDPA = "scaled_dot_product_attention"
-LOWERED = LOSSES + ("cross_entropy", SDPA)   # every op lower_loss writes out
+BCE_LOGITS = "binary_cross_entropy_with_logits"
+LOWERED = LOSSES + ("cross_entropy", BCE_LOGITS, SDPA)   # every op lower_loss writes out
 
 
 def _add(p: Program, op: str, ins, **attrs) -> str:
@@ -102,6 +104,8 @@ def lower_all(program: Program, nid: str) -> Rewrite | None:
         return lower_attention(program, nid)
     if n.op == "cross_entropy":
         return lower_cross_entropy(program, nid)
+    if n.op == BCE_LOGITS:
+        return lower_bce_with_logits(program, nid)
     if n.op not in LOSSES or any(v is None for v in n.inputs[:2]) or len(n.inputs) != 2:
         return None
     a, b = n.inputs
@@ -201,6 +205,28 @@ def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
             what += f", plus the label-smoothing term (eps {eps:g}) over the classes"
     return Rewrite("lower_loss", f"{n.name} (cross_entropy) written out as {what}, so the softmax fuses "
                    "into a generated kernel instead of running through torch.", build, nid)
+
+
+def lower_bce_with_logits(program: Program, nid: str) -> Rewrite | None:
+    """binary_cross_entropy_with_logits as its pointwise element (ops/loss.py: bce_with_logits, or
+    bce_with_logits_pos with a pos_weight), times the weight, then the reduction over every element."""
+    n = program.nodes[nid]
+    x, t = n.inputs[:2]
+    w = n.inputs[2] if len(n.inputs) > 2 else None
+    pw = n.inputs[3] if len(n.inputs) > 3 else None
+    if x is None or t is None or any(program.values[v].dtype != "float32" for v in (x, t, w, pw) if v):
+        return None
+    reduction, out = n.attrs["reduction"], n.outputs[0]
+
+    def build(p):
+        elem = _add(p, "bce_with_logits_pos", [x, t, pw]) if pw else _add(p, "bce_with_logits", [x, t])
+        if w:
+            elem = _add(p, "mul", [elem, w])
+        return {out: _reduce(p, elem, reduction, 1)}
+    what = ("its element max(x, 0) - x t + log1p(exp(-|x|))" + (" with the pos_weight" if pw else "")
+            + (" times the weight" if w else "") + ("" if reduction == "none" else f", then a {reduction}"))
+    return Rewrite("lower_loss", f"{n.name} ({BCE_LOGITS}) written out as {what}, so it fuses as a pointwise "
+                   "op instead of running through torch.", build, nid)
 
 
 # --- scaled_dot_product_attention ---------------------------------------------------------------------
