@@ -5,7 +5,7 @@ from html import escape
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QColor, QFontMetricsF, QPalette
+from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPalette
 from PySide6.QtWidgets import QGraphicsTextItem, QSizePolicy
 
 # kernel colours by region kind: the same hues the canvas uses for its region hulls
@@ -23,6 +23,9 @@ def kind_name(kind: str) -> str:
     return (kind or "unknown").replace("_", " ")
 
 
+TITLE_PT = 9
+LEGEND_2_LINES_PX, LEGEND_3_LINES_PX = 150, 220   # plot heights from which the legend may take more lines
+TITLE_ROW_PX = 20
 GLYPHS = {"bar": "\u25a0", "floor": "\u25b2", "point": "\u25cf", "line": "\u2501", "cross": "\u2715"}
 
 
@@ -54,29 +57,39 @@ class FlowLegend(pg.GraphicsWidget):
         self._render()
 
     def _render(self) -> None:
-        """Entries packed greedily into lines as wide as the plot (an entry breaks only when it is wider
-        than a line), at most max_lines of them; what does not fit is in the tooltip."""
+        """Entries packed greedily into lines as wide as the plot, at most max_lines of them; a name
+        wider than a line is elided, and what does not fit is counted ("+2 more") and in the tooltip."""
         fm = QFontMetricsF(self.text.font())
         width = max(self.size().width() - 4, 40.0)
         gap = fm.horizontalAdvance("   ")
-        lines: list[list[str]] = [[]]
-        used, shown = 0.0, 0
+        lines: list[list[tuple[str, float]]] = [[]]   # (html, width) per entry
+        used, shown, elided = 0.0, 0, False
         for n, c, g in self.entries:
-            w = fm.horizontalAdvance(f"{GLYPHS.get(g, g)} {n}")
+            glyph = f"{GLYPHS.get(g, g)} "
+            name = fm.elidedText(n, Qt.ElideRight, width - fm.horizontalAdvance(glyph))
+            elided |= name != n
+            w = fm.horizontalAdvance(glyph + name)
             if lines[-1] and used + gap + w > width:
                 if len(lines) == self.max_lines:
                     break
                 lines.append([])
                 used = 0.0
-            name = escape(n) if w > width else escape(n).replace(" ", "&nbsp;")
-            lines[-1].append(f'<span style="color:{QColor(c).name()}">{GLYPHS.get(g, g)}</span>&nbsp;{name}')
+            html = f'<span style="color:{QColor(c).name()}">{GLYPHS.get(g, g)}</span>&nbsp;' + escape(name).replace(" ", "&nbsp;")
+            lines[-1].append((html, w))
             used += (gap if used else 0.0) + w
             shown += 1
-        if shown < len(self.entries):
-            lines[-1].append(f"+{len(self.entries) - shown} more")
-        self.setToolTip("\n".join(n for n, _c, _g in self.entries) if shown < len(self.entries) else "")
+        if shown < len(self.entries):   # room on the last line for the count of the rest
+            while True:
+                more = f"+{len(self.entries) - shown} more"
+                used = sum(w for _h, w in lines[-1]) + gap * len(lines[-1])
+                if not lines[-1] or used + fm.horizontalAdvance(more) <= width:
+                    break
+                lines[-1].pop()
+                shown -= 1
+            lines[-1].append((more.replace(" ", "&nbsp;"), 0.0))
+        self.setToolTip("\n".join(n for n, _c, _g in self.entries) if shown < len(self.entries) or elided else "")
         self.text.setDefaultTextColor(self.fg)
-        self.text.setHtml("<br>".join("&nbsp;&nbsp; ".join(line) for line in lines))
+        self.text.setHtml("<br>".join("&nbsp;&nbsp; ".join(h for h, _w in line) for line in lines))
         self._fit()
 
     def set_max_lines(self, n: int) -> None:
@@ -122,9 +135,11 @@ class ProfilePlot(pg.PlotWidget):
         self.title = title
         self.setMenuEnabled(False)
         self.setMinimumSize(140, 120)
-        self.plotItem.setTitle(title, size="9pt")
+        self.full_title = title
+        self.plotItem.setTitle(title, size=f"{TITLE_PT}pt")
+        self.plotItem.layout.setRowFixedHeight(0, TITLE_ROW_PX)   # pyqtgraph's 30 px row was a sixth of a small plot
         self.plotItem.showGrid(x=False, y=True, alpha=0.15)
-        self.plotItem.layout.setContentsMargins(6, 2, 6, 2)   # pyqtgraph sets the left axis label 4 px outside
+        self.plotItem.layout.setContentsMargins(6, 2, 6, 5)   # pyqtgraph sets axis labels 4 px outside their axes
         # under the x axis, so it never hides data; its columns follow the plot's width
         self.legend = FlowLegend()
         self.plotItem.layout.addItem(self.legend, 4, 1)
@@ -146,8 +161,9 @@ class ProfilePlot(pg.PlotWidget):
             ax = self.plotItem.getAxis(name)
             ax.setPen(pg.mkPen(fg))
             ax.setTextPen(pg.mkPen(fg))
-        self.plotItem.setTitle(self.title, size="9pt", color=fg.name())
         self.legend.set_color(fg)
+        self.plotItem.titleLabel.text = None   # set_title redraws in the new colour
+        self.set_title(self.full_title)
         self.redraw()
 
     def changeEvent(self, ev):
@@ -163,6 +179,34 @@ class ProfilePlot(pg.PlotWidget):
 
     def redraw(self) -> None:   # subclasses draw their data
         pass
+
+    def resizeEvent(self, ev):
+        super().resizeEvent(ev)
+        if "full_title" in self.__dict__:   # pyqtgraph resizes while it builds the widget
+            self.set_title(self.full_title)
+            # a short plot keeps its height for the data: fewer legend lines (the rest in its tooltip)
+            h = self.height()
+            self.legend.set_max_lines(1 if h < LEGEND_2_LINES_PX else 2 if h < LEGEND_3_LINES_PX else 3)
+
+    # title -------------------------------------------------------------------------------------
+    def set_title(self, text: str) -> None:
+        """Show `text` over the plot, elided to the plot's width (its full text in the tooltip): a
+        title wider than the plot had widened pyqtgraph's layout past the widget, clipping its right side."""
+        self.full_title = text
+        pi = self.plotItem
+        left = pi.getAxis("left")
+        room = self.width() - (left.width() if left.isVisible() else 0) - 20
+        font = QFont(self.font())
+        font.setPointSizeF(TITLE_PT)
+        shown = QFontMetricsF(font).elidedText(text, Qt.ElideRight, max(room, 30))
+        if shown != pi.titleLabel.text:
+            pi.setTitle(shown, size=f"{TITLE_PT}pt", color=self.text_color().name())
+            pi.layout.setRowFixedHeight(0, TITLE_ROW_PX)
+        pi.titleLabel.setToolTip(text if shown != text else "")
+
+    def title_text(self) -> str:
+        """The title as shown (elided where the plot is narrow)."""
+        return self.plotItem.titleLabel.text
 
     # legend ------------------------------------------------------------------------------------
     def set_legend(self, entries: list[tuple[str, str, str]]) -> None:

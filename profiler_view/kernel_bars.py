@@ -15,7 +15,7 @@ OURS = "#9b6ad6"   # the legend's sample for "ours": each bar itself takes its r
 class KernelBars(ProfilePlot):
     def __init__(self, data, parent=None):
         self.data = data
-        super().__init__("Kernel time, before / after fusion", parent)
+        super().__init__("Kernel time, unfused / fused", parent)
         self.setLabel("left", "time (us)")
         self.slowest_first, self.top = False, None
         self.names: list[str] = []
@@ -58,7 +58,7 @@ class KernelBars(ProfilePlot):
                 what = "unfused ops" if j == 0 else (k.kernel or "fused kernel")
                 tips.append(f"{k.region} ({k.kind}, {k.status}): {what} {fmt_ms(ms)} "
                             f"{'measured' if real else 'estimated'}"
-                            + (f"\nfloor {fmt_ms(k.floor_ms)}" if k.floor_ms else "")
+                            + (f"\nmemory floor {fmt_ms(k.floor_ms)} (bytes / measured bandwidth)" if k.floor_ms else "")
                             + (f", {k.achieved_gbs:.0f} GB/s" if k.achieved_gbs else ""))
             if k.floor_ms:
                 floor_x.append(i + W * 0.475)   # on the fused bar
@@ -74,10 +74,9 @@ class KernelBars(ProfilePlot):
         self.names = [k.region for k in ks]
         entries = [("unfused ops (torch)", BEFORE, "bar"), ("fused kernel (ours)", OURS, "bar")]
         if floor_x:
-            entries.append(("memory floor (bytes / measured bandwidth)", FLOOR, "floor"))
+            entries.append(("memory floor", FLOOR, "floor"))   # a bar's tooltip says how it is computed
         self.set_legend(entries if ks else [])
-        self.plotItem.setTitle(self.title + ("" if measured or not ks else " (estimates)"), size="9pt",
-                               color=self.text_color().name())
+        self.set_title(self.title + ("" if measured or not ks else " (estimates)"))
         self.reset_zoom()
         pi.enableAutoRange(axis="y")
 

@@ -100,12 +100,9 @@ class Roofline(ProfilePlot):
                                             self.region_clicked.emit(points[0].data()))
             self.scatter.sigHovered.connect(self._hovered)
             pi.addItem(self.scatter)
-        else:
-            t = pg.TextItem("Measured kernels appear here\n(needs a GPU run)", color=self.text_color(),
-                            anchor=(0.5, 0.5))
-            t.setPos(1.4, np.log10(bw * 1e-3) + 0.5)   # under the compute roof, clear of the line
-            pi.addItem(t)
-        self.set_legend([("roof: min(bandwidth x FLOP/B, fp32 peak)", FLOOR, "line")]
+        # without measurements the title says why the plot is empty (a note inside crossed the roof)
+        self.set_title(self.title + ("" if pts else " (no GPU run)"))
+        self.set_legend([("roof (measured peaks)", FLOOR, "line")]
                         + [(name, col, "point") for name, col in kinds.items()])
 
     def _hovered(self, _item, points, _ev) -> None:

@@ -9,8 +9,10 @@ from html import escape
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QLabel, QScrollArea, QVBoxLayout, QWidget
 
+from agent_core.text import plural
+
 from .base import fmt_ms
-from .e2e import LEGEND
+from .e2e import NAMES
 
 EMPTY = "No results yet: Optimize (F5) or File > Open results fills this summary."
 
@@ -60,31 +62,31 @@ class ResultsSummary(QWidget):
         if d.gpu is False:
             rows.append(("Device", "not timed: no GPU (kernels generated and compiled only)"))
         elif d.hardware:
-            rows.append(("Device", f"measured on {d.hardware}, {d.bandwidth_gbs:.0f} GB/s copy bandwidth"))
+            rows.append(("Device", f"{d.hardware}, {d.bandwidth_gbs:.0f} GB/s copy"))
         elif d.live and not d.finished:
             rows.append(("Device", "waiting for the worker's first measurement"))
         ours = d.end_to_end.get("ours")
         if ours is not None:
-            rows.append(("End to end", f"{fmt_ms(ours)} with the generated kernels"))
+            rows.append(("StitchCUDA", f"{fmt_ms(ours)} end to end"))
             for key in ("eager", "compile_default", "compile_reduce-overhead"):
                 if key not in d.end_to_end:
                     continue
                 ms = d.end_to_end[key]
                 if ms is None:
                     why = d.baseline_errors.get(key, "no time")
-                    rows.append((LEGEND[key], f"failed: {why}"))
+                    rows.append((NAMES[key], f"failed: {why}"))
                 else:
-                    rows.append((LEGEND[key], f"{fmt_ms(ms)}, ours is {ms / ours:.2f}x "
-                                              f"{'faster' if ms >= ours else 'slower'}"))
+                    ratio = ms / ours if ms >= ours else ours / ms
+                    rows.append((NAMES[key], f"{fmt_ms(ms)}, ours {ratio:.2f}x {'faster' if ms >= ours else 'slower'}"))
         elif d.plan.get("unfused_ms") is not None:
             rows.append(("Estimate", f"{fmt_ms(d.plan['unfused_ms'])} unfused, {fmt_ms(d.plan['planned_ms'])} planned "
                                      f"(memory floor {fmt_ms(d.plan['floor_ms'])})"))
         outcomes = d.outcomes()
         if outcomes:
             rows.append(("Kernels", ", ".join(f"{len(v)} {k}" for k, v in outcomes.items())
-                         + f" of {len(d.kernels)} regions"))
+                         + f" of {plural(len(d.kernels), 'region')}"))
         elif d.kernels:
-            rows.append(("Kernels", f"{len(d.kernels)} regions proposed"))
+            rows.append(("Kernels", f"{plural(len(d.kernels), 'region')} proposed"))
         if d.launches is not None:
             rows.append(("Launches", f"{d.launches} end to end"))
         for rid in outcomes.get("fallback", []):

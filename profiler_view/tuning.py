@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pyqtgraph as pg
 
+from agent_core.text import plural
+
 from .base import ProfilePlot
 
 LEGEND_REGIONS = 6   # past this many tuned regions the legend names the first ones and counts the rest
@@ -27,7 +29,7 @@ class TuningPlot(ProfilePlot):
         pi = self.plotItem
         pi.clear()
         live = self.data.live and not self.data.finished
-        pi.setTitle(self.title + (" (live)" if live else ""), size="9pt", color=self.text_color().name())
+        self.set_title(self.title + (" (live)" if live else ""))
         entries = []
         for i, (rid, steps) in enumerate(self.data.tuning.items()):
             col = PALETTE[i % len(PALETTE)]
@@ -49,8 +51,7 @@ class TuningPlot(ProfilePlot):
                 pi.plot([s.trial for s in bad], [low * 0.9] * len(bad), pen=None, symbol="x", symbolSize=8,
                         symbolBrush=col, symbolPen=pg.mkPen(col))
         if len(self.data.tuning) > LEGEND_REGIONS:
-            entries.append((f"+{len(self.data.tuning) - LEGEND_REGIONS} more region"
-                            + ("s" if len(self.data.tuning) - LEGEND_REGIONS > 1 else ""), self.text_color().name(), ""))
+            entries.append((f"+{plural(len(self.data.tuning) - LEGEND_REGIONS, 'more region')}", self.text_color().name(), ""))
         if self.data.tuning:
             entries.append(("best so far", self.text_color().name(), "line"))
         if any(not s.ok or s.ms is None for steps in self.data.tuning.values() for s in steps):
