@@ -91,7 +91,8 @@ def mock_gpu(monkeypatch):
     monkeypatch.setattr(program_runtime, "build_executable",
                         lambda prog, fused, graph=True, device="cpu": Exe(prog, fused, graph=False, device="cpu"))
     monkeypatch.setattr(baselines, "measure_baselines", lambda fn, inputs, **kw: {
-        "eager": {"ok": True, "ms": 0.5}, "compile_default": {"ok": True, "ms": 0.25, "compile_s": 3.0},
+        "eager": {"ok": True, "ms": 0.5},
+        "compile_default": {"ok": True, "ms": 0.25, "compile_s": 3.0, "inductor_kernels": {"generated": 1, "extern": 3}},
         "compile_reduce-overhead": {"ok": False, "error": "RuntimeError: no"}})
     SABOTAGED.clear()
     yield
@@ -133,6 +134,9 @@ def test_gpu_path_verifies_tunes_keeps_faster_kernels_and_builds_the_program(moc
     rec = bench.record_from_result("mlp.py", res, 1.0)
     assert rec["correct"] and rec["kernels"] == len(fused) and rec["compile_best_ms"] == 0.25
     assert rec["compile_errors"] == {"reduce-overhead": "RuntimeError: no"}
+    assert rec["inductor_kernels"] == {"default": {"generated": 1, "extern": 3}} and rec["inductor_fewest_kernels"] == 4
+    assert rec["more_kernels_than_inductor"] == (e2e["launches"] > 4)
+    assert rec["best_baseline"] == "compile_default" and rec["speedup_best"] == pytest.approx(0.25 / e2e["ms"])
     # library epilogues: a linear with its activation after it became one kernel after cuBLAS
     assert any("linear" in str(e.get("library_nodes")) or e.get("library_nodes") for e in events
                if e["event"] == "codegen")

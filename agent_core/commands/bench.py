@@ -362,7 +362,8 @@ class _Run:
                 self.out.flush()
             status = ("FAILED: " + rec.get("error", "")) if not rec.get("ok") else (
                 f"correct={rec.get('correct')} ours {_f(rec.get('ours_ms'))} ms, eager {_f(rec.get('eager_ms'))} ms, "
-                f"compile {_f(rec.get('compile_best_ms'))} ms")
+                f"compile {_f(rec.get('compile_best_ms'))} ms, best {rec.get('best_baseline') or '-'}, "
+                f"kernels ours/Inductor {kernels_cell(rec)}")
             print(f"[{len(self.records)}/{len(args.files)}] {rec['problem']}: {status} ({rec.get('seconds', 0)} s)",
                   flush=True)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from .inductor_kernels import first_call_counting_kernels
-from .timing import time_cpu, time_gpu
+from .timing import DEFAULT_WARMUP, time_cpu, time_gpu
 
 MODES = ("default", "reduce-overhead")
 KNOWN_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -85,7 +85,7 @@ def measure_baselines(fn, inputs, *, compile_modes=MODES, trials: int = 20, comp
         try:
             with torch.no_grad():
                 t = time_gpu(lambda: f(*inputs), trials=trials) if on_gpu else \
-                    time_cpu(lambda: f(*inputs), trials=trials)
+                    time_cpu(lambda: f(*inputs), trials=trials, warmup=DEFAULT_WARMUP)
             out[key] = {"ok": True, "ms": t.median_ms, "timing": t.to_dict(), "compile_s": round(build_s, 3)}
         except Exception as exc:
             out[key] = {"ok": False, "error": _first_line(exc)}
