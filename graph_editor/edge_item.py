@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QGraphicsItem
 
 from agent_core.ir import Program
 
-from .node_item import LOD_DETAIL, LOD_TEXT, fmt_spec
+from .node_item import LOD_DETAIL, LOD_TEXT, draw_far_title, fmt_spec
 from .style import GROUP_SIZE, HEADER_H, PAD, PORT_R, ROW_H, TERMINAL_H, TERMINAL_W, CanvasStyle
 
 
@@ -186,6 +186,13 @@ class GroupItem(QGraphicsItem):
     def tooltip_text(self) -> str:
         return self._tip
 
+    def far_titles(self) -> list[str]:
+        """What a zoomed-out group shows, longest first: "layer3.12 · Bottleneck", "layer3.12", "12"
+        (its box, titled around it, says the rest)."""
+        path = self.name.split(" · ", 1)[0]
+        parts = path.split(".")
+        return [self.name, path] + [".".join(parts[-k:]) for k in (2, 1) if k < len(parts)]
+
     def boundingRect(self) -> QRectF:
         return QRectF(-2, -PORT_R - 2, self._w + 10, self._h + 2 * PORT_R + 10)
 
@@ -210,7 +217,9 @@ class GroupItem(QGraphicsItem):
             p.drawRoundedRect(r.translated(off, off), 5, 5)
         p.setPen(QPen(st.node_selected if self.isSelected() else st.accent, 2 if self.isSelected() else 1.4))
         p.drawRoundedRect(r, 5, 5)
-        if lod < LOD_TEXT:
+        if lod < LOD_DETAIL:
+            if lod >= LOD_TEXT:   # (below, the overview item draws the titles that fit)
+                draw_far_title(p, r, self.far_titles(), lod, st, st.text)
             return
         p.setPen(st.text)
         p.setFont(st.font_bold)
@@ -219,10 +228,9 @@ class GroupItem(QGraphicsItem):
         p.setPen(st.text_muted)
         p.drawText(QRectF(PAD, 0, self._w - 2 * PAD, HEADER_H), Qt.AlignRight | Qt.AlignVCenter,
                    f"{len(self.members)} nodes")
-        if lod >= LOD_DETAIL:
-            p.setFont(st.font_small)
-            p.drawText(QRectF(PAD, HEADER_H + ROW_H, self._w - 2 * PAD, ROW_H),
-                       Qt.AlignLeft | Qt.AlignVCenter, self._summary)
+        p.setFont(st.font_small)
+        p.drawText(QRectF(PAD, HEADER_H + ROW_H, self._w - 2 * PAD, ROW_H),
+                   Qt.AlignLeft | Qt.AlignVCenter, self._summary)
         p.setPen(QPen(st.accent, 1.5))
         p.setBrush(st.accent)
         p.drawEllipse(self.input_pos(), PORT_R, PORT_R)

@@ -15,16 +15,31 @@ from PySide6.QtCore import QPointF, QRectF
 from .layout import LAYER_GAP
 
 ROUTE_RISE = 200.0        # an edge whose target sits this far above its source crosses columns
+ROUTE_DX = 150.0          # a downward edge this far sideways may leave a wrapped box mid-way
 REACH = LAYER_GAP / 2     # how far a route runs out of a port before it turns: mid-gap
 
 
-def needs_route(a: QPointF, b: QPointF) -> bool:
-    """Only edges that climb more than an item is tall (the rows of an unlaid-out grid do not)."""
-    return b.y() < a.y() - ROUTE_RISE
+def may_route(a: QPointF, b: QPointF) -> bool:
+    """Whether edge_route could route this edge (it then depends on where the module boxes are)."""
+    return b.y() < a.y() - ROUTE_RISE or abs(b.x() - a.x()) > ROUTE_DX
 
 
-def column_route(scene, a: QPointF, b: QPointF) -> list[QPointF]:
-    """The polyline from output port `a` to input port `b` through the gutter, ends included."""
+def edge_route(scene, a: QPointF, b: QPointF) -> list[QPointF] | None:
+    """The route of the edge from output port `a` to input port `b`; None: the plain curve.
+    Only edges that climb more than an item is tall (the rows of an unlaid-out grid do not), or that
+    leave a wrapped box from a column's foot above the box's bottom, are routed."""
+    if b.y() < a.y() - ROUTE_RISE:
+        return _column_route(scene, a, b)
+    if may_route(a, b):
+        boxes = [it.rect for it in scene.modules.items.values() if it.isVisible()]
+        y1 = max([a.y() + REACH] + [r.bottom() + REACH for r in boxes if r.contains(a) and not r.contains(b)])
+        if a.y() + REACH + LAYER_GAP < y1 < b.y():   # out under the box first, then across
+            return [a, QPointF(a.x(), y1), QPointF(b.x(), y1), b]
+    return None
+
+
+def _column_route(scene, a: QPointF, b: QPointF) -> list[QPointF]:
+    """The polyline from output port `a` up to input port `b` through the gutter, ends included."""
     boxes = [it.rect for it in scene.modules.items.values() if it.isVisible()]
     around_a = [r for r in boxes if r.contains(a) and not r.contains(b)]
     around_b = [r for r in boxes if r.contains(b) and not r.contains(a)]

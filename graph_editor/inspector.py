@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFormLayout, QFrame, QGridL
 from agent_core.errors import ProgramError, ShapeError, StitchError
 from agent_core.ir import PARAMETER_INITS, Program, Role
 from agent_core.ops import DTYPES, Attr
+from agent_core.text import plural
 
 from . import commands as C
 from .node_item import fmt_attr, fmt_spec
@@ -193,7 +194,7 @@ class Inspector(QScrollArea):
 
     def _summary(self) -> None:
         p = self.program
-        self._title(p.name, f"{len(p.nodes)} nodes · {len(p.values)} values")
+        self._title(p.name, f"{plural(len(p.nodes), 'node')} · {plural(len(p.values), 'value')}")
         params = p.parameters()
         pbytes = sum(v.nbytes for v in params)
         self._grid([["inputs", str(len(p.inputs))], ["outputs", str(len(p.outputs))],

@@ -14,12 +14,12 @@ from agent_core.errors import StitchError
 from agent_core.ir import Node, Program, Role
 from agent_core.ops import get_op
 
-from .style import ATTR_H, HEADER_H, MAX_ATTR_LINES, NODE_WIDTH, PAD, PORT_R, ROW_H, CanvasStyle
+from .style import ATTR_H, HEADER_H, MAX_ATTR_LINES, NODE_WIDTH, PAD, PORT_R, READABLE_PX, ROW_H, TITLE_PX, CanvasStyle
 
 SHORT_DTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int64": "i64",
                "int32": "i32", "int8": "i8", "uint8": "u8", "bool": "bool"}
-LOD_TEXT = 0.3     # below this zoom: body and header only (the overview item takes over)
-LOD_DETAIL = 0.5   # below this zoom: header text but no rows
+LOD_TEXT = 0.3     # below this zoom the overview item draws every item (scene.set_low_detail)
+LOD_DETAIL = 0.66  # below this zoom 9 pt text is under 8 px: an item is its op-kind colour and a title
 
 
 def fmt_spec(shape, dtype) -> str:
@@ -122,6 +122,10 @@ class NodeItem(QGraphicsItem):
             return ""
         return node.error or f"{node.name} ({node.op})"
 
+    def far_titles(self) -> list[str]:
+        """What a zoomed-out node shows, longest first: its op."""
+        return [self.program.nodes[self.node_id].op]
+
     def labels(self):
         """(title, subtitle, input labels, output labels, attribute lines), elided to fit."""
         if not self._labels_ready:
@@ -202,10 +206,12 @@ class NodeItem(QGraphicsItem):
         selected = self.isSelected()
         border = QPen(st.node_selected if selected else (st.error if self._error else st.node_border),
                       2.0 if selected else 1.0)
-        if lod < LOD_TEXT:
+        if lod < LOD_DETAIL:
             p.setPen(Qt.NoPen if not selected else border)
             p.setBrush(self._header_color)
             p.drawRect(body)
+            if lod >= LOD_TEXT:   # (below, the overview item draws the titles that fit)
+                draw_far_title(p, body, self.far_titles(), lod, st, self._header_text)
             return
         self.labels()
         p.setRenderHint(QPainter.Antialiasing, True)
@@ -221,7 +227,7 @@ class NodeItem(QGraphicsItem):
         p.setFont(st.font_bold)
         hdr = QRectF(PAD, 0, self._w - 2 * PAD, HEADER_H)
         p.drawText(hdr, Qt.AlignLeft | Qt.AlignVCenter, self._title)
-        if self._subtitle and lod >= LOD_DETAIL:
+        if self._subtitle:
             p.setFont(st.font_small)
             c = QColor(self._header_text)
             c.setAlpha(190)
@@ -236,8 +242,6 @@ class NodeItem(QGraphicsItem):
             p.setPen(QColor("white"))
             p.setFont(st.font_bold)
             p.drawText(QRectF(c.x() - 7, c.y() - 7, 14, 14), Qt.AlignCenter, "!")
-        if lod < LOD_DETAIL:
-            return
         self._paint_rows(p)
 
     def _paint_rows(self, p: QPainter) -> None:
@@ -280,6 +284,24 @@ class NodeItem(QGraphicsItem):
             for j, line in enumerate(self._attr_lines):
                 p.drawText(QRectF(PAD, y0 + j * ATTR_H, self._w - 2 * PAD, ATTR_H),
                            Qt.AlignLeft | Qt.AlignVCenter, line)
+
+
+def draw_far_title(p: QPainter, rect: QRectF, candidates, lod: float, style: CanvasStyle, color) -> bool:
+    """Zoomed out: the first of `candidates` (longest first) that fits `rect` at a readable size
+    (TITLE_PX screen pixels, or less where rect is low, never under READABLE_PX), centred in it.
+    `lod` is the painter's scale (screen pixels per unit of rect). False when none fits."""
+    px = min(TITLE_PX, rect.height() * lod - 4)
+    if px < READABLE_PX:
+        return False
+    font, fm = style.screen_font(px / lod)
+    room = rect.width() - 8 / lod     # 4 screen pixels each side
+    for text in candidates:
+        if text and fm.horizontalAdvance(text) <= room:
+            p.setFont(font)
+            p.setPen(color)
+            p.drawText(rect, Qt.AlignCenter, text)
+            return True
+    return False
 
 
 def _wrap(text: str, fm: QFontMetricsF, width: float, max_lines: int) -> list[str]:

@@ -1,6 +1,7 @@
 """Zoomed far out, the whole program is drawn by this one item in a few bulk calls (drawRects per
 category colour, one drawLines for all edges) while node and edge items stop painting
-(ItemHasNoContents) but stay selectable. Thousands of Python paint() calls per frame is what makes
+(ItemHasNoContents) but stay selectable. Collapsed groups, and nodes big enough on screen, keep a
+title at a readable screen size where one fits (node_item.draw_far_title). Thousands of Python paint() calls per frame is what makes
 big graphs crawl; this keeps a zoom step on a 2,000-node program to a few milliseconds."""
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class OverviewItem(QGraphicsItem):
         self._rect = QRectF()
         self._by_color: list = []
         self._lines: list[QLineF] = []
+        self._titled: list = []
 
     def invalidate(self) -> None:
         """The program or positions changed: collect again before the next paint."""
@@ -37,6 +39,7 @@ class OverviewItem(QGraphicsItem):
             color = getattr(item, "_header_color", None) or sc.style.accent
             by_color.setdefault(color.rgba(), (color, []))[1].append(r)
         self._by_color = list(by_color.values())
+        self._titled = [item for item in list(sc.groups) + list(sc.nodes.values()) if item.isVisible()]
         self._lines = [ln for e in sc.edges.values() if e.isVisible() for ln in e.lines()]
         self._dirty = False
 
@@ -65,3 +68,31 @@ class OverviewItem(QGraphicsItem):
             p.setPen(QPen(st.node_selected, 0))
             p.setBrush(st.node_selected)
             p.drawRects(selected)
+        self._paint_titles(p, option.exposedRect)
+
+    def titles(self, transform) -> list[tuple[QRectF, list[str], object]]:
+        """(screen rect, title candidates, item) of every item tall enough on screen for a title."""
+        from .style import READABLE_PX
+        out = []
+        for item in self._titled:
+            w, h = item.size()
+            r = QRectF(item.pos().x(), item.pos().y(), w, h)
+            screen = transform.mapRect(r)
+            if screen.height() >= READABLE_PX + 4 and screen.width() >= 5 * READABLE_PX:
+                out.append((screen, item.far_titles(), item))
+        return out
+
+    def _paint_titles(self, p: QPainter, exposed: QRectF) -> None:
+        from .node_item import draw_far_title
+        t = p.worldTransform()
+        shown = [x for x in self.titles(t) if t.mapRect(exposed).intersects(x[0])]
+        if not shown or len(shown) > 800:   # a thousand labels at once would read as noise anyway
+            return
+        st = self._scene.style
+        p.save()
+        p.resetTransform()
+        p.setRenderHint(QPainter.TextAntialiasing, True)
+        for screen, candidates, item in shown:
+            color = getattr(item, "_header_text", None) or st.text
+            draw_far_title(p, screen, candidates, 1.0, st, color)
+        p.restore()

@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QGridLayout, QPushButton, QTre
                                QVBoxLayout, QWidget)
 
 from agent_core import regions as R
+from agent_core.text import plural
 
 from .region_commands import push_region_edit
 from .region_item import fmt_ms, kind_color, speedup
@@ -44,8 +45,10 @@ class RegionList(QWidget):
         self.tree.setSelectionMode(QAbstractItemView.ExtendedSelection)
         self.tree.setUniformRowHeights(True)
         self.tree.itemSelectionChanged.connect(self._picked)
-        for i, w in enumerate((48, 112, 96, 42, 84)):
-            self.tree.setColumnWidth(i, w)
+        self.tree.headerItem().setToolTip(4, "Unfused time over fused time: measured, or the planner's estimate (est.)")
+        self.tree.header().setStretchLastSection(False)
+        self.tree.header().setMinimumSectionSize(24)
+        self.tree.setTextElideMode(Qt.ElideMiddle)   # "accepted · fell back" keeps both ends
         lay.addWidget(self.tree, 1)
         grid = QGridLayout()
         grid.setSpacing(3)
@@ -87,20 +90,49 @@ class RegionList(QWidget):
         for r in self.program.regions if self.program else []:
             s, measured = speedup(r)
             it = QTreeWidgetItem([r.id, r.kind.replace("_", " "), status_text(r), str(len(r.nodes)),
-                                  "-" if s is None else f"{s:.2f}x {'meas.' if measured else 'est.'}",
+                                  "-" if s is None else f"{s:.2f}x" + ("" if measured else " est."),
                                   fmt_ms(r.measured_ms)])
             it.setData(0, Qt.UserRole, r.id)
             it.setForeground(1, kind_color(r.kind))
             it.setToolTip(0, r.reason)
-            it.setToolTip(1, r.reason)
+            it.setToolTip(1, f"{it.text(1)}: {r.reason}")   # the whole cell, were it elided
             agent = (r.schedule or {}).get("agent") or {}
-            it.setToolTip(2, agent.get("reason") or r.reason)
+            it.setToolTip(2, f"{it.text(2)}: {agent.get('reason') or r.reason}")
             if r.status == "rejected":
                 for c in range(len(COLUMNS)):
                     it.setForeground(c, self.palette().placeholderText().color())
             self.tree.addTopLevelItem(it)
             it.setSelected(r.id in keep)
         self._syncing = False
+        self.fit_columns()
+
+    def fit_columns(self) -> None:
+        """Each column as wide as its header and cells; where that is wider than the list, the wide
+        text columns (kind, status) give up room first, down to their header, eliding their cells
+        (whose tooltips hold the whole text), so Region, Speedup and Measured stay whole."""
+        tree, head = self.tree, self.tree.header()
+        fm = tree.fontMetrics()
+        want = []
+        for c in range(len(COLUMNS)):
+            tree.resizeColumnToContents(c)
+            want.append(max(tree.columnWidth(c), fm.horizontalAdvance(COLUMNS[c]) + 18))
+        room = tree.viewport().width()
+        widths = list(want)
+        for c in (2, 1):   # status, then kind
+            over = sum(widths) - room
+            if over <= 0:
+                break
+            floor = fm.horizontalAdvance(COLUMNS[c]) + 18
+            widths[c] = max(floor, widths[c] - over)
+        spare = room - sum(widths)
+        if spare > 0:
+            widths[2] += spare   # the status column takes what is left: no empty strip at the right
+        for c, w in enumerate(widths):
+            head.resizeSection(c, w)
+
+    def resizeEvent(self, ev):
+        super().resizeEvent(ev)
+        self.fit_columns()
 
     def selected_ids(self) -> list[str]:
         return [it.data(0, Qt.UserRole) for it in self.tree.selectedItems()]
@@ -191,7 +223,7 @@ class RegionList(QWidget):
             return
         region = self._edit(R.draw_region, nodes)
         if region is not None:
-            self.message.emit(f"Drew region {region.id} ({region.kind}) around {len(nodes)} nodes", False)
+            self.message.emit(f"Drew region {region.id} ({region.kind}) around {plural(len(nodes), 'node')}", False)
             self.select(region.id)
             self.region_selected.emit(region.id)
 
@@ -206,8 +238,8 @@ class RegionList(QWidget):
         from agent_core.planner import apply_plan, plan_program
         errors = [d for d in self.program.validate() if d.severity == "error"]
         if errors:   # a plan of a graph that does not validate estimates nonsense: say why instead
-            self.message.emit(f"Could not plan: {errors[0].message} ({len(errors)} problem"
-                              f"{'s' * (len(errors) > 1)}; Agent > Plan regions lists them)", True)
+            self.message.emit(f"Could not plan: {errors[0].message} ({plural(len(errors), 'problem')}; "
+                              "Agent > Plan regions lists them)", True)
             return
         try:
             p = plan_program(self.program)
@@ -215,6 +247,6 @@ class RegionList(QWidget):
             self.message.emit(f"Could not plan: {e}", True)
             return
         self._edit(lambda program: apply_plan(program, p))
-        self.message.emit(f"Planned {len(p.active)} regions, {p.kernels} kernels: estimated "
+        self.message.emit(f"Planned {plural(len(p.active), 'region')}, {plural(p.kernels, 'kernel')}: estimated "
                           f"{p.estimate.unfused_ms * 1e3:.1f} us unfused → {p.estimate.planned_ms * 1e3:.1f} us", False)
         self.last_plan = p

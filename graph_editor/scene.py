@@ -21,7 +21,7 @@ from agent_core.ir import Program, Role
 from . import commands as C
 from .connect import ConnectMixin
 from .edge_item import EdgeItem, GroupItem, TerminalItem
-from .edge_routes import column_route, needs_route
+from .edge_routes import edge_route, may_route
 from .groups import GroupsMixin
 from .module_boxes import ModuleBoxes
 from .modules import with_modules
@@ -59,6 +59,7 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         self._press_pos: dict[str, QPointF] = {}
         self._positioning = False
         self._low_detail = False
+        self._building = False
         self._content: QRectF | None = None   # content_rect cache, dropped on any change
         # where an unconnected terminal sits (where it was added); once read it sits by its reader.
         # View state, not the model's: positions in the model are node positions only.
@@ -91,6 +92,7 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         self.edges_into.clear()
         self.groups.clear(), self.group_of.clear()
         p = self.program
+        self._building = True    # edges are routed once at the end, through the index
         self.setItemIndexMethod(QGraphicsScene.NoIndex)  # one index build at the end, not 10,000 inserts
         for i, nid in enumerate(p.nodes):
             item = self._make_node(nid)
@@ -112,6 +114,8 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         # useful (every query then tests every item: 12 ms instead of 0.1 ms at 5,000 items)
         self.setItemIndexMethod(QGraphicsScene.BspTreeIndex)
         self.fit_scene_rect(force=True)
+        self._building = False
+        self.reroute_edges()
 
     def set_low_detail(self, low: bool) -> None:
         """Zoomed far out items draw a plain box: caching those pixmaps costs more than it saves."""
@@ -203,7 +207,7 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
         src_group = self.group_of.get(v.producer) if v and v.producer else None
         inside = src_group is not None and src_group is self.group_of.get(key[0])
         e.setVisible(not inside)
-        e.set_ends(a, b, column_route(self, a, b) if not inside and needs_route(a, b) else None)
+        e.set_ends(a, b, edge_route(self, a, b) if not (inside or self._building) else None)
 
     def refresh_all_edges(self) -> None:
         self.modules.refresh()   # routes between columns keep clear of the module boxes
@@ -229,13 +233,15 @@ class GraphScene(GroupsMixin, ConnectMixin, QGraphicsScene):
                 a = t.pos() + t.output_pos()
             dst = nodes[nid]
             b = dst.pos() + dst.input_pos(port)
-            e.set_ends(a, b, column_route(self, a, b) if needs_route(a, b) else None)
+            e.set_ends(a, b, None if self._building else edge_route(self, a, b))
 
     def reroute_edges(self) -> None:
         """Module boxes moved: the edges routed between columns find their gutters again."""
+        if self._building:
+            return
         for e in self.edges.values():
-            if e.route:
-                e.set_ends(e._a, e._b, column_route(self, e._a, e._b))
+            if e.route or may_route(e._a, e._b):
+                e.set_ends(e._a, e._b, edge_route(self, e._a, e._b))
 
     def _edges_of_node(self, nid: str) -> set:
         keys = {(nid, port) for port in self.edges_into.get(nid, ())}

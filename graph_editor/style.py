@@ -20,6 +20,8 @@ TERMINAL_W = 170.0
 TERMINAL_H = 26.0
 MAX_ATTR_LINES = 2
 GROUP_SIZE = (240.0, HEADER_H + 2 * ROW_H + PAD)   # a collapsed group's item (the layout needs it)
+READABLE_PX = 8    # no text is drawn smaller than this many screen pixels
+TITLE_PX = 11      # zoomed out, item titles are drawn this many screen pixels high
 
 CATEGORY_HUES = {
     "pointwise": 150, "reduction": 32, "normalization": 280, "matmul": 210, "convolution": 0,
@@ -67,6 +69,17 @@ class CanvasStyle:
         if out is None:
             out = self._elided[key] = self.metrics(which).elidedText(text, mode, int(width))
         return out
+
+    def screen_font(self, px: float, bold: bool = True) -> tuple[QFont, QFontMetricsF]:
+        """A font `px` pixels high wherever it is painted: zoomed out, titles are drawn at a size
+        someone can read rather than scaled down with the canvas."""
+        key = ("screen", int(px), bold)
+        f = self._metrics.get(key)
+        if f is None:
+            font = QFont(self.font_bold if bold else self.font)
+            font.setPixelSize(max(1, int(px)))
+            f = self._metrics[key] = (font, QFontMetricsF(font))
+        return f
 
     def category_color(self, category: str) -> QColor:
         c = self._metrics.get(("color", category))
