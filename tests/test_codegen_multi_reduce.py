@@ -167,23 +167,41 @@ def test_a_per_row_value_broadcast_across_rows_is_refused():
     assert why and "across the rows" in why
 
 
-def _plan(block: str) -> list[dict]:
-    """The CLI's plan of a benchmark block, as a user runs it (small sizes), as JSON regions."""
+def _plan(block: str, tmp_path) -> tuple[dict, Program]:
+    """The CLI's plan of a benchmark block (small sizes), as a user runs it: its JSON and the program
+    it saved with the regions."""
     import json
+
+    from agent_core.project_file import load_program
     env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1", "PYTHONPATH": str(ROOT)}
+    saved = tmp_path / f"{block}.json"
     out = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", str(ROOT / "benchmarks" / "blocks" / f"{block}.py"),
-                          "--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+                          "--json", "-o", str(saved)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return json.loads(out.stdout), load_program(saved)
 
 
-@pytest.mark.parametrize("block,kernels", [("activation_stats_observer_llama7b", 1), ("row_stats_mean_max_min_vit", 1)])
-def test_statistics_blocks_plan_into_one_kernel(block, kernels):
-    """Three reductions of one tensor over the same axis were three kernels; now one, which generates."""
-    plan = _plan(block)
-    regions = [r for r in plan["regions"] if r["kind"] != "single"]
-    assert len(regions) == kernels, [r["nodes"] for r in regions]
-    assert sorted(len(r["nodes"]) for r in regions) == [3]
+# block -> kernels planned: one per reduction before (3, 3, 3 and 3), now the reductions over the same
+# rows share one; the KL's final sum and DINO's softmax reduce other rows and stay apart
+BLOCK_KERNELS = {"activation_stats_observer_llama7b": 1, "row_stats_mean_max_min_vit": 1,
+                 "kl_div_distill_distilbert": 2, "standardize_softmax_dino_teacher": 2}
+
+
+@pytest.mark.parametrize("block", BLOCK_KERNELS)
+def test_blocks_plan_reductions_over_the_same_rows_into_one_kernel(block, tmp_path):
+    from agent_core.compiler import compile_kernel
+    plan, program = _plan(block, tmp_path)
+    assert plan["kernels"] == BLOCK_KERNELS[block], [r["nodes"] for r in plan["regions"]]
+    merged = [r for r in program.regions if len([n for n in r.nodes if n in program.nodes and
+                                                 program.nodes[n].opdef.category in ("reduction", "normalization")]) > 1]
+    assert merged, "no region holds two reductions"
+    for r in program.regions:          # every proposed region generates and compiles
+        if r.kind == "single":
+            continue
+        ks = generate_kernel(program, r.nodes, name=r.id)
+        compile_kernel(ks, arch="sm_90")
+    for r in merged:
+        assert generate_kernel(program, r.nodes, name=r.id).params["reductions"] >= 2
 
 
 # --- on the GPU ---------------------------------------------------------------------------------
