@@ -33,7 +33,8 @@ from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
 
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
-            "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None}
+            "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None,
+            "unroll": 4}
 # names the kernel body uses for itself; parameters never take them
 KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "tile", "part", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
@@ -316,6 +317,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if split > 1:
             schedule = "split"
     rows_per_block = block // tpr
+    unroll = int(p["unroll"])
+    if unroll & (unroll - 1) or not 1 <= unroll <= 16:
+        raise CodegenError(f"unroll must be a power of two from 1 to 16, got {unroll}")
     items = math.ceil(cols / (tpr * vec))
     grid = math.ceil(rows / rows_per_block) * split
     index_t = index_type(rows * cols)
@@ -501,11 +505,12 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     cached = schedule not in ("online", "split")
     two_stage = cached and state in ("maxsumexp", "welford")
 
-    def load_group(indent, col, target, fold=True):
-        """Lines that load kVec elements at column `col`, run the prologue and (maybe) fold them."""
+    def load_group(indent, col, target, fold=True, store=True):
+        """Lines that load kVec elements at column `col`, run the prologue and (maybe) fold them;
+        store=False discards the prologue's outputs (a later pass evaluating it again)."""
         out = group_loads(indent, col) if vec == 4 else []
         for e in range(vec):
-            args = pro_args(f"base + {col} + {e}", e) if vec == 4 else pro_args(f"base + {col}")
+            args = pro_args(f"base + {col} + {e}", e, store) if vec == 4 else pro_args(f"base + {col}", None, store)
             out.append(f"{indent}{target(e)} = point({args});")
             if fold:
                 out.append(f"{indent}fold(st, {target(e)});")
@@ -606,11 +611,23 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                      *each_cached(["const float d = xv - row_mean;", "row_m2 = fmaf(d, d, row_m2);"]),
                      "  st = State{kColsF, row_mean, reduce_sum(row_m2)};"]
     else:
-        body += ["  // pass 1: stream the row once, folding it into running statistics",
-                 "  for (int c0 = lane * kVec; active && c0 < kCols; c0 += kThreadsPerRow * kVec) {",
-                 f"    {acc} v[kVec];"]
-        body += load_group("    ", "c0", lambda e: f"v[{e}]")
-        body += ["  }"]
+        # kUnroll vectors loaded before any is folded: one load in flight per thread leaves a lone
+        # block per row (rows < SMs, or 1024 threads per SM) far below the memory's bandwidth
+        body += ["  // pass 1: stream the row once, kUnroll vectors at a time, folding it into running statistics",
+                 "  for (int c = lane * kVec; active && c < kCols; c += kUnroll * kThreadsPerRow * kVec) {",
+                 f"    {acc} v[kUnroll * kVec];",
+                 "#pragma unroll",
+                 "    for (int u = 0; u < kUnroll; ++u) {",
+                 "      const int c0 = c + u * kThreadsPerRow * kVec;",
+                 "      if (c0 < kCols) {"]
+        body += load_group("        ", "c0", lambda e: f"v[u * kVec + {e}]", fold=False)
+        body += ["      }", "    }",
+                 "#pragma unroll",
+                 "    for (int u = 0; u < kUnroll; ++u) {",
+                 "      if (c + u * kThreadsPerRow * kVec < kCols) {",
+                 "#pragma unroll",
+                 "        for (int e = 0; e < kVec; ++e) fold(st, v[u * kVec + e]);",
+                 "      }", "    }", "  }"]
     if schedule == "split":
         pass
     elif not two_stage:
@@ -631,14 +648,21 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             body += emit_group("      ", "c0", lambda e: f"v[k * kVec + {e}]")
             body += ["    }", "  }"]
         else:
-            body += ["  // pass 2: re-read the row (prologue again) and write the outputs",
-                     "  for (int c0 = lane * kVec; c0 < kCols; c0 += kThreadsPerRow * kVec) {"]
-            if vec == 4:
-                body += group_loads("    ", "c0")
-            srcs = [f"point({pro_args(f'base + c0 + {e}' if vec == 4 else 'base + c0', e if vec == 4 else None, False)})"
-                    for e in range(vec)]
-            body += emit_group("    ", "c0", lambda e: srcs[e])
-            body += ["  }"]
+            body += ["  // pass 2: re-read the row (prologue again) kUnroll vectors at a time, then write the outputs",
+                     "  for (int c = lane * kVec; c < kCols; c += kUnroll * kThreadsPerRow * kVec) {",
+                     f"    {acc} v[kUnroll * kVec];",
+                     "#pragma unroll",
+                     "    for (int u = 0; u < kUnroll; ++u) {",
+                     "      const int c0 = c + u * kThreadsPerRow * kVec;",
+                     "      if (c0 < kCols) {"]
+            body += load_group("        ", "c0", lambda e: f"v[u * kVec + {e}]", fold=False, store=False)
+            body += ["      }", "    }",
+                     "#pragma unroll",
+                     "    for (int u = 0; u < kUnroll; ++u) {",
+                     "      const int c0 = c + u * kThreadsPerRow * kVec;",
+                     "      if (c0 < kCols) {"]
+            body += emit_group("        ", "c0", lambda e: f"v[u * kVec + {e}]")
+            body += ["      }", "    }", "  }"]
     else:
         body += ["  if (lane == 0) {",
                  f"    const {acc} y = {out_expr};",
@@ -658,6 +682,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
               "constexpr int kWarpSize = 32;"] + _norm_constants(program, anchor)
     if cached:
         consts.append(f"constexpr int kItems = {items};  // vectors per thread")
+    elif schedule == "online":
+        consts.append(f"constexpr int kUnroll = {unroll};  // vectors each thread loads before using them")
     if schedule == "split":
         consts += [f"constexpr int kSplit = {split};  // blocks per row",
                    f"constexpr int kFields = {len(STATES[state][0])};  // floats per partial state"]
