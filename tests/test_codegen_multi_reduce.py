@@ -266,3 +266,20 @@ def test_gpu_softmax_stable_with_inf_and_large_values(builder, cols):
 def test_gpu_column_reductions_match_torch(builder, shape, dim):
     p, ids = BUILDERS[builder](shape, dim)
     _check_on_gpu(p, ids, f"col_{builder}")
+
+
+def test_many_inputs_keep_a_short_row_in_registers():
+    """Six inputs of 64-element rows: more lanes per row, not a second read of the row."""
+    p = Program("six")
+    xs = [p.add_input(f"x{k}", (10, 64)) for k in range(6)]
+    ids, cur = [], xs[0].id
+    for x in xs[1:]:
+        n = p.add_node("add", [cur, x.id])
+        ids.append(n.id)
+        cur = n.outputs[0]
+    for op in ("amax", "sum"):
+        n = p.add_node(op, [cur], {"dim": [-1]})
+        p.mark_output(n.outputs[0])
+        ids.append(n.id)
+    ks = generate_kernel(p, ids, name="six")
+    assert ks.params["schedule"] == "warp" and ks.params["cached"] and ks.params["threads_per_row"] == 8

@@ -77,6 +77,8 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
     vec = 4 if cols % 4 == 0 and int(p["vector_width"]) == 4 else 1
     if cols <= int(p["warp_max_cols"]) and k * math.ceil(cols / 32) <= int(p["lane_max_floats"]):
         schedule, tpr = "warp", 1 << max(2, min(5, math.ceil(math.log2(max(1, math.ceil(cols / vec / 4))))))
+        while tpr < 32 and math.ceil(cols / (tpr * vec)) * vec * k > int(p["lane_max_floats"]):
+            tpr *= 2              # several inputs held: more lanes, so the row stays in registers
     elif cols * k <= int(p["register_max_cols"]):
         schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
     else:
