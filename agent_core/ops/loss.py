@@ -276,7 +276,7 @@ def _bce_elem_infer(op):
 # max(x, 0) - x t + log1p(exp(-|x|)): torch's stable form, never exp of a large positive number
 register(OpDef(
     "bce_with_logits", "pointwise", ("input", "target"), _bce_elem_infer("bce_with_logits"),
-    lambda t, a: F.binary_cross_entropy_with_logits(t[0], t[1], reduction="none"),
+    lambda t, a: torch.clamp_min(t[0], 0) - t[0] * t[1] + torch.log1p(torch.exp(-t[0].abs())),
     cuda="(max_nan({input}, 0.0f) - {input} * {target} + log1pf(expf(-fabsf({input}))))",
     flops=lambda i, o, a: 6 * o[0].numel, doc="the element of binary_cross_entropy_with_logits: "
     "max(x, 0) - x * t + log1p(exp(-|x|))",
@@ -286,7 +286,8 @@ register(OpDef(
 # with pos_weight p (torch): (1 - t) x + (1 + (p - 1) t) (log1p(exp(-|x|)) + max(-x, 0))
 register(OpDef(
     "bce_with_logits_pos", "pointwise", ("input", "target", "pos_weight"), _bce_elem_infer("bce_with_logits_pos"),
-    lambda t, a: F.binary_cross_entropy_with_logits(t[0], t[1], reduction="none", pos_weight=t[2]),
+    lambda t, a: (1 - t[1]) * t[0] + (1 + (t[2] - 1) * t[1]) * (torch.log1p(torch.exp(-t[0].abs()))
+                                                                 + torch.clamp_min(-t[0], 0)),
     cuda="((1.0f - {target}) * {input} + (1.0f + ({pos_weight} - 1.0f) * {target}) * "
          "(log1pf(expf(-fabsf({input}))) + max_nan(-{input}, 0.0f)))",
     flops=lambda i, o, a: 9 * o[0].numel, doc="the element of binary_cross_entropy_with_logits with a "
