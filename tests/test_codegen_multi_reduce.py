@@ -102,6 +102,7 @@ def test_generates_one_kernel_and_compiles(builder, cols, schedule):
     assert ks.node_ids == [n for n in p.topo_order() if n in ids]
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0, c.summary()
+    assert "warning" not in c.log, c.log
 
 
 def test_sibling_reductions_share_one_all_reduce():
@@ -139,6 +140,7 @@ def test_column_reductions_generate(builder, shape, dim):
     assert ks.params["schedule"] == "column" and ks.block == (32, 8, 1)
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0, c.summary()
+    assert "warning" not in c.log, c.log
 
 
 def test_reductions_over_different_rows_are_refused():

@@ -100,6 +100,10 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
 def _state_code(kind: str) -> str:
     """One statistics state of rowreduce.STATES as a struct with its identity, fold and combine."""
     fields, identity, fold, comb = STATES[kind]
+    if kind == "maxsumexp":
+        # exp(-inf) adds nothing: skipping it keeps a row that starts with -inf (a masked position)
+        # from folding exp(-inf - -inf) = NaN into the running sum
+        fold = "if (x == -INFINITY) return; " + fold
     return (f"struct St_{kind} {{ float {', '.join(fields)}; }};\n"
             f"__device__ __forceinline__ St_{kind} identity_{kind}() {{ return St_{kind}{identity}; }}\n"
             f"__device__ __forceinline__ void fold_{kind}(St_{kind}& s, float x) {{ {fold} }}\n"
