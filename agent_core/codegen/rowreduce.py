@@ -39,6 +39,7 @@ DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "ve
 KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "tile", "part", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
                  "xe", "y", "WEIGHT", "BIAS")
+REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
 FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(float32).eps: rms_norm's default eps
 
 # statistics states: C fields, identity, how one element is folded in, how two states combine
@@ -303,9 +304,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             raise CodegenError(f"threads_per_row must be a power of two from 4 to 1024, got {tpr}")
         if schedule != "online":
             schedule = "warp" if tpr <= 32 else "block"
-            if math.ceil(cols / (tpr * vec)) * vec > 64:
+            if math.ceil(cols / (tpr * vec)) * vec > REGISTER_MAX_FLOATS:
                 raise CodegenError(f"threads_per_row={tpr} leaves {math.ceil(cols / tpr)} floats per thread "
-                                   f"in registers (at most 64)")
+                                   f"in registers (at most {REGISTER_MAX_FLOATS})")
         block = max(int(p["block"]), tpr) if schedule == "warp" else tpr
     split = 1
     # (the split workspace holds float partials: an int64 sum stays on one block per row)
@@ -691,7 +692,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     consts += ld_pro.consts + ld_epi.consts
     sched_text = {"warp": f"{tpr} lanes per row, {rows_per_block} rows per block, row in registers",
                   "block": f"one block of {tpr} threads per row, row in registers",
-                  "online": f"one block of {tpr} threads per row, online two-pass",
+                  "online": f"one block of {tpr} threads per row, online two-pass, {unroll} vectors in flight",
                   "split": f"{split} blocks of {tpr} threads per row, last block combines"}[schedule]
     sched_text += f", {'float4' if vec == 4 else 'scalar'} loads, {grid} blocks"
     head = header(program, f"Region {name}: {anchor.op} over rows of {cols}, stitched with "
@@ -714,11 +715,40 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=out_vids, grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched_text,
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": rows_per_block,
-                "vector_width": vec, "block": block, "grid": grid, "split": split},
+                "vector_width": vec, "block": block, "grid": grid, "split": split, "cols": cols,
+                "unroll": unroll},
         align=16 if vec == 4 else 4, bytes_moved=nbytes,
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=[("float32", rows * split * len(STATES[state][0])), ("int32", rows)]
         if schedule == "split" else [])
+
+
+def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
+    """The launch parameters worth timing besides the default that produced `params` (a row
+    kernel's KernelSource.params), most promising first; each one generates (no refusals to spend
+    a trial on). Warp / block: half and twice the threads per row while the row still fits in
+    registers (fewer threads per row keep more loads in flight each; more free registers), with 16
+    and 4 rows per block for the warp schedule in between, then a quarter and four times the threads. Online: more or
+    fewer vectors in flight, half the threads. Split: twice or half the blocks per row."""
+    schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
+    out: list[dict] = []
+    if schedule in ("warp", "block") and cols:
+        tpr = int(params["threads_per_row"])
+
+        def fits(t):
+            return 4 <= t <= 1024 and math.ceil(cols / (t * vec)) * vec <= REGISTER_MAX_FLOATS \
+                and (t // 2) * vec < cols     # half the lanes would otherwise hold nothing
+        rows_per_block = [{"block": 512}, {"block": 128}] if schedule == "warp" else [{}, {}]
+        for cand in ({"threads_per_row": tpr // 2}, rows_per_block[0], {"threads_per_row": tpr * 2},
+                     rows_per_block[1], {"threads_per_row": tpr // 4}, {"threads_per_row": tpr * 4}):
+            if cand and ("threads_per_row" not in cand or fits(cand["threads_per_row"])):
+                out.append(cand)
+    elif schedule == "online":
+        out += [{"unroll": 8}, {"unroll": 2}, {"threads_per_row": 512}]
+    elif schedule == "split":
+        s = int(params.get("split") or 2)
+        out += [{"split": c} for c in (s * 2, max(2, s // 2)) if c != s]
+    return [{**o, "sm_count": sm_count} for o in out]
 
 
 def _norm_constants(program, anchor) -> list[str]:
