@@ -10,8 +10,8 @@ from ..analysis.cost import fmt_bytes, fmt_ms
 from ..regions import Region
 from ..text import plural
 from .fusion import (
-    backend_refusal, full_space_inputs, group_bytes, group_time, launches, rereads_rows, schedule_for, summarize,
-    traffic,
+    backend_refusal, full_space_inputs, group_bytes, group_time, launches, node_facts, rereads_rows, schedule_for,
+    summarize, traffic,
 )
 
 _OP_WORDS = 6  # name at most this many ops in a reason
@@ -71,7 +71,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
     anchored = runs == "library+kernel"
     # what stays on chip is what the generated kernel keeps: after a library call, the epilogue's own
     tr = traffic(state, [n for n in nodes if n != s.anchor] if anchored else nodes, None if anchored else facts)
-    unfused_bytes = sum(state.costs[n].bytes for n in nodes)
+    # each node alone as node_time costs it (a slice reads only the part it keeps)
+    unfused_bytes = sum(f.read_bytes + f.esc_bytes for f in (node_facts(state, n) for n in nodes))
     saved_bytes = unfused_bytes - group_bytes(state, nodes, s.anchor, facts)
     saved_ms = before - after
     saving = (f"saves {plural(max(len(real) - n_launches, 0), 'launch')} and "
@@ -122,7 +123,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                   f"{_label(state, an)} runs through {lib} and writes its {fmt_bytes(out.nbytes)} output; "
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
     elif kind == "layout":
-        sched, reason = _layout_reason(state, nodes, s, facts, refusals, after, f"{kept}{saving}")
+        sched, reason = _layout_reason(state, nodes, s, facts, refusals, after, f"{kept}{saving}",
+                                       bool(_backend_note(state, nodes, backend_notes)))
     elif kind in ("pointwise", "sibling"):
         numel = max(s.numels.values(), default=0)
         sched = {"numel": numel, "shape": list(state.geo[max(s.numels, key=s.numels.get)].shape)
@@ -174,8 +176,9 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
 TORCH_VIEWS = frozenset({"slice", "select", "split", "chunk", "unbind", "permute", "transpose", "expand"})
 
 
-def _layout_reason(state, nodes, s, facts, refusals, after, saving) -> tuple[dict, str]:
-    """(schedule, reason) of a layout-graph region: its loop is its outputs, whatever its ops' sizes."""
+def _layout_reason(state, nodes, s, facts, refusals, after, saving, noted) -> tuple[dict, str]:
+    """(schedule, reason) of a layout-graph region: its loop is its outputs, whatever its ops' sizes.
+    noted: the generator's refusal of a neighbour is appended after the reason (not repeated here)."""
     vnumel = state.vnumel
     out = max(facts.escaping, key=vnumel.__getitem__, default=None)
     numel = vnumel[out] if out is not None else max(s.layouts.values())
@@ -189,10 +192,10 @@ def _layout_reason(state, nodes, s, facts, refusals, after, saving) -> tuple[dic
                        f"nothing in between goes to memory; {saving}.")
     nid = real[0]
     op = state.program.nodes[nid].op
-    why = refusals.get(nid) or "no neighbour it could share a loop with"
+    why = "" if noted else f": {refusals.get(nid) or 'no neighbour it could share a loop with'}"
     free = (f"eager torch makes a {op} a strided view for free, so this copy pays only where a "
             f"generated consumer would copy it anyway; " if op in TORCH_VIEWS else "")
-    return sched, (f"{_label(state, nid)} is a layout change and runs as its own generated kernel: {why}; "
+    return sched, (f"{_label(state, nid)} is a layout change and runs as its own generated kernel{why}; "
                    f"{free}about {fmt_ms(after)} at the roofline.")
 
 
