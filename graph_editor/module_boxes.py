@@ -18,7 +18,7 @@ from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPen
 from PySide6.QtWidgets import QGraphicsItem
 
 from .layout import BOX_PAD, title_band
-from .modules import apply_default_collapse, module_boxes
+from .modules import apply_default_collapse, hidden_boxes, module_boxes
 
 BOX_Z = -20.0          # under region frames (-10), edges and nodes
 TITLE_Z = 5.0          # the screen-size titles: above the overview item (2)
@@ -231,6 +231,7 @@ class ModuleBoxes:
             item.members = ms
         # deepest first, so a parent's frame can take in its children's
         self._order = sorted(members, key=lambda p: -p.count("."))
+        self._chains = chains
         self._parents = parents
         self._structure = True
 
@@ -240,13 +241,13 @@ class ModuleBoxes:
         self._dirty = False
         sc = self.scene
         rects: dict[str, QRectF] = {}
-        collapsed_whole = {tuple(g.members) for g in sc.groups}
+        hidden = hidden_boxes(self._chains, [g.members for g in sc.groups])
         band = self.band()
         zoom = self.zoom()
         moved = False
         for path in self._order:
             item = self.items[path]
-            if tuple(item.members) in collapsed_whole:    # its collapsed item stands for it
+            if path in hidden:    # inside a collapsed group: its item stands for it
                 item.setVisible(False)
                 item.label.setVisible(False)
                 continue

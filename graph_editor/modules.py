@@ -12,7 +12,8 @@ from collections import Counter
 from agent_core.importers.module_paths import module_tree
 
 MIN_BOX = 3
-COLLAPSE_OVER = 150   # a program with more nodes opens with its most repeated blocks collapsed
+COLLAPSE_OVER = 150   # a program with more nodes opens with its repeated blocks collapsed ...
+SHOWN_AT_MOST = 400   # ... at the deepest level that leaves no more than this many items shown
 
 
 def _ancestors(path: str) -> list[str]:
@@ -43,8 +44,10 @@ def module_boxes(program) -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
 
 
 def default_collapsed(program) -> list[dict]:
-    """For a program over COLLAPSE_OVER nodes: one collapsed group per instance of its most repeated
-    module class (ResNet's Bottlenecks, a transformer's layers); deeper paths win a tie."""
+    """For a program over COLLAPSE_OVER nodes: one collapsed group per instance of a repeated module
+    class (ResNet's Bottlenecks, a transformer's decoder layers): the deepest class whose collapse
+    leaves at most SHOWN_AT_MOST items on the canvas, else the one that leaves the fewest (a
+    transformer's attention blocks alone would leave most of each layer open)."""
     if len(program.nodes) <= COLLAPSE_OVER:
         return []
     chains, titles = module_boxes(program)
@@ -55,16 +58,22 @@ def default_collapsed(program) -> list[dict]:
     for nid in program.nodes:
         for path in chains.get(nid, ()):
             members.setdefault(path, []).append(nid)
-    by_class: Counter = Counter(classes.get(p, "") for p in members if len(members[p]) >= 3)
-    by_class.pop("", None)
-    if not by_class:
+    of_class: dict[str, list[str]] = {}
+    for path, ms in members.items():
+        if classes.get(path) and len(ms) >= 3:
+            of_class.setdefault(classes[path], []).append(path)
+    shown, depth = {}, {}
+    for cls, paths in of_class.items():
+        outer = [p for p in paths if not any(p.startswith(q + ".") for q in paths)]   # not nested in itself
+        if len(outer) >= 2:
+            of_class[cls] = outer
+            shown[cls] = len(program.nodes) - sum(len(members[p]) for p in outer) + len(outer)
+            depth[cls] = max(p.count(".") for p in outer)
+    if not shown:
         return []
-    depth = {c: max(p.count(".") for p in members if classes.get(p) == c) for c in by_class}
-    best = max(by_class, key=lambda c: (by_class[c], depth[c]))
-    if by_class[best] < 2:
-        return []
-    return [{"name": titles[p], "nodes": members[p]} for p in members
-            if classes.get(p) == best and len(members[p]) >= 3]
+    fits = [c for c in shown if shown[c] <= SHOWN_AT_MOST]
+    best = max(fits, key=lambda c: (depth[c], -shown[c])) if fits else min(shown, key=shown.get)
+    return [{"name": titles[p], "nodes": members[p]} for p in of_class[best]]
 
 
 def apply_default_collapse(program) -> None:
@@ -93,4 +102,24 @@ def with_modules(program, data):
             key = f"\0group{i}"
             data.units[key] = members
             data.sizes[key] = GROUP_SIZE
+    # a box inside a collapsed group is not drawn (ModuleBoxes.refresh): no room is made for it
+    inside = hidden_boxes(data.groups, data.units.values())
+    if inside:
+        data.groups = {n: tuple(p for p in c if p not in inside) for n, c in data.groups.items()}
     return data
+
+
+def hidden_boxes(chains: dict, groups) -> set[str]:
+    """The module paths (of chains: node -> paths) whose nodes all sit in one collapsed group."""
+    members: dict[str, set] = {}
+    for n, c in chains.items():
+        for path in c:
+            members.setdefault(path, set()).add(n)
+    out = set()
+    for g in groups:
+        g = set(g)
+        for n in g:
+            for path in chains.get(n, ()):
+                if path not in out and members[path] <= g:
+                    out.add(path)
+    return out

@@ -288,19 +288,18 @@ class NodeItem(QGraphicsItem):
 
 def draw_far_title(p: QPainter, rect: QRectF, candidates, lod: float, style: CanvasStyle, color) -> bool:
     """Zoomed out: the first of `candidates` (longest first) that fits `rect` at a readable size
-    (TITLE_PX screen pixels, or less where rect is low, never under READABLE_PX), centred in it.
-    `lod` is the painter's scale (screen pixels per unit of rect). False when none fits."""
-    px = min(TITLE_PX, rect.height() * lod - 4)
-    if px < READABLE_PX:
-        return False
-    font, fm = style.screen_font(px / lod)
+    (TITLE_PX screen pixels, smaller where rect is low or narrow, never under READABLE_PX), centred
+    in it. `lod` is the painter's scale (screen pixels per unit of rect). False when none fits."""
+    top = int(min(TITLE_PX, rect.height() * lod - 4))
     room = rect.width() - 8 / lod     # 4 screen pixels each side
     for text in candidates:
-        if text and fm.horizontalAdvance(text) <= room:
-            p.setFont(font)
-            p.setPen(color)
-            p.drawText(rect, Qt.AlignCenter, text)
-            return True
+        for px in range(top, READABLE_PX - 1, -1):
+            font, fm = style.screen_font(px / lod)
+            if text and fm.horizontalAdvance(text) <= room:
+                p.setFont(font)
+                p.setPen(color)
+                p.drawText(rect, Qt.AlignCenter, text)
+                return True
     return False
 
 

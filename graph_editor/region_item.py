@@ -23,8 +23,9 @@ from agent_core.regions import active_regions
 KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
                "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "single": "#8a8f98", "opaque": "#6b6f76"}
 FRAME_PAD = 8.0    # below half of the layout's NODE_GAP: two regions' frames never touch
-LABEL_H = 22.0
-LABEL_LOD = 0.45   # below this zoom region labels are not drawn
+LABEL_H = 22.0     # the label band above a region's top member: one line ...
+LINE2_H = 12.0     # ... and this much more where the label needs a second (its figures, smaller)
+LABEL_LOD = 0.63   # below this zoom the 9.5 pt label is under 8 px: the hull's colour says the kind
 
 
 def kind_color(kind: str) -> QColor:
@@ -86,9 +87,17 @@ def _body(item) -> QRectF:
     return QRectF(item.pos().x(), item.pos().y(), w, h)
 
 
-def frame_path(rects: list[QRectF], obstacles: list[QRectF] = ()) -> tuple[QPainterPath, QRectF]:
-    """(the region's outline, its label band) around member bodies `rects`; `obstacles` are the
-    bodies of every other visible item, which a joining bridge must not cross."""
+def label_lines(region) -> tuple[str, str]:
+    """The label as (what it is, its figures): "r1 · matmul epilogue", "1.25x est. · locked"."""
+    text = region_label(region)
+    head = f"{region.id} · {region.kind.replace('_', ' ')}"
+    return head, text[len(head) + 3:]
+
+
+def frame_path(rects: list[QRectF], obstacles: list[QRectF] = (), lines: int = 1) -> tuple[QPainterPath, QRectF]:
+    """(the region's outline, its label's rect) around member bodies `rects`, with a band of `lines`
+    label lines above the top member; `obstacles` are the bodies of every other visible item (and
+    the input terminals), which a joining bridge must not cross."""
     grown = [r.adjusted(-FRAME_PAD, -FRAME_PAD, FRAME_PAD, FRAME_PAD) for r in rects]
     path = QPainterPath()
     path.setFillRule(Qt.WindingFill)   # overlapping pieces are one area, not holes (odd-even)
@@ -106,9 +115,10 @@ def frame_path(rects: list[QRectF], obstacles: list[QRectF] = ()) -> tuple[QPain
                 path.addRect(bridge)
             break
     top = by_top[0]
-    band = QRectF(top.left(), top.top() - LABEL_H, top.width(), LABEL_H + 6)
+    band_h = LABEL_H + (lines - 1) * LINE2_H
+    band = QRectF(top.left(), top.top() - band_h, top.width(), band_h + 6)
     path.addRoundedRect(band, 6, 6)
-    return path.simplified(), QRectF(band.left() + 9, band.top() + 4, band.width() - 18, LABEL_H - 6)
+    return path.simplified(), QRectF(band.left() + 9, band.top() + 4, band.width() - 18, band_h - 6)
 
 
 def _rect_key(r: QRectF) -> tuple:
@@ -169,8 +179,16 @@ class RegionItem(QGraphicsItem):
         lr = self.label_rect()
         p.setFont(style.font_bold)
         p.setPen(style.text)
-        p.drawText(lr, Qt.AlignLeft | Qt.AlignVCenter,
-                   style.elide("font_bold", region_label(r), lr.width()))
+        if lr.height() < LABEL_H:      # one line holds it all
+            p.drawText(lr, Qt.AlignLeft | Qt.AlignVCenter, style.elide("font_bold", region_label(r), lr.width()))
+            return
+        head, figures = label_lines(r)
+        line = QRectF(lr.left(), lr.top(), lr.width(), LABEL_H - 6)
+        p.drawText(line, Qt.AlignLeft | Qt.AlignVCenter, style.elide("font_bold", head, lr.width()))
+        p.setFont(style.font_small)
+        p.setPen(style.text_muted)
+        p.drawText(line.translated(0, LINE2_H + 1), Qt.AlignLeft | Qt.AlignVCenter,
+                   style.elide("font_small", figures, lr.width()))
 
     def mousePressEvent(self, ev):
         if ev.button() == Qt.LeftButton:
@@ -256,6 +274,8 @@ class RegionOverlay(QObject):
         self._key = key
         obstacles = [_body(i) for i in list(self.scene.nodes.values()) + list(self.scene.groups)
                      if i.isVisible()]
+        obstacles += [t.sceneBoundingRect() for t in self.scene.terminals.values() if t.isVisible()]
+        fm = self.scene.style.metrics("font_bold")
         taken = QPainterPath()
         for rid, item in self.items.items():
             rects = members[rid]
@@ -264,7 +284,9 @@ class RegionOverlay(QObject):
                 continue
             own = set(map(_rect_key, rects))
             others = [o for o in obstacles if _rect_key(o) not in own]
-            path, label = frame_path(rects, others)
+            room = min(rects, key=lambda r: r.top()).width() + 2 * FRAME_PAD - 18
+            lines = 1 if fm.horizontalAdvance(region_label(regs[rid])) <= room else 2
+            path, label = frame_path(rects, others, lines)
             if not taken.isEmpty():
                 path = path.subtracted(taken)
             item.set_geometry(path, label)

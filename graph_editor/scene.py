@@ -30,7 +30,8 @@ from .overview_item import OverviewItem
 from .style import NODE_WIDTH, TERMINAL_H, TERMINAL_W, CanvasStyle
 
 _DRAWN_INSIDE = frozenset((Role.PARAMETER, Role.CONSTANT))
-TERMINAL_GAP = 26.0   # between an input terminal and the node below that reads it
+TERMINAL_GAP = 52.0   # between an input terminal and the node below that reads it: clear of a region's
+                      # two-line label band (region_item: FRAME_PAD + LABEL_H + LINE2_H), within LAYER_GAP
 OVERLAY_Z = -10.0     # region hulls (next issue) are drawn here: under edges and nodes
 SOURCE_KINDS = C.SOURCE_ROLES   # the palette's "input", "parameter" and "constant"
 
