@@ -5,9 +5,12 @@
 It also opens, lays out and repaints ResNet101 (tools/resnets.py, imported with import_nn_module:
 module boxes, its 33 Bottlenecks collapsed), and the 5,000-node program.
 
-Programs are transformer-like chains of blocks (layer_norm, q/k/v linears, attention, projection,
-residual add, MLP with gelu), cached under test-output/bench/ as project files. Both wall and CPU
-time are reported: the development machine is shared, and CPU time is what the editor itself spends.
+The large program is decoder_program(): a Llama-style stack of decoder layers (RMSNorm, q/k/v
+projections split into heads, rotary embedding, attention, o_proj, SwiGLU MLP, two residual adds:
+LAYER_NODES nodes a layer, about what torch.export makes of one), carrying the module paths an import
+records (agent_core.importers.module_paths), so it opens grouped and collapsed as a real model does.
+Programs are cached under test-output/bench/ as project files. Both wall and CPU time are reported:
+the development machine is shared, and CPU time is what the editor itself spends.
 """
 from __future__ import annotations
 
@@ -25,32 +28,82 @@ sys.path.insert(0, ROOT)
 
 from agent_core.ir import Program  # noqa: E402
 
-BLOCK_NODES = 11
+LAYER_NODES = 36
 
 
-def transformer_program(n_nodes: int, d: int = 256, t: int = 64) -> Program:
-    """About n_nodes nodes: repeated pre-norm transformer blocks on a [1, t, d] activation."""
-    p = Program(f"transformer_{n_nodes}")
-    h = p.add_input("x", (1, t, d)).id
-    for b in range(max(1, n_nodes // BLOCK_NODES)):
-        def param(name, shape):
-            return p.add_parameter(f"{name}{b}", shape=shape).id
+def decoder_program(n_nodes: int, d: int = 256, t: int = 64, heads: int = 4) -> Program:
+    """About n_nodes nodes: embedding, (n_nodes - 4) // LAYER_NODES decoder layers on a [1, t, d]
+    activation, final norm and lm_head, each node with the module path of its Llama-style module."""
+    p = Program(f"decoder_{n_nodes}")
+    hd = d // heads
+    paths: dict[str, str] = {}
+    classes = {"model": "LlamaModel", "model.embed_tokens": "Embedding", "model.norm": "LlamaRMSNorm",
+               "lm_head": "Linear"}
+    where = [""]
 
-        def node(op, ins, attrs=None):
-            return p.add_node(op, ins, attrs).outputs[0]
-        ln = node("layer_norm", [h, param("ln1_w", (d,)), param("ln1_b", (d,))], {"normalized_shape": [d]})
-        q = node("linear", [ln, param("wq", (d, d))])
-        k = node("linear", [ln, param("wk", (d, d))])
-        v = node("linear", [ln, param("wv", (d, d))])
-        a = node("scaled_dot_product_attention", [q, k, v], {"is_causal": True})
-        o = node("linear", [a, param("wo", (d, d)), param("bo", (d,))])
-        h = node("add", [h, o])
-        ln2 = node("layer_norm", [h], {"normalized_shape": [d]})
-        f1 = node("linear", [ln2, param("w1", (4 * d, d)), param("b1", (4 * d,))])
-        g = node("gelu", [f1], {"approximate": "tanh"})
-        f2 = node("linear", [g, param("w2", (d, 4 * d)), param("b2", (d,))])
-        h = node("add", [h, f2])
-    p.mark_output(h)
+    def node(op, ins, attrs=None):
+        n = p.add_node(op, ins, attrs)
+        paths[n.id] = where[0]
+        return n.outputs[0]
+
+    def param(name, shape):
+        return p.add_parameter(name, shape=shape).id
+
+    tokens = p.add_input("input_ids", (1, t), "int64").id
+    cos, sin = param("rope_cos", (t, hd)), param("rope_sin", (t, hd))
+    where[0] = "model.embed_tokens"
+    h = node("embedding", [tokens, param("embed_tokens", (512, d))])
+    for i in range(max(1, (n_nodes - 4) // LAYER_NODES)):
+        layer = f"model.layers.{i}"
+        classes.update({layer: "LlamaDecoderLayer", f"{layer}.self_attn": "LlamaAttention",
+                        f"{layer}.mlp": "LlamaMLP", f"{layer}.mlp.act_fn": "SiLU",
+                        f"{layer}.input_layernorm": "LlamaRMSNorm",
+                        f"{layer}.post_attention_layernorm": "LlamaRMSNorm"})
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            classes[f"{layer}.self_attn.{proj}"] = "Linear"
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            classes[f"{layer}.mlp.{proj}"] = "Linear"
+        where[0] = f"{layer}.input_layernorm"
+        x = node("rms_norm", [h, param(f"{layer}.ln1", (d,))], {"normalized_shape": [d]})
+        heads_of = {}
+        for proj in ("q_proj", "k_proj", "v_proj"):
+            where[0] = f"{layer}.self_attn.{proj}"
+            y = node("linear", [x, param(f"{layer}.{proj}", (d, d))])
+            where[0] = f"{layer}.self_attn"
+            y = node("view", [y], {"shape": [1, t, heads, hd]})
+            heads_of[proj] = node("transpose", [y], {"dim0": 1, "dim1": 2})
+        for proj in ("q_proj", "k_proj"):   # rotary embedding: x * cos + rotate_half(x) * sin
+            y = heads_of[proj]
+            lo = node("slice", [y], {"dim": -1, "start": 0, "end": hd // 2})
+            hi = node("slice", [y], {"dim": -1, "start": hd // 2, "end": hd})
+            rot = node("cat", [node("neg", [hi]), lo], {"dim": -1})
+            heads_of[proj] = node("add", [node("mul", [y, cos]), node("mul", [rot, sin])])
+        a = node("scaled_dot_product_attention", [heads_of["q_proj"], heads_of["k_proj"], heads_of["v_proj"]],
+                 {"is_causal": True})
+        a = node("reshape", [node("transpose", [a], {"dim0": 1, "dim1": 2})], {"shape": [1, t, d]})
+        where[0] = f"{layer}.self_attn.o_proj"
+        a = node("linear", [a, param(f"{layer}.o_proj", (d, d))])
+        where[0] = layer
+        h = node("add", [h, a])
+        where[0] = f"{layer}.post_attention_layernorm"
+        x = node("rms_norm", [h, param(f"{layer}.ln2", (d,))], {"normalized_shape": [d]})
+        where[0] = f"{layer}.mlp.gate_proj"
+        g = node("linear", [x, param(f"{layer}.gate_proj", (2 * d, d))])
+        where[0] = f"{layer}.mlp.act_fn"
+        g = node("silu", [g])
+        where[0] = f"{layer}.mlp.up_proj"
+        u = node("linear", [x, param(f"{layer}.up_proj", (2 * d, d))])
+        where[0] = f"{layer}.mlp"
+        m = node("mul", [g, u])
+        where[0] = f"{layer}.mlp.down_proj"
+        m = node("linear", [m, param(f"{layer}.down_proj", (d, 2 * d))])
+        where[0] = layer
+        h = node("add", [h, m])
+    where[0] = "model.norm"
+    h = node("rms_norm", [h, param("norm", (d,))], {"normalized_shape": [d]})
+    where[0] = "lm_head"
+    p.mark_output(node("linear", [h, param("lm_head", (512, d))]))
+    p.metadata["modules"] = {"nodes": paths, "classes": classes}
     return p
 
 
@@ -58,9 +111,9 @@ def cached_program_file(n_nodes: int) -> str:
     from agent_core.project_file import save_program
     folder = os.path.join(ROOT, "test-output", "bench")
     os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"transformer_{n_nodes}.json")
+    path = os.path.join(folder, f"decoder_{n_nodes}.json")
     if not os.path.exists(path):
-        save_program(transformer_program(n_nodes), path)
+        save_program(decoder_program(n_nodes), path)
     return path
 
 
