@@ -25,8 +25,9 @@ from agent_core.rewrites.lowering import lower_all
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def lowered(p: Program) -> Program:
-    return rewrite_program(p, rules=[lower_all], check=False).program
+def lowered(p: Program, check=False) -> Program:
+    """The lowering applied; check: only where it matches the op's reference on random draws (CPU)."""
+    return rewrite_program(p, rules=[lower_all], check=check).program
 
 
 def ce_program(shape, reduction="mean", weight=False, ignore_index=-100, smoothing=0.0, label_mask=False):
@@ -78,7 +79,7 @@ def bce_program(shape, pos_weight=False, weight=False, reduction="mean"):
         ins.append(p.add_parameter("pos_weight", shape=shape[-1:]).id)
     n = p.add_node("binary_cross_entropy_with_logits", ins, {"reduction": reduction})
     p.mark_output(n.outputs[0])
-    q = lowered(p)
+    q = lowered(p, check=True)       # the pointwise element equals torch's op on the CPU, or it stays
     return q, q.topo_order()
 
 
