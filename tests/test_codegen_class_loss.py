@@ -242,9 +242,11 @@ def test_gpu_masked_labels_deeplab_and_determinism():
     r = _fused(q, qids, "lsnll_gpu")
     x = 3 * torch.randn(2, 19, 64, 128, device="cuda")
     t = torch.randint(0, 19, (2, 64, 128), device="cuda")
-    w = torch.rand(19, device="cuda")
-    ins = {q.inputs[0]: x, q.inputs[1]: t}
-    args = [ins.get(v, w) for v in r.inputs]
+    from agent_core.rewrites.engine import param_array
+    wid = q.nodes[qids[1]].inputs[2]
+    w = (torch.rand(19) if wid in r.inputs else torch.from_numpy(param_array(q, wid)).float()).cuda()
+    ins = {q.inputs[0]: x, q.inputs[1]: t, wid: w}
+    args = [ins[v] for v in r.inputs]
     first = r(args)[0].clone()
     for _ in range(3):                         # the last block adds the blocks' sums in a fixed order
         assert torch.equal(r(args)[0], first)
