@@ -13,8 +13,10 @@ import re
 from PySide6.QtCore import QRect, QRegularExpression, QSize, Qt
 from PySide6.QtGui import (QColor, QFont, QFontDatabase, QPainter, QSyntaxHighlighter, QTextCharFormat, QTextCursor,
                            QTextFormat)
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QTextEdit, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QSizePolicy, QTextEdit,
+                               QVBoxLayout, QWidget)
+
+from agent_core.text import plural
 
 KEYWORDS = ("auto break case const constexpr continue default do else enum extern for if inline namespace "
             "return sizeof static struct switch template typedef typename union unsigned signed using void "
@@ -158,6 +160,43 @@ class CodeEdit(QPlainTextEdit):
         p.end()
 
 
+class ElidedLabel(QLabel):
+    """One line that never widens its dock: the text elided to the label's width, all of it in the
+    tooltip; text() is the full text."""
+
+    def __init__(self, text: str = "", parent=None):
+        super().__init__(parent)
+        self.full = ""
+        self.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:
+        self.full = text
+        self._elide()
+
+    def text(self) -> str:
+        return self.full
+
+    def shown_text(self) -> str:
+        return super().text()
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(40, super().minimumSizeHint().height())
+
+    def resizeEvent(self, ev):
+        super().resizeEvent(ev)
+        self._elide()
+
+    def _elide(self) -> None:
+        shown = self.fontMetrics().elidedText(self.full, Qt.ElideRight, max(self.width(), 40))
+        super().setText(shown)
+        self.setToolTip(self.full if shown != self.full else "")
+
+
+# what the empty editor says until a region is picked (drawn word-wrapped inside the editor, where it fits)
+PICK_A_REGION = "Click a region on the canvas, in the Regions list or in a plot to see its CUDA here."
+
+
 class SourceView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -168,13 +207,14 @@ class SourceView(QWidget):
         lay.setContentsMargins(4, 4, 4, 4)
         top = QHBoxLayout()
         self.scope = QComboBox()
-        self.scope.addItems(["Selected region", "Whole program"])
+        self.scope.addItems(["Region", "Program"])   # short: the row must fit the dock beside the profiles
+        self.scope.setToolTip("Show the selected region's kernel, or every region's")
         self.scope.currentIndexChanged.connect(lambda _i: self.refresh())
-        self.title = QLabel("No region selected")
+        self.title = ElidedLabel("No region selected")
         self.title.setTextInteractionFlags(Qt.TextSelectableByMouse)
         self.variant = QComboBox()
         self.variant.setToolTip("Compare this kernel with a tuning variant (a unified diff)")
-        self.variant.setMinimumContentsLength(14)
+        self.variant.setMinimumContentsLength(8)   # its list shows each whole; the closed box must not widen the dock
         self.variant.setSizeAdjustPolicy(QComboBox.AdjustToMinimumContentsLengthWithIcon)
         self.variant.currentIndexChanged.connect(self._variant_changed)
         self.variants: list[dict] = []
@@ -253,10 +293,10 @@ class SourceView(QWidget):
                 src, why = self.region_source(r)
                 parts.append(f"// ===== {r.id} ({r.kind}) =====\n" + (src or f"// {why}\n"))
             text = "\n".join(parts)
-            self.title.setText(f"{p.name}: {len(parts)} regions")
+            self.title.setText(f"{p.name}: {plural(len(parts), 'region')}")
             note = "" if parts else "No regions yet: Plan or Optimize first."
         elif self.region_id is None:
-            self.title.setText("No region selected: click a region on the canvas, in the list or in a plot")
+            self.title.setText("No region selected")
         else:
             r = next((x for x in p.regions if x.id == self.region_id), None)
             if r is None:
@@ -267,6 +307,8 @@ class SourceView(QWidget):
                 self._fill_variants(r if src else None)
                 ops = ", ".join(f"{p.nodes[n].name} ({p.nodes[n].op})" for n in r.nodes if n in p.nodes)
                 self.title.setText(f"{r.id} · {r.kind.replace('_', ' ')} · {ops}")
+        self.edit.setPlaceholderText(PICK_A_REGION if p is not None and self.region_id is None
+                                     and self.scope.currentIndex() == 0 else "")
         self.edit.setPlainText(text)
         self.status.setText(note)
         self._mark_error()
