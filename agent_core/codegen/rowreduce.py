@@ -744,7 +744,10 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
             if cand and ("threads_per_row" not in cand or fits(cand["threads_per_row"])):
                 out.append(cand)
     elif schedule == "online":
-        out += [{"unroll": 8}, {"unroll": 2}, {"threads_per_row": 512}]
+        # 8 vectors in flight spill in 64 registers unless they are scalars
+        out += [{"unroll": 2}, {"threads_per_row": 512}]
+        if vec == 1:
+            out.append({"unroll": 8})
     elif schedule == "split":
         s = int(params.get("split") or 2)
         out += [{"split": c} for c in (s * 2, max(2, s // 2)) if c != s]

@@ -1,0 +1,226 @@
+"""Row-reduction kernels against torch on one GPU: for row shapes drawn from benchmarks/blocks
+(softmax / log_softmax / layer_norm / rms_norm over rows of 19 to 128k, with and without a
+broadcast bool mask, a few row counts), generate our kernel with every schedule variant the tuner
+would try (agent_core.agent.tune.tune_space), verify each against the torch reference on 3 draws
+(atol = rtol = 1e-4) and time it against torch eager and torch.compile, all with the L2 flushed.
+
+    python3 tools/bench_rows.py --quick          # about 4 minutes on an H200
+    python3 tools/bench_rows.py --json rows.jsonl
+
+One table: shape, variant, our us, eager us, torch.compile us, floor us (the region's bytes read
+once + written / the measured copy bandwidth), % of floor. A variant that fails (generation,
+compile, launch, verification) prints its error in its row and the run goes on. Needs torch and
+cupy only (no PySide6).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+F32_MIN = -3.4028234663852886e38   # torch.finfo(float32).min, what HF models fill masked scores with
+
+
+# name, op, x shape, mask ("causal" over the last two dims, broadcast over the leading ones), quick
+CASES = [
+    ("softmax_vit_197", "softmax", (12 * 64, 197, 197), None, False),   # rows of 197: scalar loads
+    ("softmax_19", "softmax", (65536, 19), None, False),
+    ("softmax_128", "softmax", (262144, 128), None, False),
+    ("softmax_1024", "softmax", (98304, 1024), None, True),
+    ("softmax_1024_causal", "softmax", (8, 12, 1024, 1024), "causal", True),   # causal_softmax_gpt2
+    ("softmax_2048_causal", "softmax", (1, 32, 2048, 2048), "causal", True),   # alibi_causal_softmax_bloom
+    ("softmax_4096", "softmax", (8192, 4096), None, False),
+    ("softmax_16384", "softmax", (2048, 16384), None, True),
+    ("log_softmax_32000", "log_softmax", (1024, 32000), None, False),
+    ("log_softmax_50257", "log_softmax", (1024, 50257), None, True),
+    ("log_softmax_128256", "log_softmax", (256, 128256), None, False),
+    ("softmax_128256_few_rows", "softmax", (64, 128256), None, False),
+    ("layer_norm_768", "layer_norm", (8192, 768), None, True),
+    ("layer_norm_4096", "layer_norm", (8192, 4096), None, False),
+    ("rms_norm_128", "rms_norm", (131072, 128), None, True),
+    ("rms_norm_4096", "rms_norm", (8192, 4096), None, False),
+]
+
+
+def build(op: str, shape, mask, device: str = "cuda"):
+    """The program (x [-> / 8 -> where(mask, ., min)] -> op), its region's node ids, and the same
+    computation as a torch function of x (weights and the mask bound in, on `device`)."""
+    import numpy as np
+    import torch
+    from agent_core.ir import Program
+    p = Program(f"{op}_{'x'.join(map(str, shape))}")
+    x = p.add_input("x", shape)
+    ids, cur = [], x.id
+    mask_t = None
+    if mask == "causal":
+        seq_q, seq_k = shape[-2], shape[-1]
+        tril = np.tril(np.ones((seq_q, seq_k), dtype=bool)).reshape((1,) * (len(shape) - 2) + (seq_q, seq_k))
+        m = p.add_parameter("causal", data=tril, constant=True)
+        fill = p.add_parameter("fill", data=np.array(F32_MIN, dtype=np.float32), constant=True)
+        n = p.add_node("div_scalar", [cur], {"value": 8.0})
+        ids.append(n.id)
+        w = p.add_node("where", [m.id, n.outputs[0], fill.id])
+        ids.append(w.id)
+        cur = w.outputs[0]
+        mask_t = torch.from_numpy(tril).to(device)
+    attrs, ins = {"dim": -1}, [cur]
+    weight = bias = None
+    cols = shape[-1]
+    if op in ("layer_norm", "rms_norm"):
+        attrs = {"normalized_shape": [cols], "eps": 1e-5 if op == "layer_norm" else 1e-6}
+        wdata = (1.0 + 0.1 * np.random.default_rng(0).standard_normal(cols)).astype(np.float32)
+        ins.append(p.add_parameter("weight", data=wdata).id)
+        weight = torch.from_numpy(wdata).to(device)
+        if op == "layer_norm":
+            bdata = (0.1 * np.random.default_rng(1).standard_normal(cols)).astype(np.float32)
+            ins.append(p.add_parameter("bias", data=bdata).id)
+            bias = torch.from_numpy(bdata).to(device)
+    n = p.add_node(op, ins, attrs)
+    ids.append(n.id)
+    p.mark_output(n.outputs[0])
+
+    def fn(t):
+        if mask_t is not None:
+            t = torch.where(mask_t, t / 8.0, F32_MIN)
+        if op == "softmax":
+            return torch.softmax(t, dim=-1)
+        if op == "log_softmax":
+            return torch.log_softmax(t, dim=-1)
+        if op == "layer_norm":
+            return torch.nn.functional.layer_norm(t, (cols,), weight, bias, 1e-5)
+        return torch.nn.functional.rms_norm(t, (cols,), weight, 1e-6)
+    return p, ids, fn
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
+
+
+def variant_label(params) -> str:
+    if not params:
+        return "default"
+    return ",".join(f"{k}={v}" for k, v in params.items() if k != "sm_count")
+
+
+def run_case(name, op, shape, mask, args, bw_gbs, emit):
+    import torch
+    from agent_core.agent.tune import tune_space
+    from agent_core.codegen import generate_kernel
+    from agent_core.profile.timing import time_gpu
+    from agent_core.runtime import build_region
+    p, ids, fn = build(op, shape, mask)
+    x = 4.0 * torch.randn(shape, device="cuda")
+    row = {"case": name, "shape": list(shape), "mask": mask}
+    ks0 = generate_kernel(p, ids, name=f"rows_{name}")
+    floor_us = ks0.bytes_moved / (bw_gbs * 1e9) * 1e6
+    row["floor_us"] = floor_us
+    try:
+        with torch.no_grad():
+            row["eager_us"] = time_gpu(lambda: fn(x), trials=args.trials).median_ms * 1e3
+    except Exception as exc:
+        row["eager_us"], row["eager_error"] = None, first_line(exc)
+    row["compile_us"] = None
+    if not args.no_compile:
+        try:
+            torch._dynamo.reset()
+            cfn = torch.compile(fn, dynamic=False)
+            with torch.no_grad():
+                cfn(x)
+                row["compile_us"] = time_gpu(lambda: cfn(x), trials=args.trials).median_ms * 1e3
+        except Exception as exc:
+            row["compile_error"] = first_line(exc)
+    sm = torch.cuda.get_device_properties(0).multi_processor_count
+    for params in [None] + tune_space(ks0, sm_count=sm, limit=args.variants):
+        rec = {**row, "variant": variant_label(params)}
+        try:
+            r = build_region(p, ids, name=f"rows_{name}", params=params, draws=3)
+            rec["schedule"] = r.kernel.schedule if r.kernel else None
+            if not r.fused:
+                raise RuntimeError(r.fallback_reason or "not fused")
+            ins = _region_inputs(p, r.kernel.inputs, x)
+            outs = [torch.empty(s, dtype=getattr(torch, d), device="cuda") for s, d in r.loaded.specs]
+            launch = r.loaded.bind(ins, outs)
+            ours = time_gpu(launch, trials=args.trials).median_ms * 1e3
+            rec["ours_us"] = ours
+            rec["pct_of_floor"] = 100.0 * floor_us / ours
+            rec["registers"] = r.loaded.registers
+            rec["local_bytes"] = r.loaded.local_bytes   # spills and stack
+        except Exception as exc:
+            rec["error"] = first_line(exc)
+            if args.verbose:
+                traceback.print_exc()
+        emit(rec)
+
+
+def _region_inputs(program, vids, x):
+    """The region's input tensors: x itself, the program's parameters / constants as stored."""
+    import torch
+    from agent_core.reference import parameter_tensors
+    params = parameter_tensors(program, "cuda")
+    return [x if v == program.inputs[0] else params[v].contiguous() for v in vids]
+
+
+def fmt(v, spec="{:.1f}"):
+    return "-" if v is None else spec.format(v)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="the marked subset of shapes (about 4 minutes)")
+    ap.add_argument("--cases", default="", help="only cases whose name contains one of these comma-separated words")
+    ap.add_argument("--variants", type=int, default=6, help="tuning variants per shape besides the default (6)")
+    ap.add_argument("--trials", type=int, default=20, help="timed trials per measurement (median; 20)")
+    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    ap.add_argument("--json", help="append one JSON line per (shape, variant) here")
+    ap.add_argument("--verbose", action="store_true", help="print the traceback of a failing variant")
+    args = ap.parse_args(argv)
+
+    import torch
+    if not torch.cuda.is_available():
+        print("bench_rows: no CUDA GPU; nothing to measure", file=sys.stderr)
+        return 2
+    from agent_core.profile.baselines import strict_fp32
+    from agent_core.profile.hardware import measure_copy_bandwidth
+    strict_fp32()
+    bw = measure_copy_bandwidth(2**28)
+    words = [w for w in args.cases.split(",") if w]
+    cases = [c for c in CASES if (c[4] or not args.quick) and (not words or any(w in c[0] for w in words))]
+    print(f"GPU {torch.cuda.get_device_name(0)}, copy bandwidth {bw:.0f} GB/s, {len(cases)} shapes")
+    head = (f"{'case':<26} {'shape':<22} {'variant':<22} {'ours us':>9} {'eager us':>9} {'compile us':>10} "
+            f"{'floor us':>9} {'% floor':>8}  schedule / error")
+    print(head)
+    print("-" * len(head))
+    out = open(args.json, "a") if args.json else None
+
+    def emit(rec):
+        print(f"{rec['case']:<26} {'x'.join(map(str, rec['shape'])):<22} {rec['variant'][:22]:<22} "
+              f"{fmt(rec.get('ours_us')):>9} {fmt(rec.get('eager_us')):>9} {fmt(rec.get('compile_us')):>10} "
+              f"{fmt(rec.get('floor_us')):>9} {fmt(rec.get('pct_of_floor'), '{:.0f}%'):>8}  "
+              f"{rec.get('error') or rec.get('schedule') or ''}", flush=True)
+        if out:
+            out.write(json.dumps(rec) + "\n")
+            out.flush()
+
+    t0 = time.time()
+    for name, op, shape, mask, _ in cases:
+        try:
+            run_case(name, op, shape, mask, args, bw, emit)
+        except Exception as exc:   # one shape's failure is that shape's row, never the run's
+            emit({"case": name, "shape": list(shape), "variant": "-", "error": first_line(exc)})
+        torch.cuda.empty_cache()
+    print(f"done in {time.time() - t0:.0f} s")
+    if out:
+        out.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
