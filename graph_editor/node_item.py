@@ -286,21 +286,28 @@ class NodeItem(QGraphicsItem):
                            Qt.AlignLeft | Qt.AlignVCenter, line)
 
 
-def draw_far_title(p: QPainter, rect: QRectF, candidates, lod: float, style: CanvasStyle, color) -> bool:
-    """Zoomed out: the first of `candidates` (longest first) that fits `rect` at a readable size
-    (TITLE_PX screen pixels, smaller where rect is low or narrow, never under READABLE_PX), centred
-    in it. `lod` is the painter's scale (screen pixels per unit of rect). False when none fits."""
+def far_title(rect: QRectF, candidates, lod: float, style: CanvasStyle) -> tuple[str, int] | None:
+    """Zoomed out: (the first of `candidates`, longest first, that fits `rect`, its size in screen
+    pixels): TITLE_PX, smaller where rect is low or narrow, never under READABLE_PX. `lod` is the
+    painter's scale (screen pixels per unit of rect). None when none fits."""
     top = int(min(TITLE_PX, rect.height() * lod - 4))
     room = rect.width() - 8 / lod     # 4 screen pixels each side
     for text in candidates:
         for px in range(top, READABLE_PX - 1, -1):
-            font, fm = style.screen_font(px / lod)
-            if text and fm.horizontalAdvance(text) <= room:
-                p.setFont(font)
-                p.setPen(color)
-                p.drawText(rect, Qt.AlignCenter, text)
-                return True
-    return False
+            if text and style.screen_font(px / lod)[1].horizontalAdvance(text) <= room:
+                return text, px
+    return None
+
+
+def draw_far_title(p: QPainter, rect: QRectF, candidates, lod: float, style: CanvasStyle, color) -> bool:
+    """far_title's choice drawn centred in rect; False when none fits."""
+    fit = far_title(rect, candidates, lod, style)
+    if fit is None:
+        return False
+    p.setFont(style.screen_font(fit[1] / lod)[0])
+    p.setPen(color)
+    p.drawText(rect, Qt.AlignCenter, fit[0])
+    return True
 
 
 def _wrap(text: str, fm: QFontMetricsF, width: float, max_lines: int) -> list[str]:
