@@ -89,13 +89,20 @@ def test_refusals():
     p.mark_output(n.outputs[0])
     with pytest.raises(CodegenError, match="not neighbours"):
         generate_kernel(p, [n.id], name="scattered")
-    q = Program("two")
+    q = Program("two")        # chained reductions over the same rows are one kernel (codegen/rowkernel.py)
     y = q.add_input("y", (4, 8))
     a = q.add_node("softmax", [y.id])
     b = q.add_node("log_softmax", [a.outputs[0]])
     q.mark_output(b.outputs[0])
-    with pytest.raises(CodegenError, match="exactly one"):
-        generate_kernel(q, [a.id, b.id], name="two")
+    ks = generate_kernel(q, [a.id, b.id], name="two")
+    assert ks.source.count("__global__") == 1
+    r = Program("other_rows")  # reductions over different rows are not
+    z = r.add_input("z", (4, 8))
+    c = r.add_node("softmax", [z.id], {"dim": 0})
+    d = r.add_node("log_softmax", [c.outputs[0]], {"dim": 1})
+    r.mark_output(d.outputs[0])
+    with pytest.raises(CodegenError, match="reduce different rows"):
+        generate_kernel(r, [c.id, d.id], name="other_rows")
 
 
 def test_few_long_rows_split_across_blocks():

@@ -22,7 +22,7 @@ from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
 KINDS = ("pointwise", "row_reduction", "layout", "pooling", "convolution", "arg_reduction", "scan",
-         "nll_loss", "strided_slice")
+         "nll_loss", "class_loss", "strided_slice")
 LAYOUT_OPS = ("permute", "transpose")
 # single-node kernels whose op decides the generator: op -> kind
 OP_KINDS = {"argmax": "arg_reduction", "argmin": "arg_reduction", "cumsum": "scan", "cumprod": "scan",
@@ -101,6 +101,8 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         return generate_conv(program, io, name, params)
     kind = _PLANNER_KINDS.get(kind, kind) if kind else None
     own = {OP_KINDS[program.nodes[n].op] for n in io.nodes if program.nodes[n].op in OP_KINDS}
+    if "nll_loss" in own and len(io.nodes) > 1:   # nll_loss with its log_softmax, label ops, reduction
+        own = {"class_loss"}
     if _is_strided_slice(program, io):
         own.add("strided_slice")
     kind = (own.pop() if len(own) == 1 else None) or kind or region_kind(program, io)
@@ -113,6 +115,9 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind == "nll_loss":
         from .nll import generate_nll_loss
         return generate_nll_loss(program, io, name, params)
+    if kind == "class_loss":
+        from .class_loss import generate_class_loss
+        return generate_class_loss(program, io, name, params)
     if kind == "strided_slice":
         from .layout import generate_strided_slice
         return generate_strided_slice(program, io, name, params)
@@ -126,6 +131,9 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         from .layout import generate_layout
         return generate_layout(program, io, name, params)
     if kind in ("row_reduction", "reduction", "normalization"):
+        if sum(not is_elementwise(program.nodes[n]) for n in io.nodes) > 1:   # several over the same rows
+            from .rowkernel import generate_multi_reduction
+            return generate_multi_reduction(program, io, name, params)
         from .rowreduce import generate_row_reduction
         return generate_row_reduction(program, io, name, params)
     raise CodegenError(f"region {name}: no code generator for kind '{kind}' (have: {', '.join(KINDS)})")

@@ -14,6 +14,7 @@ import os
 import sys
 
 from ..output_dir import MARKER
+from ..text import plural
 
 HELP = "plan, generate, compile, verify and time CUDA for a program"
 
@@ -83,7 +84,8 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, fin
         except Exception as exc:  # the program's own op-by-op run is the baseline then
             emit.log(f"the file's Model could not be built for the baseline ({type(exc).__name__}: {exc}); "
                      "timing the program op by op instead", level="warning")
-    modes = () if args.no_compile_baselines else ("default", "reduce-overhead")
+    from ..profile.baselines import MODES
+    modes = () if args.no_compile_baselines else (getattr(args, "compile_modes", None) or MODES)   # bench --compile-modes
     return optimize(program, out_dir=out_dir, device=None if gpu else "cpu", emit=emit, tune=not args.no_tune,
                     draws=args.draws, tune_trials=args.tune_trials, trials=args.trials,
                     rewrite=not args.no_rewrite, baselines=baselines, baseline_fn=base_fn, compile_modes=modes,
@@ -109,7 +111,7 @@ def run(args) -> int:
     counts = {}
     for o in result.outcomes:
         counts[o.status] = counts.get(o.status, 0) + 1
-    print(f"{result.program.name}: {len(result.outcomes)} regions: "
+    print(f"{result.program.name}: {plural(len(result.outcomes), 'region')}: "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     prof = result.profile
     if result.gpu:
