@@ -289,7 +289,15 @@ class NodeItem(QGraphicsItem):
 def far_title(rect: QRectF, candidates, lod: float, style: CanvasStyle) -> tuple[str, int] | None:
     """Zoomed out: (the first of `candidates`, longest first, that fits `rect`, its size in screen
     pixels): TITLE_PX, smaller where rect is low or narrow, never under READABLE_PX. `lod` is the
-    painter's scale (screen pixels per unit of rect). None when none fits."""
+    painter's scale (screen pixels per unit of rect). None when none fits. Memoised per screen size:
+    every zoom step repaints each item, and most share a size and a title."""
+    key = ("far", tuple(candidates), int(rect.width() * lod), int(rect.height() * lod), round(lod, 3))
+    if key not in style._elided:
+        style._elided[key] = _far_title(rect, candidates, lod, style)
+    return style._elided[key]
+
+
+def _far_title(rect: QRectF, candidates, lod: float, style: CanvasStyle) -> tuple[str, int] | None:
     top = int(min(TITLE_PX, rect.height() * lod - 4))
     room = rect.width() - 8 / lod     # 4 screen pixels each side
     for text in candidates:
