@@ -31,7 +31,8 @@ class ProfilePanel(QWidget):
         top = QHBoxLayout()
         self.note = QLabel("No profile yet: Plan shows the planner's estimates; Optimize on a GPU measures.")
         self.note.setObjectName("ProfileNote")
-        self.note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Fixed)
+        self.note.setSizePolicy(QSizePolicy.Ignored, QSizePolicy.Preferred)
+        self.note.setWordWrap(True)   # two lines in a narrow dock rather than a cut-off sentence
         self.order = QComboBox()
         self.order.addItems(ORDERS)
         self.order.setToolTip("Kernel bars and timeline: in program order, or the slowest kernel first")

@@ -220,6 +220,10 @@ def test_nothing_is_clipped_or_overlaps(qtbot, h200, size, run):
     view = rf.plotItem.getViewBox().sceneBoundingRect()
     for t in rf.ceilings:
         assert view.contains(scene_rect(t)), (t.toPlainText(), scene_rect(t), view)
+    # the note over the plots is whole: on one line where it fits, else wrapped onto more
+    note = p.note
+    assert note.fontMetrics().horizontalAdvance(note.text()) <= note.width() or (
+        note.wordWrap() and note.heightForWidth(note.width()) <= note.height()), note.text()
     # the E2E bars' labels: each bar's, never on another's, all inside the plot's data area
     e2e = p.e2e
     labels = e2e.visible_labels()
