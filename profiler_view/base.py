@@ -24,7 +24,7 @@ def kind_name(kind: str) -> str:
 
 
 TITLE_PT = 9
-LEGEND_2_LINES_PX, LEGEND_3_LINES_PX = 150, 220   # plot heights from which the legend may take more lines
+LEGEND_2_LINES_PX, LEGEND_3_LINES_PX = 130, 200   # plot heights from which the legend may take more lines
 TITLE_ROW_PX = 20
 GLYPHS = {"bar": "\u25a0", "floor": "\u25b2", "point": "\u25cf", "line": "\u2501", "cross": "\u2715"}
 
