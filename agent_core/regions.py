@@ -21,7 +21,7 @@ import networkx as nx
 
 from .errors import CycleError, ProgramError
 
-KINDS = ("pointwise", "reduction", "matmul_epilogue", "conv_epilogue", "sibling", "single", "opaque")
+KINDS = ("pointwise", "reduction", "matmul_epilogue", "conv_epilogue", "sibling", "layout", "single", "opaque")
 STATUSES = ("proposed", "accepted", "rejected", "user-made", "locked")
 SCHEDULES = ("warp-per-row", "block-per-row", "two-pass")
 # statuses the planner must keep as they are when it re-plans

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..analysis.gpu import GPUProfile
+from .class_loss import class_loss_refusal, class_loss_rows, reads_rows_once
 from .geometry import Geometry
 
 
@@ -34,6 +35,7 @@ class Summary:
     reductions: list[str] = field(default_factory=list)
     red: Geometry | None = None          # geometry of the first reduction
     numels: dict[str, int] = field(default_factory=dict)   # pointwise node -> loop size
+    layouts: dict[str, int] = field(default_factory=dict)  # layout node (slice, cat, ...) -> output size
     ops: int = 0                         # compute ops (views excluded)
     blocker: str | None = None           # a node that never fuses (opaque / single / window)
 
@@ -49,6 +51,8 @@ def summarize(state, nodes: list[str]) -> Summary:
         s.ops += 1
         if r == "pointwise":
             s.numels[nid] = g.numel
+        elif r == "layout":
+            s.layouts[nid] = g.numel
         elif r in ("matmul", "conv"):
             if s.anchor is None:
                 s.anchor, s.anchor_role = nid, r
@@ -121,6 +125,9 @@ class Facts:
     esc_bytes: int
     flops: int
     views_only: bool
+    # value -> bytes read, for the values read only in part (a slice of a tensor, an embedding's rows);
+    # None when every read value is read whole, as in most groups
+    partial: dict | None = None
 
 
 def _bytes(state, values) -> int:
@@ -137,7 +144,18 @@ def node_facts(state, nid) -> Facts:
     reads = set(state.nin[nid])
     if c.view:
         return Facts(reads, outs, esc, 0, 0, 0, True)
-    return Facts(reads, outs, esc, _bytes(state, reads), _bytes(state, esc), c.flops, False)
+    partial = _layout_reads(state, nid) if state.geo[nid].role == "layout" else None
+    read_bytes = _bytes(state, reads) if not partial else sum(partial.get(v, state.vbytes[v]) for v in reads)
+    return Facts(reads, outs, esc, read_bytes, _bytes(state, esc), c.flops, False, partial)
+
+
+def _layout_reads(state, nid) -> dict | None:
+    """The inputs a layout node reads only in part: it reads at most as many elements of each input as
+    it writes (a slice half its input, an embedding the rows it gathers, not the whole table)."""
+    vnumel, vbytes = state.vnumel, state.vbytes
+    out = sum(vnumel[v] for v in state.nout[nid])
+    part = {v: vbytes[v] * out // vnumel[v] for v in state.nin[nid] if 0 < out < vnumel[v]}
+    return part or None
 
 
 def group_facts(state, nodes) -> Facts:
@@ -168,6 +186,8 @@ def union_facts(state, fa: Facts, fb: Facts, members, light: bool = False,
             inside = members.__contains__
         back = [v for v in crossing if v in outputs or not all(map(inside, cons.get(v, ())))]
     views_only = fa.views_only and fb.views_only
+    if fa.partial or fb.partial:
+        return _union_partial(state, fa, fb, a_in_b, b_in_a, both, crossing, back, light, need_reads)
     if light:
         reads = ((fa.reads - a_in_b) | (fb.reads - b_in_a)) if need_reads else None
         produced = escaping = None
@@ -189,6 +209,36 @@ def union_facts(state, fa: Facts, fb: Facts, members, light: bool = False,
     return Facts(reads, produced, escaping, read_bytes, esc_bytes, fa.flops + fb.flops, False)
 
 
+def _union_partial(state, fa: Facts, fb: Facts, a_in_b, b_in_a, both, crossing, back, light, need_reads) -> Facts:
+    """union_facts where a side reads some value only in part: a value both read costs the sum of the
+    two parts, never more than the whole value; one made inside the union is not read at all."""
+    vb = state.vbytes.__getitem__
+    pa, pb = fa.partial or {}, fb.partial or {}
+    part = {}
+    for v in fa.reads - a_in_b - both:
+        if v in pa:
+            part[v] = pa[v]
+    for v in fb.reads - b_in_a - both:
+        if v in pb:
+            part[v] = pb[v]
+    for v in both:
+        got = pa.get(v, vb(v)) + pb.get(v, vb(v))
+        if got < vb(v):
+            part[v] = got
+    reads = ((fa.reads - a_in_b) | (fb.reads - b_in_a)) if need_reads or not light else None
+    if light:
+        produced = escaping = None
+    else:
+        produced = fa.produced | fb.produced
+        escaping = (fa.escaping | fb.escaping) - crossing
+        escaping.update(back)
+    outside = (fa.reads - a_in_b) | (fb.reads - b_in_a) if reads is None else reads
+    read_bytes = sum(part.get(v, vb(v)) for v in outside)
+    esc = (sum(map(vb, fa.escaping)) if fa.views_only else fa.esc_bytes) + \
+        (sum(map(vb, fb.escaping)) if fb.views_only else fb.esc_bytes) - sum(map(vb, crossing)) + sum(map(vb, back))
+    return Facts(reads, produced, escaping, read_bytes, esc, fa.flops + fb.flops, False, part or None)
+
+
 def traffic(state, nodes, facts: Facts | None = None) -> Traffic:
     """What `nodes` fused into one kernel read from and write to memory."""
     f = facts or group_facts(state, nodes)
@@ -207,6 +257,7 @@ def merge_summaries(sa: Summary, sb: Summary) -> Summary:
     s.reductions = sa.reductions + sb.reductions
     s.red = sa.red or sb.red
     s.numels = {**sa.numels, **sb.numels}
+    s.layouts = {**sa.layouts, **sb.layouts}
     s.ops = sa.ops + sb.ops
     s.blocker = sa.blocker or sb.blocker or s.blocker
     return s
@@ -224,15 +275,6 @@ def can_fuse(state, a, b, sa: Summary, sb: Summary, relation: str, facts=None) -
     if why:
         return why
     return _budgetary(state, a, b, sa, sb, relation, facts)
-
-
-def _chained(state, sa: Summary, sb: Summary) -> bool:
-    """Every reduction of sb reads, through the program, a result of sa's reductions."""
-    import networkx as nx
-    g = getattr(state, "_graph", None)
-    if g is None:        # the program does not change while it is planned
-        g = state._graph = state.program.graph()
-    return all(any(nx.has_path(g, r0, r1) for r0 in sa.reductions) for r1 in sb.reductions)
 
 
 def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
@@ -262,11 +304,11 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     if anchor is not None and anchor is sb and relation == "producer" and (sa.ops or sa.reductions):
         return (f"feeding {_name(state, sb.anchor)}'s operand from a fused producer would recompute "
                 f"that producer for every tile of the product")
-    if sa.reductions and sb.reductions and not (relation == "producer" and _chained(state, sa, sb)):
-        # a stitched chain (one reduction feeding the next, like a written-out softmax) stays one
-        # region; independent reductions side by side are not generated as one kernel yet
-        return (f"{_name(state, sa.reductions[0])} and {_name(state, sb.reductions[0])} are independent "
-                "reductions; each runs as its own kernel (one kernel computing both is not generated yet)")
+    rows = class_loss_rows(state, sa, sb) if anchor is None and (sa.reductions or sb.reductions) else None
+    if rows is not None:       # log_softmax -> nll_loss and the loss's sums: one kernel (planner/class_loss.py)
+        return class_loss_refusal(state, a, b, sa, sb, rows)
+    # reductions over the same rows, chained or side by side, share one kernel (codegen/rowkernel.py,
+    # which can_lower asks before the merge); reductions over different rows do not
     reds = [s.red for s in (sa, sb) if s.red is not None]
     if len(reds) == 2 and reds[0].key != reds[1].key:
         r0, r1 = sa.reductions[0], sb.reductions[0]
@@ -282,16 +324,19 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
         # export generates a convolution with its epilogue inside, and that takes pointwise ops only
         if red is not None and anchor.anchor_role != "matmul":
             return f"{_name(state, an)}'s epilogue takes pointwise ops only, not a reduction"
+        lay = next((n for s in (sa, sb) for n in s.layouts), None)
+        if lay is not None and anchor.anchor_role != "matmul":
+            return f"{_name(state, an)}'s epilogue takes pointwise ops only, not {_name(state, lay)}"
         allowed = {out.numel} | ({red.rows} if red is not None else set())
         for s in (sa, sb):
-            for nid, ne in s.numels.items():
+            for nid, ne in (*s.numels.items(), *s.layouts.items()):
                 if ne not in allowed:
                     return (f"{_name(state, nid)} loops over {ne} elements, not the {out.numel} of "
                             f"{_name(state, an)}'s output")
     elif red is not None:
         allowed = {red.full_numel, red.rows}
         for s in (sa, sb):
-            for nid, ne in s.numels.items():
+            for nid, ne in (*s.numels.items(), *s.layouts.items()):
                 if ne not in allowed:
                     return (f"{_name(state, nid)} loops over {ne} elements, neither the "
                             f"{_shape(red.full)} rows nor the {red.rows} row results of "
@@ -299,7 +344,8 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     else:
         na = max(sa.numels.values(), default=0)
         nb = max(sb.numels.values(), default=0)
-        if relation == "sibling" and na != nb:
+        # a layout graph loops over its outputs, whatever its ops' sizes (codegen checks they agree)
+        if relation == "sibling" and na != nb and not (sa.layouts or sb.layouts):
             return f"the two groups loop over different sizes ({na} and {nb} elements)"
     return state.rejected_conflict(a, b)
 
@@ -355,11 +401,23 @@ def kernel_ms(state, nodes, f: Facts, red) -> float:
     extra = 0
     if red is not None:
         sched, _ = schedule_for(red, full_space_inputs(state, nodes, red, f), state.gpu)
-        if sched == "two-pass" and rereads_rows(state, nodes, red):
-            extra = f.read_bytes
+        if sched == "two-pass":   # the row streamed again for each chained reduction and the outputs
+            extra = f.read_bytes * (reduction_depth(state, nodes) - 1 + rereads_rows(state, nodes, red))
     gpu = state.gpu
     return gpu.launch_ms(state.graph) + max((f.read_bytes + f.esc_bytes + extra) / gpu.bytes_per_ms,
                                             f.flops / gpu.flops_per_ms)
+
+
+def reduction_depth(state, nodes) -> int:
+    """The longest chain of reductions in `nodes` (one reading another's result): the passes over
+    memory that a streamed row takes before its outputs (sibling reductions fold in the same pass)."""
+    members, program, geo = set(nodes), state.program, state.geo
+    depth: dict[str, int] = {}
+    for nid in state.sort_nodes(nodes):
+        ups = (program.values[v].producer for v in program.nodes[nid].inputs if v is not None)
+        d = max((depth[u] for u in ups if u in members and u in depth), default=0)
+        depth[nid] = d + (geo[nid].role == "reduction")
+    return max(depth.values(), default=0)
 
 
 def library_ms(state, anchor: str) -> float:
@@ -398,6 +456,8 @@ def rereads_rows(state, nodes, red: Geometry) -> bool:
     """Whether a two-pass schedule must read the rows again: something of the full row size is
     computed from a row's reduced result (softmax's division, a norm's scaling). A plain reduction
     only combines per-block partial results in its second pass."""
+    if reads_rows_once(state, nodes):
+        return False
     members = set(nodes)
     program, geo = state.program, state.geo
     n_full = red.full_numel
