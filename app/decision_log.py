@@ -3,10 +3,10 @@ filters by step and by text; clicking a row selects what it is about (a region, 
 rewrite). Problems (failed verification, fallbacks, errors, a worker's garbage lines) stand out."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QRect, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QColor
-from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLineEdit, QTreeWidget, QTreeWidgetItem, QVBoxLayout,
-                               QWidget)
+from PySide6.QtWidgets import (QComboBox, QHBoxLayout, QLineEdit, QStyledItemDelegate, QTreeWidget, QTreeWidgetItem,
+                               QVBoxLayout, QWidget)
 
 from agent_core.agent.progress import format_event
 
@@ -27,6 +27,21 @@ def describe(e: dict) -> str:
     if e.get("event") == "studio":   # the studio's own notes (worker crashed, bad line, ...)
         return e.get("message", "")
     return (format_event(e) or e.get("message") or e.get("event", "")).strip()
+
+
+class WrappingDelegate(QStyledItemDelegate):
+    """A row as tall as its text wrapped to the column's width (QTreeView's own word wrap measures
+    rows without the column's width, so they stayed one line and were cut off)."""
+
+    def __init__(self, tree):
+        super().__init__(tree)
+        self.tree = tree
+
+    def sizeHint(self, option, index):
+        size = super().sizeHint(option, index)
+        width = max(self.tree.header().sectionSize(index.column()) - 8, 20)
+        text = option.fontMetrics.boundingRect(QRect(0, 0, width, 1 << 20), Qt.TextWordWrap, index.data() or "")
+        return QSize(size.width(), max(size.height(), text.height() + 8))   # the style keeps 3-4 px above and below
 
 
 class DecisionLog(QWidget):
@@ -53,10 +68,17 @@ class DecisionLog(QWidget):
         # long reasons wrap onto more lines in the last column instead of being cut off
         self.tree.setUniformRowHeights(False)
         self.tree.setWordWrap(True)
+        # the first three columns as narrow as their usual content, so "What and why" has the room;
+        # a longer "About" (a baseline's name) is elided in the middle and whole in its tooltip
         fm = self.tree.fontMetrics()
-        for i, sample in enumerate(("99999.99", "region-proposed", "compile_default")):
-            self.tree.setColumnWidth(i, fm.horizontalAdvance(sample) + 16)
+        for i, sample in enumerate(("999.99", "region-proposed", "r999")):
+            self.tree.setColumnWidth(i, max(fm.horizontalAdvance(sample), fm.horizontalAdvance(self.tree.headerItem().text(i))) + 16)
         self.tree.header().setStretchLastSection(True)
+        self.tree.setItemDelegateForColumn(3, WrappingDelegate(self.tree))
+        # rows wrap to the width their column has now: Qt measures a row's height once, so a resized
+        # column left long reasons cut off with "..." (relaid out once per burst of resizes)
+        self._relayout = QTimer(self, singleShot=True, interval=0, timeout=self.tree.doItemsLayout)
+        self.tree.header().sectionResized.connect(lambda *_: self._relayout.start())
         self.tree.itemClicked.connect(lambda it, _c: self.entry_clicked.emit(it.data(0, Qt.UserRole)))
         lay.addWidget(self.tree, 1)
         self.events: list[dict] = []

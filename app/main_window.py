@@ -14,6 +14,7 @@ from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, Q
 
 from agent_core.errors import StitchError
 from agent_core.gcpause import paused_gc
+from agent_core.text import plural
 from graph_editor import clipboard
 from graph_editor.commands import macro
 from graph_editor.edge_item import GroupItem, TerminalItem
@@ -74,7 +75,7 @@ class MainWindow(QMainWindow):
         self._edits = 0
         self.scene: GraphScene | None = None
         self.layout_runner = LayoutRunner(self)
-        self.layout_runner.finished.connect(lambda n: self.status(f"Laid out {n} nodes"))
+        self.layout_runner.finished.connect(lambda n: self.status(f"Laid out {plural(n, 'node')}"))
         self.layout_runner.failed.connect(lambda msg: self.status(msg, error=True))
         # prompts go through here so tests (and --screenshot) can answer without a modal dialog
         self.ask = self._ask_dialog
@@ -343,7 +344,7 @@ class MainWindow(QMainWindow):
 
     def _update_counts(self) -> None:
         p = self.document.program
-        self.count_label.setText(f"{len(p.nodes)} nodes · {len(p.values)} values")
+        self.count_label.setText(f"{plural(len(p.nodes), 'node')} · {plural(len(p.values), 'value')}")
         self.zoom_label.setText(f"{self.view.zoom() * 100:.0f}%")
 
     def open_path(self, path: str, layout_sync: bool = False) -> bool:
@@ -364,7 +365,7 @@ class MainWindow(QMainWindow):
             QApplication.restoreOverrideCursor()
         if doc.path:
             self._add_recent(doc.path)
-        self.status(f"Opened {os.path.basename(path)}: {len(doc.program.nodes)} nodes")
+        self.status(f"Opened {os.path.basename(path)}: {plural(len(doc.program.nodes), 'node')}")
         return True
 
     def _build_loader(self) -> None:
@@ -436,7 +437,7 @@ class MainWindow(QMainWindow):
         self.show_document(doc)
         if doc.path:
             self._add_recent(doc.path)
-        self.status(f"Opened {os.path.basename(path)}: {len(doc.program.nodes)} nodes")
+        self.status(f"Opened {os.path.basename(path)}: {plural(len(doc.program.nodes), 'node')}")
         self.opened.emit(path, True)
 
     def show_document(self, doc: Document, layout_sync: bool = False) -> None:
@@ -670,7 +671,7 @@ class MainWindow(QMainWindow):
         else:
             self.inspector.show_node(None)
         if len(items) > 1:
-            self.status(f"{len(items)} items selected")
+            self.status(f"{plural(len(items), 'item')} selected")
         if sc._low_detail:
             sc.overview.update()
 
@@ -716,7 +717,7 @@ class MainWindow(QMainWindow):
         md.setText(text)  # so it also pastes into a text editor and back
         QApplication.clipboard().setMimeData(md)
         note = f" (data of {', '.join(clip['data_skipped'])} not copied: too large)" if clip["data_skipped"] else ""
-        self.status(f"Copied {len(clip['nodes'])} nodes{note}")
+        self.status(f"Copied {plural(len(clip['nodes']), 'node')}{note}")
         return True
 
     def cut(self) -> None:
@@ -742,7 +743,7 @@ class MainWindow(QMainWindow):
             self.status(f"Could not paste: {e}", error=True)
             return []
         self.scene.select_nodes(ids)
-        self.status(f"Pasted {len(ids)} nodes")
+        self.status(f"Pasted {plural(len(ids), 'node')}")
         return ids
 
     def duplicate(self) -> list[str]:
@@ -761,7 +762,7 @@ class MainWindow(QMainWindow):
                  if i.isVisible()]
         for item in items:
             item.setSelected(True)
-        self.status(f"{len(items)} items selected" if items else "Nothing to select: the program is empty")
+        self.status(f"{plural(len(items), 'item')} selected" if items else "Nothing to select: the program is empty")
 
     def auto_layout(self) -> None:
         if not self.document.program.nodes:
@@ -809,12 +810,12 @@ class MainWindow(QMainWindow):
         errors = [d for d in diags if d.severity == "error"]
         self.inspector.show_node(None)
         if errors:
-            self.status(f"{len(errors)} errors: {errors[0].message}", error=True)
+            self.status(f"{plural(len(errors), 'error')}: {errors[0].message}", error=True)
             if errors[0].node_id:
                 self.scene.select_nodes([errors[0].node_id])
                 self.view.fit_selection()
         else:
-            self.status(f"The program is valid ({len(diags)} warnings)")
+            self.status(f"The program is valid ({plural(len(diags), 'warning')})")
 
     def screenshot(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

@@ -16,6 +16,7 @@ from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 from PySide6.QtWidgets import QFileDialog, QProgressBar, QSizePolicy
 
 from agent_core.errors import StitchError
+from agent_core.text import plural
 from graph_editor.live_regions import LiveRegionOverlay
 from graph_editor.region_commands import RegionEditCommand
 from graph_editor.region_item import RegionOverlay
@@ -258,7 +259,7 @@ class StudioAgent(QObject):
             self.profiles.data.plan = {"unfused_ms": p.estimate.unfused_ms, "planned_ms": p.estimate.planned_ms,
                                        "floor_ms": p.estimate.floor_ms}
             self.profiles.show_estimates(p.active)
-            self.log.note(f"planned {len(p.active)} regions, {p.kernels} kernels in {p.seconds * 1e3:.0f} ms", "info")
+            self.log.note(f"planned {plural(len(p.active), 'region')}, {plural(p.kernels, 'kernel')} in {p.seconds * 1e3:.0f} ms", "info")
             for r in p.active:
                 self.log.add({"event": "region-proposed", "region": r.id, "kind": r.kind, "nodes": r.nodes,
                               "reason": r.reason})
@@ -327,12 +328,12 @@ class StudioAgent(QObject):
             return
         n, before = len(preview.fired), len(doc.program.nodes)
         added = apply_rewritten(doc.stack, doc.program, preview.rewritten,
-                                text=f"Apply {n} rewrite{'s' if n != 1 else ''}")
+                                text=f"Apply {plural(n, 'rewrite')}")
         for e in preview.fired:
             self.log.add({"event": "rewrite", "rule": e["rule"], "message": e["message"], "kept": True,
                           "node": e.get("node"), "nodes": added})
         w.scene.select_nodes(added)
-        w.status(f"Applied {n} rewrite{'s' if n != 1 else ''}: {before} ops became {len(doc.program.nodes)} "
+        w.status(f"Applied {plural(n, 'rewrite')}: {plural(before, 'op')} became {len(doc.program.nodes)} "
                  "(Ctrl+Z undoes)")
 
     # optimize (worker process) ---------------------------------------------------------------------
@@ -365,7 +366,7 @@ class StudioAgent(QObject):
         self.log.clear()
         self.compile_errors.clear()
         self.progress = {"regions": 0, "done": 0}
-        self.log.note(f"Optimize started on {program.name} ({len(program.nodes)} nodes)", "info")
+        self.log.note(f"Optimize started on {program.name} ({plural(len(program.nodes), 'node')})", "info")
         self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *self.worker_args])
         self._start_live()
         self._running(True)
@@ -456,7 +457,7 @@ class StudioAgent(QObject):
             self._cleanup()
             return
         note = " (no GPU: kernels generated and compiled, not timed)" if status == "no-gpu" else ""
-        w.status(f"Optimize finished: {applied} regions{note}")
+        w.status(f"Optimize finished: {plural(applied, 'region')}{note}")
         self._cleanup()
 
     def _apply_results(self, res) -> int:
@@ -550,8 +551,8 @@ class StudioAgent(QObject):
         kernels = sum(1 for s in res.schedule.steps if s.kind == "kernel")
         gemms = sum(1 for s in res.schedule.steps if s.kind == "gemm")
         warn = f"; {res.warnings[0]}" if res.warnings else ""
-        w.status(f"Exported {name} to {folder}: {len(res.schedule.steps)} launches ({kernels} kernels, "
-                 f"{gemms} cuBLAS calls), {len(res.files)} files{warn}")
+        w.status(f"Exported {name} to {folder}: {plural(len(res.schedule.steps), 'launch')} ({plural(kernels, 'kernel')}, "
+                 f"{plural(gemms, 'cuBLAS call')}), {plural(len(res.files), 'file')}{warn}")
         self.exported.emit(folder, True)
 
     # results folders -------------------------------------------------------------------------------
@@ -580,8 +581,8 @@ class StudioAgent(QObject):
             self.log.note(f"events.jsonl {b.error}")
         if res.profile:
             self.profiles.load_profile(res.profile, res.program.regions)
-        w.status(f"Opened results of {res.program.name}: {len(res.program.regions)} regions, "
-                 f"{len(res.events)} events")
+        w.status(f"Opened results of {res.program.name}: {plural(len(res.program.regions), 'region')}, "
+                 f"{plural(len(res.events), 'event')}")
         return True
 
     def replay(self, events) -> None:

@@ -14,6 +14,9 @@ from .region_commands import push_region_edit
 from .region_item import fmt_ms, kind_color, speedup
 
 COLUMNS = ("Region", "Kind", "Status", "Nodes", "Speedup", "Measured")
+NODES = 3            # shown last: the column that gives up its room first
+HEADER_PAD_PX = 12   # a header section's text margins
+MIN_COLUMN_PX = 24
 VERDICTS = {"fallback": "fell back"}   # the agent's outcome in the words the hull's label uses
 
 
@@ -47,7 +50,9 @@ class RegionList(QWidget):
         self.tree.itemSelectionChanged.connect(self._picked)
         self.tree.headerItem().setToolTip(4, "Unfused time over fused time: measured, or the planner's estimate (est.)")
         self.tree.header().setStretchLastSection(False)
-        self.tree.header().setMinimumSectionSize(24)
+        self.tree.header().moveSection(NODES, len(COLUMNS) - 1)
+        self.tree.headerItem().setToolTip(NODES, "Nodes in the region")
+        self.tree.header().setMinimumSectionSize(MIN_COLUMN_PX)
         self.tree.setTextElideMode(Qt.ElideMiddle)   # "accepted · fell back" keeps both ends
         lay.addWidget(self.tree, 1)
         grid = QGridLayout()
@@ -107,26 +112,24 @@ class RegionList(QWidget):
         self.fit_columns()
 
     def fit_columns(self) -> None:
-        """Each column as wide as its header and cells; where that is wider than the list, the wide
-        text columns (kind, status) give up room first, down to their header, eliding their cells
-        (whose tooltips hold the whole text), so Region, Speedup and Measured stay whole."""
+        """Each column as wide as its header and cells; where that is wider than the list, the node
+        count gives up room first (down to its digits), then status and kind (down to their headers),
+        eliding what no longer fits (the cells' tooltips hold the whole text), so Region, Speedup and
+        Measured stay whole."""
         tree, head = self.tree, self.tree.header()
         fm = tree.fontMetrics()
-        want = []
+        want, floor = [], []
         for c in range(len(COLUMNS)):
-            tree.resizeColumnToContents(c)
-            want.append(max(tree.columnWidth(c), fm.horizontalAdvance(COLUMNS[c]) + 18))
-        room = tree.viewport().width()
+            cells = tree.sizeHintForColumn(c)   # the widest cell, its margins included
+            title = fm.horizontalAdvance(COLUMNS[c]) + HEADER_PAD_PX
+            want.append(max(cells, title))
+            floor.append(max(cells, MIN_COLUMN_PX) if c == NODES else title)
         widths = list(want)
-        for c in (2, 1):   # status, then kind
-            over = sum(widths) - room
+        for c in (NODES, 2, 1):   # nodes, status, then kind
+            over = sum(widths) - tree.viewport().width()
             if over <= 0:
                 break
-            floor = fm.horizontalAdvance(COLUMNS[c]) + 18
-            widths[c] = max(floor, widths[c] - over)
-        spare = room - sum(widths)
-        if spare > 0:
-            widths[2] += spare   # the status column takes what is left: no empty strip at the right
+            widths[c] = max(floor[c], widths[c] - over)
         for c, w in enumerate(widths):
             head.resizeSection(c, w)
 

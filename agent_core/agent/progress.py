@@ -1,6 +1,8 @@
 """One short human-readable line per event, for the CLI's progress output."""
 from __future__ import annotations
 
+from ..text import plural
+
 
 def _us(ms) -> str:
     return "?" if ms is None else (f"{ms * 1e3:.1f} us" if ms < 1 else f"{ms:.3f} ms")
@@ -10,10 +12,11 @@ def format_event(e: dict) -> str | None:
     """The line to print for event e, or None for events too chatty to print (debug logs)."""
     k = e.get("event")
     if k == "plan":
-        return (f"plan: {e['nodes']} nodes -> {e['regions']} regions, {e['kernels']} kernels "
+        return (f"plan: {plural(e['nodes'], 'node')} -> {plural(e['regions'], 'region')}, "
+                f"{plural(e['kernels'], 'kernel')} "
                 f"(estimated {_us(e.get('unfused_ms'))} unfused, {_us(e.get('planned_ms'))} planned)")
     if k == "region-proposed":
-        return f"  {e['region']} {e['kind']}: {len(e['nodes'])} node(s): {e['reason']}"
+        return f"  {e['region']} {e['kind']}: {plural(len(e['nodes']), 'node')}: {e['reason']}"
     if k == "rewrite":
         return f"rewrite {e['rule']}{'' if e['kept'] else ' (refused)'}: {e['message']}"
     if k == "codegen":
@@ -25,7 +28,7 @@ def format_event(e: dict) -> str | None:
                 + (f", {e['spill_stores']} B spilled" if e.get("spill_stores") else ""))
     if k == "verify":
         where = e.get("region") or "program"
-        return f"  {where}: verify {'ok' if e['ok'] else 'FAILED'} on {e['draws']} draw(s)" + \
+        return f"  {where}: verify {'ok' if e['ok'] else 'FAILED'} on {plural(e['draws'], 'draw')}" + \
             (f": {e['reason']}" if e.get("reason") else "")
     if k == "tune-step":
         return (f"  {e['region']}: trial {e['trial']} {e['params']}: " +
@@ -36,7 +39,8 @@ def format_event(e: dict) -> str | None:
         if e["scope"] == "baseline":
             return f"baseline {e.get('baseline')}: " + (_us(e["ms"]) if e.get("ok") else f"failed: {e.get('error')}")
         if e["scope"] == "program":
-            return (f"end to end: {_us(e['ms'])} (floor {_us(e.get('floor_ms'))}, {e.get('launches')} launches, "
+            launches = "launches unknown" if e.get("launches") is None else plural(e["launches"], "launch")
+            return (f"end to end: {_us(e['ms'])} (floor {_us(e.get('floor_ms'))}, {launches}, "
                     f"{'one CUDA graph' if e.get('cuda_graph') else 'no CUDA graph'})")
         return f"  {e.get('region')}: {_us(e['ms'])} fused vs {_us(e.get('unfused_ms'))} unfused ({e.get('bound')} bound)"
     if k == "fallback":

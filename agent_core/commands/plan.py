@@ -30,6 +30,7 @@ def run(args) -> int:
     from ..memory_check import DoesNotFit, require_fits
     from ..planner import apply_plan, plan_program
     from ..rewrites import rewrite_program
+    from ..text import plural
     from .import_cmd import open_program
 
     program = open_program(args.program)
@@ -67,10 +68,11 @@ def run(args) -> int:
         extra = f" [{r.schedule['schedule']}]" if r.schedule.get("schedule") else ""
         print(f"{r.id} {r.kind}{extra} ({r.status}): {names}")
         print(f"    {r.reason}")
-    print(f"{len(program.nodes)} nodes -> {len(plan.active)} regions, {plan.kernels} kernels "
+    print(f"{plural(len(program.nodes), 'node')} -> {plural(len(plan.active), 'region')}, "
+          f"{plural(plan.kernels, 'kernel')} "
           f"(planned in {plan.seconds * 1000:.0f} ms)")
     print(f"estimate on {'Python launches' if args.eager else 'a CUDA graph'}: unfused {fmt_ms(est.unfused_ms)} "
-          f"({est.kernels_unfused} kernels), planned {fmt_ms(est.planned_ms)}, floor {fmt_ms(est.floor_ms)}")
+          f"({plural(est.kernels_unfused, 'kernel')}), planned {fmt_ms(est.planned_ms)}, floor {fmt_ms(est.floor_ms)}")
     if args.output:
         print(f"saved {args.output}")
     return 0

@@ -19,6 +19,7 @@ from ..errors import ProgramError
 from ..gcpause import paused_gc
 from ..ir import Program, Role
 from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, replace_regions
+from ..text import plural
 from .explain import kind_of, make_region
 from .fusion import (
     Budgets, Facts, _budgetary as _budgets, backend_refusal, group_bytes, group_facts, group_time, launches,
@@ -391,7 +392,7 @@ def apply_plan(program: Program, plan: Plan) -> RegionEdit:
     """Install the plan's regions on the program as one undoable edit, and log the plan."""
     edit = replace_regions(program, plan.regions, label="Plan regions")
     program.log.append({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "actor": "planner",
-                        "action": "plan", "message": f"{len(plan.active)} regions, {plan.kernels} kernels; "
+                        "action": "plan", "message": f"{plural(len(plan.active), 'region')}, {plural(plan.kernels, 'kernel')}; "
                         f"estimated {plan.estimate.unfused_ms:.4f} ms unfused, "
                         f"{plan.estimate.planned_ms:.4f} ms planned, floor {plan.estimate.floor_ms:.4f} ms"})
     return edit
