@@ -180,7 +180,11 @@ class GroupItem(QGraphicsItem):
         self._tip = f"{self.name}: {len(self.members)} nodes collapsed ({summary}); double-click to expand"
         count = f"{len(self.members)} nodes"
         room = self._w - 3 * PAD - QFontMetricsF(self.style.font).horizontalAdvance(count)
-        self._title = QFontMetricsF(self.style.font_bold).elidedText(f"▸ {self.name}", Qt.ElideMiddle, room)
+        bold = QFontMetricsF(self.style.font_bold)
+        # the module path says which one it is; its class name is dropped first ("layer3.10 · Bottleneck")
+        path = self.name.split(" · ")[0]
+        title = next((t for t in (f"▸ {self.name}", f"▸ {path}") if bold.horizontalAdvance(t) <= room), f"▸ {path}")
+        self._title = bold.elidedText(title, Qt.ElideMiddle, room)
         self.update()
 
     def tooltip_text(self) -> str:

@@ -141,3 +141,14 @@ def test_the_5000_node_decoder_stack_opens_collapsed_and_readable(studio_window,
     for path in ("model", "model.layers"):
         assert shown[path].label.font_px(zoom) >= READABLE_PX and shown[path].title_scene_rect() is not None
     assert len(_readable_group_titles(win)) == len(sc.groups)
+
+
+def test_a_collapsed_group_drops_its_class_name_before_its_path(studio_window, qtbot, monkeypatch, resnet101_file):
+    """Zoomed in, "layer3.10 · Bottleneck" that does not fit reads "layer3.10", never "layer3.1…neck"."""
+    win = studio_window
+    _open(win, qtbot, monkeypatch, resnet101_file)
+    titles = {g.name: g._title for g in win.scene.groups}
+    assert len(titles) == 33
+    for name, title in titles.items():
+        path = name.split(" · ")[0]
+        assert title in (f"▸ {name}", f"▸ {path}"), (name, title)
