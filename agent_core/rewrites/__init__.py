@@ -1,6 +1,4 @@
 """Semantics-preserving rewrites, each checked numerically before it is kept."""
-from .engine import (  # noqa: F401
-    Checker, Rewrite, RewriteResult, clone_program, close, materialize_parameters, remove_dead,
-    replace_uses, rewrite_program,
-)
+from .edits import Rewrite, RewriteResult, clone_program, remove_dead, replace_uses  # noqa: F401
+from .engine import Checker, close, materialize_parameters, rewrite_program  # noqa: F401
 from .rules import DEFAULT_RULES  # noqa: F401

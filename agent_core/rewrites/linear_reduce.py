@@ -24,7 +24,7 @@ import numpy as np
 from ..analysis.cost import fmt_bytes
 from ..ir import Program
 from ..ops.common import ntuple
-from .engine import Rewrite, add_param, node_label, param_array, producer, reduced_dims, single_use
+from .edits import Rewrite, add_param, node_label, param_array, producer, reduced_dims, single_use
 
 
 def _reshape(p: Program, vid: str, shape) -> str:

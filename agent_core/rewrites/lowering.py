@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import ProgramError
 from ..ir import Program
 from ..ops.common import broadcast
-from .engine import Rewrite, param_array
+from .edits import Rewrite, param_array
 
 FLT_MIN = 1.17549435e-38   # smallest normal float: log(max(t, FLT_MIN)) is finite and t * it is 0 at t = 0
 LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "cosine_similarity")

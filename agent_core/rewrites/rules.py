@@ -8,12 +8,16 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from ..analysis.cost import fmt_bytes
-from ..ir import Program
+from ..ir import Node, Program
 from ..ops import FLOAT_DTYPES
-from .engine import Rewrite, add_param, param_array, single_use
-from .engine import node_label as _n, producer as _producer, reduced_dims as _reduced_dims
+from ..reference import run_node
+from .edits import Rewrite, add_param, param_array, single_use
+from .edits import node_label as _n, producer as _producer, reduced_dims as _reduced_dims
+from .linear_reduce import pool_linear, reduce_conv_spatial
+from .lowering import lower_loss
 
 
 def _val(program, vid):
@@ -197,9 +201,6 @@ def fold_constants(program: Program, nid: str) -> Rewrite | None:
     out = n.outputs[0]
     if _val(program, out).nbytes > _FOLD_LIMIT:
         return None
-    import torch
-    from ..reference import run_node
-
     def build(p):
         env = {v: torch.from_numpy(np.ascontiguousarray(param_array(p, v))) for v in ins}
         run_node(p, nid, env)
@@ -466,7 +467,6 @@ def scale_after_reduction(program: Program, nid: str) -> Rewrite | None:
 
 def _as_linear(node, w):
     """A stand-in describing matmul(x, W.T) as linear(x, W)."""
-    from ..ir import Node
     return Node(node.id, "linear", [node.inputs[0], w], node.outputs, {}, node.name)
 
 
@@ -505,9 +505,6 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
                    f"{_n(program, e.id)}; it is the value itself{' times ' + str(count) if n.op == 'sum' else ''}.",
                    build, nid)
 
-
-from .lowering import lower_loss  # noqa: E402  (lowering builds on the same engine)
-from .linear_reduce import pool_linear, reduce_conv_spatial  # noqa: E402
 
 DEFAULT_RULES = [lower_loss, drop_noop, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
