@@ -15,7 +15,13 @@ Schedules (the row limits of rowreduce.DEFAULTS, counting every full-size input 
   stream  longer rows: one block of 1024 threads per row; each round re-reads the row from memory
           (softmax and Welford states stay online, so a round is one read);
   column  [outer, L, inner] with inner > 1: 32 inner positions x 8 thread rows per block, combined
-          through shared memory; the column in registers when each thread holds at most 16 values.
+          through shared memory; the column in registers when each thread holds at most 16 values;
+  split_column  column tiles too few to fill the SMs, one round, nothing per element: kSplit blocks
+          per tile each fold an interleaved share of the reduced length and publish per-column
+          partial states; the tile's last block combines them in split order (codegen/last_block.py);
+  cluster rows too long for one block's registers, or fewer rows than SMs: a thread-block cluster
+          of kCluster CTAs per row (sm_90), each holding its share of the row in registers; each
+          round's state is exchanged through distributed shared memory, combined in rank order.
 """
 from __future__ import annotations
 
@@ -25,16 +31,24 @@ import re
 from ..ir import Program
 from .cuda import VEC4, VEC4_STRUCTS, Names, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
+from .last_block import publish_and_arrive, reset_counter
 from .pointwise import operand_views
 from .region_io import RegionIO
 from .rowgraph import E, R, RowGraph, lower
 from .rowreduce import DEFAULTS as ROW_DEFAULTS, STATES, _Operands
 
-DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16}
+DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "cluster": None,
+            "cluster_max": 8, "cluster_thread_floats": 32, "cluster_min_bytes": 1 << 22}
+# 8 CTAs is the portable cluster size; 16 needs the non-portable attribute set before each launch,
+# which the CuPy launch path cannot set, so clusters stop at 8
+CLUSTER_PORTABLE = 8
+SPLIT_MIN_ITEMS = 8         # reduced elements each thread of a split column folds, at least
+BLOCKS_PER_SM = 8           # 256-thread blocks an SM holds at once: the split column's target
 COLUMN_TILE = (32, 8)
 # the kernel's own locals; generated names never take them
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
-          "identity", "combine", "shuffle", "reduce")
+          "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
+          "rank", "slot", "cluster_part")
 
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -68,12 +82,25 @@ def _pow2(n: float) -> int:
 def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
     k = max(1, len(full))
     cols = g.cols
+    rounds = max((s.round for s in g.steps), default=0)
+    per_element = any(g.defs[key].space == E for key in g.outputs.values())
+    sms = int(p["sm_count"])
     if g.inner > 1:
         tx, ty = COLUMN_TILE
         items = math.ceil(cols / ty)
-        return {"schedule": "column", "vec": 1, "tpr": ty, "rows_per_block": 1, "block": tx * ty,
-                "items": items, "cached": items * k <= int(p["column_max_items"]),
-                "grid": g.outer * math.ceil(g.inner / tx)}
+        tiles = g.outer * math.ceil(g.inner / tx)
+        column = {"schedule": "column", "vec": 1, "tpr": ty, "rows_per_block": 1, "block": tx * ty,
+                  "items": items, "cached": items * k <= int(p["column_max_items"]), "grid": tiles, "split": 1}
+        # a split needs the whole column's state before anything is written: one round, outputs per column
+        if rounds != 1 or per_element:
+            return column
+        split = int(p["split"]) if p.get("split") else \
+            min(math.ceil(BLOCKS_PER_SM * sms / tiles), math.ceil(cols / (ty * SPLIT_MIN_ITEMS)))
+        split = max(1, min(split, math.ceil(cols / ty)))      # every block folds at least one element
+        if split > 1:
+            column.update(schedule="split_column", split=split, cached=False, grid=tiles * split,
+                          items=math.ceil(cols / (ty * split)))
+        return column
     vec = 4 if cols % 4 == 0 and int(p["vector_width"]) == 4 else 1
     if cols <= int(p["warp_max_cols"]) and k * math.ceil(cols / 32) <= int(p["lane_max_floats"]):
         schedule, tpr = "warp", 1 << max(2, min(5, math.ceil(math.log2(max(1, math.ceil(cols / vec / 4))))))
@@ -83,6 +110,13 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
     else:
         schedule, tpr = "stream", int(p["online_threads"])
+    cluster = _cluster_size(g, p, k, schedule)
+    if cluster > 1:
+        tpr = min(1024, max(128, _pow2(cols * k / (cluster * 16))))
+        items = math.ceil(cols / (cluster * tpr * vec))
+        return {"schedule": "cluster", "vec": vec, "tpr": tpr, "rows_per_block": 1, "block": tpr, "items": items,
+                "cached": items * vec * k <= int(p["cluster_thread_floats"]), "grid": g.rows * cluster,
+                "cluster": cluster, "split": 1}
     if p.get("threads_per_row"):      # a tuner's choice overrides the rule above
         tpr = int(p["threads_per_row"])
         if tpr & (tpr - 1) or not 4 <= tpr <= 1024:
@@ -94,7 +128,29 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
     block = max(int(p["block"]), tpr) if schedule == "warp" else tpr
     rows_per_block = block // tpr
     return {"schedule": schedule, "vec": vec, "tpr": tpr, "rows_per_block": rows_per_block, "block": block,
-            "items": items, "cached": cached, "grid": math.ceil(g.rows / rows_per_block)}
+            "items": items, "cached": cached, "grid": math.ceil(g.rows / rows_per_block), "split": 1}
+
+
+def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str) -> int:
+    """CTAs of the cluster that holds each row (1: no cluster). A streamed row takes the fewest that
+    hold it in registers (cluster_thread_floats per thread of 1024); fewer rows than SMs also spread
+    a row that one block could hold, so the grid covers the SMs; a tuner's `cluster` overrides. Below
+    cluster_min_bytes of rows the launch dominates and the cluster's barriers would only add latency."""
+    if p.get("cluster") is not None:
+        n = int(p["cluster"])
+        if not 1 <= n <= CLUSTER_PORTABLE:
+            raise CodegenError(f"cluster must be 1 to {CLUSTER_PORTABLE} CTAs (the portable size), got {n}")
+        return n
+    few = g.rows < int(p["sm_count"])
+    small = g.rows * g.cols * k * 4 < int(p["cluster_min_bytes"])
+    if small or schedule == "warp" or (schedule == "block" and not few):
+        return 1
+    n = _pow2(g.cols * k / (1024 * int(p["cluster_thread_floats"])))
+    if few:
+        n = max(n, _pow2(int(p["sm_count"]) / g.rows))
+    n = min(n, int(p["cluster_max"]), _pow2(g.cols / (128 * 4)))   # each CTA keeps a float4 per thread
+    held = math.ceil(g.cols / (n * 1024)) * k <= int(p["cluster_thread_floats"])
+    return n if n > 1 and held else 1
 
 
 def _state_code(kind: str) -> str:
@@ -123,7 +179,7 @@ def _round_code(r: int, steps, schedule: str, label) -> str:
             f"__device__ __forceinline__ {t} combine{r}({t} a, {t} b) {{\n"
             + "".join(f"  a.s{j} = combine_{k}(a.s{j}, b.s{j});\n" for j, k in enumerate(kinds))
             + "  return a;\n}\n")
-    if schedule == "column":
+    if schedule in ("column", "split_column"):
         return code + (f"__device__ __forceinline__ {t} reduce{r}({t} a) {{\n"
                        f"  __shared__ {t} part[kTileY][kTileX];\n"
                        "  part[threadIdx.y][threadIdx.x] = a;\n"
@@ -144,13 +200,24 @@ def _round_code(r: int, steps, schedule: str, label) -> str:
                  f"  a = lane < kWarpsPerRow ? partial[lane] : identity{r}();\n"
                  "#pragma unroll\n"
                  f"  for (int offset = kWarpSize / 2; offset > 0; offset >>= 1) a = combine{r}(a, shuffle{r}(a, offset));\n")
+    if schedule == "cluster":
+        # every CTA of the cluster combines all the CTAs' states in rank order: the same bits everywhere
+        code += (f"  __shared__ {t} cluster_part;  // this CTA's state, read by the whole cluster\n"
+                 "  if (threadIdx.x == 0) cluster_part = a;\n"
+                 "  __cluster_barrier_arrive();  // release: this CTA's state is visible to the cluster\n"
+                 "  __cluster_barrier_wait();\n"
+                 f"  a = *static_cast<const {t}*>(__cluster_map_shared_rank(&cluster_part, 0));\n"
+                 "#pragma unroll\n"
+                 "  for (int rank = 1; rank < kCluster; ++rank)\n"
+                 f"    a = combine{r}(a, *static_cast<const {t}*>(__cluster_map_shared_rank(&cluster_part, rank)));\n")
     return code + "  return a;\n}\n"
 
 
 def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict, sched: dict,
             name: str) -> KernelSource:
     vals = program.values
-    schedule, vec, cached, column = sched["schedule"], sched["vec"], sched["cached"], sched["schedule"] == "column"
+    schedule, vec, cached = sched["schedule"], sched["vec"], sched["cached"]
+    column, split, cluster = schedule in ("column", "split_column"), sched["split"], sched.get("cluster", 1)
     need, steps = g.needed(), g.steps
     numel = math.prod(g.full)
     index_t = index_type(numel)
@@ -216,7 +283,21 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         out += ["    }", "  }"]
         return out
 
-    body = ["  const int group = threadIdx.x / kThreadsPerRow;",
+    body = ["  const int rank = blockIdx.x % kCluster;  // this CTA's place in the row's cluster",
+            "  const int lane = rank * kThreadsPerRow + threadIdx.x;  // the row's threads, over the cluster",
+            "  const index_t row = blockIdx.x / kCluster;",
+            "  const bool active = true;  // the grid is exactly kRows clusters",
+            "  const index_t base = row * kCols;"] if cluster > 1 else [
+            "  const int tile_id = blockIdx.x / kSplit;  // (outer, tile): the columns this block folds",
+            "  const int part = blockIdx.x % kSplit;  // which interleaved share of the reduced length",
+            "  const index_t tile = tile_id % kTilesPerOuter;",
+            "  const index_t outer = tile_id / kTilesPerOuter;",
+            "  const index_t inner = tile * kTileX + threadIdx.x;",
+            "  const bool active = inner < kInner;  // inactive threads still join the all-reduces",
+            "  const index_t row = outer * kInner + inner;",
+            "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
+            "  const int lane = part * kTileY + threadIdx.y;"] if split > 1 else [
+            "  const int group = threadIdx.x / kThreadsPerRow;",
             "  const int lane = threadIdx.x % kThreadsPerRow;",
             "  const index_t row = (index_t)blockIdx.x * kRowsPerBlock + group;",
             "  const bool active = row < kRows;  // inactive lanes still join the all-reduces",
@@ -268,6 +349,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                  f"  Round{r} {var} = identity{r}();"]
         body += each_element(lambda ind, at, a=args, f=folds: element_body(g.closure(a, E, need), ind, f, at), loads)
         body.append(f"  {var} = reduce{r}({var});")
+        if split > 1:
+            body += _combine_split(var, r, rs)
         body += row_defs(r)
     if out_e:
         keys = [g.outputs[v] for v in out_e]
@@ -283,9 +366,13 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         body.append("  // the per-element outputs")
         body += each_element(lambda ind, at: element_body(g.closure(keys, E, need), ind, tail, at), loads, pre, post)
     if out_r:
-        body += ["  if (active && lane == 0) {  // the per-row outputs, once per row",
+        # (after a split's combine only the last block's first thread row is left: lane is its split share)
+        body += [f"  if (active{'' if split > 1 else ' && lane == 0'}) {{  // the per-row outputs, once per row",
                  *[f"    {arg[v]}[row] = {g.outputs[v]};" for v in out_r], "  }"]
 
+    if cluster > 1:
+        body.append("  __cluster_barrier_arrive();  // no CTA leaves while the cluster may read its state")
+        body.append("  __cluster_barrier_wait();")
     tx, ty = COLUMN_TILE
     tpr, items = sched["tpr"], sched["items"]
     consts = [f"typedef {index_t} index_t;",
@@ -297,7 +384,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         consts += [f"constexpr index_t kInner = {g.inner};  // kept elements after the reduced dims (the stride)",
                    f"constexpr int kTileX = {tx}, kTileY = {ty}, kBlock = kTileX * kTileY;",
                    f"constexpr index_t kTilesPerOuter = {math.ceil(g.inner / tx)};",
-                   "constexpr int kStride = kTileY;  // columns between a thread's elements"]
+                   f"constexpr int kSplit = {split};  // blocks that share each column tile",
+                   "constexpr int kStride = kTileY * kSplit;  // columns between a thread's elements"]
+        if split > 1:
+            consts.append(f"constexpr int kFields = {_fields_of_round1(steps)};  // floats per partial state")
     else:
         consts += [f"constexpr int kThreadsPerRow = {tpr};",
                    f"constexpr int kRowsPerBlock = {sched['rows_per_block']};",
@@ -305,7 +395,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                    f"constexpr int kShuffleStart = {min(tpr, 32) // 2};",
                    f"constexpr int kWarpsPerRow = {max(1, tpr // 32)};",
                    "constexpr int kWarpSize = 32;",
-                   "constexpr int kStride = kThreadsPerRow * kVec;  // columns between a thread's loads"]
+                   f"constexpr int kCluster = {cluster};  // CTAs per row (one thread-block cluster)",
+                   "constexpr int kStride = kCluster * kThreadsPerRow * kVec;  // columns between a thread's loads"]
     if cached:
         consts.append(f"constexpr int kItems = {items};  // loads per thread and input")
     consts += ld.consts
@@ -313,7 +404,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     sched_text = {"warp": f"{tpr} lanes per row, {sched['rows_per_block']} rows per block",
                   "block": f"one block of {tpr} threads per row",
                   "stream": f"one block of {tpr} threads per row",
-                  "column": f"column tiles of {tx} positions x {ty} thread rows"}[schedule]
+                  "column": f"column tiles of {tx} positions x {ty} thread rows",
+                  "split_column": f"column tiles of {tx} positions x {ty} thread rows, {split} blocks per tile, "
+                                  f"last block combines",
+                  "cluster": f"a cluster of {cluster} CTAs of {tpr} threads per row, states exchanged through "
+                             f"distributed shared memory"}[schedule]
     sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times") + \
         f", {rounds} all-reduce round(s), {'float4' if vec == 4 else 'scalar'} loads, {sched['grid']} blocks"
     red_names = ", ".join(program.nodes[n].op for n in g.reductions)
@@ -326,16 +421,54 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     cparams = [f"const {g.defs[g.inputs[(v, E)]].ctype if (v, E) in g.inputs else g.defs[g.inputs[(v, R)]].ctype}* "
                f"__restrict__ {arg[v]}" for v in io.inputs] + \
               [f"{octype[v]}* __restrict__ {arg[v]}" for v in io.outputs]
+    if split > 1:
+        cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
     text = "\n".join(body)
     structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", text)]
     kname = kernel_name(name)
     source = kernel_source(head, consts, [*structs, *ld.helpers, *helpers], kname, cparams, body)
+    if sched["block"] == 1024 and not column:
+        # one 1024-thread block per SM: let ptxas use the 64 registers each thread then has
+        source = source.replace("__launch_bounds__(kBlock)", "__launch_bounds__(kBlock, 1)", 1)
+    if cluster > 1:   # compile-time cluster dims: an ordinary launch (CuPy, <<<>>>) starts clusters
+        source = re.sub(r"(__launch_bounds__\([^)]*\))", r"\1 __cluster_dims__(kCluster, 1, 1)", source, count=1)
     block = (tx, ty, 1) if column else (sched["block"], 1, 1)
+    columns = g.outer * math.ceil(g.inner / tx) * tx
     return KernelSource(
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(sched["grid"], 1, 1), block=block, schedule=sched_text,
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": sched["rows_per_block"],
                 "vector_width": vec, "block": block[0] * block[1], "grid": sched["grid"], "cached": cached,
-                "rounds": rounds, "reductions": len(g.reductions)},
+                "rounds": rounds, "reductions": len(g.reductions), "split": split, "cluster": cluster,
+                "cols": g.cols, "full_inputs": len(held)},
         align=16 if vec == 4 else 4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
-        flops=sum(program.node_flops(n) for n in io.nodes))
+        flops=sum(program.node_flops(n) for n in io.nodes),
+        workspace=[("float32", columns * split * _fields_of_round1(steps)), ("int32", sched["grid"] // split)]
+        if split > 1 else [])
+
+
+def _fields_of_round1(steps) -> int:
+    return sum(len(STATES[s.state][0]) for s in steps if s.round == 1)
+
+
+def _combine_split(var: str, r: int, steps) -> list[str]:
+    """A split column's publish-and-combine: the first thread row stores the block's state per column
+    into the workspace, the tile's last block folds all kSplit states per column in split order."""
+    fields = [(j, f) for j, s in enumerate(steps) for f in STATES[s.state][0]]
+    at = "((index_t)(tile_id * kTileX + threadIdx.x) * kSplit + {}) * kFields"
+    publish = ["const index_t slot = " + at.format("part") + ";",
+               *[f"workspace[slot + {n}] = {var}.s{j}.{f};" for n, (j, f) in enumerate(fields)]]
+    return ["  // publish this block's per-column states; the tile's last block combines all kSplit of them",
+            *publish_and_arrive(publish, "counters[tile_id]", "kSplit", publisher="threadIdx.y == 0",
+                                arriver="threadIdx.x == 0 && threadIdx.y == 0"),
+            "  if (!last || threadIdx.y != 0) return;",
+            "  __threadfence();",
+            f"  {var} = identity{r}();",
+            "  for (int k = 0; k < kSplit; ++k) {  // split order: the same sum whichever block came last",
+            f"    const float* w = workspace + {at.format('k')};",
+            f"    Round{r} q;",
+            *[f"    q.s{j}.{f} = __ldcg(w + {n});" for n, (j, f) in enumerate(fields)],
+            f"    {var} = combine{r}({var}, q);",
+            "  }",
+            "  if (threadIdx.x == 0) " + reset_counter("counters[tile_id]", "").strip()]
+
