@@ -21,18 +21,22 @@ Vectorised: when the outputs' element count is a multiple of 4 and every region 
 read at offsets that move with the output index in aligned runs of 4 (an innermost stride of 1, all
 other strides, offsets and mask bounds multiples of 4), each thread computes 4 neighbouring outputs:
 the lambdas take the run's first index and return float4, loads and stores are 16 bytes.
+
+The same lambdas are a row kernel's prologue (ViewPrologue, below): layout ops before a softmax or a
+norm (cat -> add -> layer_norm, embedding -> add -> layer_norm, permute -> softmax) are read through
+their views while rowreduce.py loads the row, and never go to memory between.
 """
 from __future__ import annotations
 
 import math
+import re
 
 from ..ir import Program
 from . import views as V
-from .around import grid_for
 from .cuda import Names, c_type, header, index_type, kernel_name, kernel_source, render_pointwise
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
-from .region_io import RegionIO
+from .region_io import RegionIO, region_io
 
 # layout ops read through views; the indirect ones load an index from an integer region input
 INDIRECT_OPS = {"gather": 1, "index_select": 1, "embedding": 0}     # op -> port of its index tensor
@@ -188,7 +192,7 @@ def _vector_ok(g: _Graph, numel: int) -> bool:
     return True
 
 
-def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], dict]:
+def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at") -> tuple[list[str], dict]:
     program, io = g.program, g.io
     vals, nodes = program.values, program.nodes
     fn: dict[str, str] = {}
@@ -197,7 +201,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], 
     for v in io.inputs:
         if v not in g.need or v in g.indices:    # indices are loaded inside the views' index expressions
             continue
-        fn[v] = names.new(vals[v].name + "_at")
+        fn[v] = names.new(vals[v].name + suffix)
         load = f"reinterpret_cast<const float4*>({arg[v]})[i / 4]" if vec else f"{arg[v]}[i]"
         lines.append(f"  auto {fn[v]} = [&](index_t i) -> {ret} {{ return {load}; }};  // input {vals[v].spec}")
 
@@ -215,7 +219,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], 
             for v, lay in zip(node.outputs, outs):
                 if v not in g.need:
                     continue
-                fn[v] = names.new(vals[v].name + "_at")
+                fn[v] = names.new(vals[v].name + suffix)
                 # a constant (a pad's fill, the NaN where no read is valid) is four lanes of it in float4
                 widen = (lambda lit: f"make_float4({lit}, {lit}, {lit}, {lit})") if vec else None
                 expr = V.render_layout(lay, "i", names=arg, load=call, literal=widen)
@@ -233,7 +237,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], 
             idx, _ = V.render_read(_broadcast(vals[u].shape, out.shape).reads[0].stack, "i")
             body.append(f"const {ret if vec else c_type(vals[u].dtype, vals[u].name)} {local} = {fn[u]}({idx});")
             args.append(local)
-        fn[out.id] = names.new(out.name + "_at")
+        fn[out.id] = names.new(out.name + suffix)
         if vec:
             lanes = []
             for c in "xyzw":
@@ -249,6 +253,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool) -> tuple[list[str], 
 
 
 def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dict | None, kind: str) -> KernelSource:
+    from .around import grid_for      # around.py imports the row kernels, which read prologues through here
     vals, nodes = program.values, program.nodes
     what = kind.replace("_", "-")
     indices = index_inputs(program, io, what)
@@ -256,6 +261,10 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     g = _Graph(program, io, what, indices)
     for v in g.need:       # pointwise ops may compute bool (a comparison feeding a where)
         c_type(vals[v].dtype, vals[v].name)
+    from .layout_tiled import generate_tiled, plan_tiles
+    tiles = plan_tiles(g, params)     # an input read uncoalesced goes through shared-memory tiles
+    if tiles is not None:
+        return generate_tiled(g, tiles, name, params, kind, numel)
     vec = bool((params or {}).get("vector", True)) and _vector_ok(g, numel) \
         and all(vals[v].dtype == "float32" for v in g.need)
     names = Names()
@@ -308,3 +317,58 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
         align=16 if vec else 4,
         bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))
+
+
+# --- layout ops in the prologue of a row kernel ---------------------------------------------------
+
+def moves_elements(program: Program, nodes) -> bool:
+    """Some node is a layout op with a view that moves elements (not a reshape-like relabel)."""
+    return any(program.nodes[n].op in GRAPH_OPS and program.nodes[n].op not in RELABEL_OPS for n in nodes)
+
+
+def is_layout_op(node) -> bool:
+    return node.op in GRAPH_OPS and not is_elementwise(node)
+
+
+class ViewPrologue:
+    """The prologue of a row kernel (layout and pointwise ops before its reductions) read through
+    views: each value the row kernel needs from it (the reductions' input, prologue values that leave
+    the region) is a lambda of its flat index, declared at the top of the kernel body, so the row
+    kernel loads it at (row, col) as it would load a tensor. `scalar[v]` returns one element,
+    `vector[v]` (when every read keeps aligned runs of 4, as for a layout-graph kernel) the float4 run
+    starting at a multiple of 4."""
+
+    def __init__(self, program: Program, nodes, arg: dict, names: Names):
+        io = region_io(program, nodes)
+        self.nodes, self.io = list(io.nodes), io
+        self.indices = index_inputs(program, io, "row-kernel prologue")
+        numel = _check(program, io, "row-kernel prologue", self.indices)
+        g = _Graph(program, io, "row-kernel prologue", self.indices)
+        lines, fn = _lambdas(g, arg, names, False)
+        self.scalar = {v: fn[v] for v in io.outputs}
+        self.vector = {}
+        if _vector_ok(g, numel) and all(program.values[v].dtype == "float32" for v in g.need):
+            vlines, vfn = _lambdas(g, arg, names, True, "_at4")
+            lines += vlines
+            self.vector = {v: vfn[v] for v in io.outputs}
+        self._lines = lines
+        self.extent = max(math.prod(program.values[v].shape) for v in io.inputs)
+
+    def declarations(self, body: list[str]) -> list[str]:
+        """The lambda lines the kernel body calls, directly or through other lambdas (each with the
+        comment above it), so an unused one is never declared."""
+        text = "\n".join(body)
+        entries, pending = [], []
+        for ln in self._lines:
+            m = re.match(r"\s*auto (\w+) = \[&\]", ln)
+            if m:
+                entries.append((m.group(1), pending + [ln]))
+                pending = []
+            else:
+                pending.append(ln)
+        keep = []
+        for name, lns in reversed(entries):     # a lambda only calls those declared before it
+            if re.search(rf"\b{name}\b", text):
+                keep.append(lns)
+                text += "\n" + lns[-1]
+        return [ln for lns in reversed(keep) for ln in lns]
