@@ -1,0 +1,276 @@
+"""The tiled schedule of a layout graph: for regions where neighbouring output elements read an input
+far apart (pixel_shuffle's planes H*W apart, a transpose or permute that moves the last dim, a
+channel shuffle of channels-last data), one thread per output element reads that input uncoalesced.
+
+Per region input, the reads of the graph are composed down from the output's flat index into one
+view of the input (codegen/views.py; contiguous reshapes on top peel off). An input read exactly once
+per output element through a single view whose innermost stride is not 1, while some other output
+dim walks it with stride 1, is *tiled*: a block owns a box of the output, TA positions along that dim
+`a` times TB along the output's innermost dim `b`; it first loads the input's part of the box into
+shared memory with neighbouring threads along `a` (coalesced in the input), then computes and stores
+the box with neighbouring threads along `b` (coalesced in the output), reading the tiled input from
+shared memory. Every other input stays a direct load at the store (a broadcast mean, a coalesced
+arm of a cat), and pointwise ops are evaluated there too: layout_graph's lambdas, unchanged, except
+that a tiled input's lambda returns the tile element of the output being stored.
+
+The tile's row pitch is padded so that the TB rows a warp reads at a time fall in different banks.
+Parameters: `tile_elems` (elements per block, default 1024), `block` (threads, 256).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from . import views as V
+from .cuda import Names, header, index_type, kernel_name, kernel_source
+from .kernel import CodegenError, KernelSource
+
+BANKS = 32
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    fine: tuple        # the output's shape as the primary tiled input's single view sees it (merged)
+    a: int             # the output dim that walks the tiled inputs with stride 1
+    tiled: dict        # input value id -> its single View over `fine`
+    ta: int            # tile extent along a (a power of two, >= 32 where kA allows)
+    tb: int            # tile extent along the output's innermost dim
+
+    @property
+    def b(self) -> int:
+        return len(self.fine) - 1
+
+
+def composed_reads(g) -> dict:
+    """Region input -> the ViewStacks through which the outputs read it, each from the first
+    output's flat index (every output has its element count) down to the input's flat index."""
+    program, io = g.program, g.io
+    vals = program.values
+    found: dict = {}
+
+    def visit(v, stack):
+        if v in io.inputs:
+            found.setdefault(v, []).append(stack)
+            return
+        node = program.nodes[vals[v].producer]
+        if node.op in _graph_ops():
+            _, outs = g.layouts(node)
+            lay = outs[list(node.outputs).index(v)]
+            for r in lay.reads:
+                for layer in r.stack.layers:      # a gather's index tensor: never tiled
+                    if isinstance(layer, V.Indirect):
+                        found.setdefault(layer.index.source, []).append(None)
+                if r.source is not None:
+                    visit(r.source, V.ViewStack(r.stack.layers + stack.layers))
+            return
+        for u in node.inputs:
+            if u:
+                b = V.Layout.of("b", vals[u].shape)
+                if tuple(vals[u].shape) != tuple(vals[v].shape):
+                    b = V.expand(b, list(vals[v].shape))
+                visit(u, V.ViewStack(b.reads[0].stack.layers + stack.layers))
+
+    first = vals[io.outputs[0]].shape
+    for out in io.outputs:
+        visit(out, V.ViewStack.of(first))
+    return found
+
+
+def _graph_ops():
+    from .layout_graph import GRAPH_OPS
+    return GRAPH_OPS
+
+
+def single_view(stacks) -> V.View | None:
+    """The one view through which an input is read, from the output's flat index, or None."""
+    if len(stacks) != 1 or stacks[0] is None:
+        return None
+    layers = list(stacks[0].layers)
+    while len(layers) > 1 and isinstance(layers[-1], V.View) and layers[-1].contiguous:
+        layers.pop()                      # a reshape on top: the flat index passes through
+    layers = [l for l in layers[:-1] if not (isinstance(l, V.View) and l.contiguous)] + layers[-1:]
+    if not all(isinstance(l, V.View) for l in layers):
+        return None
+    view = layers[0]
+    for top in layers[1:]:
+        view = _collapse(view, top)
+        if view is None:
+            return None
+    return view.merged()
+
+
+def _collapse(lower: V.View, top: V.View) -> V.View | None:
+    """One view for `top` read over the flat index of `lower`, when top is a permutation of a
+    contiguous view (a permute or transpose between reshapes): lower reshaped, then permuted."""
+    if top.mask is not None or top.offset:
+        return None
+    order = sorted(range(len(top.shape)), key=lambda d: -top.strides[d])
+    shape = [top.shape[d] for d in order]
+    want = V.contiguous_strides(shape)
+    if any(top.strides[d] != w for d, w, s in zip(order, want, shape) if s != 1):
+        return None
+    v = lower.reshape(shape)
+    return None if v is None else v.permute([order.index(d) for d in range(len(order))])
+
+
+def _uncoalesced(view: V.View | None) -> bool:
+    return view is not None and len(view.shape) >= 2 and view.strides[-1] != 1 and 1 in view.strides[:-1]
+
+
+def plan_tiles(g, params: dict | None) -> TilePlan | None:
+    """The tile plan when some input is read uncoalesced and tiling it helps; None keeps the
+    one-thread-per-output schedule (every read already coalesced, or no view to tile through)."""
+    params = params or {}
+    if params.get("tiled") is False:
+        return None
+    vals = g.program.values
+    views = {v: single_view(s) for v, s in composed_reads(g).items() if v not in g.indices}
+    cands = [v for v, view in views.items() if _uncoalesced(view)]
+    if not cands:
+        return None
+    primary = max(cands, key=lambda v: vals[v].nbytes)
+    fine = views[primary].shape
+    a = views[primary].strides.index(1)
+    tiled = {v: views[v] for v in cands if views[v].shape == fine and views[v].strides[a] == 1}
+    ka, kb = fine[a], fine[-1]
+    elems = int(params.get("tile_elems", 1024))
+    tb = min(kb, int(params.get("tile_b", BANKS)))
+    ta = 1 << max(0, min(math.ceil(math.log2(ka)), int(math.log2(max(1, elems // tb)))))
+    return TilePlan(tuple(fine), a, tiled, ta, tb)
+
+
+def _pitch(ta: int, tb: int) -> int:
+    """Row pitch of a tile [tb][pitch]: a warp's store reads ceil(32 / tb) neighbours in each of tb
+    rows, so rows start ceil(32 / tb) banks apart (32 x 32 tiles: the classic +1)."""
+    want = math.ceil(BANKS / tb) % BANKS if tb < BANKS else 1
+    return ta + (want - ta) % BANKS
+
+
+def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str, numel: int) -> KernelSource:
+    from .layout_graph import INDEX_TYPES, _lambdas
+    program, io = g.program, g.io
+    vals, nodes = program.values, program.nodes
+    params = params or {}
+    block = int(params.get("block", 256))
+    fine, a, b, ta, tb = plan.fine, plan.a, plan.b, plan.ta, plan.tb
+    if math.prod(fine) != numel:
+        raise CodegenError(f"tiled layout: the view's shape {list(fine)} does not cover {numel} outputs")
+    batch = [d for d in range(len(fine)) if d not in (a, b)]
+    out_strides = V.contiguous_strides(fine)
+    nb = math.prod(fine[d] for d in batch)
+    tiles_a, tiles_b = math.ceil(fine[a] / ta), math.ceil(fine[b] / tb)
+    grid = tiles_a * tiles_b * nb
+    pitch = _pitch(ta, tb)
+
+    names = Names()
+    names.taken.update(("o", "i", "t", "q", "ia", "ib", "la", "lb", "ti", "ta", "tb", "kNumel", "kBlock",
+                        "kA", "kB", "kTA", "kTB", "kPitch", "kTilesA", "kTilesB", "out_base"))
+    arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
+    tile = {v: names.new("tile_" + vals[v].name) for v in plan.tiled}
+    lines, fn = _lambdas(g, arg, names, False)
+    for v in plan.tiled:      # the tiled input's lambda: the tile element of the output being stored
+        prefix = f"  auto {fn[v]} = "
+        k = next(i for i, line in enumerate(lines) if line.startswith(prefix))
+        lines[k] = (f"{prefix}[&](index_t) -> float {{ return {tile[v]}[lb][la]; }};  "
+                    f"// input {vals[v].spec}, staged in shared memory")
+
+    # coordinates of the tile element (la, lb) of block (q, ta, tb) in the fine output dims
+    qv = V.Var("q", 0, max(nb - 1, 0))
+    bcoords = V.unravel(qv, [fine[d] for d in batch]) if batch else []
+    coords = [None] * len(fine)
+    for d, c in zip(batch, bcoords):
+        coords[d] = c
+    coords[a] = V.Var("ia", 0, fine[a] - 1)
+    coords[b] = V.Var("ib", 0, fine[b] - 1)
+    out_base = V.render_expr(V._sum([(c, out_strides[d]) for d, c in zip(batch, bcoords)], 0)) if batch else "0"
+    loads = []
+    for v, view in plan.tiled.items():
+        off, tests = view.locate(coords)
+        idx, cond = V.render_expr(off, names=arg), V.render_tests(tests, names=arg)
+        # the last arm of a cat has no mask (it is read where no earlier arm is): the bounds test keeps
+        # its tile load inside the tensor where the output reads another arm
+        n = math.prod(vals[v].shape)
+        lo, hi = off.lo, off.hi
+        inside = ([] if lo >= 0 else [f"{idx} >= 0"]) + ([] if hi < n else [f"{idx} < {n}"])
+        guard = " && ".join(["ia < kA && ib < kB"] + ([cond] if cond else []) + inside)
+        loads.append(f"    if ({guard}) {tile[v]}[lb][la] = {arg[v]}[{idx}];")
+
+    index_t = index_type(max([numel] + [math.prod(vals[v].shape) for v in io.inputs]))
+    consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};  // output elements",
+              f"constexpr index_t kA = {fine[a]};  // output dim {a} of {list(fine)}: walks the tiled inputs contiguously",
+              f"constexpr index_t kB = {fine[b]};  // the output's innermost dim",
+              f"constexpr index_t kOutStrideA = {out_strides[a]};",
+              f"constexpr int kTA = {ta}, kTB = {tb}, kPitch = {pitch};  // tile; pitch padded against bank conflicts",
+              f"constexpr index_t kTilesA = {tiles_a}, kTilesB = {tiles_b};",
+              f"constexpr int kBlock = {block};"]
+    body = [*(f"  __shared__ float {tile[v]}[kTB][kPitch];" for v in plan.tiled),
+            "  const index_t ti = blockIdx.x % (kTilesA * kTilesB);",
+            "  const index_t q = blockIdx.x / (kTilesA * kTilesB);",
+            "  const index_t ta = ti % kTilesA, tb = ti / kTilesA;",
+            "  // load: neighbouring threads along dim a, contiguous in each tiled input (coalesced)",
+            "  for (int t = threadIdx.x; t < kTA * kTB; t += kBlock) {",
+            "    const int la = t % kTA, lb = t / kTA;",
+            "    const index_t ia = ta * kTA + la, ib = tb * kTB + lb;",
+            *loads,
+            "  }",
+            "  __syncthreads();",
+            f"  const index_t out_base = {out_base};",
+            "  // store: neighbouring threads along the output's innermost dim (coalesced)",
+            "  for (int t = threadIdx.x; t < kTA * kTB; t += kBlock) {",
+            "    const int lb = t % kTB, la = t / kTB;",
+            "    const index_t ia = ta * kTA + la, ib = tb * kTB + lb;",
+            "    if (ia >= kA || ib >= kB) continue;",
+            "    const index_t o = out_base + ia * kOutStrideA + ib;",
+            *("  " + line for line in lines),
+            *(f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs),
+            "  }"]
+    from .layout_graph import GRAPH_OPS
+    layout_nodes = [nodes[n] for n in io.nodes if nodes[n].op in GRAPH_OPS]
+    sched = (f"tiles of {ta} x {tb} through shared memory ({len(plan.tiled)} tiled input(s)), "
+             f"{grid} blocks of {block} threads")
+    head = header(program, f"Region {name}: layout graph ({', '.join(n.op for n in layout_nodes)}) with "
+                           f"{len(io.nodes) - len(layout_nodes)} pointwise op(s) -> {vals[io.outputs[0]].spec}",
+                  io.nodes, [
+                      "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" +
+                                              (" (tiled)" if v in plan.tiled else "") for v in io.inputs),
+                      "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+                      *(f"{vals[v].name} as read by the outputs: view shape {list(view.shape)}, strides "
+                        f"{list(view.strides)}, offset {view.offset}" for v, view in plan.tiled.items()),
+                      f"Schedule: {sched}.",
+                  ])
+    cparams = [f"const {INDEX_TYPES.get(vals[v].dtype, 'float')}* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
+    source = kernel_source(head, consts, [], kernel_name(name), cparams, body)
+    read = sum(min(vals[v].nbytes, numel * 4) for v in io.inputs if v in g.need)
+    return KernelSource(
+        name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+        outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
+        params={"tiled": True, "graph": True, "vector": 1, "tile_elems": ta * tb, "tile_b": tb, "tile": [ta, tb],
+                "block": block, "grid": grid, "tiled_inputs": [vals[v].name for v in plan.tiled],
+                "chain": [n.op for n in layout_nodes]},
+        align=4, bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
+        flops=sum(program.node_flops(n) for n in io.nodes))
+
+
+def tune_variants(params: dict) -> list[dict]:
+    """Tile sizes to try besides the default: fewer or more elements per block, a shorter b side."""
+    if not params.get("tiled") or not params.get("graph"):
+        return []
+    out = []
+    for cand in ({"tile_elems": 2048}, {"tile_elems": 512}, {"tile_elems": 2048, "block": 512},
+                 {"tile_b": 16}, {"tile_elems": 4096, "block": 512}):
+        if any(params.get(k) != v for k, v in cand.items()):
+            out.append(cand)
+    return out
+
+
+def tiles_region(program, io, kind: str, params: dict | None) -> bool:
+    """Whether a region's layout graph would take the tiled schedule (layout.py asks it for a chain
+    whose own 32 x 32 transpose does not fit: a stacked view as pixel_shuffle's, or a short last dim)."""
+    from .layout_graph import _Graph, index_inputs
+    what = kind.replace("_", "-")
+    try:
+        g = _Graph(program, io, what, index_inputs(program, io, what))
+        return plan_tiles(g, params) is not None
+    except CodegenError:
+        return False
