@@ -12,9 +12,12 @@ r = n * D + s sits at (n * C + c) * D + s.
       the label's log-probability is gathered by index (x[t] - lse) after the per-row label ops
       (`where(mask == 1, labels, -100)`); ignore_index contributes nothing, a class outside [0, C)
       gives NaN (torch raises) and nothing is read out of bounds. Then the row's pointwise ops.
-  schedules: classes innermost (D == 1): 4..1024 lanes per row stream it (float4 when C % 4 == 0);
-      classes on dim 1 with D > 1: one thread per row walks the classes, neighbouring threads on
-      neighbouring positions (coalesced).
+  schedules: classes innermost (D == 1): 4..512 lanes per row (about two steps each) stream it, float4
+      when C % 4 == 0; classes on dim 1 with D > 1: one thread per row walks the classes, neighbouring
+      threads on neighbouring positions (coalesced). Each step loads kUnroll vectors per lane before
+      folding any (loads in flight) and folds them with one max, one rescale and one exp per element
+      (fold_lse): the per-element online update (a branch, up to two exps) was compute-bound at a
+      third of the memory floor on 32k vocabularies.
   the reduction: values summed over every row (nll_loss's sum / mean and its weights, sum and mean of
       row values) are reduced per block in a fixed order into a workspace; the last block to finish
       (codegen/last_block.py) combines the blocks' partials in a fixed order and evaluates the scalar
@@ -37,11 +40,11 @@ from .last_block import publish_and_arrive, reset_counter
 from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
 
-DEFAULTS = {"block": 256, "threads_per_row": None, "vector_width": 4}
+DEFAULTS = {"block": 256, "threads_per_row": None, "vector_width": 4, "unroll": None}
 WARP = 32
 KERNEL_LOCALS = ("group", "lane", "row", "active", "base", "c0", "st", "State", "fold", "combine", "row_reduce",
                  "block_sum", "warp_sum", "partial", "workspace", "counters", "last", "lse", "leader", "acc",
-                 "total", "point", "xe", "t", "w", "sample", "pos", "k", "gi")
+                 "total", "point", "xe", "t", "w", "sample", "pos", "k", "gi", "x", "u", "c", "e", "fold_lse")
 
 
 @dataclass
@@ -314,8 +317,11 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     def point_at(idx):
         return f"point({', '.join(load(v, idx) for v in pro_in)})"
 
-    # schedule
+    # schedule: kUnroll vectors per lane in flight, then one online step over them (see fold_lse)
     vec = 4 if (p["vector_width"] == 4 and D == 1 and C % 4 == 0) else 1
+    unroll = int(p["unroll"] or (4 if vec == 4 else 8))
+    if unroll < 1 or unroll > 16:
+        raise CodegenError(f"unroll must be 1..16 vectors per step, got {unroll}")
     if D > 1:
         tpr = 1
     elif p.get("threads_per_row"):
@@ -323,7 +329,8 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
         if tpr & (tpr - 1) or not 4 <= tpr <= 1024:
             raise CodegenError(f"threads_per_row must be a power of two from 4 to 1024, got {tpr}")
     else:
-        tpr = 1 << max(2, min(10, math.ceil(math.log2(max(1, math.ceil(C / (vec * 8)))))))
+        # about two steps per lane; at most 512 lanes, so several blocks of a long row share an SM
+        tpr = 1 << max(2, min(9, math.ceil(math.log2(max(1, math.ceil(C / (vec * unroll * 2)))))))
     block = max(int(p["block"]), tpr)
     rows_per_block = block // tpr
     grid = math.ceil(rows / rows_per_block)
@@ -332,16 +339,12 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     sums = list(pl.sums.values())
     fields = (["m", "s"] if pl.anchor else []) + [f for k, cs in enumerate(sums)
                                                   for f in ([f"a{k}"] + ([f"b{k}"] if cs.weight and cs.of_logp else []))]
-    folds = []
-    if pl.anchor:
-        folds.append("if (x > st.m) { st.s = st.s * expf(st.m - x) + 1.0f; st.m = x; } "
-                     "else if (x != -INFINITY) { st.s += expf(x - st.m); }")
+    folds = []                     # sums over the classes, one element xe at a time (its weight wc{k})
     for k, cs in enumerate(sums):
         if cs.weight:
-            folds.append(f"st.a{k} = fmaf(wc{k}, x, st.a{k});" + (f" st.b{k} += wc{k};" if cs.of_logp else ""))
+            folds.append(f"st.a{k} = fmaf(wc{k}, xe, st.a{k});" + (f" st.b{k} += wc{k};" if cs.of_logp else ""))
         else:
-            folds.append(f"st.a{k} += x;")
-    wsig = "".join(f", float wc{k}" for k, cs in enumerate(sums) if cs.weight)
+            folds.append(f"st.a{k} += xe;")
     helpers = []
     if fields:
         comb = []
@@ -353,10 +356,22 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
         helpers.append(
             "// Row statistics: online max and sum of exp(x - max); sums over the classes.\n"
             f"struct State {{ float {', '.join(fields)}; }};\n"
-            f"__device__ __forceinline__ void fold(State& st, float x{wsig}) {{\n  "
-            + "\n  ".join(folds) + "\n}\n"
             "__device__ __forceinline__ State combine(State a, State b) {\n  State r;\n"
             + "\n".join(comb) + "\n  return r;\n}\n")
+        if pl.anchor:
+            # a branch and up to two exps per element made the per-element online update compute-bound
+            helpers.append(
+                "// One online step over a lane's kStep elements: one max over them, one rescale of the sum,\n"
+                "// one exp per element, no branch. An infinite max uses 0 as the shift (no inf - inf).\n"
+                "__device__ __forceinline__ void fold_lse(State& st, const float (&x)[kStep]) {\n"
+                "  float m = st.m;\n"
+                "#pragma unroll\n"
+                "  for (int k = 0; k < kStep; ++k) m = fmaxf(m, x[k]);  // a NaN still reaches s through its exp\n"
+                "  const float shift = fabsf(m) == INFINITY ? 0.0f : m;\n"
+                "  float s = st.s * expf(st.m - shift);\n"
+                "#pragma unroll\n"
+                "  for (int k = 0; k < kStep; ++k) s += expf(x[k] - shift);\n"
+                "  st.m = m;\n  st.s = s;\n}\n")
         if tpr > 1:
             helpers.append(
                 "// All-reduce across the kThreadsPerRow lanes of a row (xor shuffles; then shared memory past a warp).\n"
@@ -403,24 +418,48 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     if fields and need_walk:
         body.append("  State st;")
         body += [f"  st.{f} = {'-INFINITY' if f == 'm' else '0.0f'};" for f in fields]
+        lanes = "xyzw" if vec == 4 else [None]
+        body += ["  for (int c0 = lane * kVec; active && c0 < kClasses; c0 += kThreadsPerRow * kStep) {"]
+        if pl.anchor:
+            body.append("    float x[kStep];  // this step's elements, every load issued before the step folds; -inf past the row")
+        body += ["#pragma unroll",
+                 "    for (int u = 0; u < kUnroll; ++u) {",
+                 "      const int c = c0 + u * kThreadsPerRow * kVec;",
+                 "      if (c < kClasses) {"]
         if vec == 4:
-            body += [f"  for (int c0 = lane * kVec; active && c0 < kClasses; c0 += kThreadsPerRow * kVec) {{"]
             for v in pro_in:
                 if math.prod(vals[v].shape) > 1:
-                    body.append(f"    const {VEC4[vals[v].dtype]} {arg[v]}4 = reinterpret_cast<const {VEC4[vals[v].dtype]}*>"
-                                f"({arg[v]} + base + c0)[0];")
+                    body.append(f"        const {VEC4[vals[v].dtype]} {arg[v]}4 = reinterpret_cast<const "
+                                f"{VEC4[vals[v].dtype]}*>({arg[v]} + base + c)[0];")
             for k, w in wts:
-                body.append(f"    const float4 wc{k}4 = reinterpret_cast<const float4*>({arg[w]} + c0)[0];")
-            for e in "xyzw":
-                pargs = ", ".join(f"{arg[v]}4.{e}" if math.prod(vals[v].shape) > 1 else f"{arg[v]}[0]" for v in pro_in)
-                wargs = "".join(f", wc{k}4.{e}" for k, _ in wts)
-                body.append(f"    fold(st, point({pargs}){wargs});")
-            body.append("  }")
-        else:
-            body.append("  for (int c = lane; active && c < kClasses; c += kThreadsPerRow) {")
-            wargs = "".join(f", {arg[w]}[c]" for k, w in wts)
-            body.append(f"    fold(st, {point_at(f'base + (index_t)c * {step}' if D > 1 else 'base + c')}{wargs});")
-            body.append("  }")
+                body.append(f"        const float4 wc{k}4 = reinterpret_cast<const float4*>({arg[w]} + c)[0];")
+        idx = f"base + (index_t)c * {step}" if D > 1 else "base + c"
+        for j, e in enumerate(lanes):
+            if e is None:
+                px = point_at(idx)
+                wl = [f"const float wc{k} = {arg[w]}[c];" for k, w in wts]
+            else:
+                px = "point(" + ", ".join(f"{arg[v]}4.{e}" if math.prod(vals[v].shape) > 1 else f"{arg[v]}[0]"
+                                          for v in pro_in) + ")"
+                wl = [f"const float wc{k} = wc{k}4.{e};" for k, _ in wts]
+            if not folds:
+                body.append(f"        x[u * kVec + {j}] = {px};")
+                continue
+            body.append("        {")
+            body += [f"          {ln}" for ln in wl]
+            body.append(f"          const float xe = {px};")
+            if pl.anchor:
+                body.append(f"          x[u * kVec + {j}] = xe;")
+            body += [f"          {ln}" for ln in folds]
+            body.append("        }")
+        if pl.anchor:
+            body += ["      } else {",
+                     "#pragma unroll",
+                     "        for (int e = 0; e < kVec; ++e) x[u * kVec + e] = -INFINITY;"]
+        body += ["      }", "    }"]
+        if pl.anchor:
+            body.append("    fold_lse(st, x);")
+        body.append("  }")
         if tpr > 1:
             body.append("  st = row_reduce(st);")
     acc_names = [f"acc{k}" for k in range(pl.slots)]
@@ -519,6 +558,8 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
               f"constexpr index_t kInner = {D};  // positions per sample; class c of a row is kInner apart",
               f"constexpr int kVec = {vec};",
               f"constexpr int kThreadsPerRow = {tpr};",
+              f"constexpr int kUnroll = {unroll};  // vectors per lane loaded before a step folds them",
+              "constexpr int kStep = kVec * kUnroll;",
               f"constexpr int kRowsPerBlock = {rows_per_block};",
               "constexpr int kBlock = kThreadsPerRow * kRowsPerBlock;",
               f"constexpr int kShuffleStart = {min(tpr, WARP) // 2};",
@@ -528,7 +569,7 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     layout = ("classes innermost" if D == 1 else f"classes on dim {pl.cd}, {D} positions per sample")
     sched = (f"{tpr} lanes per row, {rows_per_block} rows per block" if D == 1 else
              f"one thread per row, {rows_per_block} rows per block, coalesced over positions")
-    sched += f", {'float4' if vec == 4 else 'scalar'} loads, {grid} blocks"
+    sched += f", {'float4' if vec == 4 else 'scalar'} loads, {unroll} in flight, {grid} blocks"
     if pl.slots:
         sched += f"; {pl.slots} sum(s) over the rows, the last block combines"
     what = ("log_softmax + " if pl.anchor else "") + ", ".join(
@@ -546,7 +587,7 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     return KernelSource(
         name=kernel_name(name), kind="class_loss", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
-        params={"threads_per_row": tpr, "rows_per_block": rows_per_block, "vector_width": vec, "block": block,
+        params={"threads_per_row": tpr, "rows_per_block": rows_per_block, "vector_width": vec, "unroll": unroll, "block": block,
                 "grid": grid}, align=16 if vec == 4 else 8, bytes_moved=nbytes,
         flops=sum(program.node_flops(n) for n in io.nodes), workspace=workspace)
 
