@@ -22,6 +22,7 @@ from ..ir import Program
 from ..runtime.split_tf32 import describe_library_call, library_precision, run_library_node
 from .events import EventEmitter
 from .tune import tune_space
+from .verdict import torch_path, views_copied
 
 # where the loop puts tensors on a GPU run; tests of the GPU path's logic on a CPU machine set "cpu"
 TENSOR_DEVICE = "cuda"
@@ -278,8 +279,10 @@ class _Agent:
             r.source = ks.source
             out.source_path = self._write_source(ks)
         try:
-            with torch.no_grad():   # the same way: its ops one by one, replayed in a CUDA graph
-                unfused = time_in_graph(lambda: runner.run_unfused(ins), trials=self.trials)[0].median_ms
+            with torch.no_grad():   # the same way: its ops one by one, replayed in a CUDA graph, with the
+                # copies of the views they leave (verdict.py: a free transpose is paid by its reader)
+                copied = views_copied(runner.run_unfused(ins))
+                unfused = time_in_graph(lambda: torch_path(runner, ins), trials=self.trials)[0].median_ms
         except Exception as exc:
             out.reason = f"timing the unfused ops failed: {type(exc).__name__}: {_first(exc)}"
             return self._finish(r, out), None
@@ -293,12 +296,12 @@ class _Agent:
             out.status = "fused"
             out.reason = (f"verified on {self.draws} draws and {unfused / ms:.2f}x faster than its "
                           f"{len(r.nodes)} unfused op(s) ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us, "
-                          f"both replayed in a CUDA graph)")
+                          f"both replayed in a CUDA graph{'; the ops leave views, so their copy is counted' if copied else ''})")
             for nid in ks.library_nodes:
                 out.reason += f"; its {self.program.nodes[nid].op} runs as {describe_library_call(self.program, nid)}"
             return self._finish(r, out), (list(r.nodes), ks, loaded)
-        out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us); "
-                      "the ops run through torch")
+        out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us"
+                      f"{', the copy of their view outputs included' if copied else ''}); the ops run through torch")
         return self._finish(r, out), None
 
     def _finish(self, r, out: RegionOutcome) -> RegionOutcome:
