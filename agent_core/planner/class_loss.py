@@ -75,3 +75,17 @@ def reads_rows_once(state, nodes) -> bool:
         return False
     out = program.nodes[soft[0]].outputs[0]
     return out not in state.outputs and all(c in members for c in state.consumers.get(out, ()))
+
+
+def recomputes_nothing(state, sa, sb) -> bool:
+    """Groups sa and sb make one class loss and the smaller loop is per-row or scalar work (the label's
+    `where(mask == 1, labels, -100)`, the mean's division): the class-loss kernel evaluates such ops
+    once per row or once in all, never per logit, so the merge recomputes nothing."""
+    if not sa.numels or not sb.numels:
+        return False
+    rows = class_loss_rows(state, sa, sb)
+    if rows is None:
+        return False
+    full, cd = rows
+    small = min((sa, sb), key=lambda s: max(s.numels.values()))
+    return all(ne in (math.prod(full) // max(full[cd], 1), 1) for ne in small.numels.values())

@@ -17,9 +17,10 @@ from ..analysis.cost import ProgramEstimate, estimate_program, program_costs
 from ..analysis.gpu import H200, GPUProfile
 from ..errors import ProgramError
 from ..gcpause import paused_gc
-from ..ir import Program, Role
+from ..ir import Program
 from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, replace_regions
 from ..text import plural
+from .class_loss import recomputes_nothing
 from .explain import kind_of, make_region
 from .fusion import (
     Budgets, Facts, _budgetary as _budgets, backend_refusal, group_bytes, group_facts, group_time, launches,
@@ -181,13 +182,16 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
             return None, why
         union = ga.nodes + gb.nodes
         tu = group_time(state, union, None, fu, red=sa.red or sb.red, anchor=sa.anchor or sb.anchor)[0]
-        rec, rec_why = recompute_ms(state, sa, sb)
+        rec, rec_why = (0.0, None) if recomputes_nothing(state, sa, sb) else recompute_ms(state, sa, sb)
         saved = gtime(ga) + gtime(gb) - tu - rec
         # an epilogue costs the same inside or outside its library call's region (cuBLAS / cuDNN writes
         # the output, the epilogue kernel reads it back): a tie keeps it with the call, as the runtime
         # and the export run them (the library call, then that kernel)
         tie_with_library = saved == 0 and relation == "producer" and bool(sa.anchor) and not sb.anchor
-        if saved <= 0 and not tie_with_library:
+        # a view costs nothing on either side of a boundary, so it ties; taking the tie keeps a reshape
+        # from standing between two groups whose merge saves a launch (labels -> view -> class loss)
+        tie_with_view = abs(saved) < 1e-12 and (_views_only(state, ga.nodes) or _views_only(state, gb.nodes))
+        if saved <= 0 and not (tie_with_library or tie_with_view):
             if rec_why:
                 return None, f"{rec_why}, which costs more than fusing saves"
             return None, "fusing would not save time on the roofline"
@@ -300,7 +304,8 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
     if sibling:
         for vid, readers in state.consumers.items():
             val = program.values.get(vid)
-            if val is None or val.role in (Role.PARAMETER, Role.CONSTANT) or len(readers) < 2:
+            # a shared parameter counts too: RoPE's q and k read the same cos / sin tables
+            if val is None or len(readers) < 2:
                 continue
             gids = sorted({state.group_of[c] for c in readers}, key=state.pos.__getitem__)
             while len(gids) > 1:
@@ -375,6 +380,10 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
     est.unfused_ms = sum(node_time(n) for n in program.nodes)
     return Plan(regions, est, log, time.perf_counter() - t0, n_refused)
 
+
+
+def _views_only(state, nodes) -> bool:
+    return all(state.geo[n].role == "view" for n in nodes)
 
 
 def _refuse(state, refusals, note, a, b, why):
