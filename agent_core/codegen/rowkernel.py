@@ -62,6 +62,19 @@ def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: 
     return _render(program, io, g, names, arg, sched, name)
 
 
+def wide_schedule(program: Program, io: RegionIO, params: dict | None = None) -> str | None:
+    """'cluster' or 'split_column' when the region's rows or columns take one of the schedules that
+    spread a row or a column over several blocks, else None (rowreduce keeps its own kernel then)."""
+    p = {**DEFAULTS, **(params or {})}
+    try:
+        names, _ = _names(program, io)
+        g = lower(program, io, names, two_stage=True)
+    except CodegenError:
+        return None
+    schedule = _schedule(g, p, _full_inputs(program, g, io))["schedule"]
+    return schedule if schedule in ("cluster", "split_column") else None
+
+
 def _names(program, io) -> tuple[Names, dict[str, str]]:
     """The kernel's namespace, its pointer arguments named first (after their values)."""
     names = Names()
@@ -132,9 +145,10 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
 
 
 def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str) -> int:
-    """CTAs of the cluster that holds each row (1: no cluster). A streamed row takes the fewest that
-    hold it in registers (cluster_thread_floats per thread of 1024); fewer rows than SMs also spread
-    a row that one block could hold, so the grid covers the SMs; a tuner's `cluster` overrides. Below
+    """CTAs of the cluster that holds each row (1: no cluster). A streamed row takes as many as give
+    each the block schedule's on-chip share (register_max_cols), up to cluster_max if each thread then
+    still holds at most cluster_thread_floats; fewer rows than SMs also spread a row that one block
+    could hold, so the grid covers the SMs; a tuner's `cluster` overrides. Below
     cluster_min_bytes of rows the launch dominates and the cluster's barriers would only add latency."""
     if p.get("cluster") is not None:
         n = int(p["cluster"])
@@ -145,7 +159,7 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str) -> int:
     small = g.rows * g.cols * k * 4 < int(p["cluster_min_bytes"])
     if small or schedule == "warp" or (schedule == "block" and not few):
         return 1
-    n = _pow2(g.cols * k / (1024 * int(p["cluster_thread_floats"])))
+    n = _pow2(g.cols * k / int(p["register_max_cols"]))
     if few:
         n = max(n, _pow2(int(p["sm_count"]) / g.rows))
     n = min(n, int(p["cluster_max"]), _pow2(g.cols / (128 * 4)))   # each CTA keeps a float4 per thread
