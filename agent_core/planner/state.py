@@ -135,8 +135,12 @@ class PlanState:
 
 
 def fast_topo_order(program: Program) -> list[str]:
-    """A topological order (Kahn's algorithm, ready nodes in creation order): the planner only needs
-    some valid order, and networkx's lexicographic sort costs a third of a 5,000-node plan."""
+    """A topological order (Kahn's algorithm) that takes the node made ready last first, so a chain
+    runs contiguously until it needs another input, and independent blocks follow one another instead
+    of interleaving level by level (a merge rewrites the stretch of the order between its two groups:
+    715 independent RoPE blocks took 1.5 s of CPU interleaved, 0.6 s contiguous). Among nodes ready
+    together, the one created first goes first. networkx's lexicographic sort would cost a third of a
+    5,000-node plan; the planner needs only some valid order."""
     prod = {vid: v.producer for vid, v in program.values.items()}
     indeg: dict[str, int] = {}
     users: dict[str, list[str]] = {nid: [] for nid in program.nodes}
@@ -146,17 +150,17 @@ def fast_topo_order(program: Program) -> list[str]:
         indeg[nid] = len(deps)
         for d in deps:
             users[d].append(nid)
-    ready = [nid for nid, k in indeg.items() if k == 0]
+    ready = [nid for nid, k in indeg.items() if k == 0][::-1]     # a stack: its top is popped next
     order = []
-    i = 0
-    while i < len(ready):
-        nid = ready[i]
-        i += 1
+    while ready:
+        nid = ready.pop()
         order.append(nid)
+        freed = []
         for u in users[nid]:
             indeg[u] -= 1
             if indeg[u] == 0:
-                ready.append(u)
+                freed.append(u)
+        ready.extend(reversed(freed))
     if len(order) != len(program.nodes):
         return program.topo_order()  # raises CycleError naming the cycle
     return order
