@@ -1,6 +1,7 @@
 """Row-reduction kernels against torch on one GPU: for row shapes drawn from benchmarks/blocks
 (softmax / log_softmax / layer_norm / rms_norm over rows of 19 to 128k, with and without a
-broadcast bool mask, a few row counts), generate our kernel with every schedule variant the tuner
+broadcast bool mask, a few row counts; the activation-statistics columns, the log-mel per-clip
+floor and the distillation KL terms, whose rows or columns spread over several blocks), generate our kernel with every schedule variant the tuner
 would try (agent_core.agent.tune.tune_space), verify each against the torch reference on 3 draws
 (atol = rtol = 1e-4) and time it against torch eager and torch.compile, all with the L2 flushed.
 
@@ -32,28 +33,37 @@ CASES = [
     ("softmax_vit_197", "softmax", (12 * 64, 197, 197), None, False),   # rows of 197: scalar loads
     ("softmax_19", "softmax", (65536, 19), None, False),
     ("softmax_128", "softmax", (262144, 128), None, False),
-    ("softmax_1024", "softmax", (98304, 1024), None, True),
+    ("softmax_1024", "softmax", (98304, 1024), None, False),
     ("softmax_1024_causal", "softmax", (8, 12, 1024, 1024), "causal", True),   # causal_softmax_gpt2
     ("softmax_2048_causal", "softmax", (1, 32, 2048, 2048), "causal", True),   # alibi_causal_softmax_bloom
     ("softmax_4096", "softmax", (8192, 4096), None, False),
-    ("softmax_16384", "softmax", (2048, 16384), None, True),
+    ("softmax_16384", "softmax", (2048, 16384), None, False),
     ("log_softmax_32000", "log_softmax", (1024, 32000), None, False),
     ("log_softmax_50257", "log_softmax", (1024, 50257), None, True),
     ("log_softmax_128256", "log_softmax", (256, 128256), None, False),
     ("softmax_128256_few_rows", "softmax", (64, 128256), None, False),
-    ("layer_norm_768", "layer_norm", (8192, 768), None, True),
+    ("layer_norm_768", "layer_norm", (8192, 768), None, False),
     ("layer_norm_4096", "layer_norm", (8192, 4096), None, False),
     ("rms_norm_128", "rms_norm", (131072, 128), None, True),
     ("rms_norm_4096", "rms_norm", (8192, 4096), None, False),
+    # activation_stats_observer_llama7b: mean, max, min over 4096 tokens (split columns)
+    ("stats_llama7b_dim0", "stats_dim0", (4096, 4096), None, True),
+    # log_mel_normalize_whisper: 64 clips, each floored at its own max - 8 (a cluster per clip)
+    ("log_mel_whisper", "log_mel", (64, 80, 3000), None, True),
+    # kl_div_distill_distilbert: log_softmax and softmax of two rows of 30522 (a cluster per row)
+    ("kl_terms_distilbert", "kl_terms", (2048, 30522), None, True),
 ]
 
 
 def build(op: str, shape, mask, device: str = "cuda"):
     """The program (x [-> / 8 -> where(mask, ., min)] -> op), its region's node ids, and the same
-    computation as a torch function of x (weights and the mask bound in, on `device`)."""
+    computation as a torch function of the program's inputs (weights and the mask bound in, on
+    `device`)."""
     import numpy as np
     import torch
     from agent_core.ir import Program
+    if op in BLOCKS:
+        return BLOCKS[op](shape)
     p = Program(f"{op}_{'x'.join(map(str, shape))}")
     x = p.add_input("x", shape)
     ids, cur = [], x.id
@@ -98,6 +108,66 @@ def build(op: str, shape, mask, device: str = "cuda"):
     return p, ids, fn
 
 
+def _chain(p, steps, ids):
+    """Add (op, inputs, attrs) nodes in order; an input that is an int names an earlier step's output."""
+    outs = []
+    for op, ins, attrs in steps:
+        n = p.add_node(op, [outs[i] if isinstance(i, int) else i for i in ins], attrs)
+        ids.append(n.id)
+        outs.append(n.outputs[0])
+    return outs
+
+
+def _stats_dim0(shape):
+    """activation_stats_observer: the per-channel mean, max and min over the tokens (dim 0)."""
+    from agent_core.ir import Program
+    p = Program(f"stats_{'x'.join(map(str, shape))}")
+    x, ids = p.add_input("x", shape), []
+    for o in _chain(p, [(op, [x.id], {"dim": [0]}) for op in ("mean", "max", "min")], ids):
+        p.mark_output(o)
+    return p, ids, lambda t: (t.mean(0), t.amax(0), t.amin(0))
+
+
+def _log_mel(shape):
+    """log_mel_normalize_whisper: log10 of the clamped power, floored at each clip's max - 8, (x + 4) / 4."""
+    from agent_core.ir import Program
+    import torch
+    p = Program(f"log_mel_{'x'.join(map(str, shape))}")
+    x, ids = p.add_input("x", shape), []
+    outs = _chain(p, [("clamp", [x.id], {"min": 1e-10, "max": None}), ("log", [0], {}),
+                      ("div_scalar", [1], {"value": math.log(10.0)}),
+                      ("max", [2], {"dim": [1, 2], "keepdim": True}), ("sub_scalar", [3], {"value": 8.0}),
+                      ("maximum", [2, 4], {}), ("add_scalar", [5], {"value": 4.0}),
+                      ("div_scalar", [6], {"value": 4.0})], ids)
+    p.mark_output(outs[-1])
+
+    def fn(t):
+        s = torch.log(t.clamp(min=1e-10)) / math.log(10.0)
+        return (torch.maximum(s, s.amax(dim=(1, 2), keepdim=True) - 8.0) + 4.0) / 4.0
+    return p, ids, fn
+
+
+def _kl_terms(shape, temperature: float = 2.0):
+    """kl_div_distill: softmax(teacher / T) * (log softmax(teacher / T) - log_softmax(student / T))."""
+    from agent_core.ir import Program
+    import torch
+    p = Program(f"kl_terms_{'x'.join(map(str, shape))}")
+    s, t, ids = p.add_input("student", shape), p.add_input("teacher", shape), []
+    outs = _chain(p, [("div_scalar", [s.id], {"value": temperature}), ("log_softmax", [0], {"dim": -1}),
+                      ("div_scalar", [t.id], {"value": temperature}), ("softmax", [2], {"dim": -1}),
+                      ("max_scalar", [3], {"value": 1e-30}), ("log", [4], {}), ("sub", [5, 1], {}),
+                      ("mul", [3, 6], {})], ids)
+    p.mark_output(outs[-1])
+
+    def fn(a, b):
+        q = torch.softmax(b / temperature, dim=-1)
+        return q * (torch.log(q.clamp(min=1e-30)) - torch.log_softmax(a / temperature, dim=-1))
+    return p, ids, fn
+
+
+BLOCKS = {"stats_dim0": _stats_dim0, "log_mel": _log_mel, "kl_terms": _kl_terms}
+
+
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
@@ -116,14 +186,14 @@ def run_case(name, op, shape, mask, args, bw_gbs, emit):
     from agent_core.profile.timing import time_gpu
     from agent_core.runtime import build_region
     p, ids, fn = build(op, shape, mask)
-    x = 4.0 * torch.randn(shape, device="cuda")
+    xs = [4.0 * torch.randn(p.values[v].shape, device="cuda") for v in p.inputs]
     row = {"case": name, "shape": list(shape), "mask": mask}
     ks0 = generate_kernel(p, ids, name=f"rows_{name}")
     floor_us = ks0.bytes_moved / (bw_gbs * 1e9) * 1e6
     row["floor_us"] = floor_us
     try:
         with torch.no_grad():
-            row["eager_us"] = time_gpu(lambda: fn(x), trials=args.trials).median_ms * 1e3
+            row["eager_us"] = time_gpu(lambda: fn(*xs), trials=args.trials).median_ms * 1e3
     except Exception as exc:
         row["eager_us"], row["eager_error"] = None, first_line(exc)
     row["compile_us"] = None
@@ -132,8 +202,8 @@ def run_case(name, op, shape, mask, args, bw_gbs, emit):
             torch._dynamo.reset()
             cfn = torch.compile(fn, dynamic=False)
             with torch.no_grad():
-                cfn(x)
-                row["compile_us"] = time_gpu(lambda: cfn(x), trials=args.trials).median_ms * 1e3
+                cfn(*xs)
+                row["compile_us"] = time_gpu(lambda: cfn(*xs), trials=args.trials).median_ms * 1e3
         except Exception as exc:
             row["compile_error"] = first_line(exc)
     sm = torch.cuda.get_device_properties(0).multi_processor_count
@@ -144,7 +214,7 @@ def run_case(name, op, shape, mask, args, bw_gbs, emit):
             rec["schedule"] = r.kernel.schedule if r.kernel else None
             if not r.fused:
                 raise RuntimeError(r.fallback_reason or "not fused")
-            ins = _region_inputs(p, r.kernel.inputs, x)
+            ins = _region_inputs(p, r.kernel.inputs, xs)
             outs = [torch.empty(s, dtype=getattr(torch, d), device="cuda") for s, d in r.loaded.specs]
             launch = r.loaded.bind(ins, outs)
             ours = time_gpu(launch, trials=args.trials).median_ms * 1e3
@@ -159,12 +229,11 @@ def run_case(name, op, shape, mask, args, bw_gbs, emit):
         emit(rec)
 
 
-def _region_inputs(program, vids, x):
-    """The region's input tensors: x itself, the program's parameters / constants as stored."""
-    import torch
+def _region_inputs(program, vids, xs):
+    """The region's input tensors: the program's inputs drawn, its parameters / constants as stored."""
     from agent_core.reference import parameter_tensors
-    params = parameter_tensors(program, "cuda")
-    return [x if v == program.inputs[0] else params[v].contiguous() for v in vids]
+    params = {**parameter_tensors(program, "cuda"), **dict(zip(program.inputs, xs))}
+    return [params[v].contiguous() for v in vids]
 
 
 def fmt(v, spec="{:.1f}"):
