@@ -10,6 +10,7 @@ atol = rtol = 1e-4 on 5 draws, deterministic across launches, ignored and out-of
 """
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -210,6 +211,114 @@ def test_blocks_plan_fewer_kernels_and_every_region_generates(block, monkeypatch
         assert "class_loss" in kinds
 
 
+# --- at the sizes the blocks run ------------------------------------------------------------------
+def ptx_of(ks, tmp_path) -> str:
+    import shutil
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc is not installed")
+    cu, ptx = tmp_path / f"{ks.name}.cu", tmp_path / f"{ks.name}.ptx"
+    cu.write_text(ks.source)
+    subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(ptx), str(cu)], check=True)
+    return ptx.read_text()
+
+
+def row_loop(ptx: str) -> list[str]:
+    """The PTX lines of the loop that streams the logits: from the label the first vector load sits
+    under to the branch back to it."""
+    lines = ptx.splitlines()
+    first = next(i for i, ln in enumerate(lines) if "ld.global.nc.v4.f32" in ln)
+    head = next(i for i in range(first, -1, -1) if lines[i].startswith("$L__"))
+    label = lines[head].rstrip(":")
+    back = next(i for i in range(first, len(lines)) if re.search(rf"\bbra(\.uni)?\s+{re.escape(label)};", lines[i]))
+    return lines[head:back + 1]
+
+
+def test_llama2_vocabulary_streams_at_the_memory_floor(tmp_path):
+    """LLaMA-2's [4096, 32000] logits with the masked labels: 512 lanes per row (3 blocks share an SM
+    instead of one block of 1024 lanes each folding one float4 at a time), each lane issues 4 float4
+    loads before it folds any, one exp per logit plus one rescale per step, no local memory, no spill."""
+    p, ids = ce_program((4096, 32000), "mean", label_mask=True)
+    ks = generate_kernel(p, ids, name="ce_llama2")
+    assert ks.kind == "class_loss" and ks.grid == (4096, 1, 1) and ks.block == (512, 1, 1)
+    assert ks.params["threads_per_row"] == 512 and ks.params["vector_width"] == 4 and ks.params["unroll"] == 4
+    assert "mask[row]" in ks.source                      # the label's where runs once per row, in this kernel
+    c = compiled_clean(ks)
+    assert c.registers <= 40, c.summary()                # 3 blocks of 512 threads fit an SM's registers
+    ptx = ptx_of(ks, tmp_path)
+    loop = row_loop(ptx)
+    loads = [i for i, ln in enumerate(loop) if "ld.global.nc.v4.f32" in ln]
+    exps = [i for i, ln in enumerate(loop) if "ex2.approx" in ln]
+    assert len(loads) == 4 and len(exps) == 4 * 4 + 1     # kStep exps and one rescale per step
+    assert max(loads) < min(exps)                         # every load in flight before the first exp
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_class_loss_tuning_variants_all_build():
+    from agent_core.agent.tune import tune_space
+    for shape in ((4096, 32000), (2, 19, 8, 16), (16, 1001)):
+        p, ids = ce_program(shape, "mean", label_mask=len(shape) == 2)
+        ks = generate_kernel(p, ids, name="ce_tune")
+        variants = tune_space(ks)
+        assert len(variants) >= 3
+        for v in variants:
+            kv = generate_kernel(p, ids, name="ce_tune", params=v)
+            assert kv.params != ks.params
+            compiled_clean(kv)
+
+
+def test_a_reshape_between_the_label_op_and_the_loss_does_not_split_them():
+    """labels = where(mask == 1, labels, -100), then labels.view(-1) into log_softmax -> nll_loss: the
+    views-only group ties with either neighbour, so the label op and the loss share one kernel."""
+    from agent_core.planner import plan_program
+    p = Program("masked_ce")
+    x = p.add_input("logits", (2, 8, 40))
+    t = p.add_input("labels", (2, 8), "int64", init={"kind": "randint", "low": 0, "high": 40})
+    m = p.add_input("mask", (2, 8), "int64", init={"kind": "randint", "low": 0, "high": 2})
+    one = p.add_node("full_like", [m.id], {"fill_value": 1}).outputs[0]
+    eq = p.add_node("eq", [m.id, one]).outputs[0]
+    fill = p.add_node("full_like", [t.id], {"fill_value": -100}).outputs[0]
+    lab = p.add_node("where", [eq, t.id, fill]).outputs[0]
+    flat_t = p.add_node("reshape", [lab], {"shape": [16]}).outputs[0]
+    flat_x = p.add_node("reshape", [x.id], {"shape": [16, 40]}).outputs[0]
+    ls = p.add_node("log_softmax", [flat_x], {"dim": 1}).outputs[0]
+    loss = p.add_node("nll_loss", [ls, flat_t], {"reduction": "mean", "ignore_index": -100})
+    p.mark_output(loss.outputs[0])
+    plan = plan_program(p)
+    assert plan.kernels == 1, [(r.kind, [p.nodes[n].op for n in r.nodes], r.reason) for r in plan.active]
+    (r,) = [r for r in plan.active if any(p.nodes[n].op == "where" for n in r.nodes)]
+    assert {p.nodes[n].op for n in r.nodes} >= {"eq", "where", "reshape", "log_softmax", "nll_loss"}
+    ks = generate_kernel(p, r.nodes, name="masked_ce", kind=r.kind)
+    assert ks.kind == "class_loss"
+    compiled_clean(ks)
+
+
+def plan_full_size(block, tmp_path):
+    """`plan --json --no-check` at the block's real size (its rewrites kept unchecked: checking runs the
+    1 GB reference), the rewritten program with its regions saved beside."""
+    env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}
+    saved = tmp_path / f"{block}.json"
+    out = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "--no-check", "-o", str(saved),
+                          str(ROOT / "benchmarks" / "blocks" / f"{block}.py")],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    from agent_core.project_file import load_program
+    return json.loads(out.stdout), load_program(saved)
+
+
+@pytest.mark.parametrize("block", ["cross_entropy_llama2_32k", "cross_entropy_llama3_128k_smoothing"])
+def test_llama_cross_entropy_blocks_are_one_kernel_at_full_size(block, tmp_path):
+    """The label op (`where(mask == 1, labels, -100)`), the views, log_softmax, nll_loss and (label
+    smoothing) the sums and the mean: one region, one launch (Inductor: 2), that generates."""
+    d, p = plan_full_size(block, tmp_path)
+    assert d["estimate"]["kernels_planned"] == 1, [(r["kind"], r["reason"]) for r in d["regions"]]
+    (r,) = [r for r in d["regions"] if r["status"] != "rejected" and r["schedule"].get("launches", 1)]
+    ops = {p.nodes[n].op for n in r["nodes"]}
+    assert {"eq", "where", "log_softmax", "nll_loss"} <= ops
+    ks = generate_kernel(p, r["nodes"], name=block, kind=r["kind"])
+    assert ks.kind == "class_loss" and ks.params["threads_per_row"] == 512
+    compiled_clean(ks)
+
+
 # --- on the GPU -----------------------------------------------------------------------------------
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -275,3 +384,32 @@ def test_gpu_ignored_and_out_of_range_labels():
 def test_gpu_bce_with_logits_matches_torch(pos_weight, weight, reduction):
     p, ids = bce_program((300, 80), pos_weight, weight, reduction)
     _fused(p, ids, "bce_gpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("params", [None, {"threads_per_row": 1024}, {"threads_per_row": 256}, {"unroll": 2},
+                                    {"unroll": 8}], ids=["default", "tpr1024", "tpr256", "unroll2", "unroll8"])
+def test_gpu_llama2_masked_cross_entropy_and_its_variants(params):
+    """The LLaMA-2 block's kernel at its real size (labels masked to -100 in the same kernel), every
+    tuning variant, against torch at 1e-4 on 5 draws."""
+    p, ids = ce_program((4096, 32000), "mean", label_mask=True)
+    _fused(p, ids, "ce_llama2_gpu", params=params)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_infinite_logits_step_as_torch():
+    """-inf logits (a masked vocabulary), a row that is -inf but for one class, a row whose chunks start
+    with -inf: the per-step shift never forms inf - inf."""
+    import torch.nn.functional as F
+    p, ids = ce_program((8, 2000), "none")
+    r = _fused(p, ids, "ce_inf_gpu")
+    x = 4 * torch.randn(8, 2000, device="cuda")
+    x[0, 1000:] = -float("inf")
+    x[1, :] = -float("inf")
+    x[1, 1999] = 3.0
+    x[2, :1024] = -float("inf")
+    t = torch.tensor([5, 1999, 1500, 0, 1, 2, 3, 1999], device="cuda")
+    got, want = r([x, t])[0], F.cross_entropy(x, t, reduction="none")
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got, want)

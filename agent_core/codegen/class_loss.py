@@ -583,6 +583,8 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     ])
     body = _drop_unused(body)
     source = kernel_source(head, consts, helpers, kernel_name(name), cparams, body)
+    if block == 1024:   # as rowreduce: else ptxas aims for two such blocks per SM (32 registers) and spills
+        source = source.replace("__launch_bounds__(kBlock)", "__launch_bounds__(kBlock, 1)", 1)
     nbytes = sum(vals[v].nbytes for v in io.inputs + io.outputs)
     return KernelSource(
         name=kernel_name(name), kind="class_loss", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
@@ -615,3 +617,15 @@ def _drop_unused(body: list[str]) -> list[str]:
         if len(re.findall(rf"\b{name}\b", text)) == 1:
             body = [ln for ln in body if not re.search(rf"\bconst \S+ {name} = ", ln)]
     return body
+
+
+def tune_variants(params: dict) -> list[dict]:
+    """Launch parameters to time besides the default schedule `params` (a KernelSource's params):
+    lanes per row (waves of a few long rows against blocks per SM) and vectors in flight."""
+    tpr, unroll = params.get("threads_per_row", 1), params.get("unroll", 4)
+    if tpr == 1:                     # classes on dim 1: a thread per row, rows per block and loads in flight
+        cands = [{"block": 128}, {"block": 512}, {"unroll": max(1, unroll // 2)}, {"unroll": min(16, unroll * 2)}]
+    else:
+        cands = [{"threads_per_row": t} for t in (tpr * 2, tpr // 2) if 4 <= t <= 1024]
+        cands += [{"unroll": u} for u in (unroll // 2, unroll * 2) if 1 <= u <= 16 and u * tpr >= 8]
+    return [c for c in cands if any(params.get(k) != v for k, v in c.items())]
