@@ -62,7 +62,7 @@ def test_uncoalesced_views_take_tiles_and_compile_without_spills(case):
     p, ids, _ = TILED[case]()
     ks = generate_kernel(p, ids, name=case)
     assert ks.params["tiled"], ks.schedule
-    if case != "permute_last_dim":      # a long last dim keeps the chain's 32 x 32 transpose
+    if not case.startswith("permute"):     # one view: the chain's own 32 x 32 transpose (codegen/layout.py)
         assert "through shared memory" in ks.schedule and ks.params["tiled_inputs"]
         assert "staged in shared memory" in ks.source
     for params in [None, *tune_space(ks)]:
@@ -110,7 +110,7 @@ def _run_on_host(p, ks, tmp_path):
     assert res.ok, res.reason
 
 
-@pytest.mark.parametrize("case", sorted(c for c in TILED if c != "permute_last_dim"))
+@pytest.mark.parametrize("case", sorted(c for c in TILED if not c.startswith("permute")))
 @pytest.mark.parametrize("params", [None, {"tile_elems": 64, "tile_b": 2}])
 def test_tiled_kernels_match_the_reference_on_the_host(case, params, tmp_path):
     """Partial tiles at the ends of both dims included (small tiles: several per row)."""

@@ -54,8 +54,8 @@ def composed_reads(g) -> dict:
             return
         node = program.nodes[vals[v].producer]
         if node.op in _graph_ops():
-            _, outs = g.layouts(node)
-            lay = outs[list(node.outputs).index(v)]
+            lay = _masked_cat(node, vals) if node.op in ("cat", "stack") else \
+                g.layouts(node)[1][list(node.outputs).index(v)]
             for r in lay.reads:
                 for layer in r.stack.layers:      # a gather's index tensor: never tiled
                     if isinstance(layer, V.Indirect):
@@ -74,6 +74,26 @@ def composed_reads(g) -> dict:
     for out in io.outputs:
         visit(out, V.ViewStack.of(first))
     return found
+
+
+def _masked_cat(node, vals) -> V.Layout:
+    """A cat / stack with every arm masked to its place: views.cat leaves the last arm unmasked (the
+    kernel reads it where no other arm is), which hides where it is read from."""
+    ins = [V.Layout.of(u, vals[u].shape) for u in node.inputs if u]
+    d = node.attrs.get("dim", 0)
+    if node.op == "stack":
+        d = d % (len(ins[0].shape) + 1)
+        ins = [V.unsqueeze(x, d) for x in ins]
+    d = d % len(ins[0].shape)
+    total, pos, reads = sum(x.shape[d] for x in ins), 0, []
+    for x in ins:
+        n = x.shape[d]
+        if n:
+            reads += V.pad_constant(x, d, pos, total - pos - n).reads
+        pos += n
+    shape = list(ins[0].shape)
+    shape[d] = total
+    return V.Layout(tuple(shape), tuple(reads))
 
 
 def _graph_ops():
@@ -102,7 +122,16 @@ def single_view(stacks) -> V.View | None:
 def _collapse(lower: V.View, top: V.View) -> V.View | None:
     """One view for `top` read over the flat index of `lower`, when top is a permutation of a
     contiguous view (a permute or transpose between reshapes): lower reshaped, then permuted."""
-    if top.mask is not None or top.offset:
+    if top.mask is not None:      # a padded or cat-arm view: its valid box, composed, then padded back
+        box = top.shrink(top.mask)
+        inner = _collapse(lower, V.View.create(box.shape, box.strides, box.offset))
+        if inner is None:
+            return None
+        for d, ((lo, hi), n) in enumerate(zip(top.mask, top.shape)):
+            if lo or hi != n:
+                inner = inner.pad(d, lo, n - hi)
+        return inner
+    if top.offset:
         return None
     order = sorted(range(len(top.shape)), key=lambda d: -top.strides[d])
     shape = [top.shape[d] for d in order]
