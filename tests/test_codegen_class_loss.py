@@ -319,6 +319,46 @@ def test_llama_cross_entropy_blocks_are_one_kernel_at_full_size(block, tmp_path)
     compiled_clean(ks)
 
 
+def rms_residual_program(shape, eps=1e-5):
+    """The LLaMA pre-norm step: residual = hidden + residual; weight * (residual * rsqrt(mean(residual^2) + eps)),
+    both returned (the block's ops as the importer records them)."""
+    p = Program("rms_residual")
+    h, r = p.add_input("hidden", shape), p.add_input("residual", shape)
+    w = p.add_parameter("weight", shape=shape[-1:])
+    add = p.add_node("add", [h.id, r.id]).outputs[0]
+    sq = p.add_node("square", [add]).outputs[0]
+    var = p.add_node("mean", [sq], {"dim": [-1], "keepdim": True}).outputs[0]
+    inv = p.add_node("rsqrt", [p.add_node("add_scalar", [var], {"value": eps}).outputs[0]]).outputs[0]
+    normed = p.add_node("mul", [add, inv]).outputs[0]
+    out = p.add_node("mul", [w.id, normed]).outputs[0]
+    p.mark_output(out)
+    p.mark_output(add)
+    return p, p.topo_order()
+
+
+def test_rmsnorm_residual_block_is_one_kernel_that_reads_each_input_once(tmp_path):
+    """The residual add, the norm and the weight: one region (the norm's epilogue reads the add's output,
+    which the row graph keeps in registers), hidden and residual each read once with float4s, the
+    weight one float4 per 4 outputs, both outputs written with float4s, 4 blocks of 512 threads per SM."""
+    d, p = plan_full_size("rmsnorm_residual_llama7b", tmp_path)
+    assert d["estimate"]["kernels_planned"] == 1, [(r["kind"], r["reason"]) for r in d["regions"]]
+    (r,) = [r for r in d["regions"] if r["status"] != "rejected"]
+    assert {p.nodes[n].op for n in r["nodes"]} == {"add", "square", "mean", "add_scalar", "rsqrt", "mul"}
+    ks = generate_kernel(p, r["nodes"], name="rms_residual", kind=r["kind"])
+    row_bytes = 4096 * 4096 * 4
+    assert ks.bytes_moved == 4 * row_bytes + 4096 * 4          # two inputs read once, two outputs, the weight
+    assert ks.block == (512, 1, 1) and ks.grid == (4096, 1, 1)
+    c = compiled_clean(ks)
+    assert c.registers <= 32, c.summary()                        # 4 blocks of 512 threads per SM
+    ptx = ptx_of(ks, tmp_path)
+    items = 4096 // (512 * 4)
+    assert len(re.findall(r"ld\.global\.nc\.v4\.f32", ptx)) == 3 * items    # hidden, residual, weight
+    assert "ld.global.nc.f32" not in ptx and "ld.local" not in ptx
+    assert len(re.findall(r"st\.global\.v4\.f32", ptx)) == 2 * items
+    q, ids = rms_residual_program((2, 2048, 4096))
+    assert generate_kernel(q, ids, name="rms_residual_built").source.count("reinterpret_cast<const float4*>") == 3
+
+
 # --- on the GPU -----------------------------------------------------------------------------------
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -413,3 +453,12 @@ def test_gpu_infinite_logits_step_as_torch():
     t = torch.tensor([5, 1999, 1500, 0, 1, 2, 3, 1999], device="cuda")
     got, want = r([x, t])[0], F.cross_entropy(x, t, reduction="none")
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("shape", [(2, 2048, 4096), (3, 5, 1000), (64, 256), (4, 20000)],
+                         ids=["llama7b", "warp_rows", "narrow", "streamed"])
+def test_gpu_rmsnorm_residual_matches_torch(shape):
+    p, ids = rms_residual_program(shape)
+    _fused(p, ids, "rms_residual_gpu")
