@@ -19,7 +19,7 @@ from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from tools.bench_layout import channel_shuffle, permute, pixel_shuffle
+from tools.bench_layout import channel_shuffle, detect_decode, permute, pixel_shuffle
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -73,10 +73,11 @@ def test_uncoalesced_views_take_tiles_and_compile_without_spills(case):
 
 
 def _run_on_host(p, ks, tmp_path):
-    """The kernel's own source compiled for the host (tests/test_codegen_conv.py's shim): each block
-    run by one thread that walks the whole tile in both loops (their stride kBlock becomes 1), so the
-    loads all land in the tile before the stores read it, as __syncthreads() makes them on the GPU;
-    then verified against the reference interpreter on 3 draws."""
+    """The kernel's own source compiled for the host (tests/test_codegen_conv.py's shim), verified
+    against the reference interpreter on 3 draws. A tiled kernel's block is run by one thread that
+    walks the whole tile in both loops (their stride kBlock becomes 1), so the loads all land in the
+    tile before the stores read it, as __syncthreads() makes them on the GPU; any other kernel runs
+    every thread of every block in turn."""
     import ctypes
     import shutil
 
@@ -86,11 +87,16 @@ def _run_on_host(p, ks, tmp_path):
     cxx = shutil.which("g++") or shutil.which("c++")
     if not cxx:
         pytest.skip("no host C++ compiler")
-    assert ks.source.count("t += kBlock") == 2
+    tiled = ks.params["tiled"]
+    if tiled:
+        assert ks.source.count("t += kBlock") == 2
     src = ks.source.replace("t += kBlock", "t += 1")
     n_args = len(ks.inputs) + len(ks.outputs)
+    threads = 1 if tiled else ks.block[0]     # untiled: every thread of every block in turn
     driver = (f'\nextern "C" void host_launch(float** args) {{\n'
-              f"  for (unsigned b = 0; b < {ks.grid[0]}; ++b) {{ blockIdx.x = b; threadIdx.x = 0;\n"
+              f"  gridDim.x = {ks.grid[0]}; blockDim.x = {ks.block[0]};\n"
+              f"  for (unsigned b = 0; b < {ks.grid[0]}; ++b) for (unsigned t = 0; t < {threads}; ++t) {{\n"
+              f"    blockIdx.x = b; threadIdx.x = t;\n"
               f"    {ks.name}({', '.join(f'args[{i}]' for i in range(n_args))}); }}\n}}\n")
     cpp, lib = tmp_path / f"{ks.name}.cpp", tmp_path / f"{ks.name}.so"
     cpp.write_text(HOST_SHIM + "#define __shared__\n#define __restrict__\nstatic inline void __syncthreads() {}\n"
@@ -118,6 +124,54 @@ def test_tiled_kernels_match_the_reference_on_the_host(case, params, tmp_path):
     ks = generate_kernel(p, ids, name=case, params=params)
     assert ks.params["tiled"] and ks.params["tiled_inputs"]
     _run_on_host(p, ks, tmp_path)
+
+
+def _chunk_joined(shape):
+    """chunk(x, 2, -1) -> (relu(a), b * 2) -> cat: both arms read x at the output's own index."""
+    p = Program("chunk_joined")
+    x = p.add_input("x", shape)
+    ch = p.add_node("chunk", [x.id], {"chunks": 2, "dim": -1})
+    a = p.add_node("relu", [ch.outputs[0]])
+    b = p.add_node("mul_scalar", [ch.outputs[1]], {"value": 2.0})
+    c = p.add_node("cat", [a.outputs[0], b.outputs[0]], {"dim": -1})
+    p.mark_output(c.outputs[0])
+    return p, [ch.id, a.id, b.id, c.id], None
+
+
+STAGED = {
+    "detect_decode_small": lambda: detect_decode(small=True),
+    "chunk_joined_odd": lambda: _chunk_joined((3, 7, 10)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STAGED))
+@pytest.mark.parametrize("params", [None, {"unroll": 8, "block": 128}])
+def test_inputs_read_by_several_arms_at_their_own_index_are_loaded_first(case, params, tmp_path):
+    p, ids, _ = STAGED[case]()
+    ks = generate_kernel(p, ids, name=case, params=params)
+    assert ks.params.get("staged") and "loaded before the branches" in ks.source, ks.schedule
+    assert ks.params["unroll"] == (params or {}).get("unroll", 4)
+    _run_on_host(p, ks, tmp_path)
+    for variant in [None, *tune_space(ks)]:
+        c = compile_kernel(ks if variant is None else generate_kernel(p, ids, name=case, params=variant),
+                           arch="sm_90")
+        assert c.spill_stores == 0 and c.stack_bytes == 0, (variant, c.summary())
+
+
+def test_detect_decode_loads_its_head_before_the_cat_branches(tmp_path):
+    """The PTX of the real-size decode: the 4 staged loads of head come first, one after another,
+    before the first branch of the cat's arms."""
+    import shutil
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc is not installed")
+    p, ids, _ = detect_decode()
+    ks = generate_kernel(p, ids, name="detect_decode")
+    cu, ptx = tmp_path / "dd.cu", tmp_path / "dd.ptx"
+    cu.write_text(ks.source)
+    subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(ptx), str(cu)], check=True)
+    ops = [ln.split()[0] for ln in ptx.read_text().splitlines() if ln.strip().startswith(("ld.global", "@%p", "bra"))]
+    first_loads = ops[1:5]      # after the grid-stride loop's entry test
+    assert first_loads == ["ld.global.nc.f32"] * 4, ops[:8]
 
 
 def test_tile_sizes_are_tunable_and_the_bank_padding_follows_the_short_side():
@@ -237,3 +291,20 @@ def test_gpu_tiled_kernels_match_torch(case, params):
     env = dict(zip(p.inputs, xs))
     out = r([env[v] if v in env else pt[v].contiguous() for v in r.inputs])
     torch.testing.assert_close(out[0].reshape(fn(*xs).shape), fn(*xs), atol=1e-6, rtol=1e-6)
+
+
+GPU_STAGED = {
+    "detect_decode_yolov5": lambda: detect_decode(),
+    "chunk_joined": lambda: _chunk_joined((64, 197, 390)),
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("case", sorted(GPU_STAGED))
+@pytest.mark.parametrize("params", [None, {"unroll": 8}, {"unroll": 1}])
+def test_gpu_staged_kernels_match_the_reference(case, params):
+    from tests.programs import fused
+    p, ids, _ = GPU_STAGED[case]()
+    r = fused(p, ids, case, params=params)
+    assert r.kernel.params.get("staged")
