@@ -90,6 +90,31 @@ def slice_rms_norm(shape, start, width):
     return p
 
 
+def slice_softmax_max(shape, start, width):
+    """softmax(s) * max(s, -1, keepdim) with s = x[..., start:start + width]: two reductions over the
+    same rows (codegen/rowkernel.py), reading the slice through its view."""
+    p = Program("slice_softmax_max")
+    x = p.add_input("x", shape)
+    s = _node(p, "slice", [x], {"dim": -1, "start": start, "end": start + width})
+    sm = _node(p, "softmax", [s.outputs[0]], {"dim": -1})
+    mx = _node(p, "max", [s.outputs[0]], {"dim": [-1], "keepdim": True})
+    p.mark_output(_node(p, "mul", [sm.outputs[0], mx.outputs[0]]).outputs[0])
+    return p
+
+
+def embed_residual_rms(b, n, vocab, d):
+    """y = embedding(ids, table) + pos; rms_norm(relu(y)) + y: the epilogue reads the prologue's y,
+    so the row graph (rowkernel.py) recomputes it per element from the embedding's view."""
+    p = Program("embed_residual_rms")
+    ids = p.add_input("ids", (b, n), dtype="int64", init={"kind": "randint", "low": 0, "high": vocab})
+    table, pos = p.add_parameter("table", shape=(vocab, d)), p.add_parameter("pos", shape=(n, d))
+    w = p.add_parameter("weight", shape=(d,))
+    y = _node(p, "add", [_node(p, "embedding", [ids, table]).outputs[0], pos])
+    r = _node(p, "rms_norm", [_node(p, "relu", [y.outputs[0]]).outputs[0], w], {"normalized_shape": [d], "eps": 1e-6})
+    p.mark_output(_node(p, "add", [r.outputs[0], y.outputs[0]]).outputs[0])
+    return p
+
+
 def _rope(p, x, cos, sin):
     d = p.values[x].shape[-1]
     hi = _node(p, "slice", [x], {"dim": -1, "start": d // 2, "end": d})
@@ -187,6 +212,21 @@ def test_long_rows_read_through_views_in_the_streaming_schedules(build, args, sc
     assert ("_at4(" in ks.source) == (args[1] % 4 == 0)
 
 
+@pytest.mark.parametrize("shape,start,schedule", [((8, 80), 8, "warp"), ((8, 80), 1, "warp"),
+                                                  ((4, 40000), 0, "stream")], ids=["vec", "misaligned", "stream"])
+def test_several_reductions_over_a_slice_share_one_row_kernel(shape, start, schedule):
+    width = 64 if shape[-1] == 80 else 32768
+    ks = _generated(slice_softmax_max(shape, start, width))
+    assert ks.params["reductions"] == 2 and ks.params["schedule"] == schedule
+    assert ("_at4(" in ks.source) == (start % 4 == 0)
+
+
+def test_an_epilogue_reading_the_layout_prologue_recomputes_it_in_the_row_graph():
+    ks = _generated(embed_residual_rms(2, 16, 50, 48))
+    assert ks.kind == "row_reduction" and "rounds" in ks.params     # rowkernel's row graph
+    assert ">= 0 &&" in ks.source
+
+
 def test_a_slice_with_an_odd_row_compiles_scalar():
     p = slice_rms_norm((3, 37), 2, 33)
     ks = _generated(p)
@@ -267,6 +307,12 @@ GPU_CASES = [
     ("slice-rms-odd", slice_rms_norm, ((5, 37), 2, 33)),
     ("slice-sum-split", slice_sum, ((4, 262200), 4, 262144)),
     ("slice-sum-split-misaligned", slice_sum, ((4, 262200), 3, 262144)),
+    ("slice-softmax-max", slice_softmax_max, ((512, 4160), 64, 4096)),
+    ("slice-softmax-max-misaligned", slice_softmax_max, ((512, 4160), 3, 4096)),
+    ("slice-softmax-max-stream", slice_softmax_max, ((16, 40000), 0, 32768)),
+    ("slice-softmax-max-odd", slice_softmax_max, ((7, 45), 2, 37)),
+    ("embed-residual-rms", embed_residual_rms, (8, 512, 30522, 768)),
+    ("embed-residual-rms-odd", embed_residual_rms, (3, 7, 101, 13)),
     ("rope-qk-llama", rope_qk, ((2, 32, 512, 128),)),
     ("rope-qk-odd", rope_qk, ((3, 5, 7, 10),)),
 ]

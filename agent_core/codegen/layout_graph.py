@@ -267,6 +267,10 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
         return generate_tiled(g, tiles, name, params, kind, numel)
     vec = bool((params or {}).get("vector", True)) and _vector_ok(g, numel) \
         and all(vals[v].dtype == "float32" for v in g.need)
+    from .layout_staged import generate_staged, staged_inputs
+    staged = [] if vec else staged_inputs(g, numel, params)   # read at the output's own index: loaded first
+    if staged:
+        return generate_staged(g, staged, name, params, kind, numel)
     names = Names()
     names.taken.update(("o", "i", "stride", "kNumel", "kBlock", "kRuns"))
     arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
@@ -372,3 +376,26 @@ class ViewPrologue:
                 keep.append(lns)
                 text += "\n" + lns[-1]
         return [ln for lns in reversed(keep) for ln in lns]
+
+
+def view_prologue_nodes(program: Program, io: RegionIO) -> list[str]:
+    """The layout ops of a row region and everything before them in it: the part a ViewPrologue
+    renders (empty when the region has no layout op). A layout op after a reduction is refused."""
+    nodes = program.nodes
+    members = set(io.nodes)
+    front: set[str] = set()
+    todo = [n for n in io.nodes if is_layout_op(nodes[n])]
+    while todo:
+        n = todo.pop()
+        if n in front:
+            continue
+        front.add(n)
+        todo += [program.values[v].producer for v in nodes[n].inputs
+                 if v and program.values[v].producer in members]
+    for n in io.nodes:
+        if n in front and not is_elementwise(nodes[n]) and not is_layout_op(nodes[n]):
+            after = next(m for m in io.nodes if m in front and is_layout_op(nodes[m]))
+            raise CodegenError(f"{nodes[after].name} ({nodes[after].op}) is a layout op after {nodes[n].name} "
+                               f"({nodes[n].op}); a row kernel reads layout ops in its prologue only: split the "
+                               f"region there", node_id=after)
+    return [n for n in io.nodes if n in front]
