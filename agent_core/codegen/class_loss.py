@@ -42,7 +42,7 @@ from .region_io import RegionIO
 
 DEFAULTS = {"block": 256, "threads_per_row": None, "vector_width": 4, "unroll": None}
 WARP = 32
-KERNEL_LOCALS = ("group", "lane", "row", "active", "base", "c0", "st", "State", "fold", "combine", "row_reduce",
+KERNEL_LOCALS = ("group", "lane", "row", "active", "base", "c0", "st", "State", "combine", "row_reduce",
                  "block_sum", "warp_sum", "partial", "workspace", "counters", "last", "lse", "leader", "acc",
                  "total", "point", "xe", "t", "w", "sample", "pos", "k", "gi", "x", "u", "c", "e", "fold_lse")
 
