@@ -106,7 +106,8 @@ def single_view(stacks) -> V.View | None:
     if len(stacks) != 1 or stacks[0] is None:
         return None
     layers = list(stacks[0].layers)
-    while len(layers) > 1 and isinstance(layers[-1], V.View) and layers[-1].contiguous:
+    while len(layers) > 1 and isinstance(layers[-1], V.View) and layers[-1].contiguous \
+            and isinstance(layers[-2], V.View) and layers[-2].numel == layers[-1].numel:
         layers.pop()                      # a reshape on top: the flat index passes through
     layers = [l for l in layers[:-1] if not (isinstance(l, V.View) and l.contiguous)] + layers[-1:]
     if not all(isinstance(l, V.View) for l in layers):
@@ -131,8 +132,8 @@ def _collapse(lower: V.View, top: V.View) -> V.View | None:
             if lo or hi != n:
                 inner = inner.pad(d, lo, n - hi)
         return inner
-    if top.offset:
-        return None
+    if top.offset or top.numel != lower.numel:
+        return None       # (a read of part of `lower` stays two views)
     order = sorted(range(len(top.shape)), key=lambda d: -top.strides[d])
     shape = [top.shape[d] for d in order]
     want = V.contiguous_strides(shape)
@@ -154,7 +155,8 @@ def plan_tiles(g, params: dict | None) -> TilePlan | None:
         return None
     vals = g.program.values
     views = {v: single_view(s) for v, s in composed_reads(g).items() if v not in g.indices}
-    cands = [v for v, view in views.items() if _uncoalesced(view)]
+    numel = math.prod(vals[g.io.outputs[0]].shape)
+    cands = [v for v, view in views.items() if _uncoalesced(view) and view.numel == numel]
     if not cands:
         return None
     primary = max(cands, key=lambda v: vals[v].nbytes)
