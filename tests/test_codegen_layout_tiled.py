@@ -334,3 +334,19 @@ def test_random_layout_graphs_run_their_tiled_or_staged_kernels_on_the_host(tmp_
         _run_on_host(p, ks, tmp_path)
     check()
     assert seen["tiled"], seen      # the random graphs do reach the tiled schedule
+
+
+def test_nvcc_compiles_tiled_and_staged_kernels_without_warnings(tmp_path):
+    import shutil
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc is not installed")
+    from tests.test_codegen_indexed import NVCC_FLAGS
+    for k, (p, ids, _) in enumerate([TILED["pixel_shuffle_r3"](), TILED["channel_shuffle_nhwc"](),
+                                     STAGED["detect_decode_small"]()]):
+        ks = generate_kernel(p, ids, name=f"nvcc_{k}")
+        cu = tmp_path / f"k{k}.cu"
+        cu.write_text(ks.source)
+        r = subprocess.run(["nvcc", *NVCC_FLAGS, str(cu), "-o", str(cu.with_suffix(".o"))],
+                           capture_output=True, text=True)
+        log = (r.stdout + r.stderr).strip()
+        assert r.returncode == 0 and "warning" not in log, f"{ks.name}:\n{log}"

@@ -236,7 +236,8 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
               f"constexpr int kBlock = {block};"]
     body = [*(f"  __shared__ float {tile[v]}[kTB][kPitch];" for v in plan.tiled),
             "  const index_t ti = blockIdx.x % (kTilesA * kTilesB);",
-            "  const index_t q = blockIdx.x / (kTilesA * kTilesB);",
+            *(["  const index_t q = blockIdx.x / (kTilesA * kTilesB);  // the batch: dims neither a nor b"]
+              if batch else []),
             "  const index_t ta = ti % kTilesA, tb = ti / kTilesA;",
             "  // load: neighbouring threads along dim a, contiguous in each tiled input (coalesced)",
             "  for (int t = threadIdx.x; t < kTA * kTB; t += kBlock) {",
