@@ -108,8 +108,13 @@ def detect_decode(small=False):
             os.environ["STITCHCUDA_BLOCKS_SMALL"] = old
     order = p.topo_order()
     ids = order[:-1] if p.nodes[order[-1]].op == "reshape" else order
-    model = mod.Model()
-    return p, ids, lambda t: model.to(t.device)(t)
+    model, moved = mod.Model(), {}
+
+    def fn(t):      # moved once: Module.to on every call would be timed as eager's
+        if t.device not in moved:
+            moved[t.device] = model.to(t.device)
+        return moved[t.device](t)
+    return p, ids, fn
 
 
 # name, builder, input shapes, quick
