@@ -115,6 +115,17 @@ def embed_residual_rms(b, n, vocab, d):
     return p
 
 
+def mask_count(b, n):
+    """cast(mask.reshape(b, n), float32).sum(-1): an int64 mask relabelled, cast and counted per row
+    (the token counts of a masked mean pool)."""
+    p = Program("mask_count")
+    m = p.add_input("mask", (b, 1, 1, n), dtype="int64", init={"kind": "randint", "low": 0, "high": 2})
+    r = _node(p, "reshape", [m], {"shape": [b, n]})
+    c = _node(p, "cast", [r.outputs[0]], {"dtype": "float32"})
+    p.mark_output(_node(p, "sum", [c.outputs[0]], {"dim": [-1]}).outputs[0])
+    return p
+
+
 def _rope(p, x, cos, sin):
     d = p.values[x].shape[-1]
     hi = _node(p, "slice", [x], {"dim": -1, "start": d // 2, "end": d})
@@ -227,6 +238,12 @@ def test_an_epilogue_reading_the_layout_prologue_recomputes_it_in_the_row_graph(
     assert ">= 0 &&" in ks.source
 
 
+def test_an_integer_mask_is_read_through_its_view_in_its_own_type():
+    ks = _generated(mask_count(4, 16))
+    assert ks.kind == "row_reduction"
+    assert "-> long long { return mask[i]; }" in ks.source and "_at4" not in ks.source
+
+
 def test_a_slice_with_an_odd_row_compiles_scalar():
     p = slice_rms_norm((3, 37), 2, 33)
     ks = _generated(p)
@@ -313,6 +330,8 @@ GPU_CASES = [
     ("slice-softmax-max-odd", slice_softmax_max, ((7, 45), 2, 37)),
     ("embed-residual-rms", embed_residual_rms, (8, 512, 30522, 768)),
     ("embed-residual-rms-odd", embed_residual_rms, (3, 7, 101, 13)),
+    ("mask-count", mask_count, (64, 512)),
+    ("mask-count-odd", mask_count, (3, 37)),
     ("rope-qk-llama", rope_qk, ((2, 32, 512, 128),)),
     ("rope-qk-odd", rope_qk, ((3, 5, 7, 10),)),
 ]

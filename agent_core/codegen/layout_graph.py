@@ -99,7 +99,7 @@ def index_inputs(program: Program, io: RegionIO, kind: str) -> set:
     return out
 
 
-def _check(program: Program, io: RegionIO, kind: str, indices: set) -> int:
+def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: bool = False) -> int:
     vals, nodes = program.values, program.nodes
     for n in io.nodes:
         node = nodes[n]
@@ -112,7 +112,7 @@ def _check(program: Program, io: RegionIO, kind: str, indices: set) -> int:
             raise CodegenError(f"{node.name} (batch_norm) reads per-channel parameters that a {kind} region "
                                f"does not broadcast; split the region before it", node_id=n)
     for v in [*io.inputs, *io.outputs]:
-        if vals[v].dtype != "float32" and v not in indices:
+        if vals[v].dtype != "float32" and v not in indices and not any_dtype:
             raise CodegenError(f"'{vals[v].name}' has dtype {vals[v].dtype}; {kind} kernels are generated for "
                                f"float32 so far")
     numel = math.prod(vals[io.outputs[0]].shape)
@@ -197,13 +197,16 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
     vals, nodes = program.values, program.nodes
     fn: dict[str, str] = {}
     ret = "float4" if vec else "float"
+
+    def own_type(v):     # scalar lambdas return their value's own C type (a row kernel's int mask)
+        return ret if vec else c_type(vals[v].dtype, vals[v].name)
     lines = []
     for v in io.inputs:
         if v not in g.need or v in g.indices:    # indices are loaded inside the views' index expressions
             continue
         fn[v] = names.new(vals[v].name + suffix)
         load = f"reinterpret_cast<const float4*>({arg[v]})[i / 4]" if vec else f"{arg[v]}[i]"
-        lines.append(f"  auto {fn[v]} = [&](index_t i) -> {ret} {{ return {load}; }};  // input {vals[v].spec}")
+        lines.append(f"  auto {fn[v]} = [&](index_t i) -> {own_type(v)} {{ return {load}; }};  // input {vals[v].spec}")
 
     def call(src, idx):
         return f"{fn[src]}({idx})"
@@ -224,7 +227,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
                 widen = (lambda lit: f"make_float4({lit}, {lit}, {lit}, {lit})") if vec else None
                 expr = V.render_layout(lay, "i", names=arg, load=call, literal=widen)
                 lines.append(f"  // {note} -> {vals[v].spec}, read through its view")
-                lines.append(f"  auto {fn[v]} = [&](index_t i) -> {ret} {{ return {expr}; }};")
+                lines.append(f"  auto {fn[v]} = [&](index_t i) -> {own_type(v)} {{ return {expr}; }};")
             continue
         out = vals[node.outputs[0]]
         ln = Names()
@@ -346,7 +349,11 @@ class ViewPrologue:
         io = region_io(program, nodes)
         self.nodes, self.io = list(io.nodes), io
         self.indices = index_inputs(program, io, "row-kernel prologue")
-        numel = _check(program, io, "row-kernel prologue", self.indices)
+        # any kernel dtype: the row kernel declares its arguments in their own C types, and the scalar
+        # lambdas return them (float4 lambdas only where every value is float32)
+        numel = _check(program, io, "row-kernel prologue", self.indices, any_dtype=True)
+        for v in io.inputs:
+            c_type(program.values[v].dtype, f"'{program.values[v].name}'")
         g = _Graph(program, io, "row-kernel prologue", self.indices)
         lines, fn = _lambdas(g, arg, names, False)
         self.scalar = {v: fn[v] for v in io.outputs}
