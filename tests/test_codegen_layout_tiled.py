@@ -25,6 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 TILED = {
     "pixel_shuffle_r2": lambda: pixel_shuffle((2, 12, 9, 17), 2),
+    "pixel_shuffle_r2_aligned": lambda: pixel_shuffle((2, 12, 6, 20), 2),     # float4 loads
     "pixel_shuffle_r3": lambda: pixel_shuffle((2, 27, 8, 40), 3),
     "pixel_shuffle_r4": lambda: pixel_shuffle((1, 48, 6, 10), 4),   # the SwinIR block's small shapes
     "channel_shuffle_nhwc": lambda: channel_shuffle((2, 5, 7, 24), 2, channels_last=True),
@@ -101,8 +102,9 @@ def _run_on_host(p, ks, tmp_path):
     # a fresh name per build: dlopen hands back a library already loaded from the same path
     stem = f"{ks.name}_{len(list(tmp_path.glob('*.so')))}"
     cpp, lib = tmp_path / f"{stem}.cpp", tmp_path / f"{stem}.so"
-    cpp.write_text(HOST_SHIM + "#define __shared__\n#define __restrict__\nstatic inline void __syncthreads() {}\n"
-                   + src + driver)
+    shim = ("#define __shared__\n#define __restrict__\n#define __align__(n) alignas(n)\n"
+            "static inline void __syncthreads() {}\nstruct alignas(16) float4 { float x, y, z, w; };\n")
+    cpp.write_text(HOST_SHIM + shim + src + driver)
     r = subprocess.run([cxx, "-std=c++17", "-O1", "-shared", "-fPIC", str(cpp), "-o", str(lib)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -174,6 +176,18 @@ def test_detect_decode_loads_its_head_before_the_cat_branches(tmp_path):
     ops = [ln.split()[0] for ln in ptx.read_text().splitlines() if ln.strip().startswith(("ld.global", "@%p", "bra"))]
     first_loads = ops[1:5]      # after the grid-stride loop's entry test
     assert first_loads == ["ld.global.nc.f32"] * 4, ops[:8]
+
+
+def test_aligned_rows_load_float4_into_the_tile_and_others_stay_scalar():
+    for case, vec in (("pixel_shuffle_r2_aligned", 4), ("channel_shuffle_nhwc", 4), ("pixel_shuffle_r2", 1),
+                      ("pixel_shuffle_r3", 1)):   # rows of 17; a pitch of 11 (mod 32) breaks 16-byte rows
+        p, ids, _ = TILED[case]()
+        ks = generate_kernel(p, ids, name=case)
+        assert ks.params["vector"] == vec and ("reinterpret_cast<const float4*>" in ks.source) == (vec == 4), case
+        assert ks.align == (16 if vec == 4 else 4)
+    p, ids, _ = TILED["pixel_shuffle_r2_aligned"]()
+    assert {"vector": False} in tune_space(generate_kernel(p, ids, name="v"))
+    assert generate_kernel(p, ids, name="v", params={"vector": False}).params["vector"] == 1
 
 
 def test_tile_sizes_are_tunable_and_the_bank_padding_follows_the_short_side():

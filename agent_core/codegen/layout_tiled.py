@@ -214,6 +214,13 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
     coords[a] = V.Var("ia", 0, fine[a] - 1)
     coords[b] = V.Var("ib", 0, fine[b] - 1)
     out_base = V.render_expr(V._sum([(c, out_strides[d]) for d, c in zip(batch, bcoords)], 0)) if batch else "0"
+    # float4 loads where every tiled read keeps aligned runs of 4 along a and the tile's rows start
+    # 16 bytes apart (a pitch of a multiple of 4: short sides of 1, 2, 4 or 8), stored whole into the tile
+    vec = bool(params.get("vector", True)) and ta % 4 == 0 and fine[a] % 4 == 0 and pitch % 4 == 0 and all(
+        view.offset % 4 == 0 and math.prod(vals[v].shape) % 4 == 0
+        and all(st % 4 == 0 for d, st in enumerate(view.strides) if d != a)
+        and (view.mask is None or view.mask[a][0] % 4 == 0 and view.mask[a][1] % 4 == 0)
+        for v, view in plan.tiled.items())
     loads = []
     for v, view in plan.tiled.items():
         off, tests = view.locate(coords)
@@ -224,7 +231,11 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
         lo, hi = off.lo, off.hi
         inside = ([] if lo >= 0 else [f"{idx} >= 0"]) + ([] if hi < n else [f"{idx} < {n}"])
         guard = " && ".join(["ia < kA && ib < kB"] + ([cond] if cond else []) + inside)
-        loads.append(f"    if ({guard}) {tile[v]}[lb][la] = {arg[v]}[{idx}];")
+        if vec:
+            loads.append(f"    if ({guard}) *reinterpret_cast<float4*>(&{tile[v]}[lb][la]) = "
+                         f"reinterpret_cast<const float4*>({arg[v]})[({idx}) / 4];")
+        else:
+            loads.append(f"    if ({guard}) {tile[v]}[lb][la] = {arg[v]}[{idx}];")
 
     index_t = index_type(max([numel] + [math.prod(vals[v].shape) for v in io.inputs]))
     consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};  // output elements",
@@ -234,14 +245,15 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
               f"constexpr int kTA = {ta}, kTB = {tb}, kPitch = {pitch};  // tile; pitch padded against bank conflicts",
               f"constexpr index_t kTilesA = {tiles_a}, kTilesB = {tiles_b};",
               f"constexpr int kBlock = {block};"]
-    body = [*(f"  __shared__ float {tile[v]}[kTB][kPitch];" for v in plan.tiled),
+    consts.append(f"constexpr int kVec = {4 if vec else 1};  // elements per load")
+    body = [*(f"  __shared__ __align__(16) float {tile[v]}[kTB][kPitch];" for v in plan.tiled),
             "  const index_t ti = blockIdx.x % (kTilesA * kTilesB);",
             *(["  const index_t q = blockIdx.x / (kTilesA * kTilesB);  // the batch: dims neither a nor b"]
               if batch else []),
             "  const index_t ta = ti % kTilesA, tb = ti / kTilesA;",
             "  // load: neighbouring threads along dim a, contiguous in each tiled input (coalesced)",
-            "  for (int t = threadIdx.x; t < kTA * kTB; t += kBlock) {",
-            "    const int la = t % kTA, lb = t / kTA;",
+            "  for (int t = threadIdx.x; t < kTA * kTB / kVec; t += kBlock) {",
+            "    const int la = t % (kTA / kVec) * kVec, lb = t / (kTA / kVec);",
             "    const index_t ia = ta * kTA + la, ib = tb * kTB + lb;",
             *loads,
             "  }",
@@ -258,7 +270,7 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
             "  }"]
     from .layout_graph import GRAPH_OPS
     layout_nodes = [nodes[n] for n in io.nodes if nodes[n].op in GRAPH_OPS]
-    sched = (f"tiles of {ta} x {tb} through shared memory ({len(plan.tiled)} tiled input(s)), "
+    sched = (f"tiles of {ta} x {tb} through shared memory ({len(plan.tiled)} tiled input(s){', float4 loads' if vec else ''}), "
              f"{grid} blocks of {block} threads")
     head = header(program, f"Region {name}: layout graph ({', '.join(n.op for n in layout_nodes)}) with "
                            f"{len(io.nodes) - len(layout_nodes)} pointwise op(s) -> {vals[io.outputs[0]].spec}",
@@ -277,10 +289,10 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
     return KernelSource(
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
-        params={"tiled": True, "graph": True, "vector": 1, "tile_elems": ta * tb, "tile_b": tb, "tile": [ta, tb],
+        params={"tiled": True, "graph": True, "vector": 4 if vec else 1, "tile_elems": ta * tb, "tile_b": tb, "tile": [ta, tb],
                 "block": block, "grid": grid, "tiled_inputs": [vals[v].name for v in plan.tiled],
                 "chain": [n.op for n in layout_nodes]},
-        align=4, bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
+        align=16 if vec else 4, bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))
 
 
@@ -290,7 +302,9 @@ def tune_variants(params: dict) -> list[dict]:
         return []
     out = []
     for cand in ({"tile_elems": 2048}, {"tile_elems": 512}, {"tile_elems": 2048, "block": 512},
-                 {"tile_b": 16}, {"tile_elems": 4096, "block": 512}):
+                 {"tile_b": 16}, {"tile_elems": 4096, "block": 512}, {"vector": False}):
+        if cand == {"vector": False} and params.get("vector") != 4:
+            continue
         if any(params.get(k) != v for k, v in cand.items()):
             out.append(cand)
     return out
