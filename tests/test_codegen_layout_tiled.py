@@ -178,7 +178,7 @@ def test_detect_decode_loads_its_head_before_the_cat_branches(tmp_path):
     assert first_loads == ["ld.global.nc.f32"] * 4, ops[:8]
 
 
-def test_aligned_rows_load_float4_into_the_tile_and_others_stay_scalar():
+def test_aligned_rows_load_float4_into_the_tile_and_others_stay_scalar(tmp_path):
     for case, vec in (("pixel_shuffle_r2_aligned", 4), ("channel_shuffle_nhwc", 4), ("pixel_shuffle_r2", 1),
                       ("pixel_shuffle_r3", 1)):   # rows of 17; a pitch of 11 (mod 32) breaks 16-byte rows
         p, ids, _ = TILED[case]()
@@ -186,6 +186,13 @@ def test_aligned_rows_load_float4_into_the_tile_and_others_stay_scalar():
         assert ks.params["vector"] == vec and ("reinterpret_cast<const float4*>" in ks.source) == (vec == 4), case
         assert ks.align == (16 if vec == 4 else 4)
     p, ids, _ = TILED["pixel_shuffle_r2_aligned"]()
+    import shutil
+    if shutil.which("nvcc"):      # 16-byte loads in the PTX, st.shared.v4 into the tile
+        cu = tmp_path / "v.cu"
+        cu.write_text(generate_kernel(p, ids, name="v").source)
+        subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(tmp_path / "v.ptx"), str(cu)], check=True)
+        ptx = (tmp_path / "v.ptx").read_text()
+        assert "ld.global.nc.v4" in ptx and "st.shared.v4" in ptx
     assert {"vector": False} in tune_space(generate_kernel(p, ids, name="v"))
     assert generate_kernel(p, ids, name="v", params={"vector": False}).params["vector"] == 1
 
