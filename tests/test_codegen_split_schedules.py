@@ -93,11 +93,11 @@ def peak_floor(shape):
     return p, [m.id, s.id, y.id]
 
 
-# (case, builder, shape, schedule, split or cluster size)
-SPLIT_COLUMNS = [("stats_llama7b", stats, (4096, 4096), 9),        # the activation_stats block
-                 ("stats_ragged", stats, (1001, 4099), 9),          # rows not a multiple of the split
-                 ("stats_3d", lambda s: stats(s, 1), (3, 2000, 130), 32),  # outer > 1, a partial tile
-                 ("sum_llama7b", column_sum, (4096, 4096), 9)]
+# (case, builder, shape, (split, columns per thread) or cluster size)
+SPLIT_COLUMNS = [("stats_llama7b", stats, (4096, 4096), (33, 4)),   # the activation_stats block: float4
+                 ("stats_ragged", stats, (1001, 4099), (9, 1)),     # columns not a multiple of 4
+                 ("stats_3d", lambda s: stats(s, 1), (3, 4000, 130), (63, 1)),  # outer > 1, a partial tile
+                 ("sum_llama7b", column_sum, (4096, 4096), (33, 4))]
 CLUSTER_ROWS = [("log_softmax_50257", lambda s: row_op("log_softmax", s), (1024, 50257), 4),
                 ("softmax_few_rows", lambda s: row_op("softmax", s), (64, 128256), 8),
                 ("layer_norm_few_rows", lambda s: row_op("layer_norm", s), (64, 20000), 4),
@@ -113,18 +113,21 @@ def _kernel(builder, shape, **params):
 @pytest.mark.parametrize("case,builder,shape,split", SPLIT_COLUMNS, ids=[c[0] for c in SPLIT_COLUMNS])
 def test_columns_too_few_to_fill_the_sms_split_with_a_workspace_per_column(case, builder, shape, split):
     p, ks = _kernel(builder, shape)
-    outer, cols, inner = (1, *shape) if len(shape) == 2 else shape
-    tiles = outer * math.ceil(inner / 32)
+    (split, vecx), (outer, cols, inner) = split, ((1, *shape) if len(shape) == 2 else shape)
+    tiles = outer * math.ceil(inner / (32 * vecx))
     assert ks.params["schedule"] == "split_column" and ks.params["split"] == split, ks.params
+    assert ks.params["vecx"] == vecx and ("float4" in ks.source) == (vecx == 4)
+    assert ks.align == (16 if vecx == 4 else 4)      # the launcher copies an input it cannot read 16 B at a time
     assert ks.grid == (tiles * split, 1, 1) and ks.block == (32, 8, 1)
     fields = 1 if case.startswith("sum") else 3    # mean's sum, max, min: one float each
-    assert ks.workspace == [("float32", tiles * 32 * split * fields), ("int32", tiles)]
+    assert ks.workspace == [("float32", tiles * 32 * vecx * split * fields), ("int32", tiles)]
     assert ks.source.count("float* __restrict__ workspace, unsigned int* __restrict__ counters") == 1
     # deterministic: per-column states combined in split order by the last block, no float atomics
-    assert re.search(r"for \(int k = 0; k < kSplit; \+\+k\) \{.*\n.*workspace \+ .*k\) \* kFields", ks.source)
+    assert re.search(r"for \(int k = 0; k < kSplit; \+\+k\) \{.*\n.*workspace \+ .*k\) \* kFields;", ks.source)
     assert re.findall(r"atomicAdd\(([^,]+),", ks.source) == ["&counters[tile_id]"]
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0 and c.spill_loads == 0 and c.stack_bytes == 0, c.summary()
+    assert "warning" not in c.log, c.log
 
 
 @pytest.mark.parametrize("case,builder,shape,cluster", CLUSTER_ROWS, ids=[c[0] for c in CLUSTER_ROWS])
@@ -142,15 +145,17 @@ def test_long_or_few_rows_take_a_cluster_that_holds_the_row_in_registers(case, b
     assert ks.source.count("__cluster_barrier_wait();") == rounds + 1
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0 and c.spill_loads == 0 and c.stack_bytes == 0, c.summary()
+    assert "warning" not in c.log, c.log
 
 
 @pytest.mark.parametrize("builder,shape,schedule", [
     (lambda s: stats(s, 1), (64, 4096, 4096), "column"),    # 8192 column tiles already fill the SMs
     (lambda s: row_op("softmax", s), (6, 4096), "block"),   # 96 KB in all: the launch dominates
+    (stats, (500, 300), "column"),                          # 600 KB: no split either
     (lambda s: row_op("softmax", s), (8192, 4096), "block"),  # many rows that one block holds
     (lambda s: row_op("softmax", s), (8, 1 << 19), "online"),  # rows longer than 8 CTAs hold
     (lambda s: column_sum(s, 1), (64, 1 << 17), "split"),   # few long rows reduced away: rowreduce's split
-], ids=["many_tiles", "tiny", "many_rows", "too_long", "row_split"])
+], ids=["many_tiles", "tiny", "tiny_columns", "many_rows", "too_long", "row_split"])
 def test_shapes_that_keep_their_schedule(builder, shape, schedule):
     _, ks = _kernel(builder, shape)
     assert ks.params["schedule"] == schedule, ks.params
@@ -172,7 +177,7 @@ def test_every_tuning_variant_generates_and_builds_without_spills(case, builder,
     p, ids = builder(shape)
     ks = generate_kernel(p, ids, name="k")
     variants = tune_space(ks)
-    key = "split" if ks.params["schedule"] == "split_column" else "cluster"
+    key, n = ("split", n[0]) if ks.params["schedule"] == "split_column" else ("cluster", n)
     # twice / half the blocks or CTAs where they still fit, and the undivided schedule itself
     assert {v[key] for v in variants} >= {1, n // 2}, variants
     seen = {ks.params["schedule"]}
@@ -210,11 +215,11 @@ def _optimize(block: str, tmp_path):
 
 
 def test_activation_stats_block_at_full_size_splits_its_columns(tmp_path):
-    """mean, max, min over 4096 tokens of 4096 channels: 128 column tiles alone leave the H200's SMs
-    latency-bound; 9 blocks per tile give 1152 blocks."""
+    """mean, max, min over 4096 tokens of 4096 channels: one block per 32 channels left the H200's
+    SMs latency-bound; tiles of 128 channels (a float4 per thread) each split over 33 blocks."""
     cg, kernels, stdout = _optimize("activation_stats_observer_llama7b", tmp_path)
-    assert cg["params"]["schedule"] == "split_column" and cg["params"]["grid"] == 128 * cg["params"]["split"]
-    assert cg["params"]["split"] >= 4
+    assert cg["params"]["schedule"] == "split_column" and cg["params"]["vecx"] == 4
+    assert cg["params"]["grid"] == 32 * cg["params"]["split"] and cg["params"]["grid"] >= 4 * 132
     source = "\n".join(f.read_text() for f in kernels.glob("*.cu"))
     assert "last = atomicAdd(&counters[tile_id], 1u) == kSplit - 1;" in source
     assert "tuning variant(s) compiled" in stdout
