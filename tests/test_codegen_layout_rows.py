@@ -68,10 +68,10 @@ def bert_embed(b, n, vocab, d):
 
 
 def permute_softmax(shape):
-    """tanh(softmax(permute(relu(x), (0, 2, 1)), -1)): the permuted row is read with a stride."""
+    """tanh(softmax(permute(-x, (0, 2, 1)), -1)): the permuted row is read with a stride."""
     p = Program("permute_softmax")
     x = p.add_input("x", shape)
-    s = _node(p, "relu", [x])
+    s = _node(p, "neg", [x])
     pe = _node(p, "permute", [s.outputs[0]], {"dims": [0, 2, 1]})
     sm = _node(p, "softmax", [pe.outputs[0]], {"dim": -1})
     out = _node(p, "tanh", [sm.outputs[0]])
@@ -242,6 +242,45 @@ def test_an_integer_mask_is_read_through_its_view_in_its_own_type():
     ks = _generated(mask_count(4, 16))
     assert ks.kind == "row_reduction"
     assert "-> long long { return mask[i]; }" in ks.source and "_at4" not in ks.source
+
+
+EMULATED = [("vit", vit_tokens, (2, 12, 3)), ("bert", bert_embed, (2, 5, 11, 8)),
+            ("permute", permute_softmax, ((2, 6, 10),)), ("slice", slice_rms_norm, ((3, 4, 20), 3, 12)),
+            ("two-reductions", slice_softmax_max, ((5, 20), 2, 12)), ("residual", embed_residual_rms, (2, 5, 11, 8))]
+
+
+@pytest.mark.parametrize("case,build,args", EMULATED, ids=[c[0] for c in EMULATED])
+def test_the_row_kernels_lambdas_give_each_prologue_value_as_torch_does(case, build, args):
+    """The scalar row kernel's own lambda text, evaluated on the CPU (tests/test_codegen_views_gen.py's
+    C evaluator, every load bounds-checked) on integer-valued inputs, equals torch's value exactly at
+    every index: the views the row kernel reads its rows through are right."""
+    import re
+
+    import torch
+
+    from agent_core.reference import run_reference
+    from tests.test_codegen_views_gen import _env, _inputs
+    p = build(*args)
+    ks = generate_kernel(p, _all(p), name=case, params={"vector_width": 1})
+    ins = _inputs(p)
+    ref = run_reference(p, {v: ins[v] for v in p.inputs}, params={v: t for v, t in ins.items() if v not in p.inputs},
+                        keep=True)
+    env = _env(ks, ins)
+    checked = set()
+    for vid, val in p.values.items():
+        fn = re.sub(r"\W", "_", val.name) + "_at"
+        if fn not in env or vid not in ref:
+            continue
+        want = ref[vid].reshape(-1).tolist()      # (parameters are random floats: float32 rounding)
+        assert [env[fn][i] for i in range(len(want))] == pytest.approx(want, rel=1e-6, abs=1e-6), (case, val.name)
+        checked.add(vid)
+    # a layout op's value is among them, and the reduction's input (the residual case reads relu(y) in
+    # the row graph, and the embedding through its view)
+    moved = [v for v in checked if p.values[v].producer
+             and p.nodes[p.values[v].producer].op in ("cat", "embedding", "permute", "slice")]
+    assert moved, case
+    red = next(n for n in p.topo_order() if p.nodes[n].op in ("layer_norm", "rms_norm", "softmax", "sum"))
+    assert case == "residual" or p.nodes[red].inputs[0] in checked, case
 
 
 def test_a_slice_with_an_odd_row_compiles_scalar():
