@@ -363,7 +363,7 @@ class ViewPrologue:
             lines += vlines
             self.vector = {v: vfn[v] for v in io.outputs}
         self._lines = lines
-        self.extent = max(math.prod(program.values[v].shape) for v in io.inputs)
+        self.extent = max((math.prod(program.values[v].shape) for v in io.inputs), default=0)
 
     def declarations(self, body: list[str]) -> list[str]:
         """The lambda lines the kernel body calls, directly or through other lambdas (each with the
