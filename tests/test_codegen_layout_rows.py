@@ -214,9 +214,11 @@ def slice_sum(shape, start, width):
 
 @pytest.mark.parametrize("build,args,schedule", [
     (slice_rms_norm, ((4, 40000), 0, 32768), "online"),
+    (slice_rms_norm, ((16, 140000), 4, 131072), "cluster"),
+    (slice_rms_norm, ((16, 140000), 3, 131072), "cluster"),
     (slice_sum, ((4, 262200), 4, 262144), "split"),
     (slice_sum, ((4, 262200), 3, 262144), "split"),
-], ids=["online", "split-vec", "split-scalar"])
+], ids=["online", "cluster-vec", "cluster-scalar", "split-vec", "split-scalar"])
 def test_long_rows_read_through_views_in_the_streaming_schedules(build, args, schedule):
     ks = _generated(build(*args))
     assert ks.params["schedule"] == schedule
@@ -361,6 +363,8 @@ GPU_CASES = [
     ("slice-rms-misaligned", slice_rms_norm, ((64, 8, 2048), 3, 1024)),
     ("slice-rms-long", slice_rms_norm, ((4, 40000), 0, 32768)),
     ("slice-rms-odd", slice_rms_norm, ((5, 37), 2, 33)),
+    ("slice-rms-cluster", slice_rms_norm, ((16, 140000), 4, 131072)),
+    ("slice-rms-cluster-misaligned", slice_rms_norm, ((16, 140000), 3, 131072)),
     ("slice-sum-split", slice_sum, ((4, 262200), 4, 262144)),
     ("slice-sum-split-misaligned", slice_sum, ((4, 262200), 3, 262144)),
     ("slice-softmax-max", slice_softmax_max, ((512, 4160), 64, 4096)),
