@@ -52,6 +52,10 @@ CASES = [
     ("log_mel_whisper", "log_mel", (64, 80, 3000), None, True),
     # kl_div_distill_distilbert: log_softmax and softmax of two rows of 30522 (a cluster per row)
     ("kl_terms_distilbert", "kl_terms", (2048, 30522), None, True),
+    # cross_entropy_llama2_32k: labels masked to -100, log_softmax -> nll_loss (mean), one class-loss kernel
+    ("cross_entropy_llama2_32k", "cross_entropy", (4096, 32000), None, True),
+    # rmsnorm_residual_llama7b: residual = hidden + residual, then rms_norm with a weight; both returned
+    ("rmsnorm_residual_llama7b", "rms_residual", (4096, 4096), None, True),
 ]
 
 
@@ -165,7 +169,51 @@ def _kl_terms(shape, temperature: float = 2.0):
     return p, ids, fn
 
 
-BLOCKS = {"stats_dim0": _stats_dim0, "log_mel": _log_mel, "kl_terms": _kl_terms}
+def _cross_entropy(shape):
+    """cross_entropy_llama2: labels = where(mask == 1, labels, -100), then log_softmax -> nll_loss (mean)."""
+    from agent_core.ir import Program
+    import torch
+    import torch.nn.functional as F
+    p = Program(f"cross_entropy_{'x'.join(map(str, shape))}")
+    x = p.add_input("logits", shape)
+    t = p.add_input("labels", shape[:1], "int64", init={"kind": "randint", "low": 0, "high": shape[1]})
+    m = p.add_input("mask", shape[:1], "int64", init={"kind": "randint", "low": 0, "high": 2})
+    ids = []
+    outs = _chain(p, [("full_like", [m.id], {"fill_value": 1}), ("eq", [m.id, 0], {}),
+                      ("full_like", [t.id], {"fill_value": -100}), ("where", [1, t.id, 2], {}),
+                      ("log_softmax", [x.id], {"dim": 1}),
+                      ("nll_loss", [4, 3], {"reduction": "mean", "ignore_index": -100})], ids)
+    p.mark_output(outs[-1])
+    return p, ids, lambda a, b, c: F.cross_entropy(a, torch.where(c == 1, b, -100), ignore_index=-100)
+
+
+def _rms_residual(shape, eps: float = 1e-5):
+    """rmsnorm_residual_llama7b: residual = hidden + residual; weight * residual * rsqrt(mean(residual^2) + eps)."""
+    import numpy as np
+    import torch
+    from agent_core.ir import Program
+    p = Program(f"rms_residual_{'x'.join(map(str, shape))}")
+    h, r = p.add_input("hidden", shape), p.add_input("residual", shape)
+    wdata = (1.0 + 0.1 * np.random.default_rng(0).standard_normal(shape[-1])).astype(np.float32)
+    w = p.add_parameter("weight", data=wdata)
+    ids = []
+    outs = _chain(p, [("add", [h.id, r.id], {}), ("square", [0], {}), ("mean", [1], {"dim": [-1], "keepdim": True}),
+                      ("add_scalar", [2], {"value": eps}), ("rsqrt", [3], {}), ("mul", [0, 4], {}),
+                      ("mul", [w.id, 5], {})], ids)
+    p.mark_output(outs[-1])
+    p.mark_output(outs[0])
+    wt = {}                                   # the weight on the inputs' device, copied once
+
+    def fn(a, b):
+        if a.device not in wt:
+            wt[a.device] = torch.from_numpy(wdata).to(a.device)
+        res = a + b
+        return wt[a.device] * (res * torch.rsqrt(res.pow(2).mean(-1, keepdim=True) + eps)), res
+    return p, ids, fn
+
+
+BLOCKS = {"stats_dim0": _stats_dim0, "log_mel": _log_mel, "kl_terms": _kl_terms, "cross_entropy": _cross_entropy,
+          "rms_residual": _rms_residual}
 
 
 def first_line(exc: BaseException) -> str:
@@ -186,7 +234,10 @@ def run_case(name, op, shape, mask, args, bw_gbs, emit):
     from agent_core.profile.timing import time_gpu
     from agent_core.runtime import build_region
     p, ids, fn = build(op, shape, mask)
-    xs = [4.0 * torch.randn(p.values[v].shape, device="cuda") for v in p.inputs]
+    from agent_core.reference import draw
+    gen = torch.Generator().manual_seed(0)     # integer inputs (labels, masks) as their init says
+    xs = [4.0 * torch.randn(p.values[v].shape, device="cuda") if p.values[v].dtype == "float32"
+          else draw(p.values[v].shape, p.values[v].dtype, p.values[v].init, gen).cuda() for v in p.inputs]
     row = {"case": name, "shape": list(shape), "mask": mask}
     ks0 = generate_kernel(p, ids, name=f"rows_{name}")
     floor_us = ks0.bytes_moved / (bw_gbs * 1e9) * 1e6

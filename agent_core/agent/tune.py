@@ -16,5 +16,11 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6) -> list[dict]:
     elif ks.kind == "row_reduction":
         from ..codegen.rowreduce import tune_variants
         out = tune_variants(p, sm_count=sm_count)
-    # layout and column kernels expose no launch parameters yet
+    elif ks.kind == "class_loss":
+        from ..codegen.class_loss import tune_variants as class_loss_variants
+        out = class_loss_variants(p)
+    elif ks.kind in ("layout", "strided_slice"):
+        from ..codegen.layout_staged import tune_variants as staged_variants
+        from ..codegen.layout_tiled import tune_variants as tile_variants
+        out = tile_variants(p) + staged_variants(p)    # tiles; elements per thread of the staged gather
     return out[:limit]

@@ -16,14 +16,13 @@ from __future__ import annotations
 from ..ir import Program
 from .cuda import prune_unused
 from .kernel import CodegenError, KernelSource
-from .layout_graph import is_layout_graph
+from .layout_graph import is_layout_graph, is_layout_op
 from .lower_check import can_lower
 from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
 KINDS = ("pointwise", "row_reduction", "layout", "pooling", "convolution", "arg_reduction", "scan",
          "nll_loss", "class_loss", "strided_slice")
-LAYOUT_OPS = ("permute", "transpose")
 # single-node kernels whose op decides the generator: op -> kind
 OP_KINDS = {"argmax": "arg_reduction", "argmin": "arg_reduction", "cumsum": "scan", "cumprod": "scan",
             "nll_loss": "nll_loss"}
@@ -103,7 +102,9 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     own = {OP_KINDS[program.nodes[n].op] for n in io.nodes if program.nodes[n].op in OP_KINDS}
     if "nll_loss" in own and len(io.nodes) > 1:   # nll_loss with its log_softmax, label ops, reduction
         own = {"class_loss"}
-    if _is_strided_slice(program, io):
+    # reductions and norms, with any layout ops before them read through views (rowreduce.py)
+    anchors = [n for n in io.nodes if not is_elementwise(program.nodes[n]) and not is_layout_op(program.nodes[n])]
+    if _is_strided_slice(program, io) and not anchors:
         own.add("strided_slice")
     kind = (own.pop() if len(own) == 1 else None) or kind or region_kind(program, io)
     if kind == "arg_reduction":
@@ -126,13 +127,13 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind == "pooling" or (kind == "row_reduction" and _pools(program, io)):
         from .pooling import generate_pooling
         return generate_pooling(program, io, name, params)
-    if kind == "layout" or (kind == "row_reduction" and (any(program.nodes[n].op in LAYOUT_OPS for n in io.nodes)
-                                                         or is_layout_graph(program, io))):
+    if kind == "layout" or (kind == "row_reduction" and not anchors and is_layout_graph(program, io)):
         from .layout import generate_layout
         return generate_layout(program, io, name, params)
     if kind in ("row_reduction", "reduction", "normalization"):
-        if sum(not is_elementwise(program.nodes[n]) for n in io.nodes) > 1:   # several over the same rows
-            from .rowkernel import generate_multi_reduction
+        from .rowkernel import generate_multi_reduction, wide_schedule
+        # several over the same rows, or one whose rows / columns spread over several blocks
+        if len(anchors) > 1 or wide_schedule(program, io, params):
             return generate_multi_reduction(program, io, name, params)
         from .rowreduce import generate_row_reduction
         return generate_row_reduction(program, io, name, params)

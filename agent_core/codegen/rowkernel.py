@@ -17,8 +17,9 @@ Schedules (the row limits of rowreduce.DEFAULTS, counting every full-size input 
   column  [outer, L, inner] with inner > 1: 32 inner positions x 8 thread rows per block, combined
           through shared memory; the column in registers when each thread holds at most 16 values;
   split_column  column tiles too few to fill the SMs, one round, nothing per element: kSplit blocks
-          per tile each fold an interleaved share of the reduced length and publish per-column
-          partial states; the tile's last block combines them in split order (codegen/last_block.py);
+          per tile each fold an interleaved share of the reduced length (4 neighbouring columns per
+          thread, float4 loads, where the columns are a multiple of 4) and publish per-column partial
+          states; the tile's last block combines them in split order (codegen/last_block.py);
   cluster rows too long for one block's registers, or fewer rows than SMs: a thread-block cluster
           of kCluster CTAs per row (sm_90), each holding its share of the row in registers; each
           round's state is exchanged through distributed shared memory, combined in rank order.
@@ -29,19 +30,21 @@ import math
 import re
 
 from ..ir import Program
-from .cuda import VEC4, VEC4_STRUCTS, Names, float_literal, header, index_type, kernel_name, kernel_source
+from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .last_block import publish_and_arrive, reset_counter
+from .layout_graph import ViewPrologue, view_prologue_nodes
 from .pointwise import operand_views
 from .region_io import RegionIO
 from .rowgraph import E, R, RowGraph, lower
 from .rowreduce import DEFAULTS as ROW_DEFAULTS, STATES, _Operands
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "cluster": None,
-            "cluster_max": 8, "cluster_thread_floats": 32, "cluster_min_bytes": 1 << 22}
+            "cluster_max": 8, "cluster_thread_floats": 32, "spread_min_bytes": 1 << 22}
 # 8 CTAs is the portable cluster size; 16 needs the non-portable attribute set before each launch,
 # which the CuPy launch path cannot set, so clusters stop at 8
 CLUSTER_PORTABLE = 8
+ROW_THREAD_FLOATS = DEFAULTS["cluster_thread_floats"]
 SPLIT_MIN_ITEMS = 8         # reduced elements each thread of a split column folds, at least
 BLOCKS_PER_SM = 8           # 256-thread blocks an SM holds at once: the split column's target
 COLUMN_TILE = (32, 8)
@@ -53,26 +56,51 @@ LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partia
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
-    names, arg = _names(program, io)
-    g = lower(program, io, names, two_stage=True)
+    names, arg, views, g = _lowered(program, io, two_stage=True)
     sched = _schedule(g, p, _full_inputs(program, g, io))
     if not sched["cached"]:      # streamed rows: online states, one read of the row per round
-        names, arg = _names(program, io)
-        g = lower(program, io, names, two_stage=False)
-    return _render(program, io, g, names, arg, sched, name)
+        names, arg, views, g = _lowered(program, io, two_stage=False)
+    return _render(program, io, g, names, arg, sched, name, views)
+
+
+def _lowered(program: Program, io: RegionIO, two_stage: bool):
+    """(names, pointer arguments, the view prologue or None, the row graph). Layout ops and what feeds
+    them are read through their views (layout_graph.ViewPrologue): the row graph starts from the
+    values they make, which the kernel loads at (row, col) by calling their lambdas."""
+    names, arg = _names(program, io)
+    front = view_prologue_nodes(program, io)
+    if not front:
+        return names, arg, None, lower(program, io, names, two_stage)
+    views = ViewPrologue(program, front, arg, names)
+    vals = program.values
+    for v in views.io.outputs:
+        if v in io.outputs:
+            raise CodegenError(f"'{vals[v].name}' of the layout prologue leaves the region; a kernel of several "
+                               f"reductions does not write it: split the region there")
+        arg[v] = names.new(vals[v].name)
+    rest = [n for n in io.nodes if n not in set(front)]
+    read = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in rest)]
+    inner = RegionIO(rest, [*views.io.outputs, *read], list(io.outputs),
+                     {v for n in rest for v in program.nodes[n].outputs})
+    g = lower(program, inner, names, two_stage)
+    for (v, sp) in g.inputs:
+        if sp == R and v in views.scalar:
+            raise CodegenError(f"'{vals[v].name}' of the layout prologue is read once per row; split the region there")
+    return names, arg, views, g
 
 
 def wide_schedule(program: Program, io: RegionIO, params: dict | None = None) -> str | None:
-    """'cluster' or 'split_column' when the region's rows or columns take one of the schedules that
-    spread a row or a column over several blocks, else None (rowreduce keeps its own kernel then)."""
+    """'cluster' or 'split_column' when a region with one reduction takes a schedule that only this
+    kernel has: a cluster for rows it writes per element (read once instead of twice; a row reduced
+    away streams once in rowreduce already), split columns. None: rowreduce writes its kernel."""
     p = {**DEFAULTS, **(params or {})}
     try:
-        names, _ = _names(program, io)
-        g = lower(program, io, names, two_stage=True)
+        g = _lowered(program, io, two_stage=True)[3]
     except CodegenError:
         return None
     schedule = _schedule(g, p, _full_inputs(program, g, io))["schedule"]
-    return schedule if schedule in ("cluster", "split_column") else None
+    per_element = any(g.defs[key].space == E for key in g.outputs.values())
+    return schedule if schedule == "split_column" or (schedule == "cluster" and per_element) else None
 
 
 def _names(program, io) -> tuple[Names, dict[str, str]]:
@@ -104,14 +132,19 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         tiles = g.outer * math.ceil(g.inner / tx)
         column = {"schedule": "column", "vec": 1, "tpr": ty, "rows_per_block": 1, "block": tx * ty,
                   "items": items, "cached": items * k <= int(p["column_max_items"]), "grid": tiles, "split": 1}
-        # a split needs the whole column's state before anything is written: one round, outputs per column
-        if rounds != 1 or per_element:
+        # a split needs the whole column's state before anything is written: one round, outputs per
+        # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
+        if rounds != 1 or per_element or any(sp == R for (_, sp) in g.inputs):
             return column
+        if not p.get("split") and g.rows * cols * k * 4 < int(p["spread_min_bytes"]):
+            return column          # launch-bound: a workspace round trip would only add latency
+        vecx = 4 if g.inner % 4 == 0 and int(p["vector_width"]) == 4 else 1
+        tiles = g.outer * math.ceil(g.inner / (tx * vecx))
         split = int(p["split"]) if p.get("split") else \
             min(math.ceil(BLOCKS_PER_SM * sms / tiles), math.ceil(cols / (ty * SPLIT_MIN_ITEMS)))
         split = max(1, min(split, math.ceil(cols / ty)))      # every block folds at least one element
         if split > 1:
-            column.update(schedule="split_column", split=split, cached=False, grid=tiles * split,
+            column.update(schedule="split_column", split=split, cached=False, grid=tiles * split, vecx=vecx,
                           items=math.ceil(cols / (ty * split)))
         return column
     vec = 4 if cols % 4 == 0 and int(p["vector_width"]) == 4 else 1
@@ -149,14 +182,14 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str) -> int:
     each the block schedule's on-chip share (register_max_cols), up to cluster_max if each thread then
     still holds at most cluster_thread_floats; fewer rows than SMs also spread a row that one block
     could hold, so the grid covers the SMs; a tuner's `cluster` overrides. Below
-    cluster_min_bytes of rows the launch dominates and the cluster's barriers would only add latency."""
+    spread_min_bytes of rows the launch dominates and the cluster's barriers would only add latency."""
     if p.get("cluster") is not None:
         n = int(p["cluster"])
         if not 1 <= n <= CLUSTER_PORTABLE:
             raise CodegenError(f"cluster must be 1 to {CLUSTER_PORTABLE} CTAs (the portable size), got {n}")
         return n
     few = g.rows < int(p["sm_count"])
-    small = g.rows * g.cols * k * 4 < int(p["cluster_min_bytes"])
+    small = g.rows * g.cols * k * 4 < int(p["spread_min_bytes"])
     if small or schedule == "warp" or (schedule == "block" and not few):
         return 1
     n = _pow2(g.cols * k / int(p["register_max_cols"]))
@@ -194,8 +227,9 @@ def _round_code(r: int, steps, schedule: str, label) -> str:
             + "".join(f"  a.s{j} = combine_{k}(a.s{j}, b.s{j});\n" for j, k in enumerate(kinds))
             + "  return a;\n}\n")
     if schedule in ("column", "split_column"):
+        again = "  __syncthreads();  // a previous call's partials have been read\n" if schedule == "split_column" else ""
         return code + (f"__device__ __forceinline__ {t} reduce{r}({t} a) {{\n"
-                       f"  __shared__ {t} part[kTileY][kTileX];\n"
+                       f"  __shared__ {t} part[kTileY][kTileX];\n" + again +
                        "  part[threadIdx.y][threadIdx.x] = a;\n"
                        "  __syncthreads();\n"
                        "  a = part[0][threadIdx.x];\n"
@@ -228,16 +262,18 @@ def _round_code(r: int, steps, schedule: str, label) -> str:
 
 
 def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict, sched: dict,
-            name: str) -> KernelSource:
+            name: str, views: ViewPrologue | None = None) -> KernelSource:
     vals = program.values
     schedule, vec, cached = sched["schedule"], sched["vec"], sched["cached"]
     column, split, cluster = schedule in ("column", "split_column"), sched["split"], sched.get("cluster", 1)
+    vecx = sched.get("vecx", 1)
     need, steps = g.needed(), g.steps
     numel = math.prod(g.full)
-    index_t = index_type(numel)
+    index_t = index_type(max(numel, views.extent if views else 0))
     e_in = [v for (v, sp), k in g.inputs.items() if sp == E and k in need]
     r_in = {k: v for (v, sp), k in g.inputs.items() if sp == R and k in need}
-    ld = _Operands(program, g.full, e_in, names, "In", operand_views(program, io.nodes, e_in))
+    computed = {v: (views.scalar[v], views.vector.get(v)) for v in e_in if v in views.scalar} if views else {}
+    ld = _Operands(program, g.full, e_in, names, "In", operand_views(program, io.nodes, e_in), computed)
     held = [v for v in e_in if ld.full(v)]            # full-size inputs: registers, or streamed
     key_of = {v: g.inputs[(v, E)] for v in e_in}
     ct = {v: g.defs[key_of[v]].ctype for v in e_in}
@@ -248,7 +284,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     outs_local = {v: names.new(f"o_{arg[v]}") for v in out_e}
 
     def flat(col: str) -> str:
+        if split > 1:      # column e of the thread's kVecX
+            return f"base + (index_t)({col}) * kInner + e"
         return f"base + {col}" if not column else f"base + (index_t)({col}) * kInner"
+
+    vec_bcast: dict = {}     # broadcast inputs the output pass loads 4 at a time (a norm's weight)
 
     def element_body(defs, indent: str, tail: list[str], reg_at: str) -> list[str]:
         """Lines for one element at column c: its inputs, then `defs`, then `tail`."""
@@ -256,7 +296,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         for d in defs:
             if d.expr is None:      # a region input
                 v = d.vid
-                src = f"{regs[v]}[{reg_at}]" if v in regs else ld.load(v, arg[v], "i")
+                src = (f"{regs[v]}[{reg_at}]" if v in regs else f"{vec_bcast[v]}[e]" if v in vec_bcast
+                       else ld.load(v, arg[v], "i"))
                 lines.append(f"const {d.ctype} {d.key} = {src};")
             else:
                 lines.append(f"const {d.ctype} {d.key} = {d.expr};" + (f"  // {d.note}" if d.note else ""))
@@ -283,10 +324,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             for v in loads:
                 if vec == 4:
                     out += [f"      {ct[v]} {regs[v]}[kVec];",
-                            f"      {{ const {VEC4[vals[v].dtype]} t = reinterpret_cast<const {VEC4[vals[v].dtype]}*>({arg[v]} + {flat('p')})[0];",
+                            f"      {{ const {VEC4[vals[v].dtype]} t = {ld.load4(v, arg[v], VEC4[vals[v].dtype], flat('p'))};",
                             "        " + " ".join(f"{regs[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
                 else:
-                    out.append(f"      const {ct[v]} {regs[v]}[1] = {{{arg[v]}[{flat('p')}]}};")
+                    out.append(f"      const {ct[v]} {regs[v]}[1] = {{{ld.load(v, arg[v], flat('p'))}}};")
         out += [f"      {ln}" for ln in pre_e]
         if vec == 4:
             out += ["#pragma unroll", "      for (int e = 0; e < kVec; ++e) {"]
@@ -306,9 +347,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             "  const int part = blockIdx.x % kSplit;  // which interleaved share of the reduced length",
             "  const index_t tile = tile_id % kTilesPerOuter;",
             "  const index_t outer = tile_id / kTilesPerOuter;",
-            "  const index_t inner = tile * kTileX + threadIdx.x;",
+            "  const index_t inner = (tile * kTileX + threadIdx.x) * kVecX;  // the first of this thread's columns",
             "  const bool active = inner < kInner;  // inactive threads still join the all-reduces",
-            "  const index_t row = outer * kInner + inner;",
             "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
             "  const int lane = part * kTileY + threadIdx.y;"] if split > 1 else [
             "  const int group = threadIdx.x / kThreadsPerRow;",
@@ -333,10 +373,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         for v in held:
             if vec == 4:
                 vt = VEC4[vals[v].dtype]
-                body += [f"      {{ const {vt} t = reinterpret_cast<const {vt}*>({arg[v]} + {flat('p')})[0];",
+                body += [f"      {{ const {vt} t = {ld.load4(v, arg[v], vt, flat('p'))};",
                          "        " + " ".join(f"{regs[v]}[k * kVec + {j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
             else:
-                body.append(f"      {regs[v]}[k] = {arg[v]}[{flat('p')}];")
+                body.append(f"      {regs[v]}[k] = {ld.load(v, arg[v], flat('p'))};")
         body += ["    }", "  }"]
 
     def row_defs(r: int) -> list[str]:
@@ -351,6 +391,26 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return lines
 
     body += row_defs(0)
+
+    def split_fold(var, r, rs, args, loads) -> list[str]:
+        """Fold this block's share of the reduced length into one state per column the thread holds."""
+        folds = [f"fold_{s.state}({var}_v[e].s{j}, {s.arg});" for j, s in enumerate(rs)]
+        out = [f"  Round{r} {var}_v[kVecX];", "#pragma unroll",
+               f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = identity{r}();",
+               "  for (int p = lane; active && p < kCols; p += kStride) {"]
+        for v in loads:
+            at = "base + (index_t)p * kInner"
+            if vecx == 4:
+                vt = VEC4[vals[v].dtype]
+                out += [f"    {ct[v]} {regs[v]}[kVecX];",
+                        f"    {{ const {vt} t = {ld.load4(v, arg[v], vt, at)};",
+                        "      " + " ".join(f"{regs[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+            else:
+                out.append(f"    const {ct[v]} {regs[v]}[1] = {{{ld.load(v, arg[v], at)}}};")
+        out += ["#pragma unroll", "    for (int e = 0; e < kVecX; ++e) {"]
+        out += element_body(g.closure(args, E, need), "      ", folds, "e")
+        out += ["    }", "  }", "#pragma unroll", f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = reduce{r}({var}_v[e]);"]
+        return out
     helpers = [_state_code(k) for k in dict.fromkeys(s.state for s in steps)]
     for r in range(1, max((s.round for s in steps), default=0) + 1):
         rs = sorted((s for s in steps if s.round == r), key=lambda s: s.slot)
@@ -359,12 +419,20 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         args = [s.arg for s in rs]
         folds = [f"fold_{s.state}({var}.s{j}, {s.arg});" for j, s in enumerate(rs)]
         loads = [v for v in held if key_of[v] in {d.key for d in g.closure(args, E, need)}]
-        body += [f"  // round {r}: fold {', '.join(vals[program.nodes[s.node].outputs[0]].name + ' (' + s.state + ')' for s in rs)}",
-                 f"  Round{r} {var} = identity{r}();"]
+        body.append(f"  // round {r}: fold {', '.join(vals[program.nodes[s.node].outputs[0]].name + ' (' + s.state + ')' for s in rs)}")
+        if split > 1:     # one round: fold, publish, and the last block's per-column outputs
+            body += split_fold(var, r, rs, args, loads)
+            body += _combine_split(var, r, rs)
+            body += ["#pragma unroll", "  for (int e = 0; e < kVecX; ++e) {",
+                     f"    const Round{r} {var} = {var}_v[e];",
+                     "    const index_t row = outer * kInner + inner + e;",
+                     *["  " + ln for ln in row_defs(r)],
+                     "    if (active) {  // the per-column outputs, once per column",
+                     *[f"      {arg[v]}[row] = {g.outputs[v]};" for v in out_r], "    }", "  }"]
+            continue
+        body.append(f"  Round{r} {var} = identity{r}();")
         body += each_element(lambda ind, at, a=args, f=folds: element_body(g.closure(a, E, need), ind, f, at), loads)
         body.append(f"  {var} = reduce{r}({var});")
-        if split > 1:
-            body += _combine_split(var, r, rs)
         body += row_defs(r)
     if out_e:
         keys = [g.outputs[v] for v in out_e]
@@ -374,14 +442,21 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             pre = [f"{octype[v]} {outs_local[v]}[kVec];" for v in out_e]
             post = [f"reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]} + {flat('p')})[0] = "
                     f"{VEC4[vals[v].dtype]}{{{', '.join(f'{outs_local[v]}[{j}]' for j in range(4))}}};" for v in out_e]
+            if not column and split == 1:   # a float4 of the weight per 4 outputs, not 4 scalar loads
+                closure = {d.key for d in g.closure(keys, E, need)}
+                for v in e_in:
+                    if v not in regs and key_of[v] in closure and ld.group_mode(v) == "vec4":
+                        vec_bcast[v] = names.new(f"b_{arg[v]}")
+                        pre += [f"{ct[v]} {vec_bcast[v]}[kVec];",
+                                f"{{ const {VEC4[vals[v].dtype]} t = {ld.load4(v, arg[v], VEC4[vals[v].dtype], flat('p'))};",
+                                "  " + " ".join(f"{vec_bcast[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
         else:
             tail = [f"{arg[v]}[i] = {g.outputs[v]};" for v in out_e]
             pre = post = []
         body.append("  // the per-element outputs")
         body += each_element(lambda ind, at: element_body(g.closure(keys, E, need), ind, tail, at), loads, pre, post)
-    if out_r:
-        # (after a split's combine only the last block's first thread row is left: lane is its split share)
-        body += [f"  if (active{'' if split > 1 else ' && lane == 0'}) {{  // the per-row outputs, once per row",
+    if out_r and split == 1:
+        body += ["  if (active && lane == 0) {  // the per-row outputs, once per row",
                  *[f"    {arg[v]}[row] = {g.outputs[v]};" for v in out_r], "  }"]
 
     if cluster > 1:
@@ -397,7 +472,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     if column:
         consts += [f"constexpr index_t kInner = {g.inner};  // kept elements after the reduced dims (the stride)",
                    f"constexpr int kTileX = {tx}, kTileY = {ty}, kBlock = kTileX * kTileY;",
-                   f"constexpr index_t kTilesPerOuter = {math.ceil(g.inner / tx)};",
+                   f"constexpr int kVecX = {vecx};  // neighbouring columns each thread folds"
+                   + (" (float4 loads)" if vecx == 4 else ""),
+                   f"constexpr index_t kTilesPerOuter = {math.ceil(g.inner / (tx * vecx))};",
                    f"constexpr int kSplit = {split};  // blocks that share each column tile",
                    "constexpr int kStride = kTileY * kSplit;  // columns between a thread's elements"]
         if split > 1:
@@ -419,12 +496,12 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                   "block": f"one block of {tpr} threads per row",
                   "stream": f"one block of {tpr} threads per row",
                   "column": f"column tiles of {tx} positions x {ty} thread rows",
-                  "split_column": f"column tiles of {tx} positions x {ty} thread rows, {split} blocks per tile, "
-                                  f"last block combines",
+                  "split_column": f"column tiles of {tx * vecx} positions ({vecx} per thread) x {ty} thread rows, "
+                                  f"{split} blocks per tile, last block combines",
                   "cluster": f"a cluster of {cluster} CTAs of {tpr} threads per row, states exchanged through "
                              f"distributed shared memory"}[schedule]
     sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times") + \
-        f", {rounds} all-reduce round(s), {'float4' if vec == 4 else 'scalar'} loads, {sched['grid']} blocks"
+        f", {rounds} all-reduce round(s), {'float4' if 4 in (vec, vecx) else 'scalar'} loads, {sched['grid']} blocks"
     red_names = ", ".join(program.nodes[n].op for n in g.reductions)
     head = header(program, f"Region {name}: {len(g.reductions)} reductions ({red_names}) over the same "
                            f"rows of {g.cols}, one kernel", io.nodes, [
@@ -432,11 +509,16 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
         f"[{g.outer}, {g.cols}, {g.inner}]: {g.rows} rows of {g.cols}; schedule: {sched_text}.",
     ])
-    cparams = [f"const {g.defs[g.inputs[(v, E)]].ctype if (v, E) in g.inputs else g.defs[g.inputs[(v, R)]].ctype}* "
-               f"__restrict__ {arg[v]}" for v in io.inputs] + \
+    def in_ctype(v):     # an input only the layout prologue reads keeps its own type
+        k = g.inputs.get((v, E)) or g.inputs.get((v, R))
+        return g.defs[k].ctype if k else c_type(vals[v].dtype, f"'{vals[v].name}'")
+    cparams = [f"const {in_ctype(v)}* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"{octype[v]}* __restrict__ {arg[v]}" for v in io.outputs]
     if split > 1:
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
+    if views:
+        body = ["  // the layout prologue's values through their views, by flat index (run start for float4)",
+                *views.declarations(body), *body]
     text = "\n".join(body)
     structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", text)]
     kname = kernel_name(name)
@@ -447,15 +529,18 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     if cluster > 1:   # compile-time cluster dims: an ordinary launch (CuPy, <<<>>>) starts clusters
         source = re.sub(r"(__launch_bounds__\([^)]*\))", r"\1 __cluster_dims__(kCluster, 1, 1)", source, count=1)
     block = (tx, ty, 1) if column else (sched["block"], 1, 1)
-    columns = g.outer * math.ceil(g.inner / tx) * tx
+    columns = g.outer * math.ceil(g.inner / (tx * vecx)) * tx * vecx
     return KernelSource(
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(sched["grid"], 1, 1), block=block, schedule=sched_text,
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": sched["rows_per_block"],
                 "vector_width": vec, "block": block[0] * block[1], "grid": sched["grid"], "cached": cached,
                 "rounds": rounds, "reductions": len(g.reductions), "split": split, "cluster": cluster,
-                "cols": g.cols, "full_inputs": len(held)},
-        align=16 if vec == 4 else 4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
+                "cols": g.cols, "vecx": vecx,
+                # the cluster sizes that still hold the row in registers (the tuner's choices)
+                "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
+                                 math.ceil(g.cols / (n * 1024)) * max(1, len(held)) <= ROW_THREAD_FLOATS]},
+        align=16 if 4 in (vec, vecx) else 4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=[("float32", columns * split * _fields_of_round1(steps)), ("int32", sched["grid"] // split)]
         if split > 1 else [])
@@ -466,23 +551,28 @@ def _fields_of_round1(steps) -> int:
 
 
 def _combine_split(var: str, r: int, steps) -> list[str]:
-    """A split column's publish-and-combine: the first thread row stores the block's state per column
-    into the workspace, the tile's last block folds all kSplit states per column in split order."""
+    """A split column's publish-and-combine: the first thread row stores the block's state of each of
+    its kVecX columns into the workspace, the tile's last block folds all kSplit states per column in
+    split order (the same bits whichever block came last)."""
     fields = [(j, f) for j, s in enumerate(steps) for f in STATES[s.state][0]]
-    at = "((index_t)(tile_id * kTileX + threadIdx.x) * kSplit + {}) * kFields"
-    publish = ["const index_t slot = " + at.format("part") + ";",
-               *[f"workspace[slot + {n}] = {var}.s{j}.{f};" for n, (j, f) in enumerate(fields)]]
+    at = "(((index_t)(tile_id * kTileX + threadIdx.x) * kVecX + e) * kSplit + {}) * kFields"
+    publish = ["#pragma unroll", "for (int e = 0; e < kVecX; ++e) {",
+               "  const index_t slot = " + at.format("part") + ";",
+               *[f"  workspace[slot + {n}] = {var}_v[e].s{j}.{f};" for n, (j, f) in enumerate(fields)], "}"]
     return ["  // publish this block's per-column states; the tile's last block combines all kSplit of them",
             *publish_and_arrive(publish, "counters[tile_id]", "kSplit", publisher="threadIdx.y == 0",
                                 arriver="threadIdx.x == 0 && threadIdx.y == 0"),
             "  if (!last || threadIdx.y != 0) return;",
             "  __threadfence();",
-            f"  {var} = identity{r}();",
-            "  for (int k = 0; k < kSplit; ++k) {  // split order: the same sum whichever block came last",
-            f"    const float* w = workspace + {at.format('k')};",
-            f"    Round{r} q;",
-            *[f"    q.s{j}.{f} = __ldcg(w + {n});" for n, (j, f) in enumerate(fields)],
-            f"    {var} = combine{r}({var}, q);",
+            "#pragma unroll",
+            "  for (int e = 0; e < kVecX; ++e) {",
+            f"    {var}_v[e] = identity{r}();",
+            "    for (int k = 0; k < kSplit; ++k) {  // split order",
+            f"      const float* w = workspace + {at.format('k')};",
+            f"      Round{r} q;",
+            *[f"      q.s{j}.{f} = __ldcg(w + {n});" for n, (j, f) in enumerate(fields)],
+            f"      {var}_v[e] = combine{r}({var}_v[e], q);",
+            "    }",
             "  }",
             "  if (threadIdx.x == 0) " + reset_counter("counters[tile_id]", "").strip()]
 

@@ -16,6 +16,9 @@ Schedules, chosen by row length:
   split   long rows reduced away, fewer rows than SMs: several blocks per row, the last to finish
           combines their partial states;
   column  [outer, L, inner] with inner > 1: 32 inner positions x 8 thread rows per block.
+Row-preserving rows that a thread-block cluster holds (long, or fewer than the SMs) and columns too
+few to fill the SMs go to rowkernel's cluster and split_column schedules instead (the package's
+dispatch asks rowkernel.wide_schedule).
 """
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ from ..ops.common import broadcast, norm_dim, norm_dims
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .last_block import publish_and_arrive, reset_counter
+from .layout_graph import ViewPrologue, is_layout_op
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
 
@@ -152,10 +156,15 @@ def _row_op(program: Program, nid: str):
 
 
 class _Operands:
-    """Loads of region inputs in an iteration space, by flat index, with broadcast offset helpers."""
+    """Loads of region inputs in an iteration space, by flat index, with broadcast offset helpers.
 
-    def __init__(self, program, space, vids, names: Names, prefix: str, views=None):
+    computed: value -> (scalar lambda, float4 lambda or None) for values a layout prologue computes
+    through views (layout_graph.ViewPrologue); they load by calling the lambda at the same index a
+    tensor would be read at, float4 only where the views keep aligned runs of 4."""
+
+    def __init__(self, program, space, vids, names: Names, prefix: str, views=None, computed=None):
         self.program, self.space = program, tuple(space)
+        self.computed = computed or {}
         vals = program.values
         views = views or {}
         self.bidx = BroadcastIndex(space, [views.get(v, vals[v].shape) for v in vids]) if vids else None
@@ -188,7 +197,11 @@ class _Operands:
                                   f"{inners[g]} = {self.bidx.inner[g]};")
 
     def full(self, vid):
-        return self.fn[vid] == "full"
+        """Read at the iteration index itself, 4 elements at a time in the float4 paths."""
+        return self.fn[vid] == "full" and self._vectors(vid)
+
+    def _vectors(self, vid):
+        return vid not in self.computed or self.computed[vid][1] is not None
 
     def group_mode(self, vid):
         """For 4 consecutive elements starting at a multiple of 4: "uniform" when they share one
@@ -197,19 +210,34 @@ class _Operands:
         if fn in ("full", None) or self.bidx.sizes[-1] % 4:
             return None
         last = self.bidx.strides[self.vids.index(vid)][-1]
-        return "uniform" if last == 0 else ("vec4" if last == 1 else None)
+        return "uniform" if last == 0 else ("vec4" if last == 1 and self._vectors(vid) else None)
+
+    def _at(self, vid, idx):
+        fn = self.fn[vid]
+        return idx if fn == "full" else ("0" if fn is None else f"{fn}({idx})")
 
     def load(self, vid, ptr, idx):
-        fn = self.fn[vid]
-        if fn == "full":
-            return f"{ptr}[{idx}]"
-        return f"{ptr}[0]" if fn is None else f"{ptr}[{fn}({idx})]"
+        """One element at iteration index idx."""
+        if vid in self.computed:
+            return f"{self.computed[vid][0]}({self._at(vid, idx)})"
+        return f"{ptr}[{self._at(vid, idx)}]"
+
+    def load4(self, vid, ptr, vtype, idx):
+        """The 4 elements from iteration index idx (a multiple of 4; "full" or "vec4" operands)."""
+        if vid in self.computed:
+            return f"{self.computed[vid][1]}({self._at(vid, idx)})"
+        return f"reinterpret_cast<const {vtype}*>({ptr} + {self._at(vid, idx)})[0]"
 
 
 def generate_row_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
     vals, nodes = program.values, program.nodes
-    anchors = [n for n in io.nodes if not is_elementwise(nodes[n])]
+    # layout ops (slice, cat, permute, embedding, ...) are read through their views in the prologue
+    anchors = [n for n in io.nodes if not is_elementwise(nodes[n]) and not is_layout_op(nodes[n])]
+    if not anchors:
+        ops = ", ".join(f"{nodes[n].name} ({nodes[n].op})" for n in io.nodes if not is_elementwise(nodes[n]))
+        raise CodegenError(f"the region holds no reduction or normalization for a row kernel, only layout ops "
+                           f"({ops}) and pointwise ones")
     if len(anchors) != 1:
         what = ", ".join(f"{nodes[n].name} ({nodes[n].op})" for n in anchors)
         raise CodegenError(f"a row-reduction region holds exactly one reduction or normalization; "
@@ -255,15 +283,22 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     pro = [n for n in io.nodes if n in before]
     epi = [n for n in io.nodes if n in after]
     pro_vals = {v for n in pro for v in nodes[n].outputs}
+    for n in epi:
+        if is_layout_op(nodes[n]):
+            raise CodegenError(f"{nodes[n].name} ({nodes[n].op}) is a layout op after {anchor.name}; a row kernel "
+                               f"reads layout ops in its prologue only: split the region there", node_id=n)
+    # a prologue with layout ops is computed through their views (layout_graph.ViewPrologue): point()
+    # then receives the reduction's input and the prologue values that leave the region, as lambdas
+    through_views = any(is_layout_op(nodes[n]) for n in pro)
     for v in io.outputs:  # prologue values used outside are written while the row is loaded
         if v in pro_vals and math.prod(vals[v].shape) != math.prod(x.shape):
             raise CodegenError(f"'{vals[v].name}' of the prologue is used outside the region but is smaller "
                                f"than the reduction's input; split the region there")
-    for n in epi:
-        for v in nodes[n].inputs:
-            if v in pro_vals and v != x_vid:
-                raise CodegenError(f"{nodes[n].name} reads '{vals[v].name}' of the prologue; split the region",
-                                   node_id=n)
+    if any(v in pro_vals and v != x_vid for n in epi for v in nodes[n].inputs):
+        # the epilogue reads a prologue value (the residual stream of add -> rms_norm): the row graph keeps
+        # the row's inputs in registers and recomputes it per element (rowkernel.py)
+        from .rowkernel import generate_multi_reduction
+        return generate_multi_reduction(program, io, name, params)
     params_in = anchor.inputs[1:]
     for v in params_in:
         if v is not None and v in io.produced:
@@ -281,6 +316,13 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     pro_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in pro)]
     if not pro:
         pro_inputs = [x_vid]
+    if through_views:
+        pro_inputs = [x_vid] + [v for v in io.outputs if v in pro_vals and v != x_vid]
+        for v in pro_inputs:
+            if tuple(vals[v].shape) != tuple(x.shape):
+                raise CodegenError(f"'{vals[v].name}' of the prologue leaves the region with shape "
+                                   f"{list(vals[v].shape)}, not the reduction's {list(x.shape)}; split the region there")
+    chain = [] if through_views else pro      # the prologue ops point() renders itself
     epi_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in epi) and v != x_vid]
     anchor_out = anchor.outputs[0]
     out_space = x.shape if preserving else vals[anchor.outputs[0]].shape
@@ -323,17 +365,28 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         raise CodegenError(f"unroll must be a power of two from 1 to 16, got {unroll}")
     items = math.ceil(cols / (tpr * vec))
     grid = math.ceil(rows / rows_per_block) * split
-    index_t = index_type(rows * cols)
-
     names = Names()
     names.taken.update(KERNEL_LOCALS)
     arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
+    views = ViewPrologue(program, pro, arg, names) if through_views else None
+    computed = {}
+    if views:
+        if column:
+            raise CodegenError(f"{anchor.name} ({anchor.op}) reduces columns; a prologue of layout ops is read "
+                               f"through views for row reductions only: split the region before it",
+                               node_id=anchor.id)
+        for v in pro_inputs:
+            arg.setdefault(v, names.new(vals[v].name))
+            ct.setdefault(v, c_type(vals[v].dtype, f"'{vals[v].name}'"))
+            computed[v] = (views.scalar[v], views.vector.get(v))
+    index_t = index_type(max(rows * cols, views.extent if views else 0))
     # the anchor's weight and bias are referred to by fixed names in the templates
     for port, v in zip(anchor.opdef.port_names[1:], params_in):
         if v is not None:
             out_expr = out_expr.replace(f"{port.upper()}[", f"{arg[v]}[")
 
-    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, pro, pro_inputs))
+    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, chain, pro_inputs),
+                       computed)
     ld_epi = _Operands(program, out_space, epi_inputs, names, "Out", operand_views(program, epi, epi_inputs))
     out_vids = list(io.outputs)
     pro_outs = [v for v in out_vids if v in pro_vals]    # written by the prologue in pass 1
@@ -346,7 +399,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     # prologue: external inputs -> anchor input
     pn = Names()
     penv = {v: pn.new(vals[v].name) for v in pro_inputs}
-    pro_lines = render_chain(program, pro, penv, pn) if pro else []
+    pro_lines = render_chain(program, chain, penv, pn) if chain else []
     pref = {v: pn.new(vals[v].name + "_out") for v in pro_outs}
     pro_lines += [f"  {pref[v]} = {penv[v]};" for v in pro_outs]
     psig = [f"{ct.get(v, 'float')} {penv[v]}" for v in pro_inputs] + [f"{ct[v]}& {pref[v]}" for v in pro_outs]
@@ -422,7 +475,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         state_code = state_code[:state_code.index("// All-reduce across")]
     cparams = [f"const {ct[v]}* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"{ct[v]}* __restrict__ {arg[v]}" for v in out_vids]
-    vt = {v: VEC4[vals[v].dtype] for v in [*io.inputs, *io.outputs]}  # 4 lanes of each operand's type
+    vt = {v: VEC4[vals[v].dtype] for v in [*io.inputs, *io.outputs, *computed]}  # 4 lanes of each operand's type
 
     modes = {v: ld_pro.group_mode(v) for v in pro_inputs} if vec == 4 else {}
 
@@ -435,13 +488,10 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     def group_loads(indent, col):
         out = []
         for v in pro_inputs:
-            if ld_pro.full(v):
-                out.append(f"{indent}const {vt[v]} {arg[v]}4 = reinterpret_cast<const {vt[v]}*>({arg[v]} + base + {col})[0];")
+            if ld_pro.full(v) or modes.get(v) == "vec4":
+                out.append(f"{indent}const {vt[v]} {arg[v]}4 = {ld_pro.load4(v, arg[v], vt[v], f'base + {col}')};")
             elif modes.get(v) == "uniform":
                 out.append(f"{indent}const {ct[v]} {arg[v]}_u = {ld_pro.load(v, arg[v], f'base + {col}')};")
-            elif modes.get(v) == "vec4":
-                out.append(f"{indent}const {vt[v]} {arg[v]}4 = reinterpret_cast<const {vt[v]}*>({arg[v]} + "
-                           f"{ld_pro.fn[v]}(base + {col}))[0];")
         return out
 
     def pro_args(idx, lane=None, store=True):
@@ -704,6 +754,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     if sum("discard" in ln for ln in body) == 1:   # pass 2 reads the registers: nothing to discard
         body = [ln for ln in body if "discard" not in ln]
     structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", "\n".join(body))]
+    if views:
+        body = ["  // the prologue's values through the views of its layout ops, by flat index (run start for float4)",
+                *views.declarations(body), *body]
     source = kernel_source(head, consts, [*structs, *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
                            cparams, body)
     if block == 1024:
@@ -729,7 +782,9 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     a trial on). Warp / block: half and twice the threads per row while the row still fits in
     registers (fewer threads per row keep more loads in flight each; more free registers), with 16
     and 4 rows per block for the warp schedule in between, then a quarter and four times the threads. Online: more or
-    fewer vectors in flight, half the threads. Split: twice or half the blocks per row."""
+    fewer vectors in flight, half the threads. Split: twice or half the blocks per row. Cluster: twice
+    or half the CTAs per row while the row stays in registers, and no cluster (one block streaming the
+    row). Split column: twice or half the blocks per column tile, and one block per tile."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
     if schedule in ("warp", "block") and cols:
@@ -751,6 +806,13 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     elif schedule == "split":
         s = int(params.get("split") or 2)
         out += [{"split": c} for c in (s * 2, max(2, s // 2)) if c != s]
+    elif schedule == "cluster":
+        n = int(params["cluster"])
+        out += [{"cluster": c} for c in (n * 2, n // 2) if c in params.get("cluster_fits", ())]
+        out.append({"cluster": 1})
+    elif schedule == "split_column":
+        s = int(params["split"])
+        out += [{"split": c} for c in (s * 2, s // 2) if c >= 2] + [{"split": 1}]
     return [{**o, "sm_count": sm_count} for o in out]
 
 

@@ -23,7 +23,7 @@ C_TYPES = {"float32": "float", "bool": "bool", "int64": "long long", "int32": "i
 # identifiers stitch_run uses itself
 HOST_LOCALS = ("arena", "inputs", "params", "outputs", "workspace", "stream", "cublas", "memory")
 
-_SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\([\w, ]+\)\s*(\w+)\(([^)]*)\)')
+_SIGNATURE = re.compile(r'extern "C" __global__ void __launch_bounds__\([\w, ]+\)\s*(?:__cluster_dims__\([\w, ]+\)\s*)?(\w+)\(([^)]*)\)')
 
 
 def c_type(dtype: str) -> str:

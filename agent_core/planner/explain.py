@@ -98,6 +98,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         why_sched = {"warp-per-row": f"one warp per row (a {fmt_bytes(red.row_len * 4)} row fits in registers)",
                      "block-per-row": f"one block per row (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
                                       f"fits on chip)",
+                     "cluster-per-row": f"a thread-block cluster per row (a {fmt_bytes(red.row_len * 4 * max(k, 1))} "
+                                        f"row fits in the registers of up to 8 CTAs; one read)",
                      "two-pass": (f"two passes over memory (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
                                   f"exceeds the {state.gpu.block_row_bytes // 1024} KiB on-chip budget)"
                                   if rereads_rows(state, nodes, red) else

@@ -79,12 +79,20 @@ def _shape(shape) -> str:
 def schedule_for(red: Geometry, full_inputs: int, gpu: GPUProfile) -> tuple[str, int]:
     """(schedule, values each thread holds) for a stitched reduction whose row reads `full_inputs`
     tensors from memory: a warp per row up to 1024 elements, a block per row while the rows fit the
-    on-chip budget, else two passes over memory."""
+    on-chip budget, a thread-block cluster per row while they fit 8 CTAs' registers, else two passes
+    over memory."""
     k = max(full_inputs, 1)
     if red.row_len <= gpu.warp_row_max and k * math.ceil(red.row_len / gpu.warp_size) <= 64:
         return "warp-per-row", k * math.ceil(red.row_len / gpu.warp_size)
     if red.row_len * 4 * k <= gpu.block_row_bytes:
         return "block-per-row", k * math.ceil(red.row_len / gpu.max_threads_per_block)
+    # codegen/rowkernel.py's cluster schedule: one read of a row that a cluster of CTAs holds
+    from ..codegen.rowkernel import CLUSTER_PORTABLE, DEFAULTS as ROW_KERNEL
+    ctas = min(CLUSTER_PORTABLE, 1 << math.ceil(math.log2(red.row_len * 4 * k / gpu.block_row_bytes)))
+    held = k * math.ceil(red.row_len / (ctas * gpu.max_threads_per_block))
+    if red.contiguous and held <= ROW_KERNEL["cluster_thread_floats"] and \
+            red.full_numel * 4 * k >= ROW_KERNEL["spread_min_bytes"]:
+        return "cluster-per-row", held
     return "two-pass", 0
 
 
@@ -334,9 +342,11 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
                     return (f"{_name(state, nid)} loops over {ne} elements, not the {out.numel} of "
                             f"{_name(state, an)}'s output")
     elif red is not None:
+        # layout ops, and the pointwise ops between them, are read through views in a row kernel's
+        # prologue whatever their sizes: there codegen's answer (can_lower) decides
         allowed = {red.full_numel, red.rows}
-        for s in (sa, sb):
-            for nid, ne in (*s.numels.items(), *s.layouts.items()):
+        for s in (sa, sb) if not (sa.layouts or sb.layouts) else ():
+            for nid, ne in s.numels.items():
                 if ne not in allowed:
                     return (f"{_name(state, nid)} loops over {ne} elements, neither the "
                             f"{_shape(red.full)} rows nor the {red.rows} row results of "
