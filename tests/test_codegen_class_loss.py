@@ -363,9 +363,9 @@ def test_rmsnorm_residual_block_is_one_kernel_that_reads_each_input_once(tmp_pat
 gpu = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
-def _fused(p, ids, name):
+def _fused(p, ids, name, **kw):
     from tests.programs import fused
-    return fused(p, ids, name)
+    return fused(p, ids, name, **kw)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

@@ -92,6 +92,18 @@ def test_every_example_exports(exports):
                 "manifest.json", "python/stitch_program.py", "stitch_capi.cpp"} <= files
 
 
+def test_no_kernel_reads_a_buffer_it_writes(exports):
+    """A view between two ops of a region is computed in its kernel, never passed in as an input that
+    aliases one of the kernel's own outputs (transformer_block: slice -> reshape -> transpose)."""
+    for name, res in exports.items():
+        if isinstance(res, str):
+            continue
+        base = res.schedule.base
+        for step in res.schedule.steps:
+            if step.kind == "kernel":
+                assert not set(map(base, step.reads)) & set(map(base, step.writes)), (name, step.name)
+
+
 def test_convolutions_are_generated_and_the_readme_says_what_that_costs(exports):
     res = exports["conv2d_bias_relu"]
     kinds = [s.kernel.kind for s in res.schedule.steps if s.kernel is not None]

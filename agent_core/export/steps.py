@@ -88,9 +88,9 @@ def build_schedule(program: Program) -> Schedule:
 
     for gi in region_order(program, groups):
         nodes, rid = region_io(program, groups[gi]).nodes, region_ids[gi]
-        real = [n for n in nodes if not is_view(program, n)]
+        real = kernel_nodes(program, nodes)
         for n in nodes:
-            if is_view(program, n):
+            if n not in real:
                 node = program.nodes[n]
                 aliases[node.outputs[0]] = aliases.get(node.inputs[0], node.inputs[0])
         if not real:
@@ -114,6 +114,23 @@ def build_schedule(program: Program) -> Schedule:
     if refused:
         raise ExportError(f"{len(refused)} node(s) have no CUDA path in the export: " + "; ".join(refused))
     return Schedule(steps, aliases, notes)
+
+
+def kernel_nodes(program: Program, nodes: list[str]) -> list[str]:
+    """The region's nodes its kernel computes: every non-view, and every view between two of them
+    (RoPE's slice -> reshape -> transpose). Views at the region's edge alias their input and cost
+    nothing; one in the middle read as a kernel input would alias a buffer the kernel is writing."""
+    view = {n for n in nodes if is_view(program, n)}
+    made = {v for n in nodes if n not in view for v in program.nodes[n].outputs}
+    for n in nodes:                       # topological: a view of a view of a computed value is computed
+        if n in view and program.nodes[n].inputs[0] in made:
+            made.update(program.nodes[n].outputs)
+    read = {v for n in nodes if n not in view for v in program.nodes[n].inputs if v}
+    for n in reversed(nodes):             # a view read (through views) by a computed node is needed
+        if n in view and any(v in read for v in program.nodes[n].outputs):
+            read.add(program.nodes[n].inputs[0])
+    return [n for n in nodes if n not in view or (program.nodes[n].inputs[0] in made
+                                                  and any(v in read for v in program.nodes[n].outputs))]
 
 
 def _whole_region(program: Program, rid: str, real: list[str], unique) -> list[Step] | None:
