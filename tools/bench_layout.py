@@ -13,14 +13,11 @@ in its row and the run goes on. Needs torch and cupy only (no PySide6).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools.kernel_survey import main as survey_main, survey_region  # noqa: E402
 
 RGB_MEAN = (0.4488, 0.4371, 0.4040)
 
@@ -130,120 +127,18 @@ CASES = [
 ]
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
-
-
-def variant_label(params) -> str:
-    return ",".join(f"{k}={v}" for k, v in params.items() if k != "sm_count") if params else "default"
-
-
-def run_case(name, builder, shapes, args, bw_gbs, emit):
+def run_case(case, args, bw_gbs, emit):
     import torch
-    from agent_core.agent.tune import tune_space
-    from agent_core.codegen import generate_kernel
-    from agent_core.profile.timing import time_gpu
-    from agent_core.reference import parameter_tensors
-    from agent_core.runtime import build_region
+    name, builder, shapes, _ = case
     p, ids, fn = builder()
     xs = [torch.randn(s, device="cuda") for s in shapes]
-    row = {"case": name, "shape": list(shapes[0])}
-    ks0 = generate_kernel(p, ids, name=f"layout_{name}")
-    floor_us = ks0.bytes_moved / (bw_gbs * 1e9) * 1e6
-    row["floor_us"] = floor_us
-    with torch.no_grad():
-        try:
-            row["eager_us"] = time_gpu(lambda: fn(*xs), trials=args.trials).median_ms * 1e3
-        except Exception as exc:
-            row["eager_us"], row["eager_error"] = None, first_line(exc)
-        row["compile_us"] = None
-        if not args.no_compile:
-            try:
-                torch._dynamo.reset()
-                cfn = torch.compile(fn, dynamic=False)
-                cfn(*xs)
-                row["compile_us"] = time_gpu(lambda: cfn(*xs), trials=args.trials).median_ms * 1e3
-            except Exception as exc:
-                row["compile_error"] = first_line(exc)
-    params_t = parameter_tensors(p, "cuda")
-    by_input = dict(zip(p.inputs, xs))
-    sm = torch.cuda.get_device_properties(0).multi_processor_count
-    for params in [None] + tune_space(ks0, sm_count=sm, limit=args.variants):
-        rec = {**row, "variant": variant_label(params)}
-        try:
-            r = build_region(p, ids, name=f"layout_{name}", params=params, draws=3)
-            rec["schedule"] = r.kernel.schedule if r.kernel else None
-            if not r.fused:
-                raise RuntimeError(r.fallback_reason or "not fused")
-            ins = [by_input[v] if v in by_input else params_t[v].contiguous() for v in r.kernel.inputs]
-            outs = [torch.empty(s, dtype=getattr(torch, d), device="cuda") for s, d in r.loaded.specs]
-            with torch.no_grad():
-                want = fn(*xs)
-                r.loaded(ins, outs)
-                torch.testing.assert_close(outs[0].reshape(want.shape), want, atol=1e-4, rtol=1e-4)
-            ours = time_gpu(r.loaded.bind(ins, outs), trials=args.trials).median_ms * 1e3
-            rec.update(ours_us=ours, pct_of_floor=100.0 * floor_us / ours, registers=r.loaded.registers,
-                       local_bytes=r.loaded.local_bytes)
-        except Exception as exc:
-            rec["error"] = first_line(exc)
-            if args.verbose:
-                traceback.print_exc()
-        emit(rec)
-
-
-def fmt(v, spec="{:.1f}"):
-    return "-" if v is None else spec.format(v)
+    survey_region(p, ids, fn, xs, {"case": name, "shape": list(shapes[0])}, args, bw_gbs, emit,
+                  prefix="layout", check_fn=True)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the marked subset of cases (under 3 minutes)")
-    ap.add_argument("--cases", default="", help="only cases whose name contains one of these comma-separated words")
-    ap.add_argument("--variants", type=int, default=6, help="tuning variants per case besides the default (6)")
-    ap.add_argument("--trials", type=int, default=20, help="timed trials per measurement (median; 20)")
-    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    ap.add_argument("--json", help="append one JSON line per (case, variant) here")
-    ap.add_argument("--verbose", action="store_true", help="print the traceback of a failing variant")
-    args = ap.parse_args(argv)
-
-    import torch
-    if not torch.cuda.is_available():
-        print("bench_layout: no CUDA GPU; nothing to measure", file=sys.stderr)
-        return 2
-    from agent_core.profile.baselines import strict_fp32
-    from agent_core.profile.hardware import measure_copy_bandwidth
-    strict_fp32()
-    bw = measure_copy_bandwidth(2**28)
-    words = [w for w in args.cases.split(",") if w]
-    cases = [c for c in CASES if (c[3] or not args.quick) and (not words or any(w in c[0] for w in words))]
-    print(f"GPU {torch.cuda.get_device_name(0)}, copy bandwidth {bw:.0f} GB/s, {len(cases)} cases")
-    head = (f"{'case':<24} {'shape':<18} {'variant':<28} {'ours us':>9} {'eager us':>9} {'compile us':>10} "
-            f"{'floor us':>9} {'% floor':>8}  schedule / error")
-    print(head)
-    print("-" * len(head))
-    out = open(args.json, "a") if args.json else None
-
-    def emit(rec):
-        print(f"{rec['case']:<24} {'x'.join(map(str, rec['shape'])):<18} {rec['variant'][:28]:<28} "
-              f"{fmt(rec.get('ours_us')):>9} {fmt(rec.get('eager_us')):>9} {fmt(rec.get('compile_us')):>10} "
-              f"{fmt(rec.get('floor_us')):>9} {fmt(rec.get('pct_of_floor'), '{:.0f}%'):>8}  "
-              f"{rec.get('error') or rec.get('schedule') or ''}", flush=True)
-        if out:
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
-
-    t0 = time.time()
-    for name, builder, shapes, _ in cases:
-        try:
-            run_case(name, builder, shapes, args, bw, emit)
-        except Exception as exc:   # one case's failure is that case's row, never the run's
-            emit({"case": name, "shape": list(shapes[0]), "variant": "-", "error": first_line(exc)})
-        torch.cuda.empty_cache()
-    print(f"done in {time.time() - t0:.0f} s")
-    if out:
-        out.close()
-    return 0
+    return survey_main(argv, tool="bench_layout", doc=__doc__, cases=CASES, quick="under 3 minutes",
+                       run=run_case, widths=(24, 18, 28))
 
 
 if __name__ == "__main__":

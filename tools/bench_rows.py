@@ -15,15 +15,12 @@ cupy only (no PySide6).
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import sys
-import time
-import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tools.kernel_survey import main as survey_main, survey_region  # noqa: E402
 
 F32_MIN = -3.4028234663852886e38   # torch.finfo(float32).min, what HF models fill masked scores with
 
@@ -216,130 +213,20 @@ BLOCKS = {"stats_dim0": _stats_dim0, "log_mel": _log_mel, "kl_terms": _kl_terms,
           "rms_residual": _rms_residual}
 
 
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:160]
-
-
-def variant_label(params) -> str:
-    if not params:
-        return "default"
-    return ",".join(f"{k}={v}" for k, v in params.items() if k != "sm_count")
-
-
-def run_case(name, op, shape, mask, args, bw_gbs, emit):
+def run_case(case, args, bw_gbs, emit):
     import torch
-    from agent_core.agent.tune import tune_space
-    from agent_core.codegen import generate_kernel
-    from agent_core.profile.timing import time_gpu
-    from agent_core.runtime import build_region
-    p, ids, fn = build(op, shape, mask)
     from agent_core.reference import draw
+    name, op, shape, mask, _ = case
+    p, ids, fn = build(op, shape, mask)
     gen = torch.Generator().manual_seed(0)     # integer inputs (labels, masks) as their init says
     xs = [4.0 * torch.randn(p.values[v].shape, device="cuda") if p.values[v].dtype == "float32"
           else draw(p.values[v].shape, p.values[v].dtype, p.values[v].init, gen).cuda() for v in p.inputs]
-    row = {"case": name, "shape": list(shape), "mask": mask}
-    ks0 = generate_kernel(p, ids, name=f"rows_{name}")
-    floor_us = ks0.bytes_moved / (bw_gbs * 1e9) * 1e6
-    row["floor_us"] = floor_us
-    try:
-        with torch.no_grad():
-            row["eager_us"] = time_gpu(lambda: fn(*xs), trials=args.trials).median_ms * 1e3
-    except Exception as exc:
-        row["eager_us"], row["eager_error"] = None, first_line(exc)
-    row["compile_us"] = None
-    if not args.no_compile:
-        try:
-            torch._dynamo.reset()
-            cfn = torch.compile(fn, dynamic=False)
-            with torch.no_grad():
-                cfn(*xs)
-                row["compile_us"] = time_gpu(lambda: cfn(*xs), trials=args.trials).median_ms * 1e3
-        except Exception as exc:
-            row["compile_error"] = first_line(exc)
-    sm = torch.cuda.get_device_properties(0).multi_processor_count
-    for params in [None] + tune_space(ks0, sm_count=sm, limit=args.variants):
-        rec = {**row, "variant": variant_label(params)}
-        try:
-            r = build_region(p, ids, name=f"rows_{name}", params=params, draws=3)
-            rec["schedule"] = r.kernel.schedule if r.kernel else None
-            if not r.fused:
-                raise RuntimeError(r.fallback_reason or "not fused")
-            ins = _region_inputs(p, r.kernel.inputs, xs)
-            outs = [torch.empty(s, dtype=getattr(torch, d), device="cuda") for s, d in r.loaded.specs]
-            launch = r.loaded.bind(ins, outs)
-            ours = time_gpu(launch, trials=args.trials).median_ms * 1e3
-            rec["ours_us"] = ours
-            rec["pct_of_floor"] = 100.0 * floor_us / ours
-            rec["registers"] = r.loaded.registers
-            rec["local_bytes"] = r.loaded.local_bytes   # spills and stack
-        except Exception as exc:
-            rec["error"] = first_line(exc)
-            if args.verbose:
-                traceback.print_exc()
-        emit(rec)
-
-
-def _region_inputs(program, vids, xs):
-    """The region's input tensors: the program's inputs drawn, its parameters / constants as stored."""
-    from agent_core.reference import parameter_tensors
-    params = {**parameter_tensors(program, "cuda"), **dict(zip(program.inputs, xs))}
-    return [params[v].contiguous() for v in vids]
-
-
-def fmt(v, spec="{:.1f}"):
-    return "-" if v is None else spec.format(v)
+    survey_region(p, ids, fn, xs, {"case": name, "shape": list(shape), "mask": mask}, args, bw_gbs, emit,
+                  prefix="rows")
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="the marked subset of shapes (about 4 minutes)")
-    ap.add_argument("--cases", default="", help="only cases whose name contains one of these comma-separated words")
-    ap.add_argument("--variants", type=int, default=6, help="tuning variants per shape besides the default (6)")
-    ap.add_argument("--trials", type=int, default=20, help="timed trials per measurement (median; 20)")
-    ap.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
-    ap.add_argument("--json", help="append one JSON line per (shape, variant) here")
-    ap.add_argument("--verbose", action="store_true", help="print the traceback of a failing variant")
-    args = ap.parse_args(argv)
-
-    import torch
-    if not torch.cuda.is_available():
-        print("bench_rows: no CUDA GPU; nothing to measure", file=sys.stderr)
-        return 2
-    from agent_core.profile.baselines import strict_fp32
-    from agent_core.profile.hardware import measure_copy_bandwidth
-    strict_fp32()
-    bw = measure_copy_bandwidth(2**28)
-    words = [w for w in args.cases.split(",") if w]
-    cases = [c for c in CASES if (c[4] or not args.quick) and (not words or any(w in c[0] for w in words))]
-    print(f"GPU {torch.cuda.get_device_name(0)}, copy bandwidth {bw:.0f} GB/s, {len(cases)} shapes")
-    head = (f"{'case':<26} {'shape':<22} {'variant':<22} {'ours us':>9} {'eager us':>9} {'compile us':>10} "
-            f"{'floor us':>9} {'% floor':>8}  schedule / error")
-    print(head)
-    print("-" * len(head))
-    out = open(args.json, "a") if args.json else None
-
-    def emit(rec):
-        print(f"{rec['case']:<26} {'x'.join(map(str, rec['shape'])):<22} {rec['variant'][:22]:<22} "
-              f"{fmt(rec.get('ours_us')):>9} {fmt(rec.get('eager_us')):>9} {fmt(rec.get('compile_us')):>10} "
-              f"{fmt(rec.get('floor_us')):>9} {fmt(rec.get('pct_of_floor'), '{:.0f}%'):>8}  "
-              f"{rec.get('error') or rec.get('schedule') or ''}", flush=True)
-        if out:
-            out.write(json.dumps(rec) + "\n")
-            out.flush()
-
-    t0 = time.time()
-    for name, op, shape, mask, _ in cases:
-        try:
-            run_case(name, op, shape, mask, args, bw, emit)
-        except Exception as exc:   # one shape's failure is that shape's row, never the run's
-            emit({"case": name, "shape": list(shape), "variant": "-", "error": first_line(exc)})
-        torch.cuda.empty_cache()
-    print(f"done in {time.time() - t0:.0f} s")
-    if out:
-        out.close()
-    return 0
+    return survey_main(argv, tool="bench_rows", doc=__doc__, cases=CASES, quick="about 4 minutes", run=run_case)
 
 
 if __name__ == "__main__":
