@@ -255,6 +255,27 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
     return lines, fn
 
 
+def graph_source(g, name: str, consts, body, arg, sched: str, notes, marked=(), tag: str = "") -> tuple[str, list]:
+    """The kernel file of a layout-graph schedule and the graph's layout ops: the header (the ops, the
+    inputs, `tag` after those in `marked`, the outputs, `notes`, the schedule) and one pointer per
+    region input and output."""
+    program, io = g.program, g.io
+    vals, nodes = program.values, program.nodes
+    layout_nodes = [nodes[n] for n in io.nodes if nodes[n].op in GRAPH_OPS]
+    head = header(program, f"Region {name}: layout graph ({', '.join(n.op for n in layout_nodes)}) with "
+                           f"{len(io.nodes) - len(layout_nodes)} pointwise op(s) -> {vals[io.outputs[0]].spec}",
+                  io.nodes, [
+                      "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" + (tag if v in marked else "")
+                                              for v in io.inputs),
+                      "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+                      *notes,
+                      f"Schedule: {sched}.",
+                  ])
+    cparams = [f"const {INDEX_TYPES.get(vals[v].dtype, 'float')}* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
+    return kernel_source(head, consts, [], kernel_name(name), cparams, body), layout_nodes
+
+
 def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dict | None, kind: str) -> KernelSource:
     from .around import grid_for      # around.py imports the row kernels, which read prologues through here
     vals, nodes = program.values, program.nodes
@@ -295,22 +316,13 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
             *lines,
             "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
             loop, *stores, "  }"]
-    layout_nodes = [nodes[n] for n in io.nodes if nodes[n].op in GRAPH_OPS]
     n_reads = sum(1 for _ in g.reads())
     sched = (f"{'float4 ' if vec else ''}gather over a graph of views, one output "
              f"{'run of 4' if vec else 'element'} per thread, {block} threads x {grid} blocks")
-    head = header(program, f"Region {name}: layout graph ({', '.join(n.op for n in layout_nodes)}) with "
-                           f"{len(io.nodes) - len(layout_nodes)} pointwise op(s) -> {vals[io.outputs[0]].spec}",
-                  io.nodes, [
-                      "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
-                      "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
-                      "Every output element is computed from the region's inputs, read through the views of "
-                      "the layout ops; nothing in between goes to memory.",
-                      f"Schedule: {sched}.",
-                  ])
-    cparams = [f"const {INDEX_TYPES.get(vals[v].dtype, 'float')}* __restrict__ {arg[v]}" for v in io.inputs] + \
-              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
-    source = kernel_source(head, consts, [], kernel_name(name), cparams, body)
+    source, layout_nodes = graph_source(
+        g, name, consts, body, arg, sched,
+        ["Every output element is computed from the region's inputs, read through the views of the layout "
+         "ops; nothing in between goes to memory."])
     # each input is read at most once per element of each read of it, never more than all of it
     uses = {}
     for v, _ in g.reads():

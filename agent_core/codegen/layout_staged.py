@@ -20,7 +20,7 @@ import math
 
 from . import views as V
 from .around import grid_for
-from .cuda import Names, header, index_type, kernel_name, kernel_source
+from .cuda import Names, index_type, kernel_name
 from .kernel import KernelSource
 from .layout_tiled import composed_reads, single_view
 
@@ -44,9 +44,9 @@ def staged_inputs(g, numel: int, params: dict | None) -> list:
 
 
 def generate_staged(g, staged: list, name: str, params: dict | None, kind: str, numel: int) -> KernelSource:
-    from .layout_graph import GRAPH_OPS, INDEX_TYPES, _lambdas
+    from .layout_graph import _lambdas, graph_source
     program, io = g.program, g.io
-    vals, nodes = program.values, program.nodes
+    vals = program.values
     params = params or {}
     block, unroll = int(params.get("block", 256)), max(1, int(params.get("unroll", 4)))
     grid = grid_for(math.ceil(numel / unroll), block)
@@ -82,22 +82,12 @@ def generate_staged(g, staged: list, name: str, params: dict | None, kind: str, 
             *(f"      {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs),
             "    }",
             "  }"]
-    layout_nodes = [nodes[n] for n in io.nodes if nodes[n].op in GRAPH_OPS]
     sched = (f"gather over a graph of views, {', '.join(vals[v].name for v in staged)} loaded first, "
              f"{unroll} output elements per thread and step, {block} threads x {grid} blocks")
-    head = header(program, f"Region {name}: layout graph ({', '.join(n.op for n in layout_nodes)}) with "
-                           f"{len(io.nodes) - len(layout_nodes)} pointwise op(s) -> {vals[io.outputs[0]].spec}",
-                  io.nodes, [
-                      "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" +
-                                              (" (staged)" if v in staged else "") for v in io.inputs),
-                      "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
-                      "Staged inputs are read at the output's own index by every read of the graph: loaded "
-                      "once per element, before the cat's branches.",
-                      f"Schedule: {sched}.",
-                  ])
-    cparams = [f"const {INDEX_TYPES.get(vals[v].dtype, 'float')}* __restrict__ {arg[v]}" for v in io.inputs] + \
-              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
-    source = kernel_source(head, consts, [], kernel_name(name), cparams, body)
+    source, layout_nodes = graph_source(
+        g, name, consts, body, arg, sched,
+        ["Staged inputs are read at the output's own index by every read of the graph: loaded once per "
+         "element, before the cat's branches."], staged, " (staged)")
     read = sum(min(vals[v].nbytes, numel * 4) for v in io.inputs if v in g.need)
     return KernelSource(
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from . import views as V
-from .cuda import Names, header, index_type, kernel_name, kernel_source
+from .cuda import Names, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 
 BANKS = 32
@@ -178,9 +178,9 @@ def _pitch(ta: int, tb: int) -> int:
 
 
 def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str, numel: int) -> KernelSource:
-    from .layout_graph import INDEX_TYPES, _lambdas
+    from .layout_graph import _lambdas
     program, io = g.program, g.io
-    vals, nodes = program.values, program.nodes
+    vals = program.values
     params = params or {}
     block = int(params.get("block", 256))
     fine, a, b, ta, tb = plan.fine, plan.a, plan.b, plan.ta, plan.tb
@@ -268,23 +268,13 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
             *("  " + line for line in lines),
             *(f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs),
             "  }"]
-    from .layout_graph import GRAPH_OPS
-    layout_nodes = [nodes[n] for n in io.nodes if nodes[n].op in GRAPH_OPS]
+    from .layout_graph import graph_source
     sched = (f"tiles of {ta} x {tb} through shared memory ({len(plan.tiled)} tiled input(s){', float4 loads' if vec else ''}), "
              f"{grid} blocks of {block} threads")
-    head = header(program, f"Region {name}: layout graph ({', '.join(n.op for n in layout_nodes)}) with "
-                           f"{len(io.nodes) - len(layout_nodes)} pointwise op(s) -> {vals[io.outputs[0]].spec}",
-                  io.nodes, [
-                      "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" +
-                                              (" (tiled)" if v in plan.tiled else "") for v in io.inputs),
-                      "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
-                      *(f"{vals[v].name} as read by the outputs: view shape {list(view.shape)}, strides "
-                        f"{list(view.strides)}, offset {view.offset}" for v, view in plan.tiled.items()),
-                      f"Schedule: {sched}.",
-                  ])
-    cparams = [f"const {INDEX_TYPES.get(vals[v].dtype, 'float')}* __restrict__ {arg[v]}" for v in io.inputs] + \
-              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
-    source = kernel_source(head, consts, [], kernel_name(name), cparams, body)
+    source, layout_nodes = graph_source(
+        g, name, consts, body, arg, sched,
+        [f"{vals[v].name} as read by the outputs: view shape {list(view.shape)}, strides "
+         f"{list(view.strides)}, offset {view.offset}" for v, view in plan.tiled.items()], plan.tiled, " (tiled)")
     read = sum(min(vals[v].nbytes, numel * 4) for v in io.inputs if v in g.need)
     return KernelSource(
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
