@@ -135,3 +135,35 @@ ADAPTIVE_CASES = [
     ("adaptive_avg_pool3d", (1, 2, 3, 4, 5), [5, 6, 7]),
     ("adaptive_max_pool3d", (2, 3, 4, 4), [2, 2, 2]),
 ]
+
+
+def kl_terms(shape, temperature: float = 2.0):
+    """Distillation's KL terms as the lower_loss rewrite writes kl_div out (no final sum):
+    softmax(teacher / T) * (log(softmax(teacher / T)) - log_softmax(student / T)), two inputs, one row."""
+    p = Program("kl_terms")
+    s = p.add_input("student", shape)
+    t = p.add_input("teacher", shape)
+    a = p.add_node("div_scalar", [s.id], {"value": temperature})
+    ls = p.add_node("log_softmax", [a.outputs[0]], {"dim": -1})
+    b = p.add_node("div_scalar", [t.id], {"value": temperature})
+    sm = p.add_node("softmax", [b.outputs[0]], {"dim": -1})
+    c = p.add_node("max_scalar", [sm.outputs[0]], {"value": 1e-30})
+    lg = p.add_node("log", [c.outputs[0]])
+    d = p.add_node("sub", [lg.outputs[0], ls.outputs[0]])
+    k = p.add_node("mul", [sm.outputs[0], d.outputs[0]])
+    p.mark_output(k.outputs[0])
+    return p, [a.id, ls.id, b.id, sm.id, c.id, lg.id, d.id, k.id]
+
+
+def ptx_of(ks, tmp_path) -> str:
+    """The PTX nvcc makes of a kernel source for sm_90 (the test is skipped without nvcc)."""
+    import shutil
+    import subprocess
+
+    import pytest
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc is not installed")
+    cu, ptx = tmp_path / f"{ks.name}.cu", tmp_path / f"{ks.name}.ptx"
+    cu.write_text(ks.source)
+    subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(ptx), str(cu)], check=True)
+    return ptx.read_text()

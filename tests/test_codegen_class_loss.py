@@ -22,6 +22,7 @@ from agent_core.codegen import can_lower, generate_kernel
 from agent_core.ir import Program
 from agent_core.rewrites.engine import rewrite_program
 from agent_core.rewrites.lowering import lower_all
+from tests.programs import ptx_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -212,14 +213,6 @@ def test_blocks_plan_fewer_kernels_and_every_region_generates(block, monkeypatch
 
 
 # --- at the sizes the blocks run ------------------------------------------------------------------
-def ptx_of(ks, tmp_path) -> str:
-    import shutil
-    if not shutil.which("nvcc"):
-        pytest.skip("nvcc is not installed")
-    cu, ptx = tmp_path / f"{ks.name}.cu", tmp_path / f"{ks.name}.ptx"
-    cu.write_text(ks.source)
-    subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(ptx), str(cu)], check=True)
-    return ptx.read_text()
 
 
 def row_loop(ptx: str) -> list[str]:

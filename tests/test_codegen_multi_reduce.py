@@ -17,9 +17,9 @@ import torch
 
 from agent_core.codegen import CodegenError, can_lower, generate_kernel
 from agent_core.ir import Program
+from tests.programs import kl_terms
 
 ROOT = Path(__file__).resolve().parent.parent
-T = 2.0
 
 
 def stats(shape, dim=-1):
@@ -50,22 +50,6 @@ def var_mean(shape, dim=-1):
     return p, [v.id, m.id, d.id, e.id, r.id, z.id, q.id]
 
 
-def kl_terms(shape):
-    """softmax(teacher / T) and log_softmax(student / T) over the same rows, then kl_div's per-element
-    terms target * (log(target) - input), as the lower_loss rewrite writes them (no final sum)."""
-    p = Program("kl_terms")
-    s = p.add_input("student", shape)
-    t = p.add_input("teacher", shape)
-    a = p.add_node("div_scalar", [s.id], {"value": T})
-    ls = p.add_node("log_softmax", [a.outputs[0]], {"dim": -1})
-    b = p.add_node("div_scalar", [t.id], {"value": T})
-    sm = p.add_node("softmax", [b.outputs[0]], {"dim": -1})
-    c = p.add_node("max_scalar", [sm.outputs[0]], {"value": 1e-30})
-    lg = p.add_node("log", [c.outputs[0]])
-    d = p.add_node("sub", [lg.outputs[0], ls.outputs[0]])
-    k = p.add_node("mul", [sm.outputs[0], d.outputs[0]])
-    p.mark_output(k.outputs[0])
-    return p, [a.id, ls.id, b.id, sm.id, c.id, lg.id, d.id, k.id]
 
 
 def ln_softmax(shape):

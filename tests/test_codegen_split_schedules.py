@@ -28,6 +28,7 @@ from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
+from tests.programs import kl_terms
 
 ROOT = Path(__file__).resolve().parent.parent
 T = 2.0
@@ -65,21 +66,6 @@ def row_op(op, shape):
     return p, [d.id, n.id]
 
 
-def kl_terms(shape):
-    """The distillation KL terms: log_softmax(s / T) and softmax(t / T) of two inputs over the same rows."""
-    p = Program("kl_terms")
-    s = p.add_input("student", shape)
-    t = p.add_input("teacher", shape)
-    a = p.add_node("div_scalar", [s.id], {"value": T})
-    ls = p.add_node("log_softmax", [a.outputs[0]], {"dim": -1})
-    b = p.add_node("div_scalar", [t.id], {"value": T})
-    sm = p.add_node("softmax", [b.outputs[0]], {"dim": -1})
-    c = p.add_node("max_scalar", [sm.outputs[0]], {"value": 1e-30})
-    lg = p.add_node("log", [c.outputs[0]])
-    d = p.add_node("sub", [lg.outputs[0], ls.outputs[0]])
-    k = p.add_node("mul", [sm.outputs[0], d.outputs[0]])
-    p.mark_output(k.outputs[0])
-    return p, [a.id, ls.id, b.id, sm.id, c.id, lg.id, d.id, k.id]
 
 
 def peak_floor(shape):

@@ -5,7 +5,6 @@ bool mask and of the epilogue's operands, several loads in flight in the online 
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 
@@ -15,18 +14,11 @@ from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from tools.bench_rows import CASES, build
+from tests.programs import ptx_of
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def ptx_of(ks, tmp_path) -> str:
-    """The PTX nvcc makes of a kernel source for sm_90."""
-    if not shutil.which("nvcc"):
-        pytest.skip("nvcc is not installed")
-    cu, ptx = tmp_path / f"{ks.name}.cu", tmp_path / f"{ks.name}.ptx"
-    cu.write_text(ks.source)
-    subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(ptx), str(cu)], check=True)
-    return ptx.read_text()
 
 
 def count(ptx: str, instr: str) -> int:
