@@ -167,3 +167,30 @@ def ptx_of(ks, tmp_path) -> str:
     cu.write_text(ks.source)
     subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-ptx", "-o", str(ptx), str(cu)], check=True)
     return ptx.read_text()
+
+
+def row_stats(shape, dim=-1):
+    """mean, max and min of one tensor over one dim (an observer's statistics): the program, node ids."""
+    p = Program("stats")
+    x = p.add_input("x", shape)
+    ids = []
+    for op in ("mean", "max", "min"):
+        n = p.add_node(op, [x.id], {"dim": [dim]})
+        p.mark_output(n.outputs[0])
+        ids.append(n.id)
+    return p, ids
+
+
+def rms_written_out(shape, name="rms_written_out"):
+    """x * rsqrt(mean(x^2) + eps) * weight over the last dim, as models write RMSNorm by hand."""
+    p = Program(name)
+    x = p.add_input("x", shape)
+    w = p.add_parameter("weight", shape=shape[-1:])
+    sq = p.add_node("mul", [x.id, x.id])
+    ms = p.add_node("mean", [sq.outputs[0]], {"dim": [-1], "keepdim": True})
+    eps = p.add_node("add_scalar", [ms.outputs[0]], {"value": 1e-6})
+    r = p.add_node("rsqrt", [eps.outputs[0]])
+    y = p.add_node("mul", [x.id, r.outputs[0]])
+    z = p.add_node("mul", [w.id, y.outputs[0]])
+    p.mark_output(z.outputs[0])
+    return p, [sq.id, ms.id, eps.id, r.id, y.id, z.id]

@@ -17,21 +17,9 @@ import torch
 
 from agent_core.codegen import CodegenError, can_lower, generate_kernel
 from agent_core.ir import Program
-from tests.programs import kl_terms
+from tests.programs import kl_terms, row_stats
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def stats(shape, dim=-1):
-    """mean, max and min of one tensor over one dim (the observer / per-token statistics)."""
-    p = Program("stats")
-    x = p.add_input("x", shape)
-    ids = []
-    for op in ("mean", "max", "min"):
-        n = p.add_node(op, [x.id], {"dim": [dim]})
-        p.mark_output(n.outputs[0])
-        ids.append(n.id)
-    return p, ids
 
 
 def var_mean(shape, dim=-1):
@@ -64,7 +52,7 @@ def ln_softmax(shape):
     return p, [ln.id, sm.id]
 
 
-BUILDERS = {"stats": stats, "var_mean": var_mean, "kl_terms": kl_terms, "ln_softmax": ln_softmax}
+BUILDERS = {"stats": row_stats, "var_mean": var_mean, "kl_terms": kl_terms, "ln_softmax": ln_softmax}
 # (row length, the schedule it takes): a warp-size row, a block-size row, rows not a multiple of 4, a
 # row streamed from memory for every round
 LENGTHS = [(32, "warp"), (1000, "warp"), (4096, "block"), (203, "warp"), (1027, "block"), (40000, "stream")]
@@ -91,7 +79,7 @@ def test_generates_one_kernel_and_compiles(builder, cols, schedule):
 
 def test_sibling_reductions_share_one_all_reduce():
     """mean, max and min fold in one pass into one struct: one all-reduce round, the row read once."""
-    p, ids = stats((8, 512))
+    p, ids = row_stats((8, 512))
     ks = generate_kernel(p, ids, name="stats")
     assert ks.params["rounds"] == 1 and ks.params["cached"]
     assert ks.source.count("reduce1(round1)") == 1 and "Round2" not in ks.source

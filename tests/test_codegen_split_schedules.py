@@ -28,22 +28,15 @@ from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from tests.programs import kl_terms
+from tests.programs import kl_terms, row_stats
 
 ROOT = Path(__file__).resolve().parent.parent
 T = 2.0
 
 
 def stats(shape, dim=0):
-    """mean, max and min of one tensor over one dim (a calibration observer's statistics)."""
-    p = Program("stats")
-    x = p.add_input("x", shape)
-    ids = []
-    for op in ("mean", "max", "min"):
-        n = p.add_node(op, [x.id], {"dim": [dim]})
-        p.mark_output(n.outputs[0])
-        ids.append(n.id)
-    return p, ids
+    """mean, max and min over dim 0 (a calibration observer's column statistics)."""
+    return row_stats(shape, dim)
 
 
 def column_sum(shape, dim=0):

@@ -14,7 +14,7 @@ from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from tools.bench_rows import CASES, build
-from tests.programs import ptx_of
+from tests.programs import ptx_of, rms_written_out
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,18 +63,8 @@ def test_softmax_with_broadcast_mask_keeps_each_exp_and_loads_the_mask_four_byte
 def test_rms_norm_written_out_reads_its_epilogue_operands_as_float4(tmp_path):
     """Qwen3's QK-norm (x * rsqrt(mean(x^2)) * weight over rows of 128): the epilogue's x and
     weight are read 4 at a time, not one float per element."""
-    from agent_core.ir import Program
-    p = Program("qk_norm")
-    x = p.add_input("x", (2, 2048, 32, 128))
-    w = p.add_parameter("weight", shape=(128,))
-    sq = p.add_node("mul", [x.id, x.id])
-    ms = p.add_node("mean", [sq.outputs[0]], {"dim": [-1], "keepdim": True})
-    eps = p.add_node("add_scalar", [ms.outputs[0]], {"value": 1e-6})
-    r = p.add_node("rsqrt", [eps.outputs[0]])
-    y = p.add_node("mul", [x.id, r.outputs[0]])
-    z = p.add_node("mul", [w.id, y.outputs[0]])
-    p.mark_output(z.outputs[0])
-    ks = generate_kernel(p, [sq.id, ms.id, eps.id, r.id, y.id, z.id], name="qk_norm")
+    p, ids = rms_written_out((2, 2048, 32, 128), "qk_norm")
+    ks = generate_kernel(p, ids, name="qk_norm")
     assert ks.params["schedule"] == "warp"
     ptx = ptx_of(ks, tmp_path)
     assert count(ptx, "ld.global.nc.f32") == 0, "scalar loads left in the epilogue"

@@ -9,7 +9,7 @@ import torch
 from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
 from agent_core.ir import Program
-from tests.programs import fused, stitched
+from tests.programs import fused, stitched, rms_written_out
 from tools.bench_rows import build
 
 pytestmark = [pytest.mark.gpu,
@@ -48,17 +48,8 @@ def test_softmax_whose_epilogue_reads_its_input():
 @pytest.mark.parametrize("cols", [128, 4096, 60000])
 def test_rms_norm_written_out_with_weight(cols):
     """x * rsqrt(mean(x^2) + eps) * weight: the epilogue reads x and the weight as float4."""
-    p = Program("rms_written_out")
-    x = p.add_input("x", (33, cols))
-    w = p.add_parameter("weight", shape=(cols,))
-    sq = p.add_node("mul", [x.id, x.id])
-    ms = p.add_node("mean", [sq.outputs[0]], {"dim": [-1], "keepdim": True})
-    eps = p.add_node("add_scalar", [ms.outputs[0]], {"value": 1e-6})
-    r = p.add_node("rsqrt", [eps.outputs[0]])
-    y = p.add_node("mul", [x.id, r.outputs[0]])
-    z = p.add_node("mul", [w.id, y.outputs[0]])
-    p.mark_output(z.outputs[0])
-    every_variant(p, [sq.id, ms.id, eps.id, r.id, y.id, z.id], f"rms_written_out_{cols}")
+    p, ids = rms_written_out((33, cols))
+    every_variant(p, ids, f"rms_written_out_{cols}")
 
 
 def test_per_sample_max_broadcast_back_few_long_rows():
