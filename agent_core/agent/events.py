@@ -30,6 +30,12 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     "tune-step": ("region", "trial", "params", "ok"),
     "precision": ("node", "op", "chosen"),
     "fallback": ("region", "reason"),
+    # the model-driven kernel writer (agent_core.writer, docs/WRITER.md), only with a writer configured
+    "writer-request": ("region", "round", "model"),
+    "writer-delta": ("region", "round", "text"),
+    "writer-reply": ("region", "round", "text"),
+    "writer-verdict": ("region", "round", "ok", "check", "reason"),
+    "writer-done": ("region", "kept", "reason"),
     "done": ("status",),
     "error": ("message",),
     "log": ("level", "message"),

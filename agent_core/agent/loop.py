@@ -60,6 +60,11 @@ class OptimizeResult:
     def fused(self) -> list[RegionOutcome]:
         return [o for o in self.outcomes if o.status == "fused"]
 
+    @property
+    def writer(self) -> dict | None:
+        """The model-driven writer's summary (WriterRun.summary) when one ran."""
+        return self.profile.get("writer")
+
 
 def kernel_name(program: Program, rid: str) -> str:
     base = re.sub(r"\W+", "_", program.name or "program").strip("_") or "program"
@@ -82,6 +87,7 @@ class _Agent:
         self.gpu, self.draws, self.tune, self.tune_trials, self.trials = gpu, draws, tune, tune_trials, trials
         self.arch = arch
         self.hw: dict = {}
+        self.kernels: dict = {}   # region id -> our last generated KernelSource (the tuned best on a GPU)
 
     # --- per region --------------------------------------------------------------------------
     def region(self, r) -> tuple[RegionOutcome, object | None]:
@@ -112,6 +118,7 @@ class _Agent:
             out.reason = f"not generated (generator error {type(exc).__name__}: {_first(exc)})"
             return self._finish(r, out), None
         r.source = ks.source
+        self.kernels[r.id] = ks
         out.source_path = self._write_source(ks)
         try:
             c = self._compile(r, ks)
@@ -211,10 +218,17 @@ class _Agent:
         from ..profile.timing import time_in_graph
         return time_in_graph(self._fused_fn(runner, ins), trials=self.trials)[0]
 
-    def _on_gpu(self, r, out, ks, c):
+    def _unfused_ms(self, runner, ins) -> tuple[float, bool]:
+        """(median ms, whether views were copied) of the region's ops one by one, replayed in a CUDA
+        graph, with the copies of the views they leave (verdict.py: a free transpose is paid by its reader)."""
         import torch
-        from ..profile.attribution import attribute
         from ..profile.timing import time_in_graph
+        with torch.no_grad():
+            copied = views_copied(runner.run_unfused(ins))
+            return time_in_graph(lambda: torch_path(runner, ins), trials=self.trials)[0].median_ms, copied
+
+    def _on_gpu(self, r, out, ks, c):
+        from ..profile.attribution import attribute
         from ..runtime.launch import load_kernel
         try:
             loaded = load_kernel(ks, self.program, c)
@@ -277,12 +291,10 @@ class _Agent:
                 out.reason = f"the tuned kernel failed full verification: {res.reason}"
                 return self._finish(r, out), None
             r.source = ks.source
+            self.kernels[r.id] = ks
             out.source_path = self._write_source(ks)
         try:
-            with torch.no_grad():   # the same way: its ops one by one, replayed in a CUDA graph, with the
-                # copies of the views they leave (verdict.py: a free transpose is paid by its reader)
-                copied = views_copied(runner.run_unfused(ins))
-                unfused = time_in_graph(lambda: torch_path(runner, ins), trials=self.trials)[0].median_ms
+            unfused, copied = self._unfused_ms(runner, ins)
         except Exception as exc:
             out.reason = f"timing the unfused ops failed: {type(exc).__name__}: {_first(exc)}"
             return self._finish(r, out), None
@@ -304,6 +316,83 @@ class _Agent:
                       f"{', the copy of their view outputs included' if copied else ''}); the ops run through torch")
         return self._finish(r, out), None
 
+    # --- the model-driven writer (agent_core.writer, docs/WRITER.md) ---------------------------
+    def write(self, r, out: RegionOutcome, run) -> object | None:
+        """Ask the model for region r after our outcome `out`; when its kernel is kept, `out` becomes
+        fused with it and the (nodes, KernelSource, LoadedKernel) the end-to-end program runs is returned."""
+        ours = self.kernels.get(r.id)
+        if ours is not None and out.reason.startswith(("verification failed", "the tuned kernel failed")):
+            ours = None        # a wrong kernel is no starting point
+        ours_ms = out.fused_ms if out.status == "fused" else None
+        unfused = out.unfused_ms
+        if self.gpu and ours_ms is None and unfused is None:
+            unfused = self._time_region_unfused(r, out)
+        nbytes = self._region_bytes(r, ours)
+        bw = self.hw.get("copy_bandwidth_gbs") or 4200.0
+        measured: dict = {}
+        res = run.region(self.program, r, ours=ours, ours_ms=ours_ms, unfused_ms=unfused,
+                         floor_ms=nbytes / (bw * 1e6), attribution=out.attribution,
+                         hardware=self.hw or {"arch": DEFAULT_ARCH, "note": "no GPU here: kernels are compiled for "
+                                                                            f"{DEFAULT_ARCH} (an H200) and not timed"},
+                         timer=(lambda ks: self._time_proposal(r, ks, measured)) if self.gpu else None,
+                         name=kernel_name(self.program, r.id) + "_model", draws=min(self.draws, 3))
+        if not res.kept:
+            r.note("writer", "not kept", f"{run.config.model}: {res.reason}")
+            return None
+        ks = res.kernel
+        loaded, runner = measured[ks.source]
+        check = self._verify(r, runner, self.draws, f"model kernel (round {res.round})")
+        if not check.ok:     # checked in the child already; this is how ours is verified
+            r.note("writer", "rejected", f"{run.config.model} round {res.round}: verification in the run failed: "
+                                         f"{check.reason}")
+            return None
+        from ..profile.attribution import attribute
+        r.source = ks.source
+        bar = ours_ms if ours_ms is not None else unfused
+        out.status, out.kernel, out.source_path, out.params = "fused", ks.name, self._write_source(ks), {}
+        out.fused_ms, out.unfused_ms = res.ms, unfused
+        out.attribution = attribute(res.ms, nbytes, (ours.flops if ours else 0), bw, resources=loaded.attribution())
+        out.reason = (f"model kernel ({run.config.model}, round {res.round}) kept: verified on {self.draws} draws, "
+                      f"{res.ms * 1e3:.1f} us vs {'ours' if ours_ms is not None else 'the unfused ops'} "
+                      f"{bar * 1e3:.1f} us")
+        r.note("writer", "kept", f"model kernel kept (round {res.round}): {res.ms * 1e3:.1f} us vs ours "
+                                 f"{bar * 1e3:.1f} us")
+        self._finish(r, out)
+        return (list(r.nodes), ks, loaded)
+
+    def _region_bytes(self, r, ks) -> int:
+        """The region's floor bytes: our kernel's count, else its inputs read once and outputs written."""
+        if ks is not None and ks.bytes_moved:
+            return ks.bytes_moved
+        from ..codegen import region_io
+        io = region_io(self.program, r.nodes)
+        return sum(self.program.values[v].nbytes for v in io.inputs + io.outputs)
+
+    def _time_region_unfused(self, r, out) -> float | None:
+        """What a proposal must beat when we timed nothing (ours not generated or not verified)."""
+        from ..codegen import region_io
+        from ..runtime.region import RegionRunner
+        try:
+            io = region_io(self.program, r.nodes)
+            runner = RegionRunner(self.program, r.id, io.nodes, io.inputs, io.outputs)
+            ms, _ = self._unfused_ms(runner, self._region_tensors(None, runner.inputs))
+        except Exception as exc:
+            self.ev.log(f"region {r.id}: timing the unfused ops for the writer failed: {type(exc).__name__}: "
+                        f"{_first(exc)}", level="warning", region=r.id)
+            return None
+        out.unfused_ms = ms
+        return ms
+
+    def _time_proposal(self, r, ks, measured: dict) -> float:
+        """A proposal timed exactly as ours is (the writer calls this only after the gate's checks
+        passed in the executor's child process): loaded here, launched in a CUDA graph on the same inputs."""
+        from ..runtime.launch import load_kernel
+        loaded = load_kernel(ks, self.program, compile_kernel(ks, arch=self.arch))
+        runner = self._runner(r, ks, loaded)
+        ms = self._time(runner, self._region_tensors(ks, runner.inputs)).median_ms
+        measured[ks.source] = (loaded, runner)
+        return ms
+
     def _finish(self, r, out: RegionOutcome) -> RegionOutcome:
         if out.fused_ms is not None:
             r.measured_ms = out.fused_ms
@@ -322,7 +411,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
              draws: int = 5, tune_trials: int = 6, trials: int = 20, rewrite: bool = True, baselines: bool = True,
              baseline_fn=None, compile_modes=("default", "reduce-overhead"), compile_budget_s: float = 120.0,
              graph: bool = True, time_regions: bool = True, split_tf32: bool = True,
-             final_dir=None) -> OptimizeResult:
+             final_dir=None, writer=None, cancel=None) -> OptimizeResult:
     """Optimize `program` (left untouched: the result holds the rewritten, planned copy).
 
     out_dir: where the kernels, program.json and profile.json are written; final_dir: where the caller
@@ -332,7 +421,9 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     device: None = the GPU when one is usable, "cpu" = plan, generate and compile only (sm_90).
     split_tf32: let matmuls and convolutions run as split TF32 (or a timed cuDNN algorithm) where that
     is measured faster (agent.precision, runtime.split_tf32; kept only where it verifies at 1e-4).
-    baseline_fn: (fn, inputs) to time as torch eager / torch.compile (default: the program op by op)."""
+    baseline_fn: (fn, inputs) to time as torch eager / torch.compile (default: the program op by op).
+    writer: a writer.config.WriterConfig: after our outcome, a model proposes kernels for each eligible
+    region (docs/WRITER.md); None = off, nothing changes. cancel() -> True stops the writer at once."""
     from ..planner import apply_plan, plan_program
     from ..profile.hardware import no_gpu_reason
     emit = emit or EventEmitter()
@@ -405,6 +496,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         if split_tf32:   # before the regions: their library calls are verified and timed as they will run
             from .precision import choose_library_precision
             choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
+    wrun = _writer_run(writer, emit, gpu, cancel)
     outcomes, fused = [], {}
     for r in plan.active:
         try:
@@ -412,10 +504,14 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         except Exception as exc:  # one region's failure is that region's fallback, never the run's
             o = agent._finish(r, RegionOutcome(r.id, "fallback", f"agent error {type(exc).__name__}: {_first(exc)}"))
             keep = None
+        if wrun is not None and wrun.wants(r.id, o.status):
+            keep = agent.write(r, o, wrun) or keep
         outcomes.append(o)
         if keep is not None:
             fused[r.id] = keep
     profile["regions"] = [o.to_dict() for o in outcomes]
+    if wrun is not None:
+        profile["writer"] = wrun.summary()
     result = OptimizeResult(prog, outcomes, gpu, "done" if gpu else "no-gpu", profile, out_dir=out_dir)
     if gpu:
         try:
@@ -428,7 +524,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                             tune_trials=tune_trials, trials=trials, rewrite=False, baselines=baselines,
                             baseline_fn=baseline_fn, compile_modes=compile_modes,
                             compile_budget_s=compile_budget_s, graph=graph, time_regions=time_regions,
-                            split_tf32=split_tf32, final_dir=final_dir)
+                            split_tf32=split_tf32, final_dir=final_dir, writer=wrun, cancel=cancel)
     else:
         emit.log(NO_GPU_LINE.format(arch=DEFAULT_ARCH) + f" ({why_not})", level="warning", no_gpu=True)
     prog.profile = _json_safe(profile)
@@ -440,6 +536,15 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     emit.emit("done", status=result.status, regions=len(outcomes), outcomes=counts,
               ours_ms=profile.get("end_to_end", {}).get("ms"), out_dir=str(final_dir or out_dir) if out_dir else None)
     return result
+
+
+def _writer_run(writer, emit, gpu: bool, cancel):
+    """The run's writer (agent_core.writer.loop.WriterRun) for a WriterConfig, or None when off; a
+    WriterRun passed in (optimize again without rewrites) keeps its token budget."""
+    if writer is None:
+        return None
+    from ..writer.loop import WriterRun
+    return writer if isinstance(writer, WriterRun) else WriterRun(writer, emit, gpu=gpu, cancel=cancel)
 
 
 # rewrites are checked on CPU reference runs (agent_core.rewrites.Checker, two draws, every value kept):

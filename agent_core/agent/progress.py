@@ -45,6 +45,8 @@ def format_event(e: dict) -> str | None:
         return f"  {e.get('region')}: {_us(e['ms'])} fused vs {_us(e.get('unfused_ms'))} unfused ({e.get('bound')} bound)"
     if k == "fallback":
         return f"  {e['region']}: falls back: {e['reason']}"
+    if k.startswith("writer-"):
+        return _writer_line(e)
     if k == "error":
         return f"error: {e['message']}"
     if k == "log":
@@ -52,4 +54,32 @@ def format_event(e: dict) -> str | None:
         return None if e["level"] == "debug" or e.get("no_gpu") else e["message"]
     if k == "done":
         return f"done ({e['status']})"
+    return None
+
+
+def _first_line(text) -> str:
+    lines = str(text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _writer_line(e: dict) -> str | None:
+    """The model-driven writer's events (docs/WRITER.md); streamed text (writer-delta) is not printed."""
+    k, where = e["event"], f"  {e['region']}: writer round {e.get('round')}"
+    if k == "writer-request":
+        remote = " (remote: the region's ops, shapes and our kernel leave this machine)" if e.get("remote") else ""
+        return f"{where}: asking {e['model']} at {e.get('endpoint') or '?'}{remote}"
+    if k == "writer-reply":
+        secs = e.get("seconds")
+        return (f"{where}: reply, {plural(e.get('completion_tokens') or 0, 'token')}"
+                + (f" in {secs:.1f} s" if secs is not None else "")
+                + (f" (cut off: {e['finish_reason']})" if e.get("finish_reason") not in (None, "stop") else ""))
+    if k == "writer-verdict":
+        if e["ok"]:
+            return f"{where}: verified: {_first_line(e['reason'])}"
+        return f"{where}: rejected ({e['check']}): {_first_line(e['reason'])}"
+    if k == "writer-done":
+        tokens = f" [{plural(e['tokens'], 'token')}]" if e.get("tokens") is not None else ""
+        if e["kept"]:
+            return f"  {e['region']}: {_first_line(e['reason'])}{tokens}"
+        return f"  {e['region']}: no model kernel kept: {_first_line(e['reason'])}{tokens}"
     return None

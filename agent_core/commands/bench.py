@@ -113,6 +113,10 @@ def record_from_result(path: str, result, seconds: float) -> dict:
         rec["verify_reason"] = (e2e.get("verify") or {}).get("reason")
     if prof.get("library_precision_fallback"):
         rec["library_precision_fallback"] = prof["library_precision_fallback"]
+    if result.writer:      # which regions kept a model kernel, and what it cost
+        w = result.writer
+        rec["writer"] = {"model": w["model"], "regions_kept": w["regions_kept"], "rounds": w["rounds"],
+                         "tokens": w["tokens"]}
     if "error" in base:
         rec["baseline_error"] = base["error"]
     eager = base.get("eager") or {}
@@ -255,7 +259,8 @@ def _forward_flags(args) -> list[str]:
     for flag in ("no_tune", "no_rewrite", "cpu", "no_compile_baselines"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
-    return out
+    from .optimize import writer_flags
+    return out + writer_flags(args)
 
 
 def run_isolated(path: str, args, no_compile: bool) -> dict:
@@ -391,6 +396,8 @@ def _run_parallel(state: _Run, files: list[str], jobs: int) -> None:
 
 
 def run(args) -> int:
+    from .optimize import writer_config
+    writer_config(args)     # a bad --writer flag fails once, before any problem runs
     state = _Run(args)
     interrupted = False
     try:

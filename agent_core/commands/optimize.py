@@ -32,6 +32,48 @@ def add_common(parser) -> None:
                         help="time torch eager only, not torch.compile")
     parser.add_argument("--compile-budget", type=float, default=120.0,
                         help="seconds of torch.compile per problem before further modes are skipped (default 120)")
+    add_writer(parser)
+
+
+WRITER_KEY_ENV = "STITCHCUDA_WRITER_KEY"
+
+
+def add_writer(parser) -> None:
+    """The model-driven kernel writer (docs/WRITER.md); off unless --writer is given."""
+    g = parser.add_argument_group("model-driven kernel writer (docs/WRITER.md)")
+    g.add_argument("--writer", metavar="URL", default=None,
+                   help="an OpenAI-compatible API base (e.g. http://127.0.0.1:8000/v1): a model proposes kernels "
+                        "for each region, kept only when they pass every check and beat ours; a remote URL "
+                        "receives the regions' ops, shapes and our kernels (never weights or data)")
+    g.add_argument("--writer-model", metavar="NAME", help="the model name the endpoint serves")
+    g.add_argument("--writer-rounds", metavar="N", type=int, default=3,
+                   help="rounds of propose, check and feedback per region (default 3)")
+    g.add_argument("--writer-regions", metavar="R1,R2", default="",
+                   help="only these region ids (default: every region that runs a kernel or falls back)")
+    g.add_argument("--writer-key-env", metavar="VAR", default=WRITER_KEY_ENV,
+                   help=f"the environment variable holding the endpoint's API key (default {WRITER_KEY_ENV}); "
+                        "the key is never taken from the command line")
+
+
+def writer_config(args):
+    """The WriterConfig the flags ask for, validated, or None without --writer."""
+    if not getattr(args, "writer", None):
+        return None
+    from ..writer.config import WriterConfig, WriterError
+    if not args.writer_model:
+        raise WriterError("writer: --writer needs --writer-model NAME (the model the endpoint serves)")
+    regions = tuple(r.strip() for r in (args.writer_regions or "").split(",") if r.strip())
+    return WriterConfig(args.writer, args.writer_model, rounds=args.writer_rounds, key_env=args.writer_key_env,
+                        regions=regions).validate()
+
+
+def writer_flags(args) -> list[str]:
+    """The writer flags again, for a child process (bench --isolate); never the key itself."""
+    if not getattr(args, "writer", None):
+        return []
+    out = ["--writer", args.writer, "--writer-model", args.writer_model or "", "--writer-rounds",
+           str(args.writer_rounds), "--writer-key-env", args.writer_key_env]
+    return out + (["--writer-regions", args.writer_regions] if args.writer_regions else [])
 
 
 def add_arguments(parser) -> None:
@@ -74,6 +116,7 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, fin
     from ..agent import optimize
     from ..profile.hardware import no_gpu_reason
     from .import_cmd import open_program
+    writer = writer_config(args)     # a bad flag fails before the program is opened
     program = open_program(spec)
     program.check()
     gpu = not args.cpu and no_gpu_reason() is None
@@ -90,7 +133,7 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, fin
                     draws=args.draws, tune_trials=args.tune_trials, trials=args.trials,
                     rewrite=not args.no_rewrite, baselines=baselines, baseline_fn=base_fn, compile_modes=modes,
                     compile_budget_s=args.compile_budget, split_tf32=not getattr(args, "fp32_only", False),
-                    final_dir=final_dir)
+                    final_dir=final_dir, writer=writer)
 
 
 def run(args) -> int:
@@ -125,6 +168,11 @@ def run(args) -> int:
     else:
         from ..agent import NO_GPU_LINE
         print(NO_GPU_LINE.format(arch="sm_90"))
+    if result.writer:
+        w = result.writer
+        kept = ", ".join(w["regions_kept"]) or "none"
+        print(f"writer {w['model']}: {plural(w['rounds'], 'round')}, {plural(w['tokens'], 'token')}, "
+              f"model kernels kept: {kept}" + (f" (stopped: {w['stopped']})" if w.get("stopped") else ""))
     print(f"wrote {args.output}/program.json, kernels/, profile.json, events.jsonl")
     sys.stdout.flush()
     if args.sanitize:
