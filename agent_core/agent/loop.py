@@ -154,10 +154,10 @@ class _Agent:
                      registers=c.registers, spill_stores=c.spill_stores, spill_loads=c.spill_loads)
         return c
 
-    def _write_source(self, ks) -> str | None:
+    def _write_source(self, ks, filename: str | None = None) -> str | None:
         if not self.out_dir:
             return None
-        path = Path(self.out_dir) / "kernels" / ks.filename
+        path = Path(self.out_dir) / "kernels" / (filename or ks.filename)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(ks.source)
         return str(path.relative_to(self.out_dir))
@@ -335,7 +335,7 @@ class _Agent:
                          hardware=self.hw or {"arch": DEFAULT_ARCH, "note": "no GPU here: kernels are compiled for "
                                                                             f"{DEFAULT_ARCH} (an H200) and not timed"},
                          timer=(lambda ks: self._time_proposal(r, ks, measured)) if self.gpu else None,
-                         name=kernel_name(self.program, r.id) + "_model", draws=min(self.draws, 3))
+                         name=kernel_name(self.program, r.id), draws=min(self.draws, 3))
         if not res.kept:
             r.note("writer", "not kept", f"{run.config.model}: {res.reason}")
             return None
@@ -349,7 +349,8 @@ class _Agent:
         from ..profile.attribution import attribute
         r.source = ks.source
         bar = ours_ms if ours_ms is not None else unfused
-        out.status, out.kernel, out.source_path, out.params = "fused", ks.name, self._write_source(ks), {}
+        out.status, out.kernel, out.params = "fused", ks.name, {}
+        out.source_path = self._write_source(ks, f"{ks.name}.model.cu")   # ours stays in {name}.cu
         out.fused_ms, out.unfused_ms = res.ms, unfused
         out.attribution = attribute(res.ms, nbytes, (ours.flops if ours else 0), bw, resources=loaded.attribution())
         out.reason = (f"model kernel ({run.config.model}, round {res.round}) kept: verified on {self.draws} draws, "

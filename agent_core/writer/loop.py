@@ -94,7 +94,7 @@ def write_region(program, region, *, ours: KernelSource | None, ours_ms: float |
     ours / ours_ms: our kernel and its time when it was kept (ours_ms None when ours fell back or was
     not timed); unfused_ms: the region's ops through torch, the bar when ours fell back. timer(ks) ->
     median ms of a proposal timed as ours is (None without a GPU). name: the entry point the model
-    must write (default: ours' name + "_model")."""
+    must write (default: ours' name, so a kept kernel replaces ours under the same name)."""
     from .endpoint import EndpointError
     from .gate import check_proposal, static_check
     from .prompt import feedback_message, first_messages
@@ -104,7 +104,7 @@ def write_region(program, region, *, ours: KernelSource | None, ours_ms: float |
     send = _emitter(emit)
     rid = region.id
     io = region_io(program, region.nodes)
-    name = name or f"{(ours.name if ours is not None else rid)}_model"
+    name = name or (ours.name if ours is not None else rid)
     bar = ours_ms if ours_ms is not None else unfused_ms     # what a proposal must beat
     bar_what = "ours" if ours_ms is not None else "the unfused ops"
     messages = first_messages(program, io.nodes, name=name, ours=ours, ours_ms=ours_ms, floor_ms=floor_ms,
