@@ -25,7 +25,6 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,10 +36,11 @@ MODEL = "stub-model"
 # --- responses ----------------------------------------------------------------------------------------
 
 def streamed(text: str, chunk: int = 24, finish: str | None = "stop", usage: dict | None = None, *,
-             gap_s: float = 0.0, chunked: bool = True, model: str = MODEL) -> dict:
-    """`gap_s`: pause before each chunk; `chunked=False`: no Transfer-Encoding, the end is the socket's close."""
+             gap_s: float = 0.0, stall_s: float = 0.0, chunked: bool = True, model: str = MODEL) -> dict:
+    """`gap_s`: pause before each chunk; `stall_s`: one pause half-way through the text;
+    `chunked=False`: no Transfer-Encoding, the end of the body is the socket's close."""
     return {"type": "streamed", "text": text, "chunk": chunk, "finish": finish, "usage": usage,
-            "gap_s": gap_s, "chunked": chunked, "model": model}
+            "gap_s": gap_s, "stall_s": stall_s, "chunked": chunked, "model": model}
 
 
 def plain(text: str, finish: str = "stop", usage: dict | None = None, *, model: str = MODEL) -> dict:
@@ -136,7 +136,8 @@ class StubServer:
         self.requests: list[dict] = []
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), _handler_for(self))
         self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="writer-stub", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="writer-stub", daemon=True)
 
     @property
     def url(self) -> str:
@@ -211,7 +212,8 @@ def _handler_for(stub: StubServer):
             if kind == "streamed":
                 chunks = sse_chunks(r["text"], r["chunk"], r["finish"], r.get("usage"), r.get("model", MODEL))
                 events = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
-                return self._stream(events, chunked=r.get("chunked", True), gap_s=r.get("gap_s", 0.0))
+                return self._stream(events, chunked=r.get("chunked", True), gap_s=r.get("gap_s", 0.0),
+                                    stall_s=r.get("stall_s", 0.0))
             if kind == "truncated":
                 chunks = sse_chunks(r["text"], r["chunk"], None, None, MODEL)
                 events = [b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks]
@@ -247,8 +249,8 @@ def _handler_for(stub: StubServer):
             self.end_headers()
             self.wfile.write(body)
 
-        def _stream(self, events: list[bytes], *, chunked: bool, gap_s: float = 0.0, cut: bool = False,
-                    status: int = 200, headers: dict | None = None):
+        def _stream(self, events: list[bytes], *, chunked: bool, gap_s: float = 0.0, stall_s: float = 0.0,
+                    cut: bool = False, status: int = 200, headers: dict | None = None):
             self.send_response(status)
             for name, value in (headers or {"Content-Type": "text/event-stream"}).items():
                 self.send_header(name, value)
@@ -257,8 +259,9 @@ def _handler_for(stub: StubServer):
             if chunked:
                 self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            for event in events:
-                if gap_s and stub._stop.wait(gap_s):
+            for i, event in enumerate(events):
+                pause = gap_s + (stall_s if i == len(events) // 2 else 0.0)
+                if pause and stub._stop.wait(pause):
                     return
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event) if chunked else event)
                 self.wfile.flush()
