@@ -13,14 +13,16 @@ from agent_core.agent.progress import format_event
 # filter name -> the events it shows (None: all)
 FILTERS = {"All steps": None, "Plan": {"plan", "region-proposed", "rewrite"}, "Codegen & compile": {"codegen", "compile"},
            "Verify": {"verify"}, "Tuning": {"tune-step"}, "Profile": {"profile"},
-           "Outcomes": {"fallback", "done", "log"}, "Problems": None}
+           "Outcomes": {"fallback", "done", "log"},
+           "Model writer": {"writer-request", "writer-verdict", "writer-done"}, "Problems": None}
 
 
 def is_problem(e: dict) -> bool:
     k = e.get("event")
     return (k in ("error", "fallback", "studio") and e.get("level") != "info") or \
         (k == "verify" and not e.get("ok")) or (k == "log" and e.get("level") == "warning") or \
-        (k == "tune-step" and not e.get("ok")) or (k == "rewrite" and not e.get("kept"))
+        (k == "tune-step" and not e.get("ok")) or (k == "rewrite" and not e.get("kept")) or \
+        (k == "writer-verdict" and not e.get("ok"))
 
 
 def describe(e: dict) -> str:

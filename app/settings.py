@@ -1,5 +1,5 @@
-"""The studio's settings (QSettings "StitchCUDA"/"Studio": theme, geometry, windowState, recent), read
-so that nothing in them can stop the studio from starting.
+"""The studio's settings (QSettings "StitchCUDA"/"Studio": theme, geometry, windowState, recent, the kernel
+writer's endpoint under writer/), read so that nothing in them can stop the studio from starting.
 
 The file is checked before Qt parses it: one that is not a plain file, is larger than any the studio
 writes, or holds an @Variant value is set aside (renamed NAME.bad-<timestamp>). The studio never writes
@@ -127,3 +127,30 @@ def recent(settings: QSettings, limit: int) -> tuple[list[str], str | None]:
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def text(settings: QSettings, key: str, default: str = "", max_chars: int = MAX_PATH_CHARS) -> tuple[str, str | None]:
+    """A stored string (an endpoint URL, a model name): one line of at most max_chars; anything else
+    is removed and the default applies."""
+    value = settings.value(key)
+    if value is None:
+        return default, None
+    if isinstance(value, str) and len(value) <= max_chars and not any(c in value for c in "\x00\r\n"):
+        return value, None
+    settings.remove(key)
+    return default, f"Setting '{key}' was {_short(value)}, not one line of text; reset to {default!r}"
+
+
+def integer(settings: QSettings, key: str, default: int, lo: int, hi: int) -> tuple[int, str | None]:
+    """A stored whole number in [lo, hi] (INI files give it back as a string); else the default."""
+    value = settings.value(key)
+    if value is None:
+        return default, None
+    try:
+        n = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        n = None
+    if n is not None and lo <= n <= hi:
+        return n, None
+    settings.remove(key)
+    return default, f"Setting '{key}' was {_short(value)}, not a whole number from {lo} to {hi}; reset to {default}"

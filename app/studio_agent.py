@@ -27,6 +27,7 @@ from .decision_log import DecisionLog
 from .results import read_results
 from .source_view import SourceView
 from .worker_client import WorkerClient
+from .writer_dock import WriterDock
 
 
 class _ExportRelay(QObject):
@@ -78,6 +79,12 @@ class StudioAgent(QObject):
         self.profiles = ProfilePanel()
         self.regions = RegionList()
         self.log = DecisionLog()
+        self.writer = WriterDock()
+        self.writer_dialog = None         # Settings > Kernel Writer…, while open
+        from . import writer_settings
+        self._writer, notes = writer_settings.load(w.settings)   # the endpoint as last saved
+        w.notices.extend(notes)   # shown in the decision log, with the other start-up repairs
+        self.asking: str | None = None    # the region the running worker asks the model about
         self.worker = WorkerClient(self)
         w.source_dock.setWidget(self.source)
         # the region title above the source may be clipped rather than widen the dock: its full text would
@@ -95,6 +102,11 @@ class StudioAgent(QObject):
         w.splitDockWidget(w.inspector_dock, self.regions_dock, Qt.Vertical)
         self.log_dock = w.add_dock("Decision log", "DecisionLogDock", self.log, Qt.BottomDockWidgetArea)
         w.tabifyDockWidget(w.source_dock, self.log_dock)
+        # the conversation beside the source (the wide side, with the profiles): the kernel and the
+        # proposal's diff can be read together
+        self.writer_dock = w.add_dock("Kernel writer", "WriterDock", self.writer, Qt.BottomDockWidgetArea)
+        w.tabifyDockWidget(w.profile_dock, self.writer_dock)
+        w.profile_dock.raise_()
         w.source_dock.raise_()
         w.resizeDocks([w.source_dock, w.profile_dock], [440, 1060], Qt.Horizontal)
         w.resizeDocks([w.source_dock], [360], Qt.Vertical)
@@ -106,6 +118,10 @@ class StudioAgent(QObject):
         self.regions.message.connect(lambda text, err: w.status(text, error=err))
         self.profiles.region_clicked.connect(self.select_region)
         self.log.entry_clicked.connect(self._log_clicked)
+        self.writer.show_source.connect(self._show_proposal)
+        self.regions.tree.setContextMenuPolicy(Qt.CustomContextMenu)
+        self.regions.tree.customContextMenuRequested.connect(
+            lambda pos: self.region_menu(pos).exec(self.regions.tree.viewport().mapToGlobal(pos)))
         self.worker.event.connect(self._live_event)
         self.worker.bad_line.connect(self._bad_line)
         self.worker.finished.connect(self._run_finished)
@@ -121,6 +137,7 @@ class StudioAgent(QObject):
         self.bar.hide()
         w.statusBar().addPermanentWidget(self.bar)
         w.document_set.connect(self.document_set)
+        self.writer.set_notice(self._writer_notice())
         self.document_set()
 
     def _actions(self) -> None:
@@ -134,6 +151,12 @@ class StudioAgent(QObject):
             "optimize": A("&Optimize", self.optimize, "F5", None,
                           "Generate, compile, verify and time CUDA for the regions in a worker process"),
             "cancel": A("&Cancel Optimize", self.cancel, "Shift+F5", None, "Stop the running worker"),
+            # Ctrl+Shift+M(odel): no other action has it, nor has Qt's standard keys
+            "ask_model": A("Ask the &Model for the Selected Region", self.ask_model, "Ctrl+Shift+M", None,
+                           "Let the kernel writer's model propose CUDA for the selected region; it is kept only "
+                           "if it passes every check and is faster than ours"),
+            "writer_settings": A("&Kernel Writer…", self.writer_settings, None, None,
+                                 "The model endpoint that proposes kernels: URL, model, rounds, token caps, API key"),
             "open_results": A("Open &results…", self.open_results_dialog, "Ctrl+Shift+O", None,
                               "Open a folder written by stitchcuda optimize (program, events, profile)"),
             "export": A("E&xport CUDA project…", self.export_dialog, "Ctrl+E", None,
@@ -141,13 +164,14 @@ class StudioAgent(QObject):
         }
         self._running(False)
         m = w.add_menu("agent", "&Agent")
-        for k in ("plan", "rewrite", "optimize", "cancel"):
-            m.addAction(self.act[k])
+        for k in ("plan", "rewrite", "optimize", "cancel", None, "ask_model"):
+            m.addSeparator() if k is None else m.addAction(self.act[k])
+        w.add_menu("settings", "&Settings").addAction(self.act["writer_settings"])
         file_menu = w.menu("file")
         file_menu.insertAction(w.act["import"], self.act["open_results"])
         file_menu.insertAction(w.act["quit"], self.act["export"])
         file_menu.insertSeparator(w.act["quit"])
-        for d in (self.regions_dock, self.log_dock):
+        for d in (self.regions_dock, self.log_dock, self.writer_dock):
             w.menu("view").addAction(d.toggleViewAction())
         w.toolbar.addSeparator()
         for k in ("plan", "optimize", "cancel"):
@@ -158,6 +182,23 @@ class StudioAgent(QObject):
         w = self.window
         w.set_enabled(self.act["optimize"], not on, "Optimize is running: Shift+F5 (Cancel Optimize) stops it")
         w.set_enabled(self.act["cancel"], on, "Nothing to cancel: Optimize (F5) is not running")
+        self._update_ask()
+
+    def _update_ask(self) -> None:
+        """Ask the Model is greyed out with the reason while it cannot run."""
+        why = self.ask_blocker()
+        self.window.set_enabled(self.act["ask_model"], why is None, why or "")
+
+    def ask_blocker(self) -> str | None:
+        """Why Ask the Model cannot run now, or None."""
+        from .writer_settings import NO_ENDPOINT
+        if not self.writer_settings_now().enabled:
+            return NO_ENDPOINT
+        if self.worker.running:
+            return "A run is going: Shift+F5 (Cancel) stops it"
+        if self.current is None:
+            return "Select a region first (on the canvas or in the Regions list)"
+        return None
 
     # document and selection ------------------------------------------------------------------------
     def document_set(self) -> None:
@@ -185,6 +226,7 @@ class StudioAgent(QObject):
         self._watched = program
         self._watched.subscribe(self._program_event)
         self.log.clear()
+        self.writer.clear()
         for line in w.notices:   # start-up files set aside: not part of any run, kept in the log
             self.log.note(line)
         self.profiles.reset()
@@ -222,6 +264,7 @@ class StudioAgent(QObject):
                 self.window.view.ensureVisible(item, 40, 40)
         self.regions.select(region_id)
         self.source.show_region(region_id)
+        self._update_ask()
         if region_id in self.compile_errors:
             self.source.show_compile_error(self.compile_errors[region_id])
         self.window.source_dock.raise_()
@@ -336,18 +379,86 @@ class StudioAgent(QObject):
         w.status(f"Applied {plural(n, 'rewrite')}: {plural(before, 'op')} became {len(doc.program.nodes)} "
                  "(Ctrl+Z undoes)")
 
+    # the kernel writer (a model proposes a region's kernel; docs/WRITER.md) ------------------------
+    def writer_settings_now(self):
+        """The endpoint as last saved (Settings > Kernel Writer…)."""
+        return self._writer
+
+    def _writer_notice(self) -> str:
+        ws = self._writer
+        if not ws.enabled:
+            return "No model endpoint is set: Settings > Kernel Writer… turns the kernel writer on."
+        return f"{ws.model} at {ws.url}. {ws.notice()}"
+
+    def writer_settings(self) -> None:
+        """Settings > Kernel Writer…: the endpoint dialog (not modal: the studio stays usable)."""
+        from .writer_settings import WriterSettingsDialog
+        if self.writer_dialog is not None and self.writer_dialog.isVisible():
+            self.writer_dialog.raise_()
+            self.writer_dialog.activateWindow()
+            return
+        dlg = self.writer_dialog = WriterSettingsDialog(self.window.settings, self.window)
+        dlg.saved.connect(self._writer_saved)
+        dlg.show()
+        self.window.status("Kernel writer: set the model endpoint (no URL keeps the writer off)")
+
+    def _writer_saved(self, ws) -> None:
+        self._writer = ws
+        self.writer.secrets = {ws.key} if ws.key else set()
+        self.writer.set_notice(self._writer_notice())
+        self._update_ask()
+        self.window.status(f"Kernel writer: {ws.model} at {ws.host()}" if ws.enabled else "Kernel writer: off")
+
+    def region_menu(self, pos) -> "QMenu":
+        """The Regions list's right-click menu at viewport `pos`: the row under it is selected first."""
+        from PySide6.QtWidgets import QMenu
+        item = self.regions.tree.itemAt(pos)
+        if item is not None and not item.isSelected():
+            self.regions.tree.setCurrentItem(item)
+        menu = QMenu(self.regions.tree)
+        menu.addAction(self.act["ask_model"])
+        return menu
+
+    def ask_model(self) -> bool:
+        """Agent > Ask the Model for the Selected Region: the worker runs the agent on a saved copy of the
+        program with the writer on for that one region, its conversation streaming into the Kernel
+        writer dock; Cancel (Shift+F5) stops it, and the document changes only when it finished."""
+        w = self.window
+        why = self.ask_blocker()
+        if why:
+            w.status(f"Ask the model: {why}", error=True)
+            return False
+        ws, rid = self._writer, self.current
+        self.writer.secrets = {ws.key} if ws.key else set()
+        self.writer.begin(rid, self._writer_notice())
+        self.writer_dock.show()
+        self.writer_dock.raise_()
+        if not self._start_worker("Ask the model", [*self.worker_args, *ws.worker_args(rid)], ws.worker_env()):
+            return False
+        self.asking = rid
+        w.status(f"Asking {ws.model} for region {rid}…")
+        return True
+
+    def _show_proposal(self, title: str, source: str, note: str) -> None:
+        self.source.show_text(title, source, note)
+        self.window.source_dock.show()
+        self.window.source_dock.raise_()
+
     # optimize (worker process) ---------------------------------------------------------------------
     def optimize(self) -> bool:
         """Start the worker on a saved copy of the program, with `worker_args` (--no-rewrite: the results
         must name the document's own nodes to be applied to it)."""
+        return self._start_worker("Optimize", self.worker_args)
+
+    def _start_worker(self, what: str, args, env=None) -> bool:
         from agent_core.project_file import save_program
 
         from .problems import refuse_if_invalid
         w = self.window
-        if not self.worker.running and refuse_if_invalid(w, "Optimize"):
+        if not self.worker.running and refuse_if_invalid(w, what):
             return False
         if self.worker.running:
-            w.status("Optimize is already running (Shift+F5 cancels it)", error=True)
+            w.status(f"{self.worker.what} is already running (Shift+F5 cancels it)", error=True)
             return False
         program = w.document.program
         if not program.nodes:
@@ -366,13 +477,14 @@ class StudioAgent(QObject):
         self.log.clear()
         self.compile_errors.clear()
         self.progress = {"regions": 0, "done": 0}
-        self.log.note(f"Optimize started on {program.name} ({plural(len(program.nodes), 'node')})", "info")
-        self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *self.worker_args])
+        self.log.note(f"{what} started on {program.name} ({plural(len(program.nodes), 'node')})", "info")
+        self.asking = None
+        self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *args], env=env, what=what)
         self._start_live()
         self._running(True)
         self.bar.setRange(0, 0)   # busy until the plan says how many regions there are
         self.bar.show()
-        w.status("Optimizing: starting the worker…")
+        w.status(f"{'Optimizing' if what == 'Optimize' else what}: starting the worker…")
         return True
 
     def cancel(self) -> None:
@@ -396,7 +508,13 @@ class StudioAgent(QObject):
             item.setOpacity(1.0)
 
     def on_event(self, e: dict, redraw: bool = True) -> None:
-        """One event, live or replayed: the log, the plots, the progress and compile errors."""
+        """One event, live or replayed: the log, the plots, the progress and compile errors, the writer's
+        conversation (its streamed text and whole replies only in the Kernel writer dock)."""
+        k = e.get("event")
+        if isinstance(k, str) and k.startswith("writer-"):
+            self.writer.apply(e)
+            if k in ("writer-delta", "writer-reply"):
+                return
         self.log.add(e)
         if self.live is not None:
             self.live.apply(e)
@@ -421,7 +539,8 @@ class StudioAgent(QObject):
                 self.bar.setValue(min(d, n))
                 self.bar.setFormat(f"{d}/{n} regions")
             step = f"{k} {rid}" if rid else k
-            self.window.status(f"Optimizing: {step}" + (f" ({d}/{n} regions done)" if n else ""))
+            what = "Optimizing" if self.worker.what == "Optimize" else self.worker.what
+            self.window.status(f"{what}: {step}" + (f" ({d}/{n} regions done)" if n else ""))
 
     def _live_event(self, e: dict) -> None:
         if not self.stopped_run:   # not the last lines of a run that New or Open stopped
@@ -445,7 +564,7 @@ class StudioAgent(QObject):
         self.profiles.finish()   # a cancelled or crashed run has no done event to end the live plots
         self.log.note(message, "info" if status in ("done", "no-gpu") else "warning")
         if status not in ("done", "no-gpu"):
-            w.status(f"Optimize: {message}", error=True)
+            w.status(f"{self.worker.what}: {message}", error=True)
             self._cleanup()
             return
         out = os.path.join(self.run_dir, "out")
@@ -457,7 +576,7 @@ class StudioAgent(QObject):
             self._cleanup()
             return
         note = " (no GPU: kernels generated and compiled, not timed)" if status == "no-gpu" else ""
-        w.status(f"Optimize finished: {plural(applied, 'region')}{note}")
+        w.status(f"{self.worker.what} finished: {plural(applied, 'region')}{note}")
         self._cleanup()
 
     def _apply_results(self, res) -> int:

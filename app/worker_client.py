@@ -44,6 +44,8 @@ class WorkerClient(QObject):
         super().__init__(parent)
         self.timeout_s = timeout_s
         self.proc: QProcess | None = None
+        self.what = "Optimize"
+        self.arguments: list[str] = []
         self._reset()
         self._ended = True
         self.watchdog = QTimer(self, singleShot=True)
@@ -76,20 +78,27 @@ class WorkerClient(QObject):
     def command(self, spec: str, args=()) -> list[str]:
         return [sys.executable, "-m", "agent_core.cli", "worker", spec, *args]
 
-    def start(self, spec: str, args=(), program: list[str] | None = None) -> None:
+    def start(self, spec: str, args=(), program: list[str] | None = None, env: dict | None = None,
+              what: str = "Optimize") -> None:
         """Start the worker on `spec` (a program file or a .py); `program` replaces the whole command
-        line (tests use it to run a misbehaving stand-in)."""
+        line (tests use it to run a misbehaving stand-in). `env`: variables set for the worker (a value
+        of None removes one): how a secret such as the writer's API key reaches it, never argv.
+        `what` names the run in the messages ("Optimize was cancelled")."""
         if self.running:
             raise RuntimeError("a worker is already running; cancel it first")
         cmd = program or self.command(spec, args)
         self._more.stop()
         self._reset()
         self._ended = False
+        self.what = what
+        self.arguments = list(cmd)   # what was launched (never a secret: those go through env)
         p = QProcess(self)
-        env = QProcessEnvironment.systemEnvironment()
-        env.insert("PYTHONUNBUFFERED", "1")
-        env.insert("PYTHONPATH", ROOT + os.pathsep + env.value("PYTHONPATH", ""))
-        p.setProcessEnvironment(env)
+        penv = QProcessEnvironment.systemEnvironment()
+        penv.insert("PYTHONUNBUFFERED", "1")
+        penv.insert("PYTHONPATH", ROOT + os.pathsep + penv.value("PYTHONPATH", ""))
+        for name, value in (env or {}).items():
+            penv.remove(name) if value is None else penv.insert(name, value)
+        p.setProcessEnvironment(penv)
         p.setWorkingDirectory(ROOT)
         p.readyReadStandardOutput.connect(self._read_stdout)
         p.readyReadStandardError.connect(self._read_stderr)
@@ -226,7 +235,7 @@ class WorkerClient(QObject):
             self.bad_line.emit(f"and {dropped:,} more lines that were not events")
         last = next((e for e in reversed(self.events) if e["event"] in ("done", "error")), None)
         if self._why_killed == "cancelled":
-            self._end("cancelled", "Optimize was cancelled; the program is unchanged")
+            self._end("cancelled", f"{self.what} was cancelled; the program is unchanged")
         elif self._why_killed == "timeout":
             self._end("timeout", f"the worker printed nothing for {self.timeout_s:.0f} s and was stopped "
                                  "(it may have hung in a kernel); the program is unchanged")
