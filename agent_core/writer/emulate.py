@@ -1,0 +1,227 @@
+"""CpuExecutor: a proposed CUDA kernel compiled by g++ and run on CPU threads, so the gate's checks
+run on machines without a GPU.
+
+How: the source is scanned for what the shim cannot run (inline asm, cooperative groups, wgmma,
+cp.async, textures, half and bfloat16 types, ...: ExecutionError "unsupported" naming it, before any
+compiling); a few line-preserving rewrites adapt it (`extern __shared__ T a[]` becomes a pointer to the
+block's dynamic shared memory, `static __shared__` a plain `__shared__`, the CUDA headers and fixed-
+width typedefs the shim already provides are dropped); then g++ -O1 -std=c++20 -pthread compiles it
+with `-include emulate_shim.h` and a generated `main`, linked against the shim's runtime object
+(the thread pool and the driver, compiled once). Executables are cached by the hash of everything
+that went into them, under the user cache dir beside the NVRTC cubins.
+
+The executable is the child: it reads the argument buffers (executors.py's file format), runs every
+call in order in one process (so `__device__` globals keep their values between calls, as in a
+loaded module), one OS thread per CUDA thread of a block and the blocks one after another, and
+writes each call's buffers back. A g++ error is "unsupported" with its first line; a crash
+(SIGSEGV from a wild write, an abort) is "fault" with the signal; the timeout is "hang".
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..codegen.kernel import KernelSource
+from ..compiler import cache_dir
+from .executors import ExecutionError, check_launch, read_buffers, run_child, signal_name, write_buffers
+
+SHIM = Path(__file__).with_name("emulate_shim.h")
+FLAGS = ("-O1", "-std=c++20", "-pthread", "-fno-strict-aliasing", "-w")
+COMPILE_TIMEOUT_S = 120.0
+
+# (pattern, what the user reads); searched in the source without comments (strings kept: asm text)
+UNSUPPORTED = [
+    (r"\b(?:asm|__asm__|__asm)\b", "inline asm (asm volatile)"),
+    (r"\bcooperative_groups\b|\bcg::", "cooperative_groups"),
+    (r"\bwgmma\b", "wgmma"),
+    (r"\bcp\.async\b|\b__pipeline_\w+|\bmemcpy_async\b", "cp.async / memcpy_async pipelines"),
+    (r"\b(?:tex[123]D\w*|texture\s*<|cudaTextureObject_t|surf[123]D\w*|cudaSurfaceObject_t)",
+     "textures and surfaces"),
+    (r"\b(?:__nv_bfloat16\d*|__half2?|__nv_fp8\w*)\b|cuda_(?:fp16|bf16|fp8)\.h", "half, bfloat16 and fp8 types"),
+    (r"\bwmma::|\bnvcuda::|<mma\.h>", "wmma tensor-core fragments"),
+    (r"\b(?:__cluster_dims__|clusterDim|clusterIdx|cluster_ctarank)\b", "thread block clusters"),
+    (r"\bCUtensorMap\b|\bcp\.async\.bulk", "TMA tensor maps"),
+    (r"<<<", "device-side kernel launches"),
+    (r"\bcuda::", "libcu++ (cuda::)"),
+    (r"\bcuda[A-Z]\w*\s*\(", "CUDA runtime API calls"),
+]
+
+_CUDA_HEADERS = re.compile(
+    r'^[ \t]*#[ \t]*include\s*[<"](?:cuda_runtime(?:_api)?|cuda|device_launch_parameters|math_constants|'
+    r'vector_types|device_functions|cuda_device_runtime_api|sm_\d+_intrinsics)\.h[>"].*$', re.M)
+_FIXED_WIDTH_TYPEDEF = re.compile(
+    r"^[ \t]*(?:typedef[ \t]+[\w \t]+?[ \t]+(?:u?int(?:8|16|32|64)_t|size_t)|using[ \t]+(?:u?int(?:8|16|32|64)_t|size_t)"
+    r"[ \t]*=[ \t]*[\w \t]+?)[ \t]*;[ \t]*$", re.M)
+_EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\s+(?P<decl>[^;\[\]{}]*?)\s*\b(?P<name>\w+)\s*\[\s*\]\s*;")
+_ALIGN = re.compile(r"\b__align__\s*\(\s*\d+\s*\)|\balignas\s*\(\s*\d+\s*\)|__attribute__\s*\(\(\s*aligned\s*\(\s*\d+\s*\)\s*\)\)")
+_STATIC_SHARED = re.compile(r"\bstatic\s+__shared__\b|\b__shared__\s+static\b")
+
+# the generated main: every parameter a pointer, called with the argument buffers (guard bytes in)
+DRIVER = """
+namespace stitch_emu_driver {
+template <class T> struct is_pointer { static constexpr bool value = false; };
+template <class T> struct is_pointer<T*> { static constexpr bool value = true; };
+template <class A> A pass(void* p) {
+    static_assert(is_pointer<A>::value, "every kernel parameter must be a device pointer: a launch passes only buffers");
+    return static_cast<A>(p);
+}
+template <unsigned long... I> struct seq {};
+template <class... A, unsigned long... I> void call(void (*f)(A...), void* const* a, seq<I...>) { f(pass<A>(a[I])...); }
+template <class... A> constexpr int arity(void (*)(A...)) { return sizeof...(A); }
+template <class... A> void invoke(void (*f)(A...), void* const* a) { call(f, a, seq<__integer_pack(sizeof...(A))...>{}); }
+void thunk(void* const* a) { invoke(&KERNEL_NAME, a); }
+}  // namespace stitch_emu_driver
+int main(int argc, char** argv) {
+    return stitch_emu::driver_main(argc, argv, stitch_emu_driver::arity(&KERNEL_NAME), &stitch_emu_driver::thunk);
+}
+"""
+
+
+def strip_comments(source: str) -> str:
+    """The source with comments blanked (newlines kept, so line numbers stay); strings are kept."""
+    def blank(m: re.Match) -> str:
+        text = m.group(0)
+        return text if text[0] in "\"'" else re.sub(r"[^\n]", " ", text)
+    return re.sub(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|//[^\n]*|/\*.*?\*/', blank, source, flags=re.S)
+
+
+def unsupported_construct(source: str) -> tuple[str, int, str] | None:
+    """(construct, line number, line text) of the first thing the shim cannot run, or None."""
+    code = strip_comments(source)
+    found = []
+    for pattern, what in UNSUPPORTED:
+        if m := re.search(pattern, code):
+            found.append((m.start(), what))
+    if not found:
+        return None
+    pos, what = min(found)
+    line = code.count("\n", 0, pos) + 1
+    return what, line, source.splitlines()[line - 1].strip()
+
+
+def rewrite(source: str) -> str:
+    """The line-preserving rewrites that adapt a CUDA source to the shim."""
+    code = strip_comments(source)
+    code = _CUDA_HEADERS.sub("", code)
+    code = _FIXED_WIDTH_TYPEDEF.sub("", code)
+
+    def dynamic(m: re.Match) -> str:
+        decl = " ".join(_ALIGN.sub(" ", m.group("decl")).split())
+        return (f"{decl}* {m.group('name')} = reinterpret_cast<{decl}*>(stitch_emu::dynamic_shared);"
+                + "\n" * m.group(0).count("\n"))
+    code = _EXTERN_SHARED.sub(dynamic, code)
+    code = _STATIC_SHARED.sub("__shared__", code)
+    return re.sub(r"\b__noinline__\b", "__attribute__((noinline))", code)
+
+
+@lru_cache(maxsize=1)
+def gxx() -> str:
+    path = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("g++")
+    if path is None:
+        raise ExecutionError("unsupported", "the CPU emulator needs g++, which is not on PATH")
+    return path
+
+
+@lru_cache(maxsize=1)
+def gxx_version() -> str:
+    return subprocess.run([gxx(), "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+
+
+def emulate_cache_dir() -> Path:
+    path = cache_dir().parent / "emulated"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\x00\x01")
+    return h.hexdigest()
+
+
+def _compile(cmd: list[str], target: Path, what: str) -> None:
+    """Run g++ into a temporary name, then move it into place (parallel runs never see half a file)."""
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    try:
+        proc = subprocess.run(cmd + ["-o", str(tmp)], capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise ExecutionError("unsupported", f"{what}: g++ ran past {COMPILE_TIMEOUT_S:g} s") from None
+    if proc.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        lines = proc.stderr.splitlines()
+        first = next((ln for ln in lines if "error" in ln), lines[0] if lines else f"g++ exit {proc.returncode}")
+        raise ExecutionError("unsupported", f"{what}: the CPU emulator cannot compile it: {first.strip()}")
+    os.replace(tmp, target)
+
+
+def runtime_object() -> Path:
+    """The shim's runtime (thread pool, barriers, driver), compiled once per shim and compiler."""
+    shim = SHIM.read_text()
+    target = emulate_cache_dir() / f"runtime-{_digest(shim, ' '.join(FLAGS), gxx_version())[:24]}.o"
+    if not target.exists():
+        _compile([gxx(), *FLAGS, "-DSTITCH_EMU_RUNTIME", "-x", "c++", "-c", str(SHIM)], target,
+                 "the emulator's runtime")
+    return target
+
+
+def build(ks: KernelSource) -> Path:
+    """The emulation executable for `ks` (cached); ExecutionError("unsupported") when it cannot be."""
+    if found := unsupported_construct(ks.source):
+        what, line, text = found
+        raise ExecutionError("unsupported", f"{ks.name}: the CPU emulator cannot run {what} "
+                                            f"(line {line}: `{text}`)")
+    if not re.fullmatch(r"[A-Za-z_]\w*", ks.name):
+        raise ExecutionError("unsupported", f"kernel name {ks.name!r} is not a C identifier")
+    unit = (f'#line 1 "{ks.name}.cu"\n{rewrite(ks.source)}\n#line 1 "stitch_driver.cpp"\n'
+            + DRIVER.replace("KERNEL_NAME", ks.name))
+    runtime = runtime_object()
+    key = _digest(unit, SHIM.read_text(), " ".join(FLAGS), gxx_version())
+    exe = emulate_cache_dir() / f"{key}.exe"
+    if exe.exists():
+        return exe
+    with tempfile.TemporaryDirectory(prefix="stitch-emulate-") as tmp:
+        src = Path(tmp) / "unit.cpp"
+        src.write_text(unit)
+        _compile([gxx(), *FLAGS, "-include", str(SHIM), str(src), str(runtime)], exe, ks.name)
+    return exe
+
+
+class CpuExecutor:
+    """Runs proposals under CPU emulation (see the module docstring); `sanitize` has no CPU
+    counterpart and is ignored: the canaries around every buffer are the out-of-bounds check here."""
+    name = "cpu"
+
+    def run(self, ks: KernelSource, calls: list[list[np.ndarray]], *, guard: int, timeout_s: float = 60.0,
+            sanitize: bool = False) -> list[list[np.ndarray]]:
+        check_launch(ks, calls, guard)
+        exe = build(ks)
+        with tempfile.TemporaryDirectory(prefix="stitch-emulate-run-") as tmp:
+            work = Path(tmp)
+            write_buffers(work / "in.bin", calls)
+            cmd = [str(exe), str(work / "in.bin"), str(work / "out.bin"), str(guard),
+                   *map(str, ks.grid), *map(str, ks.block), str(ks.shared_bytes)]
+            rc, _out, err = run_child(cmd, workdir=work, timeout_s=timeout_s,
+                                      what=f"{ks.name} under CPU emulation")
+            if rc != 0:
+                raise ExecutionError("fault", _fault_message(ks.name, rc, err))
+            return read_buffers(work / "out.bin")
+
+
+def _fault_message(name: str, rc: int, stderr: str) -> str:
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    calls = [ln for ln in lines if re.match(r"stitch-emulate: call \d+ of \d+$", ln)]
+    where = f" during {calls[-1].split(': ', 1)[1]}" if calls else ""
+    if rc < 0:
+        return f"{name} crashed with {signal_name(rc)}{where} under CPU emulation (a write far outside its buffers?)"
+    others = [ln for ln in lines if ln not in calls]
+    return f"{name} failed under CPU emulation{where}: {others[-1].strip() if others else f'exit {rc}'}"

@@ -1,0 +1,652 @@
+// CUDA built-ins for g++, so a kernel proposed for the GPU runs on CPU threads (agent_core/writer/emulate.py).
+//
+// Included two ways:
+//  - `-include emulate_shim.h` before the kernel's translation unit: the qualifiers, vector types,
+//    intrinsics, atomics, warp and block collectives a kernel calls (light headers only, so the
+//    kernel's own typedefs and names meet as little as possible);
+//  - compiled once with -DSTITCH_EMU_RUNTIME into the runtime object: the thread pool (one OS thread
+//    per CUDA thread of a block, blocks in turn), the barriers and the driver that reads the
+//    argument buffers, runs every call in one process and writes the buffers back.
+// What it cannot model: divergent warps whose lanes run different numbers of warp collectives
+// (lanes meet by count), warp-synchronous code without __syncwarp (threads really race), timing.
+#ifndef STITCH_EMULATE_SHIM_H
+#define STITCH_EMULATE_SHIM_H
+
+#include <assert.h>
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+
+// ---- qualifiers -------------------------------------------------------------------------------
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+#define __managed__
+#define __forceinline__ inline
+#define __inline__ inline
+// __noinline__ is rewritten by emulate.py (libstdc++ headers use the name in their own attributes)
+#define __launch_bounds__(...)
+#define __grid_constant__
+#define __align__(n) __attribute__((aligned(n)))
+// one static per kernel function == one array per block, because blocks run one after another
+// (emulate.py rewrites `static __shared__` to `__shared__` and `extern __shared__ T a[]` to a pointer)
+#define __shared__ static
+
+// ---- index types ------------------------------------------------------------------------------
+struct uint3 { unsigned x, y, z; };
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+    constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+    constexpr operator uint3() const { return {x, y, z}; }
+};
+extern thread_local uint3 threadIdx;
+extern thread_local uint3 blockIdx;
+extern dim3 blockDim;
+extern dim3 gridDim;
+constexpr int warpSize = 32;
+
+// ---- vector types (CUDA's sizes and alignments) -----------------------------------------------
+#define STITCH_VEC(T, N, A, ...) struct __attribute__((aligned(A))) T##N { __VA_ARGS__; };
+#define STITCH_VECS(T, S)                                     \
+    STITCH_VEC(T, 1, S, T x)                                  \
+    STITCH_VEC(T, 2, 2 * S, T x, y)                           \
+    struct T##3 { T x, y, z; };                               \
+    STITCH_VEC(T, 4, (4 * S > 16 ? 16 : 4 * S), T x, y, z, w)
+typedef unsigned char uchar;
+typedef unsigned short ushort;
+typedef unsigned int uint;
+typedef unsigned long ulong;
+typedef long long longlong;
+typedef unsigned long long ulonglong;
+STITCH_VECS(char, 1)
+STITCH_VECS(uchar, 1)
+STITCH_VECS(short, 2)
+STITCH_VECS(ushort, 2)
+STITCH_VECS(int, 4)
+STITCH_VECS(float, 4)
+struct __attribute__((aligned(8))) long1 { long x; };
+struct __attribute__((aligned(16))) long2 { long x, y; };
+struct __attribute__((aligned(8))) ulong1 { unsigned long x; };
+struct __attribute__((aligned(16))) ulong2 { unsigned long x, y; };
+struct __attribute__((aligned(8))) longlong1 { long long x; };
+struct __attribute__((aligned(16))) longlong2 { long long x, y; };
+struct __attribute__((aligned(8))) ulonglong1 { unsigned long long x; };
+struct __attribute__((aligned(16))) ulonglong2 { unsigned long long x, y; };
+struct __attribute__((aligned(8))) double1 { double x; };
+struct __attribute__((aligned(16))) double2 { double x, y; };
+struct double3 { double x, y, z; };
+struct __attribute__((aligned(16))) double4 { double x, y, z, w; };
+// uint1..uint4: uint3 is the index type above
+struct __attribute__((aligned(4))) uint1 { unsigned x; };
+struct __attribute__((aligned(8))) uint2 { unsigned x, y; };
+struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
+#undef STITCH_VECS
+#undef STITCH_VEC
+#define STITCH_MAKE(T, S)                                                                          \
+    inline T##1 make_##T##1(S x) { return {x}; }                                                   \
+    inline T##2 make_##T##2(S x, S y) { return {x, y}; }                                           \
+    inline T##3 make_##T##3(S x, S y, S z) { return {x, y, z}; }                                   \
+    inline T##4 make_##T##4(S x, S y, S z, S w) { return {x, y, z, w}; }
+STITCH_MAKE(char, signed char)
+STITCH_MAKE(uchar, unsigned char)
+STITCH_MAKE(short, short)
+STITCH_MAKE(ushort, unsigned short)
+STITCH_MAKE(int, int)
+STITCH_MAKE(uint, unsigned)
+STITCH_MAKE(float, float)
+STITCH_MAKE(double, double)
+#undef STITCH_MAKE
+inline longlong2 make_longlong2(long long x, long long y) { return {x, y}; }
+inline ulonglong2 make_ulonglong2(unsigned long long x, unsigned long long y) { return {x, y}; }
+
+// ---- the runtime's interface (defined under STITCH_EMU_RUNTIME) --------------------------------
+namespace stitch_emu {
+enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, SYNC, REDUCE_ADD, REDUCE_MIN,
+              REDUCE_MAX, REDUCE_AND, REDUCE_OR, REDUCE_XOR, MATCH_ANY, ACTIVE };
+enum BlockOp { BLOCK_SYNC, BLOCK_COUNT, BLOCK_AND, BLOCK_OR };
+constexpr unsigned MAX_DYNAMIC_SHARED = 232448;   // 227 KiB, what an H100/H200 block may ask for
+extern unsigned char dynamic_shared[];
+int block_sync(int predicate, int op);
+// every lane of `mask` that has not returned publishes `value`, then each reads what `op` says
+unsigned long long warp_op(unsigned mask, unsigned long long value, int op, int arg, int width);
+using Thunk = void (*)(void* const* args);
+int driver_main(int argc, char** argv, int nparams, Thunk thunk);
+
+template <class T> inline unsigned long long bits_of(T v) {
+    static_assert(sizeof(T) == 4 || sizeof(T) == 8, "warp shuffles move 4- or 8-byte values");
+    unsigned long long b = 0;
+    __builtin_memcpy(&b, &v, sizeof(T));
+    return b;
+}
+template <class T> inline T from_bits(unsigned long long b) {
+    T v;
+    __builtin_memcpy(&v, &b, sizeof(T));
+    return v;
+}
+// read-modify-write by compare-and-swap: any 4- or 8-byte type (floats included)
+template <class T, class F> inline T cas_loop(T* address, F update) {
+    T old = *address, next;
+    do {
+        next = update(old);
+    } while (!__atomic_compare_exchange(address, &old, &next, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+    return old;
+}
+}  // namespace stitch_emu
+
+// ---- block and warp collectives ---------------------------------------------------------------
+inline void __syncthreads() { stitch_emu::block_sync(0, stitch_emu::BLOCK_SYNC); }
+inline int __syncthreads_count(int p) { return stitch_emu::block_sync(p, stitch_emu::BLOCK_COUNT); }
+inline int __syncthreads_and(int p) { return stitch_emu::block_sync(p, stitch_emu::BLOCK_AND); }
+inline int __syncthreads_or(int p) { return stitch_emu::block_sync(p, stitch_emu::BLOCK_OR); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { stitch_emu::warp_op(mask, 0, stitch_emu::SYNC, 0, 32); }
+inline unsigned __activemask() { return (unsigned)stitch_emu::warp_op(0, 0, stitch_emu::ACTIVE, 0, 32); }
+
+#define STITCH_SHFL(NAME, OP, ARG)                                                                 \
+    template <class T> inline T NAME(unsigned mask, T var, ARG arg, int width = warpSize) {        \
+        return stitch_emu::from_bits<T>(                                                           \
+            stitch_emu::warp_op(mask, stitch_emu::bits_of(var), stitch_emu::OP, (int)arg, width)); \
+    }
+STITCH_SHFL(__shfl_sync, SHFL_IDX, int)
+STITCH_SHFL(__shfl_up_sync, SHFL_UP, unsigned)
+STITCH_SHFL(__shfl_down_sync, SHFL_DOWN, unsigned)
+STITCH_SHFL(__shfl_xor_sync, SHFL_XOR, int)
+#undef STITCH_SHFL
+inline unsigned __ballot_sync(unsigned mask, int p) {
+    return (unsigned)stitch_emu::warp_op(mask, p != 0, stitch_emu::BALLOT, 0, 32);
+}
+inline int __any_sync(unsigned mask, int p) { return (int)stitch_emu::warp_op(mask, p != 0, stitch_emu::ANY, 0, 32); }
+inline int __all_sync(unsigned mask, int p) { return (int)stitch_emu::warp_op(mask, p != 0, stitch_emu::ALL, 0, 32); }
+inline int __uni_sync(unsigned mask, int p) {
+    unsigned b = __ballot_sync(mask, p);
+    return b == 0 || b == (mask & __activemask());
+}
+#define STITCH_REDUCE(NAME, OP, T, SIGNED)                                                          \
+    inline T NAME(unsigned mask, T v) {                                                             \
+        return (T)stitch_emu::warp_op(mask, (unsigned long long)(unsigned)v, stitch_emu::OP, SIGNED, 32); \
+    }
+STITCH_REDUCE(__reduce_add_sync, REDUCE_ADD, unsigned, 0)
+STITCH_REDUCE(__reduce_add_sync, REDUCE_ADD, int, 1)
+STITCH_REDUCE(__reduce_min_sync, REDUCE_MIN, unsigned, 0)
+STITCH_REDUCE(__reduce_min_sync, REDUCE_MIN, int, 1)
+STITCH_REDUCE(__reduce_max_sync, REDUCE_MAX, unsigned, 0)
+STITCH_REDUCE(__reduce_max_sync, REDUCE_MAX, int, 1)
+STITCH_REDUCE(__reduce_and_sync, REDUCE_AND, unsigned, 0)
+STITCH_REDUCE(__reduce_or_sync, REDUCE_OR, unsigned, 0)
+STITCH_REDUCE(__reduce_xor_sync, REDUCE_XOR, unsigned, 0)
+#undef STITCH_REDUCE
+template <class T> inline unsigned __match_any_sync(unsigned mask, T v) {
+    return (unsigned)stitch_emu::warp_op(mask, stitch_emu::bits_of(v), stitch_emu::MATCH_ANY, 0, 32);
+}
+template <class T> inline unsigned __match_all_sync(unsigned mask, T v, int* pred) {
+    unsigned same = __match_any_sync(mask, v), all = mask & __activemask();
+    *pred = same == all;
+    return same == all ? all : 0;
+}
+
+// ---- memory: fences, cached loads and stores, atomics ----------------------------------------
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+#define STITCH_LOAD(NAME) template <class T> inline T NAME(const T* p) { return *p; }
+STITCH_LOAD(__ldg)
+STITCH_LOAD(__ldca)
+STITCH_LOAD(__ldcg)
+STITCH_LOAD(__ldcs)
+STITCH_LOAD(__ldlu)
+STITCH_LOAD(__ldcv)
+#undef STITCH_LOAD
+#define STITCH_STORE(NAME) template <class T> inline void NAME(T* p, T v) { *p = v; }
+STITCH_STORE(__stwb)
+STITCH_STORE(__stcg)
+STITCH_STORE(__stcs)
+STITCH_STORE(__stwt)
+#undef STITCH_STORE
+
+#define STITCH_ATOMIC_ARITH(T)                                                                          \
+    inline T atomicAdd(T* a, T v) { return stitch_emu::cas_loop(a, [v](T o) { return (T)(o + v); }); } \
+    inline T atomicSub(T* a, T v) { return stitch_emu::cas_loop(a, [v](T o) { return (T)(o - v); }); } \
+    inline T atomicMax(T* a, T v) { return stitch_emu::cas_loop(a, [v](T o) { return o < v ? v : o; }); } \
+    inline T atomicMin(T* a, T v) { return stitch_emu::cas_loop(a, [v](T o) { return v < o ? v : o; }); } \
+    inline T atomicExch(T* a, T v) { T old; __atomic_exchange(a, &v, &old, __ATOMIC_SEQ_CST); return old; }
+#define STITCH_ATOMIC_INT(T)                                                                                 \
+    STITCH_ATOMIC_ARITH(T)                                                                                   \
+    inline T atomicAnd(T* a, T v) { return __atomic_fetch_and(a, v, __ATOMIC_SEQ_CST); }                     \
+    inline T atomicOr(T* a, T v) { return __atomic_fetch_or(a, v, __ATOMIC_SEQ_CST); }                       \
+    inline T atomicXor(T* a, T v) { return __atomic_fetch_xor(a, v, __ATOMIC_SEQ_CST); }                     \
+    inline T atomicCAS(T* a, T compare, T v) {                                                               \
+        __atomic_compare_exchange_n(a, &compare, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);              \
+        return compare;                                                                                      \
+    }
+STITCH_ATOMIC_INT(int)
+STITCH_ATOMIC_INT(unsigned)
+STITCH_ATOMIC_INT(long long)
+STITCH_ATOMIC_INT(unsigned long long)
+STITCH_ATOMIC_ARITH(float)
+STITCH_ATOMIC_ARITH(double)
+#undef STITCH_ATOMIC_INT
+#undef STITCH_ATOMIC_ARITH
+inline unsigned atomicInc(unsigned* a, unsigned limit) {
+    return stitch_emu::cas_loop(a, [limit](unsigned o) { return o >= limit ? 0u : o + 1; });
+}
+inline unsigned atomicDec(unsigned* a, unsigned limit) {
+    return stitch_emu::cas_loop(a, [limit](unsigned o) { return (o == 0 || o > limit) ? limit : o - 1; });
+}
+// the scoped variants behave the same with one process of threads
+#define atomicAdd_block atomicAdd
+#define atomicAdd_system atomicAdd
+#define atomicMax_block atomicMax
+#define atomicMin_block atomicMin
+#define atomicExch_block atomicExch
+#define atomicCAS_block atomicCAS
+
+// ---- arithmetic: min/max, fast-math intrinsics, conversions, bit tricks ------------------------
+// CUDA overloads min/max for every arithmetic pair; the usual conversions pick the result type
+namespace stitch_emu {
+template <class T> struct arithmetic { static constexpr bool value = false; };
+#define STITCH_ARITH(T) template <> struct arithmetic<T> { static constexpr bool value = true; };
+STITCH_ARITH(char) STITCH_ARITH(signed char) STITCH_ARITH(unsigned char) STITCH_ARITH(short)
+STITCH_ARITH(unsigned short) STITCH_ARITH(int) STITCH_ARITH(unsigned) STITCH_ARITH(long)
+STITCH_ARITH(unsigned long) STITCH_ARITH(long long) STITCH_ARITH(unsigned long long) STITCH_ARITH(float)
+STITCH_ARITH(double)
+#undef STITCH_ARITH
+}  // namespace stitch_emu
+template <class A, class B> requires(stitch_emu::arithmetic<A>::value && stitch_emu::arithmetic<B>::value)
+inline constexpr auto min(A a, B b) { using C = decltype(a + b); return (C)b < (C)a ? (C)b : (C)a; }
+template <class A, class B> requires(stitch_emu::arithmetic<A>::value && stitch_emu::arithmetic<B>::value)
+inline constexpr auto max(A a, B b) { using C = decltype(a + b); return (C)a < (C)b ? (C)b : (C)a; }
+
+inline float __expf(float x) { return expf(x); }
+inline float __exp10f(float x) { return exp10f(x); }
+inline float __logf(float x) { return logf(x); }
+inline float __log2f(float x) { return log2f(x); }
+inline float __log10f(float x) { return log10f(x); }
+inline float __powf(float x, float y) { return powf(x, y); }
+inline float __sinf(float x) { return sinf(x); }
+inline float __cosf(float x) { return cosf(x); }
+inline float __tanf(float x) { return tanf(x); }
+inline void __sincosf(float x, float* s, float* c) { *s = sinf(x); *c = cosf(x); }
+inline float __tanhf(float x) { return tanhf(x); }
+inline float __fdividef(float x, float y) { return x / y; }
+inline float fdividef(float x, float y) { return x / y; }
+inline float __frcp_rn(float x) { return 1.0f / x; }
+inline float __fsqrt_rn(float x) { return sqrtf(x); }
+inline float __frsqrt_rn(float x) { return 1.0f / sqrtf(x); }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+inline double rsqrt(double x) { return 1.0 / sqrt(x); }
+inline float rcbrtf(float x) { return 1.0f / cbrtf(x); }
+inline float __saturatef(float x) { return x < 0.0f ? 0.0f : (x > 1.0f ? 1.0f : (x == x ? x : 0.0f)); }
+inline float normcdff(float x) { return 0.5f * erfcf(-x * 0.70710678118654752f); }
+inline double normcdf(double x) { return 0.5 * erfc(-x * 0.70710678118654752); }
+inline float sinpif(float x) { return sinf(3.14159265358979323846f * x); }
+inline float cospif(float x) { return cosf(3.14159265358979323846f * x); }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __fma_rn(double a, double b, double c) { return fma(a, b, c); }
+inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
+inline int __float2int_rz(float x) { return (int)x; }
+inline int __float2int_rd(float x) { return (int)floorf(x); }
+inline int __float2int_ru(float x) { return (int)ceilf(x); }
+inline unsigned __float2uint_rn(float x) { return (unsigned)nearbyintf(x); }
+inline unsigned __float2uint_rz(float x) { return (unsigned)x; }
+inline long long __float2ll_rn(float x) { return (long long)nearbyintf(x); }
+inline long long __float2ll_rz(float x) { return (long long)x; }
+inline float __int2float_rn(int x) { return (float)x; }
+inline float __uint2float_rn(unsigned x) { return (float)x; }
+inline float __ll2float_rn(long long x) { return (float)x; }
+inline float __double2float_rn(double x) { return (float)x; }
+inline int __double2int_rn(double x) { return (int)nearbyint(x); }
+inline int __float_as_int(float x) { return __builtin_bit_cast(int, x); }
+inline unsigned __float_as_uint(float x) { return __builtin_bit_cast(unsigned, x); }
+inline float __int_as_float(int x) { return __builtin_bit_cast(float, x); }
+inline float __uint_as_float(unsigned x) { return __builtin_bit_cast(float, x); }
+inline long long __double_as_longlong(double x) { return __builtin_bit_cast(long long, x); }
+inline double __longlong_as_double(long long x) { return __builtin_bit_cast(double, x); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz((unsigned)x); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline unsigned __brev(unsigned x) {
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long both = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; ++i) r |= (unsigned)((both >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
+inline unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned s) {
+    return (unsigned)((((unsigned long long)hi << 32 | lo) << (s & 31)) >> 32);
+}
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
+    return (unsigned)(((unsigned long long)hi << 32 | lo) >> (s & 31));
+}
+inline int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+inline long long __mul64hi(long long a, long long b) { return (long long)(((__int128)a * b) >> 64); }
+inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
+    return (unsigned long long)(((unsigned __int128)a * b) >> 64);
+}
+inline int __mul24(int a, int b) { return a * b; }
+inline unsigned __umul24(unsigned a, unsigned b) { return a * b; }
+inline long long clock64() { return (long long)__builtin_ia32_rdtsc(); }
+inline void __nanosleep(unsigned) { __builtin_ia32_pause(); }
+inline void __trap() { __builtin_trap(); }
+inline void __brkpt() { __builtin_trap(); }
+#define __builtin_assume(x) ((void)0)
+#define CUDART_INF_F __builtin_inff()
+#define CUDART_NAN_F __builtin_nanf("")
+#define CUDART_INF __builtin_inf()
+#define CUDART_NAN __builtin_nan("")
+#define CUDART_PI_F 3.141592654f
+#define CUDART_PI 3.1415926535897931e+0
+
+// ======================================= the runtime ===========================================
+#ifdef STITCH_EMU_RUNTIME
+#include <pthread.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+dim3 blockDim;
+dim3 gridDim;
+
+namespace stitch_emu {
+alignas(256) unsigned char dynamic_shared[MAX_DYNAMIC_SHARED];
+
+// __syncthreads: the last of the block's live threads to arrive releases the others; a thread that
+// returns leaves, so the others are released without it (an early return must not deadlock them)
+struct BlockBarrier {
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned live = 0, arrived = 0;
+    unsigned long long generation = 0;
+    int count = 0, all = 1, any = 0;                       // this phase's predicates
+    int last_count = 0, last_all = 1, last_any = 0;        // the released phase's
+
+    void reset(unsigned n) { live = n; arrived = 0; count = 0; all = 1; any = 0; }
+    void release() {
+        last_count = count; last_all = all; last_any = any;
+        count = 0; all = 1; any = 0; arrived = 0;
+        ++generation;
+        cv.notify_all();
+    }
+    int sync(int p, int op) {
+        std::unique_lock<std::mutex> lock(m);
+        count += p != 0; all &= p != 0; any |= p != 0;
+        if (++arrived == live) {
+            release();
+        } else {
+            unsigned long long g = generation;
+            cv.wait(lock, [&] { return generation != g; });
+        }
+        return op == BLOCK_COUNT ? last_count : op == BLOCK_AND ? last_all : op == BLOCK_OR ? last_any : 0;
+    }
+    void leave() {
+        std::lock_guard<std::mutex> lock(m);
+        --live;
+        if (arrived > 0 && arrived == live) release();
+    }
+};
+
+// Warp collectives: lane L's n-th collective publishes its value in slot[n % 2][L] and waits until
+// every live lane of the mask has published its n-th; two slots suffice because no lane can get two
+// collectives ahead of a lane it waits for. Lanes that returned drop out of `live`.
+struct Warp {
+    std::mutex m;
+    std::condition_variable cv;
+    unsigned live = 0, lanes = 0;          // bit per lane still running; lanes in this (maybe partial) warp
+    unsigned long long seq[32] = {};
+    unsigned long long slot[2][32] = {};
+
+    void reset(unsigned n) {
+        lanes = n; live = n >= 32 ? 0xffffffffu : (1u << n) - 1;
+        for (auto& s : seq) s = 0;
+    }
+    void leave(unsigned lane) {
+        std::lock_guard<std::mutex> lock(m);
+        live &= ~(1u << lane);
+        cv.notify_all();
+    }
+};
+
+static BlockBarrier g_block;
+static std::vector<std::unique_ptr<Warp>> g_warps;
+static thread_local Warp* t_warp;
+static thread_local unsigned t_lane;
+
+int block_sync(int p, int op) { return g_block.sync(p, op); }
+
+static unsigned long long reduce_lanes(const unsigned long long* slot, unsigned group, int op, bool is_signed) {
+    unsigned long long r = 0;
+    bool first = true;
+    for (unsigned j = 0; j < 32; ++j) {
+        if (!(group >> j & 1)) continue;
+        unsigned u = (unsigned)slot[j];
+        int s = (int)u;
+        if (first) { r = u; first = false; continue; }
+        switch (op) {
+            case REDUCE_ADD: r = (unsigned)(r + u); break;
+            case REDUCE_MIN: r = is_signed ? (unsigned)(s < (int)r ? s : (int)r) : (u < r ? u : r); break;
+            case REDUCE_MAX: r = is_signed ? (unsigned)(s > (int)r ? s : (int)r) : (u > r ? u : r); break;
+            case REDUCE_AND: r &= u; break;
+            case REDUCE_OR: r |= u; break;
+            case REDUCE_XOR: r ^= u; break;
+        }
+    }
+    return r;
+}
+
+unsigned long long warp_op(unsigned mask, unsigned long long value, int op, int arg, int width) {
+    Warp& w = *t_warp;
+    const unsigned me = t_lane;
+    std::unique_lock<std::mutex> lock(w.m);
+    if (op == ACTIVE) return w.live;
+    const unsigned long long n = ++w.seq[me];
+    unsigned long long* slot = w.slot[n & 1];
+    slot[me] = value;
+    auto group = [&] { return (mask | 1u << me) & w.live; };
+    auto ready = [&] {
+        for (unsigned j = 0, g = group(); j < 32; ++j)
+            if ((g >> j & 1) && w.seq[j] < n) return false;
+        return true;
+    };
+    if (ready()) {
+        w.cv.notify_all();
+    } else {
+        // the last lane to arrive wakes the others; lanes of a narrower mask than theirs re-check
+        while (!w.cv.wait_for(lock, std::chrono::milliseconds(1), ready)) {}
+    }
+    const unsigned g = group();
+    if (width <= 0 || width > 32) width = 32;
+    const unsigned seg = me & ~(unsigned)(width - 1), pos = me & (unsigned)(width - 1);
+    long src = -1;
+    switch (op) {
+        case SHFL_IDX: src = seg + ((unsigned)arg & (unsigned)(width - 1)); break;
+        case SHFL_UP: src = pos >= (unsigned)arg ? (long)me - arg : (long)me; break;
+        case SHFL_DOWN: src = pos + (unsigned)arg < (unsigned)width ? (long)me + arg : (long)me; break;
+        case SHFL_XOR: {
+            unsigned t = me ^ (unsigned)arg;
+            src = (t & ~(unsigned)(width - 1)) == seg ? (long)t : (long)me;
+            break;
+        }
+        case BALLOT: case ANY: case ALL: case MATCH_ANY: {
+            unsigned b = 0;
+            for (unsigned j = 0; j < 32; ++j)
+                if ((g >> j & 1) && (op == MATCH_ANY ? slot[j] == value : slot[j] != 0)) b |= 1u << j;
+            return op == BALLOT || op == MATCH_ANY ? b : op == ANY ? b != 0 : b == g;
+        }
+        case SYNC: return 0;
+        default: return reduce_lanes(slot, g, op, arg != 0);
+    }
+    if (src < 0 || src >= (long)w.lanes) src = me;     // a lane outside the warp: keep one's own value
+    return slot[src];
+}
+
+// ---- the thread pool: one OS thread per CUDA thread of a block, kept for every block and call ----
+struct Pool {
+    std::mutex m;
+    std::condition_variable go, done_cv;
+    unsigned long long generation = 0;
+    unsigned threads = 0, done = 0;
+    uint3 block{};
+    Thunk thunk = nullptr;
+    void* const* args = nullptr;
+    std::vector<pthread_t> handles;
+};
+static Pool g_pool;
+
+static void* worker(void* index_ptr) {
+    const unsigned i = (unsigned)(unsigned long)index_ptr;
+    threadIdx = {i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
+    t_lane = i % 32;
+    t_warp = g_warps[i / 32].get();
+    unsigned long long seen = 0;
+    for (;;) {
+        Thunk thunk;
+        void* const* args;
+        {
+            std::unique_lock<std::mutex> lock(g_pool.m);
+            g_pool.go.wait(lock, [&] { return g_pool.generation != seen; });
+            seen = g_pool.generation;
+            blockIdx = g_pool.block;
+            thunk = g_pool.thunk;
+            args = g_pool.args;
+        }
+        thunk(args);
+        g_block.leave();
+        t_warp->leave(t_lane);
+        std::lock_guard<std::mutex> lock(g_pool.m);
+        if (++g_pool.done == g_pool.threads) g_pool.done_cv.notify_one();
+    }
+    return nullptr;
+}
+
+static void start_pool(unsigned n) {
+    g_pool.threads = n;
+    for (unsigned w = 0; w < (n + 31) / 32; ++w) g_warps.push_back(std::make_unique<Warp>());
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 4u << 20);   // room for big local arrays; CUDA's own default is smaller
+    for (unsigned i = 0; i < n; ++i) {
+        pthread_t t;
+        if (pthread_create(&t, &attr, worker, (void*)(unsigned long)i) != 0) {
+            fprintf(stderr, "stitch-emulate: cannot start thread %u of a block of %u\n", i, n);
+            _exit(3);
+        }
+        g_pool.handles.push_back(t);
+    }
+    pthread_attr_destroy(&attr);
+}
+
+static void run_block(Thunk thunk, void* const* args, uint3 block) {
+    const unsigned n = g_pool.threads;
+    g_block.reset(n);
+    for (unsigned w = 0; w < g_warps.size(); ++w) g_warps[w]->reset(n - 32 * w < 32 ? n - 32 * w : 32);
+    std::unique_lock<std::mutex> lock(g_pool.m);
+    g_pool.block = block;
+    g_pool.thunk = thunk;
+    g_pool.args = args;
+    g_pool.done = 0;
+    ++g_pool.generation;
+    g_pool.go.notify_all();
+    g_pool.done_cv.wait(lock, [] { return g_pool.done == g_pool.threads; });
+}
+
+// ---- the driver: argument buffers in, every call in order, buffers out ------------------------
+// File format (agent_core/writer/executors.py): "STBUF001", u64 calls, per call u64 args and one u64
+// byte count per arg, then every buffer's bytes in order. The output file has the same layout and
+// holds each call's buffers as they were right after that call.
+static bool read_u64(FILE* f, unsigned long long* v) { return fread(v, 8, 1, f) == 1; }
+
+int driver_main(int argc, char** argv, int nparams, Thunk thunk) {
+    if (argc != 11) {
+        fprintf(stderr, "usage: %s IN OUT GUARD GX GY GZ BX BY BZ SHARED\n", argv[0]);
+        return 2;
+    }
+    const unsigned long long guard = strtoull(argv[3], nullptr, 10);
+    gridDim = dim3((unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]), (unsigned)atoi(argv[6]));
+    blockDim = dim3((unsigned)atoi(argv[7]), (unsigned)atoi(argv[8]), (unsigned)atoi(argv[9]));
+    const unsigned shared = (unsigned)atoi(argv[10]);
+    if (shared > MAX_DYNAMIC_SHARED) {
+        fprintf(stderr, "stitch-emulate: %u bytes of dynamic shared memory, at most %u\n", shared, MAX_DYNAMIC_SHARED);
+        return 3;
+    }
+    FILE* in = fopen(argv[1], "rb");
+    char magic[8];
+    unsigned long long ncalls = 0;
+    if (!in || fread(magic, 1, 8, in) != 8 || memcmp(magic, "STBUF001", 8) != 0 || !read_u64(in, &ncalls)) {
+        fprintf(stderr, "stitch-emulate: %s is not a buffer file\n", argv[1]);
+        return 2;
+    }
+    std::vector<std::vector<unsigned long long>> sizes(ncalls);
+    for (auto& call : sizes) {
+        unsigned long long nargs = 0;
+        if (!read_u64(in, &nargs)) return 2;
+        call.resize(nargs);
+        for (auto& s : call)
+            if (!read_u64(in, &s)) return 2;
+    }
+    std::vector<std::vector<unsigned char*>> buffers(ncalls);
+    for (unsigned long long c = 0; c < ncalls; ++c)
+        for (unsigned long long s : sizes[c]) {
+            // 256-byte aligned like a cudaMalloc, so pointer + guard keeps the alignment float4 needs
+            unsigned char* b = (unsigned char*)aligned_alloc(256, (s + 255) / 256 * 256 + 256);
+            if (!b || fread(b, 1, s, in) != s) {
+                fprintf(stderr, "stitch-emulate: %s is truncated\n", argv[1]);
+                return 2;
+            }
+            buffers[c].push_back(b);
+        }
+    fclose(in);
+    FILE* out = fopen(argv[2], "wb");
+    fwrite("STBUF001", 1, 8, out);
+    fwrite(&ncalls, 8, 1, out);
+    for (auto& call : sizes) {
+        unsigned long long nargs = call.size();
+        fwrite(&nargs, 8, 1, out);
+        fwrite(call.data(), 8, nargs, out);
+    }
+    const unsigned threads = blockDim.x * blockDim.y * blockDim.z;
+    for (unsigned long long c = 0; c < ncalls; ++c) {
+        if ((int)sizes[c].size() != nparams) {
+            fprintf(stderr, "stitch-emulate: the kernel takes %d pointer arguments, call %llu passes %zu\n",
+                    nparams, c + 1, sizes[c].size());
+            return 3;
+        }
+        fprintf(stderr, "stitch-emulate: call %llu of %llu\n", c + 1, ncalls);
+        std::vector<void*> args;
+        for (unsigned char* b : buffers[c]) args.push_back(b + guard);
+        if (g_pool.threads == 0 && threads > 0) start_pool(threads);
+        for (unsigned z = 0; z < gridDim.z; ++z)
+            for (unsigned y = 0; y < gridDim.y; ++y)
+                for (unsigned x = 0; x < gridDim.x; ++x) run_block(thunk, args.data(), {x, y, z});
+        for (unsigned long long a = 0; a < sizes[c].size(); ++a) fwrite(buffers[c][a], 1, sizes[c][a], out);
+    }
+    if (fclose(out) != 0) return 2;
+    fflush(stdout);
+    _exit(0);   // the pool's threads are parked on a condition variable: no destructors to run under them
+}
+}  // namespace stitch_emu
+#endif  // STITCH_EMU_RUNTIME
+#endif  // STITCH_EMULATE_SHIM_H
