@@ -24,7 +24,8 @@ from ..ir import Program
 from ..ops import DTYPE_BYTES
 from .endpoint import WriterError
 
-GUARD = 4096                 # canary bytes before and after every argument (a row or more of most regions)
+GUARD = 4096      # canary bytes before and after every argument: a row or more of most regions, and a
+                  # multiple of 256 so the kernel's pointers are aligned as fresh allocations are
 PERTURB = 1e-2               # the perturbed call adds PERTURB * mean|t| * N(0, 1) to every float input
 # headers CUDA itself provides (NVRTC's built-ins where it has them); anything else is not ours to compile
 CUDA_HEADERS = re.compile(r"(cuda_(fp16|bf16|fp8|fp6|fp4)\.h(pp)?|cuda/std/\w+|cuda/(barrier|pipeline|atomic"
@@ -240,14 +241,15 @@ def _perturbed(ins: list, seed: int) -> list:
 
 
 def _guard_damage(buf: np.ndarray, canary: np.ndarray) -> str | None:
+    """Where the canaries around a buffer were overwritten, or None."""
     before, after = buf[:GUARD] != canary, buf[len(buf) - GUARD:] != canary
     parts = []
     if before.any():
-        first = GUARD - int(np.nonzero(before)[0][0])
-        parts.append(f"{int(before.sum())} byte(s) before its start (up to {first} bytes before)")
+        parts.append(f"up to {GUARD - int(np.nonzero(before)[0][0])} bytes before its start "
+                     f"({int(before.sum())} guard bytes changed)")
     if after.any():
-        last = int(np.nonzero(after)[0][-1]) + 1
-        parts.append(f"{int(after.sum())} byte(s) past its end (up to {last} bytes past)")
+        parts.append(f"up to {int(np.nonzero(after)[0][-1]) + 1} bytes past its end "
+                     f"({int(after.sum())} guard bytes changed)")
     return " and ".join(parts) or None
 
 
@@ -292,9 +294,8 @@ def check_proposal(program: Program, node_ids, ks: KernelSource, executor, *, dr
     calls = [[_guarded(b, canary) for b in payloads] +
              [_guarded(_poison(vals[v].dtype, vals[v].nbytes), canary) for v in io.outputs] for payloads in sent]
     names = [vals[v].name for v in io.inputs + io.outputs]
-    kw = {"sanitize": True} if sanitize else {}
     try:
-        results = executor.run(ks, calls, guard=GUARD, timeout_s=timeout_s, **kw)
+        results = executor.run(ks, calls, guard=GUARD, timeout_s=timeout_s, sanitize=sanitize)
     except WriterError as exc:
         check = getattr(exc, "check", "fault")
         return CheckReport(False, check, getattr(exc, "reason", None) or str(exc), 0.0, 0)
@@ -309,8 +310,8 @@ def check_proposal(program: Program, node_ids, ks: KernelSource, executor, *, dr
         for j, buf in enumerate(bufs):
             if (damage := _guard_damage(buf, canary)) is not None:
                 size = len(buf) - 2 * GUARD
-                return fail("out-of-bounds", k, f"wrote {damage} of '{names[j]}' ({size} bytes); write only "
-                                                f"inside the outputs' elements")
+                return fail("out-of-bounds", k, f"wrote outside '{names[j]}' ({size} bytes): {damage}; write "
+                                                f"only the outputs' own elements")
         for j, (before, buf) in enumerate(zip(sent[k], bufs)):
             after = buf[GUARD:len(buf) - GUARD]
             if not np.array_equal(before, after):
