@@ -33,7 +33,7 @@ import re
 
 from ..ir import Program
 from . import views as V
-from .cuda import Names, c_type, header, index_type, kernel_name, kernel_source, render_pointwise
+from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, header, index_type, kernel_name, kernel_source, render_pointwise
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
 from .region_io import RegionIO, region_io
@@ -196,16 +196,19 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
     program, io = g.program, g.io
     vals, nodes = program.values, program.nodes
     fn: dict[str, str] = {}
-    ret = "float4" if vec else "float"
 
-    def own_type(v):     # scalar lambdas return their value's own C type (a row kernel's int mask)
-        return ret if vec else c_type(vals[v].dtype, vals[v].name)
+    def own_type(v):     # each lambda returns its value's own C type (a row kernel's int mask), or
+        return VEC4[vals[v].dtype] if vec else c_type(vals[v].dtype, vals[v].name)   # its 4-lane type
+
+    def lanes4(v, exprs) -> str:
+        t = VEC4[vals[v].dtype]
+        return f"make_float4({', '.join(exprs)})" if t == "float4" else f"{t}{{{', '.join(exprs)}}}"
     lines = []
     for v in io.inputs:
         if v not in g.need or v in g.indices:    # indices are loaded inside the views' index expressions
             continue
         fn[v] = names.new(vals[v].name + suffix)
-        load = f"reinterpret_cast<const float4*>({arg[v]})[i / 4]" if vec else f"{arg[v]}[i]"
+        load = f"reinterpret_cast<const {own_type(v)}*>({arg[v]})[i / 4]" if vec else f"{arg[v]}[i]"
         lines.append(f"  auto {fn[v]} = [&](index_t i) -> {own_type(v)} {{ return {load}; }};  // input {vals[v].spec}")
 
     def call(src, idx):
@@ -224,7 +227,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
                     continue
                 fn[v] = names.new(vals[v].name + suffix)
                 # a constant (a pad's fill, the NaN where no read is valid) is four lanes of it in float4
-                widen = (lambda lit: f"make_float4({lit}, {lit}, {lit}, {lit})") if vec else None
+                widen = (lambda lit, v=v: lanes4(v, [lit] * 4)) if vec else None
                 expr = V.render_layout(lay, "i", names=arg, load=call, literal=widen)
                 lines.append(f"  // {note} -> {vals[v].spec}, read through its view")
                 lines.append(f"  auto {fn[v]} = [&](index_t i) -> {own_type(v)} {{ return {expr}; }};")
@@ -238,18 +241,14 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
                 continue
             local = ln.new(vals[u].name)
             idx, _ = V.render_read(_broadcast(vals[u].shape, out.shape).reads[0].stack, "i")
-            body.append(f"const {ret if vec else c_type(vals[u].dtype, vals[u].name)} {local} = {fn[u]}({idx});")
+            body.append(f"const {own_type(u)} {local} = {fn[u]}({idx});")
             args.append(local)
         fn[out.id] = names.new(out.name + suffix)
         if vec:
-            lanes = []
-            for c in "xyzw":
-                lanes.append(render_pointwise(node, [f"{a}.{c}" for a in args]))
-            expr = f"make_float4({', '.join(lanes)})"
-            rtype = "float4"
+            expr = lanes4(out.id, [render_pointwise(node, [f"{a}.{c}" for a in args]) for c in "xyzw"])
         else:
             expr = render_pointwise(node, args)
-            rtype = c_type(out.dtype, out.name)
+        rtype = own_type(out.id)
         lines.append(f"  // {note} -> {out.spec}")
         lines.append(f"  auto {fn[out.id]} = [&](index_t i) -> {rtype} {{ {' '.join(body)} return {expr}; }};")
     return lines, fn
@@ -370,16 +369,20 @@ class ViewPrologue:
         lines, fn = _lambdas(g, arg, names, False)
         self.scalar = {v: fn[v] for v in io.outputs}
         self.vector = {}
-        if _vector_ok(g, numel) and all(program.values[v].dtype == "float32" for v in g.need):
+        # float4 lambdas for what the row kernel loads (float32); values inside the prologue may be of
+        # any 4-lane type (an int64 attention mask cast per lane)
+        if _vector_ok(g, numel) and all(program.values[v].dtype == "float32" for v in io.outputs):
             vlines, vfn = _lambdas(g, arg, names, True, "_at4")
             lines += vlines
             self.vector = {v: vfn[v] for v in io.outputs}
         self._lines = lines
         self.extent = max((math.prod(program.values[v].shape) for v in io.inputs), default=0)
 
-    def declarations(self, body: list[str]) -> list[str]:
+    def declarations(self, body: list[str], structs: bool = True) -> list[str]:
         """The lambda lines the kernel body calls, directly or through other lambdas (each with the
-        comment above it), so an unused one is never declared."""
+        comment above it), so an unused one is never declared. With `structs`, the 4-lane structs
+        they use (an int64 mask's vec4_i64) are defined first, at function scope, for a kernel that
+        emits its structs before it sees these lines."""
         text = "\n".join(body)
         entries, pending = [], []
         for ln in self._lines:
@@ -394,7 +397,10 @@ class ViewPrologue:
             if re.search(rf"\b{name}\b", text):
                 keep.append(lns)
                 text += "\n" + lns[-1]
-        return [ln for lns in reversed(keep) for ln in lns]
+        lines = [ln for lns in reversed(keep) for ln in lns]
+        text = "\n".join(lines)
+        local = [f"  {VEC4_STRUCTS[t]}" for t in VEC4_STRUCTS if structs and re.search(rf"\b{t}\b", text)]
+        return local + lines
 
 
 def view_prologue_nodes(program: Program, io: RegionIO) -> list[str]:

@@ -518,7 +518,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
     if views:
         body = ["  // the layout prologue's values through their views, by flat index (run start for float4)",
-                *views.declarations(body), *body]
+                *views.declarations(body, structs=False), *body]
     text = "\n".join(body)
     structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", text)]
     kname = kernel_name(name)

@@ -347,7 +347,10 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
         allowed = {red.full_numel, red.rows}
         for s in (sa, sb) if not (sa.layouts or sb.layouts) else ():
             for nid, ne in s.numels.items():
-                if ne not in allowed:
+                # a smaller op that broadcasts into the rows (an attention mask's arithmetic on
+                # [B, 1, 1, S]) is evaluated per element where the row kernel reads it: the recompute
+                # guard weighs that, and codegen (can_lower) has the last word
+                if ne not in allowed and not _broadcasts_into(state.geo[nid].shape, red.full):
                     return (f"{_name(state, nid)} loops over {ne} elements, neither the "
                             f"{_shape(red.full)} rows nor the {red.rows} row results of "
                             f"{_name(state, (sa.reductions or sb.reductions)[0])}")
@@ -358,6 +361,13 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
         if relation == "sibling" and na != nb and not (sa.layouts or sb.layouts):
             return f"the two groups loop over different sizes ({na} and {nb} elements)"
     return state.rejected_conflict(a, b)
+
+
+def _broadcasts_into(shape, full) -> bool:
+    """Whether a value of `shape` broadcasts to `full` (numpy's rule, trailing dims aligned)."""
+    if len(shape) > len(full):
+        return False
+    return all(s in (1, f) for s, f in zip(reversed(shape), reversed(full)))
 
 
 def _budgetary(state, a, b, sa: Summary, sb: Summary, relation: str, facts) -> str | None:
@@ -487,9 +497,12 @@ def rereads_rows(state, nodes, red: Geometry) -> bool:
     return False
 
 
-def recompute_ms(state, sa: Summary, sb: Summary) -> tuple[float, str | None]:
+def recompute_ms(state, sa: Summary, sb: Summary, facts: Facts | None = None) -> tuple[float, str | None]:
     """Extra time when a smaller pointwise loop is merged into a larger one and so recomputed per
-    element of the larger loop (a broadcast producer), with a description."""
+    element of the larger loop (a broadcast producer), with a description. With the union's facts,
+    only the part of the recomputed FLOPs that the kernel's memory time does not hide counts: a
+    memory-bound kernel (a sigmoid of [N, C, 1, 1] scaling an [N, C, H, W] map) recomputes for free
+    on the roofline, as kernel_ms takes the larger of bytes and FLOPs."""
     na = max(sa.numels.values(), default=0)
     nb = max(sb.numels.values(), default=0)
     if not na or not nb or na == nb:
@@ -505,5 +518,10 @@ def recompute_ms(state, sa: Summary, sb: Summary) -> tuple[float, str | None]:
                 worst = (nid, f, big // max(ne, 1))
     if worst is None:
         return 0.0, None
-    return extra / state.gpu.flops_per_ms, (f"{_name(state, worst[0])} would be recomputed about "
+    gpu = state.gpu
+    extra_ms = extra / gpu.flops_per_ms
+    if facts is not None:
+        bytes_ms, flops_ms = (facts.read_bytes + facts.esc_bytes) / gpu.bytes_per_ms, facts.flops / gpu.flops_per_ms
+        extra_ms = max(0.0, flops_ms + extra_ms - max(bytes_ms, flops_ms))
+    return extra_ms, (f"{_name(state, worst[0])} would be recomputed about "
                                             f"{worst[2]} times per value")

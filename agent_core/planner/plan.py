@@ -182,7 +182,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
             return None, why
         union = ga.nodes + gb.nodes
         tu = group_time(state, union, None, fu, red=sa.red or sb.red, anchor=sa.anchor or sb.anchor)[0]
-        rec, rec_why = (0.0, None) if recomputes_nothing(state, sa, sb) else recompute_ms(state, sa, sb)
+        rec, rec_why = (0.0, None) if recomputes_nothing(state, sa, sb) else recompute_ms(state, sa, sb, fu)
         saved = gtime(ga) + gtime(gb) - tu - rec
         # an epilogue costs the same inside or outside its library call's region (cuBLAS / cuDNN writes
         # the output, the epilogue kernel reads it back): a tie keeps it with the call, as the runtime
@@ -192,7 +192,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         # from standing between two groups whose merge saves a launch (labels -> view -> class loss)
         tie_with_view = abs(saved) < 1e-12 and (_views_only(state, ga.nodes) or _views_only(state, gb.nodes))
         if saved <= 0 and not (tie_with_library or tie_with_view):
-            if rec_why:
+            if rec_why and rec > 0:
                 return None, f"{rec_why}, which costs more than fusing saves"
             return None, "fusing would not save time on the roofline"
         return saved, None
@@ -235,6 +235,11 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
             saved, why = evaluate(g, h, "producer")
             if why:
                 _refuse(state, refusals, note, g, h, why)
+                break
+            if saved <= 0 and summary(state.groups[g]).anchor:
+                # a tie with a library call waits for the queue, which ranks it last: the epilogue op
+                # may instead join its own consumer and save the epilogue's launch (squeeze-excitation's
+                # sigmoid, recomputed per element of the scaled map, or relu -> mean after a conv)
                 break
             union, why = lowerable(g, h)
             if why:
