@@ -9,8 +9,10 @@ run as a subprocess on the blocks. GPU (@pytest.mark.gpu): the kernels against t
 atol = rtol = 1e-4 on 5 draws, deterministic across launches, ignored and out-of-range labels.
 """
 import json
+import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_core.codegen import can_lower, generate_kernel
+from agent_core.codegen import CodegenError, can_lower, generate_kernel
 from agent_core.ir import Program
 from agent_core.rewrites.engine import rewrite_program
 from agent_core.rewrites.lowering import lower_all
-from tests.programs import ptx_of
+from tests.programs import nll_program, ptx_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,6 +158,94 @@ def test_refusals_name_the_reason():
     n = q.add_node("nll_loss", [ls.outputs[0], t.id], {"reduction": "mean", "ignore_index": -100})
     q.mark_output(n.outputs[0])
     assert "classes on its dim 1" in can_lower(q, [ls.id, n.id])
+
+
+# --- a lone nll_loss: the chain without its log_softmax step ------------------------------------
+NLL_SHAPES = [(16, 10), (4, 5, 3, 2), (7,), (4096, 1000)]
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("weight", [False, True], ids=["plain", "weighted"])
+@pytest.mark.parametrize("shape", NLL_SHAPES, ids=["NC", "NCd", "C", "big_NC"])
+def test_lone_nll_loss_gathers_one_element_per_row(shape, reduction, weight):
+    """log-probabilities computed elsewhere: no row is walked (no log-sum-exp), one thread per row reads
+    its label and that label's element, and the loss is reduced in the same launch."""
+    p, nid = nll_program(shape, reduction, weight)
+    ks = generate_kernel(p, [nid], name=f"nll_{reduction}")
+    assert ks.kind == "class_loss" and ks.params["walks_rows"] is False
+    assert ks.params["threads_per_row"] == 1 and ks.params["vector_width"] == 1
+    src = ks.source
+    assert "const long long* __restrict__ target" in src and "if (t == -100LL)" in src
+    assert not re.search(r"\b(fold_lse|expf|lse|State)\b", src)    # no row walked, no log-sum-exp
+    assert ("class_weight[t]" in src) == weight
+    assert "if (t < 0 || t >= kClasses)" in src                                 # no read out of bounds
+    assert ("kInner = 6;" in src) == (len(shape) > 2)
+    rows = math.prod(shape) // (shape[0] if len(shape) == 1 else shape[1])
+    assert ks.grid == (math.ceil(rows / 256), 1, 1) and ks.block == (256, 1, 1)
+    if reduction == "none":
+        assert not ks.workspace and "atomicAdd" not in src
+    else:
+        assert ks.workspace and "atomicAdd(&counters[0], 1u) == gridDim.x - 1" in src
+        assert ("(acc0 / acc1)" in src) == (reduction == "mean")   # the mean divides by the summed weights
+    # the memory floor: each row's label and one log-probability, the weight, the loss
+    v = p.values
+    t, out = v[p.inputs[1]], v[p.outputs[0]]
+    w = v[p.nodes[nid].inputs[2]].nbytes if weight else 0
+    assert ks.bytes_moved == t.nbytes + 4 * rows + w + out.nbytes
+    compiled_clean(ks)
+
+
+def test_lone_nll_loss_ignore_index_inputs_order_and_label_dtypes():
+    p, nid = nll_program((8, 5), "mean", weight=True, ignore_index=3)
+    ks = generate_kernel(p, [nid], name="nll_ig")
+    assert "if (t == 3LL)" in ks.source
+    # kernel arguments follow the region's inputs (log-probabilities, targets, the weight), then the loss
+    sig = re.search(r"nll_ig\((.*)\) \{", ks.source).group(1)
+    assert [a.split()[-1] for a in sig.split(", ")] == ["logp", "target", "class_weight", "nll_loss",
+                                                        "workspace", "counters"]
+    # int32 labels are read as they are (torch's reference takes them as int64 class indices)
+    q = Program("t32")
+    lp = q.add_input("logp", (4, 5))
+    t = q.add_input("target", (4,), "int32", init={"kind": "randint", "low": 0, "high": 5})
+    n = q.add_node("nll_loss", [lp.id, t.id], {"reduction": "sum", "ignore_index": -100})
+    q.mark_output(n.outputs[0])
+    ks = generate_kernel(q, [n.id], name="t32")
+    assert "const int* __restrict__ target" in ks.source
+    compiled_clean(ks)
+    # float64 log-probabilities would be computed in float32: refused, naming the value
+    d = Program("f64")
+    lp = d.add_input("logp", (4, 5), "float64")
+    t = d.add_input("target", (4,), "int64")
+    n = d.add_node("nll_loss", [lp.id, t.id], {"reduction": "sum", "ignore_index": -100})
+    d.mark_output(n.outputs[0])
+    with pytest.raises(CodegenError, match="'logp' has dtype float64"):
+        generate_kernel(d, [n.id], name="f64")
+
+
+def test_lone_nll_loss_tuning_variants_change_rows_per_block_only():
+    from agent_core.agent.tune import tune_space
+    p, nid = nll_program((4096, 1000), "mean", weight=True)
+    ks = generate_kernel(p, [nid], name="nll_tune")
+    variants = tune_space(ks)
+    assert variants == [{"block": 128}, {"block": 512}]
+    for v in variants:
+        kv = generate_kernel(p, [nid], name="nll_tune", params=v)
+        assert kv.params["rows_per_block"] == v["block"]
+        compiled_clean(kv)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_lone_nll_loss_compiles_with_nvcc_without_warnings(tmp_path):
+    from tests.test_codegen_indexed import NVCC_FLAGS
+    for k, (shape, reduction, weight) in enumerate([((4, 5, 3, 2), "none", True), ((16, 10), "mean", False),
+                                                    ((7,), "sum", True)]):
+        p, nid = nll_program(shape, reduction, weight)
+        cu = tmp_path / f"nll{k}.cu"
+        cu.write_text(generate_kernel(p, [nid], name=f"nvcc_nll{k}").source)
+        r = subprocess.run(["nvcc", *NVCC_FLAGS, str(cu), "-o", str(cu.with_suffix(".o"))],
+                           capture_output=True, text=True)
+        log = (r.stdout + r.stderr).strip()
+        assert r.returncode == 0 and "warning" not in log, f"{shape} {reduction}:\n{log}"
 
 
 @pytest.mark.parametrize("pos_weight,weight,reduction", [(False, False, "none"), (True, False, "none"),

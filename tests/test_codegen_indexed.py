@@ -1,9 +1,8 @@
-"""Kernels with indices: argmax / argmin (int64 results), cumsum / cumprod (scans) and nll_loss (int64
-targets). Each configuration generates the schedule it should, compiles through NVRTC for sm_90
-without warnings or spills, and a representative set compiles with nvcc, warnings on, to nothing;
-regions these generators do not handle are refused with the reason. (Numerics are checked on the GPU:
-tests/gpu/test_gpu_indexed.py.)"""
-import re
+"""Kernels with indices: argmax / argmin (int64 results) and cumsum / cumprod (scans). Each
+configuration generates the schedule it should, compiles through NVRTC for sm_90 without warnings or
+spills, and a representative set compiles with nvcc, warnings on, to nothing; regions these generators
+do not handle are refused with the reason. (Numerics are checked on the GPU: tests/gpu/test_gpu_indexed.py.
+A lone nll_loss is a class loss: tests/test_codegen_class_loss.py.)"""
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +14,7 @@ from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.importers import import_file
 from agent_core.ir import Program
-from tests.programs import arg_program, nll_program, scan_program
+from tests.programs import arg_program, scan_program
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "resources" / "examples"
 # tools/kernel_warnings.py compiles the examples' kernels with these
@@ -107,40 +106,6 @@ def test_scan_compiles(op, shape, dim, schedule, vec4):
     compiled_clean(ks)
 
 
-# --- nll_loss -----------------------------------------------------------------------------------
-NLL_SHAPES = [(16, 10), (4, 5, 3, 2), (7,)]
-
-
-@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
-@pytest.mark.parametrize("weight", [False, True], ids=["plain", "weighted"])
-@pytest.mark.parametrize("shape", NLL_SHAPES, ids=["NC", "NCd", "C"])
-def test_nll_loss_compiles(shape, reduction, weight):
-    p, nid = nll_program(shape, reduction, weight)
-    ks = generate_kernel(p, [nid], name=f"nll_{reduction}")
-    assert ks.kind == "nll_loss"
-    src = ks.source
-    assert "const long long* __restrict__ target" in src and "kIgnoreIndex = -100;" in src
-    assert ("class_weight[t]" in src) == weight
-    assert "if (t < 0 || t >= kClasses) { w = NAN; return NAN; }" in src  # no read out of bounds
-    if reduction == "none":
-        assert ks.grid[0] >= 1 and ks.block == (256, 1, 1)
-    else:
-        assert ks.grid == (1, 1, 1) and ks.block == (1024, 1, 1) and "atomic" not in src
-        assert ("loss_sum / weight_sum" in src) == (reduction == "mean")
-    if len(shape) > 2:
-        assert "kSpatial = 6;" in src
-    compiled_clean(ks)
-
-
-def test_nll_loss_ignore_index_and_inputs_order():
-    p, nid = nll_program((8, 5), "mean", weight=True, ignore_index=3)
-    ks = generate_kernel(p, [nid], name="nll_ig")
-    assert "kIgnoreIndex = 3;" in ks.source
-    # kernel arguments follow the region's inputs: log-probabilities, targets, the weight
-    sig = re.search(r"nll_ig\((.*)\) \{", ks.source).group(1)
-    assert [a.split()[-1] for a in sig.split(", ")] == ["logp", "target", "class_weight", "nll_loss"]
-
-
 # --- refusals -----------------------------------------------------------------------------------
 def test_refusals_name_the_reason():
     p = Program("r")
@@ -156,13 +121,6 @@ def test_refusals_name_the_reason():
     q.mark_output(c.outputs[0])
     with pytest.raises(CodegenError, match="dtype int64; scans are generated for float32 only"):
         generate_kernel(q, [c.id], name="int_scan")
-    s = Program("t32")
-    lp = s.add_input("logp", (4, 5))
-    t = s.add_input("target", (4,), "int32")
-    n = s.add_node("nll_loss", [lp.id, t.id], {"reduction": "sum"})
-    s.mark_output(n.outputs[0])
-    with pytest.raises(CodegenError, match="'target' has dtype int32"):
-        generate_kernel(s, [n.id], name="t32")
     e = Program("empty")
     z = e.add_input("z", (0, 5))
     m = e.add_node("cumprod", [z.id], {"dim": 1})
@@ -189,8 +147,6 @@ NVCC_CASES = [
     lambda: arg_program("argmax", (3, 17001), 1), lambda: arg_program("argmin", (7, 2000, 3), 1),
     lambda: scan_program("cumsum", (6, 1000), 1), lambda: scan_program("cumprod", (2, 5000, 3), 1),
     lambda: scan_program("cumsum", (3, 40, 64), 1), lambda: scan_program("cumprod", (6, 33), 1),
-    lambda: nll_program((4, 5, 3, 2), "none", True), lambda: nll_program((16, 10), "mean"),
-    lambda: nll_program((7,), "sum", True),
 ]
 
 

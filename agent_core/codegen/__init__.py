@@ -22,10 +22,11 @@ from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
 KINDS = ("pointwise", "row_reduction", "layout", "pooling", "convolution", "arg_reduction", "scan",
-         "nll_loss", "class_loss", "strided_slice")
-# single-node kernels whose op decides the generator: op -> kind
+         "class_loss", "strided_slice")
+# ops that decide the generator of any region holding them: op -> kind (argmax / argmin and the scans
+# are single-node kernels; nll_loss brings its log_softmax, label ops and reduction, or comes alone)
 OP_KINDS = {"argmax": "arg_reduction", "argmin": "arg_reduction", "cumsum": "scan", "cumprod": "scan",
-            "nll_loss": "nll_loss"}
+            "nll_loss": "class_loss"}
 
 
 def _pools(program: Program, io: RegionIO) -> bool:
@@ -100,8 +101,6 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         return generate_conv(program, io, name, params)
     kind = _PLANNER_KINDS.get(kind, kind) if kind else None
     own = {OP_KINDS[program.nodes[n].op] for n in io.nodes if program.nodes[n].op in OP_KINDS}
-    if "nll_loss" in own and len(io.nodes) > 1:   # nll_loss with its log_softmax, label ops, reduction
-        own = {"class_loss"}
     # reductions and norms, with any layout ops before them read through views (rowreduce.py)
     anchors = [n for n in io.nodes if not is_elementwise(program.nodes[n]) and not is_layout_op(program.nodes[n])]
     if _is_strided_slice(program, io) and not anchors:
@@ -113,9 +112,6 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind == "scan":
         from .scan import generate_scan
         return generate_scan(program, io, name, params)
-    if kind == "nll_loss":
-        from .nll import generate_nll_loss
-        return generate_nll_loss(program, io, name, params)
     if kind == "class_loss":
         from .class_loss import generate_class_loss
         return generate_class_loss(program, io, name, params)

@@ -2,8 +2,9 @@
 sums of (class-weighted) log-probabilities over the classes, per-row pointwise ops and the loss's
 reduction, in one launch that reads every logit once and never writes the log-probabilities.
 
-This is what cross_entropy's lowering (rewrites/lowering.py) writes, label smoothing included, and
-what a program that calls log_softmax then nll_loss itself holds. Rows are the (sample, position)
+This is what cross_entropy's lowering (rewrites/lowering.py) writes, label smoothing included, what a
+program that calls log_softmax then nll_loss itself holds, and a lone nll_loss over log-probabilities
+computed elsewhere (the chain without its log_softmax step). Rows are the (sample, position)
 pairs: the input [N, C, d1, ...] (or [N, C], or [C]) is viewed as [N, C, D]; element c of row
 r = n * D + s sits at (n * C + c) * D + s.
 
@@ -12,9 +13,10 @@ r = n * D + s sits at (n * C + c) * D + s.
       the label's log-probability is gathered by index (x[t] - lse) after the per-row label ops
       (`where(mask == 1, labels, -100)`); ignore_index contributes nothing, a class outside [0, C)
       gives NaN (torch raises) and nothing is read out of bounds. Then the row's pointwise ops.
-  schedules: classes innermost (D == 1): 4..512 lanes per row (about two steps each) stream it, float4
-      when C % 4 == 0; classes on dim 1 with D > 1: one thread per row walks the classes, neighbouring
-      threads on neighbouring positions (coalesced). Each step loads kUnroll vectors per lane before
+  schedules: without a log_softmax or a sum over the classes (a lone nll_loss) no row is walked: one
+      thread per row gathers its label's element. Otherwise classes innermost (D == 1): 4..512 lanes
+      per row (about two steps each) stream it, float4 when C % 4 == 0; classes on dim 1 with D > 1:
+      one thread per row walks the classes, neighbouring threads on neighbouring positions (coalesced). Each step loads kUnroll vectors per lane before
       folding any (loads in flight) and folds them with one max, one rescale and one exp per element
       (fold_lse): the per-element online update (a branch, up to two exps) was compute-bound at a
       third of the memory floor on 32k vocabularies.
@@ -23,8 +25,8 @@ r = n * D + s sits at (n * C + c) * D + s.
       (codegen/last_block.py) combines the blocks' partials in a fixed order and evaluates the scalar
       ops after them (the mean's division): deterministic, one launch.
 
-A lone nll_loss node keeps its own kernel (codegen/nll.py); any region holding nll_loss with other
-nodes comes here. Anything else in the region is refused with the node that does not fit.
+Every region holding an nll_loss comes here. Anything else in the region is refused with the node that
+does not fit.
 """
 from __future__ import annotations
 
@@ -115,9 +117,11 @@ def analyse(program: Program, io: RegionIO) -> _Plan:
     vals, nodes = program.values, program.nodes
     shape, cd, anchor = _class_dims(program, io)
     samples, classes, inner = math.prod(shape[:cd]), shape[cd], math.prod(shape[cd + 1:])
-    if classes < 2 or samples * inner == 0:
-        raise CodegenError(f"the class loss over {list(shape)} has {classes} classes and "
-                           f"{samples * inner} rows; nothing to normalise")
+    if classes * samples * inner == 0:
+        raise CodegenError(f"the class loss over {list(shape)} is empty; there is nothing to launch")
+    if classes < 2:   # a row of one class is as large as the rows: the logits and the labels look alike
+        raise CodegenError(f"the class loss over {list(shape)} has one class; a row of one logit cannot be "
+                           "told apart from a per-row value")
     full, rows = samples * classes * inner, samples * inner
     pl = _Plan(shape, cd, samples, classes, inner, x_src="", anchor=anchor)
     sp, alias = pl.space, pl.alias
@@ -234,7 +238,8 @@ def _nll(program, pl: _Plan, nid, spaces, src):
     kind = {"logp": "logp", "const": "const", "full_in": "input", "full": "input"}.get(spaces[0])
     if kind is None or (kind == "input" and pl.anchor is not None):
         _refuse(program, nid, "reads log-probabilities the kernel does not compute from the same rows")
-    if spaces[1] not in ("row", "row_in") or vals[t].dtype not in ("int64", "int32"):
+    labels = ("row", "row_in", "one") if pl.rows == 1 else ("row", "row_in")   # a [C] input has one label
+    if spaces[1] not in labels or vals[t].dtype not in ("int64", "int32"):
         _refuse(program, nid, f"takes class indices '{vals[t].name}' {vals[t].spec}; the kernel reads one "
                               "int64 or int32 index per row")
     if w is not None and src(w) in pl.space:
@@ -317,12 +322,13 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     def point_at(idx):
         return f"point({', '.join(load(v, idx) for v in pro_in)})"
 
-    # schedule: kUnroll vectors per lane in flight, then one online step over them (see fold_lse)
-    vec = 4 if (p["vector_width"] == 4 and D == 1 and C % 4 == 0) else 1
-    unroll = int(p["unroll"] or (4 if vec == 4 else 8))
+    # schedule: kUnroll vectors per lane in flight, then one online step over them (see fold_lse);
+    # a region that only gathers the label's log-probability (a lone nll_loss) walks no row: a thread per row
+    vec = 4 if (p["vector_width"] == 4 and D == 1 and C % 4 == 0 and need_walk) else 1
+    unroll = int(p["unroll"] or (4 if vec == 4 else 8)) if need_walk else 1
     if unroll < 1 or unroll > 16:
         raise CodegenError(f"unroll must be 1..16 vectors per step, got {unroll}")
-    if D > 1:
+    if D > 1 or not need_walk:
         tpr = 1
     elif p.get("threads_per_row"):
         tpr = int(p["threads_per_row"])
@@ -567,9 +573,12 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     if pl.slots:
         consts.append(f"constexpr int kSlots = {pl.slots};  // sums over every row, per block in the workspace")
     layout = ("classes innermost" if D == 1 else f"classes on dim {pl.cd}, {D} positions per sample")
-    sched = (f"{tpr} lanes per row, {rows_per_block} rows per block" if D == 1 else
-             f"one thread per row, {rows_per_block} rows per block, coalesced over positions")
-    sched += f", {'float4' if vec == 4 else 'scalar'} loads, {unroll} in flight, {grid} blocks"
+    if not need_walk:
+        sched = f"one thread per row gathers its label's element, {rows_per_block} rows per block, {grid} blocks"
+    else:
+        sched = (f"{tpr} lanes per row, {rows_per_block} rows per block" if D == 1 else
+                 f"one thread per row, {rows_per_block} rows per block, coalesced over positions")
+        sched += f", {'float4' if vec == 4 else 'scalar'} loads, {unroll} in flight, {grid} blocks"
     if pl.slots:
         sched += f"; {pl.slots} sum(s) over the rows, the last block combines"
     what = ("log_softmax + " if pl.anchor else "") + ", ".join(
@@ -578,19 +587,23 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
     head = header(program, f"Region {name}: class loss over {rows} rows of {C} classes: {what}", io.nodes, [
         "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
-        f"Rows of {list(pl.shape)} ({layout}), each read once; schedule: {sched}.",
+        f"Rows of {list(pl.shape)} ({layout}), "
+        f"{'each read once' if need_walk else 'each read at its label only'}; schedule: {sched}.",
         "A class index outside [0, C) (torch raises) gives NaN instead of reading out of bounds.",
     ])
     body = _drop_unused(body)
     source = kernel_source(head, consts, helpers, kernel_name(name), cparams, body)
     if block == 1024:   # as rowreduce: else ptxas aims for two such blocks per SM (32 registers) and spills
         source = source.replace("__launch_bounds__(kBlock)", "__launch_bounds__(kBlock, 1)", 1)
-    nbytes = sum(vals[v].nbytes for v in io.inputs + io.outputs)
+    # the memory floor: each input and output once, except that rows which are not walked are read at
+    # their label's element only
+    nbytes = sum(rows * vals[v].nbytes // full if not need_walk and v in pro_in and math.prod(vals[v].shape) == full
+                 else vals[v].nbytes for v in io.inputs + io.outputs)
     return KernelSource(
         name=kernel_name(name), kind="class_loss", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
         params={"threads_per_row": tpr, "rows_per_block": rows_per_block, "vector_width": vec, "unroll": unroll, "block": block,
-                "grid": grid}, align=16 if vec == 4 else 8, bytes_moved=nbytes,
+                "grid": grid, "walks_rows": need_walk}, align=16 if vec == 4 else 8, bytes_moved=nbytes,
         flops=sum(program.node_flops(n) for n in io.nodes), workspace=workspace)
 
 
@@ -623,7 +636,9 @@ def tune_variants(params: dict) -> list[dict]:
     """Launch parameters to time besides the default schedule `params` (a KernelSource's params):
     lanes per row (waves of a few long rows against blocks per SM) and vectors in flight."""
     tpr, unroll = params.get("threads_per_row", 1), params.get("unroll", 4)
-    if tpr == 1:                     # classes on dim 1: a thread per row, rows per block and loads in flight
+    if not params.get("walks_rows", True):   # a label's element gathered per row: rows per block only
+        cands = [{"block": 128}, {"block": 512}]
+    elif tpr == 1:                   # classes on dim 1: a thread per row, rows per block and loads in flight
         cands = [{"block": 128}, {"block": 512}, {"unroll": max(1, unroll // 2)}, {"unroll": min(16, unroll * 2)}]
     else:
         cands = [{"threads_per_row": t} for t in (tpr * 2, tpr // 2) if 4 <= t <= 1024]
