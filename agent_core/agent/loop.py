@@ -412,7 +412,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
              draws: int = 5, tune_trials: int = 6, trials: int = 20, rewrite: bool = True, baselines: bool = True,
              baseline_fn=None, compile_modes=("default", "reduce-overhead"), compile_budget_s: float = 120.0,
              graph: bool = True, time_regions: bool = True, split_tf32: bool = True,
-             final_dir=None, writer=None, cancel=None) -> OptimizeResult:
+             final_dir=None, writer=None, cancel=None, writer_sanitize: bool = False) -> OptimizeResult:
     """Optimize `program` (left untouched: the result holds the rewritten, planned copy).
 
     out_dir: where the kernels, program.json and profile.json are written; final_dir: where the caller
@@ -424,7 +424,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     is measured faster (agent.precision, runtime.split_tf32; kept only where it verifies at 1e-4).
     baseline_fn: (fn, inputs) to time as torch eager / torch.compile (default: the program op by op).
     writer: a writer.config.WriterConfig: after our outcome, a model proposes kernels for each eligible
-    region (docs/WRITER.md); None = off, nothing changes. cancel() -> True stops the writer at once."""
+    region (docs/WRITER.md); None = off, nothing changes. cancel() -> True stops the writer at once;
+    writer_sanitize: the gate also runs each proposal under compute-sanitizer memcheck (GPU)."""
     from ..planner import apply_plan, plan_program
     from ..profile.hardware import no_gpu_reason
     emit = emit or EventEmitter()
@@ -497,7 +498,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         if split_tf32:   # before the regions: their library calls are verified and timed as they will run
             from .precision import choose_library_precision
             choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
-    wrun = _writer_run(writer, emit, gpu, cancel)
+    wrun = _writer_run(writer, emit, gpu, cancel, writer_sanitize)
     outcomes, fused = [], {}
     for r in plan.active:
         try:
@@ -539,13 +540,14 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     return result
 
 
-def _writer_run(writer, emit, gpu: bool, cancel):
+def _writer_run(writer, emit, gpu: bool, cancel, sanitize: bool):
     """The run's writer (agent_core.writer.loop.WriterRun) for a WriterConfig, or None when off; a
     WriterRun passed in (optimize again without rewrites) keeps its token budget."""
     if writer is None:
         return None
     from ..writer.loop import WriterRun
-    return writer if isinstance(writer, WriterRun) else WriterRun(writer, emit, gpu=gpu, cancel=cancel)
+    return writer if isinstance(writer, WriterRun) else WriterRun(writer, emit, gpu=gpu, cancel=cancel,
+                                                                  sanitize=sanitize)
 
 
 # rewrites are checked on CPU reference runs (agent_core.rewrites.Checker, two draws, every value kept):

@@ -53,6 +53,20 @@ def add_writer(parser) -> None:
     g.add_argument("--writer-key-env", metavar="VAR", default=WRITER_KEY_ENV,
                    help=f"the environment variable holding the endpoint's API key (default {WRITER_KEY_ENV}); "
                         "the key is never taken from the command line")
+    for flag, key, what in (("--writer-max-tokens", "max_tokens", "the most tokens one reply may have"),
+                            ("--writer-region-token-cap", "region_token_cap",
+                             "tokens (prompts included) after which a region is asked no more"),
+                            ("--writer-run-token-cap", "run_token_cap",
+                             "tokens (prompts included) after which no region of the run is asked")):
+        g.add_argument(flag, metavar="N", type=int, default=_writer_default(key),
+                       help=f"{what} (default {_writer_default(key):,})")
+
+
+def _writer_default(key: str):
+    from dataclasses import fields
+
+    from ..writer.config import WriterConfig
+    return next(f.default for f in fields(WriterConfig) if f.name == key)
 
 
 def writer_config(args):
@@ -64,7 +78,9 @@ def writer_config(args):
         raise WriterError("writer: --writer needs --writer-model NAME (the model the endpoint serves)")
     regions = tuple(r.strip() for r in (args.writer_regions or "").split(",") if r.strip())
     return WriterConfig(args.writer, args.writer_model, rounds=args.writer_rounds, key_env=args.writer_key_env,
-                        regions=regions).validate()
+                        regions=regions, max_tokens=args.writer_max_tokens,
+                        region_token_cap=args.writer_region_token_cap,
+                        run_token_cap=args.writer_run_token_cap).validate()
 
 
 def writer_flags(args) -> list[str]:
@@ -72,7 +88,9 @@ def writer_flags(args) -> list[str]:
     if not getattr(args, "writer", None):
         return []
     out = ["--writer", args.writer, "--writer-model", args.writer_model or "", "--writer-rounds",
-           str(args.writer_rounds), "--writer-key-env", args.writer_key_env]
+           str(args.writer_rounds), "--writer-key-env", args.writer_key_env, "--writer-max-tokens",
+           str(args.writer_max_tokens), "--writer-region-token-cap", str(args.writer_region_token_cap),
+           "--writer-run-token-cap", str(args.writer_run_token_cap)]
     return out + (["--writer-regions", args.writer_regions] if args.writer_regions else [])
 
 
@@ -133,7 +151,7 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, fin
                     draws=args.draws, tune_trials=args.tune_trials, trials=args.trials,
                     rewrite=not args.no_rewrite, baselines=baselines, baseline_fn=base_fn, compile_modes=modes,
                     compile_budget_s=args.compile_budget, split_tf32=not getattr(args, "fp32_only", False),
-                    final_dir=final_dir, writer=writer)
+                    final_dir=final_dir, writer=writer, writer_sanitize=bool(getattr(args, "sanitize", False)))
 
 
 def run(args) -> int:

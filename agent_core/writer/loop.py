@@ -215,8 +215,7 @@ def _judge(program, io, text: str, k: int, *, name, config, executor, timer, san
         verdict.update(check=rej.check, reason=rej.reason)
         return verdict, rej, ks, None
     try:
-        report = check_proposal(program, io.nodes, ks, executor, draws=draws, seed=k, **(
-            {"sanitize": True} if sanitize else {}))
+        report = check_proposal(program, io.nodes, ks, executor, draws=draws, seed=k, sanitize=sanitize)
     except StitchError as exc:        # an executor error the gate did not turn into a report
         rej = Rejected(check=getattr(exc, "check", "fault"), reason=str(exc))
         verdict.update(check=rej.check, reason=rej.reason)
