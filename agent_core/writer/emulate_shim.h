@@ -465,10 +465,10 @@ unsigned long long warp_op(unsigned mask, unsigned long long value, int op, int 
     const unsigned long long n = ++w.seq[me];
     unsigned long long* slot = w.slot[n & 1];
     slot[me] = value;
-    auto group = [&] { return (mask | 1u << me) & w.live; };
+    const unsigned want = mask | 1u << me;
     auto ready = [&] {
-        for (unsigned j = 0, g = group(); j < 32; ++j)
-            if ((g >> j & 1) && w.seq[j] < n) return false;
+        for (unsigned j = 0; j < 32; ++j)
+            if ((want & w.live) >> j & 1 && w.seq[j] < n) return false;
         return true;
     };
     if (ready()) {
@@ -477,7 +477,11 @@ unsigned long long warp_op(unsigned mask, unsigned long long value, int op, int 
         // the last lane to arrive wakes the others; lanes of a narrower mask than theirs re-check
         while (!w.cv.wait_for(lock, std::chrono::milliseconds(1), ready)) {}
     }
-    const unsigned g = group();
+    // the lanes that took part: those of the mask that reached this collective (a lane may have
+    // returned since; its slot still holds what it published)
+    unsigned g = 0;
+    for (unsigned j = 0; j < 32; ++j)
+        if ((want >> j & 1) && w.seq[j] >= n) g |= 1u << j;
     if (width <= 0 || width > 32) width = 32;
     const unsigned seg = me & ~(unsigned)(width - 1), pos = me & (unsigned)(width - 1);
     long src = -1;

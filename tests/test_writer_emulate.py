@@ -1,0 +1,276 @@
+"""The CPU executor runs real CUDA kernels on guarded buffers in a child process: vector loads,
+shared memory, barriers, warp shuffles, atomics and module state behave as on a GPU; a write past an
+output shows in the returned guard bytes; hangs, crashes and constructs the shim cannot run are
+reported with their check. Executables are cached, so a rerun takes seconds."""
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from agent_core.codegen.kernel import KernelSource
+from agent_core.errors import StitchError
+from agent_core.writer.emulate import CpuExecutor, build
+from agent_core.writer.endpoint import WriterError
+from agent_core.writer.executors import CANARY, ExecutionError, default_executor, guarded, payload
+
+GUARD = 256
+CPU = CpuExecutor()
+
+
+def kernel(name, source, grid, block, shared_bytes=0, inputs=("x",), outputs=("y",)):
+    pad = lambda t: tuple(t) + (1,) * (3 - len(t))
+    return KernelSource(name=name, kind="writer", source=source, node_ids=[], inputs=list(inputs),
+                        outputs=list(outputs), grid=pad(grid), block=pad(block), shared_bytes=shared_bytes)
+
+
+def run(ks, *calls, timeout_s=30.0):
+    """Each call: arrays, one per kernel argument; returns each call's payloads after it ran."""
+    bufs = [[guarded(a, GUARD) for a in call] for call in calls]
+    out = CPU.run(ks, bufs, guard=GUARD, timeout_s=timeout_s)
+    return out, [[payload(b, GUARD, a.dtype, a.shape) for b, a in zip(oc, call)] for oc, call in zip(out, calls)]
+
+
+POINTWISE = r"""
+#include <cuda_runtime.h>
+#define N 4096
+extern "C" __global__ void __launch_bounds__(128) axpb(const float* __restrict__ x, float* __restrict__ y) {
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float4* y4 = reinterpret_cast<float4*>(y);
+    #pragma unroll 2
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < N / 4; i += gridDim.x * blockDim.x) {
+        float4 v = __ldg(&x4[i]);
+        y4[i] = make_float4(fmaf(v.x, 2.0f, 1.0f), fmaf(v.y, 2.0f, 1.0f), fmaf(v.z, 2.0f, 1.0f), fmaf(v.w, 2.0f, 1.0f));
+    }
+}
+"""
+
+
+def test_float4_grid_stride_pointwise():
+    x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+    _, [[x_after, y]] = run(kernel("axpb", POINTWISE, (3,), (128,)), (x, np.zeros_like(x)))
+    np.testing.assert_array_equal(y, x * 2 + 1)
+    np.testing.assert_array_equal(x_after, x)
+
+
+SOFTMAX = r"""
+#define COLS 300
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = warpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffff, v, o);
+    return __shfl_sync(0xffffffff, v, 0);
+}
+// one block per row: the row is staged in dynamic shared memory, warps combine through a static array
+extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __restrict__ y) {
+    extern __shared__ __align__(16) float row[];
+    static __shared__ float part[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const float* xr = x + blockIdx.x * COLS;
+    float m = -INFINITY;
+    for (int c = threadIdx.x; c < COLS; c += blockDim.x) { row[c] = xr[c]; m = max(m, row[c]); }
+    m = warp_max(m);
+    if (lane == 0) part[warp] = m;
+    __syncthreads();
+    m = warp_max(lane < warps ? part[lane] : -INFINITY);
+    __syncthreads();
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < COLS; c += blockDim.x) { row[c] = __expf(row[c] - m); s += row[c]; }
+    s = warp_sum(s);
+    if (lane == 0) part[warp] = s;
+    __syncthreads();
+    s = warp_sum(lane < warps ? part[lane] : 0.0f);
+    const float inv = __frcp_rn(s);
+    for (int c = threadIdx.x; c < COLS; c += blockDim.x) y[blockIdx.x * COLS + c] = row[c] * inv;
+}
+"""
+
+
+def test_block_softmax_with_shared_memory_barriers_and_shuffles_matches_torch():
+    x = torch.randn(6, 300, generator=torch.Generator().manual_seed(1))
+    ks = kernel("softmax_rows", SOFTMAX, (6,), (128,), shared_bytes=300 * 4)
+    _, [[_, y]] = run(ks, (x.numpy(), np.zeros((6, 300), np.float32)))
+    torch.testing.assert_close(torch.from_numpy(y.copy()), torch.softmax(x, dim=1), atol=1e-5, rtol=1e-5)
+
+
+EARLY_RETURN = r"""
+extern "C" __global__ void partial_sum(const float* x, float* y) {
+    __shared__ float s[64];
+    if (threadIdx.x >= 40) return;            // 24 threads leave before the barriers
+    s[threadIdx.x] = x[threadIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float t = 0.0f;
+        for (int i = 0; i < 40; ++i) t += s[i];
+        y[0] = t;
+    }
+    __syncthreads();
+    y[1 + threadIdx.x] = s[39 - threadIdx.x];
+}
+"""
+
+
+def test_threads_that_return_before_a_barrier_do_not_deadlock_the_others():
+    x = np.arange(64, dtype=np.float32)
+    _, [[_, y]] = run(kernel("partial_sum", EARLY_RETURN, (1,), (64,)), (x, np.zeros(41, np.float32)), timeout_s=10)
+    assert y[0] == x[:40].sum()
+    np.testing.assert_array_equal(y[1:], x[:40][::-1])
+
+
+SCAN = r"""
+// per-warp inclusive scan with __shfl_up_sync over a block of 48 threads: the second warp has 16 lanes
+extern "C" __global__ void warp_scan(const int* x, int* y, unsigned* votes) {
+    const int lane = threadIdx.x & 31;
+    int v = x[threadIdx.x];
+    for (int d = 1; d < 32; d <<= 1) {
+        int u = __shfl_up_sync(0xffffffff, v, d);
+        if (lane >= d) v += u;
+    }
+    y[threadIdx.x] = v;
+    unsigned b = __ballot_sync(__activemask(), x[threadIdx.x] % 2 == 1);
+    if (lane == 0) votes[threadIdx.x / 32] = b;
+}
+"""
+
+
+def test_warp_scan_and_ballot_on_a_partial_warp():
+    x = np.random.default_rng(2).integers(0, 9, 48).astype(np.int32)
+    ks = kernel("warp_scan", SCAN, (1,), (48,), inputs=["x"], outputs=["y", "votes"])
+    _, [[_, y, votes]] = run(ks, (x, np.zeros(48, np.int32), np.zeros(2, np.uint32)))
+    np.testing.assert_array_equal(y, np.concatenate([np.cumsum(x[:32]), np.cumsum(x[32:])]))
+    expect = [sum(1 << j for j in range(len(w)) if w[j] % 2) for w in (x[:32], x[32:])]
+    assert votes.tolist() == expect
+
+
+ATOMIC = r"""
+extern "C" __global__ void atomic_sum(const float* x, float* total, int* biggest) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < 5000; i += gridDim.x * blockDim.x) {
+        atomicAdd(total, x[i]);
+        atomicMax(biggest, (int)(x[i] * 1000.0f));
+    }
+}
+"""
+
+
+def test_atomic_add_reduction():
+    x = np.random.default_rng(3).random(5000).astype(np.float32)
+    ks = kernel("atomic_sum", ATOMIC, (4,), (128,), outputs=["total", "biggest"])
+    _, [[_, total, biggest]] = run(ks, (x, np.zeros(1, np.float32), np.zeros(1, np.int32)))
+    assert total[0] == pytest.approx(float(x.astype(np.float64).sum()), rel=1e-4)
+    assert biggest[0] == int((x * np.float32(1000.0)).astype(np.int32).max())
+
+
+COUNTER = r"""
+__device__ int launches;                      // module state: kept from one call to the next
+extern "C" __global__ void count_calls(const float* x, float* y) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) y[0] = x[0] + launches++;
+}
+"""
+
+
+def test_device_globals_keep_their_values_across_the_calls_of_one_run():
+    ks = kernel("count_calls", COUNTER, (2,), (32,))
+    calls = [(np.full(1, 10, np.float32), np.zeros(1, np.float32)) for _ in range(3)]
+    _, results = run(ks, *calls)
+    assert [float(y[0]) for _, y in results] == [10.0, 11.0, 12.0]
+    _, again = run(ks, *calls[:1])
+    assert float(again[0][1][0]) == 10.0      # a new run is a fresh module
+
+
+PAST_END = r"""
+extern "C" __global__ void off_by_one(const float* x, float* y) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= 64) y[i] = x[i % 64] * 3.0f;     // <= : one element past the output
+}
+"""
+
+
+def test_a_write_past_the_output_changes_the_returned_guard_bytes():
+    x = np.ones(64, np.float32)
+    out, [[x_after, y]] = run(kernel("off_by_one", PAST_END, (3,), (32,)), (x, np.zeros(64, np.float32)))
+    np.testing.assert_array_equal(y, x * 3)
+    buf = out[0][1]
+    assert (buf[:GUARD] == CANARY).all()
+    tail = buf[GUARD + 64 * 4:]
+    assert len(tail) == GUARD and not (tail[:4] == CANARY).all() and (tail[4:] == CANARY).all()
+    assert tail[:4].view(np.float32)[0] == 3.0
+    assert (out[0][0][GUARD + 64 * 4:] == CANARY).all() and np.array_equal(x_after, x)
+
+
+HANG = r"""
+extern "C" __global__ void spin(const float* x, float* y) {
+    while (x[0] == x[0]) { y[0] += 1.0f; }
+}
+"""
+
+
+def test_an_infinite_loop_is_a_hang_reported_after_the_timeout():
+    t0 = time.monotonic()
+    with pytest.raises(ExecutionError) as info:
+        run(kernel("spin", HANG, (1,), (32,)), (np.ones(1, np.float32), np.zeros(1, np.float32)), timeout_s=2)
+    assert info.value.check == "hang" and "2 s" in str(info.value)
+    assert time.monotonic() - t0 < 15       # compiling (uncached) plus the 2 s, not the default 60
+
+
+WILD = r"""
+extern "C" __global__ void wild(const float* x, float* y) {
+    if (threadIdx.x == 0) y[(1ull << 40) + blockIdx.x] = x[0];
+}
+"""
+
+
+def test_a_wild_write_is_a_fault_with_the_signal():
+    calls = [(np.ones(4, np.float32), np.zeros(4, np.float32))] * 2
+    with pytest.raises(ExecutionError) as info:
+        run(kernel("wild", WILD, (1,), (32,)), *calls)
+    err = info.value
+    assert err.check == "fault" and "SIGSEGV" in str(err) and "call 1 of 2" in str(err)
+    assert isinstance(err, WriterError) and isinstance(err, StitchError)
+
+
+def test_inline_asm_is_unsupported_and_named_before_compiling():
+    src = ('extern "C" __global__ void fenced(const float* x, float* y) {\n'
+           '    // a comment that says asm is not what is found\n'
+           '    asm volatile("membar.gl;");\n    y[0] = x[0];\n}\n')
+    with pytest.raises(ExecutionError) as info:
+        build(kernel("fenced", src, (1,), (32,)))
+    assert info.value.check == "unsupported"
+    assert "inline asm" in str(info.value) and "line 3" in str(info.value)
+
+
+@pytest.mark.parametrize("source, says", [
+    ('#include <cooperative_groups.h>\nextern "C" __global__ void k(float* y) { y[0] = 1; }\n',
+     "cooperative_groups"),
+    ('extern "C" __global__ void k(const __nv_bfloat16* x, float* y) { y[0] = 1; }\n', "bfloat16"),
+])
+def test_other_constructs_the_shim_cannot_run_are_named(source, says):
+    with pytest.raises(ExecutionError) as info:
+        build(kernel("k", source, (1,), (32,)))
+    assert info.value.check == "unsupported" and says in str(info.value)
+
+
+def test_what_g_plus_plus_rejects_is_unsupported_with_its_first_error_line():
+    src = 'extern "C" __global__ void odd(const float* x, float* y) {\n    y[0] = __no_such_intrinsic(x[0]);\n}\n'
+    with pytest.raises(ExecutionError) as info:
+        build(kernel("odd", src, (1,), (32,)))
+    assert info.value.check == "unsupported"
+    assert "odd.cu:2" in str(info.value) and "__no_such_intrinsic" in str(info.value)
+
+
+def test_a_non_pointer_parameter_is_unsupported():
+    src = 'extern "C" __global__ void sized(const float* x, float* y, int n) { y[0] = x[0] * n; }\n'
+    with pytest.raises(ExecutionError) as info:
+        build(kernel("sized", src, (1,), (32,)))
+    assert info.value.check == "unsupported" and "device pointer" in str(info.value)
+
+
+def test_executables_are_cached_and_the_default_executor_without_a_gpu_is_the_emulator():
+    ks = kernel("axpb", POINTWISE, (3,), (128,))
+    first = build(ks)
+    stamp = first.stat().st_mtime_ns
+    t0 = time.monotonic()
+    assert build(ks) == first and first.stat().st_mtime_ns == stamp
+    assert time.monotonic() - t0 < 0.5
+    assert default_executor(gpu=False).name == "cpu"
