@@ -602,6 +602,8 @@ class MainWindow(QMainWindow):
             value, note = stored.byte_array(self.settings, key, what)
             if value is not None and not restore(value):
                 note = stored.reject(self.settings, key, what)
+            elif value is not None and key == "windowState":
+                self.agent.layout_restored(bytes(value))   # docks newer than the saved layout find their place
             if note:
                 self.notice(note)
         _, note = stored.recent(self.settings, MAX_RECENT)

@@ -177,6 +177,13 @@ class StudioAgent(QObject):
         for k in ("plan", "optimize", "cancel"):
             w.toolbar.addAction(self.act[k])
 
+    def layout_restored(self, state: bytes) -> None:
+        """A dock layout saved before the Kernel writer dock existed put it beside the profiles, squeezed:
+        it goes in their tab instead."""
+        if self.writer_dock.objectName().encode("utf-16-be") not in state:
+            self.window.tabifyDockWidget(self.window.profile_dock, self.writer_dock)
+            self.window.profile_dock.raise_()
+
     def _running(self, on: bool) -> None:
         """Optimize and Cancel Optimize follow the worker; the greyed-out one says why."""
         w = self.window

@@ -157,11 +157,14 @@ class WriterDock(QWidget):
         rnd = talk.rounds.setdefault(n, Round())
         if k == "writer-request":
             rnd.messages = [m for m in (e.get("messages") or []) if isinstance(m, dict)]
-            if talk.request is None:
+            if talk.request is None:   # where this conversation goes, as the run says it
                 talk.request = e
+                where = f"{e.get('model')} at {e.get('endpoint')}"
                 if e.get("remote"):
-                    self.set_notice(f"{e.get('model')} at {e.get('endpoint')}: the region's ops, shapes and our kernel "
-                                    f"source are sent to {e.get('endpoint')}; weights and data are not.", True)
+                    self.set_notice(f"{where}: the region's ops, shapes and our kernel source are sent to "
+                                    f"{e.get('endpoint')}; weights and data are not.", True)
+                else:
+                    self.set_notice(f"{where}, on this machine: nothing leaves it.", False)
             rnd.reply, rnd.reply_event, rnd.verdict = "", None, None
         elif k == "writer-delta":
             text = str(e.get("text") or "")

@@ -268,12 +268,19 @@ class WriterSettingsDialog(QDialog):
         self.limits["region_token_cap"].setToolTip("A region stops asking once its prompts and replies reach this")
         self.limits["run_token_cap"].setToolTip("A run stops asking once all its prompts and replies reach this")
         defaults = _config_defaults()
+        fixed = []
         for key, box in self.limits.items():
             if key != "rounds" and cap_flag(key) not in worker_flags():   # said, not silently ignored
                 box.setValue(defaults[key])
                 box.setEnabled(False)
                 box.setToolTip(f"The worker has no {cap_flag(key)} yet: runs use its default, {defaults[key]:,}")
+                fixed.append(key)
         form.addRow("Limits", caps)
+        if fixed:
+            note = QLabel("Greyed-out caps are the worker's defaults: it takes no flag for them yet.")
+            note.setObjectName("Placeholder")
+            note.setWordWrap(True)
+            form.addRow("", note)
         lay.addLayout(form)
         lay.addWidget(self._key_box(current))
         row = QHBoxLayout()

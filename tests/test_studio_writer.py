@@ -86,6 +86,13 @@ def click_region(win, qtbot, rid: str = "r1") -> None:
     assert win.agent.current == rid
 
 
+def focus_canvas(win, qtbot) -> None:
+    """Shortcuts go to the active window: the dialog, closed offscreen, leaves none active."""
+    win.windowHandle().requestActivate()
+    qtbot.waitUntil(lambda: QApplication.activeWindow() is win, timeout=5_000)
+    win.view.setFocus()
+
+
 def snapshot(win):
     return [r.to_dict() for r in win.document.program.regions], win.document.stack.count()
 
@@ -213,7 +220,7 @@ def test_ask_launches_the_worker_with_the_key_only_in_its_environment(window, qt
     set_endpoint(window, qtbot, server.url, key=KEY)
     click_region(window, qtbot)
     before = snapshot(window)
-    window.view.setFocus()
+    focus_canvas(window, qtbot)
     qtbot.keyClick(window.view, Qt.Key_M, Qt.ControlModifier | Qt.ShiftModifier)   # as a user asks
     assert agent.worker.running and not agent.act["ask_model"].isEnabled()
     assert "A run is going" in agent.act["ask_model"].toolTip()
@@ -378,7 +385,7 @@ def test_cancel_during_a_slow_reply_stops_the_worker_and_keeps_the_document(wind
     qtbot.waitUntil(lambda: len(server.requests()) == 1, timeout=10_000)
     t0 = time.monotonic()
     with qtbot.waitSignal(agent.worker.finished, timeout=20_000) as done:
-        window.view.setFocus()
+        focus_canvas(window, qtbot)
         qtbot.keyClick(window.view, Qt.Key_F5, Qt.ShiftModifier)
     assert done.args[0] == "cancelled" and time.monotonic() - t0 < 10
     assert snapshot(window) == before and agent.live is None

@@ -11,6 +11,9 @@ Writes, each from a fresh document in one 1600 x 1000 window:
   resnet101_fit.png / resnet101_zoom.png   ResNet101 (Bottlenecks collapsed) at fit-all and at 80 %
   from_scratch.png     a program built from File > New with the user's gestures (Tab input / linear /
                        relu, the inspector's New parameter, the output marked), laid out and planned
+  writer.png           the Kernel writer dock on tests/data/writer/studio_run.jsonl (a real CPU worker's
+                       writer rounds against tests/writer_stub.py: a compile error, then the fix)
+  writer_settings.png  Settings > Kernel Writer… filled in for a remote endpoint
 The ResNets are tools/resnets.py's own modules, imported with import_nn_module.
 """
 from __future__ import annotations
@@ -71,6 +74,11 @@ def main(argv: list[str]) -> int:
     shot(w, "from_scratch.png")
     w.hide()
 
+    w = window()
+    writer(w, app, out)
+    shot(w, "writer.png")
+    w.hide()
+
     tmp = tempfile.mkdtemp(prefix="stitchcuda-shots-")
     for depth in (18, 101):
         path = os.path.join(tmp, f"resnet{depth}.json")
@@ -87,6 +95,43 @@ def main(argv: list[str]) -> int:
         shot(w, f"resnet{depth}_zoom.png")
         w.hide()
     return 0
+
+
+def writer(w, app, out: str) -> None:
+    """The writer's case program (tests/writer_cases.py), planned, with a recorded writer run replayed
+    (as Open results replays events) and round 1's verdict and diff shown; then the settings dialog
+    for a remote endpoint, shot on its own (it is a window of its own)."""
+    import json
+
+    from PySide6.QtCore import QSettings
+
+    from app.document import Document
+    from app.writer_settings import WriterSettingsDialog
+    from tests.writer_cases import case_program, region_and_ours
+    program = case_program()
+    region_and_ours(program)
+    w.set_document(Document(program))
+    w._layout_if_needed(w.document, True)
+    w.view.show_program()
+    with open(os.path.join(ROOT, "tests", "data", "writer", "studio_run.jsonl"), encoding="utf-8") as f:
+        w.agent.replay([json.loads(line) for line in f if line.strip()])
+    w.agent.select_region("r1")
+    w.agent.writer_dock.raise_()
+    w.agent.writer.select("r1", 1)
+    w.agent.writer.tabs.setCurrentIndex(1)   # the diff: red and green lines
+    tmp = tempfile.mkdtemp(prefix="stitchcuda-shots-settings-")
+    dlg = WriterSettingsDialog(QSettings(os.path.join(tmp, "writer.conf"), QSettings.IniFormat), w)
+    dlg.url.setText("https://api.example.com/v1")
+    dlg.model.setEditText("qwen2.5-coder-32b")
+    dlg.key_stored.setChecked(True)
+    dlg.key.setText("sk-example-not-a-key")
+    dlg.show()
+    for _ in range(5):
+        app.processEvents()
+    path = os.path.join(out, "writer_settings.png")
+    dlg.grab().save(path)
+    print(path)
+    dlg.close()
 
 
 def from_scratch(w, app) -> None:
