@@ -258,3 +258,11 @@ def test_an_element_never_written_is_caught_by_the_poison(case, executor):
     report = check_proposal(p, region.nodes, parse(case, text), executor, draws=1)
     assert not report.ok and report.check == "non-finite", report
     assert "element 199 of 'add' was never written" in report.reason
+
+
+def test_an_executor_failure_is_the_reports_check(case, executor):
+    p, region, _, _ = case
+    text = wc.reply_text("good").replace("  const int row = blockIdx.x;",
+                                         "  const int row = blockIdx.x;\n  if (threadIdx.x == 0) add[1 << 30] = 1.0f;")
+    report = check_proposal(p, region.nodes, parse(case, text), executor, draws=1)
+    assert not report.ok and report.check == "fault" and "SIGSEGV" in report.reason, report
