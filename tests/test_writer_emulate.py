@@ -32,7 +32,6 @@ def run(ks, *calls, timeout_s=30.0):
 
 
 POINTWISE = r"""
-#include <cuda_runtime.h>
 #define N 4096
 extern "C" __global__ void __launch_bounds__(128) axpb(const float* __restrict__ x, float* __restrict__ y) {
     const float4* x4 = reinterpret_cast<const float4*>(x);
@@ -55,6 +54,7 @@ def test_float4_grid_stride_pointwise():
 
 SOFTMAX = r"""
 #define COLS 300
+#define NEG_INF __int_as_float(0xff800000)   // NVRTC has no INFINITY without headers
 __device__ __forceinline__ float warp_max(float v) {
     for (int o = warpSize / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
     return v;
@@ -69,12 +69,12 @@ extern "C" __global__ void softmax_rows(const float* __restrict__ x, float* __re
     static __shared__ float part[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     const float* xr = x + blockIdx.x * COLS;
-    float m = -INFINITY;
+    float m = NEG_INF;
     for (int c = threadIdx.x; c < COLS; c += blockDim.x) { row[c] = xr[c]; m = max(m, row[c]); }
     m = warp_max(m);
     if (lane == 0) part[warp] = m;
     __syncthreads();
-    m = warp_max(lane < warps ? part[lane] : -INFINITY);
+    m = warp_max(lane < warps ? part[lane] : NEG_INF);
     __syncthreads();
     float s = 0.0f;
     for (int c = threadIdx.x; c < COLS; c += blockDim.x) { row[c] = __expf(row[c] - m); s += row[c]; }
@@ -274,3 +274,14 @@ def test_executables_are_cached_and_the_default_executor_without_a_gpu_is_the_em
     assert build(ks) == first and first.stat().st_mtime_ns == stamp
     assert time.monotonic() - t0 < 0.5
     assert default_executor(gpu=False).name == "cpu"
+
+
+def test_the_gpu_child_reports_nvrtc_errors_with_their_line():
+    # the GPU executor's child compiles before it touches a device, so this runs anywhere NVRTC does
+    from agent_core.writer.gpu_exec import GpuExecutor
+    src = 'extern "C" __global__ void typo(const float* x, float* y) {\n    y[0] = nope(x[0]);\n}\n'
+    ks = kernel("typo", src, (1,), (32,))
+    with pytest.raises(ExecutionError) as info:
+        GpuExecutor().run(ks, [[guarded(np.ones(1, np.float32), GUARD), guarded(np.zeros(1, np.float32), GUARD)]],
+                          guard=GUARD)
+    assert info.value.check == "compile" and "line 2" in str(info.value) and "nope" in str(info.value)

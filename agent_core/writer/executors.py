@@ -28,12 +28,14 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
-from ..codegen.kernel import KernelSource
 from .endpoint import WriterError
+
+if TYPE_CHECKING:   # the GPU child imports this module and must not pay for torch
+    from ..codegen.kernel import KernelSource
 
 MAGIC = b"STBUF001"
 CANARY = 0xA5                  # what `guarded` fills the guard bytes with
@@ -150,7 +152,7 @@ def check_launch(ks: KernelSource, calls: list[list[np.ndarray]], guard: int) ->
 
 
 def run_child(cmd: list[str], *, workdir: Path, timeout_s: float, what: str, started: Path | None = None,
-              startup_s: float = 0.0) -> tuple[int, str, str]:
+              startup_s: float = 0.0, env: dict | None = None) -> tuple[int, str, str]:
     """Run `cmd` in its own process group; (returncode, stdout tail, stderr tail).
 
     With `started`, the child has `startup_s` to create that file (compiling, loading, copying
@@ -159,7 +161,8 @@ def run_child(cmd: list[str], *, workdir: Path, timeout_s: float, what: str, sta
     ExecutionError("hang") says so."""
     out_path, err_path = workdir / "child.stdout", workdir / "child.stderr"
     with open(out_path, "wb") as out, open(err_path, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env=env)
         try:
             if started is None:
                 _wait(proc, timeout_s, f"{what} ran past its {timeout_s:g} s timeout (killed)")
