@@ -43,7 +43,3 @@ def region_and_ours(program: Program | None = None):
 
 def reply_text(name: str) -> str:
     return (REPLIES / f"{name}.md").read_text()
-
-
-def reply_names() -> list[str]:
-    return sorted(f.stem for f in REPLIES.glob("*.md"))
