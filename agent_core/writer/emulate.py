@@ -57,11 +57,12 @@ UNSUPPORTED = [
 _CUDA_HEADERS = re.compile(
     r'^[ \t]*#[ \t]*include\s*[<"](?:cuda_runtime(?:_api)?|cuda|device_launch_parameters|math_constants|'
     r'vector_types|device_functions|cuda_device_runtime_api|sm_\d+_intrinsics)\.h[>"].*$', re.M)
-_FIXED_WIDTH_TYPEDEF = re.compile(
-    r"^[ \t]*(?:typedef[ \t]+[\w \t]+?[ \t]+(?:u?int(?:8|16|32|64)_t|size_t)|using[ \t]+(?:u?int(?:8|16|32|64)_t|size_t)"
-    r"[ \t]*=[ \t]*[\w \t]+?)[ \t]*;[ \t]*$", re.M)
+_INT_NAME = r"(?:u?int(?:8|16|32|64)_t|size_t)"
+_FIXED_WIDTH_TYPEDEF = re.compile(rf"^[ \t]*(?:typedef[ \t]+[\w \t]+?[ \t]+{_INT_NAME}|"
+                                  rf"using[ \t]+{_INT_NAME}[ \t]*=[ \t]*[\w \t]+?)[ \t]*;[ \t]*$", re.M)
 _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\s+(?P<decl>[^;\[\]{}]*?)\s*\b(?P<name>\w+)\s*\[\s*\]\s*;")
-_ALIGN = re.compile(r"\b__align__\s*\(\s*\d+\s*\)|\balignas\s*\(\s*\d+\s*\)|__attribute__\s*\(\(\s*aligned\s*\(\s*\d+\s*\)\s*\)\)")
+_ALIGN = re.compile(r"\b__align__\s*\(\s*\d+\s*\)|\balignas\s*\(\s*\d+\s*\)|"
+                    r"__attribute__\s*\(\(\s*aligned\s*\(\s*\d+\s*\)\s*\)\)")
 _STATIC_SHARED = re.compile(r"\bstatic\s+__shared__\b|\b__shared__\s+static\b")
 
 # the generated main: every parameter a pointer, called with the argument buffers (guard bytes in)
@@ -70,13 +71,16 @@ namespace stitch_emu_driver {
 template <class T> struct is_pointer { static constexpr bool value = false; };
 template <class T> struct is_pointer<T*> { static constexpr bool value = true; };
 template <class A> A pass(void* p) {
-    static_assert(is_pointer<A>::value, "every kernel parameter must be a device pointer: a launch passes only buffers");
+    static_assert(is_pointer<A>::value,
+                  "every kernel parameter must be a device pointer: a launch passes only buffers");
     return static_cast<A>(p);
 }
 template <unsigned long... I> struct seq {};
-template <class... A, unsigned long... I> void call(void (*f)(A...), void* const* a, seq<I...>) { f(pass<A>(a[I])...); }
+template <class... A, unsigned long... I>
+void call(void (*f)(A...), void* const* a, seq<I...>) { f(pass<A>(a[I])...); }
 template <class... A> constexpr int arity(void (*)(A...)) { return sizeof...(A); }
-template <class... A> void invoke(void (*f)(A...), void* const* a) { call(f, a, seq<__integer_pack(sizeof...(A))...>{}); }
+template <class... A>
+void invoke(void (*f)(A...), void* const* a) { call(f, a, seq<__integer_pack(sizeof...(A))...>{}); }
 void thunk(void* const* a) { invoke(&KERNEL_NAME, a); }
 }  // namespace stitch_emu_driver
 int main(int argc, char** argv) {

@@ -6,8 +6,9 @@ REQUEST_DIR`. The child compiles with agent_core.compiler (NVRTC, cached: the en
 when the loop compiled the proposal; the child imports neither torch nor the codegen, so it starts in
 about a second), loads the cubin with cupy.RawModule, copies each buffer to the device whole (its
 own cudaMalloc, so memcheck knows its exact bounds), touches `started`, then launches every call on
-the default stream, synchronizes, and appends that call's buffers to out.bin. A CUDA error (illegal address, launch failure) ends the child with the message in
-error.json: "fault"; NVRTC errors: "compile". The child has STARTUP_S to get ready and then the
+the default stream, synchronizes, and appends that call's buffers to out.bin. A CUDA error (illegal
+address, launch failure) ends the child with the message in error.json: "fault"; NVRTC errors:
+"compile". The child has STARTUP_S to get ready and then the
 caller's timeout for the launches; past it the process group is killed: "hang".
 
 `run(..., sanitize=True)` runs the child under `compute-sanitizer --tool memcheck --error-exitcode 9`

@@ -44,9 +44,9 @@ def test_pointwise_on_the_gpu_matches_the_cpu_emulator_byte_for_byte():
 
 
 def test_block_softmax_on_the_gpu_matches_torch():
-    x = torch.randn(6, 300, generator=torch.Generator().manual_seed(1))
-    ks = kernel("softmax_rows", SOFTMAX, (6,), (128,), shared_bytes=300 * 4)
-    _, [[_, y]] = run(ks, (x.numpy(), np.zeros((6, 300), np.float32)))
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(1))
+    ks = kernel("softmax_rows", SOFTMAX, (4,), (128,), shared_bytes=300 * 4)
+    _, [[_, y]] = run(ks, (x.numpy(), np.zeros((4, 300), np.float32)))
     torch.testing.assert_close(torch.from_numpy(y.copy()), torch.softmax(x, dim=1), atol=1e-5, rtol=1e-5)
 
 
