@@ -34,6 +34,7 @@ from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, inde
 from .kernel import CodegenError, KernelSource
 from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, view_prologue_nodes
+from .layout_store import split_output_views
 from .pointwise import operand_views
 from .region_io import RegionIO
 from .rowgraph import E, R, RowGraph, lower
@@ -56,21 +57,24 @@ LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partia
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
-    names, arg, views, g = _lowered(program, io, two_stage=True)
+    names, arg, views, g, stores = _lowered(program, io, two_stage=True)
     sched = _schedule(g, p, _full_inputs(program, g, io))
     if not sched["cached"]:      # streamed rows: online states, one read of the row per round
-        names, arg, views, g = _lowered(program, io, two_stage=False)
-    return _render(program, io, g, names, arg, sched, name, views)
+        names, arg, views, g, stores = _lowered(program, io, two_stage=False)
+    return _render(program, io, g, names, arg, sched, name, views, stores)
 
 
 def _lowered(program: Program, io: RegionIO, two_stage: bool):
-    """(names, pointer arguments, the view prologue or None, the row graph). Layout ops and what feeds
-    them are read through their views (layout_graph.ViewPrologue): the row graph starts from the
-    values they make, which the kernel loads at (row, col) by calling their lambdas."""
+    """(names, pointer arguments, the view prologue or None, the row graph, the output views). Layout
+    ops and what feeds them are read through their views (layout_graph.ViewPrologue): the row graph
+    starts from the values they make, which the kernel loads at (row, col) by calling their lambdas.
+    Invertible layout ops after the reductions are written through their views (layout_store.py):
+    the row graph computes their source, stored at the layout's offsets."""
     names, arg = _names(program, io)
+    io, stores = split_output_views(program, io)
     front = view_prologue_nodes(program, io)
     if not front:
-        return names, arg, None, lower(program, io, names, two_stage)
+        return names, arg, None, _store_through(lower(program, io, names, two_stage), stores, io), stores
     views = ViewPrologue(program, front, arg, names)
     vals = program.values
     for v in views.io.outputs:
@@ -82,25 +86,40 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool):
     read = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in rest)]
     inner = RegionIO(rest, [*views.io.outputs, *read], list(io.outputs),
                      {v for n in rest for v in program.nodes[n].outputs})
-    g = lower(program, inner, names, two_stage)
+    g = _store_through(lower(program, inner, names, two_stage), stores, io)
     for (v, sp) in g.inputs:
         if sp == R and v in views.scalar:
             raise CodegenError(f"'{vals[v].name}' of the layout prologue is read once per row; split the region there")
-    return names, arg, views, g
+    return names, arg, views, g, stores
+
+
+def _store_through(g: RowGraph, stores: dict, io: RegionIO) -> RowGraph:
+    """The row graph with each output view's value computed as its source's per-element key (the
+    source itself is no output unless it leaves the region on its own)."""
+    for y, ov in stores.items():
+        if g.defs[g.outputs[ov.source]].space != E:
+            raise CodegenError(f"'{ov.value}' moves per-row values through a layout op; split the region there")
+        g.outputs[y] = g.outputs[ov.source]
+    for ov in stores.values():
+        if not ov.source_escapes:
+            g.outputs.pop(ov.source, None)
+    return g
 
 
 def wide_schedule(program: Program, io: RegionIO, params: dict | None = None) -> str | None:
-    """'cluster' or 'split_column' when a region with one reduction takes a schedule that only this
-    kernel has: a cluster for rows it writes per element (read once instead of twice; a row reduced
-    away streams once in rowreduce already), split columns. None: rowreduce writes its kernel."""
+    """The schedule when a region with one reduction needs what only this kernel has: a cluster for
+    rows it writes per element (read once instead of twice; a row reduced away streams once in
+    rowreduce already), split columns, or stores through the views of layout ops after the reduction
+    (layout_store.py). None: rowreduce writes its kernel."""
     p = {**DEFAULTS, **(params or {})}
     try:
-        g = _lowered(program, io, two_stage=True)[3]
+        _, _, _, g, stores = _lowered(program, io, two_stage=True)
     except CodegenError:
         return None
     schedule = _schedule(g, p, _full_inputs(program, g, io))["schedule"]
     per_element = any(g.defs[key].space == E for key in g.outputs.values())
-    return schedule if schedule == "split_column" or (schedule == "cluster" and per_element) else None
+    wide = schedule == "split_column" or (schedule == "cluster" and per_element)
+    return schedule if wide or stores else None
 
 
 def _names(program, io) -> tuple[Names, dict[str, str]]:
@@ -262,8 +281,9 @@ def _round_code(r: int, steps, schedule: str, label) -> str:
 
 
 def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict, sched: dict,
-            name: str, views: ViewPrologue | None = None) -> KernelSource:
+            name: str, views: ViewPrologue | None = None, stores: dict | None = None) -> KernelSource:
     vals = program.values
+    stores = stores or {}
     schedule, vec, cached = sched["schedule"], sched["vec"], sched["cached"]
     column, split, cluster = schedule in ("column", "split_column"), sched["split"], sched.get("cluster", 1)
     vecx = sched.get("vecx", 1)
@@ -440,8 +460,16 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         if vec == 4:
             tail = [f"{outs_local[v]}[e] = {g.outputs[v]};" for v in out_e]
             pre = [f"{octype[v]} {outs_local[v]}[kVec];" for v in out_e]
-            post = [f"reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]} + {flat('p')})[0] = "
-                    f"{VEC4[vals[v].dtype]}{{{', '.join(f'{outs_local[v]}[{j}]' for j in range(4))}}};" for v in out_e]
+            post = []
+            for v in out_e:
+                ov = stores.get(v)
+                if ov is not None and not ov.vector:     # the run lands apart: one lane at a time
+                    run = flat("p")
+                    post += [f"{arg[v]}[{ov.offset(f'{run} + {j}')}] = {outs_local[v]}[{j}];" for j in range(4)]
+                    continue
+                at = flat("p") if ov is None else ov.offset(flat("p"))
+                post.append(f"reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]} + {at})[0] = "
+                            f"{VEC4[vals[v].dtype]}{{{', '.join(f'{outs_local[v]}[{j}]' for j in range(4))}}};")
             if not column and split == 1:   # a float4 of the weight per 4 outputs, not 4 scalar loads
                 closure = {d.key for d in g.closure(keys, E, need)}
                 for v in e_in:
@@ -451,7 +479,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                                 f"{{ const {VEC4[vals[v].dtype]} t = {ld.load4(v, arg[v], VEC4[vals[v].dtype], flat('p'))};",
                                 "  " + " ".join(f"{vec_bcast[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
         else:
-            tail = [f"{arg[v]}[i] = {g.outputs[v]};" for v in out_e]
+            tail = [f"{arg[v]}[{stores[v].offset('i') if v in stores else 'i'}] = {g.outputs[v]};" for v in out_e]
             pre = post = []
         body.append("  // the per-element outputs")
         body += each_element(lambda ind, at: element_body(g.closure(keys, E, need), ind, tail, at), loads, pre, post)
