@@ -122,3 +122,16 @@ def test_a_bad_writer_flag_fails_with_one_line(tmp_path, capsys):
     assert main(["bench", str(prog), "--cpu", "--writer", "http://127.0.0.1:1/v1"]) == 1   # before any problem
     assert capsys.readouterr().err.strip().endswith("writer: --writer needs --writer-model NAME (the model the "
                                                     "endpoint serves)")
+
+
+def test_bench_passes_the_writer_flags_to_each_isolated_problem_but_never_a_key():
+    from agent_core.cli import build_parser
+    from agent_core.commands.bench import _forward_flags
+    args = build_parser().parse_args(["bench", "p.json", "--isolate", "--writer", "http://127.0.0.1:9/v1",
+                                      "--writer-model", "m", "--writer-rounds", "4", "--writer-regions", "r2,r3",
+                                      "--writer-key-env", "MY_KEY"])
+    flags = _forward_flags(args)
+    for flag, value in [("--writer", "http://127.0.0.1:9/v1"), ("--writer-model", "m"), ("--writer-rounds", "4"),
+                        ("--writer-regions", "r2,r3"), ("--writer-key-env", "MY_KEY")]:
+        assert flags[flags.index(flag) + 1] == value
+    assert build_parser().parse_args(["bench", "p.json", *flags]).writer_rounds == 4    # they parse again

@@ -13,6 +13,7 @@ from agent_core.writer.config import WriterConfig
 from agent_core.writer.endpoint import ChatEndpoint, TokenBudget
 from agent_core.writer.emulate import CpuExecutor
 from agent_core.writer.loop import NOT_TIMED, WriterRun, write_region
+from tests.test_agent_mockgpu import mock_gpu  # noqa: F401  (the fixture)
 from tests.writer_cases import KERNEL_NAME, case_program, region_and_ours, reply_text
 from tests.writer_stub import StubServer, http_error, malformed, slow, streamed, truncated
 
@@ -208,6 +209,10 @@ def test_the_agent_loop_asks_for_the_compiled_region_and_the_run_finishes_whatev
     region = res.program.regions[0]
     assert region.log[-1]["actor"] == "writer" and region.log[-1]["action"] == "not kept"
     assert res.writer["regions_kept"] == [] and res.writer["rounds"] == 0
+    from agent_core.commands.bench import record_from_result
+    assert record_from_result("writer_demo.json", res, 1.0)["writer"] == {
+        "model": "stub", "regions_kept": [], "rounds": 0, "tokens": 0}
+    assert "writer" not in record_from_result("writer_demo.json", base, 1.0)
 
 
 def test_writer_regions_selects_which_regions_are_asked():
@@ -239,3 +244,36 @@ def test_the_gpu_tests_fused_cumsum_relu_reply_is_correct_under_emulation():
     assert v["ok"], v
     assert out.kept and out.reason.endswith("15.0 us vs the unfused ops 30.0 us")
     assert "We have no kernel of our own" in _of(emit.events, "writer-request")[0]["messages"][1]["content"]
+
+
+def test_on_the_gpu_path_a_faster_proposal_becomes_the_regions_kernel(mock_gpu, tmp_path):
+    """The agent loop's GPU path with the GPU faked as in test_agent_mockgpu.py (kernels compiled for
+    real, launched by a fake that evaluates their nodes, timed at 1 us + 10 us per torch op): ours is
+    not generated for the user's cumsum -> relu region, so its unfused ops (two torch ops) are timed;
+    the model's kernel passes the gate in the CPU executor, is timed as ours would be, kept, verified
+    again in the run, and the end-to-end program runs it."""
+    from tests.gpu.test_writer_gpu import cumsum_relu
+    buf = io.StringIO()
+    emit = EventEmitter(buf)
+    text = reply_text("gpu_cumsum_relu").replace('"grid": [8192', '"grid": [8')
+    with StubServer([streamed(text)]) as stub:
+        run = WriterRun(WriterConfig(stub.url, "stub", rounds=1, retries=0), emit, gpu=True, executor=CpuExecutor())
+        res = optimize(cumsum_relu(rows=8), out_dir=tmp_path, emit=emit, tune=False, rewrite=False,
+                       baseline_fn=(None, []), writer=run)
+    events = list(read_events(buf.getvalue().splitlines()))
+    (o,) = res.outcomes
+    assert o.status == "fused" and o.kernel == "gpu_cumsum_relu_r1" and o.unfused_ms == pytest.approx(0.021)
+    assert o.reason.startswith("model kernel (stub, round 1) kept: verified on 5 draws, 1.0 us vs the unfused ops "
+                               "21.0 us"), o.reason
+    assert (tmp_path / "kernels" / "gpu_cumsum_relu_r1.model.cu").read_text() == res.program.regions[0].source
+    assert [e["candidate"] for e in events if e["event"] == "verify" and e["scope"] == "region"] == \
+        ["model kernel (round 1)"]
+    assert res.profile["end_to_end"]["correct"] and res.profile["end_to_end"]["generated_kernels"] == 1
+    assert res.writer["regions_kept"] == ["r1"]
+    from agent_core.commands.bench import record_from_result
+    rec = record_from_result("gpu_cumsum_relu.json", res, 1.0)
+    assert rec["writer"] == {"model": "stub", "regions_kept": ["r1"], "rounds": 1, "tokens": res.writer["tokens"]}
+    assert rec["kernels"] == 1 and rec["writer"]["tokens"] > 0
+    log = res.program.regions[0].log
+    assert log[-1]["actor"] == "writer" and log[-1]["action"] == "kept"
+    assert log[-1]["message"] == "model kernel kept (round 1): 1.0 us vs ours 21.0 us"

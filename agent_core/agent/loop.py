@@ -356,9 +356,9 @@ class _Agent:
         out.reason = (f"model kernel ({run.config.model}, round {res.round}) kept: verified on {self.draws} draws, "
                       f"{res.ms * 1e3:.1f} us vs {'ours' if ours_ms is not None else 'the unfused ops'} "
                       f"{bar * 1e3:.1f} us")
+        self._finish(r, out)     # the region's new outcome (agent entry, log event), then the writer's entry
         r.note("writer", "kept", f"model kernel kept (round {res.round}): {res.ms * 1e3:.1f} us vs ours "
                                  f"{bar * 1e3:.1f} us")
-        self._finish(r, out)
         return (list(r.nodes), ks, loaded)
 
     def _region_bytes(self, r, ks) -> int:
