@@ -277,3 +277,12 @@ def test_on_the_gpu_path_a_faster_proposal_becomes_the_regions_kernel(mock_gpu, 
     log = res.program.regions[0].log
     assert log[-1]["actor"] == "writer" and log[-1]["action"] == "kept"
     assert log[-1]["message"] == "model kernel kept (round 1): 1.0 us vs ours 21.0 us"
+
+
+def test_what_the_cpu_emulator_cannot_run_ends_the_rounds_without_blaming_the_model():
+    text = reply_text("good").replace("__syncthreads();  // red is reused below",
+                                      'asm volatile("bar.sync 0;");  // red is reused below')
+    out, events, requests = _run([streamed(text), streamed(reply_text("good"))], timer=None, rounds=2)
+    (v,) = _of(events, "writer-verdict")
+    assert v["check"] == "unsupported" and not v["ok"] and len(requests) == 1
+    assert out.reason.startswith("not checked: ") and out.reason.endswith("(a GPU run can check it); ours kept")

@@ -178,6 +178,9 @@ def write_region(program, region, *, ours: KernelSource | None, ours_ms: float |
              diff=proposal_diff(ours, ks) if ks is not None else None, **verdict)
         if verified_untimed is not None:
             break        # without a GPU there is nothing left to improve on
+        if verdict["check"] == "unsupported":     # legal CUDA the CPU emulator cannot run: not the model's fault
+            stop = f"not checked: {verdict['reason']} (a GPU run can check it); ours kept"
+            break
         if best is not None and not improving:
             break        # kept, and this round did not beat it
         if k < config.rounds:
