@@ -135,3 +135,11 @@ def test_bench_passes_the_writer_flags_to_each_isolated_problem_but_never_a_key(
                         ("--writer-regions", "r2,r3"), ("--writer-key-env", "MY_KEY")]:
         assert flags[flags.index(flag) + 1] == value
     assert build_parser().parse_args(["bench", "p.json", *flags]).writer_rounds == 4    # they parse again
+
+
+def test_a_remote_endpoint_is_said_on_every_request_line():
+    from agent_core.agent.progress import format_event
+    line = format_event({"event": "writer-request", "region": "r2", "round": 1, "model": "m",
+                         "endpoint": "api.example.com", "remote": True})
+    assert line == ("  r2: writer round 1: asking m at api.example.com (remote: the region's ops, shapes and our "
+                    "kernel leave this machine)")

@@ -286,3 +286,12 @@ def test_what_the_cpu_emulator_cannot_run_ends_the_rounds_without_blaming_the_mo
     (v,) = _of(events, "writer-verdict")
     assert v["check"] == "unsupported" and not v["ok"] and len(requests) == 1
     assert out.reason.startswith("not checked: ") and out.reason.endswith("(a GPU run can check it); ours kept")
+
+
+def test_streamed_text_arrives_as_a_few_deltas_a_second():
+    text = reply_text("compile_error")
+    out, events, _ = _run([streamed(text, chunk=8, gap_s=0.004)], timer=None, rounds=1)
+    deltas = _of(events, "writer-delta")
+    (reply,) = _of(events, "writer-reply")
+    assert "".join(e["text"] for e in deltas) == reply["text"] == text
+    assert 1 <= len(deltas) <= 4 * reply["seconds"] + 2 < len(text) / 8, (len(deltas), reply["seconds"])
