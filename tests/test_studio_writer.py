@@ -238,6 +238,38 @@ def test_ask_launches_the_worker_with_the_key_only_in_its_environment(window, qt
     assert snapshot(window) == before and agent.act["ask_model"].isEnabled()
 
 
+def test_a_key_from_the_environment_is_named_not_copied_and_no_key_means_none(window, qtbot, stub, monkeypatch):
+    server = stub([slow(120), slow(120)])
+    agent = window.agent
+    monkeypatch.setenv("MY_MODEL_KEY", KEY)
+    monkeypatch.setenv(DEFAULT_KEY_ENV, "inherited-but-not-asked-for")
+    agent.act["writer_settings"].trigger()
+    dlg = agent.writer_dialog
+    qtbot.keyClicks(dlg.url, server.url)
+    qtbot.keyClicks(dlg.model.lineEdit(), "stub-model")
+    qtbot.mouseClick(dlg.key_from_env, Qt.LeftButton, pos=QPoint(8, dlg.key_from_env.height() // 2))
+    dlg.key_env.selectAll()
+    qtbot.keyClicks(dlg.key_env, "MY_MODEL_KEY")
+    qtbot.mouseClick(dlg.buttons.button(dlg.buttons.StandardButton.Save), Qt.LeftButton)
+    assert QSettings("StitchCUDA", "Studio").value("writer/key") is None   # only the variable's name is kept
+    click_region(window, qtbot)
+    for mode, want in (("env", "MY_MODEL_KEY"), ("none", DEFAULT_KEY_ENV)):
+        if mode == "none":
+            agent.act["writer_settings"].trigger()
+            dlg = agent.writer_dialog
+            qtbot.mouseClick(dlg.key_none, Qt.LeftButton, pos=QPoint(8, dlg.key_none.height() // 2))
+            qtbot.mouseClick(dlg.buttons.button(dlg.buttons.StandardButton.Save), Qt.LeftButton)
+        agent.act["ask_model"].trigger()
+        argv, env = agent.worker.proc.arguments(), agent.worker.proc.processEnvironment()
+        assert argv[argv.index("--writer-key-env") + 1] == want and all(KEY not in a for a in argv)
+        if mode == "env":   # the worker reads the variable the studio was started with
+            assert env.value("MY_MODEL_KEY") == KEY
+        else:               # no key asked for: none sent, not even one inherited
+            assert not env.contains(DEFAULT_KEY_ENV)
+        with qtbot.waitSignal(agent.worker.finished, timeout=30_000):
+            agent.act["cancel"].trigger()
+
+
 # a recorded stream ----------------------------------------------------------------------------------------
 def recorded_stream(program) -> list[dict]:
     """What a worker prints for region r1 with --writer (docs/EVENTS.md): a compile error in round 1,
