@@ -4,7 +4,6 @@ against ours) and the diff of the proposal against our kernel. Fed by the writer
 live or replayed (docs/EVENTS.md); it never changes the document."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import Qt, Signal
@@ -18,7 +17,6 @@ from .source_view import CodeEdit, show_diff
 
 OK, BAD, BUSY = QColor("#5fb878"), QColor("#e06c6c"), QColor("#d6a84a")
 ROUND = Qt.UserRole                       # (region, round) of a tree row; round 0 is the region's row
-FENCE = re.compile(r"```(?:cuda|cu|cpp|c\+\+|c)[ \t]*\n(.*?)```", re.S | re.I)
 HINT = ("Select a region, then Agent > Ask the Model for the Selected Region: the conversation, each "
         "round's verdict and the diff against our kernel appear here.")
 
@@ -51,9 +49,9 @@ def verdict_line(v: dict) -> str:
 
 
 def proposed_source(reply: str) -> str | None:
-    """The CUDA the model's reply holds (its one fenced code block)."""
-    m = FENCE.search(reply or "")
-    return m.group(1) if m else None
+    """The CUDA the model's reply holds (its first whole fenced code block, read as the gate reads it)."""
+    from agent_core.writer.proposal import CODE_LANGS, fenced_blocks
+    return next((body for lang, body in fenced_blocks(reply or "") if lang in CODE_LANGS and body), None)
 
 
 class WriterDock(QWidget):

@@ -349,6 +349,23 @@ def test_a_recorded_stream_fills_the_dock_the_diff_and_the_decision_log(window, 
     assert "no model kernel kept" in rows[-1].text(3)
 
 
+def test_a_kept_model_kernel_is_what_the_source_view_shows(window, qtbot):
+    """The regions a finished run applies carry the kept kernel and the writer's decision-log entry
+    (agent.loop: r.source, r.note("writer", "kept", ...)); the source view says whose kernel it is."""
+    from agent_core.regions import replace_regions
+    from graph_editor.region_commands import RegionEditCommand
+    program = window.document.program
+    fixed = proposed_source(reply_text("fixed"))
+    region = program.regions[0].__class__.from_dict(program.regions[0].to_dict())
+    region.source = fixed
+    region.note("writer", "kept", "model kernel kept (round 2): 3.1 us vs ours 4.0 us")
+    window.document.stack.push(RegionEditCommand(program, replace_regions(program, [region], label="Optimize results")))
+    click_region(window, qtbot)
+    src = window.agent.source
+    assert src.edit.toPlainText() == fixed
+    assert "written by the model and kept" in src.status.text() and "3.1 us vs ours 4.0 us" in src.status.text()
+
+
 def test_the_dock_reads_at_1200_by_750(window, qtbot):
     agent = window.agent
     window.resize(1200, 750)
