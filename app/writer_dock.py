@@ -286,7 +286,7 @@ class WriterDock(QWidget):
             self._set_verdict(f"{rid}: asking the model ({plural(len(talk.rounds), 'round')} so far)", None)
         else:
             self._set_verdict(f"{rid}: {'model kernel kept' if done.get('kept') else 'ours kept'} · "
-                              f"{done.get('reason')}", bool(done.get("kept")))
+                              f"{done.get('reason')}", True if done.get("kept") else None)   # ours kept is no failure
         req = talk.request or {}
         self._write(f"{rid}: {req.get('model', '?')} at {req.get('endpoint', '?')}"
                     + (" (remote)" if req.get("remote") else " (this machine)") + "\n\n", self._bold)

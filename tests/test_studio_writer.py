@@ -25,7 +25,6 @@ from PySide6.QtWidgets import QApplication
 
 QStandardPaths.setTestModeEnabled(True)
 
-from agent_core.project_file import load_program  # noqa: E402
 from app.document import Document  # noqa: E402
 from app.writer_dock import proposed_source  # noqa: E402
 from app.writer_settings import DEFAULT_KEY_ENV, NO_ENDPOINT  # noqa: E402
