@@ -17,9 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..codegen import region_io
 from ..codegen.kernel import KernelSource
 from ..compiler import CompileError, compile_kernel
 from ..errors import StitchError
+from .endpoint import ChatEndpoint, EndpointError, TokenBudget
+from .gate import Rejected, check_proposal, static_check
+from .prompt import feedback_message, first_messages
+from .proposal import parse_reply
 
 DELTA_INTERVAL_S = 0.25          # writer-delta events: at most about 4 a second
 NOT_TIMED = "verified under CPU emulation; not timed (no GPU), ours kept"
@@ -79,7 +84,6 @@ class _Deltas:
 
 def _compile_rejection(exc: CompileError):
     """NVRTC's error lines (all of them, with their line numbers), as the model must read them."""
-    from .gate import Rejected
     lines = [ln.strip() for ln in (exc.log or "").splitlines() if "error" in ln]
     return Rejected(check="compile", reason="; ".join(lines) if lines else str(exc))
 
@@ -95,12 +99,6 @@ def write_region(program, region, *, ours: KernelSource | None, ours_ms: float |
     not timed); unfused_ms: the region's ops through torch, the bar when ours fell back. timer(ks) ->
     median ms of a proposal timed as ours is (None without a GPU). name: the entry point the model
     must write (default: ours' name, so a kept kernel replaces ours under the same name)."""
-    from .endpoint import EndpointError
-    from .gate import check_proposal, static_check
-    from .prompt import feedback_message, first_messages
-    from .proposal import parse_reply
-    from ..codegen import region_io
-
     send = _emitter(emit)
     rid = region.id
     io = region_io(program, region.nodes)
@@ -153,10 +151,8 @@ def write_region(program, region, *, ours: KernelSource | None, ours_ms: float |
         send("writer-reply", region=rid, round=k, text=reply.text, prompt_tokens=reply.prompt_tokens,
              completion_tokens=reply.completion_tokens, finish_reason=reply.finish_reason, seconds=reply.seconds)
         messages = messages + [{"role": "assistant", "content": reply.text}]
-        verdict, feedback, ks, ms = _judge(program, io, reply.text, k, name=name, config=config, executor=executor,
-                                           timer=timer, sanitize=sanitize, draws=draws,
-                                           parse_reply=parse_reply, static_check=static_check,
-                                           check_proposal=check_proposal)
+        verdict, feedback, ks, ms = _judge(program, io, reply.text, k, name=name, model=config.model,
+                                           executor=executor, timer=timer, sanitize=sanitize, draws=draws)
         improving = False
         if verdict["ok"] and timer is None:
             verified_untimed = verdict
@@ -196,15 +192,13 @@ def write_region(program, region, *, ours: KernelSource | None, ours_ms: float |
                 (f"; the last was rejected ({last['check']}): {last['reason']}" if last else ""))
 
 
-def _judge(program, io, text: str, k: int, *, name, config, executor, timer, sanitize, draws, parse_reply,
-           static_check, check_proposal):
+def _judge(program, io, text: str, k: int, *, name, model, executor, timer, sanitize, draws):
     """One reply -> (verdict fields, what the model is told next, the proposal or None, its ms or None).
     The timer runs only after every check passed in the executor's child process."""
-    from .gate import Rejected
     verdict = {"ok": False, "check": "", "reason": "", "max_abs_err": None, "draws": 0}
     try:
         ks = parse_reply(text, name=name, inputs=io.inputs, outputs=io.outputs, node_ids=io.nodes,
-                         model=config.model, round=k)
+                         model=model, round=k)
     except Rejected as rej:
         verdict.update(check=rej.check, reason=rej.reason)
         return verdict, rej, None, None
@@ -250,7 +244,6 @@ class WriterRun:
 
     def __init__(self, config, emit, *, gpu: bool, cancel=None, sanitize: bool = False, endpoint=None,
                  executor=None):
-        from .endpoint import ChatEndpoint, TokenBudget
         from .executors import default_executor
         config.validate()
         self.config, self.send, self.cancel, self.sanitize = config, _emitter(emit), cancel, sanitize
