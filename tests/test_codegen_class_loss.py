@@ -234,6 +234,57 @@ def test_lone_nll_loss_tuning_variants_change_rows_per_block_only():
         compiled_clean(kv)
 
 
+def emulated_nll(shape, reduction, weight, ignore_index, targets=None):
+    """The lone nll_loss kernel run on the CPU (agent_core.writer.emulate: g++, one thread per CUDA
+    thread, every block), its buffers fenced by canaries: (the loss, torch's, the kernel)."""
+    import numpy as np
+    import torch.nn.functional as F
+    from agent_core.writer.emulate import CpuExecutor
+    from agent_core.writer.executors import CANARY, guarded, payload
+    guard = 64
+    p, nid = nll_program(shape, reduction, weight, ignore_index)
+    ks = generate_kernel(p, [nid], name=f"emu_nll_{reduction}")
+    classes = shape[0] if len(shape) == 1 else shape[1]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(shape, generator=g).log_softmax(0 if len(shape) == 1 else 1)
+    t = torch.randint(0, classes, () if len(shape) == 1 else (shape[0], *shape[2:]), generator=g)
+    t = t if targets is None else targets
+    w = torch.rand(classes, generator=g) + 0.5
+    arrays = {p.inputs[0]: x.numpy(), p.inputs[1]: t.numpy(), **({p.nodes[nid].inputs[2]: w.numpy()} if weight else {})}
+    out = p.values[ks.outputs[0]]
+    bufs = [guarded(arrays[v], guard) for v in ks.inputs] + [guarded(np.full(out.shape, 7.0, np.float32), guard)]
+    bufs += [guarded(np.zeros(n, np.float32 if dt == "float32" else np.int32), guard) for dt, n in ks.workspace]
+    (res,) = CpuExecutor().run(ks, [bufs], guard=guard)
+    assert all((b[:guard] == CANARY).all() and (b[-guard:] == CANARY).all() for b in res), "wrote outside a buffer"
+    got = torch.from_numpy(payload(res[len(ks.inputs)], guard, np.float32, out.shape).copy())
+    xx, tt = (x[None], t[None]) if len(shape) == 1 else (x, t)
+    ref = F.nll_loss(xx, tt.clamp(0, classes - 1), w if weight else None, ignore_index=ignore_index, reduction=reduction)
+    return got, (ref[0] if len(shape) == 1 and reduction == "none" else ref), ks
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.parametrize("shape,reduction,weight,ignore_index", [
+    ((4, 5, 3, 2), "mean", True, 1), ((600, 9), "sum", True, -100), ((600, 9), "mean", False, 2),
+    ((7,), "none", True, -100)], ids=["NCd_mean", "three_blocks_sum", "three_blocks_mean", "C_none"])
+def test_lone_nll_loss_under_cpu_emulation_matches_torch(shape, reduction, weight, ignore_index):
+    """Numerics without a GPU: the kernel itself, every block and thread (the last block adding the
+    blocks' partials), equals torch's nll_loss and writes nothing outside its buffers."""
+    got, ref, ks = emulated_nll(shape, reduction, weight, ignore_index)
+    assert ks.grid[0] == (3 if shape == (600, 9) else 1)
+    assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (got, ref)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+def test_lone_nll_loss_under_cpu_emulation_out_of_range_and_all_ignored():
+    """torch raises on a class outside [0, C); the kernel gives NaN there and reads nothing out of
+    bounds. Every target ignored: mean is 0 / 0 = NaN, as torch."""
+    t = torch.tensor([0, 5, 4, -1, 1 << 40, 3])
+    got, ref, _ = emulated_nll((6, 5), "none", False, 2, targets=t)
+    assert torch.isnan(got[[1, 3, 4]]).all() and torch.allclose(got[[0, 2, 5]], ref[[0, 2, 5]])
+    got, ref, _ = emulated_nll((6, 5), "mean", False, 2, targets=torch.full((6,), 2))
+    assert torch.isnan(got) and torch.isnan(ref)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_lone_nll_loss_compiles_with_nvcc_without_warnings(tmp_path):
     from tests.test_codegen_indexed import NVCC_FLAGS

@@ -1,7 +1,8 @@
-"""On the GPU: argmax / argmin (int64 results), cumsum / cumprod and nll_loss (int64 targets) match the
-reference on 5 random draws (atol = rtol = 1e-4), and the index results equal torch's exactly on
-crafted inputs: repeated maxima and minima (the first index wins), NaNs (the first NaN wins), infinities
-and signed zeros; ignored and out-of-range targets.
+"""On the GPU: argmax / argmin (int64 results), cumsum / cumprod and a lone nll_loss (int64 targets; a
+class-loss kernel, codegen/class_loss.py, that gathers one element per row) match the reference on 5
+random draws (atol = rtol = 1e-4), and the index results equal torch's exactly on crafted inputs:
+repeated maxima and minima (the first index wins), NaNs (the first NaN wins), infinities and signed
+zeros; ignored and out-of-range targets.
 
 Run on the GPU machine: PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu_indexed.py
 (needs only torch, cupy, numpy, networkx and pytest)."""
@@ -113,7 +114,8 @@ def test_scan_nan_and_zero_propagate(shape, dim):
 @pytest.mark.parametrize("ignore_index", [-100, 1])
 def test_nll_loss(shape, reduction, weight, ignore_index):
     p, nid = nll_program(shape, reduction, weight, ignore_index)
-    fused(p, [nid], f"nll_{reduction}")
+    r = fused(p, [nid], f"nll_{reduction}")
+    assert r.kernel.kind == "class_loss" and r.kernel.params["walks_rows"] is False
 
 
 def test_nll_loss_ignored_and_out_of_range_targets():
