@@ -323,8 +323,7 @@ class _Agent:
         ours = self.kernels.get(r.id)
         if ours is not None and out.reason.startswith(("verification failed", "the tuned kernel failed")):
             ours = None        # a wrong kernel is no starting point
-        ours_ms = out.fused_ms if out.status == "fused" else None
-        unfused = out.unfused_ms
+        ours_ms, unfused = out.fused_ms, out.unfused_ms   # ours measured even when it lost to the ops
         if self.gpu and ours_ms is None and unfused is None:
             unfused = self._time_region_unfused(r, out)
         nbytes = self._region_bytes(r, ours)
@@ -332,8 +331,7 @@ class _Agent:
         measured: dict = {}
         res = run.region(self.program, r, ours=ours, ours_ms=ours_ms, unfused_ms=unfused,
                          floor_ms=nbytes / (bw * 1e6), attribution=out.attribution,
-                         hardware=self.hw or {"arch": DEFAULT_ARCH, "note": "no GPU here: kernels are compiled for "
-                                                                            f"{DEFAULT_ARCH} (an H200) and not timed"},
+                         hardware=self.hw,     # {} without a GPU: the prompt then says an H200 is assumed
                          timer=(lambda ks: self._time_proposal(r, ks, measured)) if self.gpu else None,
                          name=kernel_name(self.program, r.id), draws=min(self.draws, 3))
         if not res.kept:
@@ -347,18 +345,16 @@ class _Agent:
                                          f"{check.reason}")
             return None
         from ..profile.attribution import attribute
+        from ..writer.loop import us
         r.source = ks.source
-        bar = ours_ms if ours_ms is not None else unfused
         out.status, out.kernel, out.params = "fused", ks.name, {}
         out.source_path = self._write_source(ks, f"{ks.name}.model.cu")   # ours stays in {name}.cu
         out.fused_ms, out.unfused_ms = res.ms, unfused
         out.attribution = attribute(res.ms, nbytes, (ours.flops if ours else 0), bw, resources=loaded.attribution())
-        out.reason = (f"model kernel ({run.config.model}, round {res.round}) kept: verified on {self.draws} draws, "
-                      f"{res.ms * 1e3:.1f} us vs {'ours' if ours_ms is not None else 'the unfused ops'} "
-                      f"{bar * 1e3:.1f} us")
+        out.reason = f"{res.reason}; verified again on {self.draws} draws in the run"
         self._finish(r, out)     # the region's new outcome (agent entry, log event), then the writer's entry
-        r.note("writer", "kept", f"model kernel kept (round {res.round}): {res.ms * 1e3:.1f} us vs ours "
-                                 f"{bar * 1e3:.1f} us")
+        r.note("writer", "kept", f"model kernel kept (round {res.round}): {us(res.ms)} vs {res.against} "
+                                 f"{us(res.ours_ms)}")
         return (list(r.nodes), ks, loaded)
 
     def _region_bytes(self, r, ks) -> int:

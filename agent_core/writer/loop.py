@@ -39,6 +39,8 @@ class WriterOutcome:
     rounds: list[dict] = field(default_factory=list)   # one verdict per round
     tokens: int = 0                                    # prompt + completion tokens this region used
     round: int | None = None                           # the round whose kernel was kept
+    ours_ms: float | None = None                       # what a proposal had to beat ...
+    against: str = "ours"                              # ... and what that was: "ours" or "the unfused ops"
     stop_run: str | None = None                        # why the writer stops for the whole run (cap, cancel)
 
     def summary(self) -> dict:
@@ -95,16 +97,17 @@ def write_region(program, region, *, ours: KernelSource | None, ours_ms: float |
                  draws: int = 3) -> WriterOutcome:
     """Ask config.model for region's kernel, up to config.rounds rounds (module docstring).
 
-    ours / ours_ms: our kernel and its time when it was kept (ours_ms None when ours fell back or was
-    not timed); unfused_ms: the region's ops through torch, the bar when ours fell back. timer(ks) ->
+    ours / ours_ms: our kernel and its measured time (None when not generated, not verified or not
+    timed); unfused_ms: the region's ops through torch. A proposal must beat the faster of the two:
+    ours when it was kept, the unfused ops when ours fell back. timer(ks) ->
     median ms of a proposal timed as ours is (None without a GPU). name: the entry point the model
     must write (default: ours' name, so a kept kernel replaces ours under the same name)."""
     send = _emitter(emit)
     rid = region.id
     io = region_io(program, region.nodes)
     name = name or (ours.name if ours is not None else rid)
-    bar = ours_ms if ours_ms is not None else unfused_ms     # what a proposal must beat
-    bar_what = "ours" if ours_ms is not None else "the unfused ops"
+    timed = [(ms, what) for ms, what in ((ours_ms, "ours"), (unfused_ms, "the unfused ops")) if ms is not None]
+    bar, bar_what = min(timed, key=lambda t: t[0]) if timed else (None, "ours")   # what a proposal must beat
     messages = first_messages(program, io.nodes, name=name, ours=ours, ours_ms=ours_ms, floor_ms=floor_ms,
                               attribution=attribution, hardware=hardware)
     out = WriterOutcome(False, None, None, "")
@@ -113,7 +116,7 @@ def write_region(program, region, *, ours: KernelSource | None, ours_ms: float |
     stop = None          # why the rounds ended early
 
     def done(reason: str) -> WriterOutcome:
-        out.tokens = budget.used(rid)
+        out.tokens, out.ours_ms, out.against = budget.used(rid), bar, bar_what
         if best is not None:
             out.kept, out.ms, out.kernel, out.round = True, best[0], best[1], best[2]
             reason = (f"model kernel ({config.model}, round {best[2]}) kept: verified on {draws} draws, "
