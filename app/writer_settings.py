@@ -9,7 +9,6 @@ Test Connection asks the server for GET {url}/models on a pool thread; the dialo
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import json
 import os
@@ -40,14 +39,6 @@ LIMITS = (("rounds", "Rounds per region", 1, 10, 1),
 
 
 @functools.lru_cache(maxsize=1)
-def worker_flags() -> frozenset:
-    """The options `stitchcuda worker` takes (a token cap is passed only once it has a flag for it)."""
-    from agent_core.commands import worker
-    parser = argparse.ArgumentParser()
-    worker.add_arguments(parser)
-    return frozenset(s for a in parser._actions for s in a.option_strings)
-
-
 def cap_flag(key: str) -> str:
     return "--writer-" + key.replace("_", "-")
 
@@ -115,8 +106,7 @@ class WriterSettings:
 
     def worker_args(self, region_id: str) -> list[str]:
         """The worker's writer flags for one region (the key is not among them: worker_env)."""
-        caps = [a for key, *_ in LIMITS[1:] if cap_flag(key) in worker_flags()
-                for a in (cap_flag(key), str(getattr(self, key)))]
+        caps = [a for key, *_ in LIMITS[1:] for a in (cap_flag(key), str(getattr(self, key)))]
         return ["--writer", self.url.strip(), "--writer-model", self.model.strip(),
                 "--writer-rounds", str(self.rounds), "--writer-regions", region_id,
                 "--writer-key-env", self.worker_key_env(), *caps]
@@ -267,20 +257,7 @@ class WriterSettingsDialog(QDialog):
                                          "to the model each round")
         self.limits["region_token_cap"].setToolTip("A region stops asking once its prompts and replies reach this")
         self.limits["run_token_cap"].setToolTip("A run stops asking once all its prompts and replies reach this")
-        defaults = _config_defaults()
-        fixed = []
-        for key, box in self.limits.items():
-            if key != "rounds" and cap_flag(key) not in worker_flags():   # said, not silently ignored
-                box.setValue(defaults[key])
-                box.setEnabled(False)
-                box.setToolTip(f"The worker has no {cap_flag(key)} yet: runs use its default, {defaults[key]:,}")
-                fixed.append(key)
         form.addRow("Limits", caps)
-        if fixed:
-            note = QLabel("Greyed-out caps are the worker's defaults: it takes no flag for them yet.")
-            note.setObjectName("Placeholder")
-            note.setWordWrap(True)
-            form.addRow("", note)
         lay.addLayout(form)
         lay.addWidget(self._key_box(current))
         row = QHBoxLayout()
