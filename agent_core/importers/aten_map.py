@@ -778,3 +778,91 @@ def _pixel_shuffle(cx, n, a):
     x = cx.emit("reshape", [a["self"]], {"shape": [nb, c // (r * r), r, r, h, w]})
     x = cx.emit("permute", [x], {"dims": [0, 1, 4, 2, 5, 3]})
     return cx.emit("reshape", [x], {"shape": [nb, c // (r * r), h * r, w * r]})
+
+
+# --- recurrent nets --------------------------------------------------------------------------
+def _recurrent(op: str, nonlinearity: str | None = None):
+    """aten.lstm.input / gru.input / rnn_*.input: one library node over the sequence, the initial
+    state(s) and the weights in torch.nn's order; (output, h_n[, c_n]) as aten returns them."""
+    def conv(cx, n, a):
+        if a["train"] and a["dropout"]:
+            raise Unmapped(f"{op} with dropout in training mode (it draws random numbers)")
+        states = list(a["hx"]) if op == "lstm" else [a["hx"]]
+        hidden = cx.spec(states[-1]).shape[-1]
+        attrs = {"hidden_size": hidden, "num_layers": int(a["num_layers"]), "bias": bool(a["has_biases"]),
+                 "batch_first": bool(a["batch_first"]), "bidirectional": bool(a["bidirectional"])}
+        if op == "lstm":
+            out = cx.spec(states[0]).shape[-1]
+            attrs["proj_size"] = out if out != hidden else 0
+        if nonlinearity:
+            attrs["nonlinearity"] = nonlinearity
+        return cx.emit(op, [a["input"], *states, *a["params"]], attrs)
+    return conv
+
+
+aten("lstm.input")(_recurrent("lstm"))
+aten("gru.input")(_recurrent("gru"))
+aten("rnn_tanh.input")(_recurrent("rnn", "tanh"))
+aten("rnn_relu.input")(_recurrent("rnn", "relu"))
+
+
+# --- padding, rolls, windows, indexing ------------------------------------------------------
+@aten("pad.default")
+def _pad(cx, n, a):
+    mode = a["mode"]
+    if mode not in ("constant", "reflect", "replicate", "circular"):
+        raise Unmapped(f"pad mode {mode!r}")
+    attrs = {"pad": _ints(a["pad"]), "mode": mode}
+    if mode == "constant":
+        attrs["value"] = float(a["value"] or 0.0)
+    return cx.emit("pad", [a["self"]], attrs)
+
+
+@aten("constant_pad_nd.default")
+def _constant_pad(cx, n, a):
+    return cx.emit("pad", [a["self"]], {"pad": _ints(a["pad"]), "mode": "constant", "value": float(a["value"])})
+
+
+@aten("roll.default")
+def _roll(cx, n, a):
+    dims = _ints(a["dims"])
+    return cx.emit("roll", [a["self"]], {"shifts": _ints(a["shifts"]), "dims": dims or None})
+
+
+@aten("unfold.default")
+def _unfold(cx, n, a):
+    """x.unfold(d, size, step) with step == size (non-overlapping windows, as patch embeddings take
+    them): dimension d split into (D // size, size), the window dimension moved last."""
+    x, size, step = a["self"], int(a["size"]), int(a["step"])
+    if step != size:
+        raise Unmapped("unfold with overlapping or gapped windows (step != size)")
+    shape = list(cx.spec(x).shape)
+    d = int(a["dimension"]) % max(len(shape), 1)
+    count = shape[d] // size
+    if count * size != shape[d]:
+        x = _slice(cx, x, d, 0, count * size)
+    x = cx.emit("reshape", [x], {"shape": shape[:d] + [count, size] + shape[d + 1:]})
+    rank = len(shape) + 1
+    return cx.emit("permute", [x], {"dims": [i for i in range(rank) if i != d + 1] + [d + 1]})
+
+
+@aten("index.Tensor", "_unsafe_index.Tensor")
+def _index(cx, n, a):
+    """x[idx] along one dimension (a relative-position table read through its index buffer):
+    index_select with the flattened indices, reshaped to x.shape[:k] + idx.shape + x.shape[k + 1:]."""
+    idxs = list(a["indices"])
+    while idxs and idxs[-1] is None:
+        idxs.pop()
+    if not idxs or any(i is None for i in idxs[:-1]):
+        raise Unmapped("indexing with several index tensors")
+    k, idx = len(idxs) - 1, idxs[-1]
+    ispec = cx.spec(idx)
+    if ispec.dtype not in ("int64", "int32"):
+        raise Unmapped(f"indexing with a {ispec.dtype} index (a mask's result size depends on the data)")
+    data = cx.program.data.get(cx.vid(idx))
+    if data is not None and (data < 0).any():
+        raise Unmapped("negative indices (index_select reads only non-negative ones)")
+    flat = idx if ispec.rank == 1 else cx.emit("reshape", [idx], {"shape": [ispec.numel]})
+    picked = cx.emit("index_select", [a["self"], flat], {"dim": k})
+    shape = list(cx.meta_shape(n))
+    return picked if list(cx.spec(picked).shape) == shape else cx.emit("reshape", [picked], {"shape": shape})

@@ -25,6 +25,7 @@ from ..ops.common import dtype_name
 from ..ops.operator_policy import OperatorRefused, resolve_overload
 from .aten_map import Unmapped, lookup
 from .module_paths import note_module
+from .recurrent_meta import repair as repair_recurrent_meta
 
 # Factory ops inside forward make a tensor from nothing: evaluate them once into a constant.
 _FACTORIES = {"zeros", "ones", "full", "empty", "arange", "linspace", "eye", "rand", "randn", "randint",
@@ -317,6 +318,7 @@ def convert_graph(program: Program, gm: fx.GraphModule, placeholders: dict[str, 
     outputs: indices of the graph outputs that are user outputs (None: all).
     """
     cx = Converter(program)
+    cx.warnings += repair_recurrent_meta(gm)   # before any shape is read from the graph
     for n in gm.graph.nodes:
         if n.op == "placeholder":
             kind = placeholders.get(n.name, ("skip",))

@@ -91,13 +91,17 @@ class IsolatedImport:
 
     target: a .py file (KernelBench format) or 'pkg.mod:Class' / 'file.py:Class'.
     limit_hint: said after the limit when the import times out (what changes the limit, e.g. " (--timeout)").
+    weights: False builds a .py file's model on the meta device (import_file(weights=False)): the
+    program's parameters then have shapes but no data, and nothing large is created or handed back.
     """
 
-    def __init__(self, target: str, *, timeout: float = DEFAULT_TIMEOUT, limit_hint: str = ""):
+    def __init__(self, target: str, *, timeout: float = DEFAULT_TIMEOUT, limit_hint: str = "",
+                 weights: bool = True):
         if not timeout > 0:
             raise ImportFailure(f"the import time limit (--timeout) must be a positive number of seconds, "
                                 f"got {timeout:g}")
         self.target, self.timeout, self.limit_hint = target, float(timeout), limit_hint
+        self.weights = bool(weights)
         self.name = source_name(target)
         self._stop = threading.Event()
 
@@ -110,7 +114,8 @@ class IsolatedImport:
         folder = tempfile.mkdtemp(prefix="stitchcuda-import-")
         try:
             with open(os.path.join(folder, _REQUEST), "w") as f:
-                json.dump({"kind": kind, "target": self.target, "sys_path": list(sys.path), "parent": os.getpid()}, f)
+                json.dump({"kind": kind, "target": self.target, "sys_path": list(sys.path), "parent": os.getpid(),
+                       "weights": self.weights}, f)
             return self._run_child(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
@@ -222,9 +227,9 @@ def _read_result(path: str) -> dict | None:
     return result if isinstance(result, dict) else None
 
 
-def import_isolated(target: str, *, timeout: float = DEFAULT_TIMEOUT, limit_hint: str = ""):
+def import_isolated(target: str, *, timeout: float = DEFAULT_TIMEOUT, limit_hint: str = "", weights: bool = True):
     """The Program of a .py file or module:Class, imported in a child process (see IsolatedImport)."""
-    return IsolatedImport(target, timeout=timeout, limit_hint=limit_hint).run()
+    return IsolatedImport(target, timeout=timeout, limit_hint=limit_hint, weights=weights).run()
 
 
 # the child's side ---------------------------------------------------------------------------------------
@@ -286,7 +291,8 @@ def _child(folder: str) -> None:
     try:
         from . import import_file, import_module
         open(os.path.join(folder, _STARTED), "w").close()
-        program = import_file(target) if request["kind"] == "file" else import_module(target)
+        program = (import_file(target, weights=request.get("weights", True)) if request["kind"] == "file"
+                   else import_module(target))
         if _in_fork:
             os._exit(0)
         if _forked:

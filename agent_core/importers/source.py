@@ -21,6 +21,7 @@ from ..ops.common import torch_dtype
 from ..reference import draw
 from .trace import _first_line
 from .hints import init_hint, observed_inputs, probe_hints
+from .packages import missing_package
 from .module import import_nn_module
 
 # Above this many input elements get_inputs() is not run for real (KernelBench has 17 GB inputs):
@@ -48,7 +49,8 @@ def load_source(path) -> object:
         exec(code, mod.__dict__)
     except Exception as e:
         sys.modules.pop(name, None)
-        raise ImportFailure(f"{path.name}: running the file failed: {_first_line(e)}") from None
+        raise ImportFailure(missing_package(e, path.name, path.parent)
+                            or f"{path.name}: running the file failed: {_first_line(e)}") from None
     return mod
 
 
@@ -57,7 +59,7 @@ def _call(fn, what: str, seed: int):
     try:
         out = fn()
     except Exception as e:
-        raise ImportFailure(f"{what} raised {_first_line(e)}") from None
+        raise ImportFailure(missing_package(e, what) or f"{what} raised {_first_line(e)}") from None
     return out
 
 
@@ -78,7 +80,7 @@ def example_inputs(get_inputs, seed: int, *, fake_mode: FakeTensorMode | None = 
         try:
             return observed_inputs(get_inputs, seed)
         except Exception as e:
-            raise ImportFailure(f"{where} raised {_first_line(e)}") from None
+            raise ImportFailure(missing_package(e, where) or f"{where} raised {_first_line(e)}") from None
     if shapes is None:
         raise ImportFailure(f"{where} cannot run on the meta device, so its inputs cannot be shaped without "
                             f"creating them")
@@ -100,7 +102,8 @@ def build_model(cls, init_args, seed: int, *, weights: bool = True, what: str = 
             with torch.device("meta"):
                 model = cls(*init_args)
     except Exception as e:
-        raise ImportFailure(f"{what}(*init_args) raised {_first_line(e)}") from None
+        raise ImportFailure(missing_package(e, f"{what}(*init_args)")
+                            or f"{what}(*init_args) raised {_first_line(e)}") from None
     if not isinstance(model, torch.nn.Module):
         raise ImportFailure(f"{what} is not a torch.nn.Module (got {type(model).__name__})")
     return model.eval()
@@ -143,7 +146,9 @@ def _resolve(target: str):
         try:
             mod = importlib.import_module(where)
         except Exception as e:
-            raise ImportFailure(f"cannot import module '{where}': {_first_line(e)}") from None
+            itself = isinstance(e, ModuleNotFoundError) and (e.name or "").split(".")[0] == where.split(".")[0]
+            raise ImportFailure((None if itself else missing_package(e, f"module '{where}'"))
+                                or f"cannot import module '{where}': {_first_line(e)}") from None
     obj = mod
     for part in attr.split("."):
         obj = getattr(obj, part, None)

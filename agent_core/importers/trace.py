@@ -17,6 +17,7 @@ import torch.fx as fx
 from torch.export.graph_signature import InputKind, OutputKind
 
 from ..errors import ImportFailure
+from .packages import missing_package
 
 
 def _first_line(e: BaseException) -> str:
@@ -38,6 +39,9 @@ def trace(module: torch.nn.Module, args: list, input_names: list[str] | None = N
     except ImportFailure:
         raise
     except Exception as export_error:
+        missing = missing_package(export_error, "the model's forward")
+        if missing:
+            raise ImportFailure(missing) from None
         try:
             return _from_make_fx(module, args) + ("make_fx",)
         except Exception:

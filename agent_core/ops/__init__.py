@@ -4,5 +4,5 @@ from .registry import (  # noqa: F401
     aliases_of, all_ops, get_op, register,
 )
 from . import (  # noqa: F401,E402  (importing registers)
-    pointwise, reduction, normalization, matmul, convolution, pooling, layout, loss, opaque,
+    pointwise, reduction, normalization, matmul, convolution, pooling, layout, loss, recurrent, opaque,
 )

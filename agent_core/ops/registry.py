@@ -12,7 +12,8 @@ from typing import Any, Callable
 from ..errors import ProgramError, ShapeError
 
 CATEGORIES = (
-    "pointwise", "reduction", "normalization", "matmul", "convolution", "pooling", "layout", "opaque",
+    "pointwise", "reduction", "normalization", "matmul", "convolution", "pooling", "layout", "recurrent",
+    "opaque",
 )
 # complex values only flow between opaque nodes (torch.fft and friends): no library op computes on them
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool",
