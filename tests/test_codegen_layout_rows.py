@@ -243,9 +243,12 @@ def test_an_epilogue_reading_the_layout_prologue_recomputes_it_in_the_row_graph(
 def test_an_integer_mask_is_read_through_its_view_in_its_own_type():
     ks = _generated(mask_count(4, 16))
     assert ks.kind == "row_reduction"
-    assert "-> long long { return mask[i]; }" in ks.source
-    # its runs of 4 stay aligned, so the float4 lambdas read it as 4 int64 lanes and cast per lane
+    # its runs of 4 stay aligned, so the float4 lambdas read it as 4 int64 lanes (its own type) and
+    # cast each lane; the row loads the cast's float4
     assert "-> vec4_i64 { return reinterpret_cast<const vec4_i64*>(mask)[i / 4]; }" in ks.source
+    assert "make_float4(((float)reshape.x), ((float)reshape.y)" in ks.source and "= cast_at4(" in ks.source
+    scalar = _generated(mask_count(4, 15))        # rows of 15: no aligned runs, the scalar lambda
+    assert "-> long long { return mask[i]; }" in scalar.source and "_at4" not in scalar.source
 
 
 EMULATED = [("vit", vit_tokens, (2, 12, 3)), ("bert", bert_embed, (2, 5, 11, 8)),

@@ -6,6 +6,8 @@ for sm_90, and the schedules that made that possible are checked on their own:
   softmax's row kernel, its int64 mask read 4 lanes at a time;
 - a pointwise op between a library call and a larger loop (squeeze-excitation's sigmoid) joins the
   larger loop instead of becoming the call's epilogue kernel: one launch fewer;
+- a reduction over every element after a row chain (KL's batchmean sum after its softmaxes) is
+  folded per row and finished by the row kernel's last block, in the same launch;
 - a permute / transpose / reshape after a row kernel's reductions (Qwen3's QK-norm, heads moved in
   front of the sequence) is written through its view by the row kernel (codegen/layout_store.py).
 
@@ -31,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # block -> (kernels planned before this change at a93e164 / 23a4f6e^, kernels now): CPU `plan` output
 BLOCK_KERNELS = {"qk_rmsnorm_qwen3": (4, 2), "masked_softmax_bert_base": (3, 1),
-                 "squeeze_excitation_efficientnet_b0": (6, 5)}
+                 "squeeze_excitation_efficientnet_b0": (6, 5), "kl_div_distill_distilbert": (2, 1)}
 
 
 _PLANNED: dict = {}
@@ -138,3 +140,42 @@ def test_a_layout_op_that_is_no_bijection_after_a_reduction_is_still_refused():
     p, ids = _chain((4, 8), [("slice", {"dim": 1, "start": 0, "end": 4})])
     from agent_core.codegen import can_lower
     assert "layout op after" in (can_lower(p, ids) or "")
+
+
+def test_the_kl_sum_over_every_element_is_finished_by_the_row_kernels_last_block(tmp_path):
+    plan, program = _plan("kl_div_distill_distilbert", tmp_path)
+    (r,) = program.regions
+    ks = generate_kernel(program, r.nodes, name=r.id)
+    assert ks.params["reductions"] == 3 and [w[0] for w in ks.workspace] == ["float32", "int32"]
+    assert "atomicAdd(&counters[0], 1u) == gridDim.x - 1" in ks.source and "counters[0] = 0u" in ks.source
+    assert "struct Totals { St_sum t0; };" in ks.source
+
+
+@pytest.mark.parametrize("schedule,shape", [("warp", (37, 203)), ("block", (9, 4096)), ("stream", (3, 40000)),
+                                            ("column", (6, 50, 40))])
+def test_a_total_beside_rows_compiles_in_every_row_schedule(schedule, shape):
+    """softmax over the rows (dim 1 for the column case), then the mean of its product with x over
+    every element: one kernel, the mean's kNumelF divisor, no spills."""
+    from agent_core.compiler import compile_kernel
+    p = Program("total")
+    x = p.add_input("x", shape)
+    sm = p.add_node("softmax", [x.id], {"dim": 1})
+    m = p.add_node("mul", [sm.outputs[0], x.id])
+    t = p.add_node("mean", [m.outputs[0]], {"dim": None, "keepdim": False})
+    s = p.add_node("mul_scalar", [t.outputs[0]], {"value": 0.5})
+    p.mark_output(s.outputs[0])
+    ks = generate_kernel(p, [sm.id, m.id, t.id, s.id], name="total")
+    assert ks.params["schedule"] == schedule and "kNumelF" in ks.source
+    ck = compile_kernel(ks, arch="sm_90")
+    assert ck.spill_stores == 0 and ck.spill_loads == 0
+
+
+def test_a_total_read_per_row_is_refused():
+    p = Program("total_back")
+    x = p.add_input("x", (8, 64))
+    sm = p.add_node("softmax", [x.id], {"dim": -1})
+    t = p.add_node("sum", [sm.outputs[0]], {"dim": None, "keepdim": False})
+    d = p.add_node("div", [sm.outputs[0], t.outputs[0]])
+    p.mark_output(d.outputs[0])
+    from agent_core.codegen import can_lower
+    assert "needs every row first" in (can_lower(p, [sm.id, t.id, d.id]) or "")

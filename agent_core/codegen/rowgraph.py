@@ -4,7 +4,11 @@ The region's reductions all reduce the same dims of the same shape, seen as [out
 outer * inner rows of L elements. Every value of the region then lives in one of two spaces:
 
   E  per element: one per (row, column), the reductions' input shape;
-  R  per row: one scalar per row (a reduction's result, a pointwise op of such results).
+  R  per row: one scalar per row (a reduction's result, a pointwise op of such results);
+  T  once: a reduction over every element of the rows (KL's batchmean sum after its softmaxes), and
+     pointwise ops of such totals. Each row folds its share into the total's state like any step;
+     the kernel's last block combines every row's state (codegen/last_block.py). Nothing per row or
+     per element reads a T value (that would need every row first).
 
 Pointwise ops over E values may read R values (broadcast along the row); an R value never reads an E
 value except through a reduction. Each reduction becomes *steps*: a step folds one E value into a
@@ -35,7 +39,7 @@ from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
 from .rowreduce import STATES, _row_op
 
-E, R = "E", "R"
+E, R, T = "E", "R", "T"
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
 
 
@@ -59,6 +63,7 @@ class Step:
     slot: int                # its place in the round's struct (s0, s1, ...)
     fields: list[str]        # the R keys it gives, one per state field
     node: str                # the reduction it belongs to
+    total: int | None = None  # a whole-tensor reduction's place in the Totals struct (t0, t1, ...)
 
 
 @dataclass
@@ -74,6 +79,7 @@ class RowGraph:
     outputs: dict[str, str] = field(default_factory=dict)              # value -> key
     round_vars: dict[int, str] = field(default_factory=dict)           # round -> C name of its state
     reductions: list[str] = field(default_factory=list)
+    totals: list[str] = field(default_factory=list)                   # the whole-tensor reductions
 
     @property
     def rows(self) -> int:
@@ -132,10 +138,19 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
             raise CodegenError(f"{_name(nodes[nid])} reduces (sample, group) rows; a kernel with several "
                                f"reductions takes rows of neighbouring dims only", node_id=nid)
         ops[nid] = (state, preamble, expr, preserving, list(dims))
-    first = nodes[reds[0]]
+    # whole-tensor reductions beside reductions over rows: each row folds its share (space T)
+    totals = [n for n in reds if ops[n][4] == list(range(len(vals[nodes[n].inputs[0]].shape)))]
+    rowwise = [n for n in reds if n not in totals]
+    if not rowwise:
+        rowwise, totals = reds, []
+    first = nodes[rowwise[0]]
     full = tuple(vals[first.inputs[0]].shape)
-    dims = ops[reds[0]][4]
-    for nid in reds[1:]:
+    dims = ops[rowwise[0]][4]
+    for nid in totals:
+        if math.prod(vals[nodes[nid].inputs[0]].shape) != math.prod(full):
+            raise CodegenError(f"{_name(nodes[nid])} reduces every element of '{vals[nodes[nid].inputs[0]].name}', "
+                               f"which is not the size of the rows {list(full)}", node_id=nid)
+    for nid in rowwise[1:]:
         shape = tuple(vals[nodes[nid].inputs[0]].shape)
         if (shape, ops[nid][4]) != (full, dims):
             raise CodegenError(f"{_name(first)} and {_name(nodes[nid])} reduce different rows (dims {dims} of "
@@ -146,7 +161,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
         raise CodegenError("the region reduces an empty tensor; there is nothing to launch")
     if cols < 2:
         raise CodegenError(f"{_name(first)} reduces rows of one element; it is a pointwise map")
-    g = RowGraph(full, dims, outer, cols, inner, reductions=reds)
+    g = RowGraph(full, dims, outer, cols, inner, reductions=reds, totals=totals)
     numel, rows = math.prod(full), outer * inner
     keep = tuple(1 if d in dims else s for d, s in enumerate(full))           # a per-row value, keepdim
     kept = tuple(s for d, s in enumerate(full) if d not in dims)              # the same without them
@@ -180,6 +195,12 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
         if vid in env:
             k = env[vid]
             have = g.defs[k].space
+            if (have == T) != (space == T):
+                raise CodegenError(f"{_name(reader)} reads '{v.name}', "
+                                   + ("a reduction over every row, per row or per element; that needs every row "
+                                      "first: split the region after it" if have == T else
+                                      "a per-row or per-element value, with a total; split the region there"),
+                                   node_id=reader.id)
             if have == R and space == E and (1,) * (len(full) - len(v.shape)) + tuple(v.shape) != keep:
                 raise CodegenError(f"{_name(reader)} broadcasts the per-row value '{v.name}' {list(v.shape)} "
                                    f"across the rows of {list(full)}, not along them; split the region",
@@ -190,6 +211,9 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
             return k
         if (vid, space) not in g.inputs:
             n = math.prod(v.shape)
+            if space == T and n != 1:
+                raise CodegenError(f"{_name(reader)} combines a total with '{v.name}' {list(v.shape)}; split the "
+                                   f"region there", node_id=reader.id)
             if space == R and n not in (rows, 1):
                 raise CodegenError(f"{_name(reader)} reads '{v.name}' {list(v.shape)} per row, which has "
                                    f"neither one value per row nor one value", node_id=reader.id)
@@ -200,10 +224,18 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
     for nid in io.nodes:
         node = nodes[nid]
         if nid in ops:
-            _reduction(g, program, node, ops[nid], read, expr_def, names, two_stage, env)
+            _reduction(g, program, node, ops[nid], read, expr_def, names, two_stage and nid not in totals, env,
+                       total=nid in totals)
             continue
         out = node.outputs[0]
-        space = space_of(out)
+        total_in = [v for v in node.inputs if v and v in env and g.defs[env[v]].space == T]
+        if total_in and math.prod(vals[out].shape) != 1:
+            raise CodegenError(f"{_name(node)} reads '{vals[total_in[0]].name}', a reduction over every row, per row "
+                               f"or per element; that needs every row first: split the region after it", node_id=nid)
+        if total_in:
+            space = T
+        else:
+            space = space_of(out)
         local = {v: read(v, space, node) for v in node.inputs if v is not None}
         if node.op == "expand":
             env[out] = local[node.inputs[0]]
@@ -219,9 +251,12 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
     return g
 
 
-def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two_stage: bool, env) -> None:
+def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two_stage: bool, env,
+               total: bool = False) -> None:
     """Steps, fields and the output of one reduction: rowreduce's template with `st.<field>` read from
-    this reduction's fields and its locals (inv_sum, rstd, ...) renamed after it."""
+    this reduction's fields and its locals (inv_sum, rstd, ...) renamed after it. A total folds each
+    row into one online state (no two-stage split: those stages are per row); its fields and output
+    are T values read from the combined `totals` struct, over kNumelF elements instead of kColsF."""
     vals = program.values
     state, preamble, expr, preserving, _ = op
     for vid in [node.inputs[0], node.outputs[0]]:
@@ -242,6 +277,19 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
             g.defs[k] = Def(k, R, "float", f"{var}.s{slot}.{f}", [], r, None, f"{st} of {vals[node.inputs[0]].name}")
         g.steps.append(Step(st, arg, r, slot, keys, node.id))
 
+    if total:
+        t = sum(1 for s in g.steps if s.total is not None)
+        step(state, x, [names.new(f"{base}_row_{f}") for f in STATES[state][0]])
+        g.steps[-1].total = t
+        for f in STATES[state][0]:
+            g.defs[fkey[f]] = Def(fkey[f], T, "float", f"totals.t{t}.{f}", [], 0, None,
+                                  f"{state} of {vals[node.inputs[0]].name}, every row")
+        if preamble.strip() or "[col]" in expr:
+            raise CodegenError(f"{_name(node)} over every element needs a per-row preamble; split the region "
+                               f"before it", node_id=node.id)
+        env[node.outputs[0]] = expr_def(base, T, _substitute(expr, fkey, {}, x, {}).replace("kColsF", "kNumelF"),
+                                        node.op, vid=node.outputs[0])
+        return
     if two_stage and state == "maxsumexp":     # the row max, then the sum of exp(x - max)
         step("max", x, [fkey["m"]])
         e = expr_def(names.new(f"{base}_exp"), E, f"expf({x} - {fkey['m']})")

@@ -37,7 +37,7 @@ from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
 from .pointwise import operand_views
 from .region_io import RegionIO
-from .rowgraph import E, R, RowGraph, lower
+from .rowgraph import E, R, T, RowGraph, lower
 from .rowreduce import DEFAULTS as ROW_DEFAULTS, STATES, _Operands
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "cluster": None,
@@ -52,7 +52,7 @@ COLUMN_TILE = (32, 8)
 # the kernel's own locals; generated names never take them
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
           "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
-          "rank", "slot", "cluster_part")
+          "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w")
 
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -153,7 +153,7 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
                   "items": items, "cached": items * k <= int(p["column_max_items"]), "grid": tiles, "split": 1}
         # a split needs the whole column's state before anything is written: one round, outputs per
         # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
-        if rounds != 1 or per_element or any(sp == R for (_, sp) in g.inputs):
+        if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs):
             return column
         if not p.get("split") and g.rows * cols * k * 4 < int(p["spread_min_bytes"]):
             return column          # launch-bound: a workspace round trip would only add latency
@@ -299,6 +299,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     ct = {v: g.defs[key_of[v]].ctype for v in e_in}
     out_e = [v for v in io.outputs if g.defs[g.outputs[v]].space == E]
     out_r = [v for v in io.outputs if g.defs[g.outputs[v]].space == R]
+    out_t = [v for v in io.outputs if g.defs[g.outputs[v]].space == T]
     octype = {v: g.defs[g.outputs[v]].ctype for v in io.outputs}
     regs = {v: names.new(f"v_{arg[v]}") for v in held}
     outs_local = {v: names.new(f"o_{arg[v]}") for v in out_e}
@@ -490,6 +491,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     if cluster > 1:
         body.append("  __cluster_barrier_arrive();  // no CTA leaves while the cluster may read its state")
         body.append("  __cluster_barrier_wait();")
+    totals = [s for s in steps if s.total is not None]
+    if totals:
+        helpers.append(_totals_code(totals))
+        body += _combine_totals(g, totals, need, [f"  {arg[v]}[0] = {g.outputs[v]};" for v in out_t],
+                                lambda d: f"{arg[d.vid]}[0]")
     tx, ty = COLUMN_TILE
     tpr, items = sched["tpr"], sched["items"]
     consts = [f"typedef {index_t} index_t;",
@@ -518,6 +524,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                    "constexpr int kStride = kCluster * kThreadsPerRow * kVec;  // columns between a thread's loads"]
     if cached:
         consts.append(f"constexpr int kItems = {items};  // loads per thread and input")
+    if totals:
+        consts += [f"constexpr float kNumelF = {float_literal(numel)};  // elements of a whole-tensor reduction",
+                   f"constexpr int kTotalFields = {_total_fields(totals)};  // floats of each row's share of the totals"]
     consts += ld.consts
     rounds = max((s.round for s in steps), default=0)
     sched_text = {"warp": f"{tpr} lanes per row, {sched['rows_per_block']} rows per block",
@@ -542,7 +551,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return g.defs[k].ctype if k else c_type(vals[v].dtype, f"'{vals[v].name}'")
     cparams = [f"const {in_ctype(v)}* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"{octype[v]}* __restrict__ {arg[v]}" for v in io.outputs]
-    if split > 1:
+    if split > 1 or totals:
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
     if views:
         body = ["  // the layout prologue's values through their views, by flat index (run start for float4)",
@@ -571,7 +580,66 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         align=16 if 4 in (vec, vecx) else 4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=[("float32", columns * split * _fields_of_round1(steps)), ("int32", sched["grid"] // split)]
-        if split > 1 else [])
+        if split > 1 else [("float32", g.rows * _total_fields(totals)), ("int32", 1)] if totals else [])
+
+
+def _total_fields(totals) -> int:
+    return sum(len(STATES[s.state][0]) for s in totals)
+
+
+def _totals_code(totals) -> str:
+    """The struct of the whole-tensor reductions' states, its identity, combine and warp shuffle."""
+    members = " ".join(f"St_{s.state} t{s.total};" for s in totals)
+    return ("// The whole-tensor reductions: every row's share, combined by the kernel's last block.\n"
+            f"struct Totals {{ {members} }};\n"
+            "__device__ __forceinline__ Totals identityT() { return Totals{"
+            + ", ".join(f"identity_{s.state}()" for s in totals) + "}; }\n"
+            "__device__ __forceinline__ Totals combineT(Totals a, Totals b) {\n"
+            + "".join(f"  a.t{s.total} = combine_{s.state}(a.t{s.total}, b.t{s.total});\n" for s in totals)
+            + "  return a;\n}\n"
+            "__device__ __forceinline__ Totals shuffleT(Totals a, int offset) {\n"
+            + "".join(f"  a.t{s.total}.{f} = __shfl_xor_sync(0xffffffffu, a.t{s.total}.{f}, offset);\n"
+                      for s in totals for f in STATES[s.state][0])
+            + "  return a;\n}\n")
+
+
+def _combine_totals(g: RowGraph, totals, need, stores: list[str], load_input) -> list[str]:
+    """Each row publishes its share of the totals; the block that arrives last combines every row's in
+    row order (thread t folds rows t, t + kBlock, ...; then a fixed shuffle tree and the warps in
+    order: the same bits whichever block came last), evaluates the totals' pointwise ops and stores
+    them once."""
+    fields = [(s, f) for s in totals for f in STATES[s.state][0]]
+    publish = [f"workspace[row * kTotalFields + {n}] = {g.round_vars[s.round]}.s{s.slot}.{f};"
+               for n, (s, f) in enumerate(fields)]
+    tdefs = [d for d in g.defs.values() if d.space == T and d.key in need]
+    lines = [f"      const {d.ctype} {d.key} = {d.expr if d.expr is not None else load_input(d)};"
+             + (f"  // {d.note}" if d.note else "") for d in tdefs]
+    return ["  // the whole-tensor reductions: each row publishes its share, the last block combines them",
+            *publish_and_arrive(publish, "counters[0]", "gridDim.x", publisher="active && lane == 0",
+                                arriver="threadIdx.x == 0 && threadIdx.y == 0"),
+            "  if (!last) return;",
+            "  __threadfence();",
+            "  {",
+            "    const int tid = threadIdx.y * blockDim.x + threadIdx.x;",
+            "    Totals totals = identityT();",
+            "    for (index_t r = tid; r < kRows; r += kBlock) {  // row order",
+            "      Totals q;",
+            *[f"      q.t{s.total}.{f} = __ldcg(workspace + r * kTotalFields + {n});" for n, (s, f) in enumerate(fields)],
+            "      totals = combineT(totals, q);",
+            "    }",
+            "#pragma unroll",
+            "    for (int offset = 16; offset > 0; offset >>= 1) totals = combineT(totals, shuffleT(totals, offset));",
+            "    __shared__ Totals totals_part[kBlock / 32];",
+            "    if (tid % 32 == 0) totals_part[tid / 32] = totals;",
+            "    __syncthreads();",
+            "    if (tid == 0) {",
+            "      totals = totals_part[0];",
+            "      for (int w = 1; w < kBlock / 32; ++w) totals = combineT(totals, totals_part[w]);",
+            *lines,
+            *[f"    {ln}" for ln in stores],
+            "      " + reset_counter("counters[0]", "").strip(),
+            "    }",
+            "  }"]
 
 
 def _fields_of_round1(steps) -> int:

@@ -60,7 +60,7 @@ def summarize(state, nodes: list[str]) -> Summary:
                 s.blocker = s.blocker or nid
         elif r == "reduction":
             s.reductions.append(nid)
-            if s.red is None:
+            if s.red is None or (s.red.rows == 1 and g.rows > 1):     # rows before a total beside them
                 s.red = g
         else:
             s.blocker = nid
@@ -264,6 +264,8 @@ def merge_summaries(sa: Summary, sb: Summary) -> Summary:
         s.blocker = sb.anchor
     s.reductions = sa.reductions + sb.reductions
     s.red = sa.red or sb.red
+    if s.red is not None and s.red.rows == 1 and sb.red is not None and sb.red.rows > 1:
+        s.red = sb.red           # a total beside rows: the rows decide the schedule
     s.numels = {**sa.numels, **sb.numels}
     s.layouts = {**sa.layouts, **sb.layouts}
     s.ops = sa.ops + sb.ops
@@ -318,12 +320,12 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     # reductions over the same rows, chained or side by side, share one kernel (codegen/rowkernel.py,
     # which can_lower asks before the merge); reductions over different rows do not
     reds = [s.red for s in (sa, sb) if s.red is not None]
-    if len(reds) == 2 and reds[0].key != reds[1].key:
+    if len(reds) == 2 and reds[0].key != reds[1].key and not _total_beside_rows(state, sa, sb):
         r0, r1 = sa.reductions[0], sb.reductions[0]
         return (f"{_name(state, r0)} and {_name(state, r1)} reduce different rows "
                 f"({reds[0].rows} x {reds[0].row_len} over {_shape(reds[0].full)} vs "
                 f"{reds[1].rows} x {reds[1].row_len} over {_shape(reds[1].full)})")
-    red = reds[0] if reds else None
+    red = (sa.red if sa.red is not None and sa.red.rows > 1 else sb.red or sa.red) if reds else None
     if anchor is not None:
         an = anchor.anchor
         out = state.geo[an]
@@ -361,6 +363,18 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
         if relation == "sibling" and na != nb and not (sa.layouts or sb.layouts):
             return f"the two groups loop over different sizes ({na} and {nb} elements)"
     return state.rejected_conflict(a, b)
+
+
+def _total_beside_rows(state, sa: Summary, sb: Summary) -> bool:
+    """Every reduction of the two groups reduces one set of rows, or every element of a value of those
+    rows' size (KL's batchmean sum after its softmaxes): each row folds its share of such a total and
+    the row kernel's last block combines them (codegen/rowkernel.py), one launch."""
+    geos = [state.geo[n] for n in sa.reductions + sb.reductions]
+    rowwise = {g.key for g in geos if g.rows > 1}
+    if len(rowwise) != 1:
+        return False
+    numel = next(g.full_numel for g in geos if g.rows > 1)
+    return all(g.rows > 1 or (g.row_len == numel and g.full_numel == numel) for g in geos)
 
 
 def _broadcasts_into(shape, full) -> bool:
@@ -408,12 +422,25 @@ def group_time(state, nodes: list[str], summary: Summary | None = None,
         red, anchor = s.red, s.anchor
     if anchor:
         lib = library_ms(state, anchor)
-        rest = [n for n in nodes if n != anchor]
+        rest = epilogue_nodes(state, nodes, anchor)
         fr = group_facts(state, rest) if rest else None
         if fr is None or fr.views_only:
             return lib, f
         return lib + kernel_ms(state, rest, fr, red), f
     return kernel_ms(state, nodes, f, red), f
+
+
+def epilogue_nodes(state, nodes, anchor: str) -> list[str]:
+    """The nodes of an anchored group that its epilogue kernel runs: all but the anchor and the views
+    that shape its operands (those are the library call's input, not reads of the epilogue)."""
+    members, program = set(nodes), state.program
+    before, todo = set(), [v for v in program.nodes[anchor].inputs if v]
+    while todo:
+        u = program.values[todo.pop()].producer
+        if u in members and u not in before and state.geo[u].role == "view":
+            before.add(u)
+            todo += [v for v in program.nodes[u].inputs if v]
+    return [n for n in nodes if n != anchor and n not in before]
 
 
 def kernel_ms(state, nodes, f: Facts, red) -> float:
@@ -467,7 +494,7 @@ def group_bytes(state, nodes, anchor, f: Facts) -> int:
         return 0
     if not anchor:
         return f.read_bytes + f.esc_bytes
-    rest = [n for n in nodes if n != anchor]
+    rest = epilogue_nodes(state, nodes, anchor)
     fr = group_facts(state, rest) if rest else None
     return library_bytes(state, anchor) + (0 if fr is None or fr.views_only else fr.read_bytes + fr.esc_bytes)
 

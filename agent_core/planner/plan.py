@@ -187,7 +187,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         # an epilogue costs the same inside or outside its library call's region (cuBLAS / cuDNN writes
         # the output, the epilogue kernel reads it back): a tie keeps it with the call, as the runtime
         # and the export run them (the library call, then that kernel)
-        tie_with_library = saved == 0 and relation == "producer" and bool(sa.anchor) and not sb.anchor
+        tie_with_library = abs(saved) < 1e-12 and relation == "producer" and bool(sa.anchor) and not sb.anchor
         # a view costs nothing on either side of a boundary, so it ties; taking the tie keeps a reshape
         # from standing between two groups whose merge saves a launch (labels -> view -> class loss)
         tie_with_view = abs(saved) < 1e-12 and (_views_only(state, ga.nodes) or _views_only(state, gb.nodes))
@@ -236,7 +236,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
             if why:
                 _refuse(state, refusals, note, g, h, why)
                 break
-            if saved <= 0 and summary(state.groups[g]).anchor:
+            if saved < 1e-12 and summary(state.groups[g]).anchor and not _views_only(state, state.groups[h].nodes):
                 # a tie with a library call waits for the queue, which ranks it last: the epilogue op
                 # may instead join its own consumer and save the epilogue's launch (squeeze-excitation's
                 # sigmoid, recomputed per element of the scaled map, or relu -> mean after a conv)
