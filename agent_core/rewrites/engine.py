@@ -100,9 +100,14 @@ class Checker:
 # --- the driver ---------------------------------------------------------------------------------
 def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: int = 2,
                     max_rounds: int = 8, device: str = "cpu") -> RewriteResult:
-    """Apply the rules to a copy of `program` until none fires; the original is left untouched."""
+    """Apply the rules to a copy of `program` until none fires; the original is left untouched.
+
+    Regions a user accepted, drew, locked or rejected are the user's decisions: no rule fires on their
+    nodes, and they are carried over (proposals are dropped: the planner makes them again)."""
     rules = DEFAULT_RULES if rules is None else rules
     prog = clone_program(program)
+    users = [r for r in prog.regions if r.status != "proposed"]
+    protected = {n for r in users for n in r.nodes}
     prog.regions = []
     materialize_parameters(prog)
     result = RewriteResult(prog)
@@ -111,7 +116,7 @@ def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: 
     for _ in range(max_rounds):
         fired = False
         for nid in prog.topo_order():
-            if nid not in prog.nodes:
+            if nid not in prog.nodes or nid in protected:
                 continue
             for rule in rules:
                 if nid not in prog.nodes or (rule.__name__, nid) in refused_once:
@@ -136,6 +141,13 @@ def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: 
     for nid in dead:
         result.fired.append({"rule": "dead_code", "node": nid,
                              "message": f"removed {nid}: its result is never used"})
+    for r in users:   # a neighbour's rewrite may still have replaced one of their nodes
+        gone = [n for n in r.nodes if n not in prog.nodes]
+        if gone:
+            result.refused.append({"rule": "user_region", "node": gone[0],
+                                   "message": f"region {r.id} ({r.status}) dropped: a rewrite replaced {gone[0]}"})
+        else:
+            prog.regions.append(r)
     return result
 
 
