@@ -866,3 +866,19 @@ def _index(cx, n, a):
     picked = cx.emit("index_select", [a["self"], flat], {"dim": k})
     shape = list(cx.meta_shape(n))
     return picked if list(cx.spec(picked).shape) == shape else cx.emit("reshape", [picked], {"shape": shape})
+
+
+@aten("masked_fill.Scalar", "masked_fill.Tensor")
+def _masked_fill(cx, n, a):
+    """x.masked_fill(mask, value) = where(mask, value, x) (a causal mask's -inf fill)."""
+    dt = cx.meta_dtype(n)
+    value = a["value"]
+    value = cx.cast_to(value, dt) if cx.is_tensor(value) else cx.tensor(value, dtype=dt)
+    return cx.emit("where", [a["mask"], value, cx.cast_to(a["self"], dt)])
+
+
+@aten("bitwise_not.default")
+def _bitwise_not(cx, n, a):
+    if cx.spec(a["self"]).dtype != "bool":
+        raise Unmapped("bitwise_not of an integer tensor (the library has logical_not only)")
+    return cx.emit("logical_not", [a["self"]])

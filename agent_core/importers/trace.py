@@ -18,6 +18,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from ..errors import ImportFailure
 from .packages import missing_package
+from .recurrent_meta import shape_rule_tracing
 
 
 def _first_line(e: BaseException) -> str:
@@ -32,7 +33,7 @@ def trace(module: torch.nn.Module, args: list, input_names: list[str] | None = N
     ("constant", name, tensor) | ("baked", value).
     """
     try:
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), shape_rule_tracing():
             warnings.simplefilter("ignore", UserWarning)  # export's advice to module authors (e.g. LSTM's flat weights)
             ep = torch.export.export(module, tuple(args), strict=False)
         return _from_export(ep, args) + ("torch.export",)
@@ -81,7 +82,7 @@ def _from_make_fx(module, args):
     def f(*flat):
         return torch.func.functional_call(module, dict(zip(names, flat[:len(names)])), tuple(flat[len(names):]))
 
-    with torch.no_grad():
+    with torch.no_grad(), shape_rule_tracing():
         gm: fx.GraphModule = make_fx(f, tracing_mode="fake", pre_dispatch=True)(*state.values(), *args)
     places: dict[str, tuple] = {}
     phs = [n for n in gm.graph.nodes if n.op == "placeholder"]
