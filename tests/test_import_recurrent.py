@@ -6,6 +6,7 @@ which failed KernelBench's 35_LSTM: "output 1 is float32[6, 10, 256] but out_spe
 float32[6, 1, 10, 256]") is repaired; `stitchcuda plan` prints the plan of such a file."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -192,3 +193,17 @@ def test_stitchcuda_plan_prints_the_plan_of_a_recurrent_model(tmp_path):
     assert "opaque" not in r.stdout
     assert any("linear" in line for line in lines if line.startswith("r"))
     assert any(" regions, " in line for line in lines)
+
+
+def test_optimize_runs_a_recurrent_net_as_a_library_call_and_generates_around_it(tmp_path):
+    path = tmp_path / "gru_model.py"
+    path.write_text(FILE)
+    out = tmp_path / "out"
+    r = subprocess.run([sys.executable, "-m", "agent_core.cli", "optimize", str(path), "--cpu", "--no-tune",
+                        "-o", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "(gru) runs through cuDNN via torch" in r.stdout, r.stdout
+    assert "not generated" not in r.stdout
+    regions = json.loads((out / "program.json").read_text())["regions"]
+    agent = [reg["schedule"]["agent"]["status"] for reg in regions]
+    assert "library" in agent and "compiled" in agent, agent

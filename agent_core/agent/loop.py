@@ -105,6 +105,10 @@ class _Agent:
             out.reason = (f"{nodes[0].name} ({nodes[0].op}) alone runs through cuBLAS/cuDNN via torch "
                           f"({describe_library_call(p, nodes[0].id)})")
             return self._finish(r, out), None
+        if len(nodes) == 1 and nodes[0].opdef.category == "recurrent":
+            out.status = "library"
+            out.reason = f"{nodes[0].name} ({nodes[0].op}) runs through cuDNN via torch (recurrent nets have no generated cell)"
+            return self._finish(r, out), None
         try:
             t0 = time.perf_counter()
             ks = generate_kernel(p, r.nodes, name=name, kind=r.kind)
