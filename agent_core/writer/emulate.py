@@ -34,7 +34,10 @@ from ..compiler import cache_dir
 from .executors import ExecutionError, check_launch, read_buffers, run_child, signal_name, write_buffers
 
 SHIM = Path(__file__).with_name("emulate_shim.h")
-FLAGS = ("-O1", "-std=c++20", "-pthread", "-fno-strict-aliasing", "-w")
+# -fstack-clash-protection: a frame bigger than a page touches every page, so local arrays too big
+# for a fiber's stack hit its guard page (a clear crash) instead of the next fiber's stack
+FLAGS = ("-O1", "-std=c++20", "-fno-strict-aliasing", "-fstack-clash-protection", "-w")
+RUNTIME_FLAGS = ("-O2",)      # the scheduler and the collectives run millions of times a second; compiled once
 COMPILE_TIMEOUT_S = 120.0
 
 # (pattern, what the user reads); searched in the source without comments (strings kept: asm text)
@@ -64,6 +67,8 @@ _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\s+(?P<decl>[^;\[\]{}]*?)\s*\
 _ALIGN = re.compile(r"\b__align__\s*\(\s*\d+\s*\)|\balignas\s*\(\s*\d+\s*\)|"
                     r"__attribute__\s*\(\(\s*aligned\s*\(\s*\d+\s*\)\s*\)\)")
 _STATIC_SHARED = re.compile(r"\bstatic\s+__shared__\b|\b__shared__\s+static\b")
+# what makes a block's threads wait for each other (or share memory): then they run as fibers, else a loop
+_COLLECTIVE = re.compile(r"\b(?:__syncthreads\w*|__syncwarp|__activemask|__shared__|\w+_sync)\b")
 
 # the generated main: every parameter a pointer, called with the argument buffers (guard bytes in)
 DRIVER = """
@@ -84,7 +89,8 @@ void invoke(void (*f)(A...), void* const* a) { call(f, a, seq<__integer_pack(siz
 void thunk(void* const* a) { invoke(&KERNEL_NAME, a); }
 }  // namespace stitch_emu_driver
 int main(int argc, char** argv) {
-    return stitch_emu::driver_main(argc, argv, stitch_emu_driver::arity(&KERNEL_NAME), &stitch_emu_driver::thunk);
+    return stitch_emu::driver_main(argc, argv, stitch_emu_driver::arity(&KERNEL_NAME), &stitch_emu_driver::thunk,
+                                   COLLECTIVES);
 }
 """
 
@@ -109,6 +115,11 @@ def unsupported_construct(source: str) -> tuple[str, int, str] | None:
     pos, what = min(found)
     line = code.count("\n", 0, pos) + 1
     return what, line, source.splitlines()[line - 1].strip()
+
+
+def uses_collectives(source: str) -> bool:
+    """Whether any thread of a block may wait for another: a barrier, a warp collective, shared memory."""
+    return _COLLECTIVE.search(strip_comments(source)) is not None
 
 
 def rewrite(source: str) -> str:
@@ -171,9 +182,9 @@ def _compile(cmd: list[str], target: Path, what: str) -> None:
 def runtime_object() -> Path:
     """The shim's runtime (thread pool, barriers, driver), compiled once per shim and compiler."""
     shim = SHIM.read_text()
-    target = emulate_cache_dir() / f"runtime-{_digest(shim, ' '.join(FLAGS), gxx_version())[:24]}.o"
+    target = emulate_cache_dir() / f"runtime-{_digest(shim, ' '.join(FLAGS + RUNTIME_FLAGS), gxx_version())[:24]}.o"
     if not target.exists():
-        _compile([gxx(), *FLAGS, "-DSTITCH_EMU_RUNTIME", "-x", "c++", "-c", str(SHIM)], target,
+        _compile([gxx(), *FLAGS, *RUNTIME_FLAGS, "-DSTITCH_EMU_RUNTIME", "-x", "c++", "-c", str(SHIM)], target,
                  "the emulator's runtime")
     return target
 
@@ -187,7 +198,7 @@ def build(ks: KernelSource) -> Path:
     if not re.fullmatch(r"[A-Za-z_]\w*", ks.name):
         raise ExecutionError("unsupported", f"kernel name {ks.name!r} is not a C identifier")
     unit = (f'#line 1 "{ks.name}.cu"\n{rewrite(ks.source)}\n#line 1 "stitch_driver.cpp"\n'
-            + DRIVER.replace("KERNEL_NAME", ks.name))
+            + DRIVER.replace("KERNEL_NAME", ks.name).replace("COLLECTIVES", str(uses_collectives(ks.source)).lower()))
     runtime = runtime_object()
     key = _digest(unit, SHIM.read_text(), " ".join(FLAGS), gxx_version())
     exe = emulate_cache_dir() / f"{key}.exe"
@@ -200,6 +211,24 @@ def build(ks: KernelSource) -> Path:
     return exe
 
 
+# Thread runs (blocks x threads x calls) a run may take, from the measurements in the module docstring:
+# about 2 us each as fibers (a softmax row's share and its collectives), about 0.1 us in the plain loop,
+# so either cap keeps a run of ordinary per-thread work near 15 s on one core. Beyond, the check waits
+# for a GPU instead of timing out as a "hang" that is not the proposal's fault.
+MAX_FIBER_THREAD_RUNS = 1 << 23
+MAX_LOOP_THREAD_RUNS = 1 << 26
+EXIT_NOT_IN_FIBER, EXIT_DEADLOCK = 4, 5      # emulate_shim.h's exit codes
+
+
+def check_work(ks: KernelSource, ncalls: int) -> None:
+    """ExecutionError("unsupported") when emulating `ncalls` launches of `ks` would take too long."""
+    blocks, threads = int(np.prod(ks.grid)), int(np.prod(ks.block))
+    cap = MAX_FIBER_THREAD_RUNS if uses_collectives(ks.source) else MAX_LOOP_THREAD_RUNS
+    if blocks * threads * ncalls > cap:
+        raise ExecutionError("unsupported", f"{ks.name}: too much work to emulate on the CPU: {blocks} blocks x "
+                                            f"{threads} threads x {ncalls} calls; it is checked on a GPU")
+
+
 class CpuExecutor:
     """Runs proposals under CPU emulation (see the module docstring); `sanitize` has no CPU
     counterpart and is ignored: the canaries around every buffer are the out-of-bounds check here."""
@@ -208,14 +237,25 @@ class CpuExecutor:
     def run(self, ks: KernelSource, calls: list[list[np.ndarray]], *, guard: int, timeout_s: float = 60.0,
             sanitize: bool = False) -> list[list[np.ndarray]]:
         check_launch(ks, calls, guard)
+        check_work(ks, len(calls))
         exe = build(ks)
         with tempfile.TemporaryDirectory(prefix="stitch-emulate-run-") as tmp:
             work = Path(tmp)
             write_buffers(work / "in.bin", calls)
             cmd = [str(exe), str(work / "in.bin"), str(work / "out.bin"), str(guard),
                    *map(str, ks.grid), *map(str, ks.block), str(ks.shared_bytes)]
-            rc, _out, err = run_child(cmd, workdir=work, timeout_s=timeout_s,
-                                      what=f"{ks.name} under CPU emulation")
+            try:
+                rc, _out, err = run_child(cmd, workdir=work, timeout_s=timeout_s, what=ks.name)
+            except ExecutionError as e:
+                if e.check != "hang":
+                    raise
+                raise ExecutionError("hang", f"{ks.name} did not finish in {timeout_s:g} s under CPU emulation "
+                                             f"(killed: an endless loop, a spin-wait on another thread, which "
+                                             f"the emulator's threads never interleave, or too much work for a CPU)") from None
+            if rc == EXIT_DEADLOCK:
+                raise ExecutionError("hang", _fault_message(ks.name, rc, err))
+            if rc == EXIT_NOT_IN_FIBER:
+                raise ExecutionError("unsupported", _fault_message(ks.name, rc, err))
             if rc != 0:
                 raise ExecutionError("fault", _fault_message(ks.name, rc, err))
             return read_buffers(work / "out.bin")
@@ -226,6 +266,10 @@ def _fault_message(name: str, rc: int, stderr: str) -> str:
     calls = [ln for ln in lines if re.match(r"stitch-emulate: call \d+ of \d+$", ln)]
     where = f" during {calls[-1].split(': ', 1)[1]}" if calls else ""
     if rc < 0:
-        return f"{name} crashed with {signal_name(rc)}{where} under CPU emulation (a write far outside its buffers?)"
+        # the shim's crash handler names the thread, and a stack overflow as such
+        crash = next((ln.split(" crashed ", 1)[1] for ln in lines if ln.startswith("stitch-emulate: crashed in ")), "")
+        place, _, why = crash.partition(": ")
+        return (f"{name} crashed with {signal_name(rc)}{' ' + place if place else ''}{where} under CPU emulation "
+                f"({why or 'a write far outside its buffers?'})")
     others = [ln for ln in lines if ln not in calls]
     return f"{name} failed under CPU emulation{where}: {others[-1].strip() if others else f'exit {rc}'}"

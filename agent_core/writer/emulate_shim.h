@@ -1,14 +1,16 @@
-// CUDA built-ins for g++, so a kernel proposed for the GPU runs on CPU threads (agent_core/writer/emulate.py).
+// CUDA built-ins for g++, so a kernel proposed for the GPU runs on the CPU (agent_core/writer/emulate.py).
 //
 // Included two ways:
 //  - `-include emulate_shim.h` before the kernel's translation unit: the qualifiers, vector types,
 //    intrinsics, atomics, warp and block collectives a kernel calls (light headers only, so the
 //    kernel's own typedefs and names meet as little as possible);
-//  - compiled once with -DSTITCH_EMU_RUNTIME into the runtime object: the thread pool (one OS thread
-//    per CUDA thread of a block, blocks in turn), the barriers and the driver that reads the
-//    argument buffers, runs every call in one process and writes the buffers back.
+//  - compiled once with -DSTITCH_EMU_RUNTIME into the runtime object: the fibers (every CUDA thread of
+//    a block is one, all on one OS thread, blocks in turn), the barriers, the scheduler and the driver
+//    that reads the argument buffers, runs every call in one process and writes the buffers back.
 // What it cannot model: divergent warps whose lanes run different numbers of warp collectives
-// (lanes meet by count), warp-synchronous code without __syncwarp (threads really race), timing.
+// (lanes meet by count); code that needs threads to run at the same time with no collective between
+// them (warp-synchronous code without __syncwarp, a spin-wait on another thread or block: a fiber runs
+// until its next collective, so such code computes something else or hangs); timing.
 #ifndef STITCH_EMULATE_SHIM_H
 #define STITCH_EMULATE_SHIM_H
 
@@ -43,8 +45,10 @@ struct dim3 {
     constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
     constexpr operator uint3() const { return {x, y, z}; }
 };
-extern thread_local uint3 threadIdx;
-extern thread_local uint3 blockIdx;
+// plain globals: every CUDA thread runs as a fiber on one OS thread, and the scheduler sets them before
+// it resumes one (collectives are calls into the runtime object, so a kernel reloads them after each)
+extern uint3 threadIdx;
+extern uint3 blockIdx;
 extern dim3 blockDim;
 extern dim3 gridDim;
 constexpr int warpSize = 32;
@@ -114,7 +118,9 @@ int block_sync(int predicate, int op);
 // every lane of `mask` that has not returned publishes `value`, then each reads what `op` says
 unsigned long long warp_op(unsigned mask, unsigned long long value, int op, int arg, int width);
 using Thunk = void (*)(void* const* args);
-int driver_main(int argc, char** argv, int nparams, Thunk thunk);
+// collectives: whether the kernel's source names a barrier, warp collective or shared memory (emulate.py);
+// without, each block's threads run as a plain loop
+int driver_main(int argc, char** argv, int nparams, Thunk thunk, bool collectives);
 
 template <class T> inline unsigned long long bits_of(T v) {
     static_assert(sizeof(T) == 4 || sizeof(T) == 8, "warp shuffles move 4- or 8-byte values");
@@ -355,32 +361,192 @@ inline void __brkpt() { __builtin_trap(); }
 
 // ======================================= the runtime ===========================================
 #ifdef STITCH_EMU_RUNTIME
-#include <pthread.h>
+#include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
-#include <mutex>
 #include <vector>
 
-thread_local uint3 threadIdx;
-thread_local uint3 blockIdx;
+#if defined(__x86_64__) && !defined(STITCH_EMU_UCONTEXT)
+#define STITCH_EMU_SWITCH 1   // the hand-written switch below; swapcontext's signal-mask syscall costs ~1 us
+#else
+#include <ucontext.h>
+#endif
+
+uint3 threadIdx;
+uint3 blockIdx;
 dim3 blockDim;
 dim3 gridDim;
 
 namespace stitch_emu {
 alignas(256) unsigned char dynamic_shared[MAX_DYNAMIC_SHARED];
 
-// __syncthreads: the last of the block's live threads to arrive releases the others; a thread that
-// returns leaves, so the others are released without it (an early return must not deadlock them)
+// ---- fibers: every CUDA thread of a block is one, all on this one OS thread ----------------------
+// A fiber runs until it waits at a collective or returns; then the scheduler resumes the next one
+// that can go, in thread order, so every run of a kernel does the same thing (atomics included).
+enum State : unsigned char { RUNNABLE, WAIT_BLOCK, WAIT_WARP, DONE };
+struct Warp;
+struct Fiber {
+    void* sp = nullptr;                    // saved stack pointer while switched out
+#ifndef STITCH_EMU_SWITCH
+    ucontext_t ctx;
+#endif
+    unsigned char* stack = nullptr;        // lowest usable byte (a guard page lies below)
+    uint3 tid{};
+    unsigned lane = 0;
+    Warp* warp = nullptr;
+    State state = DONE;
+    unsigned wait_want = 0;                // the warp collective it waits for: lanes and sequence number
+    unsigned long long wait_n = 0;
+};
+// 512 KiB: what a GPU thread may have as local memory; pages are committed only when touched
+constexpr size_t STACK_BYTES = 512u << 10;
+static size_t g_page = 4096;
+static std::vector<Fiber> g_fibers;
+static std::vector<Warp> g_warps;          // one per 32 fibers
+static Fiber* g_current = nullptr;         // null outside a fiber (the scheduler, or a kernel without collectives)
+static Thunk g_thunk = nullptr;
+static void* const* g_args = nullptr;
+
+[[noreturn]] static void fail(int code, const char* what) {
+    fprintf(stderr, "stitch-emulate: %s\n", what);
+    fflush(stderr);
+    _exit(code);
+}
+
+#ifdef STITCH_EMU_SWITCH
+// stitch_emu_switch(&save, to): push the callee-saved registers, store the stack pointer in *save, load
+// `to`, pop that fiber's and return into it. The SSE and x87 control words are not switched (saving them
+// tripled the cost): nothing a CUDA kernel can call changes a rounding mode, so they are the same in all.
+asm(R"(
+    .text
+    .p2align 4
+    .type stitch_emu_switch, @function
+stitch_emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size stitch_emu_switch, .-stitch_emu_switch
+)");
+extern "C" void stitch_emu_switch(void** save, void* to);
+static void* g_scheduler_sp = nullptr;
+#else
+static ucontext_t g_scheduler_ctx;
+#endif
+
+static void finish_fiber();
+static void fiber_main() {
+    g_thunk(g_args);
+    finish_fiber();
+}
+
+// a fresh start at fiber_main, on the fiber's own stack (reused for every block)
+static void prime(Fiber& f) {
+#ifdef STITCH_EMU_SWITCH
+    // each stack starts at its own offset in a page: stacks a page-multiple apart would put every
+    // fiber's hot frames in the same few cache sets (a switch then misses the cache most of the time)
+    const size_t stagger = (size_t)(&f - g_fibers.data()) % 64 * 64;
+    void** sp = (void**)(((uintptr_t)f.stack + STACK_BYTES - stagger) & ~(uintptr_t)15);
+    *--sp = nullptr;                       // fiber_main's return address: it never returns
+    *--sp = (void*)&fiber_main;            // where the switch's `ret` goes
+    for (int i = 0; i < 6; ++i) *--sp = nullptr;   // rbp, rbx, r12-r15
+    f.sp = sp;
+#else
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack;
+    f.ctx.uc_stack.ss_size = STACK_BYTES;
+    f.ctx.uc_link = nullptr;
+    makecontext(&f.ctx, fiber_main, 0);
+#endif
+}
+static void enter(Fiber& f) {              // scheduler -> fiber
+#ifdef STITCH_EMU_SWITCH
+    stitch_emu_switch(&g_scheduler_sp, f.sp);
+#else
+    swapcontext(&g_scheduler_ctx, &f.ctx);
+#endif
+}
+static void yield() {                      // fiber -> scheduler
+    Fiber& f = *g_current;
+#ifdef STITCH_EMU_SWITCH
+    stitch_emu_switch(&f.sp, g_scheduler_sp);
+#else
+    swapcontext(&f.ctx, &g_scheduler_ctx);
+#endif
+}
+
+// ---- crashes say where: which thread of which block, and a stack overflow as such ---------------
+static unsigned char* g_stacks = nullptr;
+static size_t g_stacks_bytes = 0;
+static char g_altstack[64 << 10];
+static void on_crash(int sig, siginfo_t* info, void*) {
+    char line[256];
+    const uintptr_t a = (uintptr_t)info->si_addr, base = (uintptr_t)g_stacks;
+    const bool overflow = g_stacks && a >= base && a < base + g_stacks_bytes &&
+                          (a - base) % (STACK_BYTES + g_page) < g_page;
+    const uint3 t = g_current ? g_current->tid : threadIdx;
+    int n = snprintf(line, sizeof line, "stitch-emulate: crashed in thread (%u, %u, %u) of block (%u, %u, %u)%s\n",
+                     t.x, t.y, t.z, blockIdx.x, blockIdx.y, blockIdx.z,
+                     overflow ? ": it overflowed its 512 KiB stack (local arrays too big?)" : "");
+    if (n > 0) (void)!write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+static void catch_crashes() {
+    stack_t ss{};
+    ss.ss_sp = g_altstack;
+    ss.ss_size = sizeof g_altstack;
+    sigaltstack(&ss, nullptr);
+    struct sigaction sa{};
+    sa.sa_sigaction = on_crash;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) sigaction(sig, &sa, nullptr);
+}
+
+static void make_fibers(unsigned n) {
+    g_page = (size_t)sysconf(_SC_PAGESIZE);
+    g_stacks_bytes = (size_t)n * (STACK_BYTES + g_page);
+    void* mem = mmap(nullptr, g_stacks_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (mem == MAP_FAILED) fail(3, "cannot map the fibers' stacks");
+    g_stacks = (unsigned char*)mem;
+    g_fibers.resize(n);
+    g_warps.resize((n + 31) / 32);
+    for (unsigned i = 0; i < n; ++i) {
+        unsigned char* lo = g_stacks + (size_t)i * (STACK_BYTES + g_page);
+        mprotect(lo, g_page, PROT_NONE);    // an overflow faults here instead of running into the next stack
+        Fiber& f = g_fibers[i];
+        f.stack = lo + g_page;
+        f.tid = {i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
+        f.lane = i % 32;
+        f.warp = &g_warps[i / 32];
+    }
+}
+
+[[noreturn]] static void not_in_fiber() {
+    // emulate.py runs a kernel as a plain loop only when its source names no collective
+    fail(4, "a collective ran in a kernel emulated without fibers (its source hides the call from the scan)");
+}
+
+// ---- __syncthreads: released when every live thread of the block has arrived; a thread that returns
+// leaves, so the others are released without it (an early return must not deadlock them) ----------
 struct BlockBarrier {
-    std::mutex m;
-    std::condition_variable cv;
     unsigned live = 0, arrived = 0;
-    unsigned long long generation = 0;
     int count = 0, all = 1, any = 0;                       // this phase's predicates
     int last_count = 0, last_all = 1, last_any = 0;        // the released phase's
 
@@ -388,22 +554,21 @@ struct BlockBarrier {
     void release() {
         last_count = count; last_all = all; last_any = any;
         count = 0; all = 1; any = 0; arrived = 0;
-        ++generation;
-        cv.notify_all();
+        for (Fiber& f : g_fibers)
+            if (f.state == WAIT_BLOCK) f.state = RUNNABLE;
     }
     int sync(int p, int op) {
-        std::unique_lock<std::mutex> lock(m);
+        if (!g_current) not_in_fiber();
         count += p != 0; all &= p != 0; any |= p != 0;
         if (++arrived == live) {
-            release();
+            release();                      // the last to arrive goes on at once
         } else {
-            unsigned long long g = generation;
-            cv.wait(lock, [&] { return generation != g; });
+            g_current->state = WAIT_BLOCK;
+            yield();
         }
         return op == BLOCK_COUNT ? last_count : op == BLOCK_AND ? last_all : op == BLOCK_OR ? last_any : 0;
     }
     void leave() {
-        std::lock_guard<std::mutex> lock(m);
         --live;
         if (arrived > 0 && arrived == live) release();
     }
@@ -412,30 +577,69 @@ struct BlockBarrier {
 // Warp collectives: lane L's n-th collective publishes its value in slot[n % 2][L] and waits until
 // every live lane of the mask has published its n-th; two slots suffice because no lane can get two
 // collectives ahead of a lane it waits for. Lanes that returned drop out of `live`.
+// The lowest sequence number among the live lanes (and how many are at it) answers the common case, a
+// full-warp mask, without looking at every lane: it is rescanned once per collective, not per lane.
 struct Warp {
-    std::mutex m;
-    std::condition_variable cv;
     unsigned live = 0, lanes = 0;          // bit per lane still running; lanes in this (maybe partial) warp
+    unsigned all = 0;                      // bit per lane of this warp
     unsigned long long seq[32] = {};
     unsigned long long slot[2][32] = {};
+    unsigned long long min_seq = 0;
+    unsigned at_min = 0;
 
     void reset(unsigned n) {
-        lanes = n; live = n >= 32 ? 0xffffffffu : (1u << n) - 1;
+        lanes = n; all = live = n >= 32 ? 0xffffffffu : (1u << n) - 1;
         for (auto& s : seq) s = 0;
+        min_seq = 0;
+        at_min = n;
+    }
+    void rescan() {
+        min_seq = ~0ull;
+        at_min = 0;
+        for (unsigned m = live; m; m &= m - 1) {
+            const unsigned long long s = seq[__builtin_ctz(m)];
+            if (s < min_seq) { min_seq = s; at_min = 0; }
+            at_min += s == min_seq;
+        }
+    }
+    void publish(unsigned lane) {          // lane's seq goes up by one
+        if (seq[lane]++ == min_seq && --at_min == 0) rescan();
     }
     void leave(unsigned lane) {
-        std::lock_guard<std::mutex> lock(m);
         live &= ~(1u << lane);
-        cv.notify_all();
+        if (seq[lane] == min_seq && --at_min == 0) rescan();
+    }
+    // has every live lane of `want` published its n-th collective?
+    bool ready(unsigned want, unsigned long long n) const {
+        if (min_seq >= n) return true;
+        if ((live & ~want) == 0) return false;  // the slowest live lane is one of want's
+        for (unsigned m = want & live; m; m &= m - 1)
+            if (seq[__builtin_ctz(m)] < n) return false;
+        return true;
+    }
+    // the lanes of `want` that took part in the n-th (one may have returned since: its slot still
+    // holds what it published)
+    unsigned took_part(unsigned want, unsigned long long n) const {
+        if (min_seq >= n && (want & all & ~live) == 0) return want & live;
+        unsigned g = 0;
+        for (unsigned m = want & all; m; m &= m - 1)
+            if (seq[__builtin_ctz(m)] >= n) g |= m & -m;
+        return g;
     }
 };
 
 static BlockBarrier g_block;
-static std::vector<std::unique_ptr<Warp>> g_warps;
-static thread_local Warp* t_warp;
-static thread_local unsigned t_lane;
 
 int block_sync(int p, int op) { return g_block.sync(p, op); }
+
+static void finish_fiber() {
+    Fiber& f = *g_current;
+    f.state = DONE;
+    g_block.leave();
+    f.warp->leave(f.lane);
+    yield();                                // never resumed: the next block primes the stack afresh
+    __builtin_unreachable();
+}
 
 static unsigned long long reduce_lanes(const unsigned long long* slot, unsigned group, int op, bool is_signed) {
     unsigned long long r = 0;
@@ -458,30 +662,22 @@ static unsigned long long reduce_lanes(const unsigned long long* slot, unsigned 
 }
 
 unsigned long long warp_op(unsigned mask, unsigned long long value, int op, int arg, int width) {
-    Warp& w = *t_warp;
-    const unsigned me = t_lane;
-    std::unique_lock<std::mutex> lock(w.m);
+    if (!g_current) not_in_fiber();
+    Fiber& f = *g_current;
+    Warp& w = *f.warp;
+    const unsigned me = f.lane;
     if (op == ACTIVE) return w.live;
-    const unsigned long long n = ++w.seq[me];
+    w.publish(me);
+    const unsigned long long n = w.seq[me];
     unsigned long long* slot = w.slot[n & 1];
     slot[me] = value;
     const unsigned want = mask | 1u << me;
-    auto ready = [&] {
-        for (unsigned j = 0; j < 32; ++j)
-            if ((want & w.live) >> j & 1 && w.seq[j] < n) return false;
-        return true;
-    };
-    if (ready()) {
-        w.cv.notify_all();
-    } else {
-        // the last lane to arrive wakes the others; lanes of a narrower mask than theirs re-check
-        while (!w.cv.wait_for(lock, std::chrono::milliseconds(1), ready)) {}
+    if (!w.ready(want, n)) {                // the scheduler resumes it once they all have
+        f.state = WAIT_WARP;
+        f.wait_want = want;
+        f.wait_n = n;
+        yield();
     }
-    // the lanes that took part: those of the mask that reached this collective (a lane may have
-    // returned since; its slot still holds what it published)
-    unsigned g = 0;
-    for (unsigned j = 0; j < 32; ++j)
-        if ((want >> j & 1) && w.seq[j] >= n) g |= 1u << j;
     if (width <= 0 || width > 32) width = 32;
     const unsigned seg = me & ~(unsigned)(width - 1), pos = me & (unsigned)(width - 1);
     long src = -1;
@@ -495,86 +691,69 @@ unsigned long long warp_op(unsigned mask, unsigned long long value, int op, int 
             break;
         }
         case BALLOT: case ANY: case ALL: case MATCH_ANY: {
+            const unsigned g = w.took_part(want, n);
             unsigned b = 0;
             for (unsigned j = 0; j < 32; ++j)
                 if ((g >> j & 1) && (op == MATCH_ANY ? slot[j] == value : slot[j] != 0)) b |= 1u << j;
             return op == BALLOT || op == MATCH_ANY ? b : op == ANY ? b != 0 : b == g;
         }
         case SYNC: return 0;
-        default: return reduce_lanes(slot, g, op, arg != 0);
+        default: return reduce_lanes(slot, w.took_part(want, n), op, arg != 0);
     }
     if (src < 0 || src >= (long)w.lanes) src = me;     // a lane outside the warp: keep one's own value
     return slot[src];
 }
 
-// ---- the thread pool: one OS thread per CUDA thread of a block, kept for every block and call ----
-struct Pool {
-    std::mutex m;
-    std::condition_variable go, done_cv;
-    unsigned long long generation = 0;
-    unsigned threads = 0, done = 0;
-    uint3 block{};
-    Thunk thunk = nullptr;
-    void* const* args = nullptr;
-    std::vector<pthread_t> handles;
-};
-static Pool g_pool;
-
-static void* worker(void* index_ptr) {
-    const unsigned i = (unsigned)(unsigned long)index_ptr;
-    threadIdx = {i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
-    t_lane = i % 32;
-    t_warp = g_warps[i / 32].get();
-    unsigned long long seen = 0;
-    for (;;) {
-        Thunk thunk;
-        void* const* args;
-        {
-            std::unique_lock<std::mutex> lock(g_pool.m);
-            g_pool.go.wait(lock, [&] { return g_pool.generation != seen; });
-            seen = g_pool.generation;
-            blockIdx = g_pool.block;
-            thunk = g_pool.thunk;
-            args = g_pool.args;
-        }
-        thunk(args);
-        g_block.leave();
-        t_warp->leave(t_lane);
-        std::lock_guard<std::mutex> lock(g_pool.m);
-        if (++g_pool.done == g_pool.threads) g_pool.done_cv.notify_one();
-    }
-    return nullptr;
+// ---- running a block -------------------------------------------------------------------------
+// Without collectives (emulate.py's scan of the source), a block is a plain loop over its threads.
+static void run_block_loop(uint3 block) {
+    blockIdx = block;
+    for (unsigned z = 0; z < blockDim.z; ++z)
+        for (unsigned y = 0; y < blockDim.y; ++y)
+            for (unsigned x = 0; x < blockDim.x; ++x) {
+                threadIdx = {x, y, z};
+                g_thunk(g_args);
+            }
 }
 
-static void start_pool(unsigned n) {
-    g_pool.threads = n;
-    for (unsigned w = 0; w < (n + 31) / 32; ++w) g_warps.push_back(std::make_unique<Warp>());
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 4u << 20);   // room for big local arrays; CUDA's own default is smaller
-    for (unsigned i = 0; i < n; ++i) {
-        pthread_t t;
-        if (pthread_create(&t, &attr, worker, (void*)(unsigned long)i) != 0) {
-            fprintf(stderr, "stitch-emulate: cannot start thread %u of a block of %u\n", i, n);
-            _exit(3);
-        }
-        g_pool.handles.push_back(t);
+[[noreturn]] static void deadlock(uint3 block) {
+    unsigned at_block = 0, at_warp = 0;
+    for (const Fiber& f : g_fibers) {
+        at_block += f.state == WAIT_BLOCK;
+        at_warp += f.state == WAIT_WARP;
     }
-    pthread_attr_destroy(&attr);
+    char line[256];
+    snprintf(line, sizeof line, "deadlock in block (%u, %u, %u): %u threads wait at __syncthreads, %u at a warp "
+             "collective that lanes of its mask never reach", block.x, block.y, block.z, at_block, at_warp);
+    fail(5, line);
 }
 
-static void run_block(Thunk thunk, void* const* args, uint3 block) {
-    const unsigned n = g_pool.threads;
+// round robin in thread order over the fibers that can go; a full turn in which none can is a deadlock
+static void run_block_fibers(uint3 block) {
+    const unsigned n = (unsigned)g_fibers.size();
+    blockIdx = block;
     g_block.reset(n);
-    for (unsigned w = 0; w < g_warps.size(); ++w) g_warps[w]->reset(n - 32 * w < 32 ? n - 32 * w : 32);
-    std::unique_lock<std::mutex> lock(g_pool.m);
-    g_pool.block = block;
-    g_pool.thunk = thunk;
-    g_pool.args = args;
-    g_pool.done = 0;
-    ++g_pool.generation;
-    g_pool.go.notify_all();
-    g_pool.done_cv.wait(lock, [] { return g_pool.done == g_pool.threads; });
+    for (unsigned w = 0; w < g_warps.size(); ++w) g_warps[w].reset(n - 32 * w < 32 ? n - 32 * w : 32);
+    for (unsigned i = 0; i < n; ++i) {
+        Fiber& f = g_fibers[i];
+        f.state = RUNNABLE;
+        prime(f);
+    }
+    unsigned remaining = n, idle = 0;
+    for (unsigned i = 0; remaining > 0; i = i + 1 == n ? 0 : i + 1) {
+        Fiber& f = g_fibers[i];
+        if (f.state == RUNNABLE || (f.state == WAIT_WARP && f.warp->ready(f.wait_want, f.wait_n))) {
+            f.state = RUNNABLE;
+            g_current = &f;
+            threadIdx = f.tid;
+            enter(f);
+            g_current = nullptr;
+            remaining -= f.state == DONE;
+            idle = 0;
+        } else if (++idle >= n) {
+            deadlock(block);
+        }
+    }
 }
 
 // ---- the driver: argument buffers in, every call in order, buffers out ------------------------
@@ -583,11 +762,12 @@ static void run_block(Thunk thunk, void* const* args, uint3 block) {
 // holds each call's buffers as they were right after that call.
 static bool read_u64(FILE* f, unsigned long long* v) { return fread(v, 8, 1, f) == 1; }
 
-int driver_main(int argc, char** argv, int nparams, Thunk thunk) {
+int driver_main(int argc, char** argv, int nparams, Thunk thunk, bool collectives) {
     if (argc != 11) {
         fprintf(stderr, "usage: %s IN OUT GUARD GX GY GZ BX BY BZ SHARED\n", argv[0]);
         return 2;
     }
+    catch_crashes();
     const unsigned long long guard = strtoull(argv[3], nullptr, 10);
     gridDim = dim3((unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]), (unsigned)atoi(argv[6]));
     blockDim = dim3((unsigned)atoi(argv[7]), (unsigned)atoi(argv[8]), (unsigned)atoi(argv[9]));
@@ -641,15 +821,20 @@ int driver_main(int argc, char** argv, int nparams, Thunk thunk) {
         fprintf(stderr, "stitch-emulate: call %llu of %llu\n", c + 1, ncalls);
         std::vector<void*> args;
         for (unsigned char* b : buffers[c]) args.push_back(b + guard);
-        if (g_pool.threads == 0 && threads > 0) start_pool(threads);
+        g_thunk = thunk;
+        g_args = args.data();
+        if (collectives && g_fibers.empty() && threads > 0) make_fibers(threads);
         for (unsigned z = 0; z < gridDim.z; ++z)
             for (unsigned y = 0; y < gridDim.y; ++y)
-                for (unsigned x = 0; x < gridDim.x; ++x) run_block(thunk, args.data(), {x, y, z});
+                for (unsigned x = 0; x < gridDim.x; ++x) {
+                    if (collectives) run_block_fibers({x, y, z});
+                    else run_block_loop({x, y, z});
+                }
         for (unsigned long long a = 0; a < sizes[c].size(); ++a) fwrite(buffers[c][a], 1, sizes[c][a], out);
     }
     if (fclose(out) != 0) return 2;
     fflush(stdout);
-    _exit(0);   // the pool's threads are parked on a condition variable: no destructors to run under them
+    return 0;
 }
 }  // namespace stitch_emu
 #endif  // STITCH_EMU_RUNTIME
