@@ -1,7 +1,8 @@
 """The CPU executor runs real CUDA kernels on guarded buffers in a child process: vector loads,
 shared memory, barriers, warp shuffles, atomics and module state behave as on a GPU; a write past an
-output shows in the returned guard bytes; hangs, crashes and constructs the shim cannot run are
-reported with their check. Executables are cached, so a rerun takes seconds."""
+output shows in the returned guard bytes; hangs, deadlocks, crashes, too much work and constructs the
+shim cannot run are reported with their check; a region-sized kernel runs in seconds, in the same
+order every time. Executables are cached, so a rerun takes seconds."""
 import time
 
 import numpy as np
@@ -211,8 +212,108 @@ def test_an_infinite_loop_is_a_hang_reported_after_the_timeout():
     t0 = time.monotonic()
     with pytest.raises(ExecutionError) as info:
         run(kernel("spin", HANG, (1,), (32,)), (np.ones(1, np.float32), np.zeros(1, np.float32)), timeout_s=2)
-    assert info.value.check == "hang" and "2 s" in str(info.value)
+    assert info.value.check == "hang" and "did not finish in 2 s under CPU emulation" in str(info.value)
     assert time.monotonic() - t0 < 15       # compiling (uncached) plus the 2 s, not the default 60
+
+
+DEADLOCK = r"""
+extern "C" __global__ void split_warp(const float* x, float* y) {
+    float v = x[threadIdx.x];
+    if (threadIdx.x < 16) __syncthreads();                    // half the warp waits at the barrier,
+    else v = __shfl_sync(0xffffffffu, v, 0);                  // the other half for lanes that never come
+    y[threadIdx.x] = v;
+}
+"""
+
+
+def test_threads_waiting_for_each_other_forever_are_a_hang_said_at_once():
+    t0 = time.monotonic()
+    with pytest.raises(ExecutionError) as info:
+        run(kernel("split_warp", DEADLOCK, (1,), (32,)), (np.ones(32, np.float32), np.zeros(32, np.float32)),
+            timeout_s=30)
+    err = str(info.value)
+    assert info.value.check == "hang" and "deadlock in block (0, 0, 0)" in err
+    assert "16 threads wait at __syncthreads, 16 at a warp collective" in err
+    assert time.monotonic() - t0 < 15       # found when every thread waits, not after the 30 s
+
+
+def test_too_much_work_is_unsupported_before_anything_is_compiled():
+    ks = kernel("softmax_rows", SOFTMAX.replace("300", "3000"), (65536,), (1024,), shared_bytes=3000 * 4)
+    calls = [[guarded(np.zeros(4, np.float32), GUARD), guarded(np.zeros(4, np.float32), GUARD)]] * 4
+    t0 = time.monotonic()
+    with pytest.raises(ExecutionError) as info:
+        CPU.run(ks, calls, guard=GUARD)
+    assert info.value.check == "unsupported"
+    assert str(info.value) == ("softmax_rows: too much work to emulate on the CPU: 65536 blocks x 1024 threads "
+                               "x 4 calls; it is checked on a GPU")
+    assert time.monotonic() - t0 < 0.5
+
+
+def test_a_region_sized_softmax_runs_in_seconds():
+    # 1024 rows of 1024, one 128-thread block a row, the gate's 4 calls: 4096 blocks, each 128 threads
+    # meeting at 3 barriers and 26 shuffles (an OS thread per CUDA thread took about 90 s)
+    x = torch.randn(1024, 1024, generator=torch.Generator().manual_seed(4))
+    ks = kernel("softmax_rows", SOFTMAX.replace("#define COLS 300", "#define COLS 1024"), (1024,), (128,),
+                shared_bytes=1024 * 4)
+    build(ks)
+    t0 = time.monotonic()
+    _, results = run(ks, *[(x.numpy(), np.zeros((1024, 1024), np.float32))] * 4)
+    assert time.monotonic() - t0 < 8
+    for _, y in results:
+        torch.testing.assert_close(torch.from_numpy(y.copy()), torch.softmax(x, dim=1), atol=1e-5, rtol=1e-5)
+
+
+ORDER = r"""
+extern "C" __global__ void arrival(const float* x, int* order, int* counter) {
+    const int me = blockIdx.x * blockDim.x + threadIdx.x;
+    order[atomicAdd(counter, 1)] = me;
+    SYNC
+    order[atomicAdd(counter, 1)] = me;   // the second arrivals: after the barrier, when there is one
+}
+"""
+
+
+@pytest.mark.parametrize("sync", ["", "__syncthreads();"])
+def test_threads_run_in_one_order_every_time(sync):
+    ks = kernel("arrival", ORDER.replace("SYNC", sync), (3,), (64,), inputs=["x"], outputs=["order", "counter"])
+    call = (np.zeros(1, np.float32), np.full(384, -1, np.int32), np.zeros(1, np.int32))
+    orders = [run(ks, call)[1][0][1] for _ in range(2)]
+    np.testing.assert_array_equal(orders[0], orders[1])
+    threads = np.arange(192).reshape(3, 64)
+    by_block = orders[0].reshape(3, 128)                 # blocks one after another, each thread twice
+    if sync:     # every thread reaches the barrier in thread order, then they all go on
+        np.testing.assert_array_equal(by_block[:, :64], threads)
+        np.testing.assert_array_equal(np.sort(by_block[:, 64:]), threads)
+    else:        # a plain loop: each thread runs to its end before the next starts
+        np.testing.assert_array_equal(by_block, threads.repeat(2, axis=1))
+
+
+OVERFLOW = r"""
+extern "C" __global__ void big_frame(const float* x, float* y) {
+    __shared__ float s;
+    volatile float local[200000];            // 800 KB of local memory: more than a GPU thread may have
+    for (int i = 0; i < 200000; i += 4096) local[i] = x[0];
+    s = local[threadIdx.x];
+    y[threadIdx.x] = s;
+}
+"""
+
+
+def test_local_arrays_bigger_than_a_threads_stack_crash_and_say_so():
+    with pytest.raises(ExecutionError) as info:
+        run(kernel("big_frame", OVERFLOW, (1,), (32,)), (np.ones(1, np.float32), np.zeros(32, np.float32)))
+    err = str(info.value)
+    assert info.value.check == "fault" and "SIGSEGV in thread (0, 0, 0) of block (0, 0, 0)" in err
+    assert "overflowed its 512 KiB stack" in err
+
+
+def test_the_portable_context_switch_runs_the_same_kernels(monkeypatch):
+    # machines other than x86-64 switch fibers with ucontext; force it here to keep that path honest
+    from agent_core.writer import emulate
+    monkeypatch.setattr(emulate, "FLAGS", emulate.FLAGS + ("-DSTITCH_EMU_UCONTEXT",))
+    test_block_softmax_with_shared_memory_barriers_and_shuffles_matches_torch()
+    test_threads_that_return_before_a_barrier_do_not_deadlock_the_others()
+    test_warp_scan_and_ballot_on_a_partial_warp()
 
 
 WILD = r"""
