@@ -212,7 +212,7 @@ def test_a_mode_over_the_compile_budget_is_recorded_with_its_reason_and_left_out
 
     class Result:
         profile = {"baselines": base, "baseline_device": "cpu"}
-        outcomes, gpu = [], False
+        outcomes, gpu, writer = [], False, None
     rec = bench.record_from_result("relu.py", Result, 1.0)
     assert rec["compile_ms"]["max-autotune"] is None and "over the compile budget" in rec["compile_errors"]["max-autotune"]
     assert rec["best_baseline"] in ("eager", "compile_default")

@@ -13,7 +13,8 @@ from agent_core.codegen.kernel import KernelSource
 from agent_core.errors import StitchError
 from agent_core.writer.emulate import CpuExecutor, build
 from agent_core.writer.endpoint import WriterError
-from agent_core.writer.executors import CANARY, ExecutionError, default_executor, guarded, payload
+from agent_core.writer.executors import CANARY, ExecutionError, guarded, payload
+from agent_core.writer.loop import default_executor
 
 GUARD = 256
 CPU = CpuExecutor()

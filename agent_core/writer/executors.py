@@ -62,15 +62,6 @@ class Executor(Protocol):
         """Every buffer of every call after that call (see the module docstring)."""
 
 
-def default_executor(gpu: bool) -> Executor:
-    """The GPU child where there is a GPU, else the CPU emulator."""
-    if gpu:
-        from .gpu_exec import GpuExecutor
-        return GpuExecutor()
-    from .emulate import CpuExecutor
-    return CpuExecutor()
-
-
 # ---- guarded buffers -----------------------------------------------------------------------------
 def guarded(array, guard: int, fill: int = CANARY) -> np.ndarray:
     """`array`'s bytes with `guard` bytes of `fill` on each side: one kernel argument."""

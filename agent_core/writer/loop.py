@@ -90,6 +90,16 @@ def _compile_rejection(exc: CompileError):
     return Rejected(check="compile", reason="; ".join(lines) if lines else str(exc))
 
 
+def default_executor(gpu: bool):
+    """The GPU child where there is a GPU, else the CPU emulator (here, not in executors.py, which
+    both import: the package keeps no import cycle)."""
+    if gpu:
+        from .gpu_exec import GpuExecutor
+        return GpuExecutor()
+    from .emulate import CpuExecutor
+    return CpuExecutor()
+
+
 def write_region(program, region, *, ours: KernelSource | None, ours_ms: float | None, unfused_ms: float | None,
                  floor_ms: float | None, attribution: dict, hardware: dict, config, endpoint, budget, executor,
                  timer: Callable[[KernelSource], float] | None, emit, sanitize: bool = False,
@@ -247,7 +257,6 @@ class WriterRun:
 
     def __init__(self, config, emit, *, gpu: bool, cancel=None, sanitize: bool = False, endpoint=None,
                  executor=None):
-        from .executors import default_executor
         config.validate()
         self.config, self.send, self.cancel, self.sanitize = config, _emitter(emit), cancel, sanitize
         self.endpoint = endpoint if endpoint is not None else ChatEndpoint(config)

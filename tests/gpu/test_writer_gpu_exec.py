@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from agent_core.writer.executors import CANARY, ExecutionError, default_executor, guarded, payload
+from agent_core.writer.executors import CANARY, ExecutionError, guarded, payload
+from agent_core.writer.loop import default_executor
 from agent_core.writer.gpu_exec import GpuExecutor
 from tests.test_writer_emulate import (COUNTER, GUARD, HANG, PAST_END, POINTWISE, SOFTMAX, WILD, CpuExecutor,
                                        kernel)
