@@ -2,8 +2,8 @@
 
 A proposal may fault, hang or scribble over memory, and an illegal address would poison the parent's
 CUDA context for the rest of the run, so neither executor runs it in this process:
-- `CpuExecutor` (emulate.py): the CUDA source compiled by g++ against emulate_shim.h and run on CPU
-  threads; needs no GPU, so the gate's checks run on any machine;
+- `CpuExecutor` (emulate.py): the CUDA source compiled by g++ against emulate_shim.h and run with each
+  block's threads as fibers on one CPU thread; needs no GPU, so the gate's checks run on any machine;
 - `GpuExecutor` (gpu_exec.py): `python -m agent_core.writer.gpu_exec REQUEST_DIR` loads the NVRTC cubin
   with CuPy and launches on real device buffers (optionally under compute-sanitizer memcheck).
 
