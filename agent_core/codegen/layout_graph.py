@@ -277,7 +277,7 @@ def graph_source(g, name: str, consts, body, arg, sched: str, notes, marked=(), 
 
 def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dict | None, kind: str) -> KernelSource:
     from .around import grid_for      # around.py imports the row kernels, which read prologues through here
-    vals, nodes = program.values, program.nodes
+    vals = program.values
     what = kind.replace("_", "-")
     indices = index_inputs(program, io, what)
     numel = _check(program, io, what, indices)

@@ -11,7 +11,7 @@ import re
 
 from ..codegen.kernel import KernelSource
 from ..ir import Program, Role
-from ..verify import ATOL, RTOL
+from ..verify import ATOL
 
 C_TYPES = {"float32": "float", "float64": "double", "float16": "__half", "bfloat16": "__nv_bfloat16",
            "int64": "long long", "int32": "int", "int8": "signed char", "uint8": "unsigned char", "bool": "bool"}
