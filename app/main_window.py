@@ -6,7 +6,7 @@ import os
 import uuid
 from contextlib import nullcontext
 
-from PySide6.QtCore import (QByteArray, QMimeData, QObject, QPoint, QRunnable, QSettings, Qt, QThreadPool,
+from PySide6.QtCore import (QMimeData, QObject, QPoint, QRunnable, QSettings, Qt, QThreadPool,
                             QTimer, Signal)
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (QApplication, QDockWidget, QFileDialog, QLabel, QMainWindow, QMenu, QMessageBox,

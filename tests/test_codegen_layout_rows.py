@@ -263,8 +263,6 @@ def test_the_row_kernels_lambdas_give_each_prologue_value_as_torch_does(case, bu
     every index: the views the row kernel reads its rows through are right."""
     import re
 
-    import torch
-
     from agent_core.reference import run_reference
     from tests.test_codegen_views_gen import _env, _inputs
     p = build(*args)

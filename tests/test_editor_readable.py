@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from PySide6.QtCore import QPointF, QRectF
+from PySide6.QtCore import QRectF
 from PySide6.QtGui import QImage, QPainter, QUndoStack
 
 from agent_core.importers import import_nn_module

@@ -5,7 +5,6 @@ import base64
 import copy
 import json
 import os
-import zipfile
 
 import numpy as np
 import pytest

@@ -78,7 +78,6 @@ def channel_shuffle(shape, groups, cat=True, channels_last=False):
 
 
 def permute(shape, dims):
-    import torch
     from agent_core.ir import Program
     p = Program("permute")
     x = p.add_input("x", shape)
