@@ -13,6 +13,8 @@ kernel for a group: the planner asks it before it proposes one (codegen/lower_ch
 """
 from __future__ import annotations
 
+import math
+
 from ..ir import Program
 from .cuda import prune_unused
 from .kernel import CodegenError, KernelSource
@@ -22,11 +24,13 @@ from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
 KINDS = ("pointwise", "row_reduction", "layout", "pooling", "convolution", "arg_reduction", "scan",
-         "class_loss", "strided_slice")
-# ops that decide the generator of any region holding them: op -> kind (argmax / argmin and the scans
-# are single-node kernels; nll_loss brings its log_softmax, label ops and reduction, or comes alone)
-OP_KINDS = {"argmax": "arg_reduction", "argmin": "arg_reduction", "cumsum": "scan", "cumprod": "scan",
-            "nll_loss": "class_loss"}
+         "class_loss", "strided_slice", "attention")
+# ops that decide the generator of any region holding them: op -> kind (the scans are single-node
+# kernels; nll_loss brings its log_softmax, label ops and reduction, or comes alone). argmax / argmin
+# are row-graph reductions (rowops.py); argreduce.py keeps only what rows cannot hold (a scalar, rows
+# of one element)
+OP_KINDS = {"cumsum": "scan", "cumprod": "scan", "nll_loss": "class_loss",
+            "scaled_dot_product_attention": "attention"}
 
 
 def _pools(program: Program, io: RegionIO) -> bool:
@@ -46,6 +50,15 @@ LIBRARY_CATEGORIES = ("matmul", "convolution")
 # region kinds of the planner that map onto the generators here
 _PLANNER_KINDS = {"reduction": "row_reduction", "normalization": "row_reduction", "single": None,
                   "sibling": None, "matmul_epilogue": None, "conv_epilogue": None, "opaque": None}
+
+
+def _lone_arg_without_rows(program: Program, io: RegionIO) -> bool:
+    """A lone argmax / argmin of a scalar or over rows of one element: no row to fold (argreduce.py)."""
+    if len(io.nodes) != 1 or program.nodes[io.nodes[0]].op not in ("argmax", "argmin"):
+        return False
+    node = program.nodes[io.nodes[0]]
+    shape, dim = program.values[node.inputs[0]].shape, node.attrs.get("dim")
+    return len(shape) == 0 or (shape[dim] if dim is not None else math.prod(shape)) < 2
 
 
 def _is_strided_slice(program: Program, io: RegionIO) -> bool:
@@ -87,6 +100,9 @@ def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None =
 
 def _generate(program: Program, node_ids, *, name: str, kind: str | None, params: dict | None) -> KernelSource:
     io = region_io(program, node_ids)
+    if kind == "attention" or any(OP_KINDS.get(program.nodes[n].op) == "attention" for n in io.nodes):
+        from .attention import generate_attention   # our fused kernel, not a library call
+        return generate_attention(program, io, name, params)
     lib, rest = ([], None) if kind == "convolution" else split_library(program, io)
     if lib:
         ks = _generate(program, rest, name=name, kind=None, params=params)
@@ -128,8 +144,14 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         return generate_layout(program, io, name, params)
     if kind in ("row_reduction", "reduction", "normalization"):
         from .rowkernel import generate_multi_reduction, wide_schedule
-        # several over the same rows, or one whose rows / columns spread over several blocks
-        if len(anchors) > 1 or wide_schedule(program, io, params):
+        from .rowops import GRAPH_OPS
+        if _lone_arg_without_rows(program, io):
+            from .argreduce import generate_arg_reduction
+            return generate_arg_reduction(program, io, name, params)
+        # several over the same rows, one only the row graph has (argmax, norm), or one whose rows /
+        # columns spread over several blocks
+        if len(anchors) > 1 or any(program.nodes[n].op in GRAPH_OPS for n in anchors) or \
+                wide_schedule(program, io, params):
             return generate_multi_reduction(program, io, name, params)
         from .rowreduce import generate_row_reduction
         return generate_row_reduction(program, io, name, params)

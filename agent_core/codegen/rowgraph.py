@@ -37,7 +37,7 @@ from .cuda import Names, c_type
 from .kernel import CodegenError
 from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
-from .rowreduce import STATES, _row_op
+from .rowops import INDEXED, STATES, field_ctype, graph_op
 
 E, R, T = "E", "R", "T"
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -133,11 +133,11 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
         raise CodegenError("the region holds no reduction")
     ops = {}
     for nid in reds:
-        state, preamble, expr, preserving, dims, row_len = _row_op(program, nid)
+        state, preamble, expr, preserving, dims, row_len, fold, ctype = graph_op(program, nid)
         if row_len is not None:
             raise CodegenError(f"{_name(nodes[nid])} reduces (sample, group) rows; a kernel with several "
                                f"reductions takes rows of neighbouring dims only", node_id=nid)
-        ops[nid] = (state, preamble, expr, preserving, list(dims))
+        ops[nid] = (state, preamble, expr, preserving, list(dims), fold, ctype)
     # whole-tensor reductions beside reductions over rows: each row folds its share (space T)
     totals = [n for n in reds if ops[n][4] == list(range(len(vals[nodes[n].inputs[0]].shape)))]
     rowwise = [n for n in reds if n not in totals]
@@ -188,6 +188,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
         return add(Def(key, space, ctype, expr, deps, rnd(deps), vid, note))
 
     env: dict[str, str] = {}          # produced value -> key
+    along: set[str] = set()           # per-row values expanded along the rows to the E shape
 
     def read(vid, space: str, reader) -> str:
         """The key of `vid` as `reader` (a node computing in `space`) reads it."""
@@ -201,7 +202,8 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
                                       "first: split the region after it" if have == T else
                                       "a per-row or per-element value, with a total; split the region there"),
                                    node_id=reader.id)
-            if have == R and space == E and (1,) * (len(full) - len(v.shape)) + tuple(v.shape) != keep:
+            if have == R and space == E and vid not in along and \
+                    (1,) * (len(full) - len(v.shape)) + tuple(v.shape) != keep:
                 raise CodegenError(f"{_name(reader)} broadcasts the per-row value '{v.name}' {list(v.shape)} "
                                    f"across the rows of {list(full)}, not along them; split the region",
                                    node_id=reader.id)
@@ -238,6 +240,13 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
             space = space_of(out)
         local = {v: read(v, space, node) for v in node.inputs if v is not None}
         if node.op == "expand":
+            src = vals[node.inputs[0]]
+            if g.defs[local[node.inputs[0]]].space == R and space == E:
+                if (1,) * (len(full) - len(src.shape)) + tuple(src.shape) != keep:
+                    raise CodegenError(f"{_name(node)} broadcasts the per-row value '{src.name}' {list(src.shape)} "
+                                       f"across the rows of {list(full)}, not along them; split the region",
+                                       node_id=nid)
+                along.add(out)         # checked here: readers take it per element
             env[out] = local[node.inputs[0]]
             continue
         lines = render_chain(program, [nid], local, names, indent="")
@@ -258,28 +267,36 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     row into one online state (no two-stage split: those stages are per row); its fields and output
     are T values read from the combined `totals` struct, over kNumelF elements instead of kColsF."""
     vals = program.values
-    state, preamble, expr, preserving, _ = op
-    for vid in [node.inputs[0], node.outputs[0]]:
-        if vals[vid].dtype != "float32":
+    state, preamble, expr, preserving, _, fold, ctype = op
+    out_dtype = "int64" if state in INDEXED else "float32"
+    for vid, want in [(node.inputs[0], "float32"), (node.outputs[0], out_dtype)]:
+        if vals[vid].dtype != want:
             raise CodegenError(f"{_name(node)} reduces '{vals[vid].name}' of dtype {vals[vid].dtype}; a kernel "
                                f"with several reductions accumulates float32 only", node_id=node.id)
     x = read(node.inputs[0], E, node)
     if g.defs[x].space != E:
         raise CodegenError(f"{_name(node)} reduces a per-row value", node_id=node.id)
+    if total and state in INDEXED:
+        raise CodegenError(f"{_name(node)} over every element beside reductions over rows: its index does not "
+                           f"travel through the float workspace; split the region before it", node_id=node.id)
     base = names.new(vals[node.outputs[0]].name)
     fkey = {f: names.new(f"{base}_{f}") for f in STATES[state][0]}
+    # a norm folds a transform of its input (|x|, |x|^p); the op's expression still reads x itself
+    folded = x if fold is None else expr_def(names.new(f"{base}_term"), E, _substitute(fold, {}, {}, x, {}),
+                                             f"{node.op} term")
 
     def step(st: str, arg: str, keys: list[str]) -> None:
         r = g.defs[arg].round + 1
         slot = sum(1 for s in g.steps if s.round == r)
         var = g.round_vars.setdefault(r, names.new(f"round{r}"))
         for f, k in zip(STATES[st][0], keys):
-            g.defs[k] = Def(k, R, "float", f"{var}.s{slot}.{f}", [], r, None, f"{st} of {vals[node.inputs[0]].name}")
+            g.defs[k] = Def(k, R, field_ctype(st, f), f"{var}.s{slot}.{f}", [], r, None,
+                            f"{st} of {vals[node.inputs[0]].name}")
         g.steps.append(Step(st, arg, r, slot, keys, node.id))
 
     if total:
         t = sum(1 for s in g.steps if s.total is not None)
-        step(state, x, [names.new(f"{base}_row_{f}") for f in STATES[state][0]])
+        step(state, folded, [names.new(f"{base}_row_{f}") for f in STATES[state][0]])
         g.steps[-1].total = t
         for f in STATES[state][0]:
             g.defs[fkey[f]] = Def(fkey[f], T, "float", f"totals.t{t}.{f}", [], 0, None,
@@ -302,7 +319,7 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
         step("sumsq", dev, [fkey["m2"]])
         expr_def(fkey["n"], R, "kColsF")
     else:
-        step(state, x, [fkey[f] for f in STATES[state][0]])
+        step(state, folded, [fkey[f] for f in STATES[state][0]])
 
     local: dict[str, str] = {}
     for ln in filter(None, (s.strip() for s in preamble.split(";"))):
@@ -318,7 +335,8 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
                                f"parameters are supported there", node_id=node.id)
         ports[port.upper()] = read(vid, E, node)
     out = node.outputs[0]
-    env[out] = expr_def(base, E if preserving else R, _substitute(expr, fkey, local, x, ports), node.op, vid=out)
+    env[out] = expr_def(base, E if preserving else R, _substitute(expr, fkey, local, x, ports), node.op,
+                        ctype=ctype, vid=out)
 
 
 _TEMPLATE_WORD = re.compile(r"\bst\.(\w+)|\b([A-Z]+)\[col\]|\b(\w+)\b")

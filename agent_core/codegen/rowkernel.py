@@ -38,7 +38,8 @@ from .layout_store import split_output_views
 from .pointwise import operand_views
 from .region_io import RegionIO
 from .rowgraph import E, R, T, RowGraph, lower
-from .rowreduce import DEFAULTS as ROW_DEFAULTS, STATES, _Operands
+from .rowops import INDEXED, STATES, fold_params, state_helpers, struct_fields
+from .rowreduce import DEFAULTS as ROW_DEFAULTS, _Operands
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "cluster": None,
             "cluster_max": 8, "cluster_thread_floats": 32, "spread_min_bytes": 1 << 22}
@@ -153,7 +154,8 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
                   "items": items, "cached": items * k <= int(p["column_max_items"]), "grid": tiles, "split": 1}
         # a split needs the whole column's state before anything is written: one round, outputs per
         # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
-        if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs):
+        if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or \
+                any(s.state in INDEXED for s in g.steps):      # the workspace holds floats
             return column
         if not p.get("split") and g.rows * cols * k * 4 < int(p["spread_min_bytes"]):
             return column          # launch-bound: a workspace round trip would only add latency
@@ -220,15 +222,16 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str) -> int:
 
 
 def _state_code(kind: str) -> str:
-    """One statistics state of rowreduce.STATES as a struct with its identity, fold and combine."""
+    """One statistics state of rowops.STATES as a struct with its identity, fold and combine (an
+    indexed state's fold also takes the element's index c along the row)."""
     fields, identity, fold, comb = STATES[kind]
     if kind == "maxsumexp":
         # exp(-inf) adds nothing: skipping it keeps a row that starts with -inf (a masked position)
         # from folding exp(-inf - -inf) = NaN into the running sum
         fold = "if (x == -INFINITY) return; " + fold
-    return (f"struct St_{kind} {{ float {', '.join(fields)}; }};\n"
+    return (state_helpers(kind) + f"struct St_{kind} {{ {struct_fields(kind)} }};\n"
             f"__device__ __forceinline__ St_{kind} identity_{kind}() {{ return St_{kind}{identity}; }}\n"
-            f"__device__ __forceinline__ void fold_{kind}(St_{kind}& s, float x) {{ {fold} }}\n"
+            f"__device__ __forceinline__ void fold_{kind}(St_{kind}& s, {fold_params(kind)}) {{ {fold} }}\n"
             f"__device__ __forceinline__ St_{kind} combine_{kind}(St_{kind} a, St_{kind} b) {{\n  {comb}\n}}\n")
 
 
@@ -438,7 +441,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         helpers.append(_round_code(r, rs, schedule, lambda n: program.nodes[n].name))
         var = g.round_vars[r]
         args = [s.arg for s in rs]
-        folds = [f"fold_{s.state}({var}.s{j}, {s.arg});" for j, s in enumerate(rs)]
+        folds = [f"fold_{s.state}({var}.s{j}, {s.arg}{', c' if s.state in INDEXED else ''});"
+                 for j, s in enumerate(rs)]
         loads = [v for v in held if key_of[v] in {d.key for d in g.closure(args, E, need)}]
         body.append(f"  // round {r}: fold {', '.join(vals[program.nodes[s.node].outputs[0]].name + ' (' + s.state + ')' for s in rs)}")
         if split > 1:     # one round: fold, publish, and the last block's per-column outputs
