@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from ..ir import Program
 from . import views as V
+from .attention_parts import cost
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 
@@ -199,16 +200,6 @@ def generate_attention(program: Program, io: RegionIO, name: str, params: dict |
         return render_fp32(program, io, name, spec, p)
     from .attention_mma import render_mma
     return render_mma(program, io, name, spec, p)
-
-
-def cost(spec: AttentionSpec, program: Program) -> tuple[int, int]:
-    """(bytes moved: q, k, v and the mask read once, the output written once; flops 4 B L S D, half
-    when causal)."""
-    vals = program.values
-    nbytes = sum(vals[o.value].nbytes for o in (spec.q, spec.k, spec.v, spec.mask) if o is not None)
-    nbytes += vals[spec.out].nbytes
-    flops = 2 * spec.nbatch * spec.L * spec.S * (spec.E + spec.Ev)
-    return nbytes, flops // 2 if spec.causal else flops
 
 
 def tune_variants(p: dict) -> list[dict]:
