@@ -111,10 +111,8 @@ def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: b
         if node.op == "batch_norm":
             raise CodegenError(f"{node.name} (batch_norm) reads per-channel parameters that a {kind} region "
                                f"does not broadcast; split the region before it", node_id=n)
-    for v in [*io.inputs, *io.outputs]:
-        if vals[v].dtype != "float32" and v not in indices and not any_dtype:
-            raise CodegenError(f"'{vals[v].name}' has dtype {vals[v].dtype}; {kind} kernels are generated for "
-                               f"float32 so far")
+    for v in [*io.inputs, *io.outputs]:     # any kernel dtype, each in its own C type (float64, halves: no)
+        c_type(vals[v].dtype, f"'{vals[v].name}'")
     numel = math.prod(vals[io.outputs[0]].shape)
     if numel == 0:
         raise CodegenError(f"output '{vals[io.outputs[0]].name}' is empty; there is nothing to launch")
@@ -270,9 +268,11 @@ def graph_source(g, name: str, consts, body, arg, sched: str, notes, marked=(), 
                       *notes,
                       f"Schedule: {sched}.",
                   ])
-    cparams = [f"const {INDEX_TYPES.get(vals[v].dtype, 'float')}* __restrict__ {arg[v]}" for v in io.inputs] + \
-              [f"float* __restrict__ {arg[v]}" for v in io.outputs]
-    return kernel_source(head, consts, [], kernel_name(name), cparams, body), layout_nodes
+    cparams = [f"const {c_type(vals[v].dtype, vals[v].name)}* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"{c_type(vals[v].dtype, vals[v].name)}* __restrict__ {arg[v]}" for v in io.outputs]
+    text = "\n".join(body)
+    structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", text)]
+    return kernel_source(head, consts, structs, kernel_name(name), cparams, body), layout_nodes
 
 
 def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dict | None, kind: str) -> KernelSource:
@@ -285,13 +285,15 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     for v in g.need:       # pointwise ops may compute bool (a comparison feeding a where)
         c_type(vals[v].dtype, vals[v].name)
     from .layout_tiled import generate_tiled, plan_tiles
-    tiles = plan_tiles(g, params)     # an input read uncoalesced goes through shared-memory tiles
+    # the shared-memory tiles and staged registers hold floats; other dtypes take the gather below
+    floats = all(vals[v].dtype == "float32" for v in g.need)
+    tiles = plan_tiles(g, params) if floats else None    # an input read uncoalesced goes through tiles
     if tiles is not None:
         return generate_tiled(g, tiles, name, params, kind, numel)
-    vec = bool((params or {}).get("vector", True)) and _vector_ok(g, numel) \
-        and all(vals[v].dtype == "float32" for v in g.need)
+    # runs of 4 in each value's own 4-lane type (float4, int4, vec4_i64, ...)
+    vec = bool((params or {}).get("vector", True)) and _vector_ok(g, numel)
     from .layout_staged import generate_staged, staged_inputs
-    staged = [] if vec else staged_inputs(g, numel, params)   # read at the output's own index: loaded first
+    staged = [] if vec or not floats else staged_inputs(g, numel, params)   # read at the output's own index
     if staged:
         return generate_staged(g, staged, name, params, kind, numel)
     names = Names()
@@ -305,7 +307,7 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};  // output elements"]
     if vec:
         consts.append(f"constexpr index_t kRuns = {work};  // runs of 4 neighbouring output elements")
-        stores = [f"    reinterpret_cast<float4*>({arg[v]})[o] = {fn[v]}(o * 4);" for v in io.outputs]
+        stores = [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = {fn[v]}(o * 4);" for v in io.outputs]
         loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
     else:
         stores = [f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs]
@@ -326,7 +328,8 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     uses = {}
     for v, _ in g.reads():
         uses[v] = uses.get(v, 0) + 1
-    read = sum(min(vals[v].nbytes, uses.get(v, 1) * numel * 4) for v in io.inputs if v in g.need)
+    read = sum(min(vals[v].nbytes, uses.get(v, 1) * numel * (vals[v].nbytes // max(1, math.prod(vals[v].shape))))
+               for v in io.inputs if v in g.need)
     return KernelSource(
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
