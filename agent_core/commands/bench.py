@@ -3,7 +3,8 @@
 Per problem (one JSON line each, appended as soon as it is measured): correct, eager_ms, compile_ms
 per mode (--compile-modes; a mode not timed has its reason in compile_errors) and the best of them,
 the best baseline of all, ours_ms, speedups, our kernels and launches next to the kernels Inductor
-generated per mode (inductor_kernels), floor_ms, achieved GB/s. Each problem is guarded: a failure
+generated per mode (inductor_kernels), floor_ms, achieved GB/s, the agent's own time per phase and
+our peak GPU memory against eager's (bench_costs). Each problem is guarded: a failure
 (or a timeout) is recorded and the run goes on. A table with geometric means ends the run.
 """
 from __future__ import annotations
@@ -56,6 +57,18 @@ def add_arguments(parser) -> None:
                              "measurement holds the GPU alone through a file lock that verification and "
                              "reference runs share, but torch.compile's first calls and the CPU load still "
                              "overlap: check against --jobs 1 before quoting timings")
+    parser.add_argument("--resume", action="store_true",
+                        help="skip the problems the --json file already has a row for (a stopped run goes on)")
+    g = parser.add_argument_group("Ray cluster (docs/CLUSTER.md; pip install '.[cluster]')")
+    g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS|auto|local",
+                   help="run each problem as a Ray task, one GPU each: local (the default) starts a cluster on "
+                        "this machine for the run, auto joins the one `ray start` runs here, else host:port or "
+                        "ray://host:10001")
+    g.add_argument("--kernel-cache", metavar="DIR",
+                   help="with --ray: the compiled-kernel cache every worker uses (default: this machine's for "
+                        "local; a multi-host cluster needs a path all nodes share)")
+    g.add_argument("--events", metavar="PATH",
+                   help="with --ray: append bench-progress events (docs/EVENTS.md) here as JSON lines")
     from .optimize import add_common
     add_common(parser)
     parser.set_defaults(tune_trials=3)
@@ -195,7 +208,8 @@ def table(records: list[dict]) -> list[str]:
     modes = modes_run(records)
     mode_head = "".join(f" {MODE_LABELS.get(m, m) + ' ms':>10}" for m in modes)
     head = f"{'problem':<34} {'correct':>7} {'eager ms':>9}{mode_head} {'ours ms':>9} " \
-           f"{'x eager':>7} {'x compile':>9} {'x best':>6} {'kernels':>7} {'ours/ind':>8} {'floor ms':>9} {'GB/s':>7}"
+           f"{'x eager':>7} {'x compile':>9} {'x best':>6} {'kernels':>7} {'ours/ind':>8} {'floor ms':>9} {'GB/s':>7} " \
+           f"{'agent s':>7} {'mem/eager':>9}"
     lines = [head, "-" * len(head)]
     for r in records:
         if not r.get("ok"):
@@ -207,7 +221,8 @@ def table(records: list[dict]) -> list[str]:
                      f"{_f(r.get('ours_ms')):>9} {_f(r.get('speedup_eager'), '{:.2f}'):>7} "
                      f"{_f(r.get('speedup_compile'), '{:.2f}'):>9} {_f(r.get('speedup_best'), '{:.2f}'):>6} "
                      f"{r.get('kernels', 0):>7} {kernels_cell(r):>8} "
-                     f"{_f(r.get('floor_ms')):>9} {_f(r.get('achieved_gbs'), '{:.0f}'):>7}")
+                     f"{_f(r.get('floor_ms')):>9} {_f(r.get('achieved_gbs'), '{:.0f}'):>7} "
+                     f"{_f(r.get('agent_seconds'), '{:.1f}'):>7} {_f(r.get('peak_mem_ratio'), '{:.2f}'):>9}")
     g = summary(records)
     lines.append("-" * len(head))
     lines.append(f"geometric mean over {g['timed']} correct timed problems: {_f(g['geomean_speedup_eager'], '{:.2f}')}x "
@@ -215,6 +230,8 @@ def table(records: list[dict]) -> list[str]:
                  f"({g['compile_timed']} problems), {_f(g['geomean_speedup_best'], '{:.2f}')}x vs the best of eager "
                  f"and every mode run ({g['best_timed']} problems); {g['correct']}/{g['problems']} correct, "
                  f"{g['failed']} failed")
+    from .bench_costs import summary_lines
+    lines += summary_lines(records)
     lines += notes(records)
     return lines
 
@@ -288,21 +305,29 @@ def run_isolated(path: str, args, no_compile: bool) -> dict:
 
 def run_one(path: str, args, no_compile: bool) -> dict:
     from ..agent import EventEmitter
+    from ..agent.phases import PhaseClock
+    from .bench_costs import agent_fields, peak_memory_fields
     from .optimize import optimize_spec
     t0 = time.perf_counter()
-    emit = EventEmitter()
+    clock = PhaseClock()               # the agent's own time; its events' seconds feed it
+    emit = EventEmitter(callback=clock.on_event)
     saved = args.no_compile_baselines
     args.no_compile_baselines = saved or no_compile
     try:
         with time_limit(args.timeout):
-            result = optimize_spec(path, None, emit, args, baselines=True)
+            with clock.running():
+                result = optimize_spec(path, None, emit, args, baselines=True)
             if not result.gpu and args.compile_modes and not args.no_compile_baselines:
                 time_torch_on_cpu(path, result, args)
-        return record_from_result(path, result, time.perf_counter() - t0)
+            memory = peak_memory_fields(path, result)
+        rec = record_from_result(path, result, time.perf_counter() - t0)
+        rec.update(agent_fields(clock), **memory)
+        return rec
     except (Exception, ProblemTimeout) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         return {"problem": problem_name(path), "file": path, "ok": False,
-                "error": f"{type(exc).__name__}: {first[:300]}", "seconds": round(time.perf_counter() - t0, 2)}
+                "error": f"{type(exc).__name__}: {first[:300]}", "seconds": round(time.perf_counter() - t0, 2),
+                **agent_fields(clock)}     # how far the agent got (a timeout's figure counts in the p95)
     finally:
         args.no_compile_baselines = saved
         _release_gpu_memory()
@@ -347,18 +372,33 @@ class _Run:
         self.out = open(args.json_out, "a") if args.json_out else None
         self.lock = threading.Lock()
 
+    def capped(self) -> bool:
+        return bool(self.args.time_cap) and time.perf_counter() - self.t_start > self.args.time_cap
+
+    def skipped(self, path: str) -> dict:
+        return {"problem": problem_name(path), "file": path, "ok": False,
+                "error": f"skipped: the run's time cap of {self.args.time_cap:.0f} s was reached", "skipped": True}
+
+    def no_compile(self) -> bool:
+        return bool(self.args.compile_cap) and self.compile_spent > self.args.compile_cap
+
     def one(self, i: int, path: str) -> None:
         args = self.args
-        if args.time_cap and time.perf_counter() - self.t_start > args.time_cap:
-            rec = {"problem": problem_name(path), "file": path, "ok": False,
-                   "error": f"skipped: the run's time cap of {args.time_cap:.0f} s was reached", "skipped": True}
+        no_compile = False
+        if self.capped():
+            rec = self.skipped(path)
         else:
-            no_compile = bool(args.compile_cap) and self.compile_spent > args.compile_cap
+            no_compile = self.no_compile()
             isolate = args.isolate or args.jobs > 1
             rec = run_isolated(path, args, no_compile) if isolate else run_one(path, args, no_compile)
-            if no_compile and rec.get("ok"):
-                rec["compile_skipped"] = f"the run's torch.compile budget of {args.compile_cap:.0f} s was spent"
         rec["jobs"] = args.jobs          # > 1: timed while other problems used the GPU
+        self.record(i, rec, no_compile=no_compile)
+
+    def record(self, i: int, rec: dict, *, no_compile: bool = False) -> None:
+        """Keep, append and print one problem's row (bench --ray's driver records through this too)."""
+        if no_compile and rec.get("ok"):
+            rec["compile_skipped"] = f"the run's torch.compile budget of {self.args.compile_cap:.0f} s was spent"
+        args = self.args
         with self.lock:
             self.compile_spent += rec.get("compile_seconds") or 0.0
             self.records[i] = rec
@@ -369,11 +409,14 @@ class _Run:
                 f"correct={rec.get('correct')} ours {_f(rec.get('ours_ms'))} ms, eager {_f(rec.get('eager_ms'))} ms, "
                 f"compile {_f(rec.get('compile_best_ms'))} ms, best {rec.get('best_baseline') or '-'}, "
                 f"kernels ours/Inductor {kernels_cell(rec)}")
-            print(f"[{len(self.records)}/{len(args.files)}] {rec['problem']}: {status} ({rec.get('seconds', 0)} s)",
+            where = f" on {rec['host']}" + (f" ({rec['gpu_name']})" if rec.get("gpu_name") else "") \
+                if rec.get("host") else ""
+            print(f"[{len(self.records)}/{len(args.files)}] {rec['problem']}: {status} ({rec.get('seconds', 0)} s, "
+                  f"agent {_f(rec.get('agent_seconds'), '{:.1f}')} s{where})",
                   flush=True)
 
 
-def _run_parallel(state: _Run, files: list[str], jobs: int) -> None:
+def _run_parallel(state: _Run, todo: list[tuple[int, str]], jobs: int) -> None:
     """Each problem in its own process, `jobs` at a time; timed sections serialized by a file lock."""
     from concurrent.futures import ThreadPoolExecutor
 
@@ -384,7 +427,7 @@ def _run_parallel(state: _Run, files: list[str], jobs: int) -> None:
         try:
             pool = ThreadPoolExecutor(max_workers=jobs)
             try:
-                for f in [pool.submit(state.one, i, p) for i, p in enumerate(files)]:
+                for f in [pool.submit(state.one, i, p) for i, p in todo]:
                     f.result()
             finally:   # on an interrupt, start nothing more; the running problems were interrupted too
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -395,22 +438,54 @@ def _run_parallel(state: _Run, files: list[str], jobs: int) -> None:
                 os.environ[TIMING_LOCK_ENV] = saved
 
 
+def _resumed(args) -> dict[str, dict]:
+    """--resume: the rows the --json file already finished (absolute path -> row)."""
+    if not args.resume:
+        return {}
+    if not args.json_out:
+        from ..errors import StitchError
+        raise StitchError("--resume needs --json FILE (the file an earlier run wrote)")
+    from .bench_resume import finished_rows
+    done = finished_rows(args.json_out)
+    left = sum(os.path.abspath(p) not in done for p in args.files)
+    print(f"resume: {len(args.files) - left} of {len(args.files)} problems already in {args.json_out}; "
+          f"running the other {left}", flush=True)
+    return done
+
+
 def run(args) -> int:
     from .optimize import writer_config
     writer_config(args)     # a bad --writer flag fails once, before any problem runs
+    if args.ray:
+        from ..cluster import require_ray
+        require_ray()           # without Ray: the install hint, before anything runs
+    done = _resumed(args)
     state = _Run(args)
-    interrupted = False
-    try:
-        if args.jobs > 1:
-            _run_parallel(state, args.files, args.jobs)
+    todo = []
+    for i, path in enumerate(args.files):
+        if os.path.abspath(path) in done:
+            state.records[i] = done[os.path.abspath(path)]
         else:
-            for i, path in enumerate(args.files):
+            todo.append((i, path))
+    interrupted = False
+    events = open(args.events, "a") if args.ray and args.events else None
+    try:
+        if args.ray:
+            from ..agent import EventEmitter
+            from ..cluster.ray_bench import run_on_ray
+            run_on_ray(state, todo, run_one, address=args.ray, kernel_cache=args.kernel_cache,
+                       events=EventEmitter(events) if events else None)
+        elif args.jobs > 1:
+            _run_parallel(state, todo, args.jobs)
+        else:
+            for i, path in todo:
                 state.one(i, path)
     except KeyboardInterrupt:   # a wall-clock cap (timeout -s INT) still gets the table of what ran
         interrupted = True
     finally:
-        if state.out is not None:
-            state.out.close()
+        for f in (state.out, events):
+            if f is not None:
+                f.close()
     records = [state.records[i] for i in sorted(state.records)]   # the files' order, whatever finished first
     if interrupted:
         print(f"interrupted after {len(records)} of {len(args.files)} problems")
