@@ -80,6 +80,7 @@ class RowGraph:
     round_vars: dict[int, str] = field(default_factory=dict)           # round -> C name of its state
     reductions: list[str] = field(default_factory=list)
     totals: list[str] = field(default_factory=list)                   # the whole-tensor reductions
+    row_cats: dict = field(default_factory=dict)     # output -> (piece keys, row_cat.RowCat): stored per row
 
     @property
     def rows(self) -> int:
@@ -92,7 +93,8 @@ class RowGraph:
     def needed(self) -> set[str]:
         """Keys the outputs and the steps need (every reduction of the region folds, used or not)."""
         need: set[str] = set()
-        todo = list(self.outputs.values()) + [s.arg for s in self.steps]
+        todo = list(self.outputs.values()) + [k for keys, _ in self.row_cats.values() for k in keys] + \
+            [s.arg for s in self.steps]
         while todo:
             k = todo.pop()
             if k not in need:

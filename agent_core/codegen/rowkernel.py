@@ -37,6 +37,7 @@ from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
 from .pointwise import operand_views
 from .region_io import RegionIO
+from .row_cat import check as check_row_cat, split_row_cats
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, STATES, fold_params, state_helpers, struct_fields
 from .rowreduce import DEFAULTS as ROW_DEFAULTS, _Operands
@@ -72,10 +73,12 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool):
     Invertible layout ops after the reductions are written through their views (layout_store.py):
     the row graph computes their source, stored at the layout's offsets."""
     names, arg = _names(program, io)
+    io, cats = split_row_cats(program, io)         # a cat of per-row values: stored piece by piece
     io, stores = split_output_views(program, io)
     front = view_prologue_nodes(program, io)
     if not front:
-        return names, arg, None, _store_through(lower(program, io, names, two_stage), stores, io), stores
+        return names, arg, None, _with_cats(program, _store_through(lower(program, io, names, two_stage), stores, io),
+                                            cats), stores
     views = ViewPrologue(program, front, arg, names)
     vals = program.values
     for v in views.io.outputs:
@@ -87,11 +90,37 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool):
     read = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in rest)]
     inner = RegionIO(rest, [*views.io.outputs, *read], list(io.outputs),
                      {v for n in rest for v in program.nodes[n].outputs})
-    g = _store_through(lower(program, inner, names, two_stage), stores, io)
+    g = _with_cats(program, _store_through(lower(program, inner, names, two_stage), stores, io), cats)
     for (v, sp) in g.inputs:
         if sp == R and v in views.scalar:
             raise CodegenError(f"'{vals[v].name}' of the layout prologue is read once per row; split the region there")
     return names, arg, views, g, stores
+
+
+def _with_cats(program: Program, g: RowGraph, cats: dict) -> RowGraph:
+    """The row graph with each cat of per-row values as an output (row_cat.py); a piece that does
+    not leave the region on its own is not stored."""
+    for y, cat in cats.items():
+        check_row_cat(program, cat, g.full, g.dims, lambda v: g.defs[g.outputs[v]].space)
+        g.row_cats[y] = [g.outputs[v] for v in cat.pieces], cat
+        g.outputs[y] = g.outputs[cat.pieces[0]]
+        for v in cat.pieces:
+            if v not in cat.escapes:
+                g.outputs.pop(v, None)
+    return g
+
+
+def _row_stores(g: RowGraph, arg: dict, out_r, indent: str) -> list[str]:
+    """The per-row outputs at `row`; a cat of per-row values stores each piece at its place."""
+    lines = []
+    for v in out_r:
+        if v in g.row_cats:
+            keys, cat = g.row_cats[v]
+            lines += [f"{indent}{arg[v]}[{cat.offset(j, g.inner)}] = {k};  // piece {j} of the cat"
+                      for j, k in enumerate(keys)]
+        else:
+            lines.append(f"{indent}{arg[v]}[row] = {g.outputs[v]};")
+    return lines
 
 
 def _store_through(g: RowGraph, stores: dict, io: RegionIO) -> RowGraph:
@@ -453,7 +482,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                      "    const index_t row = outer * kInner + inner + e;",
                      *["  " + ln for ln in row_defs(r)],
                      "    if (active) {  // the per-column outputs, once per column",
-                     *[f"      {arg[v]}[row] = {g.outputs[v]};" for v in out_r], "    }", "  }"]
+                     *_row_stores(g, arg, out_r, "      "), "    }", "  }"]
             continue
         body.append(f"  Round{r} {var} = identity{r}();")
         body += each_element(lambda ind, at, a=args, f=folds: element_body(g.closure(a, E, need), ind, f, at), loads)
@@ -490,7 +519,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         body += each_element(lambda ind, at: element_body(g.closure(keys, E, need), ind, tail, at), loads, pre, post)
     if out_r and split == 1:
         body += ["  if (active && lane == 0) {  // the per-row outputs, once per row",
-                 *[f"    {arg[v]}[row] = {g.outputs[v]};" for v in out_r], "  }"]
+                 *_row_stores(g, arg, out_r, "    "), "  }"]
 
     if cluster > 1:
         body.append("  __cluster_barrier_arrive();  // no CTA leaves while the cluster may read its state")
