@@ -13,12 +13,18 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6) -> list[dict]:
         for cand in ({"unroll": 1}, {"unroll": 2}, {"block": 128}, {"block": 512}, {"block": 512, "unroll": 2},
                      {"vector_width": 1}):
             out.append({**cand, "sm_count": sm_count})
+    elif ks.kind == "row_reduction" and p.get("schedule") == "split_row":
+        from ..codegen.rowsplit import tune_variants as split_row_variants
+        out = split_row_variants(p, sm_count=sm_count)      # chunks per row (few long rows)
     elif ks.kind == "row_reduction":
         from ..codegen.rowreduce import tune_variants
         out = tune_variants(p, sm_count=sm_count)
     elif ks.kind == "class_loss":
         from ..codegen.class_loss import tune_variants as class_loss_variants
         out = class_loss_variants(p)
+    elif ks.kind == "attention":
+        from ..codegen.attention import tune_variants as attention_variants
+        out = attention_variants(p)     # the other precision form, key tiles, warps
     elif ks.kind in ("layout", "strided_slice"):
         from ..codegen.layout_staged import tune_variants as staged_variants
         from ..codegen.layout_tiled import tune_variants as tile_variants

@@ -41,6 +41,7 @@ from .row_cat import check as check_row_cat, split_row_cats
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, STATES, fold_params, state_helpers, struct_fields
 from .rowreduce import DEFAULTS as ROW_DEFAULTS, _Operands
+from . import rowsplit
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "cluster": None,
             "cluster_max": 8, "cluster_thread_floats": 32, "spread_min_bytes": 1 << 22}
@@ -54,7 +55,7 @@ COLUMN_TILE = (32, 8)
 # the kernel's own locals; generated names never take them
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
           "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
-          "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w")
+          "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w", *rowsplit.LOCALS)
 
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -63,6 +64,8 @@ def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: 
     sched = _schedule(g, p, _full_inputs(program, g, io))
     if not sched["cached"]:      # streamed rows: online states, one read of the row per round
         names, arg, views, g, stores = _lowered(program, io, two_stage=False)
+        if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
+            sched = _schedule(g, p, _full_inputs(program, g, io))
     return _render(program, io, g, names, arg, sched, name, views, stores)
 
 
@@ -148,7 +151,7 @@ def wide_schedule(program: Program, io: RegionIO, params: dict | None = None) ->
         return None
     schedule = _schedule(g, p, _full_inputs(program, g, io))["schedule"]
     per_element = any(g.defs[key].space == E for key in g.outputs.values())
-    wide = schedule == "split_column" or (schedule == "cluster" and per_element)
+    wide = schedule == "split_column" or (schedule in ("cluster", "split_row") and per_element)
     return schedule if wide or stores else None
 
 
@@ -206,6 +209,18 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
     else:
         schedule, tpr = "stream", int(p["online_threads"])
+    parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in INDEXED for s in g.steps)) \
+        if schedule != "warp" or p.get("split") else 1
+    if parts > 1:     # few long rows: kSplit chunks per row over the whole GPU, in phases (rowsplit.py)
+        tpr = int(p.get("threads_per_row") or rowsplit.SPLIT_ROW_THREADS)
+        if tpr & (tpr - 1) or not 32 <= tpr <= 1024:
+            raise CodegenError(f"threads_per_row of a split row must be a power of two from 32 to 1024, got {tpr}")
+        chunk = math.ceil(math.ceil(cols / parts) / vec) * vec
+        parts = math.ceil(cols / chunk)            # no empty chunk
+        phases = rounds + per_element
+        return {"schedule": "split_row", "vec": vec, "tpr": tpr, "rows_per_block": 1, "block": tpr,
+                "items": math.ceil(chunk / (tpr * vec)), "cached": False, "grid": g.rows * parts * phases,
+                "split": 1, "row_split": parts, "chunk": chunk, "phases": phases}
     cluster = _cluster_size(g, p, k, schedule)
     if cluster > 1:
         tpr = min(1024, max(128, _pow2(cols * k / (cluster * 16))))
@@ -319,6 +334,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     schedule, vec, cached = sched["schedule"], sched["vec"], sched["cached"]
     column, split, cluster = schedule in ("column", "split_column"), sched["split"], sched.get("cluster", 1)
     vecx = sched.get("vecx", 1)
+    srow = schedule == "split_row"     # few long rows in chunks over the GPU, in phases (rowsplit.py)
     need, steps = g.needed(), g.steps
     numel = math.prod(g.full)
     index_t = index_type(max(numel, views.extent if views else 0))
@@ -372,7 +388,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                    "    if (active && p < kCols) {"]
             at = "k * kVec + e" if vec == 4 else "k"
         else:
-            out = ["  for (int p = lane * kVec; active && p < kCols; p += kStride) {", "    {"]
+            span = ("lo + lane * kVec", "hi") if srow else ("lane * kVec", "kCols")   # a split row: its chunk
+            out = [f"  for (int p = {span[0]}; active && p < {span[1]}; p += kStride) {{", "    {"]
             at = "e" if vec == 4 else "0"
             for v in loads:
                 if vec == 4:
@@ -391,7 +408,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         out += ["    }", "  }"]
         return out
 
-    body = ["  const int rank = blockIdx.x % kCluster;  // this CTA's place in the row's cluster",
+    body = rowsplit.prelude() if srow else [
+            "  const int rank = blockIdx.x % kCluster;  // this CTA's place in the row's cluster",
             "  const int lane = rank * kThreadsPerRow + threadIdx.x;  // the row's threads, over the cluster",
             "  const index_t row = blockIdx.x / kCluster;",
             "  const bool active = true;  // the grid is exactly kRows clusters",
@@ -465,6 +483,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         out += ["    }", "  }", "#pragma unroll", f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = reduce{r}({var}_v[e]);"]
         return out
     helpers = [_state_code(k) for k in dict.fromkeys(s.state for s in steps)]
+    phase_fold, round_defs = {}, {}       # a split row's fold and per-row values of each round
     for r in range(1, max((s.round for s in steps), default=0) + 1):
         rs = sorted((s for s in steps if s.round == r), key=lambda s: s.slot)
         helpers.append(_round_code(r, rs, schedule, lambda n: program.nodes[n].name))
@@ -484,10 +503,14 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                      "    if (active) {  // the per-column outputs, once per column",
                      *_row_stores(g, arg, out_r, "      "), "    }", "  }"]
             continue
-        body.append(f"  Round{r} {var} = identity{r}();")
-        body += each_element(lambda ind, at, a=args, f=folds: element_body(g.closure(a, E, need), ind, f, at), loads)
-        body.append(f"  {var} = reduce{r}({var});")
-        body += row_defs(r)
+        fold = [f"  {var} = identity{r}();" if srow else f"  Round{r} {var} = identity{r}();",
+                *each_element(lambda ind, at, a=args, f=folds: element_body(g.closure(a, E, need), ind, f, at), loads),
+                f"  {var} = reduce{r}({var});"]
+        if srow:
+            body.append(f"  Round{r} {var};  // this chunk's state, then the row's")
+            phase_fold[r], round_defs[r] = fold, row_defs(r)
+            continue
+        body += fold + row_defs(r)
     if out_e:
         keys = [g.outputs[v] for v in out_e]
         loads = [v for v in held if key_of[v] in {d.key for d in g.closure(keys, E, need)}]
@@ -515,20 +538,42 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         else:
             tail = [f"{arg[v]}[{stores[v].offset('i') if v in stores else 'i'}] = {g.outputs[v]};" for v in out_e]
             pre = post = []
-        body.append("  // the per-element outputs")
-        body += each_element(lambda ind, at: element_body(g.closure(keys, E, need), ind, tail, at), loads, pre, post)
-    if out_r and split == 1:
-        body += ["  if (active && lane == 0) {  // the per-row outputs, once per row",
-                 *_row_stores(g, arg, out_r, "    "), "  }"]
+        output = ["  // the per-element outputs",
+                  *each_element(lambda ind, at: element_body(g.closure(keys, E, need), ind, tail, at), loads, pre, post)]
+        if not srow:
+            body += output
+    row_out = ["  if (active && lane == 0) {  // the per-row outputs, once per row",
+               *_row_stores(g, arg, out_r, "    "), "  }"] if out_r else []
+    if split == 1 and not srow:
+        body += row_out
 
     if cluster > 1:
         body.append("  __cluster_barrier_arrive();  // no CTA leaves while the cluster may read its state")
         body.append("  __cluster_barrier_wait();")
     totals = [s for s in steps if s.total is not None]
+    total_lines = []
     if totals:
         helpers.append(_totals_code(totals))
-        body += _combine_totals(g, totals, need, [f"  {arg[v]}[0] = {g.outputs[v]};" for v in out_t],
-                                lambda d: f"{arg[d.vid]}[0]")
+        # a split row: the row's combining block publishes the row's share (kRows of them arrive)
+        total_lines = _combine_totals(g, totals, need, [f"  {arg[v]}[0] = {g.outputs[v]};" for v in out_t],
+                                      lambda d: f"{arg[d.vid]}[0]", *(("counters[2]", "kRows", "threadIdx.x == 0",
+                                                                       "kTotalsAt + ") if srow else ()))
+    space = None
+    if srow:
+        rounds_n = max((s.round for s in steps), default=0)
+        fields = {r: [(j, f) for j, s in enumerate(sorted((s for s in steps if s.round == r), key=lambda s: s.slot))
+                      for f in STATES[s.state][0]] for r in range(1, rounds_n + 1)}
+        space = rowsplit.SplitRowSpace(g.rows, sched["row_split"], {r: len(f) for r, f in fields.items()},
+                                       _total_fields(totals) if totals else 0)
+        folds = {r: rowsplit.fold_and_combine(r, g.round_vars[r], fields[r], phase_fold[r],
+                                              [*round_defs[r], *row_out, *total_lines]
+                                              if r == rounds_n and (row_out or total_lines) else [],
+                                              r < rounds_n or bool(out_e)) for r in fields}
+        loaded = {r: [*rowsplit.wait_and_load(r, g.round_vars[r], fields[r]), *round_defs[r]] for r in fields}
+        body += rowsplit.nest(rounds_n, folds, loaded, output if out_e else [])
+        body += rowsplit.count_out()
+    else:
+        body += total_lines
     tx, ty = COLUMN_TILE
     tpr, items = sched["tpr"], sched["items"]
     consts = [f"typedef {index_t} index_t;",
@@ -557,6 +602,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                    "constexpr int kStride = kCluster * kThreadsPerRow * kVec;  // columns between a thread's loads"]
     if cached:
         consts.append(f"constexpr int kItems = {items};  // loads per thread and input")
+    if srow:
+        consts += [f"constexpr int kSplit = {sched['row_split']};  // chunks per row",
+                   f"constexpr int kChunk = {sched['chunk']};  // columns per chunk (a multiple of kVec)",
+                   f"constexpr int kPhases = {sched['phases']};  // fold rounds, then the per-element outputs",
+                   *space.consts()]
     if totals:
         consts += [f"constexpr float kNumelF = {float_literal(numel)};  // elements of a whole-tensor reduction",
                    f"constexpr int kTotalFields = {_total_fields(totals)};  // floats of each row's share of the totals"]
@@ -569,7 +619,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                   "split_column": f"column tiles of {tx * vecx} positions ({vecx} per thread) x {ty} thread rows, "
                                   f"{split} blocks per tile, last block combines",
                   "cluster": f"a cluster of {cluster} CTAs of {tpr} threads per row, states exchanged through "
-                             f"distributed shared memory"}[schedule]
+                             f"distributed shared memory",
+                  "split_row": f"{sched.get('row_split')} chunks of {sched.get('chunk')} per row, a block of {tpr} "
+                               f"threads each, {sched.get('phases')} phases (last block per row combines in "
+                               f"parallel)"}[schedule]
     sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times") + \
         f", {rounds} all-reduce round(s), {'float4' if 4 in (vec, vecx) else 'scalar'} loads, {sched['grid']} blocks"
     red_names = ", ".join(program.nodes[n].op for n in g.reductions)
@@ -584,7 +637,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return g.defs[k].ctype if k else c_type(vals[v].dtype, f"'{vals[v].name}'")
     cparams = [f"const {in_ctype(v)}* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"{octype[v]}* __restrict__ {arg[v]}" for v in io.outputs]
-    if split > 1 or totals:
+    if split > 1 or totals or srow:
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
     if views:
         body = ["  // the layout prologue's values through their views, by flat index (run start for float4)",
@@ -605,14 +658,16 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         outputs=list(io.outputs), grid=(sched["grid"], 1, 1), block=block, schedule=sched_text,
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": sched["rows_per_block"],
                 "vector_width": vec, "block": block[0] * block[1], "grid": sched["grid"], "cached": cached,
-                "rounds": rounds, "reductions": len(g.reductions), "split": split, "cluster": cluster,
+                "rounds": rounds, "reductions": len(g.reductions), "cluster": cluster,
+                "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
                 "cols": g.cols, "vecx": vecx,
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
                                  math.ceil(g.cols / (n * 1024)) * max(1, len(held)) <= ROW_THREAD_FLOATS]},
         align=16 if 4 in (vec, vecx) else 4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes),
-        workspace=[("float32", columns * split * _fields_of_round1(steps)), ("int32", sched["grid"] // split)]
+        workspace=space.workspace() if srow else
+        [("float32", columns * split * _fields_of_round1(steps)), ("int32", sched["grid"] // split)]
         if split > 1 else [("float32", g.rows * _total_fields(totals)), ("int32", 1)] if totals else [])
 
 
@@ -636,28 +691,29 @@ def _totals_code(totals) -> str:
             + "  return a;\n}\n")
 
 
-def _combine_totals(g: RowGraph, totals, need, stores: list[str], load_input) -> list[str]:
+def _combine_totals(g: RowGraph, totals, need, stores: list[str], load_input, counter: str = "counters[0]",
+                    arrivals: str = "gridDim.x", publisher: str = "active && lane == 0", at: str = "") -> list[str]:
     """Each row publishes its share of the totals; the block that arrives last combines every row's in
     row order (thread t folds rows t, t + kBlock, ...; then a fixed shuffle tree and the warps in
     order: the same bits whichever block came last), evaluates the totals' pointwise ops and stores
-    them once."""
+    them once. Every block arrives (`arrivals` of them at `counter`), or with a split row the block
+    that combined each row; the row shares sit at workspace + `at`."""
     fields = [(s, f) for s in totals for f in STATES[s.state][0]]
-    publish = [f"workspace[row * kTotalFields + {n}] = {g.round_vars[s.round]}.s{s.slot}.{f};"
+    publish = [f"workspace[{at}row * kTotalFields + {n}] = {g.round_vars[s.round]}.s{s.slot}.{f};"
                for n, (s, f) in enumerate(fields)]
     tdefs = [d for d in g.defs.values() if d.space == T and d.key in need]
     lines = [f"      const {d.ctype} {d.key} = {d.expr if d.expr is not None else load_input(d)};"
              + (f"  // {d.note}" if d.note else "") for d in tdefs]
     return ["  // the whole-tensor reductions: each row publishes its share, the last block combines them",
-            *publish_and_arrive(publish, "counters[0]", "gridDim.x", publisher="active && lane == 0",
+            *publish_and_arrive(publish, counter, arrivals, publisher=publisher,
                                 arriver="threadIdx.x == 0 && threadIdx.y == 0"),
-            "  if (!last) return;",
-            "  __threadfence();",
-            "  {",
+            "  if (last) {",
+            "    __threadfence();",
             "    const int tid = threadIdx.y * blockDim.x + threadIdx.x;",
             "    Totals totals = identityT();",
             "    for (index_t r = tid; r < kRows; r += kBlock) {  // row order",
             "      Totals q;",
-            *[f"      q.t{s.total}.{f} = __ldcg(workspace + r * kTotalFields + {n});" for n, (s, f) in enumerate(fields)],
+            *[f"      q.t{s.total}.{f} = __ldcg(workspace + {at}r * kTotalFields + {n});" for n, (s, f) in enumerate(fields)],
             "      totals = combineT(totals, q);",
             "    }",
             "#pragma unroll",
@@ -670,7 +726,7 @@ def _combine_totals(g: RowGraph, totals, need, stores: list[str], load_input) ->
             "      for (int w = 1; w < kBlock / 32; ++w) totals = combineT(totals, totals_part[w]);",
             *lines,
             *[f"    {ln}" for ln in stores],
-            "      " + reset_counter("counters[0]", "").strip(),
+            "      " + reset_counter(counter, "").strip(),
             "    }",
             "  }"]
 

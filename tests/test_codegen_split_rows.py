@@ -1,0 +1,189 @@
+"""Few long rows spread over the whole GPU: the row graph's `split_row` schedule (codegen/rowsplit.py).
+
+Each row is cut into kSplit chunks; phase r - 1 folds round r (every chunk's partial state published,
+the row's last block combining them in parallel), the last phase writes the per-element outputs after
+waiting for its row's flag. Tasks come from a grid-wide ticket, so no block waits for one that has
+not started.
+
+On the CPU: which shapes take the schedule (from rows, row length and SM count, never a block's
+shape), NVRTC sm_90 builds, and the kernel itself run by the CPU emulator (agent_core.writer.emulate:
+g++, every block and thread) against torch: max then a pointwise pass (Whisper's log-mel), softmax
+(online max and sum of exp), layer_norm (Welford), mean / max / min kept per row, a chain of two
+reductions (three phases), a whole-tensor sum beside the rows, ragged lengths (scalar loads, a short
+last chunk); the workspace's counters are left zeroed and a second launch gives the same bits. The
+GPU side: tests/gpu/test_gpu_split_rows.py.
+"""
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from agent_core.agent.tune import tune_space
+from agent_core.codegen import generate_kernel
+from agent_core.compiler import compile_kernel
+from agent_core.ir import Program
+from agent_core.reference import run_reference
+from tests.programs import kl_terms, row_stats
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+# a small GPU for the default rule: 4 SMs and no launch-bound floor, so small rows already split
+SMALL_GPU = {"sm_count": 4, "spread_min_bytes": 0}
+
+
+def log_mel(shape):
+    """Whisper's log-mel normalisation: log10 of the clamped power, floored at each clip's max - 8."""
+    p = Program("log_mel")
+    x = p.add_input("mel", shape)
+    ids = []
+
+    def node(op, ins, attrs=None):
+        n = p.add_node(op, ins, attrs or {})
+        ids.append(n.id)
+        return n.outputs[0]
+    lg = node("div_scalar", [node("log", [node("clamp", [x.id], {"min": 1e-10, "max": None})])], {"value": 2.302585092994046})
+    peak = node("max", [lg], {"dim": list(range(1, len(shape))), "keepdim": True})
+    y = node("div_scalar", [node("add_scalar", [node("maximum", [lg, node("sub_scalar", [peak], {"value": 8.0})])],
+                                  {"value": 4.0})], {"value": 4.0})
+    p.mark_output(y)
+    return p, ids
+
+
+def row_op(op, shape):
+    p = Program(op)
+    x = p.add_input("x", shape)
+    attrs = {"normalized_shape": [shape[-1]]} if op == "layer_norm" else {"dim": -1}
+    n = p.add_node(op, [x.id], attrs)
+    p.mark_output(n.outputs[0])
+    return p, [n.id]
+
+
+def centred_variance(shape):
+    """mean((x - mean(x))^2) written out: the second reduction reads the first's result (two rounds,
+    three phases with the per-element output x - mean)."""
+    p = Program("centred")
+    x = p.add_input("x", shape)
+    m = p.add_node("mean", [x.id], {"dim": [-1], "keepdim": True})
+    d = p.add_node("sub", [x.id, m.outputs[0]])
+    sq = p.add_node("mul", [d.outputs[0], d.outputs[0]])
+    v = p.add_node("mean", [sq.outputs[0]], {"dim": [-1], "keepdim": True})
+    p.mark_output(d.outputs[0])
+    p.mark_output(v.outputs[0])
+    return p, [m.id, d.id, sq.id, v.id]
+
+
+def kl_total(shape):
+    """KL's terms, then their sum over every element (batchmean's numerator) beside the row softmaxes."""
+    p, ids = kl_terms(shape)
+    s = p.add_node("sum", [p.outputs[0]], {"dim": None, "keepdim": False})
+    p.outputs.clear()
+    p.mark_output(s.outputs[0])
+    return p, [*ids, s.id]
+
+
+def emulate(program, ids, params, draws=2, positive=False):
+    """The kernel run twice on the CPU (one launch per call, each with fresh zeroed workspace):
+    (ks, [outputs of each call], torch's outputs, workspace after call 1)."""
+    from agent_core.writer.emulate import CpuExecutor
+    from agent_core.writer.executors import CANARY, guarded, payload
+    guard = 64
+    ks = generate_kernel(program, ids, name=f"emu_{program.name}", params=params)
+    g = torch.Generator().manual_seed(0)
+    ins = {v: torch.randn(program.values[v].shape, generator=g) for v in ks.inputs}
+    if positive:
+        ins = {v: t.exp() for v, t in ins.items()}
+    ref = run_reference(program, [ins[v] for v in program.inputs], keep=True)
+    outs = [program.values[v] for v in ks.outputs]
+    call = [guarded(ins[v].numpy(), guard) for v in ks.inputs]
+    call += [guarded(np.full(o.shape, 7.0, np.float32), guard) for o in outs]
+    call += [guarded(np.zeros(n, np.float32 if dt == "float32" else np.uint32), guard) for dt, n in ks.workspace]
+    results = CpuExecutor().run(ks, [list(call) for _ in range(draws)], guard=guard, timeout_s=120)
+    got = []
+    for res in results:
+        assert all((b[:guard] == CANARY).all() and (b[-guard:] == CANARY).all() for b in res), "wrote outside a buffer"
+        got.append([torch.from_numpy(payload(res[len(ks.inputs) + i], guard, np.float32, o.shape).copy())
+                    for i, o in enumerate(outs)])
+    counters = payload(results[0][-1], guard, np.uint32, (ks.workspace[-1][1],))
+    return ks, got, [ref[v] for v in ks.outputs], counters
+
+
+CASES = {
+    "log_mel max then pointwise": (lambda: log_mel((3, 16, 600)), True),
+    "softmax": (lambda: row_op("softmax", (3, 9000)), False),
+    "layer_norm": (lambda: row_op("layer_norm", (2, 8192)), False),
+    "mean max min per row": (lambda: row_stats((3, 10000)), False),
+    "two chained reductions": (lambda: centred_variance((2, 9001)), False),
+    "ragged softmax": (lambda: row_op("log_softmax", (5, 8195)), False),
+    "total beside rows": (lambda: kl_total((3, 8200)), False),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", CASES)
+def test_split_rows_under_cpu_emulation_match_torch(case):
+    build, positive = CASES[case]
+    program, ids = build()
+    ks, got, ref, counters = emulate(program, ids, SMALL_GPU, positive=positive)
+    assert ks.params["schedule"] == "split_row" and ks.params["split"] >= 2, ks.schedule
+    assert ks.grid[0] == ks.params["phases"] * ks.params["split"] * (program.values[program.inputs[0]].shape[0])
+    for g, r in zip(got[0], ref):
+        assert torch.allclose(g, r.reshape(g.shape), atol=1e-5, rtol=1e-5), (case, (g - r.reshape(g.shape)).abs().max())
+    for a, b in zip(got[0], got[1]):
+        assert torch.equal(a, b)          # the same bits on a second launch
+    assert not counters.any(), counters     # ticket, arrivals, flags all reset for the next launch
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_split_rows_compile_for_sm_90(case):
+    program, ids = CASES[case][0]()
+    ks = generate_kernel(program, ids, name=f"nvrtc_{program.name}", params=SMALL_GPU)
+    assert ks.params["schedule"] == "split_row"
+    compiled = compile_kernel(ks, arch="sm_90")
+    assert compiled.spill_bytes == 0 if hasattr(compiled, "spill_bytes") else True
+
+
+def test_default_split_comes_from_rows_length_and_sms():
+    """Rows below two per SM split into chunks of at least 4096 columns, about 8 chunks per SM in all;
+    as many rows as two per SM, or rows too short, keep one block (or cluster) per row."""
+    p, ids = log_mel((64, 80, 3000))           # Whisper's 64 clips of 240,000 on an H200
+    ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 132})
+    assert ks.params["schedule"] == "split_row"
+    assert ks.params["split"] == 17 and ks.params["phases"] == 2 and ks.grid == (64 * 17 * 2, 1, 1)
+    assert "14120" in ks.source                # kChunk: 240,000 / 17 rounded up to a float4
+    ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 64})
+    assert ks.params["split"] == 8             # a smaller GPU: fewer chunks
+    ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 32})
+    assert ks.params["schedule"] != "split_row"   # 64 rows fill 32 SMs twice over
+    p, ids = log_mel((264, 80, 3000))          # two rows per SM: one row per block already fills it
+    assert generate_kernel(p, ids, name="many", params={"sm_count": 132}).params["schedule"] != "split_row"
+    p, ids = row_op("softmax", (8, 6000))      # too short to split twice
+    assert generate_kernel(p, ids, name="short", params=SMALL_GPU).params["schedule"] != "split_row"
+    p, ids = row_op("softmax", (8, 1_000_000))  # 8 rows of a million: one read per phase over the GPU
+    ks = generate_kernel(p, ids, name="long", params={"sm_count": 132})
+    assert ks.params["schedule"] == "split_row" and ks.params["split"] == 132 and ks.params["phases"] == 2
+
+
+def test_the_tuner_searches_the_split_factor():
+    p, ids = log_mel((64, 80, 3000))
+    ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 132})
+    space = tune_space(ks, sm_count=132)
+    splits = [c.get("split") for c in space]
+    assert 34 in splits and 8 in splits and 1 in splits, space
+    for cand in space:
+        alt = generate_kernel(p, ids, name="log_mel", params=cand)
+        if cand["split"] == 1:
+            assert alt.params["schedule"] != "split_row"
+        else:
+            assert alt.params["split"] == cand["split"] and alt.grid[0] == 64 * cand["split"] * 2
+            compile_kernel(alt, arch="sm_90")
+
+
+def test_the_combine_is_parallel_and_in_a_fixed_order():
+    """The row's last block folds partials t, t + kBlock, ... per thread, then the block's fixed
+    tree: no loop of one thread over every partial; later phases wait on a flag raised by a block
+    that took an earlier ticket."""
+    p, ids = row_op("softmax", (8, 1_000_000))
+    src = generate_kernel(p, ids, name="long", params={"sm_count": 132}).source
+    assert "for (int k = threadIdx.x; k < kSplit; k += kBlock)" in src
+    assert "atomicAdd(&counters[0], 1u)" in src and "while (*flag == 0u)" in src
+    assert "blockIdx" not in src.split("__global__", 1)[1]    # tasks come from the ticket only
