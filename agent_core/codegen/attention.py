@@ -185,7 +185,7 @@ def default_params(spec: AttentionSpec, form: str | None = None) -> dict:
     d = max(spec.E, spec.Ev)
     if form == "fp32":
         return {"form": "fp32", "block_rows": 32 if d <= 128 else 16, "block_cols": 32, "warps": 4}
-    return {"form": "3xtf32", "block_rows": 64, "block_cols": 64 if d <= 128 else 32, "warps": 4}
+    return {"form": "3xtf32", "block_rows": 64, "block_cols": 64 if d <= 64 else 32, "warps": 4, "stages": None}
 
 
 def generate_attention(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -211,4 +211,8 @@ def tune_variants(p: dict) -> list[dict]:
                 {"warps": 2, "block_rows": 32}]
     else:
         out += [{"block_rows": 64 if p.get("block_rows") != 64 else 32}, {"block_cols": 64}]
-    return [{**p, **c} for c in out]
+    return [{**p, "stages": None, **c} for c in out]
+
+
+__all__ = ["AttentionSpec", "FORMS", "Operand", "SDPA", "attention_spec", "attention_supported", "cost",
+           "default_params", "generate_attention", "tune_variants"]
