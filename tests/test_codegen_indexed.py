@@ -31,39 +31,43 @@ def compiled_clean(ks):
 
 
 # --- argmax / argmin ----------------------------------------------------------------------------
-ARG_CASES = [  # shape, dim, keepdim, schedule, float4
-    ((64, 1000), 1, False, "warp", True),
-    ((64, 1000), -1, True, "warp", True),
-    ((9, 7), 0, False, "warp", False),          # a short strided dim: a warp per row, strided loads
-    ((40, 33), 0, True, "column", False),       # strided by 33: column tiles
-    ((6, 5, 7), -1, True, "warp", False),
-    ((3, 5, 40), 1, False, "column", False),
-    ((4, 10, 3), 1, True, "warp", False),
-    ((64, 100), None, False, "block", True),    # the flattened tensor: one row of 6400
-    ((3, 4, 5), None, True, "warp", True),
-    ((5, 3000), -1, False, "block", True),      # longer than a block of 256 x 4
-    ((3, 17001), 1, False, "block", False),     # 1024 threads per row, odd length
-    ((7, 2000, 3), 1, False, "block", False),   # long and strided
-    ((33,), None, False, "warp", False),
-    ((1,), 0, False, "warp", False),            # a single element
-    ((), None, False, "warp", False),           # a scalar
+# argmax / argmin are a (value, index) state of the row graph (codegen/rowops.py, rendered by
+# rowkernel.py); argreduce.py keeps a scalar and rows of one element. Numerics under CPU emulation:
+# tests/test_rowgraph_argmax_norm.py; on the GPU: tests/gpu/test_gpu_indexed.py.
+ARG_CASES = [  # shape, dim, keepdim, kernel kind
+    ((64, 1000), 1, False, "row_reduction"),
+    ((64, 1000), -1, True, "row_reduction"),
+    ((9, 7), 0, False, "row_reduction"),        # a short strided dim: column tiles
+    ((40, 33), 0, True, "row_reduction"),
+    ((6, 5, 7), -1, True, "row_reduction"),
+    ((3, 5, 40), 1, False, "row_reduction"),
+    ((4, 10, 3), 1, True, "row_reduction"),
+    ((64, 100), None, False, "row_reduction"),  # the flattened tensor: one row of 6400
+    ((3, 4, 5), None, True, "row_reduction"),
+    ((5, 3000), -1, False, "row_reduction"),
+    ((3, 17001), 1, False, "row_reduction"),    # streamed, odd length
+    ((7, 2000, 3), 1, False, "row_reduction"),  # long and strided
+    ((33,), None, False, "row_reduction"),
+    ((1,), 0, False, "arg_reduction"),          # a single element: no row to fold
+    ((), None, False, "arg_reduction"),         # a scalar
 ]
 
 
 @pytest.mark.parametrize("op", ["argmax", "argmin"])
-@pytest.mark.parametrize("shape,dim,keepdim,schedule,vec4", ARG_CASES,
+@pytest.mark.parametrize("shape,dim,keepdim,kind", ARG_CASES,
                          ids=[f"{'x'.join(map(str, c[0])) or 'scalar'}-dim{c[1]}{'-keep' if c[2] else ''}"
                               for c in ARG_CASES])
-def test_arg_reduction_compiles(op, shape, dim, keepdim, schedule, vec4):
+def test_arg_reduction_compiles(op, shape, dim, keepdim, kind):
     p, nid = arg_program(op, shape, dim, keepdim)
     ks = generate_kernel(p, [nid], name=f"{op}_k")
-    assert ks.kind == "arg_reduction" and ks.params["schedule"] == schedule, ks.params
-    assert (ks.params["vector_width"] == 4) == vec4
+    assert ks.kind == kind, ks.params
     assert "long long* __restrict__" in ks.source and "const float* __restrict__ x" in ks.source
-    assert "__launch_bounds__(kBlock)" in ks.source and f"{op}(x, dim={dim}" in ks.source
-    # torch's order: NaN wins, and on equal values the smaller index wins
-    assert "if (a != a) return b == b || ia < ib;" in ks.source
-    assert f"return a {'>' if op == 'argmax' else '<'} b || (a == b && ia < ib);" in ks.source
+    if kind == "row_reduction":     # torch's order: NaN wins, and on equal values the smaller index wins
+        assert f"bool better_{op}(float a, long long ia, float b, long long ib)" in ks.source
+        assert f"(a {'>' if op == 'argmax' else '<'} b || (a == b && ia < ib))" in ks.source
+        assert f"fold_{op}(" in ks.source and ", c);" in ks.source
+    else:
+        assert "if (a != a) return b == b || ia < ib;" in ks.source
     assert ks.block[0] * ks.block[1] <= 1024
     compiled_clean(ks)
 
@@ -71,12 +75,10 @@ def test_arg_reduction_compiles(op, shape, dim, keepdim, schedule, vec4):
 def test_arg_reduction_shapes_in_the_source():
     p, nid = arg_program("argmax", (4, 6, 5), 1)
     ks = generate_kernel(p, [nid], name="am")
-    assert "kCols = 6;" in ks.source and "kInner = 5;" in ks.source and "[outer 4, L 6, inner 5]" in ks.source
-    assert "base + l * kInner" in ks.source
+    assert "kCols = 6;" in ks.source and "kInner = 5;" in ks.source and "[4, 6, 5]: 20 rows of 6" in ks.source
     p, nid = arg_program("argmin", (3, 7), None, keepdim=True)
     ks = generate_kernel(p, [nid], name="am_flat")
-    assert "kCols = 21;" in ks.source and "into the flattened tensor" in ks.source
-    assert ks.grid == (1, 1, 1)
+    assert "kCols = 21;" in ks.source and ks.grid == (1, 1, 1)
 
 
 # --- cumsum / cumprod ---------------------------------------------------------------------------
@@ -113,8 +115,14 @@ def test_refusals_name_the_reason():
     r = p.add_node("relu", [x.id])
     a = p.add_node("argmax", [r.outputs[0]], {"dim": 1})
     p.mark_output(a.outputs[0])
-    with pytest.raises(CodegenError, match="exactly one argmax/argmin node"):
-        generate_kernel(p, [r.id, a.id], name="two")
+    # a pointwise producer now joins the argmax's row kernel; an integer input is refused there
+    assert generate_kernel(p, [r.id, a.id], name="two").kind == "row_reduction"
+    z = Program("z")
+    w = z.add_input("w", (4, 8), "int64")
+    aw = z.add_node("argmax", [w.id], {"dim": 1})
+    z.mark_output(aw.outputs[0])
+    with pytest.raises(CodegenError, match="dtype int64"):
+        generate_kernel(z, [aw.id], name="ints")
     q = Program("i")
     y = q.add_input("y", (4, 8), "int64")
     c = q.add_node("cumsum", [y.id], {"dim": 1})
