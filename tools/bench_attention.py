@@ -15,7 +15,7 @@ import json
 import math
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -82,15 +82,20 @@ def worst_error(case, prog, ks, loaded, ins):
     return float((out[:1].double() - ref).abs().max()), float(((out[:1].double() - ref).abs() - 1e-4 * ref.abs()).max())
 
 
+def _compile(job) -> None:
+    from agent_core.compiler import compile_source
+    compile_source(*job)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="attention_bench.jsonl")
     ap.add_argument("--forms", default="3xtf32")
     ap.add_argument("--max-autotune", action="store_true")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--tune", action="store_true", help="also time the tuner's tile / warp variants")
     a = ap.parse_args(argv)
     import torch
-    from agent_core.compiler import compile_kernel
     from agent_core.profile.timing import time_gpu
     from agent_core.runtime.launch import load_kernel
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -102,8 +107,16 @@ def main(argv=None) -> int:
         prog, nodes = attention_program(c)
         for form in forms:
             jobs[(c, form)] = (prog, generate_kernel(prog, nodes, name=f"bench_{form}", params={"form": form}))
-    with ThreadPoolExecutor(8) as pool:   # NVRTC compiles in parallel (cached for the loads below)
-        list(pool.map(lambda j: compile_kernel(j[1]), jobs.values()))
+            if a.tune and form == "3xtf32":   # the tuner's variants of the tensor-core form, as the agent tries them
+                from agent_core.codegen.attention import tune_variants
+                for j, params in enumerate(v for v in tune_variants(jobs[(c, form)][1].params) if v["form"] == form):
+                    try:
+                        jobs[(c, f"{form}#{j + 1}")] = (prog, generate_kernel(prog, nodes, name=f"bench_{form}_{j}",
+                                                                                params=params))
+                    except Exception:   # noqa: BLE001 - a variant that does not fit (shared memory)
+                        pass
+    with ProcessPoolExecutor(12) as pool:   # NVRTC compiles in parallel (the disk cache serves the loads below)
+        list(pool.map(_compile, [(ks.source, ks.name) for _, ks in jobs.values()]))
     print(f"compiled {len(jobs)} kernels in {time.time() - t0:.0f} s", flush=True)
     rows = []
     mode = "max-autotune" if a.max_autotune else "default"
@@ -113,7 +126,7 @@ def main(argv=None) -> int:
             prog = jobs[(c, forms[0])][0]
             ins = reference_inputs(c, prog, jobs[(c, forms[0])][1].inputs, device="cuda")
             err = excess = None
-            for form in forms:
+            for form in [f for (cc, f) in jobs if cc == c]:
                 ks = jobs[(c, form)][1]
                 loaded = load_kernel(ks, prog)
                 outs = loaded.bind(ins, [torch.empty(s, dtype=torch.float32, device="cuda") for s, _ in loaded.specs])
@@ -130,7 +143,7 @@ def main(argv=None) -> int:
             form = min(ours, key=ours.get)
             base = min(sdpa, comp)
             row = {"case": c.label(), "B": c.B, "H": c.H, "seq": c.L, "head_dim": c.E, "mask": c.mask or "none",
-                   "ours_ms": ours[form], "form": form, "forms_ms": ours, "sdpa_ms": sdpa, "sdpa_backend": backend,
+                   "ours_ms": ours[form], "form": form, "params": jobs[(c, form)][1].params, "forms_ms": ours, "sdpa_ms": sdpa, "sdpa_backend": backend,
                    "compile_ms": comp, "compile_mode": mode, "speedup": base / ours[form],
                    "max_abs_err_vs_fp64": err, "excess_over_1e-4": excess}
             rows.append(row)

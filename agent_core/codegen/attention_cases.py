@@ -57,9 +57,9 @@ def attention_program(c: Case) -> tuple[Program, list[str]]:
     if c.mask == "bool":
         ins.append(p.add_input("mask", (c.L, c.S), dtype="bool").id)
     elif c.mask == "float":
-        ins.append(p.add_input("mask", (c.B, 1, c.L, c.S)).id)
+        ins.append(p.add_input("mask", (c.B,) + (1,) * (len(qshape) - 1) + (c.L, c.S)).id)
     elif c.mask == "padding":
-        ins.append(p.add_input("mask", (c.B, 1, 1, c.S), dtype="bool").id)
+        ins.append(p.add_input("mask", (c.B,) + (1,) * len(qshape) + (c.S,), dtype="bool").id)
     n = p.add_node("scaled_dot_product_attention", ins, {"is_causal": c.mask == "causal"})
     p.mark_output(n.outputs[0])
     nodes.append(n.id)
