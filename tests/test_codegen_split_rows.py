@@ -27,8 +27,8 @@ from agent_core.reference import run_reference
 from tests.programs import kl_terms, row_stats
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
-# a small GPU for the default rule: 4 SMs and no launch-bound floor, so small rows already split
-SMALL_GPU = {"sm_count": 4, "spread_min_bytes": 0}
+# a small GPU for the default rule: 8 SMs and no launch-bound floor, so small rows already split
+SMALL_GPU = {"sm_count": 8, "spread_min_bytes": 0}
 
 
 def log_mel(shape):
@@ -81,7 +81,14 @@ def kl_total(shape):
     return p, [*ids, s.id]
 
 
-def emulate(program, ids, params, draws=2, positive=False):
+def masked_front(t):
+    """-inf over the first 5000 columns of every row: whole chunks whose partial state is (-inf, 0)."""
+    t = t.clone()
+    t[..., :5000] = -torch.inf
+    return t
+
+
+def emulate(program, ids, params, draws=2, prep=None):
     """The kernel run twice on the CPU (one launch per call, each with fresh zeroed workspace):
     (ks, [outputs of each call], torch's outputs, workspace after call 1)."""
     from agent_core.writer.emulate import CpuExecutor
@@ -90,8 +97,8 @@ def emulate(program, ids, params, draws=2, positive=False):
     ks = generate_kernel(program, ids, name=f"emu_{program.name}", params=params)
     g = torch.Generator().manual_seed(0)
     ins = {v: torch.randn(program.values[v].shape, generator=g) for v in ks.inputs}
-    if positive:
-        ins = {v: t.exp() for v, t in ins.items()}
+    if prep is not None:
+        ins = {v: prep(t) for v, t in ins.items()}
     ref = run_reference(program, [ins[v] for v in program.inputs], keep=True)
     outs = [program.values[v] for v in ks.outputs]
     call = [guarded(ins[v].numpy(), guard) for v in ks.inputs]
@@ -108,28 +115,30 @@ def emulate(program, ids, params, draws=2, positive=False):
 
 
 CASES = {
-    "log_mel max then pointwise": (lambda: log_mel((3, 16, 600)), True),
-    "softmax": (lambda: row_op("softmax", (3, 9000)), False),
-    "layer_norm": (lambda: row_op("layer_norm", (2, 8192)), False),
-    "mean max min per row": (lambda: row_stats((3, 10000)), False),
-    "two chained reductions": (lambda: centred_variance((2, 9001)), False),
-    "ragged softmax": (lambda: row_op("log_softmax", (5, 8195)), False),
-    "total beside rows": (lambda: kl_total((3, 8200)), False),
+    "log_mel max then pointwise": (lambda: log_mel((3, 16, 600)), torch.exp),
+    "softmax": (lambda: row_op("softmax", (3, 9000)), None),
+    "softmax with -inf chunks": (lambda: row_op("softmax", (3, 9000)), masked_front),
+    "layer_norm": (lambda: row_op("layer_norm", (2, 8192)), None),
+    "mean max min per row": (lambda: row_stats((3, 10000)), None),
+    "two chained reductions": (lambda: centred_variance((2, 9001)), None),
+    "ragged softmax": (lambda: row_op("log_softmax", (5, 8195)), None),
+    "total beside rows": (lambda: kl_total((3, 8200)), None),
 }
 
 
 @needs_gxx
 @pytest.mark.parametrize("case", CASES)
 def test_split_rows_under_cpu_emulation_match_torch(case):
-    build, positive = CASES[case]
+    build, prep = CASES[case]
     program, ids = build()
-    ks, got, ref, counters = emulate(program, ids, SMALL_GPU, positive=positive)
+    ks, got, ref, counters = emulate(program, ids, SMALL_GPU, prep=prep)
     assert ks.params["schedule"] == "split_row" and ks.params["split"] >= 2, ks.schedule
     assert ks.grid[0] == ks.params["phases"] * ks.params["split"] * (program.values[program.inputs[0]].shape[0])
     for g, r in zip(got[0], ref):
-        assert torch.allclose(g, r.reshape(g.shape), atol=1e-5, rtol=1e-5), (case, (g - r.reshape(g.shape)).abs().max())
+        assert torch.allclose(g, r.reshape(g.shape), atol=1e-5, rtol=1e-5, equal_nan=True), \
+            (case, (g - r.reshape(g.shape)).abs().max())
     for a, b in zip(got[0], got[1]):
-        assert torch.equal(a, b)          # the same bits on a second launch
+        assert torch.equal(a.nan_to_num(), b.nan_to_num())          # the same bits on a second launch
     assert not counters.any(), counters     # ticket, arrivals, flags all reset for the next launch
 
 
@@ -144,7 +153,8 @@ def test_split_rows_compile_for_sm_90(case):
 
 def test_default_split_comes_from_rows_length_and_sms():
     """Rows below two per SM split into chunks of at least 4096 columns, about 8 chunks per SM in all;
-    as many rows as two per SM, or rows too short, keep one block (or cluster) per row."""
+    as many rows as two per SM (as many as SMs where one block holds the row), or rows too short,
+    keep one block (or cluster) per row."""
     p, ids = log_mel((64, 80, 3000))           # Whisper's 64 clips of 240,000 on an H200
     ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 132})
     assert ks.params["schedule"] == "split_row"
@@ -156,6 +166,10 @@ def test_default_split_comes_from_rows_length_and_sms():
     assert ks.params["schedule"] != "split_row"   # 64 rows fill 32 SMs twice over
     p, ids = log_mel((264, 80, 3000))          # two rows per SM: one row per block already fills it
     assert generate_kernel(p, ids, name="many", params={"sm_count": 132}).params["schedule"] != "split_row"
+    p, ids = row_op("layer_norm", (256, 16384))  # one block holds each row, ~2 rows per SM: read once
+    assert generate_kernel(p, ids, name="held", params={"sm_count": 132}).params["schedule"] == "block"
+    p, ids = row_op("layer_norm", (64, 16384))   # ... but fewer rows than SMs leave SMs idle
+    assert generate_kernel(p, ids, name="held", params={"sm_count": 132}).params["split"] == 4
     p, ids = row_op("softmax", (8, 6000))      # too short to split twice
     assert generate_kernel(p, ids, name="short", params=SMALL_GPU).params["schedule"] != "split_row"
     p, ids = row_op("softmax", (8, 1_000_000))  # 8 rows of a million: one read per phase over the GPU

@@ -209,7 +209,7 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
     else:
         schedule, tpr = "stream", int(p["online_threads"])
-    parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in INDEXED for s in g.steps)) \
+    parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in INDEXED for s in g.steps), schedule == "stream") \
         if schedule != "warp" or p.get("split") else 1
     if parts > 1:     # few long rows: kSplit chunks per row over the whole GPU, in phases (rowsplit.py)
         tpr = int(p.get("threads_per_row") or rowsplit.SPLIT_ROW_THREADS)

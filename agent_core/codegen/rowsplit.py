@@ -41,10 +41,13 @@ ROWS_PER_SM = 2             # at this many rows per SM, one block per row alread
 LOCALS = ("ticket", "task_s", "phase", "task", "lo", "hi", "done", "acc", "flag", "k")
 
 
-def row_split(rows: int, cols: int, k: int, p: dict, indexed: bool) -> int:
-    """Chunks per row (1: no split). A tuner's `split` overrides; otherwise rows below ROWS_PER_SM
-    per SM, at least spread_min_bytes of full-size inputs (below that the launch dominates) and at
-    least two chunks of SPLIT_ROW_MIN_CHUNK columns."""
+def row_split(rows: int, cols: int, k: int, p: dict, indexed: bool, streamed: bool) -> int:
+    """Chunks per row (1: no split). A tuner's `split` overrides; otherwise fewer rows than SMs (one
+    block per row leaves SMs idle), or fewer than ROWS_PER_SM per SM when the row is `streamed` (too
+    long for one block's registers: read once per round either way); at least spread_min_bytes of
+    full-size inputs (below that the launch dominates) and at least two chunks of
+    SPLIT_ROW_MIN_CHUNK columns. Rows that one block holds, a row or two per SM, stay one block each:
+    they are read once, in about two waves."""
     sms = int(p["sm_count"])
     if p.get("split") is not None:
         n = int(p["split"])
@@ -54,7 +57,7 @@ def row_split(rows: int, cols: int, k: int, p: dict, indexed: bool) -> int:
             raise CodegenError("argmax / argmin indices do not travel through the split's float workspace; "
                                "use split = 1")
         return n
-    if indexed or rows >= ROWS_PER_SM * sms or rows * cols * k * 4 < int(p["spread_min_bytes"]):
+    if indexed or rows >= (ROWS_PER_SM * sms if streamed else sms) or rows * cols * k * 4 < int(p["spread_min_bytes"]):
         return 1
     n = min(math.ceil(SPLIT_ROW_BLOCKS_PER_SM * sms / rows), cols // SPLIT_ROW_MIN_CHUNK)
     return n if n >= 2 else 1
