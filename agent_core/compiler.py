@@ -4,6 +4,13 @@ NVRTC comes through CuPy's binding (`cupy_backends.cuda.libs.nvrtc`), which need
 every generated kernel to an sm_90 cubin. On a GPU the target is the device's own architecture and the
 runtime loads the cubin with cupy.RawModule. The cache key is the sha256 of the source, the options,
 the architecture and the NVRTC version, so a changed kernel or compiler never reuses a stale binary.
+
+A generated kernel (compile_kernel) is compiled in its canonical form (agent_core.canonical_source:
+comments dropped, the names it declares renamed), so the regions of a model's repeated blocks, whose
+kernels differ only in names, share one compile and one cache entry; CompiledKernel.entry is the
+kernel's name in that cubin. `prefetch` starts the compiles of many kernels at once in a thread pool
+(NVRTC releases the GIL: a compile in a thread leaves the interpreter free), and compile_kernel then
+waits for the one it needs; a kernel is compiled once however many regions or threads ask for it.
 """
 from __future__ import annotations
 
@@ -12,8 +19,10 @@ import json
 import os
 import re
 import tempfile
+import threading
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -48,6 +57,12 @@ class CompiledKernel:
     cached: bool = False           # True when the cubin came from the cache
     seconds: float = 0.0           # compile time (0 on a cache hit)
     extra: dict = field(default_factory=dict)
+    symbol: str | None = None      # the entry point's name in the cubin when it is not `name` (canonical)
+
+    @property
+    def entry(self) -> str:
+        """The name to load the kernel by (cupy.RawModule.get_function)."""
+        return self.symbol or self.name
 
     @property
     def cubin(self) -> bytes:
@@ -133,11 +148,81 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def compile_source(source: str, name: str, *, arch: str | None = None, options=DEFAULT_OPTIONS,
-                   use_cache: bool = True) -> CompiledKernel:
-    """Compile CUDA C++ source to a cubin for `arch` (the GPU's, else sm_90); CompileError on failure."""
+                   use_cache: bool = True, canonical: bool = False) -> CompiledKernel:
+    """Compile CUDA C++ source to a cubin for `arch` (the GPU's, else sm_90); CompileError on failure.
+
+    canonical: compile the source up to its names (load the result by CompiledKernel.entry); a
+    source the canonical form does not compile for is compiled as written, so errors read the same."""
     arch = arch or default_arch()
     options = tuple(options)
-    key = cache_key(source, options, arch)
+    if canonical:
+        from .canonical_source import canonical_form
+        form = canonical_form(source, name)
+        if form is not None:
+            key = cache_key(CANONICAL_TAG + form.text, options, arch)
+            if key not in _NOT_CANONICAL:
+                try:
+                    built = _compile_shared(form.text, key, arch, options, use_cache)
+                    return replace(built, name=name, symbol=form.symbol, extra=dict(built.extra))
+                except CompileError:
+                    _NOT_CANONICAL.add(key)   # a name it renamed was not its own: compile it as written
+    return _compile_shared(source, cache_key(source, options, arch), arch, options, use_cache, name=name)
+
+
+def prefetch(kernels, *, arch: str | None = None, options=DEFAULT_OPTIONS) -> int:
+    """Start compiling each codegen.KernelSource not yet cached, in the background; returns how many
+    compiles were started. compile_kernel of one of them waits for its compile (or its error)."""
+    from .canonical_source import canonical_form
+    arch = arch or default_arch()
+    options = tuple(options)
+    started = 0
+    for ks in kernels:
+        form = canonical_form(ks.source, ks.name)
+        text = form.text if form is not None else ks.source
+        key = cache_key(CANONICAL_TAG + text if form is not None else text, options, arch)
+        if key in _NOT_CANONICAL or _cached(key):
+            continue
+        with _LOCK:
+            if (str(cache_dir()), key) in _INFLIGHT:
+                continue
+            _INFLIGHT[(str(cache_dir()), key)] = _pool().submit(_compile_text, text, key, arch, options, True,
+                                                  name=ks.name if form is None else "kernel")
+        started += 1
+    return started
+
+
+# the canonical text's cache entries are told apart from those of a source compiled as written
+CANONICAL_TAG = "// stitchcuda canonical form v1\n"
+_NOT_CANONICAL: set[str] = set()          # keys whose canonical text did not compile
+_INFLIGHT: dict[tuple[str, str], Future] = {}   # (cache folder, key) -> a prefetch's compile, until collected
+_LOCK = threading.Lock()
+_POOL: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        workers = int(os.environ.get("STITCHCUDA_COMPILE_WORKERS") or 0) or min(32, os.cpu_count() or 1)
+        _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="nvrtc")
+    return _POOL
+
+
+def _cached(key: str) -> bool:
+    cdir = cache_dir()
+    return (cdir / f"{key}.cubin").exists() and (cdir / f"{key}.json").exists()
+
+
+def _compile_shared(source: str, key: str, arch: str, options, use_cache: bool, *, name: str = "kernel"):
+    """The compile of `key`: the one a prefetch started (waited for, once), else done here."""
+    with _LOCK:
+        fut = _INFLIGHT.pop((str(cache_dir()), key), None) if use_cache else None
+    if fut is not None:
+        built = fut.result()         # its CompileError is raised here, in the caller's thread
+        return replace(built, name=name, extra=dict(built.extra))
+    return _compile_text(source, key, arch, options, use_cache, name=name)
+
+
+def _compile_text(source: str, key: str, arch: str, options, use_cache: bool, *, name: str) -> CompiledKernel:
     cdir = cache_dir()
     cubin_path, meta_path = cdir / f"{key}.cubin", cdir / f"{key}.json"
     if use_cache and cubin_path.exists() and meta_path.exists():
@@ -171,5 +256,6 @@ def compile_source(source: str, name: str, *, arch: str | None = None, options=D
 
 def compile_kernel(kernel, *, arch: str | None = None, options=DEFAULT_OPTIONS,
                    use_cache: bool = True) -> CompiledKernel:
-    """Compile a codegen.KernelSource."""
-    return compile_source(kernel.source, kernel.name, arch=arch, options=options, use_cache=use_cache)
+    """Compile a codegen.KernelSource (in its canonical form: load it by CompiledKernel.entry)."""
+    return compile_source(kernel.source, kernel.name, arch=arch, options=options, use_cache=use_cache,
+                          canonical=True)

@@ -159,7 +159,30 @@ class Program:
 
     def consumers(self, value_id: str) -> list[tuple[str, int]]:
         """(node id, input port) pairs that read value_id."""
-        return [(n.id, i) for n in self.nodes.values() for i, v in enumerate(n.inputs) if v == value_id]
+        return list(self._derived()["consumers"].get(value_id, ()))
+
+    def _structure(self) -> tuple:
+        """Everything graph() and consumers() depend on: each node's inputs and their producers, in
+        dict order. Rebuilt on every call (O(edges), no networkx), so edits made anywhere, even by
+        assigning node.inputs directly, are seen; what is derived from it is cached against it."""
+        vals = self.values
+        return tuple((nid, tuple((v, vals[v].producer if v in vals else None) for v in n.inputs))
+                     for nid, n in self.nodes.items())
+
+    def _derived(self) -> dict:
+        """The consumer index and (once asked for) the topological order of the current structure:
+        the planner and codegen ask for them per region, hundreds of times on a model of a thousand
+        nodes, and building the networkx graph each time dominated planning and generation."""
+        key = self._structure()
+        cache = self.__dict__.get("_derived_cache")
+        if cache is None or cache["key"] != key:
+            index: dict[str, list[tuple[str, int]]] = {}
+            for n in self.nodes.values():
+                for i, v in enumerate(n.inputs):
+                    if v is not None:
+                        index.setdefault(v, []).append((n.id, i))
+            cache = self.__dict__["_derived_cache"] = {"key": key, "consumers": index, "order": None}
+        return cache
 
     def producer(self, value_id: str) -> Node | None:
         p = self.value(value_id).producer
@@ -571,9 +594,13 @@ class Program:
 
     def topo_order(self) -> list[str]:
         """Node ids in a deterministic topological order; CycleError names the cycle."""
+        derived = self._derived()
+        if derived["order"] is not None:
+            return list(derived["order"])
         g = self.graph()
         try:
-            return list(nx.lexicographical_topological_sort(g, key=_id_key))
+            derived["order"] = list(nx.lexicographical_topological_sort(g, key=_id_key))
+            return list(derived["order"])
         except nx.NetworkXUnfeasible:
             cyc = nx.find_cycle(g)
             names = " -> ".join(self.nodes[a].name for a, _ in cyc) + f" -> {self.nodes[cyc[0][0]].name}"

@@ -321,7 +321,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
                         continue
                     x, y = sorted((a, b), key=state.pos.__getitem__)
                     saved, why = evaluate(x, y, "sibling")
-                    if why or state.cycle_path(x, y):
+                    if why or state.creates_cycle(x, y):
                         rest.append(b)
                         continue
                     union, why = lowerable(x, y)

@@ -43,7 +43,7 @@ class LoadedKernel:
         self.compiled = compiled or compile_kernel(kernel)
         try:
             self.module = cupy.RawModule(path=str(self.compiled.path))
-            self.function = self.module.get_function(kernel.name)
+            self.function = self.module.get_function(self.compiled.entry)   # canonical: not kernel.name
         except Exception as exc:  # no driver or device, or a cubin for another architecture
             raise LaunchError(f"{kernel.name}: cannot load the kernel on a GPU "
                               f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from None
@@ -53,6 +53,8 @@ class LoadedKernel:
         self.registers = self.function.num_regs
         self.local_bytes = self.function.local_size_bytes  # spills and stack live here
         self.shared_bytes = self.function.shared_size_bytes
+        if kernel.shared_bytes > 48 * 1024:   # beyond 48 KiB of dynamic shared memory a block must opt in
+            self.function.max_dynamic_shared_size_bytes = kernel.shared_bytes
 
     def _check(self, t, what: str, numel: int | None = None):
         torch = _torch()

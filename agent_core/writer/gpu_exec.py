@@ -111,14 +111,14 @@ def child(work: Path) -> int:
     name, grid, block = req["name"], tuple(req["grid"]), tuple(req["block"])
     shared, guard = int(req["shared_bytes"]), int(req["guard"])
     try:   # compile_kernel(ks) is compile_source(ks.source, ks.name): same options, same cache entry
-        compiled = compile_source((work / SOURCE).read_text(), name)
+        compiled = compile_source((work / SOURCE).read_text(), name, canonical=True)
     except CompileError as exc:
         return _fail(work, "compile", str(exc), EXIT_COMPILE)
     import cupy
     cupy.cuda.set_allocator(None)   # a cudaMalloc per buffer: memcheck sees each buffer's exact bounds
     calls, current = [], 0
     try:
-        fn = cupy.RawModule(path=str(compiled.path)).get_function(name)
+        fn = cupy.RawModule(path=str(compiled.path)).get_function(compiled.entry)
         if shared > 48 * 1024:
             fn.max_dynamic_shared_size_bytes = shared
         calls = read_buffers(work / IN)

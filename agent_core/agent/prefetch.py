@@ -1,0 +1,68 @@
+"""Generate every region's kernels up front and compile them in parallel, before the loop needs them.
+
+The loop takes regions one by one: generate, compile, then verify and time on a GPU. Compiling is
+most of a large model's agent time, and each compile waits on NVRTC alone, so this generates each
+region's default kernel and its tuning variants (the same calls, parameters and order the loop makes)
+and hands them to compiler.prefetch, which compiles them in a thread pool, each distinct kernel once
+(compiler.py: canonical forms). The loop then takes the kernels from here instead of generating them
+again, and its compile_kernel waits only for what is not finished yet. A region the loop treats
+differently (a view, a library call) is simply left out: nothing here decides an outcome.
+"""
+from __future__ import annotations
+
+from ..codegen import LIBRARY_CATEGORIES, generate_kernel
+from ..compiler import prefetch
+from .tune import tune_space
+
+
+def _params_key(params: dict | None) -> str:
+    return repr(sorted(params.items())) if params else ""
+
+
+def _generated_here(program, region) -> bool:
+    """Whether the loop generates a kernel for the region (loop._Agent.region's first checks)."""
+    from ..analysis.cost import is_view
+    nodes = [program.nodes[n] for n in region.nodes]
+    if all(is_view(program, n.id) for n in nodes):
+        return False
+    return not (len(nodes) == 1 and (nodes[0].opdef.category in LIBRARY_CATEGORIES or
+                                     nodes[0].opdef.category == "recurrent"))
+
+
+class KernelPrefetch:
+    """KernelSources generated ahead of the loop, by (region, kernel name, parameters); each is
+    handed out once (take), so the loop owns what it gets exactly as if it had generated it."""
+
+    def __init__(self, program, *, arch: str | None, tune: bool, tune_trials: int, sm_count: int = 132):
+        self.program, self.arch = program, arch
+        self.tune, self.tune_trials, self.sm_count = tune, tune_trials, sm_count
+        self.kernels: dict[tuple, object] = {}
+        self.started = 0        # compiles started in the background (not cached, not already running)
+
+    def start(self, regions, name_of) -> "KernelPrefetch":
+        """Generate the kernels of `regions` (name_of(region) -> kernel name) and start compiling them."""
+        batch = []
+        for r in regions:
+            if not _generated_here(self.program, r):
+                continue
+            name = name_of(r)
+            try:
+                ks = generate_kernel(self.program, r.nodes, name=name, kind=r.kind)
+            except Exception:   # the loop generates it again and reports why, as it always has
+                continue
+            self.kernels[(r.id, name, "")] = ks
+            batch.append(ks)
+            if self.tune:
+                for params in tune_space(ks, sm_count=self.sm_count, limit=self.tune_trials):
+                    try:
+                        k2 = generate_kernel(self.program, r.nodes, name=name, kind=r.kind, params=params)
+                    except Exception:
+                        continue
+                    self.kernels[(r.id, name, _params_key(params))] = k2
+                    batch.append(k2)
+        self.started = prefetch(batch, arch=self.arch)
+        return self
+
+    def take(self, region, name: str, params: dict | None = None):
+        """The kernel generated for (region, name, params), once; None when there is none."""
+        return self.kernels.pop((region.id, name, _params_key(params)), None)
