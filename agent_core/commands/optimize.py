@@ -132,16 +132,19 @@ def output_for(args):
 
 def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, final_dir=None):
     from ..agent import optimize
+    from ..agent.phases import phase
     from ..profile.hardware import no_gpu_reason
     from .import_cmd import open_program
     writer = writer_config(args)     # a bad flag fails before the program is opened
-    program = open_program(spec)
-    program.check()
+    with phase("import"):
+        program = open_program(spec)
+        program.check()
     gpu = not args.cpu and no_gpu_reason() is None
     base_fn = None
     if gpu and baselines:
         try:
-            base_fn = baseline_for(spec)
+            with phase("baselines"):     # torch's Model for its baselines: not the agent's time
+                base_fn = baseline_for(spec)
         except Exception as exc:  # the program's own op-by-op run is the baseline then
             emit.log(f"the file's Model could not be built for the baseline ({type(exc).__name__}: {exc}); "
                      "timing the program op by op instead", level="warning")
