@@ -84,6 +84,18 @@ def _cached(t, form: str, make):
     return parts
 
 
+def cached_bytes(tensors) -> int:
+    """Device bytes the caches above hold for these parameter tensors (their split parts, and the
+    channel-concatenated [hi, hi, lo] weights): memory a run keeps beside the weights themselves."""
+    ids = {id(t) for t in tensors}
+    total = 0
+    for (tid, _form), (ref, _version, parts) in list(_param_splits.items()):
+        if tid in ids and ref() is not None:
+            for part in parts if isinstance(parts, tuple) else (parts,):
+                total += part.untyped_storage().nbytes()
+    return total
+
+
 def _is_parameter(program: Program, vid: str) -> bool:
     return program.values[vid].role in (Role.PARAMETER, Role.CONSTANT)
 
