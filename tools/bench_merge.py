@@ -14,6 +14,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from agent_core.commands.bench import geomean, modes_run  # noqa: E402
+from agent_core.commands.bench_costs import agent_time_summary, memory_summary  # noqa: E402
+from agent_core.text import plural  # noqa: E402
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -53,12 +55,12 @@ def markdown(records: list[dict], title: str) -> list[str]:
     lines = [f"### {title}", "",
              "| problem | correct | eager ms | " + "".join(f"{m} ms | " for m in modes) +
              "best baseline ms | ours ms | x eager | x compile | x best | kernels ours / Inductor | "
-             "library calls not plain fp32 | floor ms | timed | run |",
+             "library calls not plain fp32 | floor ms | agent s | peak mem / eager | timed | run |",
              "| --- | --- | ---: | " + "---: | " * len(modes) + "---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-             "---: | --- | --- |"]
+             "---: | ---: | ---: | --- | --- |"]
     for r in records:
         if not r.get("ok"):
-            lines.append(f"| {r['problem']} | not run: {r.get('error', '')[:80]} |" + " |" * (12 + len(modes)))
+            lines.append(f"| {r['problem']} | not run: {r.get('error', '')[:80]} |" + " |" * (13 + len(modes)))
             continue
         corr = "yes" if r.get("correct") else ("NO: " + str(r.get("verify_reason"))[:60])
         per_mode = "".join(f"{mode_cell(r, m)} | " for m in modes)
@@ -66,7 +68,7 @@ def markdown(records: list[dict], title: str) -> list[str]:
                      f"{_f(r.get('ours_ms'))} | {_f(r.get('speedup_eager'), '{:.2f}')} | "
                      f"{_f(r.get('speedup_compile'), '{:.2f}')} | {_f(r.get('speedup_best'), '{:.2f}')} | "
                      f"{kernels_cell(r)} | {r.get('split_tf32_nodes', '-')} | {_f(r.get('floor_ms'))} | "
-                     f"{timing_kind(r)} | {r['source']} |")
+                     f"{_f(r.get('agent_seconds'), '{:.1f}')} | {memory_cell(r)} | {timing_kind(r)} | {r['source']} |")
     lines += [""] + summary_lines(records)
     return lines
 
@@ -83,6 +85,14 @@ def best_cell(r: dict) -> str:
     if not name:
         return "-"
     return f"{_f(r.get('best_baseline_ms'))} ({name.removeprefix('compile_')})"
+
+
+def memory_cell(r: dict) -> str:
+    """Our peak GPU memory over eager's, with both in MiB (bench_costs; '-' on CPU runs and old records)."""
+    ratio = r.get("peak_mem_ratio")
+    if ratio is None:
+        return "-"
+    return f"{ratio:.2f} ({r['peak_mem_ours_bytes'] / 2**20:.1f} / {r['peak_mem_eager_bytes'] / 2**20:.1f} MiB)"
 
 
 def kernels_cell(r: dict) -> str:
@@ -108,6 +118,14 @@ def summary_lines(records: list[dict]) -> list[str]:
     if compared:
         out.append(f"- more kernels than Inductor: {len(more)} of {len(compared)} rows"
                    + (f" ({', '.join(more)})" if more else ""))
+    t = agent_time_summary(records)     # failed rows count: a timeout is agent time too
+    if t["measured"]:
+        out.append(f"- agent time per problem (torch's baselines excluded), {plural(t['measured'], 'row')} with a figure: "
+                   f"p95 {t['p95']:.1f} s, p50 {t['p50']:.1f} s, max {t['max']:.1f} s")
+    m = memory_summary(ran)
+    if m["measured"]:
+        out.append(f"- peak GPU memory above eager's: {len(m['above_eager'])} of {plural(m['measured'], 'row')} measured"
+                   + (f" ({', '.join(m['above_eager'])})" if m["above_eager"] else ""))
     for r in ran:
         for mode, why in (r.get("compile_errors") or {}).items():
             out.append(f"- {r['problem']}: {mode} left out of the best baseline: {why}")

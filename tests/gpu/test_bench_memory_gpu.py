@@ -1,0 +1,88 @@
+"""On the GPU: bench records our peak GPU memory against eager's, both from the caching allocator's
+peak counter in the same process, above what each side held before its run (weights and inputs), and
+the agent's own time with the GPU phases (verify, build, time_program) and without torch's baselines.
+
+PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_bench_memory_gpu.py
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from agent_core.agent.phases import PHASES
+from agent_core.profile.peak_memory import eager_peak, peak_above
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+MIB = 1 << 20
+
+
+def test_the_peak_counts_what_a_run_allocates_above_what_was_there():
+    held = torch.empty(64 * MIB, dtype=torch.uint8, device="cuda")        # like weights: not counted
+    assert peak_above(lambda: torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")) == 8 * MIB
+
+    def two_temporaries():
+        a = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+        del a                                                              # freed before the next one
+        return torch.empty(2 * MIB, dtype=torch.uint8, device="cuda")
+    assert peak_above(two_temporaries) == 4 * MIB
+    x = torch.randn(MIB, device="cuda")                                    # 4 MiB input
+    assert eager_peak(lambda t: (t * 2) + 1, [x]) == 8 * MIB               # t * 2, then its + 1 (output)
+    del held
+
+
+def test_bench_records_peak_memory_of_ours_and_eager_and_the_agents_gpu_phases(tmp_path):
+    block = tmp_path / "mlp_norm_residual.py"
+    block.write_text(textwrap.dedent('''
+        import torch
+        import torch.nn as nn
+
+
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc1 = nn.Linear(1024, 1024)
+                self.norm = nn.LayerNorm(1024)
+                self.fc2 = nn.Linear(1024, 1024)
+
+            def forward(self, x):
+                return self.fc2(self.norm(torch.nn.functional.gelu(self.fc1(x)))) + x
+
+
+        def get_inputs():
+            return [torch.randn(512, 1024)]
+
+
+        def get_init_inputs():
+            return []
+    '''))
+    out = tmp_path / "b.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "agent_core.cli", "bench", str(block), "--json", str(out),
+                           "--no-tune", "--trials", "5", "--no-compile-baselines"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(out.read_text().splitlines()[0])
+    assert rec["ok"] and rec["gpu"] and rec["correct"], rec
+    output_bytes = 512 * 1024 * 4             # alive at the end of both runs
+    eager, ours = rec["peak_mem_eager_bytes"], rec["peak_mem_ours_bytes"]
+    assert "peak_mem_error" not in rec, rec.get("peak_mem_error")
+    assert eager >= output_bytes and ours >= output_bytes, (eager, ours)
+    assert rec["peak_mem_ratio"] == pytest.approx(ours / eager, abs=1e-4)
+    parts = rec["peak_mem_ours_parts"]
+    assert parts["arena"] + parts["split_tf32_caches"] + parts["other"] == ours, parts
+    weights = 2 * 1024 * 1024 * 4
+    split = [n for n, form in rec["library_calls"].items() if form != "fp32"]
+    assert parts["split_tf32_caches"] <= 3 * weights and (split or parts["split_tf32_caches"] == 0), (parts, split)
+    phases = rec["agent_phases"]
+    assert set(phases) <= set(PHASES) and "baselines" not in phases
+    for name in ("verify", "build", "time_program"):
+        assert phases.get(name, 0) > 0, (name, phases)
+    assert sum(phases.values()) == pytest.approx(rec["agent_seconds"], abs=0.05)
+    assert rec["agent_seconds"] <= rec["seconds"]
+    assert any(line.startswith("peak GPU memory above eager's:") for line in proc.stdout.splitlines())

@@ -1,0 +1,148 @@
+"""bench records the agent's own time per phase and our peak GPU memory against eager's (issue #17):
+`stitchcuda bench --cpu` as a subprocess writes agent_seconds and agent_phases (documented names, each
+>= 0, adding up to agent_seconds, torch's baselines left out) and no memory figure on the CPU; its
+table ends with the p50/p95/max of the agent's time; tools/bench_merge.py renders both figures. The
+phase clock itself: nested phases count once, an event's seconds are taken from the phase around it,
+events from other threads are ignored."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from agent_core.agent.phases import EXCLUDED, PHASES, PhaseClock, phase
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAM = os.path.join(ROOT, "tests", "data", "mlp_small_cpu", "program.json")
+DOC = os.path.join(ROOT, "docs", "OPTIMIZE.md")
+
+
+def _bench(*argv, timeout=600):
+    return subprocess.run([sys.executable, "-m", "agent_core.cli", "bench", *argv], cwd=ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def documented_phases() -> set[str]:
+    """The phase names docs/OPTIMIZE.md's bench section lists (`name`: ... in its phases paragraph)."""
+    text = open(DOC, encoding="utf-8").read()
+    para = text[text.index("`agent_phases`"):]
+    para = para[:para.index("\n\n")]
+    return set(re.findall(r"`([a-z_]+)`:", para))
+
+
+def test_cpu_bench_records_the_agents_time_per_phase_and_no_memory_figure(tmp_path):
+    out = tmp_path / "runs.jsonl"
+    proc = _bench(PROGRAM, "--cpu", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(out.read_text().splitlines()[0])
+    assert rec["ok"], rec
+    agent, phases = rec["agent_seconds"], rec["agent_phases"]
+    assert 0 < agent <= rec["seconds"]
+    assert set(phases) <= set(PHASES) and set(phases) <= documented_phases(), phases
+    assert all(v >= 0 for v in phases.values()), phases
+    assert sum(phases.values()) == pytest.approx(agent, abs=0.02 + 0.01 * agent), phases
+    # a CPU run plans, rewrites, generates, compiles and compiles its tuning variants (the last two
+    # may take under a millisecond when the kernel cache already has every kernel)
+    for name in ("import", "rewrite", "plan", "generate", "compile", "tune"):
+        assert name in phases, (name, phases)
+    assert min(phases["import"], phases["rewrite"], phases["generate"]) > 0, phases
+    assert "verify" not in phases and "time_program" not in phases     # nothing runs without a GPU
+    for key in ("peak_mem_eager_bytes", "peak_mem_ours_bytes", "peak_mem_ratio"):
+        assert key in rec and rec[key] is None
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("agent time per problem:"))
+    assert f"p50 {agent:.1f} s, p95 {agent:.1f} s, max {agent:.1f} s over 1 problem," in line, line
+    head = next(x for x in proc.stdout.splitlines() if x.startswith("problem"))
+    assert "agent s" in head and "mem/eager" in head
+
+
+@pytest.mark.slow
+def test_torchs_baselines_are_not_the_agents_time(tmp_path):
+    """With --compile-modes on the CPU, torch eager and torch.compile are timed too: the problem's
+    seconds grow by them, the agent's do not."""
+    out = tmp_path / "runs.jsonl"
+    proc = _bench(PROGRAM, "--cpu", "--no-tune", "--trials", "2", "--compile-modes", "default",
+                  "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(out.read_text().splitlines()[0])
+    assert rec["compile_seconds"] > 0, rec
+    assert rec["agent_seconds"] + rec["compile_seconds"] <= rec["seconds"] + 0.05
+    assert sum(rec["agent_phases"].values()) == pytest.approx(rec["agent_seconds"], abs=0.05)
+
+
+def test_bench_merge_renders_agent_time_and_peak_memory(tmp_path):
+    rows = [
+        {"problem": "1_Small", "ok": True, "correct": True, "jobs": 1, "ours_ms": 1.0, "eager_ms": 2.0,
+         "agent_seconds": 12.5, "agent_phases": {"compile": 10.0, "other": 2.5},
+         "peak_mem_eager_bytes": 64 << 20, "peak_mem_ours_bytes": 96 << 20, "peak_mem_ratio": 1.5},
+        {"problem": "2_Lean", "ok": True, "correct": True, "jobs": 1, "ours_ms": 1.0, "eager_ms": 2.0,
+         "agent_seconds": 70.0, "peak_mem_eager_bytes": 64 << 20, "peak_mem_ours_bytes": 32 << 20,
+         "peak_mem_ratio": 0.5},
+        {"problem": "3_Cpu", "ok": True, "correct": None, "jobs": 1, "agent_seconds": 3.0,
+         "peak_mem_eager_bytes": None, "peak_mem_ours_bytes": None, "peak_mem_ratio": None},
+        {"problem": "4_Old", "ok": True, "correct": True, "jobs": 1, "ours_ms": 1.0, "eager_ms": 1.0},
+    ]
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_merge.py"), str(runs)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    cols = [c.strip() for c in next(x for x in lines if x.startswith("| problem")).strip("|").split("|")]
+    cells = {x.split("|")[1].strip(): [c.strip() for c in x.strip("|").split("|")]
+             for x in lines if re.match(r"\| \d_", x)}
+    assert all(len(c) == len(cols) for c in cells.values()), cells
+    agent, mem = cols.index("agent s"), cols.index("peak mem / eager")
+    assert cells["1_Small"][agent] == "12.5" and cells["1_Small"][mem] == "1.50 (96.0 / 64.0 MiB)"
+    assert cells["2_Lean"][mem] == "0.50 (32.0 / 64.0 MiB)"
+    assert cells["3_Cpu"][mem] == "-" and cells["4_Old"][agent] == "-" and cells["4_Old"][mem] == "-"
+    # nearest rank over the three figures: p95 is the largest, p50 the middle one
+    assert "- agent time per problem (torch's baselines excluded), 3 rows with a figure: " \
+           "p95 70.0 s, p50 12.5 s, max 70.0 s" in proc.stdout
+    assert "- peak GPU memory above eager's: 1 of 2 rows measured (1_Small)" in proc.stdout
+
+
+class FakeTime:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_phases_are_exclusive_and_events_seconds_come_out_of_the_phase_around_them():
+    t = FakeTime()
+    clock = PhaseClock(clock=t)
+    with clock.running():
+        t.now += 1.0                                   # other
+        with phase("tune"):
+            t.now += 2.0
+            with phase("verify"):
+                t.now += 3.0                           # counted as verify only
+            clock.on_event({"event": "compile", "seconds": 0.5})   # NVRTC time inside the trial
+            t.now += 0.5
+        with phase("baselines"):
+            t.now += 10.0                              # torch's, not the agent's
+        worker = threading.Thread(target=lambda: clock.on_event({"event": "codegen", "seconds": 99.0}))
+        worker.start()
+        worker.join()
+        with phase("plan"):                            # a phase on this thread only: none from the thread
+            t.now += 0.25
+    assert clock.wall == pytest.approx(16.75)
+    assert clock.agent_seconds == pytest.approx(6.75)
+    assert clock.phases() == {"plan": 0.25, "compile": 0.5, "verify": 3.0, "tune": 2.0, "other": 1.0}
+    assert sum(clock.phases().values()) == pytest.approx(clock.agent_seconds)
+    assert EXCLUDED == ("baselines",) and "baselines" not in clock.phases()
+
+
+def test_phase_is_a_no_op_without_a_clock_and_names_are_checked():
+    with phase("verify"):            # optimize outside bench: nothing is timed, nothing fails
+        pass
+    clock = PhaseClock()
+    with clock.running(), pytest.raises(ValueError, match="unknown phase 'verfy'"):
+        with phase("verfy"):
+            pass
