@@ -15,6 +15,7 @@ import tempfile
 from PySide6.QtCore import QObject, QRunnable, Qt, QThreadPool, Signal
 from PySide6.QtWidgets import QFileDialog, QProgressBar, QSizePolicy
 
+from agent_core.agent.progress import RegionProgress
 from agent_core.errors import StitchError
 from agent_core.text import plural
 from graph_editor.live_regions import LiveRegionOverlay
@@ -74,7 +75,7 @@ class StudioAgent(QObject):
         self.rewrite_progress = None
         # what Agent > Optimize passes the worker (tests add --no-tune and friends for speed)
         self.worker_args: tuple[str, ...] = ("--no-rewrite",)
-        self.progress = {"regions": 0, "done": 0}
+        self.progress = RegionProgress()   # regions done of those planned, and the time left
         self.source = SourceView()
         self.profiles = ProfilePanel()
         self.regions = RegionList()
@@ -483,7 +484,7 @@ class StudioAgent(QObject):
         self.profiles.reset()
         self.log.clear()
         self.compile_errors.clear()
-        self.progress = {"regions": 0, "done": 0}
+        self.progress = RegionProgress()   # regions done of those planned, and the time left
         self.log.note(f"{what} started on {program.name} ({plural(len(program.nodes), 'node')})", "info")
         self.asking = None
         self.worker.start(path, ["-o", os.path.join(self.run_dir, "out"), *args], env=env, what=what)
@@ -530,24 +531,21 @@ class StudioAgent(QObject):
         else:
             self.profiles.data.apply(e)
         k, rid = e.get("event"), e.get("region")
-        if k == "plan":
-            self.progress["regions"] = e.get("regions") or 0
-        if (k == "log" and e.get("status")) or k == "fallback":
-            self.progress["done"] += 1
+        self.progress.apply(e)
         reason = e.get("reason") or ""
         if k == "fallback" and rid and reason.startswith("compile failed"):
             self.compile_errors[rid] = reason
             if rid == self.current:
                 self.source.show_compile_error(reason)
         if self.worker.running:
-            n, d = self.progress["regions"], self.progress["done"]
+            n, d = self.progress.regions, self.progress.done
             if n:
                 self.bar.setRange(0, n)
                 self.bar.setValue(min(d, n))
-                self.bar.setFormat(f"{d}/{n} regions")
+                self.bar.setFormat(self.progress.text())
             step = f"{k} {rid}" if rid else k
             what = "Optimizing" if self.worker.what == "Optimize" else self.worker.what
-            self.window.status(f"{what}: {step}" + (f" ({d}/{n} regions done)" if n else ""))
+            self.window.status(f"{what}: {step}" + (f" ({self.progress.text()})" if n else ""))
 
     def _live_event(self, e: dict) -> None:
         if not self.stopped_run:   # not the last lines of a run that New or Open stopped

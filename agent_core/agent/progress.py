@@ -83,3 +83,53 @@ def _writer_line(e: dict) -> str | None:
             return f"  {e['region']}: {_first_line(e['reason'])}{tokens}"
         return f"  {e['region']}: no model kernel kept: {_first_line(e['reason'])}{tokens}"
     return None
+
+
+class RegionProgress:
+    """Regions with an outcome out of those planned, and the time left estimated from the pace of the
+    ones done: (t of the last outcome - t when the region loop began) / done, times the regions left.
+    Reads the events' own `t`, so a replayed run estimates as the live one did. The end-to-end check,
+    timing and baselines after the last region are not in the estimate (nothing measures them early)."""
+
+    def __init__(self):
+        self.regions = 0
+        self.finished: set[str] = set()
+        self._start: float | None = None   # the last event before the first region's work
+        self._last: float | None = None    # the latest region outcome
+
+    @property
+    def done(self) -> int:
+        return len(self.finished)
+
+    def apply(self, e: dict) -> None:
+        k, t, rid = e.get("event"), e.get("t"), e.get("region")
+        if k == "plan":
+            self.regions, self.finished, self._start, self._last = e.get("regions") or 0, set(), t, None
+        elif (k == "log" and e.get("status")) or k == "fallback":
+            if rid is not None:
+                self.finished.add(rid)     # a writer's second outcome for a region is not a new region
+            self._last = t
+        elif not self.finished and (rid is None or k == "region-proposed"):
+            self._start = t                # planning, proposals, the GPU snapshot, precision choices
+
+    def eta_s(self) -> float | None:
+        """Seconds left for the regions not done, None before the first outcome or after the last."""
+        if not self.finished or self.done >= self.regions or self._start is None or self._last is None:
+            return None
+        return (self._last - self._start) / self.done * (self.regions - self.done)
+
+    def text(self) -> str:
+        """'3/10 regions' and, while an estimate exists, 'about 12 s left'."""
+        if not self.regions:
+            return ""
+        eta = self.eta_s()
+        return f"{min(self.done, self.regions)}/{plural(self.regions, 'region')}" + \
+            ("" if eta is None else f", {eta_words(eta)}")
+
+
+def eta_words(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1 s left"
+    if seconds < 90:
+        return f"about {seconds:.0f} s left"
+    return f"about {seconds / 60:.0f} min left"
