@@ -39,13 +39,15 @@ def peak_memory_fields(path: str, result) -> dict:
     import torch
 
     from ..profile.peak_memory import fused_of, peak_memory_record
+    from ..profile.timing import gpu_work
     fused, graph = fused_of(exe), exe.graph is not None
     result.executable = exe = None
     gc.collect()
     torch.cuda.empty_cache()
     try:
-        fn, inputs = _eager_callable(path)
-        rec = peak_memory_record(result.program, fused, graph, fn, inputs)
+        with gpu_work():     # never during another problem's timed section (bench --jobs)
+            fn, inputs = _eager_callable(path)
+            rec = peak_memory_record(result.program, fused, graph, fn, inputs)
     except Exception as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         return {**none, "peak_mem_error": f"{type(exc).__name__}: {first[:300]}"}
