@@ -98,7 +98,7 @@ def _rows(path):
         return [json.loads(line) for line in f]
 
 
-def _wait_for(what, seconds=90.0):
+def _wait_for(what, seconds=180.0):      # Ray start-up on 2 busy cores
     t0 = time.monotonic()
     while time.monotonic() - t0 < seconds:
         got = what()
