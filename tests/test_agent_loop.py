@@ -101,6 +101,7 @@ def test_bench_record_from_an_optimize_result_and_guarded_failures(tmp_path, cap
         timeout, time_cap, compile_cap, isolate, jobs = 60.0, 0.0, 0.0, False, 1
         no_tune, tune_trials, draws, trials, no_rewrite, cpu = True, 1, 5, 20, False, True
         no_compile_baselines, compile_budget, compile_modes = False, 60.0, None
+        ray, resume, events, kernel_cache = None, False, None, None
     assert bench.run(Args()) == 0
     with open(Args.json_out) as f:
         recs = [json.loads(line) for line in f]
