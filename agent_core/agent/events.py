@@ -36,6 +36,7 @@ SCHEMA: dict[str, tuple[str, ...]] = {
     "writer-reply": ("region", "round", "text"),
     "writer-verdict": ("region", "round", "ok", "check", "reason"),
     "writer-done": ("region", "kept", "reason"),
+    "bench-progress": ("done", "total", "failed"),     # bench --ray: one per finished problem
     "done": ("status",),
     "error": ("message",),
     "log": ("level", "message"),
