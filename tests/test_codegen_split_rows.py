@@ -10,7 +10,7 @@ shape), NVRTC sm_90 builds, and the kernel itself run by the CPU emulator (agent
 g++, every block and thread) against torch: max then a pointwise pass (Whisper's log-mel), softmax
 (online max and sum of exp), layer_norm (Welford), mean / max / min kept per row, a chain of two
 reductions (three phases), a whole-tensor sum beside the rows, ragged lengths (scalar loads, a short
-last chunk); the workspace's counters are left zeroed and a second launch gives the same bits. The
+last chunk), a slice read and a transpose written through their views; the workspace's counters are left zeroed and a second launch gives the same bits. The
 GPU side: tests/gpu/test_gpu_split_rows.py.
 """
 import shutil
@@ -81,6 +81,18 @@ def kl_total(shape):
     return p, [*ids, s.id]
 
 
+def through_views(shape):
+    """A strided slice read through its view before a softmax, a transpose written through its view
+    after it (codegen/layout_graph.ViewPrologue, codegen/layout_store.py)."""
+    p = Program("viewed")
+    x = p.add_input("x", (shape[0], 2 * shape[1]))
+    s = p.add_node("slice", [x.id], {"dim": 1, "start": 0, "end": 2 * shape[1], "step": 2})
+    sm = p.add_node("softmax", [s.outputs[0]], {"dim": -1})
+    t = p.add_node("transpose", [sm.outputs[0]], {"dim0": 0, "dim1": 1})
+    p.mark_output(t.outputs[0])
+    return p, [s.id, sm.id, t.id]
+
+
 def masked_front(t):
     """-inf over the first 5000 columns of every row: whole chunks whose partial state is (-inf, 0)."""
     t = t.clone()
@@ -123,6 +135,7 @@ CASES = {
     "two chained reductions": (lambda: centred_variance((2, 9001)), None),
     "ragged softmax": (lambda: row_op("log_softmax", (5, 8195)), None),
     "total beside rows": (lambda: kl_total((3, 8200)), None),
+    "views before and after": (lambda: through_views((3, 9000)), None),
 }
 
 
