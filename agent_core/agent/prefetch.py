@@ -48,7 +48,8 @@ class KernelPrefetch:
             name = name_of(r)
             try:
                 ks = generate_kernel(self.program, r.nodes, name=name, kind=r.kind)
-            except Exception:   # the loop generates it again and reports why, as it always has
+            except Exception as exc:   # take() raises it where the loop generates: the same reason
+                self.kernels[(r.id, name, "")] = exc
                 continue
             self.kernels[(r.id, name, "")] = ks
             batch.append(ks)
@@ -64,5 +65,9 @@ class KernelPrefetch:
         return self
 
     def take(self, region, name: str, params: dict | None = None):
-        """The kernel generated for (region, name, params), once; None when there is none."""
-        return self.kernels.pop((region.id, name, _params_key(params)), None)
+        """The kernel generated for (region, name, params), once; None when there is none. When its
+        generation failed, the same exception is raised here, as generate_kernel raised it."""
+        got = self.kernels.pop((region.id, name, _params_key(params)), None)
+        if isinstance(got, Exception):
+            raise got
+        return got

@@ -42,9 +42,10 @@ def region_io(program: Program, node_ids) -> RegionIO:
             if vid not in produced and vid not in inputs:
                 inputs.append(vid)
     outputs = []
+    readers = program.consumer_map()
     for nid in order:
         for vid in program.nodes[nid].outputs:
-            used_outside = any(c not in members for c, _ in program.consumers(vid))
+            used_outside = any(c not in members for c, _ in readers.get(vid, ()))
             if used_outside or vid in program.outputs:
                 outputs.append(vid)
     if not outputs:
