@@ -44,6 +44,32 @@ def test_compiles_for_sm90(form, i):
         assert "mma.sync.aligned.m16n8k8" in ks.source and "cp.async" in ks.source
 
 
+def test_tuner_variants_compile_without_spills_at_head_dim_128():
+    """Every 3xtf32 variant the tuner times at head dim 128 builds for sm_90 with no spill: the launch
+    bounds name the blocks per SM that shared memory allows, so the unrolled loops get the registers."""
+    from agent_core.codegen.attention import tune_variants
+    prog, nodes = attention_program(Case(1, 2, 300, 300, 128, mask="padding"))
+    ks = generate_kernel(prog, nodes, name="att_tune", params={"form": "3xtf32"})
+    assert ks.params["unroll"] == 0 and not ks.params["q_regs"] and ks.params["min_blocks"] == 2
+    assert "__launch_bounds__(128, 2)" in ks.source
+    variants = [v for v in tune_variants(ks.params) if v["form"] == "3xtf32"]
+    assert {v["block_cols"] for v in variants} >= {16, 32, 64} and {v["warps"] for v in variants} == {2, 4, 8}
+    for v in variants:
+        c = compile_kernel(generate_kernel(prog, nodes, name="att_tune", params=v), arch="sm_90")
+        assert c.spill_stores == 0, (v, c.spill_stores)
+
+
+def test_q_fragments_live_in_registers_up_to_head_dim_64():
+    for E, inside in ((64, True), (80, False)):
+        prog, nodes = attention_program(Case(1, 2, 40, 40, E))
+        ks = generate_kernel(prog, nodes, name="att_q", params={"form": "3xtf32"})
+        assert ks.params["q_regs"] is inside and ("unsigned qh[kEp / 8][4]" in ks.source) is inside
+    prog, nodes = attention_program(Case(1, 2, 40, 40, 128))
+    from agent_core.codegen.kernel import CodegenError
+    with pytest.raises(CodegenError, match="Q in registers"):
+        generate_kernel(prog, nodes, name="att_q", params={"form": "3xtf32", "q_regs": True})
+
+
 def _emulate(case: Case):
     from agent_core.writer.emulate import CpuExecutor
     from agent_core.writer.executors import guarded, payload

@@ -2,7 +2,8 @@
 of the same call, over batch x heads x seq x head_dim (seq 128..8192, causal or not, with or without a
 padding mask, head dims 64 and 128), timed in one run with CUDA events (agent_core/profile/timing.py).
 
-    python3 tools/bench_attention.py [--out rows.jsonl] [--max-autotune] [--forms 3xtf32,fp32] [--quick]
+    python3 tools/bench_attention.py [--out rows.jsonl] [--max-autotune] [--forms 3xtf32,fp32] [--quick] [--tune]
+                                     [--seqs 8192] [--dims 128]
 
 Each row: our best form's ms, torch SDPA's best backend and ms, torch.compile's ms, the worst error of
 ours against float64 (on a slice of the batch), and the speedup over the better of SDPA and compile.
@@ -27,12 +28,12 @@ from agent_core.codegen.attention_cases import Case, attention_program, referenc
 SEQS = {128: (16, 16), 512: (8, 16), 2048: (2, 16), 8192: (1, 8)}
 
 
-def grid(quick: bool) -> list[Case]:
+def grid(quick: bool, seqs=None, dims=(64, 128)) -> list[Case]:
     out = []
     for seq, (b, h) in SEQS.items():
-        if quick and seq > 2048:
+        if (quick and seq > 2048) or (seqs and seq not in seqs):
             continue
-        for d in (64, 128):
+        for d in dims:
             for mask in (None, "causal", "padding"):
                 out.append(Case(b, h, seq, seq, d, mask=mask))
     return out
@@ -94,13 +95,16 @@ def main(argv=None) -> int:
     ap.add_argument("--max-autotune", action="store_true")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--tune", action="store_true", help="also time the tuner's tile / warp variants")
+    ap.add_argument("--seqs", default="", help="only these sequence lengths of the grid (comma-separated)")
+    ap.add_argument("--dims", default="64,128", help="only these head dims of the grid")
     a = ap.parse_args(argv)
     import torch
     from agent_core.profile.timing import time_gpu
     from agent_core.runtime.launch import load_kernel
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    cases, forms = grid(a.quick), a.forms.split(",")
+    seqs = [int(x) for x in a.seqs.split(",") if x]
+    cases, forms = grid(a.quick, seqs, tuple(int(x) for x in a.dims.split(","))), a.forms.split(",")
     t0 = time.time()
     jobs = {}
     for c in cases:

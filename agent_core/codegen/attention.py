@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 from ..ir import Program
 from . import views as V
+from .attention_mma import Q_REGS_LIMIT
 from .attention_parts import cost
+from .attention_reads import strided_reads
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 
@@ -92,7 +94,7 @@ class Operand:
 @dataclass
 class AttentionSpec:
     node: str
-    batch: tuple           # output batch dims
+    batch: tuple           # batch dims walked: the output's, split finer where a view packs two into one
     L: int
     S: int
     E: int
@@ -144,11 +146,12 @@ def attention_spec(program: Program, io: RegionIO) -> AttentionSpec:
     mv = node.inputs[3] if len(node.inputs) > 3 else None
     L, S = vals[qv].shape[-2], vals[kv].shape[-2]
     E, Ev = vals[qv].shape[-1], vals[vv].shape[-1]
-    ops = [_operand(program, layouts[x], batch, what) for x, what in ((qv, "query"), (kv, "key"), (vv, "value"))]
-    mask = None
+    reads = {"query": layouts[qv], "key": layouts[kv], "value": layouts[vv]}
     if mv is not None:
-        full = V.expand(_lift(layouts[mv], len(batch) + 2), batch + (L, S))
-        mask = _operand(program, full, batch, "mask")
+        reads["mask"] = V.expand(_lift(layouts[mv], len(batch) + 2), batch + (L, S))
+    batch, reads = strided_reads(batch, reads)     # a packed batch dim (B * heads) split finer
+    ops = [_operand(program, reads[w], batch, w) for w in ("query", "key", "value")]
+    mask = _operand(program, reads["mask"], batch, "mask") if mv is not None else None
     scale = node.attrs.get("scale")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(E)
     causal = bool(node.attrs.get("is_causal")) and mv is None
@@ -180,12 +183,15 @@ def _operand(program: Program, lay: V.Layout, batch: tuple, what: str) -> Operan
 def default_params(spec: AttentionSpec, form: str | None = None) -> dict:
     """Tiles and warps by head dim (never by a benchmark's shapes): the tensor-core form keeps a
     16-row slab of queries per warp; wide heads take narrower key tiles to keep the accumulator and
-    the shared tiles within budget."""
+    the shared tiles within budget; Q's split fragments stay in registers up to head dim 64; the
+    blocks per SM (and so the registers ptxas may use) follow from the shared memory (min_blocks None)."""
     form = form or "3xtf32"
     d = max(spec.E, spec.Ev)
     if form == "fp32":
         return {"form": "fp32", "block_rows": 32 if d <= 128 else 16, "block_cols": 32, "warps": 4}
-    return {"form": "3xtf32", "block_rows": 64, "block_cols": 64 if d <= 64 else 32, "warps": 4, "stages": None}
+    q_regs = math.ceil(spec.E / 8) * 8 <= Q_REGS_LIMIT   # QK's loop is unrolled whole either way
+    return {"form": "3xtf32", "block_rows": 64, "block_cols": 64 if d <= 64 else 32, "warps": 4, "stages": None,
+            "unroll": 2 if q_regs else 0, "q_regs": q_regs, "min_blocks": None}
 
 
 def generate_attention(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -207,11 +213,14 @@ def tune_variants(p: dict) -> list[dict]:
     form = p.get("form", "3xtf32")
     out = [{"form": "fp32" if form == "3xtf32" else "3xtf32", "block_rows": None, "block_cols": None}]
     if form == "3xtf32":
-        out += [{"block_cols": 32 if p.get("block_cols") == 64 else 64}, {"warps": 8, "block_rows": 128},
-                {"warps": 2, "block_rows": 32}]
+        # the other key tile unrolled by 2 (64 keys at head dim 128 unrolled whole spill their scores)
+        out += [{"block_cols": 32 if p.get("block_cols") == 64 else 64, "unroll": 2}, {"warps": 8, "block_rows": 128},
+                {"warps": 2, "block_rows": 32}, {"unroll": 1}, {"unroll": 2 if p.get("unroll") == 0 else 0}]
+        out += [{"block_cols": 16}] if p.get("block_cols") == 32 else []
+        out += [{"q_regs": not p.get("q_regs")}] if p.get("q_regs") else []
     else:
         out += [{"block_rows": 64 if p.get("block_rows") != 64 else 32}, {"block_cols": 64}]
-    return [{**p, "stages": None, **c} for c in out]
+    return [{**p, "stages": None, "min_blocks": None, **c} for c in out]
 
 
 __all__ = ["AttentionSpec", "FORMS", "Operand", "SDPA", "attention_spec", "attention_supported", "cost",

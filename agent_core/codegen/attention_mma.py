@@ -10,6 +10,9 @@ staged in shared memory once; K and V tiles of kBc keys are copied with cp.async
   online softmax on the fragments: each thread holds two rows (g, g + 8) and reduces its quad by shuffles;
   P goes through a warp-private shared tile, because the m16n8k8 A operand and C accumulator layouts
   differ, and comes back as A fragments; O (16 x kEv) += P V in registers, rescaled by exp2(m_old - m_new).
+Each split is three integer/float ops (split_tf32 below); up to head dim 64 (q_regs) each warp's Q
+fragments are split once into registers; __launch_bounds__ names the blocks per SM shared memory
+allows, so ptxas may use the registers they leave (resident_blocks).
 Rows past L read zeros and are not stored; keys past S are -inf; head dims are zero-padded to a
 multiple of 8 in shared memory. The running sum l is kept per thread and reduced over the quad once.
 """
@@ -25,15 +28,19 @@ from .kernel import CodegenError
 from .region_io import RegionIO
 
 SHARED_LIMIT = 227 * 1024
+SM_SHARED = 228 * 1024      # per SM on sm_80 / sm_90
+SM_REGISTERS = 65536
+Q_REGS_LIMIT = 64     # Q's hi + lo fragments in registers: 2 x kEp / 2 per thread, 64 at head dim 64
 LOG2E = "1.4426950408889634f"
 
 HELPERS = r"""
+// hi: x rounded to TF32 (half a TF32 ulp added to the bits; the tensor cores ignore the low 13 bits, as
+// ptxas's own cvt.rna lowering assumes), lo: the exact remainder x - hi, read as TF32 the same way.
+// Three integer/float ops, no cvt (whose lowering adds an inf test and a select per part).
 __device__ __forceinline__ void split_tf32(float x, unsigned& hi, unsigned& lo) {
-  unsigned h, l;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(h) : "f"(x));
-  const float r = x - __uint_as_float(h);
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(l) : "f"(r));
-  hi = h; lo = l;
+  const unsigned h = __float_as_uint(x) + 0x1000u;
+  hi = h;
+  lo = __float_as_uint(x - __uint_as_float(h & 0xffffe000u));
 }
 // c += a * b for one m16n8k8 tile, TF32 operands, fp32 accumulators
 __device__ __forceinline__ void mma_tf32(float* c, const unsigned* a, const unsigned* b) {
@@ -90,6 +97,60 @@ def shared_bytes(spec, br: int, bc: int, warps: int, stages: int) -> int:
     return 4 * (br * (ep + 4) + stages * bc * (ep + 4) + stages * bc * (evp + 8) + warps * 16 * (bc + 4))
 
 
+def resident_blocks(shared: int, block: int) -> int:
+    """Blocks an SM holds by shared memory (1 KB of it reserved per block), at most as many as leave
+    each thread 128 registers: __launch_bounds__ then lets ptxas use every register that many leave
+    (without it ptxas stops at 128 and the unrolled loops spill)."""
+    return max(1, min(SM_SHARED // (shared + 1024), SM_REGISTERS // (block * 128)))
+
+
+def _pragma(unroll: int) -> str:
+    return "#pragma unroll" if unroll <= 0 else f"#pragma unroll {unroll}"
+
+
+def _q_fragments() -> list[str]:
+    """C lines: this warp's Q A-fragments, split once into hi + lo registers (Q is reused by every key tile)."""
+    return ["  unsigned qh[kEp / 8][4], ql[kEp / 8][4];",
+            "  cp_async_wait<1>();",
+            "  __syncthreads();",
+            "  {",
+            "    const int wq = (tid >> 5) * 16 + ((tid & 31) >> 2), tq = tid & 3;",
+            "    #pragma unroll",
+            "    for (int kk = 0; kk < kEp / 8; ++kk) {",
+            "      const float* qa = Qs + wq * kQS + kk * 8 + tq;",
+            "      split_tf32(qa[0], qh[kk][0], ql[kk][0]); split_tf32(qa[8 * kQS], qh[kk][1], ql[kk][1]);",
+            "      split_tf32(qa[4], qh[kk][2], ql[kk][2]); split_tf32(qa[8 * kQS + 4], qh[kk][3], ql[kk][3]);",
+            "    }",
+            "  }"]
+
+
+def _scores(q_regs: bool, unroll: int) -> list[str]:
+    """C lines: sacc = Q K^T for this warp's 16 rows and the tile's keys, K split as its fragments load;
+    Q's fragments from registers (q_regs, split once) or from shared memory (split per tile)."""
+    if q_regs:
+        head = ["      #pragma unroll",
+                "      for (int kk = 0; kk < kEp / 8; ++kk) {",
+                "        const unsigned* ah = qh[kk];",
+                "        const unsigned* al = ql[kk];"]
+        col = "kk * 8 + t4"
+    else:
+        head = [f"      {_pragma(unroll)}",
+                "      for (int kk = 0; kk < kEp; kk += 8) {",
+                "        const float* qa = Qs + (w * 16 + g) * kQS + kk + t4;",
+                "        unsigned ah[4], al[4];",
+                "        split_tf32(qa[0], ah[0], al[0]); split_tf32(qa[8 * kQS], ah[1], al[1]);",
+                "        split_tf32(qa[4], ah[2], al[2]); split_tf32(qa[8 * kQS + 4], ah[3], al[3]);"]
+        col = "kk + t4"
+    return head + ["        #pragma unroll",
+                   "        for (int n = 0; n < kNT; ++n) {",
+                   f"          const float* kb = Kt + (n * 8 + g) * kKS + {col};",
+                   "          unsigned bh[2], bl[2];",
+                   "          split_tf32(kb[0], bh[0], bl[0]); split_tf32(kb[4], bh[1], bl[1]);",
+                   "          mma_3xtf32(sacc[n], ah, al, bh, bl);",
+                   "        }",
+                   "      }"]
+
+
 def _pad8(d: int) -> int:
     return math.ceil(d / 8) * 8
 
@@ -101,6 +162,10 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         raise CodegenError(f"attention 3xtf32: block_rows must be 16 x warps ({br}), got {p['block_rows']}")
     if bc % 8 or not 8 <= bc <= 128 or not 1 <= warps <= 16:
         raise CodegenError(f"attention 3xtf32: key tile {bc} (a multiple of 8 up to 128) with {warps} warps")
+    q_regs = bool(p.get("q_regs"))
+    unroll = int(p.get("unroll") or 0)
+    if q_regs and _pad8(spec.E) > Q_REGS_LIMIT:
+        raise CodegenError(f"attention 3xtf32: Q in registers takes head dims up to {Q_REGS_LIMIT} (got {spec.E})")
     stages = p.get("stages")
     if stages is None:
         stages = 2 if shared_bytes(spec, br, bc, warps, 2) <= SHARED_LIMIT else 1
@@ -109,6 +174,8 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         raise CodegenError(f"attention 3xtf32: {shared} bytes of shared memory for {br} x {bc} tiles "
                            f"(at most {SHARED_LIMIT})")
     block = 32 * warps
+    if p.get("min_blocks") is None:
+        p = {**p, "min_blocks": resident_blocks(shared, block)}
     ep, evp = _pad8(spec.E), _pad8(spec.Ev)
     qs, ks, vs, ps = ep + 4, ep + 4, evp + 8, bc + 4
     cparams, names = parameters(program, io)
@@ -127,6 +194,8 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "  const int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, g = lane >> 2, t4 = lane & 3;",
         "  float* Ps = Vs + kStages * kBc * kVS + w * 16 * kPS;   // this warp's [16][kPS] probabilities",
         *_copy_tile("Qs", "gq", spec.q, br, "q0", "kL", spec.E, ep, qs, "  "),
+        *(["  cp_async_commit();   // Q in a group of its own: split into registers once K/V's first copy is on its way"]
+          if q_regs else []),
         f"  const int ntiles = {key_tiles(spec)};",
         "  auto load_kv = [&](int tile, int stage) {",
         "    const int k0 = tile * kBc;",
@@ -135,6 +204,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "  };",
         "  load_kv(0, 0);",
         "  cp_async_commit();",
+        *(_q_fragments() if q_regs else []),
         "  float oacc[kNV][4];",
         "  #pragma unroll",
         "  for (int n = 0; n < kNV; ++n) { oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f; }",
@@ -155,20 +225,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "      float sacc[kNT][4];",
         "      #pragma unroll",
         "      for (int n = 0; n < kNT; ++n) { sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f; }",
-        "      #pragma unroll 1",
-        "      for (int kk = 0; kk < kEp; kk += 8) {",
-        "        const float* qa = Qs + (w * 16 + g) * kQS + kk + t4;",
-        "        unsigned ah[4], al[4];",
-        "        split_tf32(qa[0], ah[0], al[0]); split_tf32(qa[8 * kQS], ah[1], al[1]);",
-        "        split_tf32(qa[4], ah[2], al[2]); split_tf32(qa[8 * kQS + 4], ah[3], al[3]);",
-        "        #pragma unroll",
-        "        for (int n = 0; n < kNT; ++n) {",
-        "          const float* kb = Kt + (n * 8 + g) * kKS + kk + t4;",
-        "          unsigned bh[2], bl[2];",
-        "          split_tf32(kb[0], bh[0], bl[0]); split_tf32(kb[4], bh[1], bl[1]);",
-        "          mma_3xtf32(sacc[n], ah, al, bh, bl);",
-        "        }",
-        "      }",
+        *_scores(q_regs, unroll),
         "      float mx[2] = {-INFINITY, -INFINITY};",
         "      #pragma unroll",
         "      for (int n = 0; n < kNT; ++n) {",
@@ -205,7 +262,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "        oacc[n][0] *= alpha[0]; oacc[n][1] *= alpha[0]; oacc[n][2] *= alpha[1]; oacc[n][3] *= alpha[1];",
         "      }",
         "      __syncwarp();",
-        "      #pragma unroll 1",
+        f"      {_pragma(unroll)}",
         "      for (int kk = 0; kk < kBc; kk += 8) {",
         "        const float* pa = Ps + g * kPS + kk + t4;",
         "        unsigned ah[4], al[4];",
@@ -246,7 +303,8 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
     notes = notes_for(spec, br, bc, block, "3xtf32 (mma.sync m16n8k8, hi + lo TF32 parts)") + [
         f"{stages} shared-memory stage(s) of K and V (cp.async), {shared} bytes of shared memory."]
     src = kernel_source_text(program, io, spec, "Fused attention (FlashAttention-2 schedule), 3xTF32 tensor-core form",
-                             notes, consts, HELPERS.strip("\n").splitlines(), kernel_name(name), cparams, body, block)
+                             notes, consts, HELPERS.strip("\n").splitlines(), kernel_name(name), cparams, body, block,
+                             min_blocks=p.get("min_blocks"))
     sched = (f"fused attention, 3xTF32 mma.sync: {br} query rows ({warps} warps x 16) x {bc}-key tiles, "
              f"{stages}-stage cp.async K/V, online softmax, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
     vec = all(_vector_ok(o, d) for o, d in ((spec.q, spec.E), (spec.k, spec.E), (spec.v, spec.Ev)))

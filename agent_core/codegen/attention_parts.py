@@ -97,10 +97,13 @@ def key_tiles(spec) -> str:
 
 
 def kernel_source_text(program: Program, io: RegionIO, spec, title: str, notes: list[str], consts: list[str],
-                       helpers: list[str], kname: str, cparams: list[str], body: list[str], block: int) -> str:
+                       helpers: list[str], kname: str, cparams: list[str], body: list[str], block: int,
+                       min_blocks: int | None = None) -> str:
+    """min_blocks: __launch_bounds__'s blocks per SM (ptxas then caps the registers to fit them)."""
     head = header(program, title, io.nodes, notes)
+    bounds = f"{block}, {min_blocks}" if min_blocks else f"{block}"
     return "\n".join([head, *consts, "", *helpers,
-                      f'extern "C" __global__ void __launch_bounds__({block})\n{kname}({", ".join(cparams)}) {{',
+                      f'extern "C" __global__ void __launch_bounds__({bounds})\n{kname}({", ".join(cparams)}) {{',
                       *body, "}", ""])
 
 
