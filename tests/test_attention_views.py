@@ -2,7 +2,7 @@
 the planner takes them into the attention region (planner/attention.py absorb_views), so they cost no
 copy kernel. Programs are planned through the CLI from nn.Modules (a linear -> view -> transpose per
 head, the chunk and the split of a fused qkv projection, a padding mask broadcast over heads and
-queries, GQA's unbind and expand of kv heads); the planned attention region generates in both forms, compiles through NVRTC for sm_90 and,
+queries, GQA's unbind and expand of kv heads, nn.MultiheadAttention's batch x heads packed in one dim); the planned attention region generates in both forms, compiles through NVRTC for sm_90 and,
 in the fp32 form, runs in the CPU emulator matching torch on the program's own values. A view that
 something else also reads stays outside, and the attention region still generates."""
 from __future__ import annotations
@@ -96,6 +96,20 @@ def get_inputs(): return [torch.randn(B, T, C)]
 def get_init_inputs(): return []
 '''
 
+# nn.MultiheadAttention packs batch and heads into one dim of [T, B * heads, D] over its in-projection's
+# output after a transpose: read in place with that dim split back into B x heads
+MHA = HEADER + '''
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(C, H)
+    def forward(self, x):
+        y, _ = self.attn(x, x, x)
+        return y
+def get_inputs(): return [torch.randn(T, B, C)]
+def get_init_inputs(): return []
+'''
+
 # k's transposed view is also summed elsewhere: it keeps its own region, the attention reads its copy
 SHARED = HEADER + '''
 class Model(nn.Module):
@@ -163,7 +177,8 @@ def _inputs(src: str):
     return ns["get_inputs"]()
 
 
-@pytest.mark.parametrize("src", [PER_HEAD, CHUNKED, SPLIT_MASKED, GQA], ids=["per_head", "chunked", "split_masked", "gqa"])
+@pytest.mark.parametrize("src", [PER_HEAD, CHUNKED, SPLIT_MASKED, GQA, MHA],
+                         ids=["per_head", "chunked", "split_masked", "gqa", "multihead_attention"])
 def test_views_before_attention_are_read_in_place_by_its_kernel(src, tmp_path):
     prog, plan = _plan(tmp_path, src)
     node, r = _attention_region(prog)
@@ -206,3 +221,41 @@ def test_a_view_something_else_reads_stays_outside_and_the_attention_still_gener
     assert can_lower(prog, r.nodes, r.kind) is None
     got, ref = _emulate(prog, r, _inputs(SHARED))
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), float((got - ref).abs().max())
+
+
+def _offsets(view):
+    """Every element's offset of a plain view, row-major over its shape."""
+    idx = np.indices(view.shape).reshape(len(view.shape), -1)
+    return view.offset + sum(i * s for i, s in zip(idx, view.strides))
+
+
+@pytest.mark.parametrize("bottom_shape,bottom_strides,top_shape,top_strides,top_offset,expect", [
+    # MHA: [T, B, 3E] as [3, T, B, E] (bottom), its q read as [B * heads, T, D] (top) split B x heads
+    ((5, 2, 8), (48, 24, 1), (2, 2, 5, 4), (8, 4, 16, 1), 0, True),
+    ((5, 2, 8), (48, 24, 1), (2, 2, 4, 4), (8, 4, 16, 1), 16, True),      # from the second row on
+    ((5, 2, 8), (48, 24, 1), (2, 2, 5, 4), (8, 4, 16, 1), 4, False),      # heads from 4 carry past 8
+    ((4, 6), (1, 4), (3, 4, 2), (2, 6, 1), 0, True),                      # a transposed bottom
+    ((2, 3), (3, 1), (4,), (1,), 0, False),                               # 4 steps of 1 carry over 3
+    ((2, 4), (4, 1), (2, 2), (1, 2), 1, False),                           # offset 1 + 1 + 2 carries
+])
+def test_compose_folds_a_view_of_a_view_into_one_or_says_it_cannot(bottom_shape, bottom_strides, top_shape,
+                                                                    top_strides, top_offset, expect):
+    from agent_core.codegen import views as V
+    from agent_core.codegen.attention_reads import compose
+    bottom = V.View.create(bottom_shape, bottom_strides, 3)
+    top = V.View.create(top_shape, top_strides, top_offset)
+    one = compose(bottom, top)
+    assert (one is not None) == expect
+    if one is not None:         # the top's row-major index of the bottom, read through the bottom's strides
+        flat = _offsets(top)
+        coords = np.unravel_index(flat, bottom_shape)
+        want = 3 + sum(c * s for c, s in zip(coords, bottom_strides))
+        assert one.shape == tuple(top_shape) and np.array_equal(_offsets(one), want)
+
+
+def test_split_cuts_a_packed_dim_where_its_walk_changes_dims():
+    from agent_core.codegen.attention_reads import split
+    assert split(8, 32, (16384, 2, 128)) == [2, 4]          # B * heads over [T, B, E]: B x heads
+    assert split(6, 1, (2, 3)) == [2, 3]
+    assert split(4, 0, (2, 3)) == [4]                        # an expanded dim: one piece, stride 0
+    assert split(3, 1, (2, 2)) is None                       # 3 steps of 1 through dims of 2
