@@ -52,7 +52,7 @@ class PhaseClock:
     def phase(self, name: str):
         if name not in PHASES and name not in EXCLUDED:
             raise ValueError(f"unknown phase {name!r} (known: {', '.join(PHASES + EXCLUDED)})")
-        frame = [name, self._clock(), 0.0]
+        frame = [name, self._clock(), 0.0, {}]   # name, start, seconds inside it, seconds add()ed to it
         self._stack.append(frame)
         try:
             yield
@@ -60,8 +60,20 @@ class PhaseClock:
             self._stack.pop()
             elapsed = self._clock() - frame[1]
             self._add(name, max(0.0, elapsed - frame[2]))
+            self._clip(frame, frame[2] - elapsed)
             if self._stack:
                 self._stack[-1][2] += elapsed
+
+    def _clip(self, frame, excess: float) -> None:
+        """An event's seconds can exceed the wall time they were reported in (a compile that ran in a
+        pool while this thread waited less): the excess comes off those events' phases, in proportion,
+        so the phases still add up to the wall time."""
+        added = frame[3]
+        total = sum(added.values())
+        if excess <= 0 or total <= 0:
+            return
+        for name, secs in added.items():
+            self.totals[name] -= min(secs, excess * secs / total)
 
     def add(self, name: str, seconds: float) -> None:
         """Seconds measured elsewhere (an event's `seconds`), taken out of the enclosing phase."""
@@ -69,6 +81,7 @@ class PhaseClock:
         self._add(name, seconds)
         if self._stack:
             self._stack[-1][2] += seconds
+            self._stack[-1][3][name] = self._stack[-1][3].get(name, 0.0) + seconds
 
     def _add(self, name: str, seconds: float) -> None:
         self.totals[name] = self.totals.get(name, 0.0) + seconds
