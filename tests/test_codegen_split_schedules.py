@@ -177,8 +177,10 @@ def test_the_planner_costs_a_cluster_row_as_one_read():
     gpu = GPUProfile()
     held = Geometry("reduction", (2048,), full=(2048, 30522), rows=2048, row_len=30522, out_full=True)
     assert schedule_for(held, 2, gpu) == ("cluster-per-row", 16)   # 4 CTAs: 8 floats of each input
-    too_long = Geometry("reduction", (8,), full=(8, 1 << 19), rows=8, row_len=1 << 19, out_full=True)
+    too_long = Geometry("reduction", (512,), full=(512, 1 << 19), rows=512, row_len=1 << 19, out_full=True)
     assert schedule_for(too_long, 1, gpu)[0] == "two-pass"
+    few = Geometry("reduction", (8,), full=(8, 1 << 19), rows=8, row_len=1 << 19, out_full=True)
+    assert schedule_for(few, 1, gpu) == ("split-row", 0)     # codegen/rowsplit.py, read once per phase
 
 
 def _optimize(block: str, tmp_path):

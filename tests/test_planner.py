@@ -100,11 +100,22 @@ def test_cross_entropy_and_decomposed_softmax_are_one_region_each():
 
 def test_long_rows_get_a_two_pass_schedule():
     p = Program()
-    x = p.add_input("x", (8, 1 << 19))  # 2 MiB rows: more than a cluster of 8 CTAs holds
+    x = p.add_input("x", (512, 1 << 19))  # 2 MiB rows: more than a cluster of 8 CTAs holds
     s = p.add_node("softmax", [x.id], {"dim": 1})
     p.mark_output(s.outputs[0])
     _, regs = regions_of(p)
     assert regs[0].schedule["schedule"] == "two-pass" and "exceeds" in regs[0].reason
+
+
+def test_few_long_rows_are_costed_as_the_split_row_kernel_reads_them():
+    """8 rows of 2 MiB on 132 SMs: codegen/rowsplit.py spreads each over the GPU and reads it once to
+    fold the statistics and once to write the softmax; the planner says so and costs both reads."""
+    p = Program()
+    x = p.add_input("x", (8, 1 << 19))
+    s = p.add_node("softmax", [x.id], {"dim": 1})
+    p.mark_output(s.outputs[0])
+    _, regs = regions_of(p)
+    assert regs[0].schedule["schedule"] == "split-row" and "chunks over the whole GPU" in regs[0].reason
 
 
 def test_batch_norm_after_conv_is_folded_away_then_relu_is_an_epilogue():

@@ -20,7 +20,9 @@ from ..compiler import DEFAULT_ARCH, CompileError, compile_kernel
 from ..errors import StitchError
 from ..ir import Program
 from ..runtime.split_tf32 import describe_library_call, library_precision, run_library_node
+from .attention_form import describe_form, exact_form, form_of, library_note, note_kept_form, own_attention
 from .events import EventEmitter
+from .phases import phase
 from .tune import tune_space
 from .verdict import torch_path, views_copied
 
@@ -88,6 +90,7 @@ class _Agent:
         self.arch = arch
         self.hw: dict = {}
         self.kernels: dict = {}   # region id -> our last generated KernelSource (the tuned best on a GPU)
+        self.prefetch = None      # agent.prefetch.KernelPrefetch: kernels generated and compiling ahead
 
     # --- per region --------------------------------------------------------------------------
     def region(self, r) -> tuple[RegionOutcome, object | None]:
@@ -100,10 +103,10 @@ class _Agent:
         if all(is_view(p, n.id) for n in nodes):
             out.status, out.reason = "view", "only relabels memory (a view): no kernel runs"
             return self._finish(r, out), None
-        if len(nodes) == 1 and nodes[0].opdef.category in LIBRARY_CATEGORIES:
+        if len(nodes) == 1 and nodes[0].opdef.category in LIBRARY_CATEGORIES and not own_attention(p, nodes[0]):
             out.status = "library"
             out.reason = (f"{nodes[0].name} ({nodes[0].op}) alone runs through cuBLAS/cuDNN via torch "
-                          f"({describe_library_call(p, nodes[0].id)})")
+                          f"({describe_library_call(p, nodes[0].id)}){library_note(p, nodes[0])}")
             return self._finish(r, out), None
         if len(nodes) == 1 and nodes[0].opdef.category == "recurrent":
             out.status = "library"
@@ -111,7 +114,7 @@ class _Agent:
             return self._finish(r, out), None
         try:
             t0 = time.perf_counter()
-            ks = generate_kernel(p, r.nodes, name=name, kind=r.kind)
+            ks = self._generate(r, name)
             self.ev.emit("codegen", region=r.id, kernel=name, kind=ks.kind, schedule=ks.schedule,
                          params=ks.params, lines=ks.source.count("\n") + 1, bytes=ks.bytes_moved,
                          library_nodes=ks.library_nodes, seconds=time.perf_counter() - t0)
@@ -134,7 +137,8 @@ class _Agent:
         if not self.gpu:
             out.status, out.reason = "compiled", f"compiled for {c.arch}; not verified or timed (no GPU)"
             if self.tune:   # the tuning variants must compile too (and this fills the cache a GPU run reuses)
-                n = self._compile_variants(r, ks)
+                with phase("tune"):
+                    n = self._compile_variants(r, ks)
                 if n:
                     out.reason += f"; {n} tuning variant(s) compiled"
             return self._finish(r, out), None
@@ -144,18 +148,23 @@ class _Agent:
         n = 0
         for params in tune_space(ks, limit=self.tune_trials):
             try:
-                compile_kernel(generate_kernel(self.program, r.nodes, name=ks.name, kind=r.kind, params=params),
-                               arch=self.arch)
+                compile_kernel(self._generate(r, ks.name, params), arch=self.arch)
                 n += 1
             except StitchError as exc:
                 self.ev.log(f"region {r.id}: tuning variant {params} does not build: {exc}", level="warning",
                             region=r.id)
         return n
 
+    def _generate(self, r, name, params=None):
+        """Region r's kernel: the one agent.prefetch generated ahead (and is compiling), else now."""
+        pre = self.prefetch.take(r, name, params) if self.prefetch is not None else None
+        return pre or generate_kernel(self.program, r.nodes, name=name, kind=r.kind, params=params)
+
     def _compile(self, r, ks):
-        c = compile_kernel(ks, arch=self.arch)
-        self.ev.emit("compile", region=r.id, kernel=ks.name, arch=c.arch, seconds=c.seconds, cached=c.cached,
-                     registers=c.registers, spill_stores=c.spill_stores, spill_loads=c.spill_loads)
+        with phase("compile"):    # the event's NVRTC seconds (emitted inside), plus the cache look-up
+            c = compile_kernel(ks, arch=self.arch)
+            self.ev.emit("compile", region=r.id, kernel=ks.name, arch=c.arch, seconds=c.seconds, cached=c.cached,
+                         registers=c.registers, spill_stores=c.spill_stores, spill_loads=c.spill_loads)
         return c
 
     def _write_source(self, ks, filename: str | None = None) -> str | None:
@@ -196,8 +205,9 @@ class _Agent:
 
     def _verify(self, r, runner, draws, what):
         from .refcache import verify_candidate
-        res = verify_candidate(self.program, self.ref, runner.inputs, runner.outputs, lambda ins: runner(ins),
-                               draws=draws, device=TENSOR_DEVICE)
+        with phase("verify"):
+            res = verify_candidate(self.program, self.ref, runner.inputs, runner.outputs, lambda ins: runner(ins),
+                                   draws=draws, device=TENSOR_DEVICE)
         self.ev.emit("verify", scope="region", region=r.id, kernel=runner.name, ok=res.ok, draws=res.draws,
                      max_abs_err=res.max_abs_err, reason=res.reason, candidate=what)
         return res
@@ -235,7 +245,8 @@ class _Agent:
         from ..profile.attribution import attribute
         from ..runtime.launch import load_kernel
         try:
-            loaded = load_kernel(ks, self.program, c)
+            with phase("load"):
+                loaded = load_kernel(ks, self.program, c)
         except StitchError as exc:
             out.reason = f"load failed: {exc}"
             return self._finish(r, out), None
@@ -248,6 +259,14 @@ class _Agent:
                 self.ev.emit("precision", node=n, op=self.program.nodes[n].op, chosen="fp32",
                              reason=f"region {r.id} failed verification with split TF32 ({res.reason})")
             res = self._verify(r, runner, self.draws, "library calls in fp32")
+        if not res.ok and form_of(ks) == "3xtf32":   # our attention kernel: its exact fp32 form instead
+            try:
+                ks, loaded, runner, res = exact_form(self, r, ks, res)
+                r.source, self.kernels[r.id] = ks.source, ks
+                out.source_path = self._write_source(ks)
+            except StitchError as exc:
+                out.reason = f"verification failed with split TF32 and the fp32 form does not build: {exc}"
+                return self._finish(r, out), None
         if not res.ok:
             out.reason = f"verification failed: {res.reason}"
             return self._finish(r, out), None
@@ -257,7 +276,8 @@ class _Agent:
             return self._finish(r, out), (list(r.nodes), ks, loaded)
         ins = self._region_tensors(ks, runner.inputs)
         try:
-            best_t = self._time(runner, ins)
+            with phase("time_regions"):
+                best_t = self._time(runner, ins)
         except Exception as exc:
             out.reason = f"timing failed: {type(exc).__name__}: {_first(exc)}"
             return self._finish(r, out), None
@@ -266,28 +286,29 @@ class _Agent:
         self.ev.emit("tune-step", region=r.id, trial=0, params=ks.params, ok=True, ms=best_t.median_ms,
                      best=True, schedule=ks.schedule)
         if self.tune:
-            sm = int(self.hw.get("sm_count") or 132)
-            for i, params in enumerate(tune_space(ks, sm_count=sm, limit=self.tune_trials), 1):
-                rec = {"trial": i, "params": params, "ok": False}
-                try:
-                    k2 = generate_kernel(self.program, r.nodes, name=ks.name, kind=r.kind, params=params)
-                    c2 = compile_kernel(k2, arch=self.arch)
-                    l2 = load_kernel(k2, self.program, c2)
-                    run2 = self._runner(r, k2, l2)
-                    quick = self._verify(r, run2, 1, f"trial {i}")
-                    if not quick.ok:
-                        rec["reason"] = quick.reason
-                    else:
-                        t2 = self._time(run2, ins)
-                        rec.update(ok=True, ms=t2.median_ms, params=k2.params, schedule=k2.schedule)
-                        if t2.median_ms < best[0]:
-                            best = (t2.median_ms, k2, l2, run2, dict(k2.params))
-                            rec["best"] = True
-                except Exception as exc:   # a variant that fails to build, load or run is one rejected trial
-                    rec["reason"] = f"{type(exc).__name__}: {_first(exc)}"
-                out.trials.append(rec)
-                rec.setdefault("best", False)
-                self.ev.emit("tune-step", region=r.id, **rec)
+            with phase("tune"):   # the trials; their quick verifications count as verify
+                sm = int(self.hw.get("sm_count") or 132)
+                for i, params in enumerate(tune_space(ks, sm_count=sm, limit=self.tune_trials), 1):
+                    rec = {"trial": i, "params": params, "ok": False}
+                    try:
+                        k2 = self._generate(r, ks.name, params)
+                        c2 = compile_kernel(k2, arch=self.arch)
+                        l2 = load_kernel(k2, self.program, c2)
+                        run2 = self._runner(r, k2, l2)
+                        quick = self._verify(r, run2, 1, f"trial {i}")
+                        if not quick.ok:
+                            rec["reason"] = quick.reason
+                        else:
+                            t2 = self._time(run2, ins)
+                            rec.update(ok=True, ms=t2.median_ms, params=k2.params, schedule=k2.schedule)
+                            if t2.median_ms < best[0]:
+                                best = (t2.median_ms, k2, l2, run2, dict(k2.params))
+                                rec["best"] = True
+                    except Exception as exc:   # a variant that fails to build, load or run is one rejected trial
+                        rec["reason"] = f"{type(exc).__name__}: {_first(exc)}"
+                    out.trials.append(rec)
+                    rec.setdefault("best", False)
+                    self.ev.emit("tune-step", region=r.id, **rec)
         ms, ks, loaded, runner, params = best
         if ks.source != r.source:
             res = self._verify(r, runner, self.draws, "tuned best")
@@ -298,7 +319,8 @@ class _Agent:
             self.kernels[r.id] = ks
             out.source_path = self._write_source(ks)
         try:
-            unfused, copied = self._unfused_ms(runner, ins)
+            with phase("time_regions"):
+                unfused, copied = self._unfused_ms(runner, ins)
         except Exception as exc:
             out.reason = f"timing the unfused ops failed: {type(exc).__name__}: {_first(exc)}"
             return self._finish(r, out), None
@@ -315,9 +337,11 @@ class _Agent:
                           f"both replayed in a CUDA graph{'; the ops leave views, so their copy is counted' if copied else ''})")
             for nid in ks.library_nodes:
                 out.reason += f"; its {self.program.nodes[nid].op} runs as {describe_library_call(self.program, nid)}"
+            out.reason += note_kept_form(self, r, ks)
             return self._finish(r, out), (list(r.nodes), ks, loaded)
         out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us"
-                      f"{', the copy of their view outputs included' if copied else ''}); the ops run through torch")
+                      f"{', the copy of their view outputs included' if copied else ''}); the ops run through torch"
+                      f"{' (its SDPA as torch fused attention; ours was ' + describe_form(ks) + ')' if form_of(ks) else ''}")
         return self._finish(r, out), None
 
     # --- the model-driven writer (agent_core.writer, docs/WRITER.md) ---------------------------
@@ -449,7 +473,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         check_on = TENSOR_DEVICE if big else "cpu"
         try:
             from ..profile.timing import gpu_work
-            with gpu_work() if check_on != "cpu" else contextlib.nullcontext():   # GPU reference runs
+            on_gpu = gpu_work() if check_on != "cpu" else contextlib.nullcontext()   # GPU reference runs
+            with phase("rewrite"), on_gpu:
                 rr = rewrite_program(program, device=check_on)
             prog = rr.program
             rewritten = bool(rr.fired)
@@ -497,7 +522,13 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         prog.metadata.pop("library_precision", None)
         if split_tf32:   # before the regions: their library calls are verified and timed as they will run
             from .precision import choose_library_precision
-            choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
+            with phase("precision"):
+                choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
+    from .prefetch import KernelPrefetch    # every region's kernels generated, compiled in parallel
+    with phase("generate"):   # the compiles it starts are waited for in the loop's compile phase
+        agent.prefetch = KernelPrefetch(prog, arch=arch, tune=tune, tune_trials=tune_trials,
+                                        sm_count=int(agent.hw.get("sm_count") or 132)).start(
+            plan.active, lambda r: kernel_name(prog, r.id))
     wrun = _writer_run(writer, emit, gpu, cancel, writer_sanitize)
     outcomes, fused = [], {}
     for r in plan.active:
@@ -507,7 +538,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
             o = agent._finish(r, RegionOutcome(r.id, "fallback", f"agent error {type(exc).__name__}: {_first(exc)}"))
             keep = None
         if wrun is not None and wrun.wants(r.id, o.status):
-            keep = agent.write(r, o, wrun) or keep
+            with phase("writer"):
+                keep = agent.write(r, o, wrun) or keep
         outcomes.append(o)
         if keep is not None:
             fused[r.id] = keep
@@ -576,16 +608,20 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     from ..profile.timing import time_gpu
     from ..program_runtime import build_executable
     prog, profile = result.program, result.profile
-    exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
-    res = exe.verify(draws, ref=ref)
+    with phase("build"):
+        exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
+    with phase("verify"):
+        res = exe.verify(draws, ref=ref)
     emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err, reason=res.reason)
     if not res.ok and library_precision(prog):
         emit.emit("error", message=f"the end-to-end program with split-TF32 library calls failed verification "
                                    f"({res.reason}); every matmul and convolution runs in fp32 instead")
         prog.metadata["library_precision"] = {}
         profile["library_precision_fallback"] = res.reason
-        exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
-        res = exe.verify(draws, ref=ref)
+        with phase("build"):
+            exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
+        with phase("verify"):
+            res = exe.verify(draws, ref=ref)
         emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
                   reason=res.reason)
     profile["library_precision"] = dict(library_precision(prog))
@@ -595,15 +631,18 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         for o in result.outcomes:
             if o.status == "fused":
                 o.status, o.reason = "fallback", f"the whole program failed verification with it: {res.reason}"
-        exe = build_executable(prog, {}, graph=graph, device=TENSOR_DEVICE)
-        res = exe.verify(draws, ref=ref)
+        with phase("build"):
+            exe = build_executable(prog, {}, graph=graph, device=TENSOR_DEVICE)
+        with phase("verify"):
+            res = exe.verify(draws, ref=ref)
         emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
                   reason=res.reason)
     if not res.ok and rewritten:
         raise RewriteMismatch(f"the rewritten program does not match the original ({res.reason})")
     if exe.graph_error:
         emit.log(exe.graph_error, level="warning")
-    t = time_gpu(exe.replay, trials=trials)
+    with phase("time_program"):
+        t = time_gpu(exe.replay, trials=trials)
     bw = (profile.get("hardware") or {}).get("copy_bandwidth_gbs") or 4200.0
     nbytes = sum(prog.values[v].nbytes for v in prog.inputs) + sum(v.nbytes for v in prog.parameters()) + \
         sum(prog.values[v].nbytes for v in set(prog.outputs))
@@ -620,8 +659,9 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         from ..profile.baselines import best_compile_ms, measure_baselines, program_callable
         try:
             fn, inputs = baseline_fn if baseline_fn is not None else program_callable(prog)
-            base = measure_baselines(fn, inputs, compile_modes=compile_modes, trials=trials,
-                                     compile_budget_s=compile_budget_s, emit=emit.emit)
+            with phase("baselines"):     # torch's time, not the agent's (phases.EXCLUDED)
+                base = measure_baselines(fn, inputs, compile_modes=compile_modes, trials=trials,
+                                         compile_budget_s=compile_budget_s, emit=emit.emit)
         except Exception as exc:
             base = {"error": f"{type(exc).__name__}: {_first(exc)}"}
             emit.emit("error", message=f"baselines failed: {base['error']}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..analysis.cost import fmt_bytes, fmt_ms
 from ..regions import Region
 from ..text import plural
+from .attention import attention_node, attention_reason
 from .fusion import (
     backend_refusal, full_space_inputs, group_bytes, group_time, launches, node_facts, rereads_rows, schedule_for,
     summarize, traffic,
@@ -43,6 +44,8 @@ LIBRARY = {"matmul": "cuBLAS", "conv": "cuDNN"}
 
 
 def kind_of(state, nodes, s, sibling: bool) -> str:
+    if s.blocker and attention_node(state, nodes):
+        return "attention"      # our fused attention kernel, not the library call
     if s.blocker:
         return "opaque" if state.geo[s.blocker].role == "opaque" else "single"
     if s.anchor:
@@ -100,6 +103,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                                       f"fits on chip)",
                      "cluster-per-row": f"a thread-block cluster per row (a {fmt_bytes(red.row_len * 4 * max(k, 1))} "
                                         f"row fits in the registers of up to 8 CTAs; one read)",
+                     "split-row": f"each of the {red.rows} rows in chunks over the whole GPU (fewer rows than "
+                                  f"two per SM), streamed once per reduction round and once for the outputs",
                      "two-pass": (f"two passes over memory (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
                                   f"exceeds the {state.gpu.block_row_bytes // 1024} KiB on-chip budget)"
                                   if rereads_rows(state, nodes, red) else
@@ -124,6 +129,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         reason = (f"{lib} + epilogue kernel ({plural(n_launches, 'launch')}): "
                   f"{_label(state, an)} runs through {lib} and writes its {fmt_bytes(out.nbytes)} output; "
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
+    elif kind == "attention":
+        sched, reason, after = attention_reason(state, nodes, facts)
     elif kind == "layout":
         sched, reason = _layout_reason(state, nodes, s, facts, refusals, after, f"{kept}{saving}",
                                        bool(_backend_note(state, nodes, backend_notes)))
@@ -210,6 +217,8 @@ def _runs(state, nodes, s, kind, facts) -> str:
     real = [n for n in nodes if not state.costs[n].view]
     if not real:
         return "alias"
+    if kind == "attention":
+        return "torch" if runs_why(state, nodes, s, facts) else "kernel"
     if len(real) == 1 and (s.anchor or state.program.nodes[real[0]].opdef.category in ("matmul", "convolution")):
         return "library"       # a lone matmul / convolution (attention, einsum too) runs through torch's library
     if kind == "opaque":

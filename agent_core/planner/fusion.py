@@ -84,10 +84,17 @@ def schedule_for(red: Geometry, full_inputs: int, gpu: GPUProfile) -> tuple[str,
     k = max(full_inputs, 1)
     if red.row_len <= gpu.warp_row_max and k * math.ceil(red.row_len / gpu.warp_size) <= 64:
         return "warp-per-row", k * math.ceil(red.row_len / gpu.warp_size)
+    # codegen/rowsplit.py: fewer rows than two per SM, each in chunks over the GPU, streamed per phase
+    from ..codegen.rowkernel import DEFAULTS as ROW_KERNEL
+    from ..codegen.rowsplit import row_split
+    limits = {"sm_count": gpu.sm_count, "spread_min_bytes": ROW_KERNEL["spread_min_bytes"]}
+    if red.contiguous and row_split(red.rows, red.row_len, k, limits, False,
+                                    red.row_len * 4 * k > gpu.block_row_bytes) > 1:
+        return "split-row", 0
     if red.row_len * 4 * k <= gpu.block_row_bytes:
         return "block-per-row", k * math.ceil(red.row_len / gpu.max_threads_per_block)
     # codegen/rowkernel.py's cluster schedule: one read of a row that a cluster of CTAs holds
-    from ..codegen.rowkernel import CLUSTER_PORTABLE, DEFAULTS as ROW_KERNEL
+    from ..codegen.rowkernel import CLUSTER_PORTABLE
     ctas = min(CLUSTER_PORTABLE, 1 << math.ceil(math.log2(red.row_len * 4 * k / gpu.block_row_bytes)))
     held = k * math.ceil(red.row_len / (ctas * gpu.max_threads_per_block))
     if red.contiguous and held <= ROW_KERNEL["cluster_thread_floats"] and \
@@ -448,7 +455,7 @@ def kernel_ms(state, nodes, f: Facts, red) -> float:
     extra = 0
     if red is not None:
         sched, _ = schedule_for(red, full_space_inputs(state, nodes, red, f), state.gpu)
-        if sched == "two-pass":   # the row streamed again for each chained reduction and the outputs
+        if sched in ("two-pass", "split-row"):   # the row streamed again for each chained reduction and the outputs
             extra = f.read_bytes * (reduction_depth(state, nodes) - 1 + rereads_rows(state, nodes, red))
     gpu = state.gpu
     return gpu.launch_ms(state.graph) + max((f.read_bytes + f.esc_bytes + extra) / gpu.bytes_per_ms,

@@ -20,6 +20,7 @@ from ..gcpause import paused_gc
 from ..ir import Program
 from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, replace_regions
 from ..text import plural
+from .attention import absorb_views
 from .class_loss import recomputes_nothing
 from .explain import kind_of, make_region
 from .fusion import (
@@ -140,6 +141,9 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
                 raise ProgramError(f"{r.status} region {r.id} forms a cycle with the other kept regions")
             gid = state.merge(a, b)
         state.groups[gid].frozen = r
+
+    # 1b. the views feeding an attention node's q, k, v and mask join it: its kernel reads through them
+    absorb_views(state, note)
 
     # 2. vertical fusion by priority
     summaries: dict[tuple[int, int], object] = {}

@@ -88,6 +88,10 @@ def lower_loss(program: Program, nid: str) -> Rewrite | None:
     n = program.nodes[nid]
     if n.op == SDPA and _scores_bytes(program, n) > SCORES_LIMIT_BYTES:
         return None
+    if n.op == SDPA:   # our fused attention kernel takes it whole (codegen/attention.py)
+        from ..codegen.attention import attention_supported
+        if attention_supported(program, nid) is None:
+            return None
     return lower_all(program, nid)
 
 
