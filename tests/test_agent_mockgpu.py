@@ -312,3 +312,35 @@ def test_a_program_that_fails_verification_with_split_tf32_runs_in_fp32_with_the
     assert "library_precision_fallback" in res.profile
     assert bench.record_from_result("lone.py", res, 1.0)["library_precision_fallback"]
     assert any(e["event"] == "error" and "split-TF32" in e["message"] for e in events)
+
+
+def test_a_kernel_that_breaks_only_the_whole_program_is_found_and_the_others_are_kept(mock_gpu, tmp_path):
+    """Every region verifies alone, but one kernel is wrong inside the end-to-end program (as when a
+    region's random draws miss what the program feeds it): bisection blames that region alone, the
+    other kernels stay, and the program is correct."""
+    res, _ = _optimize(_mlp(), tmp_path / "clean")
+    fused = [o for o in res.outcomes if o.status == "fused"]
+    assert len(fused) >= 2
+    bad = fused[-1].kernel
+    build = program_runtime.build_executable
+
+    def sabotaged(prog, kept, graph=True, device="cpu"):
+        exe = build(prog, kept, graph=graph, device=device)
+        launch_step = exe._launch
+
+        def wrong(torch_mod, step, env):
+            launch_step(torch_mod, step, env)
+            if step.kernel.name == bad:
+                for v in step.kernel.outputs:
+                    env[v].add_(1e-2)
+        exe._launch = wrong
+        return exe
+    program_runtime.build_executable = sabotaged     # the fixture's monkeypatch restores the original
+    res, events = _optimize(_mlp(), tmp_path / "sabotaged")
+    after = {o.kernel: o for o in res.outcomes}
+    assert after[bad].status == "fallback" and after[bad].reason.startswith("the whole program failed verification with it")
+    assert {o.kernel for o in res.outcomes if o.status == "fused"} == {o.kernel for o in fused[:-1]}
+    e2e = res.profile["end_to_end"]
+    assert e2e["correct"] and e2e["generated_kernels"] == len(fused) - 1
+    checks = [e for e in events if e["event"] == "verify" and e["scope"] == "program"]
+    assert not checks[0]["ok"] and checks[-1]["ok"] and len(checks) <= 2 + 2 * len(fused)

@@ -602,6 +602,60 @@ class RewriteMismatch(StitchError):
     """The rewritten program, run op by op through torch, disagrees with the program as given."""
 
 
+# whole-program verifications spent looking for the regions that break it before the rest fall back too
+CULPRIT_VERIFIES = 12
+
+
+def _without_culprits(result, fused, emit, ref, *, draws, graph, first):
+    """The end-to-end program failed with every kept region: find the regions that cause it by bisection
+    (a group that verifies is kept whole, one that fails is split until single regions are blamed), so
+    one bad kernel does not send every other region back to torch. After CULPRIT_VERIFIES builds the
+    regions not yet cleared fall back as well. Returns the executable and verification to go on with."""
+    from ..program_runtime import build_executable
+    prog = result.program
+    outcome = {o.region: o for o in result.outcomes}
+    kept: dict = {}
+    spent = [0]
+
+    def check(extra):
+        with phase("build"):
+            exe = build_executable(prog, {**kept, **extra}, graph=graph, device=TENSOR_DEVICE)
+        with phase("verify"):
+            res = exe.verify(draws, ref=ref)
+        spent[0] += 1
+        emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
+                  reason=res.reason, regions=sorted(extra))
+        return exe, res
+
+    def blame(ids, why):
+        for rid in ids:
+            o = outcome.get(rid)
+            if o is not None and o.status == "fused":
+                o.status, o.reason = "fallback", why
+
+    todo = [list(fused)]
+    known_bad = {tuple(fused): first}
+    while todo:
+        ids = todo.pop(0)
+        res = known_bad.get(tuple(ids))
+        if res is None:
+            if spent[0] >= CULPRIT_VERIFIES:
+                blame(ids, f"the whole program failed verification with the generated kernels ({first.reason}) "
+                           f"and this region was not cleared within {CULPRIT_VERIFIES} checks")
+                continue
+            _, res = check({r: fused[r] for r in ids})
+            if res.ok:
+                kept.update({r: fused[r] for r in ids})
+                continue
+        if len(ids) == 1:
+            blame(ids, f"the whole program failed verification with it: {res.reason}")
+            continue
+        half = len(ids) // 2
+        todo[:0] = [ids[:half], ids[half:]]
+    exe, res = check({})
+    return exe, res
+
+
 def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, baseline_fn, compile_modes,
                 compile_budget_s, rewritten=False):
     from ..profile.attribution import attribute, effective_tflops
@@ -627,16 +681,8 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     profile["library_precision"] = dict(library_precision(prog))
     if not res.ok and fused:
         emit.emit("error", message=f"the end-to-end program with generated kernels failed verification "
-                                   f"({res.reason}); running every node through torch instead")
-        for o in result.outcomes:
-            if o.status == "fused":
-                o.status, o.reason = "fallback", f"the whole program failed verification with it: {res.reason}"
-        with phase("build"):
-            exe = build_executable(prog, {}, graph=graph, device=TENSOR_DEVICE)
-        with phase("verify"):
-            res = exe.verify(draws, ref=ref)
-        emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
-                  reason=res.reason)
+                                   f"({res.reason}); looking for the regions that cause it")
+        exe, res = _without_culprits(result, fused, emit, ref, draws=draws, graph=graph, first=res)
     if not res.ok and rewritten:
         raise RewriteMismatch(f"the rewritten program does not match the original ({res.reason})")
     if exe.graph_error:
