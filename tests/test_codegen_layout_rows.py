@@ -159,10 +159,10 @@ def _compiled(ks):
     return c
 
 
-def _generated(p, kind=None):
+def _generated(p, kind=None, params=None):
     ids = _all(p)
     assert can_lower(p, ids, kind) is None
-    ks = generate_kernel(p, ids, name=p.name, kind=kind)
+    ks = generate_kernel(p, ids, name=p.name, kind=kind, params=params)
     _compiled(ks)
     from agent_core.codegen import region_io
     io = region_io(p, ids)
@@ -212,15 +212,16 @@ def slice_sum(shape, start, width):
     return p
 
 
-@pytest.mark.parametrize("build,args,schedule", [
-    (slice_rms_norm, ((4, 40000), 0, 32768), "online"),
-    (slice_rms_norm, ((16, 140000), 4, 131072), "cluster"),
-    (slice_rms_norm, ((16, 140000), 3, 131072), "cluster"),
-    (slice_sum, ((4, 262200), 4, 262144), "split"),
-    (slice_sum, ((4, 262200), 3, 262144), "split"),
-], ids=["online", "cluster-vec", "cluster-scalar", "split-vec", "split-scalar"])
-def test_long_rows_read_through_views_in_the_streaming_schedules(build, args, schedule):
-    ks = _generated(build(*args))
+@pytest.mark.parametrize("build,args,schedule,params", [
+    (slice_rms_norm, ((4, 40000), 0, 32768), "online", None),
+    (slice_rms_norm, ((16, 140000), 4, 131072), "cluster", {"split": 1}),
+    (slice_rms_norm, ((16, 140000), 3, 131072), "cluster", {"split": 1}),
+    (slice_rms_norm, ((16, 140000), 4, 131072), "split_row", None),   # few long rows: the default
+    (slice_sum, ((4, 262200), 4, 262144), "split", None),
+    (slice_sum, ((4, 262200), 3, 262144), "split", None),
+], ids=["online", "cluster-vec", "cluster-scalar", "split-row", "split-vec", "split-scalar"])
+def test_long_rows_read_through_views_in_the_streaming_schedules(build, args, schedule, params):
+    ks = _generated(build(*args), params=params)
     assert ks.params["schedule"] == schedule
     assert ("_at4(" in ks.source) == (args[1] % 4 == 0)
 

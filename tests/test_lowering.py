@@ -46,9 +46,9 @@ def _program(op, attrs, sa, sb):
     return p
 
 
-def _lowered(p, fired="lower_loss"):
-    """The program lowered by the lower_loss rule, which must fire once (as `fired`)."""
-    result = rewrite_program(p, rules=[lower_loss], check=False)
+def _lowered(p, fired="lower_loss", rule=lower_loss):
+    """The program lowered by the rule (optimize's lower_loss unless given), which must fire once (as `fired`)."""
+    result = rewrite_program(p, rules=[rule], check=False)
     assert result.rules_fired == {fired: 1}
     return result.program
 
@@ -182,7 +182,7 @@ def _sdpa_program(qs, ks, vs, mask, attrs):
 @pytest.mark.parametrize("qs,ks,vs,mask,attrs", SDPA_CASES, ids=lambda x: str(x).replace(" ", "")[:40])
 def test_lowered_attention_matches_the_op(qs, ks, vs, mask, attrs):
     p = _sdpa_program(qs, ks, vs, mask, attrs)
-    lowered = _lowered(p, fired="lower_attention")
+    lowered = _lowered(p, fired="lower_attention", rule=lower_all)   # the export's: any attention
     assert not any(n.op == "scaled_dot_product_attention" for n in lowered.nodes.values())
     for nid, n in lowered.nodes.items():          # every matmul is one cuBLAS call in the export
         if n.op == "matmul":
@@ -237,10 +237,13 @@ def test_attention_example_exports_after_lowering(tmp_path):
 
 def test_optimize_keeps_large_attention_for_torch_but_the_export_writes_it_out():
     # 8 heads of 2048 x 2048 scores: 128 MiB, over SCORES_LIMIT_BYTES; torch's fused attention never
-    # stores them, so optimize leaves the op alone, while the export (no other path) lowers it anyway
+    # stores them, so optimize leaves the op alone (our fused kernel, else torch), while the export (no
+    # other path) lowers it anyway; a small one is lowered only where our kernel refuses it (head dim 8)
     p = _sdpa_program((1, 8, 2048, 64), (1, 8, 2048, 64), (1, 8, 2048, 64), None, {"is_causal": True})
     assert not rewrite_program(p, rules=[lower_loss], check=False).fired
     lowered = rewrite_program(p, rules=[lower_all], check=False)
     assert lowered.rules_fired == {"lower_attention": 1}
     small = _sdpa_program((1, 8, 128, 64), (1, 8, 128, 64), (1, 8, 128, 64), None, {"is_causal": True})
-    assert rewrite_program(small, rules=[lower_loss], check=False).rules_fired == {"lower_attention": 1}
+    assert not rewrite_program(small, rules=[lower_loss], check=False).fired   # our fused kernel takes it
+    narrow = _sdpa_program((1, 8, 128, 8), (1, 8, 128, 8), (1, 8, 128, 8), None, {"is_causal": True})
+    assert rewrite_program(narrow, rules=[lower_loss], check=False).rules_fired == {"lower_attention": 1}
