@@ -417,6 +417,12 @@ class StudioAgent(QObject):
         self._update_ask()
         self.window.status(f"Kernel writer: {ws.model} at {ws.host()}" if ws.enabled else "Kernel writer: off")
 
+    def _bar_text(self, text: str) -> None:
+        """The progress bar's text, with the bar as wide as the text needs ("2/9 regions, about 40 s left"
+        wraps and clips in the 160 px it starts with)."""
+        self.bar.setFormat(text)
+        self.bar.setFixedWidth(max(160, self.bar.fontMetrics().horizontalAdvance(text) + 24))
+
     def region_menu(self, pos) -> "QMenu":
         """The Regions list's right-click menu at viewport `pos`: the row under it is selected first."""
         from PySide6.QtWidgets import QMenu
@@ -542,7 +548,7 @@ class StudioAgent(QObject):
             if n:
                 self.bar.setRange(0, n)
                 self.bar.setValue(min(d, n))
-                self.bar.setFormat(self.progress.text())
+                self._bar_text(self.progress.text())
             step = f"{k} {rid}" if rid else k
             what = "Optimizing" if self.worker.what == "Optimize" else self.worker.what
             self.window.status(f"{what}: {step}" + (f" ({self.progress.text()})" if n else ""))
@@ -654,7 +660,7 @@ class StudioAgent(QObject):
             return False
         self.window.set_enabled(self.act["export"], False, "An export is being written: wait for it to finish")
         self.bar.setRange(0, 0)
-        self.bar.setFormat("exporting")
+        self._bar_text("exporting")
         self.bar.show()
         w.status(f"Exporting {w.document.program.name} to {folder}…")
         self._exporter.start(_ExportJob(snapshot, folder, self._export_relay, protect))

@@ -33,11 +33,12 @@ def is_outcome(e: dict) -> bool:
 
 def test_optimize_shows_the_time_left_from_the_pace_of_the_regions_done(window, qtbot):
     agent = window.agent
-    seen, shown = [], []
+    seen, shown, fits = [], [], []
 
     def on_event(e):   # connected after the studio's own handler: the bar shows e already
         seen.append(e)
         shown.append((e, agent.bar.format(), window.status_label.text(), agent.progress.eta_s()))
+        fits.append(agent.bar.width() >= agent.bar.fontMetrics().horizontalAdvance(agent.bar.format()))
     agent.worker.event.connect(on_event)
     with qtbot.waitSignal(agent.worker.finished, timeout=180_000) as done:
         agent.act["optimize"].trigger()
@@ -54,6 +55,7 @@ def test_optimize_shows_the_time_left_from_the_pace_of_the_regions_done(window, 
         assert eta == pytest.approx(expected, abs=1e-6)
         assert bar == f"{i}/3 regions, {eta_words(expected)}", bar
         assert eta_words(expected) in status, status
+    assert all(fits)                     # the bar is as wide as its text (160 px clipped "about 2 s left")
     before = next(s for s in shown if s[0]["event"] == "region-proposed")
     assert before[1] in ("", "%p%") or "left" not in before[1]      # no estimate before a region is done
     last = next(s for s in shown if s[0] is outcomes[-1])
