@@ -24,7 +24,7 @@ from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
 KINDS = ("pointwise", "row_reduction", "layout", "pooling", "convolution", "arg_reduction", "scan",
-         "class_loss", "strided_slice", "attention")
+         "class_loss", "strided_slice", "attention", "gemm")
 # ops that decide the generator of any region holding them: op -> kind (the scans are single-node
 # kernels; nll_loss brings its log_softmax, label ops and reduction, or comes alone). argmax / argmin
 # are row-graph reductions (rowops.py); argreduce.py keeps only what rows cannot hold (a scalar, rows
@@ -103,6 +103,9 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind == "attention" or any(OP_KINDS.get(program.nodes[n].op) == "attention" for n in io.nodes):
         from .attention import generate_attention   # our fused kernel, not a library call
         return generate_attention(program, io, name, params)
+    if (params or {}).get("form") == "gemm-3xtf32":   # the matmul and its epilogue as one tile GEMM (gemm_mma.py)
+        from .gemm_mma import generate_gemm
+        return generate_gemm(program, io, name, params)
     lib, rest = ([], None) if kind == "convolution" else split_library(program, io)
     if lib:
         ks = _generate(program, rest, name=name, kind=None, params=params)

@@ -1,0 +1,413 @@
+"""A matmul / linear and the pointwise ops after it as ONE generated kernel: a tile GEMM in split TF32
+("3xtf32") on the tensor cores with the epilogue applied to the accumulators before the only store.
+
+Why: run as a library call, the GEMM writes its output to HBM and a second kernel reads it back for
+the epilogue; in the library's split-TF32 form (runtime/split_tf32.py) the weight's hi / lo halves
+are cached beside it and the input is split into temporaries (512 MiB + 576 MiB at KernelBench's
+1024 x 8192 x 8192). Here each operand is split in registers as its fragments are read from shared
+memory (attention_mma.split_tf32: hi = bits + 0x1000, lo = x - hi), a_hi b_hi + a_hi b_lo + a_lo b_hi
+is accumulated in fp32 (only lo * lo, about 2^-22 of a product, is dropped), and nothing but the
+output is written.
+
+Schedule (params, tuned by agent/tune.py through tune_variants):
+- a block owns a block_m x block_n tile of the output; warps_m x warps_n warps each own a
+  (block_m / warps_m) x (block_n / warps_n) warp tile of m16n8 accumulator fragments (mma.sync
+  m16n8k8 TF32, fp32 accumulators);
+- K is walked in block_k slices, copied with cp.async into `stages` shared-memory buffers (a
+  multi-stage pipeline: stages - 1 slices are in flight while one is computed); 16-byte copies where
+  the operand's rows are contiguous and 16-byte aligned, 4-byte copies through any strides otherwise;
+- A is read as [M, K] through its (row, k) strides, B as [K, N] through its (k, n) strides: linear's
+  weight [N, K] is read transposed in place (k contiguous) into an [n][k] tile, a matmul's [K, N]
+  into a [k][n] tile, each padded so the fragment reads are free of bank conflicts;
+- rows past M, columns past N and k past K read zeros and are not stored (ragged shapes);
+- epilogue: bias (linear's), then the region's pointwise ops rendered through the op library's one
+  table of CUDA expressions (pointwise.render_chain), broadcast operands indexed through
+  region_io.BroadcastIndex, each output element stored once.
+
+params["portable"] swaps the tensor-core helpers for plain C++ ones of the same names (mma_portable.py)
+so the CPU emulator runs this exact body; the kernel a GPU runs never sets it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir import Program
+from .attention_mma import HELPERS, SHARED_LIMIT
+from .cuda import Names, c_type, header, index_type, kernel_name
+from .kernel import CodegenError, KernelSource
+from .mma_portable import PORTABLE_HELPERS
+from .pointwise import is_elementwise, iteration_space, operand_views, render_chain
+from .region_io import BroadcastIndex, RegionIO
+
+FORM = "gemm-3xtf32"
+GEMM_OPS = ("linear", "matmul")
+GRID_LIMIT = 65535          # output tiles along M (grid y)
+# locals of the kernel body that the epilogue's value names must not take
+LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "tid", "warp_m", "warp_n",
+          "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
+          "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage")
+
+
+@dataclass
+class Operand:
+    """A GEMM operand read through strides: A as [M, K] (rows = m), B as [K, N] (rows = k)."""
+    value: str
+    row_stride: int
+    col_stride: int
+
+
+@dataclass
+class GemmSpec:
+    node: str
+    op: str
+    M: int
+    N: int
+    K: int
+    a: Operand
+    b: Operand
+    bias: str | None
+    out: str                 # the GEMM's output value
+    space: tuple             # its shape: the epilogue's iteration space
+    epilogue: list[str]      # the pointwise nodes after it, in order
+
+    @property
+    def b_k_contiguous(self) -> bool:
+        """B's k is its contiguous dim (linear's [N, K] weight): the shared tile is [n][k]."""
+        return self.b.row_stride == 1 and self.b.col_stride != 1
+
+
+def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
+    """What the kernel computes; CodegenError when the region is not one 2-D-weight matmul / linear
+    followed by pointwise ops over its output."""
+    anchors = [n for n in io.nodes if program.nodes[n].opdef.category in ("matmul", "convolution")]
+    if len(anchors) != 1 or program.nodes[anchors[0]].op not in GEMM_OPS:
+        ops = ", ".join(program.nodes[n].op for n in anchors) or "none"
+        raise CodegenError(f"the tile GEMM takes one {' or '.join(GEMM_OPS)} per region (this one: {ops})")
+    nid = anchors[0]
+    node = program.nodes[nid]
+    if io.nodes[0] != nid:
+        raise CodegenError(f"{node.name} ({node.op}) reads a value computed earlier in the region; the tile "
+                           f"GEMM reads its operands from memory", node_id=nid)
+    vals = program.values
+    a_id, b_id = node.inputs[0], node.inputs[1]
+    bias = node.inputs[2] if node.op == "linear" and len(node.inputs) > 2 else None
+    for v in (a_id, b_id, bias):
+        if v is not None and vals[v].dtype != "float32":
+            raise CodegenError(f"{node.name}: '{vals[v].name}' is {vals[v].dtype}; the tile GEMM reads float32",
+                               node_id=nid)
+    ash, bsh, out = tuple(vals[a_id].shape), tuple(vals[b_id].shape), node.outputs[0]
+    if len(bsh) != 2 or len(ash) < (1 if node.op == "linear" else 2):
+        raise CodegenError(f"{node.name}: {node.op} of {list(ash)} by {list(bsh)}; the tile GEMM takes a "
+                           f"2-D weight and an input of rank >= {1 if node.op == 'linear' else 2}", node_id=nid)
+    K = ash[-1]
+    M = math.prod(ash[:-1])
+    if node.op == "linear":
+        N = bsh[0]
+        b = Operand(b_id, 1, K)          # B[k][n] = W[n][k]: read transposed in place
+    else:
+        N = bsh[1]
+        b = Operand(b_id, N, 1)
+    if bias is not None and tuple(vals[bias].shape) not in ((N,), ()):
+        raise CodegenError(f"{node.name}: a bias of shape {list(vals[bias].shape)}", node_id=nid)
+    if min(M, N, K) < 1:
+        raise CodegenError(f"{node.name}: an empty GEMM ({M} x {N} x {K})", node_id=nid)
+    if math.ceil(M / 16) > GRID_LIMIT * 8:
+        raise CodegenError(f"{node.name}: {M} rows are more tiles than one grid dimension holds", node_id=nid)
+    rest = [n for n in io.nodes if n != nid]
+    for other in rest:
+        on = program.nodes[other]
+        if not is_elementwise(on):
+            raise CodegenError(f"{on.name} ({on.op}) is not pointwise; the tile GEMM fuses pointwise ops "
+                               f"after it (row reductions are not generated yet)", node_id=other)
+    space = tuple(vals[out].shape)
+    if rest:
+        sub = RegionIO(rest, [], [], set())
+        if math.prod(iteration_space(program, sub)) != math.prod(space):
+            raise CodegenError(f"the ops after {node.name} broadcast its output {list(space)} to "
+                               f"{list(iteration_space(program, sub))}; the tile GEMM stores its own tile only")
+    for vid in io.outputs:
+        if math.prod(vals[vid].shape) != math.prod(space):
+            raise CodegenError(f"output '{vals[vid].name}' {vals[vid].spec} is not the GEMM's "
+                               f"{list(space)} iteration space")
+    return GemmSpec(nid, node.op, M, N, K, Operand(a_id, K, 1), b, bias, out, space, rest)
+
+
+def gemm_supported(program: Program, node_ids) -> str | None:
+    """None when the region can run as the tile GEMM with its epilogue fused, else the reason."""
+    from .region_io import region_io
+    try:
+        gemm_spec(program, region_io(program, node_ids))
+    except CodegenError as exc:
+        return str(exc)
+    return None
+
+
+def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
+    """128 x 128 tiles of 8 warps (64 x 32 each), 32-wide k slices in 3 stages; narrower tiles when
+    those would leave SMs idle (a small or thin output), by the output's size alone."""
+    bm, bn, wm, wn = 128, 128, 2, 4
+    if math.ceil(spec.M / 128) * math.ceil(spec.N / 128) < sm_count:
+        bm, bn, wm, wn = 128, 64, 2, 2
+        if math.ceil(spec.M / 128) * math.ceil(spec.N / 64) < sm_count:
+            bm, bn = 64, 64
+    return {"form": FORM, "block_m": bm, "block_n": bn, "block_k": 32, "warps_m": wm, "warps_n": wn,
+            "stages": 3, "min_blocks": 1, "slice_acc": True}
+
+
+def tune_variants(p: dict) -> list[dict]:
+    """Other tiles than p's, most promising first: the other 128-row tile, square 64 tiles with a
+    deeper pipeline, and thinner k slices in four stages."""
+    cands = [{"block_m": 128, "block_n": 64, "warps_m": 2, "warps_n": 2},
+             {"block_m": 128, "block_n": 128, "warps_m": 2, "warps_n": 4},
+             {"block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "stages": 4},
+             {"block_k": 16, "stages": 4}]
+    out = []
+    for c in cands:
+        v = {**p, **c}
+        if v != p and v not in out:
+            out.append(v)
+    return out
+
+
+def _vector_ok(op: Operand, contiguous_extent: int) -> bool:
+    """16-byte copies along the contiguous dim: it has a multiple of 4 elements and rows start aligned."""
+    return op.col_stride == 1 and contiguous_extent % 4 == 0 and op.row_stride % 4 == 0
+
+
+def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
+    bm, bn, bk = int(p["block_m"]), int(p["block_n"]), int(p["block_k"])
+    wm, wn, stages = int(p["warps_m"]), int(p["warps_n"]), int(p["stages"])
+    if bk % 8 or not 8 <= bk <= 64:
+        raise CodegenError(f"tile GEMM: block_k {bk} must be a multiple of 8 up to 64")
+    if bm % (16 * wm) or bn % (8 * wn) or not 1 <= wm * wn <= 16:
+        raise CodegenError(f"tile GEMM: a {bm} x {bn} tile does not split into {wm} x {wn} warps of m16n8 fragments")
+    if not 2 <= stages <= 6:
+        raise CodegenError(f"tile GEMM: {stages} stages (2 to 6)")
+    if math.ceil(spec.M / bm) > GRID_LIMIT:
+        raise CodegenError(f"tile GEMM: {math.ceil(spec.M / bm)} row tiles exceed the grid's {GRID_LIMIT}")
+    return bm, bn, bk, wm, wn, stages
+
+
+def shared_bytes(spec: GemmSpec, p: dict) -> int:
+    bm, bn, bk, _, _, stages = _check(spec, p)
+    b_tile = bn * (bk + 4) if spec.b_k_contiguous else bk * (bn + 8)
+    return 4 * stages * (bm * (bk + 4) + b_tile)
+
+
+def _copy(dst: str, src: str, op: Operand, rows: int, cols: int, first_r: str, first_c: str, lim_r: str,
+          lim_c: str, stride: int, vector: bool, indent: str) -> list[str]:
+    """C lines: rows x cols of the operand (row first_r + r, column first_c + c; zero past lim_r / lim_c)
+    into dst (row stride `stride`) with cp.async."""
+    if vector:
+        per = cols // 4
+        return [f"{indent}for (int e = tid; e < {rows * per}; e += kBlock) {{",
+                f"{indent}  const int r = e / {per}, c = (e % {per}) * 4, gr = {first_r} + r, gc = {first_c} + c;",
+                f"{indent}  const bool ok = gr < {lim_r} && gc < {lim_c};",
+                f"{indent}  cp_async16({dst} + r * {stride} + c, ok ? {src} + ((long long)gr * {op.row_stride} + gc) : {src}, ok);",
+                f"{indent}}}"]
+    return [f"{indent}for (int e = tid; e < {rows * cols}; e += kBlock) {{",
+            f"{indent}  const int r = e / {cols}, c = e % {cols}, gr = {first_r} + r, gc = {first_c} + c;",
+            f"{indent}  const bool ok = gr < {lim_r} && gc < {lim_c};",
+            f"{indent}  cp_async4({dst} + r * {stride} + c, ok ? {src} + ((long long)gr * {op.row_stride} + "
+            f"(long long)gc * {op.col_stride}) : {src}, ok);",
+            f"{indent}}}"]
+
+
+def _slice_head(slice_acc: bool) -> list[str]:
+    """C lines: a zeroed accumulator for this k slice's products (slice_acc)."""
+    if not slice_acc:
+        return []
+    return ["    float sacc[kMT][kNT][4];",
+            "    #pragma unroll",
+            "    for (int mt = 0; mt < kMT; ++mt)",
+            "      #pragma unroll",
+            "      for (int nt = 0; nt < kNT; ++nt) sacc[mt][nt][0] = sacc[mt][nt][1] = sacc[mt][nt][2] = sacc[mt][nt][3] = 0.0f;"]
+
+
+def _slice_tail(slice_acc: bool) -> list[str]:
+    """C lines: the slice's products added to the running sums by FADD, rounded to nearest. The tensor
+    cores truncate each sum they accumulate; over K = 8192 that bias would build up along the whole
+    reduction, here only within one k slice (a small partial), and the slices' sums round without bias."""
+    if not slice_acc:
+        return []
+    return ["    #pragma unroll",
+            "    for (int mt = 0; mt < kMT; ++mt)",
+            "      #pragma unroll",
+            "      for (int nt = 0; nt < kNT; ++nt)",
+            "        #pragma unroll",
+            "        for (int j = 0; j < 4; ++j) acc[mt][nt][j] += sacc[mt][nt][j];"]
+
+
+def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
+    """C lines of one output element's epilogue, inside the store loop: `mm` is the GEMM's value at
+    (row, col), `i` its flat index. Broadcast operands are indexed from i."""
+    vals = program.values
+    epi_inputs = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in spec.epilogue)]
+    views = operand_views(program, spec.epilogue, epi_inputs)
+    bidx = BroadcastIndex(spec.space, [views.get(v, vals[v].shape) for v in epi_inputs])
+    names = Names()
+    names.taken.update(LOCALS)
+    names.taken.update(arg.values())
+    env = {spec.out: "mm"}
+    lines = []
+    for k, vid in enumerate(epi_inputs):
+        if bidx.is_scalar(k):
+            at = "0"
+        else:
+            at = bidx.offset_expr(k, "i", [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner],
+                                  [str(s) for s in bidx.strides[k]])
+        ident = names.new(vals[vid].name)
+        lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
+        env[vid] = ident
+    lines += [ln.strip() for ln in render_chain(program, spec.epilogue, env, names, indent="")]
+    lines += [f"{arg[vid]}[i] = {env[vid]};" for vid in io.outputs]
+    return lines
+
+
+def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
+    spec = gemm_spec(program, io)
+    p = {**default_params(spec, int((params or {}).get("sm_count") or 132)),
+         **{k: v for k, v in (params or {}).items() if v is not None and k != "sm_count"}}
+    p["form"] = FORM
+    bm, bn, bk, wm, wn, stages = _check(spec, p)
+    slice_acc = p.get("slice_acc") is not False
+    shared = shared_bytes(spec, p)
+    if shared > SHARED_LIMIT:
+        raise CodegenError(f"tile GEMM: {shared} bytes of shared memory for {bm} x {bn} x {bk} tiles in "
+                           f"{stages} stages (at most {SHARED_LIMIT})")
+    vals = program.values
+    arg = {vid: f"in{j}" for j, vid in enumerate(io.inputs)}
+    arg.update({vid: f"out{j}" for j, vid in enumerate(io.outputs)})
+    cparams = [f"const {c_type(vals[v].dtype, vals[v].name)}* __restrict__ {arg[v]}" for v in io.inputs] + \
+              [f"{c_type(vals[v].dtype, vals[v].name)}* __restrict__ {arg[v]}" for v in io.outputs]
+    block = 32 * wm * wn
+    kb = spec.b_k_contiguous
+    # B's rows as copied: n (k contiguous) for linear's weight, k for a [K, N] matrix
+    b_rows = Operand(spec.b.value, spec.b.col_stride, spec.b.row_stride) if kb else spec.b
+    a_vec, b_vec = _vector_ok(spec.a, spec.K), _vector_ok(b_rows, spec.K if kb else spec.N)
+    b_stride = bk + 4 if kb else bn + 8
+    b_tile = bn * b_stride if kb else bk * b_stride
+    numel = max([math.prod(spec.space)] + [math.prod(vals[v].shape) for v in io.inputs])
+    consts = [f"typedef {index_type(numel)} index_t;",
+              f"constexpr int kBlock = {block};",
+              f"constexpr int kM = {spec.M}, kN = {spec.N}, kK = {spec.K};",
+              f"constexpr int kBM = {bm}, kBN = {bn}, kBK = {bk};   // block tile",
+              f"constexpr int kWarpsN = {wn};",
+              f"constexpr int kTM = {bm // wm}, kTN = {bn // wn};   // warp tile",
+              "constexpr int kMT = kTM / 16, kNT = kTN / 8;   // m16n8 fragments per warp",
+              f"constexpr int kStages = {stages};",
+              f"constexpr int kAS = kBK + 4, kBS = {b_stride};   // shared row strides (bank-conflict-free fragment reads)",
+              f"constexpr int kATile = kBM * kAS, kBTile = {b_tile};"]
+    a_src, b_src = arg[spec.a.value], arg[spec.b.value]
+    if kb:   # B tile [n][k]: the weight's rows are n, k contiguous
+        b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, "bn", "k0", "kN", "kK", b_stride, b_vec, "    ")
+        b_frag = ["        const float* pb = Bt + (warp_n * kTN + nt * 8 + lane_g) * kBS + kk + lane_t;",
+                  "        split_tf32(pb[0], bh[nt][0], bl[nt][0]); split_tf32(pb[4], bh[nt][1], bl[nt][1]);"]
+    else:    # B tile [k][n]
+        b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bk, bn, "k0", "bn", "kK", "kN", b_stride, b_vec, "    ")
+        b_frag = ["        const float* pb = Bt + (kk + lane_t) * kBS + warp_n * kTN + nt * 8 + lane_g;",
+                  "        split_tf32(pb[0], bh[nt][0], bl[nt][0]); split_tf32(pb[4 * kBS], bh[nt][1], bl[nt][1]);"]
+    a_copy = _copy("(As + stage * kATile)", a_src, spec.a, bm, bk, "bm", "k0", "kM", "kK", bk + 4, a_vec, "    ")
+    epi = _epilogue(program, io, spec, arg)
+    value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{'col' if vals[spec.bias].shape else '0'}]"
+                                if spec.bias else "")
+    body = [
+        "  extern __shared__ __align__(16) float smem[];",
+        "  float* As = smem;                           // [kStages][kBM][kAS]",
+        "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]",
+        "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
+        "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
+        "  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;",
+        "  auto load_tile = [&](int kt, int stage) {",
+        "    const int k0 = kt * kBK;",
+        *a_copy, *b_copy,
+        "  };",
+        "  float acc[kMT][kNT][4];",
+        "  #pragma unroll",
+        "  for (int mt = 0; mt < kMT; ++mt)",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;",
+        "  const int KT = (kK + kBK - 1) / kBK;",
+        "  #pragma unroll",
+        "  for (int s = 0; s < kStages - 1; ++s) {   // the pipeline's first slices in flight",
+        "    if (s < KT) load_tile(s, s);",
+        "    cp_async_commit();",
+        "  }",
+        "  for (int kt = 0; kt < KT; ++kt) {",
+        "    cp_async_wait<kStages - 2>();   // slice kt has landed",
+        "    __syncthreads();                // ... for every thread, and every warp is done with slice kt - 1",
+        "    if (kt + kStages - 1 < KT) load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);",
+        "    cp_async_commit();              // (an empty group at the tail keeps the count)",
+        "    const float* At = As + (kt % kStages) * kATile;",
+        "    const float* Bt = Bs + (kt % kStages) * kBTile;",
+        *_slice_head(slice_acc),
+        "    #pragma unroll",
+        "    for (int kk = 0; kk < kBK; kk += 8) {",
+        "      unsigned ah[kMT][4], al[kMT][4], bh[kNT][2], bl[kNT][2];",
+        "      #pragma unroll",
+        "      for (int mt = 0; mt < kMT; ++mt) {",
+        "        const float* pa = At + (warp_m * kTM + mt * 16 + lane_g) * kAS + kk + lane_t;",
+        "        split_tf32(pa[0], ah[mt][0], al[mt][0]); split_tf32(pa[8 * kAS], ah[mt][1], al[mt][1]);",
+        "        split_tf32(pa[4], ah[mt][2], al[mt][2]); split_tf32(pa[8 * kAS + 4], ah[mt][3], al[mt][3]);",
+        "      }",
+        "      #pragma unroll",
+        "      for (int nt = 0; nt < kNT; ++nt) {",
+        *b_frag,
+        "      }",
+        "      #pragma unroll",
+        "      for (int mt = 0; mt < kMT; ++mt)",
+        "        #pragma unroll",
+        f"        for (int nt = 0; nt < kNT; ++nt) mma_3xtf32({'sacc' if slice_acc else 'acc'}[mt][nt], ah[mt], al[mt], bh[nt], bl[nt]);",
+        "    }",
+        *_slice_tail(slice_acc),
+        "  }",
+        "  // epilogue on the accumulators, one store per output element",
+        "  const int row0 = bm + warp_m * kTM + lane_g, col0 = bn + warp_n * kTN + 2 * lane_t;",
+        "  #pragma unroll",
+        "  for (int mt = 0; mt < kMT; ++mt) {",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt) {",
+        "      #pragma unroll",
+        "      for (int j = 0; j < 4; ++j) {",
+        "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
+        "        if (row < kM && col < kN) {",
+        "          const index_t i = (index_t)row * kN + col;",
+        f"          const float mm = {value};",
+        *[f"          {line}" for line in epi],
+        "        }",
+        "      }",
+        "    }",
+        "  }",
+    ]
+    helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
+    node = program.nodes[spec.node]
+    b_words = "transposed in place ([N, K], k contiguous)" if kb else "[K, N]"
+    schedule = (f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
+                f"({bm // wm} x {bn // wn} each), {bk}-wide k slices in a {stages}-stage cp.async pipeline, "
+                f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
+                + (" and the bias" if spec.bias else ""))
+    head = header(program, f"Region {name}: {node.op} {spec.M} x {spec.N} x {spec.K} with its epilogue, "
+                           f"split-TF32 tensor cores", io.nodes, [
+        f"A [{spec.M}, {spec.K}] row-major, B {b_words}{', bias [N]' if spec.bias else ''}; "
+        f"outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+        f"Schedule: {schedule}.",
+        f"{shared} bytes of shared memory; {'16' if a_vec else '4'}-byte copies of A, "
+        f"{'16' if b_vec else '4'}-byte copies of B.",
+        "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + a_lo b_hi "
+        "accumulated in fp32."])
+    min_blocks = int(p.get("min_blocks") or 1)
+    kname = kernel_name(name)
+    source = "\n".join([head, *consts, "", *helpers,
+                        f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks})\n'
+                        f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
+    nbytes = sum(vals[v].nbytes for v in io.inputs + io.outputs)
+    flops = 2 * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in spec.epilogue)
+    return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+                        outputs=list(io.outputs), grid=(math.ceil(spec.N / bn), math.ceil(spec.M / bm), 1),
+                        block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
+                        align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops)
+
+
+__all__ = ["FORM", "GemmSpec", "default_params", "gemm_spec", "gemm_supported", "generate_gemm", "shared_bytes",
+           "tune_variants"]
