@@ -99,12 +99,14 @@ def test_scan_compiles(op, shape, dim, schedule, vec4):
     ks = generate_kernel(p, [nid], name=f"{op}_k")
     assert ks.kind == "scan" and ks.params["schedule"] == schedule, ks.params
     assert (ks.params["vector_width"] == 4) == vec4
-    identity, operator = ("0.0f", "a + b") if op == "cumsum" else ("1.0f", "a * b")
+    identity, operator = ("0.0", "a + b") if op == "cumsum" else ("1.0", "a * b")
     assert f"kIdentity = {identity};" in ks.source and f"return {operator};" in ks.source
+    # accumulated in double, each output rounded once (the correctly rounded scan, as the reference)
+    assert "typedef double acc_t;" in ks.source and "combine(acc_t a, acc_t b)" in ks.source
     if schedule != "column":
         assert "__shfl_up_sync" in ks.source and "carry" in ks.source
     if schedule == "block":
-        assert "__shared__ float totals[kWarps];" in ks.source
+        assert "__shared__ acc_t totals[kWarps];" in ks.source
     compiled_clean(ks)
 
 

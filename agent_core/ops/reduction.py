@@ -124,6 +124,20 @@ for _name, _fn in (("argmax", torch.argmax), ("argmin", torch.argmin)):
     ))
 
 
+def _scan_ref(fn):
+    """torch's scan, with float inputs accumulated in double and each output rounded once: what torch
+    does on the CPU, so the reference is the correctly rounded scan on every device (torch on the GPU
+    scans float32 in float32, in an order of its own). A consumer that amplifies the last bits of a
+    running sum (exp of differences of cumsums, as Mamba2's chunked scan) then has one answer to
+    match; codegen/scan.py accumulates in double too."""
+    def ref(t, a):
+        x = t[0]
+        if x.is_floating_point() and x.dtype != torch.float64:
+            return fn(x, dim=a["dim"], dtype=torch.float64).to(x.dtype)
+        return fn(x, dim=a["dim"])
+    return ref
+
+
 def _scan(name, fn):
     def infer(ins, attrs):
         x = ins[0]
@@ -131,7 +145,7 @@ def _scan(name, fn):
         return [TensorSpec(x.shape, int_result(x.dtype))]
 
     register(OpDef(
-        name, "reduction", ("x",), infer, lambda t, a: fn(t[0], dim=a["dim"]),
+        name, "reduction", ("x",), infer, _scan_ref(fn),
         attrs=(Attr("dim", "int"),), flops=lambda i, o, a: i[0].numel,
         doc=f"inclusive running {'sum' if name == 'cumsum' else 'product'} along dim (a scan: same shape)",
         extra={"example": ([(3, 4)], {"dim": 1}), "bad": ([(3, 4)], {"dim": 2}, "out of range")},
