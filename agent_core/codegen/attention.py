@@ -7,7 +7,8 @@ and one contiguous store of the output. is_causal skips the key tiles wholly abo
 masks the diagonal tile; a bool mask (-inf where false) or a float mask (added) is read per tile
 through its broadcast strides, never materialised; a row whose every key is masked gives zeros, as
 torch does. q, k, v and the mask are read through their strides: layout ops of the region feeding
-the node (a transpose of [B, T, H, D] into [B, H, T, D], an expand of kv heads for GQA) are views.
+the node (a transpose of [B, T, H, D] into [B, H, T, D], an expand of kv heads for GQA) are views, and
+so are the reshapes and permutes after it: the output is stored through them (attention_store.py).
 
 Forms (params["form"]): "fp32", plain FFMA (attention_fp32.py; what the CPU emulator runs) and
 "3xtf32", m16n8k8 TF32 tensor-core products with each operand split into hi + lo parts
@@ -21,9 +22,10 @@ from dataclasses import dataclass
 
 from ..ir import Program
 from . import views as V
-from .attention_mma import Q_REGS_LIMIT
+from .attention_mma import Q_REGS_LIMIT, TILE_ACC_LIMIT
 from .attention_parts import cost
 from .attention_reads import strided_reads
+from .attention_store import chain_after, store_layout
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 
@@ -106,7 +108,8 @@ class AttentionSpec:
     k: Operand
     v: Operand
     mask: Operand | None
-    out: str
+    out: str               # the value the region writes: the node's output or the last view after it
+    store: Operand         # where each output element goes in it (strides over out)
 
     @property
     def nbatch(self) -> int:
@@ -125,8 +128,9 @@ def attention_spec(program: Program, io: RegionIO) -> AttentionSpec:
     if why:
         raise CodegenError(why, node_id=nid)
     layouts = {vid: V.Layout.of(vid, program.values[vid].shape) for vid in io.inputs}
+    after = chain_after(program, io.nodes, nid)
     for other in io.nodes:
-        if other == nid:
+        if other == nid or other in after:
             continue
         on = program.nodes[other]
         try:
@@ -135,28 +139,25 @@ def attention_spec(program: Program, io: RegionIO) -> AttentionSpec:
             raise CodegenError(f"{on.name} ({on.op}) is not a view the attention kernel can read through; "
                                f"only layout ops before {node.name} join its region", node_id=other) from None
         layouts.update(zip(on.outputs, outs))
-    out = node.outputs[0]
-    if io.outputs != [out]:
-        names = ", ".join(program.values[v].name for v in io.outputs if v != out)
-        raise CodegenError(f"the attention region must write only {node.name}'s output (it also writes {names})",
-                           node_id=nid)
+    out, stored = store_layout(program, nid, after, list(io.outputs))   # through the views after it
     vals = program.values
-    batch = tuple(vals[out].shape[:-2])
+    batch = tuple(vals[node.outputs[0]].shape[:-2])
     qv, kv, vv = node.inputs[:3]
     mv = node.inputs[3] if len(node.inputs) > 3 else None
     L, S = vals[qv].shape[-2], vals[kv].shape[-2]
     E, Ev = vals[qv].shape[-1], vals[vv].shape[-1]
-    reads = {"query": layouts[qv], "key": layouts[kv], "value": layouts[vv]}
+    reads = {"query": layouts[qv], "key": layouts[kv], "value": layouts[vv], "output": stored}
     if mv is not None:
         reads["mask"] = V.expand(_lift(layouts[mv], len(batch) + 2), batch + (L, S))
     batch, reads = strided_reads(batch, reads)     # a packed batch dim (B * heads) split finer
     ops = [_operand(program, reads[w], batch, w) for w in ("query", "key", "value")]
     mask = _operand(program, reads["mask"], batch, "mask") if mv is not None else None
+    store = _operand(program, reads["output"], batch, "output")
     scale = node.attrs.get("scale")
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(E)
     causal = bool(node.attrs.get("is_causal")) and mv is None
     mask_kind = None if mv is None else ("bool" if vals[mv].dtype == "bool" else "float")
-    return AttentionSpec(nid, batch, L, S, E, Ev, scale, causal, mask_kind, *ops, mask, out)
+    return AttentionSpec(nid, batch, L, S, E, Ev, scale, causal, mask_kind, *ops, mask, out, store)
 
 
 def _lift(lay: V.Layout, rank: int) -> V.Layout:
@@ -169,8 +170,9 @@ def _operand(program: Program, lay: V.Layout, batch: tuple, what: str) -> Operan
     read = lay.single
     view = read.stack.layers[-1] if read is not None and len(read.stack.layers) == 1 else None
     if view is None or not isinstance(view, V.View) or view.mask is not None:
+        verb = "stores through" if what == "output" else "reads"
         raise CodegenError(f"the {what} is not a plain strided view of one tensor (a pad, cat or reshape of a "
-                           f"permuted view); the attention kernel reads strided views only")
+                           f"permuted view); the attention kernel {verb} strided views only")
     shape, strides = view.shape, view.strides
     nb = len(shape) - 2
     if nb > len(batch):
@@ -190,8 +192,12 @@ def default_params(spec: AttentionSpec, form: str | None = None) -> dict:
     if form == "fp32":
         return {"form": "fp32", "block_rows": 32 if d <= 128 else 16, "block_cols": 32, "warps": 4}
     q_regs = math.ceil(spec.E / 8) * 8 <= Q_REGS_LIMIT   # QK's loop is unrolled whole either way
+    # P V summed per key tile, then added to the running output by FFMA: accumulated by the tensor cores
+    # over all S keys it was 1.7e-4 off float64 at S = 16384 (nn.MultiheadAttention over [0, 1) inputs),
+    # 2.3e-6 per tile (tools/attention_accuracy_probe.py); its second accumulator spills past Ev 128
+    tile_acc = math.ceil(spec.Ev / 8) * 8 <= TILE_ACC_LIMIT
     return {"form": "3xtf32", "block_rows": 64, "block_cols": 64 if d <= 64 else 32, "warps": 4, "stages": None,
-            "unroll": 2 if q_regs else 0, "q_regs": q_regs, "min_blocks": None}
+            "unroll": 2 if q_regs else 0, "q_regs": q_regs, "min_blocks": None, "tile_acc": tile_acc}
 
 
 def generate_attention(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -218,6 +224,9 @@ def tune_variants(p: dict) -> list[dict]:
                 {"warps": 2, "block_rows": 32}, {"unroll": 1}, {"unroll": 2 if p.get("unroll") == 0 else 0}]
         out += [{"block_cols": 16}] if p.get("block_cols") == 32 else []
         out += [{"q_regs": not p.get("q_regs")}] if p.get("q_regs") else []
+        # narrow heads: 128 rows a block with the inner loops unrolled whole (H200, d 32, 16384 keys:
+        # 5.52 ms for 128 rows, 5.63 unrolled whole, 5.76 for the default)
+        out += [{"warps": 8, "block_rows": 128, "unroll": 0}] if p.get("q_regs") else []
     else:
         out += [{"block_rows": 64 if p.get("block_rows") != 64 else 32}, {"block_cols": 64}]
     return [{**p, "stages": None, "min_blocks": None, **c} for c in out]

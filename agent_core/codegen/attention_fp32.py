@@ -13,7 +13,7 @@ import math
 
 from ..ir import Program
 from .attention_parts import (base_offsets, build, constants, kernel_source_text, key_tiles, mask_words, notes_for,
-                              parameters, score_rule)
+                              out_at, parameters, score_rule)
 from .cuda import kernel_name
 from .kernel import CodegenError
 from .region_io import RegionIO
@@ -111,7 +111,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
         "    if (i < kBr * kEv) {",
         "      const int r = i / kEv, d = i % kEv, row = q0 + r;",
         "      const float l = Lrow[r];",
-        "      if (row < kL) gout[(long long)row * kEv + d] = l > 0.0f ? acc[j] / l : 0.0f;",
+        f"      if (row < kL) {out_at(spec, 'row', 'd')} = l > 0.0f ? acc[j] / l : 0.0f;",
         "    }",
         "  }",
     ]

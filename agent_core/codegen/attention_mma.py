@@ -13,6 +13,10 @@ staged in shared memory once; K and V tiles of kBc keys are copied with cp.async
 Each split is three integer/float ops (split_tf32 below); up to head dim 64 (q_regs) each warp's Q
 fragments are split once into registers; __launch_bounds__ names the blocks per SM shared memory
 allows, so ptxas may use the registers they leave (resident_blocks).
+P V of each key tile is summed in a zeroed accumulator and added to the running output by FFMA
+(tile_acc): the mma's own accumulation does not round to nearest, and over thousands of keys of
+same-signed values (a flat softmax over [0, 1) inputs) the running sum drifted 1.7e-4 from float64
+at S = 16384 (2.3e-6 per tile; H200, tools/attention_accuracy_probe.py).
 Rows past L read zeros and are not stored; keys past S are -inf; head dims are zero-padded to a
 multiple of 8 in shared memory. The running sum l is kept per thread and reduced over the quad once.
 """
@@ -22,7 +26,7 @@ import math
 
 from ..ir import Program
 from .attention_parts import (base_offsets, build, constants, kernel_source_text, key_tiles, mask_words, notes_for,
-                              parameters, score_rule)
+                              out_at, parameters, score_rule)
 from .cuda import kernel_name
 from .kernel import CodegenError
 from .region_io import RegionIO
@@ -31,6 +35,7 @@ SHARED_LIMIT = 227 * 1024
 SM_SHARED = 228 * 1024      # per SM on sm_80 / sm_90
 SM_REGISTERS = 65536
 Q_REGS_LIMIT = 64     # Q's hi + lo fragments in registers: 2 x kEp / 2 per thread, 64 at head dim 64
+TILE_ACC_LIMIT = 128  # a key tile's own P V accumulator beside the running one (4 x kEvp / 8 each): up to Ev 128
 LOG2E = "1.4426950408889634f"
 
 HELPERS = r"""
@@ -151,6 +156,31 @@ def _scores(q_regs: bool, unroll: int) -> list[str]:
                    "      }"]
 
 
+def _pv_head(tile_acc: bool) -> list[str]:
+    """C lines before P V: the running output rescaled by alpha in place, or (tile_acc) a zeroed
+    accumulator for this key tile's products."""
+    if tile_acc:
+        return ["      float pacc[kNV][4];",
+                "      #pragma unroll",
+                "      for (int n = 0; n < kNV; ++n) { pacc[n][0] = pacc[n][1] = pacc[n][2] = pacc[n][3] = 0.0f; }"]
+    return ["      #pragma unroll",
+            "      for (int n = 0; n < kNV; ++n) {",
+            "        oacc[n][0] *= alpha[0]; oacc[n][1] *= alpha[0]; oacc[n][2] *= alpha[1]; oacc[n][3] *= alpha[1];",
+            "      }"]
+
+
+def _pv_tail(tile_acc: bool) -> list[str]:
+    """C lines after P V (tile_acc): the tile's products added to the rescaled running output by
+    FFMA, rounded to nearest."""
+    if not tile_acc:
+        return []
+    return ["      #pragma unroll",
+            "      for (int n = 0; n < kNV; ++n) {",
+            "        oacc[n][0] = fmaf(oacc[n][0], alpha[0], pacc[n][0]); oacc[n][1] = fmaf(oacc[n][1], alpha[0], pacc[n][1]);",
+            "        oacc[n][2] = fmaf(oacc[n][2], alpha[1], pacc[n][2]); oacc[n][3] = fmaf(oacc[n][3], alpha[1], pacc[n][3]);",
+            "      }"]
+
+
 def _pad8(d: int) -> int:
     return math.ceil(d / 8) * 8
 
@@ -163,6 +193,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
     if bc % 8 or not 8 <= bc <= 128 or not 1 <= warps <= 16:
         raise CodegenError(f"attention 3xtf32: key tile {bc} (a multiple of 8 up to 128) with {warps} warps")
     q_regs = bool(p.get("q_regs"))
+    tile_acc = p.get("tile_acc") is not False
     unroll = int(p.get("unroll") or 0)
     if q_regs and _pad8(spec.E) > Q_REGS_LIMIT:
         raise CodegenError(f"attention 3xtf32: Q in registers takes head dims up to {Q_REGS_LIMIT} (got {spec.E})")
@@ -175,7 +206,10 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
                            f"(at most {SHARED_LIMIT})")
     block = 32 * warps
     if p.get("min_blocks") is None:
-        p = {**p, "min_blocks": resident_blocks(shared, block)}
+        blocks = resident_blocks(shared, block)
+        if tile_acc and _pad8(spec.Ev) > 64:   # two accumulators of kEvp / 2 each: ptxas needs up to 255 registers
+            blocks = max(1, min(blocks, SM_REGISTERS // (block * 255)))
+        p = {**p, "min_blocks": blocks}
     ep, evp = _pad8(spec.E), _pad8(spec.Ev)
     qs, ks, vs, ps = ep + 4, ep + 4, evp + 8, bc + 4
     cparams, names = parameters(program, io)
@@ -257,10 +291,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "        *reinterpret_cast<float2*>(Ps + g * kPS + n * 8 + 2 * t4) = make_float2(pv[0], pv[1]);",
         "        *reinterpret_cast<float2*>(Ps + (g + 8) * kPS + n * 8 + 2 * t4) = make_float2(pv[2], pv[3]);",
         "      }",
-        "      #pragma unroll",
-        "      for (int n = 0; n < kNV; ++n) {",
-        "        oacc[n][0] *= alpha[0]; oacc[n][1] *= alpha[0]; oacc[n][2] *= alpha[1]; oacc[n][3] *= alpha[1];",
-        "      }",
+        *_pv_head(tile_acc),
         "      __syncwarp();",
         f"      {_pragma(unroll)}",
         "      for (int kk = 0; kk < kBc; kk += 8) {",
@@ -273,9 +304,10 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "          const float* vb = Vt + (kk + t4) * kVS + n * 8 + g;",
         "          unsigned bh[2], bl[2];",
         "          split_tf32(vb[0], bh[0], bl[0]); split_tf32(vb[4 * kVS], bh[1], bl[1]);",
-        "          mma_3xtf32(oacc[n], ah, al, bh, bl);",
+        f"          mma_3xtf32({'pacc' if tile_acc else 'oacc'}[n], ah, al, bh, bl);",
         "        }",
         "      }",
+        *_pv_tail(tile_acc),
         "      __syncwarp();",
         "    }",
         "    __syncthreads();   // every warp is done with this stage before it is refilled",
@@ -291,17 +323,19 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "  for (int n = 0; n < kNV; ++n) {",
         "    const int d = n * 8 + 2 * t4;",
         "    if (row_a < kL) {",
-        "      if (d < kEv) gout[(long long)row_a * kEv + d] = oacc[n][0] * inv_a;",
-        "      if (d + 1 < kEv) gout[(long long)row_a * kEv + d + 1] = oacc[n][1] * inv_a;",
+        f"      if (d < kEv) {out_at(spec, 'row_a', 'd')} = oacc[n][0] * inv_a;",
+        f"      if (d + 1 < kEv) {out_at(spec, 'row_a', 'd + 1')} = oacc[n][1] * inv_a;",
         "    }",
         "    if (row_b < kL) {",
-        "      if (d < kEv) gout[(long long)row_b * kEv + d] = oacc[n][2] * inv_b;",
-        "      if (d + 1 < kEv) gout[(long long)row_b * kEv + d + 1] = oacc[n][3] * inv_b;",
+        f"      if (d < kEv) {out_at(spec, 'row_b', 'd')} = oacc[n][2] * inv_b;",
+        f"      if (d + 1 < kEv) {out_at(spec, 'row_b', 'd + 1')} = oacc[n][3] * inv_b;",
         "    }",
         "  }",
     ]
     notes = notes_for(spec, br, bc, block, "3xtf32 (mma.sync m16n8k8, hi + lo TF32 parts)") + [
-        f"{stages} shared-memory stage(s) of K and V (cp.async), {shared} bytes of shared memory."]
+        f"{stages} shared-memory stage(s) of K and V (cp.async), {shared} bytes of shared memory;",
+        "P V accumulated per key tile, then added to the running output by FFMA (round to nearest)."
+        if tile_acc else "P V accumulated into the running output by the tensor cores."]
     src = kernel_source_text(program, io, spec, "Fused attention (FlashAttention-2 schedule), 3xTF32 tensor-core form",
                              notes, consts, HELPERS.strip("\n").splitlines(), kernel_name(name), cparams, body, block,
                              min_blocks=p.get("min_blocks"))
@@ -309,4 +343,5 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
              f"{stages}-stage cp.async K/V, online softmax, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
     vec = all(_vector_ok(o, d) for o, d in ((spec.q, spec.E), (spec.k, spec.E), (spec.v, spec.Ev)))
     return build(program, io, name, spec, src, br=br, block=block, shared=shared, schedule=sched,
-                 params={**p, "block_rows": br, "stages": stages, "block": block}, align=16 if vec else 4)
+                 params={**p, "block_rows": br, "stages": stages, "block": block, "tile_acc": tile_acc},
+                 align=16 if vec else 4)

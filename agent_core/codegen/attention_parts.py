@@ -59,8 +59,17 @@ def base_offsets(spec, names: dict[str, str], br: int) -> list[str]:
         terms = [str(op.offset)] + [f"c{d} * {st}LL" for d, st in enumerate(op.batch_strides) if st]
         ctype = "bool" if key == "mask" and spec.mask_kind == "bool" else "float"
         lines.append(f"  const {ctype}* __restrict__ g{key} = {names[op.value]} + ({' + '.join(terms)});")
-    lines.append(f"  float* __restrict__ gout = out + bidx * {spec.L * spec.Ev}LL;")
+    st = spec.store
+    terms = [str(st.offset)] + [f"c{d} * {s}LL" for d, s in enumerate(st.batch_strides) if s]
+    lines.append(f"  float* __restrict__ gout = out + ({' + '.join(terms)});")
     return lines
+
+
+def out_at(spec, row: str, col: str) -> str:
+    """C expression: the output element of query `row`, value column `col` (through the store's strides:
+    the reshapes and permutes after the node)."""
+    st = spec.store
+    return f"gout[(long long)({row}) * {st.row_stride} + (long long)({col}) * {st.col_stride}]"
 
 
 def grid(spec, br: int) -> tuple[int, int, int]:
@@ -134,4 +143,6 @@ def notes_for(spec, br: int, bc: int, block: int, form: str) -> list[str]:
     """The header comment's lines on what the kernel was specialised for."""
     return [f"batch {list(spec.batch)}, {spec.L} queries x {spec.S} keys, head dims {spec.E} (q, k) and {spec.Ev} (v),",
             f"scale {spec.scale:.6g}, {'causal, ' if spec.causal else ''}{mask_words(spec)}; form {form};",
-            f"blocks of {block} threads own {br} query rows and walk key tiles of {bc}."]
+            f"blocks of {block} threads own {br} query rows and walk key tiles of {bc};",
+            f"output stored at batch strides {list(spec.store.batch_strides)}, row stride {spec.store.row_stride}, "
+            f"column stride {spec.store.col_stride}."]

@@ -70,13 +70,50 @@ def absorb_views(state, note) -> int:
                 members.add(p)
                 taken += 1
                 grew = True
+        before = set(members)
+        gid, after = _absorb_store_views(state, note, nid, gid, members)
+        taken += len(after)
         if len(members) > 1:
             g = state.groups[gid]       # the attention node first: refusals name a group by its first node
             g.nodes = [nid] + [n for n in g.nodes if n != nid]
-            names = ", ".join(program.nodes[n].name for n in state.sort_nodes(members - {nid}))
+            names = ", ".join(program.nodes[n].name for n in state.sort_nodes(before - {nid}))
+            said = [f"reads its operands through {names} in place"] if names else []
+            if after:
+                said.append("stores its output through " + ", ".join(program.nodes[n].name for n in after))
             note("fused", state.sort_nodes(members),
-                 f"{program.nodes[nid].name} reads its operands through {names} in place (no copy kernel)")
+                 f"{program.nodes[nid].name} {' and '.join(said)} (no copy kernel)")
     return taken
+
+
+def _absorb_store_views(state, note, nid: str, gid: int, members: set) -> tuple[int, list[str]]:
+    """The chain of reshapes and permutes read only from the attention's output (each the only reader
+    of the one before) joins its group, while the generator can store through it
+    (codegen/attention_store.py); returns (group, the views taken in order)."""
+    from ..codegen import can_lower
+    from ..codegen.attention_store import STORE_VIEWS
+    program, taken = state.program, []
+    tail = program.nodes[nid].outputs[0]
+    while tail not in state.outputs:
+        readers = list(dict.fromkeys(state.consumers.get(tail, ())))
+        if len(readers) != 1:
+            break
+        c = readers[0]
+        n = program.nodes[c]
+        g = state.groups[state.group_of[c]]
+        if n.op not in STORE_VIEWS or [v for v in n.inputs if v is not None] != [tail] or len(n.outputs) != 1 \
+                or g.frozen is not None or len(g.nodes) != 1:
+            break
+        why = can_lower(program, state.sort_nodes(members | {c}), "attention", outputs=[n.outputs[0]])
+        if why is not None:
+            note("refused", [nid, c], f"the attention kernel does not store through {n.name} ({n.op}): {why}")
+            break
+        if state.cycle_path(gid, state.group_of[c]) is not None:
+            break
+        gid = state.merge(gid, state.group_of[c])
+        members.add(c)
+        taken.append(c)
+        tail = n.outputs[0]
+    return gid, taken
 
 
 def _candidates(state, members: set, refused: set) -> list[str]:
@@ -128,10 +165,12 @@ def attention_reason(state, nodes, facts=None) -> tuple[dict, str, float]:
     q = program.values[node.inputs[0]]
     k = program.values[node.inputs[1]]
     mask = len(node.inputs) > 3 and node.inputs[3] is not None
-    views = [n for n in nodes if n != nid]
+    from ..codegen.attention_store import chain_after
+    stored = chain_after(program, list(nodes), nid)
+    views = [n for n in nodes if n != nid and n not in stored]
     sched = {"op": SDPA, "alias": False, "fused_attention": True, "L": q.shape[-2], "S": k.shape[-2],
              "head_dim": q.shape[-1], "causal": bool(node.attrs.get("is_causal")), "mask": mask,
-             "views_read_in_place": views}
+             "views_read_in_place": views, "views_stored_through": stored}
     what = "q, k, v and the mask" if mask else "q, k and v"
     how = ""
     if views:
@@ -139,8 +178,13 @@ def attention_reason(state, nodes, facts=None) -> tuple[dict, str, float]:
         srcs = sorted({program.values[v].name for v in facts.reads} if facts is not None else ())
         how = (f" in place through {len(views)} view{'s' if len(views) > 1 else ''} ({', '.join(ops)}"
                f"{' of ' + ', '.join(srcs) if srcs else ''}, no copy kernel)")
+    where = ""
+    if stored:
+        ops = list(dict.fromkeys(program.nodes[n].op for n in stored))
+        where = f" in the layout its reader takes, through {len(stored)} view{'s' if len(stored) > 1 else ''} " \
+                f"after it ({', '.join(ops)}, no copy kernel)"
     reason = (f"{node.name} runs as our fused attention kernel (FlashAttention-2 schedule, online softmax): "
-              f"reads {what} once{how} and writes the output once ({fmt_bytes(nbytes)}), the "
+              f"reads {what} once{how} and writes the output once{where} ({fmt_bytes(nbytes)} moved), the "
               f"{q.shape[-2]}x{k.shape[-2]} scores stay on chip; {flops / 1e9:.3g} GFLOP"
               f"{' (causal: half the tiles)' if sched['causal'] else ''}; about {fmt_ms(ms)} at the roofline.")
     return sched, reason, ms
