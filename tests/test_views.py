@@ -219,6 +219,10 @@ CASES = [
     ("diag", [(3,)], {"diagonal": -1}),
     ("diag", [(3, 5)], {"diagonal": 1}),
     ("diag", [(4, 3)], {"diagonal": -2}),
+    ("tril", [(4, 5)], {"diagonal": 0}),
+    ("tril", [(2, 5, 3)], {"diagonal": -1}),
+    ("triu", [(3, 4, 4)], {"diagonal": 1}),
+    ("triu", [(5, 3)], {"diagonal": -2}),
     ("unfold", [(2, 7)], {"dimension": 1, "size": 3, "step": 2}),
     ("index_select", [(3, 5), ("index", (4,), 5)], {"dim": 1}),
     ("index_select", [(3, 5), ("index", (), 3)], {"dim": 0}),
@@ -237,14 +241,14 @@ def test_every_view_op_of_the_library_has_a_case():
     from agent_core.ops.registry import all_ops
     library = {o.name for o in all_ops() if o.category == "layout"}
     covered = {c[0] for c in CASES}
-    # triu / tril keep or zero elements by their position: a pointwise op over the values, not a view
-    assert library - covered == {"triu", "tril"}
+    # triu / tril are a Triangle layer: a validity test on (row, col), 0 where it fails
+    assert library - covered == set()
     assert covered - library == {"unfold"}      # Tensor.unfold, for when the library has it
 
 
 def test_where_and_masked_fill_are_not_views():
     x = Layout.of("x", (2, 3))
-    for op in ("where", "masked_fill", "triu"):
+    for op in ("where", "masked_fill"):
         with pytest.raises(ViewError, match="pointwise"):
             apply_op(op, {}, [x])
 

@@ -15,8 +15,9 @@ of the kernel that reads through it (the idea of tinygrad's View / ShapeTracker,
 `apply_op(op, attrs, layouts)` builds the Layout of any layout op of the op library (plus `unfold`)
 from its inputs' Layouts; `render_layout` / `render_read` render the result as a CUDA C (or Python)
 expression over output index variables, simplified: stride-0 and size-1 terms dropped, constants
-folded, contiguous dims merged, div/mod pairs recombined. `where` and `masked_fill` (and triu / tril)
-are pointwise ops over the values, not views. docs/CODEGEN.md ("Views") explains how to add an op.
+folded, contiguous dims merged, div/mod pairs recombined. triu / tril are a `Triangle` layer: a
+validity test on (row, col) with a diagonal offset, 0 where it fails, so a triangular mask folds into
+the kernel that reads it. `where` and `masked_fill` are pointwise ops over the values, not views. docs/CODEGEN.md ("Views") explains how to add an op.
 Pure Python: no torch, no Qt.
 """
 from __future__ import annotations
@@ -428,6 +429,23 @@ class Indirect:
         return _sum([(c, st) for c, st in terms if st], 0), tests
 
 
+@dataclass(frozen=True)
+class Triangle:
+    """tril / triu as a validity test on (row, col), the last two dims of a contiguous `shape`: the
+    element is read where col - row <= k (lower) or col - row >= k (upper), and elsewhere the read is
+    invalid, so the layout's next read (tril's fill of 0) gives it. The coordinates pass through
+    unchanged (offset: the flat index in `shape`), so any view over it composes as over a gather."""
+    shape: tuple
+    k: int
+    lower: bool
+
+    def locate(self, coords):
+        strides = contiguous_strides(self.shape)
+        off = _sum([(c, st) for c, st in zip(coords, strides) if st], 0)
+        diff = add(coords[-1], mul(coords[-2], -1))
+        return off, (_test(diff, -BIG, self.k + 1) if self.lower else _test(diff, self.k, BIG))
+
+
 def unravel(flat: Expr, shape) -> list:
     out, inner = [], 1
     for s in reversed(shape):
@@ -451,7 +469,7 @@ def _locate(stack: "ViewStack", coords):
 
 @dataclass(frozen=True)
 class ViewStack:
-    layers: tuple     # View / Indirect, bottom (the buffer) first
+    layers: tuple     # View / Indirect / Triangle, bottom (the buffer) first
 
     @staticmethod
     def of(shape) -> "ViewStack":
@@ -757,6 +775,16 @@ def _plain(stack: ViewStack, fn) -> ViewStack:
     return ViewStack(below + (fn(top),))
 
 
+def triangle(x: Layout, k: int = 0, lower: bool = True) -> Layout:
+    """tril (lower) / triu of the last two dims with diagonal offset k: each read of x under the
+    triangle's test, then 0 where it fails."""
+    if len(x.shape) < 2:
+        raise ViewError(f"{'tril' if lower else 'triu'}: needs at least 2 dims, got {list(x.shape)}")
+    tri = Triangle(tuple(x.shape), int(k), lower)
+    reads = tuple(Read(r.source, ViewStack(r.stack.layers + (tri,)), r.value) for r in x.reads)
+    return Layout(x.shape, reads + constant(0.0, x.shape).reads)
+
+
 def diagonal(x: Layout, k: int = 0, d1: int = 0, d2: int = 1) -> Layout:
     return x.map(lambda s: _plain(s, lambda v: v.diagonal(d1, d2, k)))
 
@@ -858,6 +886,8 @@ VIEW_OPS = {
     "flip": lambda xs, a: [flip(xs[0], a["dims"])],
     "roll": lambda xs, a: [roll(xs[0], a["shifts"], a.get("dims"))],
     "diag": lambda xs, a: [diag(xs[0], a.get("diagonal", 0))],
+    "tril": lambda xs, a: [triangle(xs[0], a.get("diagonal", 0), True)],
+    "triu": lambda xs, a: [triangle(xs[0], a.get("diagonal", 0), False)],
     "unfold": lambda xs, a: [unfold(xs[0], a["dimension"], a["size"], a["step"])],
     "index_select": lambda xs, a: [index_select(xs[0], a["dim"], xs[1])],
     "gather": lambda xs, a: [gather(xs[0], a["dim"], xs[1])],
@@ -869,8 +899,8 @@ def apply_op(op: str, attrs: dict, inputs) -> list:
     """The output Layouts of layout op `op` over its inputs' Layouts."""
     fn = VIEW_OPS.get(op)
     if fn is None:
-        raise ViewError(f"{op} is not a layout op with a view (where / masked_fill / triu / tril are "
-                        f"pointwise over the values)")
+        raise ViewError(f"{op} is not a layout op with a view (where / masked_fill are pointwise over "
+                        f"the values)")
     return fn(list(inputs), dict(attrs))
 
 
