@@ -6,6 +6,7 @@ the nodes and give the numbers, since users read them in the decision log.
 from __future__ import annotations
 
 import math
+from contextvars import ContextVar
 
 import numpy as np
 import torch
@@ -188,6 +189,11 @@ def fold_self_add(program: Program, nid: str) -> Rewrite | None:
 
 # --- constants ---------------------------------------------------------------------------------------
 _FOLD_LIMIT = 64 * 2**20
+# where folds compute: the device the engine's checker (and so the end-to-end reference) runs on. exp
+# on the CPU and on the GPU differ in the last bit, and a program like Mamba2's chunked scan sums
+# terms up to 1e15 that cancel, so a CPU-folded exp missed a GPU reference by 14x the tolerance
+# (KernelBench level-3 48, batch 64, on the CPU with one exp rounded differently).
+FOLD_DEVICE: ContextVar[str] = ContextVar("fold_device", default="cpu")
 
 
 def fold_constants(program: Program, nid: str) -> Rewrite | None:
@@ -203,7 +209,8 @@ def fold_constants(program: Program, nid: str) -> Rewrite | None:
     if _val(program, out).nbytes > _FOLD_LIMIT:
         return None
     def build(p):
-        env = {v: torch.from_numpy(np.ascontiguousarray(param_array(p, v))) for v in ins}
+        dev = FOLD_DEVICE.get()
+        env = {v: torch.from_numpy(np.ascontiguousarray(param_array(p, v))).to(dev) for v in ins}
         run_node(p, nid, env)
         arr = env[out].cpu().numpy()
         vid = p.add_parameter(p.unique_name(p.values[out].name + "_folded"), arr).id
