@@ -15,15 +15,12 @@ from __future__ import annotations
 
 import collections
 import os
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 
-from .connect import cluster, has_gpus, other_nodes, slots
+from .connect import cluster, has_gpus, slots
 from .progress import Progress
-
-ATTEMPTS = 2          # the first run and one retry
+from .tasks import ATTEMPTS, Interrupt, reason, retry_options, where, worker_died
 
 
 def shipped_files(path: str) -> dict[str, bytes]:
@@ -47,12 +44,9 @@ def _gpu_name() -> str | None:
 def problem_task(files: dict[str, bytes], name: str, args, no_compile: bool, problem_fn, kernel_cache):
     """Runs in a Ray worker: first where it runs, then bench's record of the problem (problem_fn is
     bench.run_one, passed in so this module does not import bench, which imports it)."""
-    import socket
     import tempfile
-
-    import ray
-    where = {"host": socket.gethostname(), "pid": os.getpid(), "node_id": ray.get_runtime_context().get_node_id()}
-    yield {"started": True, **where}
+    here = where()
+    yield {"started": True, **here}
     if kernel_cache:                      # compiler.cache_dir() reads it on every compile
         os.environ["STITCHCUDA_CACHE"] = kernel_cache
     with tempfile.TemporaryDirectory(prefix="stitchcuda-ray-") as tmp:
@@ -60,7 +54,7 @@ def problem_task(files: dict[str, bytes], name: str, args, no_compile: bool, pro
             with open(os.path.join(tmp, base), "wb") as f:
                 f.write(data)
         rec = problem_fn(os.path.join(tmp, name), args, no_compile)
-    rec["host"] = where["host"]
+    rec["host"] = here["host"]
     rec["gpu_name"] = _gpu_name() if rec.get("gpu") else None
     yield rec
 
@@ -77,35 +71,6 @@ class _Flight:
     first_failure: str | None = None
 
 
-def _worker_died(ray, exc) -> bool:
-    """A failure of the machine, not of the problem's Python: those are the ones worth a retry."""
-    names = ("WorkerCrashedError", "NodeDiedError", "OutOfMemoryError", "LocalRayletDiedError", "ObjectLostError",
-             "OwnerDiedError", "RaySystemError")
-    kinds = tuple(k for k in (getattr(ray.exceptions, n, None) for n in names) if isinstance(k, type))
-    return isinstance(exc, kinds)
-
-
-def _reason(exc) -> str:
-    first = (str(exc).strip().splitlines() or [""])[0]
-    return f"{type(exc).__name__}: {first[:300]}"
-
-
-@dataclass
-class _Interrupt:
-    """SIGINT sets a flag the loop reads between two results, instead of raising wherever it lands."""
-    event: threading.Event = field(default_factory=threading.Event)
-    old: object = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGINT, lambda *a: self.event.set())
-        return self.event
-
-    def __exit__(self, *exc):
-        if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
-
-
 class _Driver:
     def __init__(self, ray, state, problem_fn, kernel_cache, events):
         self.ray, self.state, self.args = ray, state, state.args
@@ -116,11 +81,7 @@ class _Driver:
         self.flights: list[_Flight] = []
 
     def submit(self, i: int, path: str, attempt: int = 1, *, avoid: str | None = None, no_compile=None):
-        opts = {}
-        others = other_nodes(self.ray, avoid, self.gpu) if avoid else []
-        if others:     # "elsewhere": another node that has the resource, if the cluster has one
-            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-            opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(others[0], soft=True)
+        opts = retry_options(self.ray, avoid, self.gpu)
         no_compile = self.state.no_compile() if no_compile is None else no_compile
         gen = self.remote.options(**opts).remote(shipped_files(path), os.path.basename(path), self.args, no_compile,
                                                  self.problem_fn, self.kernel_cache)
@@ -135,9 +96,9 @@ class _Driver:
         except StopIteration:
             return self.died(f, "the task ended without a record")
         except Exception as exc:  # noqa: BLE001 -- Ray's errors for a lost worker, and a task's own
-            if _worker_died(self.ray, exc):
-                return self.died(f, _reason(exc))
-            return self.fail(f, f"the problem's task failed: {_reason(exc)}")
+            if worker_died(self.ray, exc):
+                return self.died(f, reason(exc))
+            return self.fail(f, f"the problem's task failed: {reason(exc)}")
         if item.get("started"):
             f.where = item
             self.flights.append(f)
@@ -146,14 +107,14 @@ class _Driver:
             item.update(attempts=f.attempt, retried_after=f.first_failure)
         return self.finish(f, item)
 
-    def died(self, f: _Flight, reason: str):
+    def died(self, f: _Flight, why: str):
         host = (f.where or {}).get("host", "?")
         if f.attempt < ATTEMPTS:
             retry = self.submit(f.i, f.path, f.attempt + 1, avoid=(f.where or {}).get("node_id"),
                                 no_compile=f.no_compile)
-            retry.first_failure = f"the worker on {host} died: {reason}"
+            retry.first_failure = f"the worker on {host} died: {why}"
             return None
-        return self.fail(f, f"the worker died on both attempts ({f.first_failure}; then on {host}: {reason})")
+        return self.fail(f, f"the worker died on both attempts ({f.first_failure}; then on {host}: {why})")
 
     def fail(self, f: _Flight, error: str):
         name = os.path.splitext(os.path.basename(f.path))[0]      # bench's problem_name (bench imports us)
@@ -191,7 +152,7 @@ def run_on_ray(state, todo: list[tuple[int, str]], problem_fn, *, address: str, 
         d = _Driver(ray, state, problem_fn, kernel_cache, events)
         queue = collections.deque(todo)
         progress = Progress(len(todo), emit=events)
-        with _Interrupt() as stop:
+        with Interrupt() as stop:
             try:
                 while (queue or d.flights) and not stop.is_set():
                     while queue and len(d.flights) < slots(ray, d.gpu):

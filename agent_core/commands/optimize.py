@@ -110,6 +110,15 @@ def add_arguments(parser) -> None:
                         help="afterwards, verify the generated kernels again under compute-sanitizer memcheck "
                              "(no tuning, no baselines; slow); exit 3 when it reports an error")
     add_common(parser)
+    g = parser.add_argument_group("Ray cluster (docs/CLUSTER.md; pip install '.[cluster]')")
+    g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS|auto|local",
+                   help="run each region's tuning trials as a Ray task (one GPU each; with --cpu, compile "
+                        "them on the cluster's CPUs): local starts a cluster on this machine for the run, "
+                        "auto joins the one `ray start` runs here, else host:port or ray://host:10001; the "
+                        "region's full verification and the end-to-end program stay on this machine's GPU")
+    g.add_argument("--kernel-cache", metavar="DIR",
+                   help="with --ray: the compiled-kernel cache the workers and this driver use (default: this "
+                        "machine's for local; a multi-host cluster needs a path all nodes share)")
 
 
 def baseline_for(spec: str):
@@ -130,7 +139,7 @@ def output_for(args):
                          protect=input_paths(args.program), hint="--force" if hasattr(args, "force") else None)
 
 
-def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, final_dir=None):
+def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, final_dir=None, tuner=None):
     from ..agent import optimize
     from ..agent.phases import phase
     from ..profile.hardware import no_gpu_reason
@@ -154,7 +163,8 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, fin
                     draws=args.draws, tune_trials=args.tune_trials, trials=args.trials,
                     rewrite=not args.no_rewrite, baselines=baselines, baseline_fn=base_fn, compile_modes=modes,
                     compile_budget_s=args.compile_budget, split_tf32=not getattr(args, "fp32_only", False),
-                    final_dir=final_dir, writer=writer, writer_sanitize=bool(getattr(args, "sanitize", False)))
+                    final_dir=final_dir, writer=writer, writer_sanitize=bool(getattr(args, "sanitize", False)),
+                    **({"tuner": tuner} if tuner is not None else {}))     # --ray (cluster/ray_tune.py)
 
 
 def run(args) -> int:
@@ -167,10 +177,15 @@ def run(args) -> int:
         line = format_event(e)
         if line:
             print(line, flush=True)
+    from ..cluster.ray_tune import ray_tuning
+    if args.ray:
+        from ..cluster import require_ray
+        require_ray()           # without Ray: the install hint, before anything runs
     with output_for(args) as tmp, open(tmp / "events.jsonl", "w") as log:   # the log streams into tmp
         emit = EventEmitter(log, show)
-        result = optimize_spec(args.program, str(tmp), emit, args, baselines=not args.no_baselines,
-                               final_dir=args.output)
+        with ray_tuning(args.ray, args.kernel_cache) as tuner:      # None without --ray
+            result = optimize_spec(args.program, str(tmp), emit, args, baselines=not args.no_baselines,
+                                   final_dir=args.output, tuner=tuner)
     result.out_dir = args.output
     counts = {}
     for o in result.outcomes:
