@@ -95,6 +95,8 @@ class MainWindow(QMainWindow):
         self.set_document(Document())
         from .studio_agent import StudioAgent   # regions, source, profiles, decision log, the worker
         self.agent = StudioAgent(self)
+        from .bench_follow import BenchFollow     # Agent > Follow Benchmark Run… (bench --events)
+        self.bench_follow = BenchFollow(self)
         self._apply_theme(theme)
         if restore_settings:
             self._restore_settings()

@@ -295,6 +295,8 @@ EFFECTS = {
     "Rewrites": rewrites_shown,
     "Optimize": optimized,
     "Cancel Optimize": cancelled,
+    "Follow Benchmark Run": lambda b, w: "Following the benchmark run in" in said(w),
+    "Stop Following": lambda b, w: "Stopped following" in said(w),
 }
 SUBMENUS = {"Open Recent"}
 NOT_IN_THE_LOOP = {"Quit"}   # it ends the window: fired once, last

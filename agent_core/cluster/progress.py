@@ -55,3 +55,11 @@ class Progress:
             self.stream.flush()
 
     close = clear
+
+
+def event_line(e: dict) -> str:
+    """A `bench-progress` event as the live line says it, without the elapsed time the reader cannot
+    know: `3/10 done, 2 running, 1 failed, ETA 1:30` (the studio's Follow Benchmark Run)."""
+    eta = None if e.get("done", 0) >= e.get("total", 0) else e.get("eta_s")
+    return (f"{e.get('done', 0)}/{e.get('total', 0)} done, {e.get('running', 0)} running, {e.get('failed', 0)} failed"
+            + (f", ETA {_clock(eta)}" if eta is not None else ""))
