@@ -192,7 +192,10 @@ def test_a_permute_feeding_a_softmax_over_the_last_dim_reads_the_strided_row():
     p = permute_softmax((4, 24, 40))
     ks = _generated(p)
     assert ks.kind == "row_reduction" and ks.params["cols"] == 24
-    assert "_at4" not in ks.source           # a transposed read keeps no run of 4 together: scalar lambdas
+    # a transposed read keeps no run of 4 together: scalar view lambdas, staged in shared memory with the
+    # row index fastest, then read a float4 at a time from there (tests/test_codegen_staged_rows.py)
+    assert [ln for ln in ks.source.splitlines() if "_at4 = [&]" in ln] == ["  auto permute_tile_at4 = [&](index_t i) -> float4 {"]
+    assert "_at4" not in generate_kernel(p, _all(p), name=p.name, params={"stage": False}).source
 
 
 @pytest.mark.parametrize("start,vector", [(0, True), (8, True), (1, False)])
@@ -267,7 +270,9 @@ def test_the_row_kernels_lambdas_give_each_prologue_value_as_torch_does(case, bu
     from agent_core.reference import run_reference
     from tests.test_codegen_views_gen import _env, _inputs
     p = build(*args)
-    ks = generate_kernel(p, _all(p), name=case, params={"vector_width": 1})
+    # (unstaged: the staged kernel reads its rows from shared memory, run whole by the emulator in
+    # tests/test_codegen_staged_rows.py)
+    ks = generate_kernel(p, _all(p), name=case, params={"vector_width": 1, "stage": False})
     ins = _inputs(p)
     ref = run_reference(p, {v: ins[v] for v in p.inputs}, params={v: t for v, t in ins.items() if v not in p.inputs},
                         keep=True)

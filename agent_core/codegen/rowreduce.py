@@ -35,14 +35,15 @@ from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, is_layout_op
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
+from .row_stage import stage_lines, staged_values, tile_stride
 
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
             "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None,
-            "unroll": 4}
+            "unroll": 4, "stage": True}
 # names the kernel body uses for itself; parameters never take them
 KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "tile", "part", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
-                 "xe", "y", "WEIGHT", "BIAS")
+                 "xe", "y", "WEIGHT", "BIAS", "s_t", "s_row", "s_col", "s_at", "stage_smem")
 REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
 FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(float32).eps: rms_norm's default eps
 
@@ -379,6 +380,12 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             arg.setdefault(v, names.new(vals[v].name))
             ct.setdefault(v, c_type(vals[v].dtype, f"'{vals[v].name}'"))
             computed[v] = (views.scalar[v], views.vector.get(v))
+    staged = staged_values(program, pro, views, computed, schedule, rows_per_block, cols, p)
+    tiles = {}
+    for v in staged:  # pass 1 reads the staged rows from shared memory, 4 at a time
+        tile = names.new(vals[v].name + "_tile")
+        tiles[v] = (tile, computed[v][0])
+        computed[v] = (f"{tile}_at", f"{tile}_at4" if vec == 4 else None)
     index_t = index_type(max(rows * cols, views.extent if views else 0))
     # the anchor's weight and bias are referred to by fixed names in the templates
     for port, v in zip(anchor.opdef.port_names[1:], params_in):
@@ -482,6 +489,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     def discard_name(v):
         return "discard" if vals[v].dtype == "float32" else f"discard_{vals[v].dtype}"
     discards = dict.fromkeys(discard_name(v) for v in pro_outs)
+    vec_outs = [v for v in pro_outs if vals[v].dtype == "float32"] if vec == 4 else []
     discard_decl = ("  " + " ".join(f"{'float' if d == 'discard' else c_type(d[8:], d)} {d};" for d in discards)
                     + "  // prologue outputs when pass 2 evaluates the prologue again")
 
@@ -505,7 +513,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                 out.append(f"{arg[v]}4.{'xyzw'[lane]}")
             else:
                 out.append(ld_pro.load(v, arg[v], idx))
-        out += [f"{arg[v]}[{idx}]" if store else discard_name(v) for v in pro_outs]
+        out += [(f"{arg[v]}_o4.{'xyzw'[lane]}" if lane is not None and v in vec_outs else f"{arg[v]}[{idx}]")
+                if store else discard_name(v) for v in pro_outs]
         return ", ".join(out)
 
     # epilogue operands read 4 at a time in the float4 paths: "vec4" / "full" ones as one vector
@@ -558,13 +567,18 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
 
     def load_group(indent, col, target, fold=True, store=True):
         """Lines that load kVec elements at column `col`, run the prologue and (maybe) fold them;
-        store=False discards the prologue's outputs (a later pass evaluating it again)."""
+        store=False discards the prologue's outputs (a later pass evaluating it again). float32
+        prologue outputs of a float4 group are gathered in a float4 and stored as one."""
         out = group_loads(indent, col) if vec == 4 else []
+        if vec == 4 and store:
+            out += [f"{indent}{vt[v]} {arg[v]}_o4;" for v in vec_outs]
         for e in range(vec):
             args = pro_args(f"base + {col} + {e}", e, store) if vec == 4 else pro_args(f"base + {col}", None, store)
             out.append(f"{indent}{target(e)} = point({args});")
             if fold:
                 out.append(f"{indent}fold(st, {target(e)});")
+        if vec == 4 and store:
+            out += [f"{indent}reinterpret_cast<{vt[v]}*>({arg[v]} + base + {col})[0] = {arg[v]}_o4;" for v in vec_outs]
         return out
 
     def each_cached(lines):
@@ -631,6 +645,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         body += ["  {", f"    const {acc} y = {out_expr};", f"    {epi_call('y', 'NAN', 'row')}", "  }"]
     elif cached:
         body.insert(0, f"  {acc} v[kItems * kVec];  // this thread's part of the row, kept in registers")
+        body += stage_lines(tiles, vec)
         body += ["  // pass 1: load the row (prologue applied)" + ("" if two_stage else ", fold it into the statistics"),
                  "#pragma unroll",
                  "  for (int k = 0; k < kItems; ++k) {",
@@ -733,6 +748,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
               "constexpr int kWarpSize = 32;"] + _norm_constants(program, anchor)
     if cached:
         consts.append(f"constexpr int kItems = {items};  // vectors per thread")
+    if tiles:
+        consts.append(f"constexpr int kTileStride = {tile_stride(cols)};  // floats between staged rows "
+                      f"(a multiple of 4, 4 banks apart)")
     elif schedule == "online":
         consts.append(f"constexpr int kUnroll = {unroll};  // vectors each thread loads before using them")
     if schedule == "split":
@@ -745,6 +763,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
                   "online": f"one block of {tpr} threads per row, online two-pass, {unroll} vectors in flight",
                   "split": f"{split} blocks of {tpr} threads per row, last block combines"}[schedule]
     sched_text += f", {'float4' if vec == 4 else 'scalar'} loads, {grid} blocks"
+    if tiles:
+        sched_text += (f", the rows read through a transposing view staged in shared memory with the row "
+                       f"index fastest ({', '.join(vals[v].name for v in tiles)})")
     head = header(program, f"Region {name}: {anchor.op} over rows of {cols}, stitched with "
                            f"{len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
         "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
@@ -769,8 +790,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         outputs=out_vids, grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched_text,
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": rows_per_block,
                 "vector_width": vec, "block": block, "grid": grid, "split": split, "cols": cols,
-                "unroll": unroll},
+                "unroll": unroll, "staged": bool(tiles)},
         align=16 if vec == 4 else 4, bytes_moved=nbytes,
+        shared_bytes=len(tiles) * rows_per_block * tile_stride(cols) * 4,
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=[("float32", rows * split * len(STATES[state][0])), ("int32", rows)]
         if schedule == "split" else [])
@@ -787,6 +809,12 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     row). Split column: twice or half the blocks per column tile, and one block per tile."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
+    if params.get("staged"):
+        # the transposing read straight from global memory; or 32 rows per block, so a run of the
+        # transposed input is 128 bytes, not 32 (a misaligned run of 8 spans 2 sectors, of 32 spans 5)
+        out.append({"stage": False})
+        if int(params["threads_per_row"]) * 32 <= 1024 and params["rows_per_block"] < 32:
+            out.append({"block": int(params["threads_per_row"]) * 32})
     if schedule in ("warp", "block") and cols:
         tpr = int(params["threads_per_row"])
 
