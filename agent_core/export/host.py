@@ -68,6 +68,9 @@ def kernel_file(step: Step) -> str:
         f"  const dim3 grid({g[0]}, {g[1]}, {g[2]});",
         f"  const dim3 block({b[0]}, {b[1]}, {b[2]});",
         f"  constexpr size_t kSharedBytes = {ks.shared_bytes};",
+        *(["  // beyond 48 KiB of dynamic shared memory a kernel must opt in (runtime/launch.py does the same)",
+           f"  cudaFuncSetAttribute({ks.name}, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kSharedBytes);"]
+          if ks.shared_bytes > 48 * 1024 else []),
         f"  {ks.name}<<<grid, block, kSharedBytes, stream>>>({', '.join(args)});",
         "  return cudaGetLastError();",
         "}",
