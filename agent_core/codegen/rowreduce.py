@@ -41,7 +41,7 @@ DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "ve
             "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None,
             "unroll": 4, "stage": True}
 # names the kernel body uses for itself; parameters never take them
-KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "tile", "part", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
+KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "tile", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
                  "xe", "y", "WEIGHT", "BIAS", "s_t", "s_row", "s_col", "s_at", "stage_smem")
 REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
