@@ -224,6 +224,12 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
     cluster = _cluster_size(g, p, k, schedule)
     if cluster > 1:
         tpr = min(1024, max(128, _pow2(cols * k / (cluster * 16))))
+        if p.get("threads_per_row"):
+            # a tuner's choice: half the threads hold twice the floats each, so two CTAs share an SM
+            # (1024 threads of 40 registers leave room for one: its loads wait while it reduces)
+            tpr = int(p["threads_per_row"])
+            if tpr & (tpr - 1) or not 128 <= tpr <= 1024:
+                raise CodegenError(f"threads_per_row of a cluster row must be a power of two from 128 to 1024, got {tpr}")
         items = math.ceil(cols / (cluster * tpr * vec))
         return {"schedule": "cluster", "vec": vec, "tpr": tpr, "rows_per_block": 1, "block": tpr, "items": items,
                 "cached": items * vec * k <= int(p["cluster_thread_floats"]), "grid": g.rows * cluster,

@@ -837,6 +837,9 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     elif schedule == "cluster":
         n = int(params["cluster"])
         out += [{"cluster": c} for c in (n * 2, n // 2) if c in params.get("cluster_fits", ())]
+        tpr = int(params.get("threads_per_row") or 0)
+        if tpr >= 256:      # two CTAs of half the threads per SM, each holding twice the row's floats
+            out.append({"cluster": n, "threads_per_row": tpr // 2})
         out.append({"cluster": 1})
     elif schedule == "split_column":
         s = int(params["split"])

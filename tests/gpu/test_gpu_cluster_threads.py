@@ -1,0 +1,51 @@
+"""On the GPU: the cluster-per-row schedule with half the threads per CTA (the tuner's
+{"threads_per_row": tpr // 2}, tests/test_codegen_cluster_threads.py) against torch, 5 random draws at
+atol = rtol = 1e-4 (tests/programs.py `fused`): DistilBERT's distillation KL at its real size
+(2048 x 30522, planned through the CLI) and ragged rows of the same program shape.
+
+PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu_cluster_threads.py
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agent_core.project_file import load_program
+from tests.programs import fused
+from tests.test_codegen_split_rows import kl_total
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("params", [None, {"threads_per_row": 512}], ids=["default", "half-threads"])
+def test_gpu_kl_div_block_cluster_variants_match_torch(params, tmp_path):
+    out = tmp_path / "kl.json"
+    env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}
+    res = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "-o", str(out),
+                          str(ROOT / "benchmarks" / "blocks" / "kl_div_distill_distilbert.py")],
+                         capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=600)
+    assert res.returncode == 0, res.stderr
+    p = load_program(out)
+    (r,) = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
+    built = fused(p, r.nodes, "kl_cluster", params=params)
+    assert built.kernel.params["schedule"] == "cluster"
+    if params:
+        assert built.kernel.block == (512, 1, 1)
+
+
+# (shape, CTAs per row, threads per CTA, row held in registers): ragged rows, rows not a multiple of 4
+RAGGED = [((64, 30522), 4, 512, True), ((7, 20001), 4, 512, True), ((33, 60001), 8, 512, True),
+          ((7, 20001), 2, 256, False)]
+
+
+@pytest.mark.parametrize("shape,cluster,threads,cached", RAGGED)
+def test_gpu_ragged_rows_with_fewer_threads_match_torch(shape, cluster, threads, cached):
+    p, ids = kl_total(shape)
+    built = fused(p, ids, f"kl_ragged_{shape[1]}_{threads}", params={
+        "cluster": cluster, "threads_per_row": threads, "spread_min_bytes": 0, "split": 1})
+    k = built.kernel
+    assert k.params["schedule"] == "cluster" and k.block == (threads, 1, 1) and k.params["cached"] == cached
