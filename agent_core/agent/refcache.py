@@ -46,8 +46,11 @@ def device_inputs(program: Program, seed: int, device: str) -> dict:
 
 
 class ReferenceCache:
-    """Draws of the program's reference values, kept while they fit MAX_CACHED_BYTES (older draws are
-    dropped and recomputed: a recomputation costs one reference run, holding them all could cost GBs).
+    """Draws of the program's reference values, kept while they fit MAX_CACHED_BYTES: the first
+    max_draws - 1 draws asked for stay for the run and the last slot takes whichever other draw was
+    asked last (a recomputation costs one reference run, holding them all could cost GBs). Dropping
+    the oldest instead made every access miss once a verification's draws outnumbered the slots
+    (DenseNet201 on the H200: 4 slots, 5 draws, 5 reference runs of the whole model per region).
 
     original: the program before rewrites; when given, outputs() are its outputs on the same inputs,
     so the end-to-end check holds the optimized program to what the user wrote."""
@@ -86,8 +89,8 @@ class ReferenceCache:
             full = run_reference(self.program, inputs, keep=True, params=self._params, device=self.device)
             env = {v: t for v, t in full.items() if v in self.keep}
             del full
-            while len(self._draws) >= self.max_draws:
-                self._draws.pop(next(iter(self._draws)))
+            if len(self._draws) >= self.max_draws:
+                self._draws.pop(next(reversed(self._draws)))    # the rotating slot; the first ones stay
             self._draws[d] = env
         return env
 
