@@ -31,6 +31,7 @@ class Slot:
 class ArenaPlan:
     slots: dict[str, Slot] = field(default_factory=dict)
     total_bytes: int = 0
+    memory: object = field(default=None, repr=False, compare=False)    # library_memory.LibraryMemory: what the slots hold, and the split-TF32 decisions
 
     @property
     def naive_bytes(self) -> int:
@@ -38,9 +39,12 @@ class ArenaPlan:
         return sum(_round_up(s.nbytes) for s in self.slots.values())
 
     def to_dict(self) -> dict:
-        return {"total_bytes": self.total_bytes, "naive_bytes": self.naive_bytes,
-                "slots": {v: {"offset": s.offset, "nbytes": s.nbytes, "start": s.start, "end": s.end}
-                          for v, s in self.slots.items()}}
+        out = {"total_bytes": self.total_bytes, "naive_bytes": self.naive_bytes,
+               "slots": {v: {"offset": s.offset, "nbytes": s.nbytes, "start": s.start, "end": s.end}
+                         for v, s in self.slots.items()}}
+        if self.memory is not None:
+            out["memory"] = self.memory.to_dict()
+        return out
 
 
 def _round_up(n: int, align: int = ALIGN) -> int:

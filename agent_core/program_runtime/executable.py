@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import StitchError
 from ..ir import Program
 from ..reference import parameter_tensors, random_inputs, run_reference
-from ..runtime.split_tf32 import run_library_node
+from .library_calls import run_library_call
 from .steps import Step, plan_steps
 
 
@@ -25,6 +25,36 @@ class ExecutableError(StitchError):
 
 
 _STREAMS: dict = {}
+_CAPTURE_STREAMS: dict = {}
+
+
+def capture_stream(torch):
+    """One side stream per device for every warm-up and capture: cuBLAS keeps a workspace per stream
+    it has run on, so a new stream per build held one more workspace each time, which counted in
+    our peak memory and not in eager's (whose stream had its workspace before the run)."""
+    dev = torch.cuda.current_device()
+    s = _CAPTURE_STREAMS.get(dev)
+    if s is None:
+        s = _CAPTURE_STREAMS[dev] = torch.cuda.Stream()
+    return s
+
+
+def _release_after(program, steps) -> list[list[str]]:
+    """Per step, the values no later step reads (program outputs, inputs and parameters kept), so a
+    run drops them from its environment: torch's own allocations then go back to its pool for the
+    next step, as eager's do, and arena views are only forgotten."""
+    keep = set(program.outputs) | set(program.inputs)
+    last: dict[str, int] = {}
+    for i, s in enumerate(steps):
+        for nid in s.nodes:
+            node = program.nodes[nid]
+            for v in list(node.inputs) + list(node.outputs):
+                if v is not None and v not in keep and program.values[v].producer is not None:
+                    last[v] = i
+    out: list[list[str]] = [[] for _ in steps]
+    for v, i in last.items():
+        out[i].append(v)
+    return out
 
 
 def cupy_stream():
@@ -77,12 +107,16 @@ def _valid_placeholder(torch, value, device):
 
 class ProgramExecutable:
     def __init__(self, program: Program, fused: dict[str, tuple[list[str], object, object]], *,
-                 graph: bool = True, device: str = "cuda"):
-        """fused: region id -> (node ids, KernelSource, LoadedKernel) of the regions kept as kernels."""
+                 graph: bool = True, device: str = "cuda", memory_budget: int | None = None):
+        """fused: region id -> (node ids, KernelSource, LoadedKernel) of the regions kept as kernels;
+        memory_budget: the peak bytes split-TF32 caches may take us to (default: eager's, estimated)."""
         import torch
         self.program = program
         self.device = device
-        self.steps, self.arena_plan = plan_steps(program, {r: (n, ks) for r, (n, ks, _) in fused.items()})
+        self.steps, self.arena_plan = plan_steps(program, {r: (n, ks) for r, (n, ks, _) in fused.items()},
+                                                 memory_budget)
+        self.memory = self.arena_plan.memory
+        self._release = _release_after(program, self.steps)
         for s in self.steps:
             if s.kind == "kernel":
                 s.loaded = fused[s.region][2]
@@ -91,11 +125,11 @@ class ProgramExecutable:
         self.params = parameter_tensors(program, device)
         self.inputs = [_valid_placeholder(torch, program.values[v], device) for v in program.inputs]
         self.views = {}
+        temps = self.memory.temps if self.memory is not None else {}
         for vid, slot in self.arena_plan.slots.items():
-            val = program.values[vid]
-            dt = _torch_dtype(torch, val.dtype)
-            nbytes = val.nbytes
-            self.views[vid] = self.arena[slot.offset:slot.offset + nbytes].view(dt).view(tuple(val.shape))
+            shape, dtype = temps[vid] if vid in temps else (program.values[vid].shape, program.values[vid].dtype)
+            dt = _torch_dtype(torch, dtype)
+            self.views[vid] = self.arena[slot.offset:slot.offset + slot.nbytes].view(dt).view(tuple(shape))
         self.graph = None
         self.graph_error: str | None = None
         self.outputs = None
@@ -103,10 +137,14 @@ class ProgramExecutable:
             self._capture()
 
     # --- running -------------------------------------------------------------------------------
+    def _run_library(self, nid: str, env: dict) -> None:
+        """cuBLAS / cuDNN through torch (fp32, or split TF32), into its arena slot when it has one."""
+        run_library_call(self.program, nid, env, self.views, self.memory.decisions if self.memory else {})
+
     def _launch(self, torch, step: Step, env: dict) -> None:
         ks = step.kernel
-        for nid in step.library_nodes:           # cuBLAS / cuDNN through torch: fp32, or split TF32
-            run_library_node(self.program, nid, env)
+        for nid in step.library_nodes:
+            self._run_library(nid, env)
         ins = []
         for v in ks.inputs:
             env[v] = launchable(env[v], ks.align)
@@ -120,25 +158,27 @@ class ProgramExecutable:
         env = dict(self.params)
         env.update(zip(self.program.inputs, self.inputs))
         with torch.no_grad():
-            for step in self.steps:
+            for i, step in enumerate(self.steps):
                 if step.kind == "kernel":
                     self._launch(torch, step, env)
-                    continue
-                nid = step.nodes[0]
-                run_library_node(self.program, nid, env)
-                if step.view:
-                    continue
-                for v in self.program.nodes[nid].outputs:   # a torch view into the arena would outlive its slot
-                    t = env.get(v)
-                    if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() == self._arena_ptr:
-                        env[v] = t.clone()
+                else:
+                    nid = step.nodes[0]
+                    self._run_library(nid, env)
+                    if not step.view:
+                        for v in self.program.nodes[nid].outputs:   # a torch view into the arena would outlive its slot
+                            t = env.get(v)
+                            if isinstance(t, torch.Tensor) and t is not self.views.get(v) \
+                                    and t.untyped_storage().data_ptr() == self._arena_ptr:
+                                env[v] = t.clone()
+                for v in self._release[i]:
+                    env.pop(v, None)
         return [env[v] for v in self.program.outputs]
 
     def _capture(self) -> None:
         import torch
         from ..runtime.region import strict_fp32
         strict_fp32()
-        stream = torch.cuda.Stream()
+        stream = capture_stream(torch)
         stream.wait_stream(torch.cuda.current_stream())
         try:
             with torch.cuda.stream(stream):

@@ -10,7 +10,8 @@ from ..analysis.cost import is_view
 from ..analysis.liveness import lifetimes
 from ..ir import Program
 from ..planner.execute import region_order
-from .arena import ArenaPlan, plan_arena
+from .arena import ArenaPlan
+from .library_memory import plan_library_memory
 
 
 @dataclass
@@ -35,9 +36,11 @@ class Step:
         return f"{n.name} ({n.op}, torch)"
 
 
-def plan_steps(program: Program, fused: dict[str, tuple[list[str], object]]) -> tuple[list[Step], ArenaPlan]:
+def plan_steps(program: Program, fused: dict[str, tuple[list[str], object]],
+               memory_budget: int | None = None) -> tuple[list[Step], ArenaPlan]:
     """fused: region id -> (its node ids, its KernelSource). Returns the steps in execution order and
-    the arena plan of the values the kernels write."""
+    the arena plan of the values the kernels write, the library calls' outputs and split temporaries
+    (library_memory; its decisions in plan.memory, within memory_budget bytes or eager's estimate)."""
     order_all = program.topo_order()
     pos = {n: i for i, n in enumerate(order_all)}
     steps: list[Step] = []
@@ -63,4 +66,6 @@ def plan_steps(program: Program, fused: dict[str, tuple[list[str], object]]) -> 
             start = step_of[program.producer(v).id]
             end = len(steps) if lt is None or lt.end >= n_nodes else step_of[node_order[lt.end]]
             values[v] = (program.values[v].nbytes, start, max(start, end))
-    return steps, plan_arena(values)
+    memory = plan_library_memory(program, steps, values, memory_budget)
+    memory.arena.memory = memory
+    return steps, memory.arena
