@@ -42,7 +42,7 @@ from .region_io import RegionIO, region_io
 INDIRECT_OPS = {"gather": 1, "index_select": 1, "embedding": 0}     # op -> port of its index tensor
 GRAPH_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "expand",
              "repeat", "cat", "stack", "slice", "select", "split", "chunk", "unbind", "pad", "contiguous",
-             "flip", "roll", "diag", *INDIRECT_OPS)
+             "flip", "roll", "diag", "tril", "triu", *INDIRECT_OPS)
 INDEX_TYPES = {"int64": "long long", "int32": "int"}
 # the ops that only relabel elements: a region of these and pointwise ops stays a pointwise / row kernel
 RELABEL_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous", "expand")
@@ -50,10 +50,30 @@ VEC = 4
 
 
 def is_layout_graph(program: Program, io: RegionIO) -> bool:
-    """Every non-pointwise op of the region is a layout op with a view, and one of them moves elements."""
+    """Every non-pointwise op of the region is a layout op with a view, and one of them moves elements,
+    or relabels values so that the pointwise generator, which indexes every input in the output's
+    shape, cannot (the segment sum's x[..., :, None] - x[..., None, :], an add then a reshape)."""
     ops = [program.nodes[n].op for n in io.nodes
            if program.nodes[n].op in GRAPH_OPS or not is_elementwise(program.nodes[n])]
-    return bool(ops) and all(op in GRAPH_OPS for op in ops) and any(op not in RELABEL_OPS for op in ops)
+    if not ops or not all(op in GRAPH_OPS for op in ops):
+        return False
+    return any(op not in RELABEL_OPS for op in ops) or _relabel_breaks_broadcast(program, io)
+
+
+def _broadcasts(shape, space) -> bool:
+    shape, space = tuple(shape), tuple(space)
+    return len(shape) <= len(space) and all(a in (1, b) for a, b in zip(reversed(shape), reversed(space)))
+
+
+def _relabel_breaks_broadcast(program: Program, io: RegionIO) -> bool:
+    """Pointwise work between relabels whose operands no longer broadcast to the output's shape."""
+    vals, nodes = program.values, program.nodes
+    pointwise = [nodes[n] for n in io.nodes if is_elementwise(nodes[n]) and nodes[n].op not in RELABEL_OPS]
+    if not pointwise or not io.outputs:
+        return False
+    space = vals[io.outputs[0]].shape
+    seen = [v for v in io.inputs] + [v for n in pointwise for v in [*n.inputs, *n.outputs] if v]
+    return any(not _broadcasts(vals[v].shape, space) for v in seen)
 
 
 def _needed(program: Program, io: RegionIO) -> set:
