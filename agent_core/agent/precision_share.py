@@ -1,0 +1,76 @@
+"""Library calls of one signature (op, attributes, operand shapes and dtypes) are timed once.
+
+agent.precision times every matmul and convolution in each form it may run in. A model's repeated
+blocks repeat these calls: the RNN's 512 matmuls are two shapes, ResNet101's 105 convolutions 24.
+The same call on the same shapes takes the same time, so the first node of each signature is timed
+and the others take its form. What the form's choice also rests on, agreement with fp32 at 1e-4 on a
+random draw, depends on the operands' values (a node's own weights), so each other node still runs
+fp32 and the chosen form once on its own tensors and compares them; one that disagrees is timed on
+its own, as before. The end-to-end verification against the fp32 reference has the last word.
+"""
+from __future__ import annotations
+
+import json
+
+from ..ir import Program
+from .precision import _forms, choose_library_precision, library_nodes
+
+
+def call_signature(program: Program, nid: str) -> str:
+    node = program.nodes[nid]
+    specs = [(list(program.values[v].shape), program.values[v].dtype) if v else None for v in node.inputs]
+    return json.dumps([node.op, node.attrs, specs], sort_keys=True, default=repr)
+
+
+def groups(program: Program) -> list[list[str]]:
+    """The eligible library nodes by signature, first-seen order; each group's first node is timed."""
+    out: dict[str, list[str]] = {}
+    for nid in library_nodes(program):
+        out.setdefault(call_signature(program, nid), []).append(nid)
+    return list(out.values())
+
+
+def agrees(program: Program, nid: str, form: str, tensors_for) -> bool:
+    """The node's result in `form` against fp32, on its own tensors (one run each, nothing timed)."""
+    import torch
+    from ..reference import run_node
+    run = _forms(program, nid).get(form)
+    if run is None:
+        return False
+    node = program.nodes[nid]
+    env = {v: t for v, t in zip(node.inputs, tensors_for([v for v in node.inputs if v])) if v}
+    with torch.no_grad():
+        want, got = dict(env), dict(env)
+        run_node(program, nid, want)
+        run(program, nid, got)
+        out = node.outputs[0]
+        return bool(torch.allclose(got[out], want[out], rtol=1e-4, atol=1e-4))
+
+
+def choose_shared_precision(program: Program, tensors_for, emit, trials: int) -> dict[str, str]:
+    """agent.precision.choose_library_precision, timing one node per signature. Same result shape:
+    writes and returns program.metadata["library_precision"]."""
+    grouped = groups(program)
+    chosen = dict(choose_library_precision(program, tensors_for, emit, trials, nodes=[g[0] for g in grouped]))
+    alone: list[str] = []
+    for g in grouped:
+        first = g[0]
+        form = chosen.get(first, "fp32")
+        for nid in g[1:]:
+            node = program.nodes[nid]
+            if form != "fp32":
+                try:
+                    ok = agrees(program, nid, form, tensors_for)
+                except Exception:   # noqa: BLE001 - as precision does: this node is then timed alone
+                    ok = False
+                if not ok:
+                    alone.append(nid)
+                    continue
+                chosen[nid] = form
+            emit.emit("precision", node=nid, op=node.op, chosen=form, shared_with=first,
+                      reason=f"as {program.nodes[first].name} (the same call on the same shapes), timed there"
+                             + ("; agrees with fp32 at 1e-4 on this node's own tensors" if form != "fp32" else ""))
+    if alone:
+        chosen.update(choose_library_precision(program, tensors_for, emit, trials, nodes=alone))
+    program.metadata["library_precision"] = chosen
+    return chosen
