@@ -6,27 +6,31 @@ from __future__ import annotations
 
 
 def tune_space(ks, *, sm_count: int = 132, limit: int = 6) -> list[dict]:
-    """Parameter dicts to try besides the default that produced `ks` (a KernelSource)."""
+    """Parameter dicts to try besides the default that produced `ks` (a KernelSource): first the
+    region's other forms (a library call + epilogue's tile GEMM, agent/gemm_form.py), then its own."""
     p = ks.params or {}
-    out: list[dict] = []
-    if ks.kind == "pointwise":
+    out: list[dict] = [{"sm_count": sm_count, **a} for a in ks.alternatives]
+    if ks.kind == "gemm":
+        from ..codegen.gemm_mma import tune_variants as gemm_variants
+        out += gemm_variants(p)       # other tiles
+    elif ks.kind == "pointwise":
         for cand in ({"unroll": 1}, {"unroll": 2}, {"block": 128}, {"block": 512}, {"block": 512, "unroll": 2},
                      {"vector_width": 1}):
             out.append({**cand, "sm_count": sm_count})
     elif ks.kind == "row_reduction" and p.get("schedule") == "split_row":
         from ..codegen.rowsplit import tune_variants as split_row_variants
-        out = split_row_variants(p, sm_count=sm_count)      # chunks per row (few long rows)
+        out += split_row_variants(p, sm_count=sm_count)      # chunks per row (few long rows)
     elif ks.kind == "row_reduction":
         from ..codegen.rowreduce import tune_variants
-        out = tune_variants(p, sm_count=sm_count)
+        out += tune_variants(p, sm_count=sm_count)
     elif ks.kind == "class_loss":
         from ..codegen.class_loss import tune_variants as class_loss_variants
-        out = class_loss_variants(p)
+        out += class_loss_variants(p)
     elif ks.kind == "attention":
         from ..codegen.attention import tune_variants as attention_variants
-        out = attention_variants(p)     # the other precision form, key tiles, warps
+        out += attention_variants(p)     # the other precision form, key tiles, warps
     elif ks.kind in ("layout", "strided_slice"):
         from ..codegen.layout_staged import tune_variants as staged_variants
         from ..codegen.layout_tiled import tune_variants as tile_variants
-        out = tile_variants(p) + staged_variants(p)    # tiles; elements per thread of the staged gather
+        out += tile_variants(p) + staged_variants(p)    # tiles; elements per thread of the staged gather
     return out[:limit]

@@ -114,6 +114,8 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         note = (f"// Runs after {anchor.name} ({anchor.op} -> {program.values[anchor.outputs[0]].spec}) "
                 f"through cuBLAS/cuDNN (torch); this kernel is its fused epilogue.\n")
         ks.source = note + ks.source
+        from .gemm_mma import alternatives
+        ks.alternatives = alternatives(program, io)
         return ks
     if kind == "convolution":  # asked for explicitly (the export): a generated conv instead of cuDNN
         from .conv import generate_conv

@@ -45,6 +45,9 @@ class KernelSource:
     # scratch buffers the runtime appends to the arguments, zeroed once and left zeroed by the kernel:
     # (dtype, elements) pairs (a split reduction's partial states and arrival counters)
     workspace: list[tuple[str, int]] = field(default_factory=list)
+    # other forms of the same region the tuner also tries, as generate_kernel params (a library call
+    # + epilogue kernel's region: the matmul and its epilogue as one tile GEMM, codegen/gemm_mma.py)
+    alternatives: list[dict] = field(default_factory=list)
 
     @property
     def filename(self) -> str:

@@ -129,6 +129,14 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         reason = (f"{lib} + epilogue kernel ({plural(n_launches, 'launch')}): "
                   f"{_label(state, an)} runs through {lib} and writes its {fmt_bytes(out.nbytes)} output; "
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
+        if kind == "matmul_epilogue":    # the other form the agent times against this one (agent/gemm_form.py)
+            from ..codegen.gemm_mma import FORM, gemm_supported
+            why_not = gemm_supported(state.program, nodes)
+            sched["forms"] = {"library+kernel": None, FORM: why_not}
+            if why_not is None:
+                reason += (f" The agent also times it as one tile-GEMM kernel ({FORM}): split TF32 done in "
+                           f"registers, {_names(state, epi)} applied before the only store, so the "
+                           f"{fmt_bytes(out.nbytes)} output never makes the round trip.")
     elif kind == "attention":
         sched, reason, after = attention_reason(state, nodes, facts)
     elif kind == "layout":

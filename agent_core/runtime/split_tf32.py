@@ -96,6 +96,16 @@ def cached_bytes(tensors) -> int:
     return total
 
 
+def drop_cached_splits(tensors) -> int:
+    """Forget the caches above for these parameter tensors (a node that no longer runs through the
+    library: the tile GEMM splits in registers); the device bytes they held."""
+    ids = {id(t) for t in tensors}
+    freed = cached_bytes(tensors)
+    for key in [k for k in _param_splits if k[0] in ids]:
+        _param_splits.pop(key, None)
+    return freed
+
+
 def _is_parameter(program: Program, vid: str) -> bool:
     return program.values[vid].role in (Role.PARAMETER, Role.CONSTANT)
 
