@@ -286,6 +286,16 @@ def _off_by_a_bit(monkeypatch):
         env[p.nodes[nid].outputs[0]] = env[p.nodes[nid].outputs[0]] + 1e-2
     monkeypatch.setattr(split_mod, "run_split_tf32", wrong)
     monkeypatch.setattr(precision, "run_split_tf32", real)
+    # the built program runs its library calls through the arena's own split (library_calls.py)
+    import agent_core.program_runtime.executable as executable
+    real_call = executable.run_library_call
+
+    def wrong_call(p, nid, env, views, decisions):
+        real_call(p, nid, env, views, decisions)
+        d = decisions.get(nid)
+        if split_mod.library_precision(p).get(nid) and not (d is not None and d.runs_as == "fp32"):
+            env[p.nodes[nid].outputs[0]] = env[p.nodes[nid].outputs[0]] + 1e-2
+    monkeypatch.setattr(executable, "run_library_call", wrong_call)
 
 
 def test_a_region_that_fails_with_split_tf32_keeps_its_kernel_with_the_call_in_fp32(mock_gpu, tmp_path, monkeypatch):
@@ -306,6 +316,7 @@ def test_a_program_that_fails_verification_with_split_tf32_runs_in_fp32_with_the
     x = p.add_input("x", [16, 32]).id
     w = p.add_parameter("w", shape=[24, 32]).id
     p.mark_output(p.add_node("linear", [x, w]).outputs[0])
+    p.metadata["memory_budget_bytes"] = 1 << 40     # room for the split weight: the program runs it split
     res, events = _optimize(p, tmp_path, tune=False)
     assert res.profile["end_to_end"]["correct"]
     assert res.program.metadata["library_precision"] == {} == res.profile["library_precision"]

@@ -22,8 +22,11 @@ from ..ir import Program
 from ..runtime.split_tf32 import describe_library_call, library_precision, run_library_node
 from .attention_form import describe_form, exact_form, form_of, library_note, note_kept_form, own_attention
 from .events import EventEmitter
+from .gemm_form import compiled_words as gemm_compiled_words, is_gemm, keep as gemm_keep
+from .gemm_form import kept_words as gemm_kept_words, trial_words as gemm_trial_words
 from .phases import phase
 from .tune import tune_space
+from .tune_budget import worth_tuning
 from .verdict import torch_path, views_copied
 
 # where the loop puts tensors on a GPU run; tests of the GPU path's logic on a CPU machine set "cpu"
@@ -91,6 +94,10 @@ class _Agent:
         self.hw: dict = {}
         self.kernels: dict = {}   # region id -> our last generated KernelSource (the tuned best on a GPU)
         self.prefetch = None      # agent.prefetch.KernelPrefetch: kernels generated and compiling ahead
+        self.remote_tune = None   # cluster.ray_tune.RayTuner: the tuning trials run on a Ray cluster
+        self.tune_notes: dict[str, str] = {}   # region id -> why its trials were lost (appended to its reason)
+        from .shared_regions import SharedRegions
+        self.shared = SharedRegions()   # regions of one kernel and shapes: verified, tuned and timed once
 
     # --- per region --------------------------------------------------------------------------
     def region(self, r) -> tuple[RegionOutcome, object | None]:
@@ -138,11 +145,12 @@ class _Agent:
             out.status, out.reason = "compiled", f"compiled for {c.arch}; not verified or timed (no GPU)"
             if self.tune:   # the tuning variants must compile too (and this fills the cache a GPU run reuses)
                 with phase("tune"):
-                    n = self._compile_variants(r, ks)
+                    n = (self._compile_variants(r, ks) if self.remote_tune is None
+                         else self.remote_tune.compiled(self, r, ks))
                 if n:
-                    out.reason += f"; {n} tuning variant(s) compiled"
+                    out.reason += f"; {n} tuning variant(s) compiled{gemm_compiled_words(ks)}"
             return self._finish(r, out), None
-        return self._on_gpu(r, out, ks, c)
+        return self.shared.run(self, r, out, ks, c)     # self._on_gpu, or the outcome of the same kernel
 
     def _compile_variants(self, r, ks) -> int:
         n = 0
@@ -281,38 +289,32 @@ class _Agent:
         except Exception as exc:
             out.reason = f"timing failed: {type(exc).__name__}: {_first(exc)}"
             return self._finish(r, out), None
-        best = (best_t.median_ms, ks, loaded, runner, dict(ks.params))
+        best = first = (best_t.median_ms, ks, loaded, runner, dict(ks.params))
         out.trials.append({"trial": 0, "params": ks.params, "ms": best_t.median_ms, "ok": True})
         self.ev.emit("tune-step", region=r.id, trial=0, params=ks.params, ok=True, ms=best_t.median_ms,
                      best=True, schedule=ks.schedule)
-        if self.tune:
+        if self.tune and self.remote_tune is not None:   # the trials ran on a cluster's workers (cluster/ray_tune.py)
+            with phase("tune"):
+                best = self.remote_tune.region(self, r, ks, ins, best, out)
+        elif self.tune and worth_tuning(self, r, out):     # regions under 1% of the program keep their defaults
             with phase("tune"):   # the trials; their quick verifications count as verify
                 sm = int(self.hw.get("sm_count") or 132)
                 for i, params in enumerate(tune_space(ks, sm_count=sm, limit=self.tune_trials), 1):
-                    rec = {"trial": i, "params": params, "ok": False}
-                    try:
-                        k2 = self._generate(r, ks.name, params)
-                        c2 = compile_kernel(k2, arch=self.arch)
-                        l2 = load_kernel(k2, self.program, c2)
-                        run2 = self._runner(r, k2, l2)
-                        quick = self._verify(r, run2, 1, f"trial {i}")
-                        if not quick.ok:
-                            rec["reason"] = quick.reason
-                        else:
-                            t2 = self._time(run2, ins)
-                            rec.update(ok=True, ms=t2.median_ms, params=k2.params, schedule=k2.schedule)
-                            if t2.median_ms < best[0]:
-                                best = (t2.median_ms, k2, l2, run2, dict(k2.params))
-                                rec["best"] = True
-                    except Exception as exc:   # a variant that fails to build, load or run is one rejected trial
-                        rec["reason"] = f"{type(exc).__name__}: {_first(exc)}"
+                    rec, cand = self._trial(r, ks.name, i, params, ins)
+                    if cand is not None and cand[0] < best[0]:
+                        best = cand
+                        rec["best"] = True
                     out.trials.append(rec)
                     rec.setdefault("best", False)
                     self.ev.emit("tune-step", region=r.id, **rec)
         ms, ks, loaded, runner, params = best
         if ks.source != r.source:
             res = self._verify(r, runner, self.draws, "tuned best")
-            if not res.ok:     # never keep a variant that only passed the quick check
+            if not res.ok and is_gemm(ks) and not is_gemm(first[1]):   # the library form it was timed against
+                out.trials.append({"trial": "full", "params": ks.params, "ok": False,
+                                   "reason": f"failed full verification: {res.reason}"})
+                ms, ks, loaded, runner, params = best = first
+            elif not res.ok:     # never keep a variant that only passed the quick check
                 out.reason = f"the tuned kernel failed full verification: {res.reason}"
                 return self._finish(r, out), None
             r.source = ks.source
@@ -338,11 +340,35 @@ class _Agent:
             for nid in ks.library_nodes:
                 out.reason += f"; its {self.program.nodes[nid].op} runs as {describe_library_call(self.program, nid)}"
             out.reason += note_kept_form(self, r, ks)
+            if is_gemm(ks):
+                gemm_keep(self, r, ks)
+            out.reason += gemm_kept_words(ks, out.trials) if is_gemm(ks) else gemm_trial_words(out.trials)
             return self._finish(r, out), (list(r.nodes), ks, loaded)
         out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us"
                       f"{', the copy of their view outputs included' if copied else ''}); the ops run through torch"
-                      f"{' (its SDPA as torch fused attention; ours was ' + describe_form(ks) + ')' if form_of(ks) else ''}")
+                      f"{' (its SDPA as torch fused attention; ours was ' + describe_form(ks) + ')' if form_of(ks) else ''}"
+                      f"{gemm_trial_words(out.trials)}")
         return self._finish(r, out), None
+
+    def _trial(self, r, name, i, params, ins):
+        """Tuning trial i of region r: generate, compile, load, verify on one draw, time on `ins`.
+        (its record, (ms, KernelSource, LoadedKernel, runner, params) when it verified, else None)."""
+        from ..runtime.launch import load_kernel
+        rec = {"trial": i, "params": params, "ok": False}
+        try:
+            k2 = self._generate(r, name, params)
+            l2 = load_kernel(k2, self.program, compile_kernel(k2, arch=self.arch))
+            run2 = self._runner(r, k2, l2)
+            quick = self._verify(r, run2, 1, f"trial {i}")
+            if not quick.ok:
+                rec["reason"] = quick.reason
+                return rec, None
+            t2 = self._time(run2, ins)
+            rec.update(ok=True, ms=t2.median_ms, params=k2.params, schedule=k2.schedule)
+            return rec, (t2.median_ms, k2, l2, run2, dict(k2.params))
+        except Exception as exc:   # a variant that fails to build, load or run is one rejected trial
+            rec["reason"] = f"{type(exc).__name__}: {_first(exc)}"
+            return rec, None
 
     # --- the model-driven writer (agent_core.writer, docs/WRITER.md) ---------------------------
     def write(self, r, out: RegionOutcome, run) -> object | None:
@@ -419,6 +445,8 @@ class _Agent:
         return ms
 
     def _finish(self, r, out: RegionOutcome) -> RegionOutcome:
+        if r.id in self.tune_notes:
+            out.reason += f"; {self.tune_notes.pop(r.id)}"
         if out.fused_ms is not None:
             r.measured_ms = out.fused_ms
         r.schedule["agent"] = {"status": out.status, "reason": out.reason, "kernel": out.kernel,
@@ -436,7 +464,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
              draws: int = 5, tune_trials: int = 6, trials: int = 20, rewrite: bool = True, baselines: bool = True,
              baseline_fn=None, compile_modes=("default", "reduce-overhead"), compile_budget_s: float = 120.0,
              graph: bool = True, time_regions: bool = True, split_tf32: bool = True,
-             final_dir=None, writer=None, cancel=None, writer_sanitize: bool = False) -> OptimizeResult:
+             final_dir=None, writer=None, cancel=None, writer_sanitize: bool = False, tuner=None) -> OptimizeResult:
     """Optimize `program` (left untouched: the result holds the rewritten, planned copy).
 
     out_dir: where the kernels, program.json and profile.json are written; final_dir: where the caller
@@ -449,7 +477,9 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     baseline_fn: (fn, inputs) to time as torch eager / torch.compile (default: the program op by op).
     writer: a writer.config.WriterConfig: after our outcome, a model proposes kernels for each eligible
     region (docs/WRITER.md); None = off, nothing changes. cancel() -> True stops the writer at once;
-    writer_sanitize: the gate also runs each proposal under compute-sanitizer memcheck (GPU)."""
+    writer_sanitize: the gate also runs each proposal under compute-sanitizer memcheck (GPU).
+    tuner: a cluster.ray_tune.RayTuner: each region's tuning trials run as a task on a Ray cluster's
+    workers (docs/CLUSTER.md); None = here, one after another."""
     from ..planner import apply_plan, plan_program
     from ..profile.hardware import no_gpu_reason
     emit = emit or EventEmitter()
@@ -498,6 +528,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                   est_before_ms=r.est_before_ms, est_after_ms=r.est_after_ms, schedule=r.schedule)
     arch = None if gpu else DEFAULT_ARCH
     agent = _Agent(prog, emit, out_dir, gpu, draws, tune, tune_trials, trials, arch, time_regions)
+    agent.planned_ms = plan.estimate.planned_ms     # what a region's share of the program is taken of
     profile: dict = {"program": prog.name, "gpu": gpu}
     if gpu:
         from .refcache import ReferenceCache
@@ -521,12 +552,17 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                  f"{agent.hw['copy_bandwidth_gbs']:.0f} GB/s", hardware=agent.hw)
         prog.metadata.pop("library_precision", None)
         if split_tf32:   # before the regions: their library calls are verified and timed as they will run
-            from .precision import choose_library_precision
+            from .precision_share import choose_shared_precision as choose_library_precision   # one per signature
             with phase("precision"):
                 choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
+    if tune and tuner is not None:     # the trials' tasks start now, on the program as planned and precision-chosen
+        agent.remote_tune = tuner.start(prog, plan.active, lambda r: kernel_name(prog, r.id), gpu=gpu,
+                                        sm_count=int(agent.hw.get("sm_count") or 132), tune_trials=tune_trials,
+                                        trials=trials, emit=emit)
     from .prefetch import KernelPrefetch    # every region's kernels generated, compiled in parallel
     with phase("generate"):   # the compiles it starts are waited for in the loop's compile phase
-        agent.prefetch = KernelPrefetch(prog, arch=arch, tune=tune, tune_trials=tune_trials,
+        agent.prefetch = KernelPrefetch(prog, arch=arch, tune=tune and agent.remote_tune is None,
+                                        tune_trials=tune_trials,
                                         sm_count=int(agent.hw.get("sm_count") or 132)).start(
             plan.active, lambda r: kernel_name(prog, r.id))
     wrun = _writer_run(writer, emit, gpu, cancel, writer_sanitize)
@@ -544,6 +580,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         if keep is not None:
             fused[r.id] = keep
     profile["regions"] = [o.to_dict() for o in outcomes]
+    if gpu:
+        profile["shared_regions"] = agent.shared.summary()
     if wrun is not None:
         profile["writer"] = wrun.summary()
     result = OptimizeResult(prog, outcomes, gpu, "done" if gpu else "no-gpu", profile, out_dir=out_dir)
@@ -558,7 +596,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                             tune_trials=tune_trials, trials=trials, rewrite=False, baselines=baselines,
                             baseline_fn=baseline_fn, compile_modes=compile_modes,
                             compile_budget_s=compile_budget_s, graph=graph, time_regions=time_regions,
-                            split_tf32=split_tf32, final_dir=final_dir, writer=wrun, cancel=cancel)
+                            split_tf32=split_tf32, final_dir=final_dir, writer=wrun, cancel=cancel, tuner=tuner)
     else:
         emit.log(NO_GPU_LINE.format(arch=DEFAULT_ARCH) + f" ({why_not})", level="warning", no_gpu=True)
     prog.profile = _json_safe(profile)

@@ -143,6 +143,17 @@ def gemm_supported(program: Program, node_ids) -> str | None:
     return None
 
 
+def alternatives(program: Program, io: RegionIO) -> list[dict]:
+    """The tile GEMM as tuning params for a region now run as a library call + epilogue kernel: its
+    default tiles (picked for the tuner's SM count) and the next most promising; none when the
+    region is not one it takes."""
+    try:
+        spec = gemm_spec(program, io)
+    except CodegenError:
+        return []
+    return [{"form": FORM}, tune_variants(default_params(spec))[0]]
+
+
 def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
     """128 x 128 tiles of 8 warps (64 x 32 each), 32-wide k slices in 3 stages; narrower tiles when
     those would leave SMs idle (a small or thin output), by the output's size alone."""
@@ -409,5 +420,5 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                         align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops)
 
 
-__all__ = ["FORM", "GemmSpec", "default_params", "gemm_spec", "gemm_supported", "generate_gemm", "shared_bytes",
+__all__ = ["FORM", "GemmSpec", "alternatives", "default_params", "gemm_spec", "gemm_supported", "generate_gemm", "shared_bytes",
            "tune_variants"]

@@ -121,7 +121,7 @@ def record_from_result(path: str, result, seconds: float) -> dict:
            "launches": e2e.get("launches"), "cuda_graph": e2e.get("cuda_graph"), "regions": counts,
            "split_tf32_nodes": len(prof.get("library_precision") or {}),
            "library_calls": dict(prof.get("library_precision") or {}),   # node -> form, fp32 ones left out
-           "library_forms": _library_forms(result.program),   # every matmul / conv: its form, fp32 included
+           "library_forms": _library_forms(getattr(result, "program", None)),   # every matmul / conv: its form, fp32 included
            "compiled": sum(1 for o in result.outcomes if o.status in ("fused", "compiled") or
                            (o.status == "fallback" and o.source_path)),
            "seconds": round(seconds, 2)}

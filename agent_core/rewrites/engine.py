@@ -17,7 +17,7 @@ from ..errors import StitchError
 from ..ir import Program
 from ..reference import parameter_tensors, random_inputs, run_node, run_reference
 from .edits import Rewrite, RewriteResult, clone_program, param_array, remove_dead, replace_uses
-from .rules import DEFAULT_RULES
+from .rules import DEFAULT_RULES, FOLD_DEVICE
 
 
 def materialize_parameters(program: Program) -> None:
@@ -113,6 +113,7 @@ def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: 
     result = RewriteResult(prog)
     checker = Checker(prog, draws, device=device) if check else None
     refused_once: set[tuple[str, str]] = set()
+    fold_on = FOLD_DEVICE.set(device)    # constants fold where the reference they must match runs
     for _ in range(max_rounds):
         fired = False
         for nid in prog.topo_order():
@@ -137,6 +138,7 @@ def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: 
                     refused_once.add((rule.__name__, nid))
         if not fired:
             break
+    FOLD_DEVICE.reset(fold_on)
     dead = [nid for nid in remove_dead(prog)]
     for nid in dead:
         result.fired.append({"rule": "dead_code", "node": nid,
