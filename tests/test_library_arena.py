@@ -99,8 +99,6 @@ def test_split_weights_are_cached_within_the_budget_split_per_call_or_fp32_beyon
 
 
 
-@pytest.mark.xfail(strict=True, reason="the greedy drops every cache then demotes: no budget found yet that "
-                   "leaves a call split per call on this 3-linear model (open)")
 def test_split_per_call_between_cached_and_fp32():
     # room for the activations' temporaries and the weights split per call, not for three caches
     per_call, lin = _split_program(None)
