@@ -6,7 +6,6 @@ overlap share offsets and overlapping ones never do; split-TF32 calls keep their
 within the memory budget, else split per call into arena temporaries, else run in fp32, each a
 recorded decision; every form still matches the reference.
 """
-import pytest
 import torch
 import torch.nn as nn
 
