@@ -42,8 +42,9 @@ def get_inputs(): return [torch.randn(T, B, C)]
 def get_init_inputs(): return []
 '''
 
-# heads merged by a permute of [B, H, T, D] to [B, T, D, H] (head dim not innermost), then flattened
-ODD_MERGE = HEADER + '''
+def _qkv_model(returns: str) -> str:
+    """q, k, v projections split into heads, one SDPA, and `returns` of its output y."""
+    return HEADER + f'''
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
@@ -51,24 +52,17 @@ class Model(nn.Module):
     def forward(self, x):
         q, k, v = (f(x).view(B, T, H, C // H).transpose(1, 2) for f in (self.q, self.k, self.v))
         y = F.scaled_dot_product_attention(q, k, v)
-        return torch.relu(y.permute(0, 2, 3, 1).flatten(2))
+        return {returns}
 def get_inputs(): return [torch.randn(B, T, C)]
 def get_init_inputs(): return []
 '''
 
+
+# heads merged by a permute of [B, H, T, D] to [B, T, D, H] (head dim not innermost), then flattened
+ODD_MERGE = _qkv_model("torch.relu(y.permute(0, 2, 3, 1).flatten(2))")
+
 # the output is read twice: nothing after it can be folded into the store
-TWO_READERS = HEADER + '''
-class Model(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.q, self.k, self.v = (nn.Linear(C, C) for _ in range(3))
-    def forward(self, x):
-        q, k, v = (f(x).view(B, T, H, C // H).transpose(1, 2) for f in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v)
-        return y.transpose(1, 2).reshape(B, T, C) * 2.0, y.sum(dim=-1)
-def get_inputs(): return [torch.randn(B, T, C)]
-def get_init_inputs(): return []
-'''
+TWO_READERS = _qkv_model("y.transpose(1, 2).reshape(B, T, C) * 2.0, y.sum(dim=-1)")
 
 LAYOUT_OPS = ("reshape", "view", "transpose", "permute", "flatten", "unflatten", "contiguous", "squeeze", "unsqueeze")
 
