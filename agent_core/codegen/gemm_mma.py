@@ -22,7 +22,10 @@ Schedule (params, tuned by agent/tune.py through tune_variants):
 - rows past M, columns past N and k past K read zeros and are not stored (ragged shapes);
 - epilogue: bias (linear's), then the region's pointwise ops rendered through the op library's one
   table of CUDA expressions (pointwise.render_chain), broadcast operands indexed through
-  region_io.BroadcastIndex, each output element stored once.
+  region_io.BroadcastIndex, each output element stored once (only those the program reads);
+- row reductions of the output's last dim after that epilogue (sum, mean, max, min, prod, logsumexp,
+  var, std) and pointwise ops over their results: folded from the accumulators, combined across
+  lanes, warps and the CTAs of a row (the last one to arrive finishes it), gemm_rows.py.
 
 params["portable"] swaps the tensor-core helpers for plain C++ ones of the same names (mma_portable.py)
 so the CPU emulator runs this exact body; the kernel a GPU runs never sets it.
@@ -30,14 +33,17 @@ so the CPU emulator runs this exact body; the kernel a GPU runs never sets it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 from ..ir import Program
 from .attention_mma import HELPERS, SHARED_LIMIT
-from .cuda import Names, c_type, header, index_type, kernel_name
+from .cuda import Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
+from .gemm_rows import LOCALS as ROW_LOCALS, RowPart, combine_lines, fold_lines, shared_floats, split_epilogue, state_code
+from .gemm_rows import workspace as row_workspace
 from .mma_portable import PORTABLE_HELPERS
-from .pointwise import is_elementwise, iteration_space, operand_views, render_chain
+from .pointwise import operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
 
 FORM = "gemm-3xtf32"
@@ -69,7 +75,9 @@ class GemmSpec:
     bias: str | None
     out: str                 # the GEMM's output value
     space: tuple             # its shape: the epilogue's iteration space
-    epilogue: list[str]      # the pointwise nodes after it, in order
+    epilogue: list[str]      # the pointwise nodes over its elements, in order
+    rows: RowPart | None = None   # row reductions of its last dim and the ops over their results
+    full_values: set = field(default_factory=set)   # values computed per output element
 
     @property
     def b_k_contiguous(self) -> bool:
@@ -79,7 +87,8 @@ class GemmSpec:
 
 def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
     """What the kernel computes; CodegenError when the region is not one 2-D-weight matmul / linear
-    followed by pointwise ops over its output."""
+    followed by pointwise ops over its output, row reductions of its last dim and pointwise ops over
+    their results (gemm_rows.py)."""
     anchors = [n for n in io.nodes if program.nodes[n].opdef.category in ("matmul", "convolution")]
     if len(anchors) != 1 or program.nodes[anchors[0]].op not in GEMM_OPS:
         ops = ", ".join(program.nodes[n].op for n in anchors) or "none"
@@ -114,23 +123,14 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
         raise CodegenError(f"{node.name}: an empty GEMM ({M} x {N} x {K})", node_id=nid)
     if math.ceil(M / 16) > GRID_LIMIT * 8:
         raise CodegenError(f"{node.name}: {M} rows are more tiles than one grid dimension holds", node_id=nid)
-    rest = [n for n in io.nodes if n != nid]
-    for other in rest:
-        on = program.nodes[other]
-        if not is_elementwise(on):
-            raise CodegenError(f"{on.name} ({on.op}) is not pointwise; the tile GEMM fuses pointwise ops "
-                               f"after it (row reductions are not generated yet)", node_id=other)
     space = tuple(vals[out].shape)
-    if rest:
-        sub = RegionIO(rest, [], [], set())
-        if math.prod(iteration_space(program, sub)) != math.prod(space):
-            raise CodegenError(f"the ops after {node.name} broadcast its output {list(space)} to "
-                               f"{list(iteration_space(program, sub))}; the tile GEMM stores its own tile only")
+    full, rows = split_epilogue(program, io, nid, out, space)
+    full_vals = {out} | {v for n in full for v in program.nodes[n].outputs}
     for vid in io.outputs:
-        if math.prod(vals[vid].shape) != math.prod(space):
-            raise CodegenError(f"output '{vals[vid].name}' {vals[vid].spec} is not the GEMM's "
-                               f"{list(space)} iteration space")
-    return GemmSpec(nid, node.op, M, N, K, Operand(a_id, K, 1), b, bias, out, space, rest)
+        if vid not in full_vals and (rows is None or vid not in rows.values):
+            raise CodegenError(f"output '{vals[vid].name}' {vals[vid].spec} is neither the GEMM's {list(space)} "
+                               f"elements nor one value per row")
+    return GemmSpec(nid, node.op, M, N, K, Operand(a_id, K, 1), b, bias, out, space, full, rows, full_vals)
 
 
 def gemm_supported(program: Program, node_ids) -> str | None:
@@ -203,7 +203,36 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
 def shared_bytes(spec: GemmSpec, p: dict) -> int:
     bm, bn, bk, _, _, stages = _check(spec, p)
     b_tile = bn * (bk + 4) if spec.b_k_contiguous else bk * (bn + 8)
-    return 4 * stages * (bm * (bk + 4) + b_tile)
+    pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
+    # the row reductions combine the warps' states in the same buffers once the pipeline is done
+    return max(pipeline, 4 * shared_floats(spec.rows, bm, int(p["warps_n"]))) if spec.rows else pipeline
+
+
+def tiles(spec: GemmSpec, p: dict) -> tuple[int, int]:
+    """(tiles along N, tiles along M): the grid."""
+    return math.ceil(spec.N / int(p["block_n"])), math.ceil(spec.M / int(p["block_m"]))
+
+
+def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, int]:
+    """(bytes, flops) of the kernel as generated with params p: every input read once and every output
+    written once, plus the row states that CTAs sharing a row write and the last one reads back; the
+    GEMM's 2 M N K and the epilogue's own count. What the planner's estimate of this form uses too
+    (estimate)."""
+    vals = program.values
+    nbytes = sum(vals[v].nbytes for v in io.inputs + io.outputs)
+    n_tiles, m_tiles = tiles(spec, p)
+    if spec.rows is not None:
+        nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, n_tiles, m_tiles) if dt == "float32")
+    return nbytes, 2 * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes if n != spec.node)
+
+
+def estimate(program: Program, node_ids, sm_count: int = 132) -> tuple[int, int]:
+    """(bytes, flops) of the kernel generate_gemm writes for the region with its default params (the
+    form the tuner tries first); CodegenError when it takes no such region."""
+    from .region_io import region_io
+    io = region_io(program, node_ids)
+    spec = gemm_spec(program, io)
+    return cost(program, io, spec, default_params(spec, sm_count))
 
 
 def _copy(dst: str, src: str, op: Operand, rows: int, cols: int, first_r: str, first_c: str, lim_r: str,
@@ -258,7 +287,7 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
     views = operand_views(program, spec.epilogue, epi_inputs)
     bidx = BroadcastIndex(spec.space, [views.get(v, vals[v].shape) for v in epi_inputs])
     names = Names()
-    names.taken.update(LOCALS)
+    names.taken.update(LOCALS + ROW_LOCALS)
     names.taken.update(arg.values())
     env = {spec.out: "mm"}
     lines = []
@@ -272,7 +301,9 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
         lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
         env[vid] = ident
     lines += [ln.strip() for ln in render_chain(program, spec.epilogue, env, names, indent="")]
-    lines += [f"{arg[vid]}[i] = {env[vid]};" for vid in io.outputs]
+    lines += [f"{arg[vid]}[i] = {env[vid]};" for vid in io.outputs if vid in spec.full_values]
+    if spec.rows is not None:
+        lines += fold_lines(spec.rows, env)
     return lines
 
 
@@ -321,6 +352,20 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                   "        split_tf32(pb[0], bh[nt][0], bl[nt][0]); split_tf32(pb[4 * kBS], bh[nt][1], bl[nt][1]);"]
     a_copy = _copy("(As + stage * kATile)", a_src, spec.a, bm, bk, "bm", "k0", "kM", "kK", bk + 4, a_vec, "    ")
     epi = _epilogue(program, io, spec, arg)
+    n_tiles, m_tiles = tiles(spec, p)
+    rows = spec.rows
+    workspace = row_workspace(rows, spec.M, n_tiles, m_tiles) if rows else []
+    if workspace:
+        cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
+    if rows:
+        consts += [f"constexpr int kF = {len(rows.fields)};   // floats of one row's statistics",
+                   f"constexpr float kColsF = {float_literal(float(spec.N))};   // the reduced length (N)",
+                   f"constexpr int kNTiles = {n_tiles};   // CTAs along N that share each row"]
+    row_init = ["  RowSt rs[kMT][2];   // the states of this thread's fragment rows (g and g + 8 of each m16 tile)",
+                "  #pragma unroll",
+                "  for (int mt = 0; mt < kMT; ++mt) rs[mt][0] = rs[mt][1] = row_identity();"] if rows else []
+    row_tail = combine_lines(program, io, rows, arg, set(LOCALS) | set(ROW_LOCALS) | set(arg.values()),
+                             n_tiles) if rows else []
     value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{'col' if vals[spec.bias].shape else '0'}]"
                                 if spec.bias else "")
     body = [
@@ -375,6 +420,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "  }",
         "  // epilogue on the accumulators, one store per output element",
         "  const int row0 = bm + warp_m * kTM + lane_g, col0 = bn + warp_n * kTN + 2 * lane_t;",
+        *row_init,
         "  #pragma unroll",
         "  for (int mt = 0; mt < kMT; ++mt) {",
         "    #pragma unroll",
@@ -383,21 +429,24 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "      for (int j = 0; j < 4; ++j) {",
         "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
         "        if (row < kM && col < kN) {",
-        "          const index_t i = (index_t)row * kN + col;",
+        *(["          const index_t i = (index_t)row * kN + col;"] if any(re.search(r"\bi\b", ln) for ln in epi) else []),
         f"          const float mm = {value};",
         *[f"          {line}" for line in epi],
         "        }",
         "      }",
         "    }",
         "  }",
+        *row_tail,
     ]
     helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
+    if rows:
+        helpers += state_code(rows)
     node = program.nodes[spec.node]
     b_words = "transposed in place ([N, K], k contiguous)" if kb else "[K, N]"
     schedule = (f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
                 f"({bm // wm} x {bn // wn} each), {bk}-wide k slices in a {stages}-stage cp.async pipeline, "
                 f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
-                + (" and the bias" if spec.bias else ""))
+                + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if rows else ""))
     head = header(program, f"Region {name}: {node.op} {spec.M} x {spec.N} x {spec.K} with its epilogue, "
                            f"split-TF32 tensor cores", io.nodes, [
         f"A [{spec.M}, {spec.K}] row-major, B {b_words}{', bias [N]' if spec.bias else ''}; "
@@ -412,13 +461,22 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     source = "\n".join([head, *consts, "", *helpers,
                         f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks})\n'
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
-    nbytes = sum(vals[v].nbytes for v in io.inputs + io.outputs)
-    flops = 2 * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in spec.epilogue)
+    nbytes, flops = cost(program, io, spec, p)
     return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
                         outputs=list(io.outputs), grid=(math.ceil(spec.N / bn), math.ceil(spec.M / bm), 1),
                         block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
-                        align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops)
+                        align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops,
+                        workspace=workspace)
 
 
-__all__ = ["FORM", "GemmSpec", "alternatives", "default_params", "gemm_spec", "gemm_supported", "generate_gemm", "shared_bytes",
-           "tune_variants"]
+def _row_words(program: Program, spec: GemmSpec, n_tiles: int) -> str:
+    """The schedule's words for the row reductions."""
+    ops = ", ".join(dict.fromkeys(program.nodes[r.node].op for r in spec.rows.reductions))
+    how = ("each CTA holds whole rows" if n_tiles == 1 else
+           f"{n_tiles} CTAs per row publish their tile's states, the row tile's last CTA combines them in tile order")
+    return (f"; rows reduced in the kernel ({ops}"
+            + (f", then {len(spec.rows.post)} op(s) per row" if spec.rows.post else "") + f"): {how}")
+
+
+__all__ = ["FORM", "GemmSpec", "alternatives", "cost", "default_params", "estimate", "gemm_spec", "gemm_supported",
+           "generate_gemm", "shared_bytes", "tiles", "tune_variants"]

@@ -130,13 +130,7 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                   f"{_label(state, an)} runs through {lib} and writes its {fmt_bytes(out.nbytes)} output; "
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
         if kind == "matmul_epilogue":    # the other form the agent times against this one (agent/gemm_form.py)
-            from ..codegen.gemm_mma import FORM, gemm_supported
-            why_not = gemm_supported(state.program, nodes)
-            sched["forms"] = {"library+kernel": None, FORM: why_not}
-            if why_not is None:
-                reason += (f" The agent also times it as one tile-GEMM kernel ({FORM}): split TF32 done in "
-                           f"registers, {_names(state, epi)} applied before the only store, so the "
-                           f"{fmt_bytes(out.nbytes)} output never makes the round trip.")
+            reason += _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts)
     elif kind == "attention":
         sched, reason, after = attention_reason(state, nodes, facts)
     elif kind == "layout":
@@ -187,6 +181,35 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
     r = Region(rid, kind, nodes, status="proposed", reason=reason, est_before_ms=round(before, 6),
                est_after_ms=round(after, 6), schedule=sched)
     return r
+
+
+def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts) -> str:
+    """The tile GEMM as the other form of a matmul + epilogue region: whether codegen takes it, and its
+    roofline estimate from the bytes and FLOPs of the very kernel it generates first (gemm_mma.estimate);
+    the words that say so."""
+    from ..codegen.gemm_mma import FORM, estimate, gemm_supported
+    why_not = gemm_supported(state.program, nodes)
+    sched["forms"] = {"library+kernel": None, FORM: why_not}
+    if why_not is not None:
+        return ""
+    gpu = state.gpu
+    nbytes, flops = estimate(state.program, nodes, gpu.sm_count)
+    ms = gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms, flops / gpu.flops_per_ms)
+    sched["forms_est_ms"] = {"library+kernel": round(after, 6), FORM: round(ms, 6)}
+    stored = any(state.program.values[v].nbytes == out.nbytes for v in facts.escaping)
+    if s.reductions:
+        pw = [n for n in epi if n not in s.reductions]
+        what = (f"{_names(state, pw) + ' applied and ' if pw else ''}its {plural(s.red.rows, 'row')} reduced "
+                f"({_names(state, s.reductions)}) in the kernel (the CTAs of a row combine their partial states "
+                f"in its last CTA)")
+        trip = ("the " + fmt_bytes(out.nbytes) + " output never makes the round trip"
+                + ("" if stored else " and is not written at all"))
+    else:
+        what = f"{_names(state, epi)} applied before the only store"
+        trip = f"the {fmt_bytes(out.nbytes)} output never makes the round trip"
+    return (f" The agent also times it as one tile-GEMM kernel ({FORM}): split TF32 done in registers, {what}, "
+            f"so {trip}; about {fmt_ms(ms)} at the roofline ({fmt_bytes(nbytes)} moved) against "
+            f"{fmt_ms(after)} for the two launches.")
 
 
 # layout ops torch returns as views of their input: alone, eager torch runs them for free

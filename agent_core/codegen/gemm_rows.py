@@ -1,0 +1,264 @@
+"""Row reductions of a tile GEMM's output inside the GEMM kernel (codegen/gemm_mma.py): sum, mean,
+max, min, prod, logsumexp, var and std over the output's last dim (N), after the pointwise epilogue,
+and pointwise ops over the row results, so GEMM -> LSE / softmax statistics / norm statistics need no
+second pass over the [M, N] output (which is then not written at all unless the program reads it).
+
+A region after the GEMM splits into three phases (split_epilogue):
+- full: pointwise ops over the GEMM's [..., N] elements (bias, activations, residuals), evaluated
+  on the accumulators as before; the values the program reads are stored;
+- reductions: each reads a full value and reduces its last dim; every element of a thread's
+  accumulator tile is folded into the row's statistics state (rowreduce.STATES: a sum, a max, the
+  online max and sum of exponentials, Welford's mean and M2) as it is computed;
+- rows: pointwise ops over the row results (and inputs broadcast to the rows), evaluated once per row.
+A pointwise op that reads both a row result and the full elements (a written-out softmax's x - max)
+needs the rows finished before the elements: that is a second pass, and the region is refused.
+
+Combining a row's states, in a fixed order (the same bits however the CTAs were scheduled):
+1. the 4 lanes that hold a fragment row (xor shuffles 1, 2);
+2. the warps along N of the CTA, through shared memory (the pipeline's buffers, free by then), in
+   warp order;
+3. with several N tiles, each CTA writes its tile's state per row to a workspace and counts in on
+   its row tile's ticket (codegen/last_block.py); the last CTA of the row tile combines the states in
+   tile order, evaluates the row ops, stores and resets the ticket (graph replays need no memset).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..ir import Program
+from ..ops.common import norm_dims
+from .cuda import Names, c_type
+from .kernel import CodegenError
+from .last_block import publish_and_arrive, reset_counter
+from .pointwise import is_elementwise, iteration_space, operand_views, render_chain
+from .region_io import BroadcastIndex, RegionIO
+from .rowops import STATES
+
+REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp", "var", "std")
+# names of the row phase's C code that value names must not take
+LOCALS = ("rs", "red", "st", "RowSt", "row_identity", "row_combine", "row_shfl", "row_put", "row_get", "row_get_cg",
+          "workspace", "counters", "last", "h", "t", "w", "rrow", "kF", "kColsF", "kNTiles")
+
+
+@dataclass
+class RowReduce:
+    node: str
+    state: str          # rowreduce.STATES key
+    expr: str           # the result over the state, written over `st`
+    input: str          # the full value reduced
+    output: str
+
+
+@dataclass
+class RowPart:
+    reductions: list[RowReduce]
+    post: list[str]                     # pointwise nodes over the row results
+    space: tuple                        # the row results' iteration space (M elements)
+    values: set = field(default_factory=set)   # values computed per row
+
+    @property
+    def fields(self) -> list[tuple[int, str]]:
+        """(reduction index, state field) of every float a row's combined state holds."""
+        return [(k, f) for k, r in enumerate(self.reductions) for f in STATES[r.state][0]]
+
+
+def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: tuple) -> tuple[list[str], RowPart | None]:
+    """(pointwise nodes over the GEMM's elements, the row part or None); CodegenError for a node that
+    belongs to neither (a column reduction, a second pass over the elements, a non-pointwise op)."""
+    from .rowreduce import _row_op
+    vals, nodes = program.values, program.nodes
+    full_vals, row_vals = {out}, set()
+    full, post, reds = [], [], []
+    rank = len(space)
+    for nid in io.nodes:
+        if nid == gemm:
+            continue
+        node = nodes[nid]
+        here = [v for v in node.inputs if v is not None and v in io.produced]
+        if is_elementwise(node):
+            if here and all(v in full_vals for v in here):
+                full.append(nid)
+                full_vals.update(node.outputs)
+            elif here and all(v in row_vals for v in here):
+                post.append(nid)
+                row_vals.update(node.outputs)
+            elif here:
+                raise CodegenError(f"{node.name} ({node.op}) reads a row result and the GEMM's elements together: "
+                                   f"a second pass over the output after its rows are reduced (the tile GEMM "
+                                   f"reduces rows as it stores them)", node_id=nid)
+            else:
+                raise CodegenError(f"{node.name} ({node.op}) reads nothing the GEMM computes", node_id=nid)
+            continue
+        if node.op not in REDUCTIONS:
+            raise CodegenError(f"{node.name} ({node.op}) is neither pointwise nor a row reduction "
+                               f"({', '.join(REDUCTIONS)}); the tile GEMM fuses those after it", node_id=nid)
+        x = node.inputs[0]
+        if x not in full_vals:
+            raise CodegenError(f"{node.name} ({node.op}) reduces '{vals[x].name}', which is not computed from the "
+                               f"GEMM's elements in this region", node_id=nid)
+        dims = norm_dims(node.attrs.get("dim"), len(vals[x].shape))
+        if tuple(vals[x].shape) != space or dims != [rank - 1]:
+            raise CodegenError(f"{node.name} ({node.op}) reduces dims {dims} of {list(vals[x].shape)}; the tile "
+                               f"GEMM reduces the output's last dim (its rows) only", node_id=nid)
+        if vals[x].dtype != "float32":
+            raise CodegenError(f"{node.name} ({node.op}) reduces {vals[x].dtype} values; float32 only", node_id=nid)
+        state, _pre, expr, _keeps, _dims, _len = _row_op(program, nid)
+        reds.append(RowReduce(nid, state, expr, x, node.outputs[0]))
+        row_vals.update(node.outputs)
+    if full:
+        sub = RegionIO(full, [], [], set())
+        if math.prod(iteration_space(program, sub)) != math.prod(space):
+            raise CodegenError(f"the ops after {nodes[gemm].name} broadcast its output {list(space)} to "
+                               f"{list(iteration_space(program, sub))}; the tile GEMM stores its own tile only")
+    if not reds:
+        return full, None
+    rows = math.prod(space[:-1])
+    rspace = tuple(vals[reds[0].output].shape)
+    if post:
+        rspace = iteration_space(program, RegionIO(post, [], [], set()))
+    for v in [r.output for r in reds] + [o for n in post for o in nodes[n].outputs]:
+        if math.prod(vals[v].shape) != rows:
+            raise CodegenError(f"'{vals[v].name}' {vals[v].spec} is not one value per row of the GEMM's "
+                               f"{list(space)} output")
+    if math.prod(rspace) != rows:
+        raise CodegenError(f"the ops after the row reductions broadcast to {list(rspace)}, not the "
+                           f"{rows} rows")
+    return full, RowPart(reds, post, tuple(rspace), row_vals)
+
+
+def state_code(part: RowPart) -> list[str]:
+    """Device helpers: each state's struct / identity / fold / combine (rowkernel._state_code), and
+    RowSt, every reduction's state of one row, with its identity, combine, shuffle, store and loads."""
+    from .rowkernel import _state_code
+    kinds = list(dict.fromkeys(r.state for r in part.reductions))
+    code = [_state_code(k) for k in kinds]
+    members = " ".join(f"St_{r.state} s{k};" for k, r in enumerate(part.reductions))
+    fl = part.fields
+    code.append(
+        "// one row's statistics: " + ", ".join(f"{r.state} (s{k})" for k, r in enumerate(part.reductions)) + "\n"
+        f"struct RowSt {{ {members} }};\n"
+        "__device__ __forceinline__ RowSt row_identity() { return RowSt{"
+        + ", ".join(f"identity_{r.state}()" for r in part.reductions) + "}; }\n"
+        "__device__ __forceinline__ RowSt row_combine(RowSt a, RowSt b) {\n"
+        + "".join(f"  a.s{k} = combine_{r.state}(a.s{k}, b.s{k});\n" for k, r in enumerate(part.reductions))
+        + "  return a;\n}\n"
+        "__device__ __forceinline__ RowSt row_shfl(RowSt a, int offset) {\n"
+        + "".join(f"  a.s{k}.{f} = __shfl_xor_sync(0xffffffffu, a.s{k}.{f}, offset);\n" for k, f in fl)
+        + "  return a;\n}\n"
+        "__device__ __forceinline__ void row_put(float* p, const RowSt& a) {\n"
+        + "".join(f"  p[{n}] = a.s{k}.{f};\n" for n, (k, f) in enumerate(fl)) + "}\n"
+        "__device__ __forceinline__ RowSt row_get(const float* p) {\n  RowSt a;\n"
+        + "".join(f"  a.s{k}.{f} = p[{n}];\n" for n, (k, f) in enumerate(fl)) + "  return a;\n}\n"
+        "// from L2: another CTA's state, published before its ticket\n"
+        "__device__ __forceinline__ RowSt row_get_cg(const float* p) {\n  RowSt a;\n"
+        + "".join(f"  a.s{k}.{f} = __ldcg(p + {n});\n" for n, (k, f) in enumerate(fl)) + "  return a;\n}\n")
+    return "\n".join(code).splitlines()
+
+
+def fold_lines(part: RowPart, env: dict[str, str]) -> list[str]:
+    """Inside the epilogue's per-element loop: the element folded into its row's states."""
+    return [f"fold_{r.state}(rs[mt][j >> 1].s{k}, {env[r.input]});" for k, r in enumerate(part.reductions)]
+
+
+def _finish(program: Program, io: RegionIO, part: RowPart, arg: dict[str, str], taken, indent: str) -> list[str]:
+    """Lines that turn `st` (a row's combined state, row `rrow`) into the row results and store the
+    ones the program reads."""
+    vals = program.values
+    names = Names()
+    names.taken.update(taken)
+    env, lines = {}, []
+    for k, r in enumerate(part.reductions):
+        ident = names.new(vals[r.output].name)
+        expr = re.sub(r"\bst\.", f"st.s{k}.", r.expr)
+        lines.append(f"const float {ident} = {expr};  // {program.nodes[r.node].name}: {program.nodes[r.node].op}")
+        env[r.output] = ident
+    if part.post:
+        ins = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in part.post)]
+        views = operand_views(program, part.post, ins)
+        bidx = BroadcastIndex(part.space, [views.get(v, vals[v].shape) for v in ins])
+        for k, vid in enumerate(ins):
+            at = "0" if bidx.is_scalar(k) else bidx.offset_expr(
+                k, "rrow", [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner], [str(s) for s in bidx.strides[k]])
+            ident = names.new(vals[vid].name)
+            lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
+            env[vid] = ident
+        lines += [ln.strip() for ln in render_chain(program, part.post, env, names, indent="")]
+    lines += [f"{arg[v]}[rrow] = {env[v]};" for v in io.outputs if v in part.values]
+    return [f"{indent}{ln}" for ln in lines]
+
+
+def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, str], taken,
+                  n_tiles: int) -> list[str]:
+    """After the per-element loop (every thread of the CTA): the row states combined across lanes,
+    warps and (n_tiles > 1) the CTAs of the row tile, finished and stored."""
+    finish = _finish(program, io, part, arg, taken, "        ")
+    lines = [
+        "  // row reductions: the 4 lanes of each fragment row, then the CTA's warps along N (warp order)",
+        "  #pragma unroll",
+        "  for (int mt = 0; mt < kMT; ++mt)",
+        "    #pragma unroll",
+        "    for (int h = 0; h < 2; ++h) {",
+        "      rs[mt][h] = row_combine(rs[mt][h], row_shfl(rs[mt][h], 1));",
+        "      rs[mt][h] = row_combine(rs[mt][h], row_shfl(rs[mt][h], 2));",
+        "    }",
+        "  __syncthreads();                  // every warp is done with the pipeline's buffers",
+        "  float* red = smem;                // [kWarpsN][kBM][kF]",
+        "  if (lane_t == 0) {",
+        "    #pragma unroll",
+        "    for (int mt = 0; mt < kMT; ++mt)",
+        "      #pragma unroll",
+        "      for (int h = 0; h < 2; ++h)",
+        "        row_put(red + (warp_n * kBM + warp_m * kTM + mt * 16 + h * 8 + lane_g) * kF, rs[mt][h]);",
+        "  }",
+        "  __syncthreads();",
+    ]
+    tile_state = ["RowSt st = row_get(red + r * kF);",
+                  "for (int w = 1; w < kWarpsN; ++w) st = row_combine(st, row_get(red + (w * kBM + r) * kF));"]
+    if n_tiles == 1:   # the CTA holds whole rows
+        return lines + [
+            "  for (int r = tid; r < kBM; r += kBlock) {",
+            "    const index_t rrow = bm + r;",
+            "    if (rrow < kM) {",
+            *[f"      {ln}" for ln in tile_state],
+            *[ln[2:] for ln in finish],
+            "    }",
+            "  }"]
+    publish = ["for (int r = tid; r < kBM; r += kBlock) {",
+               "  const index_t rrow = bm + r;",
+               "  if (rrow < kM) {",
+               *[f"    {ln}" for ln in tile_state],
+               "    row_put(workspace + ((index_t)blockIdx.x * kM + rrow) * kF, st);",
+               "  }",
+               "}"]
+    return lines + [
+        f"  // {n_tiles} CTAs share each row: each publishes its tile's states, the row tile's last combines them",
+        *publish_and_arrive(publish, "counters[blockIdx.y]", "kNTiles", publisher="tid < kBM", arriver="tid == 0"),
+        "  if (last) {",
+        "    __threadfence();",
+        "    for (int r = tid; r < kBM; r += kBlock) {",
+        "      const index_t rrow = bm + r;",
+        "      if (rrow < kM) {",
+        "        RowSt st = row_get_cg(workspace + rrow * kF);",
+        "        for (int t = 1; t < kNTiles; ++t) st = row_combine(st, row_get_cg(workspace + ((index_t)t * kM + rrow) * kF));  // tile order",
+        *finish,
+        "      }",
+        "    }",
+        "    if (tid == 0) " + reset_counter("counters[blockIdx.y]", "").strip(),
+        "  }"]
+
+
+def workspace(part: RowPart, M: int, n_tiles: int, m_tiles: int) -> list[tuple[str, int]]:
+    """The per-tile row states and the row tiles' tickets (none when one CTA holds whole rows)."""
+    if n_tiles == 1:
+        return []
+    return [("float32", n_tiles * M * len(part.fields)), ("int32", m_tiles)]
+
+
+def shared_floats(part: RowPart, bm: int, warps_n: int) -> int:
+    return warps_n * bm * len(part.fields)
+
+
+__all__ = ["REDUCTIONS", "RowPart", "RowReduce", "combine_lines", "fold_lines", "shared_floats", "split_epilogue",
+           "state_code", "workspace"]
