@@ -705,10 +705,11 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     with phase("verify"):
         res = exe.verify(draws, ref=ref)
     emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err, reason=res.reason)
-    if not res.ok and library_precision(prog):
-        emit.emit("error", message=f"the end-to-end program with split-TF32 library calls failed verification "
-                                   f"({res.reason}); every matmul and convolution runs in fp32 instead")
+    if not res.ok and (library_precision(prog) or prog.metadata.get("library_layout")):
+        emit.emit("error", message=f"the end-to-end program with split-TF32 (or channels-last) library calls failed "
+                                   f"verification ({res.reason}); every matmul and convolution runs in fp32 instead")
         prog.metadata["library_precision"] = {}
+        prog.metadata["library_layout"] = {}
         profile["library_precision_fallback"] = res.reason
         with phase("build"):
             exe = build_executable(prog, fused, graph=graph, device=TENSOR_DEVICE)
@@ -717,6 +718,7 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
                   reason=res.reason)
     profile["library_precision"] = dict(library_precision(prog))
+    profile["library_layout"] = dict(prog.metadata.get("library_layout") or {})
     if not res.ok and fused:
         emit.emit("error", message=f"the end-to-end program with generated kernels failed verification "
                                    f"({res.reason}); looking for the regions that cause it")

@@ -7,19 +7,44 @@ word.
 
 A memory-bound convolution (depthwise, small-channel or 1x1 over few channels: fewer FLOPs per byte
 moved than fp32 itself keeps up with) is offered the fp32 forms only: a split form reads its operands
-three times (or a three-times-wider input) to save arithmetic that was never the limit."""
+three times (or a three-times-wider input) to save arithmetic that was never the limit.
+
+A 2-D or 3-D convolution is timed in each of its forms twice: in the layout its input comes in, and in
+channels-last memory (runtime.split_tf32's "channels_last" layout). The channels-last time counts
+converting the input from contiguous (none when it arrives channels-last from an earlier channels-last
+convolution through torch-run ops) and, when a generated kernel or the program's caller reads the
+output, converting it back. Nothing is taken to be faster: the layout is kept only where it measures
+faster by MIN_GAIN, like any less accurate form."""
 from __future__ import annotations
 
 from ..analysis.gpu import H200, GPUProfile
 from ..codegen import LIBRARY_CATEGORIES
 from ..ir import Program
 from ..reference import run_node
-from ..runtime.split_tf32 import (TF32X3, TF32X3_CAT, TIMED_FP32, can_concatenate, can_split, library_precision,
-                                  run_split_tf32, run_split_tf32_cat, run_timed_fp32)
+from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, TIMED_FP32, can_channels_last, can_concatenate,
+                                  can_split, library_layout, library_precision, run_in_layout, run_split_tf32,
+                                  run_split_tf32_cat, run_timed_fp32, to_channels_last)
 
 MIN_GAIN = 1.05   # below this the choice would follow timing noise
 # the forms, most accurate first, and their event fields
 FIELDS = {"fp32": "fp32_ms", TIMED_FP32: "timed_fp32_ms", TF32X3: "tf32x3_ms", TF32X3_CAT: "tf32x3_cat_ms"}
+CL = "+" + CHANNELS_LAST     # a form's channels-last variant: "fp32+channels_last", "3xtf32-cat+channels_last"
+# every variant, most accurate first; a form's channels-last variant right after it (the same products)
+ORDER = [k for m in FIELDS for k in (m, m + CL)]
+LAYOUT_PRESERVING = frozenset({"relu", "gelu", "silu", "sigmoid", "tanh", "leaky_relu", "hardtanh", "hardswish",
+                               "elu", "mish", "softplus", "clamp", "add", "sub", "mul", "div", "neg", "abs",
+                               "add_scalar", "sub_scalar", "mul_scalar", "div_scalar",
+                               "batch_norm", "max_pool2d", "max_pool3d", "avg_pool2d", "avg_pool3d", "dropout"})
+
+
+def split_variant(key: str) -> tuple[str, str | None]:
+    """("3xtf32-cat", "channels_last") for "3xtf32-cat+channels_last"; (form, None) for a plain form."""
+    return (key[:-len(CL)], CHANNELS_LAST) if key.endswith(CL) else (key, None)
+
+
+def field(key: str) -> str:
+    form, layout = split_variant(key)
+    return FIELDS[form] if layout is None else FIELDS[form][:-3] + "_cl_ms"
 
 
 def library_nodes(program: Program) -> list[str]:
@@ -58,9 +83,88 @@ def _forms(program: Program, nid: str) -> dict:
     return forms
 
 
+def _region_nodes(program: Program) -> set[str]:
+    """Nodes a generated kernel computes (library nodes of a library+kernel region excluded)."""
+    from ..codegen import LIBRARY_CATEGORIES as LIB
+    return {n for r in program.regions if r.status != "rejected" and len(r.nodes) > 1
+            for n in r.nodes if n in program.nodes and program.nodes[n].opdef.category not in LIB}
+
+
+def arrives_channels_last(program: Program, nid: str, layouts: dict[str, str], kernels: set[str]) -> bool:
+    """The conv's input comes channels-last: from a channels-last conv through torch-run ops that keep
+    the layout (a generated kernel writes contiguous memory)."""
+    vid = program.nodes[nid].inputs[0]
+    while True:
+        prod = program.values[vid].producer
+        if prod is None or prod in kernels:
+            return False
+        node = program.nodes[prod]
+        if layouts.get(prod) == CHANNELS_LAST:
+            return True
+        if node.op not in LAYOUT_PRESERVING or not node.inputs or node.inputs[0] is None or (
+                "pool" not in node.op and list(program.values[node.inputs[0]].shape) != list(program.values[vid].shape)):
+            return False
+        vid = node.inputs[0]
+
+
+def leaves_contiguous(program: Program, nid: str, kernels: set[str]) -> bool:
+    """Whether the conv's output must be made contiguous again: a generated kernel reads it (through
+    torch-run ops that keep the layout) or the program returns it."""
+    readers = program.consumer_map()
+    todo, seen = [program.nodes[nid].outputs[0]], set()
+    while todo:
+        vid = todo.pop()
+        if vid in seen:
+            continue
+        seen.add(vid)
+        if vid in program.outputs:
+            return True
+        for c, _ in readers.get(vid, ()):
+            if c in kernels:
+                return True
+            node = program.nodes[c]
+            if node.op in LAYOUT_PRESERVING:
+                todo.extend(o for o in node.outputs if o)
+    return False
+
+
+def variants(program: Program, nid: str, layouts: dict[str, str] | None = None,
+             kernels: set[str] | None = None) -> dict:
+    """Every form of the node and, for a 2-D / 3-D convolution, each one's channels-last variant, as
+    key -> run(program, nid, env). A channels-last run converts the input the way the program will
+    (from contiguous unless it arrives channels-last) and the output back where it must."""
+    forms = _forms(program, nid)
+    out = dict(forms)
+    if not can_channels_last(program, nid):
+        return out
+    layouts = library_layout(program) if layouts is None else layouts
+    kernels = _region_nodes(program) if kernels is None else kernels
+    src = program.nodes[nid].inputs[0]
+    dst = program.nodes[nid].outputs[0]
+    arrives = arrives_channels_last(program, nid, layouts, kernels)
+    back = leaves_contiguous(program, nid, kernels)
+
+    ready: dict[int, tuple] = {}    # input tensor id -> (it, its channels-last copy), made once, untimed
+
+    def cl(run):
+        def go(p, n, env):
+            if arrives:   # as it will come: already channels-last (the conversion happened upstream)
+                t = env[src]
+                if id(t) not in ready:
+                    ready[id(t)] = (t, to_channels_last(t))
+                env[src] = ready[id(t)][1]
+            run_in_layout(p, n, env, run, CHANNELS_LAST)
+            if back:
+                env[dst] = env[dst].contiguous()
+        return go
+    for mode, run in forms.items():
+        out[mode + CL] = cl(run)
+    return out
+
+
 def pick(ms: dict[str, float], disagree) -> str:
     """The fastest form that agrees with fp32, unless a more accurate one is within MIN_GAIN of it."""
-    fits = [m for m in FIELDS if m in ms and m not in disagree]
+    fits = [m for m in ORDER if m in ms and m not in disagree]
     fastest = min(fits, key=ms.get)
     return next(m for m in fits if ms[m] <= ms[fastest] * MIN_GAIN)
 
@@ -72,6 +176,10 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
     import torch
     from .quick_timing import time_candidate
     chosen: dict[str, str] = {}
+    layouts: dict[str, str] = {}
+    if nodes is None:
+        program.metadata.pop("library_layout", None)
+    kernels = _region_nodes(program)
     for nid in (library_nodes(program) if nodes is None else nodes):
         node = program.nodes[nid]
         env = {v: t for v, t in zip(node.inputs, tensors_for([v for v in node.inputs if v])) if v}
@@ -80,7 +188,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         try:
             with torch.no_grad():
                 fp32 = None   # fp32's result; each other form's is compared with it and dropped
-                for mode, run in _forms(program, nid).items():
+                for mode, run in variants(program, nid, {**library_layout(program), **layouts}, kernels).items():
                     result = dict(env)
                     run(program, nid, result)
                     if fp32 is None:
@@ -99,16 +207,26 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         best = pick(ms, disagree)
         why = (f"{ms['fp32'] / ms[best]:.2f}x faster than plain fp32 ({ms[best]:.3f} ms vs {ms['fp32']:.3f} ms)"
                if best != "fp32" else "no other form is faster")
+        form, layout = split_variant(best)
+        if can_channels_last(program, nid):
+            other = form if layout else form + CL
+            if other in ms and other not in disagree:
+                why += (f"; channels-last {'kept' if layout else 'not kept'}: {ms[form + CL]:.3f} ms against "
+                        f"{ms[form]:.3f} ms in the input's layout (conversions counted)")
         if disagree:
             why += "; " + ", ".join(disagree) + " disagreed with fp32 beyond 1e-4 on a random draw"
         if memory_bound(program, nid):
             why += (f"; memory-bound ({intensity(program, nid):.1f} FLOP/B, below fp32's ridge), "
                     f"so the split-TF32 forms were not tried")
-        emit.emit("precision", node=nid, op=node.op, chosen=best, reason=why,
-                  **{FIELDS[m]: t for m, t in ms.items()})
-        if best != "fp32":
-            chosen[nid] = best
+        emit.emit("precision", node=nid, op=node.op, chosen=form, reason=why,
+                  **({"layout": layout or "as input"} if can_channels_last(program, nid) else {}),
+                  **{field(m): t for m, t in ms.items()})
+        if form != "fp32":
+            chosen[nid] = form
+        if layout:
+            layouts[nid] = layout
     program.metadata["library_precision"] = chosen
+    program.metadata["library_layout"] = layouts
     return chosen
 
 
@@ -116,10 +234,12 @@ def library_forms(program: Program) -> dict[str, dict]:
     """Every matmul and convolution the chooser considers, with the form it runs in (fp32 included)
     and why it was offered what it was: the bench record's view of the library calls."""
     chosen = library_precision(program)
+    layouts = library_layout(program)
     out = {}
     for nid in library_nodes(program):
         node = program.nodes[nid]
         entry = {"name": node.name, "op": node.op, "form": chosen.get(nid, "fp32"),
+                 "layout": layouts.get(nid, "as input"),
                  "flop_per_byte": round(intensity(program, nid), 2), "memory_bound": memory_bound(program, nid)}
         if node.opdef.category == "convolution":
             entry["groups"] = node.attrs.get("groups", 1)

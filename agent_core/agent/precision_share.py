@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 
 from ..ir import Program
-from .precision import _forms, choose_library_precision, library_nodes
+from ..runtime.split_tf32 import library_layout
+from .precision import CL, choose_library_precision, library_nodes, variants
 
 
 def call_signature(program: Program, nid: str) -> str:
@@ -31,10 +32,11 @@ def groups(program: Program) -> list[list[str]]:
 
 
 def agrees(program: Program, nid: str, form: str, tensors_for) -> bool:
-    """The node's result in `form` against fp32, on its own tensors (one run each, nothing timed)."""
+    """The node's result in `form` (precision.variants' key: a form, maybe "+channels_last") against
+    fp32, on its own tensors (one run each, nothing timed)."""
     import torch
     from ..reference import run_node
-    run = _forms(program, nid).get(form)
+    run = variants(program, nid).get(form)
     if run is None:
         return False
     node = program.nodes[nid]
@@ -51,26 +53,36 @@ def choose_shared_precision(program: Program, tensors_for, emit, trials: int) ->
     """agent.precision.choose_library_precision, timing one node per signature. Same result shape:
     writes and returns program.metadata["library_precision"]."""
     grouped = groups(program)
+    program.metadata.pop("library_layout", None)     # an earlier run's: every chain's layout is chosen again
     chosen = dict(choose_library_precision(program, tensors_for, emit, trials, nodes=[g[0] for g in grouped]))
+    layouts = dict(library_layout(program))
     alone: list[str] = []
     for g in grouped:
         first = g[0]
-        form = chosen.get(first, "fp32")
+        form, layout = chosen.get(first, "fp32"), layouts.get(first)
+        key = form + (CL if layout else "")
         for nid in g[1:]:
             node = program.nodes[nid]
-            if form != "fp32":
+            if key != "fp32":
                 try:
-                    ok = agrees(program, nid, form, tensors_for)
+                    ok = agrees(program, nid, key, tensors_for)
                 except Exception:   # noqa: BLE001 - as precision does: this node is then timed alone
                     ok = False
                 if not ok:
                     alone.append(nid)
                     continue
-                chosen[nid] = form
+                if form != "fp32":
+                    chosen[nid] = form
+                if layout:
+                    layouts[nid] = layout
             emit.emit("precision", node=nid, op=node.op, chosen=form, shared_with=first,
+                      **({"layout": layout} if layout else {}),
                       reason=f"as {program.nodes[first].name} (the same call on the same shapes), timed there"
-                             + ("; agrees with fp32 at 1e-4 on this node's own tensors" if form != "fp32" else ""))
+                             + ("; agrees with fp32 at 1e-4 on this node's own tensors" if key != "fp32" else ""))
     if alone:
+        program.metadata["library_layout"] = layouts    # the alone nodes' timing sees the chain's layouts
         chosen.update(choose_library_precision(program, tensors_for, emit, trials, nodes=alone))
+        layouts.update(library_layout(program))
     program.metadata["library_precision"] = chosen
+    program.metadata["library_layout"] = layouts
     return chosen

@@ -25,7 +25,7 @@ import json
 
 from ..canonical_source import canonical_form
 from ..codegen import region_io
-from ..runtime.split_tf32 import library_precision
+from ..runtime.split_tf32 import library_layout, library_precision
 from .phases import phase
 from .tune import tune_space
 
@@ -55,7 +55,7 @@ def region_signature(program, node_ids, ks) -> str | None:
         # strides need no place here: a kernel's inputs reach it contiguous and aligned (runtime.launch,
         # program_runtime.executable copy those that are not) and library calls take any layout
         inputs.append((list(v.shape), v.dtype))
-    forms = library_precision(program)
+    forms, layouts = library_precision(program), library_layout(program)
     nodes = []
     for j, nid in enumerate(io.nodes):
         n = program.nodes[nid]
@@ -63,7 +63,8 @@ def region_signature(program, node_ids, ks) -> str | None:
         for k, o in enumerate(n.outputs):
             local[o] = f"n{j}.{k}"
         outs = [(list(program.values[o].shape), program.values[o].dtype) for o in n.outputs]
-        nodes.append((n.op, _attrs(n.attrs), refs, outs, forms.get(nid)))
+        call = forms.get(nid) if nid not in layouts else f"{forms.get(nid) or 'fp32'}+{layouts[nid]}"
+        nodes.append((n.op, _attrs(n.attrs), refs, outs, call))
     if any("?" in (n[2] or ()) for n in nodes):
         return None
     try:

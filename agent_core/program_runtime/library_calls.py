@@ -7,8 +7,9 @@ hi = round(x) and lo = round(x - hi) through integer views, so no torch temporar
 from __future__ import annotations
 
 from ..ir import Program
-from ..runtime.split_tf32 import (TF32X3, TF32X3_CAT, _cached, _cached_split, _is_parameter, _operands,
-                                  library_precision, run_library_node, split_tf32, tf32_tensor_cores)
+from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, _cached, _cached_split, _is_parameter,
+                                  _operands, _run_form, library_layout, library_precision, run_in_layout,
+                                  run_library_node, split_tf32, tf32_tensor_cores)
 
 _ROUND, _MASK = 0x1000, -0x2000      # split_tf32's rounding at TF32's 10th mantissa bit
 
@@ -125,6 +126,11 @@ def _run_split_cat(program: Program, nid: str, env: dict, views: dict, cached: b
         env[node.outputs[0]] = node.opdef.reference([a_cat, w_cat, bias], node.attrs)
 
 
+def _fp32(program: Program, nid: str, env: dict) -> None:
+    from ..reference import run_node
+    run_node(program, nid, env)
+
+
 def run_library_call(program: Program, nid: str, env: dict, views: dict, decisions: dict) -> None:
     """Run one library or torch node: into its arena slot when it has one, split TF32 as decided
     (library_memory.MemoryDecision), else exactly as runtime.split_tf32.run_library_node."""
@@ -133,6 +139,12 @@ def run_library_call(program: Program, nid: str, env: dict, views: dict, decisio
     form = library_precision(program).get(nid)
     if d is not None and d.runs_as == "fp32":
         form = None
+    if library_layout(program).get(nid) == CHANNELS_LAST:
+        # torch allocates a channels-last call's output and split parts (the arena's are contiguous;
+        # convolutions keep torch's allocation anyway); a form the memory plan demoted runs fp32
+        run = _run_form if form is not None else _fp32
+        run_in_layout(program, nid, env, run, CHANNELS_LAST)
+        return
     if d is not None and form == TF32X3:
         _run_split(program, nid, env, views, d.weights == "cached")
         return

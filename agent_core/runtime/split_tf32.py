@@ -25,6 +25,15 @@ calls their own entry instead of the heuristic one the reference and the torch b
 
 A node's choice lives in program.metadata["library_precision"][node id] ("3xtf32", "3xtf32-cat" or
 "fp32-timed"; absent = fp32). Parameters are split once and cached for as long as the parameter tensor lives.
+
+Every form of a 2-D or 3-D convolution (transposed and grouped ones included) can also run in
+channels-last memory (NHWC / NDHWC, the layout Inductor's layout optimisation picks for convolutions):
+the input and weight converted (a parameter once, cached like its splits), cuDNN run in that layout, and
+the output left in it, so the torch ops after it (pointwise, norms, pools preserve the layout) and the
+next convolution of a chain read it without converting again; a generated kernel reads its inputs
+contiguous, so the runtime copies it back there (program_runtime.executable.launchable). The choice is
+program.metadata["library_layout"][node id] = "channels_last" (absent = the input's own layout), timed
+per node with those conversions counted (agent.precision).
 """
 from __future__ import annotations
 
@@ -37,6 +46,8 @@ from ..reference import run_node
 TF32X3 = "3xtf32"
 TF32X3_CAT = "3xtf32-cat"
 TIMED_FP32 = "fp32-timed"
+CHANNELS_LAST = "channels_last"
+CHANNELS_LAST_OPS = frozenset({"conv2d", "conv3d", "conv_transpose2d", "conv_transpose3d"})
 SPLIT_OPS = frozenset({"matmul", "bmm", "linear", "conv1d", "conv2d", "conv3d",
                        "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
 _ROUND, _MASK = 0x1000, -0x2000   # round-to-nearest at TF32's 10th mantissa bit, then clear the 13 below
@@ -49,8 +60,13 @@ def library_precision(program: Program) -> dict[str, str]:
     return program.metadata.get("library_precision") or {}
 
 
+def library_layout(program: Program) -> dict[str, str]:
+    return program.metadata.get("library_layout") or {}
+
+
 def describe_library_call(program: Program, node_id: str) -> str:
-    return DESCRIPTIONS[library_precision(program).get(node_id, "fp32")]
+    text = DESCRIPTIONS[library_precision(program).get(node_id, "fp32")]
+    return text + (", channels-last" if library_layout(program).get(node_id) == CHANNELS_LAST else "")
 
 
 def can_split(program: Program, node_id: str) -> bool:
@@ -217,8 +233,60 @@ def run_split_tf32_cat(program: Program, node_id: str, env: dict) -> None:
         env[node.outputs[0]] = node.opdef.reference([a_cat, w_cat, bias], node.attrs)
 
 
+def can_channels_last(program: Program, node_id: str) -> bool:
+    """A batched fp32 2-D or 3-D convolution: one whose operands have a channels-last memory format."""
+    node = program.nodes[node_id]
+    if node.op not in CHANNELS_LAST_OPS or not can_split(program, node_id) or len(node.inputs) < 2:
+        return False
+    rank = int(node.op[-2]) + 2
+    return all(v is not None and len(program.values[v].shape) == rank for v in node.inputs[:2])
+
+
+def to_channels_last(t):
+    """t in channels-last memory (itself when it already is)."""
+    import torch
+    return t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+
+
+def is_channels_last(t) -> bool:
+    import torch
+    return t.dim() in (4, 5) and t.is_contiguous(memory_format=torch.channels_last if t.dim() == 4
+                                                 else torch.channels_last_3d)
+
+
+def channels_last_env(program: Program, node_id: str, env: dict) -> dict:
+    """env with the node's input and weight in channels-last memory (a parameter's converted once)."""
+    node = program.nodes[node_id]
+    a, w = node.inputs[0], node.inputs[1]
+    out = dict(env)
+    out[a] = to_channels_last(env[a])
+    out[w] = _cached(env[w], CHANNELS_LAST, to_channels_last) if _is_parameter(program, w) \
+        else to_channels_last(env[w])
+    return out
+
+
+def run_in_layout(program: Program, node_id: str, env: dict, run, layout: str | None) -> None:
+    """run(program, node_id, env) with the operands in `layout` (None: as they come)."""
+    if layout != CHANNELS_LAST:
+        run(program, node_id, env)
+        return
+    local = channels_last_env(program, node_id, env)
+    run(program, node_id, local)
+    for v in program.nodes[node_id].outputs:
+        env[v] = local[v]
+
+
 def run_library_node(program: Program, node_id: str, env: dict) -> None:
-    """run_node, or the form the agent chose for this node (split TF32, or a timed cuDNN algorithm)."""
+    """run_node, or the form the agent chose for this node (split TF32, or a timed cuDNN algorithm),
+    in the layout it chose."""
+    layout = library_layout(program).get(node_id)
+    if layout == CHANNELS_LAST:
+        run_in_layout(program, node_id, env, _run_form, layout)
+    else:
+        _run_form(program, node_id, env)
+
+
+def _run_form(program: Program, node_id: str, env: dict) -> None:
     mode = library_precision(program).get(node_id)
     if mode == TF32X3:
         run_split_tf32(program, node_id, env)
