@@ -806,7 +806,8 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     and 4 rows per block for the warp schedule in between, then a quarter and four times the threads. Online: more or
     fewer vectors in flight, half the threads. Split: twice or half the blocks per row. Cluster: twice
     or half the CTAs per row while the row stays in registers, and no cluster (one block streaming the
-    row). Split column: twice or half the blocks per column tile, and one block per tile."""
+    row). Split column: twice or half the blocks per column tile, and one block per tile. The row
+    kernel's column tiles: other heights and loads in flight (column_tile.tune_variants)."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
     if params.get("staged"):
@@ -844,6 +845,9 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     elif schedule == "split_column":
         s = int(params["split"])
         out += [{"split": c} for c in (s * 2, s // 2) if c >= 2] + [{"split": 1}]
+    if schedule in ("column", "split_column") and "tile_y" in params:     # the row kernel's column tiles
+        from .column_tile import tune_variants as column_variants
+        out += column_variants(params)
     return [{**o, "sm_count": sm_count} for o in out]
 
 
