@@ -33,8 +33,9 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir import Program
-from .cuda import Names, c_type
+from .cuda import Names, c_type, render_pointwise
 from .kernel import CodegenError
+from .monotone import peel
 from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
 from .rowops import INDEXED, STATES, field_ctype, graph_op
@@ -53,6 +54,7 @@ class Def:
     round: int               # all-reduces that must finish before it can be computed
     vid: str | None = None   # the program value it is, if any
     note: str = ""
+    node: str | None = None  # the pointwise node that computes it (monotone.peel reads its op)
 
 
 @dataclass
@@ -81,6 +83,7 @@ class RowGraph:
     reductions: list[str] = field(default_factory=list)
     totals: list[str] = field(default_factory=list)                   # the whole-tensor reductions
     row_cats: dict = field(default_factory=dict)     # output -> (piece keys, row_cat.RowCat): stored per row
+    hoisted: list[str] = field(default_factory=list)  # "max of x -> min of mel, then neg, log": monotone.peel
 
     @property
     def rows(self) -> int:
@@ -127,8 +130,10 @@ def _name(node) -> str:
     return node.name if node.name == node.op else f"{node.name} ({node.op})"
 
 
-def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowGraph:
-    """The row graph of a region whose reductions share their rows; CodegenError names what does not fit."""
+def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: bool = True) -> RowGraph:
+    """The row graph of a region whose reductions share their rows; CodegenError names what does not fit.
+    With `hoist`, a max or min of a monotone chain folds the chain's input and applies the chain to
+    the row's result (codegen/monotone.py)."""
     vals, nodes = program.values, program.nodes
     reds = [n for n in io.nodes if not is_elementwise(nodes[n])]
     if not reds:
@@ -229,7 +234,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
         node = nodes[nid]
         if nid in ops:
             _reduction(g, program, node, ops[nid], read, expr_def, names, two_stage and nid not in totals, env,
-                       total=nid in totals)
+                       total=nid in totals, hoist=hoist)
             continue
         out = node.outputs[0]
         total_in = [v for v in node.inputs if v and v in env and g.defs[env[v]].space == T]
@@ -255,7 +260,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
         key = local[out]
         deps = list(dict.fromkeys(local[v] for v in node.inputs if v is not None))
         add(Def(key, space, c_type(vals[out].dtype, f"'{vals[out].name}'"), lines[0].split(" = ", 1)[1].rsplit(";  //", 1)[0],
-                deps, rnd(deps), out, lines[0].rsplit("//", 1)[1].strip()))
+                deps, rnd(deps), out, lines[0].rsplit("//", 1)[1].strip(), nid))
         env[out] = key
     for vid in io.outputs:
         g.outputs[vid] = env[vid]
@@ -263,11 +268,14 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool) -> RowG
 
 
 def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two_stage: bool, env,
-               total: bool = False) -> None:
+               total: bool = False, hoist: bool = True) -> None:
     """Steps, fields and the output of one reduction: rowreduce's template with `st.<field>` read from
     this reduction's fields and its locals (inv_sum, rstd, ...) renamed after it. A total folds each
     row into one online state (no two-stage split: those stages are per row); its fields and output
-    are T values read from the combined `totals` struct, over kNumelF elements instead of kColsF."""
+    are T values read from the combined `totals` struct, over kNumelF elements instead of kColsF.
+    A max or min whose input is a monotone chain (monotone.peel) folds the chain's input instead, in
+    the swapped state for a non-increasing chain, and its field `m` is the chain applied to that
+    fold's result: exact, and the per-element work of the chain leaves the reduction's pass."""
     vals = program.values
     state, preamble, expr, preserving, _, fold, ctype = op
     out_dtype = "int64" if state in INDEXED else "float32"
@@ -286,14 +294,29 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     # a norm folds a transform of its input (|x|, |x|^p); the op's expression still reads x itself
     folded = x if fold is None else expr_def(names.new(f"{base}_term"), E, _substitute(fold, {}, {}, x, {}),
                                              f"{node.op} term")
+    chain = peel(program, g.defs, x) if hoist and fold is None and state in ("max", "min") else None
+    if chain is not None:
+        src = vals[g.defs[chain.base].vid].name if g.defs[chain.base].vid else chain.base
+        g.hoisted.append(f"{node.op} of '{vals[node.inputs[0]].name}' folds {chain.state(state)} of '{src}', "
+                         f"then {chain.describe()}")
+        folded, state = chain.base, chain.state(state)
+
+    def m_from(raw: str, space: str) -> None:
+        """The field m as the chain of the hoisted fold's result `raw` (one value per row or total)."""
+        cur = raw
+        for i, n in enumerate(chain.nodes):
+            key = fkey["m"] if i == len(chain.nodes) - 1 else names.new(f"{base}_{n.op}")
+            cur = expr_def(key, space, render_pointwise(n, [cur], program), f"{n.op} of the {state}: once per "
+                           f"{'row' if space == R else 'total'}, not per element (monotone chain)")
 
     def step(st: str, arg: str, keys: list[str]) -> None:
         r = g.defs[arg].round + 1
         slot = sum(1 for s in g.steps if s.round == r)
         var = g.round_vars.setdefault(r, names.new(f"round{r}"))
+        of = vals[node.inputs[0]].name if chain is None else vals[g.defs[arg].vid].name if g.defs[arg].vid else arg
         for f, k in zip(STATES[st][0], keys):
             g.defs[k] = Def(k, R, field_ctype(st, f), f"{var}.s{slot}.{f}", [], r, None,
-                            f"{st} of {vals[node.inputs[0]].name}")
+                            f"{st} of {of}" + ("" if chain is None else f", before {chain.describe()}"))
         g.steps.append(Step(st, arg, r, slot, keys, node.id))
 
     if total:
@@ -301,8 +324,11 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
         step(state, folded, [names.new(f"{base}_row_{f}") for f in STATES[state][0]])
         g.steps[-1].total = t
         for f in STATES[state][0]:
-            g.defs[fkey[f]] = Def(fkey[f], T, "float", f"totals.t{t}.{f}", [], 0, None,
-                                  f"{state} of {vals[node.inputs[0]].name}, every row")
+            k = fkey[f] if chain is None else names.new(f"{base}_raw_{f}")
+            g.defs[k] = Def(k, T, "float", f"totals.t{t}.{f}", [], 0, None, f"{state} of {vals[node.inputs[0]].name}"
+                            f"{'' if chain is None else ' before ' + chain.describe()}, every row")
+        if chain is not None:
+            m_from(k, T)
         if preamble.strip() or "[col]" in expr:
             raise CodegenError(f"{_name(node)} over every element needs a per-row preamble; split the region "
                                f"before it", node_id=node.id)
@@ -320,6 +346,10 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
         dev = expr_def(names.new(f"{base}_dev"), E, f"{x} - {fkey['mean']}")
         step("sumsq", dev, [fkey["m2"]])
         expr_def(fkey["n"], R, "kColsF")
+    elif chain is not None:
+        raw = names.new(f"{base}_raw_m")
+        step(state, folded, [raw])
+        m_from(raw, R)
     else:
         step(state, folded, [fkey[f] for f in STATES[state][0]])
 

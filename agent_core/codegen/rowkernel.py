@@ -41,10 +41,12 @@ from .row_cat import check as check_row_cat, split_row_cats
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, STATES, fold_params, state_helpers, struct_fields
 from .rowreduce import DEFAULTS as ROW_DEFAULTS, _Operands
-from . import rowsplit
+from . import column_tile, rowsplit
 
-DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "cluster": None,
-            "cluster_max": 8, "cluster_thread_floats": 32, "spread_min_bytes": 1 << 22}
+DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile_y": None, "column_batch": 4,
+            "cluster": None,
+            "cluster_max": 8, "cluster_thread_floats": 32, "spread_min_bytes": 1 << 22,
+            "hoist_monotone": True}   # a max / min of a monotone chain folds its input (codegen/monotone.py)
 # 8 CTAs is the portable cluster size; 16 needs the non-portable attribute set before each launch,
 # which the CuPy launch path cannot set, so clusters stop at 8
 CLUSTER_PORTABLE = 8
@@ -55,21 +57,22 @@ COLUMN_TILE = (32, 8)
 # the kernel's own locals; generated names never take them
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
           "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
-          "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w", *rowsplit.LOCALS)
+          "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w", *rowsplit.LOCALS, *column_tile.LOCALS)
 
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
-    names, arg, views, g, stores = _lowered(program, io, two_stage=True)
+    hoist = bool(p["hoist_monotone"])
+    names, arg, views, g, stores = _lowered(program, io, two_stage=True, hoist=hoist)
     sched = _schedule(g, p, _full_inputs(program, g, io))
     if not sched["cached"]:      # streamed rows: online states, one read of the row per round
-        names, arg, views, g, stores = _lowered(program, io, two_stage=False)
+        names, arg, views, g, stores = _lowered(program, io, two_stage=False, hoist=hoist)
         if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
             sched = _schedule(g, p, _full_inputs(program, g, io))
     return _render(program, io, g, names, arg, sched, name, views, stores)
 
 
-def _lowered(program: Program, io: RegionIO, two_stage: bool):
+def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True):
     """(names, pointer arguments, the view prologue or None, the row graph, the output views). Layout
     ops and what feeds them are read through their views (layout_graph.ViewPrologue): the row graph
     starts from the values they make, which the kernel loads at (row, col) by calling their lambdas.
@@ -80,7 +83,7 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool):
     io, stores = split_output_views(program, io)
     front = view_prologue_nodes(program, io)
     if not front:
-        return names, arg, None, _with_cats(program, _store_through(lower(program, io, names, two_stage), stores, io),
+        return names, arg, None, _with_cats(program, _store_through(lower(program, io, names, two_stage, hoist), stores, io),
                                             cats), stores
     views = ViewPrologue(program, front, arg, names)
     vals = program.values
@@ -93,7 +96,7 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool):
     read = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in rest)]
     inner = RegionIO(rest, [*views.io.outputs, *read], list(io.outputs),
                      {v for n in rest for v in program.nodes[n].outputs})
-    g = _with_cats(program, _store_through(lower(program, inner, names, two_stage), stores, io), cats)
+    g = _with_cats(program, _store_through(lower(program, inner, names, two_stage, hoist), stores, io), cats)
     for (v, sp) in g.inputs:
         if sp == R and v in views.scalar:
             raise CodegenError(f"'{vals[v].name}' of the layout prologue is read once per row; split the region there")
@@ -179,11 +182,13 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
     per_element = any(g.defs[key].space == E for key in g.outputs.values())
     sms = int(p["sm_count"])
     if g.inner > 1:
-        tx, ty = COLUMN_TILE
+        tx, ty = COLUMN_TILE[0], column_tile.column_rows(cols, k, p, per_element)
         items = math.ceil(cols / ty)
         tiles = g.outer * math.ceil(g.inner / tx)
+        batch = column_tile.batch_of(p)
         column = {"schedule": "column", "vec": 1, "tpr": ty, "rows_per_block": 1, "block": tx * ty,
-                  "items": items, "cached": items * k <= int(p["column_max_items"]), "grid": tiles, "split": 1}
+                  "items": items, "cached": items * k <= int(p["column_max_items"]), "grid": tiles, "split": 1,
+                  "tile_y": ty, "batch": batch}
         # a split needs the whole column's state before anything is written: one round, outputs per
         # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
         if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or \
@@ -387,6 +392,12 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     def each_element(body_fn, loads: list[str], pre_e=(), post_e=()) -> list[str]:
         """A pass over this thread's elements of the row: from its registers (cached) or loaded again."""
         ind = "        " if vec == 4 else "      "
+        if column and not cached and split == 1:     # streamed column: kBatch loads in flight (column_tile.py)
+            fills = [lambda q, v=v: [f"{regs[v]}[u] = {q} < kCols ? {ld.load(v, arg[v], flat(q))} : ({ct[v]})0;"]
+                     for v in loads]
+            return column_tile.batched_pass("lane", fills, [f"{ct[v]} {regs[v]}[kBatch];" for v in loads],
+                                            [*[f"      {ln}" for ln in pre_e], *body_fn(ind, "u"),
+                                             *[f"      {ln}" for ln in post_e]], sched["batch"])
         if cached:
             out = ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
                    "    const int p = lane * kVec + k * kStride;",
@@ -472,20 +483,23 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         """Fold this block's share of the reduced length into one state per column the thread holds."""
         folds = [f"fold_{s.state}({var}_v[e].s{j}, {s.arg});" for j, s in enumerate(rs)]
         out = [f"  Round{r} {var}_v[kVecX];", "#pragma unroll",
-               f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = identity{r}();",
-               "  for (int p = lane; active && p < kCols; p += kStride) {"]
-        for v in loads:
-            at = "base + (index_t)p * kInner"
-            if vecx == 4:
+               f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = identity{r}();"]
+
+        def fill(v):
+            def lines(q):
+                at = f"base + (index_t)({q}) * kInner"
+                if vecx != 4:
+                    return [f"{regs[v]}[u] = {q} < kCols ? {ld.load(v, arg[v], at)} : ({ct[v]})0;"]
                 vt = VEC4[vals[v].dtype]
-                out += [f"    {ct[v]} {regs[v]}[kVecX];",
-                        f"    {{ const {vt} t = {ld.load4(v, arg[v], vt, at)};",
-                        "      " + " ".join(f"{regs[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
-            else:
-                out.append(f"    const {ct[v]} {regs[v]}[1] = {{{ld.load(v, arg[v], at)}}};")
-        out += ["#pragma unroll", "    for (int e = 0; e < kVecX; ++e) {"]
-        out += element_body(g.closure(args, E, need), "      ", folds, "e")
-        out += ["    }", "  }", "#pragma unroll", f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = reduce{r}({var}_v[e]);"]
+                return [f"{{ const {vt} t = {q} < kCols ? {ld.load4(v, arg[v], vt, at)} : {vt}{{}};",
+                        "  " + " ".join(f"{regs[v]}[u * kVecX + {j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+            return lines
+        each = ["#pragma unroll", "for (int e = 0; e < kVecX; ++e) {",
+                *element_body(g.closure(args, E, need), "  ", folds, "u * kVecX + e"), "}"]
+        out += column_tile.batched_pass("lane", [fill(v) for v in loads],
+                                        [f"{ct[v]} {regs[v]}[kBatch * kVecX];" for v in loads],
+                                        [f"      {ln}" for ln in each], sched["batch"])
+        out += ["#pragma unroll", f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = reduce{r}({var}_v[e]);"]
         return out
     helpers = [_state_code(k) for k in dict.fromkeys(s.state for s in steps)]
     phase_fold, round_defs = {}, {}       # a split row's fold and per-row values of each round
@@ -579,7 +593,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         body += rowsplit.count_out()
     else:
         body += total_lines
-    tx, ty = COLUMN_TILE
+    tx, ty = COLUMN_TILE[0], sched.get("tile_y", COLUMN_TILE[1])
     tpr, items = sched["tpr"], sched["items"]
     consts = [f"typedef {index_t} index_t;",
               f"constexpr index_t kRows = {g.rows};",
@@ -594,6 +608,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                    f"constexpr index_t kTilesPerOuter = {math.ceil(g.inner / (tx * vecx))};",
                    f"constexpr int kSplit = {split};  // blocks that share each column tile",
                    "constexpr int kStride = kTileY * kSplit;  // columns between a thread's elements"]
+        if not cached:
+            consts.append(f"constexpr int kBatch = {sched['batch']};  // loads in flight per thread (column_tile.py)")
         if split > 1:
             consts.append(f"constexpr int kFields = {_fields_of_round1(steps)};  // floats per partial state")
     else:
@@ -628,7 +644,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                   "split_row": f"{sched.get('row_split')} chunks of {sched.get('chunk')} per row, a block of {tpr} "
                                f"threads each, {sched.get('phases')} phases (last block per row combines in "
                                f"parallel)"}[schedule]
-    sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times") + \
+    sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times"
+                   + (f" ({sched['batch']} loads in flight per thread)" if column else "")) + \
         f", {rounds} all-reduce round(s), {'float4' if 4 in (vec, vecx) else 'scalar'} loads, {sched['grid']} blocks"
     red_names = ", ".join(program.nodes[n].op for n in g.reductions)
     head = header(program, f"Region {name}: {len(g.reductions)} reductions ({red_names}) over the same "
@@ -636,6 +653,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
         "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
         f"[{g.outer}, {g.cols}, {g.inner}]: {g.rows} rows of {g.cols}; schedule: {sched_text}.",
+        *[f"Monotone chain: {h}, applied once per row (exact; codegen/monotone.py)." for h in g.hoisted],
     ])
     def in_ctype(v):     # an input only the layout prologue reads keeps its own type
         k = g.inputs.get((v, E)) or g.inputs.get((v, R))
@@ -647,6 +665,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     if views:
         body = ["  // the layout prologue's values through their views, by flat index (run start for float4)",
                 *views.declarations(body, structs=False), *body]
+    row_decl = "  const index_t row = outer * kInner + inner;"
+    if row_decl in body and not any(re.search(r"\brow\b", ln.split("//")[0]) for ln in body if ln != row_decl):
+        body.remove(row_decl)      # a column tile with no per-column output or operand has no use for it
     text = "\n".join(body)
     structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", text)]
     kname = kernel_name(name)
@@ -666,6 +687,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "rounds": rounds, "reductions": len(g.reductions), "cluster": cluster,
                 "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
                 "cols": g.cols, "vecx": vecx,
+                **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
                                  math.ceil(g.cols / (n * 1024)) * max(1, len(held)) <= ROW_THREAD_FLOATS]},
