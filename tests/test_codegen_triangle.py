@@ -194,14 +194,18 @@ def test_mamba2_regions_generate_and_compile(problem, most):
 
 
 def test_rewritten_chunked_scan_regions_all_generate():
-    """Rewritten (the tril of ones folds into a constant mask) and planned, every region of the
-    chunked scan generates except the einsums (library calls) and views alone: the segment sum's
-    x[..., :, None] - x[..., None, :] reads one input through two relabels, which the pointwise
-    generator cannot index, and is a layout graph; so is an add followed by a reshape."""
+    """Rewritten (the tril of ones folds into a constant mask, each einsum becomes torch's own bmm's
+    and views: rewrites/einsum.py) and planned, every region of the chunked scan that is not a
+    library call or a view alone generates: the segment sum's x[..., :, None] - x[..., None, :]
+    reads one input through two relabels, which the pointwise generator cannot index, and is a
+    layout graph; so is an add followed by a reshape."""
     _, _, prog, plan = _planned_scan(2, 32, 2, 4, 4, 16)
+    ops = {op for r in plan.active for op in (prog.nodes[n].op for n in r.nodes)}
+    assert "einsum" not in ops and "bmm" in ops
+    generated = 0
     for r in plan.active:
-        ops = [prog.nodes[n].op for n in r.nodes]
-        try:
-            generate_kernel(prog, r.nodes, name=f"ssd_{r.id}")
-        except CodegenError as exc:
-            assert ops == ["einsum"] or set(ops) <= {"reshape"}, (ops, str(exc))
+        if r.schedule.get("runs") in ("alias", "library"):
+            continue
+        generate_kernel(prog, r.nodes, name=f"ssd_{r.id}", kind=r.kind)
+        generated += 1
+    assert generated >= 10

@@ -234,19 +234,10 @@ def _einsum_infer(ins, attrs):
 
 
 def _einsum_flops(ins, outs, attrs):
-    """2 * the product of every index's size (the naive contraction), from the equation's letters."""
-    eq = attrs["equation"].replace(" ", "")
-    lhs = eq.split("->")[0].split(",")
-    sizes = {}
-    for term, spec in zip(lhs, ins):
-        letters = term.replace("...", "")
-        tail = spec.shape[len(spec.shape) - len(letters):] if letters else ()
-        for ch, n in zip(letters, tail):
-            sizes[ch] = max(sizes.get(ch, 1), n)
-        if "..." in term:
-            ell = spec.shape[: len(spec.shape) - len(letters)]
-            sizes["..."] = max(sizes.get("...", 1), math.prod(ell))
-    return 2 * math.prod(sizes.values())
+    """The FLOPs of torch's own plan for the einsum (einsum_plan.py: its bmm's, products and sums),
+    else 2 * the product of every index's size (the naive contraction)."""
+    from .einsum_plan import einsum_flops
+    return einsum_flops(attrs["equation"], [tuple(s.shape) for s in ins])
 
 
 register(OpDef(
