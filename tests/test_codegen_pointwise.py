@@ -140,3 +140,25 @@ def test_broadcast_index_matches_numpy(space, shapes):
         want = np.broadcast_to(np.arange(int(np.prod(shape))).reshape(shape), space).reshape(-1)
         got = [eval(expr, {}, {**env, "i": i}) for i in range(n)]  # noqa: S307 (our own expression)
         assert got == list(want), (shape, expr)
+
+
+@pytest.mark.parametrize("value", [3.0, 2.302585092994046, 7.1, -0.3, 1e-30])
+def test_division_by_a_number_multiplies_by_torchs_float32_reciprocal(value):
+    """torch's CUDA kernel divides a float32 tensor by a number as x * (1 / float32(number)), the
+    reciprocal rounded once (tests/gpu/test_gpu_kernels.py checks those bits on the device): the
+    generated kernel multiplies by that same literal, one multiply an element instead of an IEEE
+    division, within 1.5 ulp of the correctly rounded quotient the CPU reference computes."""
+    import torch
+    from agent_core.codegen.cuda import div_reciprocal
+    p = Program("div")
+    x = p.add_input("x", (4, 64))
+    n = p.add_node("div_scalar", [x.id], {"value": value})
+    p.mark_output(n.outputs[0])
+    ks = generate_kernel(p, [n.id], name="div")
+    inv = div_reciprocal(value)
+    assert inv == np.float32(1.0) / np.float32(value)
+    assert f"* {float_literal(float(str(inv)))})" in ks.source and " / " not in ks.source.split("__global__")[1]
+    xs = torch.randn(1 << 16, generator=torch.Generator().manual_seed(0)) * 1e3
+    want, got = (xs.double() / value), xs * torch.tensor(inv)
+    ulp = (torch.nextafter(want.float().abs(), torch.tensor(float("inf"))) - want.float().abs()).double()
+    assert ((got.double() - want).abs() <= 1.5 * ulp).all()
