@@ -12,7 +12,7 @@ import torch.nn as nn
 from agent_core.importers import import_nn_module
 from agent_core.program_runtime import check_arena
 from agent_core.program_runtime.executable import ProgramExecutable
-from agent_core.program_runtime.library_calls import split_cat_into, split_into
+from agent_core.runtime.split_tf32 import split_cat_into, split_into
 from agent_core.program_runtime.library_memory import eager_peak_estimate
 from agent_core.runtime.split_tf32 import split_tf32
 

@@ -9,30 +9,8 @@ from __future__ import annotations
 from ..ir import Program
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, _cached, _cached_split, _is_parameter,
                                   _operands, _run_form, library_layout, library_precision, run_in_layout,
-                                  run_library_node, split_tf32, tf32_tensor_cores)
-
-_ROUND, _MASK = 0x1000, -0x2000      # split_tf32's rounding at TF32's 10th mantissa bit
-
-
-def split_into(t, hi, lo) -> None:
-    """hi, lo = split_tf32(t), written into the given tensors (any strides, t's shape)."""
-    import torch
-    hi_i = hi.view(torch.int32)
-    torch.add(t.view(torch.int32), _ROUND, out=hi_i)
-    hi_i.bitwise_and_(_MASK)
-    torch.sub(t, hi, out=lo)
-    lo_i = lo.view(torch.int32)
-    lo_i.add_(_ROUND)
-    lo_i.bitwise_and_(_MASK)
-
-
-def split_cat_into(t, dst, dim: int, lo_at: int) -> None:
-    """dst = cat of t's split parts along dim: [hi, lo, hi] (lo_at=1) or [hi, hi, lo] (lo_at=2)."""
-    c = t.shape[dim]
-    parts = [dst.narrow(dim, i * c, c) for i in range(3)]
-    split_into(t, parts[0], parts[lo_at])
-    parts[3 - lo_at].copy_(parts[0])
-
+                                  run_library_node, split_cat_into, split_into, tf32_tensor_cores,
+                                  weight_cat)
 
 def _linear_into(x, w, bias, out, extra=()) -> None:
     """out = x @ w.T + bias (then += each (x', w') of extra), as cuBLAS GEMMs into out."""
@@ -103,12 +81,6 @@ def _run_split(program: Program, nid: str, env: dict, views: dict, cached: bool)
     env[node.outputs[0]] = out
 
 
-def _weight_cat(w, w_dim: int):
-    import torch
-    hi, lo = split_tf32(w)
-    return torch.cat([hi, hi, lo], dim=w_dim)
-
-
 def _run_split_cat(program: Program, nid: str, env: dict, views: dict, cached: bool) -> None:
     node = program.nodes[nid]
     a, b, bias = _operands(node, env)
@@ -118,7 +90,7 @@ def _run_split_cat(program: Program, nid: str, env: dict, views: dict, cached: b
     a_cat = views[f"{nid}.a_cat"]
     split_cat_into(a, a_cat, channel, lo_at=1)
     if cached and _is_parameter(program, node.inputs[1]):
-        w_cat = _cached(b, "cat", lambda w: _weight_cat(w, w_dim))
+        w_cat = _cached(b, "cat", lambda w: weight_cat(w, w_dim))
     else:
         w_cat = views[f"{nid}.w_cat"]
         split_cat_into(b, w_cat, w_dim, lo_at=2)

@@ -74,16 +74,44 @@ def can_split(program: Program, node_id: str) -> bool:
     return node.op in SPLIT_OPS and all(program.values[v].dtype == "float32" for v in node.inputs if v)
 
 
-def _round_tf32(t):
+def split_into(t, hi, lo) -> None:
+    """hi, lo = split_tf32(t), written into the given tensors (any strides, t's shape) in place: no
+    temporaries beside them, so splitting a large weight costs its two parts and nothing more."""
     import torch
-    return ((t.view(torch.int32) + _ROUND) & _MASK).view(torch.float32)
+    hi_i = hi.view(torch.int32)
+    torch.add(t.view(torch.int32), _ROUND, out=hi_i)
+    hi_i.bitwise_and_(_MASK)
+    torch.sub(t, hi, out=lo)
+    lo_i = lo.view(torch.int32)
+    lo_i.add_(_ROUND)
+    lo_i.bitwise_and_(_MASK)
 
 
 def split_tf32(t):
     """(hi, lo), both exact in TF32, hi + lo = t to about 2^-22 relative; an infinite or NaN element
     gives a NaN lo, so it still poisons the result as it would in fp32."""
-    hi = _round_tf32(t)
-    return hi, _round_tf32(t - hi)
+    import torch
+    hi, lo = torch.empty_like(t), torch.empty_like(t)
+    split_into(t, hi, lo)
+    return hi, lo
+
+
+def split_cat_into(t, dst, dim: int, lo_at: int) -> None:
+    """dst = cat of t's split parts along dim: [hi, lo, hi] (lo_at=1) or [hi, hi, lo] (lo_at=2)."""
+    c = t.shape[dim]
+    parts = [dst.narrow(dim, i * c, c) for i in range(3)]
+    split_into(t, parts[0], parts[lo_at])
+    parts[3 - lo_at].copy_(parts[0])
+
+
+def weight_cat(w, w_dim: int):
+    """[hi, hi, lo] of a convolution weight, concatenated along w_dim, made in place."""
+    import torch
+    shape = list(w.shape)
+    shape[w_dim] *= 3
+    dst = w.new_empty(shape)
+    split_cat_into(w, dst, w_dim, lo_at=2)
+    return dst
 
 
 _param_splits: dict[tuple, tuple] = {}
@@ -223,10 +251,8 @@ def run_split_tf32_cat(program: Program, node_id: str, env: dict) -> None:
     channel = a.dim() - spatial - 1                    # 1, or 0 for an unbatched input
     w_dim = 0 if node.op.startswith("conv_transpose") else 1
 
-    def weight_cat(w):
-        hi, lo = split_tf32(w)
-        return torch.cat([hi, hi, lo], dim=w_dim)
-    w_cat = _cached(b, "cat", weight_cat) if _is_parameter(program, node.inputs[1]) else weight_cat(b)
+    w_cat = (_cached(b, "cat", lambda w: weight_cat(w, w_dim)) if _is_parameter(program, node.inputs[1])
+             else weight_cat(b, w_dim))
     a_hi, a_lo = split_tf32(a)
     a_cat = torch.cat([a_hi, a_lo, a_hi], dim=channel)
     with tf32_tensor_cores():

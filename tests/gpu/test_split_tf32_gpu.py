@@ -118,3 +118,14 @@ def test_a_timed_cudnn_algorithm_agrees_with_fp32_and_replays_in_a_graph():
     assert torch.allclose(timed[out], plain[out], rtol=1e-5, atol=1e-5)
     assert how == "graph" and t.median_ms > 0
     assert not torch.backends.cudnn.benchmark and not torch.backends.cudnn.deterministic
+
+
+def test_splitting_a_weight_allocates_its_two_parts_and_nothing_more():
+    from agent_core.profile.peak_memory import peak_above
+    w = torch.randn(1024, 1024, device="cuda")
+    size = w.untyped_storage().nbytes()
+    assert peak_above(lambda: st.split_tf32(w)) == 2 * size
+    assert peak_above(lambda: st.weight_cat(w, 1)) == 3 * size
+    hi, lo = st.split_tf32(w)
+    assert torch.equal(hi + lo, w) or (hi.double() + lo.double() - w.double()).abs().max() <= 2 ** -21 * w.abs().max()
+    assert torch.equal(st.weight_cat(w, 1), torch.cat([hi, hi, lo], dim=1))
