@@ -160,12 +160,18 @@ def convert(arg: str, dtype: str, to: str) -> str:
 
 
 def div_reciprocal(value):
-    """The float32 reciprocal torch's CUDA `tensor / number` multiplies by (BinaryDivTrueKernel.cu: a
-    CPU scalar divisor becomes `opmath_t(1.0) / scalar_value<opmath_t>()`, then a * inv_b): the number
-    rounded to float32 first, then 1 / it in float32. 1 / 0 is inf, as there."""
+    """The float32 reciprocal torch's CUDA `tensor / number` multiplies by (BinaryDivTrueKernel.cu turns
+    a CPU-scalar divisor into a * inv_b): measured on the H200 with torch 2.11, inv_b is 1 / the number
+    in double, rounded once to float32 (for ln 10 that is one ulp from 1 / float32(ln 10)). 1 / 0 is
+    inf with the zero's sign, as there."""
+    import math
+
     import numpy as np
+    value = float(value)
+    if value == 0.0:
+        return np.float32(math.copysign(math.inf, value))
     with np.errstate(all="ignore"):
-        return np.float32(1.0) / np.float32(float(value))
+        return np.float32(1.0 / value)
 
 
 def render_pointwise(node: Node, args: list[str], program: Program | None = None) -> str:

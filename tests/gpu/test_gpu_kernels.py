@@ -301,7 +301,8 @@ def test_row_max_min_keep_nan_like_torch(op):
 
 @pytest.mark.parametrize("value", [3.0, 2.302585092994046, 7.1, -0.3, 1e-30])
 def test_torch_divides_by_a_number_as_our_reciprocal_multiply(value):
-    """codegen.cuda.div_reciprocal's premise: torch's CUDA x / number is x * float32(1 / float32(number))."""
+    """codegen.cuda.div_reciprocal's premise: torch's CUDA x / number is x * float32(1 / number), the
+    reciprocal in double rounded once (ln 10 tells it from 1 / float32(number))."""
     from agent_core.codegen.cuda import div_reciprocal
     xs = torch.randn(1 << 20, device="cuda", generator=torch.Generator("cuda").manual_seed(0)) * 1e3
     assert torch.equal(xs / value, xs * float(div_reciprocal(value)))
