@@ -160,7 +160,8 @@ def test_every_tuning_variant_generates_and_builds_without_spills(case, builder,
     variants = tune_space(ks)
     key, n = ("split", n[0]) if ks.params["schedule"] == "split_column" else ("cluster", n)
     # twice / half the blocks or CTAs where they still fit, and the undivided schedule itself
-    assert {v[key] for v in variants} >= {1, n // 2}, variants
+    # (column tiles add their own heights and loads in flight: codegen/column_tile.py)
+    assert {v[key] for v in variants if key in v} >= {1, n // 2}, variants
     seen = {ks.params["schedule"]}
     for params in variants:
         v = generate_kernel(p, ids, name="k", params=params)
