@@ -287,17 +287,22 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
 
 
 def tune_variants(params: dict) -> list[dict]:
-    """Tile sizes to try besides the default: fewer or more elements per block, a shorter b side."""
+    """Tile sizes to try besides the default: fewer or more elements per block, a shorter b side; and
+    no tile at all (one thread per output reading through the view). Without the tile a warp's 32
+    outputs read 32 / b runs of b neighbours: with b <= 8 floats (pixel_shuffle's r x r, a short last
+    dim) each run still fills a 32-byte sector, so the gather moves the same DRAM bytes with no shared
+    memory round trip or barrier, and it is tried first; with a long b side it is tried last."""
     if not params.get("tiled") or not params.get("graph"):
         return []
     out = []
-    for cand in ({"tile_elems": 2048}, {"tile_elems": 512}, {"tile_elems": 2048, "block": 512},
-                 {"tile_b": 16}, {"tile_elems": 4096, "block": 512}, {"vector": False}):
+    for cand in ({"tile_elems": 2048}, {"tile_elems": 512}, {"vector": False}, {"tile_elems": 2048, "block": 512},
+                 {"tile_b": 16}, {"tile_elems": 4096, "block": 512}):
         if cand == {"vector": False} and params.get("vector") != 4:
             continue
         if any(params.get(k) != v for k, v in cand.items()):
             out.append(cand)
-    return out
+    short_b = int((params.get("tile") or [0, BANKS])[1]) * 4 <= 32
+    return [{"tiled": False}, *out] if short_b else [*out, {"tiled": False}]
 
 
 def tiles_region(program, io, kind: str, params: dict | None) -> bool:
