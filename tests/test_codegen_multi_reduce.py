@@ -100,6 +100,35 @@ def test_chained_reductions_take_rounds_in_dependency_order():
     assert "fold_welford" in ks.source and "fold_maxsumexp" in ks.source
 
 
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
+@pytest.mark.parametrize("builder,cols", [("ln_softmax", 768), ("kl_terms", 512)])
+def test_a_held_row_computes_each_exp_once_and_keeps_it_for_the_later_pass(builder, cols):
+    """softmax's exp(x - max) is folded into the sum, then scaled into the output (or into the KL
+    term): with the row in registers it is computed in the sum's pass and kept there, so the later
+    pass reads it instead of calling expf again, and loads nothing it only needed for the exp. The
+    kernel, emulated on the CPU, still matches torch on 2 draws."""
+    from agent_core.reference import run_reference
+    from tests.test_codegen_column_tiles import _emulate_region
+    p, ids = BUILDERS[builder]((6, cols))
+    ks = generate_kernel(p, ids, name=builder)
+    assert ks.params["cached"], ks.params
+    s = ks.source
+    last = s[s.rindex("reduce"):]        # everything after the last all-reduce: the final pass
+    assert "_kept[k * kVec + e];  // kept from an earlier pass" in last
+    assert "expf(" not in last, "the final pass computes an exp it could read"
+    if builder == "ln_softmax":     # the output is exp * 1 / sum: the norm's operands are not loaded again
+        assert "weight" not in last.split("// the per-element outputs")[1]
+    from types import SimpleNamespace
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        ins = [torch.randn(p.values[v].shape, generator=g) * 3 for v in p.inputs]
+        env = run_reference(p, ins, keep=True)
+        region = SimpleNamespace(nodes=ids, id="r")
+        _, outs = _emulate_region(p, region, env)
+        for v, got in outs.items():
+            torch.testing.assert_close(got, env[v], atol=1e-5, rtol=1e-5)
+
+
 COLUMNS = [("stats", (64, 256), 0), ("stats", (33, 7, 50), 1), ("var_mean", (16, 512), 0),
            ("var_mean", (300, 65), 0)]
 

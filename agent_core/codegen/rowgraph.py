@@ -105,8 +105,9 @@ class RowGraph:
                 todo += self.defs[k].deps
         return need
 
-    def closure(self, keys, space: str, need: set[str]) -> list[Def]:
-        """Definitions of `space` that `keys` need (themselves included), in creation order."""
+    def closure(self, keys, space: str, need: set[str], known: frozenset[str] = frozenset()) -> list[Def]:
+        """Definitions of `space` that `keys` need (themselves included), in creation order; a `known`
+        key (a value kept from an earlier pass) is included without what it was computed from."""
         seen: set[str] = set()
         todo = list(keys)
         while todo:
@@ -114,7 +115,7 @@ class RowGraph:
             if k in seen:
                 continue
             seen.add(k)
-            if self.defs[k].space == space:
+            if self.defs[k].space == space and k not in known:
                 todo += self.defs[k].deps
         return [d for d in self.defs.values() if d.key in seen and d.space == space and d.key in need]
 
@@ -335,10 +336,15 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
         env[node.outputs[0]] = expr_def(base, T, _substitute(expr, fkey, {}, x, {}).replace("kColsF", "kNumelF"),
                                         node.op, vid=node.outputs[0])
         return
+    local: dict[str, str] = {}
     if two_stage and state == "maxsumexp":     # the row max, then the sum of exp(x - max)
         step("max", x, [fkey["m"]])
         e = expr_def(names.new(f"{base}_exp"), E, f"expf({x} - {fkey['m']})")
         step("sum", e, [fkey["s"]])
+        # softmax's output is that same exp(x - max) times 1 / sum: one def, so a row held in registers
+        # computes the exp once (rowkernel keeps it between the passes) rather than again per pass
+        expr = expr.replace("expf(xe - st.m)", "xexp")
+        local["xexp"] = e
     elif two_stage and state == "welford":     # the mean, then the squared deviations from it
         total = names.new(f"{base}_sum")
         step("sum", x, [total])
@@ -353,7 +359,6 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     else:
         step(state, folded, [fkey[f] for f in STATES[state][0]])
 
-    local: dict[str, str] = {}
     for ln in filter(None, (s.strip() for s in preamble.split(";"))):
         m = re.fullmatch(r"const float (\w+) = (.*)", ln)
         local[m.group(1)] = names.new(f"{base}_{m.group(1)}")

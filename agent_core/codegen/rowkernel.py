@@ -188,7 +188,7 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         batch = column_tile.batch_of(p)
         column = {"schedule": "column", "vec": 1, "tpr": ty, "rows_per_block": 1, "block": tx * ty,
                   "items": items, "cached": items * k <= int(p["column_max_items"]), "grid": tiles, "split": 1,
-                  "tile_y": ty, "batch": batch}
+                  "tile_y": ty, "batch": batch, "hold_limit": int(p["column_max_items"])}
         # a split needs the whole column's state before anything is written: one round, outputs per
         # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
         if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or \
@@ -238,7 +238,7 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         items = math.ceil(cols / (cluster * tpr * vec))
         return {"schedule": "cluster", "vec": vec, "tpr": tpr, "rows_per_block": 1, "block": tpr, "items": items,
                 "cached": items * vec * k <= int(p["cluster_thread_floats"]), "grid": g.rows * cluster,
-                "cluster": cluster, "split": 1}
+                "cluster": cluster, "split": 1, "hold_limit": int(p["cluster_thread_floats"])}
     if p.get("threads_per_row"):      # a tuner's choice overrides the rule above
         tpr = int(p["threads_per_row"])
         if tpr & (tpr - 1) or not 4 <= tpr <= 1024:
@@ -250,7 +250,8 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
     block = max(int(p["block"]), tpr) if schedule == "warp" else tpr
     rows_per_block = block // tpr
     return {"schedule": schedule, "vec": vec, "tpr": tpr, "rows_per_block": rows_per_block, "block": block,
-            "items": items, "cached": cached, "grid": math.ceil(g.rows / rows_per_block), "split": 1}
+            "items": items, "cached": cached, "grid": math.ceil(g.rows / rows_per_block), "split": 1,
+            "hold_limit": int(p["lane_max_floats"])}
 
 
 def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str) -> int:
@@ -338,6 +339,23 @@ def _round_code(r: int, steps, schedule: str, label) -> str:
     return code + "  return a;\n}\n"
 
 
+# per-element work worth a register to avoid computing again (libdevice calls of tens of instructions)
+_COSTLY = re.compile(r"\b(?:expf|exp2f|expm1f|logf|log2f|log10f|log1pf|powf|tanhf|erff|erfcf|sinf|cosf|tanf|"
+                     r"sinhf|coshf|asinf|acosf|atanf|atan2f)\(")
+
+
+def _kept_values(g: RowGraph, need: set[str], passes: list[list[str]], room: int) -> list[str]:
+    """Per-element values a row held in registers keeps between its passes: those computed with a
+    costly call (exp, log, tanh, ...) in one pass and read again in a later one (softmax's exp(x - max)
+    is folded into the sum, then scaled into the output), first come first kept, at most `room`."""
+    seen: dict[str, int] = {}
+    for keys in passes:
+        for d in g.closure(keys, E, need):
+            if d.expr is not None and _COSTLY.search(d.expr):
+                seen[d.key] = seen.get(d.key, 0) + 1
+    return [k for k, n in seen.items() if n > 1][:max(0, room)]
+
+
 def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict, sched: dict,
             name: str, views: ViewPrologue | None = None, stores: dict | None = None) -> KernelSource:
     vals = program.values
@@ -361,6 +379,15 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     octype = {v: g.defs[g.outputs[v]].ctype for v in io.outputs}
     regs = {v: names.new(f"v_{arg[v]}") for v in held}
     outs_local = {v: names.new(f"o_{arg[v]}") for v in out_e}
+    rounds_n = max((s.round for s in steps), default=0)
+    kept: dict[str, str] = {}        # def key -> the register array that keeps it between passes
+    kept_done: set[str] = set()      # kept values computed in a pass already rendered
+    if cached and split == 1 and not srow:
+        passes = [[s.arg for s in steps if s.round == r] for r in range(1, rounds_n + 1)]
+        passes += [[g.outputs[v] for v in out_e]] if out_e else []
+        per_array = sched["items"] * vec
+        room = (int(sched["hold_limit"]) - len(held) * per_array) // per_array
+        kept = {k: names.new(f"{k}_kept") for k in _kept_values(g, need, passes, room)}
 
     def flat(col: str) -> str:
         if split > 1:      # column e of the thread's kVecX
@@ -378,8 +405,12 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 src = (f"{regs[v]}[{reg_at}]" if v in regs else f"{vec_bcast[v]}[e]" if v in vec_bcast
                        else ld.load(v, arg[v], "i"))
                 lines.append(f"const {d.ctype} {d.key} = {src};")
+            elif d.key in kept_done:
+                lines.append(f"const {d.ctype} {d.key} = {kept[d.key]}[{reg_at}];  // kept from an earlier pass")
             else:
                 lines.append(f"const {d.ctype} {d.key} = {d.expr};" + (f"  // {d.note}" if d.note else ""))
+                if d.key in kept:
+                    lines.append(f"{kept[d.key]}[{reg_at}] = {d.key};  // kept for a later pass")
         lines += tail
         text = "\n".join(lines)
         head = []
@@ -465,6 +496,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             else:
                 body.append(f"      {regs[v]}[k] = {ld.load(v, arg[v], flat('p'))};")
         body += ["    }", "  }"]
+    if kept:
+        body.append("  // per-element values a later pass reads again, kept in registers")
+        body += [f"  {g.defs[k].ctype} {a}[kItems * kVec];" for k, a in kept.items()]
 
     def row_defs(r: int) -> list[str]:
         lines = []
@@ -510,7 +544,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         args = [s.arg for s in rs]
         folds = [f"fold_{s.state}({var}.s{j}, {s.arg}{', c' if s.state in INDEXED else ''});"
                  for j, s in enumerate(rs)]
-        loads = [v for v in held if key_of[v] in {d.key for d in g.closure(args, E, need)}]
+        loads = [v for v in held if key_of[v] in {d.key for d in g.closure(args, E, need, frozenset(kept_done))}]
         body.append(f"  // round {r}: fold {', '.join(vals[program.nodes[s.node].outputs[0]].name + ' (' + s.state + ')' for s in rs)}")
         if split > 1:     # one round: fold, publish, and the last block's per-column outputs
             body += split_fold(var, r, rs, args, loads)
@@ -523,8 +557,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                      *_row_stores(g, arg, out_r, "      "), "    }", "  }"]
             continue
         fold = [f"  {var} = identity{r}();" if srow else f"  Round{r} {var} = identity{r}();",
-                *each_element(lambda ind, at, a=args, f=folds: element_body(g.closure(a, E, need), ind, f, at), loads),
+                *each_element(lambda ind, at, a=args, f=folds: element_body(
+                    g.closure(a, E, need, frozenset(kept_done)), ind, f, at), loads),
                 f"  {var} = reduce{r}({var});"]
+        kept_done.update(k for k in kept if k in {d.key for d in g.closure(args, E, need)})
         if srow:
             body.append(f"  Round{r} {var};  // this chunk's state, then the row's")
             phase_fold[r], round_defs[r] = fold, row_defs(r)
@@ -532,7 +568,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         body += fold + row_defs(r)
     if out_e:
         keys = [g.outputs[v] for v in out_e]
-        loads = [v for v in held if key_of[v] in {d.key for d in g.closure(keys, E, need)}]
+        out_closure = g.closure(keys, E, need, frozenset(kept_done))
+        loads = [v for v in held if key_of[v] in {d.key for d in out_closure}]
         if vec == 4:
             tail = [f"{outs_local[v]}[e] = {g.outputs[v]};" for v in out_e]
             pre = [f"{octype[v]} {outs_local[v]}[kVec];" for v in out_e]
@@ -547,7 +584,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 post.append(f"reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]} + {at})[0] = "
                             f"{VEC4[vals[v].dtype]}{{{', '.join(f'{outs_local[v]}[{j}]' for j in range(4))}}};")
             if not column and split == 1:   # a float4 of the weight per 4 outputs, not 4 scalar loads
-                closure = {d.key for d in g.closure(keys, E, need)}
+                closure = {d.key for d in out_closure}
                 for v in e_in:
                     if v not in regs and key_of[v] in closure and ld.group_mode(v) == "vec4":
                         vec_bcast[v] = names.new(f"b_{arg[v]}")
@@ -558,7 +595,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             tail = [f"{arg[v]}[{stores[v].offset('i') if v in stores else 'i'}] = {g.outputs[v]};" for v in out_e]
             pre = post = []
         output = ["  // the per-element outputs",
-                  *each_element(lambda ind, at: element_body(g.closure(keys, E, need), ind, tail, at), loads, pre, post)]
+                  *each_element(lambda ind, at: element_body(out_closure, ind, tail, at), loads, pre, post)]
         if not srow:
             body += output
     row_out = ["  if (active && lane == 0) {  // the per-row outputs, once per row",
@@ -579,7 +616,6 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                                                                        "kTotalsAt + ") if srow else ()))
     space = None
     if srow:
-        rounds_n = max((s.round for s in steps), default=0)
         fields = {r: [(j, f) for j, s in enumerate(sorted((s for s in steps if s.round == r), key=lambda s: s.slot))
                       for f in STATES[s.state][0]] for r in range(1, rounds_n + 1)}
         space = rowsplit.SplitRowSpace(g.rows, sched["row_split"], {r: len(f) for r, f in fields.items()},
