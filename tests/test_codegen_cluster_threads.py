@@ -19,6 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agent_core.codegen import generate_kernel
 from agent_core.codegen.rowreduce import tune_variants
 from agent_core.compiler import compile_kernel
@@ -28,8 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SM_REGISTERS = 65536
 
 
-def _kl_region(tmp_path):
-    out = tmp_path / "kl.json"
+@pytest.fixture(scope="module")
+def kl_region(tmp_path_factory):
+    """The block planned once through the CLI (about 25 s at its real size): (program, region nodes)."""
+    out = tmp_path_factory.mktemp("kl") / "kl.json"
     env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}
     res = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "-o", str(out),
                           str(ROOT / "benchmarks" / "blocks" / "kl_div_distill_distilbert.py")],
@@ -47,8 +51,8 @@ def _ctas_per_sm(ks) -> int:
     return SM_REGISTERS // (c.registers * ks.block[0])
 
 
-def test_half_the_threads_per_cta_fit_two_ctas_per_sm_with_the_row_in_registers(tmp_path):
-    p, nodes = _kl_region(tmp_path)
+def test_half_the_threads_per_cta_fit_two_ctas_per_sm_with_the_row_in_registers(kl_region):
+    p, nodes = kl_region
     ks = generate_kernel(p, nodes, name="kl")
     assert ks.params["schedule"] == "cluster" and ks.params["threads_per_row"] == 1024
     variants = [{k: v for k, v in o.items() if k != "sm_count"} for o in tune_variants(ks.params)]
@@ -59,11 +63,11 @@ def test_half_the_threads_per_cta_fit_two_ctas_per_sm_with_the_row_in_registers(
     assert _ctas_per_sm(ks) == 1 and _ctas_per_sm(half) >= 2
 
 
-def test_a_tuner_threads_per_row_outside_the_cluster_rule_is_refused(tmp_path):
-    import pytest
-
+def test_a_tuner_threads_per_row_outside_the_cluster_rule_is_refused():
     from agent_core.codegen.kernel import CodegenError
-    p, nodes = _kl_region(tmp_path)
+    from tests.programs import kl_terms
+    p, nodes = kl_terms((2048, 30522))      # the block's terms at its size: a cluster of 4 CTAs per row
+    assert generate_kernel(p, nodes, name="kl").params["schedule"] == "cluster"
     for bad in (64, 384, 2048):
         with pytest.raises(CodegenError, match="threads_per_row of a cluster row"):
             generate_kernel(p, nodes, name="kl", params={"threads_per_row": bad})
