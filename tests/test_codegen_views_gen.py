@@ -305,19 +305,25 @@ def _env(ks, ins, trace=None):
 
 
 def _stores(ks):
-    """[(output value id, the lambda stored at o)] of the scalar kernel's loop."""
+    """[(output value id, the lambda stored at o)] of the scalar kernel's loop: one element per thread
+    (name[o] = fn(o)), or a packed run of 4 whose lane k must be fn(o * 4 + k)."""
     out = []
     for name, vid in zip(_args(ks)[len(ks.inputs):], ks.outputs):
         m = re.search(rf"    {name}\[o\] = (\w+)\(o\);", ks.source)
-        assert m, f"no store of {name} in\n{ks.source}"
-        out.append((vid, m.group(1)))
+        packed = re.search(rf"    reinterpret_cast<\w+\*>\({name}\)\[o\] = \w+[({{](.*)[)}}];", ks.source)
+        assert m or packed, f"no store of {name} in\n{ks.source}"
+        if packed:
+            lanes = re.findall(r"(\w+)\(o \* 4 \+ (\d)\)", packed.group(1))
+            assert len({f for f, _ in lanes}) == 1 and [int(k) for _, k in lanes] == [0, 1, 2, 3], packed.group(0)
+        out.append((vid, (m or packed).group(1) if m else lanes[0][0]))
     return out
 
 
 def emulate(ks, ins):
     """Run the scalar kernel's text: {output value id: list of its elements}."""
     env = _env(ks, ins)
-    kn = int(re.search(r"constexpr index_t kNumel = (\d+);", ks.source).group(1))
+    numel, runs = (re.search(rf"constexpr index_t {k} = (\d+);", ks.source) for k in ("kNumel", "kRuns"))
+    kn = int(numel.group(1)) if numel else 4 * int(runs.group(1))
     return {vid: [env[fn][o] for o in range(kn)] for vid, fn in _stores(ks)}
 
 
@@ -351,11 +357,14 @@ def _build(builder, args):
     return p, list(p.nodes)
 
 
+@pytest.mark.parametrize("pack", [True, False], ids=["packed-runs", "one-per-thread"])
 @pytest.mark.parametrize("label,builder,args,kind,vec", CASES, ids=[c[0] for c in CASES])
-def test_the_kernel_computes_what_torch_computes(label, builder, args, kind, vec):
+def test_the_kernel_computes_what_torch_computes(label, builder, args, kind, vec, pack):
     p, ids = _build(builder, args)
-    ks = generate_kernel(p, ids, name=label.replace("-", "_"), params={"vector": False})
+    ks = generate_kernel(p, ids, name=label.replace("-", "_"), params={"vector": False, "pack": pack})
     assert ks.kind == kind and ks.params["graph"] and ks.params["vector"] == 1
+    numel = math.prod(p.values[ks.outputs[0]].shape)
+    assert ks.params.get("pack", False) == (pack and numel % 4 == 0 and not ks.params.get("staged")), ks.source
     ins = _inputs(p)
     want = run_reference(p, [ins[v] for v in p.inputs], keep=True)
     got = emulate(ks, ins)

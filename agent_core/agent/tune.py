@@ -30,7 +30,9 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6) -> list[dict]:
         from ..codegen.attention import tune_variants as attention_variants
         out += attention_variants(p)     # the other precision form, key tiles, warps
     elif ks.kind in ("layout", "strided_slice"):
+        from ..codegen.layout_graph import tune_variants as gather_variants
         from ..codegen.layout_staged import tune_variants as staged_variants
         from ..codegen.layout_tiled import tune_variants as tile_variants
-        out += tile_variants(p) + staged_variants(p)    # tiles; elements per thread of the staged gather
+        # tiles; elements per thread of the staged gather; the plain gather's run packing and blocks
+        out += tile_variants(p) + staged_variants(p) + gather_variants(p)
     return out[:limit]

@@ -4,7 +4,9 @@ diag, the reshape family, permute / transpose, expand, gather / index_select / e
 pointwise ops anywhere between them: RoPE's slice -> neg -> cat -> mul -> add, SwiGLU's chunk -> silu
 -> mul, a ViT's cat of a class token, BERT's embedding + position.
 
-One kernel, one thread per output element (grid-stride; float4 where every read allows it). Each value
+One kernel, one thread per run of 4 output elements (grid-stride; float4 loads where every read allows
+it, else 4 scalar gathers and one 4-lane store; one element per thread when the count is not a
+multiple of 4). Each value
 the outputs need becomes a function of its own flat index, a lambda `name_at(i)`, in topological order:
 - a region input is a load, name[i];
 - a pointwise op is its expression over its inputs read at their broadcast index (a broadcast is an
@@ -210,6 +212,18 @@ def _vector_ok(g: _Graph, numel: int) -> bool:
     return True
 
 
+def _lanes4(dtype: str, exprs) -> str:
+    """Four values of `dtype` as one value of its 4-lane type."""
+    t = VEC4[dtype]
+    return f"make_float4({', '.join(exprs)})" if t == "float4" else f"{t}{{{', '.join(exprs)}}}"
+
+
+def _pack_ok(g: _Graph, numel: int) -> bool:
+    """Runs of 4 outputs can be stored as one 4-lane access though their reads are gathered apart."""
+    vals = g.program.values
+    return numel % VEC == 0 and all(vals[v].dtype in VEC4 for v in g.io.outputs)
+
+
 def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at") -> tuple[list[str], dict]:
     program, io = g.program, g.io
     vals, nodes = program.values, program.nodes
@@ -219,8 +233,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
         return VEC4[vals[v].dtype] if vec else c_type(vals[v].dtype, vals[v].name)   # its 4-lane type
 
     def lanes4(v, exprs) -> str:
-        t = VEC4[vals[v].dtype]
-        return f"make_float4({', '.join(exprs)})" if t == "float4" else f"{t}{{{', '.join(exprs)}}}"
+        return _lanes4(vals[v].dtype, exprs)
     lines = []
     for v in io.inputs:
         if v not in g.need or v in g.indices:    # indices are loaded inside the views' index expressions
@@ -316,18 +329,27 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     staged = [] if vec or not floats else staged_inputs(g, numel, params)   # read at the output's own index
     if staged:
         return generate_staged(g, staged, name, params, kind, numel)
+    # otherwise each thread still stores a run of 4 outputs in one access, computing the 4 from scalar
+    # gathers: a warp's k-th loads stay as coalesced as one output per thread, and each thread has 4
+    # independent loads in flight instead of 1 (the grid-stride loop holds too few bytes in flight)
+    pack = not vec and bool((params or {}).get("pack", True)) and _pack_ok(g, numel)
     names = Names()
     names.taken.update(("o", "i", "stride", "kNumel", "kBlock", "kRuns"))
     arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
     lines, fn = _lambdas(g, arg, names, vec)
     block = int((params or {}).get("block", 256))
-    work = numel // VEC if vec else numel
+    work = numel // VEC if vec or pack else numel
     grid = grid_for(work, block)
     index_t = index_type(max([numel] + [math.prod(vals[v].shape) for v in io.inputs]))
     consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};  // output elements"]
     if vec:
         consts.append(f"constexpr index_t kRuns = {work};  // runs of 4 neighbouring output elements")
         stores = [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = {fn[v]}(o * 4);" for v in io.outputs]
+        loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
+    elif pack:
+        consts.append(f"constexpr index_t kRuns = {work};  // runs of 4 neighbouring output elements")
+        stores = [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = "
+                  f"{_lanes4(vals[v].dtype, [f'{fn[v]}(o * 4 + {k})' for k in range(VEC)])};" for v in io.outputs]
         loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
     else:
         stores = [f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs]
@@ -338,8 +360,9 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
             "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
             loop, *stores, "  }"]
     n_reads = sum(1 for _ in g.reads())
-    sched = (f"{'float4 ' if vec else ''}gather over a graph of views, one output "
-             f"{'run of 4' if vec else 'element'} per thread, {block} threads x {grid} blocks")
+    per_thread = "run of 4" if vec else "run of 4 (4 scalar reads, one 4-lane store)" if pack else "element"
+    sched = (f"{'float4 ' if vec else ''}gather over a graph of views, one output {per_thread} per thread, "
+             f"{block} threads x {grid} blocks")
     source, layout_nodes = graph_source(
         g, name, consts, body, arg, sched,
         ["Every output element is computed from the region's inputs, read through the views of the layout "
@@ -353,11 +376,20 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     return KernelSource(
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
-        params={"tiled": False, "graph": True, "vector": VEC if vec else 1, "reads": n_reads, "grid": grid,
-                "block": block, "chain": [n.op for n in layout_nodes]},
-        align=16 if vec else 4,
+        params={"tiled": False, "graph": True, "vector": VEC if vec else 1, "pack": pack, "reads": n_reads,
+                "grid": grid, "block": block, "chain": [n.op for n in layout_nodes]},
+        align=16 if vec or pack else 4,
         bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))
+
+
+def tune_variants(params: dict) -> list[dict]:
+    """The plain gather's alternatives: one element per thread (the packed run's 4 index computations
+    may cost more than its loads in flight gain), and bigger or smaller blocks."""
+    if params.get("tiled") is not False or params.get("staged") or not params.get("graph"):
+        return []
+    out = [{"pack": False}] if params.get("pack") else []
+    return out + [{"block": 512}, {"block": 128}]
 
 
 # --- layout ops in the prologue of a row kernel ---------------------------------------------------
