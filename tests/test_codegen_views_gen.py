@@ -304,27 +304,44 @@ def _env(ks, ins, trace=None):
     return env
 
 
-def _stores(ks):
-    """[(output value id, the lambda stored at o)] of the scalar kernel's loop: one element per thread
-    (name[o] = fn(o)), or a packed run of 4 whose lane k must be fn(o * 4 + k)."""
+def _lanes(text: str) -> list[str]:
+    """The top-level comma-separated arguments of a call's argument text."""
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "([" and 1 or 0
+        depth -= ch in ")]" and 1 or 0
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    return out + [cur.strip()]
+
+
+def _stores(ks, env):
+    """[(output value id, element -> its value)] of the kernel's loop: one element per thread
+    (name[o] = fn(o)), or a packed run of 4 whose lane k is element 4 * o + k (each lane's own text,
+    composed down to the loads, or a lambda called at o * 4 + k)."""
     out = []
     for name, vid in zip(_args(ks)[len(ks.inputs):], ks.outputs):
         m = re.search(rf"    {name}\[o\] = (\w+)\(o\);", ks.source)
         packed = re.search(rf"    reinterpret_cast<\w+\*>\({name}\)\[o\] = \w+[({{](.*)[)}}];", ks.source)
         assert m or packed, f"no store of {name} in\n{ks.source}"
-        if packed:
-            lanes = re.findall(r"(\w+)\(o \* 4 \+ (\d)\)", packed.group(1))
-            assert len({f for f, _ in lanes}) == 1 and [int(k) for _, k in lanes] == [0, 1, 2, 3], packed.group(0)
-        out.append((vid, (m or packed).group(1) if m else lanes[0][0]))
+        if m:
+            out.append((vid, lambda e, fn=m.group(1): env[fn][e]))
+            continue
+        lanes = [parse_c(_brackets(t)) for t in _lanes(packed.group(1))]
+        assert len(lanes) == 4, packed.group(0)
+        out.append((vid, lambda e, lanes=lanes: eval_c(lanes[e % 4], {**env, "o": e // 4})))
     return out
 
 
 def emulate(ks, ins):
-    """Run the scalar kernel's text: {output value id: list of its elements}."""
+    """Run the kernel's text: {output value id: list of its elements}."""
     env = _env(ks, ins)
     numel, runs = (re.search(rf"constexpr index_t {k} = (\d+);", ks.source) for k in ("kNumel", "kRuns"))
     kn = int(numel.group(1)) if numel else 4 * int(runs.group(1))
-    return {vid: [env[fn][o] for o in range(kn)] for vid, fn in _stores(ks)}
+    return {vid: [at(o) for o in range(kn)] for vid, at in _stores(ks, env)}
 
 
 def _inputs(program, seed=0):
@@ -383,14 +400,15 @@ def test_float4_runs_read_aligned_neighbours(label, builder, args, kind, vec):
     ins = _inputs(p)
     numel = math.prod(p.values[ks.outputs[0]].shape)
     trace = []
-    env, stores = _env(scalar, ins, trace), _stores(scalar)
+    env = _env(scalar, ins, trace)
+    stores = _stores(scalar, env)
     aligned = numel % 4 == 0
     for run in range(numel // 4 if aligned else 0):
         loads = []
         for j in range(4):
             trace.clear()
             for _, fn in stores:
-                env[fn][run * 4 + j]
+                fn(run * 4 + j)
             loads.append(sorted(set(trace)))
         base = loads[0]
         aligned = all(k % 4 == 0 for _, k in base) and \
@@ -558,3 +576,20 @@ def test_nvcc_compiles_layout_graphs_without_warnings(tmp_path):
                            capture_output=True, text=True)
         log = (r.stdout + r.stderr).strip()
         assert r.returncode == 0 and "warning" not in log, f"{ks.name}:\n{log}"
+
+
+@pytest.mark.parametrize("label,builder,args,kind,vec", [c for c in CASES if c[0] in ("rope", "embedding", "stack")],
+                         ids=["rope", "embedding", "stack"])
+def test_a_run_too_long_to_compose_keeps_its_lambdas(label, builder, args, kind, vec, monkeypatch):
+    """Past INLINE_MAX_CHARS a packed run's lanes call the values' lambdas at o * 4 + k instead of
+    composing them; the elements are the same."""
+    from agent_core.codegen import layout_graph
+    p, ids = _build(builder, args)
+    inline = generate_kernel(p, ids, name="inline", params={"vector": False})
+    monkeypatch.setattr(layout_graph, "INLINE_MAX_CHARS", 10)
+    called = generate_kernel(p, ids, name="called", params={"vector": False})
+    assert inline.params["pack"] and called.params["pack"]
+    assert "auto " not in inline.source and "(o * 4 + 1)" in called.source
+    ins = _inputs(p)
+    assert emulate(inline, ins) == emulate(called, ins)
+    compile_kernel(called, arch="sm_90")

@@ -110,8 +110,11 @@ def generate_view_region(program: Program, io: RegionIO, name: str, params: dict
         return generate_layout_graph(program, io, name, params, kind)
     from .layout_tiled import tiles_region
     lay = chain_layout(program, chain)
-    if lay.single is not None and len(lay.single.stack.layers) > 1 and tiles_region(program, io, kind, params):
-        # stacked views (pixel_shuffle's reshape of a permute) have no 32 x 32 transpose below
+    untiled = (params or {}).get("tiled") is False      # the tuner's gather variant of a tiled graph
+    if lay.single is not None and len(lay.single.stack.layers) > 1 and \
+            (untiled or tiles_region(program, io, kind, params)):
+        # stacked views (pixel_shuffle's reshape of a permute) have no 32 x 32 transpose below; their
+        # gather is the graph's too (runs of 4 outputs per thread, the index algebra composed)
         return generate_layout_graph(program, io, name, params, kind)
     return _generate_chain(program, io, name, params, kind, chain, pro, epi)
 

@@ -224,6 +224,61 @@ def _pack_ok(g: _Graph, numel: int) -> bool:
     return numel % VEC == 0 and all(vals[v].dtype in VEC4 for v in g.io.outputs)
 
 
+INLINE_MAX_CHARS = 2000   # one output element's composed text; past it the kernel keeps its lambdas
+
+
+def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict) -> str:
+    """The C expression of value v at flat index idx (an Expr with bounds over the loop's variables),
+    composed through every view and pointwise op down to the region's loads. The index algebra then
+    simplifies across the ops (views.py's div / mod rules: (4 * o + k) / 4 is o) where a chain of
+    lambdas divides a flat index again at each one. A pointwise value read twice is written twice
+    (the compiler shares the common subexpression); its text stays under INLINE_MAX_CHARS."""
+    key = (v, idx)
+    if key in memo:
+        return memo[key]
+    program, io = g.program, g.io
+    vals = program.values
+    if v in io.inputs:
+        text = f"{arg[v]}[{V.render_expr(idx, names=arg)}]"
+    else:
+        node = program.nodes[vals[v].producer]
+        if node.op in GRAPH_OPS:
+            _, outs = g.layouts(node)
+            lay = outs[list(node.outputs).index(v)]
+            text = V.render_layout(lay, idx, names=arg, load_at=lambda src, off: _inline(g, arg, src, off, memo))
+        else:
+            args = []
+            for u in node.inputs:
+                if u:
+                    off, _ = V.locate(_broadcast(vals[u].shape, vals[v].shape).reads[0].stack, idx)
+                    args.append(f"({_inline(g, arg, u, off, memo)})")
+            text = render_pointwise(node, args)
+    if vals[v].dtype != "float32":      # as a lambda returning the value's own C type would convert
+        text = f"(({c_type(vals[v].dtype, vals[v].name)})({text}))"
+    if len(text) > INLINE_MAX_CHARS:
+        raise _TooLong(v)
+    memo[key] = text
+    return text
+
+
+class _TooLong(Exception):
+    """A composed expression past INLINE_MAX_CHARS: the kernel keeps its lambdas."""
+
+
+def _packed_stores(g: _Graph, arg: dict, runs: int) -> list[str] | None:
+    """Each output's 4-lane store of run o, every lane composed at index 4 * o + k; None when some
+    lane's text is too long to inline."""
+    vals = g.program.values
+    o = V.Var("o", 0, max(runs - 1, 0))
+    memo: dict = {}
+    try:
+        return [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = "
+                f"{_lanes4(vals[v].dtype, [_inline(g, arg, v, V.add(V.mul(o, VEC), V.Num(k)), memo) for k in range(VEC)])};"
+                for v in g.io.outputs]
+    except _TooLong:
+        return None
+
+
 def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at") -> tuple[list[str], dict]:
     program, io = g.program, g.io
     vals, nodes = program.values, program.nodes
@@ -348,8 +403,12 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
         loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
     elif pack:
         consts.append(f"constexpr index_t kRuns = {work};  // runs of 4 neighbouring output elements")
-        stores = [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = "
-                  f"{_lanes4(vals[v].dtype, [f'{fn[v]}(o * 4 + {k})' for k in range(VEC)])};" for v in io.outputs]
+        stores = _packed_stores(g, arg, work)
+        if stores is not None:
+            lines = []       # every lane composed down to its loads: no lambdas
+        else:
+            stores = [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = "
+                      f"{_lanes4(vals[v].dtype, [f'{fn[v]}(o * 4 + {k})' for k in range(VEC)])};" for v in io.outputs]
         loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
     else:
         stores = [f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs]

@@ -162,6 +162,19 @@ def mul(x: Expr, k: int) -> Expr:
     return _sum([(x, k)], 0)
 
 
+def _common_factor(x: Expr, c: int):
+    """(g, y, r) with x = g * y + r, 0 <= r < g, y >= 0 and g > 1 dividing c and every coefficient of
+    x (a run's 4 * o + k); None when there is no such g."""
+    if not isinstance(x, Sum) or x.lo < 0:
+        return None
+    g = math.gcd(c, *(k for _, k in x.terms))
+    if g <= 1:
+        return None
+    r = x.const % g
+    y = _sum([(e, k // g) for e, k in x.terms], (x.const - r) // g)
+    return (g, y, r) if y.lo >= 0 else None
+
+
 def div(x: Expr, c: int) -> Expr:
     """x / c (c > 0), exact for x >= 0 (where C's truncation and floor division agree)."""
     if c == 1:
@@ -172,6 +185,10 @@ def div(x: Expr, c: int) -> Expr:
         return Num(0)
     if isinstance(x, Div):
         return div(x.a, x.c * c)
+    common = _common_factor(x, c)
+    if common:                       # (g * y + r) / (g * c') = y / c' for 0 <= r < g
+        g, y, _ = common
+        return div(y, c // g)
     if isinstance(x, Sum) and x.lo >= 0:
         q = [(e, k // c) for e, k in x.terms if k % c == 0]
         r = [(e, k) for e, k in x.terms if k % c]
@@ -192,6 +209,10 @@ def mod(x: Expr, c: int) -> Expr:
         return x
     if isinstance(x, Mod) and x.c % c == 0 and x.a.lo >= 0:
         return mod(x.a, c)
+    common = _common_factor(x, c)
+    if common:                       # (g * y + r) % (g * c') = g * (y % c') + r for 0 <= r < g
+        g, y, r = common
+        return add(mul(mod(y, c // g), g), Num(r))
     if isinstance(x, Sum) and x.lo >= 0:
         r = [(e, k) for e, k in x.terms if k % c]
         if len(r) < len(x.terms) or x.const % c != x.const:
@@ -909,9 +930,9 @@ def _out_coords(stack: ViewStack, idx):
     """Top coordinates for output index variable(s) idx, and the stack to use (a flat index is
     unravelled over the top view with its contiguous dims merged)."""
     top = stack.layers[-1]
-    if isinstance(idx, str):
+    if isinstance(idx, (str, Expr)):     # a flat index: a variable's name, or an expression with bounds
         numel = math.prod(top.shape)
-        flat = Var(idx, 0, max(numel - 1, 0))
+        flat = Var(idx, 0, max(numel - 1, 0)) if isinstance(idx, str) else idx
         if isinstance(top, View):
             top = top.merged()
             return ViewStack(stack.layers[:-1] + (top,)), unravel(flat, top.shape)
@@ -982,11 +1003,12 @@ def _literal(v: float, lang: str) -> str:
 
 
 def render_layout(layout: Layout, idx, lang: str = "cuda", names=None, load=None, fill=math.nan,
-                  literal=None) -> str:
-    """The element of `layout` at output index variable(s) idx as one expression: each read's load
-    under its condition, tried in order, `fill` where none is valid (an index out of range).
-    load(source, index_text) renders a load (default `name[index]`); literal(text) wraps a constant's
-    literal (a float4 kernel makes four lanes of it)."""
+                  literal=None, load_at=None) -> str:
+    """The element of `layout` at output index variable(s) idx (or a flat index Expr) as one
+    expression: each read's load under its condition, tried in order, `fill` where none is valid (an
+    index out of range). load(source, index_text) renders a load (default `name[index]`), or
+    load_at(source, offset Expr) from the offset itself; literal(text) wraps a constant's literal (a
+    float4 kernel makes four lanes of it)."""
     names = names or {}
     load = load or (lambda src, i: f"{names.get(src, src)}[{i}]")
     lit = (lambda v: literal(_literal(v, lang))) if literal else (lambda v: _literal(v, lang))
@@ -995,7 +1017,8 @@ def render_layout(layout: Layout, idx, lang: str = "cuda", names=None, load=None
         off, tests = locate(r.stack, idx)
         if tests is FALSE:
             continue
-        value = lit(r.value) if r.source is None else load(r.source, render_expr(off, lang, names))
+        value = lit(r.value) if r.source is None else load_at(r.source, off) if load_at else \
+            load(r.source, render_expr(off, lang, names))
         cond = render_tests(tests, lang, names)
         arms.append((cond, value))
         if cond is None:
