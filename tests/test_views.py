@@ -490,3 +490,28 @@ def test_every_case_compiles_for_sm90():
     src = "#define NAN __int_as_float(0x7fffffff)\n" + "\n".join(kernels)
     log = compile_source(src, "views_cases", arch="sm_90").log
     assert "warning" not in log, log
+
+
+def test_division_and_remainder_by_a_common_factor_hold_for_every_value():
+    """views.div / mod split x = g * y + rest (g dividing the divisor and y's coefficients, 0 <= rest
+    < g) and divide y alone; checked against integer arithmetic for every value of the variables of
+    random sums (a row's 768 * row + col, a run's 4 * o + k, and what falls outside the rule)."""
+    import itertools
+    import random
+    rng = random.Random(7)
+    simplified = 0
+    for _ in range(300):
+        nv = rng.randint(1, 3)
+        vs = [V.Var(f"v{j}", 0, rng.randint(0, 12)) for j in range(nv)]
+        coefs = [rng.choice([1, 2, 3, 4, 6, 8, 12, 24]) for _ in vs]
+        const = rng.randint(0, 30)
+        x = V.add(*[V.mul(v, k) for v, k in zip(vs, coefs)], V.Num(const))
+        c = rng.choice([2, 3, 4, 6, 8, 12, 24, 48, 96])
+        d, m = V.div(x, c), V.mod(x, c)
+        text = parse_c(V.render_expr(d)), parse_c(V.render_expr(m))
+        simplified += V.render_expr(d).count("/") < V.render_expr(x).count("/") + 1
+        for vals in itertools.product(*[range(v.hi + 1) for v in vs]):
+            env = {v.name: a for v, a in zip(vs, vals)}
+            want = sum(k * a for k, a in zip(coefs, vals)) + const
+            assert (eval_c(text[0], env), eval_c(text[1], env)) == (want // c, want % c), (V.render_expr(x), c, env)
+    assert simplified > 50       # the rule fires, not only the identities

@@ -491,6 +491,15 @@ class ViewPrologue:
             self.vector = {v: vfn[v] for v in io.outputs}
         self._lines = lines
         self.extent = max((math.prod(program.values[v].shape) for v in io.inputs), default=0)
+        self._g, self._arg = g, arg
+
+    def at(self, v: str, idx: V.Expr) -> str | None:
+        """Value v at flat index idx (an Expr over the kernel's variables) composed down to its loads
+        (_inline), so a (row, column) index simplifies through the views; None when too long."""
+        try:
+            return _inline(self._g, self._arg, v, idx, {})
+        except _TooLong:
+            return None
 
     def declarations(self, body: list[str], structs: bool = True) -> list[str]:
         """The lambda lines the kernel body calls, directly or through other lambdas (each with the

@@ -58,8 +58,8 @@ def staged_values(program: Program, pro, views, computed: dict, schedule: str, r
 
 
 def stage_lines(tiles: dict, vec: int) -> list[str]:
-    """The staging loop: each thread computes prologue values at (row s_row, column s_col) of the
-    block's rows, the row index fastest, into the tile; pass 1 then reads its row from the tile (a
+    """The staging loop (tiles: value -> (tile, its C text at row s_at, column s_col)): each thread
+    computes prologue values at (row s_row, column s_col) of the block's rows, the row index fastest, into the tile; pass 1 then reads its row from the tile (a
     float4 at a time when kVec is 4: the tile's rows start 16-byte aligned)."""
     if not tiles:
         return []
@@ -72,7 +72,7 @@ def stage_lines(tiles: dict, vec: int) -> list[str]:
             "    const int s_row = s_t % kRowsPerBlock, s_col = s_t / kRowsPerBlock;",
             "    const index_t s_at = (index_t)blockIdx.x * kRowsPerBlock + s_row;",
             "    if (s_at < kRows) {"]
-    out += [f"      {tile}[s_row * kTileStride + s_col] = {fn}(s_at * kCols + s_col);" for tile, fn in tiles.values()]
+    out += [f"      {tile}[s_row * kTileStride + s_col] = {value};" for tile, value in tiles.values()]
     out += ["    }", "  }", "  __syncthreads();"]
     for tile, _ in tiles.values():
         if vec == 4:

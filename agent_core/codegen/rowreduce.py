@@ -35,6 +35,7 @@ from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, is_layout_op
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
+from . import views as V
 from .row_stage import stage_lines, staged_values, tile_stride
 
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
@@ -384,7 +385,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     tiles = {}
     for v in staged:  # pass 1 reads the staged rows from shared memory, 4 at a time
         tile = names.new(vals[v].name + "_tile")
-        tiles[v] = (tile, computed[v][0])
+        # composed at (row, column) down to its loads where it fits, else its lambda at the flat index
+        at = views.at(v, V.add(V.mul(V.Var("s_at", 0, rows - 1), cols), V.Var("s_col", 0, cols - 1)))
+        tiles[v] = (tile, at or f"{computed[v][0]}(s_at * kCols + s_col)")
         computed[v] = (f"{tile}_at", f"{tile}_at4" if vec == 4 else None)
     index_t = index_type(max(rows * cols, views.extent if views else 0))
     # the anchor's weight and bias are referred to by fixed names in the templates

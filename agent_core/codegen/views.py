@@ -163,16 +163,22 @@ def mul(x: Expr, k: int) -> Expr:
 
 
 def _common_factor(x: Expr, c: int):
-    """(g, y, r) with x = g * y + r, 0 <= r < g, y >= 0 and g > 1 dividing c and every coefficient of
-    x (a run's 4 * o + k); None when there is no such g."""
+    """(g, y, rest) with x = g * y + rest, g > 1 dividing c, y >= 0 and 0 <= rest < g: then x / c is
+    y / (c / g) and x % c is g * (y % (c / g)) + rest. The terms whose coefficient g divides form y;
+    the others and the constant's remainder must stay below g (a run's 4 * o + k with g = 4, a row's
+    768 * row + col with col < 768 and g = 768). None when no divisor of c splits x so."""
     if not isinstance(x, Sum) or x.lo < 0:
         return None
-    g = math.gcd(c, *(k for _, k in x.terms))
-    if g <= 1:
-        return None
-    r = x.const % g
-    y = _sum([(e, k // g) for e, k in x.terms], (x.const - r) // g)
-    return (g, y, r) if y.lo >= 0 else None
+    for g in sorted({math.gcd(c, k) for _, k in x.terms if k > 1}, reverse=True):
+        if g <= 1:
+            continue
+        rest = _sum([(e, k) for e, k in x.terms if k % g], x.const % g)
+        if rest.lo < 0 or rest.hi >= g:
+            continue
+        y = _sum([(e, k // g) for e, k in x.terms if k % g == 0], x.const // g)
+        if y.lo >= 0:
+            return g, y, rest
+    return None
 
 
 def div(x: Expr, c: int) -> Expr:
@@ -186,7 +192,7 @@ def div(x: Expr, c: int) -> Expr:
     if isinstance(x, Div):
         return div(x.a, x.c * c)
     common = _common_factor(x, c)
-    if common:                       # (g * y + r) / (g * c') = y / c' for 0 <= r < g
+    if common:                       # (g * y + rest) / (g * c') = y / c' for 0 <= rest < g
         g, y, _ = common
         return div(y, c // g)
     if isinstance(x, Sum) and x.lo >= 0:
@@ -210,9 +216,9 @@ def mod(x: Expr, c: int) -> Expr:
     if isinstance(x, Mod) and x.c % c == 0 and x.a.lo >= 0:
         return mod(x.a, c)
     common = _common_factor(x, c)
-    if common:                       # (g * y + r) % (g * c') = g * (y % c') + r for 0 <= r < g
-        g, y, r = common
-        return add(mul(mod(y, c // g), g), Num(r))
+    if common:                       # (g * y + rest) % (g * c') = g * (y % c') + rest for 0 <= rest < g
+        g, y, rest = common
+        return add(mul(mod(y, c // g), g), rest)
     if isinstance(x, Sum) and x.lo >= 0:
         r = [(e, k) for e, k in x.terms if k % c]
         if len(r) < len(x.terms) or x.const % c != x.const:
