@@ -65,16 +65,11 @@ def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: 
     hoist = bool(p["hoist_monotone"])
     names, arg, views, g, stores = _lowered(program, io, two_stage=True, hoist=hoist)
     sched = _schedule(g, p, _full_inputs(program, g, io))
-    # streamed rows: online states, one read of the row per round; a held row may take them too (a
-    # tuner's choice: one all-reduce round fewer per softmax, at an exp more per element)
-    online = not sched["cached"] or bool(p.get("online"))
-    if online:
+    if not sched["cached"]:      # streamed rows: online states, one read of the row per round
         names, arg, views, g, stores = _lowered(program, io, two_stage=False, hoist=hoist)
         if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
             sched = _schedule(g, p, _full_inputs(program, g, io))
-    ks = _render(program, io, g, names, arg, sched, name, views, stores)
-    ks.params["online"] = online
-    return ks
+    return _render(program, io, g, names, arg, sched, name, views, stores)
 
 
 def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True):

@@ -809,7 +809,7 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     and 4 rows per block for the warp schedule in between, then a quarter and four times the threads. Online: more or
     fewer vectors in flight, half the threads. Split: twice or half the blocks per row. Cluster: twice
     or half the CTAs per row while the row stays in registers, and no cluster (one block streaming the
-    row), and the online softmax state (one cluster round fewer per softmax). Split column: twice or half the blocks per column tile, and one block per tile. The row
+    row). Split column: twice or half the blocks per column tile, and one block per tile. The row
     kernel's column tiles: other heights and loads in flight (column_tile.tune_variants)."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
@@ -845,11 +845,6 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
         if tpr >= 256:      # two CTAs of half the threads per SM, each holding twice the row's floats
             out.append({"cluster": n, "threads_per_row": tpr // 2})
         out.append({"cluster": 1})
-        if params.get("rounds", 0) >= 2 and not params.get("online"):
-            # each round waits on the cluster's barrier: max and sum of exp as one online round
-            out.append({"cluster": n, "online": True})
-            if tpr >= 256:
-                out.append({"cluster": n, "threads_per_row": tpr // 2, "online": True})
     elif schedule == "split_column":
         s = int(params["split"])
         out += [{"split": c} for c in (s * 2, s // 2) if c >= 2] + [{"split": 1}]
