@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import signal
 import sys
+import threading
 import traceback
 
 from .errors import StitchError
@@ -52,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl+C and `timeout -s INT` stop a run even when it was started with SIGINT ignored (an
+        # asynchronous job of a non-interactive shell inherits that): it ends as "interrupted", 130
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 
 from . import ClusterError, require_ray
 
@@ -31,6 +33,10 @@ def cluster(address: str):
         ray.init(**kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"--ray {address}: cannot reach the Ray cluster: {exc}") from None
+    if threading.current_thread() is threading.main_thread():
+        # Ctrl+C stays Python's KeyboardInterrupt (the CLI cancels the tasks and exits 130) whatever
+        # handler Ray's start-up left: a loaded CI run once saw the driver ignore it and run to the end
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         yield ray
     finally:
