@@ -2,6 +2,42 @@
 the GPU tests' check that a region's kernel was kept."""
 from agent_core.ir import Program
 
+# Sixteen softmax regions of distinct widths (so no two share a cached kernel), as a program file:
+# optimizing it takes seconds of compiling, so a Ctrl+C sent once it starts lands while it runs.
+SIXTEEN_SOFTMAXES = '''import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, *xs):
+        return tuple(torch.softmax(x, dim=1) for x in xs)
+
+
+def get_inputs():
+    return [torch.randn(32, 64 + 8 * i) for i in range(16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def interrupt_at(proc, marker: str) -> tuple[str, str]:
+    """Ctrl+C (SIGINT) to a CLI subprocess once its output shows `marker`: (output until then, the
+    rest). The process is killed if it outlives that."""
+    import signal
+    try:
+        seen = ""
+        while marker not in seen:
+            line = proc.stdout.readline()
+            assert line, seen
+            seen += line
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return seen, rest
+
 
 def fused(p, ids, name, **kw):
     """build_region on the GPU, asserting the generated kernel was kept: compiled, launched and

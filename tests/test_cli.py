@@ -247,26 +247,13 @@ def test_ctrl_c_stops_a_run_started_with_sigint_ignored(tmp_path):
     starts with SIGINT ignored; the CLI takes it back, so Ctrl+C still ends the run as interrupted,
     with exit code 130 and no output folder."""
     import signal
-    spec = tmp_path / "many.py"
-    spec.write_text("import torch\n\n\nclass Model(torch.nn.Module):\n    def forward(self, *xs):\n"
-                    "        return tuple(torch.softmax(x, dim=1) for x in xs)\n\n\n"
-                    "def get_inputs():\n    return [torch.randn(32, 64 + 8 * i) for i in range(16)]\n\n\n"
-                    "def get_init_inputs():\n    return []\n")
-    out = tmp_path / "out"
+    from tests.programs import SIXTEEN_SOFTMAXES, interrupt_at
+    spec, out = tmp_path / "many.py", tmp_path / "out"
+    spec.write_text(SIXTEEN_SOFTMAXES)
     proc = subprocess.Popen([sys.executable, "-m", "agent_core.cli", "optimize", str(spec), "-o", str(out), "--cpu",
                              "--no-baselines"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "STITCHCUDA_CACHE": str(tmp_path / "cache")},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        seen = ""
-        while "r1: generated" not in seen:          # planned, generating the first of 16 regions
-            line = proc.stdout.readline()
-            assert line, seen
-            seen += line
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    seen, rest = interrupt_at(proc, "r1: generated")      # planned, generating the first of 16 regions
     assert proc.returncode == 130 and "stitchcuda: interrupted" in rest, seen + rest
     assert not out.exists()

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.programs import SIXTEEN_SOFTMAXES, interrupt_at
+
 pytest.importorskip("ray")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -156,40 +158,11 @@ def test_a_killed_worker_costs_only_its_regions_trials_retried_once(without_ray,
     assert "r1: the worker on" in stdout and "its trials run again" in stdout
 
 
-# Sixteen softmax regions of distinct widths (so no two share a cached kernel): their trials take
-# seconds of compiling, so the Ctrl+C below lands while they run, even on a loaded machine.
-MANY = '''import torch
-
-
-class Model(torch.nn.Module):
-    def forward(self, *xs):
-        return tuple(torch.softmax(x, dim=1) for x in xs)
-
-
-def get_inputs():
-    return [torch.randn(32, 64 + 8 * i) for i in range(16)]
-
-
-def get_init_inputs():
-    return []
-'''
-
-
 def test_ctrl_c_cancels_the_trials_and_leaves_no_output(tmp_path):
     spec, out = tmp_path / "many.py", tmp_path / "ray"
-    spec.write_text(MANY)
+    spec.write_text(SIXTEEN_SOFTMAXES)
     proc = _optimize(str(spec), out, tmp_path / "cache", "--ray", "local")
-    try:
-        seen = ""
-        while "sent to the cluster" not in seen:      # the trials' tasks are submitted: Ctrl+C now
-            line = proc.stdout.readline()
-            assert line, seen
-            seen += line
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    seen, rest = interrupt_at(proc, "sent to the cluster")      # the trials' tasks are submitted: Ctrl+C now
     assert proc.returncode == 130, seen + rest
     assert "stitchcuda: interrupted" in rest
     assert not out.exists()                           # the folder is written only by a run that finished

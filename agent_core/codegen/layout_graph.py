@@ -265,16 +265,14 @@ class _TooLong(Exception):
     """A composed expression past INLINE_MAX_CHARS: the kernel keeps its lambdas."""
 
 
-def _packed_stores(g: _Graph, arg: dict, runs: int) -> list[str] | None:
-    """Each output's 4-lane store of run o, every lane composed at index 4 * o + k; None when some
-    lane's text is too long to inline."""
-    vals = g.program.values
+def _packed_lanes(g: _Graph, arg: dict, runs: int) -> dict | None:
+    """Each output's 4 lanes of run o, lane k composed at index 4 * o + k; None when some lane's text
+    is too long to inline."""
     o = V.Var("o", 0, max(runs - 1, 0))
     memo: dict = {}
     try:
-        return [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = "
-                f"{_lanes4(vals[v].dtype, [_inline(g, arg, v, V.add(V.mul(o, VEC), V.Num(k)), memo) for k in range(VEC)])};"
-                for v in g.io.outputs]
+        return {v: [_inline(g, arg, v, V.add(V.mul(o, VEC), V.Num(k)), memo) for k in range(VEC)]
+                for v in g.io.outputs}
     except _TooLong:
         return None
 
@@ -287,8 +285,6 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
     def own_type(v):     # each lambda returns its value's own C type (a row kernel's int mask), or
         return VEC4[vals[v].dtype] if vec else c_type(vals[v].dtype, vals[v].name)   # its 4-lane type
 
-    def lanes4(v, exprs) -> str:
-        return _lanes4(vals[v].dtype, exprs)
     lines = []
     for v in io.inputs:
         if v not in g.need or v in g.indices:    # indices are loaded inside the views' index expressions
@@ -313,7 +309,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
                     continue
                 fn[v] = names.new(vals[v].name + suffix)
                 # a constant (a pad's fill, the NaN where no read is valid) is four lanes of it in float4
-                widen = (lambda lit, v=v: lanes4(v, [lit] * 4)) if vec else None
+                widen = (lambda lit, v=v: _lanes4(vals[v].dtype, [lit] * 4)) if vec else None
                 expr = V.render_layout(lay, "i", names=arg, load=call, literal=widen)
                 lines.append(f"  // {note} -> {vals[v].spec}, read through its view")
                 lines.append(f"  auto {fn[v]} = [&](index_t i) -> {own_type(v)} {{ return {expr}; }};")
@@ -331,7 +327,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
             args.append(local)
         fn[out.id] = names.new(out.name + suffix)
         if vec:
-            expr = lanes4(out.id, [render_pointwise(node, [f"{a}.{c}" for a in args]) for c in "xyzw"])
+            expr = _lanes4(out.dtype, [render_pointwise(node, [f"{a}.{c}" for a in args]) for c in "xyzw"])
         else:
             expr = render_pointwise(node, args)
         rtype = own_type(out.id)
@@ -391,28 +387,31 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     names = Names()
     names.taken.update(("o", "i", "stride", "kNumel", "kBlock", "kRuns"))
     arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
-    lines, fn = _lambdas(g, arg, names, vec)
     block = int((params or {}).get("block", 256))
     work = numel // VEC if vec or pack else numel
     grid = grid_for(work, block)
     index_t = index_type(max([numel] + [math.prod(vals[v].shape) for v in io.inputs]))
     consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};  // output elements"]
-    if vec:
+    if vec or pack:
         consts.append(f"constexpr index_t kRuns = {work};  // runs of 4 neighbouring output elements")
-        stores = [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = {fn[v]}(o * 4);" for v in io.outputs]
-        loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
-    elif pack:
-        consts.append(f"constexpr index_t kRuns = {work};  // runs of 4 neighbouring output elements")
-        stores = _packed_stores(g, arg, work)
-        if stores is not None:
-            lines = []       # every lane composed down to its loads: no lambdas
-        else:
-            stores = [f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = "
-                      f"{_lanes4(vals[v].dtype, [f'{fn[v]}(o * 4 + {k})' for k in range(VEC)])};" for v in io.outputs]
         loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
     else:
-        stores = [f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs]
         loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {"
+
+    def store4(v, value):
+        return f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = {value};"
+    # a packed run's lanes composed down to their loads need no lambdas; the other forms call them
+    lanes = _packed_lanes(g, arg, work) if pack else None
+    lines, fn = ([], {}) if lanes else _lambdas(g, arg, names, vec)
+    if lanes:
+        stores = [store4(v, _lanes4(vals[v].dtype, lanes[v])) for v in io.outputs]
+    elif pack:
+        stores = [store4(v, _lanes4(vals[v].dtype, [f"{fn[v]}(o * 4 + {k})" for k in range(VEC)]))
+                  for v in io.outputs]
+    elif vec:
+        stores = [store4(v, f"{fn[v]}(o * 4)") for v in io.outputs]
+    else:
+        stores = [f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs]
     consts.append(f"constexpr int kBlock = {block};")
     body = ["  // each value the outputs need, as a function of its own flat index (run start when float4)",
             *lines,

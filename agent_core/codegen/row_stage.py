@@ -59,8 +59,9 @@ def staged_values(program: Program, pro, views, computed: dict, schedule: str, r
 
 def stage_lines(tiles: dict, vec: int) -> list[str]:
     """The staging loop (tiles: value -> (tile, its C text at row s_at, column s_col)): each thread
-    computes prologue values at (row s_row, column s_col) of the block's rows, the row index fastest, into the tile; pass 1 then reads its row from the tile (a
-    float4 at a time when kVec is 4: the tile's rows start 16-byte aligned)."""
+    computes prologue values at (row s_row, column s_col) of the block's rows, the row index fastest,
+    into the tile; pass 1 then reads its row from the tile (a float4 at a time when kVec is 4: the
+    tile's rows start 16-byte aligned)."""
     if not tiles:
         return []
     out = ["  extern __shared__ float4 stage_smem[];  // a tile of kRowsPerBlock x kTileStride floats per staged value"]
