@@ -64,15 +64,6 @@ def fake_time_gpu(fn, *, trials=20, warmup=3, flush=True, stream=None):
 def mock_gpu(monkeypatch):
     from agent_core.program_runtime.executable import ProgramExecutable
 
-    class Exe(ProgramExecutable):
-        def _launch(self, torch_mod, step, env):
-            for nid in step.library_nodes:
-                run_node(self.program, nid, env)
-            res = step.loaded([env[v] for v in step.kernel.inputs])
-            for v, r in zip(step.kernel.outputs, res):
-                self.views[v].copy_(r.reshape(self.views[v].shape))
-                env[v] = self.views[v]
-
     real_run_node = split_mod.run_node
 
     def counting_run_node(*a, **k):
@@ -89,7 +80,8 @@ def mock_gpu(monkeypatch):
     monkeypatch.setattr(executable, "raw_launch", lambda lk, ins, outs: lk(ins, outs))
     monkeypatch.setattr(split_mod, "run_node", counting_run_node)   # regions and torch steps run nodes here
     monkeypatch.setattr(program_runtime, "build_executable",
-                        lambda prog, fused, graph=True, device="cpu": Exe(prog, fused, graph=False, device="cpu"))
+                        lambda prog, fused, graph=True, device="cpu": ProgramExecutable(prog, fused, graph=False,
+                                                                                       device="cpu"))
     monkeypatch.setattr(baselines, "measure_baselines", lambda fn, inputs, **kw: {
         "eager": {"ok": True, "ms": 0.5},
         "compile_default": {"ok": True, "ms": 0.25, "compile_s": 3.0, "inductor_kernels": {"generated": 1, "extern": 3}},
@@ -108,6 +100,7 @@ def _mlp():
         h = p.add_node("relu" if i < 2 else "tanh", [h]).outputs[0]
     h = p.add_node("softmax", [h], {"dim": -1}).outputs[0]
     p.mark_output(h)
+    p.metadata["memory_budget_bytes"] = 1 << 40     # room for every split form (test_memory_plan has the budget)
     return p
 
 
@@ -259,7 +252,7 @@ def test_split_tf32_is_chosen_where_faster_and_the_program_runs_and_verifies_wit
     _fp32_looks_slow(monkeypatch)
     ran = []
     real = split_mod.run_split_tf32
-    monkeypatch.setattr(split_mod, "run_split_tf32", lambda p, nid, env: ran.append(nid) or real(p, nid, env))
+    monkeypatch.setattr(split_mod, "run_split_tf32", lambda p, nid, env, *a: ran.append(nid) or real(p, nid, env, *a))
     res, events = _optimize(_mlp(), tmp_path)
     linears = [n.id for n in res.program.nodes.values() if n.op == "linear"]
     chosen = [e for e in events if e["event"] == "precision"]
@@ -272,6 +265,8 @@ def test_split_tf32_is_chosen_where_faster_and_the_program_runs_and_verifies_wit
     assert res.profile["end_to_end"]["correct"]
     rec = bench.record_from_result("mlp.py", res, 1.0)
     assert rec["split_tf32_nodes"] == 3 and rec["library_calls"] == {n: "3xtf32" for n in linears}
+    plan = rec["memory_plan"]
+    assert plan["run_as_fp32"] == [] and plan["predicted_peak_bytes"] <= plan["budget_bytes"]
     from agent_core.project_file import load_program
     assert load_program(tmp_path / "program.json").metadata["library_precision"] == {n: "3xtf32" for n in linears}
 
@@ -281,21 +276,27 @@ def _off_by_a_bit(monkeypatch):
     import agent_core.agent.precision as precision
     real = split_mod.run_split_tf32
 
-    def wrong(p, nid, env):
-        real(p, nid, env)
+    def wrong(p, nid, env, *args):
+        real(p, nid, env, *args)
         env[p.nodes[nid].outputs[0]] = env[p.nodes[nid].outputs[0]] + 1e-2
-    monkeypatch.setattr(split_mod, "run_split_tf32", wrong)
+    monkeypatch.setattr(split_mod, "run_split_tf32", wrong)       # the built program's calls
     monkeypatch.setattr(precision, "run_split_tf32", real)
-    # the built program runs its library calls through the arena's own split (library_calls.py)
-    import agent_core.program_runtime.executable as executable
-    real_call = executable.run_library_call
 
-    def wrong_call(p, nid, env, views, decisions):
-        real_call(p, nid, env, views, decisions)
-        d = decisions.get(nid)
-        if split_mod.library_precision(p).get(nid) and not (d is not None and d.runs_as == "fp32"):
-            env[p.nodes[nid].outputs[0]] = env[p.nodes[nid].outputs[0]] + 1e-2
-    monkeypatch.setattr(executable, "run_library_call", wrong_call)
+
+def test_split_forms_that_do_not_fit_eagers_memory_run_in_fp32_from_before_tuning(mock_gpu, tmp_path, monkeypatch):
+    _fp32_looks_slow(monkeypatch)
+    prog = _mlp()
+    del prog.metadata["memory_budget_bytes"]        # the default: eager's peak, estimated
+    res, events = _optimize(prog, tmp_path)
+    linears = sorted(n.id for n in res.program.nodes.values() if n.op == "linear")
+    back = [e for e in events if e["event"] == "precision" and "before tuning" in e["reason"]]
+    assert sorted(e["node"] for e in back) == linears and all(e["chosen"] == "fp32" for e in back)
+    assert all("take the peak above the budget" in e["reason"] for e in back)
+    assert res.program.metadata["library_precision"] == {}      # the regions were tuned against fp32 calls
+    rec = bench.record_from_result("mlp.py", res, 1.0)
+    assert rec["library_calls"] == {} and rec["memory_plan"]["run_as_fp32"] == []
+    assert rec["memory_plan"]["predicted_peak_bytes"] <= rec["memory_plan"]["budget_bytes"]
+    assert res.profile["end_to_end"]["correct"]
 
 
 def test_a_region_that_fails_with_split_tf32_keeps_its_kernel_with_the_call_in_fp32(mock_gpu, tmp_path, monkeypatch):
@@ -339,8 +340,8 @@ def test_a_kernel_that_breaks_only_the_whole_program_is_found_and_the_others_are
         exe = build(prog, kept, graph=graph, device=device)
         launch_step = exe._launch
 
-        def wrong(torch_mod, step, env):
-            launch_step(torch_mod, step, env)
+        def wrong(torch_mod, step, env, release):
+            launch_step(torch_mod, step, env, release)
             if step.kernel.name == bad:
                 for v in step.kernel.outputs:
                     env[v].add_(1e-2)

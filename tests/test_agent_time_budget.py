@@ -21,6 +21,7 @@ from tests.test_agent_shared_regions import BLOCKS, blocks
 
 
 def _run(prog, tmp_path, **kw):
+    prog.metadata["memory_budget_bytes"] = 1 << 40     # room for every split form (test_memory_plan has the budget)
     buf = io.StringIO()
     kw.setdefault("tune_trials", 2)
     res = optimize(prog, out_dir=tmp_path, emit=EventEmitter(buf), baseline_fn=(None, []), baselines=False,
@@ -40,7 +41,7 @@ def test_library_calls_of_one_shape_are_timed_once_and_each_checks_its_own_tenso
     monkeypatch.setattr(timing, "time_in_graph", lambda fn, **kw: timed.append(kw.get("trials")) or fake(fn, **kw))
     ran = []
     real = split_mod.run_split_tf32
-    monkeypatch.setattr(split_mod, "run_split_tf32", lambda p, nid, env: ran.append(nid) or real(p, nid, env))
+    monkeypatch.setattr(split_mod, "run_split_tf32", lambda p, nid, env, *a: ran.append(nid) or real(p, nid, env, *a))
     res, events = _run(blocks(), tmp_path, tune=False, time_regions=False)
     lin = _linears(res)
     prec = {e["node"]: e for e in events if e["event"] == "precision"}
@@ -63,8 +64,8 @@ def test_a_node_whose_own_tensors_disagree_is_timed_on_its_own(mock_gpu, tmp_pat
     odd = _linears(probe)[3]
     real = split_mod.run_split_tf32
 
-    def wrong_for_one(p, nid, env):          # split TF32 is off for this one node's operands only
-        real(p, nid, env)
+    def wrong_for_one(p, nid, env, *args):   # split TF32 is off for this one node's operands only
+        real(p, nid, env, *args)
         if nid == odd:
             out = p.nodes[nid].outputs[0]
             env[out] = env[out] + 1e-2

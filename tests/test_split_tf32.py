@@ -109,7 +109,7 @@ def test_run_library_node_follows_the_programs_choice(monkeypatch):
     env = dict(parameter_tensors(p, "cpu"))
     env[p.inputs[0]] = torch.randn(CASES[0][1][0])
     calls = []
-    monkeypatch.setattr(st, "run_split_tf32", lambda prog, nid, e: calls.append(nid) or run_node(prog, nid, e))
+    monkeypatch.setattr(st, "run_split_tf32", lambda prog, nid, e, *a, **k: calls.append(nid) or run_node(prog, nid, e))
     st.run_library_node(p, n.id, dict(env))
     assert calls == []                                   # no choice: plain fp32
     p.metadata["library_precision"] = {n.id: st.TF32X3}
@@ -121,7 +121,7 @@ def test_run_library_node_follows_the_programs_choice(monkeypatch):
     st.run_library_node(p, n.id, dict(env))
     assert calls == [n.id] and timed == [n.id]
     cat = []
-    monkeypatch.setattr(st, "run_split_tf32_cat", lambda prog, nid, e: cat.append(nid) or run_node(prog, nid, e))
+    monkeypatch.setattr(st, "run_split_tf32_cat", lambda prog, nid, e, *a, **k: cat.append(nid) or run_node(prog, nid, e))
     p.metadata["library_precision"] = {n.id: st.TF32X3_CAT}
     st.run_library_node(p, n.id, dict(env))
     assert calls == [n.id] and timed == [n.id] and cat == [n.id]

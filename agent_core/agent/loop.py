@@ -1,5 +1,5 @@
 """The agent loop: rewrite -> plan -> for each region generate, compile, verify, time, tune, decide ->
-the end-to-end program (arena, one stream, CUDA graph) verified and timed against torch.
+the end-to-end program (one stream, CUDA graph) verified and timed against torch.
 
 Every step is an event (agent.events); every region's outcome is written into the region itself
 (`measured_ms`, `source`, `schedule["agent"]`, a decision-log entry), so the saved program file
@@ -555,6 +555,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
             from .precision_share import choose_shared_precision as choose_library_precision   # one per signature
             with phase("precision"):
                 choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
+                from .precision import fit_to_memory
+                fit_to_memory(prog, plan.active, emit)
     if tune and tuner is not None:     # the trials' tasks start now, on the program as planned and precision-chosen
         agent.remote_tune = tuner.start(prog, plan.active, lambda r: kernel_name(prog, r.id), gpu=gpu,
                                         sm_count=int(agent.hw.get("sm_count") or 132), tune_trials=tune_trials,
@@ -736,10 +738,11 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     split = sum(prog.node_flops(n) for n in library_precision(prog))
     e2e = attribute(t.median_ms, nbytes, flops, bw, tflops=effective_tflops(flops, split))
     e2e.update(correct=res.ok, verify=res.as_dict(), timing=t.to_dict(), **exe.summary(),
-               arena=exe.arena_plan.to_dict())
+               memory=exe.memory.to_dict())
     profile["end_to_end"] = e2e
     emit.emit("profile", scope="program", ms=t.median_ms, floor_ms=e2e["floor_ms"], achieved_gbs=e2e["achieved_gbs"],
-              launches=exe.launches, cuda_graph=exe.graph is not None, arena_bytes=exe.arena_plan.total_bytes)
+              launches=exe.launches, cuda_graph=exe.graph is not None,
+              predicted_peak_bytes=exe.memory.predicted_peak_bytes)
     result.executable = exe
     if baselines:
         from ..profile.baselines import best_compile_ms, measure_baselines, program_callable

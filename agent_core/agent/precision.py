@@ -153,7 +153,10 @@ def variants(program: Program, nid: str, layouts: dict[str, str] | None = None,
                 if id(t) not in ready:
                     ready[id(t)] = (t, to_channels_last(t))
                 env[src] = ready[id(t)][1]
-            run_in_layout(p, n, env, run, CHANNELS_LAST)
+            if run is run_split_tf32_cat:   # builds its concatenated input channels-last in place
+                run_split_tf32_cat(p, n, env, channels_last=True)
+            else:
+                run_in_layout(p, n, env, run, CHANNELS_LAST)
             if back:
                 env[dst] = env[dst].contiguous()
         return go
@@ -245,3 +248,47 @@ def library_forms(program: Program) -> dict[str, dict]:
             entry["groups"] = node.attrs.get("groups", 1)
         out[nid] = entry
     return out
+
+
+def fit_to_memory(program: Program, regions, emit) -> list[str]:
+    """Before the regions are tuned: the split-TF32 forms whose parts the memory budget cannot hold
+    (program_runtime.memory_plan, on the steps the planned regions would make if all were kept) run in
+    fp32 instead, each with a precision event. So the tuner times a library+kernel region against the
+    library call as the program will run it, and the tile GEMM (split in registers, no parts in
+    memory) wins where cuBLAS's split would not fit. The built program's own plan has the last word.
+    Returns the nodes set back to fp32."""
+    from types import SimpleNamespace
+
+    from ..codegen import LIBRARY_CATEGORIES, CodegenError
+    from ..codegen.region_io import region_io
+    from ..program_runtime.memory_plan import plan_memory
+    from ..program_runtime.steps import Step
+    from ..planner.execute import region_order
+    chosen = library_precision(program)
+    if not chosen:
+        return []
+    order = program.topo_order()
+    steps, covered = [], set()
+    for r in regions:
+        if len(r.nodes) < 2:
+            continue
+        try:
+            io = region_io(program, r.nodes)
+        except CodegenError:
+            continue
+        lib = [n for n in io.nodes if program.nodes[n].opdef.category in LIBRARY_CATEGORIES]
+        if len(lib) > 1:
+            continue                    # codegen refuses it: its nodes run through torch
+        kernel = SimpleNamespace(inputs=list(io.inputs), outputs=list(io.outputs), library_nodes=lib)
+        steps.append(Step("kernel", list(io.nodes), region=r.id, kernel=kernel, library_nodes=lib))
+        covered.update(io.nodes)
+    from ..analysis.cost import is_view
+    steps += [Step("torch", [n], view=is_view(program, n)) for n in order if n not in covered]
+    steps = [steps[i] for i in region_order(program, [s.nodes for s in steps])]
+    plan = plan_memory(program, steps)
+    back = [n for n, d in plan.decisions.items() if d.runs_as == "fp32"]
+    for nid in back:
+        chosen.pop(nid, None)
+        emit.emit("precision", node=nid, op=program.nodes[nid].op, chosen="fp32",
+                  reason=f"{plan.decisions[nid].reason} (before tuning, with the planned regions)")
+    return back

@@ -132,6 +132,14 @@ def record_from_result(path: str, result, seconds: float) -> dict:
         rec["verify_reason"] = (e2e.get("verify") or {}).get("reason")
     if prof.get("library_precision_fallback"):
         rec["library_precision_fallback"] = prof["library_precision_fallback"]
+    memory = e2e.get("memory") or {}
+    if memory:            # the memory plan: its prediction, and the split calls it changed to stay in budget
+        splits = memory.get("split_tf32") or {}
+        rec["memory_plan"] = {"predicted_peak_bytes": memory.get("predicted_peak_bytes"),
+                              "budget_bytes": memory.get("budget_bytes"),
+                              "run_as_fp32": sorted(n for n, d in splits.items() if d["runs_as"] == "fp32"),
+                              "split_per_call": sorted(n for n, d in splits.items()
+                                                       if d["runs_as"] != "fp32" and d["weights"] == "split per call")}
     if result.writer:      # which regions kept a model kernel, and what it cost
         w = result.writer
         rec["writer"] = {"model": w["model"], "regions_kept": w["regions_kept"], "rounds": w["rounds"],

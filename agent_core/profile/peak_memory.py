@@ -5,14 +5,14 @@ Both figures are the peak of allocated bytes during the run above what was alloc
 so the weights and inputs each side already holds are left out of both, and the outputs (alive at the
 end) are in both. The allocator's own block rounding (512 bytes) is counted as it allocates.
 - eager: one forward of the model (no_grad) on its inputs, both already on the GPU.
-- ours: building a fresh executable (its arena, the graph's private pool filled by the warm-up and
-  capture runs: library calls' outputs and temporaries, cuBLAS/cuDNN workspaces for its side stream,
-  the split-TF32 caches of its parameters) and one replay, less the copies of the weights and the
+- ours: building a fresh executable (the graph's private pool filled by the warm-up and capture runs:
+  every intermediate and temporary, cuBLAS/cuDNN workspaces for its side stream, the caches of its
+  parameters) and one replay, less the copies of the weights and the
   static inputs the executable makes for itself (the ones eager holds before its run), plus the
   generated kernels' scratch buffers, which the executables share and were allocated earlier.
 Caches that outlive a run count where they are made: a split-TF32 parameter's (hi, lo) parts are two
 more copies of the weight, a concatenated convolution weight three; `parts` says how much of ours is
-arena, split-TF32 caches and the rest, so what dominates is read from the record.
+parameter caches and how much values and temporaries, so what dominates is read from the record.
 """
 from __future__ import annotations
 
@@ -51,8 +51,9 @@ def fused_of(executable) -> dict:
 
 
 def ours_peak(program, fused: dict, graph: bool) -> dict:
-    """{"bytes", "parts": {"arena", "split_tf32_caches", "other"}} of building and running once the
-    executable of these kept kernels (fused_of an earlier one; in a CUDA graph when `graph`)."""
+    """{"bytes", "predicted", "parts": {"parameter_caches", "values_and_temporaries"}} of building and
+    running once the executable of these kept kernels (fused_of an earlier one; in a CUDA graph when
+    `graph`); predicted: the memory plan's figure."""
     import torch
 
     from ..program_runtime import build_executable
@@ -72,11 +73,11 @@ def ours_peak(program, fused: dict, graph: bool) -> dict:
     own = sum(_rounded(t.untyped_storage().nbytes()) for t in list(exe.params.values()) + list(exe.inputs)
               if isinstance(t, torch.Tensor))
     total = max(0, raw - own) + scratch
-    arena = _rounded(exe.arena.untyped_storage().nbytes())
-    split = cached_bytes(exe.params.values())
+    caches = cached_bytes(exe.params.values())
+    predicted = exe.memory.predicted_peak_bytes
     exe = None
-    return {"bytes": total, "parts": {"arena": arena, "split_tf32_caches": split,
-                                      "other": max(0, total - arena - split)}}
+    return {"bytes": total, "predicted": predicted,
+            "parts": {"parameter_caches": caches, "values_and_temporaries": max(0, total - caches)}}
 
 
 def peak_memory_record(program, fused: dict, graph: bool, eager_fn, eager_inputs) -> dict:
@@ -86,4 +87,4 @@ def peak_memory_record(program, fused: dict, graph: bool, eager_fn, eager_inputs
     ours = ours_peak(program, fused, graph)
     return {"peak_mem_eager_bytes": eager, "peak_mem_ours_bytes": ours["bytes"],
             "peak_mem_ratio": round(ours["bytes"] / eager, 4) if eager else None,
-            "peak_mem_ours_parts": ours["parts"]}
+            "peak_mem_predicted_bytes": ours["predicted"], "peak_mem_ours_parts": ours["parts"]}

@@ -1,5 +1,6 @@
-"""The end-to-end program: a step list over one memory arena, on one stream, in one CUDA graph."""
-from .arena import ArenaPlan, Slot, check_arena, plan_arena  # noqa: F401
+"""The end-to-end program: a step list on one stream, in one CUDA graph, its intermediates allocated by
+the steps that write them and released after their last readers (memory_plan predicts the peak)."""
+from .memory_plan import MemoryPlan, eager_peak_estimate, plan_memory  # noqa: F401
 from .steps import Step, plan_steps  # noqa: F401
 
 

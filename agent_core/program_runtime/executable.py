@@ -1,11 +1,12 @@
-"""The end-to-end program on the GPU: one arena, one stream, one CUDA graph.
+"""The end-to-end program on the GPU: one stream, one CUDA graph, one allocator.
 
-Generated kernels write into views of the arena (one torch.empty of bytes) and are launched with raw
+Generated kernels write into tensors allocated as they run (torch.empty) and are launched with raw
 device pointers on torch's current stream (cupy.cuda.ExternalStream), so capturing them into a
 torch.cuda.CUDAGraph records the launches like any torch op. Library calls and unfused nodes run
-through torch; whatever they allocate during capture lives in the graph's private pool. Inputs are
-static tensors the caller may write into directly (zero copy); outputs are the tensors the graph
-writes (valid until the next replay).
+through torch. Every intermediate is released after its last reader, so during capture all of them
+share the graph's private pool by lifetime, as eager's share its allocator (memory_plan predicts the
+peak). Inputs are static tensors the caller may write into directly (zero copy); outputs are the
+tensors the graph writes (valid until the next replay).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import numpy as np
 from ..errors import StitchError
 from ..ir import Program
 from ..reference import parameter_tensors, random_inputs, run_reference
-from .library_calls import run_library_call
+from ..runtime.split_tf32 import run_library_node
 from .steps import Step, plan_steps
 
 
@@ -39,22 +40,26 @@ def capture_stream(torch):
     return s
 
 
-def _release_after(program, steps) -> list[list[str]]:
-    """Per step, the values no later step reads (program outputs, inputs and parameters kept), so a
-    run drops them from its environment: torch's own allocations then go back to its pool for the
-    next step, as eager's do, and arena views are only forgotten."""
+def _release_after(program, steps) -> list[list[list[str]]]:
+    """Per step and per event of it (Step.events: each library call, then the kernel), the values no
+    later event reads (program outputs, inputs and parameters kept), so a run drops them from its
+    environment and their memory goes back to the pool at once, as eager's does."""
     keep = set(program.outputs) | set(program.inputs)
-    last: dict[str, int] = {}
+    last: dict[str, tuple[int, int]] = {}
     for i, s in enumerate(steps):
-        for nid in s.nodes:
-            node = program.nodes[nid]
-            for v in list(node.inputs) + list(node.outputs):
-                if v is not None and v not in keep and program.values[v].producer is not None:
-                    last[v] = i
-    out: list[list[str]] = [[] for _ in steps]
-    for v, i in last.items():
-        out[i].append(v)
+        for j, (reads, writes) in enumerate(s.events(program)):
+            for v in reads + writes:
+                if v not in keep and program.values[v].producer is not None:
+                    last[v] = (i, j)
+    out = [[[] for _ in s.events(program)] for s in steps]
+    for v, (i, j) in last.items():
+        out[i][j].append(v)
     return out
+
+
+def _drop(env: dict, values: list[str]) -> None:
+    for v in values:
+        env.pop(v, None)
 
 
 def cupy_stream():
@@ -109,27 +114,18 @@ class ProgramExecutable:
     def __init__(self, program: Program, fused: dict[str, tuple[list[str], object, object]], *,
                  graph: bool = True, device: str = "cuda", memory_budget: int | None = None):
         """fused: region id -> (node ids, KernelSource, LoadedKernel) of the regions kept as kernels;
-        memory_budget: the peak bytes split-TF32 caches may take us to (default: eager's, estimated)."""
+        memory_budget: the peak bytes split-TF32 forms may take us to (default: eager's, estimated)."""
         import torch
         self.program = program
         self.device = device
-        self.steps, self.arena_plan = plan_steps(program, {r: (n, ks) for r, (n, ks, _) in fused.items()},
-                                                 memory_budget)
-        self.memory = self.arena_plan.memory
+        self.steps, self.memory = plan_steps(program, {r: (n, ks) for r, (n, ks, _) in fused.items()},
+                                             memory_budget)
         self._release = _release_after(program, self.steps)
         for s in self.steps:
             if s.kind == "kernel":
                 s.loaded = fused[s.region][2]
-        self.arena = torch.empty(max(1, self.arena_plan.total_bytes), dtype=torch.uint8, device=device)
-        self._arena_ptr = self.arena.untyped_storage().data_ptr()
         self.params = parameter_tensors(program, device)
         self.inputs = [_valid_placeholder(torch, program.values[v], device) for v in program.inputs]
-        self.views = {}
-        temps = self.memory.temps if self.memory is not None else {}
-        for vid, slot in self.arena_plan.slots.items():
-            shape, dtype = temps[vid] if vid in temps else (program.values[vid].shape, program.values[vid].dtype)
-            dt = _torch_dtype(torch, dtype)
-            self.views[vid] = self.arena[slot.offset:slot.offset + slot.nbytes].view(dt).view(tuple(shape))
         self.graph = None
         self.graph_error: str | None = None
         self.outputs = None
@@ -138,18 +134,28 @@ class ProgramExecutable:
 
     # --- running -------------------------------------------------------------------------------
     def _run_library(self, nid: str, env: dict) -> None:
-        """cuBLAS / cuDNN through torch (fp32, or split TF32), into its arena slot when it has one."""
-        run_library_call(self.program, nid, env, self.views, self.memory.decisions if self.memory else {})
+        """cuBLAS / cuDNN through torch, in the form the agent chose unless the memory plan ran it in
+        fp32 or split its weights per call."""
+        d = self.memory.decisions.get(nid)
+        if d is None:
+            run_library_node(self.program, nid, env)
+        else:
+            run_library_node(self.program, nid, env, form=d.runs_as, cache_weights=d.weights == "cached")
 
-    def _launch(self, torch, step: Step, env: dict) -> None:
+    def _output(self, torch, vid: str):
+        v = self.program.values[vid]
+        return torch.empty(tuple(v.shape), dtype=_torch_dtype(torch, v.dtype), device=self.device)
+
+    def _launch(self, torch, step: Step, env: dict, release: list[list[str]]) -> None:
         ks = step.kernel
-        for nid in step.library_nodes:
+        for nid, done in zip(step.library_nodes, release):
             self._run_library(nid, env)
+            _drop(env, done)
         ins = []
         for v in ks.inputs:
             env[v] = launchable(env[v], ks.align)
             ins.append(env[v])
-        outs = [self.views[v] for v in ks.outputs]
+        outs = [self._output(torch, v) for v in ks.outputs]
         raw_launch(step.loaded, ins, outs)
         env.update(zip(ks.outputs, outs))
 
@@ -158,20 +164,12 @@ class ProgramExecutable:
         env = dict(self.params)
         env.update(zip(self.program.inputs, self.inputs))
         with torch.no_grad():
-            for i, step in enumerate(self.steps):
+            for step, release in zip(self.steps, self._release):
                 if step.kind == "kernel":
-                    self._launch(torch, step, env)
+                    self._launch(torch, step, env, release)
                 else:
-                    nid = step.nodes[0]
-                    self._run_library(nid, env)
-                    if not step.view:
-                        for v in self.program.nodes[nid].outputs:   # a torch view into the arena would outlive its slot
-                            t = env.get(v)
-                            if isinstance(t, torch.Tensor) and t is not self.views.get(v) \
-                                    and t.untyped_storage().data_ptr() == self._arena_ptr:
-                                env[v] = t.clone()
-                for v in self._release[i]:
-                    env.pop(v, None)
+                    self._run_library(step.nodes[0], env)
+                _drop(env, release[-1])
         return [env[v] for v in self.program.outputs]
 
     def _capture(self) -> None:
@@ -227,7 +225,7 @@ class ProgramExecutable:
     def summary(self) -> dict:
         return {"steps": len(self.steps), "generated_kernels": self.kernel_steps, "launches": self.launches,
                 "cuda_graph": self.graph is not None, "graph_error": self.graph_error,
-                "arena_bytes": self.arena_plan.total_bytes, "arena_naive_bytes": self.arena_plan.naive_bytes,
+                "predicted_peak_bytes": self.memory.predicted_peak_bytes,
                 "order": [s.label(self.program) for s in self.steps]}
 
     def verify(self, draws: int = 5, seed: int = 0, ref=None):

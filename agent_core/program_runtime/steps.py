@@ -1,17 +1,15 @@
 """The step list of an end-to-end program: regions that run as one generated kernel, and every other
 node run through its torch implementation (library calls included), in a topological order of the
-steps, with the arena slots of the values kernels write.
+steps, with its memory plan (memory_plan: the predicted peak and the split-TF32 decisions).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from ..analysis.cost import is_view
-from ..analysis.liveness import lifetimes
 from ..ir import Program
 from ..planner.execute import region_order
-from .arena import ArenaPlan
-from .library_memory import plan_library_memory
+from .memory_plan import MemoryPlan, plan_memory
 
 
 @dataclass
@@ -28,6 +26,17 @@ class Step:
     def writes(self) -> list[str]:
         return list(self.kernel.outputs) if self.kind == "kernel" else []
 
+    def events(self, program: Program) -> list[tuple[list[str], list[str]]]:
+        """(values read, values written) of each thing the step runs, in order: its library calls,
+        then its kernel; a torch step's one node. Values inside a kernel are in none of them."""
+        out = []
+        for nid in self.library_nodes if self.kind == "kernel" else self.nodes:
+            node = program.nodes[nid]
+            out.append(([v for v in node.inputs if v], [v for v in node.outputs if v]))
+        if self.kind == "kernel":
+            out.append((list(self.kernel.inputs), list(self.kernel.outputs)))
+        return out
+
     def label(self, program: Program) -> str:
         if self.kind == "kernel":
             return f"{self.kernel.name} ({self.kernel.kind}" + (", after " + ", ".join(
@@ -37,10 +46,9 @@ class Step:
 
 
 def plan_steps(program: Program, fused: dict[str, tuple[list[str], object]],
-               memory_budget: int | None = None) -> tuple[list[Step], ArenaPlan]:
+               memory_budget: int | None = None) -> tuple[list[Step], MemoryPlan]:
     """fused: region id -> (its node ids, its KernelSource). Returns the steps in execution order and
-    the arena plan of the values the kernels write, the library calls' outputs and split temporaries
-    (library_memory; its decisions in plan.memory, within memory_budget bytes or eager's estimate)."""
+    their memory plan (within memory_budget bytes, or the program's, or eager's estimated peak)."""
     order_all = program.topo_order()
     pos = {n: i for i, n in enumerate(order_all)}
     steps: list[Step] = []
@@ -54,18 +62,4 @@ def plan_steps(program: Program, fused: dict[str, tuple[list[str], object]],
             steps.append(Step("torch", [n], view=is_view(program, n)))
     idx = region_order(program, [s.nodes for s in steps])
     steps = [steps[i] for i in idx]
-    node_order = [n for s in steps for n in s.nodes]
-    step_of = {n: i for i, s in enumerate(steps) for n in s.nodes}
-    life = lifetimes(program, node_order)
-    n_nodes = len(node_order)
-    # a view of a kernel output extends the kernel output's lifetime (folded by lifetimes())
-    values = {}
-    for s in steps:
-        for v in s.writes:
-            lt = life.get(v)
-            start = step_of[program.producer(v).id]
-            end = len(steps) if lt is None or lt.end >= n_nodes else step_of[node_order[lt.end]]
-            values[v] = (program.values[v].nbytes, start, max(start, end))
-    memory = plan_library_memory(program, steps, values, memory_budget)
-    memory.arena.memory = memory
-    return steps, memory.arena
+    return steps, plan_memory(program, steps, memory_budget)

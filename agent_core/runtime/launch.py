@@ -33,7 +33,7 @@ class LoadedKernel:
     """A KernelSource compiled for the current GPU and loaded with cupy.RawModule.
 
     Calling it with the region's input tensors (in KernelSource.inputs order) returns the outputs;
-    pass `outputs` to write into existing tensors (the arena of an end-to-end program).
+    pass `outputs` to write into existing tensors.
     """
 
     def __init__(self, kernel: KernelSource, compiled: CompiledKernel | None = None, *, specs=None,

@@ -104,12 +104,12 @@ def split_cat_into(t, dst, dim: int, lo_at: int) -> None:
     parts[3 - lo_at].copy_(parts[0])
 
 
-def weight_cat(w, w_dim: int):
+def weight_cat(w, w_dim: int, memory_format=None):
     """[hi, hi, lo] of a convolution weight, concatenated along w_dim, made in place."""
     import torch
     shape = list(w.shape)
     shape[w_dim] *= 3
-    dst = w.new_empty(shape)
+    dst = torch.empty(shape, dtype=w.dtype, device=w.device, memory_format=memory_format or torch.contiguous_format)
     split_cat_into(w, dst, w_dim, lo_at=2)
     return dst
 
@@ -199,12 +199,16 @@ def _operands(node, env: dict):
     return env[node.inputs[0]], env[node.inputs[1]], bias
 
 
-def run_split_tf32(program: Program, node_id: str, env: dict) -> None:
-    """run_node for a bilinear node, as three TF32 tensor-core calls (see the module docstring)."""
+def run_split_tf32(program: Program, node_id: str, env: dict, cache_weights: bool = True) -> None:
+    """run_node for a bilinear node, as three TF32 tensor-core calls (see the module docstring);
+    a parameter's parts are cached unless cache_weights is False (then split per call, like an activation)."""
     node = program.nodes[node_id]
     a, b, bias = _operands(node, env)
-    a_hi, a_lo = _cached_split(a) if _is_parameter(program, node.inputs[0]) else split_tf32(a)
-    b_hi, b_lo = _cached_split(b) if _is_parameter(program, node.inputs[1]) else split_tf32(b)
+
+    def parts(vid, t):
+        return _cached_split(t) if cache_weights and _is_parameter(program, vid) else split_tf32(t)
+    a_hi, a_lo = parts(node.inputs[0], a)
+    b_hi, b_lo = parts(node.inputs[1], b)
     with tf32_tensor_cores():
         out = _gemm_sum(node.op, a_hi, a_lo, b_hi, b_lo, bias)
         if out is None:
@@ -241,20 +245,28 @@ def run_timed_fp32(program: Program, node_id: str, env: dict) -> None:
         run_node(program, node_id, env)
 
 
-def run_split_tf32_cat(program: Program, node_id: str, env: dict) -> None:
+def run_split_tf32_cat(program: Program, node_id: str, env: dict, cache_weights: bool = True,
+                       channels_last: bool = False) -> None:
     """A groups = 1 convolution as one TF32 convolution over [hi_a, lo_a, hi_a] and [hi_b, hi_b, lo_b],
-    concatenated along the input channels (the weight's dim 1, or dim 0 when transposed)."""
+    concatenated along the input channels (the weight's dim 1, or dim 0 when transposed). The parts are
+    written in place into one buffer of three times the input (the only temporary), in channels-last
+    memory when asked, so the input is never copied to that layout first."""
     import torch
     node = program.nodes[node_id]
     a, b, bias = _operands(node, env)
     spatial = int(node.op[-2])
     channel = a.dim() - spatial - 1                    # 1, or 0 for an unbatched input
     w_dim = 0 if node.op.startswith("conv_transpose") else 1
+    fmt = _channels_last_format(a) if channels_last else torch.contiguous_format
 
-    w_cat = (_cached(b, "cat", lambda w: weight_cat(w, w_dim)) if _is_parameter(program, node.inputs[1])
-             else weight_cat(b, w_dim))
-    a_hi, a_lo = split_tf32(a)
-    a_cat = torch.cat([a_hi, a_lo, a_hi], dim=channel)
+    def make(w):
+        return weight_cat(w, w_dim, fmt)
+    w_cat = (_cached(b, "cat-cl" if channels_last else "cat", make)
+             if cache_weights and _is_parameter(program, node.inputs[1]) else make(b))
+    shape = list(a.shape)
+    shape[channel] *= 3
+    a_cat = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
+    split_cat_into(a, a_cat, channel, lo_at=1)
     with tf32_tensor_cores():
         env[node.outputs[0]] = node.opdef.reference([a_cat, w_cat, bias], node.attrs)
 
@@ -268,10 +280,14 @@ def can_channels_last(program: Program, node_id: str) -> bool:
     return all(v is not None and len(program.values[v].shape) == rank for v in node.inputs[:2])
 
 
+def _channels_last_format(t):
+    import torch
+    return torch.channels_last if t.dim() == 4 else torch.channels_last_3d
+
+
 def to_channels_last(t):
     """t in channels-last memory (itself when it already is)."""
-    import torch
-    return t.contiguous(memory_format=torch.channels_last if t.dim() == 4 else torch.channels_last_3d)
+    return t.contiguous(memory_format=_channels_last_format(t))
 
 
 def is_channels_last(t) -> bool:
@@ -302,23 +318,23 @@ def run_in_layout(program: Program, node_id: str, env: dict, run, layout: str | 
         env[v] = local[v]
 
 
-def run_library_node(program: Program, node_id: str, env: dict) -> None:
+def run_library_node(program: Program, node_id: str, env: dict, form: str | None = None,
+                     cache_weights: bool = True) -> None:
     """run_node, or the form the agent chose for this node (split TF32, or a timed cuDNN algorithm),
-    in the layout it chose."""
+    in the layout it chose. form overrides the agent's ("fp32": plain); cache_weights=False splits a
+    parameter per call instead of keeping its parts (program_runtime.memory_plan decides)."""
     layout = library_layout(program).get(node_id)
-    if layout == CHANNELS_LAST:
-        run_in_layout(program, node_id, env, _run_form, layout)
-    else:
-        _run_form(program, node_id, env)
+    mode = form or library_precision(program).get(node_id)
+    if mode == TF32X3_CAT:
+        run_split_tf32_cat(program, node_id, env, cache_weights, channels_last=layout == CHANNELS_LAST)
+        return
 
+    def run(p, nid, e):
+        if mode == TF32X3:
+            run_split_tf32(p, nid, e, cache_weights)
+        elif mode == TIMED_FP32:
+            run_timed_fp32(p, nid, e)
+        else:
+            run_node(p, nid, e)
+    run_in_layout(program, node_id, env, run, layout)
 
-def _run_form(program: Program, node_id: str, env: dict) -> None:
-    mode = library_precision(program).get(node_id)
-    if mode == TF32X3:
-        run_split_tf32(program, node_id, env)
-    elif mode == TF32X3_CAT:
-        run_split_tf32_cat(program, node_id, env)
-    elif mode == TIMED_FP32:
-        run_timed_fp32(program, node_id, env)
-    else:
-        run_node(program, node_id, env)

@@ -1,0 +1,275 @@
+"""What an end-to-end program holds in GPU memory at each step, and what each split-TF32 call keeps.
+
+Every intermediate is a torch allocation made by the step that writes it and dropped after the last
+step that reads it (executable._execute), generated kernels' outputs included, so kernels, library
+calls and their temporaries share one caching allocator (inside a CUDA graph, its private pool) and
+our peak is that of one live set, as eager's is. A static arena for the kernels' outputs beside that
+pool added two peaks instead (H200, 11_VGG16 at 3883459: a 193 MB arena plus 96 MB of pool against
+eager's 257 MB in all).
+
+The model, per step: the values alive there (from the step that writes one to the last that reads it;
+values inside a kernel never exist; a view adds nothing), plus the step's temporaries (a channels-last
+call's input copy, a split call's parts), plus the parameter caches of the whole run (split-TF32
+parts, concatenated convolution weights, channels-last weights). The peak is its maximum.
+
+A split-TF32 form trades memory for speed: its activation's parts, and its weight's parts either
+cached for the run or made per call. The budget is eager's peak (estimated from the program's own
+liveness, eager_peak_estimate) unless the program's memory_budget_bytes or the caller sets one. While
+the predicted peak is above it: the largest cache is dropped when splitting its weight per call does
+not raise the peak; else the heaviest split call at the peak step runs in plain fp32; else the calls
+of the largest cache run in fp32. Each choice is a recorded decision (MemoryDecision).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..analysis.liveness import lifetimes
+from ..ir import Program, Role
+from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, can_concatenate, library_layout,
+                                  library_precision)
+
+ROUND = 512          # the caching allocator's block rounding
+MIB = 1 << 20
+
+
+def _rounded(n: int) -> int:
+    return (n + ROUND - 1) // ROUND * ROUND
+
+
+def _is_param(program: Program, vid: str) -> bool:
+    return program.values[vid].role in (Role.PARAMETER, Role.CONSTANT)
+
+
+def _bytes(program: Program, vid: str) -> int:
+    return _rounded(program.values[vid].nbytes)
+
+
+@dataclass
+class MemoryDecision:
+    """One split-TF32 call: how it runs (its agent-chosen form, or fp32), and its weights' parts."""
+    node_id: str
+    chosen: str                 # the agent's form (3xtf32, 3xtf32-cat)
+    runs_as: str                # the same, or "fp32"
+    weights: str                # "cached", "split per call" or "none" (no parameter operand)
+    cache_bytes: int            # what caching its weights costs (0 when none)
+    temp_bytes: int             # its temporaries while it runs
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"chosen": self.chosen, "runs_as": self.runs_as, "weights": self.weights,
+                "cache_bytes": self.cache_bytes, "temp_bytes": self.temp_bytes, "reason": self.reason}
+
+
+@dataclass
+class MemoryPlan:
+    budget_bytes: int
+    budget_source: str
+    predicted_peak_bytes: int
+    peak_step: int                       # where the predicted peak is reached (-1: no step)
+    cache_bytes: int                     # parameter caches, held for the whole run
+    decisions: dict[str, MemoryDecision] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"budget_bytes": self.budget_bytes, "budget": self.budget_source,
+                "predicted_peak_bytes": self.predicted_peak_bytes, "peak_step": self.peak_step,
+                "cache_bytes": self.cache_bytes,
+                "split_tf32": {n: d.to_dict() for n, d in self.decisions.items()}}
+
+
+def eager_peak_estimate(program: Program) -> int:
+    """Eager's peak activation bytes as its allocator would hold them: every value from the op that
+    makes it to its last reader in program order, views folded, parameters and inputs left out (the
+    measured figure leaves them out too), outputs to the end."""
+    lt = lifetimes(program)
+    delta = [0] * (len(program.nodes) + 3)
+    for life in lt.values():
+        if life.start < 0:
+            continue
+        delta[life.start + 1] += _rounded(life.nbytes)
+        delta[life.end + 2] -= _rounded(life.nbytes)
+    peak = live = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak
+
+
+def _events(program: Program, steps):
+    """Every event of the run in order (Step.events) as (step index, library node id or None, reads,
+    writes), and a node order that lists each step's library calls first (a valid topological order:
+    a kernel step's library calls never read its kernel)."""
+    events, order = [], []
+    for i, s in enumerate(steps):
+        lib = list(s.library_nodes) if s.kind == "kernel" else ([] if s.view else list(s.nodes))
+        for (reads, writes), nid in zip(s.events(program), lib + [None]):
+            events.append((i, nid, reads, writes))
+        order += [n for n in s.nodes if n in s.library_nodes] + [n for n in s.nodes if n not in s.library_nodes]
+    return events, order
+
+
+def _live_per_event(program: Program, steps, events, order) -> list[int]:
+    """Bytes of the values alive at each event (a program output to the last one). A value exists only
+    when some event writes it (values inside a kernel never do); a view adds nothing."""
+    event_of: dict[str, int] = {}
+    real: set[str] = set()
+    last_of_step: dict[int, int] = {}
+    for k, (i, nid, _, writes) in enumerate(events):
+        real.update(writes)
+        if nid is not None:
+            event_of[nid] = k
+        last_of_step[i] = k
+    for i, s in enumerate(steps):
+        for n in s.nodes:
+            event_of.setdefault(n, last_of_step[i])     # a kernel's own nodes: its launch
+    n = len(events)
+    delta = [0] * (n + 1)
+    for vid, life in lifetimes(program, order).items():
+        if life.start < 0 or vid not in real:
+            continue
+        start = event_of[order[life.start]]
+        end = n - 1 if life.end >= len(order) else event_of[order[life.end]]
+        delta[start] += _rounded(life.nbytes)
+        delta[max(start, end) + 1] -= _rounded(life.nbytes)
+    live, out = 0, []
+    for i in range(n):
+        live += delta[i]
+        out.append(live)
+    return out
+
+
+def _kernel_copies(program: Program, events, layout: dict) -> list[int]:
+    """Per event, the contiguous copy a kernel makes of a channels-last output it reads."""
+    cl_out = {program.nodes[n].outputs[0] for n, lay in layout.items()
+              if lay == CHANNELS_LAST and n in program.nodes and program.nodes[n].outputs}
+    return [sum(_bytes(program, v) for v in reads if v in cl_out) if nid is None else 0
+            for _, nid, reads, _ in events]
+
+
+def _gemm_sums_in_place(program: Program, nid: str) -> bool:
+    """Whether split_tf32._gemm_sum adds the three products into one output (no product temporaries)."""
+    node = program.nodes[nid]
+    a, b = (program.values[v] for v in node.inputs[:2])
+    if node.op == "linear":
+        return len(b.shape) == 2
+    return node.op in ("matmul", "bmm") and len(a.shape) == len(b.shape) in (2, 3) and a.shape[:-2] == b.shape[:-2]
+
+
+def _call_costs(program: Program, nid: str, form: str | None, cached: bool) -> tuple[int, dict[tuple, int]]:
+    """(temporary bytes while the call runs, {(parameter, kind): cache bytes}) of one library call run
+    as `form` (None: plain fp32) in its layout, its split weights cached or not (runtime.split_tf32)."""
+    node = program.nodes[nid]
+    a = node.inputs[0]
+    b = node.inputs[1] if len(node.inputs) > 1 else None
+    cl = library_layout(program).get(nid) == CHANNELS_LAST
+    caches: dict[tuple, int] = {}
+    if form == TF32X3_CAT:      # the input's parts built in place, in its layout
+        temp = 3 * _bytes(program, a)
+        if _is_param(program, b) and cached:
+            caches[(b, "cat-cl" if cl else "cat")] = 3 * _bytes(program, b)
+        else:
+            temp += 3 * _bytes(program, b)
+        return temp, caches
+    temp = 0
+    if cl:                      # run_in_layout: the input copied, a weight converted once
+        temp += _bytes(program, a)
+        if b and _is_param(program, b):
+            caches[(b, "cl")] = _bytes(program, b)
+        elif b:
+            temp += _bytes(program, b)
+    if form == TF32X3:
+        temp += 0 if _gemm_sums_in_place(program, nid) else _bytes(program, node.outputs[0])
+        for vid in (a, b):
+            if _is_param(program, vid) and cached:
+                caches[(vid, "split-cl" if cl else "split")] = 2 * _bytes(program, vid)
+            else:
+                temp += 2 * _bytes(program, vid)
+    return temp, caches
+
+
+def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPlan:
+    """The predicted peak of running `steps` (program_runtime.steps) and the split-TF32 decisions that
+    keep it within the budget (see the module docstring)."""
+    layout = library_layout(program)
+    precision = library_precision(program)
+    if budget is None and program.metadata.get("memory_budget_bytes") is not None:
+        budget, source = int(program.metadata["memory_budget_bytes"]), "the program's memory_budget_bytes"
+    elif budget is None:
+        budget, source = eager_peak_estimate(program), "eager's peak, estimated from the program"
+    else:
+        source = "given"
+    events, order = _events(program, steps)
+    base = [a + b for a, b in zip(_live_per_event(program, steps, events, order),
+                                  _kernel_copies(program, events, layout))]
+    library = [(k, nid) for k, (_, nid, _, _) in enumerate(events) if nid is not None]
+    calls = [nid for _, nid in library if precision.get(nid) == TF32X3
+             or (precision.get(nid) == TF32X3_CAT and can_concatenate(program, nid))]
+    split = set(calls)
+    demoted: set[str] = set()           # split calls run in fp32
+    uncached: set[tuple] = set()        # caches dropped: their calls split the weight per call
+
+    def cache_keys(nid) -> set:
+        return set(_call_costs(program, nid, precision[nid], True)[1]) - \
+            set(_call_costs(program, nid, None, True)[1])          # the split's own, not the layout's
+
+    def costs(nid, demoted=demoted, uncached=uncached):
+        if nid not in split or nid in demoted:
+            return _call_costs(program, nid, None if nid in split else precision.get(nid), True)
+        return _call_costs(program, nid, precision[nid], not (cache_keys(nid) & uncached))
+
+    def predict(demoted=demoted, uncached=uncached):
+        per_event = list(base)
+        caches: dict[tuple, int] = {}
+        for k, nid in library:
+            temp, held = costs(nid, demoted, uncached)
+            per_event[k] += temp
+            caches.update(held)
+        at = max(range(len(per_event)), key=per_event.__getitem__, default=-1)
+        peak = (per_event[at] if at >= 0 else 0) + sum(caches.values())
+        return peak, at, per_event, caches
+
+    event_of = {nid: k for k, nid in library}
+    peak, at, per_event, caches = predict()
+    while peak > budget:
+        own = set().union(*(cache_keys(n) for n in calls if n not in demoted))
+        droppable = {key: nb for key, nb in caches.items() if key in own}
+        largest = max(droppable, key=droppable.get) if droppable else None
+        here = [n for n in calls if n not in demoted and event_of[n] == at]
+        if largest is not None and predict(demoted, uncached | {largest})[0] <= peak:
+            uncached.add(largest)        # split per call: its parts exist only while the call runs
+        elif here:
+            demoted.add(max(here, key=lambda n: costs(n)[0]))
+        elif largest is not None:
+            demoted.update(n for n in calls if n not in demoted and largest in cache_keys(n))
+        else:
+            break                        # the values alone are above the budget: nothing to trade
+        peak, at, per_event, caches = predict()
+    peak_step = events[at][0] if at >= 0 else -1
+
+    within = f"predicted peak {peak / MIB:.1f} MiB, budget {budget / MIB:.1f} MiB ({source})"
+    decisions = {}
+    for nid in calls:
+        form = precision[nid]
+        keys = cache_keys(nid)
+        full = _call_costs(program, nid, form, True)[1]
+        cache_nb = sum(nb for key, nb in full.items() if key in keys)
+        temp = costs(nid)[0]
+        if nid in demoted:
+            t_all = _call_costs(program, nid, form, False)[0]
+            decisions[nid] = MemoryDecision(
+                nid, form, "fp32", "none", cache_nb, temp,
+                f"runs in fp32: its split parts ({t_all / MIB:.1f} MiB per call, or "
+                f"{cache_nb / MIB:.1f} MiB of cached weights) take the peak above the budget; {within}")
+        elif not keys:
+            decisions[nid] = MemoryDecision(nid, form, form, "none", 0, temp,
+                                            f"no parameter operand: both split per call ({temp / MIB:.1f} MiB "
+                                            f"of temporaries); {within}")
+        elif keys & uncached:
+            decisions[nid] = MemoryDecision(nid, form, form, "split per call", cache_nb, temp,
+                                            f"weights split per call ({temp / MIB:.1f} MiB of temporaries): "
+                                            f"caching them ({cache_nb / MIB:.1f} MiB) would take the peak "
+                                            f"above the budget; {within}")
+        else:
+            decisions[nid] = MemoryDecision(nid, form, form, "cached", cache_nb, temp,
+                                            f"weights split once and cached ({cache_nb / MIB:.1f} MiB): "
+                                            f"within the budget; {within}")
+    return MemoryPlan(budget, source, peak, peak_step, sum(caches.values()), decisions)

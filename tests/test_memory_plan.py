@@ -1,0 +1,182 @@
+"""The memory plan of an end-to-end program and its split-TF32 decisions, on the CPU.
+
+The end-to-end program is built for the CPU (no CUDA graph) from a real imported nn.Module. Its
+predicted peak is that of one live set (every intermediate released after its last reader), the
+split-TF32 calls keep their weights' caches only within the memory budget (eager's peak unless the
+program sets one), else split per call, else run in fp32, each a recorded decision; every form still
+matches the reference.
+"""
+import torch
+import torch.nn as nn
+
+from agent_core.importers import import_nn_module
+from agent_core.program_runtime.executable import ProgramExecutable
+from agent_core.program_runtime.memory_plan import eager_peak_estimate
+from agent_core.runtime.split_tf32 import run_split_tf32_cat, split_cat_into, split_into, split_tf32
+from agent_core.reference import parameter_tensors
+
+
+class ResidualMLP(nn.Module):
+    """fc1's output stays alive across fc2 (the residual); fc2 and fc3 never live together."""
+
+    def __init__(self, d=64):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        h = self.fc1(x)
+        y = torch.relu(self.fc2(torch.relu(h))) + h
+        return self.fc3(torch.tanh(y))
+
+
+ACT = 32 * 64 * 4          # one activation of ResidualMLP, bytes
+WEIGHT = 64 * 64 * 4
+
+
+def _program(model=None, shape=(32, 64)):
+    torch.manual_seed(0)
+    return import_nn_module(model or ResidualMLP(), [torch.randn(*shape)])
+
+
+def _linear_outputs(p):
+    return [n.outputs[0] for n in p.nodes.values() if n.op == "linear"]
+
+
+def test_the_peak_is_one_live_set_and_the_default_budget_is_eagers():
+    p = _program()
+    exe = ProgramExecutable(p, {}, graph=False, device="cpu")
+    m = exe.memory
+    # fc2 runs while h (the residual), relu(h) and fc2's output are alive: three activations at once
+    assert m.predicted_peak_bytes == 3 * ACT == eager_peak_estimate(p)
+    assert m.budget_bytes == eager_peak_estimate(p) and "eager" in m.budget_source
+    assert m.to_dict()["predicted_peak_bytes"] == 3 * ACT
+    res = exe.verify(draws=3)
+    assert res.ok, res.reason
+
+
+def test_split_parts_made_in_place_match_split_tf32():
+    torch.manual_seed(1)
+    for shape in ((7, 33), (2, 3, 5, 5)):
+        t = torch.randn(*shape) * 10
+        t.view(-1)[0] = float("inf")
+        hi, lo = torch.empty_like(t), torch.empty_like(t)
+        split_into(t, hi, lo)
+        ref_hi, ref_lo = split_tf32(t)
+        assert torch.equal(hi, ref_hi) and torch.equal(lo.isnan(), ref_lo.isnan())
+        assert torch.equal(lo[~lo.isnan()], ref_lo[~ref_lo.isnan()])
+    x = torch.randn(2, 4, 3, 3)
+    dst = torch.empty(2, 12, 3, 3)
+    split_cat_into(x, dst, 1, lo_at=1)
+    h, low = split_tf32(x)
+    assert torch.equal(dst, torch.cat([h, low, h], dim=1))
+    split_cat_into(x, dst, 1, lo_at=2)
+    assert torch.equal(dst, torch.cat([h, h, low], dim=1))
+
+
+def _split_program(budget):
+    p = _program()
+    lin = [n.id for n in p.nodes.values() if n.op == "linear"]
+    p.metadata["library_precision"] = {nid: "3xtf32" for nid in lin}
+    if budget is not None:
+        p.metadata["memory_budget_bytes"] = budget
+    return p, lin
+
+
+def test_split_weights_are_cached_within_a_roomy_budget():
+    roomy, _ = _split_program(1 << 30)
+    exe = ProgramExecutable(roomy, {}, graph=False, device="cpu")
+    m = exe.memory
+    assert {d.weights for d in m.decisions.values()} == {"cached"}
+    assert all(d.runs_as == "3xtf32" for d in m.decisions.values())
+    # three weights' (hi, lo) caches, and fc2's step: three activations plus its input's two parts
+    assert m.cache_bytes == 3 * 2 * WEIGHT
+    assert m.predicted_peak_bytes == 3 * ACT + 2 * ACT + 3 * 2 * WEIGHT
+    assert exe.verify(draws=3).ok
+
+
+def test_caches_give_way_to_splitting_per_call_before_any_call_runs_in_fp32():
+    # room for one call's parts of its activation and its weight, not for three weights' caches
+    per_call, lin = _split_program(100_000)
+    exe = ProgramExecutable(per_call, {}, graph=False, device="cpu")
+    d = exe.memory.decisions
+    assert {x.weights for x in d.values()} == {"split per call"}, {k: x.reason for k, x in d.items()}
+    assert {x.runs_as for x in d.values()} == {"3xtf32"}
+    assert exe.memory.cache_bytes == 0
+    assert exe.memory.predicted_peak_bytes == 3 * ACT + 2 * ACT + 2 * WEIGHT <= 100_000
+    assert all("split per call" in x.reason for x in d.values())
+    assert exe.verify(draws=3).ok
+
+
+def test_the_default_budget_runs_split_calls_in_fp32_when_their_parts_do_not_fit():
+    # eager's peak is three activations; any split part goes above it: every call runs in fp32, and says why
+    tight, lin = _split_program(None)
+    exe = ProgramExecutable(tight, {}, graph=False, device="cpu")
+    assert {x.runs_as for x in exe.memory.decisions.values()} == {"fp32"}
+    assert all("runs in fp32" in x.reason for x in exe.memory.decisions.values())
+    assert exe.memory.predicted_peak_bytes == 3 * ACT
+    assert exe.verify(draws=3).ok
+    assert exe.memory.to_dict()["split_tf32"][lin[0]]["runs_as"] == "fp32"
+
+
+class ConvChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(torch.relu(self.c1(x))).mean(dim=(2, 3)) @ torch.ones(8, 4)
+
+
+def test_convolution_split_forms_count_their_parts_and_match_the_reference():
+    for form in ("3xtf32", "3xtf32-cat"):
+        p = _program(ConvChain(), (2, 3, 12, 12))
+        convs = [n.id for n in p.nodes.values() if n.op == "conv2d"]
+        p.metadata["library_precision"] = {c: form for c in convs}
+        p.metadata["memory_budget_bytes"] = 1 << 30
+        exe = ProgramExecutable(p, {}, graph=False, device="cpu")
+        for c in convs:
+            x = p.values[p.nodes[c].inputs[0]].nbytes
+            d = exe.memory.decisions[c]
+            assert d.weights == "cached" and d.temp_bytes >= (3 if form == "3xtf32-cat" else 2) * x, d
+        res = exe.verify(draws=3)
+        assert res.ok, (form, res.reason)
+        # without room for the caches: the weights are split per call
+        p.metadata["memory_budget_bytes"] = exe.memory.predicted_peak_bytes - exe.memory.cache_bytes
+        exe = ProgramExecutable(p, {}, graph=False, device="cpu")
+        assert {d.weights for d in exe.memory.decisions.values()} <= {"split per call", "none"}
+        assert exe.memory.predicted_peak_bytes <= exe.memory.budget_bytes
+        assert exe.verify(draws=3).ok
+
+
+def test_channels_last_concatenated_split_builds_its_input_in_place_with_the_same_result():
+    p = _program(ConvChain(), (2, 3, 12, 12))
+    conv = next(n for n in p.nodes.values() if n.op == "conv2d")
+    env = dict(parameter_tensors(p, "cpu"))
+    env[conv.inputs[0]] = torch.randn(2, 3, 12, 12)
+    plain, cl = dict(env), dict(env)
+    run_split_tf32_cat(p, conv.id, plain, cache_weights=False)
+    run_split_tf32_cat(p, conv.id, cl, cache_weights=False, channels_last=True)
+    out = cl[conv.outputs[0]]
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(out, plain[conv.outputs[0]], rtol=1e-5, atol=1e-5)
+    ref = torch.nn.functional.conv2d(env[conv.inputs[0]], env[conv.inputs[1]], env[conv.inputs[2]], padding=1)
+    assert torch.allclose(out, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_eager_estimate_counts_activations_not_weights_or_inputs():
+    p = _program()
+    est = eager_peak_estimate(p)
+    act = 32 * 64 * 4
+    assert 2 * act <= est <= 4 * act       # fc1's output and one or two more at a time; no weights
+
+
+def test_a_channels_last_call_counts_its_input_copy_and_its_converted_weight():
+    p = _program(ConvChain(), (2, 3, 12, 12))
+    convs = [n for n in p.nodes.values() if n.op == "conv2d"]
+    plain = ProgramExecutable(p, {}, graph=False, device="cpu").memory
+    p.metadata["library_layout"] = {c.id: "channels_last" for c in convs}
+    exe = ProgramExecutable(p, {}, graph=False, device="cpu")
+    weights = sum(-(-p.values[c.inputs[1]].nbytes // 512) * 512 for c in convs)
+    assert exe.memory.cache_bytes == weights          # each weight converted once, kept for the run
+    assert exe.memory.predicted_peak_bytes > plain.predicted_peak_bytes + weights   # and an input copy
+    assert exe.verify(draws=2).ok
