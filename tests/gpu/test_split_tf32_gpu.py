@@ -83,6 +83,7 @@ def test_the_agent_chooses_split_tf32_for_a_large_gemm_and_the_program_verifies_
     h = p.add_node("linear", [x.id, w.id, b.id])
     r = p.add_node("relu", [h.outputs[0]])
     p.mark_output(r.outputs[0])
+    p.metadata["memory_budget_bytes"] = 1 << 34      # room for the split weight and activation parts
     buf = io.StringIO()
     res = optimize(p, emit=EventEmitter(buf), tune=False, baselines=False, draws=5, trials=10)
     events = list(read_events(buf.getvalue().splitlines()))
