@@ -259,6 +259,8 @@ def test_split_tf32_is_chosen_where_faster_and_the_program_runs_and_verifies_wit
     assert sorted(e["node"] for e in chosen) == sorted(linears)
     assert all(e["chosen"] == "3xtf32" and "faster than plain fp32" in e["reason"] for e in chosen)
     assert res.program.metadata["library_precision"] == {n: "3xtf32" for n in linears}
+    gains = res.program.metadata["library_precision_gain_ms"]     # what the memory plan weighs per-call splits by
+    assert set(gains) == set(linears) and all(g > 0 for g in gains.values())
     assert set(ran) == set(linears)                     # regions and the end-to-end program ran the split form
     fused = [o for o in res.outcomes if o.status == "fused" and "linear runs as split TF32" in o.reason]
     assert len(fused) == 3                              # each kept kernel says how its library call runs

@@ -51,6 +51,8 @@ def test_library_calls_of_one_shape_are_timed_once_and_each_checks_its_own_tenso
     # every node runs split TF32 (the first's choice) and each of the others ran it on its own tensors
     assert all(prec[n]["chosen"] == split_mod.TF32X3 for n in lin)
     assert res.program.metadata["library_precision"] == {n: split_mod.TF32X3 for n in lin}
+    gains = res.program.metadata["library_precision_gain_ms"]     # the first's saving, shared with the others
+    assert set(gains) == set(lin) and len(set(gains.values())) == 1
     assert set(lin[1:]) <= set(ran)
     # two forms timed for one node (fp32, tf32x3) and nothing else timed before the end-to-end program
     assert res.profile["end_to_end"]["correct"]

@@ -180,8 +180,10 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
     from .quick_timing import time_candidate
     chosen: dict[str, str] = {}
     layouts: dict[str, str] = {}
+    gains: dict[str, float] = {}       # ms a split form saves against fp32 in its layout (memory_plan weighs it)
     if nodes is None:
         program.metadata.pop("library_layout", None)
+        program.metadata.pop("library_precision_gain_ms", None)
     kernels = _region_nodes(program)
     for nid in (library_nodes(program) if nodes is None else nodes):
         node = program.nodes[nid]
@@ -226,9 +228,13 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
                   **{field(m): t for m, t in ms.items()})
         if form != "fp32":
             chosen[nid] = form
+            plain = ms.get("fp32" + (CL if layout else ""), ms["fp32"])
+            gains[nid] = round(plain - ms[best], 6)
         if layout:
             layouts[nid] = layout
     program.metadata["library_precision"] = chosen
+    program.metadata["library_precision_gain_ms"] = {**(program.metadata.get("library_precision_gain_ms") or {}),
+                                                     **gains}
     program.metadata["library_layout"] = layouts
     return chosen
 

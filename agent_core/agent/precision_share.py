@@ -54,6 +54,7 @@ def choose_shared_precision(program: Program, tensors_for, emit, trials: int) ->
     writes and returns program.metadata["library_precision"]."""
     grouped = groups(program)
     program.metadata.pop("library_layout", None)     # an earlier run's: every chain's layout is chosen again
+    program.metadata.pop("library_precision_gain_ms", None)
     chosen = dict(choose_library_precision(program, tensors_for, emit, trials, nodes=[g[0] for g in grouped]))
     layouts = dict(library_layout(program))
     alone: list[str] = []
@@ -73,6 +74,9 @@ def choose_shared_precision(program: Program, tensors_for, emit, trials: int) ->
                     continue
                 if form != "fp32":
                     chosen[nid] = form
+                    gains = program.metadata.setdefault("library_precision_gain_ms", {})
+                    if first in gains:
+                        gains[nid] = gains[first]
                 if layout:
                     layouts[nid] = layout
             emit.emit("precision", node=nid, op=node.op, chosen=form, shared_with=first,

@@ -16,13 +16,16 @@ A split-TF32 form trades memory for speed: its activation's parts, and its weigh
 cached for the run or made per call. The budget is eager's peak (estimated from the program's own
 liveness, eager_peak_estimate) unless the program's memory_budget_bytes or the caller sets one. While
 the predicted peak is above it: the largest cache is dropped when splitting its weight per call does
-not raise the peak; else the heaviest split call at the peak step runs in plain fp32; else the calls
-of the largest cache run in fp32. Each choice is a recorded decision (MemoryDecision).
+not raise the peak, unless splitting per call costs more time than the split saves against fp32
+(agent.precision's timings, program.metadata["library_precision_gain_ms"]), when its calls run in fp32;
+else the heaviest split call at the peak step runs in plain fp32; else the calls of the largest cache
+run in fp32. Each choice is a recorded decision (MemoryDecision).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..analysis.gpu import H200, GPUProfile
 from ..analysis.liveness import lifetimes
 from ..ir import Program, Role
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, can_concatenate, library_layout,
@@ -186,6 +189,16 @@ def _call_costs(program: Program, nid: str, form: str | None, cached: bool) -> t
     return temp, caches
 
 
+def _per_call_ms(program: Program, nid: str, form: str, gpu: GPUProfile = H200) -> float:
+    """What splitting a call's parameter operands every call costs: reading each and writing its parts
+    (two, or three concatenated), at the copy bandwidth."""
+    node = program.nodes[nid]
+    ops = node.inputs[1:2] if form == TF32X3_CAT else node.inputs[:2]
+    parts = 3 if form == TF32X3_CAT else 2
+    moved = sum((1 + parts) * _bytes(program, v) for v in ops if v and _is_param(program, v))
+    return moved / gpu.bytes_per_ms
+
+
 def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPlan:
     """The predicted peak of running `steps` (program_runtime.steps) and the split-TF32 decisions that
     keep it within the budget (see the module docstring)."""
@@ -229,12 +242,22 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
 
     event_of = {nid: k for k, nid in library}
     peak, at, per_event, caches = predict()
+    gains = program.metadata.get("library_precision_gain_ms") or {}
+    slower: set[str] = set()            # calls for which splitting per call costs more than the split saves
+
+    def users(key) -> list[str]:
+        return [n for n in calls if n not in demoted and key in cache_keys(n)]
     while peak > budget:
         own = set().union(*(cache_keys(n) for n in calls if n not in demoted))
         droppable = {key: nb for key, nb in caches.items() if key in own}
         largest = max(droppable, key=droppable.get) if droppable else None
         here = [n for n in calls if n not in demoted and event_of[n] == at]
-        if largest is not None and predict(demoted, uncached | {largest})[0] <= peak:
+        losing = [n for n in users(largest) if n in gains and _per_call_ms(program, n, precision[n]) >= gains[n]] \
+            if largest is not None else []
+        if losing:                       # fp32 is faster than splitting these weights per call, and lighter
+            slower.update(losing)
+            demoted.update(losing)
+        elif largest is not None and predict(demoted, uncached | {largest})[0] <= peak:
             uncached.add(largest)        # split per call: its parts exist only while the call runs
         elif here:
             demoted.add(max(here, key=lambda n: costs(n)[0]))
@@ -253,7 +276,13 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
         full = _call_costs(program, nid, form, True)[1]
         cache_nb = sum(nb for key, nb in full.items() if key in keys)
         temp = costs(nid)[0]
-        if nid in demoted:
+        if nid in slower:
+            decisions[nid] = MemoryDecision(
+                nid, form, "fp32", "none", cache_nb, temp,
+                f"runs in fp32: caching its weights ({cache_nb / MIB:.1f} MiB) takes the peak above the budget, "
+                f"and splitting them per call (about {_per_call_ms(program, nid, form):.3f} ms of copies) costs "
+                f"more than the split saves ({gains[nid]:.3f} ms); {within}")
+        elif nid in demoted:
             t_all = _call_costs(program, nid, form, False)[0]
             decisions[nid] = MemoryDecision(
                 nid, form, "fp32", "none", cache_nb, temp,
