@@ -139,7 +139,8 @@ def record_from_result(path: str, result, seconds: float) -> dict:
                               "budget_bytes": memory.get("budget_bytes"),
                               "run_as_fp32": sorted(n for n, d in splits.items() if d["runs_as"] == "fp32"),
                               "split_per_call": sorted(n for n, d in splits.items()
-                                                       if d["runs_as"] != "fp32" and d["weights"] == "split per call")}
+                                                       if d["runs_as"] != "fp32" and d["weights"] == "split per call"),
+                              "weights_per_call": memory.get("weights_per_call") or []}
     if result.writer:      # which regions kept a model kernel, and what it cost
         w = result.writer
         rec["writer"] = {"model": w["model"], "regions_kept": w["regions_kept"], "rounds": w["rounds"],

@@ -135,12 +135,10 @@ class ProgramExecutable:
     # --- running -------------------------------------------------------------------------------
     def _run_library(self, nid: str, env: dict) -> None:
         """cuBLAS / cuDNN through torch, in the form the agent chose unless the memory plan ran it in
-        fp32 or split its weights per call."""
+        fp32 or split or converted its weights every call."""
         d = self.memory.decisions.get(nid)
-        if d is None:
-            run_library_node(self.program, nid, env)
-        else:
-            run_library_node(self.program, nid, env, form=d.runs_as, cache_weights=d.weights == "cached")
+        run_library_node(self.program, nid, env, form=d.runs_as if d else None,
+                         cache_weights=nid not in self.memory.weights_per_call)
 
     def _output(self, torch, vid: str):
         v = self.program.values[vid]

@@ -10,7 +10,8 @@ eager's 257 MB in all).
 The model, per step: the values alive there (from the step that writes one to the last that reads it;
 values inside a kernel never exist; a view adds nothing), plus the step's temporaries (a channels-last
 call's input copy, a split call's parts), plus the parameter caches of the whole run (split-TF32
-parts, concatenated convolution weights, channels-last weights). The peak is its maximum.
+parts, concatenated convolution weights, channels-last weights). The peak is its maximum. A cache the
+budget cannot hold is dropped: its weight is then split or converted every call instead.
 
 A split-TF32 form trades memory for speed: its activation's parts, and its weight's parts either
 cached for the run or made per call. The budget is eager's peak (estimated from the program's own
@@ -71,11 +72,12 @@ class MemoryPlan:
     peak_step: int                       # where the predicted peak is reached (-1: no step)
     cache_bytes: int                     # parameter caches, held for the whole run
     decisions: dict[str, MemoryDecision] = field(default_factory=dict)
+    weights_per_call: set[str] = field(default_factory=set)   # calls that split or convert their weights every call
 
     def to_dict(self) -> dict:
         return {"budget_bytes": self.budget_bytes, "budget": self.budget_source,
                 "predicted_peak_bytes": self.predicted_peak_bytes, "peak_step": self.peak_step,
-                "cache_bytes": self.cache_bytes,
+                "cache_bytes": self.cache_bytes, "weights_per_call": sorted(self.weights_per_call),
                 "split_tf32": {n: d.to_dict() for n, d in self.decisions.items()}}
 
 
@@ -173,9 +175,9 @@ def _call_costs(program: Program, nid: str, form: str | None, cached: bool) -> t
             temp += 3 * _bytes(program, b)
         return temp, caches
     temp = 0
-    if cl:                      # run_in_layout: the input copied, a weight converted once
+    if cl:                      # run_in_layout: the input copied, a weight converted once (or every call)
         temp += _bytes(program, a)
-        if b and _is_param(program, b):
+        if b and _is_param(program, b) and cached:
             caches[(b, "cl")] = _bytes(program, b)
         elif b:
             temp += _bytes(program, b)
@@ -220,14 +222,21 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     demoted: set[str] = set()           # split calls run in fp32
     uncached: set[tuple] = set()        # caches dropped: their calls split the weight per call
 
+    def layout_keys(nid) -> set:
+        return set(_call_costs(program, nid, None, True)[1])       # a channels-last weight's copy
+
     def cache_keys(nid) -> set:
-        return set(_call_costs(program, nid, precision[nid], True)[1]) - \
-            set(_call_costs(program, nid, None, True)[1])          # the split's own, not the layout's
+        return set(_call_costs(program, nid, precision[nid], True)[1]) - layout_keys(nid)   # the split's own
+
+    def runs_as(nid, demoted=demoted):
+        return precision[nid] if nid in split and nid not in demoted else \
+            (None if nid in split else precision.get(nid))
+
+    def all_keys(nid, demoted=demoted) -> set:
+        return layout_keys(nid) | (cache_keys(nid) if nid in split and nid not in demoted else set())
 
     def costs(nid, demoted=demoted, uncached=uncached):
-        if nid not in split or nid in demoted:
-            return _call_costs(program, nid, None if nid in split else precision.get(nid), True)
-        return _call_costs(program, nid, precision[nid], not (cache_keys(nid) & uncached))
+        return _call_costs(program, nid, runs_as(nid, demoted), not (all_keys(nid, demoted) & uncached))
 
     def predict(demoted=demoted, uncached=uncached):
         per_event = list(base)
@@ -248,8 +257,7 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     def users(key) -> list[str]:
         return [n for n in calls if n not in demoted and key in cache_keys(n)]
     while peak > budget:
-        own = set().union(*(cache_keys(n) for n in calls if n not in demoted))
-        droppable = {key: nb for key, nb in caches.items() if key in own}
+        droppable = {key: nb for key, nb in caches.items() if key not in uncached}
         largest = max(droppable, key=droppable.get) if droppable else None
         here = [n for n in calls if n not in demoted and event_of[n] == at]
         losing = [n for n in users(largest) if n in gains and _per_call_ms(program, n, precision[n]) >= gains[n]] \
@@ -261,12 +269,13 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
             uncached.add(largest)        # split per call: its parts exist only while the call runs
         elif here:
             demoted.add(max(here, key=lambda n: costs(n)[0]))
-        elif largest is not None:
-            demoted.update(n for n in calls if n not in demoted and largest in cache_keys(n))
+        elif largest is not None and users(largest):
+            demoted.update(users(largest))
         else:
             break                        # the values alone are above the budget: nothing to trade
         peak, at, per_event, caches = predict()
     peak_step = events[at][0] if at >= 0 else -1
+    per_call = {nid for _, nid in library if all_keys(nid) & uncached}
 
     within = f"predicted peak {peak / MIB:.1f} MiB, budget {budget / MIB:.1f} MiB ({source})"
     decisions = {}
@@ -301,4 +310,4 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
             decisions[nid] = MemoryDecision(nid, form, form, "cached", cache_nb, temp,
                                             f"weights split once and cached ({cache_nb / MIB:.1f} MiB): "
                                             f"within the budget; {within}")
-    return MemoryPlan(budget, source, peak, peak_step, sum(caches.values()), decisions)
+    return MemoryPlan(budget, source, peak, peak_step, sum(caches.values()), decisions, per_call)

@@ -296,23 +296,25 @@ def is_channels_last(t) -> bool:
                                                  else torch.channels_last_3d)
 
 
-def channels_last_env(program: Program, node_id: str, env: dict) -> dict:
-    """env with the node's input and weight in channels-last memory (a parameter's converted once)."""
+def channels_last_env(program: Program, node_id: str, env: dict, cache_weights: bool = True) -> dict:
+    """env with the node's input and weight in channels-last memory (a parameter's converted once,
+    unless cache_weights is False: then every call)."""
     node = program.nodes[node_id]
     a, w = node.inputs[0], node.inputs[1]
     out = dict(env)
     out[a] = to_channels_last(env[a])
-    out[w] = _cached(env[w], CHANNELS_LAST, to_channels_last) if _is_parameter(program, w) \
+    out[w] = _cached(env[w], CHANNELS_LAST, to_channels_last) if cache_weights and _is_parameter(program, w) \
         else to_channels_last(env[w])
     return out
 
 
-def run_in_layout(program: Program, node_id: str, env: dict, run, layout: str | None) -> None:
+def run_in_layout(program: Program, node_id: str, env: dict, run, layout: str | None,
+                  cache_weights: bool = True) -> None:
     """run(program, node_id, env) with the operands in `layout` (None: as they come)."""
     if layout != CHANNELS_LAST:
         run(program, node_id, env)
         return
-    local = channels_last_env(program, node_id, env)
+    local = channels_last_env(program, node_id, env, cache_weights)
     run(program, node_id, local)
     for v in program.nodes[node_id].outputs:
         env[v] = local[v]
@@ -321,8 +323,8 @@ def run_in_layout(program: Program, node_id: str, env: dict, run, layout: str | 
 def run_library_node(program: Program, node_id: str, env: dict, form: str | None = None,
                      cache_weights: bool = True) -> None:
     """run_node, or the form the agent chose for this node (split TF32, or a timed cuDNN algorithm),
-    in the layout it chose. form overrides the agent's ("fp32": plain); cache_weights=False splits a
-    parameter per call instead of keeping its parts (program_runtime.memory_plan decides)."""
+    in the layout it chose. form overrides the agent's ("fp32": plain); cache_weights=False splits or
+    converts a parameter every call instead of keeping its parts (program_runtime.memory_plan decides)."""
     layout = library_layout(program).get(node_id)
     mode = form or library_precision(program).get(node_id)
     if mode == TF32X3_CAT:
@@ -336,5 +338,5 @@ def run_library_node(program: Program, node_id: str, env: dict, form: str | None
             run_timed_fp32(p, nid, e)
         else:
             run_node(p, nid, e)
-    run_in_layout(program, node_id, env, run, layout)
+    run_in_layout(program, node_id, env, run, layout, cache_weights)
 
