@@ -65,6 +65,7 @@ class ProfileData:
         self.hardware: str = ""
         self.plan: dict = {}
         self.launches: int | None = None     # end to end, as the generated program runs
+        self.memory: dict = {}               # the program's memory plan (MemoryPlan.summary())
         self.gpu: bool | None = None         # None: not known yet; False: the run had no GPU to time on
         self.finished = False                # a done or fatal error event, or a profile.json, was read
         self.outcome: str = ""               # the run's last word: done, no-gpu, or the fatal error
@@ -136,6 +137,8 @@ class ProfileData:
                 self.end_to_end["ours"] = e.get("ms")
                 if e.get("launches") is not None:
                     self.launches = int(e["launches"])
+                if isinstance(e.get("memory"), dict):
+                    self.memory = dict(e["memory"])
                 return {"e2e", "summary"}
             if scope == "baseline" and e.get("baseline"):
                 self.end_to_end[e["baseline"]] = e.get("ms") if e.get("ok", True) else None
@@ -194,6 +197,13 @@ class ProfileData:
             self.end_to_end["ours"] = e2e["ms"]
         if e2e.get("launches") is not None:
             self.launches = int(e2e["launches"])
+        mem = e2e.get("memory")
+        if isinstance(mem, dict) and mem.get("predicted_peak_bytes") is not None:
+            splits = (mem.get("split_tf32") or {}).values()
+            self.memory = {"predicted_peak_bytes": mem["predicted_peak_bytes"], "budget_bytes": mem.get("budget_bytes"),
+                           "budget": mem.get("budget", ""), "cache_bytes": mem.get("cache_bytes", 0),
+                           "run_as_fp32": sum(1 for d in splits if d.get("runs_as") == "fp32"),
+                           "weights_per_call": len(mem.get("weights_per_call") or [])}
         for key, b in (prof.get("baselines") or {}).items():
             if isinstance(b, dict):
                 self.end_to_end[key] = b.get("ms") if b.get("ok") else None

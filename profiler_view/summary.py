@@ -15,6 +15,27 @@ from .base import fmt_ms
 from .e2e import NAMES
 
 EMPTY = "No results yet: Optimize (F5) or File > Open results fills this summary."
+MIB = 1 << 20
+
+
+def memory_text(m: dict) -> str:
+    """The memory plan in a line: its predicted peak against its budget, and what it changed to fit."""
+    peak, budget = m["predicted_peak_bytes"], m.get("budget_bytes")
+    text = f"{peak / MIB:.1f} MiB peak predicted"
+    if budget is not None:
+        text += (f", within a budget of {budget / MIB:.1f} MiB" if peak <= budget
+                 else f", above its budget of {budget / MIB:.1f} MiB") + (f" ({m['budget']})" if m.get("budget") else "")
+    changed = []
+    if m.get("run_as_fp32"):
+        n = m["run_as_fp32"]
+        changed.append(f"{plural(n, 'split-TF32 call')} " + ("runs" if n == 1 else "run") + " in fp32")
+    if m.get("weights_per_call"):
+        n = m["weights_per_call"]
+        changed.append(f"{plural(n, 'call')} " + ("splits or converts its weights" if n == 1 else
+                                                  "split or convert their weights") + " every call")
+    if changed:
+        text += "; to fit, " + " and ".join(changed)
+    return text
 
 
 class ResultsSummary(QWidget):
@@ -89,6 +110,8 @@ class ResultsSummary(QWidget):
             rows.append(("Kernels", f"{plural(len(d.kernels), 'region')} proposed"))
         if d.launches is not None:
             rows.append(("Launches", f"{d.launches} end to end"))
+        if d.memory:
+            rows.append(("Memory", memory_text(d.memory)))
         for rid in outcomes.get("fallback", []):
             rows.append(("Fallback", f"{rid}: {d.kernels[rid].reason or 'no reason given'}"))
         if d.outcome.startswith("failed"):

@@ -644,3 +644,27 @@ def test_studio_agent_uses_only_the_window_public_api():
     src = inspect.getsource(sys.modules[StudioAgent.__module__])
     assert not re.findall(r"\b(?:w|window|self\.window)\._\w+", src)
     assert "menuBar().actions()" not in src
+
+
+def test_open_results_shows_the_memory_plan_in_the_summary(win, tmp_path):
+    """A run's profile.json with its memory plan: the results summary says the predicted peak against
+    the budget and what the plan changed to stay within it."""
+    import json
+    import shutil
+    folder = tmp_path / "run"
+    shutil.copytree(H200, folder)
+    prof = json.loads((folder / "profile.json").read_text())
+    prof["end_to_end"]["memory"] = {
+        "budget_bytes": 3 << 20, "budget": "eager's peak, estimated from the program",
+        "predicted_peak_bytes": 5 << 19, "peak_step": 2, "cache_bytes": 0, "weights_per_call": ["n4"],
+        "split_tf32": {"n4": {"chosen": "3xtf32", "runs_as": "3xtf32", "weights": "split per call"},
+                       "n8": {"chosen": "3xtf32", "runs_as": "fp32", "weights": "none"}}}
+    (folder / "profile.json").write_text(json.dumps(prof))
+    win.dialogs.folder = str(folder)
+    next(a for a in menu_actions(win) if label(a) == "Open results").trigger()
+    text = win.agent.profiles.summary.plain_text()
+    assert ("Memory: 2.5 MiB peak predicted, within a budget of 3.0 MiB (eager's peak, estimated from the "
+            "program); to fit, 1 split-TF32 call runs in fp32 and 1 call splits or converts its weights every "
+            "call") in text, text
+    win.act["new"].trigger()
+    assert "Memory" not in win.agent.profiles.summary.plain_text()

@@ -742,7 +742,7 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     profile["end_to_end"] = e2e
     emit.emit("profile", scope="program", ms=t.median_ms, floor_ms=e2e["floor_ms"], achieved_gbs=e2e["achieved_gbs"],
               launches=exe.launches, cuda_graph=exe.graph is not None,
-              predicted_peak_bytes=exe.memory.predicted_peak_bytes)
+              predicted_peak_bytes=exe.memory.predicted_peak_bytes, memory=exe.memory.summary())
     result.executable = exe
     if baselines:
         from ..profile.baselines import best_compile_ms, measure_baselines, program_callable

@@ -74,6 +74,13 @@ class MemoryPlan:
     decisions: dict[str, MemoryDecision] = field(default_factory=dict)
     weights_per_call: set[str] = field(default_factory=set)   # calls that split or convert their weights every call
 
+    def summary(self) -> dict:
+        """The figures the studio shows: predicted peak, budget, and how many calls changed to fit."""
+        return {"predicted_peak_bytes": self.predicted_peak_bytes, "budget_bytes": self.budget_bytes,
+                "budget": self.budget_source, "cache_bytes": self.cache_bytes,
+                "run_as_fp32": sum(1 for d in self.decisions.values() if d.runs_as == "fp32"),
+                "weights_per_call": len(self.weights_per_call)}
+
     def to_dict(self) -> dict:
         return {"budget_bytes": self.budget_bytes, "budget": self.budget_source,
                 "predicted_peak_bytes": self.predicted_peak_bytes, "peak_step": self.peak_step,
