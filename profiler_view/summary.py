@@ -19,22 +19,20 @@ MIB = 1 << 20
 
 
 def memory_text(m: dict) -> str:
-    """The memory plan in a line: its predicted peak against its budget, and what it changed to fit."""
+    """The memory plan in a line: its predicted peak against its budget, and what it changed to save
+    memory."""
     peak, budget = m["predicted_peak_bytes"], m.get("budget_bytes")
-    text = f"{peak / MIB:.1f} MiB peak predicted"
+    text = f"{peak / MIB:.1f} MiB predicted peak"
     if budget is not None:
-        text += (f", within a budget of {budget / MIB:.1f} MiB" if peak <= budget
-                 else f", above its budget of {budget / MIB:.1f} MiB") + (f" ({m['budget']})" if m.get("budget") else "")
+        text += (f" of a {budget / MIB:.1f} MiB budget" if peak <= budget
+                 else f", over its {budget / MIB:.1f} MiB budget") + (f" ({m['budget']})" if m.get("budget") else "")
     changed = []
     if m.get("run_as_fp32"):
-        n = m["run_as_fp32"]
-        changed.append(f"{plural(n, 'split-TF32 call')} " + ("runs" if n == 1 else "run") + " in fp32")
+        changed.append(f"{plural(m['run_as_fp32'], 'split-TF32 call')} in fp32")
     if m.get("weights_per_call"):
-        n = m["weights_per_call"]
-        changed.append(f"{plural(n, 'call')} " + ("splits or converts its weights" if n == 1 else
-                                                  "split or convert their weights") + " every call")
+        changed.append(f"{plural(m['weights_per_call'], 'call')} splitting or converting weights every call")
     if changed:
-        text += "; to fit, " + " and ".join(changed)
+        text += "; to save memory: " + ", ".join(changed)
     return text
 
 

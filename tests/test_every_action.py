@@ -663,8 +663,7 @@ def test_open_results_shows_the_memory_plan_in_the_summary(win, tmp_path):
     win.dialogs.folder = str(folder)
     next(a for a in menu_actions(win) if label(a) == "Open results").trigger()
     text = win.agent.profiles.summary.plain_text()
-    assert ("Memory: 2.5 MiB peak predicted, within a budget of 3.0 MiB (eager's peak, estimated from the "
-            "program); to fit, 1 split-TF32 call runs in fp32 and 1 call splits or converts its weights every "
-            "call") in text, text
+    assert ("Memory: 2.5 MiB predicted peak of a 3.0 MiB budget (eager's peak, estimated from the program); "
+            "to save memory: 1 split-TF32 call in fp32, 1 call splitting or converting weights every call") in text, text
     win.act["new"].trigger()
     assert "Memory" not in win.agent.profiles.summary.plain_text()
