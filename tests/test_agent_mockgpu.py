@@ -285,16 +285,25 @@ def _off_by_a_bit(monkeypatch):
     monkeypatch.setattr(precision, "run_split_tf32", real)
 
 
-def test_split_forms_that_do_not_fit_eagers_memory_run_in_fp32_from_before_tuning(mock_gpu, tmp_path, monkeypatch):
+def test_split_forms_that_do_not_fit_eagers_memory_are_not_timed_and_run_in_fp32(mock_gpu, tmp_path, monkeypatch):
     _fp32_looks_slow(monkeypatch)
+    timed = []
+    import agent_core.agent.precision as precision
+    real = precision.run_split_tf32
+    monkeypatch.setattr(precision, "run_split_tf32", lambda p, nid, env, *a: timed.append(nid) or real(p, nid, env, *a))
     prog = _mlp()
     del prog.metadata["memory_budget_bytes"]        # the default: eager's peak, estimated
     res, events = _optimize(prog, tmp_path)
     linears = sorted(n.id for n in res.program.nodes.values() if n.op == "linear")
-    back = [e for e in events if e["event"] == "precision" and "before tuning" in e["reason"]]
-    assert sorted(e["node"] for e in back) == linears and all(e["chosen"] == "fp32" for e in back)
-    assert all("take the peak above the budget" in e["reason"] for e in back)
+    prec = [e for e in events if e["event"] == "precision" and "tile GEMM" not in e["reason"]]
+    assert sorted(e["node"] for e in prec) == linears and all(e["chosen"] == "fp32" for e in prec)
+    assert all("not timed, their parts being more than the memory budget leaves at this call" in e["reason"]
+               and "3xtf32" in e["reason"] for e in prec)
+    assert timed == [] and "tf32x3_ms" not in prec[0]                 # no time spent on forms that cannot run
     assert res.program.metadata["library_precision"] == {}      # the regions were tuned against fp32 calls
+    # ... so the tile GEMM, which splits in registers and keeps no parts in memory, won them here
+    tile = [e for e in events if e["event"] == "precision" and "keeps our tile GEMM" in e["reason"]]
+    assert tile and all(e["node"] in linears for e in tile)
     rec = bench.record_from_result("mlp.py", res, 1.0)
     assert rec["library_calls"] == {} and rec["memory_plan"]["run_as_fp32"] == []
     assert rec["memory_plan"]["predicted_peak_bytes"] <= rec["memory_plan"]["budget_bytes"]

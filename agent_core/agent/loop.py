@@ -554,8 +554,11 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         if split_tf32:   # before the regions: their library calls are verified and timed as they will run
             from .precision_share import choose_shared_precision as choose_library_precision   # one per signature
             with phase("precision"):
-                choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials)
+                from ..program_runtime.memory_plan import split_room
+                from ..program_runtime.steps import planned_steps
                 from .precision import fit_to_memory
+                room = split_room(prog, planned_steps(prog, plan.active))   # forms that cannot fit are not timed
+                choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials, room=room)
                 fit_to_memory(prog, plan.active, emit)
     if tune and tuner is not None:     # the trials' tasks start now, on the program as planned and precision-chosen
         agent.remote_tune = tuner.start(prog, plan.active, lambda r: kernel_name(prog, r.id), gpu=gpu,

@@ -165,6 +165,19 @@ def variants(program: Program, nid: str, layouts: dict[str, str] | None = None,
     return out
 
 
+def _over_room(program: Program, nid: str, forms: dict, room: int | None) -> list[str]:
+    """The split variants whose parts need more than `room` bytes at this call (None: no limit)."""
+    from ..program_runtime.memory_plan import split_parts_bytes
+    if room is None:
+        return []
+    out = []
+    for key in forms:
+        form, layout = split_variant(key)
+        if form in (TF32X3, TF32X3_CAT) and split_parts_bytes(program, nid, form, layout is not None) > room:
+            out.append(key)
+    return out
+
+
 def pick(ms: dict[str, float], disagree) -> str:
     """The fastest form that agrees with fp32, unless a more accurate one is within MIN_GAIN of it."""
     fits = [m for m in ORDER if m in ms and m not in disagree]
@@ -172,10 +185,12 @@ def pick(ms: dict[str, float], disagree) -> str:
     return next(m for m in fits if ms[m] <= ms[fastest] * MIN_GAIN)
 
 
-def choose_library_precision(program: Program, tensors_for, emit, trials: int, nodes=None) -> dict[str, str]:
+def choose_library_precision(program: Program, tensors_for, emit, trials: int, nodes=None,
+                             room: dict[str, int] | None = None) -> dict[str, str]:
     """Time every eligible node each way (or those in `nodes`); tensors_for(value ids) -> GPU tensors
     (parameters real). Writes and returns program.metadata["library_precision"] (node id -> its form,
-    fp32 ones left out)."""
+    fp32 ones left out). room: per node, the bytes a split form's parts may take there within the memory
+    budget (memory_plan.split_room); the forms that need more are not timed (they could not run)."""
     import torch
     from .quick_timing import time_candidate
     chosen: dict[str, str] = {}
@@ -190,10 +205,12 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         env = {v: t for v, t in zip(node.inputs, tensors_for([v for v in node.inputs if v])) if v}
         out = node.outputs[0]
         ms, disagree = {}, []
+        forms = variants(program, nid, {**library_layout(program), **layouts}, kernels)
+        too_big = _over_room(program, nid, forms, (room or {}).get(nid))
         try:
             with torch.no_grad():
                 fp32 = None   # fp32's result; each other form's is compared with it and dropped
-                for mode, run in variants(program, nid, {**library_layout(program), **layouts}, kernels).items():
+                for mode, run in ((m, r) for m, r in forms.items() if m not in too_big):
                     result = dict(env)
                     run(program, nid, result)
                     if fp32 is None:
@@ -223,6 +240,9 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         if memory_bound(program, nid):
             why += (f"; memory-bound ({intensity(program, nid):.1f} FLOP/B, below fp32's ridge), "
                     f"so the split-TF32 forms were not tried")
+        if too_big:
+            why += (f"; not timed, their parts being more than the memory budget leaves at this call "
+                    f"({max(0, room[nid]) / 2**20:.1f} MiB): " + ", ".join(too_big))
         emit.emit("precision", node=nid, op=node.op, chosen=form, reason=why,
                   **({"layout": layout or "as input"} if can_channels_last(program, nid) else {}),
                   **{field(m): t for m, t in ms.items()})
@@ -263,35 +283,12 @@ def fit_to_memory(program: Program, regions, emit) -> list[str]:
     library call as the program will run it, and the tile GEMM (split in registers, no parts in
     memory) wins where cuBLAS's split would not fit. The built program's own plan has the last word.
     Returns the nodes set back to fp32."""
-    from types import SimpleNamespace
-
-    from ..codegen import LIBRARY_CATEGORIES, CodegenError
-    from ..codegen.region_io import region_io
     from ..program_runtime.memory_plan import plan_memory
-    from ..program_runtime.steps import Step
-    from ..planner.execute import region_order
+    from ..program_runtime.steps import planned_steps
     chosen = library_precision(program)
     if not chosen:
         return []
-    order = program.topo_order()
-    steps, covered = [], set()
-    for r in regions:
-        if len(r.nodes) < 2:
-            continue
-        try:
-            io = region_io(program, r.nodes)
-        except CodegenError:
-            continue
-        lib = [n for n in io.nodes if program.nodes[n].opdef.category in LIBRARY_CATEGORIES]
-        if len(lib) > 1:
-            continue                    # codegen refuses it: its nodes run through torch
-        kernel = SimpleNamespace(inputs=list(io.inputs), outputs=list(io.outputs), library_nodes=lib)
-        steps.append(Step("kernel", list(io.nodes), region=r.id, kernel=kernel, library_nodes=lib))
-        covered.update(io.nodes)
-    from ..analysis.cost import is_view
-    steps += [Step("torch", [n], view=is_view(program, n)) for n in order if n not in covered]
-    steps = [steps[i] for i in region_order(program, [s.nodes for s in steps])]
-    plan = plan_memory(program, steps)
+    plan = plan_memory(program, planned_steps(program, regions))
     back = [n for n, d in plan.decisions.items() if d.runs_as == "fp32"]
     for nid in back:
         chosen.pop(nid, None)

@@ -166,13 +166,15 @@ def _gemm_sums_in_place(program: Program, nid: str) -> bool:
     return node.op in ("matmul", "bmm") and len(a.shape) == len(b.shape) in (2, 3) and a.shape[:-2] == b.shape[:-2]
 
 
-def _call_costs(program: Program, nid: str, form: str | None, cached: bool) -> tuple[int, dict[tuple, int]]:
+def _call_costs(program: Program, nid: str, form: str | None, cached: bool,
+                cl: bool | None = None) -> tuple[int, dict[tuple, int]]:
     """(temporary bytes while the call runs, {(parameter, kind): cache bytes}) of one library call run
-    as `form` (None: plain fp32) in its layout, its split weights cached or not (runtime.split_tf32)."""
+    as `form` (None: plain fp32) in its layout (cl: channels-last, default the program's choice), its
+    weights' parts cached or not (runtime.split_tf32)."""
     node = program.nodes[nid]
     a = node.inputs[0]
     b = node.inputs[1] if len(node.inputs) > 1 else None
-    cl = library_layout(program).get(nid) == CHANNELS_LAST
+    cl = library_layout(program).get(nid) == CHANNELS_LAST if cl is None else cl
     caches: dict[tuple, int] = {}
     if form == TF32X3_CAT:      # the input's parts built in place, in its layout
         temp = 3 * _bytes(program, a)
@@ -196,6 +198,24 @@ def _call_costs(program: Program, nid: str, form: str | None, cached: bool) -> t
             else:
                 temp += 2 * _bytes(program, vid)
     return temp, caches
+
+
+def split_parts_bytes(program: Program, nid: str, form: str, channels_last: bool) -> int:
+    """The least a split form adds at its call beyond plain fp32 (its weights' parts cached): the
+    activation's parts, and a product temporary where the sum is not made in place."""
+    return (_call_costs(program, nid, form, True, channels_last)[0]
+            - _call_costs(program, nid, None, True, channels_last)[0])
+
+
+def split_room(program: Program, steps, budget: int | None = None) -> dict[str, int]:
+    """Per library call, the bytes a split form's parts may take there before the predicted peak
+    passes the budget, with every call in plain fp32 and no caches (agent.precision skips timing the
+    forms that cannot fit)."""
+    budget = budget if budget is not None else program.metadata.get("memory_budget_bytes")
+    budget = int(budget) if budget is not None else eager_peak_estimate(program)
+    events, order = _events(program, steps)
+    base = _live_per_event(program, steps, events, order)
+    return {nid: budget - base[k] for k, (_, nid, _, _) in enumerate(events) if nid is not None}
 
 
 def _per_call_ms(program: Program, nid: str, form: str, gpu: GPUProfile = H200) -> float:

@@ -63,3 +63,29 @@ def plan_steps(program: Program, fused: dict[str, tuple[list[str], object]],
     idx = region_order(program, [s.nodes for s in steps])
     steps = [steps[i] for i in idx]
     return steps, plan_memory(program, steps, memory_budget)
+
+
+def planned_steps(program: Program, regions) -> list[Step]:
+    """The steps the planned regions would make if every one were kept as a kernel (before any is
+    generated: a region's kernel reads its inputs and writes its outputs, after its library call), for
+    memory decisions made before codegen. A region codegen would refuse runs its nodes through torch."""
+    from types import SimpleNamespace
+
+    from ..codegen import LIBRARY_CATEGORIES, CodegenError
+    from ..codegen.region_io import region_io
+    steps, covered = [], set()
+    for r in regions:
+        if len(r.nodes) < 2:
+            continue
+        try:
+            io = region_io(program, r.nodes)
+        except CodegenError:
+            continue
+        lib = [n for n in io.nodes if program.nodes[n].opdef.category in LIBRARY_CATEGORIES]
+        if len(lib) > 1:
+            continue
+        kernel = SimpleNamespace(inputs=list(io.inputs), outputs=list(io.outputs), library_nodes=lib)
+        steps.append(Step("kernel", list(io.nodes), region=r.id, kernel=kernel, library_nodes=lib))
+        covered.update(io.nodes)
+    steps += [Step("torch", [n], view=is_view(program, n)) for n in program.topo_order() if n not in covered]
+    return [steps[i] for i in region_order(program, [s.nodes for s in steps])]
