@@ -221,7 +221,7 @@ def _to_json(program: Program, *, inline_limit, sidecar, large) -> dict:
             entry["data"] = base64.b64encode(_le_bytes(arr)).decode("ascii")
         else:
             entry["sidecar"] = sidecar
-            entry["sha256"] = hashlib.sha256(_le_bytes(arr)).hexdigest()
+            entry["sha256"] = hashlib.sha256(_le_view(arr)).hexdigest()
             large[vid] = arr
         params.append(entry)
     return {
@@ -287,6 +287,24 @@ def _le(arr: np.ndarray) -> np.ndarray:
 
 def _le_bytes(arr: np.ndarray) -> bytes:
     return _le(arr).tobytes()
+
+
+def _le_view(arr: np.ndarray) -> memoryview:
+    """The little-endian C-order bytes of arr without copying them (a weight can be gigabytes)."""
+    return memoryview(_le(arr).reshape(-1)).cast("B")
+
+
+def _write_npy(m, arr: np.ndarray) -> None:
+    """np.lib.format.write_array for our arrays (little-endian, C order, no objects), writing the data
+    from a view: write_array copies it chunk by chunk into bytes for anything but a real file."""
+    a = _le(arr)
+    header = np.lib.format.header_data_from_array_1_0(a)
+    try:
+        np.lib.format.write_array_header_1_0(m, header)
+    except ValueError:                        # a header longer than 1.0 allows
+        np.lib.format.write_array_header_2_0(m, header)
+    if a.size:
+        m.write(_le_view(a))
 
 
 def _plain(x: Any, path: str, depth: int = 0) -> Any:
@@ -380,7 +398,7 @@ def _write_npz(f, arrays: dict[str, np.ndarray], old_path: str, keep: set[str]) 
     with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
         for name, arr in arrays.items():
             with z.open(name, "w", force_zip64=True) as m:
-                np.lib.format.write_array(m, _le(arr), allow_pickle=False)
+                _write_npy(m, arr)
         keep = keep - set(arrays)
         if not keep:
             return
@@ -886,6 +904,17 @@ def _npy_header(m, where: str, value: str):
                               f"({type(e).__name__})") from None
 
 
+def _read_into(m, buf: memoryview) -> int:
+    """Fill buf from the stream m; the bytes read (fewer at its end)."""
+    done = 0
+    while done < len(buf):
+        n = m.readinto(buf[done:])
+        if not n:
+            break
+        done += n
+    return done
+
+
 def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> dict[str, np.ndarray]:
     """Read and check the arrays `want` describes from a sidecar .npz, without pickle."""
     label = os.path.basename(path)
@@ -914,16 +943,17 @@ def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> d
                                               f"the file says {w['dtype']}{list(shape)}")
                     if fortran:
                         raise FileFormatError(f"{where}: sidecar array '{w['value']}' is in Fortran order")
-                    blob = m.read(nbytes + 1)
-                if len(blob) != nbytes:
-                    raise FileFormatError(f"{where}: sidecar array '{w['value']}' has {len(blob)} bytes of data, "
-                                          f"expected {nbytes}")
-                if hashlib.sha256(blob).hexdigest() != w["sha256"]:
+                    arr = np.empty(shape, dtype=dtype.newbyteorder("<"))   # read straight into it: no copies
+                    got = _read_into(m, memoryview(arr.reshape(-1)).cast("B")) if nbytes else 0
+                    extra = len(m.read(1))
+                if got != nbytes or extra:
+                    raise FileFormatError(f"{where}: sidecar array '{w['value']}' has {got + extra} bytes of "
+                                          f"data{' or more' if extra else ''}, expected {nbytes}")
+                if hashlib.sha256(memoryview(arr.reshape(-1)).cast("B")).hexdigest() != w["sha256"]:
                     raise FileFormatError(f"{where}: sidecar array '{w['value']}' does not match the file's "
                                           f"checksum (the sidecar belongs to another save)")
                 if not check_only:
-                    arr = np.frombuffer(blob, dtype=dtype.newbyteorder("<")).reshape(shape)
-                    out[w["value"]] = arr.astype(dtype, copy=True)
+                    out[w["value"]] = arr.astype(dtype, copy=False)
     except FileFormatError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, ValueError, OSError, NotImplementedError) as e:

@@ -611,3 +611,17 @@ def test_a_recorded_shape_that_disagrees_with_inference(tmp_path):
     assert q.values[obj["values"][i]["id"]].shape == (4, 9)  # as saved: loading never rewrites the file's data
     with pytest.raises(FileFormatError, match=r"is recorded as float32\[4, 9\]"):
         load_program(tmp_path / "bad.json", strict=True)
+
+
+def test_sidecar_arrays_are_written_exactly_as_numpy_writes_them():
+    """project_file writes .npy members from a view of the array (no copy of a gigabyte weight); the
+    bytes are numpy's own write_array's, header included, for every shape and dtype we save."""
+    import io
+
+    from agent_core.project_file import _write_npy
+    for a in (np.random.rand(3, 5).astype(np.float32), np.arange(7, dtype=np.int64), np.asarray(np.float32(2)),
+              np.zeros((0, 4), np.float32), np.ones((2, 2), bool), np.arange(6, dtype=">f4").reshape(2, 3)):
+        want, got = io.BytesIO(), io.BytesIO()
+        np.lib.format.write_array(want, np.asarray(a, dtype=a.dtype.newbyteorder("<")), allow_pickle=False)
+        _write_npy(got, a)
+        assert got.getvalue() == want.getvalue(), a.dtype
