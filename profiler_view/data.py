@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from agent_core.program_runtime.memory_plan import memory_summary
+
 BANDWIDTH_GBS = 4200.0   # H200 measured copy bandwidth (DESIGN.md) until the run's hardware says otherwise
 PEAK_TFLOPS = 51.0       # H200 fp32 cuBLAS
 BASELINES = ("eager", "compile_default", "compile_reduce-overhead")
@@ -65,7 +67,7 @@ class ProfileData:
         self.hardware: str = ""
         self.plan: dict = {}
         self.launches: int | None = None     # end to end, as the generated program runs
-        self.memory: dict = {}               # the program's memory plan (MemoryPlan.summary())
+        self.memory: dict = {}               # the program's memory plan (memory_plan.memory_summary)
         self.gpu: bool | None = None         # None: not known yet; False: the run had no GPU to time on
         self.finished = False                # a done or fatal error event, or a profile.json, was read
         self.outcome: str = ""               # the run's last word: done, no-gpu, or the fatal error
@@ -199,11 +201,7 @@ class ProfileData:
             self.launches = int(e2e["launches"])
         mem = e2e.get("memory")
         if isinstance(mem, dict) and mem.get("predicted_peak_bytes") is not None:
-            splits = (mem.get("split_tf32") or {}).values()
-            self.memory = {"predicted_peak_bytes": mem["predicted_peak_bytes"], "budget_bytes": mem.get("budget_bytes"),
-                           "budget": mem.get("budget", ""), "cache_bytes": mem.get("cache_bytes", 0),
-                           "run_as_fp32": sum(1 for d in splits if d.get("runs_as") == "fp32"),
-                           "weights_per_call": len(mem.get("weights_per_call") or [])}
+            self.memory = memory_summary(mem)
         for key, b in (prof.get("baselines") or {}).items():
             if isinstance(b, dict):
                 self.end_to_end[key] = b.get("ms") if b.get("ok") else None

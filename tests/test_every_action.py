@@ -665,5 +665,7 @@ def test_open_results_shows_the_memory_plan_in_the_summary(win, tmp_path):
     text = win.agent.profiles.summary.plain_text()
     assert ("Memory: 2.5 MiB predicted peak of a 3.0 MiB budget (eager's peak, estimated from the program); "
             "to save memory: 1 split-TF32 call in fp32, 1 call splitting or converting weights every call") in text, text
+    os.makedirs(SHOTS, exist_ok=True)
+    win.grab().save(os.path.join(SHOTS, "studio_memory_summary.png"))
     win.act["new"].trigger()
     assert "Memory" not in win.agent.profiles.summary.plain_text()

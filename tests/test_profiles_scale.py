@@ -343,3 +343,16 @@ def test_profile_dock_screenshots_at_the_default_size(studio_window, h200):
     tl = agent.profiles.timeline
     for a, b in itertools.combinations(label_rects(tl), 2):
         assert not a.intersects(b)
+
+
+def test_a_live_runs_memory_plan_reaches_the_summary(qtbot, h200):
+    """The worker's end-to-end profile event carries the memory plan's summary; the results summary
+    says it while the run streams."""
+    from agent_core.program_runtime.memory_plan import memory_summary
+    events, _, _ = h200
+    plan = {"predicted_peak_bytes": 3 << 20, "budget_bytes": 2 << 20, "budget": "given",
+            "split_tf32": {"n4": {"runs_as": "fp32"}}, "weights_per_call": []}
+    e2e = {"event": "profile", "scope": "program", "ms": 0.0158, "launches": 5, "memory": memory_summary(plan)}
+    p = panel_for(qtbot, [e for e in events if e["event"] != "done"] + [e2e], live=True)
+    assert ("Memory: 3.0 MiB predicted peak, over its 2.0 MiB budget (given); to save memory: "
+            "1 split-TF32 call in fp32") in p.summary.plain_text()

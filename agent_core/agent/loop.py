@@ -557,9 +557,10 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                 from ..program_runtime.memory_plan import split_room
                 from ..program_runtime.steps import planned_steps
                 from .precision import fit_to_memory
-                room = split_room(prog, planned_steps(prog, plan.active))   # forms that cannot fit are not timed
+                planned = planned_steps(prog, plan.active)
+                room = split_room(prog, planned)     # forms that cannot fit are not timed
                 choose_library_precision(prog, lambda vids: agent._region_tensors(None, vids), emit, trials, room=room)
-                fit_to_memory(prog, plan.active, emit)
+                fit_to_memory(prog, planned, emit)
     if tune and tuner is not None:     # the trials' tasks start now, on the program as planned and precision-chosen
         agent.remote_tune = tuner.start(prog, plan.active, lambda r: kernel_name(prog, r.id), gpu=gpu,
                                         sm_count=int(agent.hw.get("sm_count") or 132), tune_trials=tune_trials,
@@ -738,14 +739,14 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     nbytes = sum(prog.values[v].nbytes for v in prog.inputs) + sum(v.nbytes for v in prog.parameters()) + \
         sum(prog.values[v].nbytes for v in set(prog.outputs))
     flops = sum(prog.node_flops(n) for n in prog.nodes)
+    from ..program_runtime.memory_plan import memory_summary
     split = sum(prog.node_flops(n) for n in library_precision(prog))
     e2e = attribute(t.median_ms, nbytes, flops, bw, tflops=effective_tflops(flops, split))
     e2e.update(correct=res.ok, verify=res.as_dict(), timing=t.to_dict(), **exe.summary(),
                memory=exe.memory.to_dict())
     profile["end_to_end"] = e2e
     emit.emit("profile", scope="program", ms=t.median_ms, floor_ms=e2e["floor_ms"], achieved_gbs=e2e["achieved_gbs"],
-              launches=exe.launches, cuda_graph=exe.graph is not None,
-              predicted_peak_bytes=exe.memory.predicted_peak_bytes, memory=exe.memory.summary())
+              launches=exe.launches, cuda_graph=exe.graph is not None, memory=memory_summary(e2e["memory"]))
     result.executable = exe
     if baselines:
         from ..profile.baselines import best_compile_ms, measure_baselines, program_callable

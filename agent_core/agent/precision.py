@@ -165,8 +165,12 @@ def variants(program: Program, nid: str, layouts: dict[str, str] | None = None,
     return out
 
 
-def _over_room(program: Program, nid: str, forms: dict, room: int | None) -> list[str]:
-    """The split variants whose parts need more than `room` bytes at this call (None: no limit)."""
+SPLIT_VARIANTS = (TF32X3, TF32X3_CAT, TF32X3 + CL, TF32X3_CAT + CL)
+
+
+def over_room(program: Program, nid: str, forms, room: int | None) -> list[str]:
+    """The split variants among `forms` (keys) whose parts need more than `room` bytes at this call
+    (None: no limit)."""
     from ..program_runtime.memory_plan import split_parts_bytes
     if room is None:
         return []
@@ -206,7 +210,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         out = node.outputs[0]
         ms, disagree = {}, []
         forms = variants(program, nid, {**library_layout(program), **layouts}, kernels)
-        too_big = _over_room(program, nid, forms, (room or {}).get(nid))
+        too_big = over_room(program, nid, forms, (room or {}).get(nid))
         try:
             with torch.no_grad():
                 fp32 = None   # fp32's result; each other form's is compared with it and dropped
@@ -276,19 +280,18 @@ def library_forms(program: Program) -> dict[str, dict]:
     return out
 
 
-def fit_to_memory(program: Program, regions, emit) -> list[str]:
+def fit_to_memory(program: Program, steps, emit) -> list[str]:
     """Before the regions are tuned: the split-TF32 forms whose parts the memory budget cannot hold
-    (program_runtime.memory_plan, on the steps the planned regions would make if all were kept) run in
-    fp32 instead, each with a precision event. So the tuner times a library+kernel region against the
+    (program_runtime.memory_plan, on `steps`: steps.planned_steps, as if every planned region were
+    kept) run in fp32 instead, each with a precision event. So the tuner times a library+kernel region against the
     library call as the program will run it, and the tile GEMM (split in registers, no parts in
     memory) wins where cuBLAS's split would not fit. The built program's own plan has the last word.
     Returns the nodes set back to fp32."""
     from ..program_runtime.memory_plan import plan_memory
-    from ..program_runtime.steps import planned_steps
     chosen = library_precision(program)
     if not chosen:
         return []
-    plan = plan_memory(program, planned_steps(program, regions))
+    plan = plan_memory(program, steps)
     back = [n for n, d in plan.decisions.items() if d.runs_as == "fp32"]
     for nid in back:
         chosen.pop(nid, None)

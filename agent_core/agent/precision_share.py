@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 
 from ..ir import Program
-from ..runtime.split_tf32 import TF32X3, TF32X3_CAT, library_layout
-from .precision import CL, choose_library_precision, library_nodes, variants
+from ..runtime.split_tf32 import library_layout
+from .precision import CL, SPLIT_VARIANTS, choose_library_precision, library_nodes, over_room, variants
 
 
 def call_signature(program: Program, nid: str) -> str:
@@ -49,20 +49,11 @@ def agrees(program: Program, nid: str, form: str, tensors_for) -> bool:
         return bool(torch.allclose(got[out], want[out], rtol=1e-4, atol=1e-4))
 
 
-def _fits(program: Program, nid: str, room: dict[str, int]) -> tuple[bool, ...]:
-    """Which split forms' parts fit the room at this node (as precision._over_room decides)."""
-    from ..program_runtime.memory_plan import split_parts_bytes
-    if nid not in room:
-        return ()
-    return tuple(split_parts_bytes(program, nid, form, cl) <= room[nid]
-                 for form in (TF32X3, TF32X3_CAT) for cl in (False, True))
-
-
 def choose_shared_precision(program: Program, tensors_for, emit, trials: int,
                             room: dict[str, int] | None = None) -> dict[str, str]:
     """agent.precision.choose_library_precision, timing one node per signature. Same result shape:
     writes and returns program.metadata["library_precision"]. room: as there; a node shares a choice
-    only when it has at least the room of the node it was timed on."""
+    only when the same split forms fit in memory there as on the node it was timed on."""
     grouped = groups(program)
     program.metadata.pop("library_layout", None)     # an earlier run's: every chain's layout is chosen again
     program.metadata.pop("library_precision_gain_ms", None)
@@ -77,7 +68,8 @@ def choose_shared_precision(program: Program, tensors_for, emit, trials: int,
         key = form + (CL if layout else "")
         for nid in g[1:]:
             node = program.nodes[nid]
-            if _fits(program, nid, room) != _fits(program, first, room):
+            if over_room(program, nid, SPLIT_VARIANTS, room.get(nid)) != \
+                    over_room(program, first, SPLIT_VARIANTS, room.get(first)):
                 alone.append(nid)          # other forms fit in memory here: weighed on their own
                 continue
             if key != "fp32":

@@ -88,6 +88,15 @@ class MemoryPlan:
                 "split_tf32": {n: d.to_dict() for n, d in self.decisions.items()}}
 
 
+def memory_summary(plan: dict) -> dict:
+    """The figures the studio shows, from MemoryPlan.to_dict(): predicted peak, budget, and how many
+    calls changed to fit (the run's profile event carries it; profile.json the whole plan)."""
+    return {"predicted_peak_bytes": plan["predicted_peak_bytes"], "budget_bytes": plan.get("budget_bytes"),
+            "budget": plan.get("budget", ""), "cache_bytes": plan.get("cache_bytes", 0),
+            "run_as_fp32": sum(1 for d in (plan.get("split_tf32") or {}).values() if d.get("runs_as") == "fp32"),
+            "weights_per_call": len(plan.get("weights_per_call") or [])}
+
+
 def eager_peak_estimate(program: Program) -> int:
     """Eager's peak activation bytes as its allocator would hold them: every value from the op that
     makes it to its last reader in program order, views folded, parameters and inputs left out (the

@@ -49,20 +49,18 @@ def plan_steps(program: Program, fused: dict[str, tuple[list[str], object]],
                memory_budget: int | None = None) -> tuple[list[Step], MemoryPlan]:
     """fused: region id -> (its node ids, its KernelSource). Returns the steps in execution order and
     their memory plan (within memory_budget bytes, or the program's, or eager's estimated peak)."""
-    order_all = program.topo_order()
-    pos = {n: i for i, n in enumerate(order_all)}
-    steps: list[Step] = []
-    covered: set[str] = set()
-    for rid, (nodes, ks) in fused.items():
-        nodes = sorted(nodes, key=pos.__getitem__)
-        steps.append(Step("kernel", nodes, region=rid, kernel=ks, library_nodes=list(ks.library_nodes)))
-        covered.update(nodes)
-    for n in order_all:
-        if n not in covered:
-            steps.append(Step("torch", [n], view=is_view(program, n)))
-    idx = region_order(program, [s.nodes for s in steps])
-    steps = [steps[i] for i in idx]
+    pos = {n: i for i, n in enumerate(program.topo_order())}
+    kernels = [Step("kernel", sorted(nodes, key=pos.__getitem__), region=rid, kernel=ks,
+                    library_nodes=list(ks.library_nodes)) for rid, (nodes, ks) in fused.items()]
+    steps = _with_torch_steps(program, kernels)
     return steps, plan_memory(program, steps, memory_budget)
+
+
+def _with_torch_steps(program: Program, kernels: list[Step]) -> list[Step]:
+    """The kernel steps and one torch step per node they leave out, in a topological order of steps."""
+    covered = {n for s in kernels for n in s.nodes}
+    steps = kernels + [Step("torch", [n], view=is_view(program, n)) for n in program.topo_order() if n not in covered]
+    return [steps[i] for i in region_order(program, [s.nodes for s in steps])]
 
 
 def planned_steps(program: Program, regions) -> list[Step]:
@@ -71,21 +69,17 @@ def planned_steps(program: Program, regions) -> list[Step]:
     memory decisions made before codegen. A region codegen would refuse runs its nodes through torch."""
     from types import SimpleNamespace
 
-    from ..codegen import LIBRARY_CATEGORIES, CodegenError
+    from ..codegen import CodegenError, split_library
     from ..codegen.region_io import region_io
-    steps, covered = [], set()
+    kernels = []
     for r in regions:
         if len(r.nodes) < 2:
             continue
         try:
             io = region_io(program, r.nodes)
+            lib = split_library(program, io)[0]
         except CodegenError:
             continue
-        lib = [n for n in io.nodes if program.nodes[n].opdef.category in LIBRARY_CATEGORIES]
-        if len(lib) > 1:
-            continue
         kernel = SimpleNamespace(inputs=list(io.inputs), outputs=list(io.outputs), library_nodes=lib)
-        steps.append(Step("kernel", list(io.nodes), region=r.id, kernel=kernel, library_nodes=lib))
-        covered.update(io.nodes)
-    steps += [Step("torch", [n], view=is_view(program, n)) for n in program.topo_order() if n not in covered]
-    return [steps[i] for i in region_order(program, [s.nodes for s in steps])]
+        kernels.append(Step("kernel", list(io.nodes), region=r.id, kernel=kernel, library_nodes=lib))
+    return _with_torch_steps(program, kernels)
