@@ -4,13 +4,18 @@ and `bench --jobs`."""
 import fcntl
 import json
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
 
 import agent_core.verify as verify
+from agent_core.agent.phases import PhaseClock, phase
 from agent_core.agent.refcache import ReferenceCache
 from agent_core.commands import bench
+from agent_core.commands.bench_costs import agent_fields
 from agent_core.importers import import_file
 from agent_core.profile import timing
 
@@ -114,6 +119,33 @@ def test_gpu_work_is_shared_and_a_measurement_inside_it_takes_the_lock_alone(tmp
             assert not other(fcntl.LOCK_SH)
         assert other(fcntl.LOCK_SH) and not other(fcntl.LOCK_EX)
     assert other(fcntl.LOCK_EX)
+
+
+def test_waiting_for_another_problems_measurement_is_not_the_agents_time(tmp_path, monkeypatch):
+    lock = tmp_path / "t.lock"
+    monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
+    # another bench problem, in its own process, measures for 0.5 s
+    other = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time\n"
+        f"f = open({str(lock)!r}, 'a'); fcntl.flock(f, fcntl.LOCK_EX)\n"
+        "print('held', flush=True); time.sleep(0.5)")], stdout=subprocess.PIPE, text=True)
+    assert other.stdout.readline().strip() == "held"
+    clock = PhaseClock()
+    with clock.running(), phase("verify"), timing.gpu_work():
+        time.sleep(0.1)                               # the verification itself, once the GPU is free
+    other.wait()
+    fields = agent_fields(clock)
+    assert fields["gpu_wait_seconds"] >= 0.3
+    assert 0.1 <= fields["agent_seconds"] < 0.3
+    assert fields["agent_phases"]["verify"] >= 0.1 and "gpu_wait" not in fields["agent_phases"]
+
+
+def test_an_uncontended_lock_records_no_wait(tmp_path, monkeypatch):
+    monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(tmp_path / "t.lock"))
+    clock = PhaseClock()
+    with clock.running(), timing.exclusive_timing():
+        pass
+    assert agent_fields(clock)["gpu_wait_seconds"] == 0.0
 
 
 def test_bench_jobs_runs_problems_in_parallel_and_keeps_file_order(tmp_path, capsys):

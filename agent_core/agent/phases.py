@@ -9,7 +9,9 @@ the clock takes that figure from the event (on_event, the emitter's callback) in
 step again; only events emitted on the clock's own thread count, so compiles run in a pool cannot add
 up to more than the wall time they overlap.
 
-Phases listed in EXCLUDED (torch's baselines) are timed but are not the agent's time.
+Phases listed in EXCLUDED are timed but are not the agent's time: torch's baselines, and `gpu_wait`,
+the time spent blocked on the GPU lock of a `bench --jobs N` run while another problem measures or
+verifies (profile.timing), which an optimize run alone never spends.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import time
 # every phase a record may name, in pipeline order; docs/OPTIMIZE.md says what each covers
 PHASES = ("import", "rewrite", "plan", "precision", "generate", "compile", "load", "verify", "time_regions",
           "tune", "writer", "build", "time_program", "other")
-EXCLUDED = ("baselines",)
+EXCLUDED = ("baselines", "gpu_wait")
 EVENT_PHASES = {"plan": "plan", "codegen": "generate", "compile": "compile"}   # events with `seconds`
 
 _current: contextvars.ContextVar["PhaseClock | None"] = contextvars.ContextVar("stitchcuda_phase_clock",
@@ -95,7 +97,7 @@ class PhaseClock:
 
     @property
     def agent_seconds(self) -> float:
-        """The run's wall time less the excluded phases (torch's baselines)."""
+        """The run's wall time less the excluded phases (torch's baselines, waits for other problems)."""
         return max(0.0, self.wall - sum(self.totals.get(n, 0.0) for n in EXCLUDED))
 
     def phases(self) -> dict[str, float]:

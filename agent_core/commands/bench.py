@@ -426,8 +426,9 @@ class _Run:
                 f"kernels ours/Inductor {kernels_cell(rec)}")
             where = f" on {rec['host']}" + (f" ({rec['gpu_name']})" if rec.get("gpu_name") else "") \
                 if rec.get("host") else ""
+            wait = f", {rec['gpu_wait_seconds']:.1f} s waiting for the GPU" if rec.get("gpu_wait_seconds") else ""
             print(f"[{len(self.records)}/{len(args.files)}] {rec['problem']}: {status} ({rec.get('seconds', 0)} s, "
-                  f"agent {_f(rec.get('agent_seconds'), '{:.1f}')} s{where})",
+                  f"agent {_f(rec.get('agent_seconds'), '{:.1f}')} s{wait}{where})",
                   flush=True)
 
 

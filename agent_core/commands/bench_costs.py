@@ -1,8 +1,8 @@
 """What a bench problem costs besides its speed: the agent's own time and the peak GPU memory of our
 program against eager's (issue #17's "<= 60 s at p95" and "peak memory <= eager's").
 
-Record fields (docs/OPTIMIZE.md, bench): `agent_seconds`, `agent_phases`, `peak_mem_eager_bytes`,
-`peak_mem_ours_bytes`, `peak_mem_ratio`, `peak_mem_ours_parts` (or `peak_mem_error`).
+Record fields (docs/OPTIMIZE.md, bench): `agent_seconds`, `agent_phases`, `gpu_wait_seconds`,
+`peak_mem_eager_bytes`, `peak_mem_ours_bytes`, `peak_mem_ratio`, `peak_mem_ours_parts` (or `peak_mem_error`).
 """
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from ..text import plural
 
 
 def agent_fields(clock) -> dict:
-    """agent_seconds (the optimize pipeline, torch's baselines left out) and its phases (agent.phases)."""
-    return {"agent_seconds": round(clock.agent_seconds, 2), "agent_phases": clock.phases()}
+    """agent_seconds (the optimize pipeline, torch's baselines and waits for other problems' GPU work
+    left out), its phases (agent.phases) and those waits (bench --jobs)."""
+    return {"agent_seconds": round(clock.agent_seconds, 2), "agent_phases": clock.phases(),
+            "gpu_wait_seconds": round(clock.totals.get("gpu_wait", 0.0), 2)}
 
 
 def _eager_callable(path: str):

@@ -62,8 +62,14 @@ class _GpuLock:
         import fcntl
         if not self.modes:
             fcntl.flock(self.file, fcntl.LOCK_UN)
-        else:
-            fcntl.flock(self.file, fcntl.LOCK_EX if any(self.modes) else fcntl.LOCK_SH)
+            return
+        mode = fcntl.LOCK_EX if any(self.modes) else fcntl.LOCK_SH
+        try:
+            fcntl.flock(self.file, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            from ..agent.phases import phase
+            with phase("gpu_wait"):      # another problem holds the GPU: not this agent's own time
+                fcntl.flock(self.file, mode)
 
     @contextlib.contextmanager
     def hold(self, exclusive: bool):
