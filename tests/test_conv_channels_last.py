@@ -46,6 +46,18 @@ MODELS = {
         def get_inputs():
             return [torch.randn(2, 3, 6, 9, 8)]
         ''', [2]),
+    # compute-bound (about 45 FLOP per byte): every split form is on offer
+    "conv2d_wide": ('''
+        class Model(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.c1 = nn.Conv2d(32, 32, 3, padding=1)
+                self.c2 = nn.Conv2d(32, 32, 3, padding=1)
+            def forward(self, x):
+                return self.c2(torch.relu(self.c1(x)))
+        def get_inputs():
+            return [torch.randn(2, 32, 12, 12)]
+        ''', [2]),
     "conv_transpose3d": ('''
         class Model(nn.Module):
             def __init__(self):
@@ -167,6 +179,41 @@ def test_the_layout_is_chosen_by_measurement_and_recorded(tmp_path, monkeypatch,
         program, profile, outcomes, status, gpu, writer = p, {}, [], "done", False, None
     rec = bench.record_from_result("chain.py", Result, 1.0)
     assert {e["layout"] for e in rec["library_forms"].values()} == {want}
+
+
+def test_only_the_fastest_forms_channels_last_variant_is_timed(tmp_path, monkeypatch):
+    """Each try in another layout is a cuDNN algorithm search: every form is timed in the input's
+    layout, then the fastest once more channels-last, and that variant is kept when it is faster."""
+    import agent_core.agent.precision as precision
+    p = _program(tmp_path, "conv2d_wide")
+    real, running = precision.variants, {}
+
+    def tagged(*a, **k):      # which node and variant each timed call runs
+        def tag(key, run):
+            def go(prog, nid, env):
+                running.update(node=nid, key=key)
+                return run(prog, nid, env)
+            return go
+        return {key: tag(key, run) for key, run in real(*a, **k).items()}
+    monkeypatch.setattr(precision, "variants", tagged)
+    speed = {"fp32": 1.0, "fp32-timed": 0.9, "3xtf32": 0.8, "3xtf32-cat": 0.6}
+    timed: dict[str, list[str]] = {}
+
+    def time_candidate(fn, *, trials, best_ms=None, **kw):
+        fn()
+        timed.setdefault(running["node"], []).append(running["key"])
+        form, layout = precision.split_variant(running["key"])
+        return timing.summarize([speed[form] * (0.8 if layout else 1.0)] * 3), False
+    monkeypatch.setattr(quick_timing, "time_candidate", time_candidate)
+    _choose(p)
+    assert set(timed) == {_convs(p)[0]}            # the second, the same call, shares its choice
+    for nid, keys in timed.items():
+        plain = [k for k in variants(p, nid) if not k.endswith("+channels_last")]
+        fastest = min(plain, key=speed.get)
+        assert keys == plain + [fastest + "+channels_last"], (p.nodes[nid].name, keys)
+        assert len(plain) == 4 and fastest == "3xtf32-cat"
+    assert precision.library_precision(p) == {n: "3xtf32-cat" for n in _convs(p)}
+    assert p.metadata["library_layout"] == {n: "channels_last" for n in _convs(p)}
 
 
 def test_a_layout_within_noise_is_not_taken(tmp_path, monkeypatch):

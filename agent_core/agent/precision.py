@@ -9,12 +9,16 @@ A memory-bound convolution (depthwise, small-channel or 1x1 over few channels: f
 moved than fp32 itself keeps up with) is offered the fp32 forms only: a split form reads its operands
 three times (or a three-times-wider input) to save arithmetic that was never the limit.
 
-A 2-D or 3-D convolution is timed in each of its forms twice: in the layout its input comes in, and in
-channels-last memory (runtime.split_tf32's "channels_last" layout). The channels-last time counts
-converting the input from contiguous (none when it arrives channels-last from an earlier channels-last
-convolution through torch-run ops) and, when a generated kernel or the program's caller reads the
-output, converting it back. Nothing is taken to be faster: the layout is kept only where it measures
-faster by MIN_GAIN, like any less accurate form."""
+A 2-D or 3-D convolution is timed in each of its forms in the layout its input comes in, then the
+fastest of them once more in channels-last memory (runtime.split_tf32's "channels_last" layout). The
+channels-last time counts converting the input from contiguous (none when it arrives channels-last from
+an earlier channels-last convolution through torch-run ops) and, when a generated kernel or the
+program's caller reads the output, converting it back. Nothing is taken to be faster: the layout is kept
+only where it measures faster by MIN_GAIN, like any less accurate form. Only the fastest form is tried
+in the other layout because every try is a cuDNN algorithm search (cudnn.benchmark) for a new shape and
+setting, and timing all of them in both layouts was most of a convolutional net's agent time, while
+channels-last won for none of level 2's convolutions (tools/conv_tf32_layout_probe.py) and for 5 of
+16_DenseNet201's 57 timed ones."""
 from __future__ import annotations
 
 from ..analysis.gpu import H200, GPUProfile
@@ -211,21 +215,29 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         ms, disagree = {}, []
         forms = variants(program, nid, {**library_layout(program), **layouts}, kernels)
         too_big = over_room(program, nid, forms, (room or {}).get(nid))
+        fp32 = None   # fp32's result; each other form's is compared with it and dropped
+
+        def measure(mode):
+            nonlocal fp32
+            run = forms[mode]
+            result = dict(env)
+            run(program, nid, result)
+            if fp32 is None:
+                fp32 = result[out]
+            elif not torch.allclose(result[out], fp32, rtol=1e-4, atol=1e-4):
+                disagree.append(mode)
+            del result
+            against = min((t for m, t in ms.items() if m not in disagree), default=None)
+            ms[mode] = time_candidate(lambda: run(program, nid, dict(env)), trials=trials,
+                                      best_ms=against)[0].median_ms   # clearly slower: stopped early
         try:
             with torch.no_grad():
-                fp32 = None   # fp32's result; each other form's is compared with it and dropped
-                for mode, run in ((m, r) for m, r in forms.items() if m not in too_big):
-                    result = dict(env)
-                    run(program, nid, result)
-                    if fp32 is None:
-                        fp32 = result[out]
-                    elif not torch.allclose(result[out], fp32, rtol=1e-4, atol=1e-4):
-                        disagree.append(mode)
-                    del result
-                    against = min((t for m, t in ms.items() if m not in disagree), default=None)
-                    ms[mode] = time_candidate(lambda: run(program, nid, dict(env)), trials=trials,
-                                              best_ms=against)[0].median_ms   # clearly slower: stopped early
-                del fp32
+                for mode in (m for m in forms if m not in too_big and not m.endswith(CL)):
+                    measure(mode)
+                other = pick(ms, disagree) + CL     # the fastest form's channels-last variant, if it has one
+                if other in forms and other not in too_big:
+                    measure(other)
+            fp32 = None
         except Exception as exc:  # noqa: BLE001 - a node that cannot be timed stays fp32
             emit.log(f"{node.name} ({node.op}): only fp32 tried: {type(exc).__name__}: {exc}",
                      level="warning", node=nid)

@@ -124,7 +124,8 @@ def _cached(t, form: str, make):
     if entry is not None and entry[0]() is t and entry[1] == t._version:
         return entry[2]
     parts = make(t)
-    _param_splits[key] = (weakref.ref(t, lambda _, k=key: _param_splits.pop(k, None)), t._version, parts)
+    # the dict is bound, not looked up: a tensor freed at interpreter exit finds the module's globals gone
+    _param_splits[key] = (weakref.ref(t, lambda _, k=key, d=_param_splits: d.pop(k, None)), t._version, parts)
     return parts
 
 
