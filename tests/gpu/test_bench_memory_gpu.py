@@ -37,6 +37,15 @@ def test_the_peak_counts_what_a_run_allocates_above_what_was_there():
     del held
 
 
+def test_a_side_counts_its_own_cublas_workspace_however_often_it_ran_before():
+    lin = torch.nn.Linear(1024, 1024).cuda()
+    x = torch.randn(256, 1024, device="cuda")
+    out = 256 * 1024 * 4
+    first = eager_peak(lin, [x])
+    again = eager_peak(lin, [x])            # the stream's workspace was made by the first run
+    assert again == first > out + MIB       # the output and the workspace cuBLAS needs for it
+
+
 def test_bench_records_peak_memory_of_ours_and_eager_and_the_agents_gpu_phases(tmp_path):
     block = tmp_path / "mlp_norm_residual.py"
     block.write_text(textwrap.dedent('''
