@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -185,7 +186,7 @@ def write_report(rows, args, commit: str) -> None:
     not_comp = [(r, m) for r in ok for m in r["not_compiled"]]
     wrong_torch = [(r, m) for r in ok for m in r["torch_but_generates"]]
     lines = [
-        "# Every proposed region generates: KernelBench levels 1 and 2", "",
+        "# Every proposed region generates: " + ", ".join(os.path.basename(os.path.normpath(f)) for f in args.folders), "",
         f"Command: `nice -n 10 .venv/bin/python tools/plan_generates_report.py {' '.join(args.folders)} "
         f"--jobs {args.jobs} -o {args.output}`  ",
         f"Date: {datetime.date.today().isoformat()}, commit {commit}, on the CPU of the shared build machine "
