@@ -193,48 +193,84 @@ def pick(ms: dict[str, float], disagree) -> str:
     return next(m for m in fits if ms[m] <= ms[fastest] * MIN_GAIN)
 
 
+def temporaries(program: Program, nid: str, run, env: dict) -> int:
+    """Peak GPU bytes one call of the node in form `run` allocates beyond its output: its temporaries
+    (split parts, a layout copy) and the library's workspace, which the algorithm cuDNN picks by timing
+    can make far larger than the one its heuristics pick (5_AlexNet: 1.2 GB more at one call at
+    3883459). 0 off the GPU."""
+    import torch
+    if not torch.cuda.is_available():
+        return 0
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = dict(env)
+    run(program, nid, result)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - before       # what the call left allocated: its output
+    del result
+    return max(0, torch.cuda.max_memory_allocated() - before - held)
+
+
+def workspace_bytes(program: Program) -> dict[str, int]:
+    """Per node, what its chosen form allocates while it runs beyond the memory plan's model of it and
+    beyond plain fp32's own (measured by choose_library_precision)."""
+    return program.metadata.get("library_workspace_bytes") or {}
+
+
 def choose_library_precision(program: Program, tensors_for, emit, trials: int, nodes=None,
                              room: dict[str, int] | None = None) -> dict[str, str]:
     """Time every eligible node each way (or those in `nodes`); tensors_for(value ids) -> GPU tensors
     (parameters real). Writes and returns program.metadata["library_precision"] (node id -> its form,
-    fp32 ones left out). room: per node, the bytes a split form's parts may take there within the memory
-    budget (memory_plan.split_room); the forms that need more are not timed (they could not run)."""
+    fp32 ones left out). room: per node, the bytes a form may add there within the memory budget
+    (memory_plan.split_room): the split forms whose modeled parts need more are not timed (they could
+    not run), and a form whose measured temporaries and workspace exceed plain fp32's by more is not
+    chosen. What the chosen form adds beyond the plan's model goes to library_workspace_bytes."""
     import torch
+
+    from ..program_runtime.memory_plan import call_temp_bytes
     from .quick_timing import time_candidate
     chosen: dict[str, str] = {}
     layouts: dict[str, str] = {}
     gains: dict[str, float] = {}       # ms a split form saves against fp32 in its layout (memory_plan weighs it)
+    workspace: dict[str, int] = {}
     if nodes is None:
         program.metadata.pop("library_layout", None)
         program.metadata.pop("library_precision_gain_ms", None)
+        program.metadata.pop("library_workspace_bytes", None)
     kernels = _region_nodes(program)
-    for nid in (library_nodes(program) if nodes is None else nodes):
+    timed = library_nodes(program) if nodes is None else list(nodes)
+    for nid in timed:
         node = program.nodes[nid]
         env = {v: t for v, t in zip(node.inputs, tensors_for([v for v in node.inputs if v])) if v}
         out = node.outputs[0]
-        ms, disagree = {}, []
+        ms, disagree, extra, heavy = {}, [], {}, []
         forms = variants(program, nid, {**library_layout(program), **layouts}, kernels)
-        too_big = over_room(program, nid, forms, (room or {}).get(nid))
+        here = (room or {}).get(nid)
+        too_big = over_room(program, nid, forms, here)
         fp32 = None   # fp32's result; each other form's is compared with it and dropped
 
         def measure(mode):
             nonlocal fp32
             run = forms[mode]
             result = dict(env)
-            run(program, nid, result)
+            run(program, nid, result)      # the first call: cuDNN's algorithm search, a weight's parts cached
             if fp32 is None:
                 fp32 = result[out]
             elif not torch.allclose(result[out], fp32, rtol=1e-4, atol=1e-4):
                 disagree.append(mode)
             del result
-            against = min((t for m, t in ms.items() if m not in disagree), default=None)
+            against = min((t for m, t in ms.items() if m not in disagree + heavy), default=None)
             ms[mode] = time_candidate(lambda: run(program, nid, dict(env)), trials=trials,
                                       best_ms=against)[0].median_ms   # clearly slower: stopped early
+            extra[mode] = temporaries(program, nid, run, env)
+            if here is not None and extra[mode] - extra.get("fp32", 0) > here:
+                heavy.append(mode)
         try:
             with torch.no_grad():
                 for mode in (m for m in forms if m not in too_big and not m.endswith(CL)):
                     measure(mode)
-                other = pick(ms, disagree) + CL     # the fastest form's channels-last variant, if it has one
+                other = pick(ms, disagree + heavy) + CL   # the fastest form's channels-last variant, if any
                 if other in forms and other not in too_big:
                     measure(other)
             fp32 = None
@@ -242,13 +278,13 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
             emit.log(f"{node.name} ({node.op}): only fp32 tried: {type(exc).__name__}: {exc}",
                      level="warning", node=nid)
             continue
-        best = pick(ms, disagree)
+        best = pick(ms, disagree + heavy)
         why = (f"{ms['fp32'] / ms[best]:.2f}x faster than plain fp32 ({ms[best]:.3f} ms vs {ms['fp32']:.3f} ms)"
                if best != "fp32" else "no other form is faster")
         form, layout = split_variant(best)
         if can_channels_last(program, nid):
             other = form if layout else form + CL
-            if other in ms and other not in disagree:
+            if other in ms and other not in disagree + heavy:
                 why += (f"; channels-last {'kept' if layout else 'not kept'}: {ms[form + CL]:.3f} ms against "
                         f"{ms[form]:.3f} ms in the input's layout (conversions counted)")
         if disagree:
@@ -258,7 +294,11 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
                     f"so the split-TF32 forms were not tried")
         if too_big:
             why += (f"; not timed, their parts being more than the memory budget leaves at this call "
-                    f"({max(0, room[nid]) / 2**20:.1f} MiB): " + ", ".join(too_big))
+                    f"({max(0, here) / 2**20:.1f} MiB): " + ", ".join(too_big))
+        if heavy:
+            why += (f"; not chosen, their temporaries and workspace exceeding plain fp32's by more than the "
+                    f"memory budget leaves at this call ({max(0, here) / 2**20:.1f} MiB): "
+                    + ", ".join(f"{m} ({(extra[m] - extra.get('fp32', 0)) / 2**20:.1f} MiB)" for m in heavy))
         emit.emit("precision", node=nid, op=node.op, chosen=form, reason=why,
                   **({"layout": layout or "as input"} if can_channels_last(program, nid) else {}),
                   **{field(m): t for m, t in ms.items()})
@@ -266,12 +306,17 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
             chosen[nid] = form
             plain = ms.get("fp32" + (CL if layout else ""), ms["fp32"])
             gains[nid] = round(plain - ms[best], 6)
+        beyond = extra.get(best, 0) - extra.get("fp32", 0) - call_temp_bytes(program, nid, form, layout is not None)
+        if beyond > 0:
+            workspace[nid] = beyond
         if layout:
             layouts[nid] = layout
     program.metadata["library_precision"] = chosen
     program.metadata["library_precision_gain_ms"] = {**(program.metadata.get("library_precision_gain_ms") or {}),
                                                      **gains}
     program.metadata["library_layout"] = layouts
+    kept = {n: b for n, b in workspace_bytes(program).items() if n not in timed}   # an earlier pass's
+    program.metadata["library_workspace_bytes"] = {**kept, **workspace}
     return chosen
 
 

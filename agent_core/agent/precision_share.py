@@ -13,8 +13,10 @@ from __future__ import annotations
 import json
 
 from ..ir import Program
+from ..program_runtime.memory_plan import call_temp_bytes
 from ..runtime.split_tf32 import library_layout
-from .precision import CL, SPLIT_VARIANTS, choose_library_precision, library_nodes, over_room, variants
+from .precision import (CL, SPLIT_VARIANTS, choose_library_precision, library_nodes, over_room, variants,
+                        workspace_bytes)
 
 
 def call_signature(program: Program, nid: str) -> str:
@@ -53,24 +55,29 @@ def choose_shared_precision(program: Program, tensors_for, emit, trials: int,
                             room: dict[str, int] | None = None) -> dict[str, str]:
     """agent.precision.choose_library_precision, timing one node per signature. Same result shape:
     writes and returns program.metadata["library_precision"]. room: as there; a node shares a choice
-    only when the same split forms fit in memory there as on the node it was timed on."""
+    only when the same split forms fit in memory there as on the node it was timed on, and the chosen
+    form's temporaries (as measured there) fit too."""
     grouped = groups(program)
     program.metadata.pop("library_layout", None)     # an earlier run's: every chain's layout is chosen again
     program.metadata.pop("library_precision_gain_ms", None)
+    program.metadata.pop("library_workspace_bytes", None)
     room = room or {}
     chosen = dict(choose_library_precision(program, tensors_for, emit, trials, nodes=[g[0] for g in grouped],
                                            room=room))
     layouts = dict(library_layout(program))
+    workspace = dict(workspace_bytes(program))
     alone: list[str] = []
     for g in grouped:
         first = g[0]
         form, layout = chosen.get(first, "fp32"), layouts.get(first)
         key = form + (CL if layout else "")
+        adds = call_temp_bytes(program, first, form, layout is not None) + workspace.get(first, 0)
         for nid in g[1:]:
             node = program.nodes[nid]
             if over_room(program, nid, SPLIT_VARIANTS, room.get(nid)) != \
-                    over_room(program, first, SPLIT_VARIANTS, room.get(first)):
-                alone.append(nid)          # other forms fit in memory here: weighed on their own
+                    over_room(program, first, SPLIT_VARIANTS, room.get(first)) or \
+                    (room.get(nid) is not None and adds > room[nid]):
+                alone.append(nid)          # other forms fit in memory here, or this one does not
                 continue
             if key != "fp32":
                 try:
@@ -87,10 +94,13 @@ def choose_shared_precision(program: Program, tensors_for, emit, trials: int,
                         gains[nid] = gains[first]
                 if layout:
                     layouts[nid] = layout
+                if first in workspace:
+                    workspace[nid] = workspace[first]     # the same call: the same algorithm and workspace
             emit.emit("precision", node=nid, op=node.op, chosen=form, shared_with=first,
                       **({"layout": layout} if layout else {}),
                       reason=f"as {program.nodes[first].name} (the same call on the same shapes), timed there"
                              + ("; agrees with fp32 at 1e-4 on this node's own tensors" if key != "fp32" else ""))
+    program.metadata["library_workspace_bytes"] = workspace
     if alone:
         program.metadata["library_layout"] = layouts    # the alone nodes' timing sees the chain's layouts
         chosen.update(choose_library_precision(program, tensors_for, emit, trials, nodes=alone, room=room))

@@ -9,7 +9,8 @@ eager's 257 MB in all).
 
 The model, per step: the values alive there (from the step that writes one to the last that reads it;
 values inside a kernel never exist; a view adds nothing), plus the step's temporaries (a channels-last
-call's input copy, a split call's parts), plus the parameter caches of the whole run (split-TF32
+call's input copy, a split call's parts, and what agent.precision measured the call's chosen form to
+allocate beyond those and beyond plain fp32's: a larger cuDNN workspace), plus the parameter caches of the whole run (split-TF32
 parts, concatenated convolution weights, channels-last weights). The peak is its maximum. A cache the
 budget cannot hold is dropped: its weight is then split or converted every call instead.
 
@@ -209,6 +210,12 @@ def _call_costs(program: Program, nid: str, form: str | None, cached: bool,
     return temp, caches
 
 
+def call_temp_bytes(program: Program, nid: str, form: str, channels_last: bool) -> int:
+    """The modeled temporaries of one call run as `form` ("fp32", "fp32-timed", a split form) in the
+    layout given, its weights' parts cached: what agent.precision's measurement is compared with."""
+    return _call_costs(program, nid, form if form in (TF32X3, TF32X3_CAT) else None, True, channels_last)[0]
+
+
 def split_parts_bytes(program: Program, nid: str, form: str, channels_last: bool) -> int:
     """The least a split form adds at its call beyond plain fp32 (its weights' parts cached): the
     activation's parts, and a product temporary where the sum is not made in place."""
@@ -242,6 +249,7 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     keep it within the budget (see the module docstring)."""
     layout = library_layout(program)
     precision = library_precision(program)
+    workspace = program.metadata.get("library_workspace_bytes") or {}
     if budget is None and program.metadata.get("memory_budget_bytes") is not None:
         budget, source = int(program.metadata["memory_budget_bytes"]), "the program's memory_budget_bytes"
     elif budget is None:
@@ -272,7 +280,10 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
         return layout_keys(nid) | (cache_keys(nid) if nid in split and nid not in demoted else set())
 
     def costs(nid, demoted=demoted, uncached=uncached):
-        return _call_costs(program, nid, runs_as(nid, demoted), not (all_keys(nid, demoted) & uncached))
+        form = runs_as(nid, demoted)
+        temp, held = _call_costs(program, nid, form, not (all_keys(nid, demoted) & uncached))
+        # the chosen form's measured workspace beyond the model (agent.precision); none once demoted
+        return temp + (workspace.get(nid, 0) if form == precision.get(nid) else 0), held
 
     def predict(demoted=demoted, uncached=uncached):
         per_event = list(base)

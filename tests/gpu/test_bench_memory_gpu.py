@@ -37,6 +37,22 @@ def test_the_peak_counts_what_a_run_allocates_above_what_was_there():
     del held
 
 
+def test_a_library_calls_temporaries_are_what_its_peak_adds_to_its_output():
+    from agent_core.agent.precision import temporaries
+
+    def alongside(program, nid, env):          # a workspace alive while the output is written
+        ws = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")
+        env["out"] = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+        del ws
+
+    def before(program, nid, env):             # one freed before the output exists
+        ws = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")
+        del ws
+        env["out"] = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
+    assert temporaries(None, "n", alongside, {}) == 8 * MIB
+    assert temporaries(None, "n", before, {}) == 4 * MIB      # the peak (8 MiB) less the output's 4
+
+
 def test_a_side_counts_its_own_cublas_workspace_however_often_it_ran_before():
     lin = torch.nn.Linear(1024, 1024).cuda()
     x = torch.randn(256, 1024, device="cuda")

@@ -1,0 +1,119 @@
+"""A library call's measured temporaries and workspace (agent.precision.temporaries) decide with the
+memory budget which of its forms may be chosen, and what the chosen one adds beyond the memory plan's
+model is counted in the plan's predicted peak (issue 17: the cuDNN algorithms picked by timing had
+workspaces the plan never saw; 5_AlexNet ran 1.2 GB above its prediction at 3883459).
+
+On the CPU the timings and the measured bytes are given per form; the choice, its reason, the
+metadata and the plan are the real ones."""
+import io
+import json
+
+import torch
+import torch.nn as nn
+
+import agent_core.agent.precision as precision
+import agent_core.agent.quick_timing as quick_timing
+from agent_core.agent import EventEmitter
+from agent_core.agent.precision_share import choose_shared_precision
+from agent_core.importers import import_nn_module
+from agent_core.profile import timing
+from agent_core.program_runtime.executable import ProgramExecutable
+from agent_core.reference import parameter_tensors
+
+MIB = 1 << 20
+
+
+class TwoLinears(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(d, d), nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+
+def _program():
+    torch.manual_seed(0)
+    p = import_nn_module(TwoLinears(), [torch.randn(32, 64)])
+    p.metadata["memory_budget_bytes"] = 1 << 40
+    return p
+
+
+def _linears(p):
+    return [n for n in p.topo_order() if p.nodes[n].op == "linear"]
+
+
+def _fake_gpu(monkeypatch, ms: dict[str, float], extra: dict[str, int]):
+    """Each form's time and measured bytes, by the form (variant key) that runs."""
+    real, running = precision.variants, {}
+
+    def tagged(*a, **k):
+        def tag(key, run):
+            def go(prog, nid, env):
+                running["key"] = key
+                return run(prog, nid, env)
+            return go
+        return {key: tag(key, run) for key, run in real(*a, **k).items()}
+    monkeypatch.setattr(precision, "variants", tagged)
+
+    def time_candidate(fn, *, trials, best_ms=None, **kw):
+        fn()
+        return timing.summarize([ms[running["key"]]] * 3), False
+    monkeypatch.setattr(quick_timing, "time_candidate", time_candidate)
+
+    def temporaries(program, nid, run, env):
+        run(program, nid, dict(env))
+        return extra[running["key"]]
+    monkeypatch.setattr(precision, "temporaries", temporaries)
+
+
+def _choose(p, room):
+    params = parameter_tensors(p)
+    gen = torch.Generator().manual_seed(0)
+
+    def tensors_for(vids):
+        return [params[v] if v in params else torch.randn(p.values[v].shape, generator=gen) for v in vids]
+    log = io.StringIO()
+    choose_shared_precision(p, tensors_for, EventEmitter(log), trials=3, room=room)
+    return [json.loads(line) for line in log.getvalue().splitlines()]
+
+
+def test_a_form_whose_measured_workspace_does_not_fit_is_not_chosen(monkeypatch):
+    p = _program()
+    _fake_gpu(monkeypatch, ms={"fp32": 1.0, "3xtf32": 0.5}, extra={"fp32": 2 * MIB, "3xtf32": 40 * MIB})
+    events = _choose(p, room={n: 16 * MIB for n in _linears(p)})     # 38 MiB more than fp32's: over
+    assert precision.library_precision(p) == {}
+    first = next(e for e in events if e.get("event") == "precision")
+    assert first["chosen"] == "fp32"
+    assert "temporaries and workspace" in first["reason"] and "3xtf32 (38.0 MiB)" in first["reason"]
+    assert precision.workspace_bytes(p) == {}
+
+
+def test_the_chosen_forms_workspace_beyond_the_model_is_in_the_predicted_peak(monkeypatch):
+    from agent_core.program_runtime.memory_plan import call_temp_bytes
+    p = _program()
+    fc1, fc2 = _linears(p)
+    fp32_peak = ProgramExecutable(p, {}, graph=False, device="cpu").memory.predicted_peak_bytes
+    _fake_gpu(monkeypatch, ms={"fp32": 1.0, "3xtf32": 0.5}, extra={"fp32": 2 * MIB, "3xtf32": 40 * MIB})
+    _choose(p, room={n: 64 * MIB for n in (fc1, fc2)})
+    assert precision.library_precision(p) == {fc1: "3xtf32", fc2: "3xtf32"}
+    beyond = 38 * MIB - call_temp_bytes(p, fc1, "3xtf32", False)
+    assert precision.workspace_bytes(p) == {fc1: beyond, fc2: beyond}      # fc2 shares fc1's call and measure
+    with_ws = ProgramExecutable(p, {}, graph=False, device="cpu").memory.predicted_peak_bytes
+    measured = p.metadata.pop("library_workspace_bytes")
+    assert with_ws - ProgramExecutable(p, {}, graph=False, device="cpu").memory.predicted_peak_bytes == beyond
+    # within a budget without room for it, the plan runs the calls in fp32 and the workspace is gone
+    p.metadata.update(library_workspace_bytes=measured, memory_budget_bytes=fp32_peak)
+    plan = ProgramExecutable(p, {}, graph=False, device="cpu").memory
+    assert {d.runs_as for d in plan.decisions.values()} == {"fp32"}
+    assert plan.predicted_peak_bytes == fp32_peak
+
+
+def test_a_node_without_room_for_the_shared_forms_workspace_is_weighed_alone(monkeypatch):
+    p = _program()
+    fc1, fc2 = _linears(p)
+    _fake_gpu(monkeypatch, ms={"fp32": 1.0, "3xtf32": 0.5}, extra={"fp32": 0, "3xtf32": 40 * MIB})
+    events = _choose(p, room={fc1: 64 * MIB, fc2: 16 * MIB})
+    assert precision.library_precision(p) == {fc1: "3xtf32"}
+    assert not any(e.get("shared_with") for e in events if e.get("event") == "precision")
+    assert set(precision.workspace_bytes(p)) == {fc1}
