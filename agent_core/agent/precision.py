@@ -228,6 +228,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
     chosen. What the chosen form adds beyond the plan's model goes to library_workspace_bytes."""
     import torch
 
+    from ..profile.timing import gpu_work
     from ..program_runtime.memory_plan import call_temp_bytes
     from .quick_timing import time_candidate
     chosen: dict[str, str] = {}
@@ -253,17 +254,18 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         def measure(mode):
             nonlocal fp32
             run = forms[mode]
-            result = dict(env)
-            run(program, nid, result)      # the first call: cuDNN's algorithm search, a weight's parts cached
-            if fp32 is None:
-                fp32 = result[out]
-            elif not torch.allclose(result[out], fp32, rtol=1e-4, atol=1e-4):
-                disagree.append(mode)
-            del result
-            against = min((t for m, t in ms.items() if m not in disagree + heavy), default=None)
-            ms[mode] = time_candidate(lambda: run(program, nid, dict(env)), trials=trials,
-                                      best_ms=against)[0].median_ms   # clearly slower: stopped early
-            extra[mode] = temporaries(program, nid, run, env)
+            with gpu_work():               # the untimed calls never run during another problem's measurement
+                result = dict(env)
+                run(program, nid, result)  # the first call: cuDNN's algorithm search, a weight's parts cached
+                if fp32 is None:
+                    fp32 = result[out]
+                elif not torch.allclose(result[out], fp32, rtol=1e-4, atol=1e-4):
+                    disagree.append(mode)
+                del result
+                against = min((t for m, t in ms.items() if m not in disagree + heavy), default=None)
+                ms[mode] = time_candidate(lambda: run(program, nid, dict(env)), trials=trials,
+                                          best_ms=against)[0].median_ms   # clearly slower: stopped early
+                extra[mode] = temporaries(program, nid, run, env)
             if here is not None and extra[mode] - extra.get("fp32", 0) > here:
                 heavy.append(mode)
         try:

@@ -153,18 +153,19 @@ def time_in_graph(fn, *, trials: int = DEFAULT_TRIALS, warmup: int = DEFAULT_WAR
     import torch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()                      # warm-up outside the capture: lazy loads, workspaces, handles
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(g, stream=side):
-            fn()
+    with gpu_work():              # the warm-up (a cuDNN algorithm search, say) is GPU work too
+        with torch.cuda.stream(side):
+            fn()                  # warm-up outside the capture: lazy loads, workspaces, handles
         torch.cuda.synchronize()
-    except Exception:
-        torch.cuda.synchronize()
-        return time_gpu(fn, trials=trials, warmup=warmup, flush=flush), "eager"
-    try:
-        return time_gpu(g.replay, trials=trials, warmup=warmup, flush=flush), "graph"
-    finally:
-        del g
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g, stream=side):
+                fn()
+            torch.cuda.synchronize()
+        except Exception:
+            torch.cuda.synchronize()
+            return time_gpu(fn, trials=trials, warmup=warmup, flush=flush), "eager"
+        try:
+            return time_gpu(g.replay, trials=trials, warmup=warmup, flush=flush), "graph"
+        finally:
+            del g

@@ -172,18 +172,21 @@ class ProgramExecutable:
 
     def _capture(self) -> None:
         import torch
+
+        from ..profile.timing import gpu_work
         from ..runtime.region import strict_fp32
         strict_fp32()
         stream = capture_stream(torch)
         stream.wait_stream(torch.cuda.current_stream())
         try:
-            with torch.cuda.stream(stream):
+            # the warm-up and capture run the whole program: never during another problem's measurement
+            with gpu_work(), torch.cuda.stream(stream):
                 self._execute()      # warm-up: loads modules, allocates workspaces, cuBLAS handles
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, stream=stream):
-                outs = self._execute()
-            torch.cuda.synchronize()
+                torch.cuda.synchronize()
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=stream):
+                    outs = self._execute()
+                torch.cuda.synchronize()
             self.graph, self.outputs = g, outs
         except Exception as exc:  # e.g. an op that synchronises: run the steps one by one instead
             torch.cuda.synchronize()
