@@ -71,8 +71,10 @@ ORPHAN_GRACE_S = 1.0 if fcntl is not None else 3600.0
 
 
 # --- public API ------------------------------------------------------------------------------
-def save_program(program: Program, path: str | os.PathLike, *, inline_limit: int = INLINE_LIMIT) -> None:
-    """Write `program` to `path` (JSON) and, if it has large parameters, `<path>.npz`, atomically."""
+def save_program(program: Program, path: str | os.PathLike, *, inline_limit: int = INLINE_LIMIT,
+                 durable: bool = True) -> None:
+    """Write `program` to `path` (JSON) and, if it has large parameters, `<path>.npz`, atomically.
+    durable=False skips the fsyncs, for a throw-away folder read back at once (an isolated import's)."""
     path = os.path.realpath(os.fspath(path))  # through a symlink: update its target, keep the link
     sidecar_name = os.path.basename(path) + ".npz"
     sidecar = os.path.join(os.path.dirname(path), sidecar_name)
@@ -88,8 +90,8 @@ def save_program(program: Program, path: str | os.PathLike, *, inline_limit: int
         if not _sidecar_holds(sidecar, want):
             keep = _members_read_by(path, sidecar_name)
             _atomic_write(sidecar, lambda f: _write_npz(f, {_member(e): large[e["value"]] for e in want},
-                                                        sidecar, keep))
-    _atomic_write(path, lambda f: f.write(text.encode("utf-8")))
+                                                        sidecar, keep), durable)
+    _atomic_write(path, lambda f: f.write(text.encode("utf-8")), durable)
     if not large:  # a sidecar left from an earlier save is no longer referenced (only a file we wrote)
         try:
             if stat.S_ISREG(os.lstat(sidecar).st_mode):
@@ -342,9 +344,10 @@ def _plain(x: Any, path: str, depth: int = 0) -> Any:
     raise FileFormatError(f"cannot save {path}: {_a(type(x).__name__)} is not plain data")
 
 
-def _atomic_write(path: str, write) -> None:
-    """Write through a temporary file in the same folder, fsync, then rename over `path`. The file
-    stays open and locked until it has its name, so remove_orphans never takes it for an orphan."""
+def _atomic_write(path: str, write, durable: bool = True) -> None:
+    """Write through a temporary file in the same folder, fsync (when durable), then rename over
+    `path`. The file stays open and locked until it has its name, so remove_orphans never takes it for
+    an orphan."""
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=TMP_SUFFIX, dir=folder)
     try:
@@ -353,7 +356,8 @@ def _atomic_write(path: str, write) -> None:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX)
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
             try:  # keep the old file's permissions (a link's target's are not the old file's)
                 old = os.lstat(path)
                 mode = stat.S_IMODE(old.st_mode) if stat.S_ISREG(old.st_mode) else None
@@ -367,6 +371,8 @@ def _atomic_write(path: str, write) -> None:
         except OSError:
             pass
         raise
+    if not durable:
+        return
     try:  # make the rename itself durable
         dfd = os.open(folder, os.O_RDONLY)
         try:

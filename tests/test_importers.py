@@ -214,6 +214,28 @@ def test_kernelbench_file_imports_with_hints_and_matches(tmp_path):
     assert torch.isfinite(next(iter(out.values()))).all()
 
 
+def test_a_module_passed_in_keeps_its_weights_apart_and_a_files_model_lends_them(tmp_path):
+    import numpy as np
+    m = LinearGelu()
+    p = import_nn_module(m, [torch.randn(4, 16)])
+    w = p.data[p.value_by_name("fc.weight").id]
+    with torch.no_grad():
+        m.fc.weight.add_(1.0)                        # the caller's module changes afterwards
+    assert not np.allclose(w, m.fc.weight.detach().numpy())   # the program kept its own copy
+    f = tmp_path / "7_Gemm_CE.py"
+    f.write_text(KB_FILE)
+    q = import_file(f)                               # its model is built for the import and dropped
+    arr = q.data[q.value_by_name("fc.weight").id]
+    assert not arr.flags.owndata and arr.base is not None     # the model's own memory, not a copy
+    assert verify_import(q, _seeded_model(f), draws=2) < 1e-4
+
+
+def _seeded_model(f):
+    from agent_core.importers import load_source
+    torch.manual_seed(0)
+    return load_source(f).Model(10, 7)
+
+
 def test_import_module_with_file_target_and_specs(tmp_path):
     f = tmp_path / "mymodel.py"
     f.write_text(textwrap.dedent("""

@@ -625,3 +625,16 @@ def test_sidecar_arrays_are_written_exactly_as_numpy_writes_them():
         np.lib.format.write_array(want, np.asarray(a, dtype=a.dtype.newbyteorder("<")), allow_pickle=False)
         _write_npy(got, a)
         assert got.getvalue() == want.getvalue(), a.dtype
+
+
+def test_a_throw_away_save_skips_the_fsyncs_and_reads_back_the_same(tmp_path, monkeypatch):
+    p = make_program()
+    calls = []
+    monkeypatch.setattr(pf.os, "fsync", lambda fd: calls.append(fd))
+    save_program(p, tmp_path / "durable.json")
+    assert calls                                       # a saved project reaches the disk
+    calls.clear()
+    save_program(p, tmp_path / "transfer.json", durable=False)
+    assert not calls
+    assert (tmp_path / "transfer.json.npz").is_file()                  # the big weight in its sidecar
+    assert program_to_json(load_program(tmp_path / "transfer.json")) == program_to_json(p)

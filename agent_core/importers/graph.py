@@ -37,12 +37,14 @@ _RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like"
 _CONSTANT_LIMIT = 1 << 26  # elements; a bigger constant made in forward stays an opaque node
 
 
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    """A copy: the program owns its data, later changes to the module's weights do not leak in."""
+def to_numpy(t: torch.Tensor, copy: bool = True) -> np.ndarray:
+    """A copy: the program owns its data, later changes to the module's weights do not leak in. With
+    copy=False the array shares the tensor's memory where it can (for a module no one else holds)."""
     t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
         t = t.float()
-    return t.contiguous().numpy().copy()
+    arr = t.contiguous().numpy()
+    return arr.copy() if copy else arr
 
 
 def _spec_of(val) -> TensorSpec:
@@ -310,7 +312,8 @@ class Converter:
         return node
 
 
-def convert_graph(program: Program, gm: fx.GraphModule, placeholders: dict[str, tuple], outputs: list[int] | None):
+def convert_graph(program: Program, gm: fx.GraphModule, placeholders: dict[str, tuple], outputs: list[int] | None,
+                  *, copy_weights: bool = True):
     """Fill `program` from gm's graph.
 
     placeholders: placeholder name -> ("input", name, init hint) | ("parameter", name, tensor or None) |
@@ -338,7 +341,7 @@ def convert_graph(program: Program, gm: fx.GraphModule, placeholders: dict[str, 
                     cx.env[n] = program.add_parameter(kind[1], shape=spec.shape, dtype=spec.dtype,
                                                       constant=is_const).id
                 else:
-                    cx.env[n] = program.add_parameter(kind[1], to_numpy(data), dtype=spec.dtype,
+                    cx.env[n] = program.add_parameter(kind[1], to_numpy(data, copy_weights), dtype=spec.dtype,
                                                       constant=is_const).id
             else:
                 raise ImportFailure(f"placeholder {n.name} is neither an input nor a parameter")

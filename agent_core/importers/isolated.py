@@ -300,7 +300,8 @@ def _child(folder: str) -> None:
                                               f"must not start processes that outlive it, so no program was made"}
         else:
             from ..project_file import save_program
-            save_program(program, os.path.join(folder, _PROGRAM))
+            # a private folder the parent reads at once and deletes: no fsync of the weights
+            save_program(program, os.path.join(folder, _PROGRAM), durable=False)
             result = {"ok": True}
     except BaseException as e:  # noqa: B902: every way the file can end is reported, not raised
         if _in_fork:

@@ -23,12 +23,14 @@ def forward_arg_names(module: torch.nn.Module, n: int) -> list[str]:
 
 
 def import_nn_module(module: torch.nn.Module, example_inputs, *, name: str = "model",
-                     hints: list | None = None) -> Program:
+                     hints: list | None = None, copy_weights: bool = True) -> Program:
     """Trace `module` (in eval mode) on example_inputs and build the Program.
 
     example_inputs: forward's positional arguments. Tensors become program inputs (real, fake or
     meta tensors: only real ones give data-derived init hints, unless `hints` gives them per
     argument); other values (ints, floats) are baked into the program as constants.
+    copy_weights=False: the program's parameters share the module's weight memory (for a module made
+    only to be imported); by default they are copies, untouched by later changes to the module.
     """
     if not isinstance(module, torch.nn.Module):
         raise ImportFailure(f"expected a torch.nn.Module, got {type(module).__name__}")
@@ -47,7 +49,7 @@ def import_nn_module(module: torch.nn.Module, example_inputs, *, name: str = "mo
         else:
             resolved[ph] = spec
     program = Program(name)
-    cx = convert_graph(program, gm, resolved, outs)
+    cx = convert_graph(program, gm, resolved, outs, copy_weights=copy_weights)
     by_name = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
     template, baked = [], {}
     for k, a in enumerate(args):
