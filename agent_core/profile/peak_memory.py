@@ -3,8 +3,11 @@ the caching allocator's counters (torch.cuda.reset_peak_memory_stats / max_memor
 
 Both figures are the peak of allocated bytes during the run above what was allocated just before it,
 so the weights and inputs each side already holds are left out of both, and the outputs (alive at the
-end) are in both. The allocator's own block rounding (512 bytes) is counted as it allocates. Before
-each run the cuBLAS workspaces torch caches per stream are freed, so each side counts its own.
+end) are in both. The allocator's own block rounding (512 bytes) is counted as it allocates. Both
+are steady-state runs: the cuBLAS workspace of each side's stream exists before its window (eager's
+from its earlier calls, ours on the one capture stream every build shares) and is counted in neither.
+Freeing the workspaces first (tried at 18ac8e7) measured a cold start instead, unequally: ours
+re-made its 32 MiB in the warm-up, before the capture's peak, eager at its classifier, after its own.
 - eager: one forward of the model (no_grad) on its inputs, both already on the GPU.
 - ours: building a fresh executable (the graph's private pool filled by the warm-up and capture runs:
   every intermediate and temporary, cuBLAS/cuDNN workspaces for its side stream, the caches of its
@@ -24,23 +27,9 @@ def _rounded(nbytes: int) -> int:
     return (nbytes + ROUND - 1) // ROUND * ROUND
 
 
-def _drop_blas_workspaces() -> None:
-    """Free the cuBLAS workspaces torch keeps per (handle, stream), as torch's own leak check does:
-    each side's run then allocates, and counts, the workspace it needs. Otherwise eager's, made by an
-    earlier call on its stream, was left out while ours, made on the capture stream, was counted
-    (32 MiB on the H200: most of the small models' excess over eager)."""
-    import torch
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
-        torch.cuda.synchronize()
-        clear()
-
-
 def peak_above(run) -> int:
-    """Peak allocated bytes while run() runs, above those allocated when it starts (no cuBLAS
-    workspace held then: the run's own is counted)."""
+    """Peak allocated bytes while run() runs, above those allocated when it starts."""
     import torch
-    _drop_blas_workspaces()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()

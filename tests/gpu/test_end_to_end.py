@@ -77,21 +77,12 @@ def test_the_graph_reuses_released_memory_and_stays_correct():
     res = optimize(prog, tune=False, time_regions=False, baselines=False)
     exe = res.executable
     assert res.profile["end_to_end"]["correct"]
-    from agent_core.profile.peak_memory import fused_of, ours_peak, peak_above
+    from agent_core.profile.peak_memory import fused_of, ours_peak
     from agent_core.program_runtime.memory_plan import eager_peak_estimate
     ours = ours_peak(res.program, fused_of(exe), graph=True)
-    # the peak counts the cuBLAS workspace the capture stream allocates (32 MiB on the H200): measured
-    # here as a fresh stream's first linear allocates it, less that linear's 512-byte output
-    side, x = torch.cuda.Stream(), torch.randn(4, 8, device="cuda")
-    w, b = torch.randn(8, 8, device="cuda"), torch.randn(8, device="cuda")
-
-    def first_linear_on_a_new_stream():
-        with torch.cuda.stream(side):
-            return torch.nn.functional.linear(x, w, b)
-    workspace = peak_above(first_linear_on_a_new_stream) - 512
     everything = sum(v.nbytes for v in res.program.values.values() if v.producer is not None)
-    assert ours["bytes"] - workspace < everything, (ours, workspace)   # released values' memory was reused
-    assert ours["bytes"] - workspace <= eager_peak_estimate(res.program) + (32 << 20), (ours, workspace)
+    assert ours["bytes"] < everything            # released values' memory was reused
+    assert ours["bytes"] <= eager_peak_estimate(res.program) + (32 << 20), ours
     # replaying twice on new inputs gives new, correct results (nothing stale in reused memory)
     assert exe.verify(draws=2, seed=10).ok
 
