@@ -240,3 +240,25 @@ def test_lone_matmul_is_a_library_call_and_the_epilogue_alone_would_cost_the_sam
     split = plan_program(q)
     assert sum(x.est_after_ms for x in split.active) == pytest.approx(r.est_after_ms, rel=1e-6)
     assert math.isclose(plan.estimate.planned_ms, split.estimate.planned_ms, rel_tol=1e-6)
+
+
+def test_a_library_call_with_views_after_it_runs_as_planned_not_as_a_refused_kernel():
+    """The planner keeps a bmm and the reshape of its output as one library region (Mamba2's chunked
+    scan, ShuffleNet's channel shuffle): the agent runs it as the library call, with no kernel to
+    generate, instead of failing to generate a kernel for the reshape (a fallback at 18ac8e7)."""
+    import io
+
+    from agent_core.agent import EventEmitter, optimize
+    from agent_core.importers import import_nn_module
+
+    class BmmReshape(torch.nn.Module):
+        def forward(self, a, b, c):
+            return torch.matmul(torch.bmm(a, b).reshape(4, 64 * 32), c)
+    torch.manual_seed(0)
+    p = import_nn_module(BmmReshape(), [torch.randn(4, 64, 16), torch.randn(4, 16, 32), torch.randn(2048, 8)])
+    res = optimize(p, device="cpu", emit=EventEmitter(io.StringIO()))
+    first = res.outcomes[0]
+    ops = [res.program.nodes[n].op for r in res.program.regions if r.id == first.region for n in r.nodes]
+    assert ops == ["bmm", "reshape"]
+    assert first.status == "library" and "views after it only relabel" in first.reason, first.reason
+    assert not [o for o in res.outcomes if o.status == "fallback"]

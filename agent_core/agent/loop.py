@@ -110,14 +110,17 @@ class _Agent:
         if all(is_view(p, n.id) for n in nodes):
             out.status, out.reason = "view", "only relabels memory (a view): no kernel runs"
             return self._finish(r, out), None
-        if len(nodes) == 1 and nodes[0].opdef.category in LIBRARY_CATEGORIES and not own_attention(p, nodes[0]):
+        work = [n for n in nodes if not is_view(p, n.id)]     # a library call's views after it run as views
+        views = "; the views after it only relabel its output" if len(work) < len(nodes) else ""
+        if len(work) == 1 and work[0].opdef.category in LIBRARY_CATEGORIES and not own_attention(p, work[0]):
             out.status = "library"
-            out.reason = (f"{nodes[0].name} ({nodes[0].op}) alone runs through cuBLAS/cuDNN via torch "
-                          f"({describe_library_call(p, nodes[0].id)}){library_note(p, nodes[0])}")
+            out.reason = (f"{work[0].name} ({work[0].op}) alone runs through cuBLAS/cuDNN via torch "
+                          f"({describe_library_call(p, work[0].id)}){library_note(p, work[0])}{views}")
             return self._finish(r, out), None
-        if len(nodes) == 1 and nodes[0].opdef.category == "recurrent":
+        if len(work) == 1 and work[0].opdef.category == "recurrent":
             out.status = "library"
-            out.reason = f"{nodes[0].name} ({nodes[0].op}) runs through cuDNN via torch (recurrent nets have no generated cell)"
+            out.reason = (f"{work[0].name} ({work[0].op}) runs through cuDNN via torch (recurrent nets have no "
+                          f"generated cell){views}")
             return self._finish(r, out), None
         try:
             t0 = time.perf_counter()
