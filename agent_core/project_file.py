@@ -147,13 +147,15 @@ def _remove_if_orphan(tmp: str) -> bool:
         os.close(fd)
 
 
-def load_program(path: str | os.PathLike, *, strict: bool = False) -> Program:
+def load_program(path: str | os.PathLike, *, strict: bool = False, checksums: bool = True) -> Program:
     """Read a project file into a fresh Program.
 
     Structural problems (bad JSON, wrong types, unknown ops, dangling references, duplicate ids,
     cycles, sidecar mismatches) raise FileFormatError. Other validation errors (an unconnected port,
     a node whose shapes no longer infer) are what a half-built graph in the editor has; they are kept
-    on node.error unless strict=True, which raises the first of them.
+    on node.error unless strict=True, which raises the first of them. checksums=False skips hashing
+    the sidecar's arrays (whose shapes, dtypes and sizes are still checked): for a file written a moment
+    ago into a private folder (an isolated import's), where no other save's sidecar can be.
     """
     path = os.fspath(path)
     try:
@@ -177,7 +179,7 @@ def load_program(path: str | os.PathLike, *, strict: bool = False) -> Program:
     obj = _parse(raw, path)
     real = os.path.realpath(path)  # the sidecar lies next to the file itself, not next to a link to it
     try:
-        program = program_from_json(obj, base_dir=os.path.dirname(real), strict=strict)
+        program = program_from_json(obj, base_dir=os.path.dirname(real), strict=strict, checksums=checksums)
     except FileFormatError as e:
         raise FileFormatError(f"{path}: {e}") from None
     remove_orphans(real)  # only after a good load: opening a bad file changes nothing
@@ -190,9 +192,10 @@ def program_to_json(program: Program) -> dict:
     return _to_json(program, inline_limit=None, sidecar=None, large=None)
 
 
-def program_from_json(obj: Any, base_dir: str | os.PathLike | None = None, *, strict: bool = False) -> Program:
+def program_from_json(obj: Any, base_dir: str | os.PathLike | None = None, *, strict: bool = False,
+                      checksums: bool = True) -> Program:
     """Build a fresh Program from a parsed project file; base_dir is where its sidecar lies."""
-    return _Reader(obj, None if base_dir is None else os.fspath(base_dir)).read(strict)
+    return _Reader(obj, None if base_dir is None else os.fspath(base_dir), checksums).read(strict)
 
 
 def dumps(program: Program) -> str:
@@ -486,9 +489,10 @@ def _type_name(x: Any) -> str:
 class _Reader:
     """Checks a parsed file path by path and builds the Program."""
 
-    def __init__(self, obj: Any, base_dir: str | None):
+    def __init__(self, obj: Any, base_dir: str | None, checksums: bool = True):
         self.obj = obj
         self.base_dir = base_dir
+        self.checksums = checksums
 
     # small checkers, each naming the path ---------------------------------------------------
     @staticmethod
@@ -790,7 +794,7 @@ class _Reader:
                           f"the data lies in a sidecar file '{names.pop()}', which text alone cannot carry")
             arrays = _read_sidecar(os.path.join(self.base_dir, names.pop()),
                                    [{"value": e[1], "dtype": e[2], "shape": list(e[3]), "sha256": e[5],
-                                     "path": e[0]} for e in sidecar_entries])
+                                     "path": e[0]} for e in sidecar_entries], checksums=self.checksums)
             p.data.update(arrays)
 
     def region(self, d, path, p: Program):
@@ -921,8 +925,10 @@ def _read_into(m, buf: memoryview) -> int:
     return done
 
 
-def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> dict[str, np.ndarray]:
-    """Read and check the arrays `want` describes from a sidecar .npz, without pickle."""
+def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False,
+                  checksums: bool = True) -> dict[str, np.ndarray]:
+    """Read and check the arrays `want` describes from a sidecar .npz, without pickle (their sha256
+    too unless checksums=False)."""
     label = os.path.basename(path)
     out = {}
     try:
@@ -955,7 +961,7 @@ def _read_sidecar(path: str, want: list[dict], *, check_only: bool = False) -> d
                 if got != nbytes or extra:
                     raise FileFormatError(f"{where}: sidecar array '{w['value']}' has {got + extra} bytes of "
                                           f"data{' or more' if extra else ''}, expected {nbytes}")
-                if hashlib.sha256(memoryview(arr.reshape(-1)).cast("B")).hexdigest() != w["sha256"]:
+                if checksums and hashlib.sha256(memoryview(arr.reshape(-1)).cast("B")).hexdigest() != w["sha256"]:
                     raise FileFormatError(f"{where}: sidecar array '{w['value']}' does not match the file's "
                                           f"checksum (the sidecar belongs to another save)")
                 if not check_only:

@@ -638,3 +638,23 @@ def test_a_throw_away_save_skips_the_fsyncs_and_reads_back_the_same(tmp_path, mo
     assert not calls
     assert (tmp_path / "transfer.json.npz").is_file()                  # the big weight in its sidecar
     assert program_to_json(load_program(tmp_path / "transfer.json")) == program_to_json(p)
+
+
+def test_a_private_transfer_is_read_without_hashing_its_arrays_but_still_checked(tmp_path):
+    """An isolated import's folder is read back without hashing 8.6 GB again (2_ShallowWideMLP); the
+    arrays' names, dtypes, shapes and sizes are checked all the same."""
+    p = make_program()
+    path = saved(tmp_path, p)
+    side = tmp_path / "prog.json.npz"
+    vid = next(v for v, a in p.data.items() if a.size > pf.INLINE_LIMIT)
+    with np.load(side, allow_pickle=False) as z:
+        (key,) = z.files
+    arr = p.data[vid].copy()
+    arr[0, 0] += 1                                   # the bytes no longer match the recorded sha256
+    np.savez(side, **{key: arr})
+    with pytest.raises(FileFormatError, match="does not match the file's checksum"):
+        load_program(path)
+    assert (load_program(path, checksums=False).data[vid] == arr).all()
+    np.savez(side, **{key: arr.astype(np.float32)})
+    with pytest.raises(FileFormatError, match=r"is float32\[64, 80\], the file says float64\[64, 80\]"):
+        load_program(path, checksums=False)

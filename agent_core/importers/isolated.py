@@ -177,7 +177,9 @@ class IsolatedImport:
         if result is not None and rc == 0:
             from ..project_file import load_program
             try:
-                return load_program(os.path.join(folder, _PROGRAM))
+                # its child wrote it a moment ago into this private folder: no other save's sidecar
+                # can be there, so the arrays are not hashed again (sizes and shapes still checked)
+                return load_program(os.path.join(folder, _PROGRAM), checksums=False)
             except ImportFailure:
                 raise
             except Exception as e:  # the path is a throw-away folder: name the import instead
