@@ -104,6 +104,14 @@ def test_bench_merge_renders_agent_time_and_peak_memory(tmp_path):
     assert "- agent time per problem (torch's baselines excluded), 3 rows with a figure: " \
            "p95 70.0 s, p50 12.5 s, max 70.0 s" in proc.stdout
     assert "- peak GPU memory above eager's: 1 of 2 rows measured (1_Small)" in proc.stdout
+    # rows from a --jobs run that waited for other problems' GPU work: the waits are named, and the
+    # p95 with them counted in is given beside the agent's own
+    rows[0]["gpu_wait_seconds"], rows[1]["gpu_wait_seconds"] = 30.0, 40.0
+    runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_merge.py"), str(runs)],
+                          capture_output=True, text=True, timeout=60)
+    assert "- agent time per problem (torch's baselines and waits for other problems' GPU work excluded " \
+           "(p95 110.0 s with the waits)), 3 rows with a figure: p95 70.0 s, p50 12.5 s, max 70.0 s" in proc.stdout
 
 
 class FakeTime:

@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from agent_core.commands.bench import geomean, modes_run  # noqa: E402
-from agent_core.commands.bench_costs import agent_time_summary, memory_summary  # noqa: E402
+from agent_core.commands.bench_costs import agent_time_scope, agent_time_summary, memory_summary  # noqa: E402
 from agent_core.text import plural  # noqa: E402
 
 
@@ -120,7 +120,7 @@ def summary_lines(records: list[dict]) -> list[str]:
                    + (f" ({', '.join(more)})" if more else ""))
     t = agent_time_summary(records)     # failed rows count: a timeout is agent time too
     if t["measured"]:
-        out.append(f"- agent time per problem (torch's baselines excluded), {plural(t['measured'], 'row')} with a figure: "
+        out.append(f"- agent time per problem ({agent_time_scope(t)}), {plural(t['measured'], 'row')} with a figure: "
                    f"p95 {t['p95']:.1f} s, p50 {t['p50']:.1f} s, max {t['max']:.1f} s")
     m = memory_summary(ran)
     if m["measured"]:
