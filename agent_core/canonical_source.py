@@ -18,6 +18,7 @@ are left as they are, and every identifier they mention is kept everywhere.
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -109,6 +110,7 @@ def declared_names(lines, keep: set[str]) -> set[str]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)   # the compiler and the shared-region signatures ask for each source
 def canonical_form(source: str, entry: str) -> CanonicalSource | None:
     """The canonical text of `source` whose __global__ entry point is `entry`, or None when the
     source already uses a name of the canonical form (nothing could be renamed safely)."""

@@ -166,6 +166,11 @@ class Program:
         """consumers() of every value at once, for callers that ask about many (read it, never edit)."""
         return self._derived()["consumers"]
 
+    def memo(self, kind: str) -> dict:
+        """A cache for facts derived from the current structure (codegen's region_io per node set):
+        emptied whenever a node, an input or a value changes, like consumer_map()."""
+        return self._derived().setdefault("memo", {}).setdefault(kind, {})
+
     def _structure(self) -> tuple:
         """Everything graph() and consumers() depend on: the nodes and their inputs, the values and
         their producers, in dict order. Rebuilt on every call (C-level iteration, no networkx: about a

@@ -281,3 +281,27 @@ def test_an_open_optional_port_left_by_undo_is_no_port():
     assert len(p.nodes[lin.id].inputs) == 3
     p.set_input(lin.id, 2, None)
     assert p.nodes[lin.id].inputs == [x.id, w.id]
+
+
+def test_region_io_is_remembered_per_structure_and_sees_every_edit():
+    """codegen.region_io is memoized per program structure (it is asked per region, per tuning variant):
+    an edit anywhere, even a direct assignment to node.inputs, or a new program output, is seen."""
+    from agent_core.codegen import region_io
+    p = Program("chain")
+    x = p.add_input("x", (4, 8)).id
+    a = p.add_node("relu", [x])
+    b = p.add_node("neg", [a.outputs[0]])
+    c = p.add_node("exp", [b.outputs[0]])
+    p.mark_output(c.outputs[0])
+    first = region_io(p, [a.id, b.id])
+    assert first.outputs == [b.outputs[0]] and first.inputs == [x]
+    first.outputs.append("scribbled")                 # a caller's copy: the memo is not changed
+    assert region_io(p, [a.id, b.id]).outputs == [b.outputs[0]]
+    p.mark_output(a.outputs[0])                       # relu's result now leaves the region too
+    assert region_io(p, [a.id, b.id]).outputs == [a.outputs[0], b.outputs[0]]
+    assert region_io(p, [b.id]).outputs == [b.outputs[0]]
+    c.inputs[0] = a.outputs[0]                        # exp now reads relu directly: neg's result is unused
+    from agent_core.codegen import CodegenError
+    with pytest.raises(CodegenError, match="never used"):
+        region_io(p, [b.id])
+    assert [n for n, _ in p.consumers(a.outputs[0])] == [b.id, c.id]

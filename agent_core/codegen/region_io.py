@@ -21,7 +21,17 @@ class RegionIO:
 
 
 def region_io(program: Program, node_ids) -> RegionIO:
+    """The region's nodes in order, what it reads and what leaves it. Asked many times per region
+    (planning, codegen, verification, each tuning variant): memoized per structure of the program."""
     ids = list(dict.fromkeys(node_ids))
+    memo, key = program.memo("region_io"), (tuple(ids), tuple(program.outputs))
+    known = memo.get(key)
+    if known is None:
+        known = memo[key] = _region_io(program, ids)
+    return RegionIO(list(known.nodes), list(known.inputs), list(known.outputs), set(known.produced))
+
+
+def _region_io(program: Program, ids: list[str]) -> RegionIO:
     if not ids:
         raise CodegenError("the region has no nodes")
     for nid in ids:
