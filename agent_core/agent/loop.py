@@ -15,12 +15,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..codegen import CodegenError, LIBRARY_CATEGORIES, generate_kernel
+from ..codegen import CodegenError, generate_kernel
 from ..compiler import DEFAULT_ARCH, CompileError, compile_kernel
 from ..errors import StitchError
 from ..ir import Program
 from ..runtime.split_tf32 import describe_library_call, library_precision, run_library_node
-from .attention_form import describe_form, exact_form, form_of, library_note, note_kept_form, own_attention
+from .attention_form import describe_form, exact_form, form_of, library_note, note_kept_form
+from .region_kinds import without_kernel
 from .events import EventEmitter
 from .gemm_form import compiled_words as gemm_compiled_words, is_gemm, keep as gemm_keep
 from .gemm_form import kept_words as gemm_kept_words, trial_words as gemm_trial_words
@@ -105,22 +106,20 @@ class _Agent:
         p = self.program
         name = kernel_name(p, r.id)
         out = RegionOutcome(r.id, "fallback", kernel=name)
-        nodes = [p.nodes[n] for n in r.nodes]
-        from ..analysis.cost import is_view
-        if all(is_view(p, n.id) for n in nodes):
-            out.status, out.reason = "view", "only relabels memory (a view): no kernel runs"
-            return self._finish(r, out), None
-        work = [n for n in nodes if not is_view(p, n.id)]     # a library call's views after it run as views
-        views = "; the views after it only relabel its output" if len(work) < len(nodes) else ""
-        if len(work) == 1 and work[0].opdef.category in LIBRARY_CATEGORIES and not own_attention(p, work[0]):
-            out.status = "library"
-            out.reason = (f"{work[0].name} ({work[0].op}) alone runs through cuBLAS/cuDNN via torch "
-                          f"({describe_library_call(p, work[0].id)}){library_note(p, work[0])}{views}")
-            return self._finish(r, out), None
-        if len(work) == 1 and work[0].opdef.category == "recurrent":
-            out.status = "library"
-            out.reason = (f"{work[0].name} ({work[0].op}) runs through cuDNN via torch (recurrent nets have no "
-                          f"generated cell){views}")
+        kind = without_kernel(p, r.nodes)
+        if kind is not None:
+            what, node = kind
+            views = "; the views around it only relabel memory" if len(r.nodes) > 1 else ""
+            if what == "view":
+                out.status, out.reason = "view", "only relabels memory (a view): no kernel runs"
+            elif what == "library":
+                out.status = "library"
+                out.reason = (f"{node.name} ({node.op}) alone runs through cuBLAS/cuDNN via torch "
+                              f"({describe_library_call(p, node.id)}){library_note(p, node)}{views}")
+            else:
+                out.status = "library"
+                out.reason = (f"{node.name} ({node.op}) runs through cuDNN via torch (recurrent nets have no "
+                              f"generated cell){views}")
             return self._finish(r, out), None
         try:
             t0 = time.perf_counter()

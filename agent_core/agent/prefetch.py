@@ -10,23 +10,14 @@ differently (a view, a library call) is simply left out: nothing here decides an
 """
 from __future__ import annotations
 
-from ..codegen import LIBRARY_CATEGORIES, generate_kernel
+from ..codegen import generate_kernel
 from ..compiler import prefetch
+from .region_kinds import without_kernel
 from .tune import tune_space
 
 
 def _params_key(params: dict | None) -> str:
     return repr(sorted(params.items())) if params else ""
-
-
-def _generated_here(program, region) -> bool:
-    """Whether the loop generates a kernel for the region (loop._Agent.region's first checks)."""
-    from ..analysis.cost import is_view
-    nodes = [program.nodes[n] for n in region.nodes]
-    if all(is_view(program, n.id) for n in nodes):
-        return False
-    return not (len(nodes) == 1 and (nodes[0].opdef.category in LIBRARY_CATEGORIES or
-                                     nodes[0].opdef.category == "recurrent"))
 
 
 class KernelPrefetch:
@@ -43,7 +34,7 @@ class KernelPrefetch:
         """Generate the kernels of `regions` (name_of(region) -> kernel name) and start compiling them."""
         batch = []
         for r in regions:
-            if not _generated_here(self.program, r):
+            if without_kernel(self.program, r.nodes) is not None:    # the loop generates nothing for it
                 continue
             name = name_of(r)
             try:
