@@ -7,6 +7,7 @@ the model, never keeps a copy of it).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import zlib
@@ -180,11 +181,33 @@ class Program:
         return (tuple(nodes), tuple(map(tuple, map(_INPUTS, nodes.values()))),
                 tuple(values), tuple(map(_PRODUCER, values.values())))
 
+    @contextlib.contextmanager
+    def frozen(self):
+        """A span in which nothing edits the nodes, their inputs or the values (the agent's kernel
+        generation and region loop): the structure is read once for it instead of on every
+        consumer_map(), topo_order() or codegen question (thousands of times on a model of a thousand
+        nodes). Leaving the span checks that the structure is unchanged."""
+        if "_frozen" in self.__dict__:        # nested: the outer span holds
+            yield self
+            return
+        key = self.__dict__["_frozen"] = self._structure()
+        failed = False
+        try:
+            yield self
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            del self.__dict__["_frozen"]
+            if not failed and self._structure() != key:
+                raise ProgramError("the program's nodes or values were edited inside a frozen span; "
+                                   "what was derived from them there may be stale")
+
     def _derived(self) -> dict:
         """The consumer index and (once asked for) the topological order of the current structure:
         the planner and codegen ask for them per region, hundreds of times on a model of a thousand
         nodes, and building the networkx graph each time dominated planning and generation."""
-        key = self._structure()
+        key = self.__dict__.get("_frozen") or self._structure()
         cache = self.__dict__.get("_derived_cache")
         if cache is None or cache["key"] != key:
             index: dict[str, list[tuple[str, int]]] = {}

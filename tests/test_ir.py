@@ -305,3 +305,22 @@ def test_region_io_is_remembered_per_structure_and_sees_every_edit():
     with pytest.raises(CodegenError, match="never used"):
         region_io(p, [b.id])
     assert [n for n, _ in p.consumers(a.outputs[0])] == [b.id, c.id]
+
+
+def test_a_frozen_span_reads_the_structure_once_and_refuses_edits_made_inside_it():
+    p = Program("chain")
+    x = p.add_input("x", (4, 8)).id
+    a = p.add_node("relu", [x])
+    b = p.add_node("neg", [a.outputs[0]])
+    p.mark_output(b.outputs[0])
+    calls = []
+    real = p._structure
+    p._structure = lambda: calls.append(1) or real()          # count how often the structure is read
+    with p.frozen():
+        for _ in range(5):
+            assert p.topo_order() == [a.id, b.id] and p.consumers(a.outputs[0]) == [(b.id, 0)]
+    assert len(calls) == 2                                    # entering and leaving, not per question
+    with pytest.raises(ProgramError, match="edited inside a frozen span"):
+        with p.frozen():
+            b.inputs[0] = x                                   # an edit the span promised not to make
+    assert p.consumers(x) == [(a.id, 0), (b.id, 0)]           # read afresh once the span is over

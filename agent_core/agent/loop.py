@@ -568,25 +568,27 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                                         sm_count=int(agent.hw.get("sm_count") or 132), tune_trials=tune_trials,
                                         trials=trials, emit=emit)
     from .prefetch import KernelPrefetch    # every region's kernels generated, compiled in parallel
-    with phase("generate"):   # the compiles it starts are waited for in the loop's compile phase
-        agent.prefetch = KernelPrefetch(prog, arch=arch, tune=tune and agent.remote_tune is None,
-                                        tune_trials=tune_trials,
-                                        sm_count=int(agent.hw.get("sm_count") or 132)).start(
-            plan.active, lambda r: kernel_name(prog, r.id))
     wrun = _writer_run(writer, emit, gpu, cancel, writer_sanitize)
     outcomes, fused = [], {}
-    for r in plan.active:
-        try:
-            o, keep = agent.region(r)
-        except Exception as exc:  # one region's failure is that region's fallback, never the run's
-            o = agent._finish(r, RegionOutcome(r.id, "fallback", f"agent error {type(exc).__name__}: {_first(exc)}"))
-            keep = None
-        if wrun is not None and wrun.wants(r.id, o.status):
-            with phase("writer"):
-                keep = agent.write(r, o, wrun) or keep
-        outcomes.append(o)
-        if keep is not None:
-            fused[r.id] = keep
+    with prog.frozen():       # generating, verifying and timing regions never edits the graph
+        with phase("generate"):   # the compiles it starts are waited for in the loop's compile phase
+            agent.prefetch = KernelPrefetch(prog, arch=arch, tune=tune and agent.remote_tune is None,
+                                            tune_trials=tune_trials,
+                                            sm_count=int(agent.hw.get("sm_count") or 132)).start(
+                plan.active, lambda r: kernel_name(prog, r.id))
+        for r in plan.active:
+            try:
+                o, keep = agent.region(r)
+            except Exception as exc:  # one region's failure is that region's fallback, never the run's
+                o = agent._finish(r, RegionOutcome(r.id, "fallback",
+                                                   f"agent error {type(exc).__name__}: {_first(exc)}"))
+                keep = None
+            if wrun is not None and wrun.wants(r.id, o.status):
+                with phase("writer"):
+                    keep = agent.write(r, o, wrun) or keep
+            outcomes.append(o)
+            if keep is not None:
+                fused[r.id] = keep
     profile["regions"] = [o.to_dict() for o in outcomes]
     if gpu:
         profile["shared_regions"] = agent.shared.summary()

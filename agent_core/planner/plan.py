@@ -93,8 +93,8 @@ def _label(state, nid):
 def plan_program(program: Program, *, gpu: GPUProfile = H200, budgets: Budgets = Budgets(),
                  graph: bool = True, sibling: bool = True) -> Plan:
     """Plan regions for `program` (not modified; see apply_plan)."""
-    # planning allocates many short-lived sets and no reference cycles
-    with paused_gc():
+    # planning allocates many short-lived sets and no reference cycles, and only reads the graph
+    with paused_gc(), program.frozen():
         return _plan(program, gpu, budgets, graph, sibling)
 
 
