@@ -216,6 +216,8 @@ class Program:
                     if v is not None:
                         index.setdefault(v, []).append((n.id, i))
             cache = self.__dict__["_derived_cache"] = {"key": key, "consumers": index, "order": None}
+        else:
+            cache["key"] = key      # an equal key: keep this one, so a frozen span compares by identity
         return cache
 
     def producer(self, value_id: str) -> Node | None:
