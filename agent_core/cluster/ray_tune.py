@@ -131,7 +131,7 @@ class RayTuner:
 
     def start(self, prog, regions, name_of, *, gpu: bool, sm_count: int, tune_trials: int, trials: int, emit):
         """Submit the trials of `regions`; None (tune here) when the driver has a GPU the cluster lacks."""
-        from ..agent.prefetch import _generated_here
+        from ..agent.region_kinds import without_kernel
         from ..compiler import DEFAULT_ARCH
         from ..project_file import dumps
         self.cancel()
@@ -146,7 +146,7 @@ class RayTuner:
         self.opts = {"gpu": gpu, "sm_count": sm_count, "tune_trials": tune_trials, "trials": trials,
                      "arch": None if gpu else DEFAULT_ARCH, "kernel_cache": self.kernel_cache, "lock": self.lock}
         for r in regions:
-            if _generated_here(prog, r):
+            if without_kernel(prog, r.nodes) is None:     # the regions the loop generates a kernel for
                 self.jobs[r.id] = self._submit(_Job(r, name_of(r)))
         emit.log(f"--ray: the tuning trials of {len(self.jobs)} region(s) were sent to the cluster "
                  f"({'one GPU' if gpu else 'one CPU'} each)", level="info")
