@@ -201,15 +201,14 @@ def temporaries(program: Program, nid: str, run, env: dict) -> int:
     import torch
     if not torch.cuda.is_available():
         return 0
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
+    from ..profile.peak_memory import peak_above, rounded
     result = dict(env)
-    run(program, nid, result)
-    torch.cuda.synchronize()
-    held = torch.cuda.memory_allocated() - before       # what the call left allocated: its output
-    del result
-    return max(0, torch.cuda.max_memory_allocated() - before - held)
+
+    def call():
+        run(program, nid, result)
+        return result
+    peak = peak_above(call)
+    return max(0, peak - rounded(result[program.nodes[nid].outputs[0]].untyped_storage().nbytes()))
 
 
 def workspace_bytes(program: Program) -> dict[str, int]:

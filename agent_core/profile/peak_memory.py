@@ -23,7 +23,8 @@ from __future__ import annotations
 ROUND = 512     # the caching allocator rounds every block up to this
 
 
-def _rounded(nbytes: int) -> int:
+def rounded(nbytes: int) -> int:
+    """A block's bytes as the caching allocator holds them."""
     return (nbytes + ROUND - 1) // ROUND * ROUND
 
 
@@ -65,7 +66,7 @@ def ours_peak(program, fused: dict, graph: bool) -> dict:
     # kernels' scratch buffers are made once per loaded kernel, which the executables share: those
     # made before the window are added, those made inside it are already in the peak
     loaded = {id(lk): lk for _, _, lk in fused.values()}.values()
-    scratch = sum(_rounded(w.untyped_storage().nbytes()) for lk in loaded for w in (getattr(lk, "_scratch", None) or ()))
+    scratch = sum(rounded(w.untyped_storage().nbytes()) for lk in loaded for w in (getattr(lk, "_scratch", None) or ()))
     built: list = []
 
     def run():
@@ -74,7 +75,7 @@ def ours_peak(program, fused: dict, graph: bool) -> dict:
         return exe.replay()
     raw = peak_above(run)
     exe = built.pop()
-    own = sum(_rounded(t.untyped_storage().nbytes()) for t in list(exe.params.values()) + list(exe.inputs)
+    own = sum(rounded(t.untyped_storage().nbytes()) for t in list(exe.params.values()) + list(exe.inputs)
               if isinstance(t, torch.Tensor))
     total = max(0, raw - own) + scratch
     caches = cached_bytes(exe.params.values())

@@ -49,8 +49,10 @@ def test_a_library_calls_temporaries_are_what_its_peak_adds_to_its_output():
         ws = torch.empty(8 * MIB, dtype=torch.uint8, device="cuda")
         del ws
         env["out"] = torch.empty(4 * MIB, dtype=torch.uint8, device="cuda")
-    assert temporaries(None, "n", alongside, {}) == 8 * MIB
-    assert temporaries(None, "n", before, {}) == 4 * MIB      # the peak (8 MiB) less the output's 4
+    from types import SimpleNamespace
+    program = SimpleNamespace(nodes={"n": SimpleNamespace(outputs=["out"])})   # one node writing "out"
+    assert temporaries(program, "n", alongside, {}) == 8 * MIB
+    assert temporaries(program, "n", before, {}) == 4 * MIB      # the peak (8 MiB) less the output's 4
 
 
 def test_bench_records_peak_memory_of_ours_and_eager_and_the_agents_gpu_phases(tmp_path):
