@@ -121,6 +121,32 @@ def test_gpu_work_is_shared_and_a_measurement_inside_it_takes_the_lock_alone(tmp
     assert other(fcntl.LOCK_EX)
 
 
+def test_inductors_autotuning_benchmarks_are_gpu_work_while_torch_compile_builds(tmp_path, monkeypatch):
+    from torch._inductor.runtime import benchmarking
+    lock = tmp_path / "t.lock"
+    monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
+
+    def another_problem_could(mode):
+        with open(lock, "a") as f:
+            try:
+                fcntl.flock(f, mode | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                return False
+    seen = []
+
+    def do_bench(fn, **kwargs):      # stands in for Triton's, which times fn on the GPU
+        fn()
+        return 1.0
+    monkeypatch.setattr(benchmarking.TritonBenchmarker, "triton_do_bench", property(lambda self: do_bench))
+    candidate = lambda: seen.append((another_problem_could(fcntl.LOCK_SH), another_problem_could(fcntl.LOCK_EX)))
+    with timing.inductor_benchmarks_as_gpu_work():
+        benchmarking.TritonBenchmarker().benchmark_gpu(candidate, is_vetted_benchmarking=True)
+    benchmarking.TritonBenchmarker().benchmark_gpu(candidate, is_vetted_benchmarking=True)
+    # inside: shared with other untimed work, never with a measurement; outside the span: no lock
+    assert seen == [(True, False), (True, True)]
+
+
 def test_waiting_for_another_problems_measurement_is_not_the_agents_time(tmp_path, monkeypatch):
     lock = tmp_path / "t.lock"
     monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from .inductor_kernels import first_call_counting_kernels
-from .timing import DEFAULT_WARMUP, time_cpu, time_gpu
+from .timing import DEFAULT_WARMUP, gpu_work, inductor_benchmarks_as_gpu_work, time_cpu, time_gpu
 
 MODES = ("default", "reduce-overhead")
 KNOWN_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -105,12 +105,13 @@ def measure_baselines(fn, inputs, *, compile_modes=MODES, trials: int = 20, comp
         try:
             torch._dynamo.reset()
             cf = torch.compile(fn, mode=mode)
-            with torch.no_grad():
+            with torch.no_grad(), inductor_benchmarks_as_gpu_work():
                 _, kernels = first_call_counting_kernels(cf, inputs)   # the call that compiles
-                for _ in range(2 if mode in CUDAGRAPH_MODES else 0):
-                    cf(*inputs)
-            if on_gpu:
-                torch.cuda.synchronize()
+                with gpu_work():
+                    for _ in range(2 if mode in CUDAGRAPH_MODES else 0):
+                        cf(*inputs)
+                    if on_gpu:
+                        torch.cuda.synchronize()
         except Exception as exc:
             out[key] = {"ok": False, "error": _first_line(exc), "compile_s": round(time.perf_counter() - t0, 3)}
             spent += time.perf_counter() - t0
