@@ -30,15 +30,11 @@ from dataclasses import dataclass, field
 from ..analysis.gpu import H200, GPUProfile
 from ..analysis.liveness import lifetimes
 from ..ir import Program, Role
+from ..profile.peak_memory import rounded
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, can_concatenate, library_layout,
                                   library_precision)
 
-ROUND = 512          # the caching allocator's block rounding
 MIB = 1 << 20
-
-
-def _rounded(n: int) -> int:
-    return (n + ROUND - 1) // ROUND * ROUND
 
 
 def _is_param(program: Program, vid: str) -> bool:
@@ -46,7 +42,7 @@ def _is_param(program: Program, vid: str) -> bool:
 
 
 def _bytes(program: Program, vid: str) -> int:
-    return _rounded(program.values[vid].nbytes)
+    return rounded(program.values[vid].nbytes)
 
 
 @dataclass
@@ -107,8 +103,8 @@ def eager_peak_estimate(program: Program) -> int:
     for life in lt.values():
         if life.start < 0:
             continue
-        delta[life.start + 1] += _rounded(life.nbytes)
-        delta[life.end + 2] -= _rounded(life.nbytes)
+        delta[life.start + 1] += rounded(life.nbytes)
+        delta[life.end + 2] -= rounded(life.nbytes)
     peak = live = 0
     for d in delta:
         live += d
@@ -150,8 +146,8 @@ def _live_per_event(program: Program, steps, events, order) -> list[int]:
             continue
         start = event_of[order[life.start]]
         end = n - 1 if life.end >= len(order) else event_of[order[life.end]]
-        delta[start] += _rounded(life.nbytes)
-        delta[max(start, end) + 1] -= _rounded(life.nbytes)
+        delta[start] += rounded(life.nbytes)
+        delta[max(start, end) + 1] -= rounded(life.nbytes)
     live, out = 0, []
     for i in range(n):
         live += delta[i]
