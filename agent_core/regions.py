@@ -21,8 +21,8 @@ import networkx as nx
 
 from .errors import CycleError, ProgramError
 
-KINDS = ("pointwise", "reduction", "matmul_epilogue", "conv_epilogue", "sibling", "layout", "single", "opaque",
-         "attention")
+KINDS = ("pointwise", "reduction", "matmul_epilogue", "conv_epilogue", "sibling", "layout", "pooling", "single",
+         "opaque", "attention")
 STATUSES = ("proposed", "accepted", "rejected", "user-made", "locked")
 SCHEDULES = ("warp-per-row", "block-per-row", "cluster-per-row", "split-row", "two-pass")
 # statuses the planner must keep as they are when it re-plans

@@ -10,7 +10,8 @@ from PySide6.QtWidgets import QGraphicsTextItem, QSizePolicy
 
 # kernel colours by region kind: the same hues the canvas uses for its region hulls
 KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
-               "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "single": "#8a8f98", "opaque": "#6b6f76"}
+               "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "pooling": "#2aa7b8", "single": "#8a8f98",
+               "opaque": "#6b6f76"}
 BEFORE = "#8a8f98"
 FLOOR = "#c8961e"   # gold that reads on both the dark and the light background
 

@@ -304,3 +304,58 @@ def test_plan_command_prints_regions_and_saves_them(tmp_path, capsys):
     import json
     data = json.loads(capsys.readouterr().out)
     assert data["kernels"] == 1 and data["estimate"]["planned_ms"] < data["estimate"]["unfused_ms"]
+
+
+def _conv_relu_pool(pool_attrs, after=None, side=None):
+    p = Program()
+    x = p.add_input("x", (8, 16, 64, 64))
+    w = p.add_parameter("w", shape=(32, 16, 3, 3))
+    c = p.add_node("conv2d", [x.id, w.id], {"padding": [1]})
+    r = p.add_node("relu", [c.outputs[0]])
+    pool = p.add_node("max_pool2d", [r.outputs[0]], pool_attrs)
+    out = pool
+    if after:
+        out = p.add_node(after, [pool.outputs[0]])
+    p.mark_output(out.outputs[0])
+    if side:                       # relu's map is also used elsewhere
+        s = p.add_node(side, [r.outputs[0]])
+        p.mark_output(s.outputs[0])
+    return p
+
+
+def test_an_activation_before_a_pooling_is_read_through_the_pooling_kernel():
+    # conv -> relu -> max_pool -> tanh: cuDNN writes the pre-activation, and one pooling kernel applies
+    # relu where its windows read it and tanh before its store; relu's map never reaches memory
+    p = _conv_relu_pool({"kernel_size": [3], "stride": [2]}, after="tanh")
+    plan, regs = regions_of(p)
+    by_kind = {r.kind: ops(p, r) for r in regs}
+    assert by_kind == {"single": ["conv2d"], "pooling": ["relu", "max_pool2d", "tanh"]}, by_kind
+    pooled = next(r for r in regs if r.kind == "pooling")
+    assert pooled.schedule["runs"] == "kernel" and pooled.schedule["launches"] == 1
+    assert "applies relu to each element a window reads" in pooled.reason
+    assert "applies tanh to each pooled element" in pooled.reason
+    assert "keeps the 4.2 MB output of relu" in pooled.reason     # 8 x 32 x 64 x 64 floats
+    assert plan.kernels == 2 and plan.estimate.planned_ms < plan.estimate.unfused_ms
+    inputs = random_inputs(p, seed=0)
+    want = run_reference(p, inputs)
+    apply_plan(p, plan)
+    got = run_by_region(p, inputs)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k])
+
+
+def test_a_pooling_kernel_takes_no_op_whose_result_is_used_elsewhere_or_a_second_window():
+    # relu's map also feeds a sum: relu is computed once, in its own kernel or with the conv
+    p = _conv_relu_pool({"kernel_size": [2]}, side="sigmoid")
+    _, regs = regions_of(p)
+    pooling = [r for r in regs if "max_pool2d" in ops(p, r)]
+    assert len(pooling) == 1 and "relu" not in ops(p, pooling[0])
+    # two poolings in a row: each its own kernel
+    q = Program()
+    x = q.add_input("x", (8, 16, 64, 64))
+    a = q.add_node("max_pool2d", [x.id], {"kernel_size": [2]})
+    b = q.add_node("max_pool2d", [a.outputs[0]], {"kernel_size": [2]})
+    q.mark_output(b.outputs[0])
+    plan, regs = regions_of(q)
+    assert len(regs) == 2 and all(r.kind == "single" for r in regs)
+    assert any("are both windowed poolings" in e["message"] for e in plan.log if e["action"] == "refused"), plan.log

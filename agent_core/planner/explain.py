@@ -48,9 +48,11 @@ def kind_of(state, nodes, s, sibling: bool) -> str:
         return "attention"      # our fused attention kernel, not the library call
     if s.blocker:
         return "opaque" if state.geo[s.blocker].role == "opaque" else "single"
-    if s.anchor:
+    if s.anchor or s.window:
         if len([n for n in nodes if state.geo[n].role != "view"]) == 1:
             return "single"
+        if s.window:
+            return "pooling"
         return "matmul_epilogue" if s.anchor_role == "matmul" else "conv_epilogue"
     if s.reductions:
         return "reduction"
@@ -131,6 +133,16 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
         if kind == "matmul_epilogue":    # the other form the agent times against this one (agent/gemm_form.py)
             reason += _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts)
+    elif kind == "pooling":
+        win = s.window
+        at = nodes.index(win)         # nodes are in execution order: the prologue feeds the window
+        ops = [n for n in nodes if n != win and state.geo[n].role != "view"]
+        prologue = [n for n in ops if nodes.index(n) < at]
+        epilogue = [n for n in ops if nodes.index(n) > at]
+        sched = {"anchor": win, "prologue": prologue, "epilogue": epilogue}
+        parts = ([f"applies {_names(state, prologue)} to each element a window reads"] if prologue else []) + \
+                ([f"applies {_names(state, epilogue)} to each pooled element before its only store"] if epilogue else [])
+        reason = f"pooling kernel: {_label(state, win)} {' and '.join(parts)}; {kept}{saving}."
     elif kind == "attention":
         sched, reason, after = attention_reason(state, nodes, facts)
     elif kind == "layout":

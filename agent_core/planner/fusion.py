@@ -37,7 +37,8 @@ class Summary:
     numels: dict[str, int] = field(default_factory=dict)   # pointwise node -> loop size
     layouts: dict[str, int] = field(default_factory=dict)  # layout node (slice, cat, ...) -> output size
     ops: int = 0                         # compute ops (views excluded)
-    blocker: str | None = None           # a node that never fuses (opaque / single / window)
+    blocker: str | None = None           # a node that never fuses (opaque / single, a second anchor or window)
+    window: str | None = None            # a windowed pooling: pointwise ops fuse before and after it
 
 
 def summarize(state, nodes: list[str]) -> Summary:
@@ -62,6 +63,8 @@ def summarize(state, nodes: list[str]) -> Summary:
             s.reductions.append(nid)
             if s.red is None or (s.red.rows == 1 and g.rows > 1):     # rows before a total beside them
                 s.red = g
+        elif r == "window" and s.window is None:
+            s.window = nid
         else:
             s.blocker = nid
     return s
@@ -276,6 +279,9 @@ def merge_summaries(sa: Summary, sb: Summary) -> Summary:
     s.numels = {**sa.numels, **sb.numels}
     s.layouts = {**sa.layouts, **sb.layouts}
     s.ops = sa.ops + sb.ops
+    s.window = sa.window or sb.window
+    if sa.window and sb.window:
+        s.blocker = sb.window
     s.blocker = sa.blocker or sb.blocker or s.blocker
     return s
 
@@ -311,6 +317,8 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     ops = sa.ops + sb.ops
     if ops > budgets.max_ops:
         return f"the kernel would hold {ops} ops, over the budget of {budgets.max_ops}"
+    if sa.window or sb.window:
+        return _window_refusal(state, sa, sb, relation) or state.rejected_conflict(a, b)
     anchors = [s for s in (sa, sb) if s.anchor]
     if len(anchors) == 2:
         return (f"{_name(state, sa.anchor)} and {_name(state, sb.anchor)} are both "
@@ -370,6 +378,30 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
         if relation == "sibling" and na != nb and not (sa.layouts or sb.layouts):
             return f"the two groups loop over different sizes ({na} and {nb} elements)"
     return state.rejected_conflict(a, b)
+
+
+def _window_refusal(state, sa: Summary, sb: Summary, relation: str) -> str | None:
+    """A windowed pooling's kernel (codegen/pooling.py) takes pointwise ops over its input before it,
+    evaluated where a window reads them (conv -> relu -> max_pool reads the pre-activation once and
+    writes only the pooled map), and pointwise ops over its output after it; nothing else."""
+    if sa.window and sb.window:
+        return (f"{_name(state, sa.window)} and {_name(state, sb.window)} are both windowed poolings; "
+                f"each is its own kernel")
+    window, other = (sa.window, sb) if sa.window else (sb.window, sa)
+    if relation == "sibling":
+        return f"{_name(state, window)} shares its input but not its loop with the other group"
+    extra = other.anchor or next(iter(other.reductions), None) or next(iter(other.layouts), None)
+    if extra is not None:
+        return f"{_name(state, window)}'s kernel takes pointwise ops only, not {_name(state, extra)}"
+    before = other is sa                 # the other group feeds the pooling: its prologue
+    program = state.program
+    node = program.nodes[window]
+    loop = math.prod(program.values[node.inputs[0] if before else node.outputs[0]].shape)
+    for nid, ne in other.numels.items():
+        if ne != loop:
+            return (f"{_name(state, nid)} loops over {ne} elements, not the {loop} of "
+                    f"{_name(state, window)}'s {'input' if before else 'output'}")
+    return None
 
 
 def _total_beside_rows(state, sa: Summary, sb: Summary) -> bool:
