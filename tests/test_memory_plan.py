@@ -188,3 +188,24 @@ def test_a_channels_last_call_counts_its_input_copy_and_its_converted_weight():
     assert exe.memory.cache_bytes == 0 and exe.memory.weights_per_call == {c.id for c in convs}
     assert exe.memory.to_dict()["weights_per_call"] == sorted(c.id for c in convs)
     assert exe.verify(draws=2).ok
+
+
+class ConvReluPool(nn.Module):
+    def __init__(self, inplace: bool):
+        super().__init__()
+        self.conv, self.relu, self.pool = nn.Conv2d(3, 64, 3), nn.ReLU(inplace=inplace), nn.MaxPool2d(2)
+
+    def forward(self, x):
+        return self.pool(self.relu(self.conv(x)))
+
+
+def test_eagers_in_place_relu_shares_its_inputs_buffer_in_the_estimate():
+    x = torch.randn(8, 3, 66, 66)
+    conv_out, pooled = 8 * 64 * 64 * 64 * 4, 8 * 64 * 32 * 32 * 4
+    apart = import_nn_module(ConvReluPool(inplace=False).eval(), [x])
+    assert "eager_in_place" not in apart.metadata
+    assert eager_peak_estimate(apart) == 2 * conv_out      # relu writes a second map beside conv's
+    shared = import_nn_module(ConvReluPool(inplace=True).eval(), [x])
+    relu = [n.id for n in shared.nodes.values() if n.op == "relu"]
+    assert shared.metadata["eager_in_place"] == relu
+    assert eager_peak_estimate(shared) == conv_out + pooled   # relu_ overwrites conv's map; the pool's beside it

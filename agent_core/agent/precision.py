@@ -201,7 +201,8 @@ def temporaries(program: Program, nid: str, run, env: dict) -> int:
     import torch
     if not torch.cuda.is_available():
         return 0
-    from ..profile.peak_memory import peak_above, rounded
+    from ..profile.peak_memory import peak_above
+    from ..program_runtime.memory_plan import rounded
     result = dict(env)
 
     def call():

@@ -7,7 +7,7 @@ apart. Views (reshape and friends) alias their input, so they extend its lifetim
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Collection, Sequence
 
 from ..ir import Program, Role
 from .cost import is_view
@@ -21,9 +21,11 @@ class Lifetime:
     nbytes: int
 
 
-def lifetimes(program: Program, order: Sequence[str] | None = None) -> dict[str, Lifetime]:
+def lifetimes(program: Program, order: Sequence[str] | None = None,
+              in_place: Collection[str] = ()) -> dict[str, Lifetime]:
     """Lifetimes of the values that occupy activation memory (not parameters or constants), with views
-    folded into the buffer they alias."""
+    folded into the buffer they alias, and so are the results of the `in_place` nodes (node ids: eager's
+    relu_ writes over its input)."""
     order = list(order) if order is not None else program.topo_order()
     step = {nid: i for i, nid in enumerate(order)}
     if len(step) != len(program.nodes) or set(step) != set(program.nodes):
@@ -31,7 +33,7 @@ def lifetimes(program: Program, order: Sequence[str] | None = None) -> dict[str,
         raise ValueError(f"the schedule must list every node once; missing {', '.join(missing[:5])}")
     alias: dict[str, str] = {}
     for nid in order:
-        if is_view(program, nid):
+        if is_view(program, nid) or nid in in_place:
             n = program.nodes[nid]
             src = n.inputs[0]
             alias[n.outputs[0]] = alias.get(src, src)

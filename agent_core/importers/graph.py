@@ -191,9 +191,24 @@ class Converter:
         try:
             result = conv(self, n, _bind(n.target, n.args, n.kwargs))
             self.env[n] = self._check(n, result)
+            if base != fbase:
+                self._note_in_place(self.env[n], nodes_before)
         except (Unmapped, ProgramError) as e:
             self._rollback(nodes_before, values_before)
             self.env[n] = self._opaque(n, name, str(e))
+
+    def _note_in_place(self, vid, nodes_before) -> None:
+        """An in-place aten op (relu_ of nn.ReLU(inplace=True)) becomes its functional op here, but eager
+        torch writes its result over its input: the memory plan's estimate of eager's peak (the default
+        budget) aliases the two (program.metadata["eager_in_place"], node ids)."""
+        if not isinstance(vid, str):
+            return
+        nid = self.program.values[vid].producer
+        node = self.program.nodes.get(nid) if nid is not None else None
+        if node is None or nid in nodes_before or not node.inputs or node.inputs[0] is None:
+            return
+        if self.program.values[node.inputs[0]].spec == self.program.values[vid].spec:
+            self.program.metadata.setdefault("eager_in_place", []).append(nid)
 
     def _check(self, n: fx.Node, result):
         """Compare with what torch recorded; cast on a dtype difference, refuse a shape difference."""

@@ -20,12 +20,7 @@ parameter caches and how much values and temporaries, so what dominates is read 
 """
 from __future__ import annotations
 
-ROUND = 512     # the caching allocator rounds every block up to this
-
-
-def rounded(nbytes: int) -> int:
-    """A block's bytes as the caching allocator holds them."""
-    return (nbytes + ROUND - 1) // ROUND * ROUND
+from ..program_runtime.memory_plan import rounded
 
 
 def peak_above(run) -> int:

@@ -30,11 +30,16 @@ from dataclasses import dataclass, field
 from ..analysis.gpu import H200, GPUProfile
 from ..analysis.liveness import lifetimes
 from ..ir import Program, Role
-from ..profile.peak_memory import rounded
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, can_concatenate, library_layout,
                                   library_precision)
 
 MIB = 1 << 20
+ROUND = 512          # the caching allocator rounds every block up to this
+
+
+def rounded(nbytes: int) -> int:
+    """A block's bytes as the caching allocator holds them."""
+    return (nbytes + ROUND - 1) // ROUND * ROUND
 
 
 def _is_param(program: Program, vid: str) -> bool:
@@ -96,9 +101,11 @@ def memory_summary(plan: dict) -> dict:
 
 def eager_peak_estimate(program: Program) -> int:
     """Eager's peak activation bytes as its allocator would hold them: every value from the op that
-    makes it to its last reader in program order, views folded, parameters and inputs left out (the
-    measured figure leaves them out too), outputs to the end."""
-    lt = lifetimes(program)
+    makes it to its last reader in program order, views and the results of eager's in-place ops (the
+    importer's note) folded into the buffers they share, parameters and inputs left out (the measured
+    figure leaves them out too), outputs to the end."""
+    in_place = {n for n in program.metadata.get("eager_in_place") or () if n in program.nodes}
+    lt = lifetimes(program, in_place=in_place)
     delta = [0] * (len(program.nodes) + 3)
     for life in lt.values():
         if life.start < 0:
