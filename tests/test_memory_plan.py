@@ -209,3 +209,57 @@ def test_eagers_in_place_relu_shares_its_inputs_buffer_in_the_estimate():
     relu = [n.id for n in shared.nodes.values() if n.op == "relu"]
     assert shared.metadata["eager_in_place"] == relu
     assert eager_peak_estimate(shared) == conv_out + pooled   # relu_ overwrites conv's map; the pool's beside it
+
+
+class ConvReluConv(nn.Module):
+    """conv -> relu (an epilogue kernel after cuDNN) -> conv: relu's map is written over conv's."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _fused(p):
+    from agent_core.agent.region_kinds import without_kernel
+    from agent_core.codegen import generate_kernel
+    from agent_core.planner import apply_plan, plan_program
+    from agent_core.regions import active_regions
+    apply_plan(p, plan_program(p))
+    return {r.id: (r.nodes, generate_kernel(p, r.nodes, name=r.id, kind=r.kind)) for r in active_regions(p)
+            if without_kernel(p, r.nodes) is None}
+
+
+def test_a_pointwise_epilogue_is_written_over_the_library_output_it_reads_last(monkeypatch):
+    import agent_core.program_runtime.executable as executable
+    from agent_core.reference import run_node, run_reference
+    from agent_core.program_runtime.steps import plan_steps
+    p = _program(ConvReluConv(), (2, 3, 16, 16))
+    fused = _fused(p)
+    (rid, (nodes, ks)), = [(r, f) for r, f in fused.items() if f[1].library_nodes]     # conv + relu epilogue
+    conv_out = p.nodes[ks.library_nodes[0]].outputs[0]
+    _, plan = plan_steps(p, fused)
+    assert plan.written_over == {ks.outputs[0]: conv_out}
+    one_map = 2 * 16 * 16 * 16 * 4
+    assert plan.predicted_peak_bytes == 2 * one_map        # relu's map and the second conv's output, not three
+
+    class Loaded:                                          # evaluates the kernel's nodes, as the mock GPU tests do
+        def __init__(self, ks):
+            self.kernel = ks
+
+        def __call__(self, ins, outs):
+            env = dict(zip(self.kernel.inputs, ins))
+            for nid in self.kernel.node_ids:
+                run_node(p, nid, env)
+            for o, v in zip(outs, self.kernel.outputs):
+                o.copy_(env[v].reshape(o.shape))
+    written = []
+    monkeypatch.setattr(executable, "raw_launch", lambda lk, ins, outs: written.append(
+        [o.data_ptr() for o in outs] == [i.data_ptr() for i in ins[:1]]) or lk(ins, outs))
+    exe = ProgramExecutable(p, {r: (n, k, Loaded(k)) for r, (n, k) in fused.items()}, graph=False, device="cpu")
+    x = torch.randn(2, 3, 16, 16)
+    got = exe(x)[0]
+    assert written == [True]                                # relu wrote into conv's buffer
+    torch.testing.assert_close(got, run_reference(p, {p.values[p.inputs[0]].name: x})[p.values[p.outputs[0]].name])

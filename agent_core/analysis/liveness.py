@@ -7,7 +7,7 @@ apart. Views (reshape and friends) alias their input, so they extend its lifetim
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Collection, Sequence
+from typing import Mapping, Sequence
 
 from ..ir import Program, Role
 from .cost import is_view
@@ -22,10 +22,11 @@ class Lifetime:
 
 
 def lifetimes(program: Program, order: Sequence[str] | None = None,
-              in_place: Collection[str] = ()) -> dict[str, Lifetime]:
+              shares: Mapping[str, str] | None = None) -> dict[str, Lifetime]:
     """Lifetimes of the values that occupy activation memory (not parameters or constants), with views
-    folded into the buffer they alias, and so are the results of the `in_place` nodes (node ids: eager's
-    relu_ writes over its input)."""
+    folded into the buffer they alias, and so is each value `shares` maps to the input whose buffer it
+    is written over (eager's relu_, a kernel's output over an input that dies with it)."""
+    shares = shares or {}
     order = list(order) if order is not None else program.topo_order()
     step = {nid: i for i, nid in enumerate(order)}
     if len(step) != len(program.nodes) or set(step) != set(program.nodes):
@@ -33,10 +34,13 @@ def lifetimes(program: Program, order: Sequence[str] | None = None,
         raise ValueError(f"the schedule must list every node once; missing {', '.join(missing[:5])}")
     alias: dict[str, str] = {}
     for nid in order:
-        if is_view(program, nid) or nid in in_place:
-            n = program.nodes[nid]
+        n = program.nodes[nid]
+        if is_view(program, nid):
             src = n.inputs[0]
             alias[n.outputs[0]] = alias.get(src, src)
+        for v in n.outputs:
+            if v in shares:
+                alias[v] = alias.get(shares[v], shares[v])
     start: dict[str, int] = {}
     end: dict[str, int] = {}
     for vid in program.inputs:

@@ -8,7 +8,8 @@ pool added two peaks instead (H200, 11_VGG16 at 3883459: a 193 MB arena plus 96 
 eager's 257 MB in all).
 
 The model, per step: the values alive there (from the step that writes one to the last that reads it;
-values inside a kernel never exist; a view adds nothing), plus the step's temporaries (a channels-last
+values inside a kernel never exist; a view adds nothing, nor does a pointwise kernel's output written
+over an input that dies with it, written_over), plus the step's temporaries (a channels-last
 call's input copy, a split call's parts, and what agent.precision measured the call's chosen form to
 allocate beyond those and beyond plain fp32's: a larger cuDNN workspace), plus the parameter caches of the whole run (split-TF32
 parts, concatenated convolution weights, channels-last weights). The peak is its maximum. A cache the
@@ -28,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..analysis.gpu import H200, GPUProfile
+from ..analysis.cost import is_view
 from ..analysis.liveness import lifetimes
 from ..ir import Program, Role
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, can_concatenate, library_layout,
@@ -75,6 +77,7 @@ class MemoryPlan:
     cache_bytes: int                     # parameter caches, held for the whole run
     decisions: dict[str, MemoryDecision] = field(default_factory=dict)
     weights_per_call: set[str] = field(default_factory=set)   # calls that split or convert their weights every call
+    written_over: dict[str, str] = field(default_factory=dict)  # kernel output -> the input whose buffer it takes
 
     def summary(self) -> dict:
         """The figures the studio shows: predicted peak, budget, and how many calls changed to fit."""
@@ -87,6 +90,7 @@ class MemoryPlan:
         return {"budget_bytes": self.budget_bytes, "budget": self.budget_source,
                 "predicted_peak_bytes": self.predicted_peak_bytes, "peak_step": self.peak_step,
                 "cache_bytes": self.cache_bytes, "weights_per_call": sorted(self.weights_per_call),
+                "written_over": dict(self.written_over),
                 "split_tf32": {n: d.to_dict() for n, d in self.decisions.items()}}
 
 
@@ -104,8 +108,8 @@ def eager_peak_estimate(program: Program) -> int:
     makes it to its last reader in program order, views and the results of eager's in-place ops (the
     importer's note) folded into the buffers they share, parameters and inputs left out (the measured
     figure leaves them out too), outputs to the end."""
-    in_place = {n for n in program.metadata.get("eager_in_place") or () if n in program.nodes}
-    lt = lifetimes(program, in_place=in_place)
+    in_place = (program.nodes[n] for n in program.metadata.get("eager_in_place") or () if n in program.nodes)
+    lt = lifetimes(program, shares={n.outputs[0]: n.inputs[0] for n in in_place})
     delta = [0] * (len(program.nodes) + 3)
     for life in lt.values():
         if life.start < 0:
@@ -132,7 +136,39 @@ def _events(program: Program, steps):
     return events, order
 
 
-def _live_per_event(program: Program, steps, events, order) -> list[int]:
+def written_over(program: Program, steps, order) -> dict[str, str]:
+    """{kernel output: kernel input} where the output is written into the input's buffer, as eager's
+    relu_ writes over its input: a pointwise kernel with one output reads each input of the output's
+    shape and dtype only at the element it writes, after the loads that element needs, so an input whose
+    buffer no later step reads (not a program input or output, no view of it kept) can take the result.
+    A library call + epilogue (conv -> relu) then holds one map, not two."""
+    lt = lifetimes(program, order)
+    root = {}
+    for nid in order:                       # a view's buffer is its source's (lifetimes' rule)
+        n = program.nodes[nid]
+        if is_view(program, nid):
+            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
+    pos = {n: i for i, n in enumerate(order)}
+    kept = {root.get(v, v) for v in list(program.inputs) + list(program.outputs)}
+    out: dict[str, str] = {}
+    for s in steps:
+        ks = s.kernel
+        if s.kind != "kernel" or ks.kind != "pointwise" or len(ks.outputs) != 1:
+            continue
+        o = ks.outputs[0]
+        last = max(pos[n] for n in s.nodes)
+        roots = [root.get(v, v) for v in ks.inputs]
+        for v, b in zip(ks.inputs, roots):
+            life = lt.get(b)
+            if life is None or b in kept or life.end > last or roots.count(b) > 1 or \
+                    program.values[v].spec != program.values[o].spec:
+                continue
+            out[o] = v
+            break
+    return out
+
+
+def _live_per_event(program: Program, steps, events, order, shares: dict[str, str]) -> list[int]:
     """Bytes of the values alive at each event (a program output to the last one). A value exists only
     when some event writes it (values inside a kernel never do); a view adds nothing."""
     event_of: dict[str, int] = {}
@@ -148,7 +184,7 @@ def _live_per_event(program: Program, steps, events, order) -> list[int]:
             event_of.setdefault(n, last_of_step[i])     # a kernel's own nodes: its launch
     n = len(events)
     delta = [0] * (n + 1)
-    for vid, life in lifetimes(program, order).items():
+    for vid, life in lifetimes(program, order, shares).items():
         if life.start < 0 or vid not in real:
             continue
         start = event_of[order[life.start]]
@@ -233,7 +269,7 @@ def split_room(program: Program, steps, budget: int | None = None) -> dict[str, 
     budget = budget if budget is not None else program.metadata.get("memory_budget_bytes")
     budget = int(budget) if budget is not None else eager_peak_estimate(program)
     events, order = _events(program, steps)
-    base = _live_per_event(program, steps, events, order)
+    base = _live_per_event(program, steps, events, order, written_over(program, steps, order))
     return {nid: budget - base[k] for k, (_, nid, _, _) in enumerate(events) if nid is not None}
 
 
@@ -260,7 +296,8 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     else:
         source = "given"
     events, order = _events(program, steps)
-    base = [a + b for a, b in zip(_live_per_event(program, steps, events, order),
+    shares = written_over(program, steps, order)
+    base = [a + b for a, b in zip(_live_per_event(program, steps, events, order, shares),
                                   _kernel_copies(program, events, layout))]
     library = [(k, nid) for k, (_, nid, _, _) in enumerate(events) if nid is not None]
     calls = [nid for _, nid in library if precision.get(nid) == TF32X3
@@ -360,4 +397,4 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
             decisions[nid] = MemoryDecision(nid, form, form, "cached", cache_nb, temp,
                                             f"weights split once and cached ({cache_nb / MIB:.1f} MiB): "
                                             f"within the budget; {within}")
-    return MemoryPlan(budget, source, peak, peak_step, sum(caches.values()), decisions, per_call)
+    return MemoryPlan(budget, source, peak, peak_step, sum(caches.values()), decisions, per_call, shares)

@@ -69,7 +69,7 @@ def planned_steps(program: Program, regions) -> list[Step]:
     memory decisions made before codegen. A region codegen would refuse runs its nodes through torch."""
     from types import SimpleNamespace
 
-    from ..codegen import CodegenError, split_library
+    from ..codegen import CodegenError, region_kind, split_library
     from ..codegen.region_io import region_io
     kernels = []
     for r in regions:
@@ -78,8 +78,10 @@ def planned_steps(program: Program, regions) -> list[Step]:
         try:
             io = region_io(program, r.nodes)
             lib = split_library(program, io)[0]
+            rest = [n for n in io.nodes if n not in lib]
+            kind = region_kind(program, region_io(program, rest))   # pointwise or not, as codegen will see it
         except CodegenError:
             continue
-        kernel = SimpleNamespace(inputs=list(io.inputs), outputs=list(io.outputs), library_nodes=lib)
+        kernel = SimpleNamespace(inputs=list(io.inputs), outputs=list(io.outputs), library_nodes=lib, kind=kind)
         kernels.append(Step("kernel", list(io.nodes), region=r.id, kernel=kernel, library_nodes=lib))
     return _with_torch_steps(program, kernels)
