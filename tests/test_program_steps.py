@@ -164,3 +164,29 @@ def test_executable_without_kernels_runs_every_node_through_torch():
     x = torch.randn(8, 64)
     out = exe(x)
     assert out[0].shape == (64, 8)
+
+
+def test_a_slice_only_a_library_call_reads_runs_as_a_strided_view_with_no_kernel():
+    # an LSTM-style last step into a classifier: out[:, -1, :] -> linear. torch slices without a copy
+    # and cuBLAS reads the rows through their stride, so neither the plan nor the run copies it
+    from agent_core.agent.region_kinds import without_kernel
+    p = Program("last_step")
+    x = p.add_input("x", [4, 16, 32]).id
+    w = p.add_parameter("w", shape=[8, 32]).id
+    last = p.add_node("select", [x], {"dim": 1, "index": -1}).outputs[0]
+    out = p.add_node("linear", [last, w]).outputs[0]
+    p.mark_output(out)
+    plan = plan_program(p)
+    (sliced,) = [r for r in plan.regions if "select" in [p.nodes[n].op for n in r.nodes]]
+    assert sliced.schedule["runs"] == "strided_view" and sliced.schedule["launches"] == 0
+    assert "strided view" in sliced.reason and plan.kernels == 1          # the linear alone
+    apply_plan(p, plan)
+    assert without_kernel(p, sliced.nodes)[0] == "strided_view"
+    exe = ProgramExecutable(p, {}, graph=False, device="cpu")
+    assert exe.launches == 1 and exe.verify(draws=2).ok
+    # read by a generated kernel instead (a relu), it is copied as before
+    q = Program("last_step_relu")
+    x = q.add_input("x", [4, 16, 32]).id
+    last = q.add_node("select", [x], {"dim": 1, "index": -1}).outputs[0]
+    q.mark_output(q.add_node("relu", [last]).outputs[0])
+    assert all(r.schedule["runs"] != "strided_view" for r in plan_program(q).regions)

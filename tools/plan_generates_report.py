@@ -38,7 +38,7 @@ def _count(program, plan, row: dict, seen: set) -> None:
     for r in plan.active:
         runs = r.schedule.get("runs", "?")
         row["runs"][runs] = row["runs"].get(runs, 0) + 1
-        if runs in ("alias", "library"):
+        if runs in ("alias", "library", "strided_view"):
             continue
         row["proposed"] += runs in GENERATED
         try:

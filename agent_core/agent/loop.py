@@ -112,6 +112,10 @@ class _Agent:
             views = "; the views around it only relabel memory" if len(r.nodes) > 1 else ""
             if what == "view":
                 out.status, out.reason = "view", "only relabels memory (a view): no kernel runs"
+            elif what == "strided_view":
+                out.status = "view"
+                out.reason = (f"{node.name} ({node.op}) runs through torch as a strided view: only library calls "
+                              f"read it, and cuBLAS / cuDNN take it as it is; no kernel runs")
             elif what == "library":
                 out.status = "library"
                 out.reason = (f"{node.name} ({node.op}) alone runs through cuBLAS/cuDNN via torch "

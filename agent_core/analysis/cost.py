@@ -21,6 +21,38 @@ VIEW_OPS = frozenset({"reshape", "view", "flatten", "unflatten", "squeeze", "uns
                       "identity", "dropout", "detach", "clone_view"})
 
 
+# layout ops torch returns as strided views of their input: alone, eager torch runs them for free
+TORCH_VIEWS = frozenset({"slice", "select", "split", "chunk", "unbind", "permute", "transpose", "expand"})
+_LIBRARY = ("matmul", "convolution")
+
+
+def library_reads_as_view(program: Program, node_id: str) -> bool:
+    """A one-output slice, select, permute, transpose or expand whose result only library calls read
+    (through views, never a program output): torch makes it a strided view and cuBLAS / cuDNN read
+    that as it is (a row slice of an LSTM's output into its classifier: a leading dimension), or copy it
+    themselves as a generated copy would, so it runs through torch and no kernel of ours copies it."""
+    n = program.nodes[node_id]
+    if n.op not in TORCH_VIEWS or len(n.outputs) != 1:
+        return False
+    outputs, todo, seen = set(program.outputs), [n.outputs[0]], set()
+    while todo:
+        v = todo.pop()
+        if v in outputs:
+            return False
+        readers = program.consumers(v)
+        if not readers:
+            return False
+        for nid, _ in readers:
+            if nid in seen:
+                continue
+            seen.add(nid)
+            if is_view(program, nid):
+                todo.append(program.nodes[nid].outputs[0])
+            elif program.nodes[nid].opdef.category not in _LIBRARY:
+                return False
+    return True
+
+
 def is_view(program: Program, node_id: str) -> bool:
     """True when the node only relabels its input (same elements, same order)."""
     n = program.nodes[node_id]

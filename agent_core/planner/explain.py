@@ -6,7 +6,7 @@ call alone), "torch" (a node the generator has no kernel for, run through its to
 or "alias" (views only, nothing runs); schedule["launches"] counts them as the export does."""
 from __future__ import annotations
 
-from ..analysis.cost import fmt_bytes, fmt_ms
+from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view
 from ..regions import Region
 from ..text import plural
 from .attention import attention_node, attention_reason
@@ -179,6 +179,12 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         else:
             why = refusals.get(nid) or "no neighbour it could share a loop with"
             reason = f"{_label(state, nid)} runs alone: {why}; about {fmt_ms(after)} at the roofline."
+    if runs == "strided_view":
+        nid = real[0]
+        after, n_launches = 0.0, 0
+        sched = {"op": state.program.nodes[nid].op, "alias": True}
+        reason = (f"{_label(state, nid)} runs through torch as a strided view of its input: only library calls "
+                  f"read it, and cuBLAS / cuDNN take it as it is, so no kernel copies it.")
     if runs == "torch":
         # the generator's own refusal: the region is the node(s) run through torch, as the agent will
         kind = "single" if kind not in ("opaque",) else kind
@@ -224,10 +230,6 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts) -> str:
             f"{fmt_ms(after)} for the two launches.")
 
 
-# layout ops torch returns as views of their input: alone, eager torch runs them for free
-TORCH_VIEWS = frozenset({"slice", "select", "split", "chunk", "unbind", "permute", "transpose", "expand"})
-
-
 def _layout_reason(state, nodes, s, facts, refusals, after, saving, noted) -> tuple[dict, str]:
     """(schedule, reason) of a layout-graph region: its loop is its outputs, whatever its ops' sizes.
     noted: the generator's refusal of a neighbour is appended after the reason (not repeated here)."""
@@ -260,6 +262,8 @@ def _runs(state, nodes, s, kind, facts) -> str:
     real = [n for n in nodes if not state.costs[n].view]
     if not real:
         return "alias"
+    if len(real) == 1 and library_reads_as_view(state.program, real[0]):
+        return "strided_view"
     if kind == "attention":
         return "torch" if runs_why(state, nodes, s, facts) else "kernel"
     if len(real) == 1 and (s.anchor or state.program.nodes[real[0]].opdef.category in ("matmul", "convolution")):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..analysis.cost import is_view
+from ..analysis.cost import is_view, library_reads_as_view
 from ..ir import Program
 from ..planner.execute import region_order
 from .memory_plan import MemoryPlan, plan_memory
@@ -59,7 +59,8 @@ def plan_steps(program: Program, fused: dict[str, tuple[list[str], object]],
 def _with_torch_steps(program: Program, kernels: list[Step]) -> list[Step]:
     """The kernel steps and one torch step per node they leave out, in a topological order of steps."""
     covered = {n for s in kernels for n in s.nodes}
-    steps = kernels + [Step("torch", [n], view=is_view(program, n)) for n in program.topo_order() if n not in covered]
+    steps = kernels + [Step("torch", [n], view=is_view(program, n) or library_reads_as_view(program, n))
+                       for n in program.topo_order() if n not in covered]
     return [steps[i] for i in region_order(program, [s.nodes for s in steps])]
 
 
