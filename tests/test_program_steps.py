@@ -184,6 +184,7 @@ def test_a_slice_only_a_library_call_reads_runs_as_a_strided_view_with_no_kernel
     assert without_kernel(p, sliced.nodes)[0] == "strided_view"
     exe = ProgramExecutable(p, {}, graph=False, device="cpu")
     assert exe.launches == 1 and exe.verify(draws=2).ok
+    assert exe.memory.predicted_peak_bytes == 512            # the linear's output (one 512-byte block); the slice holds none
     # read by a generated kernel instead (a relu), it is copied as before
     q = Program("last_step_relu")
     x = q.add_input("x", [4, 16, 32]).id

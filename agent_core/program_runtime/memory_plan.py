@@ -168,6 +168,13 @@ def written_over(program: Program, steps, order) -> dict[str, str]:
     return out
 
 
+def _torch_views(program: Program, steps) -> dict[str, str]:
+    """The torch steps that run as views (a reshape; a slice only library calls read), by the value
+    they make: it shares its input's buffer."""
+    return {program.nodes[s.nodes[0]].outputs[0]: program.nodes[s.nodes[0]].inputs[0]
+            for s in steps if s.kind == "torch" and s.view}
+
+
 def _live_per_event(program: Program, steps, events, order, shares: dict[str, str]) -> list[int]:
     """Bytes of the values alive at each event (a program output to the last one). A value exists only
     when some event writes it (values inside a kernel never do); a view adds nothing."""
@@ -269,7 +276,8 @@ def split_room(program: Program, steps, budget: int | None = None) -> dict[str, 
     budget = budget if budget is not None else program.metadata.get("memory_budget_bytes")
     budget = int(budget) if budget is not None else eager_peak_estimate(program)
     events, order = _events(program, steps)
-    base = _live_per_event(program, steps, events, order, written_over(program, steps, order))
+    shares = {**_torch_views(program, steps), **written_over(program, steps, order)}
+    base = _live_per_event(program, steps, events, order, shares)
     return {nid: budget - base[k] for k, (_, nid, _, _) in enumerate(events) if nid is not None}
 
 
@@ -296,9 +304,9 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     else:
         source = "given"
     events, order = _events(program, steps)
-    shares = written_over(program, steps, order)
-    base = [a + b for a, b in zip(_live_per_event(program, steps, events, order, shares),
-                                  _kernel_copies(program, events, layout))]
+    over = written_over(program, steps, order)
+    live = _live_per_event(program, steps, events, order, {**_torch_views(program, steps), **over})
+    base = [a + b for a, b in zip(live, _kernel_copies(program, events, layout))]
     library = [(k, nid) for k, (_, nid, _, _) in enumerate(events) if nid is not None]
     calls = [nid for _, nid in library if precision.get(nid) == TF32X3
              or (precision.get(nid) == TF32X3_CAT and can_concatenate(program, nid))]
@@ -397,4 +405,4 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
             decisions[nid] = MemoryDecision(nid, form, form, "cached", cache_nb, temp,
                                             f"weights split once and cached ({cache_nb / MIB:.1f} MiB): "
                                             f"within the budget; {within}")
-    return MemoryPlan(budget, source, peak, peak_step, sum(caches.values()), decisions, per_call, shares)
+    return MemoryPlan(budget, source, peak, peak_step, sum(caches.values()), decisions, per_call, over)
