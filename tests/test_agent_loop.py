@@ -115,3 +115,32 @@ def test_time_limit_interrupts_python_level_hangs():
     with pytest.raises(bench.ProblemTimeout):
         with bench.time_limit(0.2):
             time.sleep(5)
+
+
+def test_waiting_for_the_gpu_does_not_count_against_the_time_limit(tmp_path, monkeypatch):
+    # bench --jobs: another problem holds the GPU lock for 0.4 s of a 0.3 s limit; the problem still
+    # finishes its own 0.1 s of work, and a real hang after the wait is still cut off
+    import fcntl
+    import threading
+    import time
+
+    from agent_core.agent.phases import PhaseClock
+    from agent_core.profile import timing
+    lock = tmp_path / "t.lock"
+    monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
+    other = open(lock, "a")
+    fcntl.flock(other, fcntl.LOCK_EX)                      # another problem measuring
+    threading.Timer(0.4, lambda: fcntl.flock(other, fcntl.LOCK_UN)).start()
+    clock = PhaseClock()
+    with bench.time_limit(0.3, not_counted=lambda: clock.seconds_in("gpu_wait")), clock.running():
+        with timing.gpu_work():                            # waits 0.4 s for the lock
+            time.sleep(0.1)
+    assert clock.totals["gpu_wait"] == pytest.approx(0.4, abs=0.15)
+    clock = PhaseClock()
+    with pytest.raises(bench.ProblemTimeout, match="waiting for the GPU"):
+        fcntl.flock(other, fcntl.LOCK_EX)
+        threading.Timer(0.4, lambda: fcntl.flock(other, fcntl.LOCK_UN)).start()
+        with bench.time_limit(0.3, not_counted=lambda: clock.seconds_in("gpu_wait")), clock.running():
+            with timing.gpu_work():
+                time.sleep(5)                              # a hang of its own
+    other.close()

@@ -50,6 +50,11 @@ class PhaseClock:
             self.wall += self._clock() - t0
             _current.reset(token)
 
+    def seconds_in(self, name: str) -> float:
+        """Seconds spent in phase `name` so far, one still open included (a wait the caller is in)."""
+        now = self._clock()
+        return self.totals.get(name, 0.0) + sum(max(0.0, now - f[1] - f[2]) for f in self._stack if f[0] == name)
+
     @contextlib.contextmanager
     def phase(self, name: str):
         if name not in PHASES and name not in EXCLUDED:
