@@ -140,24 +140,24 @@ class ProgramExecutable:
         run_library_node(self.program, nid, env, form=d.runs_as if d else None,
                          cache_weights=nid not in self.memory.weights_per_call)
 
-    def _output(self, torch, vid: str, env: dict):
+    def _output(self, torch, vid: str, env: dict, dying: set):
         """A kernel output's tensor: the input buffer the memory plan writes it over, else a new one."""
         v = self.program.values[vid]
-        over = self._written_over(env, vid)
+        over = self._written_over(env, vid, dying)
         if over is not None:
             return over
         return torch.empty(tuple(v.shape), dtype=_torch_dtype(torch, v.dtype), device=self.device)
 
-    def _written_over(self, env: dict, vid: str):
+    def _written_over(self, env: dict, vid: str, dying: set):
         """The input tensor the memory plan has this kernel output written over (memory_plan.written_over),
-        viewed in the output's shape; None when there is none or another live value still shares its
-        storage (a view the plan did not see)."""
+        viewed in the output's shape; None when there is none or a value that outlives this kernel still
+        shares its storage (a view the plan did not see)."""
         src = self.memory.written_over.get(vid)
         if src is None:
             return None
         t = env[src]
         ptr = t.untyped_storage().data_ptr()
-        if any(k != src and k not in self.params and hasattr(u, "untyped_storage") and
+        if any(k != src and k not in dying and k not in self.params and hasattr(u, "untyped_storage") and
                u.untyped_storage().data_ptr() == ptr for k, u in env.items()):
             return None
         return t.view(tuple(self.program.values[vid].shape))
@@ -171,7 +171,7 @@ class ProgramExecutable:
         for v in ks.inputs:
             env[v] = launchable(env[v], ks.align)
             ins.append(env[v])
-        outs = [self._output(torch, v, env) for v in ks.outputs]
+        outs = [self._output(torch, v, env, set(release[-1])) for v in ks.outputs]
         raw_launch(step.loaded, ins, outs)
         env.update(zip(ks.outputs, outs))
 
