@@ -2,8 +2,9 @@
 reads. Every number in a reason comes from the same cost model that ranked the fusion, and every
 region says how it runs (schedule["runs"]): "kernel" (one generated kernel), "library+kernel" (a
 cuBLAS / cuDNN call, then the generated epilogue kernel that reads its output back), "library" (the
-call alone), "torch" (a node the generator has no kernel for, run through its torch implementation)
-or "alias" (views only, nothing runs); schedule["launches"] counts them as the export does."""
+call alone), "torch" (a node the generator has no kernel for, run through its torch implementation),
+"alias" (views only, nothing runs) or "strided_view" (a slice or transpose only library calls read:
+torch's view, nothing runs); schedule["launches"] counts them as the export does."""
 from __future__ import annotations
 
 from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view
