@@ -23,6 +23,11 @@ from .errors import CycleError, ProgramError
 
 KINDS = ("pointwise", "reduction", "matmul_epilogue", "conv_epilogue", "sibling", "layout", "pooling", "single",
          "opaque", "attention")
+# the studio's hue per kind, one table for the canvas's region hulls and the profiles' kernel bars
+# (graph_editor and profiler_view do not import each other); other kinds are drawn in single's grey
+KIND_HUES = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
+             "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "pooling": "#2aa7b8", "single": "#8a8f98",
+             "opaque": "#6b6f76"}
 STATUSES = ("proposed", "accepted", "rejected", "user-made", "locked")
 SCHEDULES = ("warp-per-row", "block-per-row", "cluster-per-row", "split-row", "two-pass")
 # statuses the planner must keep as they are when it re-plans

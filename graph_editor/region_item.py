@@ -17,12 +17,8 @@ from PySide6.QtCore import QObject, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QPainterPath, QPen
 from PySide6.QtWidgets import QGraphicsItem
 
-from agent_core.regions import active_regions
+from agent_core.regions import KIND_HUES, active_regions
 
-# the same hues as profiler_view's kernel colours, so a region and its bars read as one thing
-KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
-               "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "pooling": "#2aa7b8", "single": "#8a8f98",
-               "opaque": "#6b6f76"}
 FRAME_PAD = 8.0    # below half of the layout's NODE_GAP: two regions' frames never touch
 LABEL_H = 22.0     # the label band above a region's top member: one line ...
 LINE2_H = 12.0     # ... and this much more where the label needs a second (its figures, smaller)
@@ -30,7 +26,7 @@ LABEL_LOD = 0.63   # below this zoom the 9.5 pt label is under 8 px: the hull's 
 
 
 def kind_color(kind: str) -> QColor:
-    return QColor(KIND_COLORS.get(kind, "#8a8f98"))
+    return QColor(KIND_HUES.get(kind, KIND_HUES["single"]))
 
 
 def fmt_ms(ms) -> str:

@@ -8,16 +8,14 @@ from PySide6.QtCore import QEvent, QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPalette
 from PySide6.QtWidgets import QGraphicsTextItem, QSizePolicy
 
-# kernel colours by region kind: the same hues the canvas uses for its region hulls
-KIND_COLORS = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": "#9b6ad6",
-               "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "pooling": "#2aa7b8", "single": "#8a8f98",
-               "opaque": "#6b6f76"}
+from agent_core.regions import KIND_HUES
+
 BEFORE = "#8a8f98"
 FLOOR = "#c8961e"   # gold that reads on both the dark and the light background
 
 
 def kind_color(kind: str) -> QColor:
-    return QColor(KIND_COLORS.get(kind, "#8a8f98"))
+    return QColor(KIND_HUES.get(kind, KIND_HUES["single"]))
 
 
 def kind_name(kind: str) -> str:

@@ -323,3 +323,22 @@ def test_an_epilogue_region_says_it_runs_as_the_library_call_and_a_kernel(window
     epilogue = next(r for r in program.regions if r.kind == "matmul_epilogue")
     tip = window.agent.overlay.items[epilogue.id].tooltip_text()
     assert "planned (2 launches)" in tip and "cuBLAS + epilogue kernel" in tip, tip
+
+
+def test_a_pooling_region_is_planned_listed_and_drawn_in_its_own_hue(window):
+    from agent_core.regions import KIND_HUES, KINDS
+    from graph_editor.region_list import RegionList
+    assert set(KIND_HUES) <= set(KINDS)                           # one table for canvas and profiles
+    assert window.open_path(os.path.join(ROOT, "resources", "examples", "conv_relu_maxpool.py"), layout_sync=True)
+    window.agent.act["plan"].trigger()                            # Graph > Plan regions
+    program = window.document.program
+    pooled = [r for r in program.regions if r.kind == "pooling"]
+    assert [[program.nodes[n].op for n in r.nodes] for r in pooled] == [["relu", "max_pool2d"],
+                                                                          ["relu", "avg_pool2d", "tanh"]]
+    tip = window.agent.overlay.items[pooled[0].id].tooltip_text()
+    assert "pooling kernel" in tip and "applies relu to each element a window reads" in tip, tip
+    tree = window.findChild(RegionList).tree
+    rows = {tree.topLevelItem(i).text(0): tree.topLevelItem(i) for i in range(tree.topLevelItemCount())}
+    for r in pooled:
+        assert rows[r.id].text(1) == "pooling"
+        assert rows[r.id].foreground(1).color().name() == KIND_HUES["pooling"]
