@@ -102,17 +102,23 @@ def test_exclusive_timing_holds_the_lock(tmp_path, monkeypatch):
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)     # released afterwards
 
 
+def _another_process_could(lock, mode) -> bool:
+    """Whether another process could take the lock in `mode` now (another open file description acts
+    as another process would)."""
+    with open(lock, "a") as f:
+        try:
+            fcntl.flock(f, mode | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+
 def test_gpu_work_is_shared_and_a_measurement_inside_it_takes_the_lock_alone(tmp_path, monkeypatch):
     lock = tmp_path / "t.lock"
     monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
 
-    def other(mode):     # another open file description acts as another process would
-        with open(lock, "a") as f:
-            try:
-                fcntl.flock(f, mode | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                return False
+    def other(mode):
+        return _another_process_could(lock, mode)
     with timing.gpu_work():
         assert other(fcntl.LOCK_SH) and not other(fcntl.LOCK_EX)
         with timing.exclusive_timing():          # nested: converts this process's lock, no deadlock
@@ -121,18 +127,16 @@ def test_gpu_work_is_shared_and_a_measurement_inside_it_takes_the_lock_alone(tmp
     assert other(fcntl.LOCK_EX)
 
 
-def test_inductors_autotuning_benchmarks_are_gpu_work_while_torch_compile_builds(tmp_path, monkeypatch):
+@pytest.mark.parametrize("hook", [True, False], ids=["torch's lock hook", "without it (torch 2.11)"])
+def test_inductors_autotuning_benchmarks_are_gpu_work_while_torch_compile_builds(tmp_path, monkeypatch, hook):
     from torch._inductor.runtime import benchmarking
     lock = tmp_path / "t.lock"
     monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
+    if not hook:              # the GPU machine's torch has no set_gpu_benchmark_lock_context
+        monkeypatch.delattr(benchmarking, "set_gpu_benchmark_lock_context", raising=False)
 
     def another_problem_could(mode):
-        with open(lock, "a") as f:
-            try:
-                fcntl.flock(f, mode | fcntl.LOCK_NB)
-                return True
-            except BlockingIOError:
-                return False
+        return _another_process_could(lock, mode)
     seen = []
 
     def do_bench(fn, **kwargs):      # stands in for Triton's, which times fn on the GPU
