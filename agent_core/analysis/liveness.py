@@ -21,17 +21,10 @@ class Lifetime:
     nbytes: int
 
 
-def lifetimes(program: Program, order: Sequence[str] | None = None,
-              shares: Mapping[str, str] | None = None) -> dict[str, Lifetime]:
-    """Lifetimes of the values that occupy activation memory (not parameters or constants), with views
-    folded into the buffer they alias, and so is each value `shares` maps to the input whose buffer it
-    is written over (eager's relu_, a kernel's output over an input that dies with it)."""
+def buffers(program: Program, order: Sequence[str], shares: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Value -> the value whose buffer it lives in, for the values that live in another's: views, and
+    what `shares` maps (eager's relu_ result, a kernel output written over a dying input)."""
     shares = shares or {}
-    order = list(order) if order is not None else program.topo_order()
-    step = {nid: i for i, nid in enumerate(order)}
-    if len(step) != len(program.nodes) or set(step) != set(program.nodes):
-        missing = sorted(set(program.nodes) - set(step))
-        raise ValueError(f"the schedule must list every node once; missing {', '.join(missing[:5])}")
     alias: dict[str, str] = {}
     for nid in order:
         n = program.nodes[nid]
@@ -41,6 +34,20 @@ def lifetimes(program: Program, order: Sequence[str] | None = None,
         for v in n.outputs:
             if v in shares:
                 alias[v] = alias.get(shares[v], shares[v])
+    return alias
+
+
+def lifetimes(program: Program, order: Sequence[str] | None = None,
+              shares: Mapping[str, str] | None = None) -> dict[str, Lifetime]:
+    """Lifetimes of the values that occupy activation memory (not parameters or constants), with views
+    folded into the buffer they alias, and so is each value `shares` maps to the input whose buffer it
+    is written over (eager's relu_, a kernel's output over an input that dies with it)."""
+    order = list(order) if order is not None else program.topo_order()
+    step = {nid: i for i, nid in enumerate(order)}
+    if len(step) != len(program.nodes) or set(step) != set(program.nodes):
+        missing = sorted(set(program.nodes) - set(step))
+        raise ValueError(f"the schedule must list every node once; missing {', '.join(missing[:5])}")
+    alias = buffers(program, order, shares)
     start: dict[str, int] = {}
     end: dict[str, int] = {}
     for vid in program.inputs:

@@ -87,15 +87,16 @@ def time_limit(seconds: float, not_counted=None):
     if not seconds or seconds <= 0 or not hasattr(signal, "setitimer"):
         yield
         return
-    granted = [0.0]
+    granted = 0.0
 
     def fire(signum, frame):
-        extra = (not_counted() if not_counted else 0.0) - granted[0]
+        nonlocal granted
+        extra = (not_counted() if not_counted else 0.0) - granted
         if extra > 0.01:
-            granted[0] += extra
+            granted += extra
             signal.setitimer(signal.ITIMER_REAL, extra)
             return
-        waits = f" of its own ({granted[0]:.0f} s more waiting for the GPU)" if granted[0] else ""
+        waits = f" of its own ({granted:.0f} s more waiting for the GPU)" if granted else ""
         raise ProblemTimeout(f"timed out after {seconds:.0f} s{waits}")
     old = signal.signal(signal.SIGALRM, fire)
     signal.setitimer(signal.ITIMER_REAL, seconds)

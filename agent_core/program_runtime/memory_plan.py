@@ -29,8 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..analysis.gpu import H200, GPUProfile
-from ..analysis.cost import is_view
-from ..analysis.liveness import lifetimes
+from ..analysis.liveness import buffers, lifetimes
 from ..ir import Program, Role
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, can_concatenate, library_layout,
                                   library_precision)
@@ -142,12 +141,7 @@ def written_over(program: Program, steps, order) -> dict[str, str]:
     shape and dtype only at the element it writes, after the loads that element needs, so an input whose
     buffer no later step reads (not a program input or output, no view of it kept) can take the result.
     A library call + epilogue (conv -> relu) then holds one map, not two."""
-    lt = lifetimes(program, order)
-    root = {}
-    for nid in order:                       # a view's buffer is its source's (lifetimes' rule)
-        n = program.nodes[nid]
-        if is_view(program, nid):
-            root[n.outputs[0]] = root.get(n.inputs[0], n.inputs[0])
+    lt, root = lifetimes(program, order), buffers(program, order)
     pos = {n: i for i, n in enumerate(order)}
     kept = {root.get(v, v) for v in list(program.inputs) + list(program.outputs)}
     out: dict[str, str] = {}
