@@ -22,16 +22,18 @@ def _cli(*args, cwd):
 def test_rewrite_prints_what_fired_and_writes_the_rewritten_program(tmp_path):
     res = _cli(EXAMPLE, "-o", "folded.json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert "fold_batch_norm at" in res.stdout and "3 ops become 2" in res.stdout
-    assert sorted(n.op for n in load_program(tmp_path / "folded.json").nodes.values()) == ["conv2d", "relu"]
+    assert "fold_batch_norm at" in res.stdout and "bias_into_epilogue at" in res.stdout
+    assert "3 ops become 4" in res.stdout          # the folded bias is an add the relu's kernel does
+    assert sorted(n.op for n in load_program(tmp_path / "folded.json").nodes.values()) == \
+        ["add", "conv2d", "relu", "reshape"]
 
 
 def test_rewrite_json_is_one_object_with_the_program_inline(tmp_path):
     res = _cli(EXAMPLE, "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     obj = json.loads(res.stdout)
-    assert [e["rule"] for e in obj["fired"]] == ["fold_batch_norm"] and obj["refused"] == []
-    assert len(program_from_json(obj["program"], None).nodes) == 2
+    assert [e["rule"] for e in obj["fired"]] == ["fold_batch_norm", "bias_into_epilogue"] and obj["refused"] == []
+    assert len(program_from_json(obj["program"], None).nodes) == 4
     assert os.listdir(tmp_path) == []
 
 

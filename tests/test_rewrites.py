@@ -188,3 +188,41 @@ def test_sum_after_matmul_with_a_transposed_weight_is_a_matrix_vector_product():
     assert res.rules_fired.get("reduce_linear") == 1
     assert ops(res.program) == ["linear"]   # the halving then folds into the summed weights
     same(p, res.program)
+
+
+def test_a_convolutions_bias_moves_into_the_kernel_that_reads_it_after_the_folds():
+    """conv -> batch_norm -> relu: the norm folds into the conv's weights and bias first, then the bias
+    becomes an add before the relu (which a generated kernel runs), so torch runs no bias kernel."""
+    p, c = conv_prog()
+    stats = [p.add_parameter(n, f32(6, positive=n == "var")) for n in ("mean", "var", "gamma", "beta")]
+    bn = p.add_node("batch_norm", [c.outputs[0]] + [s.id for s in stats], {"eps": 1e-3})
+    p.mark_output(p.add_node("relu", bn.outputs).outputs[0])
+    res = rewrite_program(p)
+    assert res.rules_fired == {"fold_batch_norm": 1, "bias_into_epilogue": 1}, res.fired
+    assert ops(res.program) == ["conv2d", "reshape", "add", "relu"] or \
+        ops(res.program) == ["reshape", "conv2d", "add", "relu"], ops(res.program)
+    conv = next(n for n in res.program.nodes.values() if n.op == "conv2d")
+    assert len([v for v in conv.inputs if v]) == 2                          # no bias left on the conv
+    same(p, res.program)
+
+
+def test_a_bias_stays_where_a_library_call_or_the_caller_reads_the_output():
+    p, c = conv_prog()                    # conv -> conv: cuDNN reads it, no kernel could add the bias
+    w2 = p.add_parameter("w2", f32(4, 6, 1, 1))
+    p.mark_output(p.add_node("conv2d", [c.outputs[0], w2.id, p.add_parameter("b2", f32(4)).id]).outputs[0])
+    p.mark_output(c.outputs[0])                                    # and the conv's output is the program's
+    assert "bias_into_epilogue" not in rewrite_program(p).rules_fired
+    q, c = conv_prog()
+    q.mark_output(q.add_node("relu", c.outputs).outputs[0])
+    q.mark_output(q.add_node("conv2d", [c.outputs[0], q.add_parameter("w2", f32(4, 6, 1, 1)).id]).outputs[0])
+    assert "bias_into_epilogue" not in rewrite_program(q).rules_fired   # one reader is a library call
+
+
+def test_a_per_channel_add_after_a_convolution_is_not_folded_back_into_its_bias():
+    p, c = conv_prog()
+    add = p.add_node("add", [c.outputs[0], p.add_parameter("shift", f32(6, 1, 1)).id])
+    p.mark_output(p.add_node("gelu", add.outputs).outputs[0])
+    res = rewrite_program(p)
+    assert "fold_affine_into_producer" not in res.rules_fired, res.fired
+    assert [n for n in ops(res.program) if n != "reshape"] == ["conv2d", "add", "add", "gelu"]
+    same(p, res.program)

@@ -17,7 +17,7 @@ from ..errors import StitchError
 from ..ir import Program
 from ..reference import parameter_tensors, random_inputs, run_node, run_reference
 from .edits import Rewrite, RewriteResult, clone_program, param_array, remove_dead, replace_uses
-from .rules import DEFAULT_RULES, FOLD_DEVICE
+from .rules import DEFAULT_RULES, FOLD_DEVICE, LATE_RULES
 
 
 def materialize_parameters(program: Program) -> None:
@@ -99,11 +99,13 @@ class Checker:
 
 # --- the driver ---------------------------------------------------------------------------------
 def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: int = 2,
-                    max_rounds: int = 8, device: str = "cpu") -> RewriteResult:
-    """Apply the rules to a copy of `program` until none fires; the original is left untouched.
+                    max_rounds: int = 8, device: str = "cpu", late=None) -> RewriteResult:
+    """Apply the rules to a copy of `program` until none fires, then the `late` ones (default: rules.
+    LATE_RULES, or none when `rules` is given); the original is left untouched.
 
     Regions a user accepted, drew, locked or rejected are the user's decisions: no rule fires on their
     nodes, and they are carried over (proposals are dropped: the planner makes them again)."""
+    late = (LATE_RULES if rules is None else []) if late is None else late
     rules = DEFAULT_RULES if rules is None else rules
     prog = clone_program(program)
     users = [r for r in prog.regions if r.status != "proposed"]
@@ -114,6 +116,25 @@ def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: 
     checker = Checker(prog, draws, device=device) if check else None
     refused_once: set[tuple[str, str]] = set()
     fold_on = FOLD_DEVICE.set(device)    # constants fold where the reference they must match runs
+    for stage in (rules, late):
+        _run_rules(prog, stage, protected, checker, result, refused_once, max_rounds)
+    FOLD_DEVICE.reset(fold_on)
+    dead = [nid for nid in remove_dead(prog)]
+    for nid in dead:
+        result.fired.append({"rule": "dead_code", "node": nid,
+                             "message": f"removed {nid}: its result is never used"})
+    for r in users:   # a neighbour's rewrite may still have replaced one of their nodes
+        gone = [n for n in r.nodes if n not in prog.nodes]
+        if gone:
+            result.refused.append({"rule": "user_region", "node": gone[0],
+                                   "message": f"region {r.id} ({r.status}) dropped: a rewrite replaced {gone[0]}"})
+        else:
+            prog.regions.append(r)
+    return result
+
+
+def _run_rules(prog, rules, protected, checker, result, refused_once, max_rounds) -> None:
+    """Apply `rules` node by node, in rounds, until none fires (or max_rounds)."""
     for _ in range(max_rounds):
         fired = False
         for nid in prog.topo_order():
@@ -137,20 +158,7 @@ def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: 
                 else:
                     refused_once.add((rule.__name__, nid))
         if not fired:
-            break
-    FOLD_DEVICE.reset(fold_on)
-    dead = [nid for nid in remove_dead(prog)]
-    for nid in dead:
-        result.fired.append({"rule": "dead_code", "node": nid,
-                             "message": f"removed {nid}: its result is never used"})
-    for r in users:   # a neighbour's rewrite may still have replaced one of their nodes
-        gone = [n for n in r.nodes if n not in prog.nodes]
-        if gone:
-            result.refused.append({"rule": "user_region", "node": gone[0],
-                                   "message": f"region {r.id} ({r.status}) dropped: a rewrite replaced {gone[0]}"})
-        else:
-            prog.regions.append(r)
-    return result
+            return
 
 
 def _apply(prog: Program, rw: Rewrite, checker: Checker | None, result: RewriteResult) -> bool:

@@ -383,6 +383,8 @@ def fold_affine_into_producer(program: Program, nid: str) -> Rewrite | None:
             shift = s
     if bias == "no-bias" and not mul:
         return None
+    if not mul and prod.opdef.category == "convolution" and _fuses_a_bias(program, out):
+        return None       # the kernel reading it adds it for free (bias_into_epilogue)
     Wa = param_array(program, w).astype(np.float64)
     ba = param_array(program, bias).astype(np.float64) if bias not in (None, "no-bias") else None
     fvec = np.broadcast_to(np.asarray(factor, dtype=np.float64), (ch,)) if mul else None
@@ -397,6 +399,39 @@ def fold_affine_into_producer(program: Program, nid: str) -> Rewrite | None:
     return Rewrite("fold_affine_into_producer", f"{_n(program, nid)} is a {what} {how} of "
                    f"{_n(program, prod.id)}'s output, folded into its "
                    f"{'weights and bias' if mul else 'bias'}; one op less.", build, nid)
+
+
+# --- a convolution's bias into the kernel after it -----------------------------------------------------
+def _fuses_a_bias(program: Program, vid: str) -> bool:
+    """Every reader of `vid` is a pointwise op or a cat, which the planner fuses into a generated
+    kernel that can add a per-channel bias while it reads; not a program output."""
+    from ..codegen.pointwise import is_elementwise
+    users = [program.nodes[c] for c, _ in program.consumers(vid)]
+    return bool(users) and vid not in program.outputs and \
+        all(is_elementwise(u) or u.op == "cat" for u in users)
+
+
+def bias_into_epilogue(program: Program, nid: str) -> Rewrite | None:
+    """torch runs a convolution's bias as one more kernel after cuDNN's (a read and a write of the
+    whole output); when only generated kernels read the output, the bias is an add they do for free."""
+    n = program.nodes[nid]
+    if n.opdef.category != "convolution" or len(n.inputs) < 3 or n.inputs[2] is None:
+        return None
+    out, bias = n.outputs[0], n.inputs[2]
+    if not _float(program, out) or not _fuses_a_bias(program, out):
+        return None
+    rank = len(_val(program, out).shape)
+    channels = _val(program, out).shape[1]
+    if tuple(_val(program, bias).shape) != (channels,):
+        return None
+
+    def build(p):
+        conv = p.add_node(n.op, [n.inputs[0], n.inputs[1]], dict(n.attrs)).outputs[0]
+        per_channel = _reshape(p, bias, [channels] + [1] * (rank - 2))
+        return {out: p.add_node("add", [conv, per_channel], {}).outputs[0]}
+    return Rewrite("bias_into_epilogue", f"{_n(program, nid)}'s bias is added by the kernel that reads its "
+                   f"output instead of by one more torch kernel: saves a pass over "
+                   f"{fmt_bytes(2 * _val(program, out).nbytes)}.", build, nid)
 
 
 # --- reductions after a linear ----------------------------------------------------------------------
@@ -519,3 +554,6 @@ DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, reduce_si
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
                  reduce_conv_spatial, pool_linear,
                  reduce_of_broadcast]
+# after the rules above are done: they fold batch norms and affine maps into a convolution's bias,
+# which must be there first, and see through nothing between the convolution and what follows
+LATE_RULES = [bias_into_epilogue]
