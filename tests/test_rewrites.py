@@ -199,8 +199,7 @@ def test_a_convolutions_bias_moves_into_the_kernel_that_reads_it_after_the_folds
     p.mark_output(p.add_node("relu", bn.outputs).outputs[0])
     res = rewrite_program(p)
     assert res.rules_fired == {"fold_batch_norm": 1, "bias_into_epilogue": 1}, res.fired
-    assert ops(res.program) == ["conv2d", "reshape", "add", "relu"] or \
-        ops(res.program) == ["reshape", "conv2d", "add", "relu"], ops(res.program)
+    assert ops(res.program) == ["conv2d", "add", "relu"], ops(res.program)
     conv = next(n for n in res.program.nodes.values() if n.op == "conv2d")
     assert len([v for v in conv.inputs if v]) == 2                          # no bias left on the conv
     same(p, res.program)
@@ -224,5 +223,5 @@ def test_a_per_channel_add_after_a_convolution_is_not_folded_back_into_its_bias(
     p.mark_output(p.add_node("gelu", add.outputs).outputs[0])
     res = rewrite_program(p)
     assert "fold_affine_into_producer" not in res.rules_fired, res.fired
-    assert [n for n in ops(res.program) if n != "reshape"] == ["conv2d", "add", "add", "gelu"]
+    assert ops(res.program) == ["conv2d", "add", "add", "gelu"]
     same(p, res.program)

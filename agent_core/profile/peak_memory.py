@@ -26,18 +26,19 @@ from ..program_runtime.memory_plan import rounded
 
 
 def ready_blas_workspaces() -> None:
-    """Make cuBLAS's (and cuBLASLt's) workspace on the current stream and on the executables' capture
-    stream, where none is: one small matmul, and one with a bias, on each."""
+    """Make cuBLAS's and cuBLASLt's workspaces on the current stream and on the executables' capture
+    stream, where none is: one small matmul, and a linear with a bias vector (torch runs that one
+    through cuBLASLt, with its own 1 MiB workspace), on each."""
     import torch
 
     from ..program_runtime.executable import capture_stream
-    a = torch.ones(8, 8, device="cuda")
+    a, bias = torch.ones(8, 8, device="cuda"), torch.ones(8, device="cuda")
     capture = capture_stream(torch)
     capture.wait_stream(torch.cuda.current_stream())
     for stream in (torch.cuda.current_stream(), capture):
         with torch.cuda.stream(stream):
             torch.mm(a, a)
-            torch.addmm(a, a, a)
+            torch.nn.functional.linear(a, a, bias)
     torch.cuda.synchronize()
 
 

@@ -422,12 +422,15 @@ def bias_into_epilogue(program: Program, nid: str) -> Rewrite | None:
         return None
     rank = len(_val(program, out).shape)
     channels = _val(program, out).shape[1]
-    if tuple(_val(program, bias).shape) != (channels,):
+    b = param_array(program, bias)
+    if b is None or b.shape != (channels,):
         return None
 
     def build(p):
         conv = p.add_node(n.op, [n.inputs[0], n.inputs[1]], dict(n.attrs)).outputs[0]
-        per_channel = _reshape(p, bias, [channels] + [1] * (rank - 2))
+        # a parameter in the broadcast shape, not a reshape: the add stays a plain pointwise op
+        per_channel = add_param(p, p.unique_name(p.values[bias].name + "_per_channel"),
+                                b.reshape([channels] + [1] * (rank - 2)), like=bias)
         return {out: p.add_node("add", [conv, per_channel], {}).outputs[0]}
     return Rewrite("bias_into_epilogue", f"{_n(program, nid)}'s bias is added by the kernel that reads its "
                    f"output instead of by one more torch kernel: saves a pass over "
