@@ -89,8 +89,10 @@ def ours_peak(program, fused: dict, graph: bool) -> dict:
         return exe.replay()
     raw = peak_above(run)
     exe = built.pop()
-    own = sum(rounded(t.untyped_storage().nbytes()) for t in list(exe.params.values()) + list(exe.inputs)
-              if isinstance(t, torch.Tensor))
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()     # once each: an RNN's
+                for t in list(exe.params.values()) + list(exe.inputs)              # weights share one
+                if isinstance(t, torch.Tensor)}
+    own = sum(rounded(n) for n in storages.values())
     total = max(0, raw - own) + scratch
     caches = cached_bytes(exe.params.values())
     predicted = exe.memory.predicted_peak_bytes

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import StitchError
 from ..ir import Program
+from ..ops.recurrent import flatten_for_cudnn
 from ..reference import parameter_tensors, random_inputs, run_reference
 from ..runtime.split_tf32 import run_library_node
 from .steps import Step, plan_steps
@@ -125,6 +126,10 @@ class ProgramExecutable:
             if s.kind == "kernel":
                 s.loaded = fused[s.region][2]
         self.params = parameter_tensors(program, device)
+        if device != "cpu":
+            for node in program.nodes.values():
+                if node.opdef.category == "recurrent":
+                    flatten_for_cudnn(program, node, self.params)
         self.inputs = [_valid_placeholder(torch, program.values[v], device) for v in program.inputs]
         self.graph = None
         self.graph_error: str | None = None
