@@ -34,15 +34,18 @@ class DoesNotFit(StitchError):
         self.reason, self.need, self.available = reason, need, available
 
 
-def require_fits(program: Program, device: str = "cpu", *, parts=PARTS, label: str | None = None) -> None:
+def require_fits(program: Program, device: str = "cpu", *, parts=PARTS, label: str | None = None,
+                 runs: int = 1) -> None:
     """Raise DoesNotFit if the tensors `parts` of a reference run on `device` cannot be allocated.
 
     parts: "inputs" (program inputs), "parameters" (parameters and constants), "computed" (every
-    node output); a caller names those it is about to allocate or that the run it starts will."""
+    node output); a caller names those it is about to allocate or that the run it starts will.
+    runs: reference runs held at once (the rewrite check keeps every value of each of its draws):
+    inputs and computed values count that many times, the parameters they share once."""
     label = label or f"program '{program.name}'"
     on_gpu = str(device).startswith("cuda")
     counted = list(_counted(program, parts, on_gpu))
-    total = sum(v.nbytes for v in counted)
+    total = sum(v.nbytes * (1 if v.role in (Role.PARAMETER, Role.CONSTANT) else runs) for v in counted)
     drawn = [v for v in counted if _drawn(program, v)]
     draw_buffer = max((math.prod(v.shape) * 8 for v in drawn), default=0)
     if on_gpu:
@@ -55,7 +58,8 @@ def require_fits(program: Program, device: str = "cpu", *, parts=PARTS, label: s
     for need, available, where in checks:
         if available is not None and need > available:
             big = max(counted, key=lambda v: v.nbytes)
-            reason = (f"the program needs {fmt_bytes(need)} for its tensors (largest: {big.id} '{big.name}' "
+            held = f"{runs} draws of its inputs and values at once; " if runs > 1 else ""
+            reason = (f"the program needs {fmt_bytes(need)} for its tensors ({held}largest: {big.id} '{big.name}' "
                       f"{big.dtype}[{', '.join(map(str, big.shape))}], {fmt_bytes(big.nbytes)}), "
                       f"{where.format(fmt_bytes(available))}; use smaller shapes or a larger machine")
             raise DoesNotFit(label, reason, need, available)

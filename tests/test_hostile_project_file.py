@@ -307,7 +307,10 @@ def test_plan_of_a_program_too_large_to_check_plans_it_unrewritten_and_says_why(
     with unchanged(huge):
         r = _cli(huge, "plan", "big.json")
     assert r.returncode == 0, r.stderr
-    assert r.stderr.strip().startswith(f"stitchcuda plan: big.json: rewrites skipped: {_NEEDS}")
+    # checking the rewrites holds two draws: twice the input and output, and one float64 draw buffer
+    assert r.stderr.strip().startswith("stitchcuda plan: big.json: rewrites skipped: the program needs 21.8 TiB "
+                                       "for its tensors (2 draws of its inputs and values at once; largest: v1 "
+                                       "'x' float32[1000000, 1000000], 3.6 TiB), this machine has ")
     assert "\n" not in r.stderr.strip()
     assert "1 node -> 1 region," in r.stdout and "estimate on a CUDA graph: unfused " in r.stdout
 
@@ -331,6 +334,25 @@ def test_the_size_check_counts_inputs_drawn_parameters_every_computed_value_and_
         random_inputs(p)
     monkeypatch.setattr(memory_check, "host_available", lambda: None)  # unknown: not refused
     random_inputs(p)
+
+
+def test_the_rewrite_check_needs_room_for_every_draw_it_holds(monkeypatch):
+    """The check keeps all values of each of its draws (rewrites.engine.CHECK_DRAWS): inputs and computed
+    values count once per draw, parameters once; a program that fits one run but not two is refused
+    before the check allocates (48_Mamba2ReturnY's check was killed by the kernel's OOM killer)."""
+    from agent_core.rewrites.engine import CHECK_DRAWS
+    p = Program("drawn_twice")
+    x = p.add_input("x", (100, 10))                                         # 4000 B per draw
+    b = p.add_parameter("b", shape=(100, 10), dtype="float32")              # 4000 B, shared
+    p.mark_output(p.add_node("add", [x.id, b.id]).outputs[0])               # 4000 B per draw
+    need = 4000 + CHECK_DRAWS * 8000 + 1000 * 8                             # + the float64 draw buffer
+    monkeypatch.setattr(memory_check, "host_available", lambda: need)
+    memory_check.require_fits(p, runs=CHECK_DRAWS)
+    memory_check.require_fits(p)                                            # one run: 8000 B less
+    monkeypatch.setattr(memory_check, "host_available", lambda: need - 1)
+    with pytest.raises(memory_check.DoesNotFit):
+        memory_check.require_fits(p, runs=CHECK_DRAWS)
+    memory_check.require_fits(p)
 
 
 @pytest.mark.gpu

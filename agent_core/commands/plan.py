@@ -30,6 +30,7 @@ def run(args) -> int:
     from ..memory_check import DoesNotFit, require_fits
     from ..planner import apply_plan, plan_program
     from ..rewrites import rewrite_program
+    from ..rewrites.engine import CHECK_DRAWS
     from ..text import plural
     from .import_cmd import open_program
 
@@ -38,8 +39,8 @@ def run(args) -> int:
     rewrites = skipped = None
     if not args.no_rewrite:
         try:
-            if not args.no_check:  # checking rewrites runs the reference on the CPU
-                require_fits(program, "cpu", label=args.program)
+            if not args.no_check:  # checking rewrites runs the reference on the CPU, every draw held
+                require_fits(program, "cpu", label=args.program, runs=CHECK_DRAWS)
             rewrites = rewrite_program(program, check=not args.no_check)
             program = rewrites.program
         except DoesNotFit as e:  # refused before it allocated: plan the program unrewritten

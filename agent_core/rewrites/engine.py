@@ -55,11 +55,14 @@ def close(a: torch.Tensor, b: torch.Tensor, rtol: float = 1e-4, atol: float = 1e
     return None
 
 
+CHECK_DRAWS = 2      # random draws each rewrite is checked on; the checker holds every value of each
+
+
 class Checker:
     """Holds the reference values of every value on a few random draws; checks a replacement by
     computing only the new nodes from the values they read."""
 
-    def __init__(self, program: Program, draws: int = 2, seed: int = 0, device: str = "cpu"):
+    def __init__(self, program: Program, draws: int = CHECK_DRAWS, seed: int = 0, device: str = "cpu"):
         self.envs: list[dict] = []
         self.device = device
         params = parameter_tensors(program, device)
@@ -98,7 +101,7 @@ class Checker:
 
 
 # --- the driver ---------------------------------------------------------------------------------
-def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: int = 2,
+def rewrite_program(program: Program, rules=None, *, check: bool = True, draws: int = CHECK_DRAWS,
                     max_rounds: int = 8, device: str = "cpu", late=None) -> RewriteResult:
     """Apply the rules to a copy of `program` until none fires, then the `late` ones (default: rules.
     LATE_RULES, or none when `rules` is given); the original is left untouched.
