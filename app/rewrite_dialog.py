@@ -181,7 +181,7 @@ class RewriteDialog(QDialog):
 
     def _where(self, e: dict) -> str:
         node = self.preview.program.nodes.get(e.get("node"))
-        return node.name if node is not None else str(e.get("node") or "")
+        return node.name if node is not None else str(e.get("node_name") or e.get("node") or "")
 
     def _side(self, row: QHBoxLayout, title: str, program: Program, marked: set[str], mark) -> QListWidget:
         box = QWidget()

@@ -277,3 +277,22 @@ def test_bench_merge_shows_each_mode_the_best_baseline_and_the_kernel_counts(tmp
     assert "vs the best of eager and every torch.compile mode run" in text
     assert "2_norm: max-autotune left out of the best baseline: over the compile budget" in text
     assert "more kernels than Inductor: 1 of 2 rows (1_attention)" in text
+
+
+def test_launched_kernels_counted_by_the_profiler_decide_the_comparison_where_both_sides_have_them():
+    """Inductor's code showed 13 calls for 32_CViT where its fused TransformerEncoderLayer calls
+    launch many kernels each; the profiler's counts of both sides replace the code count."""
+    code = {"default": {"generated": 4, "extern": 9}}
+    by_code = bench.kernel_comparison(46, code)
+    assert by_code == {"inductor_fewest_kernels": 13, "more_kernels_than_inductor": True,
+                       "kernels_counted": "code", "ours_kernels_counted": 46}
+    launched = {"ours": 48, "eager": 140, "default": 95, "reduce-overhead": 97}
+    by_profiler = bench.kernel_comparison(46, code, launched)
+    assert by_profiler == {"inductor_fewest_kernels": 95, "more_kernels_than_inductor": False,
+                           "kernels_counted": "launched", "ours_kernels_counted": 48}
+    # eager's count is not Inductor's; without a mode's count the code count stays
+    assert bench.kernel_comparison(46, code, {"ours": 48, "eager": 140})["kernels_counted"] == "code"
+    rec = _timed("32_cvit", 46, code)
+    rec.update(by_profiler)
+    row = next(line for line in bench.table([rec]) if line.startswith("32_cvit"))
+    assert "48/95" in row and "!" not in row

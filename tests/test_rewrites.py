@@ -217,11 +217,13 @@ def test_a_bias_stays_where_a_library_call_or_the_caller_reads_the_output():
     assert "bias_into_epilogue" not in rewrite_program(q).rules_fired   # one reader is a library call
 
 
-def test_a_per_channel_add_after_a_convolution_is_not_folded_back_into_its_bias():
+def test_a_per_channel_add_after_a_convolution_joins_its_bias_and_the_sum_moves_into_the_kernel():
+    """conv(b) -> + shift -> gelu: the shift folds into the bias first, then the one bias is an add before
+    the gelu (one add, not the bias's and the shift's)."""
     p, c = conv_prog()
     add = p.add_node("add", [c.outputs[0], p.add_parameter("shift", f32(6, 1, 1)).id])
     p.mark_output(p.add_node("gelu", add.outputs).outputs[0])
     res = rewrite_program(p)
-    assert "fold_affine_into_producer" not in res.rules_fired, res.fired
-    assert ops(res.program) == ["conv2d", "add", "add", "gelu"]
+    assert res.rules_fired == {"fold_affine_into_producer": 1, "bias_into_epilogue": 1}, res.fired
+    assert ops(res.program) == ["conv2d", "add", "gelu"]
     same(p, res.program)

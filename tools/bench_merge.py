@@ -96,8 +96,11 @@ def memory_cell(r: dict) -> str:
 
 
 def kernels_cell(r: dict) -> str:
-    ours, ind = r.get("launches"), r.get("inductor_fewest_kernels")
-    cell = f"{'-' if ours is None else ours} / {'-' if ind is None else ind}"
+    """ours / Inductor's fewest: launched kernels where the profiler counted both (marked), else our
+    plan's launches against Inductor's code (bench.kernel_comparison)."""
+    ours, ind = r.get("ours_kernels_counted", r.get("launches")), r.get("inductor_fewest_kernels")
+    cell = f"{'-' if ours is None else ours} / {'-' if ind is None else ind}" + \
+        (" launched" if r.get("kernels_counted") == "launched" else "")
     return cell + (" (more than Inductor)" if r.get("more_kernels_than_inductor") else "")
 
 

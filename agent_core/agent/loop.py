@@ -771,6 +771,9 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         comp = best_compile_ms(base) if "error" not in base else None
         profile["speedup_vs_eager"] = eager / t.median_ms if eager else None
         profile["speedup_vs_compile"] = comp / t.median_ms if comp else None
+        from ..profile.launched import launched_kernels
+        with phase("baselines"):     # the kernel counts compared with torch's, after every timing
+            e2e["launched"] = launched_kernels(exe.replay)
 
 
 def _json_safe(x):

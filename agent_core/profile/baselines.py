@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from .inductor_kernels import first_call_counting_kernels
+from .launched import launched_kernels
 from .timing import DEFAULT_WARMUP, gpu_work, inductor_benchmarks_as_gpu_work, time_cpu, time_gpu
 
 MODES = ("default", "reduce-overhead")
@@ -67,7 +68,8 @@ def measure_baselines(fn, inputs, *, compile_modes=MODES, trials: int = 20, comp
                       emit=None, device: str = "cuda") -> dict:
     """{"eager": {...}, "compile_default": {...}, "compile_reduce-overhead": {...}}: each entry
     {"ok", "ms", "timing", "compile_s"} or {"ok": False, "error"} or {"ok": False, "skipped"}; a compiled
-    mode's entry also holds "inductor_kernels": {"generated", "extern"} or {"error"}. A mode starts only
+    mode's entry also holds "inductor_kernels": {"generated", "extern"} or {"error"}, and on a GPU every
+    timed entry "launched": the kernels one call launches (profile.launched). A mode starts only
     while this problem's torch.compile time is under compile_budget_s. device "cpu": wall-clock
     medians (Inductor writes C++ there), for reading its kernel counts on a machine without a GPU."""
     import torch
@@ -93,6 +95,7 @@ def measure_baselines(fn, inputs, *, compile_modes=MODES, trials: int = 20, comp
         report(key)
 
     run_guarded("eager", fn)
+    timed = {"eager": fn}
     spent = 0.0
     for mode in compile_modes:
         key = f"compile_{mode}"
@@ -120,6 +123,12 @@ def measure_baselines(fn, inputs, *, compile_modes=MODES, trials: int = 20, comp
         build = time.perf_counter() - t0
         spent += build
         run_guarded(key, cf, build, {"inductor_kernels": kernels})
+        timed[key] = cf
+    if on_gpu:            # after every timing: the profiler stays out of them
+        for key, f in timed.items():
+            if out[key].get("ok"):
+                with torch.no_grad():
+                    out[key]["launched"] = launched_kernels(lambda: f(*inputs))
     return out
 
 

@@ -165,7 +165,8 @@ def _run_rules(prog, rules, protected, checker, result, refused_once, max_rounds
 
 
 def _apply(prog: Program, rw: Rewrite, checker: Checker | None, result: RewriteResult) -> bool:
-    before_nodes = set(prog.nodes)
+    at = prog.nodes[rw.node_id].name if rw.node_id in prog.nodes else None   # gone after: an earlier
+    before_nodes = set(prog.nodes)                                            # rewrite's node, unnamed in both
     before_values = set(prog.values)
     try:
         replaced = rw.build(prog)
@@ -206,7 +207,7 @@ def _apply(prog: Program, rw: Rewrite, checker: Checker | None, result: RewriteR
             name = freed[n.op].pop(0)
             if not any(m.name == name for m in prog.nodes.values()):
                 n.name = name
-    result.fired.append({"rule": rw.rule, "node": rw.node_id, "message": rw.why})
+    result.fired.append({"rule": rw.rule, "node": rw.node_id, "node_name": at, "message": rw.why})
     return True
 
 

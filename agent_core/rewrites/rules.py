@@ -383,8 +383,6 @@ def fold_affine_into_producer(program: Program, nid: str) -> Rewrite | None:
             shift = s
     if bias == "no-bias" and not mul:
         return None
-    if not mul and prod.opdef.category == "convolution" and _fuses_a_bias(program, out):
-        return None       # the kernel reading it adds it for free (bias_into_epilogue)
     Wa = param_array(program, w).astype(np.float64)
     ba = param_array(program, bias).astype(np.float64) if bias not in (None, "no-bias") else None
     fvec = np.broadcast_to(np.asarray(factor, dtype=np.float64), (ch,)) if mul else None
