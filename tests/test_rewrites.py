@@ -215,6 +215,13 @@ def test_a_bias_stays_where_a_library_call_or_the_caller_reads_the_output():
     q.mark_output(q.add_node("relu", c.outputs).outputs[0])
     q.mark_output(q.add_node("conv2d", [c.outputs[0], q.add_parameter("w2", f32(4, 6, 1, 1)).id]).outputs[0])
     assert "bias_into_epilogue" not in rewrite_program(q).rules_fired   # one reader is a library call
+    u = Program()                         # an unbatched input: its channels are dim 0, not 1
+    c = u.add_node("conv2d", [u.add_input("x", (4, 6, 6)).id, u.add_parameter("w", f32(6, 4, 3, 3)).id,
+                              u.add_parameter("b", f32(6)).id], {"padding": [1]})
+    u.mark_output(u.add_node("relu", c.outputs).outputs[0])
+    res = rewrite_program(u)
+    assert "bias_into_epilogue" not in res.rules_fired                  # not even tried (a wrong broadcast
+    assert not any(e["rule"] == "bias_into_epilogue" for e in res.refused)   # the check would refuse)
 
 
 def test_a_per_channel_add_after_a_convolution_joins_its_bias_and_the_sum_moves_into_the_kernel():

@@ -13,9 +13,10 @@ its peak came after its first matmul. So both streams' workspaces are made befor
 (ready_blas_workspaces) and counted in neither, as in a process that has run both before.
 - eager: one forward of the model (no_grad) on its inputs, both already on the GPU.
 - ours: building a fresh executable (the graph's private pool filled by the warm-up and capture runs:
-  every intermediate and temporary, cuDNN's workspaces, the caches of its parameters) and one replay, less the copies of the weights and the
-  static inputs the executable makes for itself (the ones eager holds before its run), plus the
-  generated kernels' scratch buffers, which the executables share and were allocated earlier.
+  every intermediate and temporary, cuDNN's workspaces, the caches of its parameters) and one replay,
+  less the copies of the weights and the static inputs the executable makes for itself (the ones
+  eager holds before its run), plus the generated kernels' scratch buffers, which the executables
+  share and were allocated earlier.
 Caches that outlive a run count where they are made: a split-TF32 parameter's (hi, lo) parts are two
 more copies of the weight, a concatenated convolution weight three; `parts` says how much of ours is
 parameter caches and how much values and temporaries, so what dominates is read from the record.

@@ -419,6 +419,8 @@ def bias_into_epilogue(program: Program, nid: str) -> Rewrite | None:
     if not _float(program, out) or not _fuses_a_bias(program, out):
         return None
     rank = len(_val(program, out).shape)
+    if rank != int(n.op[-2]) + 2:         # an unbatched input: its channels are dim 0, rare enough
+        return None
     channels = _val(program, out).shape[1]
     b = param_array(program, bias)
     if b is None or b.shape != (channels,):
