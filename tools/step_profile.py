@@ -21,19 +21,11 @@ REPLAYS = 10
 
 
 def kernel_table(run, title: str) -> None:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-    run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(REPLAYS):
-            run()
-        torch.cuda.synchronize()
-    rows = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            t, n = rows.get(e.name, (0.0, 0))
-            rows[e.name] = (t + e.device_time_total, n + 1)
+    from agent_core.profile.launched import gpu_activity
+    rows: dict = {}
+    for name, us in gpu_activity(run, REPLAYS):
+        t, n = rows.get(name, (0.0, 0))
+        rows[name] = (t + us, n + 1)
     total = sum(t for t, _ in rows.values()) / REPLAYS
     print(f"\n== {title}: {total / 1000:.3f} ms of kernels per run")
     for name, (t, n) in sorted(rows.items(), key=lambda kv: -kv[1][0]):

@@ -15,26 +15,27 @@ def launched_kernels(call, runs: int = RUNS) -> dict:
     or {"error": why}. Never raises: a count is diagnostic, not a reason to lose a measurement."""
     from .timing import gpu_work
     try:
-        import torch
-        from torch.profiler import ProfilerActivity, profile
         with gpu_work():          # never during another problem's measurement (bench --jobs)
-            call()
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(runs):
-                    call()
-                torch.cuda.synchronize()
-        per_run = _kernels_per_run(prof.events(), runs)
+            events = gpu_activity(call, runs)
     except Exception as exc:  # a profiler already running (a caller's), no CUPTI, ...
         first = (str(exc).strip().splitlines() or [""])[0]
         return {"error": f"{type(exc).__name__}: {first[:200]}"}
-    return {"kernels": per_run}
+    return {"kernels": round(sum(1 for name, _ in events if is_kernel(name)) / runs)}
 
 
-def _kernels_per_run(events, runs: int) -> int:
+def gpu_activity(call, runs: int) -> list[tuple[str, float]]:
+    """(name, GPU microseconds) of everything `runs` calls ran on the GPU (kernels, memcpys, memsets),
+    profiled after one unprofiled call (which loads modules and allocates)."""
     import torch
-    n = sum(1 for e in events if e.device_type == torch.autograd.DeviceType.CUDA and is_kernel(e.name))
-    return round(n / runs)
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(runs):
+            call()
+        torch.cuda.synchronize()
+    return [(e.name, e.device_time_total) for e in prof.events()
+            if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def is_kernel(name: str) -> bool:
