@@ -21,6 +21,8 @@ import pytest
 import torch
 
 from agent_core.codegen import CodegenError, can_lower, generate_kernel
+from agent_core.codegen.layout_graph import generate_layout_graph
+from agent_core.codegen.region_io import region_io
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
 from agent_core.reference import parameter_tensors, run_reference
@@ -322,6 +324,29 @@ def _stores(ks, env):
     """[(output value id, element -> its value)] of the kernel's loop: one element per thread
     (name[o] = fn(o)), or a packed run of 4 whose lane k is element 4 * o + k (each lane's own text,
     composed down to the loads, or a lambda called at o * 4 + k)."""
+    # a packed run's registers, loaded before its stores: lane c of a 4-lane one is element
+    # 4 * group + c of its input, a scalar one an element; every run loads them all, whatever the
+    # lanes' tests, so each run checks that every register's elements lie inside its input
+    regs = [(reg, buf, f"({idx}) * 4", 4) for reg, buf, idx in
+            re.findall(r"    const \w+ (\w+) = reinterpret_cast<const \w+\*>\((\w+)\)\[(.*)\];", ks.source)]
+    regs += [(reg, buf, f"({idx})", 1) for reg, buf, idx in
+             re.findall(r"    const \w+ (\w+) = (\w+)\[(.*)\];", ks.source)]
+    first = [parse_c(at) for _, _, at, _ in regs]
+
+    def wide(text):
+        text = text.replace("(bool)", "")     # a comparison's 0 / 1 as a where's condition
+        for reg, buf, at, n in regs:
+            text = re.sub(rf"\b{reg}\.([xyzw])", lambda m: f"{buf}[{at} + {'xyzw'.index(m.group(1))}]", text) \
+                if n == 4 else re.sub(rf"\b{reg}\b", f"{buf}[{at}]", text)
+        return text
+
+    def lane(e, lanes):
+        run = {**env, "o": e // 4}
+        for (_, buf, _, n), at in zip(regs, first):
+            k = eval_c(at, run)
+            assert 0 <= k and k + n <= len(env[buf]), f"a register load of {buf} at {k} outside it"
+        return eval_c(lanes[e % 4], run)
+
     out = []
     for name, vid in zip(_args(ks)[len(ks.inputs):], ks.outputs):
         m = re.search(rf"    {name}\[o\] = (\w+)\(o\);", ks.source)
@@ -330,9 +355,9 @@ def _stores(ks, env):
         if m:
             out.append((vid, lambda e, fn=m.group(1): env[fn][e]))
             continue
-        lanes = [parse_c(_brackets(t)) for t in _lanes(packed.group(1))]
+        lanes = [parse_c(_brackets(wide(t))) for t in _lanes(packed.group(1))]
         assert len(lanes) == 4, packed.group(0)
-        out.append((vid, lambda e, lanes=lanes: eval_c(lanes[e % 4], {**env, "o": e // 4})))
+        out.append((vid, lambda e, lanes=lanes: lane(e, lanes)))
     return out
 
 
@@ -367,6 +392,51 @@ def test_an_index_out_of_range_reads_nothing_and_gives_nan():
     bad = {1, 3}            # flat token positions of 10 and -1
     for o, x in enumerate(got):
         assert math.isnan(x) == (o // 4 in bad), (o, x)
+
+
+@pytest.mark.parametrize("shape", [(2, 8, 12), (3, 5, 8)], ids=["aligned", "odd-rows"])
+def test_a_packed_run_loads_into_registers_before_its_stores(shape):
+    """where(x > m, x, m) for m = y.transpose(1, 2) * pos (a max): the transposed read keeps the run from the float4
+    schedule, but each run's 4 lanes read 4 aligned neighbours of x and of pos: one 4-lane register
+    each, while y is 4 scalar registers; the where's arms are registers too, so the store is a
+    select with no load (and no branch) in it. The text computes torch's result and every register
+    lies inside its input at every run (the emulator checks each)."""
+    b, n, d = shape
+    p = Program("packed")
+    x, y, pos = p.add_input("x", (b, n, d)), p.add_input("y", (b, d, n)), p.add_input("pos", (n, d))
+    t = _node(p, "transpose", [y], {"dim0": 1, "dim1": 2})
+    m = _node(p, "mul", [t.outputs[0], pos])
+    c = _node(p, "gt", [x, m.outputs[0]])
+    out = _node(p, "where", [c.outputs[0], x, m.outputs[0]])
+    p.mark_output(out.outputs[0])
+    ks = generate_layout_graph(p, region_io(p, list(p.nodes)), "packed", {"tiled": False}, "layout")
+    assert ks.params["pack"] and ks.params["vector"] == 1, ks.source
+    wide = re.findall(r"const float4 \w+ = reinterpret_cast<const float4\*>\((\w+)\)", ks.source)
+    scalar = re.findall(r"const float \w+ = (\w+)\[", ks.source)
+    assert sorted(wide) == ["pos", "x"] and scalar == ["y"] * 4, ks.source
+    store = next(line for line in ks.source.splitlines() if "make_float4(" in line)
+    assert not re.search(r"\b(x|y|pos)\[", store), store
+    ins = _inputs(p)
+    want = run_reference(p, [ins[v] for v in p.inputs], keep=True)
+    got = emulate(ks, ins)
+    assert got[ks.outputs[0]] == want[ks.outputs[0]].reshape(-1).tolist()
+    compile_kernel(ks, arch="sm_90")
+
+
+def test_a_load_under_a_cat_arms_test_stays_in_its_arm():
+    """cat([a, b], -1), 4 wide each, read in scalar runs: each lane is in a or in b by its run, so
+    its loads stay under the arm's test (a register would read both arms for every run: twice the
+    traffic, and past the end of one of them)."""
+    p = Program("cat_arms")
+    a, b = p.add_input("a", (4, 4)), p.add_input("b", (4, 4))
+    out = _node(p, "cat", [a, b], {"dim": -1})
+    p.mark_output(out.outputs[0])
+    ks = generate_layout_graph(p, region_io(p, list(p.nodes)), "cat", {"vector": False, "tiled": False, "staged": False}, "layout")
+    assert ks.params["pack"], ks.source
+    assert not re.search(r"const float \w+ = (a|b)\[", ks.source), ks.source
+    ins = _inputs(p)
+    want = run_reference(p, [ins[v] for v in p.inputs], keep=True)
+    assert emulate(ks, ins)[ks.outputs[0]] == want[ks.outputs[0]].reshape(-1).tolist()
 
 
 def _build(builder, args):
@@ -499,8 +569,6 @@ def test_refusals_name_the_node_and_what_to_do():
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from agent_core.codegen.layout_graph import generate_layout_graph  # noqa: E402
-from agent_core.codegen.region_io import region_io  # noqa: E402
 
 
 @st.composite

@@ -93,6 +93,8 @@ def main(argv: list[str]) -> int:
     print(f"ours: correct={e2e['correct']} {e2e.get('ms')} ms, graph={exe.graph is not None}")
     for i, step in enumerate(exe.steps):
         print(f"  step {i:3d} {step.label(res.program)}")
+        if step.kind == "kernel":     # the schedule the tuner kept
+            print(f"           {step.kernel.schedule}")
     step_table(exe, res.program)
     kernel_table(exe.replay, "ours")
     if not args.no_inductor:

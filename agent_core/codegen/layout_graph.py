@@ -227,31 +227,43 @@ def _pack_ok(g: _Graph, numel: int) -> bool:
 INLINE_MAX_CHARS = 2000   # one output element's composed text; past it the kernel keeps its lambdas
 
 
-def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict) -> str:
+def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict, wide: dict | None = None,
+            loads: dict | None = None, sure: bool = True) -> str:
     """The C expression of value v at flat index idx (an Expr with bounds over the loop's variables),
     composed through every view and pointwise op down to the region's loads. The index algebra then
     simplifies across the ops (views.py's div / mod rules: (4 * o + k) / 4 is o) where a chain of
     lambdas divides a flat index again at each one. A pointwise value read twice is written twice
-    (the compiler shares the common subexpression); its text stays under INLINE_MAX_CHARS."""
-    key = (v, idx)
+    (the compiler shares the common subexpression); its text stays under INLINE_MAX_CHARS.
+    `loads` collects every input load as (input, index) -> whether some path reaches it `sure`ly,
+    under no test of a pad's or cat arm's bounds (a where's arms count: torch computes both);
+    `wide` (from _hoisted_loads) maps loads to the registers that hold them."""
+    key = (v, idx, sure)
     if key in memo:
         return memo[key]
     program, io = g.program, g.io
     vals = program.values
     if v in io.inputs:
-        text = f"{arg[v]}[{V.render_expr(idx, names=arg)}]"
+        if loads is not None:
+            loads[(v, _key(idx))] = loads.get((v, _key(idx)), False) or sure
+        if wide and (v, _key(idx)) in wide:
+            text = wide[(v, _key(idx))]
+        else:
+            text = f"{arg[v]}[{V.render_expr(idx, names=arg)}]"
     else:
         node = program.nodes[vals[v].producer]
         if node.op in GRAPH_OPS:
             _, outs = g.layouts(node)
             lay = outs[list(node.outputs).index(v)]
-            text = V.render_layout(lay, idx, names=arg, load_at=lambda src, off: _inline(g, arg, src, off, memo))
+            arms = [tests for tests in (V.locate(r.stack, idx)[1] for r in lay.reads) if tests is not V.FALSE]
+            plain = sure and bool(arms) and not arms[0]
+            text = V.render_layout(lay, idx, names=arg,
+                                   load_at=lambda src, off: _inline(g, arg, src, off, memo, wide, loads, plain))
         else:
             args = []
             for u in node.inputs:
                 if u:
                     off, _ = V.locate(_broadcast(vals[u].shape, vals[v].shape).reads[0].stack, idx)
-                    args.append(f"({_inline(g, arg, u, off, memo)})")
+                    args.append(f"({_inline(g, arg, u, off, memo, wide, loads, sure)})")
             text = render_pointwise(node, args)
     if vals[v].dtype != "float32":      # as a lambda returning the value's own C type would convert
         text = f"(({c_type(vals[v].dtype, vals[v].name)})({text}))"
@@ -265,16 +277,73 @@ class _TooLong(Exception):
     """A composed expression past INLINE_MAX_CHARS: the kernel keeps its lambdas."""
 
 
-def _packed_lanes(g: _Graph, arg: dict, runs: int) -> dict | None:
-    """Each output's 4 lanes of run o, lane k composed at index 4 * o + k; None when some lane's text
-    is too long to inline."""
+def _packed_lanes(g: _Graph, arg: dict, runs: int, names: Names) -> tuple[dict, list] | None:
+    """Each output's 4 lanes of run o, lane k composed at index 4 * o + k, and the registers their
+    loads go to first; None when some lane's text is too long to inline. See _hoisted_loads."""
     o = V.Var("o", 0, max(runs - 1, 0))
-    memo: dict = {}
+    idx = [V.add(V.mul(o, VEC), V.Num(k)) for k in range(VEC)]
     try:
-        return {v: [_inline(g, arg, v, V.add(V.mul(o, VEC), V.Num(k)), memo) for k in range(VEC)]
-                for v in g.io.outputs}
+        loads: dict = {}
+        for v in g.io.outputs:
+            for i in idx:
+                _inline(g, arg, v, i, {}, loads=loads)
+        wide, decls = _hoisted_loads(g, arg, loads, names)
+        memo: dict = {}
+        return {v: [_inline(g, arg, v, i, memo, wide) for i in idx] for v in g.io.outputs}, decls
     except _TooLong:
         return None
+
+
+def _key(e: V.Expr):
+    """An index expression up to the order of its terms."""
+    return (frozenset(e.terms), e.const) if isinstance(e, V.Sum) else e
+
+
+def _split4(e: V.Expr):
+    """(base, k) with e = base + k, base a multiple of 4 (every term's coefficient and the constant)
+    and non-negative, 0 <= k < 4; None otherwise."""
+    if isinstance(e, V.Num):
+        return (V.Num(e.v - e.v % VEC), e.v % VEC) if e.v >= 0 else None
+    if not isinstance(e, V.Sum) or any(c % VEC for _, c in e.terms):
+        return None
+    k = e.const % VEC
+    base = V._sum(list(e.terms), e.const - k)
+    return (base, k) if base.lo >= 0 else None
+
+
+def _hoisted_loads(g: _Graph, arg: dict, loads: dict, names: Names) -> tuple[dict, list]:
+    """Registers loaded ahead of a run's stores, and which loads they serve ((input, index) -> text).
+    - 4 aligned neighbours of an input that the lanes load (a contiguous operand beside a transposed or
+      broadcast one, which keeps the run from the float4 schedule): one 4-lane load, a quarter of the
+      load instructions. It loads whether or not a lane's test holds (a cat arm's, a pad's), so a
+      group is taken only where its index bounds keep it inside the input for every run.
+    - any other load every run makes (no pad or cat test on its path): a scalar register. Left in
+      place, a load in a where's arm is a branch around it; hoisted, the where is a select, and
+      every load of the run is in flight before the first is used (48_Mamba2's masked decay: 1.6 TB/s
+      with its loads in the arms)."""
+    vals = g.program.values
+    wide: dict = {}
+    groups: dict = {}
+    decls: list = []
+    for (v, key), sure in loads.items():
+        if v in g.indices:
+            continue
+        e = V._sum(list(key[0]), key[1]) if isinstance(key, tuple) else key
+        split = _split4(e) if vals[v].dtype in VEC4 else None
+        if split and split[0].hi + VEC <= math.prod(vals[v].shape) and \
+                all((v, _key(V.add(split[0], V.Num(j)))) in loads for j in range(VEC)):
+            base, k = split
+            if (v, _key(base)) not in groups:
+                reg = groups[(v, _key(base))] = names.new(f"{vals[v].name}4")
+                t = VEC4[vals[v].dtype]
+                decls.append(f"    const {t} {reg} = reinterpret_cast<const {t}*>({arg[v]})"
+                             f"[{V.render_expr(V.div(base, VEC), names=arg)}];")
+            wide[(v, key)] = f"{groups[(v, _key(base))]}.{'xyzw'[k]}"
+        elif sure:
+            reg = names.new(vals[v].name)
+            decls.append(f"    const {c_type(vals[v].dtype, vals[v].name)} {reg} = {arg[v]}[{V.render_expr(e, names=arg)}];")
+            wide[(v, key)] = reg
+    return wide, decls
 
 
 def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at") -> tuple[list[str], dict]:
@@ -385,7 +454,7 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     # independent loads in flight instead of 1 (the grid-stride loop holds too few bytes in flight)
     pack = not vec and bool((params or {}).get("pack", True)) and _pack_ok(g, numel)
     names = Names()
-    names.taken.update(("o", "i", "stride", "kNumel", "kBlock", "kRuns"))
+    names.taken.update(("o", "o0", "u", "i", "stride", "kNumel", "kBlock", "kRuns", "kUnroll"))
     arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
     block = int((params or {}).get("block", 256))
     work = numel // VEC if vec or pack else numel
@@ -394,17 +463,17 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     consts = [f"typedef {index_t} index_t;", f"constexpr index_t kNumel = {numel};  // output elements"]
     if vec or pack:
         consts.append(f"constexpr index_t kRuns = {work};  // runs of 4 neighbouring output elements")
-        loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kRuns; o += stride) {"
-    else:
-        loop = "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kNumel; o += stride) {"
+    limit = "kRuns" if vec or pack else "kNumel"
+    unroll = int((params or {}).get("unroll", 1))
 
     def store4(v, value):
         return f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = {value};"
     # a packed run's lanes composed down to their loads need no lambdas; the other forms call them
-    lanes = _packed_lanes(g, arg, work) if pack else None
-    lines, fn = ([], {}) if lanes else _lambdas(g, arg, names, vec)
-    if lanes:
-        stores = [store4(v, _lanes4(vals[v].dtype, lanes[v])) for v in io.outputs]
+    packed = _packed_lanes(g, arg, work, names) if pack else None
+    lines, fn = ([], {}) if packed else _lambdas(g, arg, names, vec)
+    if packed:
+        lanes, wide_loads = packed
+        stores = wide_loads + [store4(v, _lanes4(vals[v].dtype, lanes[v])) for v in io.outputs]
     elif pack:
         stores = [store4(v, _lanes4(vals[v].dtype, [f"{fn[v]}(o * 4 + {k})" for k in range(VEC)]))
                   for v in io.outputs]
@@ -416,7 +485,7 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     body = ["  // each value the outputs need, as a function of its own flat index (run start when float4)",
             *lines,
             "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
-            loop, *stores, "  }"]
+            *_grid_stride(limit, unroll, stores)]
     n_reads = sum(1 for _ in g.reads())
     per_thread = "run of 4" if vec else "run of 4 (4 scalar reads, one 4-lane store)" if pack else "element"
     sched = (f"{'float4 ' if vec else ''}gather over a graph of views, one output {per_thread} per thread, "
@@ -435,18 +504,42 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
         params={"tiled": False, "graph": True, "vector": VEC if vec else 1, "pack": pack, "reads": n_reads,
+                "unroll": unroll,
                 "grid": grid, "block": block, "chain": [n.op for n in layout_nodes]},
         align=16 if vec or pack else 4,
         bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))
 
 
+def _grid_stride(limit: str, unroll: int, stores: list) -> list:
+    """The grid-stride loop over o < limit around the stores. With unroll > 1, `unroll` steps at a
+    time while all of them are inside, as straight-line code (no bounds test between them), so each
+    thread has every step's loads in flight at once; the steps left over after that, one at a time."""
+    first = "(index_t)blockIdx.x * blockDim.x + threadIdx.x"
+    if unroll <= 1:
+        return [f"  for (index_t o = {first}; o < {limit}; o += stride) {{", *stores, "  }"]
+    return [f"  constexpr int kUnroll = {unroll};  // grid-stride steps per iteration",
+            f"  index_t o0 = {first};",
+            f"  for (; o0 < {limit} - (kUnroll - 1) * stride; o0 += kUnroll * stride) {{",
+            "#pragma unroll",
+            "    for (int u = 0; u < kUnroll; ++u) {",
+            "      const index_t o = o0 + u * stride;",
+            *("  " + line for line in stores),
+            "    }",
+            "  }",
+            f"  for (index_t o = o0; o < {limit}; o += stride) {{", *stores, "  }"]
+
+
 def tune_variants(params: dict) -> list[dict]:
     """The plain gather's alternatives: one element per thread (the packed run's 4 index computations
-    may cost more than its loads in flight gain), and bigger or smaller blocks."""
+    may cost more than its loads in flight gain), two grid-stride steps at a time (48_Mamba2's X
+    permuted two ways: 0.63 -> 0.50 ms on the H200; its masked decay 3% slower, a one-element gather
+    2x slower with 4), and bigger or smaller blocks."""
     if params.get("tiled") is not False or params.get("staged") or not params.get("graph"):
         return []
     out = [{"pack": False}] if params.get("pack") else []
+    if params.get("pack") or params.get("vector") == VEC:
+        out.append({"unroll": 2})
     return out + [{"block": 512}, {"block": 128}]
 
 

@@ -42,14 +42,18 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("vector", [True, False], ids=["float4", "scalar"])
+@pytest.mark.parametrize("vector,unroll", [(True, 1), (False, 1), (True, 2), (False, 2)],
+                         ids=["float4", "scalar", "float4-unroll2", "scalar-unroll2"])
 @pytest.mark.parametrize("label,builder,args", CASES, ids=[c[0] for c in CASES])
-def test_layout_graph_matches_torch(label, builder, args, vector):
+def test_layout_graph_matches_torch(label, builder, args, vector, unroll):
+    """unroll 2: two grid-stride steps at a time, then the steps left one at a time."""
     p = builder(*args)
     ids = list(p.nodes)
-    r = build_region(p, ids, name=label.replace("-", "_"), params={"vector": vector})
+    r = build_region(p, ids, name=label.replace("-", "_"),
+                     params={"vector": vector, **({"unroll": unroll} if unroll > 1 else {})})
     assert r.fused, r.fallback_reason
     assert r.kernel.params["graph"], r.kernel.schedule
+    assert r.kernel.params.get("unroll", 1) == unroll or r.kernel.params.get("staged"), r.kernel.params
     assert r.verify.ok and r.verify.draws == 5, r.verify
     for seed in range(3):
         g = torch.Generator(device="cuda").manual_seed(seed)
