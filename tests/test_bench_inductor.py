@@ -220,6 +220,38 @@ def test_a_mode_over_the_compile_budget_is_recorded_with_its_reason_and_left_out
     assert "relu: torch.compile max-autotune is not in the best baseline: over the compile budget" in text
 
 
+def test_only_code_still_compiled_is_profiled_for_its_launched_kernels(monkeypatch):
+    """torch._dynamo.reset() before each mode drops the earlier modes' code, so a kernel count taken
+    after all timings may only call eager and the last mode compiled: called again, an earlier mode
+    would compile anew inside the profiler. Run on the CPU with the GPU timer and profiler replaced;
+    the count is taken on the very callable that was timed, with no compile in between."""
+    import torch
+
+    from agent_core.profile import baselines
+    from agent_core.profile.timing import time_cpu
+    timed, counted = [], []
+
+    def fake_time_gpu(call, trials):
+        timed.append(call)
+        return time_cpu(call, trials=1, warmup=0)
+
+    def fake_launched(call):
+        frames = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        call()
+        counted.append(torch._dynamo.utils.counters["stats"]["unique_graphs"] - frames)
+        return {"kernels": 1}
+    monkeypatch.setattr(baselines, "time_gpu", fake_time_gpu)
+    monkeypatch.setattr(baselines, "launched_kernels", fake_launched)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    x = torch.randn(8, 16)
+    base = measure_baselines(lambda t: torch.relu(t) * 2.0, [x], compile_modes=("default", "max-autotune-no-cudagraphs"),
+                             trials=1, device="cuda")
+    assert base["compile_default"]["ok"] and base["compile_max-autotune-no-cudagraphs"]["ok"], base
+    assert "launched" in base["eager"] and "launched" in base["compile_max-autotune-no-cudagraphs"]
+    assert "launched" not in base["compile_default"]
+    assert counted == [0, 0], counted      # no compile inside a count
+
+
 def _timed(name, launches, inductor, ours=1.0, modes=None):
     modes = modes or {"default": 2.0, "reduce-overhead": 1.5, "max-autotune": 1.2}
     rec = {"problem": name, "ok": True, "correct": True, "gpu": True, "eager_ms": 3.0, "ours_ms": ours,
