@@ -313,25 +313,28 @@ def _split4(e: V.Expr):
 
 def _hoisted_loads(g: _Graph, arg: dict, loads: dict, names: Names) -> tuple[dict, list]:
     """Registers loaded ahead of a run's stores, and which loads they serve ((input, index) -> text).
+    Only loads every run makes are hoisted (no pad's or cat arm's test on their path: a register
+    loads for every run, and a cat's arms in registers read every arm for every output, which made
+    14_DenseNet121DenseBlock's cats 1.18x slower); and only where the index bounds keep the load
+    inside the input for every run.
     - 4 aligned neighbours of an input that the lanes load (a contiguous operand beside a transposed or
       broadcast one, which keeps the run from the float4 schedule): one 4-lane load, a quarter of the
-      load instructions. It loads whether or not a lane's test holds (a cat arm's, a pad's), so a
-      group is taken only where its index bounds keep it inside the input for every run.
-    - any other load every run makes (no pad or cat test on its path): a scalar register. Left in
-      place, a load in a where's arm is a branch around it; hoisted, the where is a select, and
-      every load of the run is in flight before the first is used (48_Mamba2's masked decay: 1.6 TB/s
-      with its loads in the arms)."""
+      load instructions.
+    - any other: a scalar register. Left in place, a load in a where's arm is a branch around it;
+      hoisted, the where is a select, and every load of the run is in flight before the first is
+      used (48_Mamba2's masked decay: 1.6 TB/s with its loads in the arms)."""
     vals = g.program.values
     wide: dict = {}
     groups: dict = {}
     decls: list = []
     for (v, key), sure in loads.items():
-        if v in g.indices:
+        if v in g.indices or not sure:
             continue
         e = V._sum(list(key[0]), key[1]) if isinstance(key, tuple) else key
+        n = math.prod(vals[v].shape)
         split = _split4(e) if vals[v].dtype in VEC4 else None
-        if split and split[0].hi + VEC <= math.prod(vals[v].shape) and \
-                all((v, _key(V.add(split[0], V.Num(j)))) in loads for j in range(VEC)):
+        if split and split[0].hi + VEC <= n and \
+                all(loads.get((v, _key(V.add(split[0], V.Num(j))))) for j in range(VEC)):
             base, k = split
             if (v, _key(base)) not in groups:
                 reg = groups[(v, _key(base))] = names.new(f"{vals[v].name}4")
@@ -339,7 +342,7 @@ def _hoisted_loads(g: _Graph, arg: dict, loads: dict, names: Names) -> tuple[dic
                 decls.append(f"    const {t} {reg} = reinterpret_cast<const {t}*>({arg[v]})"
                              f"[{V.render_expr(V.div(base, VEC), names=arg)}];")
             wide[(v, key)] = f"{groups[(v, _key(base))]}.{'xyzw'[k]}"
-        elif sure:
+        elif 0 <= e.lo and e.hi < n:
             reg = names.new(vals[v].name)
             decls.append(f"    const {c_type(vals[v].dtype, vals[v].name)} {reg} = {arg[v]}[{V.render_expr(e, names=arg)}];")
             wide[(v, key)] = reg
