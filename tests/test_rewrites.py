@@ -234,3 +234,33 @@ def test_a_per_channel_add_after_a_convolution_joins_its_bias_and_the_sum_moves_
     assert res.rules_fired == {"fold_affine_into_producer": 1, "bias_into_epilogue": 1}, res.fired
     assert ops(res.program) == ["conv2d", "add", "gelu"]
     same(p, res.program)
+
+
+def test_two_chains_of_views_reading_the_same_elements_become_one():
+    """x [2, 12, 3, 4] read as [2, 3, 12, 4] twice (as a lowered einsum writes each operand's views):
+    once through a 5-d reshape, once through a 4-d one. The later chain's reader reads the earlier
+    value; a chain that reads x in another order (a transpose of the last two dims), and one that
+    only goes on from the first (its reshape back to [6, 12, 4]), keep their own."""
+    p = Program()
+    x = p.add_input("x", (2, 12, 3, 4))
+    a1 = p.add_node("permute", [x.id], {"dims": [0, 2, 1, 3]})                     # [2, 3, 12, 4]
+    b1 = p.add_node("reshape", [x.id], {"shape": [2, 12, 3, 4, 1]})
+    b2 = p.add_node("permute", [b1.outputs[0]], {"dims": [0, 2, 1, 3, 4]})          # [2, 3, 12, 4, 1]
+    b3 = p.add_node("reshape", [b2.outputs[0]], {"shape": [2, 3, 12, 4]})
+    c1 = p.add_node("permute", [x.id], {"dims": [0, 2, 3, 1]})                     # [2, 3, 4, 12]: other order
+    c2 = p.add_node("reshape", [c1.outputs[0]], {"shape": [2, 3, 12, 4]})
+    d1 = p.add_node("reshape", [a1.outputs[0]], {"shape": [6, 12, 4]})
+    d2 = p.add_node("reshape", [d1.outputs[0]], {"shape": [2, 3, 12, 4]})           # from the first: it is a1
+    outs = [p.add_node(op, [v.outputs[0]]) for op, v in (("relu", a1), ("tanh", b3), ("exp", c2), ("neg", d2))]
+    for o in outs:
+        p.mark_output(o.outputs[0])
+    res = rewrite_program(p)
+    q = res.program
+    fired = [e for e in res.fired if e["rule"] == "merge_equal_views"]
+    assert [e["node_name"] for e in fired] == [p.nodes[b3.id].name, p.nodes[d2.id].name], res.fired
+    assert all(e["message"].endswith("reads x through 3 views as permute already does (same elements, order and "
+                                     "shape [2, 3, 12, 4]); its readers read that value.") for e in fired), fired
+    readers = {q.nodes[n].op: q.nodes[n].inputs[0] for n in q.topo_order() if q.nodes[n].op in ("relu", "tanh", "exp", "neg")}
+    assert readers["relu"] == readers["tanh"] == readers["neg"] != readers["exp"]
+    assert ops(q).count("permute") == 2        # a1 and c1; b's chain is gone
+    same(p, q)
