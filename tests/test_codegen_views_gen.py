@@ -333,7 +333,8 @@ def _stores(ks, env):
              re.findall(r"    const \w+ (\w+) = (\w+)\[(.*)\];", ks.source)]
     first = [parse_c(at) for _, _, at, _ in regs]
 
-    def wide(text):
+    def unregistered(text):
+        """A lane's text with each register read as the load it holds."""
         text = text.replace("(bool)", "")     # a comparison's 0 / 1 as a where's condition
         for reg, buf, at, n in regs:
             text = re.sub(rf"\b{reg}\.([xyzw])", lambda m: f"{buf}[{at} + {'xyzw'.index(m.group(1))}]", text) \
@@ -355,7 +356,7 @@ def _stores(ks, env):
         if m:
             out.append((vid, lambda e, fn=m.group(1): env[fn][e]))
             continue
-        lanes = [parse_c(_brackets(wide(t))) for t in _lanes(packed.group(1))]
+        lanes = [parse_c(_brackets(unregistered(t))) for t in _lanes(packed.group(1))]
         assert len(lanes) == 4, packed.group(0)
         out.append((vid, lambda e, lanes=lanes: lane(e, lanes)))
     return out

@@ -227,7 +227,7 @@ def _pack_ok(g: _Graph, numel: int) -> bool:
 INLINE_MAX_CHARS = 2000   # one output element's composed text; past it the kernel keeps its lambdas
 
 
-def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict, wide: dict | None = None,
+def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict, regs: dict | None = None,
             loads: dict | None = None, sure: bool = True) -> str:
     """The C expression of value v at flat index idx (an Expr with bounds over the loop's variables),
     composed through every view and pointwise op down to the region's loads. The index algebra then
@@ -236,7 +236,7 @@ def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict, wide: dict | 
     (the compiler shares the common subexpression); its text stays under INLINE_MAX_CHARS.
     `loads` collects every input load as (input, index) -> whether some path reaches it `sure`ly,
     under no test of a pad's or cat arm's bounds (a where's arms count: torch computes both);
-    `wide` (from _hoisted_loads) maps loads to the registers that hold them."""
+    `regs` (from _hoisted_loads) maps loads to the registers that hold them."""
     key = (v, idx, sure)
     if key in memo:
         return memo[key]
@@ -245,8 +245,8 @@ def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict, wide: dict | 
     if v in io.inputs:
         if loads is not None:
             loads[(v, _key(idx))] = loads.get((v, _key(idx)), False) or sure
-        if wide and (v, _key(idx)) in wide:
-            text = wide[(v, _key(idx))]
+        if regs and (v, _key(idx)) in regs:
+            text = regs[(v, _key(idx))]
         else:
             text = f"{arg[v]}[{V.render_expr(idx, names=arg)}]"
     else:
@@ -257,13 +257,13 @@ def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict, wide: dict | 
             arms = [tests for tests in (V.locate(r.stack, idx)[1] for r in lay.reads) if tests is not V.FALSE]
             plain = sure and bool(arms) and not arms[0]
             text = V.render_layout(lay, idx, names=arg,
-                                   load_at=lambda src, off: _inline(g, arg, src, off, memo, wide, loads, plain))
+                                   load_at=lambda src, off: _inline(g, arg, src, off, memo, regs, loads, plain))
         else:
             args = []
             for u in node.inputs:
                 if u:
                     off, _ = V.locate(_broadcast(vals[u].shape, vals[v].shape).reads[0].stack, idx)
-                    args.append(f"({_inline(g, arg, u, off, memo, wide, loads, sure)})")
+                    args.append(f"({_inline(g, arg, u, off, memo, regs, loads, sure)})")
             text = render_pointwise(node, args)
     if vals[v].dtype != "float32":      # as a lambda returning the value's own C type would convert
         text = f"(({c_type(vals[v].dtype, vals[v].name)})({text}))"
@@ -287,9 +287,9 @@ def _packed_lanes(g: _Graph, arg: dict, runs: int, names: Names) -> tuple[dict, 
         for v in g.io.outputs:
             for i in idx:
                 _inline(g, arg, v, i, {}, loads=loads)
-        wide, decls = _hoisted_loads(g, arg, loads, names)
+        regs, decls = _hoisted_loads(g, arg, loads, names)
         memo: dict = {}
-        return {v: [_inline(g, arg, v, i, memo, wide) for i in idx] for v in g.io.outputs}, decls
+        return {v: [_inline(g, arg, v, i, memo, regs) for i in idx] for v in g.io.outputs}, decls
     except _TooLong:
         return None
 
@@ -314,9 +314,8 @@ def _split4(e: V.Expr):
 def _hoisted_loads(g: _Graph, arg: dict, loads: dict, names: Names) -> tuple[dict, list]:
     """Registers loaded ahead of a run's stores, and which loads they serve ((input, index) -> text).
     Only loads every run makes are hoisted (no pad's or cat arm's test on their path: a register
-    loads for every run, and a cat's arms in registers read every arm for every output, which made
-    14_DenseNet121DenseBlock's cats 1.18x slower); and only where the index bounds keep the load
-    inside the input for every run.
+    loads for every run, so a cat's arms in registers would read every arm for every output), and
+    only where the index bounds keep the load inside the input for every run.
     - 4 aligned neighbours of an input that the lanes load (a contiguous operand beside a transposed or
       broadcast one, which keeps the run from the float4 schedule): one 4-lane load, a quarter of the
       load instructions.
@@ -324,7 +323,7 @@ def _hoisted_loads(g: _Graph, arg: dict, loads: dict, names: Names) -> tuple[dic
       hoisted, the where is a select, and every load of the run is in flight before the first is
       used (48_Mamba2's masked decay: 1.6 TB/s with its loads in the arms)."""
     vals = g.program.values
-    wide: dict = {}
+    regs: dict = {}
     groups: dict = {}
     decls: list = []
     for (v, key), sure in loads.items():
@@ -341,12 +340,12 @@ def _hoisted_loads(g: _Graph, arg: dict, loads: dict, names: Names) -> tuple[dic
                 t = VEC4[vals[v].dtype]
                 decls.append(f"    const {t} {reg} = reinterpret_cast<const {t}*>({arg[v]})"
                              f"[{V.render_expr(V.div(base, VEC), names=arg)}];")
-            wide[(v, key)] = f"{groups[(v, _key(base))]}.{'xyzw'[k]}"
+            regs[(v, key)] = f"{groups[(v, _key(base))]}.{'xyzw'[k]}"
         elif 0 <= e.lo and e.hi < n:
             reg = names.new(vals[v].name)
             decls.append(f"    const {c_type(vals[v].dtype, vals[v].name)} {reg} = {arg[v]}[{V.render_expr(e, names=arg)}];")
-            wide[(v, key)] = reg
-    return wide, decls
+            regs[(v, key)] = reg
+    return regs, decls
 
 
 def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at") -> tuple[list[str], dict]:
@@ -475,8 +474,8 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     packed = _packed_lanes(g, arg, work, names) if pack else None
     lines, fn = ([], {}) if packed else _lambdas(g, arg, names, vec)
     if packed:
-        lanes, wide_loads = packed
-        stores = wide_loads + [store4(v, _lanes4(vals[v].dtype, lanes[v])) for v in io.outputs]
+        lanes, hoisted = packed
+        stores = hoisted + [store4(v, _lanes4(vals[v].dtype, lanes[v])) for v in io.outputs]
     elif pack:
         stores = [store4(v, _lanes4(vals[v].dtype, [f"{fn[v]}(o * 4 + {k})" for k in range(VEC)]))
                   for v in io.outputs]
