@@ -263,3 +263,26 @@ def test_a_pointwise_epilogue_is_written_over_the_library_output_it_reads_last(m
     got = exe(x)[0]
     assert written == [True]                                # relu wrote into conv's buffer
     torch.testing.assert_close(got, run_reference(p, {p.values[p.inputs[0]].name: x})[p.values[p.outputs[0]].name])
+
+
+def test_the_default_budget_is_eagers_peak_on_the_program_as_imported_not_as_rewritten(tmp_path):
+    """conv (with bias) -> relu_ -> pool: the bias rewrite takes the bias out of the convolution into an
+    add after it, a second full-size map beside the convolution's that eager's relu_ never holds. The
+    agent records eager's estimate on the program it was given, and the rewritten program's memory plan
+    takes that as its budget."""
+    import io
+
+    from agent_core.agent import EventEmitter, optimize, read_events
+    x = torch.randn(8, 3, 66, 66)
+    imported = import_nn_module(ConvReluPool(inplace=True).eval(), [x])
+    buf = io.StringIO()
+    res = optimize(imported, out_dir=tmp_path / "out", device="cpu", emit=EventEmitter(buf))
+    rules = [e["rule"] for e in read_events(buf.getvalue().splitlines()) if e["event"] == "rewrite" and e["kept"]]
+    assert "bias_into_epilogue" in rules, rules
+    conv_out, pooled = 8 * 64 * 64 * 64 * 4, 8 * 64 * 32 * 32 * 4
+    assert eager_peak_estimate(imported) == conv_out + pooled
+    assert eager_peak_estimate(res.program) > conv_out + pooled           # the add's map beside conv's
+    assert res.program.metadata["eager_peak_estimate_bytes"] == conv_out + pooled
+    exe = ProgramExecutable(res.program, {}, graph=False, device="cpu")
+    assert exe.memory.budget_bytes == conv_out + pooled
+    assert exe.memory.budget_source == "eager's peak, estimated from the program before its rewrites"

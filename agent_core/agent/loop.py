@@ -524,6 +524,9 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     else:
         from ..rewrites import clone_program
         prog = clone_program(program)
+    # the memory budget is eager's peak, and eager runs the program as it came, not as rewritten
+    from ..program_runtime import eager_peak_estimate
+    prog.metadata["eager_peak_estimate_bytes"] = eager_peak_estimate(program)
     plan = plan_program(prog)
     apply_plan(prog, plan)
     emit.emit("plan", program=prog.name, nodes=len(prog.nodes), regions=len(plan.active), kernels=plan.kernels,

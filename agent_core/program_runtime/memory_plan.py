@@ -16,8 +16,10 @@ parts, concatenated convolution weights, channels-last weights). The peak is its
 budget cannot hold is dropped: its weight is then split or converted every call instead.
 
 A split-TF32 form trades memory for speed: its activation's parts, and its weight's parts either
-cached for the run or made per call. The budget is eager's peak (estimated from the program's own
-liveness, eager_peak_estimate) unless the program's memory_budget_bytes or the caller sets one. While
+cached for the run or made per call. The budget is eager's peak (estimated from liveness,
+eager_peak_estimate, over the program as eager runs it: the agent records the imported program's
+figure before its rewrites, program.metadata["eager_peak_estimate_bytes"], since a rewrite can add a
+value eager never holds) unless the program's memory_budget_bytes or the caller sets one. While
 the predicted peak is above it: the largest cache is dropped when splitting its weight per call does
 not raise the peak, unless splitting per call costs more time than the split saves against fp32
 (agent.precision's timings, program.metadata["library_precision_gain_ms"]), when its calls run in fp32;
@@ -263,12 +265,25 @@ def split_parts_bytes(program: Program, nid: str, form: str, channels_last: bool
             - _call_costs(program, nid, None, True, channels_last)[0])
 
 
+def default_budget(program: Program) -> tuple[int, str]:
+    """(bytes, where they come from) of the budget when the caller gives none: the program's
+    memory_budget_bytes, else eager's peak as estimated on the program eager runs (the figure the agent
+    recorded before rewriting: 5_AlexNet's bias rewrite puts a second 1.2 GB value beside its first
+    convolution's output, which eager's in-place ReLU never holds: 2269 MiB rewritten, 1408 as
+    imported, against 1955 measured with cuDNN's workspaces), else this program's own estimate."""
+    meta = program.metadata
+    if meta.get("memory_budget_bytes") is not None:
+        return int(meta["memory_budget_bytes"]), "the program's memory_budget_bytes"
+    if meta.get("eager_peak_estimate_bytes") is not None:
+        return int(meta["eager_peak_estimate_bytes"]), "eager's peak, estimated from the program before its rewrites"
+    return eager_peak_estimate(program), "eager's peak, estimated from the program"
+
+
 def split_room(program: Program, steps, budget: int | None = None) -> dict[str, int]:
     """Per library call, the bytes a split form's parts may take there before the predicted peak
     passes the budget, with every call in plain fp32 and no caches (agent.precision skips timing the
     forms that cannot fit)."""
-    budget = budget if budget is not None else program.metadata.get("memory_budget_bytes")
-    budget = int(budget) if budget is not None else eager_peak_estimate(program)
+    budget = int(budget) if budget is not None else default_budget(program)[0]
     events, order = _events(program, steps)
     shares = {**_torch_views(program, steps), **written_over(program, steps, order)}
     base = _live_per_event(program, steps, events, order, shares)
@@ -291,10 +306,8 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     layout = library_layout(program)
     precision = library_precision(program)
     workspace = program.metadata.get("library_workspace_bytes") or {}
-    if budget is None and program.metadata.get("memory_budget_bytes") is not None:
-        budget, source = int(program.metadata["memory_budget_bytes"]), "the program's memory_budget_bytes"
-    elif budget is None:
-        budget, source = eager_peak_estimate(program), "eager's peak, estimated from the program"
+    if budget is None:
+        budget, source = default_budget(program)
     else:
         source = "given"
     events, order = _events(program, steps)
