@@ -284,9 +284,10 @@ def _packed_lanes(g: _Graph, arg: dict, runs: int, names: Names) -> tuple[dict, 
     idx = [V.add(V.mul(o, VEC), V.Num(k)) for k in range(VEC)]
     try:
         loads: dict = {}
+        collecting: dict = {}         # its own memo: these texts hold no registers
         for v in g.io.outputs:
             for i in idx:
-                _inline(g, arg, v, i, {}, loads=loads)
+                _inline(g, arg, v, i, collecting, loads=loads)
         regs, decls = _hoisted_loads(g, arg, loads, names)
         memo: dict = {}
         return {v: [_inline(g, arg, v, i, memo, regs) for i in idx] for v in g.io.outputs}, decls
