@@ -42,6 +42,7 @@ import weakref
 
 from ..ir import Program, Role
 from ..reference import run_node
+from . import split_kernel
 
 TF32X3 = "3xtf32"
 TF32X3_CAT = "3xtf32-cat"
@@ -76,7 +77,12 @@ def can_split(program: Program, node_id: str) -> bool:
 
 def split_into(t, hi, lo) -> None:
     """hi, lo = split_tf32(t), written into the given tensors (any strides, t's shape) in place: no
-    temporaries beside them, so splitting a large weight costs its two parts and nothing more."""
+    temporaries beside them, so splitting a large weight costs its two parts and nothing more. On the
+    GPU, parts laid out as t is (a dense t) take one kernel (runtime/split_kernel.py), else five torch ops
+    of the same bits."""
+    if _dense(t) and hi.stride() == lo.stride() == t.stride() and _on_gpu(t, hi, lo):
+        split_kernel.launch(t, hi.data_ptr(), lo.data_ptr(), 0, t.numel(), t.numel())
+        return
     import torch
     hi_i = hi.view(torch.int32)
     torch.add(t.view(torch.int32), _ROUND, out=hi_i)
@@ -85,6 +91,16 @@ def split_into(t, hi, lo) -> None:
     lo_i = lo.view(torch.int32)
     lo_i.add_(_ROUND)
     lo_i.bitwise_and_(_MASK)
+
+
+def _on_gpu(*tensors) -> bool:
+    import torch
+    return all(t.is_cuda and t.dtype == torch.float32 for t in tensors)
+
+
+def _dense(t) -> bool:
+    """Whether t's elements fill its memory span in a standard order (contiguous or channels-last)."""
+    return t.is_contiguous() or is_channels_last(t)
 
 
 def split_tf32(t):
@@ -97,11 +113,29 @@ def split_tf32(t):
 
 
 def split_cat_into(t, dst, dim: int, lo_at: int) -> None:
-    """dst = cat of t's split parts along dim: [hi, lo, hi] (lo_at=1) or [hi, hi, lo] (lo_at=2)."""
+    """dst = cat of t's split parts along dim: [hi, lo, hi] (lo_at=1) or [hi, hi, lo] (lo_at=2). On the
+    GPU one kernel writes all three when t and dst share a memory order: contiguous ones in rows of
+    the elements from dim inward, channels-last ones (dim 1) in rows of the channels."""
+    block = _cat_rows(t, dst, dim)
+    if block is not None and _on_gpu(t, dst):
+        part = lambda i: dst.data_ptr() + 4 * i * block    # row 0 of part i
+        split_kernel.launch(t, part(0), part(lo_at), part(3 - lo_at), block, 3 * block)
+        return
     c = t.shape[dim]
     parts = [dst.narrow(dim, i * c, c) for i in range(3)]
     split_into(t, parts[0], parts[lo_at])
     parts[3 - lo_at].copy_(parts[0])
+
+
+def _cat_rows(t, dst, dim: int) -> int | None:
+    """Elements per row of t when dst (t's shape, dim three times as long) holds each row's three
+    parts side by side; None when their memory orders differ."""
+    import math
+    if t.is_contiguous() and dst.is_contiguous():
+        return math.prod(t.shape[dim:])
+    if dim == 1 and is_channels_last(t) and is_channels_last(dst):
+        return t.shape[1]
+    return None
 
 
 def weight_cat(w, w_dim: int, memory_format=None):

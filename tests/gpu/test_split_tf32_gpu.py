@@ -130,3 +130,55 @@ def test_splitting_a_weight_allocates_its_two_parts_and_nothing_more():
     hi, lo = st.split_tf32(w)
     assert torch.equal(hi + lo, w) or (hi.double() + lo.double() - w.double()).abs().max() <= 2 ** -21 * w.abs().max()
     assert torch.equal(st.weight_cat(w, 1), torch.cat([hi, hi, lo], dim=1))
+
+
+SPLIT_LAYOUTS = [   # (shape, memory format, concatenated along dim with lo_at, or None for a plain split)
+    ((4, 1000), None, None), ((7, 13), None, None),                           # float4 and scalar loops
+    ((2, 8, 5, 4), torch.channels_last, None),                                # a dense permuted layout
+    ((3, 6, 7, 5), None, (1, 1)), ((6, 4, 3, 3), None, (0, 2)),               # contiguous rows
+    ((2, 8, 9, 7), torch.channels_last, (1, 1)), ((2, 5, 3, 3, 2), torch.channels_last_3d, (1, 2)),
+]
+
+
+def _parts(x, fmt, cat, dst=None):
+    """The split parts of x as a tuple (into dst when given: the concatenated form)."""
+    if cat is None:
+        return st.split_tf32(x)
+    dim, lo_at = cat
+    wide = list(x.shape)
+    wide[dim] *= 3
+    dst = torch.empty(wide, device=x.device, memory_format=fmt or torch.contiguous_format) if dst is None else dst
+    st.split_cat_into(x, dst, dim, lo_at)
+    return (dst,)
+
+
+def _same_bits(got, want):
+    for g, w in zip(got, want, strict=True):
+        g = g.cpu()
+        assert g.stride() == w.stride() and torch.equal(torch.isnan(g), torch.isnan(w))
+        assert torch.equal(g.view(torch.int32)[~torch.isnan(g)], w.view(torch.int32)[~torch.isnan(w)])
+
+
+@pytest.mark.parametrize("shape,fmt,cat", SPLIT_LAYOUTS, ids=[f"{s}-{f}-{c}" for s, f, c in SPLIT_LAYOUTS])
+def test_the_split_kernel_gives_the_torch_ops_bits_in_one_launch_and_replays_in_a_graph(shape, fmt, cat):
+    from agent_core.profile.launched import launched_kernels
+    x = (torch.randn(shape) * torch.exp(torch.empty(shape).uniform_(-40, 40))).contiguous(
+        memory_format=fmt or torch.contiguous_format)
+    x.view(-1)[:3] = torch.tensor([float("inf"), 0.0, -0.0])
+    xc = x.cuda()
+    got = _parts(xc, fmt, cat)
+    _same_bits(got, _parts(x, fmt, cat))          # CPU tensors: the five torch ops
+    if cat is None:
+        call = lambda: st.split_tf32(xc)
+    else:
+        dst = got[0]
+        call = lambda: _parts(xc, fmt, cat, dst)
+    assert launched_kernels(call) == {"kernels": 1}
+    graph, side = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+        captured = call()
+    xc.copy_(x * 2)
+    graph.replay()
+    torch.cuda.synchronize()
+    _same_bits(captured, _parts(x * 2, fmt, cat))

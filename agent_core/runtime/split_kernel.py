@@ -1,0 +1,95 @@
+"""Split TF32 parts of a CUDA tensor in one kernel: read x once, write hi and lo (and a second hi).
+
+split_tf32.split_into makes the parts with five torch ops (two integer adds, two masks, a
+subtraction), and the channel-concatenated form adds a copy: six launches and about thirteen passes
+over the activation, for every split-TF32 matmul or convolution call. This kernel does the same bit
+operations, so its parts are bit for bit those of the torch ops, in one launch and three passes (one
+read, two writes; four with the copy).
+
+The source is read in memory order as rows of `block` elements; row o of each part starts at
+o * stride of its pointer. A plain split is one row (block = stride = n); [hi, lo, hi] concatenated
+along a dim is rows of the elements from that dim inward, `stride` = 3 * block apart, each part at its
+own offset. float4 loads and stores when every row and pointer allows them, 32-bit indices when the
+parts fit.
+"""
+from __future__ import annotations
+
+import warnings
+from functools import lru_cache
+
+SOURCE = r"""
+// bits + 0x1000, then the 13 low bits cleared: rounded to TF32's 10-bit mantissa (unsigned, so it
+// wraps as torch's int32 add does)
+__device__ __forceinline__ float tf32(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u); }
+__device__ __forceinline__ float4 tf32(float4 v) { return make_float4(tf32(v.x), tf32(v.y), tf32(v.z), tf32(v.w)); }
+__device__ __forceinline__ float minus(float a, float b) { return a - b; }
+__device__ __forceinline__ float4 minus(float4 a, float4 b) { return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w); }
+
+// element i of x (memory order) is row i / block: it goes to i + row * (stride - block) of each part
+template <typename T, typename I>
+__device__ __forceinline__ void split_rows(const T* __restrict__ x, T* __restrict__ hi, T* __restrict__ lo,
+                                           T* __restrict__ hi2, I n, I block, I stride) {
+  const I step = (I)gridDim.x * blockDim.x;
+  for (I i = (I)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+    const I d = i + i / block * (stride - block);
+    const T v = x[i];
+    const T h = tf32(v);
+    hi[d] = h;
+    lo[d] = tf32(minus(v, h));
+    if (hi2) hi2[d] = h;
+  }
+}
+
+// n, block and stride count floats (split_tf32_1_*) or float4s (split_tf32_4_*); hi2 may be null
+#define SPLIT_KERNEL(NAME, T, I)                                                                      \
+extern "C" __global__ void NAME(const T* __restrict__ x, T* __restrict__ hi, T* __restrict__ lo,     \
+                                T* __restrict__ hi2, long long n, long long block, long long stride) { \
+  split_rows<T, I>(x, hi, lo, hi2, (I)n, (I)block, (I)stride);                                        \
+}
+SPLIT_KERNEL(split_tf32_1_u32, float, unsigned)
+SPLIT_KERNEL(split_tf32_1_u64, float, unsigned long long)
+SPLIT_KERNEL(split_tf32_4_u32, float4, unsigned)
+SPLIT_KERNEL(split_tf32_4_u64, float4, unsigned long long)
+"""
+KERNELS = ("split_tf32_1_u32", "split_tf32_1_u64", "split_tf32_4_u32", "split_tf32_4_u64")
+THREADS = 256
+MAX_BLOCKS = 132 * 16     # grid-stride beyond a few waves of the H200's 132 SMs
+
+
+def entry(n: int, block: int, stride: int, pointers) -> tuple[str, int, int, int]:
+    """(kernel name, n, block, stride in the kernel's units): float4 when every count is a multiple
+    of 4 and every pointer 16-byte aligned; 32-bit indices when every index the kernel forms fits."""
+    width = 4 if n % 4 == 0 and block % 4 == 0 and stride % 4 == 0 and all(p % 16 == 0 for p in pointers) else 1
+    n, block, stride = n // width, block // width, stride // width
+    # the largest index formed: the last row's end in a part, or i + one grid's step past n
+    index = "u32" if -(-n // block) * stride + THREADS * MAX_BLOCKS < 2 ** 32 else "u64"
+    return f"split_tf32_{width}_{index}", n, block, stride
+
+
+@lru_cache(maxsize=None)
+def _functions(arch: str):
+    import cupy
+    from ..compiler import compile_source
+    module = cupy.RawModule(path=str(compile_source(SOURCE, "split_tf32", arch=arch).path))
+    return module, {name: module.get_function(name) for name in KERNELS}
+
+
+def launch(x, hi: int, lo: int, hi2: int, block: int, stride: int) -> None:
+    """The parts of x (a CUDA float32 tensor, dense in memory order) to the device addresses hi, lo
+    and hi2 (0: none), row o of `block` elements to o * stride floats past each; on torch's current
+    stream, so CUDA graphs capture it."""
+    import cupy
+    import torch
+    from ..compiler import default_arch
+    n = x.numel()
+    if n == 0:
+        return
+    name, units, block, stride = entry(n, block, stride, [x.data_ptr(), hi, lo] + ([hi2] if hi2 else []))
+    _, functions = _functions(default_arch())
+    blocks = max(1, min(MAX_BLOCKS, -(-units // THREADS)))
+    args = tuple(cupy.uint64(p) for p in (x.data_ptr(), hi, lo, hi2)) + tuple(cupy.int64(v) for v in (units, block, stride))
+    with warnings.catch_warnings():   # CuPy 14 deprecates the name, not the behaviour used
+        warnings.simplefilter("ignore", DeprecationWarning)
+        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+    with stream:
+        functions[name]((blocks,), (THREADS,), args)
