@@ -11,11 +11,17 @@ o * stride of its pointer. A plain split is one row (block = stride = n); [hi, l
 along a dim is rows of the elements from that dim inward, `stride` = 3 * block apart, each part at its
 own offset. float4 loads and stores when every row and pointer allows them, 32-bit indices when the
 parts fit.
+
+Like every generated kernel it is used only once it has matched on this GPU: `ready()` checks its
+parts against the torch ops' bit for bit on a few layouts at first use (never inside a CUDA graph
+capture) and, if they differ or it cannot load, warns once and leaves splitting to the torch ops.
 """
 from __future__ import annotations
 
 import warnings
 from functools import lru_cache
+
+_checked: dict[str, bool] = {}   # arch -> whether the kernel matched the torch ops on this GPU
 
 SOURCE = r"""
 // bits + 0x1000, then the 13 low bits cleared: rounded to TF32's 10-bit mantissa (unsigned, so it
@@ -93,3 +99,47 @@ def launch(x, hi: int, lo: int, hi2: int, block: int, stride: int) -> None:
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     with stream:
         functions[name]((blocks,), (THREADS,), args)
+
+
+def ready(reference) -> bool:
+    """Whether to split with this kernel: it loads and, on its first use in this process, gives the
+    parts reference(x, hi, lo) and reference-made concatenations give (the torch ops) on a plain and a
+    float4 split and a concatenated one. False, with the torch ops doing the split, while a CUDA graph
+    is being captured before that check has run."""
+    import torch
+    from ..compiler import default_arch
+    arch = default_arch()
+    if arch not in _checked:
+        if torch.cuda.is_current_stream_capturing():
+            return False
+        _checked[arch] = _matches(reference)
+    return _checked[arch]
+
+
+def _matches(reference) -> bool:
+    import torch
+    try:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        for shape, rows in (((3, 333), None), ((4, 1024), None), ((2, 3, 5, 5), 75), ((2, 8, 3, 3), 72)):
+            x = torch.randn(shape, device="cuda", generator=g) * 1e3
+            x.view(-1)[:4] = torch.tensor([float("inf"), -0.0, 3.4e38, 1e-40], device="cuda")
+            want_hi, want_lo = torch.empty_like(x), torch.empty_like(x)
+            reference(x, want_hi, want_lo)
+            if rows is None:
+                hi, lo = torch.empty_like(x), torch.empty_like(x)
+                launch(x, hi.data_ptr(), lo.data_ptr(), 0, x.numel(), x.numel())
+                got, want = (hi, lo), (want_hi, want_lo)
+            else:     # [hi, lo, hi] along dim 1
+                dst = torch.empty(shape[0], 3 * shape[1], *shape[2:], device="cuda")
+                launch(x, dst.data_ptr(), dst.data_ptr() + 4 * rows, dst.data_ptr() + 8 * rows, rows, 3 * rows)
+                got, want = (dst,), (torch.cat([want_hi, want_lo, want_hi], dim=1),)
+            if not all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got, want)):
+                warnings.warn(f"the split TF32 kernel's parts differ from the torch ops' on {tuple(shape)}: "
+                              "split TF32 keeps the torch ops", RuntimeWarning, stacklevel=3)
+                return False
+        return True
+    except Exception as exc:   # no CuPy, a compile or load error: the torch ops still split
+        first = (str(exc).strip().splitlines() or [""])[0]
+        warnings.warn(f"the split TF32 kernel cannot run ({type(exc).__name__}: {first[:200]}): split TF32 "
+                      "keeps the torch ops", RuntimeWarning, stacklevel=3)
+        return False

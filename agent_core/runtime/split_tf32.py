@@ -80,9 +80,13 @@ def split_into(t, hi, lo) -> None:
     temporaries beside them, so splitting a large weight costs its two parts and nothing more. On the
     GPU, parts laid out as t is (a dense t) take one kernel (runtime/split_kernel.py), else five torch ops
     of the same bits."""
-    if _dense(t) and hi.stride() == lo.stride() == t.stride() and _on_gpu(t, hi, lo):
+    if _dense(t) and hi.stride() == lo.stride() == t.stride() and _on_gpu(t, hi, lo) and _kernel_ready():
         split_kernel.launch(t, hi.data_ptr(), lo.data_ptr(), 0, t.numel(), t.numel())
         return
+    _split_ops(t, hi, lo)
+
+
+def _split_ops(t, hi, lo) -> None:
     import torch
     hi_i = hi.view(torch.int32)
     torch.add(t.view(torch.int32), _ROUND, out=hi_i)
@@ -96,6 +100,10 @@ def split_into(t, hi, lo) -> None:
 def _on_gpu(*tensors) -> bool:
     import torch
     return all(t.is_cuda and t.dtype == torch.float32 for t in tensors)
+
+
+def _kernel_ready() -> bool:
+    return split_kernel.ready(_split_ops)
 
 
 def _dense(t) -> bool:
@@ -117,7 +125,7 @@ def split_cat_into(t, dst, dim: int, lo_at: int) -> None:
     GPU one kernel writes all three when t and dst share a memory order: contiguous ones in rows of
     the elements from dim inward, channels-last ones (dim 1) in rows of the channels."""
     block = _cat_rows(t, dst, dim)
-    if block is not None and _on_gpu(t, dst):
+    if block is not None and _on_gpu(t, dst) and _kernel_ready():
         part = lambda i: dst.data_ptr() + 4 * i * block    # row 0 of part i
         split_kernel.launch(t, part(0), part(lo_at), part(3 - lo_at), block, 3 * block)
         return

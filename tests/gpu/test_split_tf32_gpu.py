@@ -182,3 +182,17 @@ def test_the_split_kernel_gives_the_torch_ops_bits_in_one_launch_and_replays_in_
     graph.replay()
     torch.cuda.synchronize()
     _same_bits(captured, _parts(x * 2, fmt, cat))
+
+
+def test_the_split_kernel_is_used_only_after_it_matched_the_torch_ops(monkeypatch):
+    from agent_core.runtime import split_kernel as sk
+    monkeypatch.setattr(sk, "_checked", {})
+    assert sk.ready(st._split_ops)
+
+    def wrong(t, hi, lo):          # a reference one bit off: the kernel must not be trusted
+        st._split_ops(t, hi, lo)
+        lo.view(torch.int32).add_(1)
+    monkeypatch.setattr(sk, "_checked", {})
+    with pytest.warns(RuntimeWarning, match="differ from the torch ops"):
+        assert not sk.ready(wrong)
+    assert not sk.ready(st._split_ops)      # decided once per process
