@@ -2,6 +2,7 @@
 source and profiles in docks; menus, toolbar and status bar; files, autosave and settings."""
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from contextlib import nullcontext
@@ -27,7 +28,7 @@ from graph_editor.scene import GraphScene, program_layout_input
 from graph_editor.style import for_theme
 from graph_editor.view import GraphView
 
-from . import recovery, settings as stored, theme as themes
+from . import gui_gc, recovery, settings as stored, theme as themes
 from .document import Document, Reader, document_for, load
 
 AUTOSAVE_MS = 30_000
@@ -66,6 +67,8 @@ class MainWindow(QMainWindow):
 
     def __init__(self, theme: str = "dark", restore_settings: bool = True):
         super().__init__()
+        gui_gc.hold(self)    # no garbage collection on the pool threads below (gui_gc.py)
+        self.destroyed.connect(functools.partial(gui_gc.release_id, id(self)))
         self.theme = theme
         self.session = uuid.uuid4().hex[:8]
         self.settings = QSettings("StitchCUDA", "Studio")
@@ -650,6 +653,7 @@ class MainWindow(QMainWindow):
         recovery.remove(self.document.path, self.session)
         self._save_settings()
         self.autosave_timer.stop()
+        gui_gc.release_id(id(self))
         event.accept()
 
     # editing ------------------------------------------------------------------------------------------
