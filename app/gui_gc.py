@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gc
 
+import shiboken6
 from PySide6.QtCore import QTimer
 
 INTERVAL_MS = 250
@@ -27,7 +28,7 @@ def hold(window) -> None:
     if not _windows:
         _was_enabled = gc.isenabled()
         gc.disable()
-        if _timer is None:
+        if _timer is None or not shiboken6.isValid(_timer):
             _timer = QTimer()
             _timer.setInterval(INTERVAL_MS)
             _timer.timeout.connect(collect_due)
@@ -42,7 +43,8 @@ def release_id(key: int) -> None:
         return
     _windows.discard(key)
     if not _windows:
-        _timer.stop()
+        if shiboken6.isValid(_timer):    # at interpreter exit PySide may have deleted it first
+            _timer.stop()
         gc.collect()
         if _was_enabled:
             gc.enable()
