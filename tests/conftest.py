@@ -1,6 +1,7 @@
 """Fixtures shared by the tests. Qt is imported inside them: the GPU machine runs tests without it."""
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,18 @@ try:
         _hypothesis_settings.load_profile("ci")
 except ImportError:   # the GPU image has no hypothesis
     pass
+
+
+@pytest.fixture(autouse=True)
+def _destroy_closed_widgets():
+    """The widgets pytest-qt closes at a test's end (with deleteLater) are destroyed then, not in
+    whatever later test next runs an event loop: a window destroyed in the middle of another test, or
+    left half-alive while one restyles the application, has crashed a worker."""
+    yield
+    if "PySide6.QtCore" in sys.modules:
+        from PySide6.QtCore import QCoreApplication, QEvent
+        if QCoreApplication.instance() is not None:
+            QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
 
 
 @pytest.fixture
