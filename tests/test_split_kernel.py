@@ -124,3 +124,35 @@ def test_layouts_the_kernel_cannot_read_in_rows_keep_the_torch_ops():
     assert st._cat_rows(x, torch.empty(2, 12, 3, 3, memory_format=torch.channels_last), 1) is None
     assert st._cat_rows(x.contiguous(memory_format=torch.channels_last), torch.empty(2, 12, 3, 3), 1) is None
     assert st._cat_rows(x.transpose(2, 3), torch.empty(2, 12, 3, 3), 1) is None
+
+
+@pytest.mark.parametrize("shape,lo_at", [((2, 40, 6, 7), 1), ((2, 3, 5, 5), 1), ((1, 33, 2, 2, 9), 2)],
+                         ids=["2x2 tiles", "3 channels", "3-D"])
+def test_a_contiguous_input_split_into_channels_last_parts_is_the_torch_ops_bit_for_bit(shape, lo_at):
+    x = values(shape, 5)
+    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
+    wide = [shape[0], 3 * shape[1], *shape[2:]]
+    want = torch.empty(wide, memory_format=fmt)
+    st.split_cat_into(x, want, 1, lo_at)           # CPU tensors: the torch ops, through strided views
+    n, c, s = shape[0], shape[1], int(np.prod(shape[2:]))
+    name, grid = sk.transposed_entry(n, c, s, 3 * c)
+    assert name == "split_tf32_cl_u32" and grid == (-(-s // 32), -(-c // 32), n)
+    part = lambda k: f"dst + {k * c}"
+    source = sk.SOURCE + ("extern \"C\" __global__ void split_case(const float* x, float* dst) {\n"
+                          f"  split_to_channels_last<unsigned>(x, {part(0)}, {part(lo_at)}, {part(3 - lo_at)}, "
+                          f"{c}u, {s}u, {3 * c}u);\n}}\n")
+    ks = KernelSource(name="split_case", kind="writer", source=source, node_ids=[], inputs=["x"], outputs=["dst"],
+                      grid=grid, block=(32, 8, 1))
+    out = np.zeros(want.numel(), np.float32)
+    calls = [[guarded(a, GUARD) for a in (x.contiguous().view(-1).numpy(), out)]]
+    [after] = CpuExecutor().run(ks, calls, guard=GUARD, timeout_s=60)
+    assert all((b[:GUARD] == CANARY).all() and (b[-GUARD:] == CANARY).all() for b in after)
+    got = payload(after[1], GUARD, np.float32, out.shape)
+    np.testing.assert_array_equal(bits(got), bits(want.permute(0, *range(2, want.dim()), 1).contiguous().view(-1).numpy()))
+
+
+def test_the_transposing_entry_widens_its_indices_and_refuses_grids_past_the_limits():
+    assert sk.transposed_entry(8, 64, 56 * 56, 192)[0] == "split_tf32_cl_u32"
+    assert sk.transposed_entry(4096, 512, 64 * 64, 1536)[0] == "split_tf32_cl_u64"
+    assert sk.transposed_entry(70000, 4, 4, 12) is None                   # batch past grid z
+    assert sk.transposed_entry(2, 32 * 65536, 4, 3 * 32 * 65536) is None  # channels past grid y

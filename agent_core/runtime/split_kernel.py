@@ -10,7 +10,9 @@ The source is read in memory order as rows of `block` elements; row o of each pa
 o * stride of its pointer. A plain split is one row (block = stride = n); [hi, lo, hi] concatenated
 along a dim is rows of the elements from that dim inward, `stride` = 3 * block apart, each part at its
 own offset. float4 loads and stores when every row and pointer allows them, 32-bit indices when the
-parts fit.
+parts fit. A contiguous activation whose concatenated parts are wanted in channels-last memory (the
+channels-last form of a convolution after a generated kernel, which writes contiguous outputs) goes
+through a second kernel that transposes 32 x 32 tiles in shared memory on the way.
 
 Like every generated kernel it is used only once it has matched on this GPU: `ready()` checks its
 parts against the torch ops' bit for bit on a few layouts at first use (never inside a CUDA graph
@@ -56,8 +58,46 @@ SPLIT_KERNEL(split_tf32_1_u32, float, unsigned)
 SPLIT_KERNEL(split_tf32_1_u64, float, unsigned long long)
 SPLIT_KERNEL(split_tf32_4_u32, float4, unsigned)
 SPLIT_KERNEL(split_tf32_4_u64, float4, unsigned long long)
+
+// x is [N][C][S] (a contiguous activation, S its spatial size); element (n, c, s) goes to
+// (n * S + s) * stride + c of each part: channels-last parts straight from a contiguous input. 32 x 32
+// tiles pass through shared memory, so the reads (along s) and the writes (along c) are both coalesced.
+template <typename I>
+__device__ __forceinline__ void split_to_channels_last(const float* __restrict__ x, float* __restrict__ hi,
+                                                       float* __restrict__ lo, float* __restrict__ hi2,
+                                                       I C, I S, I stride) {
+  __shared__ float tile[32][33];   // 33: the transposed reads fall in 32 different banks
+  const I n = blockIdx.z, s0 = (I)blockIdx.x * 32, c0 = (I)blockIdx.y * 32;
+  const float* xn = x + n * C * S;
+  for (unsigned k = threadIdx.y; k < 32; k += blockDim.y) {
+    const I c = c0 + k, s = s0 + threadIdx.x;
+    if (c < C && s < S) tile[k][threadIdx.x] = xn[c * S + s];
+  }
+  __syncthreads();
+  for (unsigned k = threadIdx.y; k < 32; k += blockDim.y) {
+    const I s = s0 + k, c = c0 + threadIdx.x;
+    if (c < C && s < S) {
+      const float v = tile[threadIdx.x][k];
+      const float h = tf32(v);
+      const I d = (n * S + s) * stride + c;
+      hi[d] = h;
+      lo[d] = tf32(v - h);
+      if (hi2) hi2[d] = h;
+    }
+  }
+}
+
+#define TRANSPOSING_KERNEL(NAME, I)                                                                    \
+extern "C" __global__ void NAME(const float* __restrict__ x, float* __restrict__ hi, float* __restrict__ lo, \
+                                float* __restrict__ hi2, long long C, long long S, long long stride) {   \
+  split_to_channels_last<I>(x, hi, lo, hi2, (I)C, (I)S, (I)stride);                                    \
+}
+TRANSPOSING_KERNEL(split_tf32_cl_u32, unsigned)
+TRANSPOSING_KERNEL(split_tf32_cl_u64, unsigned long long)
 """
-KERNELS = ("split_tf32_1_u32", "split_tf32_1_u64", "split_tf32_4_u32", "split_tf32_4_u64")
+KERNELS = ("split_tf32_1_u32", "split_tf32_1_u64", "split_tf32_4_u32", "split_tf32_4_u64",
+           "split_tf32_cl_u32", "split_tf32_cl_u64")
+GRID_YZ = 65535                   # the most blocks a grid's y and z may have
 THREADS = 256
 MAX_BLOCKS = 132 * 16     # grid-stride beyond a few waves of the H200's 132 SMs
 
@@ -82,23 +122,52 @@ def _functions(arch: str):
 
 def launch(x, hi: int, lo: int, hi2: int, block: int, stride: int) -> None:
     """The parts of x (a CUDA float32 tensor, dense in memory order) to the device addresses hi, lo
-    and hi2 (0: none), row o of `block` elements to o * stride floats past each; on torch's current
-    stream, so CUDA graphs capture it."""
-    import cupy
-    import torch
-    from ..compiler import default_arch
+    and hi2 (0: none), row o of `block` elements to o * stride floats past each."""
     n = x.numel()
     if n == 0:
         return
     name, units, block, stride = entry(n, block, stride, [x.data_ptr(), hi, lo] + ([hi2] if hi2 else []))
-    _, functions = _functions(default_arch())
     blocks = max(1, min(MAX_BLOCKS, -(-units // THREADS)))
-    args = tuple(cupy.uint64(p) for p in (x.data_ptr(), hi, lo, hi2)) + tuple(cupy.int64(v) for v in (units, block, stride))
+    _run(name, (blocks, 1, 1), (THREADS, 1, 1), [x.data_ptr(), hi, lo, hi2], (units, block, stride))
+
+
+def transposed_entry(n: int, c: int, s: int, stride: int) -> tuple[str, tuple[int, int, int]] | None:
+    """(kernel name, grid) of the channels-last split of an [n][c][s] input; None past the grid's limits."""
+    grid = (-(-s // 32), -(-c // 32), n)
+    if grid[1] > GRID_YZ or grid[2] > GRID_YZ:
+        return None
+    index = "u32" if n * s * stride < 2 ** 32 and n * c * s < 2 ** 32 else "u64"   # every offset formed
+    return f"split_tf32_cl_{index}", grid
+
+
+def launch_to_channels_last(x, hi: int, lo: int, hi2: int, stride: int) -> bool:
+    """The parts of x (contiguous CUDA float32, [N, C, spatial...]) to the addresses hi, lo and hi2
+    (0: none) in channels-last order, element (n, c, s) to (n * S + s) * stride + c floats past each;
+    False (nothing launched) when the grid cannot cover x."""
+    import math
+    n, c, s = x.shape[0], x.shape[1], math.prod(x.shape[2:])
+    if x.numel() == 0:
+        return True
+    chosen = transposed_entry(n, c, s, stride)
+    if chosen is None:
+        return False
+    name, grid = chosen
+    _run(name, grid, (32, 8, 1), [x.data_ptr(), hi, lo, hi2], (c, s, stride))
+    return True
+
+
+def _run(name: str, grid, block, pointers, counts) -> None:
+    """Launch kernel `name` on torch's current stream (CUDA graphs capture it)."""
+    import cupy
+    import torch
+    from ..compiler import default_arch
+    _, functions = _functions(default_arch())
+    args = tuple(cupy.uint64(p) for p in pointers) + tuple(cupy.int64(v) for v in counts)
     with warnings.catch_warnings():   # CuPy 14 deprecates the name, not the behaviour used
         warnings.simplefilter("ignore", DeprecationWarning)
         stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
     with stream:
-        functions[name]((blocks,), (THREADS,), args)
+        functions[name](tuple(grid), tuple(block), args)
 
 
 def ready(reference) -> bool:
@@ -120,7 +189,7 @@ def _matches(reference) -> bool:
     import torch
     try:
         g = torch.Generator(device="cuda").manual_seed(0)
-        for shape, rows in (((3, 333), None), ((4, 1024), None), ((2, 3, 5, 5), 75), ((2, 8, 3, 3), 72)):
+        for shape, rows in (((3, 333), None), ((4, 1024), None), ((2, 3, 5, 5), 75), ((2, 40, 6, 7), 1680)):
             x = torch.randn(shape, device="cuda", generator=g) * 1e3
             x.view(-1)[:4] = torch.tensor([float("inf"), -0.0, 3.4e38, 1e-40], device="cuda")
             want_hi, want_lo = torch.empty_like(x), torch.empty_like(x)
@@ -133,6 +202,11 @@ def _matches(reference) -> bool:
                 dst = torch.empty(shape[0], 3 * shape[1], *shape[2:], device="cuda")
                 launch(x, dst.data_ptr(), dst.data_ptr() + 4 * rows, dst.data_ptr() + 8 * rows, rows, 3 * rows)
                 got, want = (dst,), (torch.cat([want_hi, want_lo, want_hi], dim=1),)
+            if rows == 1680:    # the same parts in channels-last memory, transposed (2 x 2 tiles a sample)
+                cl = torch.empty(shape[0], 3 * shape[1], *shape[2:], device="cuda", memory_format=torch.channels_last)
+                launch_to_channels_last(x, cl.data_ptr(), cl.data_ptr() + 4 * shape[1], cl.data_ptr() + 8 * shape[1],
+                                        3 * shape[1])
+                got, want = got + (cl,), want + want
             if not all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got, want)):
                 warnings.warn(f"the split TF32 kernel's parts differ from the torch ops' on {tuple(shape)}: "
                               "split TF32 keeps the torch ops", RuntimeWarning, stacklevel=3)

@@ -122,17 +122,28 @@ def split_tf32(t):
 
 def split_cat_into(t, dst, dim: int, lo_at: int) -> None:
     """dst = cat of t's split parts along dim: [hi, lo, hi] (lo_at=1) or [hi, hi, lo] (lo_at=2). On the
-    GPU one kernel writes all three when t and dst share a memory order: contiguous ones in rows of
-    the elements from dim inward, channels-last ones (dim 1) in rows of the channels."""
-    block = _cat_rows(t, dst, dim)
-    if block is not None and _on_gpu(t, dst) and _kernel_ready():
-        part = lambda i: dst.data_ptr() + 4 * i * block    # row 0 of part i
-        split_kernel.launch(t, part(0), part(lo_at), part(3 - lo_at), block, 3 * block)
-        return
+    GPU one kernel writes all three: in rows when t and dst share a memory order (contiguous ones:
+    rows of the elements from dim inward; channels-last ones, dim 1: rows of the channels), and
+    transposing when a contiguous t's parts go to channels-last memory."""
+    if _on_gpu(t, dst) and _kernel_ready():
+        rows = _cat_rows(t, dst, dim)
+        if rows is not None:
+            split_kernel.launch(t, *_part_addresses(dst, rows, lo_at), rows, 3 * rows)
+            return
+        c = t.shape[1]
+        if dim == 1 and t.is_contiguous() and is_channels_last(dst) and \
+                split_kernel.launch_to_channels_last(t, *_part_addresses(dst, c, lo_at), 3 * c):
+            return
     c = t.shape[dim]
     parts = [dst.narrow(dim, i * c, c) for i in range(3)]
     split_into(t, parts[0], parts[lo_at])
     parts[3 - lo_at].copy_(parts[0])
+
+
+def _part_addresses(dst, size: int, lo_at: int) -> tuple[int, int, int]:
+    """The addresses of hi, lo and the second hi: the parts start `size` floats apart in dst."""
+    at = lambda i: dst.data_ptr() + 4 * i * size
+    return at(0), at(lo_at), at(3 - lo_at)
 
 
 def _cat_rows(t, dst, dim: int) -> int | None:
