@@ -286,3 +286,29 @@ def test_the_default_budget_is_eagers_peak_on_the_program_as_imported_not_as_rew
     exe = ProgramExecutable(res.program, {}, graph=False, device="cpu")
     assert exe.memory.budget_bytes == conv_out + pooled
     assert exe.memory.budget_source == "eager's peak, estimated from the program before its rewrites"
+
+
+def test_the_split_form_in_channels_last_splits_its_input_there_without_copying_it(monkeypatch):
+    from agent_core.program_runtime.memory_plan import call_temp_bytes, rounded
+    from agent_core.runtime import split_tf32 as st
+    p = _program(ConvChain(), (2, 3, 12, 12))
+    conv = next(n for n in p.nodes.values() if n.op == "conv2d")
+    x, w = conv.inputs[0], conv.inputs[1]
+    converted = []
+    real = st.to_channels_last
+    monkeypatch.setattr(st, "to_channels_last", lambda t: converted.append(t.shape) or real(t))
+    env = dict(parameter_tensors(p, "cpu"))
+    env[x] = torch.randn(p.values[x].shape)
+    want = dict(env)
+    st.run_library_node(p, conv.id, want, form="fp32")
+    got = dict(env)
+    p.metadata["library_layout"] = {conv.id: "channels_last"}
+    st.run_library_node(p, conv.id, got, form="3xtf32", cache_weights=False)
+    out = got[conv.outputs[0]]
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(out, want[conv.outputs[0]], rtol=1e-4, atol=1e-4)
+    assert converted == [tuple(p.values[w].shape)]            # the weight, never the input
+    # the model: the fp32 form in channels-last copies the input, the split form does not
+    copy = rounded(p.values[x].nbytes)
+    assert call_temp_bytes(p, conv.id, "fp32", True) == call_temp_bytes(p, conv.id, "fp32", False) + copy
+    assert call_temp_bytes(p, conv.id, "3xtf32", True) == call_temp_bytes(p, conv.id, "3xtf32", False)

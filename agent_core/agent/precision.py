@@ -157,8 +157,8 @@ def variants(program: Program, nid: str, layouts: dict[str, str] | None = None,
                 if id(t) not in ready:
                     ready[id(t)] = (t, to_channels_last(t))
                 env[src] = ready[id(t)][1]
-            if run is run_split_tf32_cat:   # builds its concatenated input channels-last in place
-                run_split_tf32_cat(p, n, env, channels_last=True)
+            if run in (run_split_tf32, run_split_tf32_cat):   # make their parts channels-last themselves
+                run(p, n, env, True, True)      # (.., cache_weights, channels_last)
             else:
                 run_in_layout(p, n, env, run, CHANNELS_LAST)
             if back:

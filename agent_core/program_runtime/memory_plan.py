@@ -236,8 +236,8 @@ def _call_costs(program: Program, nid: str, form: str | None, cached: bool,
             temp += 3 * _bytes(program, b)
         return temp, caches
     temp = 0
-    if cl:                      # run_in_layout: the input copied, a weight converted once (or every call)
-        temp += _bytes(program, a)
+    if cl:   # a weight converted once (or every call); the input copied, but split into channels-last parts
+        temp += 0 if form == TF32X3 else _bytes(program, a)
         if b and _is_param(program, b) and cached:
             caches[(b, "cl")] = _bytes(program, b)
         elif b:

@@ -28,7 +28,8 @@ A node's choice lives in program.metadata["library_precision"][node id] ("3xtf32
 
 Every form of a 2-D or 3-D convolution (transposed and grouped ones included) can also run in
 channels-last memory (NHWC / NDHWC, the layout Inductor's layout optimisation picks for convolutions):
-the input and weight converted (a parameter once, cached like its splits), cuDNN run in that layout, and
+the input and weight converted (a parameter once, cached like its splits; the split forms write the
+input's parts there directly instead of copying it first), cuDNN run in that layout, and
 the output left in it, so the torch ops after it (pointwise, norms, pools preserve the layout) and the
 next convolution of a chain read it without converting again; a generated kernel reads its inputs
 contiguous, so the runtime copies it back there (program_runtime.executable.launchable). The choice is
@@ -78,11 +79,15 @@ def can_split(program: Program, node_id: str) -> bool:
 def split_into(t, hi, lo) -> None:
     """hi, lo = split_tf32(t), written into the given tensors (any strides, t's shape) in place: no
     temporaries beside them, so splitting a large weight costs its two parts and nothing more. On the
-    GPU, parts laid out as t is (a dense t) take one kernel (runtime/split_kernel.py), else five torch ops
-    of the same bits."""
-    if _dense(t) and hi.stride() == lo.stride() == t.stride() and _on_gpu(t, hi, lo) and _kernel_ready():
-        split_kernel.launch(t, hi.data_ptr(), lo.data_ptr(), 0, t.numel(), t.numel())
-        return
+    GPU one kernel (runtime/split_kernel.py) makes parts laid out as a dense t is, or channels-last
+    parts of a contiguous t; other layouts take five torch ops of the same bits."""
+    if _on_gpu(t, hi, lo) and _kernel_ready():
+        if _dense(t) and hi.stride() == lo.stride() == t.stride():
+            split_kernel.launch(t, hi.data_ptr(), lo.data_ptr(), 0, t.numel(), t.numel())
+            return
+        if t.is_contiguous() and is_channels_last(hi) and is_channels_last(lo) and \
+                split_kernel.launch_to_channels_last(t, hi.data_ptr(), lo.data_ptr(), 0, t.shape[1]):
+            return
     _split_ops(t, hi, lo)
 
 
@@ -111,11 +116,13 @@ def _dense(t) -> bool:
     return t.is_contiguous() or is_channels_last(t)
 
 
-def split_tf32(t):
+def split_tf32(t, channels_last: bool = False):
     """(hi, lo), both exact in TF32, hi + lo = t to about 2^-22 relative; an infinite or NaN element
-    gives a NaN lo, so it still poisons the result as it would in fp32."""
+    gives a NaN lo, so it still poisons the result as it would in fp32. channels_last: the parts in
+    channels-last memory (t a batched 2-D or 3-D image) whatever t's own layout, with no copy of t."""
     import torch
-    hi, lo = torch.empty_like(t), torch.empty_like(t)
+    fmt = _channels_last_format(t) if channels_last else torch.preserve_format
+    hi, lo = torch.empty_like(t, memory_format=fmt), torch.empty_like(t, memory_format=fmt)
     split_into(t, hi, lo)
     return hi, lo
 
@@ -253,14 +260,20 @@ def _operands(node, env: dict):
     return env[node.inputs[0]], env[node.inputs[1]], bias
 
 
-def run_split_tf32(program: Program, node_id: str, env: dict, cache_weights: bool = True) -> None:
+def run_split_tf32(program: Program, node_id: str, env: dict, cache_weights: bool = True,
+                   channels_last: bool = False) -> None:
     """run_node for a bilinear node, as three TF32 tensor-core calls (see the module docstring);
-    a parameter's parts are cached unless cache_weights is False (then split per call, like an activation)."""
+    a parameter's parts are cached unless cache_weights is False (then split per call, like an activation).
+    channels_last (a convolution): the weight converted to channels-last memory (a parameter once, its
+    parts cached from that) and the input's parts made there, so the input is never copied."""
     node = program.nodes[node_id]
     a, b, bias = _operands(node, env)
+    if channels_last:
+        b = _cached(b, CHANNELS_LAST, to_channels_last) if cache_weights and _is_parameter(program, node.inputs[1]) \
+            else to_channels_last(b)
 
     def parts(vid, t):
-        return _cached_split(t) if cache_weights and _is_parameter(program, vid) else split_tf32(t)
+        return _cached_split(t) if cache_weights and _is_parameter(program, vid) else split_tf32(t, channels_last)
     a_hi, a_lo = parts(node.inputs[0], a)
     b_hi, b_lo = parts(node.inputs[1], b)
     with tf32_tensor_cores():
@@ -381,14 +394,13 @@ def run_library_node(program: Program, node_id: str, env: dict, form: str | None
     converts a parameter every call instead of keeping its parts (program_runtime.memory_plan decides)."""
     layout = library_layout(program).get(node_id)
     mode = form or library_precision(program).get(node_id)
-    if mode == TF32X3_CAT:
-        run_split_tf32_cat(program, node_id, env, cache_weights, channels_last=layout == CHANNELS_LAST)
+    if mode in (TF32X3, TF32X3_CAT):   # each builds its operands' parts in the layout itself
+        split_run = run_split_tf32_cat if mode == TF32X3_CAT else run_split_tf32
+        split_run(program, node_id, env, cache_weights, layout == CHANNELS_LAST)   # (.., channels_last)
         return
 
     def run(p, nid, e):
-        if mode == TF32X3:
-            run_split_tf32(p, nid, e, cache_weights)
-        elif mode == TIMED_FP32:
+        if mode == TIMED_FP32:
             run_timed_fp32(p, nid, e)
         else:
             run_node(p, nid, e)
