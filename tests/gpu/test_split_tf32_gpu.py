@@ -210,3 +210,14 @@ def test_a_contiguous_input_splits_into_channels_last_parts_in_one_launch(shape)
     st.split_cat_into(xc, dst, 1, 1)
     _same_bits((dst,), (want,))
     assert launched_kernels(lambda: st.split_cat_into(xc, dst, 1, 1)) == {"kernels": 1}
+
+
+def test_a_contiguous_input_splits_into_channels_last_hi_and_lo_in_one_launch():
+    from agent_core.profile.launched import launched_kernels
+    x = torch.randn(2, 40, 14, 14) * 1e3
+    want = st.split_tf32(x, channels_last=True)      # CPU tensors: the torch ops, into strided parts
+    xc = x.cuda()
+    got = st.split_tf32(xc, channels_last=True)
+    assert all(g.is_contiguous(memory_format=torch.channels_last) for g in got)
+    _same_bits(got, want)
+    assert launched_kernels(lambda: st.split_tf32(xc, channels_last=True)) == {"kernels": 1}
