@@ -137,9 +137,8 @@ def split_cat_into(t, dst, dim: int, lo_at: int) -> None:
         if rows is not None:
             split_kernel.launch(t, *_part_addresses(dst, rows, lo_at), rows, 3 * rows)
             return
-        c = t.shape[1]
         if dim == 1 and t.is_contiguous() and is_channels_last(dst) and \
-                split_kernel.launch_to_channels_last(t, *_part_addresses(dst, c, lo_at), 3 * c):
+                split_kernel.launch_to_channels_last(t, *_part_addresses(dst, t.shape[1], lo_at), 3 * t.shape[1]):
             return
     c = t.shape[dim]
     parts = [dst.narrow(dim, i * c, c) for i in range(3)]
