@@ -91,26 +91,30 @@ def test_a_plain_split_is_the_torch_ops_bit_for_bit(shape, seed):
     np.testing.assert_array_equal(bits(lo), bits(want_lo.view(-1).numpy()))
 
 
-CAT_CASES = [   # (shape, dim, lo_at, channels-last)
-    ((2, 6, 5, 4), 1, 1, False),      # an activation's [hi, lo, hi] along its channels, rows of 120
-    ((2, 3, 5, 5), 1, 2, False),      # a weight's [hi, hi, lo], rows of 75 (scalar)
-    ((6, 4, 3, 3), 0, 2, False),      # a transposed convolution's weight along dim 0: one row
-    ((2, 8, 3, 5), 1, 1, True),       # channels-last: rows of the 8 channels (float4)
-    ((2, 5, 2, 3, 2), 1, 1, True),    # channels-last 3-D: rows of 5 (scalar)
+CAT_CASES = [   # (shape, dim, lo_at, channels-last, groups)
+    ((2, 6, 5, 4), 1, 1, False, 1),      # an activation's [hi, lo, hi] along its channels, rows of 120
+    ((2, 3, 5, 5), 1, 2, False, 1),      # a weight's [hi, hi, lo], rows of 75 (scalar)
+    ((6, 4, 3, 3), 0, 2, False, 1),      # a transposed convolution's weight along dim 0: one row
+    ((2, 8, 3, 5), 1, 1, True, 1),       # channels-last: rows of the 8 channels (float4)
+    ((2, 5, 2, 3, 2), 1, 1, True, 1),    # channels-last 3-D: rows of 5 (scalar)
+    ((2, 6, 4, 5), 1, 1, False, 3),      # three groups: rows of a group's 2 channels x 20
+    ((6, 4, 3, 3), 0, 2, False, 2),      # a grouped transposed convolution's weight: rows of 3 x 36
+    ((2, 12, 3, 3), 1, 1, True, 3),      # channels-last, three groups: rows of 4 channels (float4)
 ]
 
 
-@pytest.mark.parametrize("shape,dim,lo_at,channels_last", CAT_CASES, ids=[str(c[0]) for c in CAT_CASES])
-def test_a_concatenated_split_is_the_torch_ops_bit_for_bit(shape, dim, lo_at, channels_last):
+@pytest.mark.parametrize("shape,dim,lo_at,channels_last,groups", CAT_CASES,
+                         ids=[f"{c[0]}-g{c[4]}" for c in CAT_CASES])
+def test_a_concatenated_split_is_the_torch_ops_bit_for_bit(shape, dim, lo_at, channels_last, groups):
     fmt = (torch.channels_last if len(shape) == 4 else torch.channels_last_3d) if channels_last \
         else torch.contiguous_format
     x = values(shape, 3).contiguous(memory_format=fmt)
     wide = list(shape)
     wide[dim] *= 3
     want = torch.empty(wide, memory_format=fmt)
-    st.split_cat_into(x, want, dim, lo_at)        # CPU tensors: the torch ops
-    rows = st._cat_rows(x, want, dim)
-    assert rows == (shape[1] if channels_last else int(np.prod(shape[dim:])))
+    st.split_cat_into(x, want, dim, lo_at, groups)        # CPU tensors: the torch ops
+    rows = st._cat_rows(x, want, dim, groups)
+    assert rows == (shape[1] if channels_last else int(np.prod(shape[dim:]))) // groups
     name, units, block, stride = sk.entry(x.numel(), rows, 3 * rows, [0, 256, 512, 768])
     width, index = int(name.split("_")[2]), name.split("_")[3]
     assert width == (4 if rows % 4 == 0 else 1)

@@ -67,10 +67,13 @@ def test_split_form_matches_float64_as_closely_as_fp32(op, shapes, attrs):
 CONVS = [c for c in CASES if c[0].startswith("conv")]
 
 
-@pytest.mark.parametrize("op,shapes,attrs", [c for c in CONVS if c[2].get("groups", 1) == 1] + [
+@pytest.mark.parametrize("op,shapes,attrs", CONVS + [
     ("conv_transpose2d", [(4, 6, 5), (4, 3, 3, 3), (3,)], {"stride": [2, 2], "padding": [1, 0]}),   # unbatched
     ("conv1d", [(3, 4, 17), (5, 4, 3)], {"dilation": [2]}),
-], ids=["conv2d", "conv_transpose2d_unbatched", "conv1d"])
+    ("conv2d", [(2, 6, 9, 8), (9, 2, 3, 3), (9,)], {"groups": 3, "padding": [1, 1]}),             # ShuffleNet-like
+    ("conv1d", [(6, 11), (4, 3, 3)], {"groups": 2}),                                                # unbatched, grouped
+], ids=["conv2d", "conv_transpose3d_grouped", "conv_transpose2d_unbatched", "conv1d", "conv2d_grouped",
+        "conv1d_unbatched_grouped"])
 def test_the_channel_concatenated_form_is_the_same_sum(op, shapes, attrs):
     p, n = _program(op, shapes, attrs)
     assert st.can_concatenate(p, n.id)
@@ -86,12 +89,23 @@ def test_the_channel_concatenated_form_is_the_same_sum(op, shapes, attrs):
     assert torch.allclose(cat[out], split[out], rtol=1e-5, atol=1e-5)
 
 
-def test_grouped_convolutions_and_matmuls_have_no_concatenated_form():
-    grouped = [c for c in CONVS if c[2].get("groups", 1) > 1]
-    assert grouped
-    for case in grouped + [c for c in CASES if not c[0].startswith("conv")]:
+def test_matmuls_have_no_concatenated_form():
+    for case in [c for c in CASES if not c[0].startswith("conv")]:
         p, n = _program(*case)
         assert st.can_split(p, n.id) and not st.can_concatenate(p, n.id)
+
+
+def test_a_grouped_concatenation_keeps_each_groups_parts_together():
+    x = torch.randn(2, 6, 5)
+    hi, lo = st.split_tf32(x)
+    dst = torch.empty(2, 18, 5)
+    st.split_cat_into(x, dst, 1, lo_at=1, groups=3)
+    want = torch.cat([torch.cat([h, l, h], 1) for h, l in zip(hi.chunk(3, 1), lo.chunk(3, 1))], 1)
+    assert torch.equal(dst, want)
+    assert st._cat_rows(x, dst, 1, 3) == 10                       # a group's 2 channels x 5
+    cl, dst_cl = x.view(2, 6, 5, 1).contiguous(memory_format=torch.channels_last), \
+        torch.empty(2, 18, 5, 1, memory_format=torch.channels_last)
+    assert st._cat_rows(cl, dst_cl, 1, 3) == 2                    # a group's channels at one position
 
 
 def test_the_chooser_prefers_the_more_accurate_form_unless_another_is_clearly_faster():

@@ -63,7 +63,9 @@ def _errors(p, n):
     ("bmm", [(8, 256, 2048), (8, 2048, 512)], {}),
     ("conv_transpose3d", [(8, 32, 8, 16, 16), (32, 64, 3, 3, 3), (64,)], {"stride": [2, 2, 2], "padding": [1, 1, 1]}),
     ("conv2d", [(16, 64, 32, 32), (128, 64, 3, 3), (128,)], {}),
-], ids=["linear", "bmm", "conv_transpose3d", "conv2d"])
+    ("conv2d", [(10, 240, 56, 56), (240, 80, 1, 1), (240,)], {"groups": 3}),                  # ShuffleNet's
+    ("conv_transpose2d", [(8, 64, 16, 16), (64, 16, 3, 3), (64,)], {"groups": 4, "stride": [2, 2]}),
+], ids=["linear", "bmm", "conv_transpose3d", "conv2d", "conv2d_grouped", "conv_transpose2d_grouped"])
 def test_split_tf32_is_as_accurate_as_fp32_where_one_tf32_call_is_not(op, shapes, attrs):
     fp32, split, one, cat = _errors(*_node(op, shapes, attrs))
     # inside the tolerance, though less accurate than fp32 (its error grows with the reduction length:
