@@ -130,21 +130,23 @@ def test_layouts_the_kernel_cannot_read_in_rows_keep_the_torch_ops():
     assert st._cat_rows(x.transpose(2, 3), torch.empty(2, 12, 3, 3), 1) is None
 
 
-@pytest.mark.parametrize("shape,lo_at", [((2, 40, 6, 7), 1), ((2, 3, 5, 5), 1), ((1, 33, 2, 2, 9), 2)],
-                         ids=["2x2 tiles", "3 channels", "3-D"])
-def test_a_contiguous_input_split_into_channels_last_parts_is_the_torch_ops_bit_for_bit(shape, lo_at):
+@pytest.mark.parametrize("shape,lo_at,groups", [((2, 40, 6, 7), 1, 1), ((2, 3, 5, 5), 1, 1), ((1, 33, 2, 2, 9), 2, 1),
+                                                ((2, 40, 6, 7), 1, 5)],
+                         ids=["2x2 tiles", "3 channels", "3-D", "5 groups"])
+def test_a_contiguous_input_split_into_channels_last_parts_is_the_torch_ops_bit_for_bit(shape, lo_at, groups):
     x = values(shape, 5)
     fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
     wide = [shape[0], 3 * shape[1], *shape[2:]]
     want = torch.empty(wide, memory_format=fmt)
-    st.split_cat_into(x, want, 1, lo_at)           # CPU tensors: the torch ops, through strided views
+    st.split_cat_into(x, want, 1, lo_at, groups)   # CPU tensors: the torch ops, through strided views
     n, c, s = shape[0], shape[1], int(np.prod(shape[2:]))
+    g = c // groups
     name, grid = sk.transposed_entry(n, c, s, 3 * c)
     assert name == "split_tf32_cl_u32" and grid == (-(-s // 32), -(-c // 32), n)
-    part = lambda k: f"dst + {k * c}"
+    part = lambda k: f"dst + {k * g}"
     source = sk.SOURCE + ("extern \"C\" __global__ void split_case(const float* x, float* dst) {\n"
                           f"  split_to_channels_last<unsigned>(x, {part(0)}, {part(lo_at)}, {part(3 - lo_at)}, "
-                          f"{c}u, {s}u, {3 * c}u);\n}}\n")
+                          f"{c}u, {s}u, {3 * c}u, {g}u);\n}}\n")
     ks = KernelSource(name="split_case", kind="writer", source=source, node_ids=[], inputs=["x"], outputs=["dst"],
                       grid=grid, block=(32, 8, 1))
     out = np.zeros(want.numel(), np.float32)

@@ -59,13 +59,14 @@ SPLIT_KERNEL(split_tf32_1_u64, float, unsigned long long)
 SPLIT_KERNEL(split_tf32_4_u32, float4, unsigned)
 SPLIT_KERNEL(split_tf32_4_u64, float4, unsigned long long)
 
-// x is [N][C][S] (a contiguous activation, S its spatial size); element (n, c, s) goes to
-// (n * S + s) * stride + c of each part: channels-last parts straight from a contiguous input. 32 x 32
-// tiles pass through shared memory, so the reads (along s) and the writes (along c) are both coalesced.
+// x is [N][C][S] (a contiguous activation, S its spatial size) in groups of G channels; element
+// (n, c, s) goes to (n * S + s) * stride + c + 2 * G * (c / G) of each part (a group's three parts side
+// by side; one group: just c): channels-last parts straight from a contiguous input. 32 x 32 tiles pass
+// through shared memory, so the reads (along s) and the writes (along c) are both coalesced.
 template <typename I>
 __device__ __forceinline__ void split_to_channels_last(const float* __restrict__ x, float* __restrict__ hi,
                                                        float* __restrict__ lo, float* __restrict__ hi2,
-                                                       I C, I S, I stride) {
+                                                       I C, I S, I stride, I G) {
   __shared__ float tile[32][33];   // 33: the transposed reads fall in 32 different banks
   const I n = blockIdx.z, s0 = (I)blockIdx.x * 32, c0 = (I)blockIdx.y * 32;
   const float* xn = x + n * C * S;
@@ -79,7 +80,7 @@ __device__ __forceinline__ void split_to_channels_last(const float* __restrict__
     if (c < C && s < S) {
       const float v = tile[threadIdx.x][k];
       const float h = tf32(v);
-      const I d = (n * S + s) * stride + c;
+      const I d = (n * S + s) * stride + c + 2 * G * (c / G);
       hi[d] = h;
       lo[d] = tf32(v - h);
       if (hi2) hi2[d] = h;
@@ -89,8 +90,9 @@ __device__ __forceinline__ void split_to_channels_last(const float* __restrict__
 
 #define TRANSPOSING_KERNEL(NAME, I)                                                                    \
 extern "C" __global__ void NAME(const float* __restrict__ x, float* __restrict__ hi, float* __restrict__ lo, \
-                                float* __restrict__ hi2, long long C, long long S, long long stride) {   \
-  split_to_channels_last<I>(x, hi, lo, hi2, (I)C, (I)S, (I)stride);                                    \
+                                float* __restrict__ hi2, long long C, long long S, long long stride,     \
+                                long long G) {                                                           \
+  split_to_channels_last<I>(x, hi, lo, hi2, (I)C, (I)S, (I)stride, (I)G);                              \
 }
 TRANSPOSING_KERNEL(split_tf32_cl_u32, unsigned)
 TRANSPOSING_KERNEL(split_tf32_cl_u64, unsigned long long)
@@ -140,10 +142,11 @@ def transposed_entry(n: int, c: int, s: int, stride: int) -> tuple[str, tuple[in
     return f"split_tf32_cl_{index}", grid
 
 
-def launch_to_channels_last(x, hi: int, lo: int, hi2: int, stride: int) -> bool:
+def launch_to_channels_last(x, hi: int, lo: int, hi2: int, stride: int, group: int | None = None) -> bool:
     """The parts of x (contiguous CUDA float32, [N, C, spatial...]) to the addresses hi, lo and hi2
-    (0: none) in channels-last order, element (n, c, s) to (n * S + s) * stride + c floats past each;
-    False (nothing launched) when the grid cannot cover x."""
+    (0: none) in channels-last order, element (n, c, s) to (n * S + s) * stride + c floats past each,
+    and 2 * group more for each group of `group` channels before c (default one group: C); False
+    (nothing launched) when the grid cannot cover x."""
     import math
     n, c, s = x.shape[0], x.shape[1], math.prod(x.shape[2:])
     if x.numel() == 0:
@@ -152,7 +155,7 @@ def launch_to_channels_last(x, hi: int, lo: int, hi2: int, stride: int) -> bool:
     if chosen is None:
         return False
     name, grid = chosen
-    _run(name, grid, (32, 8, 1), [x.data_ptr(), hi, lo, hi2], (c, s, stride))
+    _run(name, grid, (32, 8, 1), [x.data_ptr(), hi, lo, hi2], (c, s, stride, group or c))
     return True
 
 
@@ -202,11 +205,11 @@ def _matches(reference) -> bool:
                 dst = torch.empty(shape[0], 3 * shape[1], *shape[2:], device="cuda")
                 launch(x, dst.data_ptr(), dst.data_ptr() + 4 * rows, dst.data_ptr() + 8 * rows, rows, 3 * rows)
                 got, want = (dst,), (torch.cat([want_hi, want_lo, want_hi], dim=1),)
-            if rows == 1680:    # the same parts in channels-last memory, transposed (2 x 2 tiles a sample)
+            if rows == 1680:    # in channels-last memory, transposed (2 x 2 tiles a sample), in 5 groups of 8
                 cl = torch.empty(shape[0], 3 * shape[1], *shape[2:], device="cuda", memory_format=torch.channels_last)
-                launch_to_channels_last(x, cl.data_ptr(), cl.data_ptr() + 4 * shape[1], cl.data_ptr() + 8 * shape[1],
-                                        3 * shape[1])
-                got, want = got + (cl,), want + want
+                launch_to_channels_last(x, cl.data_ptr(), cl.data_ptr() + 4 * 8, cl.data_ptr() + 8 * 8, 3 * shape[1], 8)
+                grouped = torch.cat([torch.cat([h, lo_, h], 1) for h, lo_ in zip(want_hi.split(8, 1), want_lo.split(8, 1))], 1)
+                got, want = got + (cl,), want + (grouped,)
             if not all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in zip(got, want)):
                 warnings.warn(f"the split TF32 kernel's parts differ from the torch ops' on {tuple(shape)}: "
                               "split TF32 keeps the torch ops", RuntimeWarning, stacklevel=3)

@@ -132,17 +132,17 @@ def split_cat_into(t, dst, dim: int, lo_at: int, groups: int = 1) -> None:
     """dst = cat of t's split parts along dim: [hi, lo, hi] (lo_at=1) or [hi, hi, lo] (lo_at=2), within
     each of `groups` equal blocks of that dim (a grouped convolution's channels). On the GPU one kernel
     writes all three: in rows when t and dst share a memory order (contiguous ones: rows of a group's
-    elements from dim inward; channels-last ones, dim 1: rows of a group's channels), and, with one
-    group, transposing when a contiguous t's parts go to channels-last memory."""
+    elements from dim inward; channels-last ones, dim 1: rows of a group's channels), and transposing
+    when a contiguous t's parts go to channels-last memory."""
+    c = t.shape[dim] // groups    # one group's share of dim
     if _on_gpu(t, dst) and _kernel_ready():
         rows = _cat_rows(t, dst, dim, groups)
         if rows is not None:
             split_kernel.launch(t, *_part_addresses(dst, rows, lo_at), rows, 3 * rows)
             return
-        if dim == 1 and groups == 1 and t.is_contiguous() and is_channels_last(dst) and \
-                split_kernel.launch_to_channels_last(t, *_part_addresses(dst, t.shape[1], lo_at), 3 * t.shape[1]):
+        if dim == 1 and t.is_contiguous() and is_channels_last(dst) and \
+                split_kernel.launch_to_channels_last(t, *_part_addresses(dst, c, lo_at), 3 * t.shape[1], c):
             return
-    c = t.shape[dim] // groups
     blocks, wide = t.unflatten(dim, (groups, c)), dst.unflatten(dim, (groups, 3 * c))
     parts = [wide.narrow(dim + 1, i * c, c) for i in range(3)]
     split_into(blocks, parts[0], parts[lo_at])
