@@ -200,18 +200,19 @@ def test_the_split_kernel_is_used_only_after_it_matched_the_torch_ops(monkeypatc
     assert not sk.ready(st._split_ops)      # decided once per process
 
 
-@pytest.mark.parametrize("shape", [(2, 40, 14, 14), (3, 3, 17, 9), (2, 33, 3, 4, 5)])
-def test_a_contiguous_input_splits_into_channels_last_parts_in_one_launch(shape):
+@pytest.mark.parametrize("shape,groups", [((2, 40, 14, 14), 1), ((3, 3, 17, 9), 1), ((2, 33, 3, 4, 5), 1),
+                                          ((2, 240, 14, 14), 3)])
+def test_a_contiguous_input_splits_into_channels_last_parts_in_one_launch(shape, groups):
     from agent_core.profile.launched import launched_kernels
     fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
     wide = [shape[0], 3 * shape[1], *shape[2:]]
     x = torch.randn(shape) * 1e3
     want = torch.empty(wide, memory_format=fmt)
-    st.split_cat_into(x, want, 1, 1)                 # CPU tensors: the torch ops
+    st.split_cat_into(x, want, 1, 1, groups)                 # CPU tensors: the torch ops
     xc, dst = x.cuda(), torch.empty(wide, device="cuda", memory_format=fmt)
-    st.split_cat_into(xc, dst, 1, 1)
+    st.split_cat_into(xc, dst, 1, 1, groups)
     _same_bits((dst,), (want,))
-    assert launched_kernels(lambda: st.split_cat_into(xc, dst, 1, 1)) == {"kernels": 1}
+    assert launched_kernels(lambda: st.split_cat_into(xc, dst, 1, 1, groups)) == {"kernels": 1}
 
 
 def test_a_contiguous_input_splits_into_channels_last_hi_and_lo_in_one_launch():
