@@ -23,7 +23,7 @@ _was_enabled = False
 
 
 def hold(window) -> None:
-    """Collect on the GUI thread (call from it) until release(window)."""
+    """Collect on the GUI thread (call from it) until release_id(id(window))."""
     global _timer, _was_enabled
     if not _windows:
         _was_enabled = gc.isenabled()
@@ -36,16 +36,18 @@ def hold(window) -> None:
     _windows.add(id(window))
 
 
-def release_id(key: int) -> None:
-    """The window id(window) == key closed or was destroyed; after the last one, the collector is
-    back as it was before the first."""
+def release_id(key: int, collect: bool = True) -> None:
+    """The window id(window) == key closed or was destroyed; after the last one, what piled up is
+    collected (not from inside a destructor: collect=False) and the collector is back as it was
+    before the first."""
     if key not in _windows:
         return
     _windows.discard(key)
     if not _windows:
         if shiboken6.isValid(_timer):    # at interpreter exit PySide may have deleted it first
             _timer.stop()
-        gc.collect()
+        if collect:
+            gc.collect()
         if _was_enabled:
             gc.enable()
 

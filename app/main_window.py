@@ -68,7 +68,7 @@ class MainWindow(QMainWindow):
     def __init__(self, theme: str = "dark", restore_settings: bool = True):
         super().__init__()
         gui_gc.hold(self)    # no garbage collection on the pool threads below (gui_gc.py)
-        self.destroyed.connect(functools.partial(gui_gc.release_id, id(self)))
+        self.destroyed.connect(functools.partial(gui_gc.release_id, id(self), False))   # never closed
         self.theme = theme
         self.session = uuid.uuid4().hex[:8]
         self.settings = QSettings("StitchCUDA", "Studio")

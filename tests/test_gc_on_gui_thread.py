@@ -61,3 +61,16 @@ def test_the_collector_is_back_when_the_last_window_closes(qtbot):
     assert gc.isenabled()
     for w in wins:
         w.deleteLater()
+
+
+def test_a_window_destroyed_without_closing_gives_the_collector_back(qtbot):
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    from app.main_window import MainWindow
+    assert gc.isenabled()
+    win = MainWindow(restore_settings=False)
+    win.agent.shutdown()
+    assert not gc.isenabled()
+    win.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
+    assert gc.isenabled()
