@@ -329,7 +329,7 @@ class MainWindow(QMainWindow):
         doc.changed.connect(self._update_title)
         self._update_title()
         self._update_counts()
-        QTimer.singleShot(0, self.view.show_program)
+        QTimer.singleShot(0, self.view, self.view.show_program)   # dropped if the view is gone by then
         self.view.show_program()
         self.document_set.emit()
 
