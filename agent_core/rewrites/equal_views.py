@@ -85,8 +85,10 @@ def merge_equal_views(program: Program, nid: str) -> Rewrite | None:
     if key is None:
         return None
     order = None
+    shape = program.values[v].shape
     for w, other in _chains_from(program, src):
-        if w == v or any(n.id == nid for n in other) or _key(program, src, other) != key:
+        if w == v or program.values[w].shape != shape or any(n.id == nid for n in other) \
+                or _key(program, src, other) != key:     # the shape first: composing views costs more
             continue
         order = order or {n: i for i, n in enumerate(program.topo_order())}
         if order[other[-1].id] < order[nid]:
