@@ -10,7 +10,6 @@ tensors the graph writes (valid until the next replay).
 """
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 
@@ -18,6 +17,7 @@ from ..errors import StitchError
 from ..ir import Program
 from ..ops.recurrent import flatten_for_cudnn
 from ..reference import parameter_tensors, random_inputs, run_reference
+from ..runtime.launch import cupy_stream
 from ..runtime.split_tf32 import run_library_node
 from .steps import Step, plan_steps
 
@@ -26,7 +26,6 @@ class ExecutableError(StitchError):
     """The end-to-end program could not be built or run."""
 
 
-_STREAMS: dict = {}
 _CAPTURE_STREAMS: dict = {}
 
 
@@ -61,19 +60,6 @@ def _release_after(program, steps) -> list[list[list[str]]]:
 def _drop(env: dict, values: list[str]) -> None:
     for v in values:
         env.pop(v, None)
-
-
-def cupy_stream():
-    """CuPy's view of torch's current stream (cached per stream), so launches join torch's order."""
-    import cupy
-    import torch
-    ptr = torch.cuda.current_stream().cuda_stream
-    s = _STREAMS.get(ptr)
-    if s is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
-    return s
 
 
 def raw_launch(loaded, inputs, outputs) -> None:

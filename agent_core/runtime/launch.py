@@ -29,6 +29,21 @@ def _cupy():
     return cupy
 
 
+_STREAMS: dict = {}
+
+
+def cupy_stream():
+    """CuPy's view of torch's current stream (cached per stream): kernels launched in it run in order
+    with torch's work, and a CUDA graph capturing that stream captures them."""
+    ptr = _torch().cuda.current_stream().cuda_stream
+    s = _STREAMS.get(ptr)
+    if s is None:
+        with warnings.catch_warnings():  # CuPy 14 deprecates the name, not the behaviour we use
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = _STREAMS[ptr] = _cupy().cuda.ExternalStream(ptr)
+    return s
+
+
 class LoadedKernel:
     """A KernelSource compiled for the current GPU and loaded with cupy.RawModule.
 
@@ -96,9 +111,7 @@ class LoadedKernel:
         replayed sequences call, without per-call argument conversion."""
         torch, cupy = _torch(), _cupy()
         k = self.kernel
-        with warnings.catch_warnings():  # CuPy 14 deprecates the name, not the behaviour we use
-            warnings.simplefilter("ignore", DeprecationWarning)
-            stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+        stream = cupy_stream()
         with stream:
             # DLPack views of the same memory (zero copy); bools travel as bytes, which every
             # DLPack consumer knows, and the kernel reads them as C++ bool (one byte)

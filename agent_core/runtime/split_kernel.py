@@ -162,14 +162,12 @@ def launch_to_channels_last(x, hi: int, lo: int, hi2: int, stride: int, group: i
 def _run(name: str, grid, block, pointers, counts) -> None:
     """Launch kernel `name` on torch's current stream (CUDA graphs capture it)."""
     import cupy
-    import torch
+
     from ..compiler import default_arch
+    from .launch import cupy_stream
     _, functions = _functions(default_arch())
     args = tuple(cupy.uint64(p) for p in pointers) + tuple(cupy.int64(v) for v in counts)
-    with warnings.catch_warnings():   # CuPy 14 deprecates the name, not the behaviour used
-        warnings.simplefilter("ignore", DeprecationWarning)
-        stream = cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
-    with stream:
+    with cupy_stream():
         functions[name](tuple(grid), tuple(block), args)
 
 
