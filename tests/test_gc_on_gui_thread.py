@@ -6,6 +6,7 @@ import threading
 
 import pytest
 from PySide6.QtCore import QPointF
+from PySide6.QtWidgets import QFileDialog
 
 from agent_core.project_file import save_program
 
@@ -23,8 +24,8 @@ def collections():
     gc.callbacks.remove(record)
 
 
-def test_no_collection_runs_off_the_gui_thread_while_the_studio_lays_out_and_opens(studio_window, qtbot,
-                                                                                  tmp_path, collections):
+def test_no_collection_runs_off_the_gui_thread_while_the_studio_lays_out_and_opens(studio_window, qtbot, tmp_path,
+                                                                                  monkeypatch, collections):
     win, gui = studio_window, threading.get_ident()
     assert not gc.isenabled()
     sc = win.scene
@@ -40,8 +41,9 @@ def test_no_collection_runs_off_the_gui_thread_while_the_studio_lays_out_and_ope
             win.act["layout"].trigger()
     path = str(tmp_path / "chain.json")
     save_program(win.document.program, path)
-    with qtbot.waitSignal(win.opened, timeout=30000):
-        win.open_in_background(path)
+    monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (path, ""))
+    with qtbot.waitSignal(win.opened, timeout=30000):     # File > Open reads it on a pool thread
+        win.act["open"].trigger()
     qtbot.waitUntil(lambda: len(collections) >= 2, timeout=5000)     # the GUI thread's timer collects
     assert set(collections) == {gui}
 
