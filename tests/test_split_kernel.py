@@ -1,6 +1,6 @@
 """The one-kernel TF32 split (runtime/split_kernel.py) on the CPU: its source built by NVRTC for sm_90,
 and its loop run by the CPU emulator (agent_core.writer.emulate) on every layout split_tf32 hands it,
-bit for bit against the five torch ops it replaces (split_tf32.split_into on CPU tensors)."""
+bit for bit against the torch ops it replaces (split_tf32.split_into on CPU tensors)."""
 import numpy as np
 import pytest
 import torch
@@ -44,6 +44,8 @@ def values(shape, seed):
     flat[:len(special)] = special
     ties = torch.tensor([0x3F801000, 0x3F803000, 0x7F7FF000, 0x00001000], dtype=torch.int32).view(torch.float32)
     flat[len(special):len(special) + len(ties)] = ties     # exactly half a TF32 step above a TF32 value
+    odd = sk.special_values().view(torch.float32)          # a GPU's NaN, a NaN with low bits only, ...
+    flat[-len(odd):] = odd
     return x
 
 
@@ -162,3 +164,13 @@ def test_the_transposing_entry_widens_its_indices_and_refuses_grids_past_the_lim
     assert sk.transposed_entry(4096, 512, 64 * 64, 1536)[0] == "split_tf32_cl_u64"
     assert sk.transposed_entry(70000, 4, 4, 12) is None                   # batch past grid z
     assert sk.transposed_entry(2, 32 * 65536, 4, 3 * 32 * 65536) is None  # channels past grid y
+
+
+def test_infinities_and_nans_are_carried_by_hi_alone_and_no_finite_value_rounds_to_infinity():
+    odd = sk.special_values().view(torch.float32)
+    hi, lo = st.split_tf32(odd)          # the torch ops, which the kernel matches bit for bit
+    h, low = bits(hi.numpy()), bits(lo.numpy())
+    assert h[0] == 0x7F800000 and low[0] == 0                     # inf: inf + 0
+    assert torch.isnan(hi[4:]).all() and (low[4:] == 0).all()    # both NaNs stay NaN...
+    assert ((h[4:] & 0x7FFFE000) == 0x7FFFE000).all()             # ...when read as TF32 (top bits kept)
+    assert torch.isfinite(hi[2]) and abs(float(hi[2]) + float(lo[2]) - float(odd[2])) < 2 ** -21 * float(odd[2])

@@ -189,7 +189,11 @@ def test_bench_jobs_runs_problems_in_parallel_and_keeps_file_order(tmp_path, cap
     assert sorted(r["problem"] for r in recs) == ["layer_norm", "relu_missing", "softmax_rows"]
     by = {r["problem"]: r for r in recs}
     assert by["softmax_rows"]["ok"] and by["layer_norm"]["ok"] and not by["relu_missing"]["ok"]
-    table = capsys.readouterr().out.split("problem ")[-1].splitlines()
+    where = by["relu_missing"]["where"]      # the failure says where in the tool it was raised
+    assert where and all(w.startswith("agent_core/") and " in " in w for w in where), where
+    printed = capsys.readouterr().out
+    assert f"(at {where[-1]})" in printed
+    table = printed.split("problem ")[-1].splitlines()
     rows = [line.split()[0] for line in table[2:5]]
     assert rows == ["softmax_rows", "layer_norm", "relu_missing"]
     assert timing.TIMING_LOCK_ENV not in os.environ

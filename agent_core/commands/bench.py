@@ -367,11 +367,21 @@ def run_one(path: str, args, no_compile: bool) -> dict:
     except (Exception, ProblemTimeout) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         return {"problem": problem_name(path), "file": path, "ok": False,
-                "error": f"{type(exc).__name__}: {first[:300]}", "seconds": round(time.perf_counter() - t0, 2),
+                "error": f"{type(exc).__name__}: {first[:300]}", "where": raised_at(exc),
+                "seconds": round(time.perf_counter() - t0, 2),
                 **agent_fields(clock)}     # how far the agent got (a timeout's figure counts in the p95)
     finally:
         args.no_compile_baselines = saved
         _release_gpu_memory()
+
+
+def raised_at(exc: BaseException, frames: int = 4) -> list[str]:
+    """The innermost frames of the tool's own code an exception passed through ("file:line in
+    function"), so a failed row says where it failed (a CUDA fault: the call that reported it)."""
+    import traceback
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ours = [f for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename).startswith(root)]
+    return [f"{os.path.relpath(f.filename, os.path.dirname(root))}:{f.lineno} in {f.name}" for f in ours[-frames:]]
 
 
 def time_torch_on_cpu(path: str, result, args) -> None:
@@ -446,7 +456,8 @@ class _Run:
             if self.out is not None:
                 self.out.write(json.dumps(rec) + "\n")
                 self.out.flush()
-            status = ("FAILED: " + rec.get("error", "")) if not rec.get("ok") else (
+            status = ("FAILED: " + rec.get("error", "") + "".join(f" (at {w})" for w in rec.get("where", [])[-1:])) \
+                if not rec.get("ok") else (
                 f"correct={rec.get('correct')} ours {_f(rec.get('ours_ms'))} ms, eager {_f(rec.get('eager_ms'))} ms, "
                 f"compile {_f(rec.get('compile_best_ms'))} ms, best {rec.get('best_baseline') or '-'}, "
                 f"kernels ours/Inductor {kernels_cell(rec)}")

@@ -1,10 +1,11 @@
 """Split TF32 parts of a CUDA tensor in one kernel: read x once, write hi and lo (and a second hi).
 
-split_tf32.split_into makes the parts with five torch ops (two integer adds, two masks, a
-subtraction), and the channel-concatenated form adds a copy: six launches and about thirteen passes
-over the activation, for every split-TF32 matmul or convolution call. This kernel does the same bit
-operations, so its parts are bit for bit those of the torch ops, in one launch and three passes (one
-read, two writes; four with the copy).
+split_tf32._split_ops makes the parts with torch ops (integer adds and masks, a subtraction, and
+the fix-ups for NaN, infinities and values that round past the largest float), and the
+channel-concatenated form adds a copy: a dozen launches and more passes over the activation, for every
+split-TF32 matmul or convolution call. This kernel does the same bit operations, so its parts are bit
+for bit those of the torch ops, in one launch and three passes (one read, two writes; four with the
+copy).
 
 The source is read in memory order as rows of `block` elements; row o of each part starts at
 o * stride of its pointer. A plain split is one row (block = stride = n); [hi, lo, hi] concatenated
@@ -26,12 +27,23 @@ from functools import lru_cache
 _checked: dict[str, bool] = {}   # arch -> whether the kernel matched the torch ops on this GPU
 
 SOURCE = r"""
-// bits + 0x1000, then the 13 low bits cleared: rounded to TF32's 10-bit mantissa (unsigned, so it
-// wraps as torch's int32 add does)
-__device__ __forceinline__ float tf32(float x) { return __uint_as_float((__float_as_uint(x) + 0x1000u) & 0xFFFFE000u); }
+// bits + 0x1000, then the 13 low bits cleared: rounded to TF32's 10-bit mantissa. Three cases the
+// add alone gets wrong: a NaN (GPU arithmetic makes 0x7FFFFFFF, whose all-ones mantissa would carry
+// into the sign: -0) becomes the quiet NaN 0x7FFFFFFF, which stays NaN as TF32; an infinity stays as
+// it is; a finite value the rounding would carry past the largest float is truncated instead.
+__device__ __forceinline__ float tf32(float x) {
+  const unsigned u = __float_as_uint(x), r = (u + 0x1000u) & 0xFFFFE000u;
+  if ((u & 0x7F800000u) == 0x7F800000u) return (u & 0x7FFFFFu) ? __uint_as_float(0x7FFFFFFFu) : x;
+  return __uint_as_float((r & 0x7F800000u) == 0x7F800000u ? u & 0xFFFFE000u : r);
+}
+// the remainder x - hi, as TF32: 0 where x is infinite or NaN (hi alone carries it)
+__device__ __forceinline__ float tf32_rest(float x, float h) {
+  return (__float_as_uint(x) & 0x7F800000u) == 0x7F800000u ? 0.0f : tf32(x - h);
+}
 __device__ __forceinline__ float4 tf32(float4 v) { return make_float4(tf32(v.x), tf32(v.y), tf32(v.z), tf32(v.w)); }
-__device__ __forceinline__ float minus(float a, float b) { return a - b; }
-__device__ __forceinline__ float4 minus(float4 a, float4 b) { return make_float4(a.x - b.x, a.y - b.y, a.z - b.z, a.w - b.w); }
+__device__ __forceinline__ float4 tf32_rest(float4 x, float4 h) {
+  return make_float4(tf32_rest(x.x, h.x), tf32_rest(x.y, h.y), tf32_rest(x.z, h.z), tf32_rest(x.w, h.w));
+}
 
 // element i of x (memory order) is row i / block: it goes to i + row * (stride - block) of each part
 template <typename T, typename I>
@@ -43,7 +55,7 @@ __device__ __forceinline__ void split_rows(const T* __restrict__ x, T* __restric
     const T v = x[i];
     const T h = tf32(v);
     hi[d] = h;
-    lo[d] = tf32(minus(v, h));
+    lo[d] = tf32_rest(v, h);
     if (hi2) hi2[d] = h;
   }
 }
@@ -82,7 +94,7 @@ __device__ __forceinline__ void split_to_channels_last(const float* __restrict__
       const float h = tf32(v);
       const I d = (n * S + s) * stride + c + 2 * G * (c / G);
       hi[d] = h;
-      lo[d] = tf32(v - h);
+      lo[d] = tf32_rest(v, h);
       if (hi2) hi2[d] = h;
     }
   }
@@ -186,13 +198,21 @@ def ready(reference) -> bool:
     return _checked[arch]
 
 
+def special_values():
+    """Bits the rounding must treat with care: inf, -0, a value that rounds past the largest float,
+    a subnormal, a GPU's NaN (all-ones mantissa) and a NaN with only low mantissa bits."""
+    import torch
+    return torch.tensor([0x7F800000, -0x80000000, 0x7F7FF000, 0x00001000, 0x7FFFFFFF, 0x7F800001], dtype=torch.int32)
+
+
 def _matches(reference) -> bool:
     import torch
+    special = special_values()
     try:
         g = torch.Generator(device="cuda").manual_seed(0)
         for shape, rows in (((3, 333), None), ((4, 1024), None), ((2, 3, 5, 5), 75), ((2, 40, 6, 7), 1680)):
             x = torch.randn(shape, device="cuda", generator=g) * 1e3
-            x.view(-1)[:4] = torch.tensor([float("inf"), -0.0, 3.4e38, 1e-40], device="cuda")
+            x.view(-1)[:6] = special.to("cuda").view(torch.float32)
             want_hi, want_lo = torch.empty_like(x), torch.empty_like(x)
             reference(x, want_hi, want_lo)
             if rows is None:

@@ -54,6 +54,7 @@ CHANNELS_LAST_OPS = frozenset({"conv2d", "conv3d", "conv_transpose2d", "conv_tra
 SPLIT_OPS = frozenset({"matmul", "bmm", "linear", "conv1d", "conv2d", "conv3d",
                        "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
 _ROUND, _MASK = 0x1000, -0x2000   # round-to-nearest at TF32's 10th mantissa bit, then clear the 13 below
+_QUIET_NAN = 0x7FFFFFFF
 DESCRIPTIONS = {"fp32": "fp32, TF32 off", TF32X3: "split TF32: three tensor-core products summed",
                 TF32X3_CAT: "split TF32: one tensor-core convolution over channel-concatenated parts",
                 TIMED_FP32: "fp32, TF32 off, with the cuDNN algorithm picked by timing"}
@@ -81,7 +82,7 @@ def split_into(t, hi, lo) -> None:
     """hi, lo = split_tf32(t), written into the given tensors (any strides, t's shape) in place: no
     temporaries beside them, so splitting a large weight costs its two parts and nothing more. On the
     GPU one kernel (runtime/split_kernel.py) makes parts laid out as a dense t is, or channels-last
-    parts of a contiguous t; other layouts take five torch ops of the same bits."""
+    parts of a contiguous t; other layouts take torch ops of the same bits (_split_ops)."""
     if _on_gpu(t, hi, lo) and _kernel_ready():
         if _dense(t) and hi.stride() == lo.stride() == t.stride():
             split_kernel.launch(t, hi.data_ptr(), lo.data_ptr(), 0, t.numel(), t.numel())
@@ -93,14 +94,20 @@ def split_into(t, hi, lo) -> None:
 
 
 def _split_ops(t, hi, lo) -> None:
+    """The parts with torch ops (split_kernel's tf32() and tf32_rest(), bit for bit)."""
     import torch
-    hi_i = hi.view(torch.int32)
-    torch.add(t.view(torch.int32), _ROUND, out=hi_i)
+    t_i, hi_i, lo_i = t.view(torch.int32), hi.view(torch.int32), lo.view(torch.int32)
+    torch.add(t_i, _ROUND, out=hi_i)
     hi_i.bitwise_and_(_MASK)
+    # a finite value rounded past the largest float is truncated (an infinity's truncation is itself)
+    torch.where(torch.isinf(hi), t_i & _MASK, hi_i, out=hi_i)
+    # a NaN is the quiet NaN with every mantissa bit set: the add would carry a GPU NaN's all-ones
+    # mantissa into the sign (-0), and a NaN with only low mantissa bits reads as infinity in TF32
+    hi_i.masked_fill_(torch.isnan(t), _QUIET_NAN)
     torch.sub(t, hi, out=lo)
-    lo_i = lo.view(torch.int32)
     lo_i.add_(_ROUND)
     lo_i.bitwise_and_(_MASK)
+    lo.masked_fill_(~torch.isfinite(t), 0.0)      # hi alone carries an infinity or a NaN
 
 
 def _on_gpu(*tensors) -> bool:
@@ -119,7 +126,7 @@ def _dense(t) -> bool:
 
 def split_tf32(t, channels_last: bool = False):
     """(hi, lo), both exact in TF32, hi + lo = t to about 2^-22 relative; an infinite or NaN element
-    gives a NaN lo, so it still poisons the result as it would in fp32. channels_last: the parts in
+    is hi alone (lo 0), so the product is infinite or NaN where fp32's is. channels_last: the parts in
     channels-last memory (t a batched 2-D or 3-D image) whatever t's own layout, with no copy of t."""
     import torch
     fmt = _channels_last_format(t) if channels_last else torch.preserve_format
