@@ -40,6 +40,18 @@ def capture_stream(torch):
     return s
 
 
+def own_blas_workspaces(torch) -> None:
+    """Drop cuBLAS's workspaces before a capture, so the captured calls make theirs again inside the
+    graph's private pool and the graph owns them. A workspace made outside the capture (by the
+    warm-up) is only borrowed: torch.compile's CUDA graphs (mode reduce-overhead) clear every
+    workspace before and after they record, which freed the memory our graph's matmuls still wrote
+    to (43_MinGPTCausalAttention and 44_MiniGPTBlock: an unspecified launch failure at our next
+    replay, on the H200 only beside reduce-overhead). Inductor's cudagraph trees do the same."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
 def _release_after(program, steps) -> list[list[list[str]]]:
     """Per step and per event of it (Step.events: each library call, then the kernel), the values no
     later event reads (program outputs, inputs and parameters kept), so a run drops them from its
@@ -192,6 +204,7 @@ class ProgramExecutable:
             with gpu_work(), torch.cuda.stream(stream):
                 self._execute()      # warm-up: loads modules, allocates workspaces, cuBLAS handles
                 torch.cuda.synchronize()
+                own_blas_workspaces(torch)
                 g = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(g, stream=stream):
                     outs = self._execute()

@@ -87,6 +87,22 @@ def test_the_graph_reuses_released_memory_and_stays_correct():
     assert exe.verify(draws=2, seed=10).ok
 
 
+def test_the_graph_owns_its_cublas_workspace_when_torch_compile_clears_them():
+    """torch.compile's CUDA graphs (reduce-overhead) clear cuBLAS's workspaces before and after they
+    record; our graph's matmuls must not be left writing to that freed memory (it faulted on the H200
+    in 43_MinGPTCausalAttention), nor into the tensors that take it over."""
+    prog = import_file(os.path.join(ROOT, "resources", "examples", "transformer_block.py"))
+    res = optimize(prog, tune=False, time_regions=False, baselines=False)
+    exe = res.executable
+    assert res.profile["end_to_end"]["correct"] and exe.graph is not None
+    torch._C._cuda_clearCublasWorkspaces()        # what torch.compile's CUDA graphs do
+    torch.cuda.empty_cache()
+    sentinel = torch.full((64 << 20,), 7.0, device="cuda")     # takes over memory freed above
+    assert exe.verify(draws=3, seed=11).ok
+    torch.cuda.synchronize()
+    assert bool((sentinel == 7.0).all())
+
+
 def test_worker_streams_valid_events():
     env = dict(os.environ, PYTHONPATH=ROOT)
     p = subprocess.run([sys.executable, "-m", "agent_core.cli", "worker",
