@@ -137,3 +137,40 @@ def test_a_node_without_room_for_the_shared_forms_workspace_is_weighed_alone(mon
     assert precision.library_precision(p) == {fc1: "3xtf32"}
     assert not any(e.get("shared_with") for e in events if e.get("event") == "precision")
     assert set(precision.workspace_bytes(p)) == {fc1}
+
+
+class Conv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(128, 128, 3, padding=1)     # a 576 KiB weight
+
+    def forward(self, x):
+        return torch.relu(self.conv(x))
+
+
+class _Slow(dict):
+    """Any form not named: slow, and no bytes beyond its output."""
+    def __init__(self, default, **named):
+        super().__init__(named)
+        self.default = default
+
+    def __missing__(self, key):
+        return self.default
+
+
+def test_a_channels_last_forms_weight_counts_at_its_call_though_measured_cached(monkeypatch):
+    """A channels-last call's weight is there at the call, as a cache or a per-call copy: with 1 MiB
+    left, 0.75 MiB measured plus the 0.56 MiB weight does not fit, so the faster channels-last form is
+    not chosen and the reason says why."""
+    from agent_core.agent.precision import CL
+    torch.manual_seed(0)
+    p = import_nn_module(Conv(), [torch.randn(1, 128, 8, 8)])
+    [conv] = [n for n in p.topo_order() if p.nodes[n].op == "conv2d"]
+    _fake_gpu(monkeypatch, ms=_Slow(2.0, fp32=1.0, **{"fp32" + CL: 0.5}),
+              extra=_Slow(0, fp32=MIB // 4, **{"fp32" + CL: 3 * MIB // 4}))
+    events = _choose(p, room={conv: MIB})
+    assert not p.metadata.get("library_layout"), p.metadata.get("library_layout")
+    reason = next(e for e in events if e.get("event") == "precision")["reason"]
+    assert f"fp32{CL} (1.3 MiB)" in reason, reason
+    _choose(p, room={conv: 2 * MIB})            # with room for both, it is chosen
+    assert p.metadata["library_layout"] == {conv: "channels_last"}

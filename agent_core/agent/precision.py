@@ -229,7 +229,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
     import torch
 
     from ..profile.timing import gpu_work
-    from ..program_runtime.memory_plan import call_temp_bytes
+    from ..program_runtime.memory_plan import call_temp_bytes, layout_weight_bytes
     from .quick_timing import time_candidate
     chosen: dict[str, str] = {}
     layouts: dict[str, str] = {}
@@ -245,7 +245,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         node = program.nodes[nid]
         env = {v: t for v, t in zip(node.inputs, tensors_for([v for v in node.inputs if v])) if v}
         out = node.outputs[0]
-        ms, disagree, extra, heavy = {}, [], {}, []
+        ms, disagree, extra, need, heavy = {}, [], {}, {}, []
         forms = variants(program, nid, {**library_layout(program), **layouts}, kernels)
         here = (room or {}).get(nid)
         too_big = over_room(program, nid, forms, here)
@@ -267,10 +267,14 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
                                           best_ms=against)[0].median_ms   # clearly slower: stopped early
                 extra[mode] = temporaries(program, nid, run, env)
             # the room is the budget less what the plan has live at this call, which models no
-            # workspace: a form's whole measured extra must fit in it (9_ResNet18's channels-last
-            # layer-4 convolutions, 18 MiB each against 10 left, ran at 1.77x eager's peak when only
-            # the excess over fp32's was compared). Plain fp32's own is what eager allocates there.
-            if here is not None and extra[mode] > max(here, extra.get("fp32", 0)):
+            # workspace: a form's whole measured extra must fit in it, with a plain form's
+            # channels-last weight (cached while measured, but there at the call as a cache or a
+            # per-call copy; the plan can uncache it, not undo the layout). Only the excess over
+            # fp32's was compared when 9_ResNet18's channels-last layer-4 convolutions (9 MiB weights,
+            # 10 MiB left there) ran it at 1.77x eager's peak. Plain fp32's own is what eager needs.
+            need[mode] = extra[mode] + (layout_weight_bytes(program, nid)
+                                        if mode.endswith(CL) and mode not in SPLIT_VARIANTS else 0)
+            if here is not None and need[mode] > max(here, extra.get("fp32", 0)):
                 heavy.append(mode)
         try:
             with torch.no_grad():
@@ -305,7 +309,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
             why += (f"; not chosen, their temporaries and workspace needing more than the memory budget "
                     f"leaves at this call ({max(0, here) / 2**20:.1f} MiB) and more than plain fp32's "
                     f"({extra.get('fp32', 0) / 2**20:.1f} MiB): "
-                    + ", ".join(f"{m} ({extra[m] / 2**20:.1f} MiB)" for m in heavy))
+                    + ", ".join(f"{m} ({need[m] / 2**20:.1f} MiB)" for m in heavy))
         emit.emit("precision", node=nid, op=node.op, chosen=form, reason=why,
                   **({"layout": layout or "as input"} if can_channels_last(program, nid) else {}),
                   **{field(m): t for m, t in ms.items()})

@@ -258,6 +258,15 @@ def call_temp_bytes(program: Program, nid: str, form: str, channels_last: bool) 
     return _call_costs(program, nid, form if form in (TF32X3, TF32X3_CAT) else None, True, channels_last)[0]
 
 
+def layout_weight_bytes(program: Program, nid: str) -> int:
+    """The bytes of a channels-last call's parameter weight in channels-last memory: present at the
+    call either way, as a cache or as a per-call copy (the plan decides which), and left out of
+    agent.precision's measurement, which runs with it cached."""
+    node = program.nodes[nid]
+    b = node.inputs[1] if len(node.inputs) > 1 else None
+    return _bytes(program, b) if b and _is_param(program, b) else 0
+
+
 def split_parts_bytes(program: Program, nid: str, form: str, channels_last: bool) -> int:
     """The least a split form adds at its call beyond plain fp32 (its weights' parts cached): the
     activation's parts, and a product temporary where the sum is not made in place."""
