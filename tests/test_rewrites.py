@@ -264,3 +264,24 @@ def test_two_chains_of_views_reading_the_same_elements_become_one():
     assert readers["relu"] == readers["tanh"] == readers["neg"] != readers["exp"]
     assert ops(q).count("permute") == 2        # a1 and c1; b's chain is gone
     same(p, q)
+
+
+def test_many_chains_from_one_source_compose_each_view_once(monkeypatch):
+    """An unrolled loop's x[t] selects (34_VanillaRNNHidden: 256 from one x): each chain's view is
+    composed once per structure, not once per pair of chains (65,000 compositions and 104 s on the CPU).
+    The rule still merges the one pair that reads the same elements."""
+    import agent_core.rewrites.equal_views as ev
+    calls = []
+    real = ev._key
+    monkeypatch.setattr(ev, "_key", lambda *a: calls.append(1) or real(*a))
+    p = Program()
+    x = p.add_input("x", (64, 2, 8))
+    steps = [p.add_node("select", [x.id], {"dim": 0, "index": t}) for t in range(64)]
+    again = p.add_node("select", [x.id], {"dim": 0, "index": 5})                  # reads what steps[5] reads
+    for n in steps + [again]:
+        p.mark_output(p.add_node("relu", n.outputs).outputs[0])
+    res = rewrite_program(p)
+    assert res.rules_fired.get("merge_equal_views") == 1, res.fired
+    # each of the 65 chains once for the structure before the merge and once after it
+    assert len(calls) <= 2 * 65, len(calls)
+    same(p, res.program)
