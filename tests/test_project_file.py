@@ -397,6 +397,23 @@ def test_inline_data_of_the_wrong_size_or_type(tmp_path):
     assert "parameters[0].shape: [8, 4] does not match value" in error_of(tmp_path, o)
 
 
+def test_stored_arrays_are_read_straight_from_the_file_and_still_crc_checked(tmp_path):
+    """load_program(checksums=False), the import's private hand-off, reads each stored array straight
+    into place and still checks the member's CRC-32: one flipped bit of the data is a damaged sidecar."""
+    p = make_program()
+    path = saved(tmp_path, p)
+    vid = next(v for v, a in p.data.items() if a.size > pf.INLINE_LIMIT)
+    assert np.array_equal(load_program(path, checksums=False).data[vid], p.data[vid])
+    side = tmp_path / "prog.json.npz"
+    blob = bytearray(side.read_bytes())
+    at = bytes(blob).find(p.data[vid].tobytes()[:64])
+    assert at > 0
+    blob[at + 1000] ^= 1
+    side.write_bytes(bytes(blob))
+    with pytest.raises(FileFormatError, match="sidecar file 'prog.json.npz' is damaged: Bad CRC-32"):
+        load_program(path, checksums=False)
+
+
 def test_sidecar_missing_damaged_mismatched_or_holding_objects(tmp_path):
     p = make_program()
     path = saved(tmp_path, p)
