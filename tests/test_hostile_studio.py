@@ -70,13 +70,11 @@ def start(qtbot, home):
         assert win.isVisible()
         return win
     yield go
-    from PySide6.QtCore import QCoreApplication, QEvent
     for win in windows:
         win.agent.shutdown()
         win.document.mark_clean()
         win.close()
-        win.deleteLater()    # destroyed now, as conftest's studio_window is, not when a collection meets it
-    QCoreApplication.sendPostedEvents(None, QEvent.DeferredDelete)
+        win.deleteLater()    # destroyed at the test's end by conftest's _destroy_closed_widgets
 
 
 def program(name="rescued") -> Program:
