@@ -174,3 +174,26 @@ def test_a_channels_last_forms_weight_counts_at_its_call_though_measured_cached(
     assert f"fp32{CL} (1.3 MiB)" in reason, reason
     _choose(p, room={conv: 2 * MIB})            # with room for both, it is chosen
     assert p.metadata["library_layout"] == {conv: "channels_last"}
+
+
+def test_a_call_set_back_to_fp32_for_memory_runs_in_its_inputs_layout():
+    """fit_to_memory sets a split call whose parts cannot fit back to fp32, and the channels-last
+    layout kept for the split form goes with it: plain fp32 channels-last was never measured, and its
+    per-call weight copy is more than eager's call allocates (9_ResNet18's layer-4 convolutions ran
+    so at 1.70x eager's peak)."""
+    from agent_core.program_runtime.steps import planned_steps
+    from agent_core.runtime.split_tf32 import CHANNELS_LAST, library_layout
+    torch.manual_seed(0)
+    p = import_nn_module(Conv(), [torch.randn(1, 128, 8, 8)])
+    [conv] = [n for n in p.topo_order() if p.nodes[n].op == "conv2d"]
+    p.metadata.update(library_precision={conv: "3xtf32"}, library_layout={conv: CHANNELS_LAST},
+                      memory_budget_bytes=MIB)       # the 0.56 MiB weight's parts cannot fit beside the rest
+    log = io.StringIO()
+    assert precision.fit_to_memory(p, planned_steps(p, []), EventEmitter(log)) == [conv]
+    assert precision.library_precision(p) == {} and library_layout(p) == {}
+    [event] = [json.loads(line) for line in log.getvalue().splitlines()]
+    assert event["chosen"] == "fp32" and event["layout"] == "as input", event
+    assert "in its input's layout" in event["reason"]
+    exe = ProgramExecutable(p, {}, graph=False, device="cpu")
+    assert conv not in exe.memory.weights_per_call        # no channels-last weight made per call
+    assert exe.verify(draws=2).ok

@@ -202,14 +202,13 @@ def temporaries(program: Program, nid: str, run, env: dict) -> int:
     if not torch.cuda.is_available():
         return 0
     from ..profile.peak_memory import peak_above
-    from ..program_runtime.memory_plan import rounded
     result = dict(env)
 
     def call():
         run(program, nid, result)
         return result
     peak = peak_above(call)
-    return max(0, peak - rounded(result[program.nodes[nid].outputs[0]].untyped_storage().nbytes()))
+    return max(0, peak - result[program.nodes[nid].outputs[0]].untyped_storage().nbytes())
 
 
 def workspace_bytes(program: Program) -> dict[str, int]:
@@ -354,6 +353,10 @@ def fit_to_memory(program: Program, steps, emit) -> list[str]:
     kept) run in fp32 instead, each with a precision event. So the tuner times a library+kernel region against the
     library call as the program will run it, and the tile GEMM (split in registers, no parts in
     memory) wins where cuBLAS's split would not fit. The built program's own plan has the last word.
+    A call set back runs in its input's layout too: channels-last was kept for the split form it
+    measured faster in, while plain fp32 there was neither timed nor measured, and its per-call weight
+    copy and workspace are not what eager's call allocates (9_ResNet18's layer-4 convolutions, set back
+    from 3xtf32, ran fp32 channels-last at 18.5 MiB a call where eager's whole peak is 12.3).
     Returns the nodes set back to fp32."""
     from ..program_runtime.memory_plan import plan_memory
     chosen = library_precision(program)
@@ -361,8 +364,13 @@ def fit_to_memory(program: Program, steps, emit) -> list[str]:
         return []
     plan = plan_memory(program, steps)
     back = [n for n, d in plan.decisions.items() if d.runs_as == "fp32"]
+    layouts = library_layout(program)
     for nid in back:
         chosen.pop(nid, None)
+        was = layouts.pop(nid, None)
         emit.emit("precision", node=nid, op=program.nodes[nid].op, chosen="fp32",
-                  reason=f"{plan.decisions[nid].reason} (before tuning, with the planned regions)")
+                  **({"layout": "as input"} if can_channels_last(program, nid) else {}),
+                  reason=f"{plan.decisions[nid].reason} (before tuning, with the planned regions)"
+                         + ("; in its input's layout, as eager runs it: channels-last was kept for the "
+                            "split form" if was else ""))
     return back
