@@ -85,6 +85,8 @@ def test_bench_merge_renders_agent_time_and_peak_memory(tmp_path):
         {"problem": "3_Cpu", "ok": True, "correct": None, "jobs": 1, "agent_seconds": 3.0,
          "peak_mem_eager_bytes": None, "peak_mem_ours_bytes": None, "peak_mem_ratio": None},
         {"problem": "4_Old", "ok": True, "correct": True, "jobs": 1, "ours_ms": 1.0, "eager_ms": 1.0},
+        {"problem": "5_Graph", "ok": True, "correct": True, "jobs": 1, "ours_ms": 1.0, "eager_ms": 2.0,   # 16 bytes
+         "peak_mem_eager_bytes": 80716128, "peak_mem_ours_bytes": 80716144, "peak_mem_ratio": 1.0},  # above
     ]
     runs = tmp_path / "runs.jsonl"
     runs.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -103,7 +105,8 @@ def test_bench_merge_renders_agent_time_and_peak_memory(tmp_path):
     # nearest rank over the three figures: p95 is the largest, p50 the middle one
     assert "- agent time per problem (torch's baselines excluded), 3 rows with a figure: " \
            "p95 70.0 s, p50 12.5 s, max 70.0 s" in proc.stdout
-    assert "- peak GPU memory above eager's: 1 of 2 rows measured (1_Small)" in proc.stdout
+    # by bytes, not the ratio rounded to 1.0: an excess too small for the ratio is named with its bytes
+    assert "- peak GPU memory above eager's: 2 of 3 rows measured (1_Small, 5_Graph (+16 bytes))" in proc.stdout
     # rows from a --jobs run that waited for other problems' GPU work: the waits are named, and the
     # p95 with them counted in is given beside the agent's own
     rows[0]["gpu_wait_seconds"], rows[1]["gpu_wait_seconds"] = 30.0, 40.0

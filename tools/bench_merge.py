@@ -14,7 +14,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from agent_core.commands.bench import geomean, modes_run  # noqa: E402
-from agent_core.commands.bench_costs import agent_time_scope, agent_time_summary, memory_summary  # noqa: E402
+from agent_core.commands.bench_costs import above_names, agent_time_scope, agent_time_summary, memory_summary  # noqa: E402
 from agent_core.text import plural  # noqa: E402
 
 
@@ -128,7 +128,7 @@ def summary_lines(records: list[dict]) -> list[str]:
     m = memory_summary(ran)
     if m["measured"]:
         out.append(f"- peak GPU memory above eager's: {len(m['above_eager'])} of {plural(m['measured'], 'row')} measured"
-                   + (f" ({', '.join(m['above_eager'])})" if m["above_eager"] else ""))
+                   + (f" ({', '.join(above_names(m))})" if m["above_eager"] else ""))
     for r in ran:
         for mode, why in (r.get("compile_errors") or {}).items():
             out.append(f"- {r['problem']}: {mode} left out of the best baseline: {why}")

@@ -37,6 +37,18 @@ def test_the_peak_counts_what_a_run_allocates_above_what_was_there():
     del held
 
 
+def test_the_peak_is_the_bytes_requested_not_the_whole_block_the_allocator_hands_out():
+    """11 MiB + 512 bytes get a fresh 12 MiB segment, whose remainder (under 1 MiB) the allocator
+    does not split off: allocated bytes count the whole 12 MiB, so the same call reads differently
+    with the pool's history (39_GRU read 185 KiB above eager's that way). The peak counts the request."""
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    n = 11 * MIB + 512
+    allocated = torch.cuda.memory_allocated()
+    assert peak_above(lambda: torch.empty(n, dtype=torch.uint8, device="cuda")) == n
+    assert torch.cuda.max_memory_allocated() - allocated == 12 * MIB      # what allocated bytes read
+
+
 def test_a_library_calls_temporaries_are_what_its_peak_adds_to_its_output():
     from agent_core.agent.precision import temporaries
 
