@@ -49,6 +49,26 @@ def test_the_peak_is_the_bytes_requested_not_the_whole_block_the_allocator_hands
     assert torch.cuda.max_memory_allocated() - allocated == 12 * MIB      # what allocated bytes read
 
 
+def test_a_graph_captured_while_the_rng_state_is_held_allocates_only_its_own_buffers():
+    """torch makes the default generator's graph state (two 8-byte tensors) for a process's first
+    graph: held over both windows, our capture adds nothing for it."""
+    from agent_core.profile.peak_memory import hold_graph_rng_state
+    x = torch.zeros(1024, device="cuda")
+
+    def capture():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            x.mul_(2)
+        return g
+    import gc
+    gc.collect()                                  # no other test's graph left alive in this process
+    torch.cuda.synchronize()
+    assert peak_above(capture) == 16              # alone: the state, 8 bytes for seed and offset
+    held = hold_graph_rng_state()
+    assert peak_above(capture) == 0
+    del held
+
+
 def test_a_library_calls_temporaries_are_what_its_peak_adds_to_its_output():
     from agent_core.agent.precision import temporaries
 
