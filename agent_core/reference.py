@@ -60,8 +60,9 @@ def parameter_tensors(program: Program, device: str = "cpu", seed: int = 1234) -
         if v.role not in (Role.PARAMETER, Role.CONSTANT):
             continue
         arr = program.data.get(v.id)
-        if arr is None:
-            out[v.id] = (draw(v.shape, v.dtype, None, gen) * 0.1).to(device)
+        if arr is None:   # small weights; integer ones (indices, buckets) stay integers
+            t = draw(v.shape, v.dtype, None, gen)
+            out[v.id] = (t * 0.1 if t.is_floating_point() else t).to(device)
         else:
             out[v.id] = torch.from_numpy(np.ascontiguousarray(arr)).to(torch_dtype(v.dtype)).to(device)
     return out
