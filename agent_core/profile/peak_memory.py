@@ -6,9 +6,8 @@ so the weights and inputs each side already holds are left out of both, and the 
 end) are in both. Requested, not allocated: the allocator hands out a large block whole when what
 would be left of its segment is under 1 MiB, and counts it whole as allocated, so the same calls read
 up to 1 MiB apart by the pool's history (39_GRU: the same cuDNN call read 185 KiB more in our
-graph's fresh pool than in eager's warm one; requested, 1 KiB, the 512-byte rounding of our own
-weight and input copies that allocated bytes subtracted). The allocated peak is still what the
-process holds, and bench reports ours by the same counter as eager's. Both
+graph's fresh pool than in eager's warm one, and 16 bytes more requested: the graph state below).
+Both
 are steady-state runs: cuBLAS keeps one workspace (32 MiB on Hopper) per stream it has run on, made
 at its first call there and kept, and torch.compile's CUDA graphs (mode reduce-overhead) free them
 all while they record. Made again inside our window (at the warm-up, before the capture's peak) it
@@ -32,6 +31,7 @@ more copies of the weight, a concatenated convolution weight three; `parts` says
 parameter caches and how much values and temporaries, so what dominates is read from the record.
 """
 from __future__ import annotations
+
 
 def ready_blas_workspaces(streams=None) -> None:
     """Make cuBLAS's and cuBLASLt's workspaces on `streams` (default: the current stream and the
