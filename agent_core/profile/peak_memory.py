@@ -7,9 +7,8 @@ end) are in both. Requested, not allocated: the allocator hands out a large bloc
 would be left of its segment is under 1 MiB, and counts it whole as allocated, so the same calls read
 up to 1 MiB apart by the pool's history (39_GRU: the same cuDNN call read 185 KiB more in our
 graph's fresh pool than in eager's warm one, and 16 bytes more requested: the graph state below).
-Both
-are steady-state runs: cuBLAS keeps one workspace (32 MiB on Hopper) per stream it has run on, made
-at its first call there and kept, and torch.compile's CUDA graphs (mode reduce-overhead) free them
+Both are steady-state runs: cuBLAS keeps one workspace (32 MiB on Hopper) per stream it has run on,
+made at its first call there and kept, and torch.compile's CUDA graphs (mode reduce-overhead) free them
 all while they record. Made again inside our window (at the warm-up, before the capture's peak) it
 read as ours = the memory plan's prediction + 33 MiB in every program with a cuBLAS call (H200,
 5409f06: 11_VGG16 278.9 MiB against 245.0 predicted and eager's 245.0), and inside eager's only when
