@@ -129,6 +129,47 @@ def test_a_held_row_computes_each_exp_once_and_keeps_it_for_the_later_pass(build
             torch.testing.assert_close(got, env[v], atol=1e-5, rtol=1e-5)
 
 
+def entropy(shape):
+    """softmax and log_softmax of one row (their folds are the same), then sum(p * log p) per row."""
+    p = Program("entropy")
+    x = p.add_input("x", shape)
+    sm = p.add_node("softmax", [x.id], {"dim": -1})
+    ls = p.add_node("log_softmax", [x.id], {"dim": -1})
+    m = p.add_node("mul", [sm.outputs[0], ls.outputs[0]])
+    h = p.add_node("sum", [m.outputs[0]], {"dim": [-1], "keepdim": False})
+    p.mark_output(h.outputs[0])
+    return p, [sm.id, ls.id, m.id, h.id]
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
+@pytest.mark.parametrize("cols,rounds", [(512, 3), (40000, 2)])
+def test_two_reductions_of_one_row_in_the_same_state_share_their_folds(cols, rounds):
+    """softmax and log_softmax of the same row need the same max and sum of exp: folded once (held:
+    the max, then the sum, then the entropy's sum; streamed: one online max-sum-exp), one expf per
+    element. Emulated on the CPU, it matches torch on 2 draws."""
+    from types import SimpleNamespace
+
+    from agent_core.codegen.cuda import Names
+    from agent_core.codegen.region_io import region_io
+    from agent_core.codegen.rowgraph import lower
+    from agent_core.reference import run_reference
+    from tests.test_codegen_column_tiles import _emulate_region
+    p, ids = entropy((6, cols))
+    ks = generate_kernel(p, ids, name="entropy")
+    assert ks.params["rounds"] == rounds, ks.params
+    if ks.params["cached"]:      # streamed, the online state's own rescales are expfs too
+        assert ks.source.count("expf(") == 1
+    for two_stage, states in ((True, ["max", "sum", "sum"]), (False, ["maxsumexp", "sum"])):
+        assert [st.state for st in lower(p, region_io(p, ids), Names(), two_stage).steps] == states
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        ins = [torch.randn(p.values[v].shape, generator=g) * 3 for v in p.inputs]
+        env = run_reference(p, ins, keep=True)
+        _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env)
+        for v, got in outs.items():
+            torch.testing.assert_close(got, env[v], atol=1e-5, rtol=1e-5)
+
+
 COLUMNS = [("stats", (64, 256), 0), ("stats", (33, 7, 50), 1), ("var_mean", (16, 512), 0),
            ("var_mean", (300, 65), 0)]
 

@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from agent_core.codegen import generate_kernel
-from agent_core.codegen import views as V
 from agent_core.codegen.layout_store import split_output_views
 from agent_core.codegen.region_io import region_io
 from agent_core.ir import Program
@@ -150,9 +149,34 @@ def test_the_kl_sum_over_every_element_is_finished_by_the_row_kernels_last_block
     plan, program = _plan("kl_div_distill_distilbert", tmp_path)
     (r,) = program.regions
     ks = generate_kernel(program, r.nodes, name=r.id)
-    assert ks.params["reductions"] == 3 and [w[0] for w in ks.workspace] == ["float32", "int32"]
+    # the student's log_softmax, the teacher's softmax and log_softmax (log of the softmax, rewritten:
+    # its folds shared with the softmax's), the sum
+    assert ks.params["reductions"] == 4 and [w[0] for w in ks.workspace] == ["float32", "int32"]
+    assert ks.source.count("expf(") == 2 and ks.source.count("logf(") == 2     # per element: two exps, no log
     assert "atomicAdd(&counters[0], 1u) == gridDim.x - 1" in ks.source and "counters[0] = 0u" in ks.source
     assert "struct Totals { St_sum t0; };" in ks.source
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
+def test_the_kl_block_emulated_matches_torch(tmp_path):
+    """The KL block at its small size (32 x 305), planned through the CLI (the clamped log of the
+    teacher's softmax rewritten to its log_softmax, whose folds the softmax's share), its one kernel on
+    the CPU emulator, against the block's own torch forward over 3 draws at 1e-4; logits spread wide
+    enough that some of the teacher's probabilities underflow the clamp."""
+    import torch.nn.functional as F
+
+    from tests.test_codegen_column_tiles import _block, _draws, _emulate_plan
+    from tests.test_codegen_column_tiles import _plan as plan_small
+    _, p = plan_small(_block("kl_div_distill_distilbert"), tmp_path / "kl.json", small=True)
+    ops = [p.nodes[n].op for n in p.topo_order()]
+    assert "log" not in ops and ops.count("log_softmax") == 2, ops
+    for k, ins in enumerate(_draws(p, 3)):
+        ins = [t * (60 if k == 2 else 1) for t in ins]
+        kernels, (got,) = _emulate_plan(p, ins)
+        student, teacher = ins
+        want = F.kl_div(F.log_softmax(student / 2.0, -1), F.softmax(teacher / 2.0, -1), reduction="batchmean") * 4.0
+        torch.testing.assert_close(got.reshape(()), want, atol=1e-4, rtol=1e-4)
+    assert len(kernels) == 1
 
 
 @pytest.mark.parametrize("schedule,shape", [("warp", (37, 203)), ("block", (9, 4096)), ("stream", (3, 40000)),

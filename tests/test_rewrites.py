@@ -1,5 +1,7 @@
 """Rewrites: each one fires where it should, keeps the program's meaning, and is logged; a wrong one
 is caught by the numerical check."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -285,3 +287,32 @@ def test_many_chains_from_one_source_compose_each_view_once(monkeypatch):
     # each of the 65 chains once for the structure before the merge and once after it
     assert len(calls) <= 2 * 65, len(calls)
     same(p, res.program)
+
+
+@pytest.mark.parametrize("clamp", [1.17549435e-38, 1e-8])
+def test_log_of_a_clamped_softmax_becomes_its_clamped_log_softmax(clamp):
+    """log(max(softmax(x), c)) is max(log_softmax(x), log c): the same values, rows whose softmax
+    underflows included (x spread over thousands: both give log c there)."""
+    p = Program()
+    x = p.add_input("x", (6, 40))
+    sm = p.add_node("softmax", [x.id], {"dim": -1}).outputs[0]
+    out = p.add_node("log", [p.add_node("max_scalar", [sm], {"value": clamp}).outputs[0]]).outputs[0]
+    p.mark_output(out)
+    res = rewrite_program(p)
+    assert ops(res.program) == ["log_softmax", "max_scalar"]
+    assert [f["rule"] for f in res.fired] == ["log_of_softmax"]
+    same(p, res.program)
+    wide = {"x": torch.randn(6, 40, generator=torch.Generator().manual_seed(1)) * 1000}
+    want, got = run_reference(p, wide), run_reference(res.program, wide)
+    assert (want[next(iter(want))] == np.float32(math.log(clamp))).any()     # underflowed rows were there
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], rtol=1e-4, atol=1e-4)
+
+
+def test_an_unclamped_log_of_a_softmax_is_left_alone():
+    """It is -inf where the softmax underflows, and log_softmax is not: not the same program."""
+    p = Program()
+    x = p.add_input("x", (6, 40))
+    out = p.add_node("log", [p.add_node("softmax", [x.id], {"dim": -1}).outputs[0]]).outputs[0]
+    p.mark_output(out)
+    assert ops(rewrite_program(p).program) == ["softmax", "log"]

@@ -191,7 +191,14 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
     def rnd(keys) -> int:
         return max((g.defs[k].round for k in keys), default=0)
 
-    def expr_def(key, space, expr, note="", ctype="float", vid=None) -> str:
+    def expr_def(key, space, expr, note="", ctype="float", vid=None, share=False) -> str:
+        """A new definition; with `share`, an identical one already there is returned instead (the
+        caller then uses the returned key)."""
+        if share:
+            same = next((d.key for d in g.defs.values() if (d.space, d.ctype, d.expr) == (space, ctype, expr)
+                         and d.expr is not None), None)
+            if same is not None:
+                return same
         deps = [w for w in dict.fromkeys(_IDENT.findall(expr)) if w in g.defs]
         return add(Def(key, space, ctype, expr, deps, rnd(deps), vid, note))
 
@@ -294,7 +301,7 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     fkey = {f: names.new(f"{base}_{f}") for f in STATES[state][0]}
     # a norm folds a transform of its input (|x|, |x|^p); the op's expression still reads x itself
     folded = x if fold is None else expr_def(names.new(f"{base}_term"), E, _substitute(fold, {}, {}, x, {}),
-                                             f"{node.op} term")
+                                             f"{node.op} term", share=True)
     chain = peel(program, g.defs, x) if hoist and fold is None and state in ("max", "min") else None
     if chain is not None:
         src = vals[g.defs[chain.base].vid].name if g.defs[chain.base].vid else chain.base
@@ -310,7 +317,13 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
             cur = expr_def(key, space, render_pointwise(n, [cur], program), f"{n.op} of the {state}: once per "
                            f"{'row' if space == R else 'total'}, not per element (monotone chain)")
 
-    def step(st: str, arg: str, keys: list[str]) -> None:
+    def step(st: str, arg: str, keys: list[str], total: bool = False, share: bool = True) -> list[str]:
+        """Fold `arg` into a state `st`; its fields' keys. The same fold of the same value by another
+        reduction of the region (softmax and log_softmax of one row) is shared: its keys come back."""
+        if share and not total:
+            same = next((s for s in g.steps if (s.state, s.arg, s.total) == (st, arg, None)), None)
+            if same is not None:
+                return same.fields
         r = g.defs[arg].round + 1
         slot = sum(1 for s in g.steps if s.round == r)
         var = g.round_vars.setdefault(r, names.new(f"round{r}"))
@@ -319,10 +332,11 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
             g.defs[k] = Def(k, R, field_ctype(st, f), f"{var}.s{slot}.{f}", [], r, None,
                             f"{st} of {of}" + ("" if chain is None else f", before {chain.describe()}"))
         g.steps.append(Step(st, arg, r, slot, keys, node.id))
+        return keys
 
     if total:
         t = sum(1 for s in g.steps if s.total is not None)
-        step(state, folded, [names.new(f"{base}_row_{f}") for f in STATES[state][0]])
+        step(state, folded, [names.new(f"{base}_row_{f}") for f in STATES[state][0]], total=True)
         g.steps[-1].total = t
         for f in STATES[state][0]:
             k = fkey[f] if chain is None else names.new(f"{base}_raw_{f}")
@@ -338,26 +352,27 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
         return
     local: dict[str, str] = {}
     if two_stage and state == "maxsumexp":     # the row max, then the sum of exp(x - max)
-        step("max", x, [fkey["m"]])
-        e = expr_def(names.new(f"{base}_exp"), E, f"expf({x} - {fkey['m']})")
-        step("sum", e, [fkey["s"]])
+        fkey["m"], = step("max", x, [fkey["m"]])
+        e = expr_def(names.new(f"{base}_exp"), E, f"expf({x} - {fkey['m']})", share=True)
+        fkey["s"], = step("sum", e, [fkey["s"]])
         # softmax's output is that same exp(x - max) times 1 / sum: one def, so a row held in registers
         # computes the exp once (rowkernel keeps it between the passes) rather than again per pass
         expr = expr.replace("expf(xe - st.m)", "xexp")
         local["xexp"] = e
     elif two_stage and state == "welford":     # the mean, then the squared deviations from it
-        total = names.new(f"{base}_sum")
-        step("sum", x, [total])
+        # not shared with another sum of x (a mean beside the norm): with one mean the compiler sees
+        # that x - mean here is the output's x - mean and keeps every held deviation live across the
+        # all-reduce instead of computing it again (DINO's column statistics: spills at 32 registers)
+        total, = step("sum", x, [names.new(f"{base}_sum")], share=False)
         expr_def(fkey["mean"], R, f"{total} / kColsF", "mean")
         dev = expr_def(names.new(f"{base}_dev"), E, f"{x} - {fkey['mean']}")
-        step("sumsq", dev, [fkey["m2"]])
+        fkey["m2"], = step("sumsq", dev, [fkey["m2"]])
         expr_def(fkey["n"], R, "kColsF")
     elif chain is not None:
-        raw = names.new(f"{base}_raw_m")
-        step(state, folded, [raw])
+        raw, = step(state, folded, [names.new(f"{base}_raw_m")])
         m_from(raw, R)
     else:
-        step(state, folded, [fkey[f] for f in STATES[state][0]])
+        fkey.update(zip(STATES[state][0], step(state, folded, [fkey[f] for f in STATES[state][0]])))
 
     for ln in filter(None, (s.strip() for s in preamble.split(";"))):
         m = re.fullmatch(r"const float (\w+) = (.*)", ln)

@@ -20,7 +20,7 @@ from .edits import node_label as _n, producer as _producer, reduced_dims as _red
 from .einsum import lower_einsum
 from .equal_views import merge_equal_views
 from .linear_reduce import pool_linear, reduce_conv_spatial
-from .lowering import lower_loss
+from .lowering import FLT_MIN, lower_loss
 from .raise_attention import raise_attention
 
 
@@ -187,6 +187,33 @@ def fold_self_add(program: Program, nid: str) -> Rewrite | None:
                        f"x*{k:.6g}; two ops become one (the residual add of a scaled copy).",
                        lambda p, k=k: {out: p.add_node("mul_scalar", [plain], {"value": k}).outputs[0]}, nid)
     return None
+
+
+def log_of_softmax(program: Program, nid: str) -> Rewrite | None:
+    """log(max(softmax(x), c)) is max(log_softmax(x), log c) for a normal float c (log is
+    increasing; where softmax underflows below c both give log c): per element a subtraction of
+    per-row terms instead of a logf of a quotient. KL divergence against softmax targets is written
+    so (rewrites/lowering.py), and so is a hand-written loss with a clamp. An unclamped log(softmax(x))
+    is left alone: it is -inf where softmax underflows, and log_softmax is not."""
+    n = program.nodes[nid]
+    if n.op != "log" or not n.inputs or n.inputs[0] is None:
+        return None
+    clamp = _producer(program, n.inputs[0])
+    if clamp is None or clamp.op != "max_scalar" or not float(clamp.attrs["value"]) >= FLT_MIN:
+        return None
+    src = _producer(program, clamp.inputs[0])
+    if src is None or src.op != "softmax" or not _float(program, src.outputs[0]):
+        return None
+    clamp = float(clamp.attrs["value"])
+    x, dim, out = src.inputs[0], src.attrs["dim"], n.outputs[0]
+    if not _float(program, x) or _val(program, out).dtype != _val(program, x).dtype:
+        return None
+
+    def build(p):
+        v = p.add_node("log_softmax", [x], {"dim": dim}).outputs[0]
+        return {out: p.add_node("max_scalar", [v], {"value": math.log(clamp)}).outputs[0]}
+    return Rewrite("log_of_softmax", f"{_n(program, nid)} of {_n(program, src.id)} clamped at {clamp:.6g} is its "
+                   f"log_softmax clamped at log {clamp:.6g}: no logf of a quotient per element.", build, nid)
 
 
 # --- constants ---------------------------------------------------------------------------------------
@@ -555,6 +582,7 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
 
 
 DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, merge_equal_views, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
+                 log_of_softmax,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
                  reduce_conv_spatial, pool_linear,
                  reduce_of_broadcast]
