@@ -198,13 +198,13 @@ def log_of_softmax(program: Program, nid: str) -> Rewrite | None:
     n = program.nodes[nid]
     if n.op != "log" or not n.inputs or n.inputs[0] is None:
         return None
-    clamp = _producer(program, n.inputs[0])
-    if clamp is None or clamp.op != "max_scalar" or not float(clamp.attrs["value"]) >= FLT_MIN:
+    floor = _producer(program, n.inputs[0])
+    if floor is None or floor.op != "max_scalar" or not float(floor.attrs["value"]) >= FLT_MIN:
         return None
-    src = _producer(program, clamp.inputs[0])
+    src = _producer(program, floor.inputs[0])
     if src is None or src.op != "softmax" or not _float(program, src.outputs[0]):
         return None
-    clamp = float(clamp.attrs["value"])
+    clamp = float(floor.attrs["value"])
     x, dim, out = src.inputs[0], src.attrs["dim"], n.outputs[0]
     if not _float(program, x) or _val(program, out).dtype != _val(program, x).dtype:
         return None

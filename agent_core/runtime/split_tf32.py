@@ -82,7 +82,8 @@ def split_into(t, hi, lo) -> None:
     """hi, lo = split_tf32(t), written into the given tensors (any strides, t's shape) in place: no
     temporaries beside them, so splitting a large weight costs its two parts and nothing more. On the
     GPU one kernel (runtime/split_kernel.py) makes parts laid out as a dense t is, or channels-last
-    parts of a contiguous t; other layouts take torch ops of the same bits (_split_ops)."""
+    parts of a contiguous t; other layouts take torch ops of the same bits (_split_ops, which add
+    bool masks of t's size)."""
     if _on_gpu(t, hi, lo) and _kernel_ready():
         if _dense(t) and hi.stride() == lo.stride() == t.stride():
             split_kernel.launch(t, hi.data_ptr(), lo.data_ptr(), 0, t.numel(), t.numel())
@@ -99,15 +100,17 @@ def _split_ops(t, hi, lo) -> None:
     t_i, hi_i, lo_i = t.view(torch.int32), hi.view(torch.int32), lo.view(torch.int32)
     torch.add(t_i, _ROUND, out=hi_i)
     hi_i.bitwise_and_(_MASK)
+    # the fix-ups below take one bool mask each (a quarter of a part), never a full-size temporary:
     # a finite value rounded past the largest float is truncated (an infinity's truncation is itself)
-    torch.where(torch.isinf(hi), t_i & _MASK, hi_i, out=hi_i)
+    over = torch.isinf(hi)
+    hi_i[over] = t_i[over] & _MASK
     # a NaN is the quiet NaN with every mantissa bit set: the add would carry a GPU NaN's all-ones
     # mantissa into the sign (-0), and a NaN with only low mantissa bits reads as infinity in TF32
     hi_i.masked_fill_(torch.isnan(t), _QUIET_NAN)
     torch.sub(t, hi, out=lo)
     lo_i.add_(_ROUND)
     lo_i.bitwise_and_(_MASK)
-    lo.masked_fill_(~torch.isfinite(t), 0.0)      # hi alone carries an infinity or a NaN
+    lo.masked_fill_(torch.isfinite(t).logical_not_(), 0.0)      # hi alone carries an infinity or a NaN
 
 
 def _on_gpu(*tensors) -> bool:
