@@ -312,3 +312,26 @@ def test_the_split_form_in_channels_last_splits_its_input_there_without_copying_
     copy = rounded(p.values[x].nbytes)
     assert call_temp_bytes(p, conv.id, "fp32", True) == call_temp_bytes(p, conv.id, "fp32", False) + copy
     assert call_temp_bytes(p, conv.id, "3xtf32", True) == call_temp_bytes(p, conv.id, "3xtf32", False)
+
+
+def test_a_split_call_the_plan_sets_back_runs_in_its_inputs_layout(monkeypatch):
+    """A channels-last split convolution whose parts cannot fit within eager's peak runs in fp32, and
+    in its input's own layout, as eager runs it: no channels-last weight cached or converted per call,
+    no input copy in the model, and no conversion when it runs (plain fp32 channels-last was never
+    measured, and 9_ResNet18's layer-4 convolutions ran so at 1.70x eager's peak)."""
+    from agent_core.runtime import split_tf32 as st
+    p = _program(ConvChain(), (2, 3, 12, 12))
+    convs = [n.id for n in p.nodes.values() if n.op == "conv2d"]
+    plain = ProgramExecutable(p, {}, graph=False, device="cpu").memory
+    p.metadata["library_precision"] = {c: "3xtf32" for c in convs}
+    p.metadata["library_layout"] = {c: "channels_last" for c in convs}
+    exe = ProgramExecutable(p, {}, graph=False, device="cpu")        # the budget: eager's peak
+    assert {d.runs_as for d in exe.memory.decisions.values()} == {"fp32"}, exe.memory.to_dict()
+    assert exe.memory.cache_bytes == 0 and not exe.memory.weights_per_call
+    assert exe.memory.predicted_peak_bytes == plain.predicted_peak_bytes     # no copies left in the model
+    converted = []
+    real = st.to_channels_last
+    monkeypatch.setattr(st, "to_channels_last", lambda t: converted.append(t.shape) or real(t))
+    res = exe.verify(draws=2)
+    assert res.ok, res.reason
+    assert converted == []

@@ -322,7 +322,10 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     events, order = _events(program, steps)
     over = written_over(program, steps, order)
     live = _live_per_event(program, steps, events, order, {**_torch_views(program, steps), **over})
-    base = [a + b for a, b in zip(live, _kernel_copies(program, events, layout))]
+
+    def base_of(demoted) -> list[int]:   # a call set back to fp32 runs in its input's layout: no copies
+        kept = {n: lay for n, lay in layout.items() if n not in demoted}
+        return [a + b for a, b in zip(live, _kernel_copies(program, events, kept))]
     library = [(k, nid) for k, (_, nid, _, _) in enumerate(events) if nid is not None]
     calls = [nid for _, nid in library if precision.get(nid) == TF32X3
              or (precision.get(nid) == TF32X3_CAT and can_concatenate(program, nid))]
@@ -330,8 +333,8 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     demoted: set[str] = set()           # split calls run in fp32
     uncached: set[tuple] = set()        # caches dropped: their calls split the weight per call
 
-    def layout_keys(nid) -> set:
-        return set(_call_costs(program, nid, None, True)[1])       # a channels-last weight's copy
+    def layout_keys(nid) -> set:                 # a channels-last weight's copy
+        return set(_call_costs(program, nid, None, True)[1])
 
     def cache_keys(nid) -> set:
         return set(_call_costs(program, nid, precision[nid], True)[1]) - layout_keys(nid)   # the split's own
@@ -340,17 +343,20 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
         return precision[nid] if nid in split and nid not in demoted else \
             (None if nid in split else precision.get(nid))
 
-    def all_keys(nid, demoted=demoted) -> set:
-        return layout_keys(nid) | (cache_keys(nid) if nid in split and nid not in demoted else set())
+    def all_keys(nid, demoted=demoted) -> set:   # a call set back runs in its input's layout: no copy
+        if nid not in split:
+            return layout_keys(nid)
+        return set() if nid in demoted else layout_keys(nid) | cache_keys(nid)
 
     def costs(nid, demoted=demoted, uncached=uncached):
         form = runs_as(nid, demoted)
-        temp, held = _call_costs(program, nid, form, not (all_keys(nid, demoted) & uncached))
+        cl = False if nid in demoted else None       # set back: fp32 in its input's layout
+        temp, held = _call_costs(program, nid, form, not (all_keys(nid, demoted) & uncached), cl)
         # the chosen form's measured workspace beyond the model (agent.precision); none once demoted
         return temp + (workspace.get(nid, 0) if form == precision.get(nid) else 0), held
 
     def predict(demoted=demoted, uncached=uncached):
-        per_event = list(base)
+        per_event = base_of(demoted)
         caches: dict[tuple, int] = {}
         for k, nid in library:
             temp, held = costs(nid, demoted, uncached)

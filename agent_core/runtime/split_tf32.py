@@ -407,9 +407,11 @@ def run_in_layout(program: Program, node_id: str, env: dict, run, layout: str | 
 def run_library_node(program: Program, node_id: str, env: dict, form: str | None = None,
                      cache_weights: bool = True) -> None:
     """run_node, or the form the agent chose for this node (split TF32, or a timed cuDNN algorithm),
-    in the layout it chose. form overrides the agent's ("fp32": plain); cache_weights=False splits or
-    converts a parameter every call instead of keeping its parts (program_runtime.memory_plan decides)."""
-    layout = library_layout(program).get(node_id)
+    in the layout it chose. form overrides the agent's ("fp32": plain, in the input's own layout, as
+    eager runs it: the channels-last layout was chosen with the split form, and plain fp32 in it was
+    never measured); cache_weights=False splits or converts a parameter every call instead of keeping
+    its parts (program_runtime.memory_plan decides)."""
+    layout = None if form == "fp32" else library_layout(program).get(node_id)
     mode = form or library_precision(program).get(node_id)
     if mode in (TF32X3, TF32X3_CAT):   # each builds its operands' parts in the layout itself
         split_run = run_split_tf32_cat if mode == TF32X3_CAT else run_split_tf32
