@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -330,3 +331,88 @@ def test_many_inputs_keep_a_short_row_in_registers():
         ids.append(n.id)
     ks = generate_kernel(p, ids, name="six")
     assert ks.params["schedule"] == "warp" and ks.params["cached"] and ks.params["threads_per_row"] == 8
+
+
+def channel_stats_bias(shape=(4, 8, 6, 5)):
+    """Mean and max over each (sample, channel) plane, the mean plus a per-channel bias [C, 1, 1]: a
+    per-row input broadcast over the samples (the rows are [N, C])."""
+    p = Program("channel_stats_bias")
+    x = p.add_input("x", shape)
+    b = p.add_input("bias", (shape[1], 1, 1))
+    m = p.add_node("mean", [x.id], {"dim": [2, 3], "keepdim": True})
+    mb = p.add_node("add", [m.outputs[0], b.id])
+    s = p.add_node("amax", [x.id], {"dim": [2, 3], "keepdim": True})
+    o = p.add_node("mul", [mb.outputs[0], s.outputs[0]])
+    p.mark_output(o.outputs[0])
+    return p, [m.id, mb.id, s.id, o.id]
+
+
+def pooled_over_count(shape=(6, 9, 16)):
+    """Masked mean pooling as sentence encoders write it: sum over the tokens, divided by a clamped
+    count [B, 1] that broadcasts over the features (rows [B, D], kept without the reduced dim), beside
+    the max over the same tokens."""
+    p = Program("pooled_over_count")
+    x = p.add_input("x", shape)
+    n = p.add_input("count", (shape[0], 1))
+    s = p.add_node("sum", [x.id], {"dim": [1], "keepdim": False})
+    d = p.add_node("div", [s.outputs[0], n.id])
+    mx = p.add_node("amax", [x.id], {"dim": [1], "keepdim": False})
+    o = p.add_node("add", [d.outputs[0], mx.outputs[0]])
+    p.mark_output(o.outputs[0])
+    return p, [s.id, d.id, mx.id, o.id]
+
+
+def causal_scaled_softmax(shape=(2, 3, 7, 7)):
+    """Written-out causal attention scores: a [1, 1, L, L] mask computed in the region from a tril
+    buffer (broadcast over batch and heads: per element, not per row), a scale computed from a scalar
+    parameter (exp of a clamped log: the same for every row), then softmax and logsumexp of the
+    masked scores."""
+    p = Program("causal_scaled_softmax")
+    x = p.add_input("scores", shape)
+    L = shape[-1]
+    tril = p.add_parameter("tril", np.tril(np.ones((1, 1, L, L), np.float32)), constant=True)
+    t = p.add_parameter("logit_scale", np.array(0.7, np.float32))
+    mask = p.add_node("eq", [tril.id, p.add_parameter("zero", np.zeros((), np.float32), constant=True).id])
+    lg = p.add_node("log", [t.id])
+    ex = p.add_node("exp", [lg.outputs[0]])
+    sc = p.add_node("mul", [x.id, ex.outputs[0]])
+    w = p.add_node("masked_fill", [sc.outputs[0], mask.outputs[0]], {"value": float("-inf")})
+    sm = p.add_node("softmax", [w.outputs[0]], {"dim": -1})
+    lse = p.add_node("logsumexp", [w.outputs[0]], {"dim": [-1], "keepdim": True})
+    p.mark_output(sm.outputs[0])
+    p.mark_output(lse.outputs[0])
+    return p, [mask.id, lg.id, ex.id, sc.id, w.id, sm.id, lse.id]
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
+@pytest.mark.parametrize("builder", [channel_stats_bias, pooled_over_count, causal_scaled_softmax])
+def test_operands_smaller_than_the_rows_broadcast_into_one_kernel(builder):
+    """Values that broadcast to the rows without being one per row or per element: a per-channel
+    bias beside per-(sample, channel) rows, a per-sample count beside per-(sample, feature) rows, a
+    causal mask over [query, key] beside [batch, head, query, key] rows, a scale computed from a
+    scalar. One kernel, emulated on the CPU, equal to torch on 2 draws."""
+    from types import SimpleNamespace
+
+    from agent_core.compiler import compile_kernel
+    from agent_core.reference import run_reference
+    from tests.test_codegen_column_tiles import _emulate_region
+    p, ids = builder()
+    ks = generate_kernel(p, ids, name=p.name)
+    assert ks.params["reductions"] == 2, ks.params
+    compile_kernel(ks, arch="sm_90")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        ins = [torch.rand(p.values[v].shape, generator=g) * 3 + 0.5 for v in p.inputs]
+        env = run_reference(p, ins, keep=True)
+        _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env)
+        for v, got in outs.items():
+            torch.testing.assert_close(got, env[v], atol=1e-5, rtol=1e-5)
+
+
+def test_a_value_smaller_than_the_rows_is_not_written_out():
+    """A broadcast value computed in the region and returned would be written by every row."""
+    p, ids = causal_scaled_softmax()
+    mask = p.nodes[ids[0]].outputs[0]
+    p.mark_output(mask)
+    why = can_lower(p, ids)
+    assert why and "neither the rows" in why, why

@@ -83,6 +83,9 @@ class RowGraph:
     reductions: list[str] = field(default_factory=list)
     totals: list[str] = field(default_factory=list)                   # the whole-tensor reductions
     row_cats: dict = field(default_factory=dict)     # output -> (piece keys, row_cat.RowCat): stored per row
+    # per-row inputs broadcast over some rows (a bias over channels of [N, C] rows): their shape
+    # aligned to the rows' own shape (`kept`), read at the row's offset through it
+    row_views: dict[str, tuple[int, ...]] = field(default_factory=dict)
     hoisted: list[str] = field(default_factory=list)  # "max of x -> min of mel, then neg, log": monotone.peel
 
     @property
@@ -125,6 +128,17 @@ def _strip(shape) -> tuple:
     while shape and shape[0] == 1:
         shape = shape[1:]
     return shape
+
+
+def _fits(shape, target) -> bool:
+    """Whether `shape` broadcasts to `target` (right-aligned, as torch broadcasts)."""
+    shape = tuple(shape)
+    extra = len(shape) - len(target)
+    if extra > 0:
+        if any(s != 1 for s in shape[:extra]):
+            return False
+        shape = shape[extra:]
+    return all(a in (1, b) for a, b in zip((1,) * (len(target) - len(shape)) + shape, target))
 
 
 def _name(node) -> str:
@@ -175,14 +189,31 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
     kept = tuple(s for d, s in enumerate(full) if d not in dims)              # the same without them
 
     def space_of(vid) -> str:
+        """E or R; a value smaller than the rows that broadcasts to them is computed per row when it is
+        the same along each row (a scale computed from a parameter), else per element (a mask over the
+        heads of [batch, heads, query, key] rows), but never written out (every row would write it)."""
         v = vals[vid]
         n = math.prod(v.shape)
         if n == numel and _strip(v.shape) == _strip(full):
             return E
         if n == rows and _strip(v.shape) in (_strip(keep), _strip(kept)):
             return R
+        if vid not in io.outputs and (_fits(v.shape, keep) or _fits(v.shape, full)):
+            return R if _fits(v.shape, keep) else E
         raise CodegenError(f"'{v.name}' {list(v.shape)} is neither the rows {list(full)} nor one value per "
                            f"row of them; split the region there")
+
+    def row_view(v, reader) -> tuple[int, ...]:
+        """A per-row input's shape in the rows' own coordinates (`kept`), aligned as torch aligns it
+        with what `reader` computes: rows kept as [.., 1, ..] (keepdim) or without the reduced dims."""
+        out = vals[reader.outputs[0]].shape
+        if _fits(out, keep) and _fits(v.shape, keep):
+            pad = (1,) * (len(full) - len(v.shape)) + tuple(v.shape)[max(0, len(v.shape) - len(full)):]
+            return tuple(s for d, s in enumerate(pad) if d not in dims)
+        if _fits(out, kept) and _fits(v.shape, kept):
+            return (1,) * (len(kept) - len(v.shape)) + tuple(v.shape)[max(0, len(v.shape) - len(kept)):]
+        raise CodegenError(f"{_name(reader)} reads '{v.name}' {list(v.shape)} per row, which broadcasts over "
+                           f"neither the rows {list(keep)} nor {list(kept)}", node_id=reader.id)
 
     def add(d: Def) -> str:
         g.defs[d.key] = d
@@ -217,8 +248,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
                                       "first: split the region after it" if have == T else
                                       "a per-row or per-element value, with a total; split the region there"),
                                    node_id=reader.id)
-            if have == R and space == E and vid not in along and \
-                    (1,) * (len(full) - len(v.shape)) + tuple(v.shape) != keep:
+            if have == R and space == E and vid not in along and not _fits(v.shape, keep):
                 raise CodegenError(f"{_name(reader)} broadcasts the per-row value '{v.name}' {list(v.shape)} "
                                    f"across the rows of {list(full)}, not along them; split the region",
                                    node_id=reader.id)
@@ -231,9 +261,8 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
             if space == T and n != 1:
                 raise CodegenError(f"{_name(reader)} combines a total with '{v.name}' {list(v.shape)}; split the "
                                    f"region there", node_id=reader.id)
-            if space == R and n not in (rows, 1):
-                raise CodegenError(f"{_name(reader)} reads '{v.name}' {list(v.shape)} per row, which has "
-                                   f"neither one value per row nor one value", node_id=reader.id)
+            if space == R and n != 1 and (n != rows or _strip(v.shape) not in (_strip(keep), _strip(kept))):
+                g.row_views[vid] = row_view(v, reader)
             key = names.new(v.name)
             g.inputs[(vid, space)] = add(Def(key, space, c_type(v.dtype, f"'{v.name}'"), None, [], 0, vid))
         return g.inputs[(vid, space)]

@@ -500,6 +500,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         body.append("  // per-element values a later pass reads again, kept in registers")
         body += [f"  {g.defs[k].ctype} {a}[kItems * kVec];" for k, a in kept.items()]
 
+    # per-row inputs broadcast over some of the rows: read at the row's offset in their own shape
+    kept_shape = tuple(s for d, s in enumerate(g.full) if d not in g.dims)
+    row_ld = _Operands(program, kept_shape, list(g.row_views), names, "Row", g.row_views) if g.row_views else None
+
     def row_defs(r: int) -> list[str]:
         lines = []
         for d in g.defs.values():
@@ -507,7 +511,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 src = d.expr
                 if d.expr is None:
                     n = math.prod(vals[d.vid].shape)
-                    src = f"{arg[d.vid]}[active ? row : 0]" if n > 1 else f"{arg[d.vid]}[0]"
+                    src = row_ld.load(d.vid, arg[d.vid], "(active ? row : 0)") if d.vid in g.row_views else \
+                        f"{arg[d.vid]}[active ? row : 0]" if n > 1 else f"{arg[d.vid]}[0]"
                 lines.append(f"  const {d.ctype} {d.key} = {src};" + (f"  // {d.note}" if d.note else ""))
         return lines
 
@@ -667,7 +672,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     if totals:
         consts += [f"constexpr float kNumelF = {float_literal(numel)};  // elements of a whole-tensor reduction",
                    f"constexpr int kTotalFields = {_total_fields(totals)};  // floats of each row's share of the totals"]
-    consts += ld.consts
+    consts += ld.consts + (row_ld.consts if row_ld else [])
     rounds = max((s.round for s in steps), default=0)
     sched_text = {"warp": f"{tpr} lanes per row, {sched['rows_per_block']} rows per block",
                   "block": f"one block of {tpr} threads per row",
@@ -707,7 +712,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     text = "\n".join(body)
     structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", text)]
     kname = kernel_name(name)
-    source = kernel_source(head, consts, [*structs, *ld.helpers, *helpers], kname, cparams, body)
+    source = kernel_source(head, consts, [*structs, *ld.helpers, *(row_ld.helpers if row_ld else []), *helpers],
+                           kname, cparams, body)
     if sched["block"] == 1024 and not column:
         # one 1024-thread block per SM: let ptxas use the 64 registers each thread then has
         source = source.replace("__launch_bounds__(kBlock)", "__launch_bounds__(kBlock, 1)", 1)
