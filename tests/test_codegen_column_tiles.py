@@ -159,12 +159,12 @@ def standardize_softmax_src(shape, dim, temperature, var=False):
         """)
 
 
-def _emulate_region(p, r, env, params=None, draws_in=None):
-    """One region's kernel on the CPU emulator, its inputs from `env` (what ran before it): its
-    outputs, and the workspace counters after the call (left zeroed for the next launch)."""
+def _emulate_region(p, r, env, params=None, draws_in=None, ks=None):
+    """One region's kernel (`ks`, else generated) on the CPU emulator, its inputs from `env` (what ran
+    before it): its outputs, and the workspace counters after the call (left zeroed for the next launch)."""
     from agent_core.writer.emulate import CpuExecutor
     from agent_core.writer.executors import CANARY, guarded, payload
-    ks = generate_kernel(p, r.nodes, name=f"emu_{r.id}", params=params)
+    ks = ks or generate_kernel(p, r.nodes, name=f"emu_{r.id}", params=params)
     call = [guarded(env[v].numpy(), GUARD) for v in ks.inputs]
     call += [guarded(np.full(p.values[v].shape, 7.0, np.float32), GUARD) for v in ks.outputs]
     call += [guarded(np.zeros(n, np.float32 if dt == "float32" else np.uint32), GUARD) for dt, n in ks.workspace]

@@ -86,6 +86,8 @@ class RowGraph:
     # per-row inputs broadcast over some rows (a bias over channels of [N, C] rows): their shape
     # aligned to the rows' own shape (`kept`), read at the row's offset through it
     row_views: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    # group_norm's rows: every input's shape in the [N, G, C / G, *S] frame (its loads are indexed so)
+    framed: dict[str, tuple[int, ...]] = field(default_factory=dict)
     hoisted: list[str] = field(default_factory=list)  # "max of x -> min of mel, then neg, log": monotone.peel
 
     @property
@@ -141,6 +143,15 @@ def _fits(shape, target) -> bool:
     return all(a in (1, b) for a, b in zip((1,) * (len(target) - len(shape)) + shape, target))
 
 
+def group_frame(program: Program, node) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(the input's shape [N, C, *S], the same as [N, G, C / G, *S]) of a group_norm / instance_norm:
+    its (sample, group) rows are the neighbouring dims 2.. there, and a per-channel weight [C] is the
+    view [G, C / G, 1..] of that frame."""
+    shape = tuple(program.values[node.inputs[0]].shape)
+    groups = node.attrs["num_groups"] if node.op == "group_norm" else shape[1]
+    return shape, (shape[0], groups, shape[1] // groups, *shape[2:])
+
+
 def _name(node) -> str:
     return node.name if node.name == node.op else f"{node.name} ({node.op})"
 
@@ -154,19 +165,43 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
     if not reds:
         raise CodegenError("the region holds no reduction")
     ops = {}
+    params: set[str] = set()
+    frame = None          # group_norm's [N, C, *S] seen as [N, G, C / G, *S]: its rows are neighbours there
     for nid in reds:
         state, preamble, expr, preserving, dims, row_len, fold, ctype = graph_op(program, nid)
         if row_len is not None:
-            raise CodegenError(f"{_name(nodes[nid])} reduces (sample, group) rows; a kernel with several "
-                               f"reductions takes rows of neighbouring dims only", node_id=nid)
+            if len(reds) > 1:
+                raise CodegenError(f"{_name(nodes[nid])} reduces (sample, group) rows; a kernel of several "
+                                   f"reductions shares rows of neighbouring dims only", node_id=nid)
+            frame = group_frame(program, nodes[nid])
+            dims = list(range(2, len(frame[1])))
+            # its weight and bias are per channel: [C] is [G, C / G, 1..] of the frame, not broadcast
+            params = {v for v in nodes[nid].inputs[1:] if v is not None}
+            if any(v in n.inputs for n in (nodes[m] for m in io.nodes if m != nid) for v in params):
+                raise CodegenError(f"the weight or bias of {_name(nodes[nid])} is also read by another op of the "
+                                   f"region; split the region", node_id=nid)
         ops[nid] = (state, preamble, expr, preserving, list(dims), fold, ctype)
+
+    def shp(vid) -> tuple[int, ...]:
+        """A value's shape in the rows' frame: group_norm's channel dim split into (group, channel)."""
+        shape = tuple(vals[vid].shape)
+        if frame is None:
+            return shape
+        orig, framed = frame
+        if vid in params:
+            return (1, *framed[1:3]) + (1,) * (len(orig) - 2)
+        if len(shape) > len(orig) or not _fits(shape, orig):
+            return shape
+        pad = (1,) * (len(orig) - len(shape)) + shape
+        chans, groups = orig[1], frame[1][1]
+        return pad[:1] + ((groups, chans // groups) if pad[1] == chans else (1, 1)) + pad[2:]
     # whole-tensor reductions beside reductions over rows: each row folds its share (space T)
-    totals = [n for n in reds if ops[n][4] == list(range(len(vals[nodes[n].inputs[0]].shape)))]
+    totals = [n for n in reds if ops[n][4] == list(range(len(shp(nodes[n].inputs[0]))))]
     rowwise = [n for n in reds if n not in totals]
     if not rowwise:
         rowwise, totals = reds, []
     first = nodes[rowwise[0]]
-    full = tuple(vals[first.inputs[0]].shape)
+    full = shp(first.inputs[0])
     dims = ops[rowwise[0]][4]
     for nid in totals:
         if math.prod(vals[nodes[nid].inputs[0]].shape) != math.prod(full):
@@ -181,9 +216,9 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
     outer, cols, inner = math.prod(full[:dims[0]]), math.prod(full[d] for d in dims), math.prod(full[dims[-1] + 1:])
     if outer * cols * inner == 0:
         raise CodegenError("the region reduces an empty tensor; there is nothing to launch")
-    if cols < 2:
-        raise CodegenError(f"{_name(first)} reduces rows of one element; it is a pointwise map")
     g = RowGraph(full, dims, outer, cols, inner, reductions=reds, totals=totals)
+    if frame is not None:
+        g.framed = {v: shp(v) for v in io.inputs}
     numel, rows = math.prod(full), outer * inner
     keep = tuple(1 if d in dims else s for d, s in enumerate(full))           # a per-row value, keepdim
     kept = tuple(s for d, s in enumerate(full) if d not in dims)              # the same without them
@@ -192,26 +227,26 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         """E or R; a value smaller than the rows that broadcasts to them is computed per row when it is
         the same along each row (a scale computed from a parameter), else per element (a mask over the
         heads of [batch, heads, query, key] rows), but never written out (every row would write it)."""
-        v = vals[vid]
-        n = math.prod(v.shape)
-        if n == numel and _strip(v.shape) == _strip(full):
+        v, shape = vals[vid], shp(vid)
+        n = math.prod(shape)
+        if n == numel and _strip(shape) == _strip(full):
             return E
-        if n == rows and _strip(v.shape) in (_strip(keep), _strip(kept)):
+        if n == rows and _strip(shape) in (_strip(keep), _strip(kept)):
             return R
-        if vid not in io.outputs and (_fits(v.shape, keep) or _fits(v.shape, full)):
-            return R if _fits(v.shape, keep) else E
+        if vid not in io.outputs and (_fits(shape, keep) or _fits(shape, full)):
+            return R if _fits(shape, keep) else E
         raise CodegenError(f"'{v.name}' {list(v.shape)} is neither the rows {list(full)} nor one value per "
                            f"row of them; split the region there")
 
     def row_view(v, reader) -> tuple[int, ...]:
         """A per-row input's shape in the rows' own coordinates (`kept`), aligned as torch aligns it
         with what `reader` computes: rows kept as [.., 1, ..] (keepdim) or without the reduced dims."""
-        out = vals[reader.outputs[0]].shape
-        if _fits(out, keep) and _fits(v.shape, keep):
-            pad = (1,) * (len(full) - len(v.shape)) + tuple(v.shape)[max(0, len(v.shape) - len(full)):]
+        out, shape = shp(reader.outputs[0]), shp(v.id)
+        if _fits(out, keep) and _fits(shape, keep):
+            pad = (1,) * (len(full) - len(shape)) + shape[max(0, len(shape) - len(full)):]
             return tuple(s for d, s in enumerate(pad) if d not in dims)
-        if _fits(out, kept) and _fits(v.shape, kept):
-            return (1,) * (len(kept) - len(v.shape)) + tuple(v.shape)[max(0, len(v.shape) - len(kept)):]
+        if _fits(out, kept) and _fits(shape, kept):
+            return (1,) * (len(kept) - len(shape)) + shape[max(0, len(shape) - len(kept)):]
         raise CodegenError(f"{_name(reader)} reads '{v.name}' {list(v.shape)} per row, which broadcasts over "
                            f"neither the rows {list(keep)} nor {list(kept)}", node_id=reader.id)
 
@@ -248,7 +283,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
                                       "first: split the region after it" if have == T else
                                       "a per-row or per-element value, with a total; split the region there"),
                                    node_id=reader.id)
-            if have == R and space == E and vid not in along and not _fits(v.shape, keep):
+            if have == R and space == E and vid not in along and not _fits(shp(vid), keep):
                 raise CodegenError(f"{_name(reader)} broadcasts the per-row value '{v.name}' {list(v.shape)} "
                                    f"across the rows of {list(full)}, not along them; split the region",
                                    node_id=reader.id)
@@ -261,7 +296,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
             if space == T and n != 1:
                 raise CodegenError(f"{_name(reader)} combines a total with '{v.name}' {list(v.shape)}; split the "
                                    f"region there", node_id=reader.id)
-            if space == R and n != 1 and (n != rows or _strip(v.shape) not in (_strip(keep), _strip(kept))):
+            if space == R and n != 1 and (n != rows or _strip(shp(vid)) not in (_strip(keep), _strip(kept))):
                 g.row_views[vid] = row_view(v, reader)
             key = names.new(v.name)
             g.inputs[(vid, space)] = add(Def(key, space, c_type(v.dtype, f"'{v.name}'"), None, [], 0, vid))
@@ -286,7 +321,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         if node.op == "expand":
             src = vals[node.inputs[0]]
             if g.defs[local[node.inputs[0]]].space == R and space == E:
-                if (1,) * (len(full) - len(src.shape)) + tuple(src.shape) != keep:
+                if (1,) * (len(full) - len(shp(src.id))) + shp(src.id) != keep:
                     raise CodegenError(f"{_name(node)} broadcasts the per-row value '{src.name}' {list(src.shape)} "
                                        f"across the rows of {list(full)}, not along them; split the region",
                                        node_id=nid)

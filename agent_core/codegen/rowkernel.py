@@ -369,7 +369,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     index_t = index_type(max(numel, views.extent if views else 0))
     e_in = [v for (v, sp), k in g.inputs.items() if sp == E and k in need]
     computed = {v: (views.scalar[v], views.vector.get(v)) for v in e_in if v in views.scalar} if views else {}
-    ld = _Operands(program, g.full, e_in, names, "In", operand_views(program, io.nodes, e_in), computed)
+    ld = _Operands(program, g.full, e_in, names, "In", {**operand_views(program, io.nodes, e_in), **g.framed},
+                   computed)
     held = [v for v in e_in if ld.full(v)]            # full-size inputs: registers, or streamed
     key_of = {v: g.inputs[(v, E)] for v in e_in}
     ct = {v: g.defs[key_of[v]].ctype for v in e_in}

@@ -92,6 +92,14 @@ def graph_op(program: Program, nid: str):
     node = program.nodes[nid]
     x = program.values[node.inputs[0]]
     rank, a, op = len(x.shape), node.attrs, node.op
+    if op in ("group_norm", "instance_norm"):
+        # (sample, group) rows: the row graph sees the input as [N, G, C / G, *S] (rowgraph.group_frame),
+        # where a channel parameter is an operand broadcast over that frame, read at the element's column
+        state, preamble, _, preserving, dims, row_len = _row_op(program, nid)
+        w_port, b_port = (1, 2) if op == "group_norm" else (3, 4)
+        has = [len(node.inputs) > k and node.inputs[k] is not None for k in (w_port, b_port)]
+        expr = "(xe - st.mean) * rstd" + (" * WEIGHT[col]" if has[0] else "") + (" + BIAS[col]" if has[1] else "")
+        return state, preamble, expr, preserving, dims, row_len, None, "float"
     if op not in GRAPH_OPS:
         return (*_row_op(program, nid), None, "float")
     if op in ("argmax", "argmin"):
