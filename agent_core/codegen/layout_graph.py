@@ -121,7 +121,10 @@ def index_inputs(program: Program, io: RegionIO, kind: str) -> set:
     return out
 
 
-def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: bool = False) -> int:
+def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: bool = False,
+           one_space: bool = True) -> int:
+    """The outputs' element count; with `one_space` (a layout kernel: one flat index for all outputs)
+    every output must have it, while a row kernel's prologue reads each output at its own index."""
     vals, nodes = program.values, program.nodes
     for n in io.nodes:
         node = nodes[n]
@@ -138,7 +141,7 @@ def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: b
     numel = math.prod(vals[io.outputs[0]].shape)
     if numel == 0:
         raise CodegenError(f"output '{vals[io.outputs[0]].name}' is empty; there is nothing to launch")
-    for v in io.outputs:
+    for v in io.outputs if one_space else []:
         if math.prod(vals[v].shape) != numel:
             raise CodegenError(f"output '{vals[v].name}' {vals[v].spec} is not the size of "
                                f"'{vals[io.outputs[0]].name}' {vals[io.outputs[0]].spec}; split the region there")
@@ -571,7 +574,7 @@ class ViewPrologue:
         self.indices = index_inputs(program, io, "row-kernel prologue")
         # any kernel dtype: the row kernel declares its arguments in their own C types, and the scalar
         # lambdas return them (float4 lambdas only where every value is float32)
-        numel = _check(program, io, "row-kernel prologue", self.indices, any_dtype=True)
+        numel = _check(program, io, "row-kernel prologue", self.indices, any_dtype=True, one_space=False)
         for v in io.inputs:
             c_type(program.values[v].dtype, f"'{program.values[v].name}'")
         g = _Graph(program, io, "row-kernel prologue", self.indices)
