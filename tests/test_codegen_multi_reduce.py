@@ -438,13 +438,15 @@ def group_norm_silu(shape=(2, 8, 5, 6), groups=4, instance=False):
 
 
 @pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
-@pytest.mark.parametrize("shape,groups,instance", [((2, 8, 5, 6), 4, False), ((3, 6, 7), 3, False),
-                                                   ((2, 4, 3, 5), None, True), ((2, 32, 40, 40), 8, False)])
-def test_the_row_graph_normalizes_sample_group_rows(shape, groups, instance):
+@pytest.mark.parametrize("shape,groups,instance,params", [
+    ((2, 8, 5, 6), 4, False, None), ((3, 6, 7), 3, False, None), ((2, 4, 3, 5), None, True, None),
+    ((2, 32, 40, 40), 8, False, None), ((4, 16, 48, 48), 2, False, None),
+    ((1, 8, 64, 64), 2, False, {"split": 4})])
+def test_the_row_graph_normalizes_sample_group_rows(shape, groups, instance, params):
     """group_norm and instance_norm rows are (sample, group): the row graph sees [N, C, *S] as
     [N, G, C / G, *S], where those rows are neighbouring dims and the per-channel weight and bias are
-    operands broadcast over that frame. Emulated on the CPU (held rows, and a row of 8000 streamed),
-    equal to torch on 2 draws."""
+    operands broadcast over that frame. Emulated on the CPU (rows held, streamed, split in chunks; the
+    emulator has no clusters: the GPU test runs one), equal to torch on 2 draws."""
     from types import SimpleNamespace
 
     from agent_core.codegen.region_io import region_io
@@ -453,8 +455,10 @@ def test_the_row_graph_normalizes_sample_group_rows(shape, groups, instance):
     from agent_core.reference import run_reference
     from tests.test_codegen_column_tiles import _emulate_region
     p, ids = group_norm_silu(shape, groups, instance)
-    ks = generate_multi_reduction(p, region_io(p, ids), "gn")
+    ks = generate_multi_reduction(p, region_io(p, ids), "gn", params)
     compile_kernel(ks, arch="sm_90")
+    if params:
+        assert ks.params["schedule"] == "split_row", ks.params
     assert ks.params["cols"] == math.prod(shape[1:]) // (groups or shape[1]), ks.params
     g = torch.Generator().manual_seed(0)
     for _ in range(2):

@@ -93,3 +93,26 @@ def test_a_prologue_of_embeddings_of_different_sizes_feeds_one_row_kernel():
     env = run_reference(p, ins, keep=True)
     _, outs = _emulate_region(p, SimpleNamespace(nodes=nodes, id="r"), env, ks=ks)
     torch.testing.assert_close(outs[ln.outputs[0]], env[ln.outputs[0]], atol=1e-5, rtol=1e-5)
+
+
+def test_the_comparison_tool_reports_the_coverage_of_blocks_on_the_cpu(tmp_path):
+    """tools/row_generators_compare.py, run as a shell runs it: every rowreduce region of two blocks
+    is generated and compiled by both forms, and the report says so (timing needs a GPU)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "report.md"
+    res = subprocess.run([sys.executable, "tools/row_generators_compare.py", str(_block("groupnorm_silu_sdxl_unet")),
+                          str(_block("masked_softmax_bert_base")), "-o", str(out), "--jsonl", str(tmp_path / "r.jsonl")],
+                         cwd=root, capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1", "PYTHONPATH": str(root)})
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert {r["problem"] for r in rows} == {"groupnorm_silu_sdxl_unet", "masked_softmax_bert_base"}
+    assert all(r["rowreduce"]["generated"] and r["row_graph"]["generated"] for r in rows), rows
+    text = out.read_text()
+    assert f"{len(rows)} regions whose kernel rowreduce writes; the row graph generates and compiles {len(rows)}" in text
+    assert "on the CPU (coverage only" in text and "group_norm, silu" in text
