@@ -127,7 +127,8 @@ def compare(path: Path, args, gpu: bool) -> list[dict]:
     from agent_core.planner import plan_program
     from agent_core.reference import random_inputs, run_reference
     from agent_core.rewrites import rewrite_program
-    program = rewrite_program(import_file(path), check=False).program
+    # the coverage needs no weights (the model on the meta device); a GPU run computes the reference
+    program = rewrite_program(import_file(path, weights=gpu), check=False).program
     plan = plan_program(program)
     env = None
     rows = []
