@@ -208,6 +208,7 @@ def main(argv=None) -> int:
             print(json.dumps(r), flush=True)
             if sink:
                 sink.write(json.dumps(r) + "\n")
+                sink.flush()      # a run cut short keeps what it measured
         rows += got
     write_report(rows, args, gpu, Path(args.output))
     missing = sum(1 for r in rows if "error" in r.get("row_graph", {}))
