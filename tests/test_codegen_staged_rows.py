@@ -110,10 +110,18 @@ def test_staged_loads_touch_near_the_floor_of_sectors_the_row_order_eight_times_
     _compiles(ks)
 
 
-def _emulated(p, params=None):
+def _emulated(p, params=None, generate=None):
+    """The region's kernel (`generate(program, io, name, params)`, else the package's dispatch) run by
+    the CPU emulator, its outputs checked against torch."""
+    from agent_core.codegen.region_io import region_io
     from agent_core.writer.emulate import CpuExecutor
     from agent_core.writer.executors import CANARY, guarded, payload
-    ks = generate_kernel(p, _all(p), name="staged", params=params)
+    from agent_core.codegen.cuda import prune_unused
+    if generate:         # pruned of unused helpers, as generate_kernel does
+        ks = generate(p, region_io(p, _all(p)), "staged", params)
+        ks.source = prune_unused(ks.source)
+    else:
+        ks = generate_kernel(p, _all(p), name="staged", params=params)
     g = torch.Generator().manual_seed(0)
     ins = [torch.randn(p.values[v].shape, generator=g) for v in p.inputs]
     env = run_reference(p, ins, keep=True)
@@ -142,4 +150,17 @@ def test_staged_row_kernels_under_cpu_emulation_match_torch(case, build, args, p
     ks = _emulated(p, params)
     assert ks.shared_bytes == ks.params["rows_per_block"] * (ks.params["cols"] + (4 - ks.params["cols"] % 32) % 32) * 4
     assert ks.params["staged"], case
+    _compiles(ks)
+
+
+@needs_gxx
+@pytest.mark.parametrize("case,build,args,params", EMULATED, ids=[c[0] for c in EMULATED])
+def test_the_row_graph_stages_the_same_rows_under_cpu_emulation(case, build, args, params):
+    """The row graph (rowkernel.py) stages the same transposing reads as rowreduce, so it can replace it
+    on ViT's tokens and Swin's attention bias: staged, the same shared memory, equal to torch."""
+    from agent_core.codegen.rowkernel import generate_multi_reduction
+    p = build(*args)
+    ks = _emulated(p, params, generate_multi_reduction)
+    assert ks.params["staged"], case
+    assert ks.shared_bytes == ks.params["rows_per_block"] * (ks.params["cols"] + (4 - ks.params["cols"] % 32) % 32) * 4
     _compiles(ks)

@@ -40,8 +40,10 @@ from .region_io import RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, STATES, fold_params, state_helpers, struct_fields
+from .row_stage import stage_lines, staged_values, tile_stride
 from .rowreduce import DEFAULTS as ROW_DEFAULTS, _Operands
 from . import column_tile, rowsplit
+from . import views as V
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile_y": None, "column_batch": 4,
             "cluster": None,
@@ -57,7 +59,8 @@ COLUMN_TILE = (32, 8)
 # the kernel's own locals; generated names never take them
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
           "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
-          "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w", *rowsplit.LOCALS, *column_tile.LOCALS)
+          "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w", "s_t", "s_row", "s_col", "s_at",
+          "stage_smem", *rowsplit.LOCALS, *column_tile.LOCALS)
 
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -69,6 +72,7 @@ def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: 
         names, arg, views, g, stores = _lowered(program, io, two_stage=False, hoist=hoist)
         if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
             sched = _schedule(g, p, _full_inputs(program, g, io))
+    sched["stage"] = bool(p["stage"])
     return _render(program, io, g, names, arg, sched, name, views, stores)
 
 
@@ -369,6 +373,17 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     index_t = index_type(max(numel, views.extent if views else 0))
     e_in = [v for (v, sp), k in g.inputs.items() if sp == E and k in need]
     computed = {v: (views.scalar[v], views.vector.get(v)) for v in e_in if v in views.scalar} if views else {}
+    # full-size prologue values read through a transposing view: the block's rows staged in shared
+    # memory with the row index fastest, then read per row from there (row_stage.py)
+    tiles: dict[str, tuple[str, str]] = {}
+    if views and schedule == "warp" and cached and g.inner == 1:
+        full = {v: f for v, f in computed.items() if math.prod(vals[v].shape) == numel}
+        for v in staged_values(program, views.nodes, views, full, "warp", sched["rows_per_block"], g.cols,
+                               {"stage": sched.get("stage", True)}):
+            tile = names.new(vals[v].name + "_tile")
+            at = views.at(v, V.add(V.mul(V.Var("s_at", 0, g.rows - 1), g.cols), V.Var("s_col", 0, g.cols - 1)))
+            tiles[v] = (tile, at or f"{computed[v][0]}(s_at * kCols + s_col)")
+            computed[v] = (f"{tile}_at", f"{tile}_at4" if vec == 4 else None)
     ld = _Operands(program, g.full, e_in, names, "In", {**operand_views(program, io.nodes, e_in), **g.framed},
                    computed)
     held = [v for v in e_in if ld.full(v)]            # full-size inputs: registers, or streamed
@@ -482,6 +497,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             "  const index_t row = outer * kInner + inner;",
             "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
             "  const int lane = threadIdx.y;"]
+    body += stage_lines(tiles, vec)
     if cached and held:
         body.append("  // the row's full-size inputs, loaded once and kept in registers")
         for v in held:
@@ -665,6 +681,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                    "constexpr int kStride = kCluster * kThreadsPerRow * kVec;  // columns between a thread's loads"]
     if cached:
         consts.append(f"constexpr int kItems = {items};  // loads per thread and input")
+    if tiles:
+        consts.append(f"constexpr int kTileStride = {tile_stride(g.cols)};  // floats between staged rows "
+                      f"(4 banks from a multiple of 32)")
     if srow:
         consts += [f"constexpr int kSplit = {sched['row_split']};  // chunks per row",
                    f"constexpr int kChunk = {sched['chunk']};  // columns per chunk (a multiple of kVec)",
@@ -688,7 +707,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                                f"parallel)"}[schedule]
     sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times"
                    + (f" ({sched['batch']} loads in flight per thread)" if column else "")) + \
-        f", {rounds} all-reduce round(s), {'float4' if 4 in (vec, vecx) else 'scalar'} loads, {sched['grid']} blocks"
+        f", {rounds} all-reduce round(s), {'float4' if 4 in (vec, vecx) else 'scalar'} loads, {sched['grid']} blocks" + \
+        (f", the rows read through a transposing view staged in shared memory with the row index fastest "
+         f"({', '.join(vals[v].name for v in tiles)})" if tiles else "")
     red_names = ", ".join(program.nodes[n].op for n in g.reductions)
     head = header(program, f"Region {name}: {len(g.reductions)} reductions ({red_names}) over the same "
                            f"rows of {g.cols}, one kernel", io.nodes, [
@@ -725,11 +746,12 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     return KernelSource(
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(sched["grid"], 1, 1), block=block, schedule=sched_text,
+        shared_bytes=len(tiles) * sched["rows_per_block"] * tile_stride(g.cols) * 4,
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": sched["rows_per_block"],
                 "vector_width": vec, "block": block[0] * block[1], "grid": sched["grid"], "cached": cached,
                 "rounds": rounds, "reductions": len(g.reductions), "cluster": cluster,
                 "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
-                "cols": g.cols, "vecx": vecx,
+                "cols": g.cols, "vecx": vecx, "staged": bool(tiles),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
