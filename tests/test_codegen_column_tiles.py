@@ -166,11 +166,12 @@ def _emulate_region(p, r, env, params=None, draws_in=None, ks=None):
     from agent_core.writer.executors import CANARY, guarded, payload
     ks = ks or generate_kernel(p, r.nodes, name=f"emu_{r.id}", params=params)
     call = [guarded(env[v].numpy(), GUARD) for v in ks.inputs]
-    call += [guarded(np.full(p.values[v].shape, 7.0, np.float32), GUARD) for v in ks.outputs]
+    np_dtype = {v: np.dtype(torch.empty(0, dtype=getattr(torch, p.values[v].dtype)).numpy().dtype) for v in ks.outputs}
+    call += [guarded(np.full(p.values[v].shape, 7, np_dtype[v]), GUARD) for v in ks.outputs]
     call += [guarded(np.zeros(n, np.float32 if dt == "float32" else np.uint32), GUARD) for dt, n in ks.workspace]
     (res,) = CpuExecutor().run(ks, [call], guard=GUARD, timeout_s=300)
     assert all((b[:GUARD] == CANARY).all() and (b[-GUARD:] == CANARY).all() for b in res), "wrote outside a buffer"
-    outs = {v: torch.from_numpy(payload(res[len(ks.inputs) + j], GUARD, np.float32, p.values[v].shape).copy())
+    outs = {v: torch.from_numpy(payload(res[len(ks.inputs) + j], GUARD, np_dtype[v], p.values[v].shape).copy())
             for j, v in enumerate(ks.outputs)}
     if ks.workspace:
         assert not payload(res[-1], GUARD, np.uint32, (ks.workspace[-1][1],)).any(), "counters left raised"

@@ -467,3 +467,41 @@ def test_the_row_graph_normalizes_sample_group_rows(shape, groups, instance, par
         _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env, ks=ks)
         for v, got in outs.items():
             torch.testing.assert_close(got, env[v], atol=1e-5, rtol=1e-5)
+
+
+def token_count_mean(shape=(6, 40), dtype="bool"):
+    """Tokens counted from a mask (torch sums booleans exactly, in int64) beside the masked mean of
+    the hidden values over the same rows."""
+    p = Program("token_count_mean")
+    x = p.add_input("x", shape)
+    m = p.add_input("mask", shape, dtype)
+    n = p.add_node("sum", [m.id], {"dim": [1], "keepdim": False})
+    xm = p.add_node("mul", [x.id, m.id])
+    s = p.add_node("mean", [xm.outputs[0]], {"dim": [1], "keepdim": False})
+    p.mark_output(n.outputs[0])
+    p.mark_output(s.outputs[0])
+    return p, [n.id, xm.id, s.id]
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
+@pytest.mark.parametrize("shape,dtype", [((6, 40), "bool"), ((5, 3000), "int32"), ((4, 33), "int64")])
+def test_an_integer_sum_counts_exactly_in_int64_beside_float_reductions(shape, dtype):
+    """sum of booleans or integers is an int64 state (isum) folded in the same pass as the float
+    mean; emulated on the CPU, the count equals torch's exactly."""
+    from types import SimpleNamespace
+
+    from agent_core.compiler import compile_kernel
+    from agent_core.reference import run_reference
+    from tests.test_codegen_column_tiles import _emulate_region
+    p, ids = token_count_mean(shape, dtype)
+    ks = generate_kernel(p, ids, name="count")
+    assert "St_isum" in ks.source and "long long* __restrict__" in ks.source
+    compile_kernel(ks, arch="sm_90")
+    g = torch.Generator().manual_seed(0)
+    for _ in range(2):
+        mask = torch.randint(0, 2, shape, generator=g).to(getattr(torch, dtype))
+        env = run_reference(p, [torch.randn(shape, generator=g), mask], keep=True)
+        _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env)
+        n, mean = (p.nodes[i].outputs[0] for i in (ids[0], ids[2]))
+        assert outs[n].dtype == torch.int64 and torch.equal(outs[n], env[n])
+        torch.testing.assert_close(outs[mean], env[mean], atol=1e-5, rtol=1e-5)

@@ -38,7 +38,7 @@ from .kernel import CodegenError
 from .monotone import peel
 from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
-from .rowops import INDEXED, STATES, field_ctype, graph_op
+from .rowops import INDEXED, NOT_FLOAT, STATES, field_ctype, graph_op
 
 E, R, T = "E", "R", "T"
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -350,17 +350,22 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     fold's result: exact, and the per-element work of the chain leaves the reduction's pass."""
     vals = program.values
     state, preamble, expr, preserving, _, fold, ctype = op
-    out_dtype = "int64" if state in INDEXED else "float32"
-    for vid, want in [(node.inputs[0], "float32"), (node.outputs[0], out_dtype)]:
+    if node.op == "sum" and vals[node.outputs[0]].dtype == "int64" and vals[node.inputs[0]].dtype != "float32":
+        c_type(vals[node.inputs[0]].dtype, f"'{vals[node.inputs[0]].name}'")    # an integer or bool input
+        state, ctype = "isum", "long long"
+    out_dtype = "int64" if state in INDEXED or state == "isum" else "float32"
+    for vid, want in [(node.inputs[0], vals[node.inputs[0]].dtype if state == "isum" else "float32"),
+                      (node.outputs[0], out_dtype)]:
         if vals[vid].dtype != want:
-            raise CodegenError(f"{_name(node)} reduces '{vals[vid].name}' of dtype {vals[vid].dtype}; a kernel "
-                               f"with several reductions accumulates float32 only", node_id=node.id)
+            raise CodegenError(f"{_name(node)} reduces '{vals[vid].name}' of dtype {vals[vid].dtype}; a row "
+                               f"kernel accumulates float32, or int64 for a sum", node_id=node.id)
     x = read(node.inputs[0], E, node)
     if g.defs[x].space != E:
         raise CodegenError(f"{_name(node)} reduces a per-row value", node_id=node.id)
-    if total and state in INDEXED:
-        raise CodegenError(f"{_name(node)} over every element beside reductions over rows: its index does not "
-                           f"travel through the float workspace; split the region before it", node_id=node.id)
+    if total and state in NOT_FLOAT:
+        raise CodegenError(f"{_name(node)} over every element beside reductions over rows: its index or integer "
+                           f"sum does not travel through the float workspace; split the region before it",
+                           node_id=node.id)
     base = names.new(vals[node.outputs[0]].name)
     fkey = {f: names.new(f"{base}_{f}") for f in STATES[state][0]}
     # a norm folds a transform of its input (|x|, |x|^p); the op's expression still reads x itself

@@ -39,7 +39,7 @@ from .pointwise import operand_views
 from .region_io import RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
 from .rowgraph import E, R, T, RowGraph, lower
-from .rowops import INDEXED, STATES, fold_params, state_helpers, struct_fields
+from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
 from .row_stage import stage_lines, staged_values, tile_stride
 from .rowreduce import DEFAULTS as ROW_DEFAULTS, _Operands
 from . import column_tile, rowsplit
@@ -196,7 +196,7 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         # a split needs the whole column's state before anything is written: one round, outputs per
         # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
         if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or \
-                any(s.state in INDEXED for s in g.steps):      # the workspace holds floats
+                any(s.state in NOT_FLOAT for s in g.steps):      # the workspace holds floats
             return column
         if not p.get("split") and g.rows * cols * k * 4 < int(p["spread_min_bytes"]):
             return column          # launch-bound: a workspace round trip would only add latency
@@ -218,7 +218,7 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
     else:
         schedule, tpr = "stream", int(p["online_threads"])
-    parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in INDEXED for s in g.steps), schedule == "stream") \
+    parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in NOT_FLOAT for s in g.steps), schedule == "stream") \
         if schedule != "warp" or p.get("split") else 1
     if parts > 1:     # few long rows: kSplit chunks per row over the whole GPU, in phases (rowsplit.py)
         tpr = int(p.get("threads_per_row") or rowsplit.SPLIT_ROW_THREADS)

@@ -42,13 +42,16 @@ def _arg_state(op: str):
             f"return better_{op}(b.v, b.i, a.v, a.i) ? b : a;")
 
 
-STATES = {**ROW_STATES, "argmax": _arg_state("argmax"), "argmin": _arg_state("argmin")}
+# isum: torch sums integers and booleans exactly, in int64 (mask.sum() counts tokens)
+STATES = {**ROW_STATES, "argmax": _arg_state("argmax"), "argmin": _arg_state("argmin"),
+          "isum": (["s"], "{0}", "s.s += x;", "return {a.s + b.s};")}
 INDEXED = ("argmax", "argmin")          # states whose fold takes the element's index c
+NOT_FLOAT = (*INDEXED, "isum")          # states that cannot travel through a float workspace
 GRAPH_OPS = ("argmax", "argmin", "norm", "normalize")
 
 
 def field_ctype(state: str, f: str) -> str:
-    return "long long" if state in INDEXED and f == "i" else "float"
+    return "long long" if (state in INDEXED and f == "i") or state == "isum" else "float"
 
 
 def struct_fields(state: str) -> str:
@@ -57,7 +60,7 @@ def struct_fields(state: str) -> str:
 
 
 def fold_params(state: str) -> str:
-    return "float x, long long c" if state in INDEXED else "float x"
+    return "float x, long long c" if state in INDEXED else "long long x" if state == "isum" else "float x"
 
 
 def state_helpers(state: str) -> str:
