@@ -505,3 +505,52 @@ def test_an_integer_sum_counts_exactly_in_int64_beside_float_reductions(shape, d
         n, mean = (p.nodes[i].outputs[0] for i in (ids[0], ids[2]))
         assert outs[n].dtype == torch.int64 and torch.equal(outs[n], env[n])
         torch.testing.assert_close(outs[mean], env[mean], atol=1e-5, rtol=1e-5)
+
+
+def _random_rows_program(seed: int):
+    """A random region of two reductions over the same rows of a random 3- or 4-d shape, with
+    operands that broadcast over some of the rows or elements, drawn the way torch broadcasts them:
+    x * scale_e -> (mean, amax over the reduced dims, keepdim) -> + bias_r -> combined -> + x."""
+    import random
+    rnd = random.Random(seed)
+    rank = rnd.choice([3, 4])
+    shape = tuple(rnd.choice([1, 2, 3, 5, 8]) for _ in range(rank - 1)) + (rnd.choice([4, 7, 16, 33]),)
+    start = rnd.randrange(1, rank)
+    dims = list(range(start, rnd.randrange(start, rank) + 1))
+    keep = tuple(1 if d in dims else s for d, s in enumerate(shape))
+
+    def some_of(target):        # a shape that broadcasts to target: some dims kept, some 1, leading dropped
+        s = tuple(t if rnd.random() < 0.5 else 1 for t in target)
+        return s[rnd.randrange(0, len(s)):] or (1,)
+    p = Program(f"rows_{seed}")
+    x = p.add_input("x", shape)
+    se = p.add_input("scale_e", some_of(shape))
+    br = p.add_input("bias_r", some_of(keep))
+    xs = p.add_node("mul", [x.id, se.id])
+    m = p.add_node("mean", [xs.outputs[0]], {"dim": dims, "keepdim": True})
+    a = p.add_node("amax", [xs.outputs[0]], {"dim": dims, "keepdim": True})
+    mb = p.add_node("add", [m.outputs[0], br.id])
+    c = p.add_node("mul", [mb.outputs[0], a.outputs[0]])
+    o = p.add_node("add", [x.id, c.outputs[0]])
+    p.mark_output(o.outputs[0])
+    p.mark_output(m.outputs[0])
+    return p, [xs.id, m.id, a.id, mb.id, c.id, o.id]
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
+@pytest.mark.parametrize("seed", range(12))
+def test_random_rows_with_broadcast_operands_match_torch(seed):
+    """Random shapes, reduced dims and broadcast operands (per element and per row): one row-graph
+    kernel, emulated on the CPU, equal to torch."""
+    from types import SimpleNamespace
+
+    from agent_core.reference import run_reference
+    from tests.test_codegen_column_tiles import _emulate_region
+    p, ids = _random_rows_program(seed)
+    generate_kernel(p, ids, name="rows")
+    g = torch.Generator().manual_seed(seed)
+    ins = [torch.randn(p.values[v].shape, generator=g) for v in p.inputs]
+    env = run_reference(p, ins, keep=True)
+    _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env)
+    for v, got in outs.items():
+        torch.testing.assert_close(got, env[v], atol=1e-5, rtol=1e-5, msg=lambda m: f"{p.name}: {m}")
