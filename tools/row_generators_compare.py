@@ -130,12 +130,17 @@ def compare(path: Path, args, gpu: bool) -> list[dict]:
     # the coverage needs no weights (the model on the meta device); a GPU run computes the reference
     program = rewrite_program(import_file(path, weights=gpu), check=False).program
     plan = plan_program(program)
+    from agent_core.compiler import prefetch
     env = None
     rows = []
-    for rid, io, rr_ks in _rowreduce_kernels(program, plan):
+    work = [(rid, io, rr_ks, _forms(program, io, rid, rr_ks, args.variants))
+            for rid, io, rr_ks in _rowreduce_kernels(program, plan)]
+    # every candidate compiles in the background at once (NVRTC on every core); each waits for its own
+    prefetch([k for *_, forms in work for cands in forms.values() if not isinstance(cands, str) for k in cands],
+             arch="sm_90")
+    for rid, io, rr_ks, forms in work:
         row = {"problem": path.stem, "region": rid, "ops": ", ".join(program.nodes[n].op for n in io.nodes),
                "cols": rr_ks.params.get("cols")}
-        forms = _forms(program, io, rid, rr_ks, args.variants)
         for form, cands in forms.items():
             if isinstance(cands, str):
                 row[form] = {"error": f"not generated: {cands}"}
