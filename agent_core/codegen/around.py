@@ -16,7 +16,7 @@ from .cuda import Names
 from .kernel import CodegenError
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import RegionIO
-from .rowreduce import _Operands
+from .region_io import Operands
 
 
 @dataclass
@@ -24,8 +24,8 @@ class Around:
     arg: dict          # kernel parameter name of each region input and output
     pro_inputs: list   # region inputs the prologue reads (the anchor's input alone when none)
     epi_inputs: list   # region inputs the epilogue reads
-    ld_pro: _Operands  # loads of pro_inputs, indexed in the anchor's input space
-    ld_epi: _Operands  # loads of epi_inputs, indexed in the anchor's output space
+    ld_pro: Operands  # loads of pro_inputs, indexed in the anchor's input space
+    ld_epi: Operands  # loads of epi_inputs, indexed in the anchor's output space
     pro_fn: str        # `float point(...)` source
     epi_fn: str        # `void store_point(anchor value, epilogue inputs..., outputs&...)` source
 
@@ -93,9 +93,9 @@ def render_around(program: Program, io: RegionIO, pro: list, epi: list, x_vid: s
     arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}
     pro_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in pro)] if pro else [x_vid]
     epi_inputs = [v for v in io.inputs if any(v in nodes[n].inputs for n in epi)]
-    ld_pro = _Operands(program, vals[x_vid].shape, pro_inputs, names, "In",
+    ld_pro = Operands(program, vals[x_vid].shape, pro_inputs, names, "In",
                        operand_views(program, pro, pro_inputs))
-    ld_epi = _Operands(program, vals[y_vid].shape, epi_inputs, names, "Out",
+    ld_epi = Operands(program, vals[y_vid].shape, epi_inputs, names, "Out",
                        operand_views(program, epi, epi_inputs))
 
     pn = Names()

@@ -7,7 +7,7 @@ A region after the GEMM splits into three phases (split_epilogue):
 - full: pointwise ops over the GEMM's [..., N] elements (bias, activations, residuals), evaluated
   on the accumulators as before; the values the program reads are stored;
 - reductions: each reads a full value and reduces its last dim; every element of a thread's
-  accumulator tile is folded into the row's statistics state (rowreduce.STATES: a sum, a max, the
+  accumulator tile is folded into the row's statistics state (rowstates.STATES: a sum, a max, the
   online max and sum of exponentials, Welford's mean and M2) as it is computed;
 - rows: pointwise ops over the row results (and inputs broadcast to the rows), evaluated once per row.
 A pointwise op that reads both a row result and the full elements (a written-out softmax's x - max)
@@ -45,7 +45,7 @@ LOCALS = ("rs", "red", "st", "RowSt", "row_identity", "row_combine", "row_shfl",
 @dataclass
 class RowReduce:
     node: str
-    state: str          # rowreduce.STATES key
+    state: str          # rowstates.STATES key
     expr: str           # the result over the state, written over `st`
     input: str          # the full value reduced
     output: str
@@ -67,7 +67,7 @@ class RowPart:
 def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: tuple) -> tuple[list[str], RowPart | None]:
     """(pointwise nodes over the GEMM's elements, the row part or None); CodegenError for a node that
     belongs to neither (a column reduction, a second pass over the elements, a non-pointwise op)."""
-    from .rowreduce import _row_op
+    from .rowstates import row_op
     vals, nodes = program.values, program.nodes
     full_vals, row_vals = {out}, set()
     full, post, reds = [], [], []
@@ -104,7 +104,7 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
                                f"GEMM reduces the output's last dim (its rows) only", node_id=nid)
         if vals[x].dtype != "float32":
             raise CodegenError(f"{node.name} ({node.op}) reduces {vals[x].dtype} values; float32 only", node_id=nid)
-        state, _pre, expr, _keeps, _dims, _len = _row_op(program, nid)
+        state, _pre, expr, _keeps, _dims, _len = row_op(program, nid)
         reds.append(RowReduce(nid, state, expr, x, node.outputs[0]))
         row_vals.update(node.outputs)
     if full:

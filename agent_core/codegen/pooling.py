@@ -21,7 +21,7 @@ from .around import grid_for, render_around, split_around
 from .cuda import Names, header, index_type, kernel_name, kernel_source
 from .kernel import KernelSource
 from .region_io import RegionIO
-from .rowreduce import _global_pool
+from .rowstates import global_pool
 
 WINDOW_POOL_OPS = tuple(f"{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
 ADAPTIVE_POOL_OPS = tuple(f"adaptive_{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
@@ -34,7 +34,7 @@ def pooled_here(program: Program, node) -> bool:
     adaptive_avg_pool down to one element per channel, which rowreduce generates as a row mean."""
     if node.op not in POOL_OPS:
         return False
-    return not (node.op.startswith("adaptive_avg_pool") and _global_pool(program, node))
+    return not (node.op.startswith("adaptive_avg_pool") and global_pool(program, node))
 
 
 @dataclass

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir import Program
+from .cuda import Names
 from .kernel import CodegenError
 
 
@@ -128,3 +129,77 @@ class BroadcastIndex:
                 coord = f"({q})"
             terms.append(coord if st == 1 else f"{coord} * {stride_names[g]}")
         return " + ".join(terms) if terms else "0"
+
+
+class Operands:
+    """Loads of region inputs in an iteration space, by flat index, with broadcast offset helpers.
+
+    computed: value -> (scalar lambda, float4 lambda or None) for values a layout prologue computes
+    through views (layout_graph.ViewPrologue); they load by calling the lambda at the same index a
+    tensor would be read at, float4 only where the views keep aligned runs of 4."""
+
+    def __init__(self, program, space, vids, names: Names, prefix: str, views=None, computed=None):
+        self.program, self.space = program, tuple(space)
+        self.computed = computed or {}
+        vals = program.values
+        views = views or {}
+        self.bidx = BroadcastIndex(space, [views.get(v, vals[v].shape) for v in vids]) if vids else None
+        self.vids = list(vids)
+        self.helpers, self.consts, self.fn = [], [], {}
+        sizes = [f"k{prefix}Size{g}" for g in range(len(self.bidx.sizes))] if vids else []
+        inners = [f"k{prefix}Inner{g}" for g in range(len(sizes))]
+        used = set()
+        for k, vid in enumerate(self.vids):
+            if self.bidx.is_full(k):
+                self.fn[vid] = "full"
+                continue
+            if self.bidx.is_scalar(k):
+                self.fn[vid] = None
+                continue
+            ident = names.new(vals[vid].name + "_offset")
+            strides = [f"{ident}_stride{g}" if st not in (0, 1) else None
+                       for g, st in enumerate(self.bidx.strides[k])]
+            for g, st in enumerate(self.bidx.strides[k]):
+                if st:
+                    used.add(g)
+                    if strides[g]:
+                        self.consts.append(f"constexpr index_t {strides[g]} = {st};")
+            expr = self.bidx.offset_expr(k, "i", sizes, inners, strides)
+            self.helpers.append(f"// {vals[vid].name} {list(vals[vid].shape)} is broadcast over {list(space)}\n"
+                                f"__device__ __forceinline__ index_t {ident}(index_t i) {{ return {expr}; }}\n")
+            self.fn[vid] = ident
+        for g in sorted(used):
+            self.consts.insert(0, f"constexpr index_t {sizes[g]} = {self.bidx.sizes[g]}, "
+                                  f"{inners[g]} = {self.bidx.inner[g]};")
+
+    def full(self, vid):
+        """Read at the iteration index itself, 4 elements at a time in the float4 paths."""
+        return self.fn[vid] == "full" and self._vectors(vid)
+
+    def _vectors(self, vid):
+        return vid not in self.computed or self.computed[vid][1] is not None
+
+    def group_mode(self, vid):
+        """For 4 consecutive elements starting at a multiple of 4: "uniform" when they share one
+        element of this operand, "vec4" when they read 4 contiguous ones, else None."""
+        fn = self.fn[vid]
+        if fn in ("full", None) or self.bidx.sizes[-1] % 4:
+            return None
+        last = self.bidx.strides[self.vids.index(vid)][-1]
+        return "uniform" if last == 0 else ("vec4" if last == 1 and self._vectors(vid) else None)
+
+    def _at(self, vid, idx):
+        fn = self.fn[vid]
+        return idx if fn == "full" else ("0" if fn is None else f"{fn}({idx})")
+
+    def load(self, vid, ptr, idx):
+        """One element at iteration index idx."""
+        if vid in self.computed:
+            return f"{self.computed[vid][0]}({self._at(vid, idx)})"
+        return f"{ptr}[{self._at(vid, idx)}]"
+
+    def load4(self, vid, ptr, vtype, idx):
+        """The 4 elements from iteration index idx (a multiple of 4; "full" or "vec4" operands)."""
+        if vid in self.computed:
+            return f"{self.computed[vid][1]}({self._at(vid, idx)})"
+        return f"reinterpret_cast<const {vtype}*>({ptr} + {self._at(vid, idx)})[0]"

@@ -12,9 +12,9 @@ outer * inner rows of L elements. Every value of the region then lives in one of
 
 Pointwise ops over E values may read R values (broadcast along the row); an R value never reads an E
 value except through a reduction. Each reduction becomes *steps*: a step folds one E value into a
-statistics state of rowreduce.STATES (max, sum, Welford, online max-sum-exp, ...) and gives R values
+statistics state of rowstates.STATES (max, sum, Welford, online max-sum-exp, ...) and gives R values
 (its state's fields); the op's output is then an E value (softmax, layer_norm: row-preserving) or an
-R value (mean, logsumexp) computed from those fields with rowreduce's own op table (`_row_op`).
+R value (mean, logsumexp) computed from those fields with the reductions' op table (`rowstates.row_op`).
 
 A step's *round* counts the all-reduces that must finish before it can fold: steps of one round fold
 in the same pass over the row and share one all-reduce (their states in one struct). With
@@ -59,7 +59,7 @@ class Def:
 
 @dataclass
 class Step:
-    state: str               # a key of rowreduce.STATES
+    state: str               # a key of rowstates.STATES
     arg: str                 # the E key folded into it
     round: int
     slot: int                # its place in the round's struct (s0, s1, ...)
@@ -341,7 +341,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
 
 def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two_stage: bool, env,
                total: bool = False, hoist: bool = True) -> None:
-    """Steps, fields and the output of one reduction: rowreduce's template with `st.<field>` read from
+    """Steps, fields and the output of one reduction: its op-table template (rowstates.row_op) with `st.<field>` read from
     this reduction's fields and its locals (inv_sum, rstd, ...) renamed after it. A total folds each
     row into one online state (no two-stage split: those stages are per row); its fields and output
     are T values read from the combined `totals` struct, over kNumelF elements instead of kColsF.
@@ -464,7 +464,7 @@ _TEMPLATE_WORD = re.compile(r"\bst\.(\w+)|\b([A-Z]+)\[col\]|\b(\w+)\b")
 
 
 def _substitute(expr: str, fkey, local, x, ports) -> str:
-    """A rowreduce template in this graph's names, in one pass (so a key never gets renamed twice):
+    """An op-table template (rowstates.row_op) in this graph's names, in one pass (so a key never gets renamed twice):
     st.<field> -> the field's key, WEIGHT[col] -> the port's E key, xe -> x, a preamble local -> its key."""
     def word(m):
         if m.group(1):

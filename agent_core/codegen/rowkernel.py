@@ -41,7 +41,8 @@ from .row_cat import check as check_row_cat, split_row_cats
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
 from .row_stage import stage_lines, staged_values, tile_stride
-from .rowreduce import DEFAULTS as ROW_DEFAULTS, _Operands
+from .region_io import Operands
+from .rowreduce import DEFAULTS as ROW_DEFAULTS
 from . import column_tile, rowsplit
 from . import views as V
 
@@ -384,7 +385,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             at = views.at(v, V.add(V.mul(V.Var("s_at", 0, g.rows - 1), g.cols), V.Var("s_col", 0, g.cols - 1)))
             tiles[v] = (tile, at or f"{computed[v][0]}(s_at * kCols + s_col)")
             computed[v] = (f"{tile}_at", f"{tile}_at4" if vec == 4 else None)
-    ld = _Operands(program, g.full, e_in, names, "In", {**operand_views(program, io.nodes, e_in), **g.framed},
+    ld = Operands(program, g.full, e_in, names, "In", {**operand_views(program, io.nodes, e_in), **g.framed},
                    computed)
     held = [v for v in e_in if ld.full(v)]            # full-size inputs: registers, or streamed
     key_of = {v: g.inputs[(v, E)] for v in e_in}
@@ -519,7 +520,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
 
     # per-row inputs broadcast over some of the rows: read at the row's offset in their own shape
     kept_shape = tuple(s for d, s in enumerate(g.full) if d not in g.dims)
-    row_ld = _Operands(program, kept_shape, list(g.row_views), names, "Row", g.row_views) if g.row_views else None
+    row_ld = Operands(program, kept_shape, list(g.row_views), names, "Row", g.row_views) if g.row_views else None
 
     def row_defs(r: int) -> list[str]:
         lines = []

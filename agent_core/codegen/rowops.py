@@ -1,7 +1,7 @@
 """Reductions only the row graph (rowgraph.py, rendered by rowkernel.py) generates: argmax / argmin as
 a (value, index) combiner, and the p-norms (`norm`, `normalize`) decomposed into the existing states.
 
-States extend rowreduce.STATES. An *indexed* state's fold also takes the element's index along the
+States extend rowstates.STATES. An *indexed* state's fold also takes the element's index along the
 row (`c`, the flattened index of the reduced dims), so its fields are not all floats:
 
   argmax, argmin   v (float), i (long long): torch's order decides every fold and combine, so the
@@ -23,7 +23,7 @@ from ..ir import Program
 from ..ops.common import norm_dim, norm_dims
 from .cuda import float_literal
 from .kernel import CodegenError
-from .rowreduce import STATES as ROW_STATES, _row_op
+from .rowstates import STATES as ROW_STATES, row_op
 
 NO_INDEX = "0x7fffffffffffffffLL"   # the empty candidate's index: loses every tie
 
@@ -89,7 +89,7 @@ def _norm_parts(p: float):
 
 
 def graph_op(program: Program, nid: str):
-    """rowreduce._row_op's tuple (state, preamble, expression over the state, preserves rows, reduced
+    """rowstates.row_op's tuple (state, preamble, expression over the state, preserves rows, reduced
     dims, row length) plus the transform folded instead of the input (None: the input itself) and
     the C type of the op's output."""
     node = program.nodes[nid]
@@ -98,13 +98,13 @@ def graph_op(program: Program, nid: str):
     if op in ("group_norm", "instance_norm"):
         # (sample, group) rows: the row graph sees the input as [N, G, C / G, *S] (rowgraph.group_frame),
         # where a channel parameter is an operand broadcast over that frame, read at the element's column
-        state, preamble, _, preserving, dims, row_len = _row_op(program, nid)
+        state, preamble, _, preserving, dims, row_len = row_op(program, nid)
         w_port, b_port = (1, 2) if op == "group_norm" else (3, 4)
         has = [len(node.inputs) > k and node.inputs[k] is not None for k in (w_port, b_port)]
         expr = "(xe - st.mean) * rstd" + (" * WEIGHT[col]" if has[0] else "") + (" + BIAS[col]" if has[1] else "")
         return state, preamble, expr, preserving, dims, row_len, None, "float"
     if op not in GRAPH_OPS:
-        return (*_row_op(program, nid), None, "float")
+        return (*row_op(program, nid), None, "float")
     if op in ("argmax", "argmin"):
         dims = list(range(rank)) if a["dim"] is None else [norm_dim(a["dim"], rank)]
         state, fold, expr, preserving, ctype = op, None, "st.i", False, "long long"

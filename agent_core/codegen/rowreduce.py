@@ -28,13 +28,14 @@ import re
 import networkx as nx
 
 from ..ir import Program
-from ..ops.common import broadcast, norm_dim, norm_dims
+from ..ops.common import broadcast
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, is_layout_op
 from .pointwise import is_elementwise, operand_views, render_chain
-from .region_io import BroadcastIndex, RegionIO
+from .region_io import Operands, RegionIO
+from .rowstates import STATES, row_op
 from . import views as V
 from .row_stage import stage_lines, staged_values, tile_stride
 
@@ -46,191 +47,6 @@ KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "til
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
                  "xe", "y", "WEIGHT", "BIAS", "s_t", "s_row", "s_col", "s_at", "stage_smem")
 REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
-FLOAT32_EPS = 1.1920928955078125e-07  # torch.finfo(float32).eps: rms_norm's default eps
-
-# statistics states: C fields, identity, how one element is folded in, how two states combine
-STATES = {
-    "max": (["m"], "{-INFINITY}", "s.m = max_nan(s.m, x);", "return {max_nan(a.m, b.m)};"),
-    "min": (["m"], "{INFINITY}", "s.m = min_nan(s.m, x);", "return {min_nan(a.m, b.m)};"),
-    "sum": (["s"], "{0}", "s.s += x;", "return {a.s + b.s};"),  # 0: a float or an int64 sum
-    "prod": (["p"], "{1.0f}", "s.p *= x;", "return {a.p * b.p};"),
-    "sumsq": (["q"], "{0.0f}", "s.q = fmaf(x, x, s.q);", "return {a.q + b.q};"),
-    # online softmax: running max m and sum s of exp(x - m)
-    "maxsumexp": (["m", "s"], "{-INFINITY, 0.0f}",
-                  "if (x > s.m) { s.s = s.s * expf(s.m - x) + 1.0f; s.m = x; } else { s.s += expf(x - s.m); }",
-                  "const float m = max_nan(a.m, b.m);\n"
-                  "  if (m == -INFINITY) return a;\n"
-                  "  return {m, (a.m == m ? a.s : a.s * expf(a.m - m)) + (b.m == m ? b.s : b.s * expf(b.m - m))};"),
-    # Welford: count n, mean, sum of squared deviations m2 (Chan et al. to combine)
-    "welford": (["n", "mean", "m2"], "{0.0f, 0.0f, 0.0f}",
-                "s.n += 1.0f; const float d = x - s.mean; s.mean += d / s.n; s.m2 = fmaf(d, x - s.mean, s.m2);",
-                "const float n = a.n + b.n;\n"
-                "  if (n == 0.0f) return a;\n"
-                "  const float d = b.mean - a.mean, wb = b.n / n;\n"
-                "  return {n, fmaf(d, wb, a.mean), a.m2 + b.m2 + d * d * a.n * wb};"),
-}
-
-
-def _global_pool(program: Program, node) -> bool:
-    """adaptive_avg_pool{1,2,3}d down to one element per channel."""
-    spatial = int(node.op[-2])
-    return all(d == 1 for d in program.values[node.outputs[0]].shape[-spatial:])
-
-
-def _row_op(program: Program, nid: str):
-    """(state, per-row preamble, per-element or per-row expression, preserves rows, reduced dims,
-    row length when rows are not the reduced dims: group_norm's (sample, group) rows)."""
-    node = program.nodes[nid]
-    x = program.values[node.inputs[0]]
-    rank, a, op = len(x.shape), node.attrs, node.op
-    if op in ("softmax", "log_softmax"):
-        dims = [norm_dim(a["dim"], rank)]
-    elif op in ("layer_norm", "rms_norm"):
-        k = len(a["normalized_shape"])
-        dims = list(range(rank - k, rank))
-    elif op in ("sum", "mean", "max", "min", "logsumexp", "var", "std"):
-        dims = norm_dims(a["dim"], rank)
-    elif op == "prod":          # one dim, or (null) the flattened tensor
-        dims = norm_dims(None if a["dim"] is None else [a["dim"]], rank)
-    elif op in ("group_norm", "instance_norm"):
-        # rows are (sample, group): C/G * spatial contiguous elements; channel parameters by channel
-        if op == "instance_norm" and not a["use_input_stats"]:
-            raise CodegenError(f"{node.name} (instance_norm) uses running statistics; not generated yet",
-                               node_id=nid)
-        chans = x.shape[1]
-        groups = a["num_groups"] if op == "group_norm" else chans
-        spatial = math.prod(x.shape[2:])
-        eps = float_literal(a["eps"])
-        w_port, b_port = (1, 2) if op == "group_norm" else (3, 4)
-        # kGroups, kChannelsPerGroup, kSpatial: see _norm_constants
-        ch = "[(int)(row % kGroups) * kChannelsPerGroup + col / kSpatial]"
-        expr = "(xe - st.mean) * rstd"
-        if len(node.inputs) > w_port and node.inputs[w_port]:
-            expr += f" * WEIGHT{ch}"
-        if len(node.inputs) > b_port and node.inputs[b_port]:
-            expr += f" + BIAS{ch}"
-        return ("welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True,
-                list(range(1, rank)), chans // groups * spatial)
-    elif op.startswith("adaptive_avg_pool") and _global_pool(program, node):
-        # global average pooling: the mean over the spatial (trailing) dims
-        spatial = int(op[-2])
-        return "sum", "", "st.s / kColsF", False, list(range(rank - spatial, rank)), None
-    elif node.opdef.category in ("layout", "pooling", "opaque", "matmul", "convolution"):
-        cat = node.opdef.category
-        raise CodegenError(f"{node.name} ({op}) is {'an' if cat[0] in 'aeiou' else 'a'} {cat} op with no "
-                           f"generated kernel yet; it runs through torch", node_id=nid)
-    else:
-        raise CodegenError(f"{node.name} ({op}) has no row-reduction template (have: softmax, log_softmax, "
-                           f"layer_norm, rms_norm, group_norm, instance_norm, logsumexp, sum, mean, max, min, "
-                           f"prod, var, std)", node_id=nid)
-    if dims != list(range(dims[0], dims[0] + len(dims))):
-        raise CodegenError(f"{node.name} ({op}) reduces dims {dims} of {list(x.shape)}, which are not "
-                           f"neighbours; no kernel template reduces scattered dims", node_id=nid)
-    if op == "softmax":
-        return "maxsumexp", "const float inv_sum = 1.0f / st.s;", "expf(xe - st.m) * inv_sum", True, dims, None
-    if op == "log_softmax":
-        return "maxsumexp", "const float log_sum = logf(st.s);", "xe - st.m - log_sum", True, dims, None
-    if op == "layer_norm":
-        eps = float_literal(a["eps"])
-        expr = "(xe - st.mean) * rstd"
-        if len(node.inputs) > 1 and node.inputs[1]:
-            expr += " * WEIGHT[col]"
-        if len(node.inputs) > 2 and node.inputs[2]:
-            expr += " + BIAS[col]"
-        return "welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True, dims, None
-    if op == "rms_norm":
-        eps = float_literal(a["eps"] if a["eps"] is not None else FLOAT32_EPS)
-        expr = "xe * rrms" + (" * WEIGHT[col]" if len(node.inputs) > 1 and node.inputs[1] else "")
-        return "sumsq", f"const float rrms = rsqrtf(st.q / kColsF + {eps});", expr, True, dims, None
-    if op == "logsumexp":
-        return "maxsumexp", "", "st.m + logf(st.s)", False, dims, None
-    if op == "sum":
-        return "sum", "", "st.s", False, dims, None
-    if op == "mean":
-        return "sum", "", "st.s / kColsF", False, dims, None
-    if op in ("max", "min"):
-        return op, "", "st.m", False, dims, None
-    if op == "prod":
-        return "prod", "", "st.p", False, dims, None
-    corr = float_literal(a["correction"])
-    var = f"st.m2 / (kColsF - {corr})"
-    return "welford", "", var if op == "var" else f"sqrtf({var})", False, dims, None
-
-
-class _Operands:
-    """Loads of region inputs in an iteration space, by flat index, with broadcast offset helpers.
-
-    computed: value -> (scalar lambda, float4 lambda or None) for values a layout prologue computes
-    through views (layout_graph.ViewPrologue); they load by calling the lambda at the same index a
-    tensor would be read at, float4 only where the views keep aligned runs of 4."""
-
-    def __init__(self, program, space, vids, names: Names, prefix: str, views=None, computed=None):
-        self.program, self.space = program, tuple(space)
-        self.computed = computed or {}
-        vals = program.values
-        views = views or {}
-        self.bidx = BroadcastIndex(space, [views.get(v, vals[v].shape) for v in vids]) if vids else None
-        self.vids = list(vids)
-        self.helpers, self.consts, self.fn = [], [], {}
-        sizes = [f"k{prefix}Size{g}" for g in range(len(self.bidx.sizes))] if vids else []
-        inners = [f"k{prefix}Inner{g}" for g in range(len(sizes))]
-        used = set()
-        for k, vid in enumerate(self.vids):
-            if self.bidx.is_full(k):
-                self.fn[vid] = "full"
-                continue
-            if self.bidx.is_scalar(k):
-                self.fn[vid] = None
-                continue
-            ident = names.new(vals[vid].name + "_offset")
-            strides = [f"{ident}_stride{g}" if st not in (0, 1) else None
-                       for g, st in enumerate(self.bidx.strides[k])]
-            for g, st in enumerate(self.bidx.strides[k]):
-                if st:
-                    used.add(g)
-                    if strides[g]:
-                        self.consts.append(f"constexpr index_t {strides[g]} = {st};")
-            expr = self.bidx.offset_expr(k, "i", sizes, inners, strides)
-            self.helpers.append(f"// {vals[vid].name} {list(vals[vid].shape)} is broadcast over {list(space)}\n"
-                                f"__device__ __forceinline__ index_t {ident}(index_t i) {{ return {expr}; }}\n")
-            self.fn[vid] = ident
-        for g in sorted(used):
-            self.consts.insert(0, f"constexpr index_t {sizes[g]} = {self.bidx.sizes[g]}, "
-                                  f"{inners[g]} = {self.bidx.inner[g]};")
-
-    def full(self, vid):
-        """Read at the iteration index itself, 4 elements at a time in the float4 paths."""
-        return self.fn[vid] == "full" and self._vectors(vid)
-
-    def _vectors(self, vid):
-        return vid not in self.computed or self.computed[vid][1] is not None
-
-    def group_mode(self, vid):
-        """For 4 consecutive elements starting at a multiple of 4: "uniform" when they share one
-        element of this operand, "vec4" when they read 4 contiguous ones, else None."""
-        fn = self.fn[vid]
-        if fn in ("full", None) or self.bidx.sizes[-1] % 4:
-            return None
-        last = self.bidx.strides[self.vids.index(vid)][-1]
-        return "uniform" if last == 0 else ("vec4" if last == 1 and self._vectors(vid) else None)
-
-    def _at(self, vid, idx):
-        fn = self.fn[vid]
-        return idx if fn == "full" else ("0" if fn is None else f"{fn}({idx})")
-
-    def load(self, vid, ptr, idx):
-        """One element at iteration index idx."""
-        if vid in self.computed:
-            return f"{self.computed[vid][0]}({self._at(vid, idx)})"
-        return f"{ptr}[{self._at(vid, idx)}]"
-
-    def load4(self, vid, ptr, vtype, idx):
-        """The 4 elements from iteration index idx (a multiple of 4; "full" or "vec4" operands)."""
-        if vid in self.computed:
-            return f"{self.computed[vid][1]}({self._at(vid, idx)})"
-        return f"reinterpret_cast<const {vtype}*>({ptr} + {self._at(vid, idx)})[0]"
-
-
 def generate_row_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
     vals, nodes = program.values, program.nodes
@@ -245,7 +61,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         raise CodegenError(f"a row-reduction region holds exactly one reduction or normalization; "
                            f"this one has {len(anchors)}: {what}")
     anchor = nodes[anchors[0]]
-    state, preamble, out_expr, preserving, dims, row_len = _row_op(program, anchor.id)
+    state, preamble, out_expr, preserving, dims, row_len = row_op(program, anchor.id)
     x_vid = anchor.inputs[0]
     x = vals[x_vid]
     # the element type of the statistics: float32, or int64 for a sum of integers or bools (torch sums
@@ -395,9 +211,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if v is not None:
             out_expr = out_expr.replace(f"{port.upper()}[", f"{arg[v]}[")
 
-    ld_pro = _Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, chain, pro_inputs),
+    ld_pro = Operands(program, x.shape, pro_inputs, names, "In", operand_views(program, chain, pro_inputs),
                        computed)
-    ld_epi = _Operands(program, out_space, epi_inputs, names, "Out", operand_views(program, epi, epi_inputs))
+    ld_epi = Operands(program, out_space, epi_inputs, names, "Out", operand_views(program, epi, epi_inputs))
     out_vids = list(io.outputs)
     pro_outs = [v for v in out_vids if v in pro_vals]    # written by the prologue in pass 1
     epi_outs = [v for v in out_vids if v not in pro_vals]
