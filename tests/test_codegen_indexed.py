@@ -32,7 +32,7 @@ def compiled_clean(ks):
 
 # --- argmax / argmin ----------------------------------------------------------------------------
 # argmax / argmin are a (value, index) state of the row graph (codegen/rowops.py, rendered by
-# rowkernel.py); argreduce.py keeps a scalar and rows of one element. Numerics under CPU emulation:
+# rowkernel.py), a scalar and rows of one element included. Numerics under CPU emulation:
 # tests/test_rowgraph_argmax_norm.py; on the GPU: tests/gpu/test_gpu_indexed.py.
 ARG_CASES = [  # shape, dim, keepdim, kernel kind
     ((64, 1000), 1, False, "row_reduction"),
@@ -48,8 +48,8 @@ ARG_CASES = [  # shape, dim, keepdim, kernel kind
     ((3, 17001), 1, False, "row_reduction"),    # streamed, odd length
     ((7, 2000, 3), 1, False, "row_reduction"),  # long and strided
     ((33,), None, False, "row_reduction"),
-    ((1,), 0, False, "arg_reduction"),          # a single element: no row to fold
-    ((), None, False, "arg_reduction"),         # a scalar
+    ((1,), 0, False, "row_reduction"),          # a single element: one row of one
+    ((), None, False, "row_reduction"),         # a scalar: the same
 ]
 
 
@@ -62,12 +62,10 @@ def test_arg_reduction_compiles(op, shape, dim, keepdim, kind):
     ks = generate_kernel(p, [nid], name=f"{op}_k")
     assert ks.kind == kind, ks.params
     assert "long long* __restrict__" in ks.source and "const float* __restrict__ x" in ks.source
-    if kind == "row_reduction":     # torch's order: NaN wins, and on equal values the smaller index wins
-        assert f"bool better_{op}(float a, long long ia, float b, long long ib)" in ks.source
-        assert f"(a {'>' if op == 'argmax' else '<'} b || (a == b && ia < ib))" in ks.source
-        assert f"fold_{op}(" in ks.source and ", c);" in ks.source
-    else:
-        assert "if (a != a) return b == b || ia < ib;" in ks.source
+    # torch's order: NaN wins, and on equal values the smaller index wins
+    assert f"bool better_{op}(float a, long long ia, float b, long long ib)" in ks.source
+    assert f"(a {'>' if op == 'argmax' else '<'} b || (a == b && ia < ib))" in ks.source
+    assert f"fold_{op}(" in ks.source and ", c);" in ks.source
     assert ks.block[0] * ks.block[1] <= 1024
     compiled_clean(ks)
 

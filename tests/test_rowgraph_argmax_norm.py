@@ -83,6 +83,20 @@ def test_argmax_and_argmin_follow_torchs_ties_and_nans(shape, dim, keepdim, sche
     assert_matches(out)
 
 
+@pytest.mark.parametrize("shape,dim,keepdim", [((), None, False), ((1,), 0, True), ((5, 1, 3), 1, False),
+                                                ((7, 1), -1, True), ((7, 1), None, False)])
+def test_a_scalar_and_rows_of_one_element_are_rows_too(shape, dim, keepdim):
+    """argmax / argmin of a scalar (one row of one element) and over a dim of size 1 (every index
+    0, NaN or not): the same row kernel, equal to torch."""
+    p, ids = _arg_program(shape, dim, keepdim)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
+    if x.numel() > 2:
+        x.view(-1)[1] = float("nan")
+    ks, out = emulated(p, ids, {"x": x})
+    assert ks.kind == "row_reduction", ks.kind
+    assert_matches(out)
+
+
 def test_a_streamed_row_keeps_the_first_of_equal_values():
     """A row longer than the registers hold: each thread walks its share in order, partial candidates
     combine in a tree; the answer is still the first occurrence."""

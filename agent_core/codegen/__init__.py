@@ -13,8 +13,6 @@ kernel for a group: the planner asks it before it proposes one (codegen/lower_ch
 """
 from __future__ import annotations
 
-import math
-
 from ..ir import Program
 from .cuda import prune_unused
 from .kernel import CodegenError, KernelSource
@@ -23,12 +21,11 @@ from .lower_check import can_lower
 from .pointwise import generate_pointwise, is_elementwise
 from .region_io import RegionIO, region_io
 
-KINDS = ("pointwise", "row_reduction", "layout", "pooling", "convolution", "arg_reduction", "scan",
+KINDS = ("pointwise", "row_reduction", "layout", "pooling", "convolution", "scan",
          "class_loss", "strided_slice", "attention", "gemm")
 # ops that decide the generator of any region holding them: op -> kind (the scans are single-node
 # kernels; nll_loss brings its log_softmax, label ops and reduction, or comes alone). argmax / argmin
-# are row-graph reductions (rowops.py); argreduce.py keeps only what rows cannot hold (a scalar, rows
-# of one element)
+# are row-graph reductions (rowops.py), a scalar or rows of one element included
 OP_KINDS = {"cumsum": "scan", "cumprod": "scan", "nll_loss": "class_loss",
             "scaled_dot_product_attention": "attention"}
 
@@ -50,15 +47,6 @@ LIBRARY_CATEGORIES = ("matmul", "convolution")
 # region kinds of the planner that map onto the generators here
 _PLANNER_KINDS = {"reduction": "row_reduction", "normalization": "row_reduction", "single": None,
                   "sibling": None, "matmul_epilogue": None, "conv_epilogue": None, "opaque": None}
-
-
-def _lone_arg_without_rows(program: Program, io: RegionIO) -> bool:
-    """A lone argmax / argmin of a scalar or over rows of one element: no row to fold (argreduce.py)."""
-    if len(io.nodes) != 1 or program.nodes[io.nodes[0]].op not in ("argmax", "argmin"):
-        return False
-    node = program.nodes[io.nodes[0]]
-    shape, dim = program.values[node.inputs[0]].shape, node.attrs.get("dim")
-    return len(shape) == 0 or (shape[dim] if dim is not None else math.prod(shape)) < 2
 
 
 def _is_strided_slice(program: Program, io: RegionIO) -> bool:
@@ -127,9 +115,6 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if _is_strided_slice(program, io) and not anchors:
         own.add("strided_slice")
     kind = (own.pop() if len(own) == 1 else None) or kind or region_kind(program, io)
-    if kind == "arg_reduction":
-        from .argreduce import generate_arg_reduction
-        return generate_arg_reduction(program, io, name, params)
     if kind == "scan":
         from .scan import generate_scan
         return generate_scan(program, io, name, params)
@@ -150,9 +135,6 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind in ("row_reduction", "reduction", "normalization"):
         from .rowkernel import generate_multi_reduction, wide_schedule
         from .rowops import GRAPH_OPS
-        if _lone_arg_without_rows(program, io):
-            from .argreduce import generate_arg_reduction
-            return generate_arg_reduction(program, io, name, params)
         # several over the same rows, one only the row graph has (argmax, norm), or one whose rows /
         # columns spread over several blocks
         if len(anchors) > 1 or any(program.nodes[n].op in GRAPH_OPS for n in anchors) or \

@@ -411,7 +411,7 @@ def generate_class_loss(program: Program, io: RegionIO, name: str, params: dict 
         helpers.append(point)
 
     # the kernel body
-    body = [f"  const int group = threadIdx.x / kThreadsPerRow, lane = threadIdx.x % kThreadsPerRow;",
+    body = ["  const int group = threadIdx.x / kThreadsPerRow, lane = threadIdx.x % kThreadsPerRow;",
             "  const index_t row = (index_t)blockIdx.x * kRowsPerBlock + group;",
             "  const bool active = row < kRows;  // inactive lanes still join the shuffles and block sums"]
     if D > 1:

@@ -201,14 +201,14 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
     if not rowwise:
         rowwise, totals = reds, []
     first = nodes[rowwise[0]]
-    full = shp(first.inputs[0])
+    full = shp(first.inputs[0]) or (1,)        # a scalar: one row of one element
     dims = ops[rowwise[0]][4]
     for nid in totals:
         if math.prod(vals[nodes[nid].inputs[0]].shape) != math.prod(full):
             raise CodegenError(f"{_name(nodes[nid])} reduces every element of '{vals[nodes[nid].inputs[0]].name}', "
                                f"which is not the size of the rows {list(full)}", node_id=nid)
     for nid in rowwise[1:]:
-        shape = tuple(vals[nodes[nid].inputs[0]].shape)
+        shape = shp(nodes[nid].inputs[0]) or (1,)
         if (shape, ops[nid][4]) != (full, dims):
             raise CodegenError(f"{_name(first)} and {_name(nodes[nid])} reduce different rows (dims {dims} of "
                                f"{list(full)} vs dims {ops[nid][4]} of {list(shape)}); one kernel shares "

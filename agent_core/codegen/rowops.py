@@ -105,8 +105,8 @@ def graph_op(program: Program, nid: str):
         return state, preamble, expr, preserving, dims, row_len, None, "float"
     if op not in GRAPH_OPS:
         return (*row_op(program, nid), None, "float")
-    if op in ("argmax", "argmin"):
-        dims = list(range(rank)) if a["dim"] is None else [norm_dim(a["dim"], rank)]
+    if op in ("argmax", "argmin"):     # a scalar is one row of one element (rowgraph.lower)
+        dims = (list(range(rank)) or [0]) if a["dim"] is None else [norm_dim(a["dim"], max(rank, 1))]
         state, fold, expr, preserving, ctype = op, None, "st.i", False, "long long"
     elif op == "norm":
         dims = norm_dims(a["dim"], rank)

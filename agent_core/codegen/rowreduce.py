@@ -561,7 +561,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
               f"constexpr int kVec = {vec};  // floats per load",
               f"constexpr int kThreadsPerRow = {tpr};",
               f"constexpr int kRowsPerBlock = {rows_per_block};",
-              f"constexpr int kBlock = kThreadsPerRow * kRowsPerBlock;",
+              "constexpr int kBlock = kThreadsPerRow * kRowsPerBlock;",
               f"constexpr int kShuffleStart = {min(tpr, 32) // 2};",
               f"constexpr int kWarpsPerRow = {max(1, tpr // 32)};",
               "constexpr int kWarpSize = 32;"] + _norm_constants(program, anchor)

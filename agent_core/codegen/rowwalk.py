@@ -1,4 +1,4 @@
-"""What the kernels that walk rows along one dim share (arg reductions, scans, nll_loss's node check):
+"""What a kernel that walks rows along one dim needs (the scans of scan.py; argmax / argmin are row-graph reductions):
 the tensor viewed as [outer, L, inner] around that dim, R = outer * inner rows of L elements, element
 l of row (o, i) at (o * L + l) * inner + i; the choice of schedule (a warp or a block per row, or a
 thread per row when the dim is strided) and how the warp and block schedules are sized and described.
