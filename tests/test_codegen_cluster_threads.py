@@ -1,5 +1,5 @@
 """The cluster-per-row schedule's threads per CTA as a tuner choice (codegen/rowkernel.py `_schedule`,
-rowreduce.tune_variants).
+row_tuning.tune_variants).
 
 DistilBERT's distillation KL (2048 rows of 30522, student and teacher, 3 rounds) runs a cluster of
 4 CTAs of 1024 threads per row: 40 registers a thread, so one CTA fills an SM's 64K registers and its
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from agent_core.codegen import generate_kernel
-from agent_core.codegen.rowreduce import tune_variants
+from agent_core.codegen.row_tuning import tune_variants
 from agent_core.compiler import compile_kernel
 from agent_core.project_file import load_program
 

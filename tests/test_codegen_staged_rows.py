@@ -45,7 +45,7 @@ def _compiles(ks):
 def test_the_vit_block_plans_into_one_staged_kernel_and_both_variants_compile(tmp_path):
     """Planned through the CLI at the real size (planning only; no tensors): the same one kernel as
     before, now staged, and the tuner's unstaged variant still generates and compiles."""
-    from agent_core.codegen.rowreduce import tune_variants
+    from agent_core.codegen.row_tuning import tune_variants
     from agent_core.project_file import load_program
     out = tmp_path / "vit.json"
     env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}

@@ -21,7 +21,7 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6) -> list[dict]:
         from ..codegen.rowsplit import tune_variants as split_row_variants
         out += split_row_variants(p, sm_count=sm_count)      # chunks per row (few long rows)
     elif ks.kind == "row_reduction":
-        from ..codegen.rowreduce import tune_variants
+        from ..codegen.row_tuning import tune_variants
         out += tune_variants(p, sm_count=sm_count)
     elif ks.kind == "class_loss":
         from ..codegen.class_loss import tune_variants as class_loss_variants

@@ -7,7 +7,7 @@ combines them across the threads of the row, and the per-row values of that roun
 evaluates and stores the per-element outputs; per-row outputs are stored once per row. Only what the
 outputs need is emitted.
 
-Schedules (the row limits of rowreduce.DEFAULTS, counting every full-size input the row holds):
+Schedules (the row limits of row_tuning.DEFAULTS, counting every full-size input the row holds):
   warp    rows up to 1024 that fit 64 floats per lane: 4..32 lanes per row, several rows per block,
           the row in registers, xor shuffles;
   block   rows whose inputs fit 16384 floats: one block per row, the row in registers, shuffles then
@@ -42,7 +42,7 @@ from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
 from .row_stage import stage_lines, staged_values, tile_stride
 from .region_io import Operands
-from .rowreduce import DEFAULTS as ROW_DEFAULTS
+from .row_tuning import DEFAULTS as ROW_DEFAULTS
 from . import column_tile, rowsplit
 from . import views as V
 

@@ -35,18 +35,15 @@ from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, is_layout_op
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import Operands, RegionIO
+from .row_tuning import DEFAULTS, REGISTER_MAX_FLOATS
 from .rowstates import STATES, row_op
 from . import views as V
 from .row_stage import stage_lines, staged_values, tile_stride
 
-DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
-            "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None,
-            "unroll": 4, "stage": True}
 # names the kernel body uses for itself; parameters never take them
 KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "tile", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
                  "row_reduce", "partial", "warp", "group", "lane", "row", "active", "base", "c0", "col",
                  "xe", "y", "WEIGHT", "BIAS", "s_t", "s_row", "s_col", "s_at", "stage_smem")
-REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
 def generate_row_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
     vals, nodes = program.values, program.nodes
@@ -615,59 +612,6 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=[("float32", rows * split * len(STATES[state][0])), ("int32", rows)]
         if schedule == "split" else [])
-
-
-def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
-    """The launch parameters worth timing besides the default that produced `params` (a row
-    kernel's KernelSource.params), most promising first; each one generates (no refusals to spend
-    a trial on). Warp / block: half and twice the threads per row while the row still fits in
-    registers (fewer threads per row keep more loads in flight each; more free registers), with 16
-    and 4 rows per block for the warp schedule in between, then a quarter and four times the threads. Online: more or
-    fewer vectors in flight, half the threads. Split: twice or half the blocks per row. Cluster: twice
-    or half the CTAs per row while the row stays in registers, and no cluster (one block streaming the
-    row). Split column: twice or half the blocks per column tile, and one block per tile. The row
-    kernel's column tiles: other heights and loads in flight (column_tile.tune_variants)."""
-    schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
-    out: list[dict] = []
-    if params.get("staged"):
-        # the transposing read straight from global memory; or 32 rows per block, so a run of the
-        # transposed input is 128 bytes, not 32 (a misaligned run of 8 spans 2 sectors, of 32 spans 5)
-        out.append({"stage": False})
-        if int(params["threads_per_row"]) * 32 <= 1024 and params["rows_per_block"] < 32:
-            out.append({"block": int(params["threads_per_row"]) * 32})
-    if schedule in ("warp", "block") and cols:
-        tpr = int(params["threads_per_row"])
-
-        def fits(t):
-            return 4 <= t <= 1024 and math.ceil(cols / (t * vec)) * vec <= REGISTER_MAX_FLOATS \
-                and (t // 2) * vec < cols     # half the lanes would otherwise hold nothing
-        rows_per_block = [{"block": 512}, {"block": 128}] if schedule == "warp" else [{}, {}]
-        for cand in ({"threads_per_row": tpr // 2}, rows_per_block[0], {"threads_per_row": tpr * 2},
-                     rows_per_block[1], {"threads_per_row": tpr // 4}, {"threads_per_row": tpr * 4}):
-            if cand and ("threads_per_row" not in cand or fits(cand["threads_per_row"])):
-                out.append(cand)
-    elif schedule == "online":
-        # 8 vectors in flight spill in 64 registers unless they are scalars
-        out += [{"unroll": 2}, {"threads_per_row": 512}]
-        if vec == 1:
-            out.append({"unroll": 8})
-    elif schedule == "split":
-        s = int(params.get("split") or 2)
-        out += [{"split": c} for c in (s * 2, max(2, s // 2)) if c != s]
-    elif schedule == "cluster":
-        n = int(params["cluster"])
-        out += [{"cluster": c} for c in (n * 2, n // 2) if c in params.get("cluster_fits", ())]
-        tpr = int(params.get("threads_per_row") or 0)
-        if tpr >= 256:      # two CTAs of half the threads per SM, each holding twice the row's floats
-            out.append({"cluster": n, "threads_per_row": tpr // 2})
-        out.append({"cluster": 1})
-    elif schedule == "split_column":
-        s = int(params["split"])
-        out += [{"split": c} for c in (s * 2, s // 2) if c >= 2] + [{"split": 1}]
-    if schedule in ("column", "split_column") and "tile_y" in params:     # the row kernel's column tiles
-        from .column_tile import tune_variants as column_variants
-        out += column_variants(params)
-    return [{**o, "sm_count": sm_count} for o in out]
 
 
 def _norm_constants(program, anchor) -> list[str]:
