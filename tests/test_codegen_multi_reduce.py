@@ -554,3 +554,49 @@ def test_random_rows_with_broadcast_operands_match_torch(seed):
     _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env)
     for v, got in outs.items():
         torch.testing.assert_close(got, env[v], atol=1e-5, rtol=1e-5, msg=lambda m: f"{p.name}: {m}")
+
+
+def _random_group_norm_program(seed: int):
+    """A random group_norm region: [N, C, *S] with 1 to 3 spatial dims, a random group count, a
+    prologue scale broadcast in a random way (per channel, per sample, per position), the norm with
+    or without its affine parameters, and a residual add after."""
+    import random
+    rnd = random.Random(seed)
+    groups = rnd.choice([1, 2, 4])
+    shape = (rnd.choice([1, 2, 3]), groups * rnd.choice([1, 2, 3])) + \
+        tuple(rnd.choice([1, 3, 4, 5]) for _ in range(rnd.randrange(1, 4)))
+    scale = [(shape[0], 1) + (1,) * (len(shape) - 2), (shape[1],) + (1,) * (len(shape) - 2),
+             shape[2:], shape[1:], (1,)][rnd.randrange(5)]
+    p = Program(f"group_norm_{seed}")
+    x = p.add_input("x", shape)
+    s = p.add_input("scale", scale)
+    r = p.add_input("residual", shape)
+    xs = p.add_node("mul", [x.id, s.id])
+    affine = rnd.random() < 0.7
+    w = p.add_parameter("w", np.linspace(0.5, 1.5, shape[1], dtype=np.float32)).id if affine else None
+    b = p.add_parameter("b", np.linspace(-0.2, 0.3, shape[1], dtype=np.float32)).id if affine else None
+    n = p.add_node("group_norm", [xs.outputs[0], w, b], {"num_groups": groups, "eps": 1e-5})
+    o = p.add_node("add", [n.outputs[0], r.id])
+    p.mark_output(o.outputs[0])
+    return p, [xs.id, n.id, o.id]
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
+@pytest.mark.parametrize("seed", range(10))
+def test_random_group_norm_regions_match_torch(seed):
+    """Random group rows, prologue operands broadcast per channel, sample or position, with and
+    without the affine parameters: the row graph's kernel, emulated on the CPU, equal to torch."""
+    from types import SimpleNamespace
+
+    from agent_core.codegen.region_io import region_io
+    from agent_core.codegen.rowkernel import generate_multi_reduction
+    from agent_core.reference import run_reference
+    from tests.test_codegen_column_tiles import _emulate_region
+    p, ids = _random_group_norm_program(seed)
+    ks = generate_multi_reduction(p, region_io(p, ids), "gn")
+    g = torch.Generator().manual_seed(seed)
+    ins = [torch.randn(p.values[v].shape, generator=g) * 2 + 1 for v in p.inputs]
+    env = run_reference(p, ins, keep=True)
+    _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env, ks=ks)
+    for v, got in outs.items():
+        torch.testing.assert_close(got, env[v], atol=1e-4, rtol=1e-4, msg=lambda m: f"{p.name}: {m}")
