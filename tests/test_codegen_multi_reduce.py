@@ -600,3 +600,25 @@ def test_random_group_norm_regions_match_torch(seed):
     _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env, ks=ks)
     for v, got in outs.items():
         torch.testing.assert_close(got, env[v], atol=1e-4, rtol=1e-4, msg=lambda m: f"{p.name}: {m}")
+
+
+def test_a_per_row_input_aligned_two_ways_is_refused():
+    """Over [4, 4] rows, b [4, 1] added to a keepdim mean [4, 4, 1] runs along the rows' second dim,
+    and multiplied with a mean without keepdim [4, 4] along their first: two alignments of one input,
+    refused with the reason (one load per row cannot serve both). One alignment is one kernel."""
+    def program(b_shape, keepdims):
+        p = Program("two_ways")
+        x = p.add_input("x", (4, 4, 6))
+        b = p.add_input("b", b_shape)
+        m = p.add_node("mean", [x.id], {"dim": [2], "keepdim": keepdims[0]})
+        s = p.add_node("amax", [x.id], {"dim": [2], "keepdim": keepdims[1]})
+        mb = p.add_node("add", [m.outputs[0], b.id])
+        sb = p.add_node("mul", [s.outputs[0], b.id])
+        p.mark_output(mb.outputs[0])
+        p.mark_output(sb.outputs[0])
+        return p, [m.id, s.id, mb.id, sb.id]
+    p, ids = program((4, 1), (True, False))
+    why = can_lower(p, ids)
+    assert why and "aligned with the rows as [4, 1], another op as [1, 4]" in why, why
+    p, ids = program((4, 1), (False, False))
+    assert can_lower(p, ids) is None

@@ -291,13 +291,17 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
                 raise CodegenError(f"{_name(reader)} mixes per-element and per-row values; split the region",
                                    node_id=reader.id)
             return k
+        n = math.prod(v.shape)
+        if space == R and n != 1 and (n != rows or _strip(shp(vid)) not in (_strip(keep), _strip(kept))):
+            view = row_view(v, reader)           # every reader must align it with the rows the same way
+            if g.row_views.setdefault(vid, view) != view:
+                raise CodegenError(f"{_name(reader)} reads '{v.name}' {list(v.shape)} aligned with the rows as "
+                                   f"{list(view)}, another op as {list(g.row_views[vid])}; split the region",
+                                   node_id=reader.id)
         if (vid, space) not in g.inputs:
-            n = math.prod(v.shape)
             if space == T and n != 1:
                 raise CodegenError(f"{_name(reader)} combines a total with '{v.name}' {list(v.shape)}; split the "
                                    f"region there", node_id=reader.id)
-            if space == R and n != 1 and (n != rows or _strip(shp(vid)) not in (_strip(keep), _strip(kept))):
-                g.row_views[vid] = row_view(v, reader)
             key = names.new(v.name)
             g.inputs[(vid, space)] = add(Def(key, space, c_type(v.dtype, f"'{v.name}'"), None, [], 0, vid))
         return g.inputs[(vid, space)]
