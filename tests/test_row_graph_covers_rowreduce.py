@@ -116,3 +116,37 @@ def test_the_comparison_tool_reports_the_coverage_of_blocks_on_the_cpu(tmp_path)
     text = out.read_text()
     assert f"{len(rows)} regions whose kernel rowreduce writes; the row graph generates and compiles {len(rows)}" in text
     assert "on the CPU (coverage only" in text and "group_norm, silu" in text
+
+
+@needs_gxx
+def test_what_rowreduce_refuses_the_row_graph_writes():
+    """DenseNet's head: cat -> batch_norm -> relu -> global average pool. rowreduce refuses a
+    batch_norm in a prologue read through views; the row graph reads the cat through its view and
+    normalizes per element, so the dispatch hands the region to it: one kernel equal to torch."""
+    import numpy as np
+
+    from agent_core.codegen.kernel import CodegenError
+    from agent_core.codegen.rowreduce import generate_row_reduction
+    from agent_core.ir import Program
+    from types import SimpleNamespace
+    p = Program("densenet_head")
+    a = p.add_input("a", (2, 3, 4, 4))
+    b = p.add_input("b", (2, 5, 4, 4))
+    cat = p.add_node("cat", [a.id, b.id], {"dim": 1})
+    rng = np.random.default_rng(0)
+    bn_params = [p.add_parameter(n, rng.uniform(0.5, 1.5, 8).astype(np.float32)).id
+                 for n in ("mean", "var", "weight", "bias")]
+    bn = p.add_node("batch_norm", [cat.outputs[0], *bn_params], {"eps": 1e-5})
+    relu = p.add_node("relu", [bn.outputs[0]])
+    pool = p.add_node("adaptive_avg_pool2d", [relu.outputs[0]], {"output_size": [1, 1]})
+    p.mark_output(pool.outputs[0])
+    nodes = [cat.id, bn.id, relu.id, pool.id]
+    with pytest.raises(CodegenError, match="batch_norm"):
+        generate_row_reduction(p, region_io(p, nodes), "head")
+    ks = generate_kernel(p, nodes, name="head")
+    assert ks.kind == "row_reduction" and "reductions (adaptive_avg_pool2d)" in ks.source
+    compile_kernel(ks, arch="sm_90")
+    g = torch.Generator().manual_seed(0)
+    env = run_reference(p, [torch.randn(2, 3, 4, 4, generator=g), torch.randn(2, 5, 4, 4, generator=g)], keep=True)
+    _, outs = _emulate_region(p, SimpleNamespace(nodes=nodes, id="r"), env, ks=ks)
+    torch.testing.assert_close(outs[pool.outputs[0]], env[pool.outputs[0]], atol=1e-5, rtol=1e-5)

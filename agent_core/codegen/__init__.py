@@ -141,7 +141,13 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
                 wide_schedule(program, io, params):
             return generate_multi_reduction(program, io, name, params)
         from .rowreduce import generate_row_reduction
-        return generate_row_reduction(program, io, name, params)
+        try:
+            return generate_row_reduction(program, io, name, params)
+        except CodegenError as refused:   # what the template cannot write, the row graph may
+            try:
+                return generate_multi_reduction(program, io, name, params)
+            except CodegenError:
+                raise refused from None
     raise CodegenError(f"region {name}: no code generator for kind '{kind}' (have: {', '.join(KINDS)})")
 
 
