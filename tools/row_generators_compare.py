@@ -122,7 +122,7 @@ def _time_form(program, cands, env, trials: int) -> dict:
 def compare(path: Path, args, gpu: bool) -> list[dict]:
     import torch
 
-    from agent_core.compiler import compile_kernel
+    from agent_core.compiler import compile_kernel, prefetch
     from agent_core.importers import import_file
     from agent_core.planner import plan_program
     from agent_core.reference import random_inputs, run_reference
@@ -130,7 +130,6 @@ def compare(path: Path, args, gpu: bool) -> list[dict]:
     # the coverage needs no weights (the model on the meta device); a GPU run computes the reference
     program = rewrite_program(import_file(path, weights=gpu), check=False).program
     plan = plan_program(program)
-    from agent_core.compiler import prefetch
     env = None
     rows = []
     work = [(rid, io, rr_ks, _forms(program, io, rid, rr_ks, args.variants))
