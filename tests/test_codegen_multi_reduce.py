@@ -419,8 +419,8 @@ def test_a_value_smaller_than_the_rows_is_not_written_out():
 
 
 def group_norm_silu(shape=(2, 8, 5, 6), groups=4, instance=False):
-    """A diffusion U-Net's GroupNorm then SiLU plus a per-(sample, channel) time embedding [N, C, 1..], or an
-    instance norm (a group per channel)."""
+    """A diffusion U-Net's ResNet step: a per-(sample, channel) time embedding [N, C, 1..] added, then
+    GroupNorm (or an instance norm: a group per channel) and SiLU."""
     p = Program("group_norm_silu")
     x = p.add_input("x", shape)
     t = p.add_input("temb", (shape[0], shape[1]) + (1,) * (len(shape) - 2))
