@@ -26,43 +26,27 @@ BLOCKS = ["embedding_position_layernorm_bert", "masked_softmax_bert_base", "mask
           "rmsnorm_residual_llama7b", "softmax_classes_segformer_ade20k", "squeeze_excitation_efficientnet_b0"]
 
 
-def _rowreduce_regions(p):
-    """The kernel regions whose kernel rowreduce writes today."""
-    import agent_core.codegen.rowreduce as rowreduce
-    out = []
-    real = rowreduce.generate_row_reduction
-    try:
-        for r in p.regions:
-            if r.schedule.get("runs") != "kernel":
-                continue
-            hit = []
-            rowreduce.generate_row_reduction = lambda *a, **k: hit.append(1) or real(*a, **k)
-            generate_kernel(p, r.nodes, name=f"k_{r.id}", kind=r.kind)
-            if hit:
-                out.append(r)
-    finally:
-        rowreduce.generate_row_reduction = real
-    return out
-
-
 @needs_gxx
 @pytest.mark.parametrize("block", BLOCKS)
 def test_the_row_graph_generates_what_rowreduce_does_with_the_same_results(block, tmp_path):
+    from types import SimpleNamespace
+
+    from tools.row_generators_compare import rowreduce_kernels
     _, p = _plan(_block(block), tmp_path / f"{block}.json", small=True)
-    regions = _rowreduce_regions(p)
+    regions = rowreduce_kernels(p, p.regions)
     assert regions, "the block has no region for rowreduce: pick another"
     g = torch.Generator().manual_seed(0)
     ins = [torch.randn(p.values[v].shape, generator=g) if p.values[v].dtype == "float32" else
            torch.randint(0, 2, p.values[v].shape, generator=g).to(getattr(torch, p.values[v].dtype))
            for v in p.inputs]
     env = run_reference(p, ins, keep=True)
-    for r in regions:
-        ks = generate_multi_reduction(p, region_io(p, r.nodes), f"graph_{r.id}")
+    for rid, io, _ in regions:
+        ks = generate_multi_reduction(p, io, f"graph_{rid}")
         compile_kernel(ks, arch="sm_90")
-        _, outs = _emulate_region(p, r, env, ks=ks)
+        _, outs = _emulate_region(p, SimpleNamespace(nodes=io.nodes, id=rid), env, ks=ks)
         for v, got in outs.items():
             torch.testing.assert_close(got, env[v].float(), atol=1e-5, rtol=1e-5,
-                                       msg=lambda m, v=v: f"{r.id} {p.values[v].name}: {m}")
+                                       msg=lambda m, v=v: f"{rid} {p.values[v].name}: {m}")
 
 
 @needs_gxx

@@ -34,9 +34,9 @@ def _files(paths) -> list[Path]:
     return out
 
 
-def _rowreduce_kernels(program, plan) -> list[tuple]:
-    """(region id, RegionIO, rowreduce's KernelSource) of each region whose kernel rowreduce writes
-    (its epilogue's, for a library call and its epilogue)."""
+def rowreduce_kernels(program, regions) -> list[tuple]:
+    """(region id, RegionIO, rowreduce's KernelSource) of each of `regions` (a plan's, or a planned
+    program's) whose kernel rowreduce writes (its epilogue's, for a library call and its epilogue)."""
     import agent_core.codegen.rowreduce as rowreduce
     from agent_core.codegen import generate_kernel
     from agent_core.errors import StitchError
@@ -49,7 +49,7 @@ def _rowreduce_kernels(program, plan) -> list[tuple]:
         return ks
     rowreduce.generate_row_reduction = spy
     try:
-        for r in plan.active:
+        for r in regions:
             if r.schedule.get("runs") not in ("kernel", "library+kernel"):
                 continue
             hits: list = []
@@ -133,7 +133,7 @@ def compare(path: Path, args, gpu: bool) -> list[dict]:
     env = None
     rows = []
     work = [(rid, io, rr_ks, _forms(program, io, rid, rr_ks, args.variants))
-            for rid, io, rr_ks in _rowreduce_kernels(program, plan)]
+            for rid, io, rr_ks in rowreduce_kernels(program, plan.active)]
     # every candidate compiles in the background at once (NVRTC on every core); each waits for its own
     prefetch([k for *_, forms in work for cands in forms.values() if not isinstance(cands, str) for k in cands],
              arch="sm_90")

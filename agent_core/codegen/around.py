@@ -15,8 +15,7 @@ from ..ir import Program
 from .cuda import Names
 from .kernel import CodegenError
 from .pointwise import is_elementwise, operand_views, render_chain
-from .region_io import RegionIO
-from .region_io import Operands
+from .region_io import Operands, RegionIO
 
 
 @dataclass

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir import Program
+from ..ops.common import broadcasts_to
 from . import views as V
 from .attention_mma import Q_REGS_LIMIT, TILE_ACC_LIMIT
 from .attention_parts import cost
@@ -67,18 +68,11 @@ def attention_supported(program: Program, node_id: str) -> str | None:
     out = vals[n.outputs[0]]
     batch = tuple(out.shape[:-2])
     for t, what in ((q, "query"), (k, "key"), (v, "value")):
-        if not _broadcasts(tuple(t.shape[:-2]), batch):
+        if not broadcasts_to(tuple(t.shape[:-2]), batch):
             return f"{n.name}: the {what}'s batch dims {list(t.shape[:-2])} do not broadcast to {list(batch)}"
-    if mask is not None and not _broadcasts(tuple(mask.shape), batch + (L, S)):
+    if mask is not None and not broadcasts_to(tuple(mask.shape), batch + (L, S)):
         return f"{n.name}: the mask {list(mask.shape)} does not broadcast to the scores {list(batch + (L, S))}"
     return None
-
-
-def _broadcasts(shape: tuple, target: tuple) -> bool:
-    if len(shape) > len(target):
-        return all(s == 1 for s in shape[:len(shape) - len(target)]) and _broadcasts(shape[len(shape) - len(target):], target)
-    pad = (1,) * (len(target) - len(shape)) + shape
-    return all(a in (1, b) for a, b in zip(pad, target))
 
 
 @dataclass

@@ -7,6 +7,8 @@ counts them against the bytes-read-once floor).
 """
 from __future__ import annotations
 
+import math
+
 from ..ir import Program
 from . import views as V
 from .layout_graph import _Graph, index_inputs
@@ -55,6 +57,21 @@ def staged_values(program: Program, pro, views, computed: dict, schedule: str, r
     if len(out) * rows_per_block * tile_stride(cols) * 4 > STAGE_MAX_BYTES:
         return []
     return out
+
+
+def stage_tiles(program: Program, pro, views, computed: dict, schedule: str, rows_per_block: int, rows: int,
+                cols: int, vec: int, names, p: dict) -> dict:
+    """Stage what staged_values picks among the full-size values of `computed`: value -> (its tile's
+    name, its C text at row s_at, column s_col: composed down to its loads where that fits, else its
+    lambda at the flat index). `computed` then reads them from their tiles (float4 when vec is 4)."""
+    full = {v: f for v, f in computed.items() if math.prod(program.values[v].shape) == rows * cols}
+    tiles = {}
+    for v in staged_values(program, pro, views, full, schedule, rows_per_block, cols, p):
+        tile = names.new(program.values[v].name + "_tile")
+        at = views.at(v, V.add(V.mul(V.Var("s_at", 0, rows - 1), cols), V.Var("s_col", 0, cols - 1)))
+        tiles[v] = (tile, at or f"{computed[v][0]}(s_at * kCols + s_col)")
+        computed[v] = (f"{tile}_at", f"{tile}_at4" if vec == 4 else None)
+    return tiles
 
 
 def stage_lines(tiles: dict, vec: int) -> list[str]:

@@ -33,12 +33,13 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir import Program
+from ..ops.common import broadcasts_to
 from .cuda import Names, c_type, render_pointwise
 from .kernel import CodegenError
 from .monotone import peel
 from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
-from .rowops import INDEXED, NOT_FLOAT, STATES, field_ctype, graph_op
+from .rowops import NOT_FLOAT, STATES, field_ctype, graph_op
 
 E, R, T = "E", "R", "T"
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -132,15 +133,11 @@ def _strip(shape) -> tuple:
     return shape
 
 
-def _fits(shape, target) -> bool:
-    """Whether `shape` broadcasts to `target` (right-aligned, as torch broadcasts)."""
+def _aligned(shape, rank: int) -> tuple:
+    """`shape` right-aligned to `rank` dims, as torch broadcasts it: leading 1s added, or dropped
+    (broadcasts_to has checked that the dropped ones are 1)."""
     shape = tuple(shape)
-    extra = len(shape) - len(target)
-    if extra > 0:
-        if any(s != 1 for s in shape[:extra]):
-            return False
-        shape = shape[extra:]
-    return all(a in (1, b) for a, b in zip((1,) * (len(target) - len(shape)) + shape, target))
+    return (1,) * (rank - len(shape)) + shape[max(0, len(shape) - rank):]
 
 
 def group_frame(program: Program, node) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -190,11 +187,10 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         orig, framed = frame
         if vid in params:
             return (1, *framed[1:3]) + (1,) * (len(orig) - 2)
-        if len(shape) > len(orig) or not _fits(shape, orig):
+        if not broadcasts_to(shape, orig):
             return shape
-        pad = (1,) * (len(orig) - len(shape)) + shape
-        chans, groups = orig[1], frame[1][1]
-        return pad[:1] + ((groups, chans // groups) if pad[1] == chans else (1, 1)) + pad[2:]
+        pad = _aligned(shape, len(orig))
+        return pad[:1] + (framed[1:3] if pad[1] == orig[1] else (1, 1)) + pad[2:]
     # whole-tensor reductions beside reductions over rows: each row folds its share (space T)
     totals = [n for n in reds if ops[n][4] == list(range(len(shp(nodes[n].inputs[0]))))]
     rowwise = [n for n in reds if n not in totals]
@@ -233,8 +229,10 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
             return E
         if n == rows and _strip(shape) in (_strip(keep), _strip(kept)):
             return R
-        if vid not in io.outputs and (_fits(shape, keep) or _fits(shape, full)):
-            return R if _fits(shape, keep) else E
+        if vid not in io.outputs and broadcasts_to(shape, keep):
+            return R
+        if vid not in io.outputs and broadcasts_to(shape, full):
+            return E
         raise CodegenError(f"'{v.name}' {list(v.shape)} is neither the rows {list(full)} nor one value per "
                            f"row of them; split the region there")
 
@@ -242,11 +240,10 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         """A per-row input's shape in the rows' own coordinates (`kept`), aligned as torch aligns it
         with what `reader` computes: rows kept as [.., 1, ..] (keepdim) or without the reduced dims."""
         out, shape = shp(reader.outputs[0]), shp(v.id)
-        if _fits(out, keep) and _fits(shape, keep):
-            pad = (1,) * (len(full) - len(shape)) + shape[max(0, len(shape) - len(full)):]
-            return tuple(s for d, s in enumerate(pad) if d not in dims)
-        if _fits(out, kept) and _fits(shape, kept):
-            return (1,) * (len(kept) - len(shape)) + shape[max(0, len(shape) - len(kept)):]
+        if broadcasts_to(out, keep) and broadcasts_to(shape, keep):
+            return tuple(s for d, s in enumerate(_aligned(shape, len(full))) if d not in dims)
+        if broadcasts_to(out, kept) and broadcasts_to(shape, kept):
+            return _aligned(shape, len(kept))
         raise CodegenError(f"{_name(reader)} reads '{v.name}' {list(v.shape)} per row, which broadcasts over "
                            f"neither the rows {list(keep)} nor {list(kept)}", node_id=reader.id)
 
@@ -283,7 +280,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
                                       "first: split the region after it" if have == T else
                                       "a per-row or per-element value, with a total; split the region there"),
                                    node_id=reader.id)
-            if have == R and space == E and vid not in along and not _fits(shp(vid), keep):
+            if have == R and space == E and vid not in along and not broadcasts_to(shp(vid), keep):
                 raise CodegenError(f"{_name(reader)} broadcasts the per-row value '{v.name}' {list(v.shape)} "
                                    f"across the rows of {list(full)}, not along them; split the region",
                                    node_id=reader.id)
@@ -325,7 +322,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         if node.op == "expand":
             src = vals[node.inputs[0]]
             if g.defs[local[node.inputs[0]]].space == R and space == E:
-                if (1,) * (len(full) - len(shp(src.id))) + shp(src.id) != keep:
+                if _aligned(shp(src.id), len(full)) != keep:
                     raise CodegenError(f"{_name(node)} broadcasts the per-row value '{src.name}' {list(src.shape)} "
                                        f"across the rows of {list(full)}, not along them; split the region",
                                        node_id=nid)
@@ -354,10 +351,7 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     fold's result: exact, and the per-element work of the chain leaves the reduction's pass."""
     vals = program.values
     state, preamble, expr, preserving, _, fold, ctype = op
-    if node.op == "sum" and vals[node.outputs[0]].dtype == "int64" and vals[node.inputs[0]].dtype != "float32":
-        c_type(vals[node.inputs[0]].dtype, f"'{vals[node.inputs[0]].name}'")    # an integer or bool input
-        state, ctype = "isum", "long long"
-    out_dtype = "int64" if state in INDEXED or state == "isum" else "float32"
+    out_dtype = "int64" if state in NOT_FLOAT else "float32"
     for vid, want in [(node.inputs[0], vals[node.inputs[0]].dtype if state == "isum" else "float32"),
                       (node.outputs[0], out_dtype)]:
         if vals[vid].dtype != want:

@@ -36,15 +36,13 @@ from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
 from .pointwise import operand_views
-from .region_io import RegionIO
+from .region_io import Operands, RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
+from .row_stage import stage_lines, stage_tiles, tile_stride
+from .row_tuning import DEFAULTS as ROW_DEFAULTS
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
-from .row_stage import stage_lines, staged_values, tile_stride
-from .region_io import Operands
-from .row_tuning import DEFAULTS as ROW_DEFAULTS
 from . import column_tile, rowsplit
-from . import views as V
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile_y": None, "column_batch": 4,
             "cluster": None,
@@ -376,15 +374,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     computed = {v: (views.scalar[v], views.vector.get(v)) for v in e_in if v in views.scalar} if views else {}
     # full-size prologue values read through a transposing view: the block's rows staged in shared
     # memory with the row index fastest, then read per row from there (row_stage.py)
-    tiles: dict[str, tuple[str, str]] = {}
-    if views and schedule == "warp" and cached and g.inner == 1:
-        full = {v: f for v, f in computed.items() if math.prod(vals[v].shape) == numel}
-        for v in staged_values(program, views.nodes, views, full, "warp", sched["rows_per_block"], g.cols,
-                               {"stage": sched.get("stage", True)}):
-            tile = names.new(vals[v].name + "_tile")
-            at = views.at(v, V.add(V.mul(V.Var("s_at", 0, g.rows - 1), g.cols), V.Var("s_col", 0, g.cols - 1)))
-            tiles[v] = (tile, at or f"{computed[v][0]}(s_at * kCols + s_col)")
-            computed[v] = (f"{tile}_at", f"{tile}_at4" if vec == 4 else None)
+    tiles = stage_tiles(program, views.nodes, views, computed, schedule, sched["rows_per_block"], g.rows, g.cols,
+                        vec, names, {"stage": sched["stage"]}) if views and cached and g.inner == 1 else {}
     ld = Operands(program, g.full, e_in, names, "In", {**operand_views(program, io.nodes, e_in), **g.framed},
                    computed)
     held = [v for v in e_in if ld.full(v)]            # full-size inputs: registers, or streamed

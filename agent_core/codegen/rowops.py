@@ -21,7 +21,7 @@ import math
 
 from ..ir import Program
 from ..ops.common import norm_dim, norm_dims
-from .cuda import float_literal
+from .cuda import c_type, float_literal
 from .kernel import CodegenError
 from .rowstates import STATES as ROW_STATES, row_op
 
@@ -42,9 +42,8 @@ def _arg_state(op: str):
             f"return better_{op}(b.v, b.i, a.v, a.i) ? b : a;")
 
 
-# isum: torch sums integers and booleans exactly, in int64 (mask.sum() counts tokens)
-STATES = {**ROW_STATES, "argmax": _arg_state("argmax"), "argmin": _arg_state("argmin"),
-          "isum": (["s"], "{0}", "s.s += x;", "return {a.s + b.s};")}
+# isum: sum's fold in int64 fields, as torch sums integers and booleans (mask.sum() counts tokens)
+STATES = {**ROW_STATES, "argmax": _arg_state("argmax"), "argmin": _arg_state("argmin"), "isum": ROW_STATES["sum"]}
 INDEXED = ("argmax", "argmin")          # states whose fold takes the element's index c
 NOT_FLOAT = (*INDEXED, "isum")          # states that cannot travel through a float workspace
 GRAPH_OPS = ("argmax", "argmin", "norm", "normalize")
@@ -98,11 +97,10 @@ def graph_op(program: Program, nid: str):
     if op in ("group_norm", "instance_norm"):
         # (sample, group) rows: the row graph sees the input as [N, G, C / G, *S] (rowgraph.group_frame),
         # where a channel parameter is an operand broadcast over that frame, read at the element's column
-        state, preamble, _, preserving, dims, row_len = row_op(program, nid)
-        w_port, b_port = (1, 2) if op == "group_norm" else (3, 4)
-        has = [len(node.inputs) > k and node.inputs[k] is not None for k in (w_port, b_port)]
-        expr = "(xe - st.mean) * rstd" + (" * WEIGHT[col]" if has[0] else "") + (" + BIAS[col]" if has[1] else "")
-        return state, preamble, expr, preserving, dims, row_len, None, "float"
+        return (*row_op(program, nid, channel="[col]"), None, "float")
+    if op == "sum" and program.values[node.outputs[0]].dtype == "int64" and x.dtype != "float32":
+        c_type(x.dtype, f"'{x.name}'")           # an integer or bool input, summed exactly
+        return ("isum", *row_op(program, nid)[1:], None, "long long")
     if op not in GRAPH_OPS:
         return (*row_op(program, nid), None, "float")
     if op in ("argmax", "argmin"):     # a scalar is one row of one element (rowgraph.lower)

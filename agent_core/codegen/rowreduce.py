@@ -37,8 +37,7 @@ from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import Operands, RegionIO
 from .row_tuning import DEFAULTS, REGISTER_MAX_FLOATS
 from .rowstates import STATES, row_op
-from . import views as V
-from .row_stage import stage_lines, staged_values, tile_stride
+from .row_stage import stage_lines, stage_tiles, tile_stride
 
 # names the kernel body uses for itself; parameters never take them
 KERNEL_LOCALS = ("workspace", "counters", "last", "part", "outer", "inner", "tile", "point", "store_point", "st", "State", "identity", "fold", "combine", "group_reduce",
@@ -194,14 +193,8 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
             arg.setdefault(v, names.new(vals[v].name))
             ct.setdefault(v, c_type(vals[v].dtype, f"'{vals[v].name}'"))
             computed[v] = (views.scalar[v], views.vector.get(v))
-    staged = staged_values(program, pro, views, computed, schedule, rows_per_block, cols, p)
-    tiles = {}
-    for v in staged:  # pass 1 reads the staged rows from shared memory, 4 at a time
-        tile = names.new(vals[v].name + "_tile")
-        # composed at (row, column) down to its loads where it fits, else its lambda at the flat index
-        at = views.at(v, V.add(V.mul(V.Var("s_at", 0, rows - 1), cols), V.Var("s_col", 0, cols - 1)))
-        tiles[v] = (tile, at or f"{computed[v][0]}(s_at * kCols + s_col)")
-        computed[v] = (f"{tile}_at", f"{tile}_at4" if vec == 4 else None)
+    # pass 1 reads the staged rows from shared memory, 4 at a time
+    tiles = stage_tiles(program, pro, views, computed, schedule, rows_per_block, rows, cols, vec, names, p)
     index_t = index_type(max(rows * cols, views.extent if views else 0))
     # the anchor's weight and bias are referred to by fixed names in the templates
     for port, v in zip(anchor.opdef.port_names[1:], params_in):

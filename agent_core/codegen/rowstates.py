@@ -43,9 +43,15 @@ def global_pool(program: Program, node) -> bool:
     return all(d == 1 for d in program.values[node.outputs[0]].shape[-spatial:])
 
 
-def row_op(program: Program, nid: str):
+# how rowreduce's (sample, group) rows index a channel parameter (kGroups, kChannelsPerGroup, kSpatial:
+# rowreduce._norm_constants); the row graph's frame reads it at the element's column instead
+GROUP_CHANNEL = "[(int)(row % kGroups) * kChannelsPerGroup + col / kSpatial]"
+
+
+def row_op(program: Program, nid: str, channel: str = GROUP_CHANNEL):
     """(state, per-row preamble, per-element or per-row expression, preserves rows, reduced dims,
-    row length when rows are not the reduced dims: group_norm's (sample, group) rows)."""
+    row length when rows are not the reduced dims: group_norm's (sample, group) rows, whose channel
+    parameters are indexed by `channel`)."""
     node = program.nodes[nid]
     x = program.values[node.inputs[0]]
     rank, a, op = len(x.shape), node.attrs, node.op
@@ -68,13 +74,11 @@ def row_op(program: Program, nid: str):
         spatial = math.prod(x.shape[2:])
         eps = float_literal(a["eps"])
         w_port, b_port = (1, 2) if op == "group_norm" else (3, 4)
-        # kGroups, kChannelsPerGroup, kSpatial: see _norm_constants
-        ch = "[(int)(row % kGroups) * kChannelsPerGroup + col / kSpatial]"
         expr = "(xe - st.mean) * rstd"
         if len(node.inputs) > w_port and node.inputs[w_port]:
-            expr += f" * WEIGHT{ch}"
+            expr += f" * WEIGHT{channel}"
         if len(node.inputs) > b_port and node.inputs[b_port]:
-            expr += f" + BIAS{ch}"
+            expr += f" + BIAS{channel}"
         return ("welford", f"const float rstd = rsqrtf(st.m2 / kColsF + {eps});", expr, True,
                 list(range(1, rank)), chans // groups * spatial)
     elif op.startswith("adaptive_avg_pool") and global_pool(program, node):

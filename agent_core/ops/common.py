@@ -38,6 +38,18 @@ def float_of(dtype: str) -> str:
     return dtype if dtype in FLOAT_DTYPES else "float32"
 
 
+def broadcasts_to(shape, target) -> bool:
+    """Whether `shape` broadcasts to `target` as torch aligns them (trailing dims; leading dims of
+    `shape` beyond `target`'s rank must be 1)."""
+    shape, target = tuple(shape), tuple(target)
+    extra = len(shape) - len(target)
+    if extra > 0:
+        if any(s != 1 for s in shape[:extra]):
+            return False
+        shape = shape[extra:]
+    return all(a in (1, b) for a, b in zip((1,) * (len(target) - len(shape)) + shape, target))
+
+
 def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     """NumPy/torch broadcasting of shapes. Pure Python: shape inference runs this for every
     pointwise node, and torch.broadcast_shapes costs about 0.3 ms a call."""
