@@ -152,7 +152,8 @@ def test_the_kl_sum_over_every_element_is_finished_by_the_row_kernels_last_block
     # the student's log_softmax, the teacher's softmax and log_softmax (log of the softmax, rewritten:
     # its folds shared with the softmax's), the sum
     assert ks.params["reductions"] == 4 and [w[0] for w in ks.workspace] == ["float32", "int32"]
-    assert ks.source.count("expf(") == 2 and ks.source.count("logf(") == 2     # per element: two exps, no log
+    # two expf per element; the two logf are per row (the logs of the two sums of exp), none per element
+    assert ks.source.count("expf(") == 2 and ks.source.count("logf(") == 2
     assert "atomicAdd(&counters[0], 1u) == gridDim.x - 1" in ks.source and "counters[0] = 0u" in ks.source
     assert "struct Totals { St_sum t0; };" in ks.source
 
