@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agent_core.codegen import CodegenError, can_lower, generate_kernel
+from agent_core.codegen import CodegenError, can_lower, generate_kernel, region_io
+from agent_core.codegen.class_loss import generate_class_loss
 from agent_core.ir import Program
 from agent_core.rewrites.engine import rewrite_program
 from agent_core.rewrites.lowering import lower_all
@@ -145,11 +146,12 @@ def test_label_prologue_and_deeplab_layout_fuse_in():
 
 
 def test_refusals_name_the_reason():
-    # the log-probabilities used outside the region would have to be written: refused
+    # the log-probabilities used outside the region: class_loss refuses (the row graph writes them,
+    # tests/test_rowgraph_class_loss.py)
     p, ids = log_softmax_nll_program((8, 10), "none")
     p.mark_output(p.nodes[ids[0]].outputs[0])
-    why = can_lower(p, ids)
-    assert why and "never a value per logit" in why
+    with pytest.raises(CodegenError, match="never a value per logit"):
+        generate_class_loss(p, region_io(p, ids), "refused")
     # a log_softmax over another dim than nll_loss's classes
     q = Program("q")
     x = q.add_input("x", (4, 5, 6))

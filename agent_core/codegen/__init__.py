@@ -75,6 +75,19 @@ def split_library(program: Program, io: RegionIO) -> tuple[list[str], list[str]]
     return [anchor.id], rest
 
 
+def _or_row_graph(template, program: Program, io: RegionIO, name: str, params: dict | None) -> KernelSource:
+    """A row template's kernel; what it refuses, the row graph may write (rowgraph.py). The template's
+    reason is the one reported when neither does."""
+    from .rowkernel import generate_multi_reduction
+    try:
+        return template(program, io, name, params)
+    except CodegenError as refused:
+        try:
+            return generate_multi_reduction(program, io, name, params)
+        except CodegenError:
+            raise refused from None
+
+
 def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None = None,
                     params: dict | None = None) -> KernelSource:
     """Generate the kernel of the region made of node_ids; CodegenError says why if it cannot.
@@ -120,7 +133,7 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         return generate_scan(program, io, name, params)
     if kind == "class_loss":
         from .class_loss import generate_class_loss
-        return generate_class_loss(program, io, name, params)
+        return _or_row_graph(generate_class_loss, program, io, name, params)
     if kind == "strided_slice":
         from .layout import generate_strided_slice
         return generate_strided_slice(program, io, name, params)
@@ -141,13 +154,7 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
                 wide_schedule(program, io, params):
             return generate_multi_reduction(program, io, name, params)
         from .rowreduce import generate_row_reduction
-        try:
-            return generate_row_reduction(program, io, name, params)
-        except CodegenError as refused:   # what the template cannot write, the row graph may
-            try:
-                return generate_multi_reduction(program, io, name, params)
-            except CodegenError:
-                raise refused from None
+        return _or_row_graph(generate_row_reduction, program, io, name, params)
     raise CodegenError(f"region {name}: no code generator for kind '{kind}' (have: {', '.join(KINDS)})")
 
 

@@ -34,12 +34,13 @@ from dataclasses import dataclass, field
 
 from ..ir import Program
 from ..ops.common import broadcasts_to
-from .cuda import Names, c_type, render_pointwise
+from .cuda import Names, c_type, float_literal, render_pointwise
 from .kernel import CodegenError
 from .monotone import peel
 from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
 from .rowops import NOT_FLOAT, STATES, field_ctype, graph_op
+from .rowpick import nll, nll_op
 
 E, R, T = "E", "R", "T"
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -56,6 +57,9 @@ class Def:
     vid: str | None = None   # the program value it is, if any
     note: str = ""
     node: str | None = None  # the pointwise node that computes it (monotone.peel reads its op)
+    # a per-row value read from an input at a per-row index (rowpick.py): (the index's key, "row": the
+    # element at that column of the row, or "class": that element of a [C] vector)
+    gather: tuple[str, str] | None = None
 
 
 @dataclass
@@ -67,6 +71,7 @@ class Step:
     fields: list[str]        # the R keys it gives, one per state field
     node: str                # the reduction it belongs to
     total: int | None = None  # a whole-tensor reduction's place in the Totals struct (t0, t1, ...)
+    per_row: bool = False     # a total of a per-row value: each row folds that one value (arg is an R key)
 
 
 @dataclass
@@ -83,6 +88,7 @@ class RowGraph:
     round_vars: dict[int, str] = field(default_factory=dict)           # round -> C name of its state
     reductions: list[str] = field(default_factory=list)
     totals: list[str] = field(default_factory=list)                   # the whole-tensor reductions
+    row_totals: list[Step] = field(default_factory=list)   # totals of per-row values (not in any round)
     row_cats: dict = field(default_factory=dict)     # output -> (piece keys, row_cat.RowCat): stored per row
     # per-row inputs broadcast over some rows (a bias over channels of [N, C] rows): their shape
     # aligned to the rows' own shape (`kept`), read at the row's offset through it
@@ -103,7 +109,7 @@ class RowGraph:
         """Keys the outputs and the steps need (every reduction of the region folds, used or not)."""
         need: set[str] = set()
         todo = list(self.outputs.values()) + [k for keys, _ in self.row_cats.values() for k in keys] + \
-            [s.arg for s in self.steps]
+            [s.arg for s in self.steps + self.row_totals]
         while todo:
             k = todo.pop()
             if k not in need:
@@ -165,6 +171,9 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
     params: set[str] = set()
     frame = None          # group_norm's [N, C, *S] seen as [N, G, C / G, *S]: its rows are neighbours there
     for nid in reds:
+        if nodes[nid].op == "nll_loss":       # the label's element of each row (rowpick.py)
+            ops[nid] = nll_op(program, nid)
+            continue
         state, preamble, expr, preserving, dims, row_len, fold, ctype = graph_op(program, nid)
         if row_len is not None:
             if len(reds) > 1:
@@ -192,17 +201,19 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         pad = _aligned(shape, len(orig))
         return pad[:1] + (framed[1:3] if pad[1] == orig[1] else (1, 1)) + pad[2:]
     # whole-tensor reductions beside reductions over rows: each row folds its share (space T)
-    totals = [n for n in reds if ops[n][4] == list(range(len(shp(nodes[n].inputs[0]))))]
+    totals = [n for n in reds if ops[n][4] == list(range(len(shp(nodes[n].inputs[0])))) and nodes[n].op != "nll_loss"]
     rowwise = [n for n in reds if n not in totals]
     if not rowwise:
         rowwise, totals = reds, []
     first = nodes[rowwise[0]]
     full = shp(first.inputs[0]) or (1,)        # a scalar: one row of one element
     dims = ops[rowwise[0]][4]
-    for nid in totals:
-        if math.prod(vals[nodes[nid].inputs[0]].shape) != math.prod(full):
+    rows_n = math.prod(full[:dims[0]]) * math.prod(full[dims[-1] + 1:])
+    for nid in totals:      # over every element of the rows, or over one value per row (a loss per sample)
+        if math.prod(vals[nodes[nid].inputs[0]].shape) not in (math.prod(full), rows_n):
             raise CodegenError(f"{_name(nodes[nid])} reduces every element of '{vals[nodes[nid].inputs[0]].name}', "
-                               f"which is not the size of the rows {list(full)}", node_id=nid)
+                               f"which is neither the size of the rows {list(full)} nor one value per row",
+                               node_id=nid)
     for nid in rowwise[1:]:
         shape = shp(nodes[nid].inputs[0]) or (1,)
         if (shape, ops[nid][4]) != (full, dims):
@@ -305,6 +316,9 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
 
     for nid in io.nodes:
         node = nodes[nid]
+        if node.op == "nll_loss":
+            nll(g, program, node, read, expr_def, names, env)
+            continue
         if nid in ops:
             _reduction(g, program, node, ops[nid], read, expr_def, names, two_stage and nid not in totals, env,
                        total=nid in totals, hoist=hoist)
@@ -357,7 +371,11 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
         if vals[vid].dtype != want:
             raise CodegenError(f"{_name(node)} reduces '{vals[vid].name}' of dtype {vals[vid].dtype}; a row "
                                f"kernel accumulates float32, or int64 for a sum", node_id=node.id)
-    x = read(node.inputs[0], E, node)
+    src = node.inputs[0]
+    if total and (g.defs[env[src]].space == R if src in env else math.prod(vals[src].shape) == g.rows != math.prod(g.full)):
+        _row_total(g, program, node, op, read(src, R, node), names, env)
+        return
+    x = read(src, E, node)
     if g.defs[x].space != E:
         raise CodegenError(f"{_name(node)} reduces a per-row value", node_id=node.id)
     if total and state in NOT_FLOAT:
@@ -402,7 +420,7 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
         return keys
 
     if total:
-        t = sum(1 for s in g.steps if s.total is not None)
+        t = total_count(g)
         step(state, folded, [names.new(f"{base}_row_{f}") for f in STATES[state][0]], total=True)
         g.steps[-1].total = t
         for f in STATES[state][0]:
@@ -456,6 +474,35 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     out = node.outputs[0]
     env[out] = expr_def(base, E if preserving else R, _substitute(expr, fkey, local, x, ports), node.op,
                         ctype=ctype, vid=out)
+
+
+def total_count(g: RowGraph) -> int:
+    """The place of the next total in the Totals struct."""
+    return sum(1 for s in g.steps if s.total is not None) + len(g.row_totals)
+
+
+def row_total(g: RowGraph, state: str, arg: str, node_id: str, names: Names, note: str) -> dict[str, str]:
+    """Fold the per-row value `arg` of every row into one total (each row's share is that one value);
+    its fields' T keys."""
+    t = total_count(g)
+    keys = {f: names.new(f"{arg}_total_{f}") for f in STATES[state][0]}
+    g.row_totals.append(Step(state, arg, g.defs[arg].round, -1, list(keys.values()), node_id, total=t, per_row=True))
+    for f, k in keys.items():
+        g.defs[k] = Def(k, T, "float", f"totals.t{t}.{f}", [], 0, None, f"{state} of {note}, every row")
+    return keys
+
+
+def _row_total(g: RowGraph, program, node, op, x: str, names: Names, env) -> None:
+    """A reduction over every row of a per-row value (the sum or mean of a loss per sample)."""
+    state, preamble, expr = op[:3]
+    if state in NOT_FLOAT or preamble.strip() or "[col]" in expr:
+        raise CodegenError(f"{_name(node)} over every row of a per-row value is generated for float sums, "
+                           f"means, max and min only; split the region before it", node_id=node.id)
+    fkey = row_total(g, state, x, node.id, names, f"'{program.values[node.inputs[0]].name}'")
+    base = names.new(program.values[node.outputs[0]].name)
+    g.defs[base] = Def(base, T, "float", _substitute(expr, fkey, {}, x, {}).replace("kColsF", float_literal(g.rows)),
+                       list(fkey.values()), 0, node.outputs[0], node.op)
+    env[node.outputs[0]] = base
 
 
 _TEMPLATE_WORD = re.compile(r"\bst\.(\w+)|\b([A-Z]+)\[col\]|\b(\w+)\b")

@@ -42,6 +42,7 @@ from .row_stage import stage_lines, stage_tiles, tile_stride
 from .row_tuning import DEFAULTS as ROW_DEFAULTS
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
+from .rowpick import gathered
 from . import column_tile, rowsplit
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile_y": None, "column_batch": 4,
@@ -59,7 +60,7 @@ COLUMN_TILE = (32, 8)
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
           "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
           "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w", "s_t", "s_row", "s_col", "s_at",
-          "stage_smem", *rowsplit.LOCALS, *column_tile.LOCALS)
+          "stage_smem", "row_share", *rowsplit.LOCALS, *column_tile.LOCALS)
 
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -100,9 +101,10 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True
     inner = RegionIO(rest, [*views.io.outputs, *read], list(io.outputs),
                      {v for n in rest for v in program.nodes[n].outputs})
     g = _with_cats(program, _store_through(lower(program, inner, names, two_stage, hoist), stores, io), cats)
-    for (v, sp) in g.inputs:
-        if sp == R and v in views.scalar:
-            raise CodegenError(f"'{vals[v].name}' of the layout prologue is read once per row; split the region there")
+    for (v, sp) in g.inputs:     # one per row is read at the row's index (labels reshaped to [N * L])
+        if sp == R and v in views.scalar and (v in g.row_views or math.prod(vals[v].shape) not in (1, g.rows)):
+            raise CodegenError(f"'{vals[v].name}' of the layout prologue is read per row but broadcast over "
+                               f"the rows; split the region there")
     return names, arg, views, g, stores
 
 
@@ -184,6 +186,11 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
     rounds = max((s.round for s in g.steps), default=0)
     per_element = any(g.defs[key].space == E for key in g.outputs.values())
     sms = int(p["sm_count"])
+    if not g.steps and not per_element:
+        # nothing walks the rows (a lone nll_loss reads one element of each): a thread per row
+        block = int(p["block"])
+        return {"schedule": "warp", "vec": 1, "tpr": 1, "rows_per_block": block, "block": block, "items": 1,
+                "cached": False, "grid": math.ceil(g.rows / block), "split": 1, "hold_limit": 0}
     if g.inner > 1:
         tx, ty = COLUMN_TILE[0], column_tile.column_rows(cols, k, p, per_element)
         items = math.ceil(cols / ty)
@@ -194,7 +201,7 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
                   "tile_y": ty, "batch": batch, "hold_limit": int(p["column_max_items"])}
         # a split needs the whole column's state before anything is written: one round, outputs per
         # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
-        if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or \
+        if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or gathered(g) or \
                 any(s.state in NOT_FLOAT for s in g.steps):      # the workspace holds floats
             return column
         if not p.get("split") and g.rows * cols * k * 4 < int(p["spread_min_bytes"]):
@@ -513,15 +520,34 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     kept_shape = tuple(s for d, s in enumerate(g.full) if d not in g.dims)
     row_ld = Operands(program, kept_shape, list(g.row_views), names, "Row", g.row_views) if g.row_views else None
 
+    # inputs read at each row's label (rowpick.py): the element at (row, label), or a class weight's
+    picked = list(dict.fromkeys(d.vid for d in gathered(g) if d.gather[1] == "row"))
+    pick_ld = Operands(program, g.full, picked, names, "Pick", operand_views(program, io.nodes, picked),
+                       {v: (views.scalar[v], views.vector.get(v)) for v in picked if views and v in views.scalar}) \
+        if picked else None
+
+    def gather(d) -> str:
+        label, kind = d.gather
+        if kind == "class":
+            src = f"{arg[d.vid]}[{label}]"
+        else:
+            flat = f"(index_t)row * kCols + {label}" if g.inner == 1 else \
+                f"((index_t)(row / {g.inner}) * kCols + {label}) * {g.inner} + row % {g.inner}"
+            src = pick_ld.load(d.vid, arg[d.vid], flat)
+        return f"(active && {label} >= 0 && {label} < kCols) ? {src} : NAN"
+
     def row_defs(r: int) -> list[str]:
         lines = []
         for d in g.defs.values():
             if d.space == R and d.round == r and d.key in need:
                 src = d.expr
-                if d.expr is None:
+                if d.gather is not None:
+                    src = gather(d)
+                elif d.expr is None:
                     n = math.prod(vals[d.vid].shape)
-                    src = row_ld.load(d.vid, arg[d.vid], "(active ? row : 0)") if d.vid in g.row_views else \
-                        f"{arg[d.vid]}[active ? row : 0]" if n > 1 else f"{arg[d.vid]}[0]"
+                    at = "active ? row : 0" if n > 1 else "0"
+                    src = row_ld.load(d.vid, arg[d.vid], f"({at})") if d.vid in g.row_views else \
+                        f"{views.scalar[d.vid]}({at})" if views and d.vid in views.scalar else f"{arg[d.vid]}[{at}]"
                 lines.append(f"  const {d.ctype} {d.key} = {src};" + (f"  // {d.note}" if d.note else ""))
         return lines
 
@@ -549,7 +575,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                                         [f"      {ln}" for ln in each], sched["batch"])
         out += ["#pragma unroll", f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = reduce{r}({var}_v[e]);"]
         return out
-    helpers = [_state_code(k) for k in dict.fromkeys(s.state for s in steps)]
+    helpers = [_state_code(k) for k in dict.fromkeys(s.state for s in steps + g.row_totals)]
     phase_fold, round_defs = {}, {}       # a split row's fold and per-row values of each round
     for r in range(1, max((s.round for s in steps), default=0) + 1):
         rs = sorted((s for s in steps if s.round == r), key=lambda s: s.slot)
@@ -620,7 +646,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     if cluster > 1:
         body.append("  __cluster_barrier_arrive();  // no CTA leaves while the cluster may read its state")
         body.append("  __cluster_barrier_wait();")
-    totals = [s for s in steps if s.total is not None]
+    totals = sorted([s for s in steps if s.total is not None] + g.row_totals, key=lambda s: s.total)
     total_lines = []
     if totals:
         helpers.append(_totals_code(totals))
@@ -684,7 +710,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     if totals:
         consts += [f"constexpr float kNumelF = {float_literal(numel)};  // elements of a whole-tensor reduction",
                    f"constexpr int kTotalFields = {_total_fields(totals)};  // floats of each row's share of the totals"]
-    consts += ld.consts + (row_ld.consts if row_ld else [])
+    consts += ld.consts + (row_ld.consts if row_ld else []) + (pick_ld.consts if pick_ld else [])
     rounds = max((s.round for s in steps), default=0)
     sched_text = {"warp": f"{tpr} lanes per row, {sched['rows_per_block']} rows per block",
                   "block": f"one block of {tpr} threads per row",
@@ -726,7 +752,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     text = "\n".join(body)
     structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", text)]
     kname = kernel_name(name)
-    source = kernel_source(head, consts, [*structs, *ld.helpers, *(row_ld.helpers if row_ld else []), *helpers],
+    source = kernel_source(head, consts, [*structs, *ld.helpers, *(row_ld.helpers if row_ld else []),
+                                          *(pick_ld.helpers if pick_ld else []), *helpers],
                            kname, cparams, body)
     if sched["block"] == 1024 and not column:
         # one 1024-thread block per SM: let ptxas use the 64 registers each thread then has
@@ -783,8 +810,17 @@ def _combine_totals(g: RowGraph, totals, need, stores: list[str], load_input, co
     them once. Every block arrives (`arrivals` of them at `counter`), or with a split row the block
     that combined each row; the row shares sit at workspace + `at`."""
     fields = [(s, f) for s in totals for f in STATES[s.state][0]]
-    publish = [f"workspace[{at}row * kTotalFields + {n}] = {g.round_vars[s.round]}.s{s.slot}.{f};"
-               for n, (s, f) in enumerate(fields)]
+    publish, n = [], 0
+    for s in totals:
+        own = STATES[s.state][0]
+        if s.per_row:     # the row's share is its one value
+            share = " ".join(f"workspace[{at}row * kTotalFields + {n + j}] = row_share.{f};" for j, f in enumerate(own))
+            publish.append(f"{{ St_{s.state} row_share = identity_{s.state}(); fold_{s.state}(row_share, {s.arg}); "
+                           f"{share} }}")
+        else:
+            publish += [f"workspace[{at}row * kTotalFields + {n + j}] = {g.round_vars[s.round]}.s{s.slot}.{f};"
+                        for j, f in enumerate(own)]
+        n += len(own)
     tdefs = [d for d in g.defs.values() if d.space == T and d.key in need]
     lines = [f"      const {d.ctype} {d.key} = {d.expr if d.expr is not None else load_input(d)};"
              + (f"  // {d.note}" if d.note else "") for d in tdefs]

@@ -1,0 +1,137 @@
+"""Class losses in the row graph (rowpick.py, rowgraph.row_total): nll_loss picks the label's element of
+each row as a per-row value, and its sum / mean are totals over every row, so cross entropy as its
+lowering writes it (log_softmax -> nll_loss, label smoothing's sums over the classes, class weights,
+ignore_index, masked labels) is one row-graph kernel. The step before class_loss.py is deleted
+(issue #14's "migrate, then delete").
+
+CPU: generated, compiled with NVRTC for sm_90, and run on the CPU emulator (every thread of every
+block, buffers fenced by canaries) against torch at 1e-5.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from agent_core.codegen import generate_kernel
+from agent_core.codegen.region_io import region_io
+from agent_core.codegen.rowkernel import generate_multi_reduction
+from agent_core.compiler import compile_kernel
+from agent_core.ir import Program
+from agent_core.reference import run_reference
+from tests.programs import nll_program
+from tests.test_codegen_class_loss import ce_program, log_softmax_nll_program
+from tests.test_codegen_column_tiles import _emulate_region, needs_gxx
+
+
+def _inputs(p: Program, classes: int, seed: int = 0, labels=None):
+    """Logits ~ 3 N(0, 1), labels in [0, classes) (or `labels`), a 0/1 mask for the other integers."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for v in p.inputs:
+        val = p.values[v]
+        if val.dtype == "float32":
+            out.append(torch.randn(val.shape, generator=g) * 3)
+        elif labels is not None and val.name in ("labels", "target"):
+            out.append(labels)
+        else:
+            hi = 2 if val.name == "mask" else classes
+            out.append(torch.randint(0, hi, val.shape, generator=g).to(getattr(torch, val.dtype)))
+    return out
+
+
+def _emulated(p, ids, ins, params=None):
+    """(the row graph's kernel, its emulated outputs, torch's values) for the region `ids`."""
+    ks = generate_multi_reduction(p, region_io(p, ids), "loss", params)
+    compile_kernel(ks, arch="sm_90")
+    env = run_reference(p, ins, keep=True)
+    _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env, ks=ks)
+    return ks, outs, env
+
+
+def _assert_equal(outs, env):
+    for v, got in outs.items():
+        torch.testing.assert_close(got, env[v].float(), atol=1e-5, rtol=1e-5, equal_nan=True)
+
+
+@needs_gxx
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("shape,weight,ignore,smoothing,mask", [
+    ((64, 320), False, -100, 0.0, False),      # warp rows, float4 loads
+    ((16, 1001), True, 1, 0.1, False),         # odd vocabulary, weights, an ignore_index inside [0, C), smoothing
+    ((8, 3000), False, -100, 0.1, True),       # block rows, labels where(mask == 1, labels, -100)
+    ((2, 19, 4, 8), True, -100, 0.0, True),    # classes on dim 1 of [N, C, H, W]: column rows
+], ids=["warp", "weighted_smoothed", "block_masked", "NCHW_masked"])
+def test_cross_entropy_is_one_row_graph_kernel_equal_to_torch(shape, weight, ignore, smoothing, mask, reduction):
+    p, ids = ce_program(shape, reduction, weight=weight, ignore_index=ignore, smoothing=smoothing, label_mask=mask)
+    ks, outs, env = _emulated(p, ids, _inputs(p, shape[1]))
+    _assert_equal(outs, env)
+    # the label's logit is one load per row, never the log-probabilities per element
+    assert "at the label" in ks.source and ("NAN" in ks.source)
+    assert ("totals" in ks.source) == (reduction != "none")
+
+
+@needs_gxx
+@pytest.mark.parametrize("params", [None, {"split": 3}], ids=["streamed", "split_row"])
+def test_a_long_vocabulary_streams_or_splits_each_row_with_the_same_loss(params):
+    """20000 classes: one block of 1024 threads streams each row (online log-sum-exp), or each row
+    in 3 chunks over several blocks whose last combines them; with smoothing and weights."""
+    p, ids = ce_program((3, 20000), "mean", weight=True, ignore_index=7, smoothing=0.1)
+    ks, outs, env = _emulated(p, ids, _inputs(p, 20000), params)
+    assert ks.params["schedule"] == ("split_row" if params else "stream")
+    _assert_equal(outs, env)
+
+
+def test_a_long_vocabulary_over_a_cluster_compiles():
+    """The cluster schedule (sm_90; the emulator runs no clusters): each CTA of the row computes the
+    label's loss, only rank 0's lane 0 publishes it."""
+    p, ids = ce_program((4, 128256), "mean", smoothing=0.1)
+    ks = generate_multi_reduction(p, region_io(p, ids), "loss", {"cluster": 4, "split": 1})
+    assert ks.params["cluster"] == 4 and "lane == 0" in ks.source
+    compile_kernel(ks, arch="sm_90")
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape,reduction,ignore", [((37, 19), "mean", 2), ((600, 9), "sum", -100),
+                                                    ((7,), "none", -100), ((4, 5, 3, 2), "mean", 1)],
+                         ids=["NC_mean", "three_blocks_sum", "C_none", "NCd_mean"])
+def test_a_lone_nll_loss_reads_one_element_per_row(shape, reduction, ignore):
+    """log-probabilities from elsewhere: a thread per row loads its label's element and weight;
+    nothing walks the rows."""
+    p, nid = nll_program(shape, reduction, weight=True, ignore_index=ignore)
+    classes = shape[0] if len(shape) == 1 else shape[1]
+    ks, outs, env = _emulated(p, [nid], _inputs(p, classes))
+    assert ks.params["threads_per_row"] == 1 and ks.params["rounds"] == 0
+    _assert_equal(outs, env)
+
+
+@needs_gxx
+def test_labels_outside_the_classes_give_nan_and_read_nothing_out_of_bounds():
+    """torch raises on a class outside [0, C); the kernel gives NaN there (its loads are guarded; the
+    canaries around every buffer stay intact). Every label ignored: mean is 0 / 0 = NaN, as torch."""
+    def run(reduction, labels):
+        p, nid = nll_program((6, 5), reduction, ignore_index=2)
+        ks = generate_multi_reduction(p, region_io(p, [nid]), "loss")
+        env = dict(zip(p.inputs, _inputs(p, 5, labels=labels)))     # torch would raise: no reference run
+        _, outs = _emulate_region(p, SimpleNamespace(nodes=[nid], id="r"), env, ks=ks)
+        return outs[p.nodes[nid].outputs[0]], env[p.inputs[0]]
+    got, x = run("none", torch.tensor([0, 5, 4, -1, 1 << 40, 2]))
+    assert torch.isnan(got[[1, 3, 4]]).all() and got[5] == 0
+    assert torch.allclose(got[[0, 2]], -x[[0, 2], [0, 4]])
+    got, _ = run("mean", torch.full((6,), 2))
+    assert torch.isnan(got)
+
+
+@needs_gxx
+def test_log_probabilities_used_outside_are_written_beside_the_loss():
+    """class_loss.py never writes a value per logit and refuses; the row graph writes the
+    log-probabilities per element and the loss in the same kernel, so the dispatch hands it the region."""
+    p, ids = log_softmax_nll_program((8, 10), "none")
+    logp = p.nodes[ids[0]].outputs[0]
+    p.mark_output(logp)
+    ks = generate_kernel(p, ids, name="logp_and_loss")
+    assert ks.kind == "row_reduction" and set(ks.outputs) == {logp, p.nodes[ids[1]].outputs[0]}
+    env = run_reference(p, _inputs(p, 10), keep=True)
+    _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env, ks=ks)
+    _assert_equal(outs, env)
