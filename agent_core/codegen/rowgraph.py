@@ -60,6 +60,9 @@ class Def:
     # a per-row value read from an input at a per-row index (rowpick.py): (the index's key, "row": the
     # element at that column of the row, or "class": that element of a [C] vector)
     gather: tuple[str, str] | None = None
+    # value = shift[0] - shift[1], an E value less a per-row one (log_softmax: x - lse), so a sum of it
+    # along the row is sum(shift[0]) - kColsF * shift[1], folded in shift[0]'s pass (`_linear_sum`)
+    shift: tuple[str, str] | None = None
 
 
 @dataclass
@@ -96,6 +99,7 @@ class RowGraph:
     # group_norm's rows: every input's shape in the [N, G, C / G, *S] frame (its loads are indexed so)
     framed: dict[str, tuple[int, ...]] = field(default_factory=dict)
     hoisted: list[str] = field(default_factory=list)  # "max of x -> min of mel, then neg, log": monotone.peel
+    picked: dict[tuple[str, str], str] = field(default_factory=dict)   # (E key, label key) -> its value there
 
     @property
     def rows(self) -> int:
@@ -345,9 +349,11 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
             continue
         lines = render_chain(program, [nid], local, names, indent="")
         key = local[out]
-        deps = list(dict.fromkeys(local[v] for v in node.inputs if v is not None))
-        add(Def(key, space, c_type(vals[out].dtype, f"'{vals[out].name}'"), lines[0].split(" = ", 1)[1].rsplit(";  //", 1)[0],
-                deps, rnd(deps), out, lines[0].rsplit("//", 1)[1].strip(), nid))
+        expr = lines[0].split(" = ", 1)[1].rsplit(";  //", 1)[0]
+        # what the expression reads (full_like reads its input's shape only)
+        deps = [k for k in dict.fromkeys(local[v] for v in node.inputs if v is not None) if k in _IDENT.findall(expr)]
+        add(Def(key, space, c_type(vals[out].dtype, f"'{vals[out].name}'"), expr, deps, rnd(deps), out,
+                lines[0].rsplit("//", 1)[1].strip(), nid))
         env[out] = key
     for vid in io.outputs:
         g.outputs[vid] = env[vid]
@@ -456,6 +462,14 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     elif chain is not None:
         raw, = step(state, folded, [names.new(f"{base}_raw_m")])
         m_from(raw, R)
+    elif state == "sum" and fold is None and (lin := _linear_sum(g, program, x, expr_def, names)):
+        # sum((e - r) * w) as sum(e * w) - r * sum(w), in e's pass rather than a pass after r (a streamed
+        # row is read once less, a held one saves an all-reduce)
+        e, r, w = lin
+        se, = step("sum", e, [names.new(f"{base}_of_{e}")])
+        sw = step("sum", w, [names.new(f"{base}_of_{w}")])[0] if w else "kColsF"
+        expr_def(fkey["s"], R, f"{se} - {r} * {sw}", f"sum of {vals[node.inputs[0]].name}, as sums of its "
+                 f"parts (one pass)")
     else:
         fkey.update(zip(STATES[state][0], step(state, folded, [fkey[f] for f in STATES[state][0]])))
 
@@ -474,6 +488,29 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     out = node.outputs[0]
     env[out] = expr_def(base, E if preserving else R, _substitute(expr, fkey, local, x, ports), node.op,
                         ctype=ctype, vid=out)
+    if node.op == "log_softmax":     # x - lse: a sum of it along the row needs no pass after lse
+        lse = expr_def(names.new(f"{base}_lse"), R, f"{fkey['m']} + {local['log_sum']}", "log-sum-exp")
+        g.defs[env[out]].shift = (x, lse)
+
+
+def _linear_sum(g: RowGraph, program, x: str, expr_def, names: Names):
+    """(e, r, w) when the E value x is e - r or (e - r) * w with r per row and w an operand of the
+    first pass (a class weight): then sum(x) = sum(e * w) - r * sum(w) (w None: kColsF * r). None
+    otherwise, or when nothing is gained (e itself needs r's round)."""
+    d = g.defs[x]
+    if d.shift is not None:
+        e, r = d.shift
+        return (e, r, None) if g.defs[e].round < g.defs[x].round else None
+    node = program.nodes[d.node] if d.node else None
+    if node is None or node.op != "mul" or len(d.deps) != 2:
+        return None
+    for a, w in (d.deps, d.deps[::-1]):
+        shift, wd = g.defs[a].shift, g.defs[w]
+        if shift and wd.space == E and wd.shift is None and wd.round <= g.defs[shift[0]].round < g.defs[x].round:
+            e = expr_def(names.new(f"{shift[0]}_times_{w}"), E, f"{shift[0]} * {w}", "a term of a linear sum",
+                         share=True)
+            return e, shift[1], w
+    return None
 
 
 def total_count(g: RowGraph) -> int:

@@ -55,8 +55,9 @@ def nll(g, program: Program, node, read, expr_def, names, env) -> None:
     base = names.new(vals[node.outputs[0]].name)
     value = pick(g, src, label, names, vals)
     at = {}
-    if w is not None:
-        at = {"w": names.new(f"{vals[w].name}_at")}
+    if w is not None:      # one load per row however many losses read it
+        at["w"] = g.picked.get((w, label)) or names.new(f"{vals[w].name}_at")
+        g.picked[(w, label)] = at["w"]
         g.defs[at["w"]] = Def(at["w"], R, "float", None, [label], g.defs[label].round, w,
                               f"'{vals[w].name}' at the label", gather=(label, "class"))
     ii = f"{int(node.attrs['ignore_index'])}LL"
@@ -81,14 +82,13 @@ def nll(g, program: Program, node, read, expr_def, names, env) -> None:
 def pick(g, key: str, label: str, names, vals) -> str:
     """The per-row value of the per-element value `key` at column `label` of each row."""
     from .rowgraph import E, R, Def
-    memo: dict[str, str] = {}
 
     def at(k: str) -> str:
         d = g.defs[k]
         if d.space != E:
             return k            # the same along the row
-        if k in memo:
-            return memo[k]
+        if (k, label) in g.picked:
+            return g.picked[(k, label)]
         new = names.new(f"{k}_at")
         if d.expr is None:      # a region input: one load at (row, label)
             if d.ctype != "float":
@@ -105,7 +105,7 @@ def pick(g, key: str, label: str, names, vals) -> str:
             deps = list(dict.fromkeys(subs.values()))
             g.defs[new] = Def(new, R, d.ctype, expr, deps, max((g.defs[k2].round for k2 in deps), default=0),
                               None, f"{d.note}, at the label" if d.note else "at the label")
-        memo[k] = new
+        g.picked[(k, label)] = new
         return new
     return at(key)
 
