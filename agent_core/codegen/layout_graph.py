@@ -34,6 +34,7 @@ import math
 import re
 
 from ..ir import Program
+from ..ops.common import broadcasts_to
 from . import views as V
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, header, index_type, kernel_name, kernel_source, render_pointwise
 from .kernel import CodegenError, KernelSource
@@ -62,11 +63,6 @@ def is_layout_graph(program: Program, io: RegionIO) -> bool:
     return any(op not in RELABEL_OPS for op in ops) or _relabel_breaks_broadcast(program, io)
 
 
-def _broadcasts(shape, space) -> bool:
-    shape, space = tuple(shape), tuple(space)
-    return len(shape) <= len(space) and all(a in (1, b) for a, b in zip(reversed(shape), reversed(space)))
-
-
 def _relabel_breaks_broadcast(program: Program, io: RegionIO) -> bool:
     """Pointwise work between relabels whose operands no longer broadcast to the output's shape."""
     vals, nodes = program.values, program.nodes
@@ -75,7 +71,7 @@ def _relabel_breaks_broadcast(program: Program, io: RegionIO) -> bool:
         return False
     space = vals[io.outputs[0]].shape
     seen = [v for v in io.inputs] + [v for n in pointwise for v in [*n.inputs, *n.outputs] if v]
-    return any(not _broadcasts(vals[v].shape, space) for v in seen)
+    return any(not broadcasts_to(vals[v].shape, space) for v in seen)
 
 
 def _needed(program: Program, io: RegionIO) -> set:

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..analysis.gpu import GPUProfile
+from ..ops.common import broadcasts_to
 from .class_loss import class_loss_refusal, class_loss_rows, reads_rows_once
 from .geometry import Geometry
 
@@ -367,7 +368,7 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
                 # a smaller op that broadcasts into the rows (an attention mask's arithmetic on
                 # [B, 1, 1, S]) is evaluated per element where the row kernel reads it: the recompute
                 # guard weighs that, and codegen (can_lower) has the last word
-                if ne not in allowed and not _broadcasts_into(state.geo[nid].shape, red.full):
+                if ne not in allowed and not broadcasts_to(state.geo[nid].shape, red.full):
                     return (f"{_name(state, nid)} loops over {ne} elements, neither the "
                             f"{_shape(red.full)} rows nor the {red.rows} row results of "
                             f"{_name(state, (sa.reductions or sb.reductions)[0])}")
@@ -414,13 +415,6 @@ def _total_beside_rows(state, sa: Summary, sb: Summary) -> bool:
         return False
     numel = next(g.full_numel for g in geos if g.rows > 1)
     return all(g.rows > 1 or (g.row_len == numel and g.full_numel == numel) for g in geos)
-
-
-def _broadcasts_into(shape, full) -> bool:
-    """Whether a value of `shape` broadcasts to `full` (numpy's rule, trailing dims aligned)."""
-    if len(shape) > len(full):
-        return False
-    return all(s in (1, f) for s, f in zip(reversed(shape), reversed(full)))
 
 
 def _budgetary(state, a, b, sa: Summary, sb: Summary, relation: str, facts) -> str | None:
