@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agent_core.codegen import generate_kernel
+from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.codegen.region_io import region_io
 from agent_core.codegen.rowkernel import generate_multi_reduction
 from agent_core.compiler import compile_kernel
@@ -135,3 +135,56 @@ def test_log_probabilities_used_outside_are_written_beside_the_loss():
     env = run_reference(p, _inputs(p, 10), keep=True)
     _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env, ks=ks)
     _assert_equal(outs, env)
+
+
+@needs_gxx
+def test_log_probabilities_and_each_next_tokens_gathered_are_one_planned_kernel(tmp_path):
+    """GPT-2's per-token log-probabilities: log_softmax over the vocabulary, then gather of each next
+    token's (an RLHF log-prob pass). The gather along the rows with one index per row is a pick, so the
+    planner (asking the backend) groups them: one kernel writes the log-probabilities and the gathered
+    values, equal to torch."""
+    from tests.test_codegen_column_tiles import _block, _plan
+    from agent_core.reference import draw
+    _, p = _plan(_block("log_softmax_tokens_gpt2"), tmp_path / "gpt2.json", small=True)
+    kernels = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
+    assert len(kernels) == 1 and {p.nodes[n].op for n in kernels[0].nodes} >= {"log_softmax", "gather"}, p.regions
+    g = torch.Generator().manual_seed(0)
+    ins = [torch.randn(p.values[v].shape, generator=g) * 4 if p.values[v].dtype == "float32" else
+           draw(p.values[v].shape, p.values[v].dtype, p.values[v].init, g) for v in p.inputs]
+    env = run_reference(p, ins, keep=True)
+    ks, outs = _emulate_region(p, kernels[0], env)
+    assert ks.kind == "row_reduction" and len(outs) == 2
+    _assert_equal(outs, env)
+
+
+def _after_rows(op, attrs, shape=(2, 3, 4, 6)):
+    """x -> max over the last dim -> `op` (a layout op of the per-row values) -> output."""
+    p = Program("after")
+    x = p.add_input("x", shape)
+    m = p.add_node("max", [x.id], {"dim": [-1], "keepdim": False})
+    lay = p.add_node(op, [m.outputs[0]], attrs)
+    p.mark_output(lay.outputs[0])
+    return p, [m.id, lay.id]
+
+
+@needs_gxx
+@pytest.mark.parametrize("op,attrs", [("permute", {"dims": [2, 0, 1]}), ("reshape", {"shape": [6, 4]}),
+                                      ("transpose", {"dim0": 0, "dim1": 2})])
+def test_per_row_values_leave_through_a_layout_op_at_its_offsets(op, attrs):
+    """A per-row result permuted, transposed or reshaped on its way out: each row stores its value
+    where the layout op puts it (layout_store's inverse view at the row's index), no second kernel."""
+    p, ids = _after_rows(op, attrs)
+    ks, outs, env = _emulated(p, ids, _inputs(p, 1))
+    _assert_equal(outs, env)
+
+
+def test_a_gather_across_the_rows_is_refused_with_the_reason():
+    """gather along a dim that is not the reduced one reads other rows' elements: not a pick."""
+    p = Program("across")
+    x = p.add_input("x", (4, 8))
+    t = p.add_input("t", (1, 8), "int64")
+    ls = p.add_node("log_softmax", [x.id], {"dim": -1})
+    gt = p.add_node("gather", [ls.outputs[0], t.id], {"dim": 0})
+    p.mark_output(gt.outputs[0])
+    with pytest.raises(CodegenError, match="layout op after .*gathers one element of each row"):
+        generate_multi_reduction(p, region_io(p, [ls.id, gt.id]), "across")

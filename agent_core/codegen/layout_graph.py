@@ -621,12 +621,18 @@ class ViewPrologue:
 
 
 def view_prologue_nodes(program: Program, io: RegionIO) -> list[str]:
-    """The layout ops of a row region and everything before them in it: the part a ViewPrologue
-    renders (empty when the region has no layout op). A layout op after a reduction is refused."""
+    """The layout ops of a row region before its reductions and everything before them in it: the
+    part a ViewPrologue renders (empty when the region has none). A layout op after a reduction is
+    the row graph's to take (a gather of each row's label, a relabel of per-row values) or refuse."""
     nodes = program.nodes
     members = set(io.nodes)
+    after: set[str] = set()          # reductions and what reads them, directly or not
+    for n in io.nodes:
+        if (not is_elementwise(nodes[n]) and not is_layout_op(nodes[n])) or \
+                any(v and program.values[v].producer in after for v in nodes[n].inputs):
+            after.add(n)
     front: set[str] = set()
-    todo = [n for n in io.nodes if is_layout_op(nodes[n])]
+    todo = [n for n in io.nodes if is_layout_op(nodes[n]) and n not in after]
     while todo:
         n = todo.pop()
         if n in front:
@@ -634,10 +640,4 @@ def view_prologue_nodes(program: Program, io: RegionIO) -> list[str]:
         front.add(n)
         todo += [program.values[v].producer for v in nodes[n].inputs
                  if v and program.values[v].producer in members]
-    for n in io.nodes:
-        if n in front and not is_elementwise(nodes[n]) and not is_layout_op(nodes[n]):
-            after = next(m for m in io.nodes if m in front and is_layout_op(nodes[m]))
-            raise CodegenError(f"{nodes[after].name} ({nodes[after].op}) is a layout op after {nodes[n].name} "
-                               f"({nodes[n].op}); a row kernel reads layout ops in its prologue only: split the "
-                               f"region there", node_id=after)
     return [n for n in io.nodes if n in front]

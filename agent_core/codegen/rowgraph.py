@@ -36,11 +36,12 @@ from ..ir import Program
 from ..ops.common import broadcasts_to
 from .cuda import Names, c_type, float_literal, render_pointwise
 from .kernel import CodegenError
+from .layout_graph import is_layout_op
 from .monotone import peel
 from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
 from .rowops import NOT_FLOAT, STATES, field_ctype, graph_op
-from .rowpick import nll, nll_op
+from .rowpick import after_rows, nll, nll_op
 
 E, R, T = "E", "R", "T"
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -100,6 +101,7 @@ class RowGraph:
     framed: dict[str, tuple[int, ...]] = field(default_factory=dict)
     hoisted: list[str] = field(default_factory=list)  # "max of x -> min of mel, then neg, log": monotone.peel
     picked: dict[tuple[str, str], str] = field(default_factory=dict)   # (E key, label key) -> its value there
+    row_out_views: dict = field(default_factory=dict)   # per-row output -> layout_store.OutputView it is stored through
 
     @property
     def rows(self) -> int:
@@ -168,7 +170,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
     With `hoist`, a max or min of a monotone chain folds the chain's input and applies the chain to
     the row's result (codegen/monotone.py)."""
     vals, nodes = program.values, program.nodes
-    reds = [n for n in io.nodes if not is_elementwise(nodes[n])]
+    reds = [n for n in io.nodes if not is_elementwise(nodes[n]) and not is_layout_op(nodes[n])]
     if not reds:
         raise CodegenError("the region holds no reduction")
     ops = {}
@@ -322,6 +324,9 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         node = nodes[nid]
         if node.op == "nll_loss":
             nll(g, program, node, read, expr_def, names, env)
+            continue
+        if is_layout_op(node) and node.op != "expand":      # after the reductions (rowpick.after_rows)
+            after_rows(g, program, node, read, names, env, reds)
             continue
         if nid in ops:
             _reduction(g, program, node, ops[nid], read, expr_def, names, two_stage and nid not in totals, env,

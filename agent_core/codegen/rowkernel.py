@@ -129,17 +129,19 @@ def _row_stores(g: RowGraph, arg: dict, out_r, indent: str) -> list[str]:
             keys, cat = g.row_cats[v]
             lines += [f"{indent}{arg[v]}[{cat.offset(j, g.inner)}] = {k};  // piece {j} of the cat"
                       for j, k in enumerate(keys)]
-        else:
-            lines.append(f"{indent}{arg[v]}[row] = {g.outputs[v]};")
+        else:     # a per-row value written through a layout op after it lands at that op's offset
+            at = g.row_out_views[v].offset("row") if v in g.row_out_views else "row"
+            lines.append(f"{indent}{arg[v]}[{at}] = {g.outputs[v]};")
     return lines
 
 
 def _store_through(g: RowGraph, stores: dict, io: RegionIO) -> RowGraph:
-    """The row graph with each output view's value computed as its source's per-element key (the
-    source itself is no output unless it leaves the region on its own)."""
+    """The row graph with each output view's value computed as its source's key (the source itself is
+    no output unless it leaves the region on its own); a per-row source is stored per row at the
+    view's offset of the row (its flat index in the source)."""
     for y, ov in stores.items():
-        if g.defs[g.outputs[ov.source]].space != E:
-            raise CodegenError(f"'{ov.value}' moves per-row values through a layout op; split the region there")
+        if g.defs[g.outputs[ov.source]].space == R:
+            g.row_out_views[y] = ov
         g.outputs[y] = g.outputs[ov.source]
     for ov in stores.values():
         if not ov.source_escapes:

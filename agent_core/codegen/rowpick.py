@@ -79,6 +79,35 @@ def nll(g, program: Program, node, read, expr_def, names, env) -> None:
     g.defs[total].vid = node.outputs[0]
 
 
+def after_rows(g, program: Program, node, read, names, env, reductions) -> None:
+    """A layout op after the reductions: a gather along the rows of one index per row
+    (`log_softmax(x).gather(-1, tokens[..., None])`) is a pick; a relabel of per-row values
+    (reshape, squeeze, ...) is the same values in the same order. Anything else is refused."""
+    from .layout_graph import RELABEL_OPS
+    from .rowgraph import E, R
+    vals = program.values
+    name = node.name if node.name == node.op else f"{node.name} ({node.op})"
+    src, out = node.inputs[0], node.outputs[0]
+    if node.op == "gather" and len(node.inputs) == 2:
+        index = node.inputs[1]
+        keep = tuple(1 if d in g.dims else s for d, s in enumerate(g.full))
+        dim = node.attrs["dim"] % max(1, len(vals[src].shape))
+        if g.dims == [dim] and tuple(vals[src].shape) == g.full and tuple(vals[index].shape) == keep \
+                and vals[index].dtype in LABEL_DTYPES:
+            x, t = read(src, E, node), read(index, R, node)
+            if g.defs[x].space == E and g.defs[t].space == R:
+                env[out] = pick(g, x, t, names, vals)
+                g.defs[env[out]].vid = out
+                return
+    elif node.op in RELABEL_OPS and src in env and g.defs[env[src]].space == R:
+        env[out] = env[src]          # a per-row value's flat order is the rows' order
+        return
+    red = program.nodes[reductions[0]]
+    raise CodegenError(f"{name} is a layout op after {red.name} ({red.op}); a row kernel reads layout ops "
+                       f"before its reductions, gathers one element of each row and relabels per-row values: "
+                       f"split the region there", node_id=node.id)
+
+
 def pick(g, key: str, label: str, names, vals) -> str:
     """The per-row value of the per-element value `key` at column `label` of each row."""
     from .rowgraph import E, R, Def
