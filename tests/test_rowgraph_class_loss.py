@@ -188,3 +188,20 @@ def test_a_gather_across_the_rows_is_refused_with_the_reason():
     p.mark_output(gt.outputs[0])
     with pytest.raises(CodegenError, match="layout op after .*gathers one element of each row"):
         generate_multi_reduction(p, region_io(p, [ls.id, gt.id]), "across")
+
+
+@needs_gxx
+def test_clips_two_cross_entropies_over_rows_and_columns_are_one_kernel(tmp_path):
+    """CLIP's symmetric loss: cross entropy over the logits' rows and over their columns (logits.t(),
+    read through its view), averaged. Both losses' rows are rows of the same square, so one row-graph
+    kernel folds both log-sum-exps, picks both labels' logits and sums both losses; the whole plan,
+    emulated kernel by kernel, equals torch."""
+    from tests.test_codegen_column_tiles import _block, _emulate_plan, _plan
+    _, p = _plan(_block("clip_contrastive_loss"), tmp_path / "clip.json", small=True)
+    loss = [r for r in p.regions if sum(p.nodes[n].op == "nll_loss" for n in r.nodes) == 2]
+    assert len(loss) == 1 and {"permute", "log_softmax", "add"} <= {p.nodes[n].op for n in loss[0].nodes}
+    g = torch.Generator().manual_seed(0)
+    ins = [torch.randn(p.values[v].shape, generator=g) for v in p.inputs]
+    kernels, outs = _emulate_plan(p, ins)
+    assert len(kernels) == 3
+    torch.testing.assert_close(outs[0], run_reference(p, ins)[p.values[p.outputs[0]].name], atol=1e-5, rtol=1e-5)
