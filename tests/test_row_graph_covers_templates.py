@@ -83,7 +83,7 @@ def test_a_prologue_of_embeddings_of_different_sizes_feeds_one_row_kernel():
 
 def test_the_comparison_tool_reports_the_coverage_of_blocks_on_the_cpu(tmp_path):
     """tools/row_generators_compare.py, run as a shell runs it: every region a template (rowreduce,
-    class_loss) writes in three blocks is generated and compiled by both forms, and the report says
+    class_loss, scan) writes in three blocks is generated and compiled by both forms, and the report says
     so (timing needs a GPU)."""
     import json
     import os
@@ -106,7 +106,7 @@ def test_the_comparison_tool_reports_the_coverage_of_blocks_on_the_cpu(tmp_path)
     assert losses == sum(1 for r in rows if r["problem"] == "cross_entropy_llama2_32k") == 1, rows
     text = out.read_text()
     assert (f"{len(rows)} regions whose kernel a template writes ({len(rows) - losses} rowreduce, {losses} "
-            f"class_loss); the row graph generates and compiles {len(rows)}") in text
+            f"class_loss, 0 scan); the row graph generates and compiles {len(rows)}") in text
     assert "on the CPU (coverage only" in text and "group_norm, silu" in text and "nll_loss" in text
 
 

@@ -130,7 +130,7 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     kind = (own.pop() if len(own) == 1 else None) or kind or region_kind(program, io)
     if kind == "scan":
         from .scan import generate_scan
-        return generate_scan(program, io, name, params)
+        return _or_row_graph(generate_scan, program, io, name, params)
     if kind == "class_loss":
         from .class_loss import generate_class_loss
         return _or_row_graph(generate_class_loss, program, io, name, params)

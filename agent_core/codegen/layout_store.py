@@ -1,6 +1,6 @@
 """Layout ops after a row kernel's reductions, written through their views (issue #14).
 
-A permute, transpose or reshape of a value the row kernel computes per element (Qwen3's QK-norm:
+A permute, transpose, flip or reshape of a value the row kernel computes per element (Qwen3's QK-norm:
 RMSNorm over each head, then heads moved in front of the sequence) moves elements without changing
 them. Instead of a second kernel that copies the result into its new layout, the row kernel stores
 each element where the layout op would put it: the element at flat index i of X (the value the row
@@ -21,7 +21,7 @@ from ..ir import Program
 from . import views as V
 from .region_io import RegionIO
 
-INVERTIBLE = ("permute", "transpose", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous")
+INVERTIBLE = ("permute", "transpose", "flip", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous")
 
 
 @dataclass
@@ -50,6 +50,8 @@ def _inverse(program: Program, node, lay: V.Layout) -> V.Layout:
         return V.permute(lay, inv)
     if node.op == "transpose":
         return V.transpose(lay, a["dim0"], a["dim1"])
+    if node.op == "flip":         # its own inverse
+        return V.flip(lay, a["dims"])
     return V.reshape(lay, list(x.shape))      # the reshape family and contiguous: back to the input's shape
 
 

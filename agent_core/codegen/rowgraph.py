@@ -42,6 +42,7 @@ from .pointwise import is_elementwise, render_chain
 from .region_io import RegionIO
 from .rowops import NOT_FLOAT, STATES, field_ctype, graph_op
 from .rowpick import after_rows, nll, nll_op
+from .rowscan import SCAN_OPS, lower_scan, reads_a_scan, scan_op
 
 E, R, T = "E", "R", "T"
 _IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
@@ -64,6 +65,8 @@ class Def:
     # value = shift[0] - shift[1], an E value less a per-row one (log_softmax: x - lse), so a sum of it
     # along the row is sum(shift[0]) - kColsF * shift[1], folded in shift[0]'s pass (`_linear_sum`)
     shift: tuple[str, str] | None = None
+    # a running value along the row (rowscan.py): (op, the E key scanned, its C names: run, prefix, carry)
+    scan: tuple | None = None
 
 
 @dataclass
@@ -101,6 +104,7 @@ class RowGraph:
     framed: dict[str, tuple[int, ...]] = field(default_factory=dict)
     hoisted: list[str] = field(default_factory=list)  # "max of x -> min of mel, then neg, log": monotone.peel
     picked: dict[tuple[str, str], str] = field(default_factory=dict)   # (E key, label key) -> its value there
+    scans: list[str] = field(default_factory=list)      # E keys of the running values (rowscan.py)
     row_out_views: dict = field(default_factory=dict)   # per-row output -> layout_store.OutputView it is stored through
 
     @property
@@ -115,7 +119,7 @@ class RowGraph:
         """Keys the outputs and the steps need (every reduction of the region folds, used or not)."""
         need: set[str] = set()
         todo = list(self.outputs.values()) + [k for keys, _ in self.row_cats.values() for k in keys] + \
-            [s.arg for s in self.steps + self.row_totals]
+            [s.arg for s in self.steps + self.row_totals] + [self.defs[k].scan[1] for k in self.scans]
         while todo:
             k = todo.pop()
             if k not in need:
@@ -180,6 +184,9 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         if nodes[nid].op == "nll_loss":       # the label's element of each row (rowpick.py)
             ops[nid] = nll_op(program, nid)
             continue
+        if nodes[nid].op in SCAN_OPS:         # a running value along the rows (rowscan.py)
+            ops[nid] = scan_op(program, nid)
+            continue
         state, preamble, expr, preserving, dims, row_len, fold, ctype = graph_op(program, nid)
         if row_len is not None:
             if len(reds) > 1:
@@ -207,7 +214,8 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         pad = _aligned(shape, len(orig))
         return pad[:1] + (framed[1:3] if pad[1] == orig[1] else (1, 1)) + pad[2:]
     # whole-tensor reductions beside reductions over rows: each row folds its share (space T)
-    totals = [n for n in reds if ops[n][4] == list(range(len(shp(nodes[n].inputs[0])))) and nodes[n].op != "nll_loss"]
+    totals = [n for n in reds if ops[n][4] == list(range(len(shp(nodes[n].inputs[0]))))
+              and nodes[n].op != "nll_loss" and nodes[n].op not in SCAN_OPS]
     rowwise = [n for n in reds if n not in totals]
     if not rowwise:
         rowwise, totals = reds, []
@@ -325,6 +333,10 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         if node.op == "nll_loss":
             nll(g, program, node, read, expr_def, names, env)
             continue
+        if node.op in SCAN_OPS:
+            lower_scan(g, program, node, read, names, env)
+            g.scans.append(env[node.outputs[0]])
+            continue
         if is_layout_op(node) and node.op != "expand":      # after the reductions (rowpick.after_rows)
             after_rows(g, program, node, read, names, env, reds)
             continue
@@ -389,6 +401,9 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     x = read(src, E, node)
     if g.defs[x].space != E:
         raise CodegenError(f"{_name(node)} reduces a per-row value", node_id=node.id)
+    if reads_a_scan(g, x):
+        raise CodegenError(f"{_name(node)} reduces a running value, which the row kernel computes in its last "
+                           f"pass only; split the region after the scan", node_id=node.id)
     if total and state in NOT_FLOAT:
         raise CodegenError(f"{_name(node)} over every element beside reductions over rows: its index or integer "
                            f"sum does not travel through the float workspace; split the region before it",

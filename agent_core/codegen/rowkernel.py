@@ -43,6 +43,7 @@ from .row_tuning import DEFAULTS as ROW_DEFAULTS
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
 from .rowpick import gathered
+from .rowscan import SCAN_OPS, lane_scan
 from . import column_tile, rowsplit
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile_y": None, "column_batch": 4,
@@ -188,6 +189,8 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
     rounds = max((s.round for s in g.steps), default=0)
     per_element = any(g.defs[key].space == E for key in g.outputs.values())
     sms = int(p["sm_count"])
+    if g.scans:      # a scan walks each row in one block, in order: no cluster, no split row
+        p = {**p, "cluster": 1, "split": 1}
     if not g.steps and not per_element:
         # nothing walks the rows (a lone nll_loss reads one element of each): a thread per row
         block = int(p["block"])
@@ -472,6 +475,44 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         out += ["    }", "  }"]
         return out
 
+    def scan_pass(out_closure, tail, pre, post) -> list[str]:
+        """The output pass of a region with scans (rowscan.py): every lane of the row walks the chunks
+        in step; per chunk each lane runs over its kVec elements, the lanes' runs are scanned across
+        the row, then the outputs are evaluated and stored."""
+        scans = [g.defs[k].scan for k in g.scans]
+        arg_closure = g.closure([s[1] for s in scans], E, need, frozenset(kept_done))
+        both = {d.key for d in arg_closure} | {d.key for d in out_closure}
+        loads = [v for v in held if key_of[v] in both]
+        lines = [f"  double {s[4]} = {SCAN_OPS[s[0]][1]};  // the {s[0]} of the row's earlier chunks" for s in scans]
+        if cached:
+            lines += ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {  // the row's chunks in order, every lane in step",
+                      "    const int p = lane * kVec + k * kStride;"]
+            at = "k * kVec + e" if vec == 4 else "k"
+        else:
+            lines += ["  for (int p0 = 0; p0 < kCols; p0 += kStride) {  // the row's chunks in order, every lane in step",
+                      "    const int p = p0 + lane * kVec;"]
+            at = "e" if vec == 4 else "0"
+        lines.append("    const bool in_row = active && p < kCols;")
+        for v in ([] if cached else loads):
+            if vec == 4:
+                vt = VEC4[vals[v].dtype]
+                lines += [f"    {ct[v]} {regs[v]}[kVec] = {{}};",
+                          f"    if (in_row) {{ const {vt} t = {ld.load4(v, arg[v], vt, flat('p'))};",
+                          "      " + " ".join(f"{regs[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+            else:
+                lines.append(f"    const {ct[v]} {regs[v]}[1] = {{in_row ? {ld.load(v, arg[v], flat('p'))} : ({ct[v]})0}};")
+        lines += [f"    double {s[2]}[kVec];  // {s[0]} over this lane's elements" for s in scans]
+        runs = [f"{s[2]}[e] = (e ? {s[2]}[e - 1] : {SCAN_OPS[s[0]][1]}) {SCAN_OPS[s[0]][0]} (double){s[1]};"
+                for s in scans]
+        idle = [f"        {s[2]}[e] = e ? {s[2]}[e - 1] : {SCAN_OPS[s[0]][1]};" for s in scans]
+        lines += ["#pragma unroll", "    for (int e = 0; e < kVec; ++e) {", "      if (in_row) {",
+                  *element_body(arg_closure, "        ", runs, at), "      } else {", *idle, "      }", "    }"]
+        lines += ["    " + ln for ln in lane_scan(scans, sched["tpr"])]
+        lines += ["    if (in_row) {", *[f"      {ln}" for ln in pre], "#pragma unroll",
+                  "      for (int e = 0; e < kVec; ++e) {", *element_body(out_closure, "        ", tail, at), "      }",
+                  *[f"      {ln}" for ln in post], "    }", "  }"]
+        return lines
+
     body = rowsplit.prelude() if srow else [
             "  const int rank = blockIdx.x % kCluster;  // this CTA's place in the row's cluster",
             "  const int lane = rank * kThreadsPerRow + threadIdx.x;  // the row's threads, over the cluster",
@@ -637,7 +678,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             tail = [f"{arg[v]}[{stores[v].offset('i') if v in stores else 'i'}] = {g.outputs[v]};" for v in out_e]
             pre = post = []
         output = ["  // the per-element outputs",
-                  *each_element(lambda ind, at: element_body(out_closure, ind, tail, at), loads, pre, post)]
+                  *each_element(lambda ind, at: element_body(out_closure, ind, tail, at), loads, pre, post)] \
+            if not g.scans else ["  // the per-element outputs and the running values along the row, chunk by chunk",
+                                 *scan_pass(out_closure, tail, pre, post)]
         if not srow:
             body += output
     row_out = ["  if (active && lane == 0) {  // the per-row outputs, once per row",

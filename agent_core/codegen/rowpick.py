@@ -119,6 +119,9 @@ def pick(g, key: str, label: str, names, vals) -> str:
         if (k, label) in g.picked:
             return g.picked[(k, label)]
         new = names.new(f"{k}_at")
+        if d.scan is not None:
+            raise CodegenError(f"{d.note} would be read at the label; a running value exists in the last pass "
+                               f"only: split the region after the scan")
         if d.expr is None:      # a region input: one load at (row, label)
             if d.ctype != "float":
                 raise CodegenError(f"'{vals[d.vid].name}' ({vals[d.vid].dtype}) would be read at the label; "

@@ -1,0 +1,108 @@
+"""cumsum / cumprod in the row graph: a running sum (product) along the rows, per element.
+
+A scan's rows are its dim (the graph's reduced dims); its output is an E value. It is computed in the
+kernel's last pass, the one that writes the per-element outputs, so the pointwise ops before it (a
+mask, a scale, a flip read through its view) and after it (a layout op written through its view, an
+activation) fuse around it, and any reductions of the region fold before it (a running sum of a
+softmax). The pass walks the row chunk by chunk in order, every lane of the row in step: each lane
+scans its kVec neighbouring elements, the lanes' totals are scanned across the row (shuffles; with
+more than a warp per row, the warps' totals through shared memory), and a carry holds the scan of
+every earlier chunk. Nothing reads a running value in an earlier pass: a reduction of a scan is
+refused (split the region after the scan).
+
+Numerics as codegen/scan.py: accumulated in double, each output rounded to float32 once, so it is
+the correctly rounded running value whatever the order, as torch's CPU scan.
+"""
+from __future__ import annotations
+
+from .kernel import CodegenError
+
+# op -> (the combine operator, its identity)
+SCAN_OPS = {"cumsum": ("+", "0.0"), "cumprod": ("*", "1.0")}
+
+
+def scan_op(program, nid: str):
+    """The row graph's view of a scan: (state, preamble, expression, preserves rows, dims, fold,
+    C type); its rows are its dim."""
+    node = program.nodes[nid]
+    rank = len(program.values[node.inputs[0]].shape)
+    return None, "", "", True, [node.attrs["dim"] % max(1, rank)], None, "float"
+
+
+def lower_scan(g, program, node, read, names, env) -> None:
+    """The scan `node` as an E definition computed in the output pass (Def.scan)."""
+    from .rowgraph import E, Def
+    vals = program.values
+    name = node.name if node.name == node.op else f"{node.name} ({node.op})"
+    src, out = node.inputs[0], node.outputs[0]
+    if vals[src].dtype != "float32" or vals[out].dtype != "float32":
+        raise CodegenError(f"{name} scans {vals[src].spec}; running sums are generated for float32 only",
+                           node_id=node.id)
+    x = read(src, E, node)
+    if g.defs[x].space != E:
+        raise CodegenError(f"{name} scans a per-row value", node_id=node.id)
+    if g.inner != 1:
+        raise CodegenError(f"{name} runs along a dim that is not the innermost of {list(g.full)}; the row "
+                           f"kernel scans contiguous rows (the scan kernel takes strided ones)", node_id=node.id)
+    base = names.new(vals[out].name)
+    run, prefix, carry = (names.new(f"{base}_{w}") for w in ("run", "prefix", "carry"))
+    op, _ = SCAN_OPS[node.op]
+    g.defs[base] = Def(base, E, "float", f"(float)({prefix} {op} {run}[e])", [], g.defs[x].round, out,
+                       f"{node.op}: the running value", scan=(node.op, x, run, prefix, carry))
+    env[out] = base
+
+
+def reads_a_scan(g, key: str) -> str | None:
+    """The scan a definition's value depends on, if any (it exists only in the output pass)."""
+    seen, todo = set(), [key]
+    while todo:
+        k = todo.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        d = g.defs[k]
+        if d.scan is not None:
+            return k
+        todo += d.deps
+    return None
+
+
+def lane_scan(scans, tpr: int) -> list[str]:
+    """Lines that scan each scan's lane total `run[kVec - 1]` across the row's threads and give its
+    `prefix` (the carry, then every earlier lane of this chunk) and the carry for the next chunk.
+    Every thread of the row runs them (the shuffles and barriers need all of them)."""
+    lines = []
+    for kind, _, run, prefix, carry in scans:
+        op, ident = SCAN_OPS[kind]
+        incl, excl = f"{run}_incl", f"{run}_excl"
+        width = min(tpr, 32)
+        lines += [f"double {incl} = {run}[kVec - 1];  // this lane's elements and every earlier lane's",
+                  "#pragma unroll",
+                  f"for (int offset = 1; offset < {width}; offset <<= 1) {{",
+                  f"  const double before = __shfl_up_sync(0xffffffffu, {incl}, offset);",
+                  f"  if ((lane & {width - 1}) >= offset) {incl} = before {op} {incl};",
+                  "}",
+                  f"double {excl} = __shfl_up_sync(0xffffffffu, {incl}, 1);",
+                  f"if ((lane & {width - 1}) == 0) {excl} = {ident};"]
+        if tpr <= 32:
+            lines += [f"const double {prefix} = {carry} {op} {excl};",
+                      f"{carry} = {carry} {op} __shfl_sync(0xffffffffu, {incl}, (threadIdx.x & 31) | (kThreadsPerRow - 1));"]
+            continue
+        tot = f"{run}_warps"
+        lines += [f"__shared__ double {tot}[kWarpsPerRow];  // each warp's total, then their running values",
+                  f"if ((lane & 31) == 31) {tot}[lane >> 5] = {incl};",
+                  "__syncthreads();",
+                  "if (lane < 32) {",
+                  f"  double t = lane < kWarpsPerRow ? {tot}[lane] : {ident};",
+                  "#pragma unroll",
+                  "  for (int offset = 1; offset < 32; offset <<= 1) {",
+                  "    const double before = __shfl_up_sync(0xffffffffu, t, offset);",
+                  f"    if (lane >= offset) t = before {op} t;",
+                  "  }",
+                  f"  if (lane < kWarpsPerRow) {tot}[lane] = t;",
+                  "}",
+                  "__syncthreads();",
+                  f"const double {prefix} = {carry} {op} ((lane >> 5) ? {tot}[(lane >> 5) - 1] : {ident}) {op} {excl};",
+                  f"{carry} = {carry} {op} {tot}[kWarpsPerRow - 1];",
+                  "__syncthreads();  // every thread has read the totals before the next chunk writes them"]
+    return lines
