@@ -14,6 +14,7 @@ from agent_core.writer.endpoint import ChatEndpoint, TokenBudget
 from agent_core.writer.emulate import CpuExecutor
 from agent_core.writer.loop import NOT_TIMED, WriterRun, write_region
 from tests.test_agent_mockgpu import mock_gpu  # noqa: F401  (the fixture)
+from tests.gpu.test_writer_gpu import ours_without_scans  # noqa: F401  (the fixture)
 from tests.writer_cases import KERNEL_NAME, case_program, region_and_ours, reply_text
 from tests.writer_stub import StubServer, http_error, malformed, slow, streamed, truncated
 
@@ -247,10 +248,11 @@ def test_the_gpu_tests_fused_cumsum_relu_reply_is_correct_under_emulation():
     assert "We have no kernel of our own" in _of(emit.events, "writer-request")[0]["messages"][1]["content"]
 
 
-def test_on_the_gpu_path_a_faster_proposal_becomes_the_regions_kernel(mock_gpu, tmp_path):
+def test_on_the_gpu_path_a_faster_proposal_becomes_the_regions_kernel(mock_gpu, tmp_path, ours_without_scans):
     """The agent loop's GPU path with the GPU faked as in test_agent_mockgpu.py (kernels compiled for
     real, launched by a fake that evaluates their nodes, timed at 1 us + 10 us per torch op): ours is
-    not generated for the user's cumsum -> relu region, so its unfused ops (two torch ops) are timed;
+    not generated for the user's cumsum -> relu region (the row graph's scans switched off, as in
+    tests/gpu/test_writer_gpu.py), so its unfused ops (two torch ops) are timed;
     the model's kernel passes the gate in the CPU executor, is timed as ours would be, kept, verified
     again in the run, and the end-to-end program runs it."""
     from tests.gpu.test_writer_gpu import cumsum_relu

@@ -1,8 +1,8 @@
 """On the GPU: the model-driven writer's keep decision, measured for real.
 
-A region our codegen does not generate (a user-made cumsum -> relu region over x[8192, 1024]: the
-scan generator takes a lone cumsum only, so ours falls back to the two torch kernels, which write the
-whole running sum to memory and read it back) gets a correct one-pass proposal from the stub server
+A region our codegen does not generate (a user-made cumsum -> relu region over x[8192, 1024], with the
+row graph's scans switched off: `ours_without_scans`; ours then falls back to the two torch kernels,
+which write the whole running sum to memory and read it back) gets a correct one-pass proposal from the stub server
 (tests/data/writer/replies/gpu_cumsum_relu.md): it is checked by the gate in the GPU executor's child
 process, timed as ours is, KEPT because it beats the unfused ops, and the end-to-end program verifies
 with it. A correct but slow proposal for writer_demo (slow.md: one thread walks every row) is NOT
@@ -27,6 +27,19 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 ROWS, COLS = 8192, 1024
+
+
+@pytest.fixture
+def ours_without_scans(monkeypatch):
+    """The premise of the writer tests below: a region our generators do not build, so the model's
+    kernel competes with the unfused ops. relu(cumsum(x, 1)) was one until the row graph learnt scans
+    (codegen/rowscan.py); its scans are switched off here, so the writer's path is what is tested."""
+    import agent_core.codegen.rowgraph as rowgraph
+    from agent_core.codegen import CodegenError
+
+    def refuse(g, program, node, *args):
+        raise CodegenError(f"{node.name} ({node.op}): the row graph's scans are switched off for this test")
+    monkeypatch.setattr(rowgraph, "lower_scan", refuse)
 
 
 def cumsum_relu(rows: int = ROWS) -> Program:
@@ -57,7 +70,7 @@ def _one(events, name):
     return found[0]
 
 
-def test_a_correct_faster_proposal_is_kept_and_the_program_runs_it(tmp_path):
+def test_a_correct_faster_proposal_is_kept_and_the_program_runs_it(tmp_path, ours_without_scans):
     # rewrite=False: rewrite_program returns its copy without the user's regions
     res, events = _optimize(cumsum_relu(), "gpu_cumsum_relu", tmp_path, rewrite=False)
     (o,) = res.outcomes
