@@ -54,14 +54,13 @@ def nll(g, program: Program, node, read, expr_def, names, env) -> None:
                            node_id=node.id)
     base = names.new(vals[node.outputs[0]].name)
     value = pick(g, src, label, names, vals)
-    at = {}
-    if w is not None:      # one load per row however many losses read it
-        at["w"] = g.picked.get((w, label)) or names.new(f"{vals[w].name}_at")
-        g.picked[(w, label)] = at["w"]
-        g.defs[at["w"]] = Def(at["w"], R, "float", None, [label], g.defs[label].round, w,
-                              f"'{vals[w].name}' at the label", gather=(label, "class"))
+    weight = "1.0f"
+    if w is not None:      # the class weight's element at the label: one load per row however many losses read it
+        weight = g.picked.get((w, label)) or names.new(f"{vals[w].name}_at")
+        g.picked[(w, label)] = weight
+        g.defs[weight] = Def(weight, R, "float", None, [label], g.defs[label].round, w,
+                             f"'{vals[w].name}' at the label", gather=(label, "class"))
     ii = f"{int(node.attrs['ignore_index'])}LL"
-    weight = at.get("w", "1.0f")
     loss = expr_def(names.new(f"{base}_loss"), R, f"({label} == {ii} ? 0.0f : -({weight} * {value}))",
                     "the label's loss (0 where ignored)", vid=node.outputs[0] if node.attrs["reduction"] == "none"
                     else None)
