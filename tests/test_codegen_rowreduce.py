@@ -143,3 +143,34 @@ def test_prologue_value_used_outside_is_written_in_pass_one(shape, op, attrs):
     assert ks.outputs == [a.outputs[0], n.outputs[0]]
     assert "float& add_out" in ks.source
     compile_kernel(ks, arch="sm_90")
+
+
+@pytest.mark.parametrize("shape", [(4, 6, 5, 7), (2, 3, 40, 40)], ids=["small", "pooled_rows"])
+def test_a_pooled_value_squeezed_on_its_way_out_stays_with_rowreduce(shape):
+    """gelu -> global average pool -> two reshapes ([N, C, 1, 1] -> [N, C, 1] -> [N, C]), the ResNet /
+    EfficientNet head: the relabels move no element, so rowreduce stores the pooled values where it
+    would have and the planner needs no alias region after it; equal to torch under the CPU emulator."""
+    import shutil
+    from types import SimpleNamespace
+
+    import torch
+
+    from agent_core.reference import run_reference
+    from tests.test_codegen_column_tiles import _emulate_region
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    p = Program("head")
+    x = p.add_input("x", shape)
+    g = p.add_node("gelu", [x.id], {"approximate": "none"})
+    pool = p.add_node("adaptive_avg_pool2d", [g.outputs[0]], {"output_size": [1, 1]})
+    r1 = p.add_node("reshape", [pool.outputs[0]], {"shape": [shape[0], shape[1], 1]})
+    r2 = p.add_node("reshape", [r1.outputs[0]], {"shape": [shape[0], shape[1]]})
+    p.mark_output(r2.outputs[0])
+    ids = [g.id, pool.id, r1.id, r2.id]
+    ks = generate_kernel(p, ids, name="head")
+    assert ks.kind == "row_reduction" and "store_point" in ks.source     # rowreduce's epilogue
+    compile_kernel(ks, arch="sm_90")
+    ins = [torch.randn(shape, generator=torch.Generator().manual_seed(0))]
+    env = run_reference(p, ins, keep=True)
+    _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env, ks=ks)
+    torch.testing.assert_close(outs[r2.outputs[0]], env[r2.outputs[0]], atol=1e-5, rtol=1e-5)

@@ -33,7 +33,7 @@ from ..ir import Program
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .last_block import publish_and_arrive, reset_counter
-from .layout_graph import ViewPrologue, view_prologue_nodes
+from .layout_graph import RELABEL_OPS, ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
 from .pointwise import operand_views
 from .region_io import Operands, RegionIO
@@ -163,7 +163,21 @@ def wide_schedule(program: Program, io: RegionIO, params: dict | None = None) ->
     schedule = _schedule(g, p, _full_inputs(program, g, io))["schedule"]
     per_element = any(g.defs[key].space == E for key in g.outputs.values())
     wide = schedule == "split_column" or (schedule in ("cluster", "split_row") and per_element)
-    return schedule if wide or stores else None
+    # per-row values relabelled on their way out (a pooled [N, C, 1, 1] squeezed to [N, C]): rowreduce
+    # stores them as they are
+    moved = [ov for ov in stores.values() if g.defs[g.outputs[ov.value]].space != R or not _relabels(program, ov)]
+    return schedule if wide or moved else None
+
+
+def _relabels(program: Program, ov) -> bool:
+    """Whether the output view is reshapes only (the same flat order as its source)."""
+    v = ov.value
+    while v != ov.source:
+        node = program.nodes[program.values[v].producer]
+        if node.op not in RELABEL_OPS or node.op == "expand":
+            return False
+        v = node.inputs[0]
+    return True
 
 
 def _names(program, io) -> tuple[Names, dict[str, str]]:

@@ -32,7 +32,7 @@ from ..ops.common import broadcast
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .last_block import publish_and_arrive, reset_counter
-from .layout_graph import ViewPrologue, is_layout_op
+from .layout_graph import RELABEL_OPS, ViewPrologue, is_layout_op
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import Operands, RegionIO
 from .row_tuning import DEFAULTS, REGISTER_MAX_FLOATS
@@ -97,8 +97,17 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     pro = [n for n in io.nodes if n in before]
     epi = [n for n in io.nodes if n in after]
     pro_vals = {v for n in pro for v in nodes[n].outputs}
+    region = set(io.nodes)
+
+    def trailing_relabel(n) -> bool:
+        """A reshape-like op whose value only leaves the region: the same elements in the same flat
+        order, stored where its input would be (nothing after it broadcasts against its new shape)."""
+        out = nodes[n].outputs[0]
+        return nodes[n].op in RELABEL_OPS and nodes[n].op != "expand" and \
+            all(c not in region or trailing_relabel(c) for c, _ in program.consumers(out))
+    relabels = {n for n in epi if is_layout_op(nodes[n]) and trailing_relabel(n)}
     for n in epi:
-        if is_layout_op(nodes[n]):
+        if is_layout_op(nodes[n]) and n not in relabels:
             raise CodegenError(f"{nodes[n].name} ({nodes[n].op}) is a layout op after {anchor.name}; a row kernel "
                                f"reads layout ops in its prologue only: split the region there", node_id=n)
     # a prologue with layout ops is computed through their views (layout_graph.ViewPrologue): point()
@@ -122,7 +131,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     # a keepdim reduction whose epilogue broadcasts it back over the rows (x - mean, x * rsqrt(ms)):
     # evaluate the epilogue per element of the row, the statistic being the same along the row
     if not preserving and epi and len(vals[anchor.outputs[0]].shape) == len(x.shape):
-        espace = broadcast(*(vals[v].shape for n in epi for v in nodes[n].outputs))
+        espace = broadcast(*(vals[v].shape for n in epi if n not in relabels for v in nodes[n].outputs))
         if tuple(espace) == tuple(x.shape):
             preserving = True
 
@@ -231,7 +240,12 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         eenv[x_vid] = en.new(vals[x_vid].name)
     for v in epi_inputs:
         eenv[v] = en.new(vals[v].name)
-    epi_lines = render_chain(program, epi, eenv, en) if epi else []
+    epi_lines = []
+    for n in epi:
+        if n in relabels:
+            eenv[nodes[n].outputs[0]] = eenv[nodes[n].inputs[0]]
+        else:
+            epi_lines += render_chain(program, [n], eenv, en)
     oref = {v: en.new(vals[v].name + "_out") for v in epi_outs}
     epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in epi_outs]
     sig = [f"{acc} {eenv[anchor_out]}"] + ([f"{acc} {eenv[x_vid]}"] if epi_x else []) + \
