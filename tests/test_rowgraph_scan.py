@@ -113,15 +113,40 @@ def test_what_the_row_graph_does_not_scan_is_refused_with_the_reason():
     p.mark_output(s.outputs[0])
     with pytest.raises(CodegenError, match="reduces a running value"):
         generate_multi_reduction(p, region_io(p, [c.id, s.id]), "x")
-    # along a middle dim: scan.py walks strided rows, the row graph scans contiguous ones
-    q = Program("strided")
-    y = q.add_input("y", (4, 64, 8))
-    m = q.add_node("relu", [y.id])
-    c = q.add_node("cumsum", [m.outputs[0]], {"dim": 1})
-    q.mark_output(c.outputs[0])
-    with pytest.raises(CodegenError, match="not the innermost"):
-        generate_multi_reduction(q, region_io(q, [m.id, c.id]), "x")
-    assert generate_kernel(q, [c.id], name="alone").kind == "scan"
+    # a per-row value read at a label: the running value exists in the last pass only
+    q = Program("picked")
+    y = q.add_input("y", (4, 64))
+    t = q.add_input("t", (4,), "int64")
+    c = q.add_node("cumsum", [y.id], {"dim": -1})
+    n = q.add_node("nll_loss", [c.outputs[0], t.id], {"reduction": "none", "ignore_index": -100})
+    q.mark_output(n.outputs[0])
+    with pytest.raises(CodegenError, match="running value"):
+        generate_multi_reduction(q, region_io(q, [c.id, n.id]), "x")
+
+
+def strided(shape, op="cumsum"):
+    """tanh(cumsum(relu(x), 1)) along a middle dim: the rows are columns of the tensor."""
+    p = Program("strided")
+    x = p.add_input("x", shape)
+    r = p.add_node("relu", [x.id])
+    c = p.add_node(op, [r.outputs[0]], {"dim": 1})
+    t = p.add_node("tanh", [c.outputs[0]])
+    p.mark_output(t.outputs[0])
+    return p, [r.id, c.id, t.id]
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape,op", [((4, 64, 8), "cumsum"), ((3, 37, 40), "cumprod"), ((2, 3000, 33), "cumsum"),
+                                      ((5, 17, 3, 7), "cumsum")],
+                         ids=["held", "held_cumprod", "streamed", "inner_of_two_dims"])
+def test_a_scan_along_a_middle_dim_runs_down_the_columns_of_a_tile(shape, op):
+    """Column tiles: 32 neighbouring positions per block, the thread rows take a chunk's elements in
+    order and scan them through shared memory; the lone cumsum stays scan.py's."""
+    p, ids = strided(shape, op)
+    ks = generate_multi_reduction(p, region_io(p, ids), "strided")
+    assert ks.params["schedule"] == "column"
+    _emulated(p, ids, ks)
+    assert generate_kernel(p, [ids[1]], name="alone").kind == "scan"
 
 
 def test_the_planner_groups_the_masked_and_the_reverse_scans_into_one_kernel():

@@ -521,7 +521,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         idle = [f"        {s[2]}[e] = e ? {s[2]}[e - 1] : {SCAN_OPS[s[0]][1]};" for s in scans]
         lines += ["#pragma unroll", "    for (int e = 0; e < kVec; ++e) {", "      if (in_row) {",
                   *element_body(arg_closure, "        ", runs, at), "      } else {", *idle, "      }", "    }"]
-        lines += ["    " + ln for ln in lane_scan(scans, sched["tpr"])]
+        lines += ["    " + ln for ln in lane_scan(scans, sched["tpr"], column)]
         lines += ["    if (in_row) {", *[f"      {ln}" for ln in pre], "#pragma unroll",
                   "      for (int e = 0; e < kVec; ++e) {", *element_body(out_closure, "        ", tail, at), "      }",
                   *[f"      {ln}" for ln in post], "    }", "  }"]

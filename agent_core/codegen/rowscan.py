@@ -6,8 +6,8 @@ mask, a scale, a flip read through its view) and after it (a layout op written t
 activation) fuse around it, and any reductions of the region fold before it (a running sum of a
 softmax). The pass walks the row chunk by chunk in order, every lane of the row in step: each lane
 scans its kVec neighbouring elements, the lanes' totals are scanned across the row (shuffles; with
-more than a warp per row, the warps' totals through shared memory), and a carry holds the scan of
-every earlier chunk. Nothing reads a running value in an earlier pass: a reduction of a scan is
+more than a warp per row, the warps' totals through shared memory; along a middle dim, the column
+tile's thread rows through shared memory), and a carry holds the scan of every earlier chunk. Nothing reads a running value in an earlier pass: a reduction of a scan is
 refused (split the region after the scan).
 
 Numerics as codegen/scan.py: accumulated in double, each output rounded to float32 once, so it is
@@ -41,9 +41,6 @@ def lower_scan(g, program, node, read, names, env) -> None:
     x = read(src, E, node)
     if g.defs[x].space != E:
         raise CodegenError(f"{name} scans a per-row value", node_id=node.id)
-    if g.inner != 1:
-        raise CodegenError(f"{name} runs along a dim that is not the innermost of {list(g.full)}; the row "
-                           f"kernel scans contiguous rows (the scan kernel takes strided ones)", node_id=node.id)
     base = names.new(vals[out].name)
     run, prefix, carry = (names.new(f"{base}_{w}") for w in ("run", "prefix", "carry"))
     op, _ = SCAN_OPS[node.op]
@@ -67,10 +64,13 @@ def reads_a_scan(g, key: str) -> str | None:
     return None
 
 
-def lane_scan(scans, tpr: int) -> list[str]:
+def lane_scan(scans, tpr: int, column: bool = False) -> list[str]:
     """Lines that scan each scan's lane total `run[kVec - 1]` across the row's threads and give its
     `prefix` (the carry, then every earlier lane of this chunk) and the carry for the next chunk.
-    Every thread of the row runs them (the shuffles and barriers need all of them)."""
+    Every thread of the row runs them (the shuffles and barriers need all of them). A column tile's
+    rows are its thread rows (threadIdx.y, one element each per chunk): through shared memory."""
+    if column:
+        return _thread_rows_scan(scans)
     lines = []
     for kind, _, run, prefix, carry in scans:
         op, ident = SCAN_OPS[kind]
@@ -105,4 +105,25 @@ def lane_scan(scans, tpr: int) -> list[str]:
                   f"const double {prefix} = {carry} {op} ((lane >> 5) ? {tot}[(lane >> 5) - 1] : {ident}) {op} {excl};",
                   f"{carry} = {carry} {op} {tot}[kWarpsPerRow - 1];",
                   "__syncthreads();  // every thread has read the totals before the next chunk writes them"]
+    return lines
+
+
+def _thread_rows_scan(scans) -> list[str]:
+    """The column tile's form: each thread row holds one element of the chunk for each of the tile's
+    kTileX positions; a thread adds up the thread rows above it in shared memory."""
+    lines = []
+    for kind, _, run, prefix, carry in scans:
+        op, ident = SCAN_OPS[kind]
+        tot, excl, total = f"{run}_rows", f"{run}_excl", f"{run}_chunk"
+        lines += [f"__shared__ double {tot}[kTileY][kTileX];  // each thread row's element of the chunk",
+                  f"{tot}[threadIdx.y][threadIdx.x] = {run}[kVec - 1];",
+                  "__syncthreads();",
+                  f"double {excl} = {ident}, {total} = {ident};",
+                  "for (int j = 0; j < kTileY; ++j) {  // in order: the same bits in every thread",
+                  f"  if (j < (int)threadIdx.y) {excl} = {excl} {op} {tot}[j][threadIdx.x];",
+                  f"  {total} = {total} {op} {tot}[j][threadIdx.x];",
+                  "}",
+                  f"const double {prefix} = {carry} {op} {excl};",
+                  f"{carry} = {carry} {op} {total};",
+                  "__syncthreads();  // every thread has read the chunk before the next one is written"]
     return lines
