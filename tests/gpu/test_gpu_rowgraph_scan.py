@@ -7,7 +7,7 @@ Run on the GPU machine: PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu
 import pytest
 import torch
 
-from tests.test_rowgraph_scan import masked, reverse, softmax_then_cumsum
+from tests.test_rowgraph_scan import masked, reverse, softmax_then_cumsum, strided
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -49,3 +49,8 @@ def test_a_reverse_scan_equals_the_reference():
 @pytest.mark.parametrize("shape", [(1024, 4096), (32, 128256)], ids=["held", "streamed"])
 def test_a_running_sum_of_a_softmax_equals_the_reference(shape):
     _check(*softmax_then_cumsum(shape))
+
+
+@pytest.mark.parametrize("shape", [(64, 512, 256), (8, 20000, 64)], ids=["held_columns", "streamed_columns"])
+def test_a_scan_along_a_middle_dim_equals_the_reference(shape):
+    _check(*strided(shape))
