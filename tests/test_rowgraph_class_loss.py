@@ -205,3 +205,52 @@ def test_clips_two_cross_entropies_over_rows_and_columns_are_one_kernel(tmp_path
     kernels, outs = _emulate_plan(p, ins)
     assert len(kernels) == 3
     torch.testing.assert_close(outs[0], run_reference(p, ins)[p.values[p.outputs[0]].name], atol=1e-5, rtol=1e-5)
+
+
+@needs_gxx
+def test_a_masked_mean_of_per_token_log_probabilities_is_one_planned_kernel():
+    """An RLHF / DPO log-prob pass: log_softmax over the vocabulary, each label's log-probability
+    (gather), times the attention mask, summed over every token and divided by the mask's sum. The
+    planner merges the totals of per-row values with the rows (planner/fusion.py), and the row graph
+    writes it as one kernel: picks, then two totals combined by the last block, equal to torch."""
+    from agent_core.planner import plan_program
+    B, L, V = 2, 8, 50
+    p = Program("token_logprob_mean")
+    x = p.add_input("logits", (B, L, V))
+    t = p.add_input("labels", (B, L), "int64")
+    m = p.add_input("mask", (B, L))
+    ls = p.add_node("log_softmax", [x.id], {"dim": -1})
+    u = p.add_node("unsqueeze", [t.id], {"dim": -1})
+    g = p.add_node("gather", [ls.outputs[0], u.outputs[0]], {"dim": -1})
+    sq = p.add_node("squeeze", [g.outputs[0]], {"dim": -1})
+    mul = p.add_node("mul", [sq.outputs[0], m.id])
+    s1 = p.add_node("sum", [mul.outputs[0]], {"dim": None, "keepdim": False})
+    s2 = p.add_node("sum", [m.id], {"dim": None, "keepdim": False})
+    d = p.add_node("div", [s1.outputs[0], s2.outputs[0]])
+    p.mark_output(d.outputs[0])
+    (region,) = [r for r in plan_program(p).active if r.schedule.get("runs") == "kernel"]
+    assert len(region.nodes) == len(p.nodes)
+    gen = torch.Generator().manual_seed(0)
+    ins = [torch.randn(B, L, V, generator=gen) * 3, torch.randint(0, V, (B, L), generator=gen),
+           (torch.rand(B, L, generator=gen) < 0.7).float()]
+    env = run_reference(p, ins, keep=True)
+    ks, outs = _emulate_region(p, region, env)
+    assert "totals" in ks.source
+    _assert_equal(outs, env)
+
+
+@needs_gxx
+@pytest.mark.parametrize("block", ["logsumexp_zloss_olmo", "sigmoid_focal_loss_retinanet"])
+def test_losses_averaged_over_per_row_values_plan_as_one_kernel(block, tmp_path):
+    """OLMo's z-loss (the mean over tokens of logsumexp(logits)^2) and RetinaNet's focal loss (summed
+    per anchor, then over every anchor): the totals of per-row values join the rows' kernel, so the
+    whole plan is one kernel, emulated equal to torch."""
+    from tests.test_codegen_column_tiles import _block, _emulate_plan, _plan
+    _, p = _plan(_block(block), tmp_path / f"{block}.json", small=True)
+    g = torch.Generator().manual_seed(0)
+    ins = [torch.randn(p.values[v].shape, generator=g) for v in p.inputs]
+    kernels, outs = _emulate_plan(p, ins)
+    assert len(kernels) == 1 and "totals" in kernels[0].source
+    ref = run_reference(p, ins)
+    for got, v in zip(outs, p.outputs):
+        torch.testing.assert_close(got, ref[p.values[v].name], atol=1e-5, rtol=1e-5)

@@ -407,14 +407,15 @@ def _window_refusal(state, sa: Summary, sb: Summary, relation: str) -> str | Non
 
 def _total_beside_rows(state, sa: Summary, sb: Summary) -> bool:
     """Every reduction of the two groups reduces one set of rows, or every element of a value of those
-    rows' size (KL's batchmean sum after its softmaxes): each row folds its share of such a total and
-    the row kernel's last block combines them (codegen/rowkernel.py), one launch."""
+    rows' size (KL's batchmean sum after its softmaxes), or of one value per row (a masked mean of
+    per-token log-probabilities): each row folds its share of such a total and the row kernel's last
+    block combines them (codegen/rowkernel.py), one launch."""
     geos = [state.geo[n] for n in sa.reductions + sb.reductions]
     rowwise = {g.key for g in geos if g.rows > 1}
     if len(rowwise) != 1:
         return False
-    numel = next(g.full_numel for g in geos if g.rows > 1)
-    return all(g.rows > 1 or (g.row_len == numel and g.full_numel == numel) for g in geos)
+    ref = next(g for g in geos if g.rows > 1)
+    return all(g.rows > 1 or (g.full_numel == g.row_len and g.row_len in (ref.full_numel, ref.rows)) for g in geos)
 
 
 def _budgetary(state, a, b, sa: Summary, sb: Summary, relation: str, facts) -> str | None:
