@@ -368,7 +368,8 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         key = local[out]
         expr = lines[0].split(" = ", 1)[1].rsplit(";  //", 1)[0]
         # what the expression reads (full_like reads its input's shape only)
-        deps = [k for k in dict.fromkeys(local[v] for v in node.inputs if v is not None) if k in _IDENT.findall(expr)]
+        read_here = set(_IDENT.findall(expr))
+        deps = [k for k in dict.fromkeys(local[v] for v in node.inputs if v is not None) if k in read_here]
         add(Def(key, space, c_type(vals[out].dtype, f"'{vals[out].name}'"), expr, deps, rnd(deps), out,
                 lines[0].rsplit("//", 1)[1].strip(), nid))
         env[out] = key

@@ -430,6 +430,14 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
 
     vec_bcast: dict = {}     # broadcast inputs the output pass loads 4 at a time (a norm's weight)
 
+    def load4(v, reg: str, at0: str, idx: str, guard: str | None = None) -> list[str]:
+        """One 4-lane load of v at flat index idx, unpacked into reg[at0 + 0..3] (zeros where `guard`
+        does not hold)."""
+        vt = VEC4[vals[v].dtype]
+        src = ld.load4(v, arg[v], vt, idx)
+        return [f"{{ const {vt} t = {f'{guard} ? {src} : {vt}{{}}' if guard else src};",
+                "  " + " ".join(f"{reg}[{at0}{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+
     def element_body(defs, indent: str, tail: list[str], reg_at: str) -> list[str]:
         """Lines for one element at column c: its inputs, then `defs`, then `tail`."""
         lines = []
@@ -474,9 +482,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             at = "e" if vec == 4 else "0"
             for v in loads:
                 if vec == 4:
-                    out += [f"      {ct[v]} {regs[v]}[kVec];",
-                            f"      {{ const {VEC4[vals[v].dtype]} t = {ld.load4(v, arg[v], VEC4[vals[v].dtype], flat('p'))};",
-                            "        " + " ".join(f"{regs[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+                    out += [f"      {ct[v]} {regs[v]}[kVec];", *(f"      {ln}" for ln in load4(v, regs[v], "", flat("p")))]
                 else:
                     out.append(f"      const {ct[v]} {regs[v]}[1] = {{{ld.load(v, arg[v], flat('p'))}}};")
         out += [f"      {ln}" for ln in pre_e]
@@ -509,10 +515,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         lines.append("    const bool in_row = active && p < kCols;")
         for v in ([] if cached else loads):
             if vec == 4:
-                vt = VEC4[vals[v].dtype]
-                lines += [f"    {ct[v]} {regs[v]}[kVec] = {{}};",
-                          f"    if (in_row) {{ const {vt} t = {ld.load4(v, arg[v], vt, flat('p'))};",
-                          "      " + " ".join(f"{regs[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+                lines += [f"    {ct[v]} {regs[v]}[kVec];", *(f"    {ln}" for ln in load4(v, regs[v], "", flat("p"), "in_row"))]
             else:
                 lines.append(f"    const {ct[v]} {regs[v]}[1] = {{in_row ? {ld.load(v, arg[v], flat('p'))} : ({ct[v]})0}};")
         lines += [f"    double {s[2]}[kVec];  // {s[0]} over this lane's elements" for s in scans]
@@ -563,9 +566,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                  "    if (active && p < kCols) {"]
         for v in held:
             if vec == 4:
-                vt = VEC4[vals[v].dtype]
-                body += [f"      {{ const {vt} t = {ld.load4(v, arg[v], vt, flat('p'))};",
-                         "        " + " ".join(f"{regs[v]}[k * kVec + {j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+                body += [f"      {ln}" for ln in load4(v, regs[v], "k * kVec + ", flat("p"))]
             else:
                 body.append(f"      {regs[v]}[k] = {ld.load(v, arg[v], flat('p'))};")
         body += ["    }", "  }"]
@@ -621,9 +622,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 at = f"base + (index_t)({q}) * kInner"
                 if vecx != 4:
                     return [f"{regs[v]}[u] = {q} < kCols ? {ld.load(v, arg[v], at)} : ({ct[v]})0;"]
-                vt = VEC4[vals[v].dtype]
-                return [f"{{ const {vt} t = {q} < kCols ? {ld.load4(v, arg[v], vt, at)} : {vt}{{}};",
-                        "  " + " ".join(f"{regs[v]}[u * kVecX + {j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+                return load4(v, regs[v], "u * kVecX + ", at, f"{q} < kCols")
             return lines
         each = ["#pragma unroll", "for (int e = 0; e < kVecX; ++e) {",
                 *element_body(g.closure(args, E, need), "  ", folds, "u * kVecX + e"), "}"]
@@ -685,9 +684,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 for v in e_in:
                     if v not in regs and key_of[v] in closure and ld.group_mode(v) == "vec4":
                         vec_bcast[v] = names.new(f"b_{arg[v]}")
-                        pre += [f"{ct[v]} {vec_bcast[v]}[kVec];",
-                                f"{{ const {VEC4[vals[v].dtype]} t = {ld.load4(v, arg[v], VEC4[vals[v].dtype], flat('p'))};",
-                                "  " + " ".join(f"{vec_bcast[v]}[{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
+                        pre += [f"{ct[v]} {vec_bcast[v]}[kVec];", *load4(v, vec_bcast[v], "", flat("p"))]
         else:
             tail = [f"{arg[v]}[{stores[v].offset('i') if v in stores else 'i'}] = {g.outputs[v]};" for v in out_e]
             pre = post = []

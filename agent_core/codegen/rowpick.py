@@ -35,7 +35,7 @@ def nll_op(program: Program, nid: str):
 def nll(g, program: Program, node, read, expr_def, names, env) -> None:
     """The nll_loss `node` as per-row values (and totals for sum and mean); CodegenError says what
     does not fit."""
-    from .rowgraph import E, R, T, Def, row_total
+    from .rowgraph import E, R, T, row_total
     vals = program.values
     x, t = node.inputs[:2]
     w = node.inputs[2] if len(node.inputs) > 2 else None
@@ -54,12 +54,8 @@ def nll(g, program: Program, node, read, expr_def, names, env) -> None:
                            node_id=node.id)
     base = names.new(vals[node.outputs[0]].name)
     value = pick(g, src, label, names, vals)
-    weight = "1.0f"
-    if w is not None:      # the class weight's element at the label: one load per row however many losses read it
-        weight = g.picked.get((w, label)) or names.new(f"{vals[w].name}_at")
-        g.picked[(w, label)] = weight
-        g.defs[weight] = Def(weight, R, "float", None, [label], g.defs[label].round, w,
-                             f"'{vals[w].name}' at the label", gather=(label, "class"))
+    # the class weight's element at the label: one load per row however many losses read it
+    weight = "1.0f" if w is None else g.picked.get((w, label)) or _gather(g, w, w, label, "class", names, vals)
     ii = f"{int(node.attrs['ignore_index'])}LL"
     loss = expr_def(names.new(f"{base}_loss"), R, f"({label} == {ii} ? 0.0f : -({weight} * {value}))",
                     "the label's loss (0 where ignored)", vid=node.outputs[0] if node.attrs["reduction"] == "none"
@@ -117,7 +113,6 @@ def pick(g, key: str, label: str, names, vals) -> str:
             return k            # the same along the row
         if (k, label) in g.picked:
             return g.picked[(k, label)]
-        new = names.new(f"{k}_at")
         if d.scan is not None:
             raise CodegenError(f"{d.note} would be read at the label; a running value exists in the last pass "
                                f"only: split the region after the scan")
@@ -125,20 +120,29 @@ def pick(g, key: str, label: str, names, vals) -> str:
             if d.ctype != "float":
                 raise CodegenError(f"'{vals[d.vid].name}' ({vals[d.vid].dtype}) would be read at the label; "
                                    f"the row kernel picks float32 values only")
-            g.defs[new] = Def(new, R, d.ctype, None, [label], g.defs[label].round, d.vid,
-                              f"'{vals[d.vid].name}' at the label", gather=(label, "row"))
-        else:
-            if re.search(r"\b[ci]\b", d.expr):
-                raise CodegenError(f"{d.note or k} depends on the element's position along the row; it is not "
-                                   f"picked at the label")
-            subs = {dep: at(dep) for dep in d.deps}
-            expr = _IDENT.sub(lambda m: subs.get(m.group(0), m.group(0)), d.expr)
-            deps = list(dict.fromkeys(subs.values()))
-            g.defs[new] = Def(new, R, d.ctype, expr, deps, max((g.defs[k2].round for k2 in deps), default=0),
-                              None, f"{d.note}, at the label" if d.note else "at the label")
+            return _gather(g, k, d.vid, label, "row", names, vals)
+        if re.search(r"\b[ci]\b", d.expr):
+            raise CodegenError(f"{d.note or k} depends on the element's position along the row; it is not "
+                               f"picked at the label")
+        subs = {dep: at(dep) for dep in d.deps}      # a pointwise op: the same op of its picked operands
+        expr = _IDENT.sub(lambda m: subs.get(m.group(0), m.group(0)), d.expr)
+        deps = list(dict.fromkeys(subs.values()))
+        new = names.new(f"{k}_at")
+        g.defs[new] = Def(new, R, d.ctype, expr, deps, max((g.defs[k2].round for k2 in deps), default=0),
+                          None, f"{d.note}, at the label" if d.note else "at the label")
         g.picked[(k, label)] = new
         return new
     return at(key)
+
+
+def _gather(g, key: str, vid: str, label: str, kind: str, names, vals) -> str:
+    """A per-row load of `vid` at the label (Def.gather), recorded as the pick of `key` there."""
+    from .rowgraph import R, Def
+    new = names.new(f"{vals[vid].name}_at")
+    g.defs[new] = Def(new, R, "float", None, [label], g.defs[label].round, vid, f"'{vals[vid].name}' at the label",
+                      gather=(label, kind))
+    g.picked[(key, label)] = new
+    return new
 
 
 def gathered(g) -> list:
