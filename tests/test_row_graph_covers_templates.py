@@ -24,7 +24,7 @@ from tests.test_codegen_column_tiles import _block, _emulate_region, _plan, need
 # class losses: masked labels reshaped in the prologue, label smoothing, classes on dim 1 of [N, C, H, W]
 BLOCKS = ["embedding_position_layernorm_bert", "masked_softmax_bert_base", "masked_mean_pool_normalize_minilm",
           "groupnorm_silu_sdxl_unet", "groupnorm_temb_silu_sd15_resnet", "layernorm_residual_bert_base",
-          "rmsnorm_residual_llama7b", "softmax_classes_segformer_ade20k", "squeeze_excitation_efficientnet_b0",
+          "rmsnorm_residual_llama7b", "alibi_causal_softmax_bloom", "squeeze_excitation_efficientnet_b0",
           "cross_entropy_llama2_32k", "cross_entropy_llama3_128k_smoothing", "log_softmax_nll_deeplab_cityscapes"]
 
 

@@ -1,6 +1,8 @@
 """Reductions stitched with their pointwise prologue and epilogue (softmax, log_softmax, layer_norm,
 rms_norm, group_norm, instance_norm, global average pooling, logsumexp, sum / mean / max / min / var /
-std) over a run of neighbouring dimensions: rows when they are trailing, columns otherwise.
+std) over a run of trailing dimensions (rows). A reduction over dims followed by kept ones (columns)
+is the row graph's: its column tiles (rowkernel.py) replaced this module's, measured as fast or faster
+on the H200 in all 17 regions of the blocks and KernelBench level 2 that had one.
 
 The anchor op reduces the trailing L elements of each of R rows. The kernel computes the prologue per
 element while loading a row, folds the elements into a small statistics state (max and sum of
@@ -15,10 +17,8 @@ Schedules, chosen by row length:
           exponentials, Welford), pass 2 re-reads it and writes the output;
   split   long rows reduced away, fewer rows than SMs: several blocks per row, the last to finish
           combines their partial states;
-  column  [outer, L, inner] with inner > 1: 32 inner positions x 8 thread rows per block.
-Row-preserving rows that a thread-block cluster holds (long, or fewer than the SMs) and columns too
-few to fill the SMs go to rowkernel's cluster and split_column schedules instead (the package's
-dispatch asks rowkernel.wide_schedule).
+Row-preserving rows that a thread-block cluster holds (long, or fewer than the SMs) go to rowkernel's
+cluster schedule instead (the package's dispatch asks rowkernel.wide_schedule).
 """
 from __future__ import annotations
 
@@ -76,9 +76,9 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     ct = {vid: c_type(vals[vid].dtype, f"'{vals[vid].name}'") for vid in [*io.inputs, *io.outputs]}
     cols = row_len or math.prod(x.shape[d] for d in dims)
     rows = math.prod(x.shape) // max(cols, 1)
-    # [outer, cols, inner]: inner > 1 means the reduced dims are followed by kept ones (columns)
-    inner = math.prod(x.shape[dims[-1] + 1:])
-    column = inner > 1
+    if math.prod(x.shape[dims[-1] + 1:]) > 1:   # dims followed by kept ones
+        raise CodegenError(f"{anchor.name} ({anchor.op}) reduces columns (dims followed by kept ones): the "
+                           f"row graph's column tiles write it", node_id=anchor.id)
     if cols == 0 or rows == 0:
         raise CodegenError("the region reduces an empty tensor; there is nothing to launch")
 
@@ -151,7 +151,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     out_space = x.shape if preserving else vals[anchor.outputs[0]].shape
 
     # schedule
-    vec = 4 if (p["vector_width"] == 4 and cols % 4 == 0 and not column) else 1
+    vec = 4 if (p["vector_width"] == 4 and cols % 4 == 0) else 1
     if cols <= p["warp_max_cols"]:
         schedule = "warp"
         tpr = 1 << max(2, min(5, math.ceil(math.log2(max(1, math.ceil(cols / vec / 4))))))
@@ -175,7 +175,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         block = max(int(p["block"]), tpr) if schedule == "warp" else tpr
     split = 1
     # (the split workspace holds float partials: an int64 sum stays on one block per row)
-    if schedule == "online" and not preserving and not column and rows < int(p["sm_count"]) and acc == "float":
+    if schedule == "online" and not preserving and rows < int(p["sm_count"]) and acc == "float":
         # few long rows reduced away: several blocks per row, the last to finish combines the partials
         split = max(1, min(math.ceil(cols / (tpr * vec * 16)), math.ceil(2 * int(p["sm_count"]) / rows)))
         if p.get("split"):
@@ -194,10 +194,6 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
     views = ViewPrologue(program, pro, arg, names) if through_views else None
     computed = {}
     if views:
-        if column:
-            raise CodegenError(f"{anchor.name} ({anchor.op}) reduces columns; a prologue of layout ops is read "
-                               f"through views for row reductions only: split the region before it",
-                               node_id=anchor.id)
         for v in pro_inputs:
             arg.setdefault(v, names.new(vals[v].name))
             ct.setdefault(v, c_type(vals[v].dtype, f"'{vals[v].name}'"))
@@ -301,8 +297,6 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         state_code += "__device__ __forceinline__ State row_reduce(State a) { return group_reduce(a); }\n"
 
     kname = kernel_name(name)
-    if column:
-        state_code = state_code[:state_code.index("// All-reduce across")]
     cparams = [f"const {ct[v]}* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"{ct[v]}* __restrict__ {arg[v]}" for v in out_vids]
     vt = {v: VEC4[vals[v].dtype] for v in [*io.inputs, *io.outputs, *computed]}  # 4 lanes of each operand's type
@@ -373,11 +367,6 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         for v in epi_outs:
             a.append(f"{arg[v]}4.{'xyzw'[lane]}" if lane is not None else f"{arg[v]}[{idx}]")
         return f"store_point({', '.join(a)});"
-
-    if column:
-        return _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_expr, preserving,
-                              rows // inner, cols, inner, state_code, pro_fn, epi_fn, cparams, pro_args,
-                              epi_call, out_vids, ld_pro, ld_epi, discard_decl if pro_outs else "", acc)
 
     body = ([discard_decl] if pro_outs else []) + ["  const int group = threadIdx.x / kThreadsPerRow;",
             "  const int lane = threadIdx.x % kThreadsPerRow;",
@@ -631,109 +620,3 @@ def _norm_constants(program, anchor) -> list[str]:
     groups = anchor.attrs["num_groups"] if anchor.op == "group_norm" else chans
     return [f"constexpr int kGroups = {groups}, kChannelsPerGroup = {chans // groups};  // row % kGroups: the group",
             f"constexpr int kSpatial = {math.prod(shape[2:])};  // elements per channel"]
-
-
-COLUMN_REGISTER_ITEMS = 16  # column elements per thread kept in registers between the passes
-COLUMN_TILE = (32, 8)  # threads over kept inner positions (coalesced) x threads splitting the reduced length
-
-
-def _column_kernel(program, io, name, kname, anchor, pro, epi, preamble, out_expr, preserving, outer, cols,
-                   inner, state_code, pro_fn, epi_fn, cparams, pro_args, epi_call, out_vids, ld_pro, ld_epi,
-                   discard_decl="", acc="float"):
-    """Reduction over dims followed by kept ones: [outer, cols, inner]. A block owns 32 neighbouring
-    inner positions (coalesced loads) of one outer index; its 8 thread rows split the reduced length,
-    fold their part, and combine through shared memory; row-preserving anchors then re-read their part
-    (prologue again) and write."""
-    vals = program.values
-    tx, ty = COLUMN_TILE
-    tiles = math.ceil(inner / tx)
-    grid = outer * tiles
-    numel = outer * cols * inner
-    index_t = index_type(numel)
-    # short columns stay in registers between the two passes (no re-read)
-    items = math.ceil(cols / ty)
-    cached = preserving and items <= COLUMN_REGISTER_ITEMS
-    body = ([discard_decl] if discard_decl else []) + ["  const index_t tile = blockIdx.x % kTilesPerOuter;",
-            "  const index_t outer = blockIdx.x / kTilesPerOuter;",
-            "  const index_t inner = tile * kTileX + threadIdx.x;",
-            "  const bool active = inner < kInner;",
-            "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
-            "  State st = identity();"]
-    if cached:
-        body += [f"  {acc} v[kItems];  // this thread's share of the column, kept in registers",
-                 "  // pass 1: this thread's share of the column, strided by kInner",
-                 "#pragma unroll",
-                 "  for (int k = 0; k < kItems; ++k) {",
-                 "    const int l = threadIdx.y + k * kTileY;",
-                 "    if (active && l < kCols) {",
-                 f"      v[k] = point({pro_args('base + (index_t)l * kInner')});",
-                 "      fold(st, v[k]);",
-                 "    }",
-                 "  }"]
-    else:
-        body += ["  // pass 1: this thread's share of the column, strided by kInner",
-                 "  for (int l = threadIdx.y; active && l < kCols; l += kTileY) {",
-                 f"    const {acc} xe = point({pro_args('base + (index_t)l * kInner')});",
-                 "    fold(st, xe);",
-                 "  }"]
-    body += [
-            "  __shared__ State part[kTileY][kTileX];",
-            "  part[threadIdx.y][threadIdx.x] = st;",
-            "  __syncthreads();",
-            "  st = part[0][threadIdx.x];",
-            "#pragma unroll",
-            "  for (int y = 1; y < kTileY; ++y) st = combine(st, part[y][threadIdx.x]);",
-            "  if (!active) return;"]
-    if preamble:
-        body.append(f"  {preamble}")
-    if preserving and cached:
-        body += ["  // pass 2: outputs from the registers",
-                 "#pragma unroll",
-                 "  for (int k = 0; k < kItems; ++k) {",
-                 "    const int l = threadIdx.y + k * kTileY;",
-                 "    if (l < kCols) {",
-                 "      const index_t idx = base + (index_t)l * kInner;",
-                 f"      const {acc} xe = v[k];",
-                 f"      {epi_call(out_expr, 'xe', 'idx')}",
-                 "    }",
-                 "  }"]
-    elif preserving:
-        body += ["  // pass 2: re-read this thread's share (prologue again) and write the outputs",
-                 "  for (int l = threadIdx.y; l < kCols; l += kTileY) {",
-                 "    const index_t idx = base + (index_t)l * kInner;",
-                 f"    const {acc} xe = point({pro_args('idx', None, False)});",
-                 f"    {epi_call(out_expr, 'xe', 'idx')}",
-                 "  }"]
-    else:
-        body += ["  if (threadIdx.y == 0) {",
-                 f"    const {acc} y = {out_expr};",
-                 f"    {epi_call('y', 'NAN', 'outer * kInner + inner')}",
-                 "  }"]
-    consts = [f"typedef {index_t} index_t;",
-              f"constexpr index_t kOuter = {outer};",
-              f"constexpr int kCols = {cols};  // reduced length of each column",
-              f"constexpr float kColsF = {float_literal(cols)};",
-              f"constexpr index_t kInner = {inner};  // kept elements after the reduced dims (the stride)",
-              f"constexpr int kTileX = {tx}, kTileY = {ty}, kBlock = kTileX * kTileY;",
-              f"constexpr index_t kTilesPerOuter = {tiles};",
-              *([f"constexpr int kItems = {items};  // column elements per thread"] if cached else []),
-              *ld_pro.consts, *ld_epi.consts]
-    sched = (f"column tiles of {tx} positions x {ty} thread rows, {grid} blocks"
-             + (", column in registers" if cached else ""))
-    head = header(program, f"Region {name}: {anchor.op} over columns of {cols} (stride {inner}), stitched "
-                           f"with {len(pro)} prologue and {len(epi)} epilogue op(s)", io.nodes, [
-        "Inputs:  " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.inputs),
-        "Outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in out_vids),
-        f"[{outer}, {cols}, {inner}] reduced over the middle; schedule: {sched}.",
-    ])
-    if sum("discard" in ln for ln in body) == 1:   # pass 2 reads the registers: nothing to discard
-        body = [ln for ln in body if "discard" not in ln]
-    structs = [VEC4_STRUCTS[t] + "\n" for t in VEC4_STRUCTS if re.search(rf"\b{t}\b", "\n".join(body))]
-    source = kernel_source(head, consts, [*structs, *ld_pro.helpers, *ld_epi.helpers, state_code, pro_fn, epi_fn], kname,
-                           cparams, body)
-    return KernelSource(
-        name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-        outputs=list(out_vids), grid=(grid, 1, 1), block=(tx, ty, 1), schedule=sched,
-        params={"schedule": "column", "tile": [tx, ty], "vector_width": 1, "grid": grid},
-        align=4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + out_vids),
-        flops=sum(program.node_flops(n) for n in io.nodes))
