@@ -95,6 +95,26 @@ def test_a_running_sum_of_a_softmax_folds_first_then_scans(shape):
 
 
 @needs_gxx
+def test_a_scan_of_a_permuted_value_is_gathered_and_spills_nothing():
+    """Mamba2's segment sums: A [b, l, h] permuted to [b, h, l] and scanned along l, with exp of the
+    running sum and a second output. The scan's double runs once spilled to local memory under ptxas
+    (runs held across the store's branch, and a staged tile of the permute beside them): the
+    lanes' values are now worked out before the branch and a scan's prologue is gathered."""
+    p = Program("segsum")
+    a = p.add_input("A", (4, 64, 8))
+    t = p.add_node("permute", [a.id], {"dims": [0, 2, 1]})
+    c = p.add_node("cumsum", [t.outputs[0]], {"dim": -1})
+    e = p.add_node("exp", [c.outputs[0]])
+    p.mark_output(c.outputs[0])
+    p.mark_output(e.outputs[0])
+    ids = [t.id, c.id, e.id]
+    ks = generate_multi_reduction(p, region_io(p, ids), "segsum")
+    assert ks.params["staged"] is False and len(ks.inputs) == 1
+    assert compile_kernel(ks, arch="sm_90").spill_stores == 0
+    _emulated(p, ids, ks)
+
+
+@needs_gxx
 def test_a_reverse_scan_reads_and_writes_through_the_flips():
     """The dispatch hands the three ops to the row graph (scan.py takes one node): the first flip is
     read through its view, the second written through its inverse."""

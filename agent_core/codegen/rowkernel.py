@@ -73,7 +73,8 @@ def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: 
         names, arg, views, g, stores = _lowered(program, io, two_stage=False, hoist=hoist)
         if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
             sched = _schedule(g, p, _full_inputs(program, g, io))
-    sched["stage"] = bool(p["stage"])
+    # a scan's prologue is gathered, not staged (a staged tile beside the double runs spills under ptxas)
+    sched["stage"] = bool(p["stage"]) and not g.scans
     return _render(program, io, g, names, arg, sched, name, views, stores)
 
 
@@ -519,12 +520,18 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             else:
                 lines.append(f"    const {ct[v]} {regs[v]}[1] = {{in_row ? {ld.load(v, arg[v], flat('p'))} : ({ct[v]})0}};")
         lines += [f"    double {s[2]}[kVec];  // {s[0]} over this lane's elements" for s in scans]
-        runs = [f"{s[2]}[e] = (e ? {s[2]}[e - 1] : {SCAN_OPS[s[0]][1]}) {SCAN_OPS[s[0]][0]} (double){s[1]};"
-                for s in scans]
-        idle = [f"        {s[2]}[e] = e ? {s[2]}[e - 1] : {SCAN_OPS[s[0]][1]};" for s in scans]
-        lines += ["#pragma unroll", "    for (int e = 0; e < kVec; ++e) {", "      if (in_row) {",
-                  *element_body(arg_closure, "        ", runs, at), "      } else {", *idle, "      }", "    }"]
+        # an element past the row steps by the identity; the run itself is updated outside the branch
+        # (a run array written in both arms of it is spilled to local memory by ptxas)
+        steps = [f"{s[2]}_step = (double){s[1]};" for s in scans]
+        lines += ["#pragma unroll", "    for (int e = 0; e < kVec; ++e) {",
+                  *(f"      double {s[2]}_step = {SCAN_OPS[s[0]][1]};" for s in scans), "      if (in_row) {",
+                  *element_body(arg_closure, "        ", steps, at), "      }",
+                  *(f"      {s[2]}[e] = (e ? {s[2]}[e - 1] : {SCAN_OPS[s[0]][1]}) {SCAN_OPS[s[0]][0]} {s[2]}_step;"
+                    for s in scans), "    }"]
         lines += ["    " + ln for ln in lane_scan(scans, sched["tpr"], column)]
+        lines += [*(f"    float {s[2]}_out[kVec];  // {s[0]}: this lane's running values" for s in scans),
+                  "#pragma unroll", "    for (int e = 0; e < kVec; ++e) {",
+                  *(f"      {s[2]}_out[e] = (float)({s[3]} {SCAN_OPS[s[0]][0]} {s[2]}[e]);" for s in scans), "    }"]
         lines += ["    if (in_row) {", *[f"      {ln}" for ln in pre], "#pragma unroll",
                   "      for (int e = 0; e < kVec; ++e) {", *element_body(out_closure, "        ", tail, at), "      }",
                   *[f"      {ln}" for ln in post], "    }", "  }"]

@@ -44,7 +44,9 @@ def lower_scan(g, program, node, read, names, env) -> None:
     base = names.new(vals[out].name)
     run, prefix, carry = (names.new(f"{base}_{w}") for w in ("run", "prefix", "carry"))
     op, _ = SCAN_OPS[node.op]
-    g.defs[base] = Def(base, E, "float", f"(float)({prefix} {op} {run}[e])", [], g.defs[x].round, out,
+    # the lane's values, prefix applied, are worked out before the output branch (the kernel's
+    # scan_pass): double runs held across that branch are spilled by ptxas
+    g.defs[base] = Def(base, E, "float", f"{run}_out[e]", [], g.defs[x].round, out,
                        f"{node.op}: the running value", scan=(node.op, x, run, prefix, carry))
     env[out] = base
 
