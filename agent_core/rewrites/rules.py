@@ -18,6 +18,7 @@ from ..reference import run_node
 from .edits import Rewrite, add_param, param_array, single_use
 from .edits import node_label as _n, producer as _producer, reduced_dims as _reduced_dims
 from .einsum import lower_einsum
+from .equal_nodes import merge_equal_nodes
 from .equal_views import merge_equal_views
 from .linear_reduce import pool_linear, reduce_conv_spatial
 from .lowering import FLT_MIN, lower_loss
@@ -581,7 +582,7 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
                    build, nid)
 
 
-DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, merge_equal_views, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
+DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, merge_equal_nodes, merge_equal_views, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
                  log_of_softmax,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
                  reduce_conv_spatial, pool_linear,
