@@ -577,12 +577,15 @@ class ViewPrologue:
         lines, fn = _lambdas(g, arg, names, False)
         self.scalar = {v: fn[v] for v in io.outputs}
         self.vector = {}
-        # float4 lambdas for what the row kernel loads (float32); values inside the prologue may be of
-        # any 4-lane type (an int64 attention mask cast per lane)
-        if _vector_ok(g, numel) and all(program.values[v].dtype == "float32" for v in io.outputs):
-            vlines, vfn = _lambdas(g, arg, names, True, "_at4")
+        # float4 lambdas for the float32 values the row kernel loads, from the part of the prologue
+        # they need (logits reshaped beside their int64 labels, read per row); values inside it may be
+        # of any 4-lane type (an int64 attention mask cast per lane)
+        f32 = [v for v in io.outputs if program.values[v].dtype == "float32"]
+        vg = g if len(f32) == len(io.outputs) else _sub_graph(program, io, f32) if f32 else None
+        if vg is not None and _vector_ok(vg, numel):
+            vlines, vfn = _lambdas(vg, arg, names, True, "_at4")
             lines += vlines
-            self.vector = {v: vfn[v] for v in io.outputs}
+            self.vector = {v: vfn[v] for v in f32}
         self._lines = lines
         self.extent = max((math.prod(program.values[v].shape) for v in io.inputs), default=0)
         self._g, self._arg = g, arg
@@ -618,6 +621,19 @@ class ViewPrologue:
         text = "\n".join(lines)
         local = [f"  {VEC4_STRUCTS[t]}" for t in VEC4_STRUCTS if structs and re.search(rf"\b{t}\b", text)]
         return local + lines
+
+
+def _sub_graph(program: Program, io: RegionIO, outputs) -> _Graph:
+    """The graph of the prologue's nodes that `outputs` need."""
+    nodes, members, keep = program.nodes, set(io.nodes), set()
+    todo = [program.values[v].producer for v in outputs]
+    while todo:
+        n = todo.pop()
+        if n in members and n not in keep:
+            keep.add(n)
+            todo += [program.values[v].producer for v in nodes[n].inputs if v]
+    sub = region_io(program, [n for n in io.nodes if n in keep])
+    return _Graph(program, sub, "row-kernel prologue", index_inputs(program, sub, "row-kernel prologue"))
 
 
 def view_prologue_nodes(program: Program, io: RegionIO) -> list[str]:

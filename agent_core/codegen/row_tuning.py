@@ -17,8 +17,8 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     kernel's KernelSource.params), most promising first; each one generates (no refusals to spend
     a trial on). Warp / block: half and twice the threads per row while the row still fits in
     registers (fewer threads per row keep more loads in flight each; more free registers), with 16
-    and 4 rows per block for the warp schedule in between, then a quarter and four times the threads. Online: more or
-    fewer vectors in flight, half the threads. Split: twice or half the blocks per row. Cluster: twice
+    and 4 rows per block for the warp schedule in between, then a quarter and four times the threads.
+    Online / stream: more or fewer vectors in flight, half the threads. Split: twice or half the blocks per row. Cluster: twice
     or half the CTAs per row while the row stays in registers, and no cluster (one block streaming the
     row). Split column: twice or half the blocks per column tile, and one block per tile. The row
     kernel's column tiles: other heights and loads in flight (column_tile.tune_variants)."""
@@ -41,7 +41,7 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
                      rows_per_block[1], {"threads_per_row": tpr // 4}, {"threads_per_row": tpr * 4}):
             if cand and ("threads_per_row" not in cand or fits(cand["threads_per_row"])):
                 out.append(cand)
-    elif schedule == "online":
+    elif schedule in ("online", "stream"):      # rowreduce's streamed row; the row graph's
         # 8 vectors in flight spill in 64 registers unless they are scalars
         out += [{"unroll": 2}, {"threads_per_row": 512}]
         if vec == 1:

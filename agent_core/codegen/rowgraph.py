@@ -141,6 +141,22 @@ class RowGraph:
                 todo += self.defs[k].deps
         return [d for d in self.defs.values() if d.key in seen and d.space == space and d.key in need]
 
+    def prologue_values(self, need: set[str]) -> list[str]:
+        """The per-element values computed from the row's inputs alone (before any all-reduce, no
+        running value) that a later pass reads: a step's argument, an output, an operand of a value
+        computed after a reduction. A kernel holding the row computes these once and keeps them,
+        rather than keeping its inputs and computing them again in every pass (a masked score, a sum
+        of gathered embeddings)."""
+        early: set[str] = set()
+        for d in self.defs.values():      # creation order is a topological order
+            if d.key in need and d.space == E and d.round == 0 and d.scan is None and \
+                    all(k in early or (self.defs[k].space == R and self.defs[k].round == 0) for k in d.deps):
+                early.add(d.key)
+        read = {s.arg for s in self.steps} | {self.defs[k].scan[1] for k in self.scans} | set(self.outputs.values())
+        read |= {k for d in self.defs.values() if d.key in need and d.key not in early and d.space == E
+                 for k in d.deps}
+        return [k for k in self.defs if k in early and k in read]
+
 
 def _strip(shape) -> tuple:
     shape = tuple(shape)

@@ -57,6 +57,7 @@ ROW_THREAD_FLOATS = DEFAULTS["cluster_thread_floats"]
 SPLIT_MIN_ITEMS = 8         # reduced elements each thread of a split column folds, at least
 BLOCKS_PER_SM = 8           # 256-thread blocks an SM holds at once: the split column's target
 COLUMN_TILE = (32, 8)
+SCAN_THREADS = 256          # threads per row of a scan longer than a warp's share
 # the kernel's own locals; generated names never take them
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
           "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
@@ -66,16 +67,41 @@ LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partia
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
+    names, arg, views, g, stores, sched = _scheduled(program, io, p)
+    return _render(program, io, g, names, arg, sched, name, views, stores)
+
+
+def _scheduled(program: Program, io: RegionIO, p: dict):
+    """The lowered region (_lowered's tuple) and its schedule. A row held on chip takes the two-stage
+    graph (exact two-pass statistics from the registers); a streamed row the online graph, whose
+    rounds are its reads of the row."""
     hoist = bool(p["hoist_monotone"])
-    names, arg, views, g, stores = _lowered(program, io, two_stage=True, hoist=hoist)
-    sched = _schedule(g, p, _full_inputs(program, g, io))
+    lowered = _lowered(program, io, two_stage=True, hoist=hoist)
+    online = []
+
+    def streamed_reads() -> int:
+        if not online:
+            online.append(_lowered(program, io, two_stage=False, hoist=hoist))
+        og = online[0][3]
+        return og.rounds + any(og.defs[k].space == E for k in og.outputs.values())
+    g = lowered[3]
+    front = _prologue_held(program, g, io)
+    sched = _schedule(g, p, len(front) if front else len(_full_inputs(program, g, io)), streamed_reads)
     if not sched["cached"]:      # streamed rows: online states, one read of the row per round
-        names, arg, views, g, stores = _lowered(program, io, two_stage=False, hoist=hoist)
+        streamed_reads()
+        lowered = online[0]
+        g = lowered[3]
         if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
-            sched = _schedule(g, p, _full_inputs(program, g, io))
+            sched = _schedule(g, p, len(_full_inputs(program, g, io)), streamed_reads)
+    sched["front"] = front if sched["cached"] and sched["split"] == 1 else []
+    unroll = int(p["unroll"])
+    if unroll & (unroll - 1) or not 1 <= unroll <= 16:
+        raise CodegenError(f"unroll must be a power of two from 1 to 16, got {unroll}")
+    # a streamed row's loads in flight per thread: at most 8 vectors over all its inputs
+    sched["unroll"] = min(unroll, 1 << int(math.log2(max(1, 8 // max(1, len(_full_inputs(program, g, io)))))))
     # a scan's prologue is gathered, not staged (a staged tile beside the double runs spills under ptxas)
     sched["stage"] = bool(p["stage"]) and not g.scans
-    return _render(program, io, g, names, arg, sched, name, views, stores)
+    return (*lowered, sched)
 
 
 def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True):
@@ -158,10 +184,10 @@ def wide_schedule(program: Program, io: RegionIO, params: dict | None = None) ->
     (layout_store.py). None: rowreduce writes its kernel."""
     p = {**DEFAULTS, **(params or {})}
     try:
-        _, _, _, g, stores = _lowered(program, io, two_stage=True)
+        _, _, _, g, stores, sched = _scheduled(program, io, p)
     except CodegenError:
         return None
-    schedule = _schedule(g, p, _full_inputs(program, g, io))["schedule"]
+    schedule = sched["schedule"]
     per_element = any(g.defs[key].space == E for key in g.outputs.values())
     wide = schedule == "split_column" or (schedule in ("cluster", "split_row") and per_element)
     # per-row values relabelled on their way out (a pooled [N, C, 1, 1] squeezed to [N, C]): rowreduce
@@ -194,12 +220,26 @@ def _full_inputs(program, g: RowGraph, io) -> list[str]:
     return [v for (v, sp) in g.inputs if sp == E and math.prod(program.values[v].shape) == numel]
 
 
+def _prologue_held(program, g: RowGraph, io) -> list[str]:
+    """The per-element values a row held in registers keeps when they are computed from its inputs
+    (RowGraph.prologue_values): no more arrays than the full-size inputs they replace (one at least).
+    [] where the row keeps its full-size inputs as they are."""
+    full = _full_inputs(program, g, io)
+    # a smaller input broadcast along the rows (a norm's weight) is read where it is needed
+    front = [k for k in g.prologue_values(g.needed()) if g.defs[k].expr is not None or g.defs[k].vid in full]
+    if any(g.defs[k].expr is not None for k in front) and len(front) <= max(1, len(full)):
+        return front
+    return []
+
+
 def _pow2(n: float) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1.0, n))))
 
 
-def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
-    k = max(1, len(full))
+def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict:
+    """The launch shape of the row graph's kernel, given the per-element arrays each row holds and
+    the reads of the row a streamed schedule would make (a callable: it lowers the online graph)."""
+    k = max(1, held)
     cols = g.cols
     rounds = max((s.round for s in g.steps), default=0)
     per_element = any(g.defs[key].space == E for key in g.outputs.values())
@@ -244,6 +284,10 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
     else:
         schedule, tpr = "stream", int(p["online_threads"])
+    if g.scans and schedule != "warp":
+        # each chunk of the row is scanned across its threads (shuffles, then shared memory): 256 threads
+        # keep that short and several blocks per SM (H200: 1024 threads ran 0.59x of scan.py's 256)
+        tpr = min(tpr, SCAN_THREADS)
     parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in NOT_FLOAT for s in g.steps), schedule == "stream") \
         if schedule != "warp" or p.get("split") else 1
     if parts > 1:     # few long rows: kSplit chunks per row over the whole GPU, in phases (rowsplit.py)
@@ -256,7 +300,7 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
         return {"schedule": "split_row", "vec": vec, "tpr": tpr, "rows_per_block": 1, "block": tpr,
                 "items": math.ceil(chunk / (tpr * vec)), "cached": False, "grid": g.rows * parts * phases,
                 "split": 1, "row_split": parts, "chunk": chunk, "phases": phases}
-    cluster = _cluster_size(g, p, k, schedule)
+    cluster = _cluster_size(g, p, k, schedule, streamed_reads)
     if cluster > 1:
         tpr = min(1024, max(128, _pow2(cols * k / (cluster * 16))))
         if p.get("threads_per_row"):
@@ -284,12 +328,16 @@ def _schedule(g: RowGraph, p: dict, full: list[str]) -> dict:
             "hold_limit": int(p["lane_max_floats"])}
 
 
-def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str) -> int:
+def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -> int:
     """CTAs of the cluster that holds each row (1: no cluster). A streamed row takes as many as give
     each the block schedule's on-chip share (register_max_cols), up to cluster_max if each thread then
     still holds at most cluster_thread_floats; fewer rows than SMs also spread a row that one block
     could hold, so the grid covers the SMs; a tuner's `cluster` overrides. Below
-    spread_min_bytes of rows the launch dominates and the cluster's barriers would only add latency."""
+    spread_min_bytes of rows the launch dominates and the cluster's barriers would only add latency.
+    Rows enough to fill the SMs that a streamed block reads once (a log-sum-exp, a mean: no output
+    per element) stream: the cluster would read them once too, through its barriers, with one CTA of
+    register-bound threads per SM (H200: a pooled mean of 64k columns 0.68x, cross entropy over 32k
+    and 128k classes 0.57x / 0.51x of one block streaming)."""
     if p.get("cluster") is not None:
         n = int(p["cluster"])
         if not 1 <= n <= CLUSTER_PORTABLE:
@@ -297,7 +345,7 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str) -> int:
         return n
     few = g.rows < int(p["sm_count"])
     small = g.rows * g.cols * k * 4 < int(p["spread_min_bytes"])
-    if small or schedule == "warp" or (schedule == "block" and not few):
+    if small or schedule == "warp" or (schedule == "block" and not few) or (not few and streamed_reads() <= 1):
         return 1
     n = _pow2(g.cols * k / int(p["register_max_cols"]))
     if few:
@@ -374,14 +422,15 @@ _COSTLY = re.compile(r"\b(?:expf|exp2f|expm1f|logf|log2f|log10f|log1pf|powf|tanh
                      r"sinhf|coshf|asinf|acosf|atanf|atan2f)\(")
 
 
-def _kept_values(g: RowGraph, need: set[str], passes: list[list[str]], room: int) -> list[str]:
+def _kept_values(g: RowGraph, need: set[str], passes: list[list[str]], room: int,
+                 known: frozenset[str] = frozenset()) -> list[str]:
     """Per-element values a row held in registers keeps between its passes: those computed with a
     costly call (exp, log, tanh, ...) in one pass and read again in a later one (softmax's exp(x - max)
     is folded into the sum, then scaled into the output), first come first kept, at most `room`."""
     seen: dict[str, int] = {}
     for keys in passes:
-        for d in g.closure(keys, E, need):
-            if d.expr is not None and _COSTLY.search(d.expr):
+        for d in g.closure(keys, E, need, known):
+            if d.expr is not None and d.key not in known and _COSTLY.search(d.expr):
                 seen[d.key] = seen.get(d.key, 0) + 1
     return [k for k, n in seen.items() if n > 1][:max(0, room)]
 
@@ -417,19 +466,22 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     rounds_n = max((s.round for s in steps), default=0)
     kept: dict[str, str] = {}        # def key -> the register array that keeps it between passes
     kept_done: set[str] = set()      # kept values computed in a pass already rendered
+    # values computed from the row's inputs that the passes read: computed once, kept instead of the inputs
+    front = sched.get("front") or []
     if cached and split == 1 and not srow:
+        kept = {k: names.new(f"{k}_held") for k in front}
         passes = [[s.arg for s in steps if s.round == r] for r in range(1, rounds_n + 1)]
         passes += [[g.outputs[v] for v in out_e]] if out_e else []
         per_array = sched["items"] * vec
-        room = (int(sched["hold_limit"]) - len(held) * per_array) // per_array
-        kept = {k: names.new(f"{k}_kept") for k in _kept_values(g, need, passes, room)}
+        room = (int(sched["hold_limit"]) - (len(front) or len(held)) * per_array) // per_array
+        kept.update({k: names.new(f"{k}_kept") for k in _kept_values(g, need, passes, room, frozenset(front))})
 
     def flat(col: str) -> str:
         if split > 1:      # column e of the thread's kVecX
             return f"base + (index_t)({col}) * kInner + e"
         return f"base + {col}" if not column else f"base + (index_t)({col}) * kInner"
 
-    vec_bcast: dict = {}     # broadcast inputs the output pass loads 4 at a time (a norm's weight)
+    vec_bcast: dict = {}     # broadcast inputs a pass loads 4 at a time (a norm's weight)
 
     def load4(v, reg: str, at0: str, idx: str, guard: str | None = None) -> list[str]:
         """One 4-lane load of v at flat index idx, unpacked into reg[at0 + 0..3] (zeros where `guard`
@@ -439,21 +491,35 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return [f"{{ const {vt} t = {f'{guard} ? {src} : {vt}{{}}' if guard else src};",
                 "  " + " ".join(f"{reg}[{at0}{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
 
-    def element_body(defs, indent: str, tail: list[str], reg_at: str) -> list[str]:
-        """Lines for one element at column c: its inputs, then `defs`, then `tail`."""
+    def bcast4(closure) -> list[str]:
+        """A float4 load per 4 elements of each broadcast input `closure` reads (a norm's weight), not
+        4 scalar loads; element_body then reads them."""
+        if vec != 4 or column or split != 1:
+            return []
+        keys, lines = {d.key for d in closure}, []
+        for v in e_in:
+            if v not in regs and key_of[v] in keys and ld.group_mode(v) == "vec4":
+                vec_bcast[v] = names.new(f"b_{arg[v]}")
+                lines += [f"{ct[v]} {vec_bcast[v]}[kVec];", *load4(v, vec_bcast[v], "", flat("p"))]
+        return lines
+
+    def element_body(defs, indent: str, tail: list[str], reg_at: str, in_at: str | None = None) -> list[str]:
+        """Lines for one element at column c: its inputs (from their registers at `in_at`, by default
+        `reg_at`), then `defs`, then `tail`."""
         lines = []
         for d in defs:
+            if d.key in kept_done:
+                lines.append(f"const {d.ctype} {d.key} = {kept[d.key]}[{reg_at}];  // kept from an earlier pass")
+                continue
             if d.expr is None:      # a region input
                 v = d.vid
-                src = (f"{regs[v]}[{reg_at}]" if v in regs else f"{vec_bcast[v]}[e]" if v in vec_bcast
+                src = (f"{regs[v]}[{in_at or reg_at}]" if v in regs else f"{vec_bcast[v]}[e]" if v in vec_bcast
                        else ld.load(v, arg[v], "i"))
                 lines.append(f"const {d.ctype} {d.key} = {src};")
-            elif d.key in kept_done:
-                lines.append(f"const {d.ctype} {d.key} = {kept[d.key]}[{reg_at}];  // kept from an earlier pass")
             else:
                 lines.append(f"const {d.ctype} {d.key} = {d.expr};" + (f"  // {d.note}" if d.note else ""))
-                if d.key in kept:
-                    lines.append(f"{kept[d.key]}[{reg_at}] = {d.key};  // kept for a later pass")
+            if d.key in kept:
+                lines.append(f"{kept[d.key]}[{reg_at}] = {d.key};  // kept for a later pass")
         lines += tail
         text = "\n".join(lines)
         head = []
@@ -463,8 +529,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             head.insert(0, "const int c = p + e;" if vec == 4 else "const int c = p;")
         return [indent + ln for ln in head + lines]
 
-    def each_element(body_fn, loads: list[str], pre_e=(), post_e=()) -> list[str]:
-        """A pass over this thread's elements of the row: from its registers (cached) or loaded again."""
+    def each_element(body_fn, loads: list[str], pre_e=(), post_e=(), fresh: bool = False) -> list[str]:
+        """A pass over this thread's elements of the row: from its registers (cached) or loaded again;
+        `fresh`: a row held in registers whose `loads` are read here, kVec at a time."""
         ind = "        " if vec == 4 else "      "
         if column and not cached and split == 1:     # streamed column: kBatch loads in flight (column_tile.py)
             fills = [lambda q, v=v: [f"{regs[v]}[u] = {q} < kCols ? {ld.load(v, arg[v], flat(q))} : ({ct[v]})0;"]
@@ -472,20 +539,17 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             return column_tile.batched_pass("lane", fills, [f"{ct[v]} {regs[v]}[kBatch];" for v in loads],
                                             [*[f"      {ln}" for ln in pre_e], *body_fn(ind, "u"),
                                              *[f"      {ln}" for ln in post_e]], sched["batch"])
-        if cached:
-            out = ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
-                   "    const int p = lane * kVec + k * kStride;",
-                   "    if (active && p < kCols) {"]
-            at = "k * kVec + e" if vec == 4 else "k"
-        else:
-            span = ("lo + lane * kVec", "hi") if srow else ("lane * kVec", "kCols")   # a split row: its chunk
-            out = [f"  for (int p = {span[0]}; active && p < {span[1]}; p += kStride) {{", "    {"]
-            at = "e" if vec == 4 else "0"
-            for v in loads:
-                if vec == 4:
-                    out += [f"      {ct[v]} {regs[v]}[kVec];", *(f"      {ln}" for ln in load4(v, regs[v], "", flat("p")))]
-                else:
-                    out.append(f"      const {ct[v]} {regs[v]}[1] = {{{ld.load(v, arg[v], flat('p'))}}};")
+        if not cached:
+            return streamed(body_fn, loads, pre_e, post_e)
+        out = ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
+               "    const int p = lane * kVec + k * kStride;",
+               "    if (active && p < kCols) {"]
+        at = "k * kVec + e" if vec == 4 else "k"
+        for v in loads if fresh else []:
+            if vec == 4:
+                out += [f"      {ct[v]} {regs[v]}[kVec];", *(f"      {ln}" for ln in load4(v, regs[v], "", flat("p")))]
+            else:
+                out.append(f"      const {ct[v]} {regs[v]}[1] = {{{ld.load(v, arg[v], flat('p'))}}};")
         out += [f"      {ln}" for ln in pre_e]
         if vec == 4:
             out += ["#pragma unroll", "      for (int e = 0; e < kVec; ++e) {"]
@@ -494,6 +558,30 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             out.append("      }")
         out += [f"      {ln}" for ln in post_e]
         out += ["    }", "  }"]
+        return out
+
+    def streamed(body_fn, loads, pre_e, post_e) -> list[str]:
+        """A pass over a row streamed from memory: kUnroll loads of each input issued before any is
+        used (one load in flight per thread leaves a block per row far below the memory's bandwidth)."""
+        lo, hi = ("lo + lane * kVec", "hi") if srow else ("lane * kVec", "kCols")   # a split row: its chunk
+        out = [f"  for (int p0 = {lo}; active && p0 < {hi}; p0 += kUnroll * kStride) {{"]
+        for v in loads:
+            out += [f"    {ct[v]} {regs[v]}[kUnroll * kVec];", "#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
+                    "      const int p = p0 + u * kStride;"]
+            if vec == 4:
+                out += [f"      {ln}" for ln in load4(v, regs[v], "u * kVec + ", flat("p"), f"p < {hi}")]
+            else:
+                out.append(f"      {regs[v]}[u] = p < {hi} ? {ld.load(v, arg[v], flat('p'))} : ({ct[v]})0;")
+            out.append("    }")
+        out += ["#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {", "      const int p = p0 + u * kStride;",
+                f"      if (p < {hi}) {{", *[f"        {ln}" for ln in pre_e]]
+        if vec == 4:
+            out += ["#pragma unroll", "        for (int e = 0; e < kVec; ++e) {"]
+        out += body_fn("          " if vec == 4 else "        ", "u * kVec + e" if vec == 4 else "u")
+        if vec == 4:
+            out.append("        }")
+        out += [f"        {ln}" for ln in post_e]
+        out += ["      }", "    }", "  }"]
         return out
 
     def scan_pass(out_closure, tail, pre, post) -> list[str]:
@@ -564,7 +652,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
             "  const int lane = threadIdx.y;"]
     body += stage_lines(tiles, vec)
-    if cached and held:
+    if cached and held and not front:
         body.append("  // the row's full-size inputs, loaded once and kept in registers")
         for v in held:
             body.append(f"  {ct[v]} {regs[v]}[kItems * kVec];")
@@ -617,6 +705,14 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return lines
 
     body += row_defs(0)
+    if front:
+        closure = g.closure(front, E, need)
+        loads = [v for v in held if key_of[v] in {d.key for d in closure}]
+        body += ["  // the values the passes read, computed once from the row's inputs",
+                 *each_element(lambda ind, at: element_body(closure, ind, [], at, "e" if vec == 4 else "0"),
+                               loads, bcast4(closure), fresh=True)]
+        kept_done.update(front)
+        vec_bcast.clear()
 
     def split_fold(var, r, rs, args, loads) -> list[str]:
         """Fold this block's share of the reduced length into one state per column the thread holds."""
@@ -686,12 +782,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 at = flat("p") if ov is None else ov.offset(flat("p"))
                 post.append(f"reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]} + {at})[0] = "
                             f"{VEC4[vals[v].dtype]}{{{', '.join(f'{outs_local[v]}[{j}]' for j in range(4))}}};")
-            if not column and split == 1:   # a float4 of the weight per 4 outputs, not 4 scalar loads
-                closure = {d.key for d in out_closure}
-                for v in e_in:
-                    if v not in regs and key_of[v] in closure and ld.group_mode(v) == "vec4":
-                        vec_bcast[v] = names.new(f"b_{arg[v]}")
-                        pre += [f"{ct[v]} {vec_bcast[v]}[kVec];", *load4(v, vec_bcast[v], "", flat("p"))]
+            pre += bcast4(out_closure)
         else:
             tail = [f"{arg[v]}[{stores[v].offset('i') if v in stores else 'i'}] = {g.outputs[v]};" for v in out_e]
             pre = post = []
@@ -762,6 +853,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                    "constexpr int kStride = kCluster * kThreadsPerRow * kVec;  // columns between a thread's loads"]
     if cached:
         consts.append(f"constexpr int kItems = {items};  // loads per thread and input")
+    elif not column:
+        consts.append(f"constexpr int kUnroll = {sched['unroll']};  // loads of each input in flight per thread")
     if tiles:
         consts.append(f"constexpr int kTileStride = {tile_stride(g.cols)};  // floats between staged rows "
                       f"(4 banks from a multiple of 32)")
@@ -787,7 +880,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                                f"threads each, {sched.get('phases')} phases (last block per row combines in "
                                f"parallel)"}[schedule]
     sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times"
-                   + (f" ({sched['batch']} loads in flight per thread)" if column else "")) + \
+                   + (f" ({sched['batch'] if column else sched['unroll']} loads in flight per thread)")) + \
         f", {rounds} all-reduce round(s), {'float4' if 4 in (vec, vecx) else 'scalar'} loads, {sched['grid']} blocks" + \
         (f", the rows read through a transposing view staged in shared memory with the row index fastest "
          f"({', '.join(vals[v].name for v in tiles)})" if tiles else "")
@@ -833,11 +926,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "vector_width": vec, "block": block[0] * block[1], "grid": sched["grid"], "cached": cached,
                 "rounds": rounds, "reductions": len(g.reductions), "cluster": cluster,
                 "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
-                "cols": g.cols, "vecx": vecx, "staged": bool(tiles),
+                "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
-                                 math.ceil(g.cols / (n * 1024)) * max(1, len(held)) <= ROW_THREAD_FLOATS]},
+                                 math.ceil(g.cols / (n * 1024)) * max(1, len(front) or len(held)) <= ROW_THREAD_FLOATS]},
         align=16 if 4 in (vec, vecx) else 4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=space.workspace() if srow else
