@@ -3,7 +3,10 @@ tall a tile is, and how a thread streams its share of a column with loads in fli
 
 A column reduction ([outer, L, inner], reduced over L) gives each block 32 neighbouring inner
 positions (kTileX: a warp's load is 128 contiguous bytes, or 512 with float4 over kVecX columns) and
-kTileY thread rows that split L. Two things decide its speed beside coalescing:
+kTileY thread rows that split L; or, where nothing is written per element, the column is read once
+and there are columns enough, one thread per column in tiles of 256 (class_loss's schedule for
+strided classes: nothing to combine across thread rows). Two things decide its speed beside
+coalescing:
 
   loads in flight  a thread that folds each element as it arrives has one load outstanding: the
                    fold (Welford's division, a max) depends on it and the next load waits for the
@@ -28,6 +31,13 @@ from .kernel import CodegenError
 
 TILE_X = 32            # inner positions per tile (a warp's coalesced load)
 TILE_Y = 8             # thread rows of a tile by default
+THREADS_PER_SM = 1024  # columns per SM, at least, for one thread per column (a full load of threads)
+
+
+def tile_x(ty: int) -> int:
+    """Inner positions of a tile of ty thread rows: a tile shorter than TILE_Y rows is wider, so a
+    block keeps TILE_X * TILE_Y threads (one thread per column: 256 neighbouring columns)."""
+    return TILE_X * max(1, TILE_Y // ty)
 MAX_BATCH = 16
 LOCALS = ("pb", "u")
 

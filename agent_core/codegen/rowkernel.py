@@ -56,7 +56,6 @@ CLUSTER_PORTABLE = 8
 ROW_THREAD_FLOATS = DEFAULTS["cluster_thread_floats"]
 SPLIT_MIN_ITEMS = 8         # reduced elements each thread of a split column folds, at least
 BLOCKS_PER_SM = 8           # 256-thread blocks an SM holds at once: the split column's target
-COLUMN_TILE = (32, 8)
 SCAN_THREADS = 256          # threads per row of a scan longer than a warp's share
 # the kernel's own locals; generated names never take them
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
@@ -252,16 +251,21 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         return {"schedule": "warp", "vec": 1, "tpr": 1, "rows_per_block": block, "block": block, "items": 1,
                 "cached": False, "grid": math.ceil(g.rows / block), "split": 1, "hold_limit": 0}
     if g.inner > 1:
-        tx, ty = COLUMN_TILE[0], column_tile.column_rows(cols, k, p, per_element)
+        # one thread per column where nothing is written per element, the column is read once and the
+        # columns give every SM a full load of threads: no combine across thread rows at all
+        alone = p.get("tile_y") is None and not per_element and g.rows >= sms * column_tile.THREADS_PER_SM \
+            and streamed_reads() <= 1
+        ty = 1 if alone else column_tile.column_rows(cols, k, p, per_element)
+        tx = column_tile.tile_x(ty)
         items = math.ceil(cols / ty)
         tiles = g.outer * math.ceil(g.inner / tx)
         batch = column_tile.batch_of(p)
         column = {"schedule": "column", "vec": 1, "tpr": ty, "rows_per_block": 1, "block": tx * ty,
                   "items": items, "cached": items * k <= int(p["column_max_items"]), "grid": tiles, "split": 1,
-                  "tile_y": ty, "batch": batch, "hold_limit": int(p["column_max_items"])}
+                  "tile_x": tx, "tile_y": ty, "batch": batch, "hold_limit": int(p["column_max_items"])}
         # a split needs the whole column's state before anything is written: one round, outputs per
         # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
-        if rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or gathered(g) or \
+        if alone or rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or gathered(g) or \
                 any(s.state in NOT_FLOAT for s in g.steps):      # the workspace holds floats
             return column
         if not p.get("split") and g.rows * cols * k * 4 < int(p["spread_min_bytes"]):
@@ -385,6 +389,7 @@ def _round_code(r: int, steps, schedule: str, label) -> str:
     if schedule in ("column", "split_column"):
         again = "  __syncthreads();  // a previous call's partials have been read\n" if schedule == "split_column" else ""
         return code + (f"__device__ __forceinline__ {t} reduce{r}({t} a) {{\n"
+                       "  if (kTileY == 1) return a;  // one thread per column: nothing to combine\n"
                        f"  __shared__ {t} part[kTileY][kTileX];\n" + again +
                        "  part[threadIdx.y][threadIdx.x] = a;\n"
                        "  __syncthreads();\n"
@@ -823,7 +828,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         body += rowsplit.count_out()
     else:
         body += total_lines
-    tx, ty = COLUMN_TILE[0], sched.get("tile_y", COLUMN_TILE[1])
+    tx, ty = sched.get("tile_x", column_tile.TILE_X), sched.get("tile_y", column_tile.TILE_Y)
     tpr, items = sched["tpr"], sched["items"]
     consts = [f"typedef {index_t} index_t;",
               f"constexpr index_t kRows = {g.rows};",
@@ -871,7 +876,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     sched_text = {"warp": f"{tpr} lanes per row, {sched['rows_per_block']} rows per block",
                   "block": f"one block of {tpr} threads per row",
                   "stream": f"one block of {tpr} threads per row",
-                  "column": f"column tiles of {tx} positions x {ty} thread rows",
+                  "column": f"column tiles of {tx} positions x {ty} thread rows" if ty > 1 else
+                            f"one thread per column, {tx} columns per block",
                   "split_column": f"column tiles of {tx * vecx} positions ({vecx} per thread) x {ty} thread rows, "
                                   f"{split} blocks per tile, last block combines",
                   "cluster": f"a cluster of {cluster} CTAs of {tpr} threads per row, states exchanged through "
