@@ -28,7 +28,7 @@ from tests.programs import kl_terms, row_stats
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 # a small GPU for the default rule: 8 SMs and no launch-bound floor, so small rows already split
-SMALL_GPU = {"sm_count": 8, "spread_min_bytes": 0}
+SMALL_GPU = {"sm_count": 16, "spread_min_bytes": 0}     # 2 to 5 rows: below half the SMs
 
 
 def log_mel(shape):
@@ -166,8 +166,8 @@ def test_split_rows_compile_for_sm_90(case):
 
 def test_default_split_comes_from_rows_length_and_sms():
     """Rows below two per SM split into chunks of at least 4096 columns, about 8 chunks per SM in all;
-    as many rows as two per SM (as many as SMs where one block holds the row), or rows too short,
-    keep one block (or cluster) per row."""
+    as many rows as two per SM (half as many as SMs where one block holds the row), or rows too
+    short, keep one block (or cluster) per row."""
     p, ids = log_mel((64, 80, 3000))           # Whisper's 64 clips of 240,000 on an H200
     ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 132})
     assert ks.params["schedule"] == "split_row"
@@ -181,8 +181,10 @@ def test_default_split_comes_from_rows_length_and_sms():
     assert generate_kernel(p, ids, name="many", params={"sm_count": 132}).params["schedule"] != "split_row"
     p, ids = row_op("layer_norm", (256, 16384))  # one block holds each row, ~2 rows per SM: read once
     assert generate_kernel(p, ids, name="held", params={"sm_count": 132}).params["schedule"] == "block"
-    p, ids = row_op("layer_norm", (64, 16384))   # ... but fewer rows than SMs leave SMs idle
+    p, ids = row_op("layer_norm", (64, 16384))   # ... but fewer rows than half the SMs leave most idle
     assert generate_kernel(p, ids, name="held", params={"sm_count": 132}).params["split"] == 4
+    p, ids = row_op("layer_norm", (128, 16384))  # one wave of whole rows: no combine phase (H200: 0.76x)
+    assert generate_kernel(p, ids, name="held", params={"sm_count": 132}).params["schedule"] == "block"
     p, ids = row_op("softmax", (8, 6000))      # too short to split twice
     assert generate_kernel(p, ids, name="short", params=SMALL_GPU).params["schedule"] != "split_row"
     p, ids = row_op("softmax", (8, 1_000_000))  # 8 rows of a million: one read per phase over the GPU
