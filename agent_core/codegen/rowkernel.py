@@ -335,8 +335,9 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
 def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -> int:
     """CTAs of the cluster that holds each row (1: no cluster). A streamed row takes as many as give
     each the block schedule's on-chip share (register_max_cols), up to cluster_max if each thread then
-    still holds at most cluster_thread_floats; fewer rows than SMs also spread a row that one block
-    could hold, so the grid covers the SMs; a tuner's `cluster` overrides. Below
+    still holds at most cluster_thread_floats; fewer rows than half the SMs also spread a row that
+    one block could hold, so the grid covers the SMs (from half on, one wave of whole rows is as
+    fast, as for rowsplit.row_split); a tuner's `cluster` overrides. Below
     spread_min_bytes of rows the launch dominates and the cluster's barriers would only add latency.
     Rows enough to fill the SMs that a streamed block reads once (a log-sum-exp, a mean: no output
     per element) stream: the cluster would read them once too, through its barriers, with one CTA of
@@ -349,7 +350,8 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -
         return n
     few = g.rows < int(p["sm_count"])
     small = g.rows * g.cols * k * 4 < int(p["spread_min_bytes"])
-    if small or schedule == "warp" or (schedule == "block" and not few) or (not few and streamed_reads() <= 1):
+    if small or schedule == "warp" or (schedule == "block" and g.rows * 2 > int(p["sm_count"])) or \
+            (not few and streamed_reads() <= 1):
         return 1
     n = _pow2(g.cols * k / int(p["register_max_cols"]))
     if few:
