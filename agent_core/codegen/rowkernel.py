@@ -61,7 +61,7 @@ SCAN_THREADS = 256          # threads per row of a scan longer than a warp's sha
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
           "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
           "rank", "slot", "cluster_part", "totals", "totals_part", "tid", "q", "w", "s_t", "s_row", "s_col", "s_at",
-          "stage_smem", "row_share", *rowsplit.LOCALS, *column_tile.LOCALS)
+          "stage_smem", "block_rows", *rowsplit.LOCALS, *column_tile.LOCALS)
 
 
 def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -811,10 +811,12 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     total_lines = []
     if totals:
         helpers.append(_totals_code(totals))
-        # a split row: the row's combining block publishes the row's share (kRows of them arrive)
+        # which thread holds each row's share, and its place among the block's rows
+        block_rows = ("threadIdx.y == 0", "active", "threadIdx.x", "kTileX") if column else \
+            ("threadIdx.x == 0", "active && lane == 0", "0", "1") if cluster > 1 else \
+            ("lane == 0", "active", "group", "kRowsPerBlock")
         total_lines = _combine_totals(g, totals, need, [f"  {arg[v]}[0] = {g.outputs[v]};" for v in out_t],
-                                      lambda d: f"{arg[d.vid]}[0]", *(("counters[2]", "kRows", "threadIdx.x == 0",
-                                                                       "kTotalsAt + ") if srow else ()))
+                                      lambda d: f"{arg[d.vid]}[0]", block_rows, split_row=srow)
     space = None
     if srow:
         fields = {r: [(j, f) for j, s in enumerate(sorted((s for s in steps if s.round == r), key=lambda s: s.slot))
@@ -943,7 +945,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=space.workspace() if srow else
         [("float32", columns * split * _fields_of_round1(steps)), ("int32", sched["grid"] // split)]
-        if split > 1 else [("float32", g.rows * _total_fields(totals)), ("int32", 1)] if totals else [])
+        if split > 1 else [("float32", sched["grid"] * _total_fields(totals)), ("int32", 1)] if totals else [])
 
 
 def _total_fields(totals) -> int:
@@ -966,36 +968,57 @@ def _totals_code(totals) -> str:
             + "  return a;\n}\n")
 
 
-def _combine_totals(g: RowGraph, totals, need, stores: list[str], load_input, counter: str = "counters[0]",
-                    arrivals: str = "gridDim.x", publisher: str = "active && lane == 0", at: str = "") -> list[str]:
-    """Each row publishes its share of the totals; the block that arrives last combines every row's in
-    row order (thread t folds rows t, t + kBlock, ...; then a fixed shuffle tree and the warps in
-    order: the same bits whichever block came last), evaluates the totals' pointwise ops and stores
-    them once. Every block arrives (`arrivals` of them at `counter`), or with a split row the block
-    that combined each row; the row shares sit at workspace + `at`."""
+def _combine_totals(g: RowGraph, totals, need, stores: list[str], load_input, block=None,
+                    split_row: bool = False) -> list[str]:
+    """The totals' shares, combined by the block that arrives last (thread t folds shares t, t + kBlock,
+    ...; then a fixed shuffle tree and the warps in order: the same bits whichever block came last),
+    which evaluates the totals' pointwise ops and stores them once. `block` = (writer, has a row,
+    slot, slots): each block first combines its rows' shares in row order (shared memory) and
+    publishes one share (a million per-pixel losses are 4096 block shares, not a million the last
+    block reads one after another). A split row's combining block publishes its row's share instead."""
     fields = [(s, f) for s in totals for f in STATES[s.state][0]]
-    publish, n = [], 0
+    fold = []          # the row's share folded into `q`
     for s in totals:
-        own = STATES[s.state][0]
         if s.per_row:     # the row's share is its one value
-            share = " ".join(f"workspace[{at}row * kTotalFields + {n + j}] = row_share.{f};" for j, f in enumerate(own))
-            publish.append(f"{{ St_{s.state} row_share = identity_{s.state}(); fold_{s.state}(row_share, {s.arg}); "
-                           f"{share} }}")
+            fold.append(f"fold_{s.state}(q.t{s.total}, {s.arg});")
         else:
-            publish += [f"workspace[{at}row * kTotalFields + {n + j}] = {g.round_vars[s.round]}.s{s.slot}.{f};"
-                        for j, f in enumerate(own)]
-        n += len(own)
+            fold.append(f"q.t{s.total} = {g.round_vars[s.round]}.s{s.slot};")
+    first = "threadIdx.x == 0 && threadIdx.y == 0"
+    if split_row:      # kRows shares, one per row, at kTotalsAt
+        count, at, head = "kRows", "kTotalsAt + ", []
+        publish = ["Totals q = identityT();", *fold,
+                   *[f"workspace[kTotalsAt + row * kTotalFields + {n}] = q.t{s.total}.{f};"
+                     for n, (s, f) in enumerate(fields)]]
+        arrival = publish_and_arrive(publish, "counters[2]", "kRows", publisher="threadIdx.x == 0", arriver=first)
+        counter = "counters[2]"
+    else:
+        writer, has, slot, slots = block
+        count, at, counter = "gridDim.x", "", "counters[0]"
+        head = [f"  __shared__ Totals block_rows[{slots}];  // this block's rows' shares",
+                f"  if ({writer}) {{",
+                "    Totals q = identityT();",
+                f"    if ({has}) {{", *[f"      {ln}" for ln in fold], "    }",
+                f"    block_rows[{slot}] = q;", "  }", "  __syncthreads();",
+                # lane l folds rows l, l + 32, ... in order, then a fixed shuffle tree: the same bits every launch
+                "  if (threadIdx.x < 32 && threadIdx.y == 0) {  // the first warp combines the block's rows",
+                "    Totals q = identityT();",
+                f"    for (int w = threadIdx.x; w < {slots}; w += 32) q = combineT(q, block_rows[w]);",
+                "#pragma unroll",
+                "    for (int offset = 16; offset > 0; offset >>= 1) q = combineT(q, shuffleT(q, offset));",
+                "    if (threadIdx.x == 0) block_rows[0] = q;", "  }"]
+        publish = [*[f"workspace[blockIdx.x * kTotalFields + {n}] = block_rows[0].t{s.total}.{f};"
+                     for n, (s, f) in enumerate(fields)]]
+        arrival = publish_and_arrive(publish, counter, "gridDim.x", publisher=first, arriver=first)
     tdefs = [d for d in g.defs.values() if d.space == T and d.key in need]
     lines = [f"      const {d.ctype} {d.key} = {d.expr if d.expr is not None else load_input(d)};"
              + (f"  // {d.note}" if d.note else "") for d in tdefs]
-    return ["  // the whole-tensor reductions: each row publishes its share, the last block combines them",
-            *publish_and_arrive(publish, counter, arrivals, publisher=publisher,
-                                arriver="threadIdx.x == 0 && threadIdx.y == 0"),
+    return ["  // the whole-tensor reductions: each block (a split row: each row) publishes its share, the last "
+            "block combines them", *head, *arrival,
             "  if (last) {",
             "    __threadfence();",
             "    const int tid = threadIdx.y * blockDim.x + threadIdx.x;",
             "    Totals totals = identityT();",
-            "    for (index_t r = tid; r < kRows; r += kBlock) {  // row order",
+            f"    for (index_t r = tid; r < {count}; r += kBlock) {{  // in order",
             "      Totals q;",
             *[f"      q.t{s.total}.{f} = __ldcg(workspace + {at}r * kTotalFields + {n});" for n, (s, f) in enumerate(fields)],
             "      totals = combineT(totals, q);",
