@@ -103,8 +103,9 @@ def test_columns_too_few_to_fill_the_sms_split_with_a_workspace_per_column(case,
     fields = 1 if case.startswith("sum") else 3    # mean's sum, max, min: one float each
     assert ks.workspace == [("float32", tiles * 32 * vecx * split * fields), ("int32", tiles)]
     assert ks.source.count("float* __restrict__ workspace, unsigned int* __restrict__ counters") == 1
-    # deterministic: per-column states combined in split order by the last block, no float atomics
-    assert re.search(r"for \(int k = 0; k < kSplit; \+\+k\) \{.*\n.*workspace \+ .*k\) \* kFields;", ks.source)
+    # deterministic: per-column states combined by the last block in a fixed order (each thread row
+    # its splits y, y + kTileY, ..., then the rows in order), no float atomics
+    assert re.search(r"for \(int k = threadIdx.y; k < kSplit; k \+= kTileY\) \{.*\n.*workspace \+ .*k\) \*", ks.source)
     assert re.findall(r"atomicAdd\(([^,]+),", ks.source) == ["&counters[tile_id]"]
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0 and c.spill_loads == 0 and c.stack_bytes == 0, c.summary()

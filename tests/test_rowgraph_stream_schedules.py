@@ -7,7 +7,9 @@
   (0.51x-0.68x); fewer rows than SMs still take a cluster;
 - scans longer than a warp's share: 256 threads per row, scan.py's measured choice (1024: 0.59x);
 - a total over every row (a loss's sum and count): each block combines its rows' shares before the
-  last block combines the blocks' (one share per row made DeepLab's loss 7x slower than class_loss).
+  last block combines the blocks' (one share per row made DeepLab's loss 7x slower than class_loss);
+- a split column's last block: every thread row folds its share of the splits, then the rows in
+  order (one thread per column walking every split alone: a 64 MB column reduction at 341 GB/s).
 
 CPU: generated, compiled with NVRTC for sm_90, and run on the CPU emulator against torch (sm_count=1
 stands in for the H200's 132 SMs, so a small tensor has "enough columns").
@@ -109,3 +111,24 @@ def test_a_long_scan_takes_256_threads_per_row():
     p, ids = _reduce((3, 5000), "cumsum", 1)
     ks = _emulated(p, ids, {})
     assert ks.params["threads_per_row"] == 256
+
+
+def _column_stats(shape):
+    """Mean, max and min over dim 0: three column reductions sharing one input (a calibration observer)."""
+    p = Program("stats")
+    x = p.add_input("x", shape)
+    ids = []
+    for op in ("mean", "amax", "amin"):
+        n = p.add_node(op, [x.id], {"dim": [0]})
+        p.mark_output(n.outputs[0])
+        ids.append(n.id)
+    return p, ids
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape,split", [((300, 64), 5), ((301, 40), 11)], ids=["float4", "ragged"])
+def test_a_split_columns_last_block_combines_with_every_thread_row(shape, split):
+    p, ids = _column_stats(shape)
+    ks = _emulated(p, ids, {"split": split})      # _emulate_region checks the counters are left zeroed
+    assert ks.params["schedule"] == "split_column" and ks.params["split"] == split
+    assert "for (int k = threadIdx.y; k < kSplit; k += kTileY)" in ks.source
