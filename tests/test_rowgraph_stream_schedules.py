@@ -84,6 +84,7 @@ def test_many_long_rows_read_once_stream_without_a_cluster():
     p, ids = _reduce((256, 20000), "logsumexp", 1)
     ks = _emulated(p, ids, {"sm_count": 2, "spread_min_bytes": 0})
     assert ks.params["schedule"] == "stream" and ks.params["cluster"] == 1
+    assert ks.params["threads_per_row"] == 512     # rows for two blocks per SM: several rows share one
     assert "__cluster_dims__" not in ks.source
     body = ks.source.split("__global__")[1]
     # kUnroll float4 loads issued before the first fold

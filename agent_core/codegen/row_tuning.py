@@ -43,7 +43,8 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
                 out.append(cand)
     elif schedule in ("online", "stream"):      # rowreduce's streamed row; the row graph's
         # 8 vectors in flight spill in 64 registers unless they are scalars
-        out += [{"unroll": 2}, {"threads_per_row": 512}]
+        tpr = int(params.get("threads_per_row") or 1024)
+        out += [{"unroll": 2}, {"threads_per_row": 512 if tpr == 1024 else tpr // 2}]
         if vec == 1:
             out.append({"unroll": 8})
     elif schedule == "split":

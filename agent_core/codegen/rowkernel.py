@@ -287,7 +287,10 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
     elif cols * k <= int(p["register_max_cols"]):
         schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
     else:
-        schedule, tpr = "stream", int(p["online_threads"])
+        # rows enough for two blocks per SM: 512 threads, so several rows share an SM and one row's
+        # all-reduce does not idle it (the tuner chose 512 over 1024 in every such region timed on
+        # the H100: pooled means of 64k, cross entropy over 32k and 128k classes)
+        schedule, tpr = "stream", int(p["online_threads"]) // (2 if g.rows >= 2 * sms else 1)
     if g.scans and schedule != "warp":
         # each chunk of the row is scanned across its threads (shuffles, then shared memory): 256 threads
         # keep that short and several blocks per SM (H200: 1024 threads ran 0.59x of scan.py's 256)
