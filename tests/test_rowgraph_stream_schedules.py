@@ -25,7 +25,7 @@ from agent_core.codegen.region_io import region_io
 from agent_core.codegen.rowkernel import generate_multi_reduction
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from agent_core.reference import run_reference
+from agent_core.reference import random_inputs, run_reference
 from tests.test_codegen_class_loss import log_softmax_nll_program
 from tests.test_codegen_column_tiles import _emulate_region, needs_gxx
 
@@ -33,10 +33,7 @@ from tests.test_codegen_column_tiles import _emulate_region, needs_gxx
 def _emulated(p, ids, params, seed=0):
     ks = generate_multi_reduction(p, region_io(p, ids), "rows", params)
     assert compile_kernel(ks, arch="sm_90").spill_stores == 0
-    g = torch.Generator().manual_seed(seed)
-    ins = [torch.randn(p.values[v].shape, generator=g) * 3 if p.values[v].dtype == "float32" else
-           torch.randint(0, p.values[v].shape and 7 or 1, p.values[v].shape, generator=g) for v in p.inputs]
-    env = run_reference(p, ins, keep=True)
+    env = run_reference(p, random_inputs(p, seed=seed), keep=True)      # labels drawn in [0, classes)
     _, outs = _emulate_region(p, SimpleNamespace(nodes=ids, id="r"), env, ks=ks)
     for v, got in outs.items():
         torch.testing.assert_close(got, env[v].float(), atol=1e-5, rtol=1e-5, equal_nan=True)

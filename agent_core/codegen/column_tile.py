@@ -32,14 +32,14 @@ from .kernel import CodegenError
 TILE_X = 32            # inner positions per tile (a warp's coalesced load)
 TILE_Y = 8             # thread rows of a tile by default
 THREADS_PER_SM = 1024  # columns per SM, at least, for one thread per column (a full load of threads)
+MAX_BATCH = 16
+LOCALS = ("pb", "u")
 
 
 def tile_x(ty: int) -> int:
     """Inner positions of a tile of ty thread rows: a tile shorter than TILE_Y rows is wider, so a
     block keeps TILE_X * TILE_Y threads (one thread per column: 256 neighbouring columns)."""
     return TILE_X * max(1, TILE_Y // ty)
-MAX_BATCH = 16
-LOCALS = ("pb", "u")
 
 
 def column_rows(cols: int, k: int, p: dict, per_element: bool) -> int:

@@ -6,10 +6,20 @@ from __future__ import annotations
 
 import math
 
+from .kernel import CodegenError
+
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
             "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None,
             "unroll": 4, "stage": True}
 REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
+
+
+def checked_unroll(p: dict) -> int:
+    """p["unroll"]: the vectors a streaming thread loads before using any, a power of two to 16."""
+    unroll = int(p["unroll"])
+    if unroll & (unroll - 1) or not 1 <= unroll <= 16:
+        raise CodegenError(f"unroll must be a power of two from 1 to 16, got {unroll}")
+    return unroll
 
 
 def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
@@ -41,10 +51,9 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
                      rows_per_block[1], {"threads_per_row": tpr // 4}, {"threads_per_row": tpr * 4}):
             if cand and ("threads_per_row" not in cand or fits(cand["threads_per_row"])):
                 out.append(cand)
-    elif schedule in ("online", "stream"):      # rowreduce's streamed row; the row graph's
+    elif schedule in ("online", "stream"):      # a streamed row: rowreduce's, the row graph's
         # 8 vectors in flight spill in 64 registers unless they are scalars
-        tpr = int(params.get("threads_per_row") or 1024)
-        out += [{"unroll": 2}, {"threads_per_row": 512 if tpr == 1024 else tpr // 2}]
+        out += [{"unroll": 2}, {"threads_per_row": int(params.get("threads_per_row") or 1024) // 2}]
         if vec == 1:
             out.append({"unroll": 8})
     elif schedule == "split":

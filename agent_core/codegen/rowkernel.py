@@ -39,7 +39,7 @@ from .pointwise import operand_views
 from .region_io import Operands, RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
 from .row_stage import stage_lines, stage_tiles, tile_stride
-from .row_tuning import DEFAULTS as ROW_DEFAULTS
+from .row_tuning import DEFAULTS as ROW_DEFAULTS, checked_unroll
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
 from .rowpick import gathered
@@ -84,20 +84,19 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
         og = online[0][3]
         return og.rounds + any(og.defs[k].space == E for k in og.outputs.values())
     g = lowered[3]
-    front = _prologue_held(program, g, io)
-    sched = _schedule(g, p, len(front) if front else len(_full_inputs(program, g, io)), streamed_reads)
+    full = _full_inputs(program, g, io)
+    front = _prologue_held(g, full)
+    sched = _schedule(g, p, len(front) or len(full), streamed_reads)
     if not sched["cached"]:      # streamed rows: online states, one read of the row per round
         streamed_reads()
         lowered = online[0]
         g = lowered[3]
+        full = _full_inputs(program, g, io)
         if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
-            sched = _schedule(g, p, len(_full_inputs(program, g, io)), streamed_reads)
+            sched = _schedule(g, p, len(full), streamed_reads)
     sched["front"] = front if sched["cached"] and sched["split"] == 1 else []
-    unroll = int(p["unroll"])
-    if unroll & (unroll - 1) or not 1 <= unroll <= 16:
-        raise CodegenError(f"unroll must be a power of two from 1 to 16, got {unroll}")
     # a streamed row's loads in flight per thread: at most 8 vectors over all its inputs
-    sched["unroll"] = min(unroll, 1 << int(math.log2(max(1, 8 // max(1, len(_full_inputs(program, g, io)))))))
+    sched["unroll"] = min(checked_unroll(p), 1 << int(math.log2(max(1, 8 // max(1, len(full))))))
     # a scan's prologue is gathered, not staged (a staged tile beside the double runs spills under ptxas)
     sched["stage"] = bool(p["stage"]) and not g.scans
     return (*lowered, sched)
@@ -219,11 +218,10 @@ def _full_inputs(program, g: RowGraph, io) -> list[str]:
     return [v for (v, sp) in g.inputs if sp == E and math.prod(program.values[v].shape) == numel]
 
 
-def _prologue_held(program, g: RowGraph, io) -> list[str]:
+def _prologue_held(g: RowGraph, full: list[str]) -> list[str]:
     """The per-element values a row held in registers keeps when they are computed from its inputs
-    (RowGraph.prologue_values): no more arrays than the full-size inputs they replace (one at least).
-    [] where the row keeps its full-size inputs as they are."""
-    full = _full_inputs(program, g, io)
+    (RowGraph.prologue_values): no more arrays than the `full` full-size inputs they replace (one at
+    least). [] where the row keeps its full-size inputs as they are."""
     # a smaller input broadcast along the rows (a norm's weight) is read where it is needed
     front = [k for k in g.prologue_values(g.needed()) if g.defs[k].expr is not None or g.defs[k].vid in full]
     if any(g.defs[k].expr is not None for k in front) and len(front) <= max(1, len(full)):
@@ -501,6 +499,14 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return [f"{{ const {vt} t = {f'{guard} ? {src} : {vt}{{}}' if guard else src};",
                 "  " + " ".join(f"{reg}[{at0}{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
 
+    def fill(v, slot: str, guard: str | None = None) -> list[str]:
+        """The kVec elements of v at column p loaded into regs[v] from slot * kVec on (zeros where
+        `guard` does not hold)."""
+        if vec == 4:
+            return load4(v, regs[v], "" if slot == "0" else f"{slot} * kVec + ", flat("p"), guard)
+        src = ld.load(v, arg[v], flat("p"))
+        return [f"{regs[v]}[{slot}] = {f'{guard} ? {src} : ({ct[v]})0' if guard else src};"]
+
     def bcast4(closure) -> list[str]:
         """A float4 load per 4 elements of each broadcast input `closure` reads (a norm's weight), not
         4 scalar loads; element_body then reads them."""
@@ -556,10 +562,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                "    if (active && p < kCols) {"]
         at = "k * kVec + e" if vec == 4 else "k"
         for v in loads if fresh else []:
-            if vec == 4:
-                out += [f"      {ct[v]} {regs[v]}[kVec];", *(f"      {ln}" for ln in load4(v, regs[v], "", flat("p")))]
-            else:
-                out.append(f"      const {ct[v]} {regs[v]}[1] = {{{ld.load(v, arg[v], flat('p'))}}};")
+            out += [f"      {ct[v]} {regs[v]}[kVec];", *(f"      {ln}" for ln in fill(v, "0"))]
         out += [f"      {ln}" for ln in pre_e]
         if vec == 4:
             out += ["#pragma unroll", "      for (int e = 0; e < kVec; ++e) {"]
@@ -578,11 +581,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         for v in loads:
             out += [f"    {ct[v]} {regs[v]}[kUnroll * kVec];", "#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
                     "      const int p = p0 + u * kStride;"]
-            if vec == 4:
-                out += [f"      {ln}" for ln in load4(v, regs[v], "u * kVec + ", flat("p"), f"p < {hi}")]
-            else:
-                out.append(f"      {regs[v]}[u] = p < {hi} ? {ld.load(v, arg[v], flat('p'))} : ({ct[v]})0;")
-            out.append("    }")
+            out += [*(f"      {ln}" for ln in fill(v, "u", f"p < {hi}")), "    }"]
         out += ["#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {", "      const int p = p0 + u * kStride;",
                 f"      if (p < {hi}) {{", *[f"        {ln}" for ln in pre_e]]
         if vec == 4:
@@ -613,10 +612,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             at = "e" if vec == 4 else "0"
         lines.append("    const bool in_row = active && p < kCols;")
         for v in ([] if cached else loads):
-            if vec == 4:
-                lines += [f"    {ct[v]} {regs[v]}[kVec];", *(f"    {ln}" for ln in load4(v, regs[v], "", flat("p"), "in_row"))]
-            else:
-                lines.append(f"    const {ct[v]} {regs[v]}[1] = {{in_row ? {ld.load(v, arg[v], flat('p'))} : ({ct[v]})0}};")
+            lines += [f"    {ct[v]} {regs[v]}[kVec];", *(f"    {ln}" for ln in fill(v, "0", "in_row"))]
         lines += [f"    double {s[2]}[kVec];  // {s[0]} over this lane's elements" for s in scans]
         # an element past the row steps by the identity; the run itself is updated outside the branch
         # (a run array written in both arms of it is spilled to local memory by ptxas)
@@ -670,10 +666,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                  "    const int p = lane * kVec + k * kStride;",
                  "    if (active && p < kCols) {"]
         for v in held:
-            if vec == 4:
-                body += [f"      {ln}" for ln in load4(v, regs[v], "k * kVec + ", flat("p"))]
-            else:
-                body.append(f"      {regs[v]}[k] = {ld.load(v, arg[v], flat('p'))};")
+            body += [f"      {ln}" for ln in fill(v, "k")]
         body += ["    }", "  }"]
     if kept:
         body.append("  // per-element values a later pass reads again, kept in registers")

@@ -35,7 +35,7 @@ from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import RELABEL_OPS, ViewPrologue, is_layout_op
 from .pointwise import is_elementwise, operand_views, render_chain
 from .region_io import Operands, RegionIO
-from .row_tuning import DEFAULTS, REGISTER_MAX_FLOATS
+from .row_tuning import DEFAULTS, REGISTER_MAX_FLOATS, checked_unroll
 from .rowstates import STATES, row_op
 from .row_stage import stage_lines, stage_tiles, tile_stride
 
@@ -183,9 +183,7 @@ def generate_row_reduction(program: Program, io: RegionIO, name: str, params: di
         if split > 1:
             schedule = "split"
     rows_per_block = block // tpr
-    unroll = int(p["unroll"])
-    if unroll & (unroll - 1) or not 1 <= unroll <= 16:
-        raise CodegenError(f"unroll must be a power of two from 1 to 16, got {unroll}")
+    unroll = checked_unroll(p)
     items = math.ceil(cols / (tpr * vec))
     grid = math.ceil(rows / rows_per_block) * split
     names = Names()

@@ -57,8 +57,8 @@ def row_split(rows: int, cols: int, k: int, p: dict, indexed: bool, streamed: bo
             raise CodegenError("argmax / argmin indices do not travel through the split's float workspace; "
                                "use split = 1")
         return n
-    if indexed or rows * (1 if streamed else 2) >= (ROWS_PER_SM * sms if streamed else sms) or \
-            rows * cols * k * 4 < int(p["spread_min_bytes"]):
+    enough = ROWS_PER_SM * sms if streamed else sms / 2       # rows that keep the SMs busy without chunks
+    if indexed or rows >= enough or rows * cols * k * 4 < int(p["spread_min_bytes"]):
         return 1
     n = min(math.ceil(SPLIT_ROW_BLOCKS_PER_SM * sms / rows), cols // SPLIT_ROW_MIN_CHUNK)
     return n if n >= 2 else 1
