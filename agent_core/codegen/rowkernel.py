@@ -373,7 +373,28 @@ def _state_code(kind: str) -> str:
     return (state_helpers(kind) + f"struct St_{kind} {{ {struct_fields(kind)} }};\n"
             f"__device__ __forceinline__ St_{kind} identity_{kind}() {{ return St_{kind}{identity}; }}\n"
             f"__device__ __forceinline__ void fold_{kind}(St_{kind}& s, {fold_params(kind)}) {{ {fold} }}\n"
-            f"__device__ __forceinline__ St_{kind} combine_{kind}(St_{kind} a, St_{kind} b) {{\n  {comb}\n}}\n")
+            f"__device__ __forceinline__ St_{kind} combine_{kind}(St_{kind} a, St_{kind} b) {{\n  {comb}\n}}\n"
+            + (MAXSUMEXP_BLOCK if kind == "maxsumexp" else ""))
+
+
+# A streamed pass folds its kUnroll x kVec elements of an online softmax at once: one max over them,
+# one rescale of the sum, one exp per element and no branch (the element-wise fold branches on every
+# new maximum and chains each exp behind the last compare; H100: 32k-class cross entropy 0.89x of the
+# class-loss template, which folds this way). A NaN element reaches the sum through its exp; an
+# infinite max shifts by 0 (no inf - inf); -inf elements (masked, or past the row) add exp(-inf) = 0.
+MAXSUMEXP_BLOCK = """template <int N>
+__device__ __forceinline__ void fold_block_maxsumexp(St_maxsumexp& s, const float (&x)[N]) {
+  float m = s.m;
+#pragma unroll
+  for (int k = 0; k < N; ++k) m = fmaxf(m, x[k]);
+  const float shift = fabsf(m) == INFINITY ? 0.0f : m;
+  float sum = s.s * expf(s.m - shift);
+#pragma unroll
+  for (int k = 0; k < N; ++k) sum += expf(x[k] - shift);
+  s.m = m;
+  s.s = sum;
+}
+"""
 
 
 def _round_code(r: int, steps, schedule: str, label) -> str:
@@ -545,9 +566,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             head.insert(0, "const int c = p + e;" if vec == 4 else "const int c = p;")
         return [indent + ln for ln in head + lines]
 
-    def each_element(body_fn, loads: list[str], pre_e=(), post_e=(), fresh: bool = False) -> list[str]:
+    def each_element(body_fn, loads: list[str], pre_e=(), post_e=(), fresh: bool = False, blocks=()) -> list[str]:
         """A pass over this thread's elements of the row: from its registers (cached) or loaded again;
-        `fresh`: a row held in registers whose `loads` are read here, kVec at a time."""
+        `fresh`: a row held in registers whose `loads` are read here, kVec at a time; `blocks`: see
+        streamed (only a streamed row gets them)."""
         ind = "        " if vec == 4 else "      "
         if column and not cached and split == 1:     # streamed column: kBatch loads in flight (column_tile.py)
             fills = [lambda q, v=v: [f"{regs[v]}[u] = {q} < kCols ? {ld.load(v, arg[v], flat(q))} : ({ct[v]})0;"]
@@ -556,7 +578,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                                             [*[f"      {ln}" for ln in pre_e], *body_fn(ind, "u"),
                                              *[f"      {ln}" for ln in post_e]], sched["batch"])
         if not cached:
-            return streamed(body_fn, loads, pre_e, post_e)
+            return streamed(body_fn, loads, pre_e, post_e, blocks)
         out = ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
                "    const int p = lane * kVec + k * kStride;",
                "    if (active && p < kCols) {"]
@@ -573,11 +595,16 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         out += ["    }", "  }"]
         return out
 
-    def streamed(body_fn, loads, pre_e, post_e) -> list[str]:
+    def streamed(body_fn, loads, pre_e, post_e, blocks=()) -> list[str]:
         """A pass over a row streamed from memory: kUnroll loads of each input issued before any is
-        used (one load in flight per thread leaves a block per row far below the memory's bandwidth)."""
+        used (one load in flight per thread leaves a block per row far below the memory's bandwidth).
+        `blocks`: (buffer, fold) of each state folded a step at a time (fold_block_maxsumexp): the
+        body writes its elements to the buffer, -inf past the row."""
         lo, hi = ("lo + lane * kVec", "hi") if srow else ("lane * kVec", "kCols")   # a split row: its chunk
         out = [f"  for (int p0 = {lo}; active && p0 < {hi}; p0 += kUnroll * kStride) {{"]
+        for buf, _ in blocks:
+            out += [f"    float {buf}[kUnroll * kVec];", "#pragma unroll",
+                    f"    for (int k = 0; k < kUnroll * kVec; ++k) {buf}[k] = -INFINITY;"]
         for v in loads:
             out += [f"    {ct[v]} {regs[v]}[kUnroll * kVec];", "#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
                     "      const int p = p0 + u * kStride;"]
@@ -590,7 +617,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         if vec == 4:
             out.append("        }")
         out += [f"        {ln}" for ln in post_e]
-        out += ["      }", "    }", "  }"]
+        out += ["      }", "    }", *(f"    {fold}" for _, fold in blocks), "  }"]
         return out
 
     def scan_pass(out_closure, tail, pre, post) -> list[str]:
@@ -744,8 +771,15 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         helpers.append(_round_code(r, rs, schedule, lambda n: program.nodes[n].name))
         var = g.round_vars[r]
         args = [s.arg for s in rs]
-        folds = [f"fold_{s.state}({var}.s{j}, {s.arg}{', c' if s.state in INDEXED else ''});"
-                 for j, s in enumerate(rs)]
+        # a streamed row folds an online softmax a step of kUnroll x kVec elements at a time
+        blocks = {j: names.new(f"{var}_x{j}") for j, s in enumerate(rs)
+                  if s.state == "maxsumexp" and not cached and not column}
+        blocks = {j: (buf, f"fold_block_maxsumexp({var}.s{j}, {buf});") for j, buf in blocks.items()}
+
+        def folds(at, rs=rs, var=var, blocks=blocks):
+            return [f"{blocks[j][0]}[{at}] = {s.arg};" if j in blocks else
+                    f"fold_{s.state}({var}.s{j}, {s.arg}{', c' if s.state in INDEXED else ''});"
+                    for j, s in enumerate(rs)]
         loads = [v for v in held if key_of[v] in {d.key for d in g.closure(args, E, need, frozenset(kept_done))}]
         body.append(f"  // round {r}: fold {', '.join(vals[program.nodes[s.node].outputs[0]].name + ' (' + s.state + ')' for s in rs)}")
         if split > 1:     # one round: fold, publish, and the last block's per-column outputs
@@ -760,7 +794,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             continue
         fold = [f"  {var} = identity{r}();" if srow else f"  Round{r} {var} = identity{r}();",
                 *each_element(lambda ind, at, a=args, f=folds: element_body(
-                    g.closure(a, E, need, frozenset(kept_done)), ind, f, at), loads),
+                    g.closure(a, E, need, frozenset(kept_done)), ind, f(at), at), loads,
+                    blocks=list(blocks.values())),
                 f"  {var} = reduce{r}({var});"]
         kept_done.update(k for k in kept if k in {d.key for d in g.closure(args, E, need)})
         if srow:
