@@ -66,15 +66,17 @@ def batch_of(p: dict) -> int:
 
 
 def batched_pass(start: str, fills: list[Callable[[str], list[str]]], decls: list[str], body: list[str],
-                 batch: int) -> list[str]:
+                 batch: int, after: list[str] = ()) -> list[str]:
     """A thread's streamed pass over its share of a column: elements p = start, start + kStride, ...
     below kCols, kBatch at a time. `decls` declare the register arrays (indexed by u); `fills[j](p)`
     are the lines that load element p of input j into slot u (each guarded: a slot past the column
-    holds a zero nothing folds); `body` is one element's lines at p with its values in slot u."""
+    holds a zero nothing folds); `body` is one element's lines at p with its values in slot u;
+    `after`, lines once the batch's elements are done (a fold of the whole batch)."""
     if batch == 1:
         return ["  for (int p = " + start + "; active && p < kCols; p += kStride) {",
                 "    const int u = 0;", *[f"    {d}" for d in decls],
-                *[f"    {ln}" for f in fills for ln in f("p")], *[f"  {ln}" for ln in body], "  }"]
+                *[f"    {ln}" for f in fills for ln in f("p")], *[f"  {ln}" for ln in body],
+                *[f"    {ln}" for ln in after], "  }"]
     return ["  for (int pb = " + start + "; active && pb < kCols; pb += kStride * kBatch) {",
             *[f"    {d}" for d in decls],
             f"    // {batch} loads in flight before the first fold",
@@ -90,6 +92,7 @@ def batched_pass(start: str, fills: list[Callable[[str], list[str]]], decls: lis
             *[f"    {ln}" for ln in body],
             "      }",
             "    }",
+            *[f"    {ln}" for ln in after],
             "  }"]
 
 

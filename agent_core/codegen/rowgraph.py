@@ -185,10 +185,12 @@ def _name(node) -> str:
     return node.name if node.name == node.op else f"{node.name} ({node.op})"
 
 
-def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: bool = True) -> RowGraph:
+def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: bool = True,
+          computed: frozenset = frozenset()) -> RowGraph:
     """The row graph of a region whose reductions share their rows; CodegenError names what does not fit.
     With `hoist`, a max or min of a monotone chain folds the chain's input and applies the chain to
-    the row's result (codegen/monotone.py)."""
+    the row's result (codegen/monotone.py). `computed`: inputs a layout prologue computes per element
+    (read per element, never per row)."""
     vals, nodes = program.values, program.nodes
     reds = [n for n in io.nodes if not is_elementwise(nodes[n]) and not is_layout_op(nodes[n])]
     if not reds:
@@ -281,7 +283,7 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         """A per-row input's shape in the rows' own coordinates (`kept`), aligned as torch aligns it
         with what `reader` computes: rows kept as [.., 1, ..] (keepdim) or without the reduced dims."""
         out, shape = shp(reader.outputs[0]), shp(v.id)
-        if broadcasts_to(out, keep) and broadcasts_to(shape, keep):
+        if (broadcasts_to(out, keep) or out == full) and broadcasts_to(shape, keep):
             return tuple(s for d, s in enumerate(_aligned(shape, len(full))) if d not in dims)
         if broadcasts_to(out, kept) and broadcasts_to(shape, kept):
             return _aligned(shape, len(kept))
@@ -330,6 +332,11 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
                                    node_id=reader.id)
             return k
         n = math.prod(v.shape)
+        if space == E and n not in (1, numel) and vid not in computed and vid not in params and \
+                broadcasts_to(shp(vid), keep):
+            # the same along each row (a conv's per-channel bias before a spatial mean): read once per
+            # row, not at every element through a broadcast offset (an int64 divide per element)
+            return read(vid, R, reader)
         if space == R and n != 1 and (n != rows or _strip(shp(vid)) not in (_strip(keep), _strip(kept))):
             view = row_view(v, reader)           # every reader must align it with the rows the same way
             if g.row_views.setdefault(vid, view) != view:

@@ -126,7 +126,8 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True
     read = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in rest)]
     inner = RegionIO(rest, [*views.io.outputs, *read], list(io.outputs),
                      {v for n in rest for v in program.nodes[n].outputs})
-    g = _with_cats(program, _store_through(lower(program, inner, names, two_stage, hoist), stores, io), cats)
+    g = _with_cats(program, _store_through(lower(program, inner, names, two_stage, hoist,
+                                                 frozenset(views.io.outputs)), stores, io), cats)
     for (v, sp) in g.inputs:     # one per row is read at the row's index (labels reshaped to [N * L])
         if sp == R and v in views.scalar and (v in g.row_views or math.prod(vals[v].shape) not in (1, g.rows)):
             raise CodegenError(f"'{vals[v].name}' of the layout prologue is read per row but broadcast over "
@@ -569,14 +570,19 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     def each_element(body_fn, loads: list[str], pre_e=(), post_e=(), fresh: bool = False, blocks=()) -> list[str]:
         """A pass over this thread's elements of the row: from its registers (cached) or loaded again;
         `fresh`: a row held in registers whose `loads` are read here, kVec at a time; `blocks`: see
-        streamed (only a streamed row gets them)."""
+        streamed (only a streamed row or column gets them)."""
         ind = "        " if vec == 4 else "      "
         if column and not cached and split == 1:     # streamed column: kBatch loads in flight (column_tile.py)
             fills = [lambda q, v=v: [f"{regs[v]}[u] = {q} < kCols ? {ld.load(v, arg[v], flat(q))} : ({ct[v]})0;"]
                      for v in loads]
-            return column_tile.batched_pass("lane", fills, [f"{ct[v]} {regs[v]}[kBatch];" for v in loads],
+            decls = [f"{ct[v]} {regs[v]}[kBatch];" for v in loads]
+            for buf, _ in blocks:
+                decls += [f"float {buf}[kBatch];", "#pragma unroll",
+                          f"for (int k = 0; k < kBatch; ++k) {buf}[k] = -INFINITY;"]
+            return column_tile.batched_pass("lane", fills, decls,
                                             [*[f"      {ln}" for ln in pre_e], *body_fn(ind, "u"),
-                                             *[f"      {ln}" for ln in post_e]], sched["batch"])
+                                             *[f"      {ln}" for ln in post_e]], sched["batch"],
+                                            [fold for _, fold in blocks])
         if not cached:
             return streamed(body_fn, loads, pre_e, post_e, blocks)
         out = ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
@@ -599,7 +605,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         """A pass over a row streamed from memory: kUnroll loads of each input issued before any is
         used (one load in flight per thread leaves a block per row far below the memory's bandwidth).
         `blocks`: (buffer, fold) of each state folded a step at a time (fold_block_maxsumexp): the
-        body writes its elements to the buffer, -inf past the row."""
+        body writes its elements to the buffer, -inf past the row (a column: kBatch of them)."""
         lo, hi = ("lo + lane * kVec", "hi") if srow else ("lane * kVec", "kCols")   # a split row: its chunk
         out = [f"  for (int p0 = {lo}; active && p0 < {hi}; p0 += kUnroll * kStride) {{"]
         for buf, _ in blocks:
@@ -773,7 +779,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         args = [s.arg for s in rs]
         # a streamed row folds an online softmax a step of kUnroll x kVec elements at a time
         blocks = {j: names.new(f"{var}_x{j}") for j, s in enumerate(rs)
-                  if s.state == "maxsumexp" and not cached and not column}
+                  if s.state == "maxsumexp" and not cached and split == 1}
         blocks = {j: (buf, f"fold_block_maxsumexp({var}.s{j}, {buf});") for j, buf in blocks.items()}
 
         def folds(at, rs=rs, var=var, blocks=blocks):
