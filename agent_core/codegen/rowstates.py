@@ -96,10 +96,14 @@ def row_op(program: Program, nid: str, channel: str = GROUP_CHANNEL):
     if dims != list(range(dims[0], dims[0] + len(dims))):
         raise CodegenError(f"{node.name} ({op}) reduces dims {dims} of {list(x.shape)}, which are not "
                            f"neighbours; no kernel template reduces scattered dims", node_id=nid)
+    # a row holding +inf is NaN throughout in torch (exp(inf - inf) reaches the sum); an online state
+    # shifts such a row by 0 instead, so it says so itself
     if op == "softmax":
-        return "maxsumexp", "const float inv_sum = 1.0f / st.s;", "expf(xe - st.m) * inv_sum", True, dims, None
+        return ("maxsumexp", "const float inv_sum = st.m == INFINITY ? NAN : 1.0f / st.s;",
+                "expf(xe - st.m) * inv_sum", True, dims, None)
     if op == "log_softmax":
-        return "maxsumexp", "const float log_sum = logf(st.s);", "xe - st.m - log_sum", True, dims, None
+        return ("maxsumexp", "const float log_sum = st.m == INFINITY ? NAN : logf(st.s);", "xe - st.m - log_sum",
+                True, dims, None)
     if op == "layer_norm":
         eps = float_literal(a["eps"])
         expr = "(xe - st.mean) * rstd"
