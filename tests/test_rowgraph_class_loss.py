@@ -104,6 +104,31 @@ def test_a_lone_nll_loss_reads_one_element_per_row(shape, reduction, ignore):
     ks, outs, env = _emulated(p, [nid], _inputs(p, classes))
     assert ks.params["threads_per_row"] == 1 and ks.params["rounds"] == 0
     _assert_equal(outs, env)
+    # the memory floor: each row's label and one log-probability, the weight, the loss
+    v = p.values
+    rows = len(env[p.inputs[1]].flatten())
+    weight = v[p.nodes[nid].inputs[2]].nbytes
+    assert ks.bytes_moved == v[p.inputs[1]].nbytes + 4 * rows + weight + v[p.outputs[0]].nbytes
+
+
+def test_the_row_graphs_class_losses_compile_with_nvcc_without_a_warning_or_a_spill(tmp_path):
+    """A lone nll_loss (no row walked: no row base either) and a 1001-class cross entropy a warp holds
+    in registers (its lanes' slots past the row zeroed, or ptxas spills 16 B)."""
+    import subprocess
+
+    from agent_core.codegen.cuda import prune_unused
+    from tests.test_codegen_indexed import NVCC_FLAGS
+    p, nid = nll_program((4, 5, 3, 2), "none", weight=True)
+    q, qids = ce_program((8, 1001), "none", True, 2, 0.1)
+    for k, (prog, ids) in enumerate([(p, [nid]), (q, qids)]):
+        ks = generate_multi_reduction(prog, region_io(prog, ids), f"nvcc_{k}")
+        cu = tmp_path / f"k{k}.cu"
+        cu.write_text(prune_unused(ks.source))       # as generate_kernel hands it on
+        r = subprocess.run(["nvcc", *NVCC_FLAGS, "-Xptxas", "-v", str(cu), "-o", str(cu.with_suffix(".o"))],
+                           capture_output=True, text=True)
+        log = (r.stdout + r.stderr).strip()
+        assert r.returncode == 0 and "warning" not in log, log
+        assert " 0 bytes spill stores" in log, log
 
 
 @needs_gxx

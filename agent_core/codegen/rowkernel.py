@@ -30,6 +30,7 @@ import math
 import re
 
 from ..ir import Program
+from ..ops.registry import DTYPE_BYTES
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .last_block import publish_and_arrive, reset_counter
@@ -682,7 +683,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             "  const int lane = threadIdx.x % kThreadsPerRow;",
             "  const index_t row = (index_t)blockIdx.x * kRowsPerBlock + group;",
             "  const bool active = row < kRows;  // inactive lanes still join the all-reduces",
-            "  const index_t base = row * kCols;"] if not column else [
+            *(["  const index_t base = row * kCols;"] if steps or out_e or e_in else [])] if not column else [
             "  const index_t tile = blockIdx.x % kTilesPerOuter;",
             "  const index_t outer = blockIdx.x / kTilesPerOuter;",
             "  const index_t inner = tile * kTileX + threadIdx.x;",
@@ -700,7 +701,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                  "    if (active && p < kCols) {"]
         for v in held:
             body += [f"      {ln}" for ln in fill(v, "k")]
-        body += ["    }", "  }"]
+        # zeros past the row, which no pass reads: left unset, ptxas may spill the array (16 B, a
+        # 1001-class cross entropy held by a warp)
+        at = "k * kVec + e" if vec == 4 else "k"
+        body += ["    } else {", "#pragma unroll", "      for (int e = 0; e < kVec; ++e) {",
+                 *(f"        {regs[v]}[{at}] = ({ct[v]})0;" for v in held), "      }", "    }", "  }"]
     if kept:
         body.append("  // per-element values a later pass reads again, kept in registers")
         body += [f"  {g.defs[k].ctype} {a}[kItems * kVec];" for k, a in kept.items()]
@@ -978,7 +983,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
                                  math.ceil(g.cols / (n * 1024)) * max(1, len(front) or len(held)) <= ROW_THREAD_FLOATS]},
-        align=16 if 4 in (vec, vecx) else 4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
+        align=16 if 4 in (vec, vecx) else 4,
+        # an input read only at each row's label (a lone nll_loss's log-probabilities) moves one element a row
+        bytes_moved=sum(g.rows * DTYPE_BYTES[vals[v].dtype] if v in picked and v not in e_in else vals[v].nbytes
+                        for v in io.inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes),
         workspace=space.workspace() if srow else
         [("float32", columns * split * _fields_of_round1(steps)), ("int32", sched["grid"] // split)]
