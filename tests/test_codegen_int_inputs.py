@@ -113,7 +113,13 @@ def test_pointwise_kernel_matches_torch_exactly_on_the_host(dtype, host_dir):
     for v, t in got.items():
         w = want[v]
         assert t.dtype == w.dtype, (p.values[v].name, t.dtype, w.dtype)
-        assert torch.equal(t, w), (p.values[v].name, t.flatten()[:8], w.flatten()[:8])
+        if t.is_floating_point():
+            # a transcendental (exp) rounds as the host's libm does, torch's CPU kernels as their own
+            # vector code does (it differs between CPUs): within an ulp, not bit for bit
+            torch.testing.assert_close(t, w, rtol=2 ** -23, atol=0, equal_nan=True,
+                                       msg=lambda m, v=v: f"{p.values[v].name}: {m}")
+        else:
+            assert torch.equal(t, w), (p.values[v].name, t.flatten()[:8], w.flatten()[:8])
     # full-size operands travel 4 lanes per access in their own type (int64: two 16-byte halves)
     vec = {"int64": "vec4_i64", "int32": "int4", "uint8": "uchar4", "int8": "char4", "bool": "vec4_bool"}[dtype]
     assert f"reinterpret_cast<const {vec}*>" in ks.source
