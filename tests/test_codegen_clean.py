@@ -82,7 +82,7 @@ CASES = {
     "warp_softmax": row("softmax", [64, 512], {"dim": -1}),
     "warp_sum": row("sum", [64, 500], {"dim": [-1]}),
     "block_layer_norm": row("layer_norm", [16, 4096], {"normalized_shape": [4096]}),
-    "online_softmax": row("softmax", [8, 1 << 19], {"dim": -1}, {"split": 1}),   # longer than 8 CTAs hold
+    "stream_softmax": row("softmax", [8, 1 << 19], {"dim": -1}, {"split": 1}),   # longer than 8 CTAs hold
     "split_row_softmax": row("softmax", [8, 1 << 19], {"dim": -1}),   # few rows: chunks over the GPU
     "split_sum": row("sum", [4, 262144], {"dim": [-1]}),
     "column_sum": column,
@@ -92,7 +92,7 @@ CASES = {
     "library_epilogue": library_epilogue,
 }
 SCHEDULES = {"warp_softmax": "warp", "warp_sum": "warp", "block_layer_norm": "block",
-             "online_softmax": "online", "split_sum": "split", "split_row_softmax": "split_row"}
+             "stream_softmax": "stream", "split_sum": "split_row", "split_row_softmax": "split_row"}
 
 
 def unused_helpers(source: str) -> list[str]:

@@ -207,7 +207,7 @@ def test_refusals_name_the_value_and_the_dtype():
     m = q.add_input("mask", (8, 32), dtype="int64")
     s = q.add_node("max", [m.id], {"dim": [1]})
     q.mark_output(s.outputs[0])
-    with pytest.raises(CodegenError, match="reduces 'mask' of dtype int64; row reductions accumulate float32, "
+    with pytest.raises(CodegenError, match="reduces 'mask' of dtype int64; a row kernel accumulates float32, "
                                            "or int64 for a sum"):
         generate_kernel(q, [s.id], name="imax")
 

@@ -42,7 +42,7 @@ def stats(shape, dim=0):
 
 
 def column_sum(shape, dim=0):
-    """One sum over a non-last dim: a single-reduction region (rowreduce hands the split to rowkernel)."""
+    """One sum over a non-last dim: a single-reduction region (a split column)."""
     p = Program("column_sum")
     x = p.add_input("x", shape)
     n = p.add_node("sum", [x.id], {"dim": [dim]})
@@ -136,7 +136,7 @@ def test_long_or_few_rows_take_a_cluster_that_holds_the_row_in_registers(case, b
     (stats, (500, 300), "column"),                          # 600 KB: no split either
     (lambda s: row_op("softmax", s), (8192, 4096), "block"),  # many rows that one block holds
     (lambda s: row_op("softmax", s), (8, 1 << 19), "split_row"),  # rows longer than 8 CTAs hold, few
-    (lambda s: column_sum(s, 1), (64, 1 << 17), "split"),   # few long rows reduced away: rowreduce's split
+    (lambda s: column_sum(s, 1), (64, 1 << 17), "split_row"),   # few long rows reduced away
 ], ids=["many_tiles", "tiny", "tiny_columns", "many_rows", "too_long", "row_split"])
 def test_shapes_that_keep_their_schedule(builder, shape, schedule):
     _, ks = _kernel(builder, shape)

@@ -1,5 +1,5 @@
 """A row kernel whose prologue reads its rows through a transposing view stages them in shared memory
-(codegen/rowreduce.py `_staged`, layout_graph.ViewPrologue.transposed).
+(codegen/row_stage.py, layout_graph.ViewPrologue.transposed).
 
 ViT's token assembly, patches.flatten(2).transpose(1, 2) -> cat(class token) -> + pos -> layer_norm,
 reads element (token, channel) of the patches at channel * 196 + token: read row by row, each load
@@ -58,8 +58,8 @@ def test_the_vit_block_plans_into_one_staged_kernel_and_both_variants_compile(tm
     (r,) = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
     ks = generate_kernel(p, r.nodes, name="vit")
     assert ks.params["staged"] and ks.params["rows_per_block"] == 8
-    assert "kTileStride = 772" in ks.source and "out0_tile_at4(base + c0)" in ks.source
-    assert "reinterpret_cast<float4*>(out0 + base + c0)[0] = out0_o4;" in ks.source  # tokens as float4
+    assert "kTileStride = 772" in ks.source and "extern __shared__ float4 stage_smem[];" in ks.source
+    assert "reinterpret_cast<float4*>(out0 + base + p)[0] = float4{" in ks.source  # tokens as float4
     _compiles(ks)
     variants = tune_variants(ks.params)
     assert {"stage": False} in [{k: v for k, v in o.items() if k != "sm_count"} for o in variants]

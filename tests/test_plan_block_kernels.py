@@ -78,12 +78,14 @@ def test_qk_norm_writes_its_transpose_from_the_row_kernel(tmp_path):
         assert "reinterpret_cast<float4*>(" in ks.source
 
 
-def test_the_masked_softmax_reads_its_int64_mask_four_lanes_at_a_time(tmp_path):
+def test_the_masked_softmax_computes_its_masked_scores_once(tmp_path):
+    """The int64 mask's (1 - mask) * -10000 added to the scores: computed once into the registers the
+    row's passes read (the row graph's held prologue value), not again in each pass."""
     plan, program = _plan("masked_softmax_bert_base", tmp_path)
     (r,) = program.regions
     ks = generate_kernel(program, r.nodes, name=r.id)
-    assert "reinterpret_cast<const vec4_i64*>(attention_mask)" in ks.source
-    assert "const float4 add4 = add_at4(" in ks.source
+    assert "float add_held[kItems * kVec];" in ks.source
+    assert ks.source.count("attention_mask_at(") == 1
 
 
 def test_squeeze_excitation_sigmoid_joins_the_scale_not_the_convolution(tmp_path):

@@ -1,7 +1,7 @@
 """Class losses in the row graph (rowpick.py, rowgraph.row_total): nll_loss picks the label's element of
 each row as a per-row value, and its sum / mean are totals over every row, so cross entropy as its
 lowering writes it (log_softmax -> nll_loss, label smoothing's sums over the classes, class weights,
-ignore_index, masked labels) is one row-graph kernel. The step before class_loss.py is deleted
+ignore_index, masked labels) is one row-graph kernel. The class_loss.py template was deleted
 (issue #14's "migrate, then delete").
 
 CPU: generated, compiled with NVRTC for sm_90, and run on the CPU emulator (every thread of every
@@ -150,8 +150,8 @@ def test_labels_outside_the_classes_give_nan_and_read_nothing_out_of_bounds():
 
 @needs_gxx
 def test_log_probabilities_used_outside_are_written_beside_the_loss():
-    """class_loss.py never writes a value per logit and refuses; the row graph writes the
-    log-probabilities per element and the loss in the same kernel, so the dispatch hands it the region."""
+    """The log-probabilities returned beside the loss: the row graph writes them per element and the
+    loss in the same kernel."""
     p, ids = log_softmax_nll_program((8, 10), "none")
     logp = p.nodes[ids[0]].outputs[0]
     p.mark_output(logp)

@@ -161,12 +161,12 @@ def strided(shape, op="cumsum"):
                          ids=["held", "held_cumprod", "streamed", "inner_of_two_dims"])
 def test_a_scan_along_a_middle_dim_runs_down_the_columns_of_a_tile(shape, op):
     """Column tiles: 32 neighbouring positions per block, the thread rows take a chunk's elements in
-    order and scan them through shared memory; the lone cumsum stays scan.py's."""
+    order and scan them through shared memory; the lone cumsum is the row graph's as well."""
     p, ids = strided(shape, op)
     ks = generate_multi_reduction(p, region_io(p, ids), "strided")
     assert ks.params["schedule"] == "column"
     _emulated(p, ids, ks)
-    assert generate_kernel(p, [ids[1]], name="alone").kind == "scan"
+    assert generate_kernel(p, [ids[1]], name="alone").params["schedule"] == "column"
 
 
 def test_the_planner_groups_the_masked_and_the_reverse_scans_into_one_kernel():

@@ -23,9 +23,6 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6) -> list[dict]:
     elif ks.kind == "row_reduction":
         from ..codegen.row_tuning import tune_variants
         out += tune_variants(p, sm_count=sm_count)
-    elif ks.kind == "class_loss":
-        from ..codegen.class_loss import tune_variants as class_loss_variants
-        out += class_loss_variants(p)
     elif ks.kind == "attention":
         from ..codegen.attention import tune_variants as attention_variants
         out += attention_variants(p)     # the other precision form, key tiles, warps

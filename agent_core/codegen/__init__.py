@@ -75,19 +75,6 @@ def split_library(program: Program, io: RegionIO) -> tuple[list[str], list[str]]
     return [anchor.id], rest
 
 
-def _or_row_graph(template, program: Program, io: RegionIO, name: str, params: dict | None) -> KernelSource:
-    """A row template's kernel; what it refuses, the row graph may write (rowgraph.py). The template's
-    reason is the one reported when neither does."""
-    from .rowkernel import generate_multi_reduction
-    try:
-        return template(program, io, name, params)
-    except CodegenError as refused:
-        try:
-            return generate_multi_reduction(program, io, name, params)
-        except CodegenError:
-            raise refused from None
-
-
 def generate_kernel(program: Program, node_ids, *, name: str, kind: str | None = None,
                     params: dict | None = None) -> KernelSource:
     """Generate the kernel of the region made of node_ids; CodegenError says why if it cannot.
@@ -123,17 +110,14 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         return generate_conv(program, io, name, params)
     kind = _PLANNER_KINDS.get(kind, kind) if kind else None
     own = {OP_KINDS[program.nodes[n].op] for n in io.nodes if program.nodes[n].op in OP_KINDS}
-    # reductions and norms, with any layout ops before them read through views (rowreduce.py)
+    # reductions and norms, with any layout ops before them read through views (rowkernel.py)
     anchors = [n for n in io.nodes if not is_elementwise(program.nodes[n]) and not is_layout_op(program.nodes[n])]
     if _is_strided_slice(program, io) and not anchors:
         own.add("strided_slice")
     kind = (own.pop() if len(own) == 1 else None) or kind or region_kind(program, io)
-    if kind == "scan":
-        from .scan import generate_scan
-        return _or_row_graph(generate_scan, program, io, name, params)
-    if kind == "class_loss":
-        from .class_loss import generate_class_loss
-        return _or_row_graph(generate_class_loss, program, io, name, params)
+    if kind in ("scan", "class_loss"):       # running values along rows; a loss over class rows
+        from .rowkernel import generate_multi_reduction
+        return generate_multi_reduction(program, io, name, params)
     if kind == "strided_slice":
         from .layout import generate_strided_slice
         return generate_strided_slice(program, io, name, params)
@@ -146,15 +130,8 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         from .layout import generate_layout
         return generate_layout(program, io, name, params)
     if kind in ("row_reduction", "reduction", "normalization"):
-        from .rowkernel import generate_multi_reduction, wide_schedule
-        from .rowops import GRAPH_OPS
-        # several over the same rows, one only the row graph has (argmax, norm), or one whose rows /
-        # columns spread over several blocks
-        if len(anchors) > 1 or any(program.nodes[n].op in GRAPH_OPS for n in anchors) or \
-                wide_schedule(program, io, params):
-            return generate_multi_reduction(program, io, name, params)
-        from .rowreduce import generate_row_reduction
-        return _or_row_graph(generate_row_reduction, program, io, name, params)
+        from .rowkernel import generate_multi_reduction
+        return generate_multi_reduction(program, io, name, params)
     raise CodegenError(f"region {name}: no code generator for kind '{kind}' (have: {', '.join(KINDS)})")
 
 

@@ -26,7 +26,7 @@ the lambdas take the run's first index and return float4, loads and stores are 1
 
 The same lambdas are a row kernel's prologue (ViewPrologue, below): layout ops before a softmax or a
 norm (cat -> add -> layer_norm, embedding -> add -> layer_norm, permute -> softmax) are read through
-their views while rowreduce.py loads the row, and never go to memory between.
+their views while the row kernel (rowkernel.py) loads the row, and never go to memory between.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ rules (count_include_pad, divisor_override, ceil_mode's clipped last window). Ad
 worked out per output index with integer arithmetic, as torch does: along an axis of In inputs and
 Out outputs, output i pools [floor(i * In / Out), ceil((i + 1) * In / Out)), and the average divides
 by that window's size. Max pooling of either kind propagates NaN like torch. Global average pooling
-(adaptive_avg_pool down to one element per channel) is left to rowreduce, where it is a row mean.
+(adaptive_avg_pool down to one element per channel) is left to the row kernel, where it is a row mean.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ INT32_MAX = 2**31 - 1
 
 def pooled_here(program: Program, node) -> bool:
     """Whether generate_pooling is the generator for this node: any max/avg or adaptive pool except
-    adaptive_avg_pool down to one element per channel, which rowreduce generates as a row mean."""
+    adaptive_avg_pool down to one element per channel, which the row kernel generates as a row mean."""
     if node.op not in POOL_OPS:
         return False
     return not (node.op.startswith("adaptive_avg_pool") and global_pool(program, node))

@@ -1,6 +1,6 @@
 """Staged rows: a row kernel whose prologue reads its rows through a transposing view (ViT's
 patches.flatten(2).transpose(1, 2) before its layer_norm) computes the block's rows with the row index
-fastest into shared memory, then each warp reads its own row from there (rowreduce.py's warp-per-row
+fastest into shared memory, then each warp reads its own row from there (the warp-per-row
 schedule). Row by row such a read takes a 32-byte sector per element, each sector again for each of
 the 8 rows beside it; staged, neighbouring rows share each sector (tests/test_codegen_staged_rows.py
 counts them against the bytes-read-once floor).

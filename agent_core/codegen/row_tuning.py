@@ -1,6 +1,5 @@
-"""The row kernels' launch defaults and tuning variants, shared by the row graph's kernels
-(rowkernel.py) and rowreduce.py's template: the row limits the schedules are chosen by, and the
-variants the agent times besides the default (agent/tune.py's tune_space).
+"""The row kernels' launch defaults and tuning variants (rowkernel.py): the row limits the schedules
+are chosen by, and the variants the agent times besides the default (agent/tune.py's tune_space).
 """
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     a trial on). Warp / block: half and twice the threads per row while the row still fits in
     registers (fewer threads per row keep more loads in flight each; more free registers), with 16
     and 4 rows per block for the warp schedule in between, then a quarter and four times the threads.
-    Online / stream: more or fewer vectors in flight, half the threads. Split: twice or half the blocks per row. Cluster: twice
+    Stream: more or fewer vectors in flight, half the threads. Cluster: twice
     or half the CTAs per row while the row stays in registers, and no cluster (one block streaming the
     row). Split column: twice or half the blocks per column tile, and one block per tile. The row
     kernel's column tiles: other heights and loads in flight (column_tile.tune_variants)."""
@@ -51,14 +50,11 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
                      rows_per_block[1], {"threads_per_row": tpr // 4}, {"threads_per_row": tpr * 4}):
             if cand and ("threads_per_row" not in cand or fits(cand["threads_per_row"])):
                 out.append(cand)
-    elif schedule in ("online", "stream"):      # a streamed row: rowreduce's, the row graph's
+    elif schedule == "stream":
         # 8 vectors in flight spill in 64 registers unless they are scalars
         out += [{"unroll": 2}, {"threads_per_row": int(params.get("threads_per_row") or 1024) // 2}]
         if vec == 1:
             out.append({"unroll": 8})
-    elif schedule == "split":
-        s = int(params.get("split") or 2)
-        out += [{"split": c} for c in (s * 2, max(2, s // 2)) if c != s]
     elif schedule == "cluster":
         n = int(params["cluster"])
         out += [{"cluster": c} for c in (n * 2, n // 2) if c in params.get("cluster_fits", ())]

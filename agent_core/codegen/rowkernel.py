@@ -34,7 +34,7 @@ from ..ops.registry import DTYPE_BYTES
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .last_block import publish_and_arrive, reset_counter
-from .layout_graph import RELABEL_OPS, ViewPrologue, view_prologue_nodes
+from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
 from .pointwise import operand_views
 from .region_io import Operands, RegionIO
@@ -177,36 +177,6 @@ def _store_through(g: RowGraph, stores: dict, io: RegionIO) -> RowGraph:
     return g
 
 
-def wide_schedule(program: Program, io: RegionIO, params: dict | None = None) -> str | None:
-    """The schedule when a region with one reduction needs what only this kernel has: a cluster for
-    rows it writes per element (read once instead of twice; a row reduced away streams once in
-    rowreduce already), split columns, or stores through the views of layout ops after the reduction
-    (layout_store.py). None: rowreduce writes its kernel."""
-    p = {**DEFAULTS, **(params or {})}
-    try:
-        _, _, _, g, stores, sched = _scheduled(program, io, p)
-    except CodegenError:
-        return None
-    schedule = sched["schedule"]
-    per_element = any(g.defs[key].space == E for key in g.outputs.values())
-    wide = schedule == "split_column" or (schedule in ("cluster", "split_row") and per_element)
-    # per-row values relabelled on their way out (a pooled [N, C, 1, 1] squeezed to [N, C]): rowreduce
-    # stores them as they are
-    moved = [ov for ov in stores.values() if g.defs[g.outputs[ov.value]].space != R or not _relabels(program, ov)]
-    return schedule if wide or moved else None
-
-
-def _relabels(program: Program, ov) -> bool:
-    """Whether the output view is reshapes only (the same flat order as its source)."""
-    v = ov.value
-    while v != ov.source:
-        node = program.nodes[program.values[v].producer]
-        if node.op not in RELABEL_OPS or node.op == "expand":
-            return False
-        v = node.inputs[0]
-    return True
-
-
 def _names(program, io) -> tuple[Names, dict[str, str]]:
     """The kernel's namespace, its pointer arguments named first (after their values)."""
     names = Names()
@@ -293,7 +263,7 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         schedule, tpr = "stream", int(p["online_threads"]) // (2 if g.rows >= 2 * sms else 1)
     if g.scans and schedule != "warp":
         # each chunk of the row is scanned across its threads (shuffles, then shared memory): 256 threads
-        # keep that short and several blocks per SM (H200: 1024 threads ran 0.59x of scan.py's 256)
+        # keep that short and several blocks per SM (H200: 1024 threads ran 0.59x of 256)
         tpr = min(tpr, SCAN_THREADS)
     parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in NOT_FLOAT for s in g.steps), schedule == "stream") \
         if schedule != "warp" or p.get("split") else 1

@@ -10,7 +10,7 @@ more than a warp per row, the warps' totals through shared memory; along a middl
 tile's thread rows through shared memory), and a carry holds the scan of every earlier chunk. Nothing reads a running value in an earlier pass: a reduction of a scan is
 refused (split the region after the scan).
 
-Numerics as codegen/scan.py: accumulated in double, each output rounded to float32 once, so it is
+Numerics: accumulated in double, each output rounded to float32 once, so it is
 the correctly rounded running value whatever the order, as torch's CPU scan.
 """
 from __future__ import annotations

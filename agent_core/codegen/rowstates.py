@@ -1,4 +1,4 @@
-"""The reductions' op table, shared by every row kernel (rowgraph.py / rowkernel.py, rowreduce.py,
+"""The reductions' op table, shared by every row kernel (rowgraph.py / rowkernel.py,
 gemm_rows.py): the statistics states (C fields, identity, how one element is folded in, how two
 states combine: associative up to rounding, so any split of a row combines) and, per reduction or
 normalization op, its state, per-row preamble and output expression over the state's fields.
@@ -43,8 +43,8 @@ def global_pool(program: Program, node) -> bool:
     return all(d == 1 for d in program.values[node.outputs[0]].shape[-spatial:])
 
 
-# how rowreduce's (sample, group) rows index a channel parameter (kGroups, kChannelsPerGroup, kSpatial:
-# rowreduce._norm_constants); the row graph's frame reads it at the element's column instead
+# how (sample, group) rows index a channel parameter through kGroups, kChannelsPerGroup and kSpatial;
+# the row graph's frame reads it at the element's column instead ("[col]")
 GROUP_CHANNEL = "[(int)(row % kGroups) * kChannelsPerGroup + col / kSpatial]"
 
 

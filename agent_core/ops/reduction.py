@@ -129,7 +129,7 @@ def _scan_ref(fn):
     does on the CPU, so the reference is the correctly rounded scan on every device (torch on the GPU
     scans float32 in float32, in an order of its own). A consumer that amplifies the last bits of a
     running sum (exp of differences of cumsums, as Mamba2's chunked scan) then has one answer to
-    match; codegen/scan.py accumulates in double too."""
+    match; codegen/rowscan.py accumulates in double too."""
     def ref(t, a):
         x = t[0]
         if x.is_floating_point() and x.dtype != torch.float64:

@@ -1,5 +1,5 @@
 """On the GPU: argmax / argmin (int64 results), cumsum / cumprod and a lone nll_loss (int64 targets; a
-class-loss kernel, codegen/class_loss.py, that gathers one element per row) match the reference on 5
+row kernel that gathers one element per row, rowpick.py) match the reference on 5
 random draws (atol = rtol = 1e-4), and the index results equal torch's exactly on crafted inputs:
 repeated maxima and minima (the first index wins), NaNs (the first NaN wins), infinities and signed
 zeros; ignored and out-of-range targets.
@@ -115,7 +115,7 @@ def test_scan_nan_and_zero_propagate(shape, dim):
 def test_nll_loss(shape, reduction, weight, ignore_index):
     p, nid = nll_program(shape, reduction, weight, ignore_index)
     r = fused(p, [nid], f"nll_{reduction}")
-    assert r.kernel.kind == "class_loss" and r.kernel.params["walks_rows"] is False
+    assert r.kernel.kind == "row_reduction" and r.kernel.params["rounds"] == 0      # no row walked
 
 
 def test_nll_loss_ignored_and_out_of_range_targets():
