@@ -130,3 +130,16 @@ def test_a_split_columns_last_block_combines_with_every_thread_row(shape, split)
     ks = _emulated(p, ids, {"split": split})      # _emulate_region checks the counters are left zeroed
     assert ks.params["schedule"] == "split_column" and ks.params["split"] == split
     assert "for (int k = threadIdx.y; k < kSplit; k += kTileY)" in ks.source
+
+
+@pytest.mark.parametrize("rows,cols,schedule", [
+    (128, 32768, "cluster"),       # a 2-CTA cluster holds each row: no chunks (H200: 11.5 us, 4 chunks 13.8)
+    (128, 475200, "split_row"),    # too long for a cluster's registers: chunks over the GPU
+    (60, 32768, "split_row"),      # fewer rows than half the SMs: chunks
+    (200, 32768, "split_row"),     # more rows than SMs, fewer than 2 per SM, streamed: chunks
+])
+def test_rows_a_cluster_holds_split_only_below_half_the_sms(rows, cols, schedule):
+    p, ids = _reduce((rows, cols), "sum", -1)
+    ks = generate_multi_reduction(p, region_io(p, ids), "rows", {"sm_count": 132})
+    assert ks.params["schedule"] == schedule, ks.schedule
+    compile_kernel(ks, arch="sm_90")

@@ -265,7 +265,10 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         # each chunk of the row is scanned across its threads (shuffles, then shared memory): 256 threads
         # keep that short and several blocks per SM (H200: 1024 threads ran 0.59x of 256)
         tpr = min(tpr, SCAN_THREADS)
-    parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in NOT_FLOAT for s in g.steps), schedule == "stream") \
+    # a streamed row that a full cluster holds in registers (read once either way)
+    cluster_holds = not g.scans and math.ceil(cols / (int(p["cluster_max"]) * 1024)) * k <= int(p["cluster_thread_floats"])
+    parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in NOT_FLOAT for s in g.steps),
+                               schedule == "stream" and not (cluster_holds and g.rows < int(p["sm_count"]))) \
         if schedule != "warp" or p.get("split") else 1
     if parts > 1:     # few long rows: kSplit chunks per row over the whole GPU, in phases (rowsplit.py)
         tpr = int(p.get("threads_per_row") or rowsplit.SPLIT_ROW_THREADS)
