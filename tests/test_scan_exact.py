@@ -41,7 +41,7 @@ def emulate(ks, env, program):
                                         program.values[v].shape).copy()) for i, v in enumerate(ks.outputs)}
 
 
-# warp (float4 and scalar), block, column: the schedules of codegen/scan.py
+# warp (float4 and scalar), block, column: the row kernel's scan schedules
 SCHEDULES = [((40, 64), -1, "warp"), ((6, 333), 1, "warp"), ((3, 5000), 1, "block"), ((3, 40, 64), 1, "column")]
 
 
@@ -93,8 +93,8 @@ def test_chunked_scan_verifies_end_to_end_with_its_scan_kernels():
     for r in plan.active:
         if any(prog.nodes[nid].op == "cumsum" for nid in r.nodes):
             ks = generate_kernel(prog, r.nodes, name=f"ssd_{r.id}")
-            # scan.py's kernel for a lone cumsum, the row graph's for one with its neighbours fused
-            assert ks.kind == "scan" or (ks.kind == "row_reduction" and "_carry" in ks.source), ks.kind
+            # the row graph's scan, alone or with its neighbours fused
+            assert ks.kind == "row_reduction" and "_carry" in ks.source, ks.kind
             scans[r.id] = (r.nodes, ks)
     assert len(scans) >= 2, [prog.nodes[n].op for r in plan.active for n in r.nodes]
     inputs = example_inputs(2, 128, 8, 16, 4, seed=1)
@@ -115,8 +115,7 @@ def test_chunked_scan_verifies_end_to_end_with_its_scan_kernels():
 def _float_scan(ks):
     import copy
     k = copy.copy(ks)
-    k.source = ks.source.replace("typedef double acc_t;", "typedef float acc_t;") if ks.kind == "scan" else \
-        ks.source.replace("double ", "float ").replace("(double)", "(float)")
+    k.source = ks.source.replace("double ", "float ").replace("(double)", "(float)")
     assert k.source != ks.source
     return k
 

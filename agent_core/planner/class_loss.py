@@ -1,7 +1,7 @@
 """The class-loss chain as one group: log_softmax over the class dim, the nll_loss terms over the same
 rows, sums over those classes (label smoothing), pointwise ops on the rows' values and the sums over
-every row that reduce the loss. codegen/class_loss.py writes such a group as one kernel that reads each
-logit once; whether a given group generates stays codegen.can_lower's answer (fusion.backend_refusal).
+every row that reduce the loss. The row kernel (codegen/rowkernel.py) writes such a group as one kernel
+that reads each logit once; whether a given group generates stays codegen.can_lower's answer (fusion.backend_refusal).
 
 Without this rule the reductions of the chain look unrelated to the planner (different row keys,
 nll_loss(full_like(x), t) not reading the log_softmax), and the log-probabilities, the largest tensor
