@@ -115,9 +115,6 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if _is_strided_slice(program, io) and not anchors:
         own.add("strided_slice")
     kind = (own.pop() if len(own) == 1 else None) or kind or region_kind(program, io)
-    if kind in ("scan", "class_loss"):       # running values along rows; a loss over class rows
-        from .rowkernel import generate_multi_reduction
-        return generate_multi_reduction(program, io, name, params)
     if kind == "strided_slice":
         from .layout import generate_strided_slice
         return generate_strided_slice(program, io, name, params)
@@ -129,7 +126,7 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind == "layout" or (kind == "row_reduction" and not anchors and is_layout_graph(program, io)):
         from .layout import generate_layout
         return generate_layout(program, io, name, params)
-    if kind in ("row_reduction", "reduction", "normalization"):
+    if kind in ("row_reduction", "reduction", "normalization", "scan", "class_loss"):    # the row IR's
         from .rowkernel import generate_multi_reduction
         return generate_multi_reduction(program, io, name, params)
     raise CodegenError(f"region {name}: no code generator for kind '{kind}' (have: {', '.join(KINDS)})")

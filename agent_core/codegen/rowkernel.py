@@ -266,8 +266,7 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         # keep that short and several blocks per SM (H200: 1024 threads ran 0.59x of 256)
         tpr = min(tpr, SCAN_THREADS)
     # a streamed row that a full cluster holds in registers (read once either way)
-    cluster_holds = not g.scans and \
-        math.ceil(cols / (int(p["cluster_max"]) * 1024)) * k <= int(p["cluster_thread_floats"])
+    cluster_holds = not g.scans and _cluster_holds(cols, k, int(p["cluster_max"]), int(p["cluster_thread_floats"]))
     parts = rowsplit.row_split(g.rows, cols, k, p, any(s.state in NOT_FLOAT for s in g.steps),
                                schedule == "stream" and not (cluster_holds and g.rows < int(p["sm_count"]))) \
         if schedule != "warp" or p.get("split") else 1
@@ -334,8 +333,13 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -
     if few:
         n = max(n, _pow2(int(p["sm_count"]) / g.rows))
     n = min(n, int(p["cluster_max"]), _pow2(g.cols / (128 * 4)))   # each CTA keeps a float4 per thread
-    held = math.ceil(g.cols / (n * 1024)) * k <= int(p["cluster_thread_floats"])
-    return n if n > 1 and held else 1
+    return n if n > 1 and _cluster_holds(g.cols, k, n, int(p["cluster_thread_floats"])) else 1
+
+
+def _cluster_holds(cols: int, k: int, n: int, thread_floats: int) -> bool:
+    """Whether n CTAs of 1024 threads hold a row of `cols` x k full-size inputs, at most
+    `thread_floats` a thread."""
+    return math.ceil(cols / (n * 1024)) * k <= thread_floats
 
 
 def _state_code(kind: str) -> str:
@@ -356,8 +360,9 @@ def _state_code(kind: str) -> str:
 # A streamed pass folds its kUnroll x kVec elements of an online softmax at once: one max over them,
 # one rescale of the sum, one exp per element and no branch (the element-wise fold branches on every
 # new maximum and chains each exp behind the last compare; 32k-class cross entropy: 0.89x of the
-# deleted class-loss template, which folded this way, on the H100; 0.98x after, on the H200). A NaN element reaches the sum through its exp; an
-# infinite max shifts by 0 (no inf - inf); -inf elements (masked, or past the row) add exp(-inf) = 0.
+# deleted class-loss template, which folded this way, on the H100; 0.98x after, on the H200). A NaN
+# element reaches the sum through its exp; an infinite max shifts by 0 (no inf - inf); -inf elements
+# (masked, or past the row) add exp(-inf) = 0.
 MAXSUMEXP_BLOCK = """template <int N>
 __device__ __forceinline__ void fold_block_maxsumexp(St_maxsumexp& s, const float (&x)[N]) {
   float m = s.m;
@@ -550,10 +555,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         if column and not cached and split == 1:     # streamed column: kBatch loads in flight (column_tile.py)
             fills = [lambda q, v=v: [f"{regs[v]}[u] = {q} < kCols ? {ld.load(v, arg[v], flat(q))} : ({ct[v]})0;"]
                      for v in loads]
-            decls = [f"{ct[v]} {regs[v]}[kBatch];" for v in loads]
-            for buf, _ in blocks:
-                decls += [f"float {buf}[kBatch];", "#pragma unroll",
-                          f"for (int k = 0; k < kBatch; ++k) {buf}[k] = -INFINITY;"]
+            decls = [f"{ct[v]} {regs[v]}[kBatch];" for v in loads] + block_buffers(blocks, "kBatch")
             return column_tile.batched_pass("lane", fills, decls,
                                             [*[f"      {ln}" for ln in pre_e], *body_fn(ind, "u"),
                                              *[f"      {ln}" for ln in post_e]], sched["batch"],
@@ -576,6 +578,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         out += ["    }", "  }"]
         return out
 
+    def block_buffers(blocks, size: str, ind: str = "") -> list[str]:
+        """The buffer of each state a pass folds a step at a time, -inf where no element lands."""
+        return [ln for buf, _ in blocks for ln in (f"{ind}float {buf}[{size}];", "#pragma unroll",
+                                                   f"{ind}for (int k = 0; k < {size}; ++k) {buf}[k] = -INFINITY;")]
+
     def streamed(body_fn, loads, pre_e, post_e, blocks=()) -> list[str]:
         """A pass over a row streamed from memory: kUnroll loads of each input issued before any is
         used (one load in flight per thread leaves a block per row far below the memory's bandwidth).
@@ -583,9 +590,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         body writes its elements to the buffer, -inf past the row (a column: kBatch of them)."""
         lo, hi = ("lo + lane * kVec", "hi") if srow else ("lane * kVec", "kCols")   # a split row: its chunk
         out = [f"  for (int p0 = {lo}; active && p0 < {hi}; p0 += kUnroll * kStride) {{"]
-        for buf, _ in blocks:
-            out += [f"    float {buf}[kUnroll * kVec];", "#pragma unroll",
-                    f"    for (int k = 0; k < kUnroll * kVec; ++k) {buf}[k] = -INFINITY;"]
+        out += block_buffers(blocks, "kUnroll * kVec", "    ")
         for v in loads:
             out += [f"    {ct[v]} {regs[v]}[kUnroll * kVec];", "#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
                     "      const int p = p0 + u * kStride;"]
@@ -757,9 +762,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         var = g.round_vars[r]
         args = [s.arg for s in rs]
         # a streamed row folds an online softmax a step of kUnroll x kVec elements at a time
-        blocks = {j: names.new(f"{var}_x{j}") for j, s in enumerate(rs)
-                  if s.state == "maxsumexp" and not cached and split == 1}
-        blocks = {j: (buf, f"fold_block_maxsumexp({var}.s{j}, {buf});") for j, buf in blocks.items()}
+        blocks = {j: (buf, f"fold_block_maxsumexp({var}.s{j}, {buf});")
+                  for j, s in enumerate(rs) if s.state == "maxsumexp" and not cached and split == 1
+                  for buf in [names.new(f"{var}_x{j}")]}
 
         def folds(at, rs=rs, var=var, blocks=blocks):
             return [f"{blocks[j][0]}[{at}] = {s.arg};" if j in blocks else
@@ -956,7 +961,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
-                                 math.ceil(g.cols / (n * 1024)) * max(1, len(front) or len(held)) <= ROW_THREAD_FLOATS]},
+                                 _cluster_holds(g.cols, max(1, len(front) or len(held)), n, ROW_THREAD_FLOATS)]},
         align=16 if 4 in (vec, vecx) else 4,
         # an input read only at each row's label (a lone nll_loss's log-probabilities) moves one element a row
         bytes_moved=sum(g.rows * DTYPE_BYTES[vals[v].dtype] if v in picked and v not in e_in else vals[v].nbytes
