@@ -77,6 +77,18 @@ def stitched(op, attrs, shape, prologue=True, epilogue="tanh"):
     return p, ids
 
 
+def residual(shape, op, attrs):
+    """The residual stream: a = x + b feeds `op` and is returned beside it: (program, [add, op])."""
+    p = Program("residual")
+    x = p.add_input("x", shape)
+    b = p.add_input("b", shape[-1:])
+    a = p.add_node("add", [x.id, b.id])
+    n = p.add_node(op, [a.outputs[0]], attrs)
+    p.mark_output(n.outputs[0])
+    p.mark_output(a.outputs[0])
+    return p, [a.id, n.id]
+
+
 def pooled(op, attrs, shape):
     """relu -> pooling op -> tanh: the program and the region's node ids."""
     p = Program("pool")

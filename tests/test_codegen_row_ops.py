@@ -6,7 +6,7 @@ import pytest
 from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from tests.programs import stitched
+from tests.programs import residual, stitched
 
 ROW_OPS = [
     ("softmax", {"dim": -1}), ("log_softmax", {"dim": -1}), ("logsumexp", {"dim": [-1]}),
@@ -135,15 +135,9 @@ def test_prologue_value_used_outside_is_written_in_pass_one(shape, op, attrs):
     # two rows of 2^20 would take the split-row schedule (tests/test_codegen_split_rows.py covers its
     # outputs); here one block streams each
     params = {"split": 1} if shape == (2, 1 << 20) else None
-    p = Program("residual")
-    x = p.add_input("x", shape)
-    b = p.add_input("b", shape[-1:])
-    a = p.add_node("add", [x.id, b.id])
-    n = p.add_node(op, [a.outputs[0]], attrs)
-    p.mark_output(n.outputs[0])
-    p.mark_output(a.outputs[0])
-    ks = generate_kernel(p, [a.id, n.id], name="residual", params=params)
-    assert set(ks.outputs) == {a.outputs[0], n.outputs[0]} and ks.source.count("__global__") == 1
+    p, ids = residual(shape, op, attrs)
+    ks = generate_kernel(p, ids, name="residual", params=params)
+    assert set(ks.outputs) == set(p.outputs) and ks.source.count("__global__") == 1
     compile_kernel(ks, arch="sm_90")
 
 

@@ -13,7 +13,7 @@ from agent_core.reference import run_reference
 from agent_core.runtime import build_region
 from agent_core.runtime import region as region_mod
 from agent_core.runtime.launch import load_kernel
-from tests.programs import fused, pooled, stitched
+from tests.programs import fused, pooled, residual, stitched
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -258,14 +258,8 @@ def test_pooling(op, attrs, shape):
     ((4, 6, 35), "softmax", {"dim": 1}), ((4, 300, 35), "softmax", {"dim": 1}), ((2, 1 << 20), "sum", {"dim": [-1]}),
 ])
 def test_prologue_value_used_outside(shape, op, attrs):
-    p = Program("residual")
-    x = p.add_input("x", shape)
-    b = p.add_input("b", shape[-1:])
-    a = p.add_node("add", [x.id, b.id])
-    n = p.add_node(op, [a.outputs[0]], attrs)
-    p.mark_output(n.outputs[0])
-    p.mark_output(a.outputs[0])
-    fused(p, [a.id, n.id], "residual")
+    p, ids = residual(shape, op, attrs)
+    fused(p, ids, "residual")
 
 
 @pytest.mark.parametrize("op,attrs", [("relu", {}), ("relu6", {}), ("hardtanh", {}), ("clamp", {"min": -0.5, "max": 0.5}),
