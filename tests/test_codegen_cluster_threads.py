@@ -1,17 +1,17 @@
-"""The cluster-per-row schedule's threads per CTA as a tuner choice (codegen/rowkernel.py `_schedule`,
-row_tuning.tune_variants).
+"""The cluster-per-row schedule's threads per CTA (codegen/rowkernel.py `_schedule`, row_tuning.tune_variants).
 
 DistilBERT's distillation KL (2048 rows of 30522, student and teacher, 3 rounds) runs a cluster of
-4 CTAs of 1024 threads per row: 40 registers a thread, so one CTA fills an SM's 64K registers and its
-loads wait while it reduces (28% of the copy floor on the H200 at 9c9edc0). Half the threads hold
-twice the floats each; then two CTAs share an SM, one loading while the other reduces. The tuner
-times it beside the cluster sizes it already tried.
+4 CTAs per row. With 1024 threads a CTA (40 registers each) one CTA fills an SM's 64K registers and
+its loads wait while it reduces: 734 us on the H100. Rows that fill the SMs now take CTAs of 256
+threads, several per SM, one loading while another reduces: 366 us (a thread past
+cluster_thread_floats re-reads its share from L2 each round). The tuner times twice and half the CTAs
+and the threads a CTA beside it.
 
-CPU: planned through the CLI at the real size (no tensors), the variant keeps the row in registers,
-compiles without spills, and fits two CTAs per SM by ptxas's register count where the default fits
-one (the CPU emulator runs no clusters, so the numbers are checked on the GPU only).
-GPU (`-m gpu`, tests/gpu/test_gpu_cluster_threads.py): the variant against torch over 5 draws at the
-block's size and on ragged rows.
+CPU: planned through the CLI at the real size (no tensors), the default and its variants compile
+without spills, and the default fits several CTAs per SM by ptxas's register count where 1024
+threads fit one (the CPU emulator runs no clusters, so the numbers are checked on the GPU only).
+GPU (`-m gpu`, tests/gpu/test_gpu_cluster_threads.py): the variants against torch over 5 draws at
+the block's size and on ragged rows.
 """
 import json
 import os
@@ -51,16 +51,19 @@ def _ctas_per_sm(ks) -> int:
     return SM_REGISTERS // (c.registers * ks.block[0])
 
 
-def test_half_the_threads_per_cta_fit_two_ctas_per_sm_with_the_row_in_registers(kl_region):
+def test_rows_that_fill_the_sms_take_ctas_of_256_threads_several_per_sm(kl_region):
     p, nodes = kl_region
     ks = generate_kernel(p, nodes, name="kl")
-    assert ks.params["schedule"] == "cluster" and ks.params["threads_per_row"] == 1024
+    n = ks.params["cluster"]
+    assert ks.params["schedule"] == "cluster" and n > 1 and ks.block == (256, 1, 1)
     variants = [{k: v for k, v in o.items() if k != "sm_count"} for o in tune_variants(ks.params)]
-    assert {"cluster": ks.params["cluster"], "threads_per_row": 512} in variants
-    half = generate_kernel(p, nodes, name="kl", params={"threads_per_row": 512})
-    assert half.params["schedule"] == "cluster" and half.params["cluster"] == ks.params["cluster"]
-    assert half.params["cached"] and half.block == (512, 1, 1)   # still one read of the row
-    assert _ctas_per_sm(ks) == 1 and _ctas_per_sm(half) >= 2
+    assert variants[:2] == [{"cluster": 2 * n, "threads_per_row": 256}, {"cluster": n, "threads_per_row": 512}]
+    assert {"cluster": 1} in variants
+    full = generate_kernel(p, nodes, name="kl", params={"threads_per_row": 1024})
+    assert full.params["schedule"] == "cluster" and full.params["cluster"] == n and full.block == (1024, 1, 1)
+    assert _ctas_per_sm(full) == 1 and _ctas_per_sm(ks) >= 2
+    for v in variants[:2]:
+        assert _ctas_per_sm(generate_kernel(p, nodes, name="kl", params=v)) >= 2
 
 
 def test_a_tuner_threads_per_row_outside_the_cluster_rule_is_refused():

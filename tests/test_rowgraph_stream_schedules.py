@@ -97,11 +97,14 @@ def test_few_long_rows_still_spread_over_a_cluster():
 
 
 def test_long_rows_written_per_element_keep_their_cluster():
-    """A softmax of 20000 columns writes every element: streamed it reads the row twice, a cluster
-    holds it (one read)."""
+    """A softmax of 20000 columns writes every element: streamed it reads the row twice from memory, a
+    cluster once (its CTAs of 256 threads re-read their shares from L2; the tuner's 512 hold them)."""
     p, ids = _reduce((256, 20000), "softmax", 1)
     ks = generate_multi_reduction(p, region_io(p, ids), "rows", {"sm_count": 2, "spread_min_bytes": 0})
-    assert ks.params["schedule"] == "cluster" and ks.params["cached"]
+    assert ks.params["schedule"] == "cluster" and ks.block == (256, 1, 1)
+    held = generate_multi_reduction(p, region_io(p, ids), "rows",
+                                    {"sm_count": 2, "spread_min_bytes": 0, "threads_per_row": 512})
+    assert held.params["schedule"] == "cluster" and held.params["cached"]
 
 
 @needs_gxx

@@ -56,11 +56,15 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
         if vec == 1:
             out.append({"unroll": 8})
     elif schedule == "cluster":
-        n = int(params["cluster"])
-        out += [{"cluster": c} for c in (n * 2, n // 2) if c in params.get("cluster_fits", ())]
-        tpr = int(params.get("threads_per_row") or 0)
-        if tpr >= 256:      # two CTAs of half the threads per SM, each holding twice the row's floats
-            out.append({"cluster": n, "threads_per_row": tpr // 2})
+        # twice / half the CTAs, then twice / half the threads a CTA (H100, log_softmax over 1024 rows of
+        # 50257: 4 x 256 threads 260 us, 8 x 256 234, 4 x 512 232; KL divergence over 2 x 30522: 4 x 256
+        # 366, 8 x 256 482, 4 x 512 546), then no cluster (one block streaming the row)
+        n, tpr = int(params["cluster"]), int(params.get("threads_per_row") or 0)
+        fits = params.get("cluster_fits", ())
+        out += [{"cluster": c, "threads_per_row": tpr} for c in (n * 2,) if c in fits]
+        out += [{"cluster": n, "threads_per_row": t} for t in (tpr * 2,) if 128 <= t <= 1024]
+        out += [{"cluster": c, "threads_per_row": tpr} for c in (n // 2,) if c in fits]
+        out += [{"cluster": n, "threads_per_row": t} for t in (tpr // 2,) if 128 <= t <= 1024]
         out.append({"cluster": 1})
     elif schedule == "split_column":
         s = int(params["split"])

@@ -54,6 +54,7 @@ DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile
 # 8 CTAs is the portable cluster size; 16 needs the non-portable attribute set before each launch,
 # which the CuPy launch path cannot set, so clusters stop at 8
 CLUSTER_PORTABLE = 8
+CLUSTER_FULL_THREADS = 256   # threads of a cluster CTA when the rows fill the SMs
 ROW_THREAD_FLOATS = DEFAULTS["cluster_thread_floats"]
 SPLIT_MIN_ITEMS = 8         # reduced elements each thread of a split column folds, at least
 BLOCKS_PER_SM = 8           # 256-thread blocks an SM holds at once: the split column's target
@@ -282,7 +283,12 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
                 "split": 1, "row_split": parts, "chunk": chunk, "phases": phases}
     cluster = _cluster_size(g, p, k, schedule, streamed_reads)
     if cluster > 1:
-        tpr = min(1024, max(128, _pow2(cols * k / (cluster * 16))))
+        # rows that fill the SMs: CTAs of 256 threads, several per SM, so one CTA's loads overlap another's
+        # all-reduces and cluster barriers; past cluster_thread_floats a thread re-reads its share (from L2)
+        # each round (H100, 4 CTAs per row: KL divergence over 2048 rows of 2 x 30522, 1024 threads 734 us,
+        # 256 threads 366; log_softmax over 1024 rows of 50257, 391 -> 260 us). Fewer rows run in one wave:
+        # CTAs of up to 1024 threads holding ~16 floats each.
+        tpr = CLUSTER_FULL_THREADS if g.rows >= sms else min(1024, max(128, _pow2(cols * k / (cluster * 16))))
         if p.get("threads_per_row"):
             # a tuner's choice: half the threads hold twice the floats each, so two CTAs share an SM
             # (1024 threads of 40 registers leave room for one: its loads wait while it reduces)

@@ -1,5 +1,5 @@
-"""On the GPU: the cluster-per-row schedule with half the threads per CTA (the tuner's
-{"threads_per_row": tpr // 2}, tests/test_codegen_cluster_threads.py) against torch, 5 random draws at
+"""On the GPU: the cluster-per-row schedule's threads per CTA (256 by default where the rows fill the
+SMs, the tuner's 512 and 1024, tests/test_codegen_cluster_threads.py) against torch, 5 random draws at
 atol = rtol = 1e-4 (tests/programs.py `fused`): DistilBERT's distillation KL at its real size
 (2048 x 30522, planned through the CLI) and ragged rows of the same program shape.
 
@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("params", [None, {"threads_per_row": 512}], ids=["default", "half-threads"])
+@pytest.mark.parametrize("params", [None, {"threads_per_row": 512}, {"threads_per_row": 1024}],
+                         ids=["default", "512-threads", "1024-threads"])
 def test_gpu_kl_div_block_cluster_variants_match_torch(params, tmp_path):
     out = tmp_path / "kl.json"
     env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}
@@ -33,8 +34,7 @@ def test_gpu_kl_div_block_cluster_variants_match_torch(params, tmp_path):
     (r,) = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
     built = fused(p, r.nodes, "kl_cluster", params=params)
     assert built.kernel.params["schedule"] == "cluster"
-    if params:
-        assert built.kernel.block == (512, 1, 1)
+    assert built.kernel.block == ((params or {}).get("threads_per_row", 256), 1, 1)
 
 
 # (shape, CTAs per row, threads per CTA, row held in registers): ragged rows, rows not a multiple of 4
