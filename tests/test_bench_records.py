@@ -172,3 +172,18 @@ def test_phase_is_a_no_op_without_a_clock_and_names_are_checked():
     with clock.running(), pytest.raises(ValueError, match="unknown phase 'verfy'"):
         with phase("verfy"):
             pass
+
+
+def test_a_gpu_record_holds_the_spread_of_its_trials_and_each_fused_regions_time():
+    """A GPU run's record keeps the fastest and slowest end-to-end trial and each fused region's own
+    time, so a disturbed end-to-end figure shows against the regions it is made of."""
+    from types import SimpleNamespace as NS
+
+    from agent_core.commands.bench import record_from_result
+    outcomes = [NS(region="r1", status="fused", fused_ms=0.032, reason="", source_path="r1.cu"),
+                NS(region="r2", status="fallback", fused_ms=None, reason="slower", source_path=None)]
+    e2e = {"ms": 0.0795, "correct": True, "timing": {"median_ms": 0.0795, "min_ms": 0.031, "max_ms": 0.09}}
+    result = NS(profile={"end_to_end": e2e}, outcomes=outcomes, gpu=True, program=None, writer=None)
+    rec = record_from_result("layernorm.py", result, 1.0)
+    assert rec["ours_ms"] == 0.0795 and rec["ours_spread_ms"] == [0.031, 0.09]
+    assert rec["region_ms"] == {"r1": 0.032}

@@ -127,6 +127,11 @@ def record_from_result(path: str, result, seconds: float) -> dict:
     rec = {"problem": problem_name(path), "file": path, "ok": True, "gpu": result.gpu,
            "correct": e2e.get("correct") if result.gpu else None,
            "ours_ms": e2e.get("ms"), "floor_ms": e2e.get("floor_ms"), "achieved_gbs": e2e.get("achieved_gbs"),
+           # the spread of the end-to-end trials and each fused region's own time: a run whose end-to-end
+           # time is far above its regions' sum was disturbed (layernorm_residual_bert_base read 79.5 us
+           # under --jobs 8 on the H100 and 31.8 us alone)
+           "ours_spread_ms": [(e2e.get("timing") or {}).get(k) for k in ("min_ms", "max_ms")],
+           "region_ms": {o.region: o.fused_ms for o in result.outcomes if o.status == "fused" and o.fused_ms},
            "pct_of_floor": e2e.get("pct_of_floor"),
            "kernels": sum(1 for o in result.outcomes if o.status == "fused"),
            "launches": e2e.get("launches"), "cuda_graph": e2e.get("cuda_graph"), "regions": counts,
