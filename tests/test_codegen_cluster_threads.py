@@ -64,6 +64,12 @@ def test_rows_that_fill_the_sms_take_ctas_of_256_threads_several_per_sm(kl_regio
     assert _ctas_per_sm(full) == 1 and _ctas_per_sm(ks) >= 2
     for v in variants[:2]:
         assert _ctas_per_sm(generate_kernel(p, nodes, name="kl", params=v)) >= 2
+    # rows of 30522 take scalar loads: the stream also with 1024 threads of 8 loads in flight each
+    assert ks.params["vector_width"] == 1 and variants[-1] == {"cluster": 1, "threads_per_row": 1024, "unroll": 8}
+    stream = generate_kernel(p, nodes, name="kl", params=variants[-1])
+    # (8 loads in flight over its two inputs: 4 each)
+    assert stream.params["schedule"] == "stream" and stream.block == (1024, 1, 1) and stream.params["unroll"] == 4
+    assert _ctas_per_sm(stream) == 1
 
 
 def test_a_tuner_threads_per_row_outside_the_cluster_rule_is_refused():

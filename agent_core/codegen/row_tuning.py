@@ -27,9 +27,9 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     a trial on). Warp / block: half and twice the threads per row while the row still fits in
     registers (fewer threads per row keep more loads in flight each; more free registers), with 16
     and 4 rows per block for the warp schedule in between, then a quarter and four times the threads.
-    Stream: more or fewer vectors in flight, half the threads. Cluster: twice
-    or half the CTAs per row while the row stays in registers, and no cluster (one block streaming the
-    row). Split column: twice or half the blocks per column tile, and one block per tile. The row
+    Stream: more or fewer vectors in flight, half the threads. Cluster: twice or half the CTAs per row
+    while the row stays in registers, twice or half the threads a CTA, and no cluster (one block
+    streaming the row; for scalar loads also 1024 threads with 8 in flight). Split column: twice or half the blocks per column tile, and one block per tile. The row
     kernel's column tiles: other heights and loads in flight (column_tile.tune_variants)."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
@@ -58,7 +58,9 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     elif schedule == "cluster":
         # twice / half the CTAs, then twice / half the threads a CTA (H100, log_softmax over 1024 rows of
         # 50257: 4 x 256 threads 260 us, 8 x 256 234, 4 x 512 232; KL divergence over 2 x 30522: 4 x 256
-        # 366, 8 x 256 482, 4 x 512 546), then no cluster (one block streaming the row)
+        # 366, 8 x 256 482, 4 x 512 546), then no cluster (one block streaming the row); a row of scalar
+        # loads streams best with 1024 threads and 8 loads in flight each (the log_softmax above: 211 us,
+        # 291 with the stream's default 512 threads and 4)
         n, tpr = int(params["cluster"]), int(params.get("threads_per_row") or 0)
         fits = params.get("cluster_fits", ())
         out += [{"cluster": c, "threads_per_row": tpr} for c in (n * 2,) if c in fits]
@@ -66,6 +68,8 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
         out += [{"cluster": c, "threads_per_row": tpr} for c in (n // 2,) if c in fits]
         out += [{"cluster": n, "threads_per_row": t} for t in (tpr // 2,) if 128 <= t <= 1024]
         out.append({"cluster": 1})
+        if vec == 1:
+            out.append({"cluster": 1, "threads_per_row": 1024, "unroll": 8})
     elif schedule == "split_column":
         s = int(params["split"])
         out += [{"split": c} for c in (s * 2, s // 2) if c >= 2] + [{"split": 1}]
