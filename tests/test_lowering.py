@@ -247,3 +247,48 @@ def test_optimize_keeps_large_attention_for_torch_but_the_export_writes_it_out()
     assert not rewrite_program(small, rules=[lower_loss], check=False).fired   # our fused kernel takes it
     narrow = _sdpa_program((1, 8, 128, 8), (1, 8, 128, 8), (1, 8, 128, 8), None, {"is_causal": True})
     assert rewrite_program(narrow, rules=[lower_loss], check=False).rules_fired == {"lower_attention": 1}
+
+
+# (transpose op and its attrs, reduction, weight, ignore_index): CLIP's loss over the columns, logits.t()
+TRANSPOSED_CE = [("permute", {"dims": [1, 0]}, r, w, ii) for r in ("none", "sum", "mean")
+                 for w in (False, True) for ii in (-100, 2)] + [
+    ("transpose", {"dim0": 0, "dim1": 1}, "mean", False, -100),
+    ("transpose", {"dim0": -1, "dim1": -2}, "sum", True, 1),
+]
+
+
+@pytest.mark.parametrize("op,attrs,reduction,weight,ii", TRANSPOSED_CE, ids=lambda x: str(x).replace(" ", ""))
+def test_cross_entropy_of_transposed_logits_reads_them_down_the_columns(op, attrs, reduction, weight, ii):
+    """cross_entropy(y.t(), t) of y [C, N] becomes the K-dimensional form over y [1, C, N]: no
+    transpose left before the softmax (read row by row, y.t() takes a 32-byte sector per element), and
+    the same result as torch's on draws with ignored samples."""
+    classes, samples = 5, 7
+    p = Program("ce_t")
+    y = p.add_input("y", (classes, samples)).id
+    t = p.add_input("t", (samples,), "int64", init={"kind": "randint", "low": 0, "high": classes}).id
+    x = p.add_node(op, [y], dict(attrs)).outputs[0]
+    ins = [x, t] + ([p.add_input("w", (classes,), init={"kind": "positive"}).id] if weight else [])
+    p.mark_output(p.add_node("cross_entropy", ins, {"reduction": reduction, "ignore_index": ii,
+                                                    "label_smoothing": 0.0}).outputs[0])
+    lowered = _lowered(p)
+    soft = [n for n in lowered.nodes.values() if n.op == "log_softmax"]
+    assert len(soft) == 1 and tuple(lowered.values[soft[0].inputs[0]].shape) == (1, classes, samples)
+    assert soft[0].attrs["dim"] == 1 and lowered.producer(soft[0].inputs[0]).op == "reshape"
+    assert lowered.producer(lowered.producer(soft[0].inputs[0]).inputs[0]) is None     # y itself, no transpose
+    for seed in range(3):
+        drawn = random_inputs(p, seed)
+        drawn["t"][:2] = ii
+        _assert_same_result(p, lowered, drawn, equal_nan=True)
+
+
+def test_cross_entropy_of_logits_transposed_within_a_batch_keeps_its_plain_form():
+    """Only the 2-D y.t() has a column form; a [B, N, C] permute keeps the class-dim lowering."""
+    p = Program("ce_b")
+    y = p.add_input("y", (3, 5, 4)).id
+    t = p.add_input("t", (3, 4), "int64", init={"kind": "randint", "low": 0, "high": 5}).id
+    x = p.add_node("permute", [y], {"dims": [0, 1, 2]}).outputs[0]
+    p.mark_output(p.add_node("cross_entropy", [x, t], {"reduction": "mean", "ignore_index": -100,
+                                                       "label_smoothing": 0.0}).outputs[0])
+    lowered = _lowered(p)
+    soft = next(n for n in lowered.nodes.values() if n.op == "log_softmax")
+    assert soft.inputs[0] == x

@@ -172,6 +172,21 @@ def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
         wv = w if rank <= 2 else _add(p, "reshape", [w], shape=[classes] + [1] * (rank - 2))
         return _add(p, "mul", [v, wv])
 
+    cols = _transposed_logits(program, x) if rank == 2 and not probs and eps == 0 else None
+    if cols is not None:
+        # logits y.t() of y [C, N]: the classes of sample j are y's column j. Read as y [1, C, N] with
+        # targets [1, N] it is the K-dimensional form: a softmax down each column, contiguous across
+        # the columns (a row of y.t() reads one float every C: a 32-byte sector per element)
+        def build(p):
+            y3 = _add(p, "reshape", [cols], shape=[1, classes, shape[0]])
+            t2 = _add(p, "reshape", [t], shape=[1, shape[0]])
+            loss = _add(p, "nll_loss", [_add(p, "log_softmax", [y3], dim=1), t2] + ([w] if w is not None else []),
+                        reduction=reduction, ignore_index=ii)
+            return {out: _add(p, "reshape", [loss], shape=[shape[0]]) if reduction == "none" else loss}
+        return Rewrite("lower_loss", f"{n.name} (cross_entropy) of transposed logits written out as a "
+                       f"log_softmax down the {shape[0]} columns of {vals[cols].name} ({classes} classes) and "
+                       "nll_loss, so the softmax reads the logits contiguously in a generated kernel.", build, nid)
+
     def build(p):
         logp = _add(p, "log_softmax", [x], dim=cd)
         ws = [w] if w is not None else []
@@ -209,6 +224,18 @@ def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
             what += f", plus the label-smoothing term (eps {eps:g}) over the classes"
     return Rewrite("lower_loss", f"{n.name} (cross_entropy) written out as {what}, so the softmax fuses "
                    "into a generated kernel instead of running through torch.", build, nid)
+
+
+def _transposed_logits(program: Program, x: str) -> str | None:
+    """y where the 2-D logits x are y with its two dims swapped (permute [1, 0], transpose, .t())."""
+    src = program.producer(x)
+    if src is None or len(program.values[x].shape) != 2:
+        return None
+    swaps = (src.op == "permute" and list(src.attrs.get("dims", ())) in ([1, 0], [-1, -2], [1, -2], [-1, 0])) or \
+        (src.op == "transpose" and {src.attrs.get("dim0", 0) % 2, src.attrs.get("dim1", 1) % 2} == {0, 1}) or \
+        src.op in ("t", "numpy_T")
+    y = src.inputs[0] if swaps and src.inputs else None
+    return y if y is not None and len(program.values[y].shape) == 2 and program.values[y].dtype == "float32" else None
 
 
 def lower_bce_with_logits(program: Program, nid: str) -> Rewrite | None:
