@@ -209,3 +209,42 @@ def test_the_dino_block_emulated_end_to_end_matches_torch(tmp_path):
         want = torch.softmax((x - x.mean(0, keepdim=True)) / (x.std(0, keepdim=True) + 1e-5) / 0.04, dim=-1)
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert kernels[0].params["schedule"] == "column" and kernels[0].params["cached"]
+
+
+def column_loss(classes, samples):
+    """Cross entropy down the columns of y [C, N] (CLIP's loss over logits.t(), as lowered): the
+    log_softmax of y viewed [1, C, N] over dim 1, and nll_loss against [1, N] targets (mean)."""
+    p = Program("column_loss")
+    y = p.add_input("y", (classes, samples))
+    t = p.add_input("t", (samples,), "int64", init={"kind": "randint", "low": 0, "high": classes})
+    y3 = p.add_node("reshape", [y.id], {"shape": [1, classes, samples]})
+    t2 = p.add_node("reshape", [t.id], {"shape": [1, samples]})
+    ls = p.add_node("log_softmax", [y3.outputs[0]], {"dim": 1})
+    nl = p.add_node("nll_loss", [ls.outputs[0], t2.outputs[0]], {"reduction": "mean", "ignore_index": -100})
+    p.mark_output(nl.outputs[0])
+    return p, [y3.id, t2.id, ls.id, nl.id]
+
+
+@needs_gxx
+def test_a_streamed_column_with_fewer_tiles_than_sms_takes_32_thread_rows():
+    """4096 columns of 4096 classes are 128 tiles of 32 columns on 132 SMs: one block per SM, so 8
+    thread rows would leave 8 warps of loads in flight per SM. Past spread_min_bytes the tile takes 32
+    rows (1024 threads); a tuner's tile_y and small regions keep theirs. Emulated, it equals torch."""
+    from types import SimpleNamespace
+    p, ids = column_loss(4096, 4096)
+    ks = generate_kernel(p, ids, name="cl")
+    assert ks.params["schedule"] == "column" and ks.params["tile_y"] == 32 and ks.block == (32, 32, 1)
+    assert ks.grid == (128, 1, 1)
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0 and c.stack_bytes == 0, c.summary()
+    assert {"tile_y": 8} in [{k: v for k, v in o.items() if k != "sm_count"} for o in tune_space(ks)]
+    assert generate_kernel(p, ids, name="cl", params={"tile_y": 8}).params["tile_y"] == 8
+    small, sids = column_loss(96, 64)
+    assert generate_kernel(small, sids, name="cl").params["tile_y"] == 8      # 24 KB: the launch dominates
+    g = torch.Generator().manual_seed(1)
+    ins = [torch.randn(96, 64, generator=g) * 3, torch.randint(0, 96, (64,), generator=g)]
+    env = run_reference(small, ins, keep=True)
+    ks, outs = _emulate_region(small, SimpleNamespace(id="cl", nodes=sids), env, {"spread_min_bytes": 0})
+    assert ks.params["tile_y"] == 32 and ks.block == (32, 32, 1)
+    (v, got), = outs.items()
+    torch.testing.assert_close(got, env[v], atol=1e-5, rtol=1e-5)

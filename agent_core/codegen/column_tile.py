@@ -99,7 +99,7 @@ def batched_pass(start: str, fills: list[Callable[[str], list[str]]], decls: lis
 def tune_variants(params: dict) -> list[dict]:
     """A column tile's alternatives: for a held column the other heights that still hold it (and
     the 8-row tile that streams it); for a streamed one twice and half the loads in flight, and a
-    taller tile (fewer elements per thread, more warps)."""
+    taller tile (fewer elements per thread, more warps), or the 8-row tile where it is already 32."""
     ty, cols = int(params.get("tile_y") or TILE_Y), int(params.get("cols") or 0)
     batch = int(params.get("column_batch") or 4)
     out: list[dict] = []
@@ -111,4 +111,6 @@ def tune_variants(params: dict) -> list[dict]:
         out += [{"column_batch": b} for b in (batch * 2, batch // 2) if 1 <= b <= MAX_BATCH]
         if ty * 2 <= 32 and ty * 2 <= cols:
             out.append({"tile_y": ty * 2})
+        elif ty > TILE_Y:        # the tall tile of few tiles (rowkernel._tall_tiles): also the default's 8
+            out.append({"tile_y": TILE_Y})
     return out

@@ -238,7 +238,7 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         # column, and no per-column operands (a thread folds kVecX neighbouring columns at once)
         if alone or rounds != 1 or per_element or g.totals or any(sp == R for (_, sp) in g.inputs) or gathered(g) or \
                 any(s.state in NOT_FLOAT for s in g.steps):      # the workspace holds floats
-            return column
+            return column if alone or per_element else _tall_tiles(column, g, p, k, sms)
         if not p.get("split") and g.rows * cols * k * 4 < int(p["spread_min_bytes"]):
             return column          # launch-bound: a workspace round trip would only add latency
         vecx = 4 if g.inner % 4 == 0 and int(p["vector_width"]) == 4 else 1
@@ -312,6 +312,20 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
     return {"schedule": schedule, "vec": vec, "tpr": tpr, "rows_per_block": rows_per_block, "block": block,
             "items": items, "cached": cached, "grid": math.ceil(g.rows / rows_per_block), "split": 1,
             "hold_limit": int(p["lane_max_floats"])}
+
+
+def _tall_tiles(column: dict, g: RowGraph, p: dict, k: int, sms: int) -> dict:
+    """A streamed column schedule whose tiles are fewer than the SMs (one block per SM) takes tiles of
+    32 thread rows: at 8 rows an SM has 8 warps of kBatch 128-byte loads, 4 KB in flight, an eighth of
+    what the bandwidth needs at its latency (CLIP's loss down 4096 columns of 4096: 128 tiles). Not where
+    the tuner chose the height, nor below spread_min_bytes (the launch dominates)."""
+    ty = min(1024 // column_tile.TILE_X, 1 << int(math.log2(max(1, g.cols))))
+    if p.get("tile_y") is not None or column["grid"] >= sms or ty <= column["tile_y"] or \
+            g.rows * g.cols * k * 4 < int(p["spread_min_bytes"]):
+        return column
+    items = math.ceil(g.cols / ty)
+    return {**column, "tpr": ty, "block": column["tile_x"] * ty, "items": items, "tile_y": ty,
+            "cached": items * k <= int(p["column_max_items"])}
 
 
 def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -> int:
