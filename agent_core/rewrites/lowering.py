@@ -227,13 +227,13 @@ def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
 
 
 def _transposed_logits(program: Program, x: str) -> str | None:
-    """y where the 2-D logits x are y with its two dims swapped (permute [1, 0], transpose, .t())."""
+    """y where the 2-D logits x are y with its two dims swapped (permute [1, 0], transpose; .t() imports
+    as the permute)."""
     src = program.producer(x)
     if src is None or len(program.values[x].shape) != 2:
         return None
-    swaps = (src.op == "permute" and list(src.attrs.get("dims", ())) in ([1, 0], [-1, -2], [1, -2], [-1, 0])) or \
-        (src.op == "transpose" and {src.attrs.get("dim0", 0) % 2, src.attrs.get("dim1", 1) % 2} == {0, 1}) or \
-        src.op in ("t", "numpy_T")
+    swaps = (src.op == "permute" and [d % 2 for d in src.attrs.get("dims", ())] == [1, 0]) or \
+        (src.op == "transpose" and {src.attrs.get("dim0", 0) % 2, src.attrs.get("dim1", 1) % 2} == {0, 1})
     y = src.inputs[0] if swaps and src.inputs else None
     return y if y is not None and len(program.values[y].shape) == 2 and program.values[y].dtype == "float32" else None
 
