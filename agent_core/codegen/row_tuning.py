@@ -29,8 +29,9 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     and 4 rows per block for the warp schedule in between, then a quarter and four times the threads.
     Stream: more or fewer vectors in flight, half the threads. Cluster: twice or half the CTAs per row
     while the row stays in registers, twice or half the threads a CTA, and no cluster (one block
-    streaming the row; for scalar loads also 1024 threads with 8 in flight). Split column: twice or half the blocks per column tile, and one block per tile. The row
-    kernel's column tiles: other heights and loads in flight (column_tile.tune_variants)."""
+    streaming the row; for scalar loads also 1024 threads with 8 in flight). Split column: twice or
+    half the blocks per column tile, and one block per tile. The row kernel's column tiles: other
+    heights and loads in flight (column_tile.tune_variants)."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
     if params.get("staged"):
