@@ -290,8 +290,8 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         # CTAs of up to 1024 threads holding ~16 floats each.
         tpr = CLUSTER_FULL_THREADS if g.rows >= sms else min(1024, max(128, _pow2(cols * k / (cluster * 16))))
         if p.get("threads_per_row"):
-            # a tuner's choice (twice or half the rule's): fewer threads hold more floats each, more
-            # CTAs share an SM (1024 threads of 40 registers leave room for one: its loads wait while it reduces)
+            # a tuner's choice (twice or half the rule's): fewer threads hold more floats each, more CTAs
+            # share an SM (1024 threads of 40 registers leave room for one: its loads wait while it reduces)
             tpr = int(p["threads_per_row"])
             if tpr & (tpr - 1) or not 128 <= tpr <= 1024:
                 raise CodegenError(f"threads_per_row of a cluster row must be a power of two from 128 to 1024, got {tpr}")
