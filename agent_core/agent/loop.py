@@ -190,25 +190,29 @@ class _Agent:
         return str(path.relative_to(self.out_dir))
 
     def _region_tensors(self, ks, io_inputs):
-        """Random GPU inputs of a region for timing (values do not change a kernel's time)."""
+        """Random GPU inputs of a region for timing (values do not change a kernel's time). Drawing them
+        is GPU work: never during another problem's measurement (bench --jobs)."""
         import torch
+        from ..profile.timing import gpu_work
         from ..reference import parameter_tensors
         dev = TENSOR_DEVICE
-        params = parameter_tensors(self.program, dev) if not hasattr(self, "_params") else self._params
-        self._params = params
-        gen = torch.Generator(device=dev).manual_seed(0)
-        ins = []
-        for v in io_inputs:
-            if v in params:
-                ins.append(params[v])
-                continue
-            val = self.program.values[v]
-            if val.dtype == "bool":
-                ins.append(torch.rand(tuple(val.shape), device=dev, generator=gen) < 0.5)
-            elif val.dtype.startswith("int"):
-                ins.append(torch.zeros(tuple(val.shape), dtype=getattr(torch, val.dtype), device=dev))
-            else:
-                ins.append(torch.randn(tuple(val.shape), device=dev, generator=gen, dtype=getattr(torch, val.dtype)))
+        with gpu_work():
+            params = parameter_tensors(self.program, dev) if not hasattr(self, "_params") else self._params
+            self._params = params
+            gen = torch.Generator(device=dev).manual_seed(0)
+            ins = []
+            for v in io_inputs:
+                if v in params:
+                    ins.append(params[v])
+                    continue
+                val = self.program.values[v]
+                shape, dtype = tuple(val.shape), getattr(torch, val.dtype)
+                if val.dtype == "bool":
+                    ins.append(torch.rand(shape, device=dev, generator=gen) < 0.5)
+                elif val.dtype.startswith("int"):
+                    ins.append(torch.zeros(shape, dtype=dtype, device=dev))
+                else:
+                    ins.append(torch.randn(shape, device=dev, generator=gen, dtype=dtype))
         return ins
 
     def _runner(self, r, ks, loaded):

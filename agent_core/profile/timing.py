@@ -21,6 +21,7 @@ class Timing:
     max_ms: float
     trials: int
     samples: list[float] = field(default_factory=list)
+    remeasured: bool = False      # the first set of trials looked disturbed (`disturbed`) and ran again
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -86,8 +87,17 @@ class _GpuLock:
         try:
             yield
         finally:
+            _drain_gpu()      # no work this process queued may still run once another one can measure
             self.modes.pop()
             self._apply()
+
+
+def _drain_gpu() -> None:
+    """Wait for the GPU work this process queued (kernel launches return before the kernels run)."""
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
 
 
 _GPU_LOCK = _GpuLock()
@@ -145,25 +155,46 @@ def summarize(samples: list[float]) -> Timing:
     return Timing(statistics.median(samples), min(samples), max(samples), len(samples), list(samples))
 
 
+DISTURBED = 1.25   # a median this far above the fastest trial: something else shared the GPU
+
+
+def disturbed(t: Timing) -> bool:
+    """Whether the trials' median sits far above their fastest: work outside this measurement (another
+    process's torch.compile running its first call, say) ran during most of them. Under
+    `bench --jobs 8` on the H100, a 32 us layer norm read 79.5 us this way."""
+    return t.trials >= 3 and t.median_ms > DISTURBED * t.min_ms
+
+
 def time_gpu(fn, *, trials: int = DEFAULT_TRIALS, warmup: int = DEFAULT_WARMUP, flush: bool = True,
              stream=None) -> Timing:
-    """Median time of fn() in ms, measured with CUDA events around each call on the current stream."""
-    import torch
+    """Median time of fn() in ms, measured with CUDA events around each call on the current stream.
+    A disturbed set of trials runs once more; the set with the lower median counts."""
     trials = max(1, int(trials))
+    with exclusive_timing():
+        first = _trials(fn, trials, warmup, flush)
+        if not disturbed(first):
+            return first
+        again = _trials(fn, trials, 0, flush)
+    best = min(first, again, key=lambda t: t.median_ms)
+    best.remeasured = True
+    return best
+
+
+def _trials(fn, trials: int, warmup: int, flush: bool) -> Timing:
+    import torch
     buf = l2_flush_buffer() if flush else None
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(trials)]
-    with exclusive_timing():
-        for _ in range(max(0, warmup)):
-            fn()
-        torch.cuda.synchronize()
-        for i in range(trials):
-            if buf is not None:
-                buf.fill_(i & 0xFF)   # evict the inputs from L2 (outside the timed span)
-            starts[i].record()
-            fn()
-            ends[i].record()
-        torch.cuda.synchronize()
+    for _ in range(max(0, warmup)):
+        fn()
+    torch.cuda.synchronize()
+    for i in range(trials):
+        if buf is not None:
+            buf.fill_(i & 0xFF)   # evict the inputs from L2 (outside the timed span)
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
     return summarize([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
