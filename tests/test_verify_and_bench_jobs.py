@@ -219,6 +219,7 @@ def test_a_hold_waits_for_the_gpu_work_it_queued_before_letting_a_measurement_in
     monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
     synced = []
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     monkeypatch.setattr(torch.cuda, "synchronize",
                         lambda *a: synced.append(_another_process_could(lock, fcntl.LOCK_EX)))
     with timing.gpu_work():

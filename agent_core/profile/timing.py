@@ -96,7 +96,7 @@ def _drain_gpu() -> None:
     """Wait for the GPU work this process queued (kernel launches return before the kernels run)."""
     import sys
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    if torch is not None and torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
         torch.cuda.synchronize()
 
 
