@@ -14,7 +14,7 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6) -> list[dict]:
         from ..codegen.gemm_mma import tune_variants as gemm_variants
         out += gemm_variants(p)       # other tiles
     elif ks.kind == "pointwise":
-        for cand in ({"unroll": 1}, {"unroll": 2}, {"block": 128}, {"block": 512}, {"block": 512, "unroll": 2},
+        for cand in ({"cover": True}, {"unroll": 1}, {"unroll": 2}, {"block": 128}, {"block": 512},
                      {"vector_width": 1}):
             out.append({**cand, "sm_count": sm_count})
     elif ks.kind == "row_reduction" and p.get("schedule") == "split_row":
