@@ -245,3 +245,20 @@ def test_a_disturbed_set_of_trials_runs_again_and_the_lower_median_counts(monkey
     t = timing.time_gpu(lambda: None, trials=5)
     assert calls == [timing.DEFAULT_WARMUP] and t.median_ms == 32.2 and not t.remeasured
     assert not timing.disturbed(timing.summarize([10.0, 11.0, 12.0])) and timing.disturbed(timing.summarize([5.0, 9.0, 9.5]))
+
+
+def test_a_faulted_gpu_still_lets_the_lock_go(tmp_path, monkeypatch):
+    """After a kernel fault the drain's synchronize raises too: the hold is let go all the same, or
+    every other problem of the run would wait for this process forever."""
+    lock = tmp_path / "t.lock"
+    monkeypatch.setenv(timing.TIMING_LOCK_ENV, str(lock))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def fault(*a):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(torch.cuda, "synchronize", fault)
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        with timing.exclusive_timing():
+            pass
+    assert _another_process_could(lock, fcntl.LOCK_EX)

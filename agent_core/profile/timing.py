@@ -87,9 +87,11 @@ class _GpuLock:
         try:
             yield
         finally:
-            _drain_gpu()      # no work this process queued may still run once another one can measure
-            self.modes.pop()
-            self._apply()
+            try:
+                _drain_gpu()  # no work this process queued may still run once another one can measure
+            finally:          # a faulted context raises here again: the lock is let go all the same
+                self.modes.pop()
+                self._apply()
 
 
 def _drain_gpu() -> None:
