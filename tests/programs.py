@@ -77,6 +77,20 @@ def stitched(op, attrs, shape, prologue=True, epilogue="tanh"):
     return p, ids
 
 
+def column_reduction(op, attrs, shape, keep_relu=False):
+    """relu -> op (a reduction or normalization over leading or middle dims) -> x2: the program and the
+    region's node ids; with keep_relu the relu's value leaves the region too."""
+    p = Program("col")
+    x = p.add_input("x", shape)
+    r = p.add_node("relu", [x.id])
+    n = p.add_node(op, [r.outputs[0]], attrs)
+    e = p.add_node("mul_scalar", [n.outputs[0]], {"value": 2.0})
+    p.mark_output(e.outputs[0])
+    if keep_relu:
+        p.mark_output(r.outputs[0])
+    return p, [r.id, n.id, e.id]
+
+
 def residual(shape, op, attrs):
     """The residual stream: a = x + b feeds `op` and is returned beside it: (program, [add, op])."""
     p = Program("residual")

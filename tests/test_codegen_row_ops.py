@@ -6,7 +6,7 @@ import pytest
 from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from tests.programs import residual, stitched
+from tests.programs import column_reduction, residual, stitched
 
 ROW_OPS = [
     ("softmax", {"dim": -1}), ("log_softmax", {"dim": -1}), ("logsumexp", {"dim": [-1]}),
@@ -73,17 +73,11 @@ COLUMN_CASES = [
 def test_column_reductions_are_the_row_graphs_column_tiles(op, attrs, shape):
     """A reduction over dims followed by kept ones: column tiles, the prologue's value that leaves the
     region (relu) stored as well."""
-    p = Program("col")
-    x = p.add_input("x", shape)
-    r = p.add_node("relu", [x.id])
-    n = p.add_node(op, [r.outputs[0]], attrs)
-    e = p.add_node("mul_scalar", [n.outputs[0]], {"value": 2.0})
-    p.mark_output(e.outputs[0])
-    p.mark_output(r.outputs[0])
-    ks = generate_kernel(p, [r.id, n.id, e.id], name=f"col_{op}")
+    p, ids = column_reduction(op, attrs, shape, keep_relu=True)
+    ks = generate_kernel(p, ids, name=f"col_{op}")
     assert ks.params["schedule"] in ("column", "split_column") and ks.block[0] == 32
     assert "column tiles of 32 positions" in ks.schedule
-    assert set(ks.outputs) == {r.outputs[0], e.outputs[0]}
+    assert set(ks.outputs) == set(p.outputs)
     compile_kernel(ks, arch="sm_90")
 
 

@@ -20,7 +20,7 @@ A step's *round* counts the all-reduces that must finish before it can fold: ste
 in the same pass over the row and share one all-reduce (their states in one struct). With
 `two_stage` (the row is held on chip, re-reading it is free) softmax-like states split into the row
 max, then the sum of exp(x - max), and Welford into the mean, then the squared deviations: the exact
-exact two-pass numerics. Without it (the row is streamed from memory for every round) they
+two-pass numerics. Without it (the row is streamed from memory for every round) they
 stay one online state, so a round costs one read of the row.
 
 Definitions are kept in creation order, which is a topological order; a renderer emits only what the

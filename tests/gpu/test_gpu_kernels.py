@@ -13,7 +13,7 @@ from agent_core.reference import run_reference
 from agent_core.runtime import build_region
 from agent_core.runtime import region as region_mod
 from agent_core.runtime.launch import load_kernel
-from tests.programs import fused, pooled, residual, stitched
+from tests.programs import column_reduction, fused, pooled, residual, stitched
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -173,13 +173,8 @@ COLUMN_CASES = [
 
 @pytest.mark.parametrize("op,attrs,shape", COLUMN_CASES, ids=[f"{c[0]}{list(c[2])}" for c in COLUMN_CASES])
 def test_column_reductions(op, attrs, shape):
-    p = Program("col")
-    x = p.add_input("x", shape)
-    r = p.add_node("relu", [x.id])
-    n = p.add_node(op, [r.outputs[0]], attrs)
-    e = p.add_node("mul_scalar", [n.outputs[0]], {"value": 2.0})
-    p.mark_output(e.outputs[0])
-    fused(p, [r.id, n.id, e.id], f"col_{op}")
+    p, ids = column_reduction(op, attrs, shape)
+    fused(p, ids, f"col_{op}")
 
 
 STITCH_KINDS = ["linear_bias_relu", "linear_layer_norm", "conv_bn_relu", "expand_chain", "rms_norm_manual",
