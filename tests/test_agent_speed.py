@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from agent_core import canonical_source
+from agent_core.agent.tune import tune_space
 from agent_core.canonical_source import canonical_form
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import CompileError, compile_kernel, compile_source, prefetch
@@ -78,7 +79,6 @@ def test_repeated_blocks_compile_once_and_keep_their_own_kernels(tmp_path, fresh
     # share them (a variant that changes only the launch, the pointwise covering grid, reuses its source)
     variants = {int(re.search(r"(\d+) tuning variant", r.schedule["agent"]["reason"]).group(1)) for r in regions}
     assert len(variants) == 1
-    from agent_core.agent.tune import tune_space
     r = regions[0]
     ks = generate_kernel(prog, r.nodes, name=r.schedule["agent"]["kernel"], kind=r.kind)
     sources = {canonical_form(k.source, k.name).text for k in

@@ -28,6 +28,7 @@ import torch
 
 from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
+from agent_core.codegen.row_tuning import DEFAULTS as ROW_DEFAULTS
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
 from tests.programs import kl_terms, row_stats
@@ -117,7 +118,7 @@ def test_long_or_few_rows_take_a_cluster(case, builder, shape, cluster):
     p, ks = _kernel(builder, shape, split=1)     # few rows: without the split row
     rows = math.prod(shape[:-1]) if builder is not peak_floor else shape[0]
     assert ks.params["schedule"] == "cluster" and ks.params["cluster"] == cluster, ks.params
-    if rows < 132:      # one wave of rows: each is read once, into registers
+    if rows < ROW_DEFAULTS["sm_count"]:     # one wave of rows: each is read once, into registers
         assert ks.params["cached"], "a cluster row is read once, into registers"
     else:               # rows that fill the SMs: CTAs of 256 threads, several per SM
         assert ks.block == (256, 1, 1)
