@@ -62,12 +62,10 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
         # 366, 8 x 256 482, 4 x 512 546), then no cluster (one block streaming the row); a row of scalar
         # loads streams best with 1024 threads and 8 loads in flight each (the log_softmax above: 211 us,
         # 291 with the stream's default 512 threads and 4)
-        n, tpr = int(params["cluster"]), int(params.get("threads_per_row") or 0)
-        fits = params.get("cluster_fits", ())
-        out += [{"cluster": c, "threads_per_row": tpr} for c in (n * 2,) if c in fits]
-        out += [{"cluster": n, "threads_per_row": t} for t in (tpr * 2,) if 128 <= t <= 1024]
-        out += [{"cluster": c, "threads_per_row": tpr} for c in (n // 2,) if c in fits]
-        out += [{"cluster": n, "threads_per_row": t} for t in (tpr // 2,) if 128 <= t <= 1024]
+        n, tpr = int(params["cluster"]), int(params["threads_per_row"])
+        for c, t in ((n * 2, tpr), (n, tpr * 2), (n // 2, tpr), (n, tpr // 2)):
+            if (c == n or c in params.get("cluster_fits", ())) and 128 <= t <= 1024:
+                out.append({"cluster": c, "threads_per_row": t})
         out.append({"cluster": 1})
         if vec == 1:
             out.append({"cluster": 1, "threads_per_row": 1024, "unroll": 8})
