@@ -116,6 +116,7 @@ class Names:
 # int indexing while every offset stays clear of 2^31 (with a margin for the vector and window
 # arithmetic around it); 64-bit otherwise
 INT_INDEX_LIMIT = 2**31 - 2**20
+MAX_GRID_X = 2**31 - 1     # gridDim.x's limit: a grid that covers all its work stops there
 
 
 def index_type(extent: int) -> str:

@@ -36,7 +36,8 @@ import re
 from ..ir import Program
 from ..ops.common import broadcasts_to
 from . import views as V
-from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, header, index_type, kernel_name, kernel_source, render_pointwise
+from .cuda import (MAX_GRID_X, VEC4, VEC4_STRUCTS, Names, c_type, header, index_type, kernel_name, kernel_source,
+                   render_pointwise)
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
 from .region_io import RegionIO, region_io
@@ -50,8 +51,6 @@ INDEX_TYPES = {"int64": "long long", "int32": "int"}
 # the ops that only relabel elements: a region of these and pointwise ops stays a pointwise / row kernel
 RELABEL_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous", "expand")
 VEC = 4
-
-MAX_GRID_X = 2**31 - 1     # gridDim.x's limit
 
 
 def is_layout_graph(program: Program, io: RegionIO) -> bool:

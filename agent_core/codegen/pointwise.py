@@ -12,7 +12,7 @@ import re
 
 from ..ir import Program
 from ..ops.common import broadcast
-from .cuda import (VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name,
+from .cuda import (MAX_GRID_X, VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name,
                    render_pointwise)
 from .kernel import CodegenError, KernelSource
 from .region_io import BroadcastIndex, RegionIO
@@ -255,7 +255,7 @@ def generate_pointwise(program: Program, io: RegionIO, name: str, params: dict |
     work = num_vec if vec else numel
     max_blocks = int(p["sm_count"]) * max(1, int(p["threads_per_sm"]) // block)
     per_thread = int(p["unroll"]) if vec else 1
-    grid = max(1, min(math.ceil(work / (block * per_thread)), 2**31 - 1)) if p["cover"] else \
+    grid = max(1, min(math.ceil(work / (block * per_thread)), MAX_GRID_X)) if p["cover"] else \
         max(1, min(math.ceil(work / block), max_blocks))
     vec_kinds = "/".join(dict.fromkeys(vt[v] for v in operands if full[v]))
     schedule = (f"{vec_kinds if vec else 'scalar'} grid-stride loop, {block} threads x {grid} blocks"

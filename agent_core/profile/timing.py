@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import sys
 from dataclasses import asdict, dataclass, field
 
 DEFAULT_TRIALS = 20
@@ -96,7 +97,6 @@ class _GpuLock:
 
 def _drain_gpu() -> None:
     """Wait for the GPU work this process queued (kernel launches return before the kernels run)."""
-    import sys
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized() and not torch.cuda.is_current_stream_capturing():
         torch.cuda.synchronize()
