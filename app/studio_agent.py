@@ -343,6 +343,7 @@ class StudioAgent(QObject):
             return
         busy = self.rewrite_progress = QProgressDialog("Checking the rewrites on the reference…", "Cancel", 0, 0, w)
         busy.setWindowTitle("Rewrites")
+        busy.setValue(0)            # at its minimum, so the 300 ms below replaces Qt's 4 s show delay
         busy.setMinimumDuration(300)
         busy.canceled.connect(check.cancel)
         signature = _structure(program)
