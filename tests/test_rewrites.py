@@ -342,3 +342,18 @@ def test_a_value_computed_twice_is_computed_once():
     q = res.program
     assert ops(q).count("cumsum") == 2 and ops(q).count("mean") == 1, ops(q)
     same(p, q)
+
+
+def test_the_rewrite_check_judges_float32_values_in_their_own_precision():
+    """close() on float32 (and half) values: a difference just inside the tolerance passes and one just
+    outside fails, at small and large magnitudes; NaN and infinity must sit in the same places."""
+    from agent_core.rewrites.engine import close
+    b = torch.tensor([0.5, -3.0, 1000.0, 2e4], dtype=torch.float32)
+    scale = 2e4
+    bound = 1e-4 * scale + 1e-4 * b.abs()
+    assert close(b + 0.9 * bound, b) is None
+    assert "max abs error" in close(b + torch.tensor([0, 0, 1.2, 0]) * bound, b)
+    nan = torch.tensor([1.0, float("nan"), float("inf")])
+    assert close(nan.clone(), nan) is None
+    assert "different places" in close(torch.tensor([1.0, 2.0, float("inf")]), nan)
+    assert close(b.half(), b.half()) is None and close(b.bfloat16() * 2, b.bfloat16()) is not None
