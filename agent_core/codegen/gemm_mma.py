@@ -29,6 +29,9 @@ Schedule (params, tuned by agent/tune.py through tune_variants):
 
 params["portable"] swaps the tensor-core helpers for plain C++ ones of the same names (mma_portable.py)
 so the CPU emulator runs this exact body; the kernel a GPU runs never sets it.
+
+A conv1d / conv2d / conv3d (groups 1) runs as the same kernel, an implicit GEMM: A's tiles are gathered
+from the input's patches and the output is stored in the convolution's layout (codegen/gemm_conv.py).
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ from dataclasses import dataclass, field
 
 from ..ir import Program
 from .attention_mma import HELPERS, SHARED_LIMIT
-from .cuda import Names, c_type, float_literal, header, index_type, kernel_name
+from . import gemm_conv
+from .cuda import INT_INDEX_LIMIT, Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .gemm_rows import LOCALS as ROW_LOCALS, RowPart, combine_lines, fold_lines, shared_floats, split_epilogue, state_code
 from .gemm_rows import workspace as row_workspace
@@ -52,7 +56,7 @@ GRID_LIMIT = 65535          # output tiles along M (grid y)
 # locals of the kernel body that the epilogue's value names must not take
 LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "tid", "warp_m", "warp_n",
           "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
-          "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage")
+          "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage") + gemm_conv.LOCALS
 
 
 @dataclass
@@ -78,6 +82,7 @@ class GemmSpec:
     epilogue: list[str]      # the pointwise nodes over its elements, in order
     rows: RowPart | None = None   # row reductions of its last dim and the ops over their results
     full_values: set = field(default_factory=set)   # values computed per output element
+    conv: gemm_conv.ConvGeom | None = None   # A is this convolution's input patches (an implicit GEMM)
 
     @property
     def b_k_contiguous(self) -> bool:
@@ -90,9 +95,10 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
     followed by pointwise ops over its output, row reductions of its last dim and pointwise ops over
     their results (gemm_rows.py)."""
     anchors = [n for n in io.nodes if program.nodes[n].opdef.category in ("matmul", "convolution")]
-    if len(anchors) != 1 or program.nodes[anchors[0]].op not in GEMM_OPS:
+    if len(anchors) != 1 or program.nodes[anchors[0]].op not in GEMM_OPS + gemm_conv.CONV_OPS:
         ops = ", ".join(program.nodes[n].op for n in anchors) or "none"
-        raise CodegenError(f"the tile GEMM takes one {' or '.join(GEMM_OPS)} per region (this one: {ops})")
+        raise CodegenError(f"the tile GEMM takes one {', '.join(GEMM_OPS + gemm_conv.CONV_OPS)} per region "
+                           f"(this one: {ops})")
     nid = anchors[0]
     node = program.nodes[nid]
     if io.nodes[0] != nid:
@@ -100,11 +106,13 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
                            f"GEMM reads its operands from memory", node_id=nid)
     vals = program.values
     a_id, b_id = node.inputs[0], node.inputs[1]
-    bias = node.inputs[2] if node.op == "linear" and len(node.inputs) > 2 else None
+    bias = node.inputs[2] if node.op != "matmul" and len(node.inputs) > 2 else None
     for v in (a_id, b_id, bias):
         if v is not None and vals[v].dtype != "float32":
             raise CodegenError(f"{node.name}: '{vals[v].name}' is {vals[v].dtype}; the tile GEMM reads float32",
                                node_id=nid)
+    if node.op in gemm_conv.CONV_OPS:
+        return _conv_spec(program, io, node, bias)
     ash, bsh, out = tuple(vals[a_id].shape), tuple(vals[b_id].shape), node.outputs[0]
     if len(bsh) != 2 or len(ash) < (1 if node.op == "linear" else 2):
         raise CodegenError(f"{node.name}: {node.op} of {list(ash)} by {list(bsh)}; the tile GEMM takes a "
@@ -124,13 +132,43 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
     if math.ceil(M / 16) > GRID_LIMIT * 8:
         raise CodegenError(f"{node.name}: {M} rows are more tiles than one grid dimension holds", node_id=nid)
     space = tuple(vals[out].shape)
+    full, rows, full_vals = _epilogue_part(program, io, nid, out, space)
+    return GemmSpec(nid, node.op, M, N, K, Operand(a_id, K, 1), b, bias, out, space, full, rows, full_vals)
+
+
+def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSpec:
+    """A convolution as the implicit GEMM: M = batch x output positions, N = Cout, K = Cin x taps; B is
+    the weight read as linear's [N, K]; pointwise ops after it only."""
+    g = gemm_conv.conv_geom(program, node)
+    M, N, K = g.batch * g.positions, g.cout, g.cin * g.taps
+    if min(M, N, K) < 1:
+        raise CodegenError(f"{node.name}: an empty convolution ({M} x {N} x {K})", node_id=node.id)
+    if M >= INT_INDEX_LIMIT:
+        raise CodegenError(f"{node.name}: {M} output rows are more than the implicit GEMM's int rows hold",
+                           node_id=node.id)
+    if bias is not None and tuple(program.values[bias].shape) != (N,):
+        raise CodegenError(f"{node.name}: a bias of shape {list(program.values[bias].shape)}", node_id=node.id)
+    out = node.outputs[0]
+    space = tuple(program.values[out].shape)
+    full, rows, full_vals = _epilogue_part(program, io, node.id, out, space)
+    if rows is not None:
+        raise CodegenError(f"{node.name} ({node.op}): the implicit-GEMM convolution fuses pointwise ops only (its "
+                           f"output's last dim is a spatial one, not the channels a GEMM row holds)", node_id=node.id)
+    return GemmSpec(node.id, node.op, M, N, K, Operand(node.inputs[0], K, 1), Operand(node.inputs[1], 1, K), bias,
+                    out, space, full, None, full_vals, conv=g)
+
+
+def _epilogue_part(program: Program, io: RegionIO, nid: str, out: str, space: tuple):
+    """(pointwise nodes over the output's elements, the row part or None, the values computed per
+    element); CodegenError for an output that is neither."""
+    vals = program.values
     full, rows = split_epilogue(program, io, nid, out, space)
     full_vals = {out} | {v for n in full for v in program.nodes[n].outputs}
     for vid in io.outputs:
         if vid not in full_vals and (rows is None or vid not in rows.values):
             raise CodegenError(f"output '{vals[vid].name}' {vals[vid].spec} is neither the GEMM's {list(space)} "
                                f"elements nor one value per row")
-    return GemmSpec(nid, node.op, M, N, K, Operand(a_id, K, 1), b, bias, out, space, full, rows, full_vals)
+    return full, rows, full_vals
 
 
 def gemm_supported(program: Program, node_ids) -> str | None:
@@ -156,7 +194,10 @@ def alternatives(program: Program, io: RegionIO) -> list[dict]:
 
 def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
     """128 x 128 tiles of 8 warps (64 x 32 each), 32-wide k slices in 3 stages; narrower tiles when
-    those would leave SMs idle (a small or thin output), by the output's size alone."""
+    those would leave SMs idle (a small or thin output), by the output's size alone. A convolution's
+    thin output has tiles of its own (gemm_conv.default_tiles)."""
+    if spec.conv is not None:
+        return {"form": FORM, **gemm_conv.default_tiles(spec.conv, spec.K), "min_blocks": 1, "slice_acc": True}
     bm, bn, wm, wn = 128, 128, 2, 4
     if math.ceil(spec.M / 128) * math.ceil(spec.N / 128) < sm_count:
         bm, bn, wm, wn = 128, 64, 2, 2
@@ -168,11 +209,13 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
 
 def tune_variants(p: dict) -> list[dict]:
     """Other tiles than p's, most promising first: the other 128-row tile, square 64 tiles with a
-    deeper pipeline, and thinner k slices in four stages."""
-    cands = [{"block_m": 128, "block_n": 64, "warps_m": 2, "warps_n": 2},
-             {"block_m": 128, "block_n": 128, "warps_m": 2, "warps_n": 4},
-             {"block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "stages": 4},
-             {"block_k": 16, "stages": 4}]
+    deeper pipeline, and thinner k slices in four stages; for a thin output (a convolution's few
+    channels), twice and half the rows a block holds, and thinner k slices."""
+    cands = gemm_conv.THIN_VARIANTS if int(p["block_n"]) < 64 else (
+        {"block_m": 128, "block_n": 64, "warps_m": 2, "warps_n": 2},
+        {"block_m": 128, "block_n": 128, "warps_m": 2, "warps_n": 4},
+        {"block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "stages": 4},
+        {"block_k": 16, "stages": 4})
     out = []
     for c in cands:
         v = {**p, **c}
@@ -195,7 +238,11 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
         raise CodegenError(f"tile GEMM: a {bm} x {bn} tile does not split into {wm} x {wn} warps of m16n8 fragments")
     if not 2 <= stages <= 6:
         raise CodegenError(f"tile GEMM: {stages} stages (2 to 6)")
-    if math.ceil(spec.M / bm) > GRID_LIMIT:
+    if spec.conv is not None:     # row tiles along grid x, column tiles along y
+        gemm_conv.check(p)
+        if math.ceil(spec.N / bn) > GRID_LIMIT:
+            raise CodegenError(f"tile GEMM: {math.ceil(spec.N / bn)} column tiles exceed the grid's {GRID_LIMIT}")
+    elif math.ceil(spec.M / bm) > GRID_LIMIT:
         raise CodegenError(f"tile GEMM: {math.ceil(spec.M / bm)} row tiles exceed the grid's {GRID_LIMIT}")
     return bm, bn, bk, wm, wn, stages
 
@@ -315,7 +362,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     bm, bn, bk, wm, wn, stages = _check(spec, p)
     slice_acc = p.get("slice_acc") is not False
     shared = shared_bytes(spec, p)
-    if shared > SHARED_LIMIT:
+    if shared + (gemm_conv.table_bytes(spec.conv, bm) if spec.conv else 0) > SHARED_LIMIT:
         raise CodegenError(f"tile GEMM: {shared} bytes of shared memory for {bm} x {bn} x {bk} tiles in "
                            f"{stages} stages (at most {SHARED_LIMIT})")
     vals = program.values
@@ -327,7 +374,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     kb = spec.b_k_contiguous
     # B's rows as copied: n (k contiguous) for linear's weight, k for a [K, N] matrix
     b_rows = Operand(spec.b.value, spec.b.col_stride, spec.b.row_stride) if kb else spec.b
-    a_vec, b_vec = _vector_ok(spec.a, spec.K), _vector_ok(b_rows, spec.K if kb else spec.N)
+    conv = spec.conv
+    a_vec, b_vec = conv is None and _vector_ok(spec.a, spec.K), _vector_ok(b_rows, spec.K if kb else spec.N)
     b_stride = bk + 4 if kb else bn + 8
     b_tile = bn * b_stride if kb else bk * b_stride
     numel = max([math.prod(spec.space)] + [math.prod(vals[v].shape) for v in io.inputs])
@@ -340,7 +388,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
               "constexpr int kMT = kTM / 16, kNT = kTN / 8;   // m16n8 fragments per warp",
               f"constexpr int kStages = {stages};",
               f"constexpr int kAS = kBK + 4, kBS = {b_stride};   // shared row strides (bank-conflict-free fragment reads)",
-              f"constexpr int kATile = kBM * kAS, kBTile = {b_tile};"]
+              f"constexpr int kATile = kBM * kAS, kBTile = {b_tile};"] + (gemm_conv.consts(conv) if conv else [])
     a_src, b_src = arg[spec.a.value], arg[spec.b.value]
     if kb:   # B tile [n][k]: the weight's rows are n, k contiguous
         b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, "bn", "k0", "kN", "kK", b_stride, b_vec, "    ")
@@ -350,7 +398,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bk, bn, "k0", "bn", "kK", "kN", b_stride, b_vec, "    ")
         b_frag = ["        const float* pb = Bt + (kk + lane_t) * kBS + warp_n * kTN + nt * 8 + lane_g;",
                   "        split_tf32(pb[0], bh[nt][0], bl[nt][0]); split_tf32(pb[4 * kBS], bh[nt][1], bl[nt][1]);"]
-    a_copy = _copy("(As + stage * kATile)", a_src, spec.a, bm, bk, "bm", "k0", "kM", "kK", bk + 4, a_vec, "    ")
+    a_copy = (gemm_conv.gather_lines(conv, a_src, "    ") if conv else
+              _copy("(As + stage * kATile)", a_src, spec.a, bm, bk, "bm", "k0", "kM", "kK", bk + 4, a_vec, "    "))
     epi = _epilogue(program, io, spec, arg)
     n_tiles, m_tiles = tiles(spec, p)
     rows = spec.rows
@@ -374,7 +423,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]",
         "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
         "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
-        "  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;",
+        *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *gemm_conv.row_table(conv)] if conv else
+          ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;"]),
         "  auto load_tile = [&](int kt, int stage) {",
         "    const int k0 = kt * kBK;",
         *a_copy, *b_copy,
@@ -429,7 +479,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "      for (int j = 0; j < 4; ++j) {",
         "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
         "        if (row < kM && col < kN) {",
-        *(["          const index_t i = (index_t)row * kN + col;"] if any(re.search(r"\bi\b", ln) for ln in epi) else []),
+        *([f"          {gemm_conv.store_index() if conv else 'const index_t i = (index_t)row * kN + col;'}"]
+          if any(re.search(r"\bi\b", ln) for ln in epi) else []),
         f"          const float mm = {value};",
         *[f"          {line}" for line in epi],
         "        }",
@@ -443,13 +494,19 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         helpers += state_code(rows)
     node = program.nodes[spec.node]
     b_words = "transposed in place ([N, K], k contiguous)" if kb else "[K, N]"
-    schedule = (f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
+    a_words = f"A [{spec.M}, {spec.K}] row-major"
+    title = f"{node.op} {spec.M} x {spec.N} x {spec.K}"
+    if conv:
+        a_words = (f"A [{spec.M}, {spec.K}] = the input's patches ({conv.words()}), gathered into shared "
+                   f"memory slice by slice, never written out")
+        title = f"{node.op} as an implicit GEMM {spec.M} x {spec.N} x {spec.K}"
+    schedule = (("implicit-GEMM convolution, " if conv else "") +
+                f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
                 f"({bm // wm} x {bn // wn} each), {bk}-wide k slices in a {stages}-stage cp.async pipeline, "
                 f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
                 + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if rows else ""))
-    head = header(program, f"Region {name}: {node.op} {spec.M} x {spec.N} x {spec.K} with its epilogue, "
-                           f"split-TF32 tensor cores", io.nodes, [
-        f"A [{spec.M}, {spec.K}] row-major, B {b_words}{', bias [N]' if spec.bias else ''}; "
+    head = header(program, f"Region {name}: {title} with its epilogue, split-TF32 tensor cores", io.nodes, [
+        f"{a_words}, B {b_words}{', bias [N]' if spec.bias else ''}; "
         f"outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
         f"Schedule: {schedule}.",
         f"{shared} bytes of shared memory; {'16' if a_vec else '4'}-byte copies of A, "
@@ -463,7 +520,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
     nbytes, flops = cost(program, io, spec, p)
     return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-                        outputs=list(io.outputs), grid=(math.ceil(spec.N / bn), math.ceil(spec.M / bm), 1),
+                        outputs=list(io.outputs), grid=(m_tiles, n_tiles, 1) if conv else (n_tiles, m_tiles, 1),
                         block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
                         align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops,
                         workspace=workspace)

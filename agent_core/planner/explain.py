@@ -132,8 +132,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         reason = (f"{lib} + epilogue kernel ({plural(n_launches, 'launch')}): "
                   f"{_label(state, an)} runs through {lib} and writes its {fmt_bytes(out.nbytes)} output; "
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
-        if kind == "matmul_epilogue":    # the other form the agent times against this one (agent/gemm_form.py)
-            reason += _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts)
+        # the other form the agent times against this one (agent/gemm_form.py)
+        reason += _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv=kind == "conv_epilogue")
     elif kind == "pooling":
         win = s.window
         at = nodes.index(win)         # nodes are in execution order: the prologue feeds the window
@@ -202,10 +202,10 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
     return r
 
 
-def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts) -> str:
-    """The tile GEMM as the other form of a matmul + epilogue region: whether codegen takes it, and its
-    roofline estimate from the bytes and FLOPs of the very kernel it generates first (gemm_mma.estimate);
-    the words that say so."""
+def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool = False) -> str:
+    """The tile GEMM as the other form of a matmul or convolution + epilogue region (a convolution's as
+    an implicit GEMM): whether codegen takes it, and its roofline estimate from the bytes and FLOPs of
+    the very kernel it generates first (gemm_mma.estimate); the words that say so."""
     from ..codegen.gemm_mma import FORM, estimate, gemm_supported
     why_not = gemm_supported(state.program, nodes)
     sched["forms"] = {"library+kernel": None, FORM: why_not}
@@ -226,7 +226,9 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts) -> str:
     else:
         what = f"{_names(state, epi)} applied before the only store"
         trip = f"the {fmt_bytes(out.nbytes)} output never makes the round trip"
-    return (f" The agent also times it as one tile-GEMM kernel ({FORM}): split TF32 done in registers, {what}, "
+    kernel = (f"implicit-GEMM kernel ({FORM}, the input's patches gathered into shared memory, never written "
+              f"out)") if conv else f"tile-GEMM kernel ({FORM})"
+    return (f" The agent also times it as one {kernel}: split TF32 done in registers, {what}, "
             f"so {trip}; about {fmt_ms(ms)} at the roofline ({fmt_bytes(nbytes)} moved) against "
             f"{fmt_ms(after)} for the two launches.")
 

@@ -1,0 +1,179 @@
+"""The tile GEMM's convolution form (codegen/gemm_mma.py runs it): a conv1d / conv2d / conv3d of
+groups 1 and the pointwise ops after it as ONE implicit-GEMM kernel on the tensor cores (split TF32).
+
+The GEMM is out[m, n] = sum_k A[m, k] B[k, n] with
+- m = (image, output position): M = batch x output positions;
+- n = output channel: N = Cout;
+- k = (input channel, kernel tap): K = Cin x taps;
+- A the input's patches, never written out: each k slice of an A tile is gathered from the input as
+  it is copied into shared memory, zero where a tap falls into the padding;
+- B the weight, read as linear's [N, K] (torch's [Cout, Cin, *kernel] is already k-contiguous).
+The output is stored in the convolution's own layout [batch, Cout, *out], so the epilogue indexes it,
+and its broadcast operands, as the ops after the convolution see it.
+
+Why: cuDNN runs fp32 convolutions over few input channels (3 or 8: K = 27 to 216) on the FMA units,
+and the epilogue then makes a second pass over the output. Here the products run on the tensor cores
+in split TF32, and the output is written once.
+
+The gather's cost: each CTA tabulates its rows once in shared memory (the row's input offset and the
+window's origin in each spatial dim). Each thread copies one column of every slice (kBlock % kBK == 0),
+so a slice costs a thread one division chain for its tap, and a copied element costs a table read, an
+add and a bounds test per spatial dim.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .conv import conv_geometry
+from .kernel import CodegenError
+
+CONV_OPS = ("conv1d", "conv2d", "conv3d")
+# names the gather declares in the kernel's scope (the epilogue's value names must not take them)
+LOCALS = ("rbase", "rorg", "coff", "kok", "adst", "gc", "tap")
+OUTSIDE = -(1 << 30)        # a row past M: its window origin, outside every input dim
+
+
+@dataclass(frozen=True)
+class ConvGeom:
+    """A convolution's geometry, spatial dims in order (depth, height, width)."""
+    batch: int
+    cin: int
+    cout: int
+    in_size: tuple
+    out_size: tuple
+    kernel: tuple
+    stride: tuple
+    pad: tuple
+    dil: tuple
+
+    @property
+    def positions(self) -> int:
+        return math.prod(self.out_size)
+
+    @property
+    def taps(self) -> int:
+        return math.prod(self.kernel)
+
+    def words(self) -> str:
+        x = "x".join(map(str, self.kernel))
+        extra = "".join(f", {name} {list(v)}" for name, v, plain in
+                        (("stride", self.stride, 1), ("padding", self.pad, 0), ("dilation", self.dil, 1))
+                        if any(e != plain for e in v))
+        return f"{x} kernel over {self.cin} input channels{extra}"
+
+
+def conv_geom(program, node) -> ConvGeom:
+    """The geometry of a conv node the implicit GEMM takes; CodegenError says why not."""
+    vals = program.values
+    d = int(node.op[-2])
+    x, w, y = vals[node.inputs[0]], vals[node.inputs[1]], vals[node.outputs[0]]
+    if len(x.shape) != d + 2:
+        raise CodegenError(f"{node.name} ({node.op}): an unbatched input {x.spec}; the implicit-GEMM "
+                           f"convolution takes [batch, channels, *spatial]", node_id=node.id)
+    groups = node.attrs.get("groups", 1)
+    if groups != 1 or w.shape[1] != x.shape[1]:
+        raise CodegenError(f"{node.name} ({node.op}): groups={groups}; the implicit GEMM takes groups=1 (a "
+                           f"grouped or depthwise convolution has too few products per byte for tensor cores)",
+                           node_id=node.id)
+    kernel = tuple(w.shape[2:])
+    stride, pad, dil, _ = conv_geometry(node, d, list(kernel))
+    return ConvGeom(x.shape[0], x.shape[1], w.shape[0], tuple(x.shape[2:]), tuple(y.shape[2:]), kernel,
+                    tuple(stride), tuple(pad), tuple(dil))
+
+
+def _affine(x: str, scale: int, shift: int) -> str:
+    """C text of x * scale + shift, without a unit scale or a zero shift."""
+    out = x if scale == 1 else f"{x} * {scale}"
+    return out if shift == 0 else f"{out} {'+' if shift > 0 else '-'} {abs(shift)}"
+
+
+def consts(g: ConvGeom) -> list[str]:
+    return [f"constexpr int kS = {g.positions};   // output positions per image and channel"]
+
+
+def row_table(g: ConvGeom) -> list[str]:
+    """C lines at the kernel's start: this CTA's rows tabulated (bm: its first row), then a barrier."""
+    d = len(g.out_size)
+    lines = ["  __shared__ index_t rbase[kBM];   // a row's window origin as an offset into the input",
+             f"  __shared__ int rorg[kBM][{d}];      // ... and per spatial dim ({OUTSIDE} for a row past M)",
+             "  for (int r = tid; r < kBM; r += kBlock) {",
+             "    int m = bm + r;",
+             "    if (m < kM) {"]
+    for j in reversed(range(d)):
+        origin = _affine(f"m % {g.out_size[j]}", g.stride[j], -g.pad[j])
+        lines.append(f"      const int o{j} = {origin}; m /= {g.out_size[j]};")
+    offset = f"(index_t)m * {g.cin}"      # Horner over (image, channel 0, origin), origins may be < 0
+    for j in range(d):
+        offset = f"({offset}) * {g.in_size[j]} + o{j}"
+    lines += [f"      rbase[r] = {offset};",
+              *[f"      rorg[r][{j}] = o{j};" for j in range(d)],
+              "    } else {",
+              "      rbase[r] = 0;",
+              *[f"      rorg[r][{j}] = {OUTSIDE};" for j in range(d)],
+              "    }",
+              "  }",
+              "  __syncthreads();"]
+    return lines
+
+
+def table_bytes(g: ConvGeom, block_m: int) -> int:
+    """Static shared memory of the row table (an index_t of up to 8 bytes and an int per spatial dim)."""
+    return block_m * (8 + 4 * len(g.out_size))
+
+
+def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
+    """C lines inside load_tile(kt, stage): the A tile's k slice gathered from the input `src`. Each
+    thread takes one column (tap) of the slice and every kBlock / kBK-th row."""
+    d = len(g.out_size)
+    lines = [f"{indent}{{",
+             f"{indent}  const int gc = k0 + tid % kBK;",
+             f"{indent}  int tap = gc;"]
+    for j in reversed(range(d)):
+        lines.append(f"{indent}  const int t{j} = {_affine(f'tap % {g.kernel[j]}', g.dil[j], 0)}; tap /= {g.kernel[j]};")
+    coff = "(index_t)tap"
+    for j in range(d):
+        coff = f"({coff} * {g.in_size[j]} + t{j})"
+    inside = " && ".join(f"(unsigned)(rorg[r][{j}] + t{j}) < {g.in_size[j]}u" for j in range(d))
+    lines += [f"{indent}  const index_t coff = {coff};   // the tap's offset from the window's origin",
+              f"{indent}  const bool kok = gc < kK;",
+              f"{indent}  float* adst = As + stage * kATile + tid % kBK;",
+              f"{indent}  for (int r = tid / kBK; r < kBM; r += kBlock / kBK) {{",
+              f"{indent}    const bool ok = kok && {inside};",
+              f"{indent}    cp_async4(adst + r * kAS, {src} + (ok ? rbase[r] + coff : 0), ok);",
+              f"{indent}  }}",
+              f"{indent}}}"]
+    return lines
+
+
+def store_index() -> str:
+    """The flat index of output element (row, col) in the convolution's layout [batch, Cout, *out]."""
+    return "const index_t i = ((index_t)(row / kS) * kN + col) * kS + row % kS;"
+
+
+def default_tiles(g: ConvGeom, K: int) -> dict:
+    """Tiles for a convolution's thin output (N = Cout, often 16 to 64): the block's columns cover Cout
+    rounded up to 16 (two warps across), four warps down 128 rows; k slices of 32 or the whole of a
+    smaller K; two stages when the slices are that few."""
+    bn = min(128, 16 * math.ceil(g.cout / 16))
+    if bn == 128:
+        bm, wm, wn = 128, 2, 4
+    else:
+        bm, wm, wn = 128, 4, 2
+    bk = next(b for b in (8, 16, 32) if b >= K or b == 32)   # a power of two: the block's threads split into its columns
+    stages = 2 if math.ceil(K / bk) <= 2 else 3
+    return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": wm, "warps_n": wn, "stages": stages}
+
+
+THIN_VARIANTS = ({"block_m": 256, "warps_m": 8}, {"block_m": 64, "warps_m": 2}, {"block_k": 16, "stages": 4})
+
+
+def check(p: dict) -> None:
+    block = 32 * int(p["warps_m"]) * int(p["warps_n"])
+    if block % int(p["block_k"]):
+        raise CodegenError(f"implicit-GEMM convolution: {block} threads do not split into columns of a "
+                           f"{p['block_k']}-wide k slice")
+
+
+__all__ = ["CONV_OPS", "ConvGeom", "LOCALS", "THIN_VARIANTS", "check", "consts", "conv_geom", "default_tiles",
+           "gather_lines", "row_table", "store_index", "table_bytes"]
