@@ -133,3 +133,31 @@ def test_cli_plans_and_compiles_the_implicit_gemm_form(tmp_path):
     assert r.returncode == 0 and "one implicit-GEMM kernel (gemm-3xtf32, the input's patches gathered" in r.stdout, r.stdout + r.stderr
     r = run("optimize", str(tmp_path / "conv.json"), "--cpu", "-o", str(tmp_path / "out"))
     assert r.returncode == 0 and "the tile GEMM form among them" in r.stdout, r.stdout + r.stderr
+
+
+def test_cli_optimize_cpu_compiles_a_compute_bound_convolution_alone_as_the_implicit_gemm(tmp_path):
+    """A convolution followed by a softmax over its channels is a region of its own: compute-bound, it
+    gets the implicit GEMM (to be timed against cuDNN on a GPU); a memory-bound one stays cuDNN's."""
+    src = tmp_path / "lone.py"
+    src.write_text("import torch, torch.nn as nn\n"
+                   "class Model(nn.Module):\n"
+                   "    def __init__(self):\n        super().__init__()\n"
+                   "        self.wide, self.thin = nn.Conv2d(16, 32, 3), nn.Conv2d(32, 2, 1)\n"
+                   "    def forward(self, x):\n"
+                   "        return torch.softmax(self.thin(torch.softmax(self.wide(x), dim=1)), dim=1)\n"
+                   "def get_inputs(): return [torch.randn(4, 16, 20, 20)]\ndef get_init_inputs(): return []\n")
+    r = subprocess.run([sys.executable, "-m", "agent_core.cli", "optimize", str(src), "--cpu", "-o",
+                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    import json
+    outcomes = {o["region"]: o for o in json.loads((tmp_path / "out" / "profile.json").read_text())["regions"]}
+    plan = {e["region"]: e for e in map(json.loads, (tmp_path / "out" / "events.jsonl").read_text().splitlines())
+            if e["event"] == "region-proposed"}
+    # the two convolutions' regions, by the node each reason starts with (imported in forward's order)
+    wide = [rid for rid, e in plan.items() if e["reason"].split()[0] == "conv2d"]
+    thin = [rid for rid, e in plan.items() if e["reason"].split()[0] == "conv2d_1"]
+    assert len(wide) == 1 and len(thin) == 1, {rid: e["reason"] for rid, e in plan.items()}
+    assert "times it as one implicit-GEMM kernel" in plan[wide[0]]["reason"]
+    assert outcomes[wide[0]]["status"] == "compiled", outcomes[wide[0]]
+    assert "all of them the implicit-GEMM convolution" in outcomes[wide[0]]["reason"], outcomes[wide[0]]
+    assert outcomes[thin[0]]["status"] == "library" and "cuDNN" in outcomes[thin[0]]["reason"], outcomes[thin[0]]

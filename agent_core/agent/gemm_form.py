@@ -10,6 +10,10 @@ and a tile GEMM that fails that check gives way to the library form it was measu
 When the tile GEMM is kept, its matmul no longer runs through the library, so its split-TF32 choice
 (and the hi / lo caches that choice keeps beside the weight) is dropped: the fused kernel splits in
 registers and needs neither (issue 17's peak memory).
+
+A convolution (groups 1) runs through the same kernel as an implicit GEMM (codegen/gemm_conv.py): as
+the other form of a cuDNN + epilogue region, and, where it is compute-bound, as the only generated
+form of a convolution alone, timed against the cuDNN call and kept only where it is faster.
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ def why_not(program, node_ids) -> str | None:
 
 def compiled_words(ks) -> str:
     """Without a GPU: that the tuning variants that compiled hold the tile GEMM form."""
+    if is_gemm(ks) and not ks.library_nodes:
+        return ", all of them the implicit-GEMM convolution, to be timed against cuDNN on a GPU (the faster is kept)"
     if not any(a.get("form") == FORM for a in ks.alternatives):
         return ""
     return (", the tile GEMM form among them (the matmul and its epilogue as one kernel, split TF32 in "
@@ -46,7 +52,7 @@ def trial_words(trials: list[dict]) -> str:
     tried = [t for t in trials if (t.get("params") or {}).get("form") == FORM]
     if not tried:
         return ""
-    lib = next((t for t in trials if t.get("trial") == 0 and t.get("ok")), None)
+    lib = _library_trial(trials)
     ok = [t for t in tried if t.get("ok")]
     if ok and lib:
         best = min(ok, key=lambda t: t["ms"])
@@ -58,12 +64,30 @@ def trial_words(trials: list[dict]) -> str:
 
 def kept_words(ks, trials: list[dict]) -> str:
     """The kept tile GEMM, against the library form it was timed with."""
-    lib = next((t for t in trials if t.get("trial") == 0 and t.get("ok")), None)
+    lib = _library_trial(trials)
     mine = min((t["ms"] for t in trials if t.get("ok") and (t.get("params") or {}).get("form") == FORM),
                default=None)
     vs = (f", {lib['ms'] / mine:.2f}x the library form + epilogue kernel ({mine * 1e3:.1f} us vs "
           f"{lib['ms'] * 1e3:.1f} us)") if lib and mine else ""
-    return f"; matmul form: {WORDS}{vs}"
+    return f"; runs as {WORDS}{vs}"
+
+
+def _library_trial(trials: list[dict]) -> dict | None:
+    """The default's trial when it ran the library form + epilogue kernel (a convolution alone starts
+    with the tile form: it has none)."""
+    return next((t for t in trials if t.get("trial") == 0 and t.get("ok")
+                 and (t.get("params") or {}).get("form") != FORM), None)
+
+
+def lone_conv_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
+    """What a convolution alone runs as: our implicit GEMM where it beat cuDNN, else cuDNN and why."""
+    from ..runtime.split_tf32 import describe_library_call
+    node = program.nodes[ks.node_ids[0]]
+    lib = f"cuDNN's {describe_library_call(program, node.id)}"
+    if kept:
+        return f"; {node.name} ({node.op}) runs as our implicit GEMM ({WORDS}) instead of {lib}"
+    return (f"{node.name} ({node.op}) runs through {lib} via torch: our implicit-GEMM kernel ({WORDS}) was correct "
+            f"but slower ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us)")
 
 
 def keep(agent, r, ks) -> None:

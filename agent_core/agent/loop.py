@@ -23,7 +23,7 @@ from ..runtime.split_tf32 import describe_library_call, library_precision, run_l
 from .attention_form import describe_form, exact_form, form_of, library_note, note_kept_form
 from .region_kinds import without_kernel
 from .events import EventEmitter
-from .gemm_form import compiled_words as gemm_compiled_words, is_gemm, keep as gemm_keep
+from .gemm_form import compiled_words as gemm_compiled_words, is_gemm, keep as gemm_keep, lone_conv_words
 from .gemm_form import kept_words as gemm_kept_words, trial_words as gemm_trial_words
 from .phases import phase
 from .tune import tune_space
@@ -352,8 +352,14 @@ class _Agent:
             out.reason += note_kept_form(self, r, ks)
             if is_gemm(ks):
                 gemm_keep(self, r, ks)
-            out.reason += gemm_kept_words(ks, out.trials) if is_gemm(ks) else gemm_trial_words(out.trials)
+            if is_gemm(ks) and not ks.library_nodes:     # a convolution alone, as our implicit GEMM
+                out.reason += lone_conv_words(self.program, ks, True, ms, unfused)
+            else:
+                out.reason += gemm_kept_words(ks, out.trials) if is_gemm(ks) else gemm_trial_words(out.trials)
             return self._finish(r, out), (list(r.nodes), ks, loaded)
+        if is_gemm(ks) and not ks.library_nodes:     # a convolution alone: cuDNN stays, as without our kernel
+            out.status, out.reason = "library", lone_conv_words(self.program, ks, False, ms, unfused)
+            return self._finish(r, out), None
         out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us"
                       f"{', the copy of their view outputs included' if copied else ''}); the ops run through torch"
                       f"{' (its SDPA as torch fused attention; ours was ' + describe_form(ks) + ')' if form_of(ks) else ''}"

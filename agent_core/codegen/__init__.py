@@ -91,8 +91,10 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind == "attention" or any(OP_KINDS.get(program.nodes[n].op) == "attention" for n in io.nodes):
         from .attention import generate_attention   # our fused kernel, not a library call
         return generate_attention(program, io, name, params)
-    if (params or {}).get("form") == "gemm-3xtf32":   # the matmul and its epilogue as one tile GEMM (gemm_mma.py)
-        from .gemm_mma import generate_gemm
+    from .gemm_mma import generate_gemm, lone_conv
+    # the matmul / convolution and its epilogue as one tile GEMM; a compute-bound convolution alone as
+    # the implicit GEMM the agent times against cuDNN (gemm_mma.py)
+    if (params or {}).get("form") == "gemm-3xtf32" or (kind != "convolution" and lone_conv(program, io.nodes)):
         return generate_gemm(program, io, name, params)
     lib, rest = ([], None) if kind == "convolution" else split_library(program, io)
     if lib:

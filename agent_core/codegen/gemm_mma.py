@@ -181,6 +181,25 @@ def gemm_supported(program: Program, node_ids) -> str | None:
     return None
 
 
+def lone_conv(program: Program, node_ids) -> bool:
+    """A convolution alone (no op after it) that the implicit GEMM takes and that is compute-bound in
+    fp32, where cuDNN's fp32 runs on the FMA units and the tensor cores can gain: its region gets the
+    tile form as its kernel, timed against the cuDNN call (the faster is kept). Below the ridge point
+    the time is the bytes, which a kernel of our own does not cut."""
+    from ..analysis.cost import node_cost
+    from .region_io import region_io
+    ids = list(node_ids)
+    if len(ids) != 1 or program.nodes[ids[0]].op not in gemm_conv.CONV_OPS:
+        return False
+    if node_cost(program, ids[0]).bound() != "compute":
+        return False
+    try:
+        gemm_spec(program, region_io(program, ids))
+    except CodegenError:
+        return False
+    return True
+
+
 def alternatives(program: Program, io: RegionIO) -> list[dict]:
     """The tile GEMM as tuning params for a region now run as a library call + epilogue kernel: its
     default tiles (picked for the tuner's SM count) and the next most promising; none when the
@@ -536,4 +555,4 @@ def _row_words(program: Program, spec: GemmSpec, n_tiles: int) -> str:
 
 
 __all__ = ["FORM", "GemmSpec", "alternatives", "cost", "default_params", "estimate", "gemm_spec", "gemm_supported",
-           "generate_gemm", "shared_bytes", "tiles", "tune_variants"]
+           "generate_gemm", "lone_conv", "shared_bytes", "tiles", "tune_variants"]

@@ -8,6 +8,7 @@ torch's view, nothing runs); schedule["launches"] counts them as the export does
 from __future__ import annotations
 
 from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view
+from ..codegen.gemm_mma import FORM, lone_conv
 from ..regions import Region
 from ..text import plural
 from .attention import attention_node, attention_reason
@@ -168,6 +169,10 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         role = state.geo[nid].role
         if alias:
             reason = f"{_label(state, nid)} only relabels its input's shape; no kernel, no traffic."
+        elif runs == "library" and lone_conv(state.program, [nid]):
+            reason = (f"{_label(state, nid)} runs through cuDNN, about {fmt_ms(after)} at the roofline; it is "
+                      f"compute-bound, so the agent also times it as one implicit-GEMM kernel ({FORM}: split TF32 "
+                      f"on the tensor cores, the input's patches gathered into shared memory) and keeps the faster.")
         elif runs == "library":
             reason = (f"{_label(state, nid)} runs through {LIBRARY.get(role, 'the library (torch)')} (a library "
                       f"call, no generated kernel); "
@@ -206,7 +211,7 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool =
     """The tile GEMM as the other form of a matmul or convolution + epilogue region (a convolution's as
     an implicit GEMM): whether codegen takes it, and its roofline estimate from the bytes and FLOPs of
     the very kernel it generates first (gemm_mma.estimate); the words that say so."""
-    from ..codegen.gemm_mma import FORM, estimate, gemm_supported
+    from ..codegen.gemm_mma import estimate, gemm_supported
     why_not = gemm_supported(state.program, nodes)
     sched["forms"] = {"library+kernel": None, FORM: why_not}
     if why_not is not None:

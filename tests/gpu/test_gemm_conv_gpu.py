@@ -47,3 +47,48 @@ def test_level2_3d_conv_stays_inside_the_tolerance_against_float64():
     torch_err = (ref32.double() - ref64).abs().max().item()
     print(f"conv3d 8 -> 32 channels: ours {ours_err:.2e}, torch fp32 {torch_err:.2e} against float64")
     assert ours_err < 1e-4 and ours_err <= 4 * torch_err + 1e-6, (ours_err, torch_err)
+
+
+CONV_MODELS = '''
+import torch, torch.nn as nn
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv3d(8, 32, 3)                  # then pointwise ops: the tile form is the other form timed
+        self.b = nn.Conv2d(32, 64, 3, padding=1)       # alone (a softmax follows): timed against cuDNN
+    def forward(self, x):
+        y = torch.sigmoid(torch.relu(self.a(x)) * 2.0)
+        z = self.b(y.mean(dim=2))
+        return torch.softmax(z, dim=1)
+def get_inputs(): return [torch.randn(8, 8, 10, 34, 34)]
+def get_init_inputs(): return []
+'''
+
+
+def test_the_agent_times_the_implicit_gemm_against_cudnn_and_says_which_runs(tmp_path):
+    """`optimize` as a subprocess: the conv + epilogue region and the lone convolution each run as the
+    faster of cuDNN (+ epilogue kernel) and our implicit GEMM, the whole program verifies, and each
+    outcome names what runs and the time it was measured against."""
+    import json
+    import os
+    import subprocess
+    import sys
+    src = tmp_path / "convs.py"
+    src.write_text(CONV_MODELS)
+    out = tmp_path / "out"
+    root = os.path.join(os.path.dirname(__file__), "..", "..")
+    p = subprocess.run([sys.executable, "-m", "agent_core.cli", "optimize", str(src), "-o", str(out),
+                        "--no-baselines", "--draws", "3", "--trials", "10"],
+                       capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.path.abspath(root)),
+                       timeout=600, cwd=tmp_path)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile["end_to_end"]["correct"], profile["end_to_end"]["verify"]
+    for o in profile["regions"]:
+        print(f"{o['region']}: {o['status']}: {o['reason']}")
+    lone = [o for o in profile["regions"] if "implicit GEMM (" in o["reason"] or "implicit-GEMM kernel (" in o["reason"]]
+    assert len(lone) == 1, "the lone convolution's outcome names the implicit GEMM"
+    assert (lone[0]["status"] == "fused" and "instead of cuDNN's" in lone[0]["reason"]) or \
+           (lone[0]["status"] == "library" and "was correct but slower" in lone[0]["reason"]), lone[0]
+    epilogue = [o for o in profile["regions"] if "tile GEMM" in o["reason"]]
+    assert epilogue, "the conv + epilogue region's outcome says how the tile form did"
