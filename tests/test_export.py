@@ -107,12 +107,21 @@ def test_no_kernel_reads_a_buffer_it_writes(exports):
                 assert not set(map(base, step.reads)) & set(map(base, step.writes)), (name, step.name)
 
 
-def test_convolutions_are_generated_and_the_readme_says_what_that_costs(exports):
+def test_convolutions_are_generated_and_the_readme_says_how(exports, tmp_path):
+    """For sm_80 and newer a convolution and its epilogue are one implicit-GEMM kernel on the tensor
+    cores, and CMake refuses an older target; exported for sm_75 they are one direct convolution."""
+    kinds = lambda res: [s.kernel.kind for s in res.schedule.steps if s.kernel is not None]
     res = exports["conv2d_bias_relu"]
-    kinds = [s.kernel.kind for s in res.schedule.steps if s.kernel is not None]
-    assert kinds == ["convolution"], kinds  # conv, bias and relu in one kernel
-    assert "no cuDNN is linked" in (res.outdir / "README.md").read_text()
+    assert kinds(res) == ["gemm"], kinds(res)  # conv, bias and relu in one kernel
+    readme = (res.outdir / "README.md").read_text()
+    assert "implicit GEMMs on the tensor cores" in readme and "no cuDNN is linked" in readme
+    cmake = (res.outdir / "CMakeLists.txt").read_text()
+    assert "need sm_80 or newer" in cmake and "FATAL_ERROR" in cmake
     assert "no cuDNN" not in (exports["softmax_rows"].outdir / "README.md").read_text()
+    old = export_program(import_file(str(EXAMPLES / "conv2d_bias_relu.py")), tmp_path / "sm75", arch="75")
+    assert kinds(old) == ["convolution"], kinds(old)
+    assert "direct convolutions in fp32" in (old.outdir / "README.md").read_text()
+    assert "FATAL_ERROR" not in (old.outdir / "CMakeLists.txt").read_text()
 
 
 def test_generated_sources_read_like_hand_written_code(exports):

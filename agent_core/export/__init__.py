@@ -94,7 +94,7 @@ def export_program(program: Program, outdir, *, params: bool = True, arch: str =
 def _export_into(program: Program, out: Path, *, params: bool, arch: str, seed: int) -> ExportResult:
     program = _lower_composites(program)
     _ensure_regions(program)
-    schedule = build_schedule(program)
+    schedule = build_schedule(program, arch)
     memory = plan_memory(program, schedule)
     names = HostNames.of(program)
     src = ProgramSource(program, schedule, memory, names)

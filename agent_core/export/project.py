@@ -37,7 +37,7 @@ if(NOT CMAKE_BUILD_TYPE)
 endif()
 
 find_package(CUDAToolkit REQUIRED)
-
+{_tensor_core_guard() if schedule.uses_tensor_cores else ""}
 # the program: its kernels, the launch sequence (stitch_run) and the C API the Python binding calls.
 # Targets are named after the program, so several exports can live in one build (add_subdirectory);
 # the files keep fixed names: libstitch_program.so and stitch_driver.
@@ -54,6 +54,20 @@ set_target_properties({name}_driver PROPERTIES OUTPUT_NAME stitch_driver)
 target_link_libraries({name}_driver PRIVATE {name}_program)
 
 {chr(10).join(test)}
+"""
+
+
+def _tensor_core_guard() -> str:
+    """CMake lines that refuse architectures older than sm_80 (the convolutions' mma.sync TF32)."""
+    return """
+# the convolutions run as implicit GEMMs on the tensor cores (mma.sync TF32): sm_80 and newer. For an
+# older GPU, export again with --arch set to it: its convolutions are then direct ones in fp32.
+foreach(arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
+  string(REGEX MATCH "^[0-9]+" num "${arch}")
+  if(NOT num OR num LESS 80)
+    message(FATAL_ERROR "this export's convolution kernels need sm_80 or newer, not '${arch}': export again with --arch ${arch}")
+  endif()
+endforeach()
 """
 
 
@@ -172,10 +186,15 @@ def readme(program: Program, schedule: Schedule, memory: MemoryPlan, arch: str,
               f"({memory.unshared_bytes} without sharing), offsets from their lifetimes in `stitch_program.h`."]
     if memory.scratch:
         lines.append("Split reductions keep scratch there: zero the workspace once before the first call.")
+    if schedule.uses_tensor_cores:
+        lines += ["", "Convolutions of one group run as implicit GEMMs on the tensor cores (no cuDNN is linked): "
+                  "split TF32 (three TF32 products of each operand's high and low parts, accumulated in fp32), "
+                  "which matches fp32 within the check's 1e-4; they need sm_80 or newer."]
     if any(s.kernel is not None and s.kernel.kind == "convolution" for s in schedule.steps):
-        lines += ["", "Convolutions run as generated direct convolutions (no cuDNN is linked): correct, but "
-                  "well behind cuDNN for many channels, so this export can be slower than the program "
-                  "measured in process, which runs them through cuDNN."]
+        lines += ["", "Grouped and transposed convolutions (and every convolution for a target older than sm_80) "
+                  "run as generated direct convolutions in fp32 (no cuDNN is linked): correct, but well behind "
+                  "cuDNN for many channels, so this export can be slower than the program measured in process, "
+                  "which runs them through cuDNN."]
     lines += ["", "## Files", "",
               "- `kernels/*.cu`: one generated kernel per region, with its header comment and launcher",
               "- `stitch_program.h` / `stitch_program.cpp`: `stitch_run(...)`, the memory plan, the launch sequence",

@@ -3,7 +3,8 @@
 Each active region becomes one generated kernel when codegen can write it. A region that starts with
 a matmul runs it through cuBLAS and fuses the rest into an epilogue kernel; one that starts with a
 convolution becomes one generated convolution kernel with the rest fused into it (the export links
-no cuDNN). Anything else is split into its nodes: views cost nothing (they alias their input),
+no cuDNN): the implicit GEMM on the tensor cores in split TF32 (codegen/gemm_conv.py) where it takes
+the region and the target has them (sm_80 and newer), else a direct convolution in fp32. Anything else is split into its nodes: views cost nothing (they alias their input),
 matmul / linear / bmm run through cuBLAS, contiguous slices and concatenations are strided copies,
 and every other node becomes a single-node generated kernel. A node with none of these paths (an
 opaque op) makes the export refuse, naming it.
@@ -57,6 +58,11 @@ class Schedule:
     def uses_cublas(self) -> bool:
         return any(s.kind == "gemm" for s in self.steps)
 
+    @property
+    def uses_tensor_cores(self) -> bool:
+        """A generated kernel runs mma.sync TF32 (the implicit-GEMM convolution): sm_80 and newer."""
+        return any(s.kernel is not None and s.kernel.kind == "gemm" for s in self.steps)
+
 
 def c_ident(text: str) -> str:
     ident = re.sub(r"\W", "_", text).strip("_") or "v"
@@ -68,8 +74,9 @@ def _region_name(program: Program, rid: str, nodes: list[str]) -> str:
     return c_ident(f"{rid}_{'_'.join(ops[:3])}")
 
 
-def build_schedule(program: Program) -> Schedule:
-    """The launch sequence for the program's active regions (nodes outside any region run alone)."""
+def build_schedule(program: Program, arch: str = "90") -> Schedule:
+    """The launch sequence for the program's active regions (nodes outside any region run alone), for
+    CUDA architecture `arch` (CMake's form: "90")."""
     regions = active_regions(program)
     groups = region_groups(program, regions)
     region_ids = [r.id for r in regions] + [f"n_{g[0]}" for g in groups[len(regions):]]
@@ -96,14 +103,14 @@ def build_schedule(program: Program) -> Schedule:
         if not real:
             notes.append(f"{rid}: views only ({', '.join(program.nodes[n].op for n in nodes)}); no launch")
             continue
-        made = _whole_region(program, rid, real, unique)
+        made = _whole_region(program, rid, real, unique, arch)
         if made is not None:
             steps += made
             notes.append(f"{rid}: {made[-1].reason}")
             continue
         for n in real:
             try:
-                steps.append(_single(program, rid, n, unique))
+                steps.append(_single(program, rid, n, unique, arch))
             except (CodegenError, ExportError) as exc:
                 node = program.nodes[n]
                 refused.append(f"{node.name} ({node.op}): {exc}")
@@ -133,7 +140,7 @@ def kernel_nodes(program: Program, nodes: list[str]) -> list[str]:
                                                   and any(v in read for v in program.nodes[n].outputs))]
 
 
-def _whole_region(program: Program, rid: str, real: list[str], unique) -> list[Step] | None:
+def _whole_region(program: Program, rid: str, real: list[str], unique, arch: str) -> list[Step] | None:
     """The region as one kernel, or one cuBLAS call plus its fused epilogue kernel; None if neither."""
     try:
         io = region_io(program, real)
@@ -143,7 +150,7 @@ def _whole_region(program: Program, rid: str, real: list[str], unique) -> list[S
     try:
         if lib and program.nodes[lib[0]].opdef.category == "convolution":
             # no cuDNN in the export: the convolution is generated, with its epilogue inside the kernel
-            ks = generate_kernel(program, real, name=unique(_region_name(program, rid, real)), kind="convolution")
+            ks = _conv_kernel(program, real, unique(_region_name(program, rid, real)), arch)
             return [_kernel_step(rid, ks, f"generated {ks.kind} kernel of {len(real)} op(s) ({ks.schedule})")]
         if lib:
             gemm = _gemm_step(program, rid, lib[0], unique)
@@ -158,11 +165,28 @@ def _whole_region(program: Program, rid: str, real: list[str], unique) -> list[S
     return [_kernel_step(rid, ks, f"{ks.kind} kernel of {len(real)} op(s) ({ks.schedule})")]
 
 
+def tensor_cores(arch: str) -> bool:
+    """Whether every architecture in CMake's list ("80;90", "90a") has mma.sync TF32 (sm_80 and
+    newer); "native" or "all" may not."""
+    nums = [re.match(r"\d+", a.strip()) for a in str(arch).split(";")]
+    return all(m is not None and int(m.group()) >= 80 for m in nums)
+
+
+def _conv_kernel(program: Program, nodes: list[str], name: str, arch: str) -> KernelSource:
+    """A convolution region's kernel: the implicit GEMM (split TF32 on the tensor cores, fp32-accurate
+    within the check's 1e-4) where it takes the region and the target has mma.sync TF32, else the
+    direct convolution (fp32 on the FMA units, and the only form of a grouped or transposed one)."""
+    from ..codegen.gemm_mma import FORM, gemm_supported
+    if tensor_cores(arch) and gemm_supported(program, nodes) is None:
+        return generate_kernel(program, nodes, name=name, params={"form": FORM})
+    return generate_kernel(program, nodes, name=name, kind="convolution")
+
+
 def _kernel_step(rid: str, ks: KernelSource, reason: str) -> Step:
     return Step("kernel", ks.name, list(ks.inputs), list(ks.outputs), list(ks.node_ids), rid, reason, kernel=ks)
 
 
-def _single(program: Program, rid: str, nid: str, unique) -> Step:
+def _single(program: Program, rid: str, nid: str, unique, arch: str) -> Step:
     node = program.nodes[nid]
     if node.op in GEMM_OPS:
         return _gemm_step(program, rid, nid, unique)
@@ -170,8 +194,9 @@ def _single(program: Program, rid: str, nid: str, unique) -> Step:
         return _copy_step(program, rid, nid, unique)
     if node.opdef.category == "matmul":
         raise ExportError(f"only {', '.join(GEMM_OPS)} map onto cuBLAS calls in the export")
-    kind = "convolution" if node.opdef.category == "convolution" else None
-    ks = generate_kernel(program, [nid], name=unique(c_ident(f"{rid}_{node.name}")), kind=kind)
+    name = unique(c_ident(f"{rid}_{node.name}"))
+    ks = (_conv_kernel(program, [nid], name, arch) if node.opdef.category == "convolution"
+          else generate_kernel(program, [nid], name=name))
     return _kernel_step(rid, ks, f"single-node {ks.kind} kernel ({ks.schedule})")
 
 
