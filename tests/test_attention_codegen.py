@@ -70,11 +70,11 @@ def test_q_fragments_live_in_registers_up_to_head_dim_64():
         generate_kernel(prog, nodes, name="att_q", params={"form": "3xtf32", "q_regs": True})
 
 
-def _emulate(case: Case):
+def _emulate(case: Case, params=None):
     from agent_core.writer.emulate import CpuExecutor
     from agent_core.writer.executors import guarded, payload
     prog, nodes = attention_program(case)
-    ks = generate_kernel(prog, nodes, name="att_emu", params={"form": "fp32"})
+    ks = generate_kernel(prog, nodes, name="att_emu", params=params or {"form": "fp32"})
     ins = reference_inputs(case, prog, ks.inputs)
     out = prog.values[ks.outputs[0]]
     bufs = [guarded(t.numpy(), GUARD) for t in ins] + [guarded(np.zeros(out.shape, np.float32), GUARD)]
@@ -95,6 +95,30 @@ def test_fp32_form_matches_torch_in_the_emulator(case):
         assert float(got[..., 1, :].abs().max()) == 0.0
     if case.mask == "float":         # row 2 all -inf
         assert float(got[..., 2, :].abs().max()) == 0.0
+
+
+RELU_CASES = [Case(1, 2, 37, 45, 32, mask="causal", score="relu"), Case(2, 1, 37, 45, 32, mask="bool", score="relu"),
+              Case(1, 2, 33, 29, 16, mask="float", score="relu"),
+              Case(1, 4, 20, 21, 32, kv_heads=2, q_view=True, mask="padding", score="relu")]
+
+
+@pytest.mark.parametrize("form", ["fp32", "3xtf32"])
+@pytest.mark.parametrize("case", RELU_CASES + [Case(1, 2, 37, 45, 32, mask="causal")], ids=lambda c: c.label())
+def test_each_form_matches_torch_in_the_emulator_relu_scores_too(case, form):
+    """ReLU attention (relu(scores) @ v, unnormalised; a masked score contributes nothing) in both forms,
+    and the softmax in the tensor-core form: its body with plain-C++ tensor-core helpers (portable)."""
+    got, ref = _emulate(case, {"form": form, "portable": True} if form == "3xtf32" else {"form": form})
+    scale = max(1.0, float(ref.abs().max()))
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5 * scale), float((got - ref).abs().max())
+    if case.score == "relu" and case.mask == "bool":   # row 1 has every key masked: zeros, as relu gives
+        assert float(got[..., 1, :].abs().max()) == 0.0
+
+
+def test_relu_attention_compiles_for_sm90_and_says_its_scores():
+    prog, nodes = attention_program(RELU_CASES[0])
+    ks = generate_kernel(prog, nodes, name="att_relu", params={"form": "3xtf32"})
+    assert "relu scores" in ks.schedule and "exp2f" not in ks.source
+    assert compile_kernel(ks, arch="sm_90").spill_stores == 0
 
 
 def test_predicate_reasons():

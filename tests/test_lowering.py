@@ -163,6 +163,8 @@ SDPA_CASES = [
     ((2, 4, 8), (2, 6, 8), (2, 6, 5), ("const", np.tril(np.ones((4, 6), dtype=bool))), {}),
     ((2, 3, 5, 8), (2, 1, 6, 8), (1, 3, 6, 4), None, {"is_causal": True}),       # batch broadcast
     ((5, 8), (6, 8), (6, 3), None, {"is_causal": True}),                           # 2-D
+    ((2, 4, 8), (2, 6, 8), (2, 6, 5), ("bool", (2, 4, 6)), {"score": "relu"}),    # ReLU attention
+    ((2, 3, 5, 8), (2, 1, 6, 8), (1, 3, 6, 4), None, {"is_causal": True, "score": "relu"}),
 ]
 
 

@@ -3,7 +3,8 @@
 Each spelling is a small nn.Module imported the way a user's model is (the importer, then optimize's
 rewrites with their numerical check); the rewritten program must hold one SDPA node where the module
 had one attention, and compute what the module computes on fresh random inputs. The negative cases
-(the scores read twice, relu instead of softmax, a softmax over another dim, float64) stay as written;
+(the scores read twice, a relu between two weights' products, a softmax over another dim, float64) stay
+as written; ReLU attention becomes one node with score relu;
 a constant mask that is not causal stays a mask. The CLI tests run `rewrite` and `plan` as a user does.
 """
 from __future__ import annotations
@@ -196,9 +197,14 @@ class ScoresReturned(nn.Module):
         return att @ v, att
 
 
-class ReluAttention(nn.Module):
+class ReluMLP(nn.Module):
+    """relu between two products with weights: the shape of ReLU attention, but an MLP."""
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w2 = nn.Parameter(torch.randn(D, 32) * 0.25), nn.Parameter(torch.randn(32, D) * 0.25)
+
     def forward(self, q, k, v):
-        return F.relu(q @ k.transpose(-2, -1) * 0.25) @ v
+        return F.relu(q @ self.w1) @ self.w2 + k.sum() + v.sum()
 
 
 class SoftmaxOverQueries(nn.Module):
@@ -214,12 +220,37 @@ class BandMask(nn.Module):
         return (q @ k.transpose(-2, -1) * 0.25).masked_fill(~near, float("-inf")).softmax(-1) @ v
 
 
-@pytest.mark.parametrize("module", [ScoresReturned(), ReluAttention(), SoftmaxOverQueries()],
-                         ids=["scores_used_twice", "relu_not_softmax", "softmax_over_queries"])
+@pytest.mark.parametrize("module", [ScoresReturned(), ReluMLP(), SoftmaxOverQueries()],
+                         ids=["scores_used_twice", "relu_between_weights", "softmax_over_queries"])
 def test_what_is_not_plain_attention_stays_written_out(module):
     before, result = _rewrite(module, _qkv())
     assert not _ops(result.program, SDPA)
     assert len(_ops(result.program, "matmul")) == len(_ops(before, "matmul")) == 2
+
+
+class ReluAttention(nn.Module):
+    """ReLU self-attention as KernelBench's level 3 writes it: relu instead of softmax, unnormalised."""
+    def __init__(self, causal: bool):
+        super().__init__()
+        self.causal = causal
+        self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
+
+    def forward(self, q, k, v):
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        if self.causal:
+            att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        return F.relu(att) @ v
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "unmasked"])
+def test_relu_attention_becomes_one_attention_node_with_a_relu_score(causal):
+    module = ReluAttention(causal)
+    before, result = _rewrite(module, _qkv())
+    assert _ops(before, "relu") and not _ops(before, SDPA)
+    (node,) = _ops(result.program, SDPA)
+    assert node.attrs["score"] == "relu" and bool(node.attrs["is_causal"]) is causal
+    assert not _ops(result.program, "relu") and not _ops(result.program, "matmul")
+    _matches_module(module, _qkv(seed=1), result.program)
 
 
 def test_float64_attention_is_not_raised():
@@ -289,7 +320,7 @@ def test_the_rewrite_command_raises_attention_in_a_kernelbench_file(tmp_path):
 
 
 @pytest.mark.skipif(not LEVEL3.is_dir(), reason=f"{LEVEL3} is absent (KernelBench is not part of the repository)")
-@pytest.mark.parametrize("stem", ["43_MinGPTCausalAttention", "44_MiniGPTBlock"])
+@pytest.mark.parametrize("stem", ["43_MinGPTCausalAttention", "44_MiniGPTBlock", "50_ReLUSelfAttention"])
 def test_level3_causal_attention_plans_as_one_attention_region(stem, tmp_path):
     out = tmp_path / "planned.json"
     proc = _cli("plan", str(LEVEL3 / f"{stem}.py"), "--no-check", "--json", "-o", str(out), cwd=tmp_path)
@@ -299,6 +330,7 @@ def test_level3_causal_attention_plans_as_one_attention_region(stem, tmp_path):
     prog = load_program(out)
     (node,) = _ops(prog, SDPA)
     assert node.attrs["is_causal"] and not _ops(prog, "softmax")
+    assert node.attrs.get("score", "softmax") == ("relu" if "ReLU" in stem else "softmax")
     holding = [r for r in prog.regions if node.id in r.nodes]
     assert len(holding) == 1, [(r.id, r.kind, r.nodes) for r in prog.regions]
     assert not [n for n in holding[0].nodes if prog.nodes[n].op in ("matmul", "bmm")]

@@ -3,7 +3,8 @@ schedule, written afresh).
 
 A block owns a tile of Br query rows of one (batch, head) and walks the key tiles of Bc keys: scores
 of the tile, an online softmax (running max and sum in fp32), the accumulator of P @ V in registers,
-and one contiguous store of the output. is_causal skips the key tiles wholly above the diagonal and
+and one contiguous store of the output. A relu score (ReLU attention: relu(scores) @ V, unnormalised)
+keeps the schedule without the running max and sum. is_causal skips the key tiles wholly above the diagonal and
 masks the diagonal tile; a bool mask (-inf where false) or a float mask (added) is read per tile
 through its broadcast strides, never materialised; a row whose every key is masked gives zeros, as
 torch does. q, k, v and the mask are read through their strides: layout ops of the region feeding
@@ -104,6 +105,7 @@ class AttentionSpec:
     mask: Operand | None
     out: str               # the value the region writes: the node's output or the last view after it
     store: Operand         # where each output element goes in it (strides over out)
+    score: str = "softmax"  # or "relu": relu(scores) @ v, unnormalised (no running max or sum)
 
     @property
     def nbatch(self) -> int:
@@ -151,7 +153,8 @@ def attention_spec(program: Program, io: RegionIO) -> AttentionSpec:
     scale = float(scale) if scale is not None else 1.0 / math.sqrt(E)
     causal = bool(node.attrs.get("is_causal")) and mv is None
     mask_kind = None if mv is None else ("bool" if vals[mv].dtype == "bool" else "float")
-    return AttentionSpec(nid, batch, L, S, E, Ev, scale, causal, mask_kind, *ops, mask, out, store)
+    return AttentionSpec(nid, batch, L, S, E, Ev, scale, causal, mask_kind, *ops, mask, out, store,
+                         node.attrs.get("score") or "softmax")
 
 
 def _lift(lay: V.Layout, rank: int) -> V.Layout:

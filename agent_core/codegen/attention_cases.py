@@ -21,6 +21,7 @@ class Case:
     mask: str | None = None      # one of MASKS
     kv_heads: int | None = None  # GQA / MQA: fewer key/value heads, expanded to H
     q_view: bool = False         # q given as [B, L, H, E] and transposed inside the region
+    score: str = "softmax"       # or "relu" (ReLU attention: relu(scores) @ v, unnormalised)
 
     @property
     def ev(self) -> int:
@@ -28,7 +29,7 @@ class Case:
 
     def label(self) -> str:
         extra = [self.mask or "nomask"] + ([f"gqa{self.kv_heads}"] if self.kv_heads else []) + \
-            (["qview"] if self.q_view else [])
+            (["qview"] if self.q_view else []) + ([self.score] if self.score != "softmax" else [])
         return f"B{self.B}xH{self.H}xL{self.L}xS{self.S}xE{self.E}xEv{self.ev}-" + "-".join(extra)
 
 
@@ -60,7 +61,7 @@ def attention_program(c: Case) -> tuple[Program, list[str]]:
         ins.append(p.add_input("mask", (c.B,) + (1,) * (len(qshape) - 1) + (c.L, c.S)).id)
     elif c.mask == "padding":
         ins.append(p.add_input("mask", (c.B,) + (1,) * len(qshape) + (c.S,), dtype="bool").id)
-    n = p.add_node("scaled_dot_product_attention", ins, {"is_causal": c.mask == "causal"})
+    n = p.add_node("scaled_dot_product_attention", ins, {"is_causal": c.mask == "causal", "score": c.score})
     p.mark_output(n.outputs[0])
     nodes.append(n.id)
     return p, nodes
@@ -91,8 +92,11 @@ def reference_inputs(c: Case, program: Program, inputs: list[str], seed: int = 0
 
 
 def reference(c: Case, tensors: dict, dtype=None):
-    """torch's SDPA on the case's tensors (name -> tensor), in `dtype` (float64 for the reference)."""
+    """torch's SDPA (or the op's ReLU attention) on the case's tensors (name -> tensor), in `dtype`
+    (float64 for the reference)."""
     import torch.nn.functional as F
+
+    from ..ops.matmul import _relu_attention
     q, k, v = tensors["q"], tensors["k"], tensors["v"]
     if c.q_view:
         q = q.movedim(1, -2)
@@ -103,4 +107,6 @@ def reference(c: Case, tensors: dict, dtype=None):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if mask is not None and mask.is_floating_point():
             mask = mask.to(dtype)
+    if c.score == "relu":
+        return _relu_attention(q, k, v, mask, c.mask == "causal", None)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=c.mask == "causal")

@@ -34,6 +34,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
                            f"(at most {SHARED_LIMIT})")
     cparams, names = parameters(program, io)
     q, k, v = spec.q, spec.k, spec.v
+    relu = spec.score == "relu"
     consts = constants(spec, block, br, bc) + [f"constexpr int kAcc = {acc_n};   // accumulator elements per thread"]
     body = base_offsets(spec, names, br) + [
         "  extern __shared__ float smem[];",
@@ -47,7 +48,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
         "    const int r = i / kE, e = i % kE, row = q0 + r;",
         f"    Qs[i] = row < kL ? gq[(long long)row * {q.row_stride} + (long long)e * {q.col_stride}] : 0.0f;",
         "  }",
-        "  for (int r = tid; r < kBr; r += kBlock) { Mrow[r] = -INFINITY; Lrow[r] = 0.0f; }",
+        f"  for (int r = tid; r < kBr; r += kBlock) {{ Mrow[r] = -INFINITY; Lrow[r] = {'1' if relu else '0'}.0f; Arow[r] = 1.0f; }}",
         "  float acc[kAcc];",
         "  #pragma unroll",
         "  for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;",
@@ -74,22 +75,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
         "      Ps[r * (kBc + 1) + c] = s;",
         "    }",
         "    __syncthreads();",
-        "    for (int r = warp; r < kBr; r += kBlock / 32) {   // one warp per row: the online softmax step",
-        "      float* pr = Ps + r * (kBc + 1);",
-        "      float mx = -INFINITY;",
-        "      for (int c = lane; c < kBc; c += 32) mx = fmaxf(mx, pr[c]);",
-        "      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));",
-        "      const float m_old = Mrow[r], m_new = fmaxf(m_old, mx);",
-        "      const float m_use = m_new == -INFINITY ? 0.0f : m_new;   // every key so far masked: p = 0",
-        "      float sum = 0.0f;",
-        "      for (int c = lane; c < kBc; c += 32) { const float e = expf(pr[c] - m_use); pr[c] = e; sum += e; }",
-        "      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);",
-        "      __syncwarp();",
-        "      if (lane == 0) {",
-        "        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_use);",
-        "        Arow[r] = alpha; Lrow[r] = Lrow[r] * alpha + sum; Mrow[r] = m_new;",
-        "      }",
-        "    }",
+        *(_relu_step() if relu else _softmax_step()),
         "    __syncthreads();",
         "    #pragma unroll",
         "    for (int j = 0; j < kAcc; ++j) {",
@@ -119,6 +105,35 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
     src = kernel_source_text(program, io, spec, "Fused attention (FlashAttention-2 schedule), fp32 FFMA form",
                              notes, consts, [], kernel_name(name), cparams, body, block)
     sched = (f"fused attention, fp32 FFMA: {br} query rows x {bc}-key tiles per block of {block} threads, "
-             f"online softmax, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
+             f"{'relu scores' if relu else 'online softmax'}, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
     return build(program, io, name, spec, src, br=br, block=block, shared=shared, schedule=sched,
                  params={**p, "block": block})
+
+
+def _softmax_step() -> list[str]:
+    """C lines: one warp per row of the tile's logits, the online softmax step (Mrow, Lrow, Arow)."""
+    return ["    for (int r = warp; r < kBr; r += kBlock / 32) {   // one warp per row: the online softmax step",
+            "      float* pr = Ps + r * (kBc + 1);",
+            "      float mx = -INFINITY;",
+            "      for (int c = lane; c < kBc; c += 32) mx = fmaxf(mx, pr[c]);",
+            "      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));",
+            "      const float m_old = Mrow[r], m_new = fmaxf(m_old, mx);",
+            "      const float m_use = m_new == -INFINITY ? 0.0f : m_new;   // every key so far masked: p = 0",
+            "      float sum = 0.0f;",
+            "      for (int c = lane; c < kBc; c += 32) { const float e = expf(pr[c] - m_use); pr[c] = e; sum += e; }",
+            "      for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);",
+            "      __syncwarp();",
+            "      if (lane == 0) {",
+            "        const float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_use);",
+            "        Arow[r] = alpha; Lrow[r] = Lrow[r] * alpha + sum; Mrow[r] = m_new;",
+            "      }",
+            "    }"]
+
+
+def _relu_step() -> list[str]:
+    """C lines: the tile's scores through relu (a masked -inf becomes 0, a NaN stays NaN, as torch's)."""
+    return ["    for (int i = tid; i < kBr * kBc; i += kBlock) {",
+            "      float* pr = Ps + (i / kBc) * (kBc + 1) + i % kBc;",
+            "      const float x = *pr;",
+            "      *pr = (x > 0.0f || x != x) ? x : 0.0f;",
+            "    }"]

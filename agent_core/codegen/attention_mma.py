@@ -30,6 +30,7 @@ from .attention_parts import (base_offsets, build, constants, kernel_source_text
 from .cuda import kernel_name
 from .kernel import CodegenError
 from .region_io import RegionIO
+from .mma_portable import PORTABLE_HELPERS
 
 SHARED_LIMIT = 227 * 1024
 SM_SHARED = 228 * 1024      # per SM on sm_80 / sm_90
@@ -181,6 +182,44 @@ def _pv_tail(tile_acc: bool) -> list[str]:
             "      }"]
 
 
+def _softmax_probabilities() -> list[str]:
+    """C lines after the tile's scores: the online softmax step (running max and sum, base 2), the
+    probabilities written to this warp's Ps rows."""
+    return ["      float alpha[2], m_use[2];",
+            "      #pragma unroll",
+            "      for (int h = 0; h < 2; ++h) {",
+            "        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));",
+            "        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));",
+            "        const float m_new = fmaxf(m_run[h], mx[h]);",
+            "        m_use[h] = m_new == -INFINITY ? 0.0f : m_new;   // every key so far masked: p = 0",
+            "        alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_use[h]);",
+            "        m_run[h] = m_new;",
+            "        l_run[h] *= alpha[h];",
+            "      }",
+            "      #pragma unroll",
+            "      for (int n = 0; n < kNT; ++n) {",
+            "        float pv[4];",
+            "        #pragma unroll",
+            "        for (int j = 0; j < 4; ++j) { pv[j] = exp2f(sacc[n][j] - m_use[j >> 1]); l_run[j >> 1] += pv[j]; }",
+            "        *reinterpret_cast<float2*>(Ps + g * kPS + n * 8 + 2 * t4) = make_float2(pv[0], pv[1]);",
+            "        *reinterpret_cast<float2*>(Ps + (g + 8) * kPS + n * 8 + 2 * t4) = make_float2(pv[2], pv[3]);",
+            "      }"]
+
+
+def _relu_probabilities() -> list[str]:
+    """C lines after the tile's scores: relu of each (a masked -inf becomes 0, a NaN stays NaN, as
+    torch's), written to this warp's Ps rows; nothing to rescale (alpha 1)."""
+    return ["      const float alpha[2] = {1.0f, 1.0f};",
+            "      #pragma unroll",
+            "      for (int n = 0; n < kNT; ++n) {",
+            "        float pv[4];",
+            "        #pragma unroll",
+            "        for (int j = 0; j < 4; ++j) { const float x = sacc[n][j]; pv[j] = (x > 0.0f || x != x) ? x : 0.0f; }",
+            "        *reinterpret_cast<float2*>(Ps + g * kPS + n * 8 + 2 * t4) = make_float2(pv[0], pv[1]);",
+            "        *reinterpret_cast<float2*>(Ps + (g + 8) * kPS + n * 8 + 2 * t4) = make_float2(pv[2], pv[3]);",
+            "      }"]
+
+
 def _pad8(d: int) -> int:
     return math.ceil(d / 8) * 8
 
@@ -217,7 +256,8 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         f"constexpr int kStages = {stages};", f"constexpr int kEp = {ep};   // head dims padded to a multiple of 8",
         f"constexpr int kEvp = {evp};", f"constexpr int kQS = {qs}, kKS = {ks}, kVS = {vs}, kPS = {ps};   // smem row strides",
         "constexpr int kNT = kBc / 8;    // score fragments per warp", "constexpr int kNV = kEvp / 8;   // output fragments per warp"]
-    rule = score_rule(spec, "s", "row", "key", log2e=True)
+    relu = spec.score == "relu"
+    rule = score_rule(spec, "s", "row", "key", log2e=not relu)
     mma_skip = "      if (k0 > q0 + w * 16 + 15) continue_warp = true;   // causal: every key of the tile after the slab's rows" \
         if spec.causal else None
     body = base_offsets(spec, names, br) + [
@@ -242,7 +282,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "  float oacc[kNV][4];",
         "  #pragma unroll",
         "  for (int n = 0; n < kNV; ++n) { oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f; }",
-        "  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};   // rows g and g + 8 (base 2)",
+        *([] if relu else ["  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};   // rows g and g + 8 (base 2)"]),
         "  const int row_a = q0 + w * 16 + g, row_b = row_a + 8;",
         "  for (int tile = 0; tile < ntiles; ++tile) {",
         "    const int stage = kStages == 1 ? 0 : (tile & 1);",
@@ -260,7 +300,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "      #pragma unroll",
         "      for (int n = 0; n < kNT; ++n) { sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f; }",
         *_scores(q_regs, unroll),
-        "      float mx[2] = {-INFINITY, -INFINITY};",
+        *([] if relu else ["      float mx[2] = {-INFINITY, -INFINITY};"]),
         "      #pragma unroll",
         "      for (int n = 0; n < kNT; ++n) {",
         "        #pragma unroll",
@@ -269,28 +309,10 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "          float s = sacc[n][j];",
         *[f"          {line}" for line in rule],
         "          sacc[n][j] = s;",
-        "          mx[j >> 1] = fmaxf(mx[j >> 1], s);",
+        *([] if relu else ["          mx[j >> 1] = fmaxf(mx[j >> 1], s);"]),
         "        }",
         "      }",
-        "      float alpha[2], m_use[2];",
-        "      #pragma unroll",
-        "      for (int h = 0; h < 2; ++h) {",
-        "        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));",
-        "        mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));",
-        "        const float m_new = fmaxf(m_run[h], mx[h]);",
-        "        m_use[h] = m_new == -INFINITY ? 0.0f : m_new;   // every key so far masked: p = 0",
-        "        alpha[h] = m_run[h] == -INFINITY ? 0.0f : exp2f(m_run[h] - m_use[h]);",
-        "        m_run[h] = m_new;",
-        "        l_run[h] *= alpha[h];",
-        "      }",
-        "      #pragma unroll",
-        "      for (int n = 0; n < kNT; ++n) {",
-        "        float pv[4];",
-        "        #pragma unroll",
-        "        for (int j = 0; j < 4; ++j) { pv[j] = exp2f(sacc[n][j] - m_use[j >> 1]); l_run[j >> 1] += pv[j]; }",
-        "        *reinterpret_cast<float2*>(Ps + g * kPS + n * 8 + 2 * t4) = make_float2(pv[0], pv[1]);",
-        "        *reinterpret_cast<float2*>(Ps + (g + 8) * kPS + n * 8 + 2 * t4) = make_float2(pv[2], pv[3]);",
-        "      }",
+        *(_relu_probabilities() if relu else _softmax_probabilities()),
         *_pv_head(tile_acc),
         "      __syncwarp();",
         f"      {_pragma(unroll)}",
@@ -312,13 +334,14 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "    }",
         "    __syncthreads();   // every warp is done with this stage before it is refilled",
         "  }",
-        "  #pragma unroll",
-        "  for (int h = 0; h < 2; ++h) {",
-        "    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);",
-        "    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);",
-        "  }",
-        "  const float inv_a = l_run[0] > 0.0f ? 1.0f / l_run[0] : 0.0f;   // a fully masked row: zeros",
-        "  const float inv_b = l_run[1] > 0.0f ? 1.0f / l_run[1] : 0.0f;",
+        *(["  const float inv_a = 1.0f, inv_b = 1.0f;   // relu scores: no normalisation"] if relu else [
+            "  #pragma unroll",
+            "  for (int h = 0; h < 2; ++h) {",
+            "    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);",
+            "    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 2);",
+            "  }",
+            "  const float inv_a = l_run[0] > 0.0f ? 1.0f / l_run[0] : 0.0f;   // a fully masked row: zeros",
+            "  const float inv_b = l_run[1] > 0.0f ? 1.0f / l_run[1] : 0.0f;"]),
         "  #pragma unroll",
         "  for (int n = 0; n < kNV; ++n) {",
         "    const int d = n * 8 + 2 * t4;",
@@ -337,10 +360,12 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "P V accumulated per key tile, then added to the running output by FFMA (round to nearest)."
         if tile_acc else "P V accumulated into the running output by the tensor cores."]
     src = kernel_source_text(program, io, spec, "Fused attention (FlashAttention-2 schedule), 3xTF32 tensor-core form",
-                             notes, consts, HELPERS.strip("\n").splitlines(), kernel_name(name), cparams, body, block,
+                             notes, consts, (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines(),
+                             kernel_name(name), cparams, body, block,
                              min_blocks=p.get("min_blocks"))
     sched = (f"fused attention, 3xTF32 mma.sync: {br} query rows ({warps} warps x 16) x {bc}-key tiles, "
-             f"{stages}-stage cp.async K/V, online softmax, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
+             f"{stages}-stage cp.async K/V, {'relu scores' if relu else 'online softmax'}, "
+             f"{'causal, ' if spec.causal else ''}{mask_words(spec)}")
     vec = all(_vector_ok(o, d) for o, d in ((spec.q, spec.E), (spec.k, spec.E), (spec.v, spec.Ev)))
     return build(program, io, name, spec, src, br=br, block=block, shared=shared, schedule=sched,
                  params={**p, "block_rows": br, "stages": stages, "block": block, "tile_acc": tile_acc},

@@ -12,7 +12,9 @@ Matched at the softmax, the chain is
     [dropout, identity]     eval mode
     out = p @ v             matmul, bmm or einsum ('...ls,...sd->...ld')
 
-and becomes sdpa(q, k, v, mask, scale). A mask that evaluates to a constant equal to torch's is_causal
+and becomes sdpa(q, k, v, mask, scale). ReLU attention, the same chain with relu in the softmax's place
+(its scores unnormalised), becomes sdpa(..., score="relu") when q, k and v are all activations (a
+relu between two products with weights is an MLP, not attention). A mask that evaluates to a constant equal to torch's is_causal
 (keep key j for query i when j <= i, torch.ones(L, S).tril()) becomes is_causal and disappears; any
 other mask is kept as attn_mask. Where a mask may hide a whole row, the written-out softmax gives NaN
 for it and torch's SDPA gives zeros: the replacement puts the NaNs back (a where on the rows no key
@@ -33,7 +35,7 @@ import torch
 
 from ..analysis.cost import fmt_bytes
 from ..errors import ProgramError
-from ..ir import Program
+from ..ir import Program, Role
 from ..reference import run_node
 from .edits import Rewrite, param_array, producer, single_use
 from .lowering import lower_loss
@@ -291,14 +293,16 @@ def _supported(program: Program, nid: str) -> str | None:
 
 
 def raise_attention(program: Program, nid: str) -> Rewrite | None:
-    """softmax(q @ k^T * scale + mask) @ v written out becomes one scaled_dot_product_attention node
-    (see the module docstring for the spellings)."""
+    """softmax(q @ k^T * scale + mask) @ v written out becomes one scaled_dot_product_attention node,
+    relu(...) @ v one with score relu (see the module docstring for the spellings)."""
     n = program.nodes[nid]
-    if n.op != "softmax" or not n.inputs or n.inputs[0] is None:
+    if n.op not in ("softmax", "relu") or not n.inputs or n.inputs[0] is None:
         return None
+    relu = n.op == "relu"
     s, p = n.inputs[0], n.outputs[0]
     shape = tuple(program.values[s].shape)
-    if len(shape) < 2 or n.attrs["dim"] % len(shape) != len(shape) - 1 or program.values[s].dtype != "float32":
+    if len(shape) < 2 or program.values[s].dtype != "float32" or \
+            (not relu and n.attrs["dim"] % len(shape) != len(shape) - 1):
         return None
     pv, passed = _probabilities_consumer(program, p)
     if pv is None:
@@ -313,9 +317,12 @@ def raise_attention(program: Program, nid: str) -> Rewrite | None:
         return None
     if sc.mask and vals[sc.mask].dtype not in ("bool", "float32"):
         return None
+    if relu and any(vals[x].role in (Role.PARAMETER, Role.CONSTANT) for x in ins[:3]):
+        return None
     out = pv.outputs[0]
     L, S = shape[-2:]
-    causal, dead_possible, how = False, sc.mask is not None, "no mask"
+    # a row the mask hides entirely: NaN from the written-out softmax, zeros from relu (and from ours)
+    causal, dead_possible, how = False, sc.mask is not None and not relu, "no mask"
     if sc.mask is not None:
         what = "additive mask" if sc.mask_kind == "add" else "bool mask"
         arr = _constant(program, sc.mask)
@@ -325,7 +332,7 @@ def raise_attention(program: Program, nid: str) -> Rewrite | None:
         elif arr is not None:
             if keep is None:     # a bias with other values than 0 and -inf
                 keep = ~np.isneginf(arr)
-            dead_possible = _hides_a_row(keep)
+            dead_possible = not relu and _hides_a_row(keep)
             how = f"a constant {what} kept as attn_mask"
         else:
             how = f"a computed {what} kept as attn_mask"
@@ -346,7 +353,7 @@ def raise_attention(program: Program, nid: str) -> Rewrite | None:
             elif sc.mask_kind == "add" and sc.mask_factor != 1.0:
                 mask = add("mul_scalar", [mask], value=sc.mask_factor)
         node = prog.add_node(SDPA, [sc.q, k, vv] + ([mask] if mask else []),
-                             {"is_causal": causal, "scale": scale}, name="attention")
+                             {"is_causal": causal, "scale": scale, "score": n.op}, name="attention")
         o = node.outputs[0]
         if tuple(prog.values[o].shape) != tuple(vals[out].shape):
             raise ProgramError(f"attention would make {list(prog.values[o].shape)}, not {list(vals[out].shape)}")
@@ -361,8 +368,10 @@ def raise_attention(program: Program, nid: str) -> Rewrite | None:
         return {out: o}
     steps = len(sc.nodes) + 1 + len(passed) + 1
     return Rewrite("raise_attention",
-                   f"{n.name} (softmax over {S} keys) with the products around it is attention written out "
+                   f"{n.name} ({n.op} over {S} keys) with the products around it is "
+                   f"{'ReLU ' if relu else ''}attention written out "
                    f"({steps} ops, {list(batch)} x {L}x{S} scores, {scores_size}): q @ k^T scaled by {scale:.6g}, "
-                   f"{how}, softmax, @ v; it becomes one {SDPA} node, which our fused kernel runs without "
+                   f"{how}, {n.op}, @ v; it becomes one {SDPA} node{' (score relu)' if relu else ''}, which our "
+                   f"fused kernel runs without "
                    "storing the scores" + ("; rows the mask hides entirely stay NaN, as written" if dead_possible
                                            else "") + ".", build, nid)
