@@ -255,13 +255,16 @@ def test_a_pointwise_epilogue_is_written_over_the_library_output_it_reads_last(m
                 run_node(p, nid, env)
             for o, v in zip(outs, self.kernel.outputs):
                 o.copy_(env[v].reshape(o.shape))
-    written = []
-    monkeypatch.setattr(executable, "raw_launch", lambda lk, ins, outs: written.append(
-        [o.data_ptr() for o in outs] == [i.data_ptr() for i in ins[:1]]) or lk(ins, outs))
+    written = {}     # kernel -> whether it wrote its output over its first input
+    monkeypatch.setattr(executable, "raw_launch", lambda lk, ins, outs: written.update(
+        {lk.kernel.name: [o.data_ptr() for o in outs] == [i.data_ptr() for i in ins[:1]]}) or lk(ins, outs))
     exe = ProgramExecutable(p, {r: (n, k, Loaded(k)) for r, (n, k) in fused.items()}, graph=False, device="cpu")
     x = torch.randn(2, 3, 16, 16)
     got = exe(x)[0]
-    assert written == [True]                                # relu wrote into conv's buffer
+    assert written[ks.name] is True                         # relu wrote into conv's buffer
+    # the second conv, alone and compute-bound, runs as the implicit GEMM: it reads relu's map
+    assert [k.kind for r, (n, k) in fused.items() if r != rid] == ["gemm"] and not any(
+        w for name, w in written.items() if name != ks.name)
     torch.testing.assert_close(got, run_reference(p, {p.values[p.inputs[0]].name: x})[p.values[p.outputs[0]].name])
 
 
