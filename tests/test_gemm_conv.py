@@ -161,3 +161,23 @@ def test_cli_optimize_cpu_compiles_a_compute_bound_convolution_alone_as_the_impl
     assert outcomes[wide[0]]["status"] == "compiled", outcomes[wide[0]]
     assert "all of them the implicit-GEMM convolution" in outcomes[wide[0]]["reason"], outcomes[wide[0]]
     assert outcomes[thin[0]]["status"] == "library" and "cuDNN" in outcomes[thin[0]]["reason"], outcomes[thin[0]]
+
+
+def test_keeping_the_implicit_gemm_drops_the_convolutions_library_choices():
+    """When a region keeps our kernel, the convolution's cuDNN precision and layout choices no longer
+    apply (nothing would undo a channels-last conversion meant for a call that no longer runs)."""
+    from types import SimpleNamespace
+
+    from agent_core.agent.gemm_form import keep
+    from agent_core.runtime.split_tf32 import CHANNELS_LAST, TF32X3_CAT
+    p = conv_program((2, 8, 10, 10), 16, (3, 3))
+    conv = next(n for n in p.nodes.values() if n.op == "conv2d")
+    p.metadata["library_precision"] = {conv.id: TF32X3_CAT}
+    p.metadata["library_layout"] = {conv.id: CHANNELS_LAST}
+    events = []
+    agent = SimpleNamespace(program=p, _params={}, ev=SimpleNamespace(emit=lambda kind, **e: events.append((kind, e))))
+    ks = generate_kernel(p, list(p.nodes), name="keep", params=FORM)
+    keep(agent, SimpleNamespace(id="r1"), ks)
+    assert p.metadata["library_precision"] == {} and p.metadata["library_layout"] == {}
+    (kind, e), = events
+    assert kind == "precision" and e["chosen"] == "gemm-3xtf32" and TF32X3_CAT in e["reason"]

@@ -91,12 +91,13 @@ def lone_conv_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
 
 
 def keep(agent, r, ks) -> None:
-    """The region keeps the tile GEMM: its matmul's library precision choice (and the split caches it
-    would keep) no longer applies; an event says so."""
-    from ..runtime.split_tf32 import drop_cached_splits, library_precision
+    """The region keeps the tile GEMM: its matmul's or convolution's library precision and layout
+    choices (and the split caches they would keep) no longer apply; an event says so."""
+    from ..runtime.split_tf32 import drop_cached_splits, library_layout, library_precision
     chosen = library_precision(agent.program)
     spec = gemm_spec(agent.program, region_io(agent.program, ks.node_ids))
     was = chosen.pop(spec.node, None) if chosen else None
+    library_layout(agent.program).pop(spec.node, None)   # a convolution's channels-last call is gone too
     params = getattr(agent, "_params", None) or {}
     freed = drop_cached_splits([params[v] for v in (spec.b.value, spec.a.value) if v in params])
     agent.ev.emit("precision", node=spec.node, op=agent.program.nodes[spec.node].op, chosen=FORM,
