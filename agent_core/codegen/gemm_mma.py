@@ -187,17 +187,9 @@ def lone_conv(program: Program, node_ids) -> bool:
     tile form as its kernel, timed against the cuDNN call (the faster is kept). Below the ridge point
     the time is the bytes, which a kernel of our own does not cut."""
     from ..analysis.cost import node_cost
-    from .region_io import region_io
     ids = list(node_ids)
-    if len(ids) != 1 or program.nodes[ids[0]].op not in gemm_conv.CONV_OPS:
-        return False
-    if node_cost(program, ids[0]).bound() != "compute":
-        return False
-    try:
-        gemm_spec(program, region_io(program, ids))
-    except CodegenError:
-        return False
-    return True
+    return (len(ids) == 1 and program.nodes[ids[0]].op in gemm_conv.CONV_OPS
+            and node_cost(program, ids[0]).bound() == "compute" and gemm_supported(program, ids) is None)
 
 
 def alternatives(program: Program, io: RegionIO) -> list[dict]:
