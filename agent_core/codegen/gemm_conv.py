@@ -15,10 +15,10 @@ Why: cuDNN runs fp32 convolutions over few input channels (3 or 8: K = 27 to 216
 and the epilogue then makes a second pass over the output. Here the products run on the tensor cores
 in split TF32, and the output is written once.
 
-The gather's cost: each CTA tabulates its rows once in shared memory (the row's input offset and the
-window's origin in each spatial dim). Each thread copies one column of every slice (kBlock % kBK == 0),
-so a slice costs a thread one division chain for its tap, and a copied element costs a table read, an
-add and a bounds test per spatial dim.
+The gather: each thread copies one row of every A tile (kBlock % kBM == 0), so its window's origin is
+worked out once and kept in registers; a copied element costs its tap's division chain (by constants),
+an add and a bounds test per spatial dim. A warp's lanes take consecutive rows, whose output positions
+read neighbouring input elements: its copies of one column are coalesced.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from .kernel import CodegenError
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
 # names the gather declares in the kernel's scope (the epilogue's value names must not take them)
-LOCALS = ("rbase", "rorg", "coff", "kok", "adst", "gc", "tap")
+LOCALS = ("arow", "abase", "adst", "gc", "tap", "inside") + tuple(f"ao{j}" for j in range(3))
 OUTSIDE = -(1 << 30)        # a row past M: its window origin, outside every input dim
 
 
@@ -92,56 +92,48 @@ def consts(g: ConvGeom) -> list[str]:
     return [f"constexpr int kS = {g.positions};   // output positions per image and channel"]
 
 
-def row_table(g: ConvGeom) -> list[str]:
-    """C lines at the kernel's start: this CTA's rows tabulated (bm: its first row), then a barrier."""
+def row_registers(g: ConvGeom) -> list[str]:
+    """C lines at the kernel's start (bm: the CTA's first row): the one row of every A tile this thread
+    copies (kBlock % kBM == 0), as its window's origin per spatial dim and as an input offset, kept in
+    registers for the whole k loop; a row past M gets origins outside every input dim."""
     d = len(g.out_size)
-    lines = ["  __shared__ index_t rbase[kBM];   // a row's window origin as an offset into the input",
-             f"  __shared__ int rorg[kBM][{d}];      // ... and per spatial dim ({OUTSIDE} for a row past M)",
-             "  for (int r = tid; r < kBM; r += kBlock) {",
-             "    int m = bm + r;",
-             "    if (m < kM) {"]
+    lines = ["  const int arow = tid % kBM;   // this thread's row of each A tile",
+             f"  int {', '.join(f'ao{j}' for j in range(d))};   // its window's origin per spatial dim",
+             "  index_t abase;                // ... as an offset into the input",
+             "  {",
+             "    int m = bm + arow;",
+             "    const bool inside = m < kM;",
+             "    if (!inside) m = 0;"]
     for j in reversed(range(d)):
         origin = _affine(f"m % {g.out_size[j]}", g.stride[j], -g.pad[j])
-        lines.append(f"      const int o{j} = {origin}; m /= {g.out_size[j]};")
+        lines.append(f"    const int o{j} = {origin}; m /= {g.out_size[j]};")
     offset = f"(index_t)m * {g.cin}"      # Horner over (image, channel 0, origin), origins may be < 0
     for j in range(d):
         offset = f"({offset}) * {g.in_size[j]} + o{j}"
-    lines += [f"      rbase[r] = {offset};",
-              *[f"      rorg[r][{j}] = o{j};" for j in range(d)],
-              "    } else {",
-              "      rbase[r] = 0;",
-              *[f"      rorg[r][{j}] = {OUTSIDE};" for j in range(d)],
-              "    }",
-              "  }",
-              "  __syncthreads();"]
+    lines += [f"    abase = {offset};",
+              *[f"    ao{j} = inside ? o{j} : {OUTSIDE};" for j in range(d)],
+              "  }"]
     return lines
-
-
-def table_bytes(g: ConvGeom, block_m: int) -> int:
-    """Static shared memory of the row table (an index_t of up to 8 bytes and an int per spatial dim)."""
-    return block_m * (8 + 4 * len(g.out_size))
 
 
 def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
     """C lines inside load_tile(kt, stage): the A tile's k slice gathered from the input `src`. Each
-    thread takes one column (tap) of the slice and every kBlock / kBK-th row."""
+    thread copies its row's columns c = tid / kBM + j kBlock / kBM: a warp's 32 lanes take 32
+    consecutive rows of one column, consecutive output positions that read neighbouring input elements
+    (one or a few 128-byte lines per copy instruction)."""
     d = len(g.out_size)
-    lines = [f"{indent}{{",
-             f"{indent}  const int gc = k0 + tid % kBK;",
+    lines = [f"{indent}float* adst = As + stage * kATile + arow * kAS;",
+             f"{indent}for (int c = tid / kBM; c < kBK; c += kBlock / kBM) {{",
+             f"{indent}  const int gc = k0 + c;",
              f"{indent}  int tap = gc;"]
     for j in reversed(range(d)):
         lines.append(f"{indent}  const int t{j} = {_affine(f'tap % {g.kernel[j]}', g.dil[j], 0)}; tap /= {g.kernel[j]};")
     coff = "(index_t)tap"
     for j in range(d):
         coff = f"({coff} * {g.in_size[j]} + t{j})"
-    inside = " && ".join(f"(unsigned)(rorg[r][{j}] + t{j}) < {g.in_size[j]}u" for j in range(d))
-    lines += [f"{indent}  const index_t coff = {coff};   // the tap's offset from the window's origin",
-              f"{indent}  const bool kok = gc < kK;",
-              f"{indent}  float* adst = As + stage * kATile + tid % kBK;",
-              f"{indent}  for (int r = tid / kBK; r < kBM; r += kBlock / kBK) {{",
-              f"{indent}    const bool ok = kok && {inside};",
-              f"{indent}    cp_async4(adst + r * kAS, {src} + (ok ? rbase[r] + coff : 0), ok);",
-              f"{indent}  }}",
+    inside = " && ".join(f"(unsigned)(ao{j} + t{j}) < {g.in_size[j]}u" for j in range(d))
+    lines += [f"{indent}  const bool ok = gc < kK && {inside};",
+              f"{indent}  cp_async4(adst + c, {src} + (ok ? abase + {coff} : 0), ok);",
               f"{indent}}}"]
     return lines
 
@@ -170,10 +162,10 @@ THIN_VARIANTS = ({"block_m": 256, "warps_m": 8}, {"block_m": 64, "warps_m": 2}, 
 
 def check(p: dict) -> None:
     block = 32 * int(p["warps_m"]) * int(p["warps_n"])
-    if block % int(p["block_k"]):
-        raise CodegenError(f"implicit-GEMM convolution: {block} threads do not split into columns of a "
-                           f"{p['block_k']}-wide k slice")
+    if block % int(p["block_m"]):
+        raise CodegenError(f"implicit-GEMM convolution: {block} threads do not split into the {p['block_m']} "
+                           f"rows of a tile")
 
 
 __all__ = ["CONV_OPS", "ConvGeom", "LOCALS", "THIN_VARIANTS", "check", "consts", "conv_geom", "default_tiles",
-           "gather_lines", "row_table", "store_index", "table_bytes"]
+           "gather_lines", "row_registers", "store_index"]

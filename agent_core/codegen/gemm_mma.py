@@ -373,7 +373,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     bm, bn, bk, wm, wn, stages = _check(spec, p)
     slice_acc = p.get("slice_acc") is not False
     shared = shared_bytes(spec, p)
-    if shared + (gemm_conv.table_bytes(spec.conv, bm) if spec.conv else 0) > SHARED_LIMIT:
+    if shared > SHARED_LIMIT:
         raise CodegenError(f"tile GEMM: {shared} bytes of shared memory for {bm} x {bn} x {bk} tiles in "
                            f"{stages} stages (at most {SHARED_LIMIT})")
     vals = program.values
@@ -434,7 +434,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]",
         "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
         "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
-        *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *gemm_conv.row_table(conv)] if conv else
+        *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *gemm_conv.row_registers(conv)] if conv else
           ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;"]),
         "  auto load_tile = [&](int kt, int stage) {",
         "    const int k0 = kt * kBK;",
