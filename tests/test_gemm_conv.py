@@ -1,5 +1,5 @@
 """The tile GEMM's convolution form (codegen/gemm_conv.py): a conv1d / 2d / 3d and the pointwise ops after
-it as one implicit-GEMM kernel. Its variants compile through NVRTC for sm_90 without warnings or spills;
+it as one implicit-GEMM kernel (grouped: one GEMM per group). Its variants compile through NVRTC for sm_90 without warnings or spills;
 the same body with plain-C++ tensor-core helpers runs in the CPU emulator and matches torch on ragged
 shapes, strides, padding and dilation; what it does not take is refused with the reason; the planner
 names the form for a conv + epilogue region and `optimize --cpu` compiles it among the tuning variants."""
@@ -67,6 +67,8 @@ def emulate(p, ks, x):
     ((1, 2, 5, 6, 7), 8, (3, 2, 3), {"padding": 1}, {"block_m": 64, "warps_m": 2}),
     ((2, 8, 6, 7), 40, (1, 1), {"bias": False}, {"block_k": 16, "stages": 4}),
     ((2, 4, 9, 8), 24, (3, 3), {"padding": "same", "dilation": 2}, {"block_m": 256, "warps_m": 8}),
+    ((2, 6, 9, 8), 16, (3, 3), {"padding": 1, "groups": 2}, {}),              # groups of 8 channels
+    ((1, 12, 7, 6, 5), 48, (2, 2, 2), {"groups": 3, "stride": 2}, {"block_m": 64, "warps_m": 2}),
 ])
 def test_emulated_conv_matches_torch(x_shape, cout, kernel, kw, params):
     p = conv_program(x_shape, cout, kernel, **kw)
@@ -95,9 +97,12 @@ def test_emulated_conv_alone_writes_the_conv_and_its_bias():
     ((64, 8, 16, 32, 32), 32, (3, 3, 3), {}),      # a 3-D convolution over 8 channels
     ((16, 64, 28, 28), 128, (3, 3), {}),           # a wide one: the square tiles
     ((8, 16, 100), 64, (5,), {"block_m": 256, "warps_m": 8}),
+    ((32, 240, 28, 28), 240, (1, 1), {"groups": 3}),    # ShuffleNet's grouped 1x1
+    ((32, 64, 28, 28), 64, (3, 3), {"groups": 8}),      # groups of 8 channels
 ])
 def test_conv_compiles_for_sm90_without_warnings_or_spills(x_shape, cout, kernel, params):
-    p = conv_program(x_shape, cout, kernel, padding=1)
+    params = dict(params)
+    p = conv_program(x_shape, cout, kernel, padding=1, groups=params.pop("groups", 1))
     ks = generate_kernel(p, list(p.nodes), name="conv_gemm", params={**FORM, **params})
     assert "mma.sync.aligned.m16n8k8" in ks.source and "cp.async" in ks.source
     c = compile_kernel(ks, arch="sm_90")
@@ -106,9 +111,9 @@ def test_conv_compiles_for_sm90_without_warnings_or_spills(x_shape, cout, kernel
 
 
 def test_what_the_implicit_gemm_does_not_take_is_refused_with_the_reason():
-    grouped = conv_program((2, 4, 8, 8), 8, (3, 3), groups=2)
-    with pytest.raises(CodegenError, match="groups=2"):
-        generate_kernel(grouped, list(grouped.nodes), name="g", params=FORM)
+    depthwise = conv_program((2, 8, 8, 8), 8, (3, 3), groups=8)    # one output channel a group
+    with pytest.raises(CodegenError, match="1 output channel.s. per group .groups=8."):
+        generate_kernel(depthwise, list(depthwise.nodes), name="g", params=FORM)
     p = Program("conv_then_sum")
     x = p.add_input("x", (2, 3, 8, 8))
     w = p.add_parameter("w", np.ones((4, 3, 3, 3), np.float32))

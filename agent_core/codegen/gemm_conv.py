@@ -1,10 +1,11 @@
-"""The tile GEMM's convolution form (codegen/gemm_mma.py runs it): a conv1d / conv2d / conv3d of
-groups 1 and the pointwise ops after it as ONE implicit-GEMM kernel on the tensor cores (split TF32).
+"""The tile GEMM's convolution form (codegen/gemm_mma.py runs it): a conv1d / conv2d / conv3d and the
+pointwise ops after it as ONE implicit-GEMM kernel on the tensor cores (split TF32).
 
 The GEMM is out[m, n] = sum_k A[m, k] B[k, n] with
 - m = (image, output position): M = batch x output positions;
-- n = output channel: N = Cout;
-- k = (input channel, kernel tap): K = Cin x taps;
+- n = output channel: N = Cout (per group: a grouped convolution is one GEMM per group, along grid z,
+  and takes 8 or more output channels per group);
+- k = (input channel, kernel tap): K = Cin x taps (per group);
 - A the input's patches, never written out: each k slice of an A tile is gathered from the input as
   it is copied into shared memory, zero where a tap falls into the padding;
 - B the weight, read as linear's [N, K] (torch's [Cout, Cin, *kernel] is already k-contiguous).
@@ -30,8 +31,10 @@ from .kernel import CodegenError
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
 # names the gather declares in the kernel's scope (the epilogue's value names must not take them)
-LOCALS = ("arow", "abase", "adst", "gc", "tap", "inside") + tuple(f"ao{j}" for j in range(3))
+LOCALS = ("arow", "abase", "adst", "gc", "tap", "inside", "grp", "wgrp") + tuple(f"ao{j}" for j in range(3))
 OUTSIDE = -(1 << 30)        # a row past M: its window origin, outside every input dim
+MIN_GROUP_CHANNELS = 8      # output channels per group: an m16n8 fragment's width
+GROUP_LIMIT = 65535         # groups along grid z
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,15 @@ class ConvGeom:
     stride: tuple
     pad: tuple
     dil: tuple
+    groups: int = 1       # a grouped convolution is one GEMM per group (grid z)
+
+    @property
+    def cin_g(self) -> int:
+        return self.cin // self.groups
+
+    @property
+    def cout_g(self) -> int:
+        return self.cout // self.groups
 
     @property
     def positions(self) -> int:
@@ -60,7 +72,8 @@ class ConvGeom:
         extra = "".join(f", {name} {list(v)}" for name, v, plain in
                         (("stride", self.stride, 1), ("padding", self.pad, 0), ("dilation", self.dil, 1))
                         if any(e != plain for e in v))
-        return f"{x} kernel over {self.cin} input channels{extra}"
+        per = f" in {self.groups} groups" if self.groups > 1 else ""
+        return f"{x} kernel over {self.cin} input channels{per}{extra}"
 
 
 def conv_geom(program, node) -> ConvGeom:
@@ -71,15 +84,21 @@ def conv_geom(program, node) -> ConvGeom:
     if len(x.shape) != d + 2:
         raise CodegenError(f"{node.name} ({node.op}): an unbatched input {x.spec}; the implicit-GEMM "
                            f"convolution takes [batch, channels, *spatial]", node_id=node.id)
-    groups = node.attrs.get("groups", 1)
-    if groups != 1 or w.shape[1] != x.shape[1]:
-        raise CodegenError(f"{node.name} ({node.op}): groups={groups}; the implicit GEMM takes groups=1 (a "
-                           f"grouped or depthwise convolution has too few products per byte for tensor cores)",
+    groups = int(node.attrs.get("groups", 1))
+    if groups < 1 or w.shape[1] * groups != x.shape[1] or w.shape[0] % groups:
+        raise CodegenError(f"{node.name} ({node.op}): groups={groups} does not split {x.shape[1]} input and "
+                           f"{w.shape[0]} output channels", node_id=node.id)
+    if groups > 1 and w.shape[0] // groups < MIN_GROUP_CHANNELS:
+        raise CodegenError(f"{node.name} ({node.op}): {w.shape[0] // groups} output channel(s) per group (groups="
+                           f"{groups}); the implicit GEMM takes {MIN_GROUP_CHANNELS} or more, one m16n8 tile's "
+                           f"width (a depthwise convolution has too few products per byte for tensor cores)",
                            node_id=node.id)
+    if groups > GROUP_LIMIT:
+        raise CodegenError(f"{node.name} ({node.op}): {groups} groups exceed the grid's {GROUP_LIMIT}", node_id=node.id)
     kernel = tuple(w.shape[2:])
     stride, pad, dil, _ = conv_geometry(node, d, list(kernel))
     return ConvGeom(x.shape[0], x.shape[1], w.shape[0], tuple(x.shape[2:]), tuple(y.shape[2:]), kernel,
-                    tuple(stride), tuple(pad), tuple(dil))
+                    tuple(stride), tuple(pad), tuple(dil), groups)
 
 
 def _affine(x: str, scale: int, shift: int) -> str:
@@ -89,7 +108,22 @@ def _affine(x: str, scale: int, shift: int) -> str:
 
 
 def consts(g: ConvGeom) -> list[str]:
-    return [f"constexpr int kS = {g.positions};   // output positions per image and channel"]
+    return [f"constexpr int kS = {g.positions};   // output positions per image and channel",
+            f"constexpr int kCout = {g.cout};   // output channels ({g.groups} group(s) of kN)"]
+
+
+def weight(g: ConvGeom, w: str) -> tuple[list[str], str]:
+    """(C lines at the kernel's start, the name B is read from): a grouped convolution's CTA reads its
+    group's [N, K] rows of the weight."""
+    if g.groups == 1:
+        return [], w
+    return ["  const int grp = blockIdx.z;   // this CTA's group",
+            f"  const float* wgrp = {w} + (index_t)grp * kN * kK;   // its [N, K] weight rows"], "wgrp"
+
+
+def channel(g: ConvGeom) -> str:
+    """The output channel of GEMM column `col`."""
+    return "grp * kN + col" if g.groups > 1 else "col"
 
 
 def row_registers(g: ConvGeom) -> list[str]:
@@ -107,7 +141,8 @@ def row_registers(g: ConvGeom) -> list[str]:
     for j in reversed(range(d)):
         origin = _affine(f"m % {g.out_size[j]}", g.stride[j], -g.pad[j])
         lines.append(f"    const int o{j} = {origin}; m /= {g.out_size[j]};")
-    offset = f"(index_t)m * {g.cin}"      # Horner over (image, channel 0, origin), origins may be < 0
+    # Horner over (image, the group's first channel, origin); origins may be < 0
+    offset = f"(index_t)m * {g.cin}" + (f" + grp * {g.cin_g}" if g.groups > 1 else "")
     for j in range(d):
         offset = f"({offset}) * {g.in_size[j]} + o{j}"
     lines += [f"    abase = {offset};",
@@ -138,23 +173,20 @@ def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
     return lines
 
 
-def store_index() -> str:
+def store_index(g: ConvGeom) -> str:
     """The flat index of output element (row, col) in the convolution's layout [batch, Cout, *out]."""
-    return "const index_t i = ((index_t)(row / kS) * kN + col) * kS + row % kS;"
+    return f"const index_t i = ((index_t)(row / kS) * kCout + {channel(g)}) * kS + row % kS;"
 
 
 def default_tiles(g: ConvGeom, K: int) -> dict:
-    """Tiles for a convolution's thin output (N = Cout, often 16 to 64): the block's columns cover Cout
-    rounded up to 16 (two warps across), four warps down 128 rows; k slices of 32 or the whole of a
-    smaller K; two stages when the slices are that few."""
-    bn = min(128, 16 * math.ceil(g.cout / 16))
-    if bn == 128:
-        bm, wm, wn = 128, 2, 4
-    else:
-        bm, wm, wn = 128, 4, 2
-    bk = next(b for b in (8, 16, 32) if b >= K or b == 32)   # a power of two: the block's threads split into its columns
+    """Tiles for a convolution's thin output (N = Cout per group, often 8 to 64): 128 rows a block; its
+    columns cover the channels rounded up to 8 (one warp across) or 16 (two); k slices of 32 or the
+    smallest of 8 and 16 that holds a smaller K; two stages when the slices are that few."""
+    bn = 8 if g.cout_g <= 8 else min(128, 16 * math.ceil(g.cout_g / 16))
+    wm, wn = {8: (4, 1), 128: (2, 4)}.get(bn, (4, 2))
+    bk = next(b for b in (8, 16, 32) if b >= K or b == 32)
     stages = 2 if math.ceil(K / bk) <= 2 else 3
-    return {"block_m": bm, "block_n": bn, "block_k": bk, "warps_m": wm, "warps_n": wn, "stages": stages}
+    return {"block_m": 128, "block_n": bn, "block_k": bk, "warps_m": wm, "warps_n": wn, "stages": stages}
 
 
 THIN_VARIANTS = ({"block_m": 256, "warps_m": 8}, {"block_m": 64, "warps_m": 2}, {"block_k": 16, "stages": 4})
@@ -167,5 +199,5 @@ def check(p: dict) -> None:
                            f"rows of a tile")
 
 
-__all__ = ["CONV_OPS", "ConvGeom", "LOCALS", "THIN_VARIANTS", "check", "consts", "conv_geom", "default_tiles",
-           "gather_lines", "row_registers", "store_index"]
+__all__ = ["CONV_OPS", "ConvGeom", "LOCALS", "THIN_VARIANTS", "channel", "check", "consts", "conv_geom",
+           "default_tiles", "gather_lines", "row_registers", "store_index", "weight"]

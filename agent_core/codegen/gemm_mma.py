@@ -140,13 +140,13 @@ def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSp
     """A convolution as the implicit GEMM: M = batch x output positions, N = Cout, K = Cin x taps; B is
     the weight read as linear's [N, K]; pointwise ops after it only."""
     g = gemm_conv.conv_geom(program, node)
-    M, N, K = g.batch * g.positions, g.cout, g.cin * g.taps
+    M, N, K = g.batch * g.positions, g.cout_g, g.cin_g * g.taps
     if min(M, N, K) < 1:
         raise CodegenError(f"{node.name}: an empty convolution ({M} x {N} x {K})", node_id=node.id)
     if M >= INT_INDEX_LIMIT:
         raise CodegenError(f"{node.name}: {M} output rows are more than the implicit GEMM's int rows hold",
                            node_id=node.id)
-    if bias is not None and tuple(program.values[bias].shape) != (N,):
+    if bias is not None and tuple(program.values[bias].shape) != (g.cout,):
         raise CodegenError(f"{node.name}: a bias of shape {list(program.values[bias].shape)}", node_id=node.id)
     out = node.outputs[0]
     space = tuple(program.values[out].shape)
@@ -401,6 +401,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
               f"constexpr int kAS = kBK + 4, kBS = {b_stride};   // shared row strides (bank-conflict-free fragment reads)",
               f"constexpr int kATile = kBM * kAS, kBTile = {b_tile};"] + (gemm_conv.consts(conv) if conv else [])
     a_src, b_src = arg[spec.a.value], arg[spec.b.value]
+    group_lines, b_src = gemm_conv.weight(conv, b_src) if conv else ([], b_src)
     if kb:   # B tile [n][k]: the weight's rows are n, k contiguous
         b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, "bn", "k0", "kN", "kK", b_stride, b_vec, "    ")
         b_frag = ["        const float* pb = Bt + (warp_n * kTN + nt * 8 + lane_g) * kBS + kk + lane_t;",
@@ -426,15 +427,16 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                 "  for (int mt = 0; mt < kMT; ++mt) rs[mt][0] = rs[mt][1] = row_identity();"] if rows else []
     row_tail = combine_lines(program, io, rows, arg, set(LOCALS) | set(ROW_LOCALS) | set(arg.values()),
                              n_tiles) if rows else []
-    value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{'col' if vals[spec.bias].shape else '0'}]"
-                                if spec.bias else "")
+    bias_at = gemm_conv.channel(conv) if conv else "col" if spec.bias and vals[spec.bias].shape else "0"
+    value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
     body = [
         "  extern __shared__ __align__(16) float smem[];",
         "  float* As = smem;                           // [kStages][kBM][kAS]",
         "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]",
         "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
         "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
-        *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *gemm_conv.row_registers(conv)] if conv else
+        *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *group_lines, *gemm_conv.row_registers(conv)]
+          if conv else
           ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;"]),
         "  auto load_tile = [&](int kt, int stage) {",
         "    const int k0 = kt * kBK;",
@@ -490,7 +492,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "      for (int j = 0; j < 4; ++j) {",
         "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
         "        if (row < kM && col < kN) {",
-        *([f"          {gemm_conv.store_index() if conv else 'const index_t i = (index_t)row * kN + col;'}"]
+        *([f"          {gemm_conv.store_index(conv) if conv else 'const index_t i = (index_t)row * kN + col;'}"]
           if any(re.search(r"\bi\b", ln) for ln in epi) else []),
         f"          const float mm = {value};",
         *[f"          {line}" for line in epi],
@@ -531,7 +533,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
     nbytes, flops = cost(program, io, spec, p)
     return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-                        outputs=list(io.outputs), grid=(m_tiles, n_tiles, 1) if conv else (n_tiles, m_tiles, 1),
+                        outputs=list(io.outputs), grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, 1),
                         block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
                         align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops,
                         workspace=workspace)

@@ -187,11 +187,11 @@ def readme(program: Program, schedule: Schedule, memory: MemoryPlan, arch: str,
     if memory.scratch:
         lines.append("Split reductions keep scratch there: zero the workspace once before the first call.")
     if schedule.uses_tensor_cores:
-        lines += ["", "Convolutions of one group run as implicit GEMMs on the tensor cores (no cuDNN is linked): "
-                  "split TF32 (three TF32 products of each operand's high and low parts, accumulated in fp32), "
+        lines += ["", "Convolutions (with 8 or more output channels per group) run as implicit GEMMs on the tensor "
+                  "cores (no cuDNN is linked): split TF32 (three TF32 products of each operand's high and low parts, accumulated in fp32), "
                   "which matches fp32 within the check's 1e-4; they need sm_80 or newer."]
     if any(s.kernel is not None and s.kernel.kind == "convolution" for s in schedule.steps):
-        lines += ["", "Grouped and transposed convolutions (and every convolution for a target older than sm_80) "
+        lines += ["", "Depthwise and transposed convolutions (and every convolution for a target older than sm_80) "
                   "run as generated direct convolutions in fp32 (no cuDNN is linked): correct, but well behind "
                   "cuDNN for many channels, so this export can be slower than the program measured in process, "
                   "which runs them through cuDNN."]

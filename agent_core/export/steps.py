@@ -175,7 +175,7 @@ def tensor_cores(arch: str) -> bool:
 def _conv_kernel(program: Program, nodes: list[str], name: str, arch: str) -> KernelSource:
     """A convolution region's kernel: the implicit GEMM (split TF32 on the tensor cores, fp32-accurate
     within the check's 1e-4) where it takes the region and the target has mma.sync TF32, else the
-    direct convolution (fp32 on the FMA units, and the only form of a grouped or transposed one)."""
+    direct convolution (fp32 on the FMA units, and the only form of a depthwise or transposed one)."""
     from ..codegen.gemm_mma import FORM, gemm_supported
     if tensor_cores(arch) and gemm_supported(program, nodes) is None:
         return generate_kernel(program, nodes, name=name, params={"form": FORM})

@@ -1,6 +1,6 @@
 """On the GPU: the implicit-GEMM convolution (codegen/gemm_conv.py on the tile GEMM, 3xTF32 mma.sync).
 Each kernel is built, launched and verified against torch on 5 random draws at atol = rtol = 1e-4
-(tests/programs.py `fused`): conv1d / 2d / 3d with strides, padding, dilation, a ragged Cout, no bias,
+(tests/programs.py `fused`): conv1d / 2d / 3d with strides, padding, dilation, groups, a ragged Cout, no bias,
 and the tile variants the tuner tries; level 2's 3-D convolution over 8 channels stays inside the
 tolerance against float64, at most a few times torch's own fp32 error.
 
@@ -19,7 +19,8 @@ CASES = [((16, 3, 34, 33), 16, (3, 3), {"padding": 1}),
          ((8, 5, 301), 20, (4,), {"stride": 2, "padding": 3, "dilation": 2}),
          ((4, 8, 10, 18, 17), 32, (3, 3, 3), {}),
          ((4, 64, 14, 14), 72, (3, 3), {"padding": "same", "bias": False}),
-         ((2, 16, 9, 9), 128, (1, 1), {})]
+         ((2, 16, 9, 9), 128, (1, 1), {}),
+         ((4, 24, 15, 15), 48, (3, 3), {"padding": 1, "groups": 3}), ((8, 64, 14, 14), 64, (1, 1), {"groups": 8})]
 
 
 @pytest.mark.parametrize("params", VARIANTS, ids=["default", "256rows", "64rows", "k16-4stages"])
