@@ -33,9 +33,11 @@ from agent_core.ir import Program  # noqa: E402
 
 GEMMS = [(4096, 1024, 1024), (8192, 2048, 1024), (4096, 4096, 2048), (16384, 1024, 512), (2048, 4096, 4096)]
 SQUARES = [(4096, 4096, 4096), (8192, 8192, 8192)]
-# (input shape, Cout, kernel, padding): RGB and 8-channel 2-D convolutions, 3-D ones over 3 and 8 channels
-CONVS = [((128, 3, 64, 64), 16, (3, 3), 1), ((64, 8, 128, 128), 64, (3, 3), 0), ((32, 3, 16, 64, 64), 16, (3, 3, 3), 0),
-         ((16, 8, 16, 64, 64), 32, (3, 3, 3), 0), ((32, 64, 56, 56), 64, (3, 3), 1)]
+# (input shape, Cout, kernel, padding, groups): RGB and 8-channel 2-D convolutions, 3-D ones over 3 and 8
+# channels, a ResNet 3x3, a pointwise (1x1) one, and ShuffleNet's grouped 1x1
+CONVS = [((128, 3, 64, 64), 16, (3, 3), 1, 1), ((64, 8, 128, 128), 64, (3, 3), 0, 1),
+         ((32, 3, 16, 64, 64), 16, (3, 3, 3), 0, 1), ((16, 8, 16, 64, 64), 32, (3, 3, 3), 0, 1),
+         ((32, 64, 56, 56), 64, (3, 3), 1, 1), ((32, 512, 400), 1024, (1,), 0, 1), ((32, 240, 28, 28), 240, (1, 1), 0, 3)]
 
 
 def _init(rng, shape, fan_in):
@@ -64,7 +66,7 @@ def gemm_case(M, N, K, reduce_rows: bool):
     return p, fn, ("x", "w", "b")
 
 
-def conv_case(x_shape, cout, kernel, padding):
+def conv_case(x_shape, cout, kernel, padding, groups):
     """x -> conv{d}d (+ bias) -> relu -> * s (per channel) -> tanh; the torch function of it."""
     import torch
     import torch.nn.functional as F
@@ -72,18 +74,18 @@ def conv_case(x_shape, cout, kernel, padding):
     rng = np.random.default_rng(0)
     p = Program(f"conv{d}d_{'x'.join(map(str, x_shape))}_to{cout}")
     x = p.add_input("x", x_shape)
-    fan = x_shape[1] * math.prod(kernel)
-    w = p.add_parameter("w", _init(rng, (cout, x_shape[1], *kernel), fan))
+    fan = x_shape[1] // groups * math.prod(kernel)
+    w = p.add_parameter("w", _init(rng, (cout, x_shape[1] // groups, *kernel), fan))
     b = p.add_parameter("b", _init(rng, (cout,), fan))
     y = p.add_node(f"conv{d}d", [x.id, w.id, b.id], {"stride": [1] * d, "padding": [padding] * d,
-                                                      "dilation": [1] * d, "groups": 1}).outputs[0]
+                                                      "dilation": [1] * d, "groups": groups}).outputs[0]
     s = p.add_parameter("s", rng.standard_normal((cout,) + (1,) * d).astype(np.float32))
     r = p.add_node("relu", [y]).outputs[0]
     p.mark_output(p.add_node("tanh", [p.add_node("mul", [r, s.id]).outputs[0]]).outputs[0])
     conv = getattr(F, f"conv{d}d")
 
     def fn(x, w, b, s):
-        return torch.tanh(torch.relu(conv(x, w, b, padding=padding)) * s)
+        return torch.tanh(torch.relu(conv(x, w, b, padding=padding, groups=groups)) * s)
     return p, fn, ("x", "w", "b", "s")
 
 
@@ -174,8 +176,8 @@ def main(argv=None) -> int:
     groups = a.only.split(",")
     cases = ([("gemm", f"{M}x{N}x{K} gelu+lse", *gemm_case(M, N, K, True)) for M, N, K in GEMMS] * ("gemm" in groups)
              + [("square", f"{M}x{N}x{K}", *gemm_case(M, N, K, False)) for M, N, K in SQUARES] * ("square" in groups)
-             + [("conv", f"conv{len(k)}d {'x'.join(map(str, s))}->{c}", *conv_case(s, c, k, pad))
-                for s, c, k, pad in CONVS] * ("conv" in groups))
+             + [("conv", f"conv{len(k)}d {'x'.join(map(str, s))}->{c}" + (f" g{g}" if g > 1 else ""),
+                 *conv_case(s, c, k, pad, g)) for s, c, k, pad, g in CONVS] * ("conv" in groups))
     t0 = time.time()
     rows = []
     with open(a.out, "w") as f:
