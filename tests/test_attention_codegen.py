@@ -98,19 +98,21 @@ def test_fp32_form_matches_torch_in_the_emulator(case):
 
 
 RELU_CASES = [Case(1, 2, 37, 45, 32, mask="causal", score="relu"), Case(2, 1, 37, 45, 32, mask="bool", score="relu"),
-              Case(1, 2, 33, 29, 16, mask="float", score="relu"),
-              Case(1, 4, 20, 21, 32, kv_heads=2, q_view=True, mask="padding", score="relu")]
+              Case(1, 2, 33, 29, 16, mask="float", score="sigmoid"),
+              Case(1, 4, 20, 21, 32, kv_heads=2, q_view=True, mask="padding", score="relu"),
+              Case(2, 1, 37, 45, 32, mask="bool", score="sigmoid")]
 
 
 @pytest.mark.parametrize("form", ["fp32", "3xtf32"])
 @pytest.mark.parametrize("case", RELU_CASES + [Case(1, 2, 37, 45, 32, mask="causal")], ids=lambda c: c.label())
 def test_each_form_matches_torch_in_the_emulator_relu_scores_too(case, form):
-    """ReLU attention (relu(scores) @ v, unnormalised; a masked score contributes nothing) in both forms,
-    and the softmax in the tensor-core form: its body with plain-C++ tensor-core helpers (portable)."""
+    """ReLU and sigmoid attention (score(scores) @ v, unnormalised; a masked score contributes nothing) in
+    both forms, and the softmax in the tensor-core form: its body with plain-C++ tensor-core helpers
+    (portable)."""
     got, ref = _emulate(case, {"form": form, "portable": True} if form == "3xtf32" else {"form": form})
     scale = max(1.0, float(ref.abs().max()))
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5 * scale), float((got - ref).abs().max())
-    if case.score == "relu" and case.mask == "bool":   # row 1 has every key masked: zeros, as relu gives
+    if case.score != "softmax" and case.mask == "bool":   # row 1 has every key masked: zeros
         assert float(got[..., 1, :].abs().max()) == 0.0
 
 

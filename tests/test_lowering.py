@@ -165,6 +165,7 @@ SDPA_CASES = [
     ((5, 8), (6, 8), (6, 3), None, {"is_causal": True}),                           # 2-D
     ((2, 4, 8), (2, 6, 8), (2, 6, 5), ("bool", (2, 4, 6)), {"score": "relu"}),    # ReLU attention
     ((2, 3, 5, 8), (2, 1, 6, 8), (1, 3, 6, 4), None, {"is_causal": True, "score": "relu"}),
+    ((2, 4, 8), (2, 6, 8), (2, 6, 5), ("float", (2, 4, 6)), {"score": "sigmoid"}),
 ]
 
 

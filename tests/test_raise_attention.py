@@ -229,27 +229,29 @@ def test_what_is_not_plain_attention_stays_written_out(module):
 
 
 class ReluAttention(nn.Module):
-    """ReLU self-attention as KernelBench's level 3 writes it: relu instead of softmax, unnormalised."""
-    def __init__(self, causal: bool):
+    """ReLU self-attention as KernelBench's level 3 writes it: relu instead of softmax, unnormalised
+    (sigmoid attention likewise, with torch.sigmoid)."""
+    def __init__(self, causal: bool, score=F.relu):
         super().__init__()
-        self.causal = causal
+        self.causal, self.score = causal, score
         self.register_buffer("bias", torch.tril(torch.ones(T, T)).view(1, 1, T, T))
 
     def forward(self, q, k, v):
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
         if self.causal:
             att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        return F.relu(att) @ v
+        return self.score(att) @ v
 
 
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "unmasked"])
-def test_relu_attention_becomes_one_attention_node_with_a_relu_score(causal):
-    module = ReluAttention(causal)
+@pytest.mark.parametrize("causal,score", [(True, "relu"), (False, "relu"), (True, "sigmoid")],
+                         ids=["relu-causal", "relu-unmasked", "sigmoid-causal"])
+def test_relu_or_sigmoid_attention_becomes_one_attention_node_with_that_score(causal, score):
+    module = ReluAttention(causal, getattr(torch, score))
     before, result = _rewrite(module, _qkv())
-    assert _ops(before, "relu") and not _ops(before, SDPA)
+    assert _ops(before, score) and not _ops(before, SDPA)
     (node,) = _ops(result.program, SDPA)
-    assert node.attrs["score"] == "relu" and bool(node.attrs["is_causal"]) is causal
-    assert not _ops(result.program, "relu") and not _ops(result.program, "matmul")
+    assert node.attrs["score"] == score and bool(node.attrs["is_causal"]) is causal
+    assert not _ops(result.program, score) and not _ops(result.program, "matmul")
     _matches_module(module, _qkv(seed=1), result.program)
 
 

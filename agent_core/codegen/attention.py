@@ -3,8 +3,8 @@ schedule, written afresh).
 
 A block owns a tile of Br query rows of one (batch, head) and walks the key tiles of Bc keys: scores
 of the tile, an online softmax (running max and sum in fp32), the accumulator of P @ V in registers,
-and one contiguous store of the output. A relu score (ReLU attention: relu(scores) @ V, unnormalised)
-keeps the schedule without the running max and sum. is_causal skips the key tiles wholly above the diagonal and
+and one contiguous store of the output. An elementwise score (relu or sigmoid attention: score(scores) @ V,
+unnormalised) keeps the schedule without the running max and sum (attention_parts.SCORES). is_causal skips the key tiles wholly above the diagonal and
 masks the diagonal tile; a bool mask (-inf where false) or a float mask (added) is read per tile
 through its broadcast strides, never materialised; a row whose every key is masked gives zeros, as
 torch does. q, k, v and the mask are read through their strides: layout ops of the region feeding
@@ -105,7 +105,7 @@ class AttentionSpec:
     mask: Operand | None
     out: str               # the value the region writes: the node's output or the last view after it
     store: Operand         # where each output element goes in it (strides over out)
-    score: str = "softmax"  # or "relu": relu(scores) @ v, unnormalised (no running max or sum)
+    score: str = "softmax"  # or "relu" / "sigmoid": score(scores) @ v, unnormalised (no running max or sum)
 
     @property
     def nbatch(self) -> int:

@@ -21,7 +21,7 @@ class Case:
     mask: str | None = None      # one of MASKS
     kv_heads: int | None = None  # GQA / MQA: fewer key/value heads, expanded to H
     q_view: bool = False         # q given as [B, L, H, E] and transposed inside the region
-    score: str = "softmax"       # or "relu" (ReLU attention: relu(scores) @ v, unnormalised)
+    score: str = "softmax"       # or "relu" / "sigmoid": score(scores) @ v, unnormalised
 
     @property
     def ev(self) -> int:
@@ -92,11 +92,11 @@ def reference_inputs(c: Case, program: Program, inputs: list[str], seed: int = 0
 
 
 def reference(c: Case, tensors: dict, dtype=None):
-    """torch's SDPA (or the op's ReLU attention) on the case's tensors (name -> tensor), in `dtype`
+    """torch's SDPA (or the op's relu / sigmoid attention) on the case's tensors (name -> tensor), in `dtype`
     (float64 for the reference)."""
     import torch.nn.functional as F
 
-    from ..ops.matmul import _relu_attention
+    from ..ops.matmul import pointwise_attention
     q, k, v = tensors["q"], tensors["k"], tensors["v"]
     if c.q_view:
         q = q.movedim(1, -2)
@@ -107,6 +107,6 @@ def reference(c: Case, tensors: dict, dtype=None):
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if mask is not None and mask.is_floating_point():
             mask = mask.to(dtype)
-    if c.score == "relu":
-        return _relu_attention(q, k, v, mask, c.mask == "causal", None)
+    if c.score != "softmax":
+        return pointwise_attention(q, k, v, mask, c.mask == "causal", None, c.score)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=c.mask == "causal")

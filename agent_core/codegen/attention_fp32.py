@@ -13,7 +13,7 @@ import math
 
 from ..ir import Program
 from .attention_parts import (base_offsets, build, constants, kernel_source_text, key_tiles, mask_words, notes_for,
-                              out_at, parameters, score_rule)
+                              out_at, parameters, SCORES, score_rule, score_words)
 from .cuda import kernel_name
 from .kernel import CodegenError
 from .region_io import RegionIO
@@ -34,7 +34,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
                            f"(at most {SHARED_LIMIT})")
     cparams, names = parameters(program, io)
     q, k, v = spec.q, spec.k, spec.v
-    relu = spec.score == "relu"
+    softmax = spec.score == "softmax"
     consts = constants(spec, block, br, bc) + [f"constexpr int kAcc = {acc_n};   // accumulator elements per thread"]
     body = base_offsets(spec, names, br) + [
         "  extern __shared__ float smem[];",
@@ -48,7 +48,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
         "    const int r = i / kE, e = i % kE, row = q0 + r;",
         f"    Qs[i] = row < kL ? gq[(long long)row * {q.row_stride} + (long long)e * {q.col_stride}] : 0.0f;",
         "  }",
-        f"  for (int r = tid; r < kBr; r += kBlock) {{ Mrow[r] = -INFINITY; Lrow[r] = {'1' if relu else '0'}.0f; Arow[r] = 1.0f; }}",
+        f"  for (int r = tid; r < kBr; r += kBlock) {{ Mrow[r] = -INFINITY; Lrow[r] = {'0' if softmax else '1'}.0f; Arow[r] = 1.0f; }}",
         "  float acc[kAcc];",
         "  #pragma unroll",
         "  for (int j = 0; j < kAcc; ++j) acc[j] = 0.0f;",
@@ -75,7 +75,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
         "      Ps[r * (kBc + 1) + c] = s;",
         "    }",
         "    __syncthreads();",
-        *(_relu_step() if relu else _softmax_step()),
+        *(_softmax_step() if softmax else _score_step(SCORES[spec.score])),
         "    __syncthreads();",
         "    #pragma unroll",
         "    for (int j = 0; j < kAcc; ++j) {",
@@ -105,7 +105,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
     src = kernel_source_text(program, io, spec, "Fused attention (FlashAttention-2 schedule), fp32 FFMA form",
                              notes, consts, [], kernel_name(name), cparams, body, block)
     sched = (f"fused attention, fp32 FFMA: {br} query rows x {bc}-key tiles per block of {block} threads, "
-             f"{'relu scores' if relu else 'online softmax'}, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
+             f"{score_words(spec)}, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
     return build(program, io, name, spec, src, br=br, block=block, shared=shared, schedule=sched,
                  params={**p, "block": block})
 
@@ -130,10 +130,10 @@ def _softmax_step() -> list[str]:
             "    }"]
 
 
-def _relu_step() -> list[str]:
-    """C lines: the tile's scores through relu (a masked -inf becomes 0, a NaN stays NaN, as torch's)."""
+def _score_step(expr: str) -> list[str]:
+    """C lines: the tile's logits through an elementwise score (expr of x), in place."""
     return ["    for (int i = tid; i < kBr * kBc; i += kBlock) {",
             "      float* pr = Ps + (i / kBc) * (kBc + 1) + i % kBc;",
             "      const float x = *pr;",
-            "      *pr = (x > 0.0f || x != x) ? x : 0.0f;",
+            f"      *pr = {expr};",
             "    }"]

@@ -26,7 +26,7 @@ import math
 
 from ..ir import Program
 from .attention_parts import (base_offsets, build, constants, kernel_source_text, key_tiles, mask_words, notes_for,
-                              out_at, parameters, score_rule)
+                              out_at, parameters, SCORES, score_rule, score_words)
 from .cuda import kernel_name
 from .kernel import CodegenError
 from .region_io import RegionIO
@@ -206,15 +206,15 @@ def _softmax_probabilities() -> list[str]:
             "      }"]
 
 
-def _relu_probabilities() -> list[str]:
-    """C lines after the tile's scores: relu of each (a masked -inf becomes 0, a NaN stays NaN, as
-    torch's), written to this warp's Ps rows; nothing to rescale (alpha 1)."""
+def _score_probabilities(expr: str) -> list[str]:
+    """C lines after the tile's logits: an elementwise score of each (expr of x), written to this
+    warp's Ps rows; nothing to rescale (alpha 1)."""
     return ["      const float alpha[2] = {1.0f, 1.0f};",
             "      #pragma unroll",
             "      for (int n = 0; n < kNT; ++n) {",
             "        float pv[4];",
             "        #pragma unroll",
-            "        for (int j = 0; j < 4; ++j) { const float x = sacc[n][j]; pv[j] = (x > 0.0f || x != x) ? x : 0.0f; }",
+            f"        for (int j = 0; j < 4; ++j) {{ const float x = sacc[n][j]; pv[j] = {expr}; }}",
             "        *reinterpret_cast<float2*>(Ps + g * kPS + n * 8 + 2 * t4) = make_float2(pv[0], pv[1]);",
             "        *reinterpret_cast<float2*>(Ps + (g + 8) * kPS + n * 8 + 2 * t4) = make_float2(pv[2], pv[3]);",
             "      }"]
@@ -256,8 +256,8 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         f"constexpr int kStages = {stages};", f"constexpr int kEp = {ep};   // head dims padded to a multiple of 8",
         f"constexpr int kEvp = {evp};", f"constexpr int kQS = {qs}, kKS = {ks}, kVS = {vs}, kPS = {ps};   // smem row strides",
         "constexpr int kNT = kBc / 8;    // score fragments per warp", "constexpr int kNV = kEvp / 8;   // output fragments per warp"]
-    relu = spec.score == "relu"
-    rule = score_rule(spec, "s", "row", "key", log2e=not relu)
+    pointwise = spec.score != "softmax"      # an elementwise score: no running max or sum
+    rule = score_rule(spec, "s", "row", "key", log2e=not pointwise)
     mma_skip = "      if (k0 > q0 + w * 16 + 15) continue_warp = true;   // causal: every key of the tile after the slab's rows" \
         if spec.causal else None
     body = base_offsets(spec, names, br) + [
@@ -282,7 +282,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "  float oacc[kNV][4];",
         "  #pragma unroll",
         "  for (int n = 0; n < kNV; ++n) { oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f; }",
-        *([] if relu else ["  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};   // rows g and g + 8 (base 2)"]),
+        *([] if pointwise else ["  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};   // rows g and g + 8 (base 2)"]),
         "  const int row_a = q0 + w * 16 + g, row_b = row_a + 8;",
         "  for (int tile = 0; tile < ntiles; ++tile) {",
         "    const int stage = kStages == 1 ? 0 : (tile & 1);",
@@ -300,7 +300,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "      #pragma unroll",
         "      for (int n = 0; n < kNT; ++n) { sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f; }",
         *_scores(q_regs, unroll),
-        *([] if relu else ["      float mx[2] = {-INFINITY, -INFINITY};"]),
+        *([] if pointwise else ["      float mx[2] = {-INFINITY, -INFINITY};"]),
         "      #pragma unroll",
         "      for (int n = 0; n < kNT; ++n) {",
         "        #pragma unroll",
@@ -309,10 +309,10 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "          float s = sacc[n][j];",
         *[f"          {line}" for line in rule],
         "          sacc[n][j] = s;",
-        *([] if relu else ["          mx[j >> 1] = fmaxf(mx[j >> 1], s);"]),
+        *([] if pointwise else ["          mx[j >> 1] = fmaxf(mx[j >> 1], s);"]),
         "        }",
         "      }",
-        *(_relu_probabilities() if relu else _softmax_probabilities()),
+        *(_score_probabilities(SCORES[spec.score]) if pointwise else _softmax_probabilities()),
         *_pv_head(tile_acc),
         "      __syncwarp();",
         f"      {_pragma(unroll)}",
@@ -334,7 +334,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "    }",
         "    __syncthreads();   // every warp is done with this stage before it is refilled",
         "  }",
-        *(["  const float inv_a = 1.0f, inv_b = 1.0f;   // relu scores: no normalisation"] if relu else [
+        *(["  const float inv_a = 1.0f, inv_b = 1.0f;   // elementwise scores: no normalisation"] if pointwise else [
             "  #pragma unroll",
             "  for (int h = 0; h < 2; ++h) {",
             "    l_run[h] += __shfl_xor_sync(0xffffffffu, l_run[h], 1);",
@@ -364,7 +364,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
                              kernel_name(name), cparams, body, block,
                              min_blocks=p.get("min_blocks"))
     sched = (f"fused attention, 3xTF32 mma.sync: {br} query rows ({warps} warps x 16) x {bc}-key tiles, "
-             f"{stages}-stage cp.async K/V, {'relu scores' if relu else 'online softmax'}, "
+             f"{stages}-stage cp.async K/V, {score_words(spec)}, "
              f"{'causal, ' if spec.causal else ''}{mask_words(spec)}")
     vec = all(_vector_ok(o, d) for o, d in ((spec.q, spec.E), (spec.k, spec.E), (spec.v, spec.Ev)))
     return build(program, io, name, spec, src, br=br, block=block, shared=shared, schedule=sched,

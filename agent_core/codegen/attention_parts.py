@@ -77,6 +77,15 @@ def grid(spec, br: int) -> tuple[int, int, int]:
     return (math.ceil(spec.L / br), min(nb, GRID_Y), math.ceil(nb / GRID_Y))
 
 
+# elementwise scores (no softmax): their C expressions of a logit x; a masked -inf maps to 0 and a NaN
+# stays NaN, as torch's relu and sigmoid give
+SCORES = {"relu": "(x > 0.0f || x != x) ? x : 0.0f", "sigmoid": "1.0f / (1.0f + expf(-x))"}
+
+
+def score_words(spec) -> str:
+    return "online softmax" if spec.score == "softmax" else f"{spec.score} scores, unnormalised"
+
+
 def score_rule(spec, s: str, row: str, key: str, log2e: bool = False) -> list[str]:
     """C lines turning the raw dot product `s` of query `row` and key `key` into its logit: scaled,
     masked (bool: -inf where false; float: added), causal, -inf for keys past S. log2e: in base 2

@@ -212,19 +212,22 @@ def _sdpa(t, a):
     if a.get("score", "softmax") == "softmax":
         return F.scaled_dot_product_attention(t[0], t[1], t[2], attn_mask=opt(t, 3), dropout_p=0.0,
                                               is_causal=a["is_causal"], scale=a["scale"])
-    return _relu_attention(t[0], t[1], t[2], opt(t, 3), a["is_causal"], a["scale"])
+    return pointwise_attention(t[0], t[1], t[2], opt(t, 3), a["is_causal"], a["scale"], a["score"])
 
 
-def _relu_attention(q, k, v, mask, causal: bool, scale):
-    """relu(q @ k^T * scale + mask) @ v, as ReLU self-attention writes it out (no normalisation): a
-    masked score is -inf, so it contributes nothing."""
+POINTWISE_SCORES = {"relu": torch.relu, "sigmoid": torch.sigmoid}
+
+
+def pointwise_attention(q, k, v, mask, causal: bool, scale, score: str):
+    """score(q @ k^T * scale + mask) @ v for an elementwise score (relu, sigmoid), as ReLU or sigmoid
+    attention writes it out (no normalisation): a masked score is -inf, which both map to 0."""
     s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
     if causal:
         L, S = s.shape[-2:]
         s = s.masked_fill(torch.ones(L, S, dtype=torch.bool, device=s.device).triu(1), float("-inf"))
     elif mask is not None:
         s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
-    return torch.relu(s) @ v
+    return POINTWISE_SCORES[score](s) @ v
 
 
 register(OpDef(
@@ -232,11 +235,11 @@ register(OpDef(
     attrs=(Attr("dropout_p", "float", 0.0, doc="ignored: the reference runs in eval mode"),
            Attr("is_causal", "bool", False),
            Attr("scale", "float", None, optional=True, doc="default 1/sqrt(features)"),
-           Attr("score", "str", "softmax", choices=("softmax", "relu"),
-                doc="softmax (torch's SDPA), or relu: relu(scores) @ value, unnormalised (ReLU attention)")),
+           Attr("score", "str", "softmax", choices=("softmax", "relu", "sigmoid"),
+                doc="softmax (torch's SDPA), or relu / sigmoid: score(scores) @ value, unnormalised")),
     flops=_sdpa_flops, aliases=("sdpa",),
-    doc="softmax(query @ key^T * scale + mask) @ value (score relu: relu(...) @ value); a bool mask keeps "
-        "where true",
+    doc="softmax(query @ key^T * scale + mask) @ value (score relu or sigmoid: that of the scores, unnormalised); "
+        "a bool mask keeps where true",
     extra={"example": ([(2, 3, 4, 8), (2, 3, 6, 8), (2, 3, 6, 5)], {"is_causal": True}),
            "bad": ([(2, 4, 8), (2, 6, 7), (2, 6, 5)], {}, "feature sizes")},
 ))

@@ -184,7 +184,7 @@ def attention_reason(state, nodes, facts=None) -> tuple[dict, str, float]:
         where = f" in the layout its reader takes, through {len(stored)} view{'s' if len(stored) > 1 else ''} " \
                 f"after it ({', '.join(ops)}, no copy kernel)"
     reason = (f"{node.name} runs as our fused attention kernel (FlashAttention-2 schedule, "
-              f"{'relu scores, unnormalised' if node.attrs.get('score') == 'relu' else 'online softmax'}): "
+              f"{'online softmax' if node.attrs.get('score', 'softmax') == 'softmax' else node.attrs['score'] + ' scores, unnormalised'}): "
               f"reads {what} once{how} and writes the output once{where} ({fmt_bytes(nbytes)} moved), the "
               f"{q.shape[-2]}x{k.shape[-2]} scores stay on chip; {flops / 1e9:.3g} GFLOP"
               f"{' (causal: half the tiles)' if sched['causal'] else ''}; about {fmt_ms(ms)} at the roofline.")

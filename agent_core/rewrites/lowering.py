@@ -337,8 +337,8 @@ def lower_attention(program: Program, nid: str) -> Rewrite | None:
     if broadcast(_batch(scores), _batch(vals[v].shape)) != out_shape[:-2]:
         return None
     scale = float(n.attrs["scale"]) if n.attrs.get("scale") is not None else 1.0 / math.sqrt(E)
-    relu = n.attrs.get("score") == "relu"      # ReLU attention: relu(scores) @ v; a masked row is zeros anyway
-    fix_rows = not relu and mask is not None and _may_mask_a_row(program, mask)
+    score = n.attrs.get("score") or "softmax"   # relu / sigmoid: score(scores) @ v; a masked row is zeros anyway
+    fix_rows = score == "softmax" and mask is not None and _may_mask_a_row(program, mask)
     dense = L * S * 4 <= CAUSAL_BIAS_LIMIT     # is_causal as one [L, S] constant
 
     def build(p):
@@ -357,7 +357,7 @@ def lower_attention(program: Program, nid: str) -> Rewrite | None:
             s = _add(p, "masked_fill", [s, _add(p, "logical_not", [mask])], value=float("-inf"))
         elif mask is not None:
             s = _add(p, "add", [s, mask])
-        probs = _add(p, "relu", [s]) if relu else _add(p, "softmax", [s], dim=-1)
+        probs = _add(p, "softmax", [s], dim=-1) if score == "softmax" else _add(p, score, [s])
         o = _add(p, "matmul", list(_gemm_ready(p, probs, v)))
         if fix_rows:   # a row with every key masked: zeros, as torch's softmax gives for it
             if p.values[mask].dtype == "bool":   # no key kept: the row's max of the mask as 0/1 is 0
@@ -376,6 +376,6 @@ def lower_attention(program: Program, nid: str) -> Rewrite | None:
            "no mask" if mask is None else
            "the bool mask applied as -inf where it is false" if vals[mask].dtype == "bool" else "the float mask added")
     return Rewrite("lower_attention", f"{n.name} ({SDPA}) written out as q @ k^T (a transpose and a cuBLAS "
-                   f"matmul, {L}x{S} scores per head) scaled by {scale:.6g}, {how}, {'a relu' if relu else f'a softmax over the {S} keys'} "
+                   f"matmul, {L}x{S} scores per head) scaled by {scale:.6g}, {how}, {f'a softmax over the {S} keys' if score == 'softmax' else f'a {score}'} "
                    f"and a matmul with v{'; rows the mask hides entirely give zeros' if fix_rows else ''}, so it "
                    "runs as cuBLAS calls and generated kernels instead of through torch.", build, nid)

@@ -12,13 +12,15 @@ Matched at the softmax, the chain is
     [dropout, identity]     eval mode
     out = p @ v             matmul, bmm or einsum ('...ls,...sd->...ld')
 
-and becomes sdpa(q, k, v, mask, scale). ReLU attention, the same chain with relu in the softmax's place
-(its scores unnormalised), becomes sdpa(..., score="relu") when q, k and v are all activations (a
-relu between two products with weights is an MLP, not attention). A mask that evaluates to a constant
-equal to torch's is_causal (keep key j for query i when j <= i, torch.ones(L, S).tril()) becomes
-is_causal and disappears; any other mask is kept as attn_mask. Where a mask may hide a whole row, the
+and becomes sdpa(q, k, v, mask, scale). ReLU or sigmoid attention, the same chain with relu or sigmoid in
+the softmax's place (its scores unnormalised), becomes sdpa(..., score="relu" / "sigmoid") when q, k and
+v are all activations (an activation between two products with weights is an MLP, not attention).
+
+A mask that evaluates to a constant equal to torch's is_causal (keep key j for query i when j <= i,
+torch.ones(L, S).tril()) becomes is_causal and disappears; any other mask is kept as attn_mask. Where a mask may hide a whole row, the
 written-out softmax gives NaN for it and torch's SDPA gives zeros: the replacement puts the NaNs back
-(a where on the rows no key reaches), so it equals the original exactly (relu gives zeros either way).
+(a where on the rows no key reaches), so it equals the original exactly (relu and sigmoid give zeros
+either way).
 
 The rule fires only when every intermediate (the scores, each step on them, the probabilities) is read
 by the next step alone, the values are float32, and our fused kernel takes the new node
@@ -43,6 +45,7 @@ from .lowering import lower_loss
 SDPA = "scaled_dot_product_attention"
 SCALES = ("mul_scalar", "div_scalar")
 PASS_THROUGH = ("dropout", "identity", "contiguous")   # eval mode: the probabilities unchanged
+POINTWISE = ("relu", "sigmoid")    # elementwise scores SDPA's `score` takes (unnormalised attention)
 CONSTANT_LIMIT = 64 * 2**20   # a mask up to this size is evaluated here to see whether it is causal
 
 
@@ -294,15 +297,15 @@ def _supported(program: Program, nid: str) -> str | None:
 
 def raise_attention(program: Program, nid: str) -> Rewrite | None:
     """softmax(q @ k^T * scale + mask) @ v written out becomes one scaled_dot_product_attention node,
-    relu(...) @ v one with score relu (see the module docstring for the spellings)."""
+    relu(...) @ v or sigmoid(...) @ v one with that score (see the module docstring for the spellings)."""
     n = program.nodes[nid]
-    if n.op not in ("softmax", "relu") or not n.inputs or n.inputs[0] is None:
+    if n.op not in ("softmax",) + POINTWISE or not n.inputs or n.inputs[0] is None:
         return None
-    relu = n.op == "relu"
+    elementwise = n.op in POINTWISE
     s, p = n.inputs[0], n.outputs[0]
     shape = tuple(program.values[s].shape)
     if len(shape) < 2 or program.values[s].dtype != "float32" or \
-            (not relu and n.attrs["dim"] % len(shape) != len(shape) - 1):
+            (not elementwise and n.attrs["dim"] % len(shape) != len(shape) - 1):
         return None
     pv, passed = _probabilities_consumer(program, p)
     if pv is None:
@@ -317,12 +320,12 @@ def raise_attention(program: Program, nid: str) -> Rewrite | None:
         return None
     if sc.mask and vals[sc.mask].dtype not in ("bool", "float32"):
         return None
-    if relu and any(vals[x].role in (Role.PARAMETER, Role.CONSTANT) for x in ins[:3]):
+    if elementwise and any(vals[x].role in (Role.PARAMETER, Role.CONSTANT) for x in ins[:3]):
         return None
     out = pv.outputs[0]
     L, S = shape[-2:]
-    # a row the mask hides entirely: NaN from the written-out softmax, zeros from relu (and from ours)
-    causal, dead_possible, how = False, sc.mask is not None and not relu, "no mask"
+    # a row the mask hides entirely: NaN from the written-out softmax, zeros from relu or sigmoid (and ours)
+    causal, dead_possible, how = False, sc.mask is not None and not elementwise, "no mask"
     if sc.mask is not None:
         what = "additive mask" if sc.mask_kind == "add" else "bool mask"
         arr = _constant(program, sc.mask)
@@ -332,7 +335,7 @@ def raise_attention(program: Program, nid: str) -> Rewrite | None:
         elif arr is not None:
             if keep is None:     # a bias with other values than 0 and -inf
                 keep = ~np.isneginf(arr)
-            dead_possible = not relu and _hides_a_row(keep)
+            dead_possible = not elementwise and _hides_a_row(keep)
             how = f"a constant {what} kept as attn_mask"
         else:
             how = f"a computed {what} kept as attn_mask"
@@ -369,9 +372,9 @@ def raise_attention(program: Program, nid: str) -> Rewrite | None:
     steps = len(sc.nodes) + 1 + len(passed) + 1
     return Rewrite("raise_attention",
                    f"{n.name} ({n.op} over {S} keys) with the products around it is "
-                   f"{'ReLU ' if relu else ''}attention written out "
+                   f"{n.op + ' ' if elementwise else ''}attention written out "
                    f"({steps} ops, {list(batch)} x {L}x{S} scores, {scores_size}): q @ k^T scaled by {scale:.6g}, "
-                   f"{how}, {n.op}, @ v; it becomes one {SDPA} node{' (score relu)' if relu else ''}, which our "
+                   f"{how}, {n.op}, @ v; it becomes one {SDPA} node{f' (score {n.op})' if elementwise else ''}, which our "
                    f"fused kernel runs without "
                    "storing the scores" + ("; rows the mask hides entirely stay NaN, as written" if dead_possible
                                            else "") + ".", build, nid)

@@ -1,5 +1,5 @@
 """Our fused attention kernel on the GPU: both precision forms, every mask kind, ragged lengths, head
-dims 32..256, GQA and a transposed-view query, relu scores (ReLU attention), against a float64 reference (abs + rel <= 1e-4, the
+dims 32..256, GQA and a transposed-view query, relu and sigmoid scores, against a float64 reference (abs + rel <= 1e-4, the
 agent's tolerance). The worst errors are printed (-s) and written to $ATTENTION_ERRORS when set."""
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ CASES = [Case(2, 3, 1, 7, 32), Case(1, 2, 7, 1, 64, mask="bool"), Case(2, 2, 127
          Case(1, 2, 300, 1000, 256, mask="causal"), Case(1, 1, 7, 1000, 16, Ev=256, mask="padding"),
          # ReLU attention (relu(scores) @ v, unnormalised): level 3's causal shape scaled down, and masks
          Case(2, 4, 1024, 1024, 64, mask="causal", score="relu"), Case(1, 2, 129, 200, 128, mask="bool", score="relu"),
-         Case(1, 8, 127, 300, 64, kv_heads=2, q_view=True, mask="float", score="relu")]
+         Case(1, 8, 127, 300, 64, kv_heads=2, q_view=True, mask="float", score="relu"),
+         Case(2, 4, 513, 700, 128, mask="causal", score="sigmoid")]
 ERRORS: list[dict] = []
 
 
