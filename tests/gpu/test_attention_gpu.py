@@ -1,6 +1,7 @@
 """Our fused attention kernel on the GPU: both precision forms, every mask kind, ragged lengths, head
-dims 32..256, GQA and a transposed-view query, relu and sigmoid scores, against a float64 reference (abs + rel <= 1e-4, the
-agent's tolerance). The worst errors are printed (-s) and written to $ATTENTION_ERRORS when set."""
+dims 32..256, GQA and a transposed-view query, relu and sigmoid scores, against a float64 reference
+(abs + rel <= 1e-4, the agent's tolerance). The worst errors are printed (-s) and written to
+$ATTENTION_ERRORS when set."""
 from __future__ import annotations
 
 import json
