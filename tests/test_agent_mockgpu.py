@@ -19,6 +19,7 @@ from agent_core.ir import Program
 from agent_core.reference import run_node
 
 SABOTAGED = set()
+SLOWED = set()      # kernels whose launch costs as much as 100 torch ops
 CALLS = {"n": 0}
 
 
@@ -34,6 +35,8 @@ class FakeLoaded:
         res = [env[v] for v in self.kernel.outputs]
         if any(tag in self.kernel.name for tag in SABOTAGED):
             res = [r + 1e-2 for r in res]
+        if any(tag in self.kernel.name for tag in SLOWED):
+            CALLS["n"] += 100
         if outs is not None:
             for o, r in zip(outs, res):
                 o.copy_(r.reshape(o.shape))
@@ -87,6 +90,7 @@ def mock_gpu(monkeypatch):
         "compile_default": {"ok": True, "ms": 0.25, "compile_s": 3.0, "inductor_kernels": {"generated": 1, "extern": 3}},
         "compile_reduce-overhead": {"ok": False, "error": "RuntimeError: no"}})
     SABOTAGED.clear()
+    SLOWED.clear()
     yield
 
 
@@ -367,3 +371,50 @@ def test_a_kernel_that_breaks_only_the_whole_program_is_found_and_the_others_are
     assert e2e["correct"] and e2e["generated_kernels"] == len(fused) - 1
     checks = [e for e in events if e["event"] == "verify" and e["scope"] == "program"]
     assert not checks[0]["ok"] and checks[-1]["ok"] and len(checks) <= 2 + 2 * len(fused)
+
+
+def _conv_then_softmax():
+    """conv2d (16 -> 32 channels, compute-bound) alone before a softmax over its channels."""
+    p = Program("convs")
+    x = p.add_input("x", [2, 16, 10, 10]).id
+    w = p.add_parameter("w", shape=[32, 16, 3, 3]).id
+    y = p.add_node("conv2d", [x, w], {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 1})
+    p.mark_output(p.add_node("softmax", [y.outputs[0]], {"dim": 1}).outputs[0])
+    return p
+
+
+@pytest.mark.parametrize("slower", [False, True], ids=["kept", "slower_than_cudnn"])
+def test_a_convolution_alone_runs_as_our_implicit_gemm_only_where_it_beats_cudnn(mock_gpu, tmp_path, slower):
+    prog = _conv_then_softmax()
+    conv = next(n for n in prog.nodes.values() if n.op == "conv2d")
+    if slower:
+        SLOWED.add("_r1")
+    res, events = _optimize(prog, tmp_path)
+    (out,) = [o for o in res.outcomes if conv.id in next(r.nodes for r in res.program.regions if r.id == o.region)]
+    codegen = [e for e in events if e["event"] == "codegen" and e.get("region") == out.region]
+    assert codegen and codegen[0]["kind"] == "gemm" and "implicit-GEMM convolution" in codegen[0]["schedule"]
+    if slower:
+        assert out.status == "library" and "was correct but slower" in out.reason, out.reason
+    else:
+        assert out.status == "fused" and "runs as our implicit GEMM" in out.reason and "instead of cuDNN's" in out.reason
+        assert any(e["event"] == "precision" and e.get("chosen") == "gemm-3xtf32" for e in events)
+    assert res.profile["end_to_end"]["correct"]
+
+
+def test_a_convolution_and_its_epilogue_keep_the_implicit_gemm_where_it_beats_cudnn_and_the_epilogue(
+        mock_gpu, tmp_path):
+    """conv -> relu -> * 2: the tuner tries the implicit GEMM against cuDNN + the epilogue kernel (the
+    fake charges the cuDNN call) and keeps it, and the program verifies with it."""
+    p = Program("conv_epi")
+    x = p.add_input("x", [2, 8, 12, 12]).id
+    w = p.add_parameter("w", shape=[24, 8, 3, 3]).id
+    y = p.add_node("conv2d", [x, w], {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1})
+    r = p.add_node("relu", [y.outputs[0]])
+    p.mark_output(p.add_node("mul_scalar", [r.outputs[0]], {"value": 2.0}).outputs[0])
+    res, events = _optimize(p, tmp_path)
+    (out,) = [o for o in res.outcomes if o.status == "fused"]
+    trials = [e for e in events if e["event"] == "tune-step" and e.get("region") == out.region]
+    assert trials[0]["params"].get("form") != "gemm-3xtf32"                 # the default: cuDNN + epilogue
+    assert any(t["params"].get("form") == "gemm-3xtf32" and t["ok"] for t in trials[1:])
+    assert "runs as our tile GEMM" in out.reason and "the library form + epilogue kernel" in out.reason, out.reason
+    assert res.profile["end_to_end"]["correct"]

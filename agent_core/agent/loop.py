@@ -352,12 +352,12 @@ class _Agent:
             out.reason += note_kept_form(self, r, ks)
             if is_gemm(ks):
                 gemm_keep(self, r, ks)
-            if is_gemm(ks) and not ks.library_nodes:     # a convolution alone, as our implicit GEMM
+            if is_gemm(first[1]):     # a convolution alone: the tile form was its only form
                 out.reason += lone_conv_words(self.program, ks, True, ms, unfused)
             else:
                 out.reason += gemm_kept_words(ks, out.trials) if is_gemm(ks) else gemm_trial_words(out.trials)
             return self._finish(r, out), (list(r.nodes), ks, loaded)
-        if is_gemm(ks) and not ks.library_nodes:     # a convolution alone: cuDNN stays, as without our kernel
+        if is_gemm(first[1]):     # a convolution alone: cuDNN stays, as without our kernel
             out.status, out.reason = "library", lone_conv_words(self.program, ks, False, ms, unfused)
             return self._finish(r, out), None
         out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us"
