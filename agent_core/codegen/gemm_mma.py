@@ -30,8 +30,10 @@ Schedule (params, tuned by agent/tune.py through tune_variants):
 params["portable"] swaps the tensor-core helpers for plain C++ ones of the same names (mma_portable.py)
 so the CPU emulator runs this exact body; the kernel a GPU runs never sets it.
 
-A conv1d / conv2d / conv3d (groups 1) runs as the same kernel, an implicit GEMM: A's tiles are gathered
-from the input's patches and the output is stored in the convolution's layout (codegen/gemm_conv.py).
+A stack of GEMMs (bmm, or a matmul of [..., M, K] by [..., K, N], either operand possibly one matrix for
+all) runs one GEMM per CTA along grid z. A conv1d / conv2d / conv3d runs as the same kernel, an implicit
+GEMM: A's tiles are gathered from the input's patches and the output is stored in the convolution's
+layout (codegen/gemm_conv.py).
 """
 from __future__ import annotations
 
@@ -51,12 +53,13 @@ from .pointwise import operand_views, render_chain
 from .region_io import BroadcastIndex, RegionIO
 
 FORM = "gemm-3xtf32"
-GEMM_OPS = ("linear", "matmul")
+GEMM_OPS = ("linear", "matmul", "bmm")
 GRID_LIMIT = 65535          # output tiles along M (grid y)
 # locals of the kernel body that the epilogue's value names must not take
 LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "tid", "warp_m", "warp_n",
           "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
-          "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage") + gemm_conv.LOCALS
+          "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage", "bz", "abat",
+          "bbat") + gemm_conv.LOCALS
 
 
 @dataclass
@@ -83,6 +86,9 @@ class GemmSpec:
     rows: RowPart | None = None   # row reductions of its last dim and the ops over their results
     full_values: set = field(default_factory=set)   # values computed per output element
     conv: gemm_conv.ConvGeom | None = None   # A is this convolution's input patches (an implicit GEMM)
+    batch: int = 1           # batched (bmm, matmul of two stacks): one GEMM per batch along grid z
+    a_batch: int = 0         # elements between A's (and B's) batches; 0 where one matrix is broadcast
+    b_batch: int = 0
 
     @property
     def b_k_contiguous(self) -> bool:
@@ -91,9 +97,9 @@ class GemmSpec:
 
 
 def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
-    """What the kernel computes; CodegenError when the region is not one 2-D-weight matmul / linear
-    followed by pointwise ops over its output, row reductions of its last dim and pointwise ops over
-    their results (gemm_rows.py)."""
+    """What the kernel computes; CodegenError when the region is not one matmul / linear / bmm or
+    convolution followed by pointwise ops over its output and (a 2-D weight's only) row reductions of its
+    last dim and pointwise ops over their results (gemm_rows.py)."""
     anchors = [n for n in io.nodes if program.nodes[n].opdef.category in ("matmul", "convolution")]
     if len(anchors) != 1 or program.nodes[anchors[0]].op not in GEMM_OPS + gemm_conv.CONV_OPS:
         ops = ", ".join(program.nodes[n].op for n in anchors) or "none"
@@ -113,6 +119,8 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
                                node_id=nid)
     if node.op in gemm_conv.CONV_OPS:
         return _conv_spec(program, io, node, bias)
+    if len(vals[b_id].shape) > 2:
+        return _batched_spec(program, io, node)
     ash, bsh, out = tuple(vals[a_id].shape), tuple(vals[b_id].shape), node.outputs[0]
     if len(bsh) != 2 or len(ash) < (1 if node.op == "linear" else 2):
         raise CodegenError(f"{node.name}: {node.op} of {list(ash)} by {list(bsh)}; the tile GEMM takes a "
@@ -156,6 +164,38 @@ def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSp
                            f"output's last dim is a spatial one, not the channels a GEMM row holds)", node_id=node.id)
     return GemmSpec(node.id, node.op, M, N, K, Operand(node.inputs[0], K, 1), Operand(node.inputs[1], 1, K), bias,
                     out, space, full, None, full_vals, conv=g)
+
+
+def _batched_spec(program: Program, io: RegionIO, node) -> GemmSpec:
+    """A stack of GEMMs (bmm, or matmul of [..., M, K] by [..., K, N]): one per batch along grid z, each
+    operand either holding every batch of the output or one matrix broadcast to all; pointwise ops
+    after it only."""
+    vals = program.values
+    a_id, b_id, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    ash, bsh, space = tuple(vals[a_id].shape), tuple(vals[b_id].shape), tuple(vals[out].shape)
+    if len(ash) < 2:
+        raise CodegenError(f"{node.name}: {node.op} of a vector {list(ash)}", node_id=node.id)
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    batch = math.prod(space[:-2])
+
+    def batch_stride(shape) -> int | None:
+        """Elements between an operand's matrices: all the output's batches, one broadcast, or neither."""
+        dims = (1,) * (len(space) - len(shape)) + tuple(shape[:-2])
+        return shape[-2] * shape[-1] if dims == space[:-2] else 0 if math.prod(dims) == 1 else None
+    a_batch, b_batch = batch_stride(ash), batch_stride(bsh)
+    if a_batch is None or b_batch is None:
+        raise CodegenError(f"{node.name}: {node.op} of {list(ash)} by {list(bsh)}: the batched tile GEMM takes "
+                           f"operands that hold every batch of the output or one matrix", node_id=node.id)
+    if min(M, N, K, batch) < 1:
+        raise CodegenError(f"{node.name}: an empty GEMM ({batch} x {M} x {N} x {K})", node_id=node.id)
+    if batch > GRID_LIMIT or batch * M * N >= INT_INDEX_LIMIT:
+        raise CodegenError(f"{node.name}: {batch} GEMMs of {M} x {N}: more than one grid or an int index holds",
+                           node_id=node.id)
+    full, rows, full_vals = _epilogue_part(program, io, node.id, out, space)
+    if rows is not None:
+        raise CodegenError(f"{node.name} ({node.op}): the batched tile GEMM fuses pointwise ops only", node_id=node.id)
+    return GemmSpec(node.id, node.op, M, N, K, Operand(a_id, K, 1), Operand(b_id, N, 1), None, out, space, full,
+                    None, full_vals, batch=batch, a_batch=a_batch, b_batch=b_batch)
 
 
 def _epilogue_part(program: Program, io: RegionIO, nid: str, out: str, space: tuple):
@@ -210,9 +250,9 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
     if spec.conv is not None:
         return {"form": FORM, **gemm_conv.default_tiles(spec.conv, spec.K), "min_blocks": 1, "slice_acc": True}
     bm, bn, wm, wn = 128, 128, 2, 4
-    if math.ceil(spec.M / 128) * math.ceil(spec.N / 128) < sm_count:
+    if spec.batch * math.ceil(spec.M / 128) * math.ceil(spec.N / 128) < sm_count:
         bm, bn, wm, wn = 128, 64, 2, 2
-        if math.ceil(spec.M / 128) * math.ceil(spec.N / 64) < sm_count:
+        if spec.batch * math.ceil(spec.M / 128) * math.ceil(spec.N / 64) < sm_count:
             bm, bn = 64, 64
     return {"form": FORM, "block_m": bm, "block_n": bn, "block_k": 32, "warps_m": wm, "warps_n": wn,
             "stages": 3, "min_blocks": 1, "slice_acc": True}
@@ -281,7 +321,8 @@ def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, 
     n_tiles, m_tiles = tiles(spec, p)
     if spec.rows is not None:
         nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, n_tiles, m_tiles) if dt == "float32")
-    return nbytes, 2 * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes if n != spec.node)
+    return nbytes, 2 * spec.batch * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes
+                                                                   if n != spec.node)
 
 
 def estimate(program: Program, node_ids, sm_count: int = 132) -> tuple[int, int]:
@@ -402,6 +443,12 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
               f"constexpr int kATile = kBM * kAS, kBTile = {b_tile};"] + (gemm_conv.consts(conv) if conv else [])
     a_src, b_src = arg[spec.a.value], arg[spec.b.value]
     group_lines, b_src = gemm_conv.weight(conv, b_src) if conv else ([], b_src)
+    if spec.batch > 1:       # this CTA's GEMM of the stack: its A and B matrices
+        group_lines = ["  const int bz = blockIdx.z;   // this CTA's GEMM of the stack"]
+        for name, src, step in (("abat", a_src, spec.a_batch), ("bbat", b_src, spec.b_batch)):
+            if step:
+                group_lines.append(f"  const float* {name} = {src} + (index_t)bz * {step};")
+        a_src, b_src = ("abat" if spec.a_batch else a_src), ("bbat" if spec.b_batch else b_src)
     if kb:   # B tile [n][k]: the weight's rows are n, k contiguous
         b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, "bn", "k0", "kN", "kK", b_stride, b_vec, "    ")
         b_frag = ["        const float* pb = Bt + (warp_n * kTN + nt * 8 + lane_g) * kBS + kk + lane_t;",
@@ -437,7 +484,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
         *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *group_lines, *gemm_conv.row_registers(conv)]
           if conv else
-          ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;"]),
+          ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;", *group_lines]),
         "  auto load_tile = [&](int kt, int stage) {",
         "    const int k0 = kt * kBK;",
         *a_copy, *b_copy,
@@ -492,7 +539,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "      for (int j = 0; j < 4; ++j) {",
         "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
         "        if (row < kM && col < kN) {",
-        *([f"          {gemm_conv.store_index(conv) if conv else 'const index_t i = (index_t)row * kN + col;'}"]
+        *([f"          {gemm_conv.store_index(conv) if conv else _store_index(spec)}"]
           if any(re.search(r"\bi\b", ln) for ln in epi) else []),
         f"          const float mm = {value};",
         *[f"          {line}" for line in epi],
@@ -507,13 +554,16 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         helpers += state_code(rows)
     node = program.nodes[spec.node]
     b_words = "transposed in place ([N, K], k contiguous)" if kb else "[K, N]"
-    a_words = f"A [{spec.M}, {spec.K}] row-major"
-    title = f"{node.op} {spec.M} x {spec.N} x {spec.K}"
+    stack = f"{spec.batch} x " if spec.batch > 1 else ""
+    a_words = f"A [{stack}{spec.M}, {spec.K}] row-major" + (" (one matrix for every GEMM)" if spec.batch > 1 and
+                                                             not spec.a_batch else "")
+    title = f"{node.op} {stack}{spec.M} x {spec.N} x {spec.K}"
     if conv:
         a_words = (f"A [{spec.M}, {spec.K}] = the input's patches ({conv.words()}), gathered into shared "
                    f"memory slice by slice, never written out")
         title = f"{node.op} as an implicit GEMM {spec.M} x {spec.N} x {spec.K}"
-    schedule = (("implicit-GEMM convolution, " if conv else "") +
+    schedule = (("implicit-GEMM convolution, " if conv else f"{spec.batch} GEMMs along grid z, " if spec.batch > 1
+                 else "") +
                 f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
                 f"({bm // wm} x {bn // wn} each), {bk}-wide k slices in a {stages}-stage cp.async pipeline, "
                 f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
@@ -533,10 +583,16 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
     nbytes, flops = cost(program, io, spec, p)
     return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-                        outputs=list(io.outputs), grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, 1),
+                        outputs=list(io.outputs), grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch),
                         block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
                         align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops,
                         workspace=workspace)
+
+
+def _store_index(spec: GemmSpec) -> str:
+    """The flat index of output element (row, col) of this CTA's GEMM."""
+    row = "((index_t)bz * kM + row)" if spec.batch > 1 else "(index_t)row"
+    return f"const index_t i = {row} * kN + col;"
 
 
 def _row_words(program: Program, spec: GemmSpec, n_tiles: int) -> str:

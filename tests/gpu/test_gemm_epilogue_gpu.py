@@ -28,6 +28,15 @@ def test_tile_gemm_with_epilogue_matches_torch(shape, op, bias, params):
     assert r.kernel.kind == "gemm"
 
 
+@pytest.mark.parametrize("ash,bsh,op", [((3, 137, 70), (3, 70, 145), "bmm"), ((2, 3, 133, 64), (2, 3, 64, 96), "matmul"),
+                                         ((133, 64), (6, 64, 96), "matmul"), ((16, 12, 256, 64), (16, 12, 64, 256), "matmul")])
+def test_a_stack_of_gemms_matches_torch(ash, bsh, op):
+    from tests.test_gemm_epilogue import batched_program
+    p = batched_program(ash, bsh, op)
+    r = fused(p, list(p.nodes), "bmm_epi_gpu", params={"form": "gemm-3xtf32"})
+    assert r.kernel.kind == "gemm" and r.kernel.grid[2] > 1
+
+
 def test_kernelbench_scale_k_stays_inside_the_tolerance_against_float64():
     """K = 8192 (level 2's GEMMs): the per-slice accumulators keep the 3xTF32 form's error far below
     1e-4 against float64, and within 4x of torch's own fp32 GEMM's."""
