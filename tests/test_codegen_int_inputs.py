@@ -335,6 +335,19 @@ def test_random_mixed_dtype_chains_match_torch_exactly(case, seed, host_dir):
             t, want[v], atol=0, rtol=0, equal_nan=True)), (p.values[v].name, ks.source)
 
 
+def test_float_remainder_is_torchs_bit_for_bit_where_the_quotient_is_large(host_dir):
+    """torch takes fmod and moves it to b's sign; a - floor(a / b) * b loses the remainder once a / b is
+    past float precision (hypothesis found 1.3e12 % -99: -1024 against torch's -68)."""
+    p = Program("rem")
+    a, b = p.add_input("a", (8,)).id, p.add_input("b", (8,)).id
+    n = p.add_node("remainder", [a, b])
+    p.mark_output(n.outputs[0])
+    ins = {a: torch.tensor([1.391e12, -2.1577e12, 7.0, -7.0, 1e10, 5.5, 0.0, -3.0]),
+           b: torch.tensor([-99.0, 3.7, 3.0, 3.0, -7.3, -2.0, 5.0, 3.0])}
+    got = run_on_host(p, generate_kernel(p, [n.id], name="rem"), ins, host_dir)[n.outputs[0]]
+    assert torch.equal(got, torch.remainder(ins[a], ins[b])), (got, torch.remainder(ins[a], ins[b]))
+
+
 def test_a_comparison_promoted_to_a_dtype_kernels_lack_is_refused_plainly():
     # uint8 == int8 compares in int16 (torch.result_type): a clean refusal, so the region falls back
     from agent_core.ir import Program

@@ -248,6 +248,11 @@ PRELUDE = """#ifndef INFINITY
 // template, so integer maximum / clamp compare exactly in their own type
 template <typename T> __device__ __forceinline__ T max_nan(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T min_nan(T a, T b) { return (a < b || a != a) ? a : b; }
+// torch's remainder of floats: fmod moved to b's sign, exact (a - floor(a / b) * b is not, for a large a / b)
+__device__ __forceinline__ float remainder_f(float a, float b) {
+  const float m = fmodf(a, b);
+  return (m != 0.0f && ((b < 0.0f) != (m < 0.0f))) ? m + b : m;
+}
 """
 
 

@@ -256,8 +256,8 @@ register(OpDef("lerp", "pointwise", ("x", "end", "weight"), _lerp_infer,
 _binary("ne", torch.ne, "({a} != {b})", infer=_bcast_bool)
 _binary("logical_and", torch.logical_and, "({a} && {b})", infer=_bcast_bool)
 _binary("logical_or", torch.logical_or, "({a} || {b})", infer=_bcast_bool)
-_binary("remainder", torch.remainder, "({a} - floorf({a} / {b}) * {b})",
-        doc="a - floor(a / b) * b (Python's %: the sign of b)")
+_binary("remainder", torch.remainder, "remainder_f({a}, {b})",
+        doc="Python's % (the sign of b): fmod(a, b), plus b where that has a's sign instead, as torch computes it")
 _binary("fmod", torch.fmod, "fmodf({a}, {b})", doc="C's fmod: the sign of a")
 _binary("atan2", torch.atan2, "atan2f({a}, {b})")
 _unary("tan", lambda x, a: torch.tan(x), "tanf({x})")
