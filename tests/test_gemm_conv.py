@@ -1,8 +1,9 @@
 """The tile GEMM's convolution form (codegen/gemm_conv.py): a conv1d / 2d / 3d and the pointwise ops after
-it as one implicit-GEMM kernel (grouped: one GEMM per group). Its variants compile through NVRTC for sm_90 without warnings or spills;
-the same body with plain-C++ tensor-core helpers runs in the CPU emulator and matches torch on ragged
-shapes, strides, padding and dilation; what it does not take is refused with the reason; the planner
-names the form for a conv + epilogue region and `optimize --cpu` compiles it among the tuning variants."""
+it as one implicit-GEMM kernel (grouped: one GEMM per group). Its variants compile through NVRTC for
+sm_90 without warnings or spills; the same body with plain-C++ tensor-core helpers runs in the CPU
+emulator and matches torch on ragged shapes, strides, padding, dilation and groups; what it does not take
+is refused with the reason; the planner names the form for a conv + epilogue region and `optimize --cpu`
+compiles it among the tuning variants."""
 from __future__ import annotations
 
 import subprocess
@@ -135,7 +136,8 @@ def test_cli_plans_and_compiles_the_implicit_gemm_form(tmp_path):
                                     timeout=300)
     assert run("import", str(src), "-o", str(tmp_path / "conv.json")).returncode == 0
     r = run("plan", str(tmp_path / "conv.json"))
-    assert r.returncode == 0 and "one implicit-GEMM kernel (gemm-3xtf32, the input's patches gathered" in r.stdout, r.stdout + r.stderr
+    said = "one implicit-GEMM kernel (gemm-3xtf32, the input's patches gathered"
+    assert r.returncode == 0 and said in r.stdout, r.stdout + r.stderr
     r = run("optimize", str(tmp_path / "conv.json"), "--cpu", "-o", str(tmp_path / "out"))
     assert r.returncode == 0 and "the tile GEMM form among them" in r.stdout, r.stdout + r.stderr
 

@@ -3,11 +3,11 @@ schedule, written afresh).
 
 A block owns a tile of Br query rows of one (batch, head) and walks the key tiles of Bc keys: scores
 of the tile, an online softmax (running max and sum in fp32), the accumulator of P @ V in registers,
-and one contiguous store of the output. An elementwise score (relu or sigmoid attention: score(scores) @ V,
-unnormalised) keeps the schedule without the running max and sum (attention_parts.SCORES). is_causal skips the key tiles wholly above the diagonal and
-masks the diagonal tile; a bool mask (-inf where false) or a float mask (added) is read per tile
-through its broadcast strides, never materialised; a row whose every key is masked gives zeros, as
-torch does. q, k, v and the mask are read through their strides: layout ops of the region feeding
+and one contiguous store of the output. An elementwise score (relu or sigmoid attention: score(scores)
+@ V, unnormalised) keeps the schedule without the running max and sum (attention_parts.SCORES).
+is_causal skips the key tiles wholly above the diagonal and masks the diagonal tile; a bool mask (-inf
+where false) or a float mask (added) is read per tile through its broadcast strides, never materialised;
+a row whose every key is masked gives zeros, as torch does. q, k, v and the mask are read through their strides: layout ops of the region feeding
 the node (a transpose of [B, T, H, D] into [B, H, T, D], an expand of kv heads for GQA) are views, and
 so are the reshapes and permutes after it: the output is stored through them (attention_store.py).
 

@@ -282,7 +282,8 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "  float oacc[kNV][4];",
         "  #pragma unroll",
         "  for (int n = 0; n < kNV; ++n) { oacc[n][0] = oacc[n][1] = oacc[n][2] = oacc[n][3] = 0.0f; }",
-        *([] if pointwise else ["  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};   // rows g and g + 8 (base 2)"]),
+        *([] if pointwise else
+          ["  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};   // rows g and g + 8 (base 2)"]),
         "  const int row_a = q0 + w * 16 + g, row_b = row_a + 8;",
         "  for (int tile = 0; tile < ntiles; ++tile) {",
         "    const int stage = kStages == 1 ? 0 : (tile & 1);",

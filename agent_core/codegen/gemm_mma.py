@@ -583,7 +583,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
     nbytes, flops = cost(program, io, spec, p)
     return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-                        outputs=list(io.outputs), grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch),
+                        outputs=list(io.outputs),
+                        grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch),
                         block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
                         align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops,
                         workspace=workspace)

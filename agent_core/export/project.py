@@ -65,7 +65,8 @@ def _tensor_core_guard() -> str:
 foreach(arch IN LISTS CMAKE_CUDA_ARCHITECTURES)
   string(REGEX MATCH "^[0-9]+" num "${arch}")
   if(NOT num OR num LESS 80)
-    message(FATAL_ERROR "this export's convolution kernels need sm_80 or newer, not '${arch}': export again with --arch ${arch}")
+    message(FATAL_ERROR "this export's convolution kernels need sm_80 or newer, not '${arch}': "
+                        "export again with --arch ${arch}")
   endif()
 endforeach()
 """
@@ -188,7 +189,8 @@ def readme(program: Program, schedule: Schedule, memory: MemoryPlan, arch: str,
         lines.append("Split reductions keep scratch there: zero the workspace once before the first call.")
     if schedule.uses_tensor_cores:
         lines += ["", "Convolutions (with 8 or more output channels per group) run as implicit GEMMs on the tensor "
-                  "cores (no cuDNN is linked): split TF32 (three TF32 products of each operand's high and low parts, accumulated in fp32), "
+                  "cores (no cuDNN is linked): split TF32 (three TF32 products of each operand's high and low "
+                  "parts, accumulated in fp32), "
                   "which matches fp32 within the check's 1e-4; they need sm_80 or newer."]
     if any(s.kernel is not None and s.kernel.kind == "convolution" for s in schedule.steps):
         lines += ["", "Depthwise and transposed convolutions (and every convolution for a target older than sm_80) "

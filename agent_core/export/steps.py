@@ -4,9 +4,10 @@ Each active region becomes one generated kernel when codegen can write it. A reg
 a matmul runs it through cuBLAS and fuses the rest into an epilogue kernel; one that starts with a
 convolution becomes one generated convolution kernel with the rest fused into it (the export links
 no cuDNN): the implicit GEMM on the tensor cores in split TF32 (codegen/gemm_conv.py) where it takes
-the region and the target has them (sm_80 and newer), else a direct convolution in fp32. Anything else is split into its nodes: views cost nothing (they alias their input),
-matmul / linear / bmm run through cuBLAS, contiguous slices and concatenations are strided copies,
-and every other node becomes a single-node generated kernel. A node with none of these paths (an
+the region and the target has them (sm_80 and newer), else a direct convolution in fp32. Anything else
+is split into its nodes: views cost nothing (they alias their input), matmul / linear / bmm run through
+cuBLAS, contiguous slices and concatenations are strided copies, and every other node becomes a
+single-node generated kernel. A node with none of these paths (an
 opaque op) makes the export refuse, naming it.
 """
 from __future__ import annotations

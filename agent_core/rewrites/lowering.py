@@ -376,6 +376,7 @@ def lower_attention(program: Program, nid: str) -> Rewrite | None:
            "no mask" if mask is None else
            "the bool mask applied as -inf where it is false" if vals[mask].dtype == "bool" else "the float mask added")
     return Rewrite("lower_attention", f"{n.name} ({SDPA}) written out as q @ k^T (a transpose and a cuBLAS "
-                   f"matmul, {L}x{S} scores per head) scaled by {scale:.6g}, {how}, {f'a softmax over the {S} keys' if score == 'softmax' else f'a {score}'} "
+                   f"matmul, {L}x{S} scores per head) scaled by {scale:.6g}, {how}, "
+                   f"{f'a softmax over the {S} keys' if score == 'softmax' else f'a {score}'} "
                    f"and a matmul with v{'; rows the mask hides entirely give zeros' if fix_rows else ''}, so it "
                    "runs as cuBLAS calls and generated kernels instead of through torch.", build, nid)

@@ -17,10 +17,10 @@ the softmax's place (its scores unnormalised), becomes sdpa(..., score="relu" / 
 v are all activations (an activation between two products with weights is an MLP, not attention).
 
 A mask that evaluates to a constant equal to torch's is_causal (keep key j for query i when j <= i,
-torch.ones(L, S).tril()) becomes is_causal and disappears; any other mask is kept as attn_mask. Where a mask may hide a whole row, the
-written-out softmax gives NaN for it and torch's SDPA gives zeros: the replacement puts the NaNs back
-(a where on the rows no key reaches), so it equals the original exactly (relu and sigmoid give zeros
-either way).
+torch.ones(L, S).tril()) becomes is_causal and disappears; any other mask is kept as attn_mask. Where a
+mask may hide a whole row, the written-out softmax gives NaN for it and torch's SDPA gives zeros: the
+replacement puts the NaNs back (a where on the rows no key reaches), so it equals the original exactly
+(relu and sigmoid give zeros either way).
 
 The rule fires only when every intermediate (the scores, each step on them, the probabilities) is read
 by the next step alone, the values are float32, and our fused kernel takes the new node

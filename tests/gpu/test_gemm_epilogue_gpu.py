@@ -29,7 +29,8 @@ def test_tile_gemm_with_epilogue_matches_torch(shape, op, bias, params):
 
 
 @pytest.mark.parametrize("ash,bsh,op", [((3, 137, 70), (3, 70, 145), "bmm"), ((2, 3, 133, 64), (2, 3, 64, 96), "matmul"),
-                                         ((133, 64), (6, 64, 96), "matmul"), ((16, 12, 256, 64), (16, 12, 64, 256), "matmul")])
+                                         ((133, 64), (6, 64, 96), "matmul"),
+                                         ((16, 12, 256, 64), (16, 12, 64, 256), "matmul")])
 def test_a_stack_of_gemms_matches_torch(ash, bsh, op):
     from tests.test_gemm_epilogue import batched_program
     p = batched_program(ash, bsh, op)
