@@ -39,6 +39,32 @@ def interrupt_at(proc, marker: str) -> tuple[str, str]:
     return seen, rest
 
 
+def cli(*args, timeout=300):
+    """`python -m agent_core.cli ARGS` as a shell runs it: the completed process, output captured."""
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "agent_core.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def emulated(p, ks, inputs, guard=256):
+    """The reference run of p on `inputs` (its inputs in order), and ks run in the CPU emulator on the
+    reference's values of its region inputs: (the kernel's first output, the reference's)."""
+    import numpy as np
+    import torch
+
+    from agent_core.reference import run_reference
+    from agent_core.writer.emulate import CpuExecutor
+    from agent_core.writer.executors import guarded, payload
+    env = run_reference(p, list(inputs), keep=True)
+    out = p.values[ks.outputs[0]]
+    bufs = [guarded(env[v].contiguous().numpy(), guard) for v in ks.inputs]
+    bufs.append(guarded(np.zeros(out.shape, np.float32), guard))
+    res = CpuExecutor().run(ks, [bufs], guard=guard)
+    got = torch.from_numpy(payload(res[0][-1], guard, np.float32, tuple(out.shape)).copy())
+    return got, env[ks.outputs[0]]
+
+
 def fused(p, ids, name, **kw):
     """build_region on the GPU, asserting the generated kernel was kept: compiled, launched and
     verified on 5 random draws."""

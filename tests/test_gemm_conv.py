@@ -6,18 +6,15 @@ is refused with the reason; the planner names the form for a conv + epilogue reg
 compiles it among the tuning variants."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
+from tests.programs import cli, emulated
 
 torch = pytest.importorskip("torch")
-GUARD = 256
 FORM = {"form": "gemm-3xtf32"}
 
 
@@ -49,19 +46,6 @@ def conv_program(x_shape, cout, kernel, *, stride=1, padding=0, dilation=1, grou
     return p
 
 
-def emulate(p, ks, x):
-    from agent_core.reference import run_reference
-    from agent_core.writer.emulate import CpuExecutor
-    from agent_core.writer.executors import guarded, payload
-    env = run_reference(p, [x], keep=True)
-    out = p.values[ks.outputs[0]]
-    bufs = [guarded(env[v].contiguous().numpy(), GUARD) for v in ks.inputs]
-    bufs.append(guarded(np.zeros(out.shape, np.float32), GUARD))
-    res = CpuExecutor().run(ks, [bufs], guard=GUARD)
-    got = torch.from_numpy(payload(res[0][-1], GUARD, np.float32, tuple(out.shape)).copy())
-    return got, env[ks.outputs[0]]
-
-
 @pytest.mark.parametrize("x_shape,cout,kernel,kw,params", [
     ((2, 3, 10, 9), 16, (3, 3), {"padding": 1}, {}),                          # RGB input, K = 27
     ((3, 5, 11), 20, (4,), {"stride": 2, "padding": 3, "dilation": 2}, {}),  # ragged Cout, strided, dilated
@@ -77,7 +61,7 @@ def test_emulated_conv_matches_torch(x_shape, cout, kernel, kw, params):
     assert ks.kind == "gemm" and "implicit-GEMM convolution" in ks.schedule
     for draw in range(2):
         torch.manual_seed(draw)
-        got, want = emulate(p, ks, torch.randn(x_shape))
+        got, want = emulated(p, ks, [torch.randn(x_shape)])
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -89,7 +73,7 @@ def test_emulated_conv_alone_writes_the_conv_and_its_bias():
     ks = generate_gemm(p, region_io(p, list(p.nodes)), "conv_alone", {"portable": True, "block_m": 64, "warps_m": 2})
     assert ks.grid[0] == 2 and ks.grid[1] == 1     # 3 x 5 x 5 = 75 rows: two 64-row tiles along x
     torch.manual_seed(0)
-    got, want = emulate(p, ks, torch.randn(3, 3, 12, 12))
+    got, want = emulated(p, ks, [torch.randn(3, 3, 12, 12)])
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -132,13 +116,11 @@ def test_cli_plans_and_compiles_the_implicit_gemm_form(tmp_path):
                    "    def __init__(self):\n        super().__init__()\n        self.conv = nn.Conv2d(3, 16, 3)\n"
                    "    def forward(self, x):\n        return torch.relu(self.conv(x)) * 0.5\n"
                    "def get_inputs(): return [torch.randn(4, 3, 20, 20)]\ndef get_init_inputs(): return []\n")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "agent_core.cli", *a], capture_output=True, text=True,
-                                    timeout=300)
-    assert run("import", str(src), "-o", str(tmp_path / "conv.json")).returncode == 0
-    r = run("plan", str(tmp_path / "conv.json"))
+    assert cli("import", str(src), "-o", str(tmp_path / "conv.json")).returncode == 0
+    r = cli("plan", str(tmp_path / "conv.json"))
     said = "one implicit-GEMM kernel (gemm-3xtf32, the input's patches gathered"
     assert r.returncode == 0 and said in r.stdout, r.stdout + r.stderr
-    r = run("optimize", str(tmp_path / "conv.json"), "--cpu", "-o", str(tmp_path / "out"))
+    r = cli("optimize", str(tmp_path / "conv.json"), "--cpu", "-o", str(tmp_path / "out"))
     assert r.returncode == 0 and "the tile GEMM form among them" in r.stdout, r.stdout + r.stderr
 
 
@@ -153,8 +135,7 @@ def test_cli_optimize_cpu_compiles_a_compute_bound_convolution_alone_as_the_impl
                    "    def forward(self, x):\n"
                    "        return torch.softmax(self.thin(torch.softmax(self.wide(x), dim=1)), dim=1)\n"
                    "def get_inputs(): return [torch.randn(4, 16, 20, 20)]\ndef get_init_inputs(): return []\n")
-    r = subprocess.run([sys.executable, "-m", "agent_core.cli", "optimize", str(src), "--cpu", "-o",
-                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    r = cli("optimize", str(src), "--cpu", "-o", str(tmp_path / "out"))
     assert r.returncode == 0, r.stdout + r.stderr
     import json
     outcomes = {o["region"]: o for o in json.loads((tmp_path / "out" / "profile.json").read_text())["regions"]}

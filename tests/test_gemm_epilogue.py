@@ -5,18 +5,15 @@ batched matmul, one A broadcast to every GEMM); the planner names the form and `
 among the tuning variants."""
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
+from tests.programs import cli, emulated
 
 torch = pytest.importorskip("torch")
-GUARD = 256
 
 
 def program(M, N, K, op="linear", bias=True, seed=0):
@@ -62,20 +59,12 @@ def test_compiles_for_sm90_without_warnings_or_spills(shape, op, params):
                                                   ((70, 50, 44), "matmul", False, {"block_k": 16, "stages": 4}),
                                                   ((130, 72, 40), "linear", False, {"block_m": 128, "block_n": 64})])
 def test_emulated_kernel_matches_torch_on_ragged_shapes(shape, op, bias, params):
-    from agent_core.reference import run_reference
-    from agent_core.writer.emulate import CpuExecutor
-    from agent_core.writer.executors import guarded, payload
     p = program(*shape, op=op, bias=bias)
     ks = generate_kernel(p, list(p.nodes), name="gemm_emu", params={"form": "gemm-3xtf32", "portable": True, **params})
     for draw in range(2):
         torch.manual_seed(draw)
-        env = run_reference(p, [torch.randn(shape[0], shape[2])], keep=True)
-        out = p.values[ks.outputs[0]]
-        bufs = [guarded(env[v].contiguous().numpy(), GUARD) for v in ks.inputs]
-        bufs.append(guarded(np.zeros(out.shape, np.float32), GUARD))
-        res = CpuExecutor().run(ks, [bufs], guard=GUARD)
-        got = torch.from_numpy(payload(res[0][-1], GUARD, np.float32, tuple(out.shape)).copy())
-        torch.testing.assert_close(got, env[ks.outputs[0]], rtol=1e-4, atol=1e-4)
+        got, want = emulated(p, ks, [torch.randn(shape[0], shape[2])])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_cli_plans_and_compiles_the_tile_gemm_form(tmp_path):
@@ -85,12 +74,10 @@ def test_cli_plans_and_compiles_the_tile_gemm_form(tmp_path):
                    "    def __init__(self):\n        super().__init__()\n        self.fc = nn.Linear(200, 136)\n"
                    "    def forward(self, x):\n        return torch.relu(self.fc(x)) * 0.5\n"
                    "def get_inputs(): return [torch.randn(100, 200)]\ndef get_init_inputs(): return []\n")
-    run = lambda *a: subprocess.run([sys.executable, "-m", "agent_core.cli", *a], capture_output=True, text=True,
-                                    timeout=300)
-    assert run("import", str(src), "-o", str(tmp_path / "lin.json")).returncode == 0
-    r = run("plan", str(tmp_path / "lin.json"))
+    assert cli("import", str(src), "-o", str(tmp_path / "lin.json")).returncode == 0
+    r = cli("plan", str(tmp_path / "lin.json"))
     assert r.returncode == 0 and "tile-GEMM kernel (gemm-3xtf32)" in r.stdout, r.stdout + r.stderr
-    r = run("optimize", str(tmp_path / "lin.json"), "--cpu", "-o", str(tmp_path / "out"))
+    r = cli("optimize", str(tmp_path / "lin.json"), "--cpu", "-o", str(tmp_path / "out"))
     assert r.returncode == 0 and "the tile GEMM form among them" in r.stdout, r.stdout + r.stderr
 
 
@@ -109,21 +96,13 @@ def batched_program(ash, bsh, op="matmul"):
                                                ((33, 16), (4, 16, 24), "matmul", {})],   # one A for every GEMM
                          ids=["bmm", "stack", "broadcast_a"])
 def test_a_stack_of_gemms_runs_one_per_grid_z_and_matches_torch_emulated(ash, bsh, op, params):
-    from agent_core.reference import run_reference
-    from agent_core.writer.emulate import CpuExecutor
-    from agent_core.writer.executors import guarded, payload
     p = batched_program(ash, bsh, op)
     ks = generate_kernel(p, list(p.nodes), name="bmm_emu", params={"form": "gemm-3xtf32", "portable": True, **params})
     assert ks.grid[2] == np.prod(p.values[p.outputs[0]].shape[:-2]) and "GEMMs along grid z" in ks.schedule
     for draw in range(2):
         torch.manual_seed(draw)
-        env = run_reference(p, [torch.randn(p.values[v].shape) for v in p.inputs], keep=True)
-        out = p.values[ks.outputs[0]]
-        bufs = [guarded(env[v].contiguous().numpy(), GUARD) for v in ks.inputs]
-        bufs.append(guarded(np.zeros(out.shape, np.float32), GUARD))
-        res = CpuExecutor().run(ks, [bufs], guard=GUARD)
-        got = torch.from_numpy(payload(res[0][-1], GUARD, np.float32, tuple(out.shape)).copy())
-        torch.testing.assert_close(got, env[ks.outputs[0]], rtol=1e-4, atol=1e-4)
+        got, want = emulated(p, ks, [torch.randn(p.values[v].shape) for v in p.inputs])
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
 def test_a_stack_of_gemms_compiles_for_sm90_and_a_partly_broadcast_batch_is_refused():
