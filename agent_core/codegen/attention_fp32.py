@@ -107,7 +107,7 @@ def render_fp32(program: Program, io: RegionIO, name: str, spec, p: dict):
     src = kernel_source_text(program, io, spec, "Fused attention (FlashAttention-2 schedule), fp32 FFMA form",
                              notes, consts, [], kernel_name(name), cparams, body, block)
     sched = (f"fused attention, fp32 FFMA: {br} query rows x {bc}-key tiles per block of {block} threads, "
-             f"{score_words(spec)}, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
+             f"{score_words(spec.score)}, {'causal, ' if spec.causal else ''}{mask_words(spec)}")
     return build(program, io, name, spec, src, br=br, block=block, shared=shared, schedule=sched,
                  params={**p, "block": block})
 

@@ -365,7 +365,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
                              kernel_name(name), cparams, body, block,
                              min_blocks=p.get("min_blocks"))
     sched = (f"fused attention, 3xTF32 mma.sync: {br} query rows ({warps} warps x 16) x {bc}-key tiles, "
-             f"{stages}-stage cp.async K/V, {score_words(spec)}, "
+             f"{stages}-stage cp.async K/V, {score_words(spec.score)}, "
              f"{'causal, ' if spec.causal else ''}{mask_words(spec)}")
     vec = all(_vector_ok(o, d) for o, d in ((spec.q, spec.E), (spec.k, spec.E), (spec.v, spec.Ev)))
     return build(program, io, name, spec, src, br=br, block=block, shared=shared, schedule=sched,

@@ -82,8 +82,9 @@ def grid(spec, br: int) -> tuple[int, int, int]:
 SCORES = {"relu": "(x > 0.0f || x != x) ? x : 0.0f", "sigmoid": "1.0f / (1.0f + expf(-x))"}
 
 
-def score_words(spec) -> str:
-    return "online softmax" if spec.score == "softmax" else f"{spec.score} scores, unnormalised"
+def score_words(score: str) -> str:
+    """How a score turns into the weights of V, for schedules and reasons."""
+    return "online softmax" if score == "softmax" else f"{score} scores, unnormalised"
 
 
 def score_rule(spec, s: str, row: str, key: str, log2e: bool = False) -> list[str]:

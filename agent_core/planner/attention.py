@@ -155,13 +155,10 @@ def attention_estimate(state, nid: str, facts=None) -> tuple[float, int, int]:
     return gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms, flops / gpu.flops_per_ms), nbytes, flops
 
 
-def _score_words(score: str) -> str:
-    return "online softmax" if score == "softmax" else f"{score} scores, unnormalised"
-
-
 def attention_reason(state, nodes, facts=None) -> tuple[dict, str, float]:
     """(schedule, reason, estimated ms) of an attention region (its SDPA node and the views it reads
     through)."""
+    from ..codegen.attention_parts import score_words
     nid = attention_node(state, nodes)
     ms, nbytes, flops = attention_estimate(state, nid, facts)
     program = state.program
@@ -188,7 +185,7 @@ def attention_reason(state, nodes, facts=None) -> tuple[dict, str, float]:
         where = f" in the layout its reader takes, through {len(stored)} view{'s' if len(stored) > 1 else ''} " \
                 f"after it ({', '.join(ops)}, no copy kernel)"
     reason = (f"{node.name} runs as our fused attention kernel (FlashAttention-2 schedule, "
-              f"{_score_words(node.attrs.get('score') or 'softmax')}): "
+              f"{score_words(node.attrs.get('score') or 'softmax')}): "
               f"reads {what} once{how} and writes the output once{where} ({fmt_bytes(nbytes)} moved), the "
               f"{q.shape[-2]}x{k.shape[-2]} scores stay on chip; {flops / 1e9:.3g} GFLOP"
               f"{' (causal: half the tiles)' if sched['causal'] else ''}; about {fmt_ms(ms)} at the roofline.")
