@@ -285,7 +285,9 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
     wm, wn, stages = int(p["warps_m"]), int(p["warps_n"]), int(p["stages"])
     if bk % 8 or not 8 <= bk <= 64:
         raise CodegenError(f"tile GEMM: block_k {bk} must be a multiple of 8 up to 64")
-    if bm % (16 * wm) or bn % (8 * wn) or not 1 <= wm * wn <= 16:
+    if not 1 <= wm * wn <= 16:
+        raise CodegenError(f"tile GEMM: {wm} x {wn} warps is more than a block's 16")
+    if bm % (16 * wm) or bn % (8 * wn):
         raise CodegenError(f"tile GEMM: a {bm} x {bn} tile does not split into {wm} x {wn} warps of m16n8 fragments")
     if not 2 <= stages <= 6:
         raise CodegenError(f"tile GEMM: {stages} stages (2 to 6)")
