@@ -112,6 +112,12 @@ def default_arch() -> str:
     return device_arch() or DEFAULT_ARCH
 
 
+def feature_arch(source: str, arch: str) -> str:
+    """sm_90a for a kernel with Hopper's warpgroup MMA (wgmma exists only in the arch-specific target,
+    whose cubin runs on sm_90 devices alone), else arch."""
+    return arch + "a" if arch == "sm_90" and "wgmma." in source else arch
+
+
 def cache_key(source: str, options, arch: str) -> str:
     h = hashlib.sha256()
     for part in (source, "\0".join(options), arch, nvrtc_version()):
@@ -238,7 +244,7 @@ def _compile_text(source: str, key: str, arch: str, options, use_cache: bool, *,
     prog = nvrtc.createProgram(source, filename, [], [])
     try:
         try:
-            nvrtc.compileProgram(prog, [f"-arch={arch}", *options])
+            nvrtc.compileProgram(prog, [f"-arch={feature_arch(source, arch)}", *options])
         except nvrtc.NVRTCError:
             log = nvrtc.getProgramLog(prog)
             msg, line = _error_message(name, source, log, filename)

@@ -131,7 +131,8 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
     prog.metadata["library_precision"] = {}
     spec = gemm_spec(prog, region_io(prog, nodes))
     best = None
-    for j, params in enumerate([default_params(spec)] + tune_variants(default_params(spec))):
+    from agent_core.compiler import default_arch
+    for j, params in enumerate([default_params(spec)] + tune_variants(default_params(spec), default_arch())):
         r = timed(f"ours #{j}", lambda: build_region(prog, nodes, name=f"tile_{j}", params={**params, "form": FORM}))
         if r is not None and (best is None or row["forms_ms"][f"ours #{j}"] < row["forms_ms"][best[0]]):
             best = (f"ours #{j}", r, params)
@@ -152,7 +153,8 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
     ref64 = fn(*(a.double() for a in args))
     others = {k: v for k, v in row["forms_ms"].items() if not k.startswith("ours")}
     base = min(others, key=others.get)
-    row.update({"ours_ms": row["forms_ms"][key], "ours": key, "params": params, "best_other": base,
+    row.update({"ours_ms": row["forms_ms"][key], "ours": key, "params": params, "mma": params.get("mma", "mma.sync"),
+                "best_other": base,
                 "best_other_ms": others[base], "speedup": others[base] / row["forms_ms"][key],
                 "max_abs_err_vs_fp64": float((got - ref64).abs().max()),
                 "torch_fp32_err_vs_fp64": float((fn(*args).double() - ref64).abs().max())})

@@ -5,14 +5,21 @@ verifies.
 from __future__ import annotations
 
 
-def tune_space(ks, *, sm_count: int = 132, limit: int = 6) -> list[dict]:
+def tune_space(ks, *, sm_count: int = 132, limit: int = 6, arch: str | None = None) -> list[dict]:
     """Parameter dicts to try besides the default that produced `ks` (a KernelSource): first the
-    region's other forms (a library call + epilogue's tile GEMM, agent/gemm_form.py), then its own."""
+    region's other forms (a library call + epilogue's tile GEMM, agent/gemm_form.py; on sm_90 its
+    wgmma tiles first), then its own. arch: the target's sm_XY (default: the GPU's, else sm_90)."""
+    from ..compiler import default_arch
+    from ..codegen import gemm_wgmma
+    from ..codegen.gemm_mma import FORM
+    arch = arch or default_arch()
     p = ks.params or {}
-    out: list[dict] = [{"sm_count": sm_count, **a} for a in ks.alternatives]
+    tile = next((a for a in ks.alternatives if a.get("form") == FORM), None)
+    hopper = gemm_wgmma.variants(tile) if tile is not None and arch == "sm_90" else []
+    out: list[dict] = [{"sm_count": sm_count, **a} for a in hopper + list(ks.alternatives)]
     if ks.kind == "gemm":
         from ..codegen.gemm_mma import tune_variants as gemm_variants
-        out += gemm_variants(p)       # other tiles
+        out += gemm_variants(p, arch)       # other tiles
     elif ks.kind == "pointwise":
         for cand in ({"cover": True}, {"unroll": 1}, {"unroll": 2}, {"block": 128}, {"block": 512},
                      {"vector_width": 1}):

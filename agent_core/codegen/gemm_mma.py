@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from ..ir import Program
 from .attention_mma import HELPERS, SHARED_LIMIT
-from . import gemm_conv
+from . import gemm_conv, gemm_wgmma
 from .cuda import INT_INDEX_LIMIT, Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .gemm_rows import LOCALS as ROW_LOCALS, RowPart, combine_lines, fold_lines, shared_floats, split_epilogue, state_code
@@ -59,7 +59,7 @@ GRID_LIMIT = 65535          # output tiles along M (grid y)
 LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "tid", "warp_m", "warp_n",
           "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
           "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage", "bz", "abat",
-          "bbat") + gemm_conv.LOCALS
+          "bbat") + gemm_conv.LOCALS + gemm_wgmma.LOCALS
 
 
 @dataclass
@@ -240,7 +240,8 @@ def alternatives(program: Program, io: RegionIO) -> list[dict]:
         spec = gemm_spec(program, io)
     except CodegenError:
         return []
-    return [{"form": FORM}, tune_variants(default_params(spec))[0]]
+    first = default_params(spec)
+    return [{"form": FORM, "block_n": first["block_n"]}, tune_variants(first)[0]]
 
 
 def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
@@ -258,18 +259,19 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
             "stages": 3, "min_blocks": 1, "slice_acc": True}
 
 
-def tune_variants(p: dict) -> list[dict]:
-    """Other tiles than p's, most promising first: the other 128-row tile, square 64 tiles with a
-    deeper pipeline, and thinner k slices in four stages; for a thin output (a convolution's few
-    channels), twice and half the rows a block holds, and thinner k slices."""
+def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
+    """Other tiles than p's, most promising first: on sm_90 the wgmma loop's tiles (gemm_wgmma.variants);
+    then the other 128-row tile, square 64 tiles with a deeper pipeline, and thinner k slices in four
+    stages; for a thin output (a convolution's few channels), twice and half the rows a block holds, and
+    thinner k slices."""
+    hopper = gemm_wgmma.variants(p) if arch == "sm_90" and p.get("mma") != gemm_wgmma.MMA else []
     cands = gemm_conv.THIN_VARIANTS if int(p["block_n"]) < 64 else (
         {"block_m": 128, "block_n": 64, "warps_m": 2, "warps_n": 2},
         {"block_m": 128, "block_n": 128, "warps_m": 2, "warps_n": 4},
         {"block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "stages": 4},
         {"block_k": 16, "stages": 4})
     out = []
-    for c in cands:
-        v = {**p, **c}
+    for v in hopper + [{**p, **c} for c in cands]:
         if v != p and v not in out:
             out.append(v)
     return out
@@ -287,7 +289,9 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
         raise CodegenError(f"tile GEMM: block_k {bk} must be a multiple of 8 up to 64")
     if not 1 <= wm * wn <= 16:
         raise CodegenError(f"tile GEMM: {wm} x {wn} warps is more than a block's 16")
-    if bm % (16 * wm) or bn % (8 * wn):
+    if p.get("mma") == gemm_wgmma.MMA:
+        gemm_wgmma.check(bm, bn, bk, wm, wn)
+    elif bm % (16 * wm) or bn % (8 * wn):
         raise CodegenError(f"tile GEMM: a {bm} x {bn} tile does not split into {wm} x {wn} warps of m16n8 fragments")
     if not 2 <= stages <= 6:
         raise CodegenError(f"tile GEMM: {stages} stages (2 to 6)")
@@ -303,7 +307,8 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
 def shared_bytes(spec: GemmSpec, p: dict) -> int:
     bm, bn, bk, _, _, stages = _check(spec, p)
     b_tile = bn * (bk + 4) if spec.b_k_contiguous else bk * (bn + 8)
-    pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
+    pipeline = 4 * stages * (bm * (bk + 4) + b_tile) + (gemm_wgmma.extra_shared_bytes(bn, bk)
+                                                         if p.get("mma") == gemm_wgmma.MMA else 0)
     # the row reductions combine the warps' states in the same buffers once the pipeline is done
     return max(pipeline, 4 * shared_floats(spec.rows, bm, int(p["warps_n"]))) if spec.rows else pipeline
 
@@ -478,10 +483,14 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                              n_tiles) if rows else []
     bias_at = gemm_conv.channel(conv) if conv else "col" if spec.bias and vals[spec.bias].shape else "0"
     value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
+    wg = p.get("mma") == gemm_wgmma.MMA
+    if wg and p.get("portable"):
+        raise CodegenError("tile GEMM: the CPU emulator has no wgmma (portable takes the mma.sync loop)")
     body = [
-        "  extern __shared__ __align__(16) float smem[];",
-        "  float* As = smem;                           // [kStages][kBM][kAS]",
-        "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]",
+        *(gemm_wgmma.smem_lines() if wg else [
+          "  extern __shared__ __align__(16) float smem[];",
+          "  float* As = smem;                           // [kStages][kBM][kAS]",
+          "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]),
         "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
         "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
         *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *group_lines, *gemm_conv.row_registers(conv)]
@@ -491,6 +500,76 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "    const int k0 = kt * kBK;",
         *a_copy, *b_copy,
         "  };",
+        *(gemm_wgmma.main_loop(kb, slice_acc) if wg else _mma_sync_loop(b_frag, slice_acc)),
+        "  // epilogue on the accumulators, one store per output element",
+        "  const int row0 = bm + warp_m * kTM + lane_g, col0 = bn + warp_n * kTN + 2 * lane_t;",
+        *row_init,
+        "  #pragma unroll",
+        "  for (int mt = 0; mt < kMT; ++mt) {",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt) {",
+        "      #pragma unroll",
+        "      for (int j = 0; j < 4; ++j) {",
+        "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
+        "        if (row < kM && col < kN) {",
+        *([f"          {gemm_conv.store_index(conv) if conv else _store_index(spec)}"]
+          if any(re.search(r"\bi\b", ln) for ln in epi) else []),
+        f"          const float mm = {value};",
+        *[f"          {line}" for line in epi],
+        "        }",
+        "      }",
+        "    }",
+        "  }",
+        *row_tail,
+    ]
+    helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
+    if wg:
+        helpers += gemm_wgmma.helpers(bn)
+    if rows:
+        helpers += state_code(rows)
+    node = program.nodes[spec.node]
+    b_words = "transposed in place ([N, K], k contiguous)" if kb else "[K, N]"
+    stack = f"{spec.batch} x " if spec.batch > 1 else ""
+    a_words = f"A [{stack}{spec.M}, {spec.K}] row-major" + (" (one matrix for every GEMM)" if spec.batch > 1 and
+                                                             not spec.a_batch else "")
+    title = f"{node.op} {stack}{spec.M} x {spec.N} x {spec.K}"
+    if conv:
+        a_words = (f"A [{spec.M}, {spec.K}] = the input's patches ({conv.words()}), gathered into shared "
+                   f"memory slice by slice, never written out")
+        title = f"{node.op} as an implicit GEMM {spec.M} x {spec.N} x {spec.K}"
+    schedule = (("implicit-GEMM convolution, " if conv else f"{spec.batch} GEMMs along grid z, " if spec.batch > 1
+                 else "") +
+                (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8 (A split in registers, B's hi / lo in swizzled shared "
+                 f"memory): {bm} x {bn} block tiles of {bm // 64} warpgroups (64 x {bn} each), " if wg else
+                 f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
+                 f"({bm // wm} x {bn // wn} each), ") + f"{bk}-wide k slices in a {stages}-stage cp.async pipeline, "
+                f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
+                + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if rows else ""))
+    head = header(program, f"Region {name}: {title} with its epilogue, split-TF32 tensor cores", io.nodes, [
+        f"{a_words}, B {b_words}{', bias [N]' if spec.bias else ''}; "
+        f"outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
+        f"Schedule: {schedule}.",
+        f"{shared} bytes of shared memory; {'16' if a_vec else '4'}-byte copies of A, "
+        f"{'16' if b_vec else '4'}-byte copies of B.",
+        "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + a_lo b_hi "
+        "accumulated in fp32."])
+    min_blocks = int(p.get("min_blocks") or 1)
+    kname = kernel_name(name)
+    source = "\n".join([head, *consts, "", *helpers,
+                        f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks})\n'
+                        f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
+    nbytes, flops = cost(program, io, spec, p)
+    return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+                        outputs=list(io.outputs),
+                        grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch),
+                        block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
+                        align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops,
+                        workspace=workspace)
+
+
+def _mma_sync_loop(b_frag: list[str], slice_acc: bool) -> list[str]:
+    """C lines from the pipeline's first copies to the accumulators' final values: mma.sync m16n8k8."""
+    return [
         "  float acc[kMT][kNT][4];",
         "  #pragma unroll",
         "  for (int mt = 0; mt < kMT; ++mt)",
@@ -530,66 +609,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "    }",
         *_slice_tail(slice_acc),
         "  }",
-        "  // epilogue on the accumulators, one store per output element",
-        "  const int row0 = bm + warp_m * kTM + lane_g, col0 = bn + warp_n * kTN + 2 * lane_t;",
-        *row_init,
-        "  #pragma unroll",
-        "  for (int mt = 0; mt < kMT; ++mt) {",
-        "    #pragma unroll",
-        "    for (int nt = 0; nt < kNT; ++nt) {",
-        "      #pragma unroll",
-        "      for (int j = 0; j < 4; ++j) {",
-        "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
-        "        if (row < kM && col < kN) {",
-        *([f"          {gemm_conv.store_index(conv) if conv else _store_index(spec)}"]
-          if any(re.search(r"\bi\b", ln) for ln in epi) else []),
-        f"          const float mm = {value};",
-        *[f"          {line}" for line in epi],
-        "        }",
-        "      }",
-        "    }",
-        "  }",
-        *row_tail,
     ]
-    helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
-    if rows:
-        helpers += state_code(rows)
-    node = program.nodes[spec.node]
-    b_words = "transposed in place ([N, K], k contiguous)" if kb else "[K, N]"
-    stack = f"{spec.batch} x " if spec.batch > 1 else ""
-    a_words = f"A [{stack}{spec.M}, {spec.K}] row-major" + (" (one matrix for every GEMM)" if spec.batch > 1 and
-                                                             not spec.a_batch else "")
-    title = f"{node.op} {stack}{spec.M} x {spec.N} x {spec.K}"
-    if conv:
-        a_words = (f"A [{spec.M}, {spec.K}] = the input's patches ({conv.words()}), gathered into shared "
-                   f"memory slice by slice, never written out")
-        title = f"{node.op} as an implicit GEMM {spec.M} x {spec.N} x {spec.K}"
-    schedule = (("implicit-GEMM convolution, " if conv else f"{spec.batch} GEMMs along grid z, " if spec.batch > 1
-                 else "") +
-                f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
-                f"({bm // wm} x {bn // wn} each), {bk}-wide k slices in a {stages}-stage cp.async pipeline, "
-                f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
-                + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if rows else ""))
-    head = header(program, f"Region {name}: {title} with its epilogue, split-TF32 tensor cores", io.nodes, [
-        f"{a_words}, B {b_words}{', bias [N]' if spec.bias else ''}; "
-        f"outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
-        f"Schedule: {schedule}.",
-        f"{shared} bytes of shared memory; {'16' if a_vec else '4'}-byte copies of A, "
-        f"{'16' if b_vec else '4'}-byte copies of B.",
-        "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + a_lo b_hi "
-        "accumulated in fp32."])
-    min_blocks = int(p.get("min_blocks") or 1)
-    kname = kernel_name(name)
-    source = "\n".join([head, *consts, "", *helpers,
-                        f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks})\n'
-                        f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
-    nbytes, flops = cost(program, io, spec, p)
-    return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-                        outputs=list(io.outputs),
-                        grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch),
-                        block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
-                        align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops,
-                        workspace=workspace)
 
 
 def _store_index(spec: GemmSpec) -> str:

@@ -1,0 +1,165 @@
+"""The sm_90 main loop of the tile GEMM (codegen/gemm_mma.py with params["mma"] = "wgmma"): Hopper's
+warpgroup MMA (wgmma.mma_async m64nNk8, TF32) in place of mma.sync m16n8k8.
+
+Why: mma.sync reaches about half of an H100's TF32 tensor-core rate; split TF32 needs three products per
+step, so our mma.sync GEMM ran at half the speed of cuBLAS's three TF32 calls (4096^3: 2.38 ms against
+1.12 ms, benchmarks/h100-2026-12-05-s15). wgmma is the instruction cuBLAS itself uses on Hopper.
+
+How, keeping everything else of the tile GEMM (its copies, its epilogue and row reductions):
+- a warpgroup (4 warps) owns 64 rows of the block tile and all block_n columns; its accumulators have
+  mma.sync's m16n8 fragment layout per warp, so the epilogue reads them as a 16 x block_n warp tile;
+- A (the activations) is split into hi / lo TF32 in registers as before and fed to wgmma from registers;
+- B's slice is split once per block into hi and lo copies in shared memory, in the 128-byte-swizzled
+  K-major layout the wgmma descriptors read (32 TF32 values per 128-byte row, the 16-byte chunks of row n
+  permuted by n mod 8), double-buffered: the split of slice k + 1 runs while the tensor cores work on k;
+- a_lo b_hi + a_hi b_lo + a_hi b_hi per 8-wide k step, the slice's sum added to the running sums in fp32
+  (slice_acc), as the mma.sync loop does.
+"""
+from __future__ import annotations
+
+from .kernel import CodegenError
+
+MMA = "wgmma"
+LOCALS = ("Bw", "split_b", "hi", "lo", "at", "ks", "h", "l", "n", "k")
+
+
+def variants(p: dict) -> list[dict]:
+    """The wgmma tiles to try for a GEMM whose mma.sync params are p (its form; its tiles where given):
+    128 rows of 2 warpgroups with p's columns (up to 128), 64 columns for more CTAs, and one warpgroup
+    of 64 rows in a deeper pipeline."""
+    bn = min(128, -(-int(p.get("block_n") or 128) // 8) * 8)
+    base = {"mma": MMA, "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": bn, "block_k": 32, "stages": 3}
+    out = [base, {**base, "block_n": 64} if bn > 64 else {**base, "block_m": 64, "warps_m": 4, "stages": 4},
+           {**base, "block_m": 64, "warps_m": 4, "stages": 4}]
+    uniq = []
+    for v in out:
+        if v not in uniq:
+            uniq.append(v)
+    return [{**p, **v} for v in uniq]
+
+
+def check(bm: int, bn: int, bk: int, wm: int, wn: int) -> None:
+    if wn != 1 or wm * 16 != bm or bm % 64 or not 64 <= bm <= 256:
+        raise CodegenError(f"tile GEMM (wgmma): {bm} rows of {wm} x {wn} warps: warpgroups of 4 warps own 64 rows "
+                           f"each and all columns (warps_m = block_m / 16, warps_n = 1)")
+    if bn % 8 or not 8 <= bn <= 256:
+        raise CodegenError(f"tile GEMM (wgmma): block_n {bn} must be a multiple of 8 up to 256")
+    if bk % 32:
+        raise CodegenError(f"tile GEMM (wgmma): block_k {bk} must hold whole 128-byte rows (32 TF32 values)")
+
+
+def extra_shared_bytes(bn: int, bk: int) -> int:
+    """B's hi and lo copies, two slices of each, and room to align them to the swizzle's 1024 bytes."""
+    return 4 * 4 * bn * bk + 1024
+
+
+def helpers(bn: int) -> list[str]:
+    n = bn // 2          # accumulators per thread: 64 x bn over 128 threads
+    dregs = ", ".join(f"%{i}" for i in range(n))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
+    return [
+        "__device__ __forceinline__ void wgmma_fence() { asm volatile(\"wgmma.fence.sync.aligned;\\n\" ::: \"memory\"); }",
+        "__device__ __forceinline__ void wgmma_commit() { asm volatile(\"wgmma.commit_group.sync.aligned;\\n\" ::: \"memory\"); }",
+        "__device__ __forceinline__ void wgmma_wait() { asm volatile(\"wgmma.wait_group.sync.aligned 0;\\n\" ::: \"memory\"); }",
+        "// generic-proxy stores to shared memory made visible to the async proxy that wgmma reads through",
+        "__device__ __forceinline__ void fence_proxy_async() { asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\"); }",
+        "// a register the compiler must not move across the wgmma wait",
+        "__device__ __forceinline__ void hold(float& x) { asm volatile(\"\" : \"+f\"(x) :: \"memory\"); }",
+        "// a K-major operand in shared memory, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart",
+        "__device__ __forceinline__ unsigned long long wgmma_desc(const float* p) {",
+        "  const unsigned long long a = (unsigned)__cvta_generic_to_shared(p);",
+        "  return ((a & 0x3FFFFull) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);",
+        "}",
+        f"// d (64 x {bn} per warpgroup) += a (64 x 8, TF32 in registers) * b (8 x {bn}, TF32 in shared memory)",
+        "__device__ __forceinline__ void wgmma_tf32(float* d, const unsigned* a, unsigned long long b, int scale_d) {",
+        "  asm volatile(\"{\\n.reg .pred p;\\n\"",
+        f"               \"setp.ne.b32 p, %{n + 5}, 0;\\n\"",
+        f"               \"wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32 {{{dregs}}}, "
+        f"{{%{n}, %{n + 1}, %{n + 2}, %{n + 3}}}, %{n + 4}, p, 1, 1;\\n}}\\n\"",
+        f"               : {outs}",
+        "               : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(scale_d));",
+        "}",
+    ]
+
+
+def smem_lines() -> list[str]:
+    """C lines: the shared buffers, B's swizzled copies first at a 1024-byte boundary."""
+    return [
+        "  extern __shared__ __align__(16) float smem[];",
+        "  // [2 slices][hi, lo][kBK / 32][kBN][32], at the 128-byte swizzle's 1024-byte period",
+        "  float* Bw = smem + ((1024u - ((unsigned)__cvta_generic_to_shared(smem) & 1023u)) & 1023u) / 4;",
+        "  float* As = Bw + 4 * kBN * kBK;               // [kStages][kBM][kAS]",
+        "  float* Bs = As + kStages * kATile;           // [kStages][kBN][kBS] or [kStages][kBK][kBS]",
+    ]
+
+
+def main_loop(kb: bool, slice_acc: bool) -> list[str]:
+    """C lines from the pipeline's first copies to the accumulators' final values (`acc[0][nt][j]`)."""
+    pick = ("const int n = e / kBK, k = e % kBK;", "Bt[n * kBS + k]") if kb else \
+           ("const int k = e / kBN, n = e % kBN;", "Bt[k * kBS + n]")
+    sums = "sacc" if slice_acc else "acc"
+    return [
+        "  float acc[1][kNT][4];",
+        "  #pragma unroll",
+        "  for (int nt = 0; nt < kNT; ++nt) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;",
+        *(["  float sacc[1][kNT][4] = {};"] if slice_acc else []),
+        "  auto split_b = [&](int slice) {   // B's slice -> hi / lo TF32, swizzled K-major, for the descriptors",
+        "    const float* Bt = Bs + (slice % kStages) * kBTile;",
+        "    float* hi = Bw + (slice & 1) * 2 * kBN * kBK;",
+        "    float* lo = hi + kBN * kBK;",
+        "    for (int e = tid; e < kBN * kBK; e += kBlock) {",
+        f"      {pick[0]}",
+        "      unsigned h, l;",
+        f"      split_tf32({pick[1]}, h, l);",
+        "      const int at = (k >> 5) * (kBN * 32) + n * 32 + ((((k >> 2) & 7) ^ (n & 7)) << 2) + (k & 3);",
+        "      hi[at] = __uint_as_float(h);",
+        "      lo[at] = __uint_as_float(l);",
+        "    }",
+        "    fence_proxy_async();",
+        "  };",
+        "  const int KT = (kK + kBK - 1) / kBK;",
+        "  #pragma unroll",
+        "  for (int s = 0; s < kStages - 1; ++s) {   // the pipeline's first slices in flight",
+        "    if (s < KT) load_tile(s, s);",
+        "    cp_async_commit();",
+        "  }",
+        "  cp_async_wait<kStages - 2>();",
+        "  __syncthreads();",
+        "  split_b(0);",
+        "  __syncthreads();",
+        "  for (int kt = 0; kt < KT; ++kt) {",
+        "    // the slot of slice kt - 1: its A is in registers and its B split, for every thread (last barrier)",
+        "    if (kt + kStages - 1 < KT) load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);",
+        "    cp_async_commit();              // (an empty group at the tail keeps the count)",
+        "    const float* At = As + (kt % kStages) * kATile;",
+        "    const float* hi = Bw + (kt & 1) * 2 * kBN * kBK;",
+        "    const float* lo = hi + kBN * kBK;",
+        "    unsigned ah[kBK / 8][4], al[kBK / 8][4];",
+        "    #pragma unroll",
+        "    for (int ks = 0; ks < kBK / 8; ++ks) {",
+        "      const float* pa = At + (warp_m * 16 + lane_g) * kAS + ks * 8 + lane_t;",
+        "      split_tf32(pa[0], ah[ks][0], al[ks][0]); split_tf32(pa[8 * kAS], ah[ks][1], al[ks][1]);",
+        "      split_tf32(pa[4], ah[ks][2], al[ks][2]); split_tf32(pa[8 * kAS + 4], ah[ks][3], al[ks][3]);",
+        "    }",
+        "    wgmma_fence();",
+        "    #pragma unroll",
+        "    for (int ks = 0; ks < kBK / 8; ++ks) {",
+        "      const int at = (ks >> 2) * (kBN * 32) + (ks & 3) * 8;   // k step ks: its 128-byte row, 32 bytes on",
+        f"      wgmma_tf32(&{sums}[0][0][0], al[ks], wgmma_desc(hi + at), {'ks > 0' if slice_acc else '1'});",
+        f"      wgmma_tf32(&{sums}[0][0][0], ah[ks], wgmma_desc(lo + at), 1);",
+        f"      wgmma_tf32(&{sums}[0][0][0], ah[ks], wgmma_desc(hi + at), 1);",
+        "    }",
+        "    wgmma_commit();",
+        "    cp_async_wait<kStages - 2>();    // slice kt + 1 has landed ...",
+        "    __syncthreads();                 // ... for every thread",
+        "    if (kt + 1 < KT) split_b(kt + 1);   // while the tensor cores work on slice kt",
+        "    wgmma_wait();",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt) {",
+        "      #pragma unroll",
+        f"      for (int j = 0; j < 4; ++j) {{ hold({sums}[0][nt][j]);"
+        + (" acc[0][nt][j] += sacc[0][nt][j];" if slice_acc else "") + " }",
+        "    }",
+        "    __syncthreads();                 // slice kt + 1's split is visible; slot kt's A reads are done",
+        "  }",
+    ]

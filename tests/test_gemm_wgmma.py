@@ -1,0 +1,72 @@
+"""The tile GEMM's sm_90 main loop (codegen/gemm_wgmma.py, params["mma"] = "wgmma"), without a GPU:
+each form it takes (linear's [N, K] weight and matmul's [K, N], ragged shapes, a stack of GEMMs, an
+implicit-GEMM convolution, row reductions after the epilogue, 64-wide k slices) compiles through NVRTC
+for sm_90a with no spills or warnings (ptxas says when it must serialize the wgmma pipeline: a warning);
+tiles it cannot take are refused with the reason; the tuner tries its tiles first on sm_90 and never
+elsewhere. tests/gpu/test_gemm_wgmma_gpu.py runs the same kernels against torch."""
+import pytest
+
+from agent_core.codegen import generate_kernel
+from agent_core.codegen.kernel import CodegenError
+from agent_core.compiler import compile_kernel, feature_arch
+from tests.test_gemm_conv import conv_program
+from tests.test_gemm_epilogue import batched_program, program
+from tests.test_gemm_row_reduction import program as rows_program
+
+WG = {"form": "gemm-3xtf32", "mma": "wgmma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": 128,
+      "block_k": 32, "stages": 3}
+CASES = {
+    "linear-ragged": (lambda: program(300, 260, 70, op="linear"), {}),
+    "matmul-KN": (lambda: program(100, 72, 37, op="matmul", bias=False), {"block_n": 64}),
+    "linear-k64-64rows": (lambda: program(256, 192, 128), {"block_m": 64, "warps_m": 4, "block_n": 64, "block_k": 64, "stages": 3}),
+    "bmm": (lambda: batched_program((3, 137, 70), (3, 70, 145), "bmm"), {}),
+    "conv2d-thin": (lambda: conv_program((4, 8, 20, 20), 16, (3, 3), padding=1), {"block_n": 16}),
+    "rows-logsumexp": (lambda: rows_program(200, 300, 64, ["logsumexp"]), {}),
+}
+
+
+def _kernel(case):
+    make, params = CASES[case]
+    p = make()
+    return generate_kernel(p, list(p.nodes), name="wg", params={**WG, **params})
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_form_compiles_for_sm90a_without_spills_or_warnings(case):
+    ks = _kernel(case)
+    assert "wgmma.mma_async.sync.aligned.m64n" in ks.source and "wgmma" in ks.schedule
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0 and c.spill_loads == 0, c.log
+    assert [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == [], c.log
+
+
+def test_wgmma_sources_build_for_the_arch_specific_target_only():
+    assert feature_arch("... wgmma.mma_async ...", "sm_90") == "sm_90a"
+    assert feature_arch("... mma.sync ...", "sm_90") == "sm_90"
+    assert feature_arch("... wgmma.mma_async ...", "sm_80") == "sm_80"
+
+
+@pytest.mark.parametrize("params,words", [({"warps_n": 2, "warps_m": 4}, "warpgroups of 4 warps"),
+                                          ({"block_m": 96, "warps_m": 6}, "warpgroups of 4 warps"),
+                                          ({"block_n": 264}, "multiple of 8 up to 256"),
+                                          ({"block_k": 16}, "128-byte rows")])
+def test_tiles_the_wgmma_loop_cannot_take_are_refused_with_the_reason(params, words):
+    p = program(256, 192, 128)
+    with pytest.raises(CodegenError, match=words):
+        generate_kernel(p, list(p.nodes), name="wg", params={**WG, **params})
+
+
+def test_the_cpu_emulator_is_refused_a_wgmma_kernel():
+    p = program(64, 64, 32)
+    with pytest.raises(CodegenError, match="emulator has no wgmma"):
+        generate_kernel(p, list(p.nodes), name="wg", params={**WG, "portable": True})
+
+
+def test_the_tuner_tries_the_wgmma_tiles_first_on_sm90_and_never_elsewhere():
+    from agent_core.agent.tune import tune_space
+    p = program(2048, 1024, 512)
+    ks = generate_kernel(p, list(p.nodes), name="wg", params={"form": "gemm-3xtf32"})
+    hopper, ampere = tune_space(ks, arch="sm_90"), tune_space(ks, arch="sm_80")
+    assert hopper[0].get("mma") == "wgmma" and not any(v.get("mma") for v in ampere)
+    for v in hopper:        # every variant builds
+        generate_kernel(p, list(p.nodes), name="wg", params=v)
