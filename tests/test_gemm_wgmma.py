@@ -62,8 +62,10 @@ def test_the_cpu_emulator_is_refused_a_wgmma_kernel():
         generate_kernel(p, list(p.nodes), name="wg", params={**WG, "portable": True})
 
 
-def test_the_tuner_tries_the_wgmma_tiles_first_on_sm90_and_never_elsewhere():
+def test_the_tuner_tries_the_wgmma_tiles_first_on_sm90_and_never_elsewhere(monkeypatch):
     from agent_core.agent.tune import tune_space
+    from agent_core.codegen import gemm_wgmma
+    monkeypatch.setattr(gemm_wgmma, "IN_TUNER", True)
     p = program(2048, 1024, 512)
     ks = generate_kernel(p, list(p.nodes), name="wg", params={"form": "gemm-3xtf32"})
     hopper, ampere = tune_space(ks, arch="sm_90"), tune_space(ks, arch="sm_80")

@@ -7,6 +7,7 @@
 - torch eager, and torch.compile in each asked mode, on the same function.
 
     python3 tools/bench_tile_gemm.py [--out rows.jsonl] [--only gemm,square,conv] [--compile-modes default,max-autotune]
+                                     [--wgmma]
 
 Cases (issue #16's done-when): epilogue-heavy GEMMs (N <= 4096, then GELU and a row logsumexp), large
 square GEMMs (bias only: the GEMM itself against cuBLAS in the same split-TF32 form), and convolutions of
@@ -169,7 +170,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="tile_gemm_bench.jsonl")
     ap.add_argument("--only", default="gemm,square,conv")
     ap.add_argument("--compile-modes", default="default")
+    ap.add_argument("--wgmma", action="store_true", help="time the wgmma tiles too (sm_90), tuner or not")
     a = ap.parse_args(argv)
+    if a.wgmma:
+        from agent_core.codegen import gemm_wgmma
+        gemm_wgmma.IN_TUNER = True
     import torch
     from agent_core.profile.timing import time_gpu
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -8,14 +8,14 @@ from __future__ import annotations
 def tune_space(ks, *, sm_count: int = 132, limit: int = 6, arch: str | None = None) -> list[dict]:
     """Parameter dicts to try besides the default that produced `ks` (a KernelSource): first the
     region's other forms (a library call + epilogue's tile GEMM, agent/gemm_form.py; on sm_90 its
-    wgmma tiles first), then its own. arch: the target's sm_XY (default: the GPU's, else sm_90)."""
+    wgmma tiles first, gemm_wgmma.tried_on), then its own. arch: the target's sm_XY (default: the GPU's, else sm_90)."""
     from ..compiler import default_arch
     from ..codegen import gemm_wgmma
     from ..codegen.gemm_mma import FORM
     arch = arch or default_arch()
     p = ks.params or {}
     tile = next((a for a in ks.alternatives if a.get("form") == FORM), None)
-    hopper = gemm_wgmma.variants(tile) if tile is not None and arch == "sm_90" else []
+    hopper = gemm_wgmma.variants(tile) if tile is not None and gemm_wgmma.tried_on(arch) else []
     out: list[dict] = [{"sm_count": sm_count, **a} for a in hopper + list(ks.alternatives)]
     if ks.kind == "gemm":
         from ..codegen.gemm_mma import tune_variants as gemm_variants

@@ -260,11 +260,12 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
 
 
 def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
-    """Other tiles than p's, most promising first: on sm_90 the wgmma loop's tiles (gemm_wgmma.variants);
+    """Other tiles than p's, most promising first: on sm_90 the wgmma loop's tiles (gemm_wgmma.variants,
+    where gemm_wgmma.IN_TUNER);
     then the other 128-row tile, square 64 tiles with a deeper pipeline, and thinner k slices in four
     stages; for a thin output (a convolution's few channels), twice and half the rows a block holds, and
     thinner k slices."""
-    hopper = gemm_wgmma.variants(p) if arch == "sm_90" and p.get("mma") != gemm_wgmma.MMA else []
+    hopper = gemm_wgmma.variants(p) if gemm_wgmma.tried_on(arch) and p.get("mma") != gemm_wgmma.MMA else []
     cands = gemm_conv.THIN_VARIANTS if int(p["block_n"]) < 64 else (
         {"block_m": 128, "block_n": 64, "warps_m": 2, "warps_n": 2},
         {"block_m": 128, "block_n": 128, "warps_m": 2, "warps_n": 4},

@@ -20,7 +20,17 @@ from __future__ import annotations
 from .kernel import CodegenError
 
 MMA = "wgmma"
+# Whether the tuner tries these tiles on sm_90. Off until tests/gpu/test_gemm_wgmma_gpu.py has passed on
+# an H100 / H200: the loop was written and compiled (sm_90a, no spills) in a session that got no GPU, and
+# a kernel that faults ends the agent's process rather than one trial. tools/bench_tile_gemm.py --wgmma
+# times them regardless.
+IN_TUNER = False
 LOCALS = ("Bw", "split_b", "hi", "lo", "at", "ks", "h", "l", "n", "k")
+
+
+def tried_on(arch: str) -> bool:
+    """Whether the tuner tries the wgmma tiles for a GPU of this sm_XY."""
+    return IN_TUNER and arch == "sm_90"
 
 
 def variants(p: dict) -> list[dict]:
