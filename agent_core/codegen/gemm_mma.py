@@ -485,8 +485,6 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     bias_at = gemm_conv.channel(conv) if conv else "col" if spec.bias and vals[spec.bias].shape else "0"
     value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
     wg = p.get("mma") == gemm_wgmma.MMA
-    if wg and p.get("portable"):
-        raise CodegenError("tile GEMM: the CPU emulator has no wgmma (portable takes the mma.sync loop)")
     body = [
         *(gemm_wgmma.smem_lines() if wg else [
           "  extern __shared__ __align__(16) float smem[];",
@@ -525,7 +523,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     ]
     helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
     if wg:
-        helpers += gemm_wgmma.helpers(bn)
+        helpers += gemm_wgmma.helpers(bn, portable=bool(p.get("portable")))
     if rows:
         helpers += state_code(rows)
     node = program.nodes[spec.node]

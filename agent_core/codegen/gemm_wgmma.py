@@ -63,7 +63,19 @@ def extra_shared_bytes(bn: int, bk: int) -> int:
     return 4 * 4 * bn * bk + 1024
 
 
-def helpers(bn: int) -> list[str]:
+DESC = [
+    "// a K-major operand in shared memory, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart",
+    "__device__ __forceinline__ unsigned long long wgmma_desc(const float* p) {",
+    "  const unsigned long long a = (unsigned)__cvta_generic_to_shared(p);",
+    "  return ((a & 0x3FFFFull) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);",
+    "}",
+]
+
+
+def helpers(bn: int, portable: bool = False) -> list[str]:
+    """The wgmma helpers for block_n = bn; portable: plain C++ of the same names for the CPU emulator."""
+    if portable:
+        return portable_helpers(bn)
     n = bn // 2          # accumulators per thread: 64 x bn over 128 threads
     dregs = ", ".join(f"%{i}" for i in range(n))
     outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
@@ -75,11 +87,7 @@ def helpers(bn: int) -> list[str]:
         "__device__ __forceinline__ void fence_proxy_async() { asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\"); }",
         "// a register the compiler must not move across the wgmma wait",
         "__device__ __forceinline__ void hold(float& x) { asm volatile(\"\" : \"+f\"(x) :: \"memory\"); }",
-        "// a K-major operand in shared memory, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart",
-        "__device__ __forceinline__ unsigned long long wgmma_desc(const float* p) {",
-        "  const unsigned long long a = (unsigned)__cvta_generic_to_shared(p);",
-        "  return ((a & 0x3FFFFull) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);",
-        "}",
+        *DESC,
         f"// d (64 x {bn} per warpgroup) += a (64 x 8, TF32 in registers) * b (8 x {bn}, TF32 in shared memory)",
         "__device__ __forceinline__ void wgmma_tf32(float* d, const unsigned* a, unsigned long long b, int scale_d) {",
         "  asm volatile(\"{\\n.reg .pred p;\\n\"",
@@ -88,6 +96,48 @@ def helpers(bn: int) -> list[str]:
         f"{{%{n}, %{n + 1}, %{n + 2}, %{n + 3}}}, %{n + 4}, p, 1, 1;\\n}}\\n\"",
         f"               : {outs}",
         "               : \"r\"(a[0]), \"r\"(a[1]), \"r\"(a[2]), \"r\"(a[3]), \"l\"(b), \"r\"(scale_d));",
+        "}",
+    ]
+
+
+def portable_helpers(bn: int) -> list[str]:
+    """wgmma_tf32 and its fences in plain C++ (writer/emulate.py runs them): the product reads A from the
+    warpgroup's threads in the register layout above and B through the descriptor as the hardware does
+    (the 14-bit address and stride fields, the 128-byte swizzle: byte address bits 4-6 XOR bits 7-9), so
+    the descriptors, the swizzled writes and every fragment index are checked on the CPU. It completes
+    at once: fence, commit and wait do nothing. Every warpgroup issues its products at the same point of
+    the loop, so the A registers are exchanged through a block barrier."""
+    return [
+        "__device__ __forceinline__ void wgmma_fence() {}",
+        "__device__ __forceinline__ void wgmma_commit() {}",
+        "__device__ __forceinline__ void wgmma_wait() {}",
+        "__device__ __forceinline__ void fence_proxy_async() {}",
+        "__device__ __forceinline__ void hold(float&) {}",
+        "__device__ __forceinline__ unsigned __cvta_generic_to_shared(const void* p) {",
+        "  return (unsigned)(reinterpret_cast<const unsigned char*>(p) - stitch_emu::dynamic_shared);",
+        "}",
+        *DESC,
+        "__device__ __forceinline__ void wgmma_tf32(float* d, const unsigned* a, unsigned long long b, int scale_d) {",
+        "  __shared__ unsigned wg_a[512][4];   // every thread's A registers",
+        "  const int tid = threadIdx.x, wg = tid & ~127, w = (tid & 127) >> 5, g = (tid & 31) >> 2, t = tid & 3;",
+        "  for (int i = 0; i < 4; ++i) wg_a[tid][i] = a[i];",
+        "  __syncthreads();",
+        "  const unsigned start = (unsigned)(b & 0x3FFFull) << 4, stride = (unsigned)((b >> 32) & 0x3FFFull) << 4;",
+        f"  for (int nt = 0; nt < {bn // 8}; ++nt)",
+        "    for (int j = 0; j < 4; ++j) {",
+        "      const int r = w * 16 + g + (j >> 1) * 8, c = nt * 8 + 2 * t + (j & 1);",
+        "      float sum = 0.0f;",
+        "      for (int k = 0; k < 8; ++k) {",
+        "        // A[r][k]: lane 4 (r % 8) + k % 4 of warp r / 16, register (r % 16) / 8 + 2 (k / 4)",
+        "        const unsigned av = wg_a[wg + (r >> 4) * 32 + (r & 7) * 4 + (k & 3)][((r & 15) >> 3) + 2 * (k >> 2)];",
+        "        unsigned addr = start + (c >> 3) * stride + (c & 7) * 128 + k * 4;",
+        "        addr ^= ((addr >> 7) & 7) << 4;",
+        "        const unsigned bv = *reinterpret_cast<const unsigned*>(stitch_emu::dynamic_shared + addr);",
+        "        sum += __uint_as_float(av & 0xffffe000u) * __uint_as_float(bv & 0xffffe000u);",
+        "      }",
+        "      d[nt * 4 + j] = (scale_d ? d[nt * 4 + j] : 0.0f) + sum;",
+        "    }",
+        "  __syncthreads();",
         "}",
     ]
 
