@@ -16,12 +16,14 @@ from tests.test_gemm_row_reduction import program as rows_program
 WG = {"form": "gemm-3xtf32", "mma": "wgmma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": 128,
       "block_k": 32, "stages": 3}
 CASES = {
-    "linear-ragged": (lambda: program(300, 260, 70, op="linear"), {}),
+    "linear-ragged": (lambda: program(300, 260, 72, op="linear"), {}),
     "matmul-KN": (lambda: program(100, 72, 37, op="matmul", bias=False), {"block_n": 64}),
     "linear-k64-64rows": (lambda: program(256, 192, 128), {"block_m": 64, "warps_m": 4, "block_n": 64, "block_k": 64, "stages": 3}),
+    "linear-k-ragged-staged": (lambda: program(150, 100, 45), {"block_n": 64}),   # K % 4: B staged, split out of place
     "bmm": (lambda: batched_program((3, 137, 70), (3, 70, 145), "bmm"), {}),
     "conv2d-thin": (lambda: conv_program((4, 8, 20, 20), 16, (3, 3), padding=1), {"block_n": 16}),
     "rows-logsumexp": (lambda: rows_program(200, 300, 64, ["logsumexp"]), {}),
+    "256-cols-plain-sums": (lambda: program(130, 300, 96), {"block_n": 256, "slice_acc": False}),
 }
 
 
@@ -38,6 +40,15 @@ def test_each_form_compiles_for_sm90a_without_spills_or_warnings(case):
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0 and c.spill_loads == 0, c.log
     assert [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == [], c.log
+
+
+@pytest.mark.parametrize("case,in_place", [("linear-ragged", True), ("conv2d-thin", True),
+                                           ("linear-k-ragged-staged", False), ("matmul-KN", False)])
+def test_b_is_copied_straight_into_the_swizzled_layout_where_16_byte_copies_can(case, in_place):
+    """k contiguous with rows 16-byte aligned: cp.async into the swizzled slice, hi split in place; else
+    a padded staging tile split into separate hi / lo slices."""
+    ks = _kernel(case)
+    assert ("float* Bl = Bw + kStages * kBTile;" in ks.source) == in_place
 
 
 def test_wgmma_sources_build_for_the_arch_specific_target_only():

@@ -305,11 +305,23 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
     return bm, bn, bk, wm, wn, stages
 
 
+def _b_rows(spec: GemmSpec) -> Operand:
+    """B's rows as copied: n (k contiguous) for linear's weight, k for a [K, N] matrix."""
+    return Operand(spec.b.value, spec.b.col_stride, spec.b.row_stride) if spec.b_k_contiguous else spec.b
+
+
+def _b_in_place(spec: GemmSpec, p: dict) -> bool:
+    """The wgmma loop copies B's slices straight into their swizzled layout: k contiguous, 16-byte copies."""
+    return p.get("mma") == gemm_wgmma.MMA and spec.b_k_contiguous and _vector_ok(_b_rows(spec), spec.K)
+
+
 def shared_bytes(spec: GemmSpec, p: dict) -> int:
     bm, bn, bk, _, _, stages = _check(spec, p)
     b_tile = bn * (bk + 4) if spec.b_k_contiguous else bk * (bn + 8)
-    pipeline = 4 * stages * (bm * (bk + 4) + b_tile) + (gemm_wgmma.extra_shared_bytes(bn, bk)
-                                                         if p.get("mma") == gemm_wgmma.MMA else 0)
+    if p.get("mma") == gemm_wgmma.MMA:
+        pipeline = gemm_wgmma.shared_bytes(bm, bn, bk, stages, None if _b_in_place(spec, p) else b_tile)
+    else:
+        pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
     # the row reductions combine the warps' states in the same buffers once the pipeline is done
     return max(pipeline, 4 * shared_floats(spec.rows, bm, int(p["warps_n"]))) if spec.rows else pipeline
 
@@ -432,12 +444,12 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
               [f"{c_type(vals[v].dtype, vals[v].name)}* __restrict__ {arg[v]}" for v in io.outputs]
     block = 32 * wm * wn
     kb = spec.b_k_contiguous
-    # B's rows as copied: n (k contiguous) for linear's weight, k for a [K, N] matrix
-    b_rows = Operand(spec.b.value, spec.b.col_stride, spec.b.row_stride) if kb else spec.b
+    b_rows = _b_rows(spec)
+    in_place = _b_in_place(spec, p)
     conv = spec.conv
     a_vec, b_vec = conv is None and _vector_ok(spec.a, spec.K), _vector_ok(b_rows, spec.K if kb else spec.N)
     b_stride = bk + 4 if kb else bn + 8
-    b_tile = bn * b_stride if kb else bk * b_stride
+    b_tile = bn * bk if in_place else bn * b_stride if kb else bk * b_stride
     numel = max([math.prod(spec.space)] + [math.prod(vals[v].shape) for v in io.inputs])
     consts = [f"typedef {index_type(numel)} index_t;",
               f"constexpr int kBlock = {block};",
@@ -457,7 +469,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
             if step:
                 group_lines.append(f"  const float* {name} = {src} + (index_t)bz * {step};")
         a_src, b_src = ("abat" if spec.a_batch else a_src), ("bbat" if spec.b_batch else b_src)
-    if kb:   # B tile [n][k]: the weight's rows are n, k contiguous
+    if in_place:     # swizzled [n][k] slices the wgmma descriptors read
+        b_copy, b_frag = gemm_wgmma.copy_lines(b_src, b_rows.row_stride, "    "), []
+    elif kb:   # B tile [n][k]: the weight's rows are n, k contiguous
         b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, "bn", "k0", "kN", "kK", b_stride, b_vec, "    ")
         b_frag = ["        const float* pb = Bt + (warp_n * kTN + nt * 8 + lane_g) * kBS + kk + lane_t;",
                   "        split_tf32(pb[0], bh[nt][0], bl[nt][0]); split_tf32(pb[4], bh[nt][1], bl[nt][1]);"]
@@ -486,7 +500,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
     wg = p.get("mma") == gemm_wgmma.MMA
     body = [
-        *(gemm_wgmma.smem_lines() if wg else [
+        *(gemm_wgmma.smem_lines(in_place) if wg else [
           "  extern __shared__ __align__(16) float smem[];",
           "  float* As = smem;                           // [kStages][kBM][kAS]",
           "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]),
@@ -499,7 +513,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "    const int k0 = kt * kBK;",
         *a_copy, *b_copy,
         "  };",
-        *(gemm_wgmma.main_loop(kb, slice_acc) if wg else _mma_sync_loop(b_frag, slice_acc)),
+        *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(b_frag, slice_acc)),
         "  // epilogue on the accumulators, one store per output element",
         "  const int row0 = bm + warp_m * kTM + lane_g, col0 = bn + warp_n * kTN + 2 * lane_t;",
         *row_init,

@@ -25,7 +25,7 @@ MMA = "wgmma"
 # a kernel that faults ends the agent's process rather than one trial. tools/bench_tile_gemm.py --wgmma
 # times them regardless.
 IN_TUNER = False
-LOCALS = ("Bw", "split_b", "hi", "lo", "at", "ks", "h", "l", "n", "k")
+LOCALS = ("Bw", "Bl", "split_b", "hi", "lo", "at", "ks", "h", "l", "n", "k", "gn", "gk")
 
 
 def tried_on(arch: str) -> bool:
@@ -34,18 +34,17 @@ def tried_on(arch: str) -> bool:
 
 
 def variants(p: dict) -> list[dict]:
-    """The wgmma tiles to try for a GEMM whose mma.sync params are p (its form; its tiles where given):
-    128 rows of 2 warpgroups with p's columns (up to 128), 64 columns for more CTAs, and one warpgroup
-    of 64 rows in a deeper pipeline."""
+    """The wgmma tiles to try for a GEMM whose mma.sync params are p (its form; its tiles where given),
+    most promising first: 128 rows of 2 warpgroups by p's columns (up to 128) in 4 stages; one warpgroup
+    of 64 rows in 2 stages (85 KB and 191 registers a thread at 128 columns: two CTAs share an SM);
+    where p has 128 columns, 256 of them (its sums without the per-slice accumulators, which would not
+    fit in registers), else 64 rows of p's columns in 3 stages."""
     bn = min(128, -(-int(p.get("block_n") or 128) // 8) * 8)
-    base = {"mma": MMA, "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": bn, "block_k": 32, "stages": 3}
-    out = [base, {**base, "block_n": 64} if bn > 64 else {**base, "block_m": 64, "warps_m": 4, "stages": 4},
-           {**base, "block_m": 64, "warps_m": 4, "stages": 4}]
-    uniq = []
-    for v in out:
-        if v not in uniq:
-            uniq.append(v)
-    return [{**p, **v} for v in uniq]
+    base = {"mma": MMA, "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": bn, "block_k": 32, "stages": 4}
+    out = [base, {**base, "block_m": 64, "warps_m": 4, "stages": 2},
+           {**base, "block_n": 256, "slice_acc": False, "stages": 3} if bn == 128 else
+           {**base, "block_m": 64, "warps_m": 4, "stages": 3}]
+    return [{**p, **v} for v in out]
 
 
 def check(bm: int, bn: int, bk: int, wm: int, wn: int) -> None:
@@ -56,11 +55,6 @@ def check(bm: int, bn: int, bk: int, wm: int, wn: int) -> None:
         raise CodegenError(f"tile GEMM (wgmma): block_n {bn} must be a multiple of 8 up to 256")
     if bk % 32:
         raise CodegenError(f"tile GEMM (wgmma): block_k {bk} must hold whole 128-byte rows (32 TF32 values)")
-
-
-def extra_shared_bytes(bn: int, bk: int) -> int:
-    """B's hi and lo copies, two slices of each, and room to align them to the swizzle's 1024 bytes."""
-    return 4 * 4 * bn * bk + 1024
 
 
 DESC = [
@@ -142,36 +136,79 @@ def portable_helpers(bn: int) -> list[str]:
     ]
 
 
-def smem_lines() -> list[str]:
-    """C lines: the shared buffers, B's swizzled copies first at a 1024-byte boundary."""
-    return [
-        "  extern __shared__ __align__(16) float smem[];",
-        "  // [2 slices][hi, lo][kBK / 32][kBN][32], at the 128-byte swizzle's 1024-byte period",
-        "  float* Bw = smem + ((1024u - ((unsigned)__cvta_generic_to_shared(smem) & 1023u)) & 1023u) / 4;",
-        "  float* As = Bw + 4 * kBN * kBK;               // [kStages][kBM][kAS]",
-        "  float* Bs = As + kStages * kATile;           // [kStages][kBN][kBS] or [kStages][kBK][kBS]",
-    ]
+SWIZZLED = "(k >> 5) * (kBN * 32) + n * 32 + ((((k >> 2) & 7) ^ (n & 7)) << 2) + (k & 3)"   # (n, k) in a slice
 
 
-def main_loop(kb: bool, slice_acc: bool) -> list[str]:
+def shared_bytes(bm: int, bn: int, bk: int, stages: int, staged_b_tile: int | None) -> int:
+    """A's staging tiles; B's slices: copied straight into the swizzled layout (staged_b_tile None: their
+    hi is written in place, lo into two more) or staged padded (floats per stage) and split into two
+    hi / lo pairs; room to align the swizzled ones to the swizzle's 1024 bytes."""
+    a = 4 * stages * bm * (bk + 4)
+    b = 4 * (stages + 2) * bn * bk if staged_b_tile is None else 4 * stages * staged_b_tile + 16 * bn * bk
+    return a + b + 1024
+
+
+def copy_lines(src: str, row_stride: int, indent: str) -> list[str]:
+    """C lines: B's slice (n rows bn.., k contiguous, 16-byte aligned) into the stage's swizzled layout
+    with 16-byte cp.async copies: chunk c of row n lands at chunk c ^ (n mod 8) of its 128-byte row."""
+    return [f"{indent}for (int e = tid; e < kBN * kBK / 4; e += kBlock) {{",
+            f"{indent}  const int n = e / (kBK / 4), k = (e % (kBK / 4)) * 4, gn = bn + n, gk = k0 + k;",
+            f"{indent}  const bool ok = gn < kN && gk < kK;",
+            f"{indent}  cp_async16(Bs + stage * kBTile + {SWIZZLED}, ok ? {src} + ((long long)gn * {row_stride} + gk) "
+            f": {src}, ok);",
+            f"{indent}}}"]
+
+
+def smem_lines(in_place: bool) -> list[str]:
+    """C lines: the shared buffers, B's swizzled ones first at a 1024-byte boundary."""
+    align = "  float* Bw = smem + ((1024u - ((unsigned)__cvta_generic_to_shared(smem) & 1023u)) & 1023u) / 4;"
+    if in_place:
+        return ["  extern __shared__ __align__(16) float smem[];",
+                "  // B's slices [kStages][kBK / 32][kBN][32] (hi in place once split), then two of lo, 1024-byte aligned",
+                align,
+                "  float* Bs = Bw;",
+                "  float* Bl = Bw + kStages * kBTile;",
+                "  float* As = Bl + 2 * kBTile;                 // [kStages][kBM][kAS]"]
+    return ["  extern __shared__ __align__(16) float smem[];",
+            "  // [2 slices][hi, lo][kBK / 32][kBN][32], at the 128-byte swizzle's 1024-byte period",
+            align,
+            "  float* As = Bw + 4 * kBN * kBK;               // [kStages][kBM][kAS]",
+            "  float* Bs = As + kStages * kATile;           // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]
+
+
+def main_loop(kb: bool, slice_acc: bool, in_place: bool) -> list[str]:
     """C lines from the pipeline's first copies to the accumulators' final values (`acc[0][nt][j]`)."""
-    pick = ("const int n = e / kBK, k = e % kBK;", "Bt[n * kBS + k]") if kb else \
-           ("const int k = e / kBN, n = e % kBN;", "Bt[k * kBS + n]")
     sums = "sacc" if slice_acc else "acc"
+    if in_place:      # the stage holds the swizzled slice: hi over it, lo beside
+        split = ["    float* hi = Bs + (slice % kStages) * kBTile;",
+                 "    float* lo = Bl + (slice & 1) * kBTile;",
+                 "    for (int e = tid; e < kBN * kBK; e += kBlock) {",
+                 "      const int n = e / kBK, k = e % kBK;",
+                 f"      const int at = {SWIZZLED};",
+                 "      unsigned h, l;",
+                 "      split_tf32(hi[at], h, l);"]
+        where = ["    const float* hi = Bs + (kt % kStages) * kBTile;",
+                 "    const float* lo = Bl + (kt & 1) * kBTile;"]
+    else:
+        pick = ("const int n = e / kBK, k = e % kBK;", "Bt[n * kBS + k]") if kb else \
+               ("const int k = e / kBN, n = e % kBN;", "Bt[k * kBS + n]")
+        split = ["    const float* Bt = Bs + (slice % kStages) * kBTile;",
+                 "    float* hi = Bw + (slice & 1) * 2 * kBN * kBK;",
+                 "    float* lo = hi + kBN * kBK;",
+                 "    for (int e = tid; e < kBN * kBK; e += kBlock) {",
+                 f"      {pick[0]}",
+                 f"      const int at = {SWIZZLED};",
+                 "      unsigned h, l;",
+                 f"      split_tf32({pick[1]}, h, l);"]
+        where = ["    const float* hi = Bw + (kt & 1) * 2 * kBN * kBK;",
+                 "    const float* lo = hi + kBN * kBK;"]
     return [
         "  float acc[1][kNT][4];",
         "  #pragma unroll",
         "  for (int nt = 0; nt < kNT; ++nt) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;",
         *(["  float sacc[1][kNT][4] = {};"] if slice_acc else []),
         "  auto split_b = [&](int slice) {   // B's slice -> hi / lo TF32, swizzled K-major, for the descriptors",
-        "    const float* Bt = Bs + (slice % kStages) * kBTile;",
-        "    float* hi = Bw + (slice & 1) * 2 * kBN * kBK;",
-        "    float* lo = hi + kBN * kBK;",
-        "    for (int e = tid; e < kBN * kBK; e += kBlock) {",
-        f"      {pick[0]}",
-        "      unsigned h, l;",
-        f"      split_tf32({pick[1]}, h, l);",
-        "      const int at = (k >> 5) * (kBN * 32) + n * 32 + ((((k >> 2) & 7) ^ (n & 7)) << 2) + (k & 3);",
+        *split,
         "      hi[at] = __uint_as_float(h);",
         "      lo[at] = __uint_as_float(l);",
         "    }",
@@ -188,12 +225,11 @@ def main_loop(kb: bool, slice_acc: bool) -> list[str]:
         "  split_b(0);",
         "  __syncthreads();",
         "  for (int kt = 0; kt < KT; ++kt) {",
-        "    // the slot of slice kt - 1: its A is in registers and its B split, for every thread (last barrier)",
+        "    // the slot of slice kt - 1: its A is in registers and its B read by finished products (last barrier)",
         "    if (kt + kStages - 1 < KT) load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);",
         "    cp_async_commit();              // (an empty group at the tail keeps the count)",
         "    const float* At = As + (kt % kStages) * kATile;",
-        "    const float* hi = Bw + (kt & 1) * 2 * kBN * kBK;",
-        "    const float* lo = hi + kBN * kBK;",
+        *where,
         "    unsigned ah[kBK / 8][4], al[kBK / 8][4];",
         "    #pragma unroll",
         "    for (int ks = 0; ks < kBK / 8; ++ks) {",
