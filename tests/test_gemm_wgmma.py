@@ -91,3 +91,10 @@ def test_the_tuner_tries_the_wgmma_tiles_first_on_sm90_and_never_elsewhere(monke
     assert hopper[0].get("mma") == "wgmma" and not any(v.get("mma") for v in ampere)
     for v in hopper:        # every variant builds
         generate_kernel(p, list(p.nodes), name="wg", params=v)
+
+
+def test_the_agents_reason_names_the_instruction_the_kept_kernel_runs():
+    from agent_core.agent.gemm_form import words
+    p = program(256, 192, 128)
+    assert "wgmma m64n128k8" in words(_kernel("linear-ragged"))
+    assert "mma.sync m16n8k8" in words(generate_kernel(p, list(p.nodes), name="mma", params={"form": "gemm-3xtf32"}))

@@ -17,11 +17,17 @@ form of a convolution alone, timed against the cuDNN call and kept only where it
 """
 from __future__ import annotations
 
+from ..codegen import gemm_wgmma
 from ..codegen.gemm_mma import FORM, gemm_spec
 from ..codegen.kernel import CodegenError
 from ..codegen.region_io import region_io
 
-WORDS = "our tile GEMM with the epilogue fused: split TF32 on the tensor cores (mma.sync m16n8k8, split in registers)"
+def words(ks) -> str:
+    """What the tile GEMM kernel ks runs as, for a reason: its tensor-core instruction by its params."""
+    p = ks.params or {}
+    how = (f"wgmma m64n{p.get('block_n')}k8, A split in registers, B in swizzled shared memory"
+           if p.get("mma") == gemm_wgmma.MMA else "mma.sync m16n8k8, split in registers")
+    return f"our tile GEMM with the epilogue fused: split TF32 on the tensor cores ({how})"
 
 
 def is_gemm(ks) -> bool:
@@ -69,7 +75,7 @@ def kept_words(ks, trials: list[dict]) -> str:
                default=None)
     vs = (f", {lib['ms'] / mine:.2f}x the library form + epilogue kernel ({mine * 1e3:.1f} us vs "
           f"{lib['ms'] * 1e3:.1f} us)") if lib and mine else ""
-    return f"; runs as {WORDS}{vs}"
+    return f"; runs as {words(ks)}{vs}"
 
 
 def _library_trial(trials: list[dict]) -> dict | None:
@@ -85,8 +91,8 @@ def lone_conv_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
     node = program.nodes[ks.node_ids[0]]
     lib = f"cuDNN's {describe_library_call(program, node.id)}"
     if kept:
-        return f"; {node.name} ({node.op}) runs as our implicit GEMM ({WORDS}) instead of {lib}"
-    return (f"{node.name} ({node.op}) runs through {lib} via torch: our implicit-GEMM kernel ({WORDS}) was correct "
+        return f"; {node.name} ({node.op}) runs as our implicit GEMM ({words(ks)}) instead of {lib}"
+    return (f"{node.name} ({node.op}) runs through {lib} via torch: our implicit-GEMM kernel ({words(ks)}) was correct "
             f"but slower ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us)")
 
 
@@ -101,5 +107,5 @@ def keep(agent, r, ks) -> None:
     params = getattr(agent, "_params", None) or {}
     freed = drop_cached_splits([params[v] for v in (spec.b.value, spec.a.value) if v in params])
     agent.ev.emit("precision", node=spec.node, op=agent.program.nodes[spec.node].op, chosen=FORM,
-                  reason=f"region {r.id} keeps {WORDS}" + (f" instead of the library's {was}" if was else "")
+                  reason=f"region {r.id} keeps {words(ks)}" + (f" instead of the library's {was}" if was else "")
                          + (f"; {freed / 2**20:.0f} MiB of split-weight caches dropped" if freed else ""))
