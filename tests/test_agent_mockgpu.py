@@ -19,7 +19,7 @@ from agent_core.ir import Program
 from agent_core.reference import run_node
 
 SABOTAGED = set()
-SLOWED = set()      # kernels whose launch costs as much as 100 torch ops
+SLOWED = set()      # kernels (by name or params["form"]) whose launch costs as much as 100 torch ops
 CALLS = {"n": 0}
 
 
@@ -35,7 +35,7 @@ class FakeLoaded:
         res = [env[v] for v in self.kernel.outputs]
         if any(tag in self.kernel.name for tag in SABOTAGED):
             res = [r + 1e-2 for r in res]
-        if any(tag in self.kernel.name for tag in SLOWED):
+        if any(tag in f"{self.kernel.name} {(self.kernel.params or {}).get('form')}" for tag in SLOWED):
             CALLS["n"] += 100
         if outs is not None:
             for o, r in zip(outs, res):
@@ -417,4 +417,26 @@ def test_a_convolution_and_its_epilogue_keep_the_implicit_gemm_where_it_beats_cu
     assert trials[0]["params"].get("form") != "gemm-3xtf32"                 # the default: cuDNN + epilogue
     assert any(t["params"].get("form") == "gemm-3xtf32" and t["ok"] for t in trials[1:])
     assert "runs as our tile GEMM" in out.reason and "the library form + epilogue kernel" in out.reason, out.reason
+    assert res.profile["end_to_end"]["correct"]
+
+
+def test_a_thin_convolution_and_its_epilogue_keep_the_direct_convolution_where_it_beats_the_other_forms(
+        mock_gpu, tmp_path):
+    """conv (8 channels, 3x3: 72 products an output) -> relu -> * 2, with the tile GEMM made slow: the
+    tuner times the direct convolution too, keeps it, says so against both other forms, drops the
+    convolution's library choices, and the program verifies with it."""
+    p = Program("conv_direct")
+    x = p.add_input("x", [2, 8, 12, 12]).id
+    w = p.add_parameter("w", shape=[24, 8, 3, 3]).id
+    y = p.add_node("conv2d", [x, w], {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1})
+    r = p.add_node("relu", [y.outputs[0]])
+    p.mark_output(p.add_node("mul_scalar", [r.outputs[0]], {"value": 2.0}).outputs[0])
+    SLOWED.add("gemm-3xtf32")
+    res, events = _optimize(p, tmp_path)
+    (out,) = [o for o in res.outcomes if o.status == "fused"]
+    trials = [e for e in events if e["event"] == "tune-step" and e.get("region") == out.region]
+    assert [t["params"].get("form") for t in trials[:3]] == [None, "gemm-3xtf32", "conv-direct"], trials
+    assert "runs as our direct convolution with the epilogue fused" in out.reason, out.reason
+    assert "the tile GEMM with the epilogue fused was slower" in out.reason, out.reason
+    assert any(e["event"] == "precision" and e.get("chosen") == "conv-direct" for e in events)
     assert res.profile["end_to_end"]["correct"]

@@ -14,17 +14,31 @@ registers and needs neither (issue 17's peak memory).
 A convolution (groups 1) runs through the same kernel as an implicit GEMM (codegen/gemm_conv.py): as
 the other form of a cuDNN + epilogue region, and, where it is compute-bound, as the only generated
 form of a convolution alone, timed against the cuDNN call and kept only where it is faster.
+
+A convolution whose reduction per output element is short (input channels per group x taps at most
+conv.DIRECT_MAX_REDUCTION) gets the direct convolution (codegen/conv.py, fp32 FFMA, the export's kernel)
+as one more such form, kept the same way: few channels leave cuDNN's tiling and the tensor cores little to
+gain over one thread per output position.
 """
 from __future__ import annotations
 
 from ..codegen import gemm_wgmma
-from ..codegen.gemm_mma import FORM, gemm_spec
+from ..codegen.conv import CONV_OPS, DIRECT
+from ..codegen.gemm_mma import FORM, GEMM_OPS, gemm_spec
 from ..codegen.kernel import CodegenError
 from ..codegen.region_io import region_io
 
+OWN_FORMS = (FORM, DIRECT)     # kernels that run the region's matmul / convolution themselves
+NAMES = {FORM: "the tile GEMM with the epilogue fused", DIRECT: "the direct convolution with the epilogue fused"}
+
+
 def words(ks) -> str:
-    """What the tile GEMM kernel ks runs as, for a reason: its tensor-core instruction by its params."""
+    """What the kernel ks of an own form runs as, for a reason: the tile GEMM's tensor-core instruction
+    by its params, the direct convolution's schedule."""
     p = ks.params or {}
+    if p.get("form") == DIRECT:
+        return (f"our direct convolution with the epilogue fused (fp32 FFMA, one thread per output position "
+                f"and {p.get('channels_per_thread')} output channel(s))")
     how = (f"wgmma m64n{p.get('block_n')}k8, A split in registers, B in swizzled shared memory"
            if p.get("mma") == gemm_wgmma.MMA else "mma.sync m16n8k8, split in registers")
     return f"our tile GEMM with the epilogue fused: split TF32 on the tensor cores ({how})"
@@ -32,6 +46,15 @@ def words(ks) -> str:
 
 def is_gemm(ks) -> bool:
     return ks is not None and (ks.params or {}).get("form") == FORM
+
+
+def runs_own(ks) -> bool:
+    """Whether ks runs its region's matmul / convolution itself instead of through the library."""
+    return ks is not None and (ks.params or {}).get("form") in OWN_FORMS
+
+
+def _form(t: dict) -> str | None:
+    return (t.get("params") or {}).get("form")
 
 
 def why_not(program, node_ids) -> str | None:
@@ -46,6 +69,9 @@ def why_not(program, node_ids) -> str | None:
 def compiled_words(ks) -> str:
     """Without a GPU: that the tuning variants that compiled hold the tile GEMM form."""
     if is_gemm(ks) and not ks.library_nodes:
+        if any(a.get("form") == DIRECT for a in ks.alternatives):
+            return (", the implicit-GEMM convolution and the direct one (fp32 FFMA) among them, to be timed "
+                    "against cuDNN on a GPU (the fastest is kept)")
         return ", all of them the implicit-GEMM convolution, to be timed against cuDNN on a GPU (the faster is kept)"
     if not any(a.get("form") == FORM for a in ks.alternatives):
         return ""
@@ -53,36 +79,43 @@ def compiled_words(ks) -> str:
             "registers), to be timed against the library form + epilogue kernel on a GPU")
 
 
-def trial_words(trials: list[dict]) -> str:
-    """What the tuner's trials say of the tile GEMM, for a region that kept the library form."""
-    tried = [t for t in trials if (t.get("params") or {}).get("form") == FORM]
-    if not tried:
-        return ""
+def trial_words(trials: list[dict], against: str = "the library form's", skip: str | None = None) -> str:
+    """What the tuner's trials say of each own form (the tile GEMM, the direct convolution) that was not
+    kept: slower than the kept one (its time `against`), or why it did not run; none of form `skip`."""
     lib = _library_trial(trials)
-    ok = [t for t in tried if t.get("ok")]
-    if ok and lib:
-        best = min(ok, key=lambda t: t["ms"])
-        return (f"; the tile GEMM with the epilogue fused was slower ({best['ms'] * 1e3:.1f} us vs the library "
-                f"form's {lib['ms'] * 1e3:.1f} us)")
-    reasons = "; ".join(dict.fromkeys(str(t.get("reason")) for t in tried if not t.get("ok")))
-    return f"; the tile GEMM with the epilogue fused was not kept: {reasons}"
+    refused = {_form(t) for t in trials if t.get("trial") == "full"}    # failed the full verification
+    kept_ms = min((t["ms"] for t in trials if t.get("best") and t.get("ok") and _form(t) not in refused),
+                  default=lib["ms"] if lib else None)
+    out = ""
+    for form in OWN_FORMS:
+        tried = [t for t in trials if _form(t) == form]
+        if not tried or form == skip:
+            continue
+        ok = [t for t in tried if t.get("ok")]
+        if ok and kept_ms is not None and form not in refused:
+            out += (f"; {NAMES[form]} was slower ({min(t['ms'] for t in ok) * 1e3:.1f} us vs {against} "
+                    f"{kept_ms * 1e3:.1f} us)")
+        else:
+            reasons = "; ".join(dict.fromkeys(str(t.get("reason")) for t in tried if not t.get("ok")))
+            out += f"; {NAMES[form]} was not kept: {reasons}"
+    return out
 
 
 def kept_words(ks, trials: list[dict]) -> str:
-    """The kept tile GEMM, against the library form it was timed with."""
+    """The kept own form, against the library form it was timed with, and how the other own form did."""
     lib = _library_trial(trials)
-    mine = min((t["ms"] for t in trials if t.get("ok") and (t.get("params") or {}).get("form") == FORM),
-               default=None)
+    form = (ks.params or {}).get("form")
+    mine = min((t["ms"] for t in trials if t.get("ok") and _form(t) == form), default=None)
     vs = (f", {lib['ms'] / mine:.2f}x the library form + epilogue kernel ({mine * 1e3:.1f} us vs "
           f"{lib['ms'] * 1e3:.1f} us)") if lib and mine else ""
-    return f"; runs as {words(ks)}{vs}"
+    return f"; runs as {words(ks)}{vs}" + trial_words(trials, "the kept form's", skip=form)
 
 
 def _library_trial(trials: list[dict]) -> dict | None:
     """The default's trial when it ran the library form + epilogue kernel (a convolution alone starts
     with the tile form: it has none)."""
     return next((t for t in trials if t.get("trial") == 0 and t.get("ok")
-                 and (t.get("params") or {}).get("form") != FORM), None)
+                 and _form(t) not in OWN_FORMS), None)
 
 
 def lone_conv_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
@@ -90,22 +123,23 @@ def lone_conv_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
     from ..runtime.split_tf32 import describe_library_call
     node = program.nodes[ks.node_ids[0]]
     lib = f"cuDNN's {describe_library_call(program, node.id)}"
+    name = "direct convolution" if (ks.params or {}).get("form") == DIRECT else "implicit GEMM"
     if kept:
-        return f"; {node.name} ({node.op}) runs as our implicit GEMM ({words(ks)}) instead of {lib}"
-    return (f"{node.name} ({node.op}) runs through {lib} via torch: our implicit-GEMM kernel ({words(ks)}) was correct "
+        return f"; {node.name} ({node.op}) runs as our {name} ({words(ks)}) instead of {lib}"
+    return (f"{node.name} ({node.op}) runs through {lib} via torch: our {name} kernel ({words(ks)}) was correct "
             f"but slower ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us)")
 
 
 def keep(agent, r, ks) -> None:
-    """The region keeps the tile GEMM: its matmul's or convolution's library precision and layout
+    """The region keeps an own form (the tile GEMM, the direct convolution): its matmul's or convolution's library precision and layout
     choices (and the split caches they would keep) no longer apply; an event says so."""
     from ..runtime.split_tf32 import drop_cached_splits, library_layout, library_precision
     chosen = library_precision(agent.program)
-    spec = gemm_spec(agent.program, region_io(agent.program, ks.node_ids))
-    was = chosen.pop(spec.node, None) if chosen else None
-    library_layout(agent.program).pop(spec.node, None)   # a convolution's channels-last call is gone too
+    node = next(agent.program.nodes[n] for n in ks.node_ids if agent.program.nodes[n].op in GEMM_OPS + CONV_OPS)
+    was = chosen.pop(node.id, None) if chosen else None
+    library_layout(agent.program).pop(node.id, None)   # a convolution's channels-last call is gone too
     params = getattr(agent, "_params", None) or {}
-    freed = drop_cached_splits([params[v] for v in (spec.b.value, spec.a.value) if v in params])
-    agent.ev.emit("precision", node=spec.node, op=agent.program.nodes[spec.node].op, chosen=FORM,
+    freed = drop_cached_splits([params[v] for v in node.inputs[:2] if v in params])
+    agent.ev.emit("precision", node=node.id, op=node.op, chosen=ks.params["form"],
                   reason=f"region {r.id} keeps {words(ks)}" + (f" instead of the library's {was}" if was else "")
                          + (f"; {freed / 2**20:.0f} MiB of split-weight caches dropped" if freed else ""))

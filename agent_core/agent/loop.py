@@ -23,7 +23,7 @@ from ..runtime.split_tf32 import describe_library_call, library_precision, run_l
 from .attention_form import describe_form, exact_form, form_of, library_note, note_kept_form
 from .region_kinds import without_kernel
 from .events import EventEmitter
-from .gemm_form import compiled_words as gemm_compiled_words, is_gemm, keep as gemm_keep, lone_conv_words
+from .gemm_form import compiled_words as gemm_compiled_words, is_gemm, keep as gemm_keep, lone_conv_words, runs_own
 from .gemm_form import kept_words as gemm_kept_words, trial_words as gemm_trial_words
 from .phases import phase
 from .tune import tune_space
@@ -320,7 +320,7 @@ class _Agent:
         ms, ks, loaded, runner, params = best
         if ks.source != r.source:
             res = self._verify(r, runner, self.draws, "tuned best")
-            if not res.ok and is_gemm(ks) and not is_gemm(first[1]):   # the library form it was timed against
+            if not res.ok and runs_own(ks):   # the default it was timed against (verified on every draw)
                 out.trials.append({"trial": "full", "params": ks.params, "ok": False,
                                    "reason": f"failed full verification: {res.reason}"})
                 ms, ks, loaded, runner, params = best = first
@@ -350,12 +350,12 @@ class _Agent:
             for nid in ks.library_nodes:
                 out.reason += f"; its {self.program.nodes[nid].op} runs as {describe_library_call(self.program, nid)}"
             out.reason += note_kept_form(self, r, ks)
-            if is_gemm(ks):
+            if runs_own(ks):
                 gemm_keep(self, r, ks)
             if is_gemm(first[1]):     # a convolution alone: the tile form was its only form
                 out.reason += lone_conv_words(self.program, ks, True, ms, unfused)
             else:
-                out.reason += gemm_kept_words(ks, out.trials) if is_gemm(ks) else gemm_trial_words(out.trials)
+                out.reason += gemm_kept_words(ks, out.trials) if runs_own(ks) else gemm_trial_words(out.trials)
             return self._finish(r, out), (list(r.nodes), ks, loaded)
         if is_gemm(first[1]):     # a convolution alone: cuDNN stays, as without our kernel
             out.status, out.reason = "library", lone_conv_words(self.program, ks, False, ms, unfused)

@@ -91,11 +91,16 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     if kind == "attention" or any(OP_KINDS.get(program.nodes[n].op) == "attention" for n in io.nodes):
         from .attention import generate_attention   # our fused kernel, not a library call
         return generate_attention(program, io, name, params)
+    from .conv import DIRECT, direct_alternative, generate_conv
     from .gemm_mma import generate_gemm, lone_conv
+    if (params or {}).get("form") == DIRECT:       # a form the tuner times against cuDNN (conv.py)
+        return generate_conv(program, io, name, params)
     # the matmul / convolution and its epilogue as one tile GEMM; a compute-bound convolution alone as
-    # the implicit GEMM the agent times against cuDNN (gemm_mma.py)
+    # the implicit GEMM the agent times against cuDNN (gemm_mma.py), and as the direct one where it is thin
     if (params or {}).get("form") == "gemm-3xtf32" or (kind != "convolution" and lone_conv(program, io.nodes)):
-        return generate_gemm(program, io, name, params)
+        ks = generate_gemm(program, io, name, params)
+        ks.alternatives = direct_alternative(program, io)
+        return ks
     lib, rest = ([], None) if kind == "convolution" else split_library(program, io)
     if lib:
         ks = _generate(program, rest, name=name, kind=None, params=params)
@@ -105,10 +110,10 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
                 f"through cuBLAS/cuDNN (torch); this kernel is its fused epilogue.\n")
         ks.source = note + ks.source
         from .gemm_mma import alternatives
-        ks.alternatives = alternatives(program, io)
+        tile = alternatives(program, io)      # the tile GEMM's default, then its next tile
+        ks.alternatives = tile[:1] + direct_alternative(program, io) + tile[1:]
         return ks
     if kind == "convolution":  # asked for explicitly (the export): a generated conv instead of cuDNN
-        from .conv import generate_conv
         return generate_conv(program, io, name, params)
     kind = _PLANNER_KINDS.get(kind, kind) if kind else None
     own = {OP_KINDS[program.nodes[n].op] for n in io.nodes if program.nodes[n].op in OP_KINDS}

@@ -28,6 +28,12 @@ from .region_io import RegionIO
 
 CONV_OPS = tuple(f"conv{d}d" for d in (1, 2, 3)) + tuple(f"conv_transpose{d}d" for d in (1, 2, 3))
 DEFAULTS = {"block": 256, "channels_per_thread": None, "sm_count": 132}
+# params["form"] that asks for this kernel where a region would run its convolution through cuDNN
+DIRECT = "conv-direct"
+# the agent also times this kernel against cuDNN (+ epilogue) for a convolution of at most this many
+# products per output element (input channels per group x taps: RGB 3x3x3 = 27, 8 x 3x3x3 = 216), where
+# cuDNN's fp32 has little to gain from its tiling; a deeper reduction is left to cuDNN and the implicit GEMM
+DIRECT_MAX_REDUCTION = 256
 # channel counts a thread may accumulate at once, most first (acc[] stays in registers)
 CHANNEL_CHOICES = (4, 2, 1)
 # blocks resident per SM at most (2048 threads per SM on sm_90): the grid-stride loop's grid cap
@@ -92,6 +98,19 @@ def _channels_per_thread(p: dict, cout_g: int, positions: int) -> int:
         if cout_g % c == 0 and positions * (cout_g // c) >= min_threads:
             return c
     return 1
+
+
+def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
+    """[params of this kernel] for a region whose convolution would run through cuDNN and whose
+    reduction per output element is short (DIRECT_MAX_REDUCTION): the tuner times it against the
+    library form and keeps the faster; [] otherwise."""
+    convs = [n for n in io.nodes if program.nodes[n].op in CONV_OPS]
+    if len(convs) != 1 or any(n not in convs and not is_elementwise(program.nodes[n]) for n in io.nodes):
+        return []
+    cn = program.nodes[convs[0]]
+    w = program.values[cn.inputs[1]].shape
+    per_group_in = w[0] // int(cn.attrs.get("groups", 1)) if cn.op.startswith("conv_transpose") else w[1]
+    return [{"form": DIRECT}] if per_group_in * math.prod(w[2:]) <= DIRECT_MAX_REDUCTION else []
 
 
 def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -272,6 +291,7 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     return KernelSource(
         name=kname, kind="convolution", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
-        params={"grid": grid, "block": block, "channels_per_thread": cpt, "sm_count": p["sm_count"]},
+        params={"grid": grid, "block": block, "channels_per_thread": cpt, "sm_count": p["sm_count"],
+                **({"form": DIRECT} if p.get("form") == DIRECT else {})},
         align=4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))

@@ -135,6 +135,7 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
         # the other form the agent times against this one (agent/gemm_form.py)
         reason += _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv=kind == "conv_epilogue")
+        reason += _direct_conv_words(state, nodes)
     elif kind == "pooling":
         win = s.window
         at = nodes.index(win)         # nodes are in execution order: the prologue feeds the window
@@ -172,7 +173,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         elif runs == "library" and lone_conv(state.program, [nid]):
             reason = (f"{_label(state, nid)} runs through cuDNN, about {fmt_ms(after)} at the roofline; it is "
                       f"compute-bound, so the agent also times it as one implicit-GEMM kernel ({FORM}: split TF32 "
-                      f"on the tensor cores, the input's patches gathered into shared memory) and keeps the faster.")
+                      f"on the tensor cores, the input's patches gathered into shared memory) and keeps the faster."
+                      + _direct_conv_words(state, [nid]))
         elif runs == "library":
             reason = (f"{_label(state, nid)} runs through {LIBRARY.get(role, 'the library (torch)')} (a library "
                       f"call, no generated kernel); "
@@ -205,6 +207,16 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
     r = Region(rid, kind, nodes, status="proposed", reason=reason, est_before_ms=round(before, 6),
                est_after_ms=round(after, 6), schedule=sched)
     return r
+
+
+def _direct_conv_words(state, nodes) -> str:
+    """The words for a convolution whose short reduction has the agent time the direct one too."""
+    from ..codegen.conv import direct_alternative
+    from ..codegen.region_io import region_io
+    if not direct_alternative(state.program, region_io(state.program, nodes)):
+        return ""
+    return (" Its reduction per output element is short, so the direct convolution (fp32 FFMA, one thread "
+            "per output position, the epilogue fused) is timed too.")
 
 
 def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool = False) -> str:

@@ -1,0 +1,56 @@
+"""The direct convolution (codegen/conv.py, fp32 FFMA) as a form the tuner times against cuDNN (+ the
+epilogue kernel) and the implicit GEMM, for a convolution whose reduction per output element is short
+(conv.DIRECT_MAX_REDUCTION): which regions offer it, in which order, and that the kernel generated for
+the form matches torch in the CPU emulator. tests/test_agent_mockgpu.py drives the agent keeping it."""
+import pytest
+import torch
+
+from agent_core.codegen import generate_kernel
+from agent_core.codegen.conv import DIRECT
+from agent_core.ir import Program
+from tests.programs import emulated
+
+
+def _conv(cin, cout, kernel=(3, 3), *, op="conv2d", epilogue=True, shape=(2, None, 12, 12)):
+    p = Program("conv")
+    x = p.add_input("x", [shape[0], cin, *shape[2:]]).id
+    w_shape = [cin, cout, *kernel] if op.startswith("conv_transpose") else [cout, cin, *kernel]
+    ins = [x, p.add_parameter("w", shape=w_shape).id, p.add_parameter("b", shape=[cout]).id]
+    attrs = {"stride": [1] * len(kernel), "padding": [1] * len(kernel), "dilation": [1] * len(kernel), "groups": 1}
+    if op.startswith("conv_transpose"):
+        attrs["output_padding"] = [0] * len(kernel)
+    y = p.add_node(op, ins, attrs).outputs[0]
+    if epilogue:
+        y = p.add_node("mul_scalar", [p.add_node("relu", [y]).outputs[0]], {"value": 2.0}).outputs[0]
+    p.mark_output(y)
+    return p
+
+
+@pytest.mark.parametrize("cin,op,offered", [(8, "conv2d", True), (3, "conv2d", True), (28, "conv2d", True),
+                                            (29, "conv2d", False), (64, "conv2d", False),
+                                            (8, "conv_transpose2d", True)])
+def test_a_convolution_and_its_epilogue_offer_the_direct_form_after_the_tile_gemms_default(cin, op, offered):
+    p = _conv(cin, 16, op=op)
+    ks = generate_kernel(p, list(p.nodes), name="r")
+    assert ks.library_nodes, "the default runs the convolution through cuDNN"
+    forms = [a.get("form") for a in ks.alternatives]
+    assert (DIRECT in forms) == offered, forms
+    if offered and op == "conv2d":
+        assert forms.index(DIRECT) == 1 and forms[0] == "gemm-3xtf32"
+
+
+def test_a_compute_bound_convolution_alone_offers_the_direct_form_when_thin():
+    p = _conv(16, 32, epilogue=False, shape=(8, None, 32, 32))
+    ks = generate_kernel(p, list(p.nodes), name="r")
+    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT}]
+
+
+@pytest.mark.parametrize("op,kernel", [("conv2d", (3, 3)), ("conv_transpose2d", (3, 3)), ("conv1d", (5,))])
+def test_the_direct_form_is_the_generated_convolution_and_matches_torch(op, kernel):
+    shape = (2, None, 9, 10) if len(kernel) == 2 else (2, None, 40)
+    p = _conv(6, 12, kernel, op=op, shape=shape)
+    ks = generate_kernel(p, list(p.nodes), name="r", params={"form": DIRECT})
+    assert ks.kind == "convolution" and not ks.library_nodes and ks.params["form"] == DIRECT
+    torch.manual_seed(0)
+    got, want = emulated(p, ks, [torch.randn(p.values[v].shape) for v in p.inputs])
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
