@@ -13,7 +13,8 @@ Cases (issue #16's done-when): epilogue-heavy GEMMs (N <= 4096, then GELU and a 
 square GEMMs (bias only: the GEMM itself against cuBLAS in the same split-TF32 form), and convolutions of
 few input channels (2-D and 3-D) followed by pointwise ops. Every form is built with build_region:
 compiled, launched and verified against the reference on 5 draws at 1e-4 before it is timed; ours is
-the best of the tuner's tile variants. Each row records our worst error against float64, torch fp32's,
+the best of the tuner's tile variants (and, for a convolution of a short reduction, the direct
+convolution: `"form": "conv-direct"` in a row's params when it won). Each row records our worst error against float64, torch fp32's,
 and the speedup over the best other form. Prints a markdown table, the geometric mean per group and
 every row below 1.0x.
 """
@@ -132,9 +133,12 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
     prog.metadata["library_precision"] = {}
     spec = gemm_spec(prog, region_io(prog, nodes))
     best = None
+    from agent_core.codegen.conv import direct_alternative
     from agent_core.compiler import default_arch
-    for j, params in enumerate([default_params(spec)] + tune_variants(default_params(spec), default_arch())):
-        r = timed(f"ours #{j}", lambda: build_region(prog, nodes, name=f"tile_{j}", params={**params, "form": FORM}))
+    ours = [{**v, "form": FORM} for v in [default_params(spec)] + tune_variants(default_params(spec), default_arch())]
+    ours += direct_alternative(prog, region_io(prog, nodes))     # the direct convolution where the agent tries it
+    for j, params in enumerate(ours):
+        r = timed(f"ours #{j}", lambda: build_region(prog, nodes, name=f"tile_{j}", params=params))
         if r is not None and (best is None or row["forms_ms"][f"ours #{j}"] < row["forms_ms"][best[0]]):
             best = (f"ours #{j}", r, params)
     row["forms_ms"]["eager"] = time_gpu(lambda: fn(*args)).median_ms
@@ -154,7 +158,7 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
     ref64 = fn(*(a.double() for a in args))
     others = {k: v for k, v in row["forms_ms"].items() if not k.startswith("ours")}
     base = min(others, key=others.get)
-    row.update({"ours_ms": row["forms_ms"][key], "ours": key, "params": params, "mma": params.get("mma", "mma.sync"),
+    row.update({"ours_ms": row["forms_ms"][key], "ours": key, "params": params, "kernel": "conv-direct" if params["form"] != FORM else params.get("mma", "mma.sync"),
                 "best_other": base,
                 "best_other_ms": others[base], "speedup": others[base] / row["forms_ms"][key],
                 "max_abs_err_vs_fp64": float((got - ref64).abs().max()),
