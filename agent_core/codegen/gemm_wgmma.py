@@ -9,11 +9,17 @@ How, keeping everything else of the tile GEMM (its copies, its epilogue and row 
 - a warpgroup (4 warps) owns 64 rows of the block tile and all block_n columns; its accumulators have
   mma.sync's m16n8 fragment layout per warp, so the epilogue reads them as a 16 x block_n warp tile;
 - A (the activations) is split into hi / lo TF32 in registers as before and fed to wgmma from registers;
-- B's slice is split once per block into hi and lo copies in shared memory, in the 128-byte-swizzled
-  K-major layout the wgmma descriptors read (32 TF32 values per 128-byte row, the 16-byte chunks of row n
-  permuted by n mod 8), double-buffered: the split of slice k + 1 runs while the tensor cores work on k;
+- B's slice is split once per block into hi and lo in shared memory, in the 128-byte-swizzled K-major
+  layout the wgmma descriptors read (32 TF32 values per 128-byte row, the 16-byte chunks of row n
+  permuted by n mod 8): where B's rows are k-contiguous and 16-byte aligned, cp.async copies them
+  straight into that layout and the split writes hi in place and lo into one of two more slices; else a
+  padded staging tile is split into two hi / lo pairs. The split of slice k + 1 runs while the tensor
+  cores work on slice k;
 - a_lo b_hi + a_hi b_lo + a_hi b_hi per 8-wide k step, the slice's sum added to the running sums in fp32
   (slice_acc), as the mma.sync loop does.
+
+params["portable"] swaps in plain C++ helpers (portable_helpers) that read B through the descriptor and
+the swizzle as the hardware does, so the CPU emulator checks this body (tests/test_gemm_wgmma.py).
 """
 from __future__ import annotations
 
