@@ -131,8 +131,9 @@ def lone_conv_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
 
 
 def keep(agent, r, ks) -> None:
-    """The region keeps an own form (the tile GEMM, the direct convolution): its matmul's or convolution's library precision and layout
-    choices (and the split caches they would keep) no longer apply; an event says so."""
+    """The region keeps an own form (the tile GEMM, the direct convolution): its matmul's or
+    convolution's library precision and layout choices (and the split caches they would keep) no longer
+    apply; an event says so."""
     from ..runtime.split_tf32 import drop_cached_splits, library_layout, library_precision
     chosen = library_precision(agent.program)
     node = next(agent.program.nodes[n] for n in ks.node_ids if agent.program.nodes[n].op in GEMM_OPS + CONV_OPS)

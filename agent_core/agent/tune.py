@@ -7,8 +7,9 @@ from __future__ import annotations
 
 def tune_space(ks, *, sm_count: int = 132, limit: int = 6, arch: str | None = None) -> list[dict]:
     """Parameter dicts to try besides the default that produced `ks` (a KernelSource): first the
-    region's other forms (a library call + epilogue's tile GEMM, agent/gemm_form.py; on sm_90 its
-    wgmma tiles first, gemm_wgmma.tried_on), then its own. arch: the target's sm_XY (default: the GPU's, else sm_90)."""
+    region's other forms (a library call + epilogue's tile GEMM or direct convolution, agent/gemm_form.py;
+    on sm_90 the tile GEMM's wgmma tiles first, gemm_wgmma.tried_on), then its own. arch: the target's
+    sm_XY (default: the GPU's, else sm_90)."""
     from ..compiler import default_arch
     from ..codegen import gemm_wgmma
     from ..codegen.gemm_mma import FORM
