@@ -24,7 +24,7 @@ studio: $(STAMP)
 
 # two pytest-xdist workers: CI has two cores, and the export builds take minutes of one
 test: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -p no:cacheprovider -n 2
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -p no:cacheprovider -n 2 --durations=15
 
 gpu-test:
 	PYTHONPATH=. python3 -m pytest -q -p no:cacheprovider -m gpu

@@ -16,6 +16,7 @@ from tests.test_gemm_row_reduction import program as rows_program
 WG = {"form": "gemm-3xtf32", "mma": "wgmma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": 128,
       "block_k": 32, "stages": 3}
 CASES = {
+    "one-tile": (lambda: program(64, 8, 32), {"block_m": 64, "warps_m": 4, "block_n": 8, "stages": 2}),  # 1 product chain
     "linear-ragged": (lambda: program(300, 260, 72, op="linear"), {}),
     "matmul-KN": (lambda: program(100, 72, 37, op="matmul", bias=False), {"block_n": 64}),
     "linear-k64-64rows": (lambda: program(256, 192, 128), {"block_m": 64, "warps_m": 4, "block_n": 64, "block_k": 64, "stages": 3}),
