@@ -54,3 +54,25 @@ def test_the_direct_form_is_the_generated_convolution_and_matches_torch(op, kern
     torch.manual_seed(0)
     got, want = emulated(p, ks, [torch.randn(p.values[v].shape) for v in p.inputs])
     assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("kernel,ours", [((3, 3), True), ((1, 1), False)], ids=["rgb-3x3", "rgb-1x1"])
+def test_a_memory_bound_convolution_of_few_channels_alone_gets_our_forms_through_a_spatial_kernel(kernel, ours):
+    """An RGB 3x3 convolution alone is memory-bound by its bytes, but cuDNN's fp32 runs it far from them:
+    its region gets the implicit GEMM (and the direct convolution) to time against cuDNN, and the plan
+    says why. A 1x1 one over the same channels stays cuDNN's."""
+    from agent_core.agent.region_kinds import without_kernel
+    from agent_core.analysis.cost import node_cost
+    p = _conv(3, 16, kernel, epilogue=False, shape=(128, None, 64, 64))
+    (nid,) = list(p.nodes)
+    assert node_cost(p, nid).bound() == "memory"
+    if not ours:
+        assert without_kernel(p, [nid])[0] == "library"
+        return
+    assert without_kernel(p, [nid]) is None
+    ks = generate_kernel(p, [nid], name="r")
+    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT}]
+    from agent_core.planner import plan_program
+    (region,) = [r for r in plan_program(p).regions if nid in r.nodes]
+    assert "it reads few input channels, where cuDNN's fp32 is slow" in region.reason, region.reason
+    assert "the direct convolution (fp32 FFMA, one thread per output position) is timed too" in region.reason

@@ -12,8 +12,8 @@ def without_kernel(program, node_ids) -> tuple[str, object | None] | None:
     matmul, convolution or recurrent node with only views of its operands or result around it (they
     relabel memory; torch runs the call); ("strided_view", node) for a slice or transpose only library
     calls read (analysis.cost.library_reads_as_view); None when the region gets a generated kernel. An
-    attention node the agent writes its own kernel for is generated, and so is a compute-bound
-    convolution alone (gemm_mma.lone_conv: the implicit GEMM, kept only where it beats cuDNN)."""
+    attention node the agent writes its own kernel for is generated, and so is a compute-bound or
+    few-channel convolution alone (gemm_mma.lone_conv: our forms, kept only where they beat cuDNN)."""
     nodes = [program.nodes[n] for n in node_ids]
     work = [n for n in nodes if not is_view(program, n.id)]
     if not work:
@@ -26,6 +26,6 @@ def without_kernel(program, node_ids) -> tuple[str, object | None] | None:
     if node.opdef.category == "recurrent":
         return "recurrent", node
     if node.opdef.category in LIBRARY_CATEGORIES and not own_attention(program, node) and \
-            not lone_conv(program, node_ids):     # a compute-bound convolution alone is timed as our implicit GEMM
+            not lone_conv(program, node_ids):     # such a convolution alone is timed as our own forms
         return "library", node
     return None

@@ -35,6 +35,7 @@ LOCALS = ("arow", "abase", "adst", "gc", "tap", "inside", "grp", "wgrp") + tuple
 OUTSIDE = -(1 << 30)        # a row past M: its window origin, outside every input dim
 MIN_GROUP_CHANNELS = 8      # output channels per group: an m16n8 fragment's width
 GROUP_LIMIT = 65535         # groups along grid z
+FEW_CHANNELS = 8            # input channels per group of a convolution whose own forms are timed (few_channels)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,15 @@ def conv_geom(program, node) -> ConvGeom:
     stride, pad, dil, _ = conv_geometry(node, d, list(kernel))
     return ConvGeom(x.shape[0], x.shape[1], w.shape[0], tuple(x.shape[2:]), tuple(y.shape[2:]), kernel,
                     tuple(stride), tuple(pad), tuple(dil), groups)
+
+
+def few_channels(program, node) -> bool:
+    """A convolution of at most FEW_CHANNELS input channels per group through more than one tap (RGB or
+    8-channel 3x3 / 3x3x3): cuDNN runs it in fp32 far from the time of its bytes (level 2's ten such
+    problems were 0.75-0.94x of torch.compile), so the agent times its own forms even when it is
+    memory-bound."""
+    w = program.values[node.inputs[1]].shape
+    return w[1] <= FEW_CHANNELS and math.prod(w[2:]) > 1
 
 
 def _affine(x: str, scale: int, shift: int) -> str:
@@ -200,4 +210,4 @@ def check(p: dict) -> None:
 
 
 __all__ = ["CONV_OPS", "ConvGeom", "LOCALS", "THIN_VARIANTS", "channel", "check", "consts", "conv_geom",
-           "default_tiles", "gather_lines", "row_registers", "store_index", "weight"]
+           "default_tiles", "few_channels", "gather_lines", "row_registers", "store_index", "weight"]

@@ -223,13 +223,15 @@ def gemm_supported(program: Program, node_ids) -> str | None:
 
 def lone_conv(program: Program, node_ids) -> bool:
     """A convolution alone (no op after it) that the implicit GEMM takes and that is compute-bound in
-    fp32, where cuDNN's fp32 runs on the FMA units and the tensor cores can gain: its region gets the
-    tile form as its kernel, timed against the cuDNN call (the faster is kept). Below the ridge point
-    the time is the bytes, which a kernel of our own does not cut."""
+    fp32, where cuDNN's fp32 runs on the FMA units and the tensor cores can gain, or that reads few input
+    channels through a spatial kernel (gemm_conv.few_channels), where cuDNN's fp32 is far from even the
+    bytes' time: its region gets the tile form as its kernel, timed against the cuDNN call (the faster is
+    kept). Otherwise, below the ridge point, the time is the bytes, which a kernel of our own does not cut."""
     from ..analysis.cost import node_cost
     ids = list(node_ids)
-    return (len(ids) == 1 and program.nodes[ids[0]].op in gemm_conv.CONV_OPS
-            and node_cost(program, ids[0]).bound() == "compute" and gemm_supported(program, ids) is None)
+    if len(ids) != 1 or program.nodes[ids[0]].op not in gemm_conv.CONV_OPS or gemm_supported(program, ids) is not None:
+        return False
+    return node_cost(program, ids[0]).bound() == "compute" or gemm_conv.few_channels(program, program.nodes[ids[0]])
 
 
 def alternatives(program: Program, io: RegionIO) -> list[dict]:

@@ -171,8 +171,11 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         if alias:
             reason = f"{_label(state, nid)} only relabels its input's shape; no kernel, no traffic."
         elif runs == "library" and lone_conv(state.program, [nid]):
-            reason = (f"{_label(state, nid)} runs through cuDNN, about {fmt_ms(after)} at the roofline; it is "
-                      f"compute-bound, so the agent also times it as one implicit-GEMM kernel ({FORM}: split TF32 "
+            from ..analysis.cost import node_cost
+            why = ("it is compute-bound" if node_cost(state.program, nid).bound() == "compute" else
+                   "it reads few input channels, where cuDNN's fp32 is slow")
+            reason = (f"{_label(state, nid)} runs through cuDNN, about {fmt_ms(after)} at the roofline; {why}, "
+                      f"so the agent also times it as one implicit-GEMM kernel ({FORM}: split TF32 "
                       f"on the tensor cores, the input's patches gathered into shared memory) and keeps the faster."
                       + _direct_conv_words(state, [nid]))
         elif runs == "library":
@@ -216,7 +219,7 @@ def _direct_conv_words(state, nodes) -> str:
     if not direct_alternative(state.program, region_io(state.program, nodes)):
         return ""
     return (" Its reduction per output element is short, so the direct convolution (fp32 FFMA, one thread "
-            "per output position, the epilogue fused) is timed too.")
+            f"per output position{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too.")
 
 
 def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool = False) -> str:
