@@ -60,6 +60,14 @@ def conv_program(op, x_shape, w_shape, bias=True, epilogue=(), outputs=("last",)
 # name -> (conv_program arguments, params)
 CASES = {
     "conv1d_pad": (dict(op="conv1d", x_shape=(2, 4, 9), w_shape=(6, 4, 3), padding=[1]), None),
+    # several consecutive positions a thread (a weight feeds each): ragged rows, strides, dilation, groups
+    "conv2d_4_positions_ragged_row": (dict(op="conv2d", x_shape=(2, 3, 9, 7), w_shape=(8, 3, 3, 3), padding=[1],
+                                           epilogue=[("relu", {}, [])]),
+                                      {"positions_per_thread": 4, "channels_per_thread": 4}),
+    "conv1d_3_positions_s2_d2": (dict(op="conv1d", x_shape=(2, 4, 23), w_shape=(6, 4, 3), stride=[2], padding=[2],
+                                      dilation=[2]), {"positions_per_thread": 3}),
+    "conv3d_2_positions_g2": (dict(op="conv3d", x_shape=(1, 4, 5, 6, 5), w_shape=(6, 2, 3, 3, 3), stride=[2],
+                                   padding=[1], groups=2, bias=False), {"positions_per_thread": 2}),
     "conv1d_s3_d2_g2_nobias": (dict(op="conv1d", x_shape=(3, 4, 20), w_shape=(6, 2, 4), bias=False,
                                     stride=[3], padding=[2], dilation=[2], groups=2), None),
     "conv2d_1x1_batch1": (dict(op="conv2d", x_shape=(1, 5, 7, 9), w_shape=(3, 5, 1, 1)), None),
@@ -364,6 +372,12 @@ def test_refuses_other_padding_modes_and_unresolved_padding():
     p.nodes[ids[0]].attrs["padding_mode"] = "zeros"
     p.nodes[ids[0]].attrs["padding"] = "full"
     _refused(p, ids, "padding 'full' is not resolved to integers")
+
+
+def test_refuses_several_positions_a_thread_for_a_transposed_convolution():
+    p, ids, params = build("convT2d_stride1")
+    with pytest.raises(CodegenError, match="transposed one's exactly 1"):
+        generate_kernel(p, ids, name="t", kind="convolution", params={"positions_per_thread": 2})
 
 
 def test_refuses_channels_per_thread_that_does_not_divide():

@@ -42,14 +42,23 @@ def test_a_convolution_and_its_epilogue_offer_the_direct_form_after_the_tile_gem
 def test_a_compute_bound_convolution_alone_offers_the_direct_form_when_thin():
     p = _conv(16, 32, epilogue=False, shape=(8, None, 32, 32))
     ks = generate_kernel(p, list(p.nodes), name="r")
-    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT}]
+    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4}]
 
 
-@pytest.mark.parametrize("op,kernel", [("conv2d", (3, 3)), ("conv_transpose2d", (3, 3)), ("conv1d", (5,))])
-def test_the_direct_form_is_the_generated_convolution_and_matches_torch(op, kernel):
-    shape = (2, None, 9, 10) if len(kernel) == 2 else (2, None, 40)
+def test_the_direct_form_takes_4_positions_a_thread_where_rows_allow_and_one_for_a_transposed_convolution():
+    def offered(p):
+        return generate_kernel(p, list(p.nodes), name="r").alternatives
+    assert {"form": DIRECT, "positions_per_thread": 4} in offered(_conv(8, 16))
+    assert {"form": DIRECT} in offered(_conv(8, 16, shape=(2, None, 12, 6)))          # rows of 6
+    assert {"form": DIRECT} in offered(_conv(8, 16, op="conv_transpose2d"))
+
+
+@pytest.mark.parametrize("op,kernel,extra", [("conv2d", (3, 3), {"positions_per_thread": 4}), ("conv2d", (3, 3), {}),
+                                             ("conv_transpose2d", (3, 3), {}), ("conv1d", (5,), {"positions_per_thread": 4})])
+def test_the_direct_form_is_the_generated_convolution_and_matches_torch(op, kernel, extra):
+    shape = (2, None, 9, 10) if len(kernel) == 2 else (2, None, 41)
     p = _conv(6, 12, kernel, op=op, shape=shape)
-    ks = generate_kernel(p, list(p.nodes), name="r", params={"form": DIRECT})
+    ks = generate_kernel(p, list(p.nodes), name="r", params={"form": DIRECT, **extra})
     assert ks.kind == "convolution" and not ks.library_nodes and ks.params["form"] == DIRECT
     torch.manual_seed(0)
     got, want = emulated(p, ks, [torch.randn(p.values[v].shape) for v in p.inputs])
@@ -71,8 +80,9 @@ def test_a_memory_bound_convolution_of_few_channels_alone_gets_our_forms_through
         return
     assert without_kernel(p, [nid]) is None
     ks = generate_kernel(p, [nid], name="r")
-    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT}]
+    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4}]
     from agent_core.planner import plan_program
     (region,) = [r for r in plan_program(p).regions if nid in r.nodes]
     assert "it reads few input channels, where cuDNN's fp32 is slow" in region.reason, region.reason
-    assert "the direct convolution (fp32 FFMA, one thread per output position) is timed too" in region.reason
+    assert ("the direct convolution (fp32 FFMA, one thread per 4 consecutive output positions) is timed too"
+            in region.reason), region.reason

@@ -37,7 +37,9 @@ def words(ks) -> str:
     by its params, the direct convolution's schedule."""
     p = ks.params or {}
     if p.get("form") == DIRECT:
-        return (f"our direct convolution with the epilogue fused (fp32 FFMA, one thread per output position "
+        ppt = int(p.get("positions_per_thread") or 1)
+        per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
+        return (f"our direct convolution with the epilogue fused (fp32 FFMA, one thread per {per} "
                 f"and {p.get('channels_per_thread')} output channel(s))")
     how = (f"wgmma m64n{p.get('block_n')}k8, A split in registers, B in swizzled shared memory"
            if p.get("mma") == gemm_wgmma.MMA else "mma.sync m16n8k8, split in registers")

@@ -1,9 +1,11 @@
 """Convolution regions, generated (the export has no cuDNN): one conv{1,2,3}d or conv_transpose{1,2,3}d
 followed by pointwise ops, fused into one direct-convolution kernel.
 
-Schedule: one thread per output position and a few output channels of one group (grid-stride loop);
-for each input channel of the group (a runtime loop) the kernel window is walked with compile-time
-bounds and unrolled, each input element loaded once and multiplied into every channel's accumulator.
+Schedule: one thread per output position (or params["positions_per_thread"] consecutive ones along the
+last axis, so each weight load feeds that many FMAs per channel) and a few output channels of one group
+(grid-stride loop); for each input channel of the group (a runtime loop) the kernel window is walked
+with compile-time bounds and unrolled, each input element loaded once and multiplied into every
+channel's accumulator.
 Padding is skipped (zeros contribute nothing). A transposed convolution is a gather: output position o
 reads input i where o + padding - k * dilation == i * stride. Each thread writes its own outputs, in a
 fixed order: no atomics, the result is deterministic. The bias is added last, then the epilogue
@@ -34,6 +36,7 @@ DIRECT = "conv-direct"
 # products per output element (input channels per group x taps: RGB 3x3x3 = 27, 8 x 3x3x3 = 216), where
 # cuDNN's fp32 has little to gain from its tiling; a deeper reduction is left to cuDNN and the implicit GEMM
 DIRECT_MAX_REDUCTION = 256
+DIRECT_POSITIONS = 4       # consecutive output positions a thread of that form computes (rows of 8 or more)
 # channel counts a thread may accumulate at once, most first (acc[] stays in registers)
 CHANNEL_CHOICES = (4, 2, 1)
 # blocks resident per SM at most (2048 threads per SM on sm_90): the grid-stride loop's grid cap
@@ -109,8 +112,13 @@ def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
         return []
     cn = program.nodes[convs[0]]
     w = program.values[cn.inputs[1]].shape
-    per_group_in = w[0] // int(cn.attrs.get("groups", 1)) if cn.op.startswith("conv_transpose") else w[1]
-    return [{"form": DIRECT}] if per_group_in * math.prod(w[2:]) <= DIRECT_MAX_REDUCTION else []
+    transposed = cn.op.startswith("conv_transpose")
+    per_group_in = w[0] // int(cn.attrs.get("groups", 1)) if transposed else w[1]
+    if per_group_in * math.prod(w[2:]) > DIRECT_MAX_REDUCTION:
+        return []
+    # 4 positions a thread where its rows allow: each weight load then feeds 4 x channels FMAs, not 1 x
+    blocked = not transposed and program.values[cn.outputs[0]].shape[-1] >= 2 * DIRECT_POSITIONS
+    return [{"form": DIRECT, **({"positions_per_thread": DIRECT_POSITIONS} if blocked else {})}]
 
 
 def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -171,8 +179,14 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     kvol, in_sp, out_sp = math.prod(kernel), math.prod(sin), math.prod(sout)
 
     block = int(p["block"])
-    cpt = _channels_per_thread(p, cout_g, batch * out_sp)
-    threads = out_numel // cpt
+    ppt = int(p.get("positions_per_thread") or 1)
+    if ppt < 1 or (ppt > 1 and transposed):
+        raise CodegenError(f"positions_per_thread={ppt}: a convolution's thread takes 1 or more consecutive "
+                           f"positions, a transposed one's exactly 1 (its taps hit the positions unevenly)")
+    inner_groups = math.ceil(sout[-1] / ppt)
+    pos_groups = out_sp // sout[-1] * inner_groups
+    cpt = _channels_per_thread(p, cout_g, batch * pos_groups)
+    threads = batch * pos_groups * (cout // cpt)
     grid = max(1, min(math.ceil(threads / block), p["sm_count"] * (MAX_THREADS_PER_SM // block)))
 
     axes = "dhw"[-d:] if d > 1 else "l"
@@ -181,7 +195,7 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     names = Names()  # kernel arguments must not shadow the kernel's locals or its name
     names.taken.add(kname)
     names.taken.update(("o", "q", "acc", "c", "g", "ci", "co0", "nb", "chunk", "pos", "out_base", "x_base",
-                        "w_base", "xc", "wc", "xv", "oc", "tap", "point", "store_point"))
+                        "w_base", "xc", "wc", "xv", "wv", "oc", "tap", "point", "store_point", "pg", "outer", "p"))
     names.taken.update(f"{v}{ax}" for v in "oikt" for ax in axes)
     wr = render_around(program, io, [], epi, x_vid, y_vid, names, "unused (a convolution has no prologue).",
                        "one convolution output element (bias added) to the region's outputs.")
@@ -202,27 +216,35 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     else:  # weight [Cout, Cin/groups, *kernel]
         consts.append("constexpr index_t kWeightStrideCo = kCinPerGroup * kKernelVolume, "
                       "kWeightStrideCi = kKernelVolume;  // weight [Cout, Cin/groups, *kernel]")
+    last = ax_u[-1]
     consts += [f"constexpr int kChannelsPerThread = {cpt}, kChannelChunks = kCout / kChannelsPerThread;",
-               "constexpr index_t kThreads = (index_t)kBatch * kChannelChunks * kOutSpatial;",
+               f"constexpr int kPositions = {ppt};   // consecutive output positions along {axes[-1]} per thread",
+               f"constexpr int kInnerGroups = (kOut{last} + kPositions - 1) / kPositions;",
+               f"constexpr index_t kPosGroups = (index_t)(kOutSpatial / kOut{last}) * kInnerGroups;",
+               "constexpr index_t kThreads = (index_t)kBatch * kChannelChunks * kPosGroups;",
                f"constexpr int kBlock = {block};"]
     consts += ld_epi.consts
 
     xp, wp = arg[x_vid], arg[w_vid]
     body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
             "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
-            "    // o -> (batch nb, channel chunk, output position pos); neighbouring threads take neighbouring",
-            "    // positions, so input reads and output writes are coalesced and weights are warp-uniform",
-            "    const index_t pos = o % kOutSpatial;",
-            "    const index_t q = o / kOutSpatial;",
+            "    // o -> (batch nb, channel chunk, positions pos..pos + kPositions - 1 along the last axis);",
+            "    // neighbouring threads take neighbouring positions, so input reads and output writes are",
+            "    // coalesced and weights are warp-uniform",
+            "    const index_t pg = o % kPosGroups;",
+            "    const index_t q = o / kPosGroups;",
             "    const int chunk = (int)(q % kChannelChunks);",
             "    const index_t nb = q / kChannelChunks;",
             "    const int co0 = chunk * kChannelsPerThread;  // first output channel of this thread",
-            "    const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)"]
-    for j, (ax, u) in enumerate(zip(axes, ax_u)):
-        inner = " * ".join(f"kOut{ax_u[i]}" for i in range(j + 1, d))
-        qexpr = "pos" if not inner else f"pos / ({inner})" if "*" in inner else f"pos / {inner}"
+            "    const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)",
+            f"    const int o{axes[-1]} = (int)(pg % kInnerGroups) * kPositions;  // its first position's {axes[-1]}",
+            "    const index_t outer = pg / kInnerGroups;  // the other axes' position",
+            f"    const index_t pos = outer * kOut{last} + o{axes[-1]};"]
+    for j, (ax, u) in enumerate(zip(axes[:-1], ax_u[:-1])):
+        inner = " * ".join(f"kOut{ax_u[i]}" for i in range(j + 1, d - 1))
+        qexpr = "outer" if not inner else f"outer / ({inner})" if "*" in inner else f"outer / {inner}"
         if j > 0:  # the outermost coordinate needs no modulo
-            qexpr = f"{qexpr if qexpr == 'pos' else f'({qexpr})'} % kOut{u}"
+            qexpr = f"{qexpr if qexpr == 'outer' else f'({qexpr})'} % kOut{u}"
         body.append(f"    const int o{ax} = (int)({qexpr});")
     body += ["    const index_t x_base = (nb * kCin + (index_t)g * kCinPerGroup) * kInSpatial;"]
     if transposed:
@@ -230,9 +252,11 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
                     " + (index_t)(co0 - g * kCoutPerGroup) * kWeightStrideCo;")
     else:
         body.append("    const index_t w_base = (index_t)co0 * kWeightStrideCo;")
-    body += ["    float acc[kChannelsPerThread];",
+    body += ["    float acc[kChannelsPerThread][kPositions];",
              "#pragma unroll",
-             "    for (int c = 0; c < kChannelsPerThread; ++c) acc[c] = 0.0f;",
+             "    for (int c = 0; c < kChannelsPerThread; ++c)",
+             "#pragma unroll",
+             "      for (int p = 0; p < kPositions; ++p) acc[c][p] = 0.0f;",
              "    for (int ci = 0; ci < kCinPerGroup; ++ci) {  // runtime loop over the group's input channels",
              f"      const float* xc = {xp} + x_base + (index_t)ci * kInSpatial;",
              f"      const float* wc = {wp} + w_base + (index_t)ci * kWeightStrideCi;"]
@@ -249,15 +273,28 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
                          f"{indent}if (t{ax} < 0 || t{ax} % kS{u} != 0) continue;",
                          f"{indent}const int i{ax} = t{ax} / kS{u};",
                          f"{indent}if (i{ax} >= kIn{u}) continue;"]
-        else:
+        elif j < d - 1 or ppt == 1:
             body += [f"{indent}const int i{ax} = o{ax} * kS{u} - kP{u} + k{ax} * kD{u};",
                      f"{indent}if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // zero padding adds nothing"]
     in_pos = " + ".join(f"i{ax}" + "".join(f" * kIn{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
     k_pos = " + ".join(f"k{ax}" + "".join(f" * kK{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
-    body += [f"{indent}const float xv = xc[{in_pos}];",
-             f"{indent}const int tap = {k_pos};",
+    la, lu = axes[-1], ax_u[-1]
+    if ppt == 1:
+        body += [f"{indent}const float xv[1] = {{xc[{in_pos}]}};"]
+    else:     # each of the thread's positions reads its own input (zero past the row or in the padding)
+        body += [f"{indent}float xv[kPositions];",
+                 f"{indent}#pragma unroll",
+                 f"{indent}for (int p = 0; p < kPositions; ++p) {{",
+                 f"{indent}  const int i{la} = (o{la} + p) * kS{lu} - kP{lu} + k{la} * kD{lu};",
+                 f"{indent}  xv[p] = o{la} + p < kOut{lu} && i{la} >= 0 && i{la} < kIn{lu} ? xc[{in_pos}] : 0.0f;",
+                 f"{indent}}}"]
+    body += [f"{indent}const int tap = {k_pos};",
              f"{indent}#pragma unroll",
-             f"{indent}for (int c = 0; c < kChannelsPerThread; ++c) acc[c] += xv * wc[c * kWeightStrideCo + tap];"]
+             f"{indent}for (int c = 0; c < kChannelsPerThread; ++c) {{  // a weight feeds every position",
+             f"{indent}  const float wv = wc[c * kWeightStrideCo + tap];",
+             f"{indent}#pragma unroll",
+             f"{indent}  for (int p = 0; p < kPositions; ++p) acc[c][p] += xv[p] * wv;",
+             f"{indent}}}"]
     for _ in axes:
         indent = indent[:-2]
         body.append(f"{indent}}}")
@@ -265,15 +302,19 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
              "    const index_t out_base = (nb * kCout + co0) * kOutSpatial + pos;",
              "#pragma unroll",
              "    for (int c = 0; c < kChannelsPerThread; ++c) {",
-             "      const index_t oc = out_base + (index_t)c * kOutSpatial;"]
-    value = f"acc[c] + {arg[b_vid]}[co0 + c]" if b_vid else "acc[c]"
+             "#pragma unroll",
+             "      for (int p = 0; p < kPositions; ++p) {",
+             f"        if (o{axes[-1]} + p >= kOut{last}) break;  // past the row's end",
+             "        const index_t oc = out_base + (index_t)c * kOutSpatial + p;"]
+    value = f"acc[c][p] + {arg[b_vid]}[co0 + c]" if b_vid else "acc[c][p]"
     call = [value] + [ld_epi.load(v, arg[v], "oc") for v in epi_inputs] + [f"{arg[v]}[oc]" for v in io.outputs]
-    body += [f"      store_point({', '.join(call)});", "    }", "  }"]
+    body += [f"        store_point({', '.join(call)});", "      }", "    }", "  }"]
 
     cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"float* __restrict__ {arg[v]}" for v in io.outputs]
     window = "x".join(map(str, kernel))
-    sched = (f"one thread per output position and {cpt} output channel(s), runtime loop over {cin_g} input "
+    per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
+    sched = (f"one thread per {per} and {cpt} output channel(s), runtime loop over {cin_g} input "
              f"channel(s) per group, unrolled {window} window{' gather' if transposed else ''}, "
              f"{grid} blocks of {block}")
     geometry = f"stride {stride}, padding {pad}, dilation {dil}, groups {groups}"
@@ -291,7 +332,8 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     return KernelSource(
         name=kname, kind="convolution", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
-        params={"grid": grid, "block": block, "channels_per_thread": cpt, "sm_count": p["sm_count"],
+        params={"grid": grid, "block": block, "channels_per_thread": cpt, "positions_per_thread": ppt,
+                "sm_count": p["sm_count"],
                 **({"form": DIRECT} if p.get("form") == DIRECT else {})},
         align=4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))

@@ -216,10 +216,13 @@ def _direct_conv_words(state, nodes) -> str:
     """The words for a convolution whose short reduction has the agent time the direct one too."""
     from ..codegen.conv import direct_alternative
     from ..codegen.region_io import region_io
-    if not direct_alternative(state.program, region_io(state.program, nodes)):
+    alt = direct_alternative(state.program, region_io(state.program, nodes))
+    if not alt:
         return ""
-    return (" Its reduction per output element is short, so the direct convolution (fp32 FFMA, one thread "
-            f"per output position{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too.")
+    ppt = alt[0].get("positions_per_thread", 1)
+    per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
+    return (f" Its reduction per output element is short, so the direct convolution (fp32 FFMA, one thread "
+            f"per {per}{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too.")
 
 
 def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool = False) -> str:
