@@ -99,3 +99,17 @@ def test_the_agents_reason_names_the_instruction_the_kept_kernel_runs():
     p = program(256, 192, 128)
     assert "wgmma m64n128k8" in words(_kernel("linear-ragged"))
     assert "mma.sync m16n8k8" in words(generate_kernel(p, list(p.nodes), name="mma", params={"form": "gemm-3xtf32"}))
+
+
+@pytest.mark.parametrize("args,outputs", [([], 512), (["--n", "128", "--k", "64"], 8192), (["--staged", "--n", "16"], 1024)])
+def test_the_probe_tool_reads_every_element_where_the_emulator_does(args, outputs):
+    """tools/wgmma_probe.py, run as a shell would with --cpu: the emulator reads each operand element
+    where the kernel means it to, so both probes report every output right and the tool exits 0."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "tools" / "wgmma_probe.py"), "--cpu", *args],
+                       capture_output=True, text=True, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"B probe: {outputs} of {outputs} outputs" in r.stdout and f"A probe: {outputs} of {outputs}" in r.stdout

@@ -42,6 +42,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir import Program
+from ..text import plural
 from .attention_mma import HELPERS, SHARED_LIMIT
 from . import gemm_conv, gemm_wgmma
 from .cuda import INT_INDEX_LIMIT, Names, c_type, float_literal, header, index_type, kernel_name
@@ -555,7 +556,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     schedule = (("implicit-GEMM convolution, " if conv else f"{spec.batch} GEMMs along grid z, " if spec.batch > 1
                  else "") +
                 (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8 (A split in registers, B's hi / lo in swizzled shared "
-                 f"memory): {bm} x {bn} block tiles of {bm // 64} warpgroups (64 x {bn} each), " if wg else
+                 f"memory): {bm} x {bn} block tiles of {plural(bm // 64, 'warpgroup')} (64 x {bn} each), " if wg else
                  f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
                  f"({bm // wm} x {bn // wn} each), ") + f"{bk}-wide k slices in a {stages}-stage cp.async pipeline, "
                 f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
