@@ -13,8 +13,8 @@ How, keeping everything else of the tile GEMM (its copies, its epilogue and row 
   layout the wgmma descriptors read (32 TF32 values per 128-byte row, the 16-byte chunks of row n
   permuted by n mod 8): where B's rows are k-contiguous and 16-byte aligned, cp.async copies them
   straight into that layout and the split writes hi in place and lo into one of two more slices; else a
-  padded staging tile is split into two hi / lo pairs. The split of slice k + 1 runs while the tensor
-  cores work on slice k;
+  padded staging tile is split into two hi / lo pairs. The split of slice k + 1, and the read of its A
+  fragments into a second set of registers, run while the tensor cores work on slice k;
 - a_lo b_hi + a_hi b_lo + a_hi b_hi per 8-wide k step, the slice's sum added to the running sums in fp32
   (slice_acc), as the mma.sync loop does.
 
@@ -31,7 +31,7 @@ MMA = "wgmma"
 # a kernel that faults ends the agent's process rather than one trial. tools/bench_tile_gemm.py --wgmma
 # times them regardless.
 IN_TUNER = False
-LOCALS = ("Bw", "Bl", "split_b", "hi", "lo", "at", "ks", "h", "l", "n", "k", "gn", "gk")
+LOCALS = ("Bw", "Bl", "split_b", "load_a", "hi", "lo", "at", "ks", "h", "l", "n", "k", "gn", "gk", "nh", "nl")
 
 
 def tried_on(arch: str) -> bool:
@@ -42,7 +42,7 @@ def tried_on(arch: str) -> bool:
 def variants(p: dict) -> list[dict]:
     """The wgmma tiles to try for a GEMM whose mma.sync params are p (its form; its tiles where given),
     most promising first: 128 rows of 2 warpgroups by p's columns (up to 128) in 4 stages; one warpgroup
-    of 64 rows in 2 stages (85 KB and 191 registers a thread at 128 columns: two CTAs share an SM);
+    of 64 rows in 2 stages (85 KB and about 220 registers a thread at 128 columns: two CTAs share an SM);
     where p has 128 columns, 256 of them (its sums without the per-slice accumulators, which would not
     fit in registers), else 64 rows of p's columns in 3 stages."""
     bn = min(128, -(-int(p.get("block_n") or 128) // 8) * 8)
@@ -85,8 +85,9 @@ def helpers(bn: int, portable: bool = False) -> list[str]:
         "__device__ __forceinline__ void wgmma_wait() { asm volatile(\"wgmma.wait_group.sync.aligned 0;\\n\" ::: \"memory\"); }",
         "// generic-proxy stores to shared memory made visible to the async proxy that wgmma reads through",
         "__device__ __forceinline__ void fence_proxy_async() { asm volatile(\"fence.proxy.async.shared::cta;\\n\" ::: \"memory\"); }",
-        "// a register the compiler must not move across the wgmma wait",
+        "// registers the compiler must not move across the wgmma wait (the products read and write them until it)",
         "__device__ __forceinline__ void hold(float& x) { asm volatile(\"\" : \"+f\"(x) :: \"memory\"); }",
+        "__device__ __forceinline__ void hold_u(unsigned& x) { asm volatile(\"\" : \"+r\"(x) :: \"memory\"); }",
         *DESC,
         f"// d (64 x {bn} per warpgroup) += a (64 x 8, TF32 in registers) * b (8 x {bn}, TF32 in shared memory)",
         "__device__ __forceinline__ void wgmma_tf32(float* d, const unsigned* a, unsigned long long b, int scale_d) {",
@@ -113,6 +114,7 @@ def portable_helpers(bn: int) -> list[str]:
         "__device__ __forceinline__ void wgmma_wait() {}",
         "__device__ __forceinline__ void fence_proxy_async() {}",
         "__device__ __forceinline__ void hold(float&) {}",
+        "__device__ __forceinline__ void hold_u(unsigned&) {}",
         "__device__ __forceinline__ unsigned __cvta_generic_to_shared(const void* p) {",
         "  return (unsigned)(reinterpret_cast<const unsigned char*>(p) - stitch_emu::dynamic_shared);",
         "}",
@@ -226,23 +228,27 @@ def main_loop(kb: bool, slice_acc: bool, in_place: bool) -> list[str]:
         "    if (s < KT) load_tile(s, s);",
         "    cp_async_commit();",
         "  }",
-        "  cp_async_wait<kStages - 2>();",
-        "  __syncthreads();",
-        "  split_b(0);",
-        "  __syncthreads();",
-        "  for (int kt = 0; kt < KT; ++kt) {",
-        "    // the slot of slice kt - 1: its A is in registers and its B read by finished products (last barrier)",
-        "    if (kt + kStages - 1 < KT) load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);",
-        "    cp_async_commit();              // (an empty group at the tail keeps the count)",
-        "    const float* At = As + (kt % kStages) * kATile;",
-        *where,
-        "    unsigned ah[kBK / 8][4], al[kBK / 8][4];",
+        "  // this warp's A fragments of a slice, split into hi / lo (the hardware's m16n8k8 A layout per warp)",
+        "  auto load_a = [&](int slice, unsigned (&h)[kBK / 8][4], unsigned (&l)[kBK / 8][4]) {",
+        "    const float* At = As + (slice % kStages) * kATile;",
         "    #pragma unroll",
         "    for (int ks = 0; ks < kBK / 8; ++ks) {",
         "      const float* pa = At + (warp_m * 16 + lane_g) * kAS + ks * 8 + lane_t;",
-        "      split_tf32(pa[0], ah[ks][0], al[ks][0]); split_tf32(pa[8 * kAS], ah[ks][1], al[ks][1]);",
-        "      split_tf32(pa[4], ah[ks][2], al[ks][2]); split_tf32(pa[8 * kAS + 4], ah[ks][3], al[ks][3]);",
+        "      split_tf32(pa[0], h[ks][0], l[ks][0]); split_tf32(pa[8 * kAS], h[ks][1], l[ks][1]);",
+        "      split_tf32(pa[4], h[ks][2], l[ks][2]); split_tf32(pa[8 * kAS + 4], h[ks][3], l[ks][3]);",
         "    }",
+        "  };",
+        "  unsigned ah[kBK / 8][4], al[kBK / 8][4], nh[kBK / 8][4], nl[kBK / 8][4];   // this slice's, the next's",
+        "  cp_async_wait<kStages - 2>();",
+        "  __syncthreads();",
+        "  split_b(0);",
+        "  load_a(0, ah, al);",
+        "  __syncthreads();",
+        "  for (int kt = 0; kt < KT; ++kt) {",
+        "    // the slot of slice kt - 1: its A is in registers, its B read by finished products (last barrier)",
+        "    if (kt + kStages - 1 < KT) load_tile(kt + kStages - 1, (kt + kStages - 1) % kStages);",
+        "    cp_async_commit();              // (an empty group at the tail keeps the count)",
+        *where,
         "    wgmma_fence();",
         "    #pragma unroll",
         "    for (int ks = 0; ks < kBK / 8; ++ks) {",
@@ -254,7 +260,10 @@ def main_loop(kb: bool, slice_acc: bool, in_place: bool) -> list[str]:
         "    wgmma_commit();",
         "    cp_async_wait<kStages - 2>();    // slice kt + 1 has landed ...",
         "    __syncthreads();                 // ... for every thread",
-        "    if (kt + 1 < KT) split_b(kt + 1);   // while the tensor cores work on slice kt",
+        "    if (kt + 1 < KT) {               // while the tensor cores work on slice kt: slice kt + 1's B split,",
+        "      split_b(kt + 1);               // its A fragments read",
+        "      load_a(kt + 1, nh, nl);",
+        "    }",
         "    wgmma_wait();",
         "    #pragma unroll",
         "    for (int nt = 0; nt < kNT; ++nt) {",
@@ -262,6 +271,10 @@ def main_loop(kb: bool, slice_acc: bool, in_place: bool) -> list[str]:
         f"      for (int j = 0; j < 4; ++j) {{ hold({sums}[0][nt][j]);"
         + (" acc[0][nt][j] += sacc[0][nt][j];" if slice_acc else "") + " }",
         "    }",
-        "    __syncthreads();                 // slice kt + 1's split is visible; slot kt's A reads are done",
+        "    #pragma unroll",
+        "    for (int ks = 0; ks < kBK / 8; ++ks)   // the products read ah / al until the wait: only now replaced",
+        "      #pragma unroll",
+        "      for (int i = 0; i < 4; ++i) { hold_u(ah[ks][i]); hold_u(al[ks][i]); ah[ks][i] = nh[ks][i]; al[ks][i] = nl[ks][i]; }",
+        "    __syncthreads();                 // slice kt + 1's split is visible, every A read of its slot done",
         "  }",
     ]
