@@ -401,16 +401,22 @@ def test_a_convolution_alone_runs_as_our_implicit_gemm_only_where_it_beats_cudnn
     assert res.profile["end_to_end"]["correct"]
 
 
-def test_a_convolution_and_its_epilogue_keep_the_implicit_gemm_where_it_beats_cudnn_and_the_epilogue(
-        mock_gpu, tmp_path):
-    """conv -> relu -> * 2: the tuner tries the implicit GEMM against cuDNN + the epilogue kernel (the
-    fake charges the cuDNN call) and keeps it, and the program verifies with it."""
+def _conv_relu_double():
+    """conv2d (8 -> 24 channels, 3x3) -> relu -> * 2."""
     p = Program("conv_epi")
     x = p.add_input("x", [2, 8, 12, 12]).id
     w = p.add_parameter("w", shape=[24, 8, 3, 3]).id
     y = p.add_node("conv2d", [x, w], {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1})
     r = p.add_node("relu", [y.outputs[0]])
     p.mark_output(p.add_node("mul_scalar", [r.outputs[0]], {"value": 2.0}).outputs[0])
+    return p
+
+
+def test_a_convolution_and_its_epilogue_keep_the_implicit_gemm_where_it_beats_cudnn_and_the_epilogue(
+        mock_gpu, tmp_path):
+    """conv -> relu -> * 2: the tuner tries the implicit GEMM against cuDNN + the epilogue kernel (the
+    fake charges the cuDNN call) and keeps it, and the program verifies with it."""
+    p = _conv_relu_double()
     res, events = _optimize(p, tmp_path)
     (out,) = [o for o in res.outcomes if o.status == "fused"]
     trials = [e for e in events if e["event"] == "tune-step" and e.get("region") == out.region]
@@ -425,12 +431,7 @@ def test_a_thin_convolution_and_its_epilogue_keep_the_direct_convolution_where_i
     """conv (8 channels, 3x3: 72 products an output) -> relu -> * 2, with the tile GEMM made slow: the
     tuner times the direct convolution too, keeps it, says so against both other forms, drops the
     convolution's library choices, and the program verifies with it."""
-    p = Program("conv_direct")
-    x = p.add_input("x", [2, 8, 12, 12]).id
-    w = p.add_parameter("w", shape=[24, 8, 3, 3]).id
-    y = p.add_node("conv2d", [x, w], {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1})
-    r = p.add_node("relu", [y.outputs[0]])
-    p.mark_output(p.add_node("mul_scalar", [r.outputs[0]], {"value": 2.0}).outputs[0])
+    p = _conv_relu_double()
     SLOWED.add("gemm-3xtf32")
     res, events = _optimize(p, tmp_path)
     (out,) = [o for o in res.outcomes if o.status == "fused"]

@@ -516,6 +516,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "    const int k0 = kt * kBK;",
         *a_copy, *b_copy,
         "  };",
+        *PIPELINE_START,
         *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(b_frag, slice_acc)),
         "  // epilogue on the accumulators, one store per output element",
         "  const int row0 = bm + warp_m * kTM + lane_g, col0 = bn + warp_n * kTN + 2 * lane_t;",
@@ -583,20 +584,26 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                         workspace=workspace)
 
 
+# both main loops start here: the k slices, the first kStages - 1 of them copied before the loop
+PIPELINE_START = [
+    "  const int KT = (kK + kBK - 1) / kBK;",
+    "  #pragma unroll",
+    "  for (int s = 0; s < kStages - 1; ++s) {   // the pipeline's first slices in flight",
+    "    if (s < KT) load_tile(s, s);",
+    "    cp_async_commit();",
+    "  }"
+]
+
+
 def _mma_sync_loop(b_frag: list[str], slice_acc: bool) -> list[str]:
-    """C lines from the pipeline's first copies to the accumulators' final values: mma.sync m16n8k8."""
+    """C lines after the pipeline's first copies (PIPELINE_START) to the accumulators' final values:
+    mma.sync m16n8k8."""
     return [
         "  float acc[kMT][kNT][4];",
         "  #pragma unroll",
         "  for (int mt = 0; mt < kMT; ++mt)",
         "    #pragma unroll",
         "    for (int nt = 0; nt < kNT; ++nt) acc[mt][nt][0] = acc[mt][nt][1] = acc[mt][nt][2] = acc[mt][nt][3] = 0.0f;",
-        "  const int KT = (kK + kBK - 1) / kBK;",
-        "  #pragma unroll",
-        "  for (int s = 0; s < kStages - 1; ++s) {   // the pipeline's first slices in flight",
-        "    if (s < KT) load_tile(s, s);",
-        "    cp_async_commit();",
-        "  }",
         "  for (int kt = 0; kt < KT; ++kt) {",
         "    cp_async_wait<kStages - 2>();   // slice kt has landed",
         "    __syncthreads();                // ... for every thread, and every warp is done with slice kt - 1",

@@ -185,7 +185,8 @@ def smem_lines(in_place: bool) -> list[str]:
 
 
 def main_loop(kb: bool, slice_acc: bool, in_place: bool) -> list[str]:
-    """C lines from the pipeline's first copies to the accumulators' final values (`acc[0][nt][j]`)."""
+    """C lines after the pipeline's first copies (gemm_mma.PIPELINE_START) to the accumulators' final
+    values (`acc[0][nt][j]`)."""
     sums = "sacc" if slice_acc else "acc"
     if in_place:      # the stage holds the swizzled slice: hi over it, lo beside
         split = ["    float* hi = Bs + (slice % kStages) * kBTile;",
@@ -222,12 +223,6 @@ def main_loop(kb: bool, slice_acc: bool, in_place: bool) -> list[str]:
         "    }",
         "    fence_proxy_async();",
         "  };",
-        "  const int KT = (kK + kBK - 1) / kBK;",
-        "  #pragma unroll",
-        "  for (int s = 0; s < kStages - 1; ++s) {   // the pipeline's first slices in flight",
-        "    if (s < KT) load_tile(s, s);",
-        "    cp_async_commit();",
-        "  }",
         "  // this warp's A fragments of a slice, split into hi / lo (the hardware's m16n8k8 A layout per warp)",
         "  auto load_a = [&](int slice, unsigned (&h)[kBK / 8][4], unsigned (&l)[kBK / 8][4]) {",
         "    const float* At = As + (slice % kStages) * kATile;",

@@ -36,18 +36,6 @@ def test_tiles_match_torch(params):
 
 @pytest.mark.parametrize("params", [{}, {"block_n": 256, "slice_acc": False}], ids=["slice-sums", "256-plain-sums"])
 def test_kernelbench_scale_k_stays_inside_the_tolerance_against_float64(params):
-    from agent_core.reference import parameter_tensors, run_reference
-    p = program(512, 1024, 8192, op="linear", bias=True)
-    r = fused(p, list(p.nodes), "wg_k8192", params={**WG, **params})
-    torch.manual_seed(1)
-    x = torch.randn(512, 8192, device="cuda")
-    params = parameter_tensors(p, "cuda")
-    env = {**params, p.inputs[0]: x}
-    got = r([env[v] for v in r.inputs])[0]
-    ref32 = run_reference(p, [x], keep=True)[p.outputs[0]]
-    by_name = {p.values[v].name: t.double() for v, t in params.items()}
-    ref64 = torch.tanh(torch.relu(x.double() @ by_name["w"].T + by_name["b"]) * by_name["s"])
-    ours_err = (got.double() - ref64).abs().max().item()
-    torch_err = (ref32.double() - ref64).abs().max().item()
-    print(f"K=8192 (wgmma {params}): ours {ours_err:.2e}, torch fp32 {torch_err:.2e} against float64")
+    from tests.gpu.test_gemm_epilogue_gpu import k8192_errors
+    ours_err, torch_err = k8192_errors({**WG, **params}, "wg_k8192")
     assert ours_err < 1e-4 and ours_err <= 4 * torch_err + 1e-6, (ours_err, torch_err)
