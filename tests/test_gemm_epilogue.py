@@ -99,6 +99,8 @@ def test_a_stack_of_gemms_runs_one_per_grid_z_and_matches_torch_emulated(ash, bs
     p = batched_program(ash, bsh, op)
     ks = generate_kernel(p, list(p.nodes), name="bmm_emu", params={"form": "gemm-3xtf32", "portable": True, **params})
     assert ks.grid[2] == np.prod(p.values[p.outputs[0]].shape[:-2]) and "GEMMs along grid z" in ks.schedule
+    # the kernel is named for its region (it once took the batch pointer's name, so two stacks collided)
+    assert ks.name.endswith("bmm_emu") and "Region bmm_emu:" in ks.source
     for draw in range(2):
         torch.manual_seed(draw)
         got, want = emulated(p, ks, [torch.randn(p.values[v].shape) for v in p.inputs])

@@ -447,10 +447,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
               [f"{c_type(vals[v].dtype, vals[v].name)}* __restrict__ {arg[v]}" for v in io.outputs]
     block = 32 * wm * wn
     kb = spec.b_k_contiguous
-    b_rows = _b_rows(spec)
     in_place = _b_in_place(spec, p)
     conv = spec.conv
-    a_vec, b_vec = conv is None and _vector_ok(spec.a, spec.K), _vector_ok(b_rows, spec.K if kb else spec.N)
+    ops = _operands(spec, p, arg)
     b_stride = bk + 4 if kb else bn + 8
     b_tile = bn * bk if in_place else bn * b_stride if kb else bk * b_stride
     numel = max([math.prod(spec.space)] + [math.prod(vals[v].shape) for v in io.inputs])
@@ -464,15 +463,85 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
               f"constexpr int kStages = {stages};",
               f"constexpr int kAS = kBK + 4, kBS = {b_stride};   // shared row strides (bank-conflict-free fragment reads)",
               f"constexpr int kATile = kBM * kAS, kBTile = {b_tile};"] + (gemm_conv.consts(conv) if conv else [])
+    n_tiles, m_tiles = tiles(spec, p)
+    rows = spec.rows
+    workspace = row_workspace(rows, spec.M, n_tiles, m_tiles) if rows else []
+    if workspace:
+        cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
+    if rows:
+        consts += [f"constexpr int kF = {len(rows.fields)};   // floats of one row's statistics",
+                   f"constexpr float kColsF = {float_literal(float(spec.N))};   // the reduced length (N)",
+                   f"constexpr int kNTiles = {n_tiles};   // CTAs along N that share each row"]
+    row_tail = combine_lines(program, io, rows, arg, set(LOCALS) | set(ROW_LOCALS) | set(arg.values()),
+                             n_tiles) if rows else []
+    wg = p.get("mma") == gemm_wgmma.MMA
+    body = [
+        *(gemm_wgmma.smem_lines(in_place) if wg else [
+          "  extern __shared__ __align__(16) float smem[];",
+          "  float* As = smem;                           // [kStages][kBM][kAS]",
+          "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]),
+        "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
+        "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
+        *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *ops.group, *gemm_conv.row_registers(conv)]
+          if conv else
+          ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;", *ops.group]),
+        "  auto load_tile = [&](int kt, int stage) {",
+        "    const int k0 = kt * kBK;",
+        *ops.a_copy, *ops.b_copy,
+        "  };",
+        *PIPELINE_START,
+        *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(ops.b_frag, slice_acc)),
+        *_store_loop(program, io, spec, arg),
+        *row_tail,
+    ]
+    helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
+    if wg:
+        helpers += gemm_wgmma.helpers(bn, portable=bool(p.get("portable")))
+    if rows:
+        helpers += state_code(rows)
+    head, schedule = _describe(program, io, spec, p, name, shared, ops)
+    min_blocks = int(p.get("min_blocks") or 1)
+    kname = kernel_name(name)
+    source = "\n".join([head, *consts, "", *helpers,
+                        f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks})\n'
+                        f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
+    nbytes, flops = cost(program, io, spec, p)
+    return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
+                        outputs=list(io.outputs),
+                        grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch),
+                        block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
+                        align=16 if (ops.a_vec or ops.b_vec) else 4, bytes_moved=nbytes, flops=flops,
+                        workspace=workspace)
+
+
+@dataclass
+class _OperandLines:
+    """How the kernel reaches its operands: the lines that pick this CTA's matrices (a group's weights,
+    a batch's A and B), the cp.async copies of a k slice of A and of B into shared memory, the
+    mma.sync loop's B fragment reads (none where the wgmma loop reads B through descriptors), and
+    whether each operand is copied 16 bytes at a time."""
+    group: list[str]
+    a_copy: list[str]
+    b_copy: list[str]
+    b_frag: list[str]
+    a_vec: bool
+    b_vec: bool
+
+
+def _operands(spec: GemmSpec, p: dict, arg: dict[str, str]) -> _OperandLines:
+    bm, bn, bk = int(p["block_m"]), int(p["block_n"]), int(p["block_k"])
+    kb, conv, b_rows = spec.b_k_contiguous, spec.conv, _b_rows(spec)
+    a_vec, b_vec = conv is None and _vector_ok(spec.a, spec.K), _vector_ok(b_rows, spec.K if kb else spec.N)
+    b_stride = bk + 4 if kb else bn + 8
     a_src, b_src = arg[spec.a.value], arg[spec.b.value]
-    group_lines, b_src = gemm_conv.weight(conv, b_src) if conv else ([], b_src)
+    group, b_src = gemm_conv.weight(conv, b_src) if conv else ([], b_src)
     if spec.batch > 1:       # this CTA's GEMM of the stack: its A and B matrices
-        group_lines = ["  const int bz = blockIdx.z;   // this CTA's GEMM of the stack"]
-        for name, src, step in (("abat", a_src, spec.a_batch), ("bbat", b_src, spec.b_batch)):
+        group = ["  const int bz = blockIdx.z;   // this CTA's GEMM of the stack"]
+        for var, src, step in (("abat", a_src, spec.a_batch), ("bbat", b_src, spec.b_batch)):
             if step:
-                group_lines.append(f"  const float* {name} = {src} + (index_t)bz * {step};")
+                group.append(f"  const float* {var} = {src} + (index_t)bz * {step};")
         a_src, b_src = ("abat" if spec.a_batch else a_src), ("bbat" if spec.b_batch else b_src)
-    if in_place:     # swizzled [n][k] slices the wgmma descriptors read
+    if _b_in_place(spec, p):     # swizzled [n][k] slices the wgmma descriptors read
         b_copy, b_frag = gemm_wgmma.copy_lines(b_src, b_rows.row_stride, "    "), []
     elif kb:   # B tile [n][k]: the weight's rows are n, k contiguous
         b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, "bn", "k0", "kN", "kK", b_stride, b_vec, "    ")
@@ -484,40 +553,20 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                   "        split_tf32(pb[0], bh[nt][0], bl[nt][0]); split_tf32(pb[4 * kBS], bh[nt][1], bl[nt][1]);"]
     a_copy = (gemm_conv.gather_lines(conv, a_src, "    ") if conv else
               _copy("(As + stage * kATile)", a_src, spec.a, bm, bk, "bm", "k0", "kM", "kK", bk + 4, a_vec, "    "))
+    return _OperandLines(group, a_copy, b_copy, b_frag, a_vec, b_vec)
+
+
+def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
+    """C lines: the epilogue over the accumulators, one store per output element (the row statistics
+    folded in where the region reduces rows)."""
+    conv, vals = spec.conv, program.values
     epi = _epilogue(program, io, spec, arg)
-    n_tiles, m_tiles = tiles(spec, p)
-    rows = spec.rows
-    workspace = row_workspace(rows, spec.M, n_tiles, m_tiles) if rows else []
-    if workspace:
-        cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
-    if rows:
-        consts += [f"constexpr int kF = {len(rows.fields)};   // floats of one row's statistics",
-                   f"constexpr float kColsF = {float_literal(float(spec.N))};   // the reduced length (N)",
-                   f"constexpr int kNTiles = {n_tiles};   // CTAs along N that share each row"]
-    row_init = ["  RowSt rs[kMT][2];   // the states of this thread's fragment rows (g and g + 8 of each m16 tile)",
-                "  #pragma unroll",
-                "  for (int mt = 0; mt < kMT; ++mt) rs[mt][0] = rs[mt][1] = row_identity();"] if rows else []
-    row_tail = combine_lines(program, io, rows, arg, set(LOCALS) | set(ROW_LOCALS) | set(arg.values()),
-                             n_tiles) if rows else []
     bias_at = gemm_conv.channel(conv) if conv else "col" if spec.bias and vals[spec.bias].shape else "0"
     value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
-    wg = p.get("mma") == gemm_wgmma.MMA
-    body = [
-        *(gemm_wgmma.smem_lines(in_place) if wg else [
-          "  extern __shared__ __align__(16) float smem[];",
-          "  float* As = smem;                           // [kStages][kBM][kAS]",
-          "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]),
-        "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
-        "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
-        *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *group_lines, *gemm_conv.row_registers(conv)]
-          if conv else
-          ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;", *group_lines]),
-        "  auto load_tile = [&](int kt, int stage) {",
-        "    const int k0 = kt * kBK;",
-        *a_copy, *b_copy,
-        "  };",
-        *PIPELINE_START,
-        *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(b_frag, slice_acc)),
+    row_init = ["  RowSt rs[kMT][2];   // the states of this thread's fragment rows (g and g + 8 of each m16 tile)",
+                "  #pragma unroll",
+                "  for (int mt = 0; mt < kMT; ++mt) rs[mt][0] = rs[mt][1] = row_identity();"] if spec.rows else []
+    return [
         "  // epilogue on the accumulators, one store per output element",
         "  const int row0 = bm + warp_m * kTM + lane_g, col0 = bn + warp_n * kTN + 2 * lane_t;",
         *row_init,
@@ -537,15 +586,18 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         "      }",
         "    }",
         "  }",
-        *row_tail,
     ]
-    helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
-    if wg:
-        helpers += gemm_wgmma.helpers(bn, portable=bool(p.get("portable")))
-    if rows:
-        helpers += state_code(rows)
+
+
+def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str, shared: int,
+              ops: _OperandLines) -> tuple[str, str]:
+    """(the kernel's header comment, its schedule in words)."""
+    vals, conv = program.values, spec.conv
+    bm, bn, bk, wm, wn, stages = (int(p[k]) for k in ("block_m", "block_n", "block_k", "warps_m", "warps_n",
+                                                       "stages"))
+    wg = p.get("mma") == gemm_wgmma.MMA
     node = program.nodes[spec.node]
-    b_words = "transposed in place ([N, K], k contiguous)" if kb else "[K, N]"
+    b_words = "transposed in place ([N, K], k contiguous)" if spec.b_k_contiguous else "[K, N]"
     stack = f"{spec.batch} x " if spec.batch > 1 else ""
     a_words = f"A [{stack}{spec.M}, {spec.K}] row-major" + (" (one matrix for every GEMM)" if spec.batch > 1 and
                                                              not spec.a_batch else "")
@@ -554,6 +606,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         a_words = (f"A [{spec.M}, {spec.K}] = the input's patches ({conv.words()}), gathered into shared "
                    f"memory slice by slice, never written out")
         title = f"{node.op} as an implicit GEMM {spec.M} x {spec.N} x {spec.K}"
+    n_tiles, _ = tiles(spec, p)
     schedule = (("implicit-GEMM convolution, " if conv else f"{spec.batch} GEMMs along grid z, " if spec.batch > 1
                  else "") +
                 (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8 (A split in registers, B's hi / lo in swizzled shared "
@@ -561,27 +614,16 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                  f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
                  f"({bm // wm} x {bn // wn} each), ") + f"{bk}-wide k slices in a {stages}-stage cp.async pipeline, "
                 f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
-                + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if rows else ""))
+                + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if spec.rows else ""))
     head = header(program, f"Region {name}: {title} with its epilogue, split-TF32 tensor cores", io.nodes, [
         f"{a_words}, B {b_words}{', bias [N]' if spec.bias else ''}; "
         f"outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
         f"Schedule: {schedule}.",
-        f"{shared} bytes of shared memory; {'16' if a_vec else '4'}-byte copies of A, "
-        f"{'16' if b_vec else '4'}-byte copies of B.",
+        f"{shared} bytes of shared memory; {'16' if ops.a_vec else '4'}-byte copies of A, "
+        f"{'16' if ops.b_vec else '4'}-byte copies of B.",
         "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + a_lo b_hi "
         "accumulated in fp32."])
-    min_blocks = int(p.get("min_blocks") or 1)
-    kname = kernel_name(name)
-    source = "\n".join([head, *consts, "", *helpers,
-                        f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks})\n'
-                        f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
-    nbytes, flops = cost(program, io, spec, p)
-    return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-                        outputs=list(io.outputs),
-                        grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch),
-                        block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
-                        align=16 if (a_vec or b_vec) else 4, bytes_moved=nbytes, flops=flops,
-                        workspace=workspace)
+    return head, schedule
 
 
 # both main loops start here: the k slices, the first kStages - 1 of them copied before the loop
