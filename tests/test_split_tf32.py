@@ -3,6 +3,7 @@ the dispatch by program.metadata, and the parameter cache. (On the CPU the TF32 
 these check the algebra; tests/gpu check the tensor-core path.)"""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from agent_core.ir import Program
 from agent_core.profile.attribution import FP32_TFLOPS, TF32_TFLOPS, effective_tflops
@@ -88,6 +89,54 @@ def test_the_channel_concatenated_form_is_the_same_sum(op, shapes, attrs):
     assert cat[out].shape == fp32[out].shape
     assert torch.allclose(cat[out], fp32[out], rtol=1e-5, atol=1e-5)
     assert torch.allclose(cat[out], split[out], rtol=1e-5, atol=1e-5)
+
+
+POINTWISE = [
+    ("conv1d", [(3, 8, 17), (10, 8, 1), (10,)], {}, False),
+    ("conv2d", [(2, 6, 5, 7), (9, 6, 1, 1)], {"padding": "same"}, False),
+    ("conv2d", [(2, 6, 5, 7), (9, 6, 1, 1), (9,)], {}, True),              # channels-last: one linear
+    ("conv3d", [(2, 4, 3, 5, 2), (5, 4, 1, 1, 1), (5,)], {}, True),
+]
+
+
+@pytest.mark.parametrize("op,shapes,attrs,channels_last", POINTWISE,
+                         ids=["conv1d", "conv2d_same", "conv2d_channels_last", "conv3d_channels_last"])
+def test_a_1x1_convolutions_concatenated_form_is_one_gemm(op, shapes, attrs, channels_last):
+    p, n = _program(op, shapes, attrs)
+    env = dict(parameter_tensors(p, "cpu"))
+    env[p.inputs[0]] = torch.randn(shapes[0])
+    fp32, cat = dict(env), dict(env)
+    run_node(p, n.id, fp32)
+    with _AtenOps() as ops:
+        st.run_split_tf32_cat(p, n.id, cat, True, channels_last)
+    out = n.outputs[0]
+    assert "convolution" not in ops and ops & {"mm", "addmm", "bmm"}     # no cuDNN call: a GEMM ran
+    assert cat[out].shape == fp32[out].shape and st.is_channels_last(cat[out]) == channels_last
+    assert torch.allclose(cat[out], fp32[out], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attrs,weight", [({"stride": [2]}, (10, 8, 1)), ({"padding": [1]}, (10, 8, 1)),
+                                          ({"groups": 2}, (10, 4, 1)), ({}, (10, 8, 3))],
+                         ids=["strided", "padded", "grouped", "3_taps"])
+def test_other_convolutions_keep_the_cudnn_call(attrs, weight):
+    p, n = _program("conv1d", [(3, 8, 17), weight], attrs)
+    env = dict(parameter_tensors(p, "cpu"))
+    env[p.inputs[0]] = torch.randn(3, 8, 17)
+    with _AtenOps() as ops:
+        st.run_split_tf32_cat(p, n.id, env)
+    assert "convolution" in ops and not ops & {"mm", "addmm", "bmm"}
+
+
+class _AtenOps(TorchDispatchMode):
+    """The names of the aten ops run inside (convolution, mm, ...)."""
+    def __enter__(self):
+        self.names = set()
+        super().__enter__()
+        return self.names
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
 
 
 def test_matmuls_have_no_concatenated_form():

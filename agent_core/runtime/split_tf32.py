@@ -16,7 +16,10 @@ A convolution can also run the three products as one convolution over channel-co
 group, so every group keeps its own channels): the same work, but
 one pass over the output instead of three, and one larger reduction that fills the tensor cores better;
 1.3-2.9x faster than the three summed for most of level 2's transposed convolutions. Its one longer
-reduction is a little less accurate, so it is preferred only where it is faster.
+reduction is a little less accurate, so it is preferred only where it is faster. A 1x1 convolution
+(stride 1, no padding, one group) runs this form as one cuBLAS GEMM over the concatenated channels
+instead of a cuDNN call (channels-last: a linear over the channels), timed against the other forms
+like any.
 
 A convolution has one more choice, "fp32-timed": plain fp32 with cuDNN picking its algorithm by timing
 the candidates (cudnn.benchmark) instead of by its heuristics, up to 1.8x faster for some 3-D transposed
@@ -352,7 +355,40 @@ def run_split_tf32_cat(program: Program, node_id: str, env: dict, cache_weights:
     a_cat = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
     split_cat_into(a, a_cat, channel, lo_at=1, groups=groups)
     with tf32_tensor_cores():
-        env[node.outputs[0]] = node.opdef.reference([a_cat, w_cat, bias], node.attrs)
+        out = _pointwise_conv(node, a_cat, w_cat, bias) if is_pointwise_conv(node, a, b) else None
+        env[node.outputs[0]] = node.opdef.reference([a_cat, w_cat, bias], node.attrs) if out is None else out
+
+
+def is_pointwise_conv(node, a, w) -> bool:
+    """A 1x1 convolution of a batch (every kernel dim 1, stride 1, no padding, one group): a GEMM over
+    the channels at every position."""
+    d = a.dim() - 2
+    if not node.op.startswith("conv") or node.op.startswith("conv_transpose") or d != int(node.op[-2]):
+        return False
+    stride, pad = node.attrs.get("stride", 1), node.attrs.get("padding", 0)
+    ones = lambda v, x: v == x or (isinstance(v, (list, tuple)) and all(e == x for e in v))
+    return (node.attrs.get("groups", 1) == 1 and all(k == 1 for k in w.shape[2:]) and ones(stride, 1)
+            and (pad in ("valid", "same") or ones(pad, 0)))
+
+
+def _pointwise_conv(node, a_cat, w_cat, bias):
+    """The channel-concatenated 1x1 convolution as one cuBLAS GEMM instead of a cuDNN call: in
+    channels-last memory a [N * positions, 3 Cin] x [3 Cin, Cout] GEMM with the bias as its beta term
+    (a linear over the channels), the output left channels-last; contiguous, per image
+    [Cout, 3 Cin] x [3 Cin, positions], the weight shared by the batch (stride 0, not copied)."""
+    import torch
+    n, c3, *space = a_cat.shape
+    cout = w_cat.shape[0]
+    w = w_cat.reshape(cout, c3)
+    if is_channels_last(a_cat):
+        d = len(space)
+        rows = a_cat.permute(0, *range(2, d + 2), 1).reshape(-1, c3)    # a view: NHWC memory
+        out = torch.addmm(bias, rows, w.t()) if bias is not None else torch.mm(rows, w.t())
+        return out.view(n, *space, cout).permute(0, d + 1, *range(1, d + 1))
+    out = torch.matmul(w, a_cat.reshape(n, c3, -1))
+    if bias is not None:
+        out += bias.view(cout, 1)
+    return out.view(n, cout, *space)
 
 
 def can_channels_last(program: Program, node_id: str) -> bool:

@@ -226,3 +226,50 @@ def test_a_contiguous_input_splits_into_channels_last_hi_and_lo_in_one_launch():
     assert all(g.is_contiguous(memory_format=torch.channels_last) for g in got)
     _same_bits(got, want)
     assert launched_kernels(lambda: st.split_tf32(xc, channels_last=True)) == {"kernels": 1}
+
+
+@pytest.mark.parametrize("shape,weight,fmt", [((32, 512, 400), (1024, 512, 1), None),                 # Conformer's
+                                              ((10, 256, 56, 56), (64, 256, 1, 1), None),              # ResNet's
+                                              ((10, 256, 56, 56), (64, 256, 1, 1), torch.channels_last)],
+                         ids=["conv1d", "conv2d", "conv2d_channels_last"])
+def test_a_1x1_convolution_runs_as_one_gemm_that_copies_no_weight_per_image(shape, weight, fmt):
+    """The concatenated form of a 1x1 convolution is one cuBLAS GEMM: the weight shared by the batch
+    (stride 0), so one call allocates the concatenated input and the output and nothing else; at
+    least as accurate as fp32 against float64. Prints its time beside cuDNN's concatenated call."""
+    from agent_core.profile.peak_memory import peak_above
+    op = f"conv{len(shape) - 2}d"
+    p, n = _node(op, [shape, weight, (weight[0],)])
+    env = dict(parameter_tensors(p, "cuda"))
+    x = torch.randn(shape, device="cuda")
+    env[p.inputs[0]] = x.contiguous(memory_format=fmt) if fmt else x
+    out = n.outputs[0]
+    gemm = dict(env)
+    st.run_split_tf32_cat(p, n.id, gemm, True, fmt is not None)       # the weight's parts cached first
+    assert st.is_pointwise_conv(n, env[p.inputs[0]], env[n.inputs[1]])
+    out_bytes = math.prod(p.values[out].shape) * 4
+    assert peak_above(lambda: st.run_split_tf32_cat(p, n.id, dict(env), True, fmt is not None)) <= \
+        3 * x.numel() * 4 + out_bytes + (1 << 20)    # + cuBLAS's own workspace at most
+    exact = n.opdef.reference([env[v].double() for v in n.inputs], n.attrs)
+    fp32 = dict(env)
+    run_node(p, n.id, fp32)
+    err = lambda t: float((t.double() - exact).abs().max())
+    assert err(gemm[out]) <= 2 * err(fp32[out]) + 1e-7
+    with st.tf32_tensor_cores():      # cuDNN's call over the same concatenated parts, for the record
+        a_cat = torch.empty((shape[0], 3 * shape[1], *shape[2:]), device="cuda",
+                            memory_format=fmt or torch.contiguous_format)
+        st.split_cat_into(env[p.inputs[0]], a_cat, 1, lo_at=1)
+        w_cat = st.weight_cat(env[n.inputs[1]], 1, fmt)
+        ms = {}
+        for name, run in (("gemm", lambda: st.run_split_tf32_cat(p, n.id, dict(env), True, fmt is not None)),
+                          ("cudnn", lambda: n.opdef.reference([a_cat, w_cat, env[n.inputs[2]]], n.attrs))):
+            for _ in range(3):
+                run()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(20):
+                run()
+            end.record()
+            torch.cuda.synchronize()
+            ms[name] = start.elapsed_time(end) / 20
+    print(f"1x1 {op} {shape} -> {weight[0]} {fmt}: one GEMM {ms['gemm']:.3f} ms (with the input's split), "
+          f"cuDNN {ms['cudnn']:.3f} ms (parts made beforehand)")
