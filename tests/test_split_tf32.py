@@ -92,8 +92,8 @@ def test_the_channel_concatenated_form_is_the_same_sum(op, shapes, attrs):
 
 
 POINTWISE = [
-    ("conv1d", [(3, 8, 17), (10, 8, 1), (10,)], {}, False),
-    ("conv2d", [(2, 6, 5, 7), (9, 6, 1, 1)], {"padding": "same"}, False),
+    ("conv1d", [(3, 8, 130), (10, 8, 1), (10,)], {}, False),
+    ("conv2d", [(2, 6, 12, 11), (9, 6, 1, 1)], {"padding": "same"}, False),
     ("conv2d", [(2, 6, 5, 7), (9, 6, 1, 1), (9,)], {}, True),              # channels-last: one linear
     ("conv3d", [(2, 4, 3, 5, 2), (5, 4, 1, 1, 1), (5,)], {}, True),
 ]
@@ -115,13 +115,14 @@ def test_a_1x1_convolutions_concatenated_form_is_one_gemm(op, shapes, attrs, cha
     assert torch.allclose(cat[out], fp32[out], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("attrs,weight", [({"stride": [2]}, (10, 8, 1)), ({"padding": [1]}, (10, 8, 1)),
-                                          ({"groups": 2}, (10, 4, 1)), ({}, (10, 8, 3))],
-                         ids=["strided", "padded", "grouped", "3_taps"])
-def test_other_convolutions_keep_the_cudnn_call(attrs, weight):
-    p, n = _program("conv1d", [(3, 8, 17), weight], attrs)
+@pytest.mark.parametrize("attrs,weight,length", [({"stride": [2]}, (10, 8, 1), 130), ({"padding": [1]}, (10, 8, 1), 130),
+                                                 ({"groups": 2}, (10, 4, 1), 130), ({}, (10, 8, 3), 130),
+                                                 ({}, (10, 8, 1), 127)],
+                         ids=["strided", "padded", "grouped", "3_taps", "short_image"])
+def test_other_convolutions_keep_the_cudnn_call(attrs, weight, length):
+    p, n = _program("conv1d", [(3, 8, length), weight], attrs)
     env = dict(parameter_tensors(p, "cpu"))
-    env[p.inputs[0]] = torch.randn(3, 8, 17)
+    env[p.inputs[0]] = torch.randn(3, 8, length)
     with _AtenOps() as ops:
         st.run_split_tf32_cat(p, n.id, env)
     assert "convolution" in ops and not ops & {"mm", "addmm", "bmm"}

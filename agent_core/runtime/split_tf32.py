@@ -355,15 +355,23 @@ def run_split_tf32_cat(program: Program, node_id: str, env: dict, cache_weights:
     a_cat = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
     split_cat_into(a, a_cat, channel, lo_at=1, groups=groups)
     with tf32_tensor_cores():
-        out = _pointwise_conv(node, a_cat, w_cat, bias) if is_pointwise_conv(node, a, b) else None
+        out = _pointwise_conv(node, a_cat, w_cat, bias) if is_pointwise_conv(node, a_cat, w_cat) else None
         env[node.outputs[0]] = node.opdef.reference([a_cat, w_cat, bias], node.attrs) if out is None else out
 
 
+GEMM_MIN_POSITIONS = 128   # a contiguous image's positions: one cuBLAS tile's width, or most of it idles
+
+
 def is_pointwise_conv(node, a, w) -> bool:
-    """A 1x1 convolution of a batch (every kernel dim 1, stride 1, no padding, one group): a GEMM over
-    the channels at every position."""
+    """A 1x1 convolution of a batch (every kernel dim 1, stride 1, no padding, one group) that runs
+    well as GEMMs over the channels: channels-last (one GEMM over every position), or contiguous with
+    at least GEMM_MIN_POSITIONS positions an image (one GEMM per image; cuDNN folds the batch into its
+    GEMM, which smaller images need)."""
+    import math
     d = a.dim() - 2
     if not node.op.startswith("conv") or node.op.startswith("conv_transpose") or d != int(node.op[-2]):
+        return False
+    if not is_channels_last(a) and math.prod(a.shape[2:]) < GEMM_MIN_POSITIONS:
         return False
     stride, pad = node.attrs.get("stride", 1), node.attrs.get("padding", 0)
     ones = lambda v, x: v == x or (isinstance(v, (list, tuple)) and all(e == x for e in v))
