@@ -60,7 +60,7 @@ GRID_LIMIT = 65535          # output tiles along M (grid y)
 LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "tid", "warp_m", "warp_n",
           "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
           "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage", "bz", "abat",
-          "bbat") + gemm_conv.LOCALS + gemm_wgmma.LOCALS
+          "bbat", "mm2", "q", "oc") + gemm_conv.LOCALS + gemm_wgmma.LOCALS
 
 
 @dataclass
@@ -90,6 +90,7 @@ class GemmSpec:
     batch: int = 1           # batched (bmm, matmul of two stacks): one GEMM per batch along grid z
     a_batch: int = 0         # elements between A's (and B's) batches; 0 where one matrix is broadcast
     b_batch: int = 0
+    halves: tuple | None = None   # (out[..., :N/2], out[..., N/2:]): a gated unit's value and gate (GLU)
 
     @property
     def b_k_contiguous(self) -> bool:
@@ -140,9 +141,36 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
         raise CodegenError(f"{node.name}: an empty GEMM ({M} x {N} x {K})", node_id=nid)
     if math.ceil(M / 16) > GRID_LIMIT * 8:
         raise CodegenError(f"{node.name}: {M} rows are more tiles than one grid dimension holds", node_id=nid)
-    space = tuple(vals[out].shape)
-    full, rows, full_vals = _epilogue_part(program, io, nid, out, space)
-    return GemmSpec(nid, node.op, M, N, K, Operand(a_id, K, 1), b, bias, out, space, full, rows, full_vals)
+    halves, io = _halves(program, io, out)
+    space = tuple(vals[halves[0]].shape) if halves else tuple(vals[out].shape)
+    full, rows, full_vals = _epilogue_part(program, io, nid, out, space, halves or ())
+    if halves and rows is not None:
+        raise CodegenError(f"{node.name}: row reductions after a gated unit's halves are not fused", node_id=nid)
+    return GemmSpec(nid, node.op, M, N, K, Operand(a_id, K, 1), b, bias, out, space, full, rows, full_vals,
+                    halves=halves)
+
+
+def _halves(program: Program, io: RegionIO, out: str) -> tuple[tuple | None, RegionIO]:
+    """((first half, second half), io without the two slices) where the region reads the GEMM's output
+    only as its two halves along the last dim (chunk(2, -1): GLU, GEGLU, SwiGLU), each CTA then computing
+    a column of each half side by side; (None, io) where it reads no slice of it."""
+    nodes, vals = program.nodes, program.values
+    readers = [n for n in io.nodes if out in nodes[n].inputs]
+    slices = [n for n in readers if nodes[n].op == "slice"]
+    if not slices:
+        return None, io
+    n = vals[out].shape[-1]
+    spans = {}
+    for sid in slices:
+        a = nodes[sid].attrs
+        if a["dim"] % len(vals[out].shape) == len(vals[out].shape) - 1:
+            spans[slice(a["start"], a["end"], a["step"]).indices(n)] = nodes[sid].outputs[0]
+    half = n // 2
+    if len(readers) != 2 or n % 2 or set(spans) != {(0, half, 1), (half, n, 1)} or out in io.outputs:
+        raise CodegenError(f"the region slices the GEMM's output '{vals[out].name}' {vals[out].spec}; the tile "
+                           f"GEMM takes its two halves along the last dim (a gated unit), nothing else")
+    rest = [x for x in io.nodes if x not in slices]
+    return (spans[(0, half, 1)], spans[(half, n, 1)]), RegionIO(rest, io.inputs, io.outputs, io.produced)
 
 
 def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSpec:
@@ -199,12 +227,12 @@ def _batched_spec(program: Program, io: RegionIO, node) -> GemmSpec:
                     None, full_vals, batch=batch, a_batch=a_batch, b_batch=b_batch)
 
 
-def _epilogue_part(program: Program, io: RegionIO, nid: str, out: str, space: tuple):
-    """(pointwise nodes over the output's elements, the row part or None, the values computed per
-    element); CodegenError for an output that is neither."""
+def _epilogue_part(program: Program, io: RegionIO, nid: str, out: str, space: tuple, halves: tuple = ()):
+    """(pointwise nodes over the output's elements (its halves' where given), the row part or None, the
+    values computed per element); CodegenError for an output that is neither."""
     vals = program.values
-    full, rows = split_epilogue(program, io, nid, out, space)
-    full_vals = {out} | {v for n in full for v in program.nodes[n].outputs}
+    full, rows = split_epilogue(program, io, nid, out, space, halves)
+    full_vals = {out, *halves} | {v for n in full for v in program.nodes[n].outputs}
     for vid in io.outputs:
         if vid not in full_vals and (rows is None or vid not in rows.values):
             raise CodegenError(f"output '{vals[vid].name}' {vals[vid].spec} is neither the GEMM's {list(space)} "
@@ -299,6 +327,9 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
         raise CodegenError(f"tile GEMM: a {bm} x {bn} tile does not split into {wm} x {wn} warps of m16n8 fragments")
     if not 2 <= stages <= 6:
         raise CodegenError(f"tile GEMM: {stages} stages (2 to 6)")
+    if spec.halves and (bn // wn) % 16:
+        raise CodegenError(f"tile GEMM: a gated unit pairs 8-column fragments, so a warp's {bn // wn} columns "
+                           f"must be a multiple of 16")
     if spec.conv is not None:     # row tiles along grid x, column tiles along y
         gemm_conv.check(p)
         if math.ceil(spec.N / bn) > GRID_LIMIT:
@@ -331,7 +362,8 @@ def shared_bytes(spec: GemmSpec, p: dict) -> int:
 
 def tiles(spec: GemmSpec, p: dict) -> tuple[int, int]:
     """(tiles along N, tiles along M): the grid."""
-    return math.ceil(spec.N / int(p["block_n"])), math.ceil(spec.M / int(p["block_m"]))
+    cols = spec.N // 2 if spec.halves else spec.N      # a gated unit's tile holds half its columns of each half
+    return math.ceil(cols / (int(p["block_n"]) // (2 if spec.halves else 1))), math.ceil(spec.M / int(p["block_m"]))
 
 
 def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, int]:
@@ -357,19 +389,20 @@ def estimate(program: Program, node_ids, sm_count: int = 132) -> tuple[int, int]
     return cost(program, io, spec, default_params(spec, sm_count))
 
 
-def _copy(dst: str, src: str, op: Operand, rows: int, cols: int, first_r: str, first_c: str, lim_r: str,
+def _copy(dst: str, src: str, op: Operand, rows: int, cols: int, row_at: str, col_at: str, lim_r: str,
           lim_c: str, stride: int, vector: bool, indent: str) -> list[str]:
-    """C lines: rows x cols of the operand (row first_r + r, column first_c + c; zero past lim_r / lim_c)
-    into dst (row stride `stride`) with cp.async."""
+    """C lines: rows x cols of the operand (tile row r is the operand's row row_at.format(r), column c its
+    column col_at.format(c); zero past lim_r / lim_c) into dst (row stride `stride`) with cp.async."""
     if vector:
         per = cols // 4
         return [f"{indent}for (int e = tid; e < {rows * per}; e += kBlock) {{",
-                f"{indent}  const int r = e / {per}, c = (e % {per}) * 4, gr = {first_r} + r, gc = {first_c} + c;",
+                f"{indent}  const int r = e / {per}, c = (e % {per}) * 4, gr = {row_at.format('r')}, "
+                f"gc = {col_at.format('c')};",
                 f"{indent}  const bool ok = gr < {lim_r} && gc < {lim_c};",
                 f"{indent}  cp_async16({dst} + r * {stride} + c, ok ? {src} + ((long long)gr * {op.row_stride} + gc) : {src}, ok);",
                 f"{indent}}}"]
     return [f"{indent}for (int e = tid; e < {rows * cols}; e += kBlock) {{",
-            f"{indent}  const int r = e / {cols}, c = e % {cols}, gr = {first_r} + r, gc = {first_c} + c;",
+            f"{indent}  const int r = e / {cols}, c = e % {cols}, gr = {row_at.format('r')}, gc = {col_at.format('c')};",
             f"{indent}  const bool ok = gr < {lim_r} && gc < {lim_c};",
             f"{indent}  cp_async4({dst} + r * {stride} + c, ok ? {src} + ((long long)gr * {op.row_stride} + "
             f"(long long)gc * {op.col_stride}) : {src}, ok);",
@@ -411,7 +444,7 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
     names = Names()
     names.taken.update(LOCALS + ROW_LOCALS)
     names.taken.update(arg.values())
-    env = {spec.out: "mm"}
+    env = {spec.halves[0]: "mm", spec.halves[1]: "mm2"} if spec.halves else {spec.out: "mm"}
     lines = []
     for k, vid in enumerate(epi_inputs):
         if bidx.is_scalar(k):
@@ -462,7 +495,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
               "constexpr int kMT = kTM / 16, kNT = kTN / 8;   // m16n8 fragments per warp",
               f"constexpr int kStages = {stages};",
               f"constexpr int kAS = kBK + 4, kBS = {b_stride};   // shared row strides (bank-conflict-free fragment reads)",
-              f"constexpr int kATile = kBM * kAS, kBTile = {b_tile};"] + (gemm_conv.consts(conv) if conv else [])
+              f"constexpr int kATile = kBM * kAS, kBTile = {b_tile};"] + (gemm_conv.consts(conv) if conv else []) + \
+             ([f"constexpr int kH = {spec.N // 2};   // the gated unit's width: B's columns kH.. are the gates",
+               *GLU_COL] if spec.halves else [])
     n_tiles, m_tiles = tiles(spec, p)
     rows = spec.rows
     workspace = row_workspace(rows, spec.M, n_tiles, m_tiles) if rows else []
@@ -531,7 +566,9 @@ class _OperandLines:
 def _operands(spec: GemmSpec, p: dict, arg: dict[str, str]) -> _OperandLines:
     bm, bn, bk = int(p["block_m"]), int(p["block_n"]), int(p["block_k"])
     kb, conv, b_rows = spec.b_k_contiguous, spec.conv, _b_rows(spec)
-    a_vec, b_vec = conv is None and _vector_ok(spec.a, spec.K), _vector_ok(b_rows, spec.K if kb else spec.N)
+    a_vec = conv is None and _vector_ok(spec.a, spec.K)
+    b_vec = _vector_ok(b_rows, spec.K if kb else spec.N // 2 if spec.halves else spec.N)
+    n_at = "glu_col(bn, {})" if spec.halves else "bn + {}"     # tile column -> B's column
     b_stride = bk + 4 if kb else bn + 8
     a_src, b_src = arg[spec.a.value], arg[spec.b.value]
     group, b_src = gemm_conv.weight(conv, b_src) if conv else ([], b_src)
@@ -542,17 +579,20 @@ def _operands(spec: GemmSpec, p: dict, arg: dict[str, str]) -> _OperandLines:
                 group.append(f"  const float* {var} = {src} + (index_t)bz * {step};")
         a_src, b_src = ("abat" if spec.a_batch else a_src), ("bbat" if spec.b_batch else b_src)
     if _b_in_place(spec, p):     # swizzled [n][k] slices the wgmma descriptors read
-        b_copy, b_frag = gemm_wgmma.copy_lines(b_src, b_rows.row_stride, "    "), []
+        b_copy, b_frag = gemm_wgmma.copy_lines(b_src, b_rows.row_stride, "    ", n_at), []
     elif kb:   # B tile [n][k]: the weight's rows are n, k contiguous
-        b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, "bn", "k0", "kN", "kK", b_stride, b_vec, "    ")
+        b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, n_at, "k0 + {}", "kN", "kK", b_stride, b_vec,
+                       "    ")
         b_frag = ["        const float* pb = Bt + (warp_n * kTN + nt * 8 + lane_g) * kBS + kk + lane_t;",
                   "        split_tf32(pb[0], bh[nt][0], bl[nt][0]); split_tf32(pb[4], bh[nt][1], bl[nt][1]);"]
     else:    # B tile [k][n]
-        b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bk, bn, "k0", "bn", "kK", "kN", b_stride, b_vec, "    ")
+        b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bk, bn, "k0 + {}", n_at, "kK", "kN", b_stride, b_vec,
+                       "    ")
         b_frag = ["        const float* pb = Bt + (kk + lane_t) * kBS + warp_n * kTN + nt * 8 + lane_g;",
                   "        split_tf32(pb[0], bh[nt][0], bl[nt][0]); split_tf32(pb[4 * kBS], bh[nt][1], bl[nt][1]);"]
     a_copy = (gemm_conv.gather_lines(conv, a_src, "    ") if conv else
-              _copy("(As + stage * kATile)", a_src, spec.a, bm, bk, "bm", "k0", "kM", "kK", bk + 4, a_vec, "    "))
+              _copy("(As + stage * kATile)", a_src, spec.a, bm, bk, "bm + {}", "k0 + {}", "kM", "kK", bk + 4, a_vec,
+                    "    "))
     return _OperandLines(group, a_copy, b_copy, b_frag, a_vec, b_vec)
 
 
@@ -563,6 +603,8 @@ def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, s
     epi = _epilogue(program, io, spec, arg)
     bias_at = gemm_conv.channel(conv) if conv else "col" if spec.bias and vals[spec.bias].shape else "0"
     value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
+    if spec.halves:
+        return _pair_store_loop(spec, arg, epi, bool(spec.bias and vals[spec.bias].shape))
     row_init = ["  RowSt rs[kMT][2];   // the states of this thread's fragment rows (g and g + 8 of each m16 tile)",
                 "  #pragma unroll",
                 "  for (int mt = 0; mt < kMT; ++mt) rs[mt][0] = rs[mt][1] = row_identity();"] if spec.rows else []
@@ -581,6 +623,46 @@ def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, s
         *([f"          {gemm_conv.store_index(conv) if conv else _store_index(spec)}"]
           if any(re.search(r"\bi\b", ln) for ln in epi) else []),
         f"          const float mm = {value};",
+        *[f"          {line}" for line in epi],
+        "        }",
+        "      }",
+        "    }",
+        "  }",
+    ]
+
+
+# a gated unit's B columns: a tile's 8-column groups alternate between the halves, so the two fragments
+# nt = 2q and 2q + 1 of every thread hold the same output column of the value and of the gate
+GLU_COL = [
+    "// tile column c of the CTA whose tile starts at bn -> B's column (kN past the halves' end)",
+    "__device__ __forceinline__ int glu_col(int bn, int c) {",
+    "  const int oc = bn / 2 + ((c >> 4) << 3) + (c & 7);",
+    "  return oc < kH ? oc + ((c >> 3) & 1) * kH : kN;",
+    "}",
+]
+
+
+def _pair_store_loop(spec: GemmSpec, arg: dict[str, str], epi: list[str], bias_vector: bool) -> list[str]:
+    """C lines: a gated unit's epilogue: the value (mm) and gate (mm2) of one output column from a
+    thread's fragment pair, one store per output element."""
+    value, gate = "acc[mt][2 * q][j]", "acc[mt][2 * q + 1][j]"
+    if spec.bias:
+        b = arg[spec.bias]
+        value, gate = (f"{value} + {b}[oc]", f"{gate} + {b}[oc + kH]") if bias_vector else \
+            (f"{value} + {b}[0]", f"{gate} + {b}[0]")
+    return [
+        "  // epilogue on the accumulator pairs (glu_col): fragment 2q holds the value, 2q + 1 the gate",
+        "  const int row0 = bm + warp_m * kTM + lane_g, oc0 = bn / 2 + warp_n * (kTN / 2) + 2 * lane_t;",
+        "  #pragma unroll",
+        "  for (int mt = 0; mt < kMT; ++mt) {",
+        "    #pragma unroll",
+        "    for (int q = 0; q < kNT / 2; ++q) {",
+        "      #pragma unroll",
+        "      for (int j = 0; j < 4; ++j) {",
+        "        const int row = row0 + mt * 16 + (j >> 1) * 8, oc = oc0 + q * 8 + (j & 1);",
+        "        if (row < kM && oc < kH) {",
+        "          const index_t i = (index_t)row * kH + oc;",
+        f"          const float mm = {value}, mm2 = {gate};",
         *[f"          {line}" for line in epi],
         "        }",
         "      }",
@@ -613,7 +695,10 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                  f"memory): {bm} x {bn} block tiles of {plural(bm // 64, 'warpgroup')} (64 x {bn} each), " if wg else
                  f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
                  f"({bm // wm} x {bn // wn} each), ") + f"{bk}-wide k slices in a {stages}-stage cp.async pipeline, "
-                f"B {b_words}, {len(spec.epilogue)} epilogue op(s) fused"
+                f"B {b_words}, "
+                + (f"its two halves' columns side by side in each thread (a gated unit of {spec.N // 2}), "
+                   if spec.halves else "")
+                + f"{len(spec.epilogue)} epilogue op(s) fused"
                 + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if spec.rows else ""))
     head = header(program, f"Region {name}: {title} with its epilogue, split-TF32 tensor cores", io.nodes, [
         f"{a_words}, B {b_words}{', bias [N]' if spec.bias else ''}; "

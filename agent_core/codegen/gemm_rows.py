@@ -64,12 +64,14 @@ class RowPart:
         return [(k, f) for k, r in enumerate(self.reductions) for f in STATES[r.state][0]]
 
 
-def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: tuple) -> tuple[list[str], RowPart | None]:
-    """(pointwise nodes over the GEMM's elements, the row part or None); CodegenError for a node that
-    belongs to neither (a column reduction, a second pass over the elements, a non-pointwise op)."""
+def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: tuple,
+                   halves: tuple = ()) -> tuple[list[str], RowPart | None]:
+    """(pointwise nodes over the GEMM's elements (or over its two halves, values of `space`), the row
+    part or None); CodegenError for a node that belongs to neither (a column reduction, a second pass
+    over the elements, a non-pointwise op)."""
     from .rowstates import row_op
     vals, nodes = program.values, program.nodes
-    full_vals, row_vals = {out}, set()
+    full_vals, row_vals = {out, *halves}, set()
     full, post, reds = [], [], []
     rank = len(space)
     for nid in io.nodes:

@@ -156,11 +156,12 @@ def shared_bytes(bm: int, bn: int, bk: int, stages: int, staged_b_tile: int | No
     return a + b + 1024
 
 
-def copy_lines(src: str, row_stride: int, indent: str) -> list[str]:
-    """C lines: B's slice (n rows bn.., k contiguous, 16-byte aligned) into the stage's swizzled layout
-    with 16-byte cp.async copies: chunk c of row n lands at chunk c ^ (n mod 8) of its 128-byte row."""
+def copy_lines(src: str, row_stride: int, indent: str, n_at: str = "bn + {}") -> list[str]:
+    """C lines: B's slice (tile row n is B's row n_at.format(n), k contiguous, 16-byte aligned) into the
+    stage's swizzled layout with 16-byte cp.async copies: chunk c of row n lands at chunk c ^ (n mod 8)
+    of its 128-byte row."""
     return [f"{indent}for (int e = tid; e < kBN * kBK / 4; e += kBlock) {{",
-            f"{indent}  const int n = e / (kBK / 4), k = (e % (kBK / 4)) * 4, gn = bn + n, gk = k0 + k;",
+            f"{indent}  const int n = e / (kBK / 4), k = (e % (kBK / 4)) * 4, gn = {n_at.format('n')}, gk = k0 + k;",
             f"{indent}  const bool ok = gn < kN && gk < kK;",
             f"{indent}  cp_async16(Bs + stage * kBTile + {SWIZZLED}, ok ? {src} + ((long long)gn * {row_stride} + gk) "
             f": {src}, ok);",

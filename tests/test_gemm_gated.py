@@ -1,0 +1,88 @@
+"""A gated unit after a GEMM (chunk(2, -1) of its output, then value * act(gate): GLU, GEGLU, SwiGLU) as
+the tile GEMM with both halves in one kernel (codegen/gemm_mma.py, spec.halves): each CTA reads B's
+columns of both halves in alternating 8-column groups so one thread holds a value and its gate, and
+stores only the H-wide result. Checked in the CPU emulator against torch on ragged shapes (mma.sync and
+wgmma bodies), compiled for sm_90 / sm_90a without spills; other slices of the output are refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent_core.codegen import CodegenError, generate_kernel
+from agent_core.compiler import compile_kernel
+from agent_core.ir import Program
+from tests.programs import emulated
+
+torch = pytest.importorskip("torch")
+
+
+def gated(M, H, K, op="linear", act="gelu", bias=True, halves=((0, None), (None, None))):
+    """x [M, K] -> linear / matmul to 2H -> value, gate = chunk(2, -1) -> value * act(gate)."""
+    p = Program("gated")
+    x = p.add_input("x", (M, K))
+    rng = np.random.default_rng(0)
+    bound = 1 / np.sqrt(K)
+    init = lambda shape: rng.uniform(-bound, bound, size=shape).astype(np.float32)
+    if op == "linear":
+        ins = [x.id, p.add_parameter("w", init((2 * H, K))).id] + ([p.add_parameter("b", init(2 * H)).id] if bias else [])
+        y = p.add_node("linear", ins).outputs[0]
+    else:
+        y = p.add_node("matmul", [x.id, p.add_parameter("w", init((K, 2 * H))).id]).outputs[0]
+    (s0, e0), (s1, e1) = halves
+    value = p.add_node("slice", [y], {"dim": -1, "start": s0, "end": H if e0 is None else e0}).outputs[0]
+    gate = p.add_node("slice", [y], {"dim": 1, "start": H if s1 is None else s1, "end": e1}).outputs[0]
+    p.mark_output(p.add_node("mul", [value, p.add_node(act, [gate]).outputs[0]]).outputs[0])
+    return p
+
+
+CASES = [((70, 40, 44), "linear", "gelu", True, {}),                                 # ragged M, H, K
+         ((33, 24, 13), "matmul", "silu", False, {}),
+         ((130, 72, 40), "linear", "sigmoid", True, {"block_m": 128, "block_n": 64}),
+         ((96, 36, 64), "matmul", "gelu", False, {"block_k": 16, "stages": 4}),
+         ((70, 40, 64), "linear", "silu", True, {"mma": "wgmma", "block_m": 64, "warps_m": 4, "warps_n": 1,
+                                                 "block_n": 64, "block_k": 32, "stages": 2}),
+         ((70, 44, 36), "matmul", "gelu", False, {"mma": "wgmma", "block_m": 64, "warps_m": 4, "warps_n": 1,
+                                                  "block_n": 32, "block_k": 32, "stages": 3})]
+
+
+@pytest.mark.parametrize("shape,op,act,bias,params", CASES,
+                         ids=["linear_gelu", "matmul_silu", "linear_sigmoid_128", "matmul_k16", "wgmma_linear",
+                              "wgmma_matmul_staged"])
+def test_the_gated_unit_runs_in_the_gemm_and_matches_torch_emulated(shape, op, act, bias, params):
+    M, H, K = shape
+    p = gated(M, H, K, op, act, bias)
+    ks = generate_kernel(p, list(p.nodes), name="glu", params={"form": "gemm-3xtf32", "portable": True, **params})
+    assert "glu_col" in ks.source and "gated unit" in ks.schedule
+    assert ks.grid[0] == -(-H // (int(ks.params["block_n"]) // 2))      # each tile holds half its columns of each
+    for draw in range(2):
+        torch.manual_seed(draw)
+        got, want = emulated(p, ks, [torch.randn(M, K)])
+        assert got.shape == (M, H)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("params,arch", [({}, "sm_90"), ({"block_m": 128, "block_n": 128, "warps_m": 2, "warps_n": 4}, "sm_90"),
+                                         ({"mma": "wgmma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": 128,
+                                           "block_k": 32, "stages": 4}, "sm_90")],
+                         ids=["default", "128x128", "wgmma"])
+def test_the_gated_unit_compiles_without_spills(params, arch):
+    p = gated(8192, 1280, 320)     # SD 1.5's GEGLU projection
+    c = compile_kernel(generate_kernel(p, list(p.nodes), name="glu_c", params={"form": "gemm-3xtf32", **params}),
+                       arch=arch)
+    assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln] == []
+
+
+@pytest.mark.parametrize("halves,why", [(((0, 30), (50, None)), "two halves along the last dim"),
+                                        (((0, None), (20, 60)), "two halves along the last dim")],
+                         ids=["unequal", "overlapping"])
+def test_other_slices_of_the_output_are_refused(halves, why):
+    p = gated(64, 40, 32, halves=halves)
+    with pytest.raises(CodegenError, match=why):
+        generate_kernel(p, list(p.nodes), name="glu_x", params={"form": "gemm-3xtf32"})
+
+
+def test_a_warp_tile_that_splits_a_fragment_pair_is_refused():
+    p = gated(64, 40, 32)
+    with pytest.raises(CodegenError, match="multiple of 16"):
+        generate_kernel(p, list(p.nodes), name="glu_w", params={"form": "gemm-3xtf32", "block_n": 64, "warps_n": 8,
+                                                                  "warps_m": 1, "block_m": 16})
