@@ -86,3 +86,18 @@ def test_a_warp_tile_that_splits_a_fragment_pair_is_refused():
     with pytest.raises(CodegenError, match="multiple of 16"):
         generate_kernel(p, list(p.nodes), name="glu_w", params={"form": "gemm-3xtf32", "block_n": 64, "warps_n": 8,
                                                                   "warps_m": 1, "block_m": 16})
+
+
+def test_the_planner_puts_the_gated_unit_in_the_matmuls_region_with_the_tile_form_beside():
+    from agent_core.codegen import region_io
+    from agent_core.codegen.gemm_mma import alternatives
+    from agent_core.planner import plan_program
+    p = gated(4096, 1280, 320)
+    regs = [r for r in plan_program(p).regions if r.status != "rejected"]
+    assert [r.kind for r in regs] == ["matmul_epilogue"] and set(regs[0].nodes) == set(p.nodes)
+    assert "tile-GEMM kernel (gemm-3xtf32)" in regs[0].reason
+    assert alternatives(p, region_io(p, regs[0].nodes))[0]["form"] == "gemm-3xtf32"
+    # slices that are not the two halves keep the matmul apart: no kernel would take them together
+    other = gated(4096, 40, 320, halves=((0, 30), (50, None)))
+    assert all(len(r.nodes) == 1 or "linear" not in [other.nodes[n].op for n in r.nodes]
+               for r in plan_program(other).regions if r.status != "rejected")

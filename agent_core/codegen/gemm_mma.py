@@ -30,6 +30,11 @@ Schedule (params, tuned by agent/tune.py through tune_variants):
 params["portable"] swaps the tensor-core helpers for plain C++ ones of the same names (mma_portable.py)
 so the CPU emulator runs this exact body; the kernel a GPU runs never sets it.
 
+A gated unit after a linear / matmul (its output read only as the two halves along the last dim,
+chunk(2, -1), then value * act(gate): GLU, GEGLU, SwiGLU) runs in the same kernel: a CTA reads B's
+columns of both halves in alternating 8-column groups (glu_col), so each thread's fragments 2q and 2q + 1
+hold one output column's value and gate, and only the half-wide result is stored (spec.halves).
+
 A stack of GEMMs (bmm, or a matmul of [..., M, K] by [..., K, N], either operand possibly one matrix for
 all) runs one GEMM per CTA along grid z. A conv1d / conv2d / conv3d runs as the same kernel, an implicit
 GEMM: A's tiles are gathered from the input's patches and the output is stored in the convolution's
@@ -196,7 +201,12 @@ def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSp
 
 
 def _batched_spec(program: Program, io: RegionIO, node) -> GemmSpec:
-    """A stack of GEMMs (bmm, or matmul of [..., M, K] by [..., K, N]): one per batch along grid z, each
+    """A gated unit after a linear / matmul (its output read only as the two halves along the last dim,
+chunk(2, -1), then value * act(gate): GLU, GEGLU, SwiGLU) runs in the same kernel: a CTA reads B's
+columns of both halves in alternating 8-column groups (glu_col), so each thread's fragments 2q and 2q + 1
+hold one output column's value and gate, and only the half-wide result is stored (spec.halves).
+
+A stack of GEMMs (bmm, or matmul of [..., M, K] by [..., K, N]): one per batch along grid z, each
     operand either holding every batch of the output or one matrix broadcast to all; pointwise ops
     after it only."""
     vals = program.values

@@ -353,7 +353,7 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
         lay = next((n for s in (sa, sb) for n in s.layouts), None)
         if lay is not None and anchor.anchor_role != "matmul":
             return f"{_name(state, an)}'s epilogue takes pointwise ops only, not {_name(state, lay)}"
-        allowed = {out.numel} | ({red.rows} if red is not None else set())
+        allowed = {out.numel} | ({red.rows} if red is not None else set()) | gated_halves(state, an)
         for s in (sa, sb):
             for nid, ne in (*s.numels.items(), *s.layouts.items()):
                 if ne not in allowed:
@@ -439,6 +439,25 @@ def backend_refusal(state, nodes, escaping, kind: str) -> str | None:
     from ..codegen import can_lower
     why = can_lower(state.program, state.sort_nodes(nodes), kind, outputs=escaping)
     return None if why is None else f"the generator has no kernel for them together ({why})"
+
+
+def gated_halves(state, anchor: str) -> set[int]:
+    """{elements of one half} where a matmul's output is read only as its two halves along the last dim
+    (chunk(2, -1) before a gated unit: GLU, GEGLU, SwiGLU), which the tile GEMM computes side by side
+    (codegen/gemm_mma.py); else none."""
+    program = state.program
+    node = program.nodes[anchor]
+    out = node.outputs[0]
+    shape = program.values[out].shape
+    if node.op not in ("linear", "matmul") or not shape or shape[-1] % 2:
+        return set()
+    readers = [program.nodes[c] for c, _ in program.consumer_map().get(out, ())]
+    n = shape[-1]
+    spans = {slice(r.attrs["start"], r.attrs["end"], r.attrs["step"]).indices(n) for r in readers
+             if r.op == "slice" and r.attrs["dim"] % len(shape) == len(shape) - 1}
+    if len(readers) != 2 or spans != {(0, n // 2, 1), (n // 2, n, 1)}:
+        return set()
+    return {math.prod(shape) // 2}
 
 
 def group_time(state, nodes: list[str], summary: Summary | None = None,
