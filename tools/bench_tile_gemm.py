@@ -6,11 +6,12 @@
   a convolution), then our generated epilogue kernel;
 - torch eager, and torch.compile in each asked mode, on the same function.
 
-    python3 tools/bench_tile_gemm.py [--out rows.jsonl] [--only gemm,square,conv] [--compile-modes default,max-autotune]
+    python3 tools/bench_tile_gemm.py [--out rows.jsonl] [--only gemm,square,gated,conv] [--compile-modes default,max-autotune]
                                      [--wgmma]
 
 Cases (issue #16's done-when): epilogue-heavy GEMMs (N <= 4096, then GELU and a row logsumexp), large
-square GEMMs (bias only: the GEMM itself against cuBLAS in the same split-TF32 form), and convolutions of
+square GEMMs (bias only: the GEMM itself against cuBLAS in the same split-TF32 form), gated units after a
+linear (chunk(2, -1), value * act(gate): the output's two halves in one tile), and convolutions of
 few input channels (2-D and 3-D) followed by pointwise ops. Every form is built with build_region:
 compiled, launched and verified against the reference on 5 draws at 1e-4 before it is timed; ours is
 the best of the tuner's tile variants (and, for a convolution of a short reduction, the direct
@@ -35,6 +36,9 @@ from agent_core.ir import Program  # noqa: E402
 
 GEMMS = [(4096, 1024, 1024), (8192, 2048, 1024), (4096, 4096, 2048), (16384, 1024, 512), (2048, 4096, 4096)]
 SQUARES = [(4096, 4096, 4096), (8192, 8192, 8192)]
+# gated units after a linear (M, H, K, act): Stable Diffusion 1.5's GEGLU (2 x 4096 tokens, width 320), a
+# Conformer-style GLU, and a SwiGLU over 2048 tokens of width 2048 (inner 5632)
+GATED = [(8192, 1280, 320, "gelu"), (12800, 512, 512, "sigmoid"), (2048, 5632, 2048, "silu")]
 # (input shape, Cout, kernel, padding, groups): RGB and 8-channel 2-D convolutions, 3-D ones over 3 and 8
 # channels, a ResNet 3x3, a pointwise (1x1) one, and ShuffleNet's grouped 1x1
 CONVS = [((128, 3, 64, 64), 16, (3, 3), 1, 1), ((64, 8, 128, 128), 64, (3, 3), 0, 1),
@@ -65,6 +69,26 @@ def gemm_case(M, N, K, reduce_rows: bool):
     else:
         fn = F.linear
     p.mark_output(y)
+    return p, fn, ("x", "w", "b")
+
+
+def gated_case(M, H, K, act):
+    """x [M, K] -> linear to 2H (+ bias) -> value, gate = chunk(2, -1) -> value * act(gate); the torch
+    function of it."""
+    import torch.nn.functional as F
+    rng = np.random.default_rng(0)
+    p = Program(f"gated_{act}_{M}x{H}x{K}")
+    x = p.add_input("x", (M, K))
+    w, b = p.add_parameter("w", _init(rng, (2 * H, K), K)), p.add_parameter("b", _init(rng, (2 * H,), K))
+    y = p.add_node("linear", [x.id, w.id, b.id]).outputs[0]
+    value = p.add_node("slice", [y], {"dim": -1, "start": 0, "end": H}).outputs[0]
+    gate = p.add_node("slice", [y], {"dim": -1, "start": H, "end": 2 * H}).outputs[0]
+    p.mark_output(p.add_node("mul", [value, p.add_node(act, [gate]).outputs[0]]).outputs[0])
+    f = getattr(F, act) if act != "sigmoid" else __import__("torch").sigmoid
+
+    def fn(x, w, b):
+        v, g = F.linear(x, w, b).chunk(2, -1)
+        return v * f(g)
     return p, fn, ("x", "w", "b")
 
 
@@ -172,7 +196,7 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="tile_gemm_bench.jsonl")
-    ap.add_argument("--only", default="gemm,square,conv")
+    ap.add_argument("--only", default="gemm,square,gated,conv")
     ap.add_argument("--compile-modes", default="default")
     ap.add_argument("--wgmma", action="store_true", help="time the wgmma tiles too (sm_90), tuner or not")
     a = ap.parse_args(argv)
@@ -187,6 +211,8 @@ def main(argv=None) -> int:
     groups = a.only.split(",")
     cases = ([("gemm", f"{M}x{N}x{K} gelu+lse", *gemm_case(M, N, K, True)) for M, N, K in GEMMS] * ("gemm" in groups)
              + [("square", f"{M}x{N}x{K}", *gemm_case(M, N, K, False)) for M, N, K in SQUARES] * ("square" in groups)
+             + [("gated", f"{M}x{2 * H}x{K} {act} gate", *gated_case(M, H, K, act)) for M, H, K, act in GATED]
+             * ("gated" in groups)
              + [("conv", f"conv{len(k)}d {'x'.join(map(str, s))}->{c}" + (f" g{g}" if g > 1 else ""),
                  *conv_case(s, c, k, pad, g)) for s, c, k, pad, g in CONVS] * ("conv" in groups))
     t0 = time.time()
