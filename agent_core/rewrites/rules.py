@@ -20,6 +20,7 @@ from .edits import node_label as _n, producer as _producer, reduced_dims as _red
 from .einsum import lower_einsum
 from .equal_nodes import merge_equal_nodes
 from .equal_views import merge_equal_views
+from .gated_linears import merge_gated_linears
 from .linear_reduce import pool_linear, reduce_conv_spatial
 from .lowering import FLT_MIN, lower_loss
 from .raise_attention import raise_attention
@@ -586,7 +587,7 @@ DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, merge_equ
                  log_of_softmax,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
                  reduce_conv_spatial, pool_linear,
-                 reduce_of_broadcast]
+                 reduce_of_broadcast, merge_gated_linears]
 # after the rules above are done: they fold batch norms and affine maps into a convolution's bias,
 # which must be there first, and see through nothing between the convolution and what follows
 LATE_RULES = [bias_into_epilogue]
