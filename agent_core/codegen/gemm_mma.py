@@ -201,12 +201,7 @@ def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSp
 
 
 def _batched_spec(program: Program, io: RegionIO, node) -> GemmSpec:
-    """A gated unit after a linear / matmul (its output read only as the two halves along the last dim,
-chunk(2, -1), then value * act(gate): GLU, GEGLU, SwiGLU) runs in the same kernel: a CTA reads B's
-columns of both halves in alternating 8-column groups (glu_col), so each thread's fragments 2q and 2q + 1
-hold one output column's value and gate, and only the half-wide result is stored (spec.halves).
-
-A stack of GEMMs (bmm, or matmul of [..., M, K] by [..., K, N]): one per batch along grid z, each
+    """A stack of GEMMs (bmm, or matmul of [..., M, K] by [..., K, N]): one per batch along grid z, each
     operand either holding every batch of the output or one matrix broadcast to all; pointwise ops
     after it only."""
     vals = program.values
