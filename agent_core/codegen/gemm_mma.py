@@ -606,10 +606,10 @@ def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, s
     folded in where the region reduces rows)."""
     conv, vals = spec.conv, program.values
     epi = _epilogue(program, io, spec, arg)
-    bias_at = gemm_conv.channel(conv) if conv else "col" if spec.bias and vals[spec.bias].shape else "0"
-    value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
     if spec.halves:
         return _pair_store_loop(spec, arg, epi, bool(spec.bias and vals[spec.bias].shape))
+    bias_at = gemm_conv.channel(conv) if conv else "col" if spec.bias and vals[spec.bias].shape else "0"
+    value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
     row_init = ["  RowSt rs[kMT][2];   // the states of this thread's fragment rows (g and g + 8 of each m16 tile)",
                 "  #pragma unroll",
                 "  for (int mt = 0; mt < kMT; ++mt) rs[mt][0] = rs[mt][1] = row_identity();"] if spec.rows else []
