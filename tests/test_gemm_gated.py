@@ -72,8 +72,8 @@ def test_the_gated_unit_compiles_without_spills(params, arch):
     assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln] == []
 
 
-@pytest.mark.parametrize("halves,why", [(((0, 30), (50, None)), "two halves along the last dim"),
-                                        (((0, None), (20, 60)), "two halves along the last dim")],
+@pytest.mark.parametrize("halves,why", [(((0, 30), (50, None)), "two halves along dim 1"),
+                                        (((0, None), (20, 60)), "two halves along dim 1")],
                          ids=["unequal", "overlapping"])
 def test_other_slices_of_the_output_are_refused(halves, why):
     p = gated(64, 40, 32, halves=halves)
@@ -101,3 +101,50 @@ def test_the_planner_puts_the_gated_unit_in_the_matmuls_region_with_the_tile_for
     other = gated(4096, 40, 320, halves=((0, 30), (50, None)))
     assert all(len(r.nodes) == 1 or "linear" not in [other.nodes[n].op for n in r.nodes]
                for r in plan_program(other).regions if r.status != "rejected")
+
+
+def gated_conv(x_shape, cout2, kernel, padding=0, groups=1):
+    """x -> conv{d}d (+ bias) to 2C channels -> value, gate = chunk(2, dim=1) -> value * sigmoid(gate)
+    (Conformer's GLU after its pointwise conv, with any kernel)."""
+    d = len(kernel)
+    rng = np.random.default_rng(0)
+    p = Program("gated_conv")
+    x = p.add_input("x", x_shape)
+    fan = x_shape[1] * int(np.prod(kernel))
+    bound = 1 / np.sqrt(fan)
+    w = p.add_parameter("w", rng.uniform(-bound, bound, (cout2, x_shape[1] // groups, *kernel)).astype(np.float32))
+    b = p.add_parameter("b", rng.uniform(-bound, bound, cout2).astype(np.float32))
+    y = p.add_node(f"conv{d}d", [x.id, w.id, b.id], {"padding": [padding] * d, "groups": groups}).outputs[0]
+    c = cout2 // 2
+    value = p.add_node("slice", [y], {"dim": 1, "start": 0, "end": c}).outputs[0]
+    gate = p.add_node("slice", [y], {"dim": 1, "start": c, "end": cout2}).outputs[0]
+    p.mark_output(p.add_node("mul", [value, p.add_node("sigmoid", [gate]).outputs[0]]).outputs[0])
+    return p
+
+
+@pytest.mark.parametrize("x_shape,cout2,kernel,padding,params", [
+    ((3, 20, 37), 48, (1,), 0, {}),                                    # Conformer's pointwise conv + GLU
+    ((2, 5, 9, 11), 40, (3, 3), 1, {}),
+    ((3, 20, 37), 48, (1,), 0, {"mma": "wgmma", "block_m": 64, "warps_m": 4, "warps_n": 1, "block_n": 32,
+                               "block_k": 32, "stages": 2})],
+    ids=["conv1d_1x1", "conv2d_3x3", "conv1d_wgmma"])
+def test_a_gated_unit_over_a_convolutions_channels_runs_in_the_implicit_gemm(x_shape, cout2, kernel, padding, params):
+    p = gated_conv(x_shape, cout2, kernel, padding)
+    ks = generate_kernel(p, list(p.nodes), name="glu_conv", params={"form": "gemm-3xtf32", "portable": True, **params})
+    assert "gated unit" in ks.schedule and "implicit-GEMM" in ks.schedule
+    for draw in range(2):
+        torch.manual_seed(draw)
+        got, want = emulated(p, ks, [torch.randn(x_shape)])
+        assert got.shape[1] == cout2 // 2
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_planner_puts_a_convolutions_gated_unit_in_its_region():
+    from agent_core.planner import plan_program
+    p = gated_conv((32, 64, 400), 256, (1,))
+    regs = [r for r in plan_program(p).regions if r.status != "rejected"]
+    assert [r.kind for r in regs] == ["conv_epilogue"] and set(regs[0].nodes) == set(p.nodes)
+    assert "implicit-GEMM kernel" in regs[0].reason
+    grouped = gated_conv((32, 64, 400), 256, (1,), groups=2)   # its channels are not one GEMM's columns
+    assert all(len(r.nodes) == 1 or "conv1d" not in [grouped.nodes[n].op for n in r.nodes]
+               for r in plan_program(grouped).regions if r.status != "rejected")

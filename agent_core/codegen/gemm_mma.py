@@ -155,25 +155,27 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
                     halves=halves)
 
 
-def _halves(program: Program, io: RegionIO, out: str) -> tuple[tuple | None, RegionIO]:
+def _halves(program: Program, io: RegionIO, out: str, dim: int = -1) -> tuple[tuple | None, RegionIO]:
     """((first half, second half), io without the two slices) where the region reads the GEMM's output
-    only as its two halves along the last dim (chunk(2, -1): GLU, GEGLU, SwiGLU), each CTA then computing
-    a column of each half side by side; (None, io) where it reads no slice of it."""
+    only as its two halves along its columns' dim (the last, a convolution's channels: chunk(2, dim):
+    GLU, GEGLU, SwiGLU), each CTA then computing a column of each half side by side; (None, io) where it
+    reads no slice of it."""
     nodes, vals = program.nodes, program.values
     readers = [n for n in io.nodes if out in nodes[n].inputs]
     slices = [n for n in readers if nodes[n].op == "slice"]
     if not slices:
         return None, io
-    n = vals[out].shape[-1]
+    rank = len(vals[out].shape)
+    n = vals[out].shape[dim]
     spans = {}
     for sid in slices:
         a = nodes[sid].attrs
-        if a["dim"] % len(vals[out].shape) == len(vals[out].shape) - 1:
+        if a["dim"] % rank == dim % rank:
             spans[slice(a["start"], a["end"], a["step"]).indices(n)] = nodes[sid].outputs[0]
     half = n // 2
     if len(readers) != 2 or n % 2 or set(spans) != {(0, half, 1), (half, n, 1)} or out in io.outputs:
         raise CodegenError(f"the region slices the GEMM's output '{vals[out].name}' {vals[out].spec}; the tile "
-                           f"GEMM takes its two halves along the last dim (a gated unit), nothing else")
+                           f"GEMM takes its two halves along dim {dim % rank} (a gated unit), nothing else")
     rest = [x for x in io.nodes if x not in slices]
     return (spans[(0, half, 1)], spans[(half, n, 1)]), RegionIO(rest, io.inputs, io.outputs, io.produced)
 
@@ -191,13 +193,17 @@ def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSp
     if bias is not None and tuple(program.values[bias].shape) != (g.cout,):
         raise CodegenError(f"{node.name}: a bias of shape {list(program.values[bias].shape)}", node_id=node.id)
     out = node.outputs[0]
-    space = tuple(program.values[out].shape)
-    full, rows, full_vals = _epilogue_part(program, io, node.id, out, space)
+    channels = len(program.values[out].shape) - len(g.kernel) - 1     # 1, or 0 unbatched
+    halves, io = _halves(program, io, out, channels)
+    if halves and g.groups != 1:
+        raise CodegenError(f"{node.name} ({node.op}): a gated unit after a grouped convolution", node_id=node.id)
+    space = tuple(program.values[halves[0] if halves else out].shape)
+    full, rows, full_vals = _epilogue_part(program, io, node.id, out, space, halves or ())
     if rows is not None:
         raise CodegenError(f"{node.name} ({node.op}): the implicit-GEMM convolution fuses pointwise ops only (its "
                            f"output's last dim is a spatial one, not the channels a GEMM row holds)", node_id=node.id)
     return GemmSpec(node.id, node.op, M, N, K, Operand(node.inputs[0], K, 1), Operand(node.inputs[1], 1, K), bias,
-                    out, space, full, None, full_vals, conv=g)
+                    out, space, full, None, full_vals, conv=g, halves=halves)
 
 
 def _batched_spec(program: Program, io: RegionIO, node) -> GemmSpec:
@@ -285,7 +291,12 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
     those would leave SMs idle (a small or thin output), by the output's size alone. A convolution's
     thin output has tiles of its own (gemm_conv.default_tiles)."""
     if spec.conv is not None:
-        return {"form": FORM, **gemm_conv.default_tiles(spec.conv, spec.K), "min_blocks": 1, "slice_acc": True}
+        tiles_ = gemm_conv.default_tiles(spec.conv, spec.K)
+        if spec.halves:     # every warp's columns hold whole fragment pairs (glu_col)
+            bn = 16 * math.ceil(int(tiles_["block_n"]) / 16)
+            wn = next(w for w in (int(tiles_["warps_n"]), 2, 1) if bn % (16 * w) == 0)
+            tiles_ = {**tiles_, "block_n": bn, "warps_n": wn}
+        return {"form": FORM, **tiles_, "min_blocks": 1, "slice_acc": True}
     bm, bn, wm, wn = 128, 128, 2, 4
     if spec.batch * math.ceil(spec.M / 128) * math.ceil(spec.N / 128) < sm_count:
         bm, bn, wm, wn = 128, 64, 2, 2
@@ -666,7 +677,7 @@ def _pair_store_loop(spec: GemmSpec, arg: dict[str, str], epi: list[str], bias_v
         "      for (int j = 0; j < 4; ++j) {",
         "        const int row = row0 + mt * 16 + (j >> 1) * 8, oc = oc0 + q * 8 + (j & 1);",
         "        if (row < kM && oc < kH) {",
-        "          const index_t i = (index_t)row * kH + oc;",
+        f"          {_pair_index(spec)}",
         f"          const float mm = {value}, mm2 = {gate};",
         *[f"          {line}" for line in epi],
         "        }",
@@ -674,6 +685,14 @@ def _pair_store_loop(spec: GemmSpec, arg: dict[str, str], epi: list[str], bias_v
         "    }",
         "  }",
     ]
+
+
+def _pair_index(spec: GemmSpec) -> str:
+    """The flat index of a gated unit's output element (row, oc): [M, H], or a convolution's layout
+    [batch, H channels, *out]."""
+    if spec.conv is not None:
+        return "const index_t i = ((index_t)(row / kS) * kH + oc) * kS + row % kS;"
+    return "const index_t i = (index_t)row * kH + oc;"
 
 
 def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str, shared: int,

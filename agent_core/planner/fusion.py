@@ -351,7 +351,7 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
         if red is not None and anchor.anchor_role != "matmul":
             return f"{_name(state, an)}'s epilogue takes pointwise ops only, not a reduction"
         lay = next((n for s in (sa, sb) for n in s.layouts), None)
-        if lay is not None and anchor.anchor_role != "matmul":
+        if lay is not None and anchor.anchor_role != "matmul" and not gated_halves(state, an):
             return f"{_name(state, an)}'s epilogue takes pointwise ops only, not {_name(state, lay)}"
         allowed = {out.numel} | ({red.rows} if red is not None else set()) | gated_halves(state, an)
         for s in (sa, sb):
@@ -442,19 +442,25 @@ def backend_refusal(state, nodes, escaping, kind: str) -> str | None:
 
 
 def gated_halves(state, anchor: str) -> set[int]:
-    """{elements of one half} where a matmul's output is read only as its two halves along the last dim
-    (chunk(2, -1) before a gated unit: GLU, GEGLU, SwiGLU), which the tile GEMM computes side by side
-    (codegen/gemm_mma.py); else none."""
+    """{elements of one half} where a matmul's output is read only as its two halves along the last dim,
+    or a convolution's (one group) along its channels (chunk(2, dim) before a gated unit: GLU, GEGLU,
+    SwiGLU), which the tile GEMM computes side by side (codegen/gemm_mma.py); else none."""
     program = state.program
     node = program.nodes[anchor]
     out = node.outputs[0]
     shape = program.values[out].shape
-    if node.op not in ("linear", "matmul") or not shape or shape[-1] % 2:
+    if node.op in ("linear", "matmul"):
+        dim = len(shape) - 1
+    elif node.op in ("conv1d", "conv2d", "conv3d") and node.attrs.get("groups", 1) == 1:
+        dim = len(shape) - int(node.op[-2]) - 1          # the channels: 1, or 0 unbatched
+    else:
+        return set()
+    if not shape or shape[dim] % 2:
         return set()
     readers = [program.nodes[c] for c, _ in program.consumer_map().get(out, ())]
-    n = shape[-1]
+    n = shape[dim]
     spans = {slice(r.attrs["start"], r.attrs["end"], r.attrs["step"]).indices(n) for r in readers
-             if r.op == "slice" and r.attrs["dim"] % len(shape) == len(shape) - 1}
+             if r.op == "slice" and r.attrs["dim"] % len(shape) == dim}
     if len(readers) != 2 or spans != {(0, n // 2, 1), (n // 2, n, 1)}:
         return set()
     return {math.prod(shape) // 2}
