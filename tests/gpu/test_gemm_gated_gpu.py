@@ -1,6 +1,6 @@
 """On the GPU: the tile GEMM with a gated unit inside (codegen/gemm_mma.py spec.halves): each kernel is
 built, launched and verified against torch on 5 random draws at atol = rtol = 1e-4 (tests/programs.py
-`fused`): GEGLU at Stable Diffusion 1.5's size, SwiGLU ragged, both main loops (wgmma on sm_90 only).
+`fused`): GEGLU at Stable Diffusion 1.5's size, SwiGLU ragged, Conformer's pointwise conv + GLU, both main loops (wgmma on sm_90 only).
 
 PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gemm_gated_gpu.py
 """
@@ -27,4 +27,14 @@ def test_the_gated_gemm_matches_torch(shape, op, act, params):
         pytest.skip("wgmma is sm_90's")
     p = gated(*shape, op=op, act=act)
     r = fused(p, list(p.nodes), "gated_gpu", params={"form": "gemm-3xtf32", **params})
+    assert "gated unit" in r.kernel.schedule
+
+
+@pytest.mark.parametrize("params", [{}, WG], ids=["mma_sync", "wgmma"])
+def test_conformers_pointwise_conv_and_glu_match_torch(params):
+    from tests.test_gemm_gated import gated_conv
+    if params.get("mma") == "wgmma" and not HOPPER:
+        pytest.skip("wgmma is sm_90's")
+    p = gated_conv((32, 512, 400), 1024, (1,))
+    r = fused(p, list(p.nodes), "gated_conv_gpu", params={"form": "gemm-3xtf32", **params})
     assert "gated unit" in r.kernel.schedule
