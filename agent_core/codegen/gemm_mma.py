@@ -30,8 +30,9 @@ Schedule (params, tuned by agent/tune.py through tune_variants):
 params["portable"] swaps the tensor-core helpers for plain C++ ones of the same names (mma_portable.py)
 so the CPU emulator runs this exact body; the kernel a GPU runs never sets it.
 
-A gated unit after a linear / matmul (its output read only as the two halves along the last dim,
-chunk(2, -1), then value * act(gate): GLU, GEGLU, SwiGLU) runs in the same kernel: a CTA reads B's
+A gated unit after a linear / matmul or a one-group convolution (its output read only as the two
+halves along the last dim, or the convolution's channels: chunk(2, dim), then value * act(gate): GLU,
+GEGLU, SwiGLU) runs in the same kernel: a CTA reads B's
 columns of both halves in alternating 8-column groups (glu_col), so each thread's fragments 2q and 2q + 1
 hold one output column's value and gate, and only the half-wide result is stored (spec.halves).
 
