@@ -75,6 +75,7 @@ def gemm_case(M, N, K, reduce_rows: bool):
 def gated_case(M, H, K, act):
     """x [M, K] -> linear to 2H (+ bias) -> value, gate = chunk(2, -1) -> value * act(gate); the torch
     function of it."""
+    import torch
     import torch.nn.functional as F
     rng = np.random.default_rng(0)
     p = Program(f"gated_{act}_{M}x{H}x{K}")
@@ -84,7 +85,7 @@ def gated_case(M, H, K, act):
     value = p.add_node("slice", [y], {"dim": -1, "start": 0, "end": H}).outputs[0]
     gate = p.add_node("slice", [y], {"dim": -1, "start": H, "end": 2 * H}).outputs[0]
     p.mark_output(p.add_node("mul", [value, p.add_node(act, [gate]).outputs[0]]).outputs[0])
-    f = getattr(F, act) if act != "sigmoid" else __import__("torch").sigmoid
+    f = {"gelu": F.gelu, "silu": F.silu, "sigmoid": torch.sigmoid}[act]
 
     def fn(x, w, b):
         v, g = F.linear(x, w, b).chunk(2, -1)

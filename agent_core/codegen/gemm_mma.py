@@ -147,7 +147,7 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
         raise CodegenError(f"{node.name}: an empty GEMM ({M} x {N} x {K})", node_id=nid)
     if math.ceil(M / 16) > GRID_LIMIT * 8:
         raise CodegenError(f"{node.name}: {M} rows are more tiles than one grid dimension holds", node_id=nid)
-    halves, io = _halves(program, io, out)
+    halves, io = _halves(program, io, nid)
     space = tuple(vals[halves[0]].shape) if halves else tuple(vals[out].shape)
     full, rows, full_vals = _epilogue_part(program, io, nid, out, space, halves or ())
     if halves and rows is not None:
@@ -156,29 +156,53 @@ def gemm_spec(program: Program, io: RegionIO) -> GemmSpec:
                     halves=halves)
 
 
-def _halves(program: Program, io: RegionIO, out: str, dim: int = -1) -> tuple[tuple | None, RegionIO]:
+def columns_dim(program: Program, nid: str) -> int | None:
+    """The dim of a GEMM node's output that holds its columns (a gated unit splits it): the last for a
+    linear / matmul, the channels for a one-group convolution (1, or 0 unbatched); None otherwise."""
+    node = program.nodes[nid]
+    rank = len(program.values[node.outputs[0]].shape)
+    if node.op in ("linear", "matmul"):
+        return rank - 1
+    if node.op in gemm_conv.CONV_OPS and node.attrs.get("groups", 1) == 1:
+        return rank - int(node.op[-2]) - 1
+    return None
+
+
+def gated_halves(program: Program, out: str, dim: int | None, readers) -> tuple[str, str] | None:
+    """(first half, second half): the slice values when `readers` (node ids) are exactly the two slices
+    of `out` into its halves along dim (chunk(2, dim) before a gated unit: GLU, GEGLU, SwiGLU); else None.
+    What the planner asks before putting the halves in the GEMM's region and codegen before pairing them."""
+    nodes, shape = program.nodes, program.values[out].shape
+    if dim is None or len(readers) != 2 or shape[dim] % 2:
+        return None
+    n, spans = shape[dim], {}
+    for r in readers:
+        a = nodes[r].attrs
+        if nodes[r].op == "slice" and a["dim"] % len(shape) == dim:
+            spans[slice(a["start"], a["end"], a["step"]).indices(n)] = nodes[r].outputs[0]
+    if set(spans) != {(0, n // 2, 1), (n // 2, n, 1)}:
+        return None
+    return spans[(0, n // 2, 1)], spans[(n // 2, n, 1)]
+
+
+def _halves(program: Program, io: RegionIO, nid: str) -> tuple[tuple | None, RegionIO]:
     """((first half, second half), io without the two slices) where the region reads the GEMM's output
-    only as its two halves along its columns' dim (the last, a convolution's channels: chunk(2, dim):
-    GLU, GEGLU, SwiGLU), each CTA then computing a column of each half side by side; (None, io) where it
-    reads no slice of it."""
+    only as its halves (gated_halves), each CTA then computing a column of each side by side; (None, io)
+    where it reads no slice of it; CodegenError for other slices."""
     nodes, vals = program.nodes, program.values
+    out = nodes[nid].outputs[0]
     readers = [n for n in io.nodes if out in nodes[n].inputs]
-    slices = [n for n in readers if nodes[n].op == "slice"]
-    if not slices:
+    if not any(nodes[n].op == "slice" for n in readers):
         return None, io
-    rank = len(vals[out].shape)
-    n = vals[out].shape[dim]
-    spans = {}
-    for sid in slices:
-        a = nodes[sid].attrs
-        if a["dim"] % rank == dim % rank:
-            spans[slice(a["start"], a["end"], a["step"]).indices(n)] = nodes[sid].outputs[0]
-    half = n // 2
-    if len(readers) != 2 or n % 2 or set(spans) != {(0, half, 1), (half, n, 1)} or out in io.outputs:
+    dim = columns_dim(program, nid)
+    halves = gated_halves(program, out, dim, readers) if out not in io.outputs else None
+    if halves is None:
+        what = "no slice of a grouped convolution's output" if dim is None else \
+            f"its two halves along dim {dim} (a gated unit), nothing else"
         raise CodegenError(f"the region slices the GEMM's output '{vals[out].name}' {vals[out].spec}; the tile "
-                           f"GEMM takes its two halves along dim {dim % rank} (a gated unit), nothing else")
-    rest = [x for x in io.nodes if x not in slices]
-    return (spans[(0, half, 1)], spans[(half, n, 1)]), RegionIO(rest, io.inputs, io.outputs, io.produced)
+                           f"GEMM takes {what}")
+    rest = [x for x in io.nodes if x not in readers or nodes[x].op != "slice"]
+    return halves, RegionIO(rest, io.inputs, io.outputs, io.produced)
 
 
 def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSpec:
@@ -194,10 +218,7 @@ def _conv_spec(program: Program, io: RegionIO, node, bias: str | None) -> GemmSp
     if bias is not None and tuple(program.values[bias].shape) != (g.cout,):
         raise CodegenError(f"{node.name}: a bias of shape {list(program.values[bias].shape)}", node_id=node.id)
     out = node.outputs[0]
-    channels = len(program.values[out].shape) - len(g.kernel) - 1     # 1, or 0 unbatched
-    halves, io = _halves(program, io, out, channels)
-    if halves and g.groups != 1:
-        raise CodegenError(f"{node.name} ({node.op}): a gated unit after a grouped convolution", node_id=node.id)
+    halves, io = _halves(program, io, node.id)
     space = tuple(program.values[halves[0] if halves else out].shape)
     full, rows, full_vals = _epilogue_part(program, io, node.id, out, space, halves or ())
     if rows is not None:
@@ -379,8 +400,7 @@ def shared_bytes(spec: GemmSpec, p: dict) -> int:
 
 def tiles(spec: GemmSpec, p: dict) -> tuple[int, int]:
     """(tiles along N, tiles along M): the grid."""
-    cols = spec.N // 2 if spec.halves else spec.N      # a gated unit's tile holds half its columns of each half
-    return math.ceil(cols / (int(p["block_n"]) // (2 if spec.halves else 1))), math.ceil(spec.M / int(p["block_m"]))
+    return math.ceil(spec.N / int(p["block_n"])), math.ceil(spec.M / int(p["block_m"]))
 
 
 def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, int]:
@@ -615,31 +635,38 @@ def _operands(spec: GemmSpec, p: dict, arg: dict[str, str]) -> _OperandLines:
 
 def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
     """C lines: the epilogue over the accumulators, one store per output element (the row statistics
-    folded in where the region reduces rows)."""
+    folded in where the region reduces rows). A gated unit's thread reads fragment 2q for the value (mm)
+    and 2q + 1 for the gate (mm2) of one output column oc (glu_col)."""
     conv, vals = spec.conv, program.values
     epi = _epilogue(program, io, spec, arg)
+    vector_bias = bool(spec.bias and vals[spec.bias].shape)
     if spec.halves:
-        return _pair_store_loop(spec, arg, epi, bool(spec.bias and vals[spec.bias].shape))
-    bias_at = gemm_conv.channel(conv) if conv else "col" if spec.bias and vals[spec.bias].shape else "0"
-    value = "acc[mt][nt][j]" + (f" + {arg[spec.bias]}[{bias_at}]" if spec.bias else "")
+        frag, count, col, col0, limit = "q", "kNT / 2", "oc", "bn / 2 + warp_n * (kTN / 2) + 2 * lane_t", "kH"
+        index = ("const index_t i = ((index_t)(row / kS) * kH + oc) * kS + row % kS;" if conv else
+                 "const index_t i = (index_t)row * kH + oc;")
+        values = [("mm", "acc[mt][2 * q][j]", "oc"), ("mm2", "acc[mt][2 * q + 1][j]", "oc + kH")]
+    else:
+        frag, count, col, col0, limit = "nt", "kNT", "col", "bn + warp_n * kTN + 2 * lane_t", "kN"
+        index = gemm_conv.store_index(conv) if conv else _store_index(spec)
+        values = [("mm", "acc[mt][nt][j]", gemm_conv.channel(conv) if conv else "col")]
+    bias = (lambda at: f" + {arg[spec.bias]}[{at if vector_bias else 0}]") if spec.bias else (lambda at: "")
     row_init = ["  RowSt rs[kMT][2];   // the states of this thread's fragment rows (g and g + 8 of each m16 tile)",
                 "  #pragma unroll",
                 "  for (int mt = 0; mt < kMT; ++mt) rs[mt][0] = rs[mt][1] = row_identity();"] if spec.rows else []
     return [
         "  // epilogue on the accumulators, one store per output element",
-        "  const int row0 = bm + warp_m * kTM + lane_g, col0 = bn + warp_n * kTN + 2 * lane_t;",
+        f"  const int row0 = bm + warp_m * kTM + lane_g, {col}0 = {col0};",
         *row_init,
         "  #pragma unroll",
         "  for (int mt = 0; mt < kMT; ++mt) {",
         "    #pragma unroll",
-        "    for (int nt = 0; nt < kNT; ++nt) {",
+        f"    for (int {frag} = 0; {frag} < {count}; ++{frag}) {{",
         "      #pragma unroll",
         "      for (int j = 0; j < 4; ++j) {",
-        "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
-        "        if (row < kM && col < kN) {",
-        *([f"          {gemm_conv.store_index(conv) if conv else _store_index(spec)}"]
-          if any(re.search(r"\bi\b", ln) for ln in epi) else []),
-        f"          const float mm = {value};",
+        f"        const int row = row0 + mt * 16 + (j >> 1) * 8, {col} = {col}0 + {frag} * 8 + (j & 1);",
+        f"        if (row < kM && {col} < {limit}) {{",
+        *([f"          {index}"] if any(re.search(r"\bi\b", ln) for ln in epi) else []),
+        "          const float " + ", ".join(f"{name} = {acc}{bias(at)}" for name, acc, at in values) + ";",
         *[f"          {line}" for line in epi],
         "        }",
         "      }",
@@ -657,43 +684,6 @@ GLU_COL = [
     "  return oc < kH ? oc + ((c >> 3) & 1) * kH : kN;",
     "}",
 ]
-
-
-def _pair_store_loop(spec: GemmSpec, arg: dict[str, str], epi: list[str], bias_vector: bool) -> list[str]:
-    """C lines: a gated unit's epilogue: the value (mm) and gate (mm2) of one output column from a
-    thread's fragment pair, one store per output element."""
-    value, gate = "acc[mt][2 * q][j]", "acc[mt][2 * q + 1][j]"
-    if spec.bias:
-        b = arg[spec.bias]
-        value, gate = (f"{value} + {b}[oc]", f"{gate} + {b}[oc + kH]") if bias_vector else \
-            (f"{value} + {b}[0]", f"{gate} + {b}[0]")
-    return [
-        "  // epilogue on the accumulator pairs (glu_col): fragment 2q holds the value, 2q + 1 the gate",
-        "  const int row0 = bm + warp_m * kTM + lane_g, oc0 = bn / 2 + warp_n * (kTN / 2) + 2 * lane_t;",
-        "  #pragma unroll",
-        "  for (int mt = 0; mt < kMT; ++mt) {",
-        "    #pragma unroll",
-        "    for (int q = 0; q < kNT / 2; ++q) {",
-        "      #pragma unroll",
-        "      for (int j = 0; j < 4; ++j) {",
-        "        const int row = row0 + mt * 16 + (j >> 1) * 8, oc = oc0 + q * 8 + (j & 1);",
-        "        if (row < kM && oc < kH) {",
-        f"          {_pair_index(spec)}",
-        f"          const float mm = {value}, mm2 = {gate};",
-        *[f"          {line}" for line in epi],
-        "        }",
-        "      }",
-        "    }",
-        "  }",
-    ]
-
-
-def _pair_index(spec: GemmSpec) -> str:
-    """The flat index of a gated unit's output element (row, oc): [M, H], or a convolution's layout
-    [batch, H channels, *out]."""
-    if spec.conv is not None:
-        return "const index_t i = ((index_t)(row / kS) * kH + oc) * kS + row % kS;"
-    return "const index_t i = (index_t)row * kH + oc;"
 
 
 def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str, shared: int,

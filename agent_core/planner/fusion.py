@@ -442,28 +442,13 @@ def backend_refusal(state, nodes, escaping, kind: str) -> str | None:
 
 
 def gated_halves(state, anchor: str) -> set[int]:
-    """{elements of one half} where a matmul's output is read only as its two halves along the last dim,
-    or a convolution's (one group) along its channels (chunk(2, dim) before a gated unit: GLU, GEGLU,
-    SwiGLU), which the tile GEMM computes side by side (codegen/gemm_mma.py); else none."""
-    program = state.program
-    node = program.nodes[anchor]
-    out = node.outputs[0]
-    shape = program.values[out].shape
-    if node.op in ("linear", "matmul"):
-        dim = len(shape) - 1
-    elif node.op in ("conv1d", "conv2d", "conv3d") and node.attrs.get("groups", 1) == 1:
-        dim = len(shape) - int(node.op[-2]) - 1          # the channels: 1, or 0 unbatched
-    else:
+    """{elements of one half} where the anchor's output is read only as its two halves along its
+    columns (codegen's gated_halves: the tile GEMM computes them side by side); else none."""
+    from ..codegen.gemm_mma import columns_dim, gated_halves as halves
+    out = state.program.nodes[anchor].outputs[0]
+    if halves(state.program, out, columns_dim(state.program, anchor), state.consumers.get(out, ())) is None:
         return set()
-    if not shape or shape[dim] % 2:
-        return set()
-    readers = [program.nodes[c] for c, _ in program.consumer_map().get(out, ())]
-    n = shape[dim]
-    spans = {slice(r.attrs["start"], r.attrs["end"], r.attrs["step"]).indices(n) for r in readers
-             if r.op == "slice" and r.attrs["dim"] % len(shape) == dim}
-    if len(readers) != 2 or spans != {(0, n // 2, 1), (n // 2, n, 1)}:
-        return set()
-    return {math.prod(shape) // 2}
+    return {state.vnumel[out] // 2}
 
 
 def group_time(state, nodes: list[str], summary: Summary | None = None,

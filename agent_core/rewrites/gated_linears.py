@@ -43,24 +43,20 @@ def _weights(program: Program, node) -> tuple | None:
 
 def merge_gated_linears(program: Program, nid: str) -> Rewrite | None:
     node = program.nodes[nid]
-    if node.op != "linear" or _weights(program, node) is None:
+    mine = _weights(program, node) if node.op == "linear" else None
+    if mine is None:
         return None
     x, out = node.inputs[0], node.outputs[0]
-    mine = _pointwise_chain(program, out)
+    chain = _pointwise_chain(program, out)
     for cid, _ in program.consumers(x):
         other = program.nodes[cid]
-        if cid == nid or other.op != "linear" or len(other.inputs) != len(node.inputs):
+        theirs = _weights(program, other) if cid != nid and other.op == "linear" else None
+        if theirs is None or theirs[0].shape != mine[0].shape or (theirs[1] is None) != (mine[1] is None):
             continue
-        theirs = _pointwise_chain(program, other.outputs[0])
-        meet = next((m for m in mine if m in theirs), None)
-        w_other = _weights(program, other)
-        if meet is None or w_other is None or w_other[0].shape != program.values[node.inputs[1]].shape:
+        meet = next((m for m in chain if m in _pointwise_chain(program, other.outputs[0])), None)
+        if meet is None:
             continue
-        (wa, ba), (wb, bb) = _weights(program, node), w_other
-        if (ba is None) != (bb is None):
-            continue
-        n = wa.shape[0]
-        a_out, b_out = out, other.outputs[0]
+        (wa, ba), (wb, bb), n = mine, theirs, mine[0].shape[0]
 
         def build(p: Program) -> dict[str, str]:
             w = add_param(p, p.unique_name(f"{node.name}_{other.name}_weight"), np.concatenate([wa, wb]),
@@ -70,7 +66,7 @@ def merge_gated_linears(program: Program, nid: str) -> Rewrite | None:
             y = p.add_node("linear", ins, name=p.unique_name(f"{node.name}_{other.name}")).outputs[0]
             first = p.add_node("slice", [y], {"dim": -1, "start": 0, "end": n}).outputs[0]
             second = p.add_node("slice", [y], {"dim": -1, "start": n, "end": 2 * n}).outputs[0]
-            return {a_out: first, b_out: second}
+            return {out: first, other.outputs[0]: second}
         return Rewrite("merge_gated_linears",
                        f"{_n(program, nid)} and {_n(program, cid)} project the same input and meet in "
                        f"{_n(program, meet)}: one linear over both weights stacked ({2 * n} outputs) reads the "
