@@ -54,9 +54,9 @@ def test_library_calls_of_one_shape_are_timed_once_and_each_checks_its_own_tenso
     gains = res.program.metadata["library_precision_gain_ms"]     # the first's saving, shared with the others
     assert set(gains) == set(lin) and len(set(gains.values())) == 1
     assert set(lin[1:]) <= set(ran)
-    # two forms timed for one node (fp32, tf32x3) and nothing else timed before the end-to-end program
+    # the forms of one node timed (fp32, 3xtf32, 3xtf32-cat) and nothing else before the end-to-end program
     assert res.profile["end_to_end"]["correct"]
-    assert timed == [20, QUICK_TRIALS, 20 - QUICK_TRIALS]     # one node: fp32 in full, 3xTF32 quick then the rest
+    assert timed == [20] + [QUICK_TRIALS, 20 - QUICK_TRIALS] * 2   # fp32 in full, each split form quick then the rest
     assert "fp32_ms" in prec[first[0]] and "fp32_ms" not in prec[lin[-1]]
 
 
@@ -64,16 +64,15 @@ def test_a_node_whose_own_tensors_disagree_is_timed_on_its_own(mock_gpu, tmp_pat
     _fp32_looks_slow(monkeypatch)
     probe, _ = _run(blocks(), tmp_path / "probe", tune=False, time_regions=False)
     odd = _linears(probe)[3]
-    real = split_mod.run_split_tf32
-
-    def wrong_for_one(p, nid, env, *args):   # split TF32 is off for this one node's operands only
-        real(p, nid, env, *args)
-        if nid == odd:
-            out = p.nodes[nid].outputs[0]
-            env[out] = env[out] + 1e-2
-    monkeypatch.setattr(split_mod, "run_split_tf32", wrong_for_one)
     import agent_core.agent.precision as precision
-    monkeypatch.setattr(precision, "run_split_tf32", wrong_for_one)
+    for name in ("run_split_tf32", "run_split_tf32_cat"):    # both split forms are off for one node's operands only
+        def wrong_for_one(p, nid, env, *args, real=getattr(split_mod, name)):
+            real(p, nid, env, *args)
+            if nid == odd:
+                out = p.nodes[nid].outputs[0]
+                env[out] = env[out] + 1e-2
+        monkeypatch.setattr(split_mod, name, wrong_for_one)
+        monkeypatch.setattr(precision, name, wrong_for_one)
     res, events = _run(blocks(), tmp_path / "run", tune=False, time_regions=False)
     prec = [e for e in events if e["event"] == "precision" and e["node"] == odd]
     assert len(prec) == 1 and "shared_with" not in prec[0] and "fp32_ms" in prec[0]

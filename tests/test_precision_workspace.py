@@ -43,6 +43,14 @@ def _linears(p):
     return [n for n in p.topo_order() if p.nodes[n].op == "linear"]
 
 
+MS = {"fp32": 1.0, "3xtf32": 0.5, "3xtf32-cat": 0.6}     # split TF32 fastest as three calls
+
+
+def _extra(fp32: int, split: int) -> dict[str, int]:
+    """Measured bytes: fp32's, and each split form's."""
+    return {"fp32": fp32, "3xtf32": split, "3xtf32-cat": split}
+
+
 def _fake_gpu(monkeypatch, ms: dict[str, float], extra: dict[str, int]):
     """Each form's time and measured bytes, by the form (variant key) that runs."""
     real, running = precision.variants, {}
@@ -80,7 +88,7 @@ def _choose(p, room):
 
 def test_a_form_whose_measured_workspace_does_not_fit_is_not_chosen(monkeypatch):
     p = _program()
-    _fake_gpu(monkeypatch, ms={"fp32": 1.0, "3xtf32": 0.5}, extra={"fp32": 2 * MIB, "3xtf32": 40 * MIB})
+    _fake_gpu(monkeypatch, ms=MS, extra=_extra(2 * MIB, 40 * MIB))
     events = _choose(p, room={n: 16 * MIB for n in _linears(p)})     # 40 MiB where 16 are left: over
     assert precision.library_precision(p) == {}
     first = next(e for e in events if e.get("event") == "precision")
@@ -94,7 +102,7 @@ def test_a_forms_whole_workspace_must_fit_not_only_its_excess_over_fp32s(monkeyp
     left does not fit, though it is only 15 MiB more than fp32's 2 (9_ResNet18's layer-4 convolutions
     ran at 1.77x eager's peak under that comparison)."""
     p = _program()
-    _fake_gpu(monkeypatch, ms={"fp32": 1.0, "3xtf32": 0.5}, extra={"fp32": 2 * MIB, "3xtf32": 17 * MIB})
+    _fake_gpu(monkeypatch, ms=MS, extra=_extra(2 * MIB, 17 * MIB))
     _choose(p, room={n: 16 * MIB for n in _linears(p)})
     assert precision.library_precision(p) == {}
 
@@ -104,7 +112,7 @@ def test_a_form_needing_no_more_than_fp32_is_allowed_where_fp32_itself_passes_th
     wherever eager does, even past the modeled room."""
     p = _program()
     fc1, fc2 = _linears(p)
-    _fake_gpu(monkeypatch, ms={"fp32": 1.0, "3xtf32": 0.5}, extra={"fp32": 20 * MIB, "3xtf32": 19 * MIB})
+    _fake_gpu(monkeypatch, ms=MS, extra=_extra(20 * MIB, 19 * MIB))
     _choose(p, room={n: 16 * MIB for n in (fc1, fc2)})
     assert precision.library_precision(p) == {fc1: "3xtf32", fc2: "3xtf32"}
 
@@ -114,7 +122,7 @@ def test_the_chosen_forms_workspace_beyond_the_model_is_in_the_predicted_peak(mo
     p = _program()
     fc1, fc2 = _linears(p)
     fp32_peak = ProgramExecutable(p, {}, graph=False, device="cpu").memory.predicted_peak_bytes
-    _fake_gpu(monkeypatch, ms={"fp32": 1.0, "3xtf32": 0.5}, extra={"fp32": 2 * MIB, "3xtf32": 40 * MIB})
+    _fake_gpu(monkeypatch, ms=MS, extra=_extra(2 * MIB, 40 * MIB))
     _choose(p, room={n: 64 * MIB for n in (fc1, fc2)})
     assert precision.library_precision(p) == {fc1: "3xtf32", fc2: "3xtf32"}
     beyond = 38 * MIB - call_temp_bytes(p, fc1, "3xtf32", False)
@@ -132,7 +140,7 @@ def test_the_chosen_forms_workspace_beyond_the_model_is_in_the_predicted_peak(mo
 def test_a_node_without_room_for_the_shared_forms_workspace_is_weighed_alone(monkeypatch):
     p = _program()
     fc1, fc2 = _linears(p)
-    _fake_gpu(monkeypatch, ms={"fp32": 1.0, "3xtf32": 0.5}, extra={"fp32": 0, "3xtf32": 40 * MIB})
+    _fake_gpu(monkeypatch, ms=MS, extra=_extra(0, 40 * MIB))
     events = _choose(p, room={fc1: 64 * MIB, fc2: 16 * MIB})
     assert precision.library_precision(p) == {fc1: "3xtf32"}
     assert not any(e.get("shared_with") for e in events if e.get("event") == "precision")

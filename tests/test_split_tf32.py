@@ -74,9 +74,13 @@ CONVS = [c for c in CASES if c[0].startswith("conv")]
     ("conv1d", [(3, 4, 17), (5, 4, 3)], {"dilation": [2]}),
     ("conv2d", [(2, 6, 9, 8), (9, 2, 3, 3), (9,)], {"groups": 3, "padding": [1, 1]}),             # ShuffleNet-like
     ("conv1d", [(6, 11), (4, 3, 3)], {"groups": 2}),                                                # unbatched, grouped
+] + [c for c in CASES if not c[0].startswith("conv")] + [
+    ("linear", [(2, 3, 40), (9, 40)], {}),                                    # batched, no bias
+    ("matmul", [(4, 2, 6, 30), (30, 5)], {}),                                 # a weight shared by the batch
 ], ids=["conv2d", "conv_transpose3d_grouped", "conv_transpose2d_unbatched", "conv1d", "conv2d_grouped",
-        "conv1d_unbatched_grouped"])
-def test_the_channel_concatenated_form_is_the_same_sum(op, shapes, attrs):
+        "conv1d_unbatched_grouped", "linear", "matmul_3d_2d", "matmul_broadcast", "matmul", "bmm",
+        "linear_batched", "matmul_4d_2d"])
+def test_the_concatenated_form_is_the_same_sum(op, shapes, attrs):
     p, n = _program(op, shapes, attrs)
     assert st.can_concatenate(p, n.id)
     env = dict(parameter_tensors(p, "cpu"))
@@ -140,10 +144,25 @@ class _AtenOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_matmuls_have_no_concatenated_form():
-    for case in [c for c in CASES if not c[0].startswith("conv")]:
-        p, n = _program(*case)
-        assert st.can_split(p, n.id) and not st.can_concatenate(p, n.id)
+def test_a_gemms_concatenated_form_is_one_gemm_over_three_times_k():
+    p, n = _program("linear", [(8, 3, 40), (9, 40), (9,)], {})
+    env = dict(parameter_tensors(p, "cpu"))
+    env[p.inputs[0]] = torch.randn(8, 3, 40)
+    calls = []
+
+    class Shapes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ in ("mm", "addmm", "bmm"):
+                calls.append([tuple(a.shape) for a in args if isinstance(a, torch.Tensor)])
+            return func(*args, **(kwargs or {}))
+    with Shapes():
+        st.run_split_tf32_cat(p, n.id, env)
+    assert calls == [[(9,), (24, 120), (120, 9)]]                 # bias, A [hi, lo, hi], B^T [hi, hi, lo]
+
+
+def test_a_matmul_of_a_vector_has_no_concatenated_form():
+    p, n = _program("matmul", [(5, 30), (30,)], {})
+    assert st.can_split(p, n.id) and not st.can_concatenate(p, n.id)
 
 
 def test_a_grouped_concatenation_keeps_each_groups_parts_together():

@@ -122,7 +122,7 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
     from agent_core.codegen.region_io import region_io
     from agent_core.reference import parameter_tensors
     from agent_core.runtime import build_region
-    from agent_core.runtime.split_tf32 import TF32X3, TF32X3_CAT
+    from agent_core.runtime.split_tf32 import TF32X3, TF32X3_CAT, can_concatenate
     nodes = list(prog.nodes)
     anchor = nodes[0]
     torch.manual_seed(0)
@@ -146,7 +146,8 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
         return runner
 
     # the library call in each precision form, then our epilogue kernel (or the call alone)
-    lib_forms = ["fp32", TF32X3 if prog.nodes[anchor].op == "linear" else TF32X3_CAT]
+    lib_forms = ["fp32"] + ([TF32X3] if prog.nodes[anchor].opdef.category != "convolution" else []) + \
+        ([TF32X3_CAT] if can_concatenate(prog, anchor) else [])
     for form in lib_forms:
         prog.metadata["library_precision"] = {} if form == "fp32" else {anchor: form}
         if len(nodes) > 1:

@@ -11,12 +11,13 @@ SGEMM at 1024x8192x8192 and 0.2-0.6x for many transposed convolutions, while oth
 when it and then the whole program verify at 1e-4 against the fp32 reference. TF32 stays off for
 everything else, the reference and the torch baselines included.
 
-A convolution can also run the three products as one convolution over channel-concatenated parts,
-[hi_a, lo_a, hi_a] against [hi_b, hi_b, lo_b] ("3xtf32-cat"; a grouped one concatenates within each
-group, so every group keeps its own channels): the same work, but
-one pass over the output instead of three, and one larger reduction that fills the tensor cores better;
-1.3-2.9x faster than the three summed for most of level 2's transposed convolutions. Its one longer
-reduction is a little less accurate, so it is preferred only where it is faster. A 1x1 convolution
+Every bilinear op can also run the three products as one call over parts concatenated along its
+reduction, [hi_a, lo_a, hi_a] against [hi_b, hi_b, lo_b] ("3xtf32-cat": a GEMM's K, a convolution's
+input channels, within each group for a grouped one, so every group keeps its own channels): the same
+work, but one pass over the output instead of three, one launch, and one longer reduction that fills
+the tensor cores better; 1.3-2.9x faster than the three summed for most of level 2's transposed
+convolutions. The longer reduction is a little less accurate, so it is preferred only where it is
+faster. A 1x1 convolution
 (stride 1, no padding, one group) runs this form as one cuBLAS GEMM over the concatenated channels
 instead of a cuDNN call (channels-last: a linear over the channels), timed against the other forms
 like any.
@@ -59,7 +60,7 @@ SPLIT_OPS = frozenset({"matmul", "bmm", "linear", "conv1d", "conv2d", "conv3d",
 _ROUND, _MASK = 0x1000, -0x2000   # round-to-nearest at TF32's 10th mantissa bit, then clear the 13 below
 _QUIET_NAN = 0x7FFFFFFF
 DESCRIPTIONS = {"fp32": "fp32, TF32 off", TF32X3: "split TF32: three tensor-core products summed",
-                TF32X3_CAT: "split TF32: one tensor-core convolution over channel-concatenated parts",
+                TF32X3_CAT: "split TF32: one tensor-core call over parts concatenated along the reduction",
                 TIMED_FP32: "fp32, TF32 off, with the cuDNN algorithm picked by timing"}
 
 
@@ -181,8 +182,8 @@ def _cat_rows(t, dst, dim: int, groups: int = 1) -> int | None:
 
 
 def weight_cat(w, w_dim: int, memory_format=None, groups: int = 1):
-    """[hi, hi, lo] of a convolution weight, concatenated along w_dim within each of `groups` blocks
-    (a transposed convolution's weight holds its groups along dim 0), made in place."""
+    """[hi, hi, lo] of a weight, concatenated along w_dim (its reduction dim) within each of `groups`
+    blocks (a transposed convolution's weight holds its groups along dim 0), made in place."""
     import torch
     shape = list(w.shape)
     shape[w_dim] *= 3
@@ -237,10 +238,12 @@ def _cached_split(t):
 
 
 def can_concatenate(program: Program, node_id: str) -> bool:
-    """Whether the channel-concatenated form applies: a convolution (grouped ones concatenate within
-    each group)."""
+    """Whether the concatenated form applies: any op split TF32 covers (a grouped convolution
+    concatenates within each group; a matmul of vectors has no K to concatenate along)."""
     node = program.nodes[node_id]
-    return node.opdef.category == "convolution" and can_split(program, node_id)
+    if not can_split(program, node_id):
+        return False
+    return node.op not in ("matmul", "bmm") or all(len(program.values[v].shape) >= 2 for v in node.inputs[:2])
 
 
 @contextlib.contextmanager
@@ -332,6 +335,33 @@ def run_timed_fp32(program: Program, node_id: str, env: dict) -> None:
 
 def run_split_tf32_cat(program: Program, node_id: str, env: dict, cache_weights: bool = True,
                        channels_last: bool = False) -> None:
+    """A bilinear node as one TF32 call over its operands' parts concatenated along the reduction
+    (_gemm_cat for matmuls and linears; channels_last is for convolutions only), else _conv_cat."""
+    if program.nodes[node_id].opdef.category != "convolution":
+        _gemm_cat(program, node_id, env, cache_weights)
+    else:
+        _conv_cat(program, node_id, env, cache_weights, channels_last)
+
+
+def _gemm_cat(program: Program, node_id: str, env: dict, cache_weights: bool) -> None:
+    """A linear, matmul or bmm as one TF32 GEMM over K three times as long: A's parts [hi, lo, hi]
+    along its last dim, B's [hi, hi, lo] along its K dim (a linear's weight: its last; a matmul's: its
+    second last), so the K blocks pair hi*hi, lo*hi and hi*lo. Batches broadcast as the op does."""
+    import torch
+    node = program.nodes[node_id]
+    a, b, bias = _operands(node, env)
+    k_dim = b.dim() - 1 if node.op == "linear" else b.dim() - 2
+    a_cat = torch.empty(*a.shape[:-1], 3 * a.shape[-1], dtype=a.dtype, device=a.device)
+    split_cat_into(a, a_cat, a.dim() - 1, lo_at=1)
+
+    def make(w):
+        return weight_cat(w, k_dim)
+    b_cat = _cached(b, "cat", make) if cache_weights and _is_parameter(program, node.inputs[1]) else make(b)
+    with tf32_tensor_cores():
+        env[node.outputs[0]] = node.opdef.reference([a_cat, b_cat, bias], node.attrs)
+
+
+def _conv_cat(program: Program, node_id: str, env: dict, cache_weights: bool, channels_last: bool) -> None:
     """A convolution as one TF32 convolution over [hi_a, lo_a, hi_a] and [hi_b, hi_b, lo_b], concatenated
     along the input channels (the weight's dim 1, or dim 0 when transposed), within each group when
     grouped (a group's three parts side by side, so the groups stay what the convolution pairs). The

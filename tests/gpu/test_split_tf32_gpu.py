@@ -70,9 +70,10 @@ def test_split_tf32_is_as_accurate_as_fp32_where_one_tf32_call_is_not(op, shapes
     fp32, split, one, cat = _errors(*_node(op, shapes, attrs))
     # inside the tolerance, though less accurate than fp32 (its error grows with the reduction length:
     # tensor cores truncate as they accumulate), which is why every use is verified
+    print(f"{op}: worst error in tolerance units: fp32 {fp32:.3g}, split {split:.3g}, concatenated {cat:.3g}, "
+          f"one TF32 call {one:.3g}")
     assert split < 0.6, (fp32, split, one)
-    if op.startswith("conv"):      # and as one convolution over the channel-concatenated parts
-        assert cat < 0.6, (fp32, split, one, cat)
+    assert cat < 0.6, (fp32, split, one, cat)     # and as one call over the concatenated parts
     if op in ("linear", "bmm"):    # cuBLAS always takes tensor cores under TF32 (cuDNN sometimes does not)
         assert one > 10 * split, (fp32, split, one)      # the split is what makes them usable
 
