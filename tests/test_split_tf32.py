@@ -160,6 +160,24 @@ def test_a_gemms_concatenated_form_is_one_gemm_over_three_times_k():
     assert calls == [[(9,), (24, 120), (120, 9)]]                 # bias, A [hi, lo, hi], B^T [hi, hi, lo]
 
 
+def test_a_transposed_operand_is_concatenated_in_its_own_memory_order():
+    """q @ k.transpose(-2, -1): k's parts go along its contiguous dim and come back transposed (the
+    split kernel's one launch needs rows it can write whole), the same sum as fp32."""
+    q, k = torch.randn(2, 7, 12), torch.randn(2, 9, 12)
+    kt = k.transpose(-2, -1)
+    cat = st._cat_along(kt, 1, lo_at=2)
+    assert cat.shape == (2, 36, 9) and cat.mT.is_contiguous()
+    hi, lo = st.split_tf32(kt)
+    assert torch.equal(cat, torch.cat([hi, hi, lo], 1))
+    p = Program("qk")
+    a, b = p.add_input("q", (2, 7, 12)), p.add_input("kt", (2, 12, 9))
+    n = p.add_node("matmul", [a.id, b.id])
+    p.mark_output(n.outputs[0])
+    env = {a.id: q, b.id: kt}
+    st.run_split_tf32_cat(p, n.id, env)
+    assert torch.allclose(env[n.outputs[0]], q @ kt, rtol=1e-5, atol=1e-5)
+
+
 def test_a_matmul_of_a_vector_has_no_concatenated_form():
     p, n = _program("matmul", [(5, 30), (30,)], {})
     assert st.can_split(p, n.id) and not st.can_concatenate(p, n.id)

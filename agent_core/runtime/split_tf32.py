@@ -347,18 +347,32 @@ def _gemm_cat(program: Program, node_id: str, env: dict, cache_weights: bool) ->
     """A linear, matmul or bmm as one TF32 GEMM over K three times as long: A's parts [hi, lo, hi]
     along its last dim, B's [hi, hi, lo] along its K dim (a linear's weight: its last; a matmul's: its
     second last), so the K blocks pair hi*hi, lo*hi and hi*lo. Batches broadcast as the op does."""
-    import torch
     node = program.nodes[node_id]
     a, b, bias = _operands(node, env)
     k_dim = b.dim() - 1 if node.op == "linear" else b.dim() - 2
-    a_cat = torch.empty(*a.shape[:-1], 3 * a.shape[-1], dtype=a.dtype, device=a.device)
-    split_cat_into(a, a_cat, a.dim() - 1, lo_at=1)
+    a_cat = _cat_along(a, a.dim() - 1, lo_at=1)
 
     def make(w):
-        return weight_cat(w, k_dim)
+        return _cat_along(w, k_dim, lo_at=2)
     b_cat = _cached(b, "cat", make) if cache_weights and _is_parameter(program, node.inputs[1]) else make(b)
     with tf32_tensor_cores():
         env[node.outputs[0]] = node.opdef.reference([a_cat, b_cat, bias], node.attrs)
+
+
+def _cat_along(t, dim: int, lo_at: int):
+    """t's parts concatenated along dim (see split_cat_into), in one launch on the GPU: a transposed
+    matrix (k.transpose(-2, -1), a weight's .t()) is concatenated in its own memory order and handed
+    back transposed, which cuBLAS reads as it is."""
+    import torch
+    d = t.dim()
+    if d >= 2 and not t.is_contiguous() and t.mT.is_contiguous():
+        swapped = {d - 1: d - 2, d - 2: d - 1}.get(dim % d, dim % d)
+        return _cat_along(t.mT, swapped, lo_at).mT
+    shape = list(t.shape)
+    shape[dim] *= 3
+    dst = torch.empty(shape, dtype=t.dtype, device=t.device)
+    split_cat_into(t, dst, dim, lo_at)
+    return dst
 
 
 def _conv_cat(program: Program, node_id: str, env: dict, cache_weights: bool, channels_last: bool) -> None:

@@ -218,6 +218,22 @@ def test_a_contiguous_input_splits_into_channels_last_parts_in_one_launch(shape,
     assert launched_kernels(lambda: st.split_cat_into(xc, dst, 1, 1, groups)) == {"kernels": 1}
 
 
+@pytest.mark.parametrize("shape,dim,lo_at", [((8, 64, 48), 2, 1), ((8, 48, 64), 1, 2)],
+                         ids=["q_rows", "k_transposed"])
+def test_a_gemm_operands_concatenated_parts_take_one_launch(shape, dim, lo_at):
+    """A's parts along its last dim, and a transposed B's (k.transpose(-2, -1)) along its contiguous
+    one, each one launch of the split kernel with the torch ops' bits."""
+    from agent_core.profile.launched import launched_kernels
+    x = torch.randn(shape) * 1e3
+    if dim == 1:                                       # a transposed view, as attention's k^T comes
+        x = x.transpose(1, 2).contiguous().transpose(1, 2)
+    want = st._cat_along(x, dim, lo_at)                # CPU tensors: the torch ops
+    xc = x.cuda() if dim == 2 else x.transpose(1, 2).cuda().transpose(1, 2)
+    got = st._cat_along(xc, dim, lo_at)
+    _same_bits((got,), (want,))
+    assert launched_kernels(lambda: st._cat_along(xc, dim, lo_at)) == {"kernels": 1}
+
+
 def test_a_contiguous_input_splits_into_channels_last_hi_and_lo_in_one_launch():
     from agent_core.profile.launched import launched_kernels
     x = torch.randn(2, 40, 14, 14) * 1e3
