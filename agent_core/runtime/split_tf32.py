@@ -127,8 +127,9 @@ def _kernel_ready() -> bool:
 
 
 def _dense(t) -> bool:
-    """Whether t's elements fill its memory span in a standard order (contiguous or channels-last)."""
-    return t.is_contiguous() or is_channels_last(t)
+    """Whether t's elements fill its memory span in a standard order (contiguous, channels-last, or a
+    contiguous matrix transposed: k.transpose(-2, -1)), so the kernel can split that span flat."""
+    return t.is_contiguous() or is_channels_last(t) or (t.dim() >= 2 and t.mT.is_contiguous())
 
 
 def split_tf32(t, channels_last: bool = False):

@@ -234,6 +234,15 @@ def test_a_gemm_operands_concatenated_parts_take_one_launch(shape, dim, lo_at):
     assert launched_kernels(lambda: st._cat_along(xc, dim, lo_at)) == {"kernels": 1}
 
 
+def test_a_transposed_matrix_splits_in_one_launch():
+    from agent_core.profile.launched import launched_kernels
+    x = torch.randn(4, 40, 24).transpose(1, 2) * 1e3
+    want = st.split_tf32(x)                              # CPU tensors: the torch ops
+    xc = x.transpose(1, 2).cuda().transpose(1, 2)
+    _same_bits(st.split_tf32(xc), want)
+    assert launched_kernels(lambda: st.split_tf32(xc)) == {"kernels": 1}
+
+
 def test_a_contiguous_input_splits_into_channels_last_hi_and_lo_in_one_launch():
     from agent_core.profile.launched import launched_kernels
     x = torch.randn(2, 40, 14, 14) * 1e3
