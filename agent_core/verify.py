@@ -1,8 +1,10 @@
 """Verify a region's generated code against the reference interpreter.
 
 The whole program runs through the reference (torch, CPU) on random draws; the region's external
-inputs from that run feed the candidate, and its outputs must match the reference's within
-KernelBench's fp32 tolerance (atol = rtol = 1e-4) on every draw.
+inputs from that run feed the candidate, and its outputs must match the reference's within the
+program's tolerance on every draw: KernelBench's fp32 one (atol = rtol = 1e-4) unless the program sets
+its own (program.metadata["tolerance"] = {"atol": ..., "rtol": ...}, `optimize --tolerance`), which
+also decides which lower-precision library forms a user allowed may be kept (runtime/low_precision.py).
 """
 from __future__ import annotations
 
@@ -21,6 +23,26 @@ COMPARE_CHUNK = 1 << 24
 
 class VerifyError(StitchError):
     """Generated code disagrees with the reference; the message gives the value, draw and error."""
+
+
+def tolerance(program: Program) -> tuple[float, float]:
+    """(atol, rtol) every result of this program is held to: its metadata's "tolerance", else 1e-4
+    each. A malformed entry (a project file is user input) raises ProgramError naming it."""
+    import math
+
+    from .errors import ProgramError
+    entry = program.metadata.get("tolerance")
+    if entry is None:
+        return ATOL, RTOL
+    if not isinstance(entry, dict) or set(entry) - {"atol", "rtol"}:
+        raise ProgramError(f"the program's tolerance must be {{\"atol\": number, \"rtol\": number}}, not {entry!r:.80}")
+    out = []
+    for key, default in (("atol", ATOL), ("rtol", RTOL)):
+        v = entry.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v < 1:
+            raise ProgramError(f"the program's tolerance {key} must be a number above 0 and below 1, not {v!r:.40}")
+        out.append(float(v))
+    return out[0], out[1]
 
 
 @dataclass
@@ -45,7 +67,11 @@ def region_samples(program: Program, inputs: list[str], outputs: list[str], seed
 
 
 def compare(program: Program, vid: str, got: torch.Tensor, want: torch.Tensor,
-            atol: float = ATOL, rtol: float = RTOL) -> tuple[bool, float, float, str]:
+            atol: float | None = None, rtol: float | None = None) -> tuple[bool, float, float, str]:
+    """(ok, max abs error, max excess over the tolerance, why not); the tolerance is the program's
+    unless given."""
+    if atol is None or rtol is None:
+        atol, rtol = tolerance(program)
     name = program.values[vid].name
     got = got.detach()
     want = want.to(got.device)   # compared where the candidate ran: copying GBs to the host costs seconds
@@ -80,12 +106,12 @@ def compare(program: Program, vid: str, got: torch.Tensor, want: torch.Tensor,
         else:
             reason = (f"'{name}' differs by {max_abs:.3g} (element {worst}: got "
                       f"{float(g_all[worst]):.6g}, want {float(w_all[worst]):.6g}; "
-                      f"tolerance atol=rtol={atol:g})")
+                      f"tolerance atol={atol:g}, rtol={rtol:g})")
     return ok, max_abs, max_ex, reason
 
 
 def check_draws(program: Program, outputs: list[str], sample, run, *, draws: int = 5, device: str = "cuda",
-                atol: float = ATOL, rtol: float = RTOL, who: str = "the candidate") -> VerifyResult:
+                atol: float | None = None, rtol: float | None = None, who: str = "the candidate") -> VerifyResult:
     """The one verification loop: for d in range(draws), sample(d) -> (input tensors, expected
     outputs), run(inputs on `device`) -> outputs, compared value by value. Never raises for a
     mismatch or a failing run: the result says why. Holds the GPU lock shared (see profile.timing)."""
@@ -122,7 +148,8 @@ def check_draws(program: Program, outputs: list[str], sample, run, *, draws: int
 
 def verify_region(program: Program, inputs: list[str], outputs: list[str],
                   run: Callable[[list[torch.Tensor]], list[torch.Tensor]], *, draws: int = 5,
-                  device: str = "cuda", atol: float = ATOL, rtol: float = RTOL, seed: int = 0) -> VerifyResult:
+                  device: str = "cuda", atol: float | None = None, rtol: float | None = None,
+                  seed: int = 0) -> VerifyResult:
     """Run `run` (the candidate: region input tensors on `device` -> output tensors) on `draws` random
     draws (seeds seed..) of the whole program's reference and compare."""
     return check_draws(program, outputs, lambda d: region_samples(program, inputs, outputs, seed + d), run,

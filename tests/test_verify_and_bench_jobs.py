@@ -24,6 +24,7 @@ EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "resources", "examples"
 
 class _Prog:
     values = {"v": type("V", (), {"name": "out"})()}
+    metadata: dict = {}       # the default tolerance
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from ..codegen import CodegenError, generate_kernel
 from ..compiler import DEFAULT_ARCH, CompileError, compile_kernel
 from ..errors import StitchError
 from ..ir import Program
-from ..runtime.split_tf32 import describe_library_call, library_precision, run_library_node
+from ..runtime.split_tf32 import TF32X3, TF32X3_CAT, describe_library_call, library_precision, run_library_node
 from .attention_form import describe_form, exact_form, form_of, library_note, note_kept_form
 from .region_kinds import without_kernel
 from .events import EventEmitter
@@ -489,7 +489,9 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
 
     device: None = the GPU when one is usable, "cpu" = plan, generate and compile only (sm_90).
     split_tf32: let matmuls and convolutions run as split TF32 (or a timed cuDNN algorithm) where that
-    is measured faster (agent.precision, runtime.split_tf32; kept only where it verifies at 1e-4).
+    is measured faster (agent.precision, runtime.split_tf32; kept only where it verifies within the
+    program's tolerance, verify.tolerance), and in the lower precisions the program allows
+    (runtime.low_precision).
     baseline_fn: (fn, inputs) to time as torch eager / torch.compile (default: the program op by op).
     writer: a writer.config.WriterConfig: after our outcome, a model proposes kernels for each eligible
     region (docs/WRITER.md); None = off, nothing changes. cancel() -> True stops the writer at once;
@@ -498,6 +500,9 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     workers (docs/CLUSTER.md); None = here, one after another."""
     from ..planner import apply_plan, plan_program
     from ..profile.hardware import no_gpu_reason
+    from ..runtime.low_precision import allowed
+    from ..verify import tolerance
+    tolerance(program), allowed(program)     # a malformed setting fails here, before any work
     emit = emit or EventEmitter()
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
@@ -761,8 +766,11 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         sum(prog.values[v].nbytes for v in set(prog.outputs))
     flops = sum(prog.node_flops(n) for n in prog.nodes)
     from ..program_runtime.memory_plan import memory_summary
-    split = sum(prog.node_flops(n) for n in library_precision(prog))
-    e2e = attribute(t.median_ms, nbytes, flops, bw, tflops=effective_tflops(flops, split))
+    from ..runtime.low_precision import FORMS as LOWER
+    forms = library_precision(prog)
+    split = sum(prog.node_flops(n) for n, f in forms.items() if f in (TF32X3, TF32X3_CAT))
+    single = sum(prog.node_flops(n) for n, f in forms.items() if f in LOWER)
+    e2e = attribute(t.median_ms, nbytes, flops, bw, tflops=effective_tflops(flops, split, single))
     e2e.update(correct=res.ok, verify=res.as_dict(), timing=t.to_dict(), **exe.summary(),
                memory=exe.memory.to_dict())
     profile["end_to_end"] = e2e

@@ -1,7 +1,9 @@
 """Per matmul / convolution node: how its library call runs (runtime.split_tf32): plain fp32, split TF32
 on tensor cores (three calls summed, or for a convolution one call over channel-concatenated parts),
 or (convolutions) fp32 with a cuDNN algorithm picked by timing. Every form is timed on the node's
-shapes and must agree with fp32 at 1e-4 on the timing draw. The more accurate form wins unless a less
+shapes and must agree with fp32 within the program's tolerance (verify.tolerance: 1e-4 unless the
+program sets its own) on the timing draw. Lower precisions (TF32, fp16, bf16: runtime/low_precision.py)
+are timed too where the program allows them. The more accurate form wins unless a less
 accurate one is clearly faster. The end-to-end verification against the fp32 reference has the last
 word.
 
@@ -25,13 +27,16 @@ from ..analysis.gpu import H200, GPUProfile
 from ..codegen import LIBRARY_CATEGORIES
 from ..ir import Program
 from ..reference import run_node
+from ..verify import tolerance
+from ..runtime.low_precision import BF16, FP16, TF32, allowed, run_low_precision
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, TIMED_FP32, can_channels_last, can_concatenate,
                                   can_split, library_layout, library_precision, run_in_layout, run_split_tf32,
                                   run_split_tf32_cat, run_timed_fp32, to_channels_last)
 
 MIN_GAIN = 1.05   # below this the choice would follow timing noise
 # the forms, most accurate first, and their event fields
-FIELDS = {"fp32": "fp32_ms", TIMED_FP32: "timed_fp32_ms", TF32X3: "tf32x3_ms", TF32X3_CAT: "tf32x3_cat_ms"}
+FIELDS = {"fp32": "fp32_ms", TIMED_FP32: "timed_fp32_ms", TF32X3: "tf32x3_ms", TF32X3_CAT: "tf32x3_cat_ms",
+          TF32: "tf32_ms", FP16: "fp16_ms", BF16: "bf16_ms"}
 CL = "+" + CHANNELS_LAST     # a form's channels-last variant: "fp32+channels_last", "3xtf32-cat+channels_last"
 # every variant, most accurate first; a form's channels-last variant right after it (the same products)
 ORDER = [k for m in FIELDS for k in (m, m + CL)]
@@ -84,6 +89,8 @@ def _forms(program: Program, nid: str) -> dict:
     forms[TF32X3] = run_split_tf32
     if can_concatenate(program, nid):
         forms[TF32X3_CAT] = run_split_tf32_cat
+    for form in allowed(program):      # only where the user allows them (runtime/low_precision.py)
+        forms[form] = lambda p, n, env, form=form: run_low_precision(p, n, env, form)
     return forms
 
 
@@ -239,6 +246,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         program.metadata.pop("library_precision_gain_ms", None)
         program.metadata.pop("library_workspace_bytes", None)
     kernels = _region_nodes(program)
+    atol, rtol = tolerance(program)
     timed = library_nodes(program) if nodes is None else list(nodes)
     for nid in timed:
         node = program.nodes[nid]
@@ -258,7 +266,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
                 run(program, nid, result)  # the first call: cuDNN's algorithm search, a weight's parts cached
                 if fp32 is None:
                     fp32 = result[out]
-                elif not torch.allclose(result[out], fp32, rtol=1e-4, atol=1e-4):
+                elif not torch.allclose(result[out], fp32, rtol=rtol, atol=atol):
                     disagree.append(mode)
                 del result
                 against = min((t for m, t in ms.items() if m not in disagree + heavy), default=None)
@@ -297,7 +305,8 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
                 why += (f"; channels-last {'kept' if layout else 'not kept'}: {ms[form + CL]:.3f} ms against "
                         f"{ms[form]:.3f} ms in the input's layout (conversions counted)")
         if disagree:
-            why += "; " + ", ".join(disagree) + " disagreed with fp32 beyond 1e-4 on a random draw"
+            why += (f"; {', '.join(disagree)} disagreed with fp32 beyond the tolerance (atol {atol:g}, "
+                    f"rtol {rtol:g}) on a random draw")
         if memory_bound(program, nid):
             why += (f"; memory-bound ({intensity(program, nid):.1f} FLOP/B, below fp32's ridge), "
                     f"so the split-TF32 forms were not tried")

@@ -15,6 +15,7 @@ import json
 from ..ir import Program
 from ..program_runtime.memory_plan import call_temp_bytes
 from ..runtime.split_tf32 import library_layout
+from ..verify import tolerance
 from .precision import (CL, SPLIT_VARIANTS, choose_library_precision, library_nodes, over_room, variants,
                         workspace_bytes)
 
@@ -48,7 +49,8 @@ def agrees(program: Program, nid: str, form: str, tensors_for) -> bool:
         run_node(program, nid, want)
         run(program, nid, got)
         out = node.outputs[0]
-        return bool(torch.allclose(got[out], want[out], rtol=1e-4, atol=1e-4))
+        atol, rtol = tolerance(program)
+        return bool(torch.allclose(got[out], want[out], rtol=rtol, atol=atol))
 
 
 def choose_shared_precision(program: Program, tensors_for, emit, trials: int,

@@ -362,7 +362,7 @@ def run_one(path: str, args, no_compile: bool) -> dict:
     try:
         with time_limit(args.timeout, not_counted=lambda: clock.seconds_in("gpu_wait")):
             with clock.running():
-                result = optimize_spec(path, None, emit, args, baselines=True)
+                result = optimize_spec(path, None, emit, args, baselines=True, kernelbench=True)
             if not result.gpu and args.compile_modes and not args.no_compile_baselines:
                 time_torch_on_cpu(path, result, args)
             memory = peak_memory_fields(path, result)

@@ -110,6 +110,12 @@ def add_arguments(parser) -> None:
                         help="afterwards, verify the generated kernels again under compute-sanitizer memcheck "
                              "(no tuning, no baselines; slow); exit 3 when it reports an error")
     add_common(parser)
+    g = parser.add_argument_group("precision (docs/OPTIMIZE.md#the-programs-tolerance)")
+    g.add_argument("--tolerance", type=float, metavar="T",
+                   help="atol = rtol = T for every verification instead of 1e-4 (kept in the program file)")
+    g.add_argument("--allow-precision", metavar="FORMS", default="",
+                   help="also let matmuls and convolutions run in these lower precisions where they verify "
+                        "within the tolerance: a comma list of tf32, fp16, bf16 (kept in the program file)")
     g = parser.add_argument_group("Ray cluster (docs/CLUSTER.md; pip install '.[cluster]')")
     g.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS|auto|local",
                    help="run each region's tuning trials as a Ray task (one GPU each; with --cpu, compile "
@@ -139,7 +145,44 @@ def output_for(args):
                          protect=input_paths(args.program), hint="--force" if hasattr(args, "force") else None)
 
 
-def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, final_dir=None, tuner=None):
+def set_precision(program, args, emit, kernelbench: bool = False) -> None:
+    """--tolerance and --allow-precision into the program's metadata, checked (ProgramError names a bad
+    value), also where the program file set them itself. kernelbench (bench): KernelBench's rules, fp32
+    at 1e-4, whatever the file says."""
+    from ..errors import ProgramError
+    from ..runtime.low_precision import allowed
+    from ..verify import tolerance
+    if kernelbench:
+        dropped = [k for k in ("tolerance", "allow_precision") if program.metadata.pop(k, None) is not None]
+        if dropped:
+            emit.log(f"{' and '.join(dropped)} of the program file not used: bench verifies at 1e-4 in fp32, "
+                     "as its baselines run", level="warning")
+        return
+    if getattr(args, "tolerance", None) is not None:
+        program.metadata["tolerance"] = {"atol": args.tolerance, "rtol": args.tolerance}
+    forms = [f.strip() for f in (getattr(args, "allow_precision", "") or "").split(",") if f.strip()]
+    if forms:
+        program.metadata["allow_precision"] = forms
+    tolerance(program)
+    if allowed(program) and getattr(args, "fp32_only", False):
+        raise ProgramError("--fp32-only keeps every matmul and convolution in fp32: it cannot also allow "
+                           + ", ".join(allowed(program)))
+
+
+def print_precision(program) -> None:
+    """One line when the program sets its own tolerance or allows lower precisions."""
+    from ..runtime.low_precision import allowed
+    from ..verify import tolerance
+    meta = program.metadata
+    if "tolerance" not in meta and not allowed(program):
+        return
+    atol, rtol = tolerance(program)
+    line = f"verified within atol {atol:g}, rtol {rtol:g} (the program's tolerance)"
+    print(line + (f"; lower precisions allowed: {', '.join(allowed(program))}" if allowed(program) else ""))
+
+
+def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, final_dir=None, tuner=None,
+                  kernelbench: bool = False):
     from ..agent import optimize
     from ..agent.phases import phase
     from ..profile.hardware import no_gpu_reason
@@ -148,6 +191,7 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, fin
     with phase("import"):
         program = open_program(spec)
         program.check()
+    set_precision(program, args, emit, kernelbench)
     gpu = not args.cpu and no_gpu_reason() is None
     base_fn = None
     if gpu and baselines:
@@ -192,6 +236,7 @@ def run(args) -> int:
         counts[o.status] = counts.get(o.status, 0) + 1
     print(f"{result.program.name}: {plural(len(result.outcomes), 'region')}: "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    print_precision(result.program)
     prof = result.profile
     if result.gpu:
         e2e = prof.get("end_to_end", {})

@@ -10,10 +10,13 @@ FP32_TFLOPS = 51.0         # the H200's measured fp32 cuBLAS peak (DESIGN.md)
 TF32_TFLOPS = 418.0        # its measured TF32 cuBLAS rate (1024x8192x8192 in 0.329 ms, tools/tf32x3_probe.py)
 
 
-def effective_tflops(flops: float, split_tf32_flops: float) -> float:
+def effective_tflops(flops: float, split_tf32_flops: float, one_product_flops: float = 0.0) -> float:
     """The compute rate a program's floor uses when split_tf32_flops of its flops run as split TF32
-    (three TF32 products each, runtime.split_tf32) and the rest in fp32."""
-    seconds = (flops - split_tf32_flops) / FP32_TFLOPS + 3 * split_tf32_flops / TF32_TFLOPS
+    (three TF32 products each, runtime.split_tf32), one_product_flops as one tensor-core product (TF32,
+    fp16 or bf16 where the program allows them, runtime.low_precision; all at TF32's measured rate, the
+    only one measured) and the rest in fp32."""
+    rest = flops - split_tf32_flops - one_product_flops
+    seconds = rest / FP32_TFLOPS + (3 * split_tf32_flops + one_product_flops) / TF32_TFLOPS
     return flops / seconds if seconds > 0 else FP32_TFLOPS
 
 

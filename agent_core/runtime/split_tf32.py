@@ -73,7 +73,8 @@ def library_layout(program: Program) -> dict[str, str]:
 
 
 def describe_library_call(program: Program, node_id: str) -> str:
-    text = DESCRIPTIONS[library_precision(program).get(node_id, "fp32")]
+    from .low_precision import DESCRIPTIONS as LOWER
+    text = {**DESCRIPTIONS, **LOWER}[library_precision(program).get(node_id, "fp32")]
     return text + (", channels-last" if library_layout(program).get(node_id) == CHANNELS_LAST else "")
 
 
@@ -495,8 +496,8 @@ def run_in_layout(program: Program, node_id: str, env: dict, run, layout: str | 
 
 def run_library_node(program: Program, node_id: str, env: dict, form: str | None = None,
                      cache_weights: bool = True) -> None:
-    """run_node, or the form the agent chose for this node (split TF32, or a timed cuDNN algorithm),
-    in the layout it chose. form overrides the agent's ("fp32": plain, in the input's own layout, as
+    """run_node, or the form the agent chose for this node (split TF32, a timed cuDNN algorithm, or a
+    lower precision the program allows: runtime/low_precision.py), in the layout it chose. form overrides the agent's ("fp32": plain, in the input's own layout, as
     eager runs it: the channels-last layout was chosen with the split form, and plain fp32 in it was
     never measured); cache_weights=False splits or converts a parameter every call instead of keeping
     its parts (program_runtime.memory_plan decides)."""
@@ -507,9 +508,13 @@ def run_library_node(program: Program, node_id: str, env: dict, form: str | None
         split_run(program, node_id, env, cache_weights, layout == CHANNELS_LAST)   # (.., channels_last)
         return
 
+    from .low_precision import FORMS as LOWER, run_low_precision
+
     def run(p, nid, e):
         if mode == TIMED_FP32:
             run_timed_fp32(p, nid, e)
+        elif mode in LOWER:
+            run_low_precision(p, nid, e, mode)
         else:
             run_node(p, nid, e)
     run_in_layout(program, node_id, env, run, layout, cache_weights)

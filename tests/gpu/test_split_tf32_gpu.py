@@ -91,11 +91,13 @@ def test_the_agent_chooses_split_tf32_for_a_large_gemm_and_the_program_verifies_
     res = optimize(p, emit=EventEmitter(buf), tune=False, baselines=False, draws=5, trials=10)
     events = list(read_events(buf.getvalue().splitlines()))
     prec = [e for e in events if e["event"] == "precision"]
-    assert len(prec) == 1 and prec[0]["chosen"] == "3xtf32", prec
-    assert prec[0]["tf32x3_ms"] < prec[0]["fp32_ms"]
+    assert len(prec) == 1 and prec[0]["chosen"] in ("3xtf32", "3xtf32-cat"), prec    # as three calls or one
+    assert min(prec[0]["tf32x3_ms"], prec[0]["tf32x3_cat_ms"]) < prec[0]["fp32_ms"]
+    print(f"1024x4096x4096 linear: fp32 {prec[0]['fp32_ms']:.3f} ms, split TF32 as three calls "
+          f"{prec[0]['tf32x3_ms']:.3f} ms, concatenated {prec[0]['tf32x3_cat_ms']:.3f} ms")
     e2e = res.profile["end_to_end"]
     assert e2e["correct"] and e2e["verify"]["draws"] == 5 and e2e["cuda_graph"], e2e
-    assert res.program.metadata["library_precision"] == {h.id: "3xtf32"}
+    assert res.program.metadata["library_precision"] == {h.id: prec[0]["chosen"]}
     # TF32 is off again for everything else (the reference and the baselines)
     assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
 
