@@ -82,6 +82,7 @@ class StudioAgent(QObject):
         self.log = DecisionLog()
         self.writer = WriterDock()
         self.writer_dialog = None         # Settings > Kernel Writer…, while open
+        self.precision_dialog = None      # Agent > Precision and Tolerance…, while open
         from . import writer_settings
         self._writer, notes = writer_settings.load(w.settings)   # the endpoint as last saved
         w.notices.extend(notes)   # shown in the decision log, with the other start-up repairs
@@ -152,6 +153,9 @@ class StudioAgent(QObject):
             "optimize": A("&Optimize", self.optimize, "F5", None,
                           "Generate, compile, verify and time CUDA for the regions in a worker process"),
             "cancel": A("&Cancel Optimize", self.cancel, "Shift+F5", None, "Stop the running worker"),
+            "precision": A("Precision and &Tolerance…", self.precision_settings, None, None,
+                           "The tolerance results are verified within, and the lower precisions (TF32, fp16, "
+                           "bf16) matmuls and convolutions may run in; saved with the program"),
             # Ctrl+Shift+M(odel): no other action has it, nor has Qt's standard keys
             "ask_model": A("Ask the &Model for the Selected Region", self.ask_model, "Ctrl+Shift+M", None,
                            "Let the kernel writer's model propose CUDA for the selected region; it is kept only "
@@ -165,7 +169,7 @@ class StudioAgent(QObject):
         }
         self._running(False)
         m = w.add_menu("agent", "&Agent")
-        for k in ("plan", "rewrite", "optimize", "cancel", None, "ask_model"):
+        for k in ("plan", "rewrite", "optimize", "cancel", None, "precision", "ask_model"):
             m.addSeparator() if k is None else m.addAction(self.act[k])
         w.add_menu("settings", "&Settings").addAction(self.act["writer_settings"])
         file_menu = w.menu("file")
@@ -215,6 +219,9 @@ class StudioAgent(QObject):
         new file holds: its regions, and its last profile or else its planned regions' estimates. A run
         still going on the old document is stopped (its results name the old program's nodes)."""
         w = self.window
+        if self.precision_dialog is not None:    # it edits the old document's program
+            self.precision_dialog.close()
+            self.precision_dialog = None
         if self.worker.running:
             self.stopped_run = True   # what it still prints, and its end, no longer concern the docks
             self.worker.cancel()
@@ -398,6 +405,23 @@ class StudioAgent(QObject):
         if not ws.enabled:
             return "No model endpoint is set: Settings > Kernel Writer… turns the kernel writer on."
         return f"{ws.model} at {ws.url}. {ws.notice()}"
+
+    def precision_settings(self) -> None:
+        """Agent > Precision and Tolerance…: the program's own (not modal; Save is one undo step)."""
+        from .precision_dialog import PrecisionDialog
+        if self.precision_dialog is not None and self.precision_dialog.isVisible():
+            self.precision_dialog.raise_()
+            self.precision_dialog.activateWindow()
+            return
+        w = self.window
+        try:
+            dlg = PrecisionDialog(w.document.program, w.document.stack, w)
+        except StitchError as exc:     # a project file's malformed setting: say so, keep the program
+            w.status(f"Precision and Tolerance: {exc}", error=True)
+            return
+        self.precision_dialog = dlg
+        dlg.saved.connect(w.status)
+        dlg.show()
 
     def writer_settings(self) -> None:
         """Settings > Kernel Writer…: the endpoint dialog (not modal: the studio stays usable)."""

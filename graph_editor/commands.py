@@ -6,6 +6,7 @@ when a step raises).
 """
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 
 from PySide6.QtGui import QUndoCommand, QUndoStack
@@ -289,3 +290,27 @@ class SetCollapsed(QUndoCommand):
 
 def _copy_groups(groups) -> list[dict]:
     return [{"name": g.get("name", "group"), "nodes": list(g.get("nodes", []))} for g in groups]
+
+
+class SetMetadata(QUndoCommand):
+    """Set program.metadata entries, None removing one (the program's tolerance and the precisions it
+    allows: app/precision_dialog.py). Nothing on the canvas shows them, so no event is needed."""
+
+    def __init__(self, program: Program, changes: dict, text: str):
+        super().__init__(text)
+        self.program = program
+        self.new = copy.deepcopy(changes)
+        self.old = {k: copy.deepcopy(program.metadata.get(k)) for k in changes}
+
+    def _set(self, values: dict) -> None:
+        for key, value in values.items():
+            if value is None:
+                self.program.metadata.pop(key, None)
+            else:
+                self.program.metadata[key] = copy.deepcopy(value)
+
+    def redo(self):
+        self._set(self.new)
+
+    def undo(self):
+        self._set(self.old)

@@ -169,18 +169,6 @@ def set_precision(program, args, emit, kernelbench: bool = False) -> None:
                            + ", ".join(allowed(program)))
 
 
-def print_precision(program) -> None:
-    """One line when the program sets its own tolerance or allows lower precisions."""
-    from ..runtime.low_precision import allowed
-    from ..verify import tolerance
-    meta = program.metadata
-    if "tolerance" not in meta and not allowed(program):
-        return
-    atol, rtol = tolerance(program)
-    line = f"verified within atol {atol:g}, rtol {rtol:g} (the program's tolerance)"
-    print(line + (f"; lower precisions allowed: {', '.join(allowed(program))}" if allowed(program) else ""))
-
-
 def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, final_dir=None, tuner=None,
                   kernelbench: bool = False):
     from ..agent import optimize
@@ -236,7 +224,6 @@ def run(args) -> int:
         counts[o.status] = counts.get(o.status, 0) + 1
     print(f"{result.program.name}: {plural(len(result.outcomes), 'region')}: "
           + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
-    print_precision(result.program)
     prof = result.profile
     if result.gpu:
         e2e = prof.get("end_to_end", {})

@@ -18,9 +18,9 @@ from ..ir import Program
 
 TF32, FP16, BF16 = "tf32", "fp16", "bf16"
 FORMS = (TF32, FP16, BF16)      # most accurate first
-DESCRIPTIONS = {TF32: "TF32 on the tensor cores (10-bit mantissa inputs, fp32 accumulation), allowed by the program",
-                FP16: "fp16 operands and result, fp32 accumulation, allowed by the program",
-                BF16: "bf16 operands and result, fp32 accumulation, allowed by the program"}
+DESCRIPTIONS = {TF32: "TF32: inputs rounded to 10 mantissa bits on the tensor cores, fp32 accumulation and result",
+                FP16: "fp16: operands and result in fp16 (10 mantissa bits, values up to 65504), fp32 accumulation",
+                BF16: "bf16: operands and result in bf16 (7 mantissa bits, fp32's range), fp32 accumulation"}
 
 
 def allowed(program: Program) -> list[str]:

@@ -74,7 +74,8 @@ def library_layout(program: Program) -> dict[str, str]:
 
 def describe_library_call(program: Program, node_id: str) -> str:
     from .low_precision import DESCRIPTIONS as LOWER
-    text = {**DESCRIPTIONS, **LOWER}[library_precision(program).get(node_id, "fp32")]
+    form = library_precision(program).get(node_id, "fp32")
+    text = DESCRIPTIONS[form] if form in DESCRIPTIONS else LOWER[form] + ", allowed by the program"
     return text + (", channels-last" if library_layout(program).get(node_id) == CHANNELS_LAST else "")
 
 
