@@ -115,3 +115,29 @@ def test_a_stack_of_gemms_compiles_for_sm90_and_a_partly_broadcast_batch_is_refu
     partly = batched_program((2, 1, 8, 16), (2, 3, 16, 8))
     with pytest.raises(CodegenError, match="hold every batch of the output or one matrix"):
         generate_kernel(partly, list(partly.nodes), name="bmm_p", params={"form": "gemm-3xtf32"})
+
+
+def test_one_tf32_product_is_a_form_only_where_the_program_allows_it():
+    """params tf32: a_hi b_hi alone (plain TF32): in the emulator within TF32's rounding of torch
+    (a few 1e-3 at K = 300) and not within 1e-4, so it really drops the lo products; among the tuner's
+    forms (alternatives) only once the program allows TF32, and refused on the wgmma loop."""
+    from agent_core.codegen import CodegenError
+    from agent_core.codegen.gemm_mma import alternatives
+    from agent_core.codegen.region_io import region_io
+    p = program(70, 50, 300)
+    ks = generate_kernel(p, list(p.nodes), name="gemm_tf32", params={"form": "gemm-3xtf32", "portable": True,
+                                                                     "tf32": True})
+    assert "mma_tf32(sacc" in ks.source and "TF32 mma.sync" in ks.schedule
+    torch.manual_seed(0)
+    got, want = emulated(p, ks, [torch.randn(70, 300)])
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    assert not torch.allclose(got, want, rtol=1e-4, atol=1e-4)
+    io = region_io(p, list(p.nodes))
+    assert not any(a.get("tf32") for a in alternatives(p, io))
+    p.metadata["allow_precision"] = ["tf32"]
+    assert [a for a in alternatives(p, io) if a.get("tf32")] == [{"form": "gemm-3xtf32", "block_n": 64, "tf32": True}]
+    c = compile_kernel(generate_kernel(p, list(p.nodes), name="gemm_tf32", params={"form": "gemm-3xtf32", "tf32": True}),
+                       arch="sm_90")
+    assert c.spill_stores == 0
+    with pytest.raises(CodegenError, match="mma.sync loop only"):
+        generate_kernel(p, list(p.nodes), name="g", params={"form": "gemm-3xtf32", "mma": "wgmma", "tf32": True})

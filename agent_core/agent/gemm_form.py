@@ -41,6 +41,8 @@ def words(ks) -> str:
         per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
         return (f"our direct convolution with the epilogue fused (fp32 FFMA, one thread per {per} "
                 f"and {p.get('channels_per_thread')} output channel(s))")
+    if p.get("tf32"):
+        return "our tile GEMM with the epilogue fused: TF32 on the tensor cores, as the program allows (mma.sync m16n8k8)"
     how = (f"wgmma m64n{p.get('block_n')}k8, A split in registers, B in swizzled shared memory"
            if p.get("mma") == gemm_wgmma.MMA else "mma.sync m16n8k8, split in registers")
     return f"our tile GEMM with the epilogue fused: split TF32 on the tensor cores ({how})"

@@ -9,6 +9,10 @@ memory (attention_mma.split_tf32: hi = bits + 0x1000, lo = x - hi), a_hi b_hi + 
 is accumulated in fp32 (only lo * lo, about 2^-22 of a product, is dropped), and nothing but the
 output is written.
 
+Where the program allows TF32 (runtime/low_precision.py), params "tf32": True is one more form the tuner
+times (alternatives): a_hi b_hi alone, plain TF32, a third of the tensor-core work, kept only where it
+verifies within the program's tolerance.
+
 Schedule (params, tuned by agent/tune.py through tune_variants):
 - a block owns a block_m x block_n tile of the output; warps_m x warps_n warps each own a
   (block_m / warps_m) x (block_n / warps_n) warp tile of m16n8 accumulator fragments (mma.sync
@@ -48,6 +52,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir import Program
+from ..runtime.low_precision import TF32, allowed
 from ..text import plural
 from .attention_mma import HELPERS, SHARED_LIMIT
 from . import gemm_conv, gemm_wgmma
@@ -305,7 +310,10 @@ def alternatives(program: Program, io: RegionIO) -> list[dict]:
     except CodegenError:
         return []
     first = default_params(spec)
-    return [{"form": FORM, "block_n": first["block_n"]}, tune_variants(first)[0]]
+    out = [{"form": FORM, "block_n": first["block_n"]}, tune_variants(first)[0]]
+    if TF32 in allowed(program):      # one TF32 product instead of three, where the program allows it
+        out.append({"form": FORM, "block_n": first["block_n"], TF32: True})
+    return out
 
 
 def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
@@ -360,6 +368,8 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
     if not 1 <= wm * wn <= 16:
         raise CodegenError(f"tile GEMM: {wm} x {wn} warps is more than a block's 16")
     if p.get("mma") == gemm_wgmma.MMA:
+        if p.get(TF32):
+            raise CodegenError("tile GEMM: one TF32 product runs on the mma.sync loop only")
         gemm_wgmma.check(bm, bn, bk, wm, wn)
     elif bm % (16 * wm) or bn % (8 * wn):
         raise CodegenError(f"tile GEMM: a {bm} x {bn} tile does not split into {wm} x {wn} warps of m16n8 fragments")
@@ -562,7 +572,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         *ops.a_copy, *ops.b_copy,
         "  };",
         *PIPELINE_START,
-        *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(ops.b_frag, slice_acc)),
+        *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(ops.b_frag, slice_acc, bool(p.get(TF32)))),
         *_store_loop(program, io, spec, arg),
         *row_tail,
     ]
@@ -708,21 +718,25 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                  else "") +
                 (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8 (A split in registers, B's hi / lo in swizzled shared "
                  f"memory): {bm} x {bn} block tiles of {plural(bm // 64, 'warpgroup')} (64 x {bn} each), " if wg else
-                 f"tile GEMM, 3xTF32 mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
+                 f"tile GEMM, {'TF32' if p.get(TF32) else '3xTF32'} mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
                  f"({bm // wm} x {bn // wn} each), ") + f"{bk}-wide k slices in a {stages}-stage cp.async pipeline, "
                 f"B {b_words}, "
                 + (f"its two halves' columns side by side in each thread (a gated unit of {spec.N // 2}), "
                    if spec.halves else "")
                 + f"{len(spec.epilogue)} epilogue op(s) fused"
                 + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if spec.rows else ""))
-    head = header(program, f"Region {name}: {title} with its epilogue, split-TF32 tensor cores", io.nodes, [
+    precision = ("TF32, as the program allows: x rounded to TF32 in registers, a_hi b_hi accumulated in fp32 "
+                 "(about 1e-3 relative; not fp32-accurate)." if p.get(TF32) else
+                 "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + "
+                 "a_lo b_hi accumulated in fp32.")
+    head = header(program, f"Region {name}: {title} with its epilogue, "
+                           f"{'TF32' if p.get(TF32) else 'split-TF32'} tensor cores", io.nodes, [
         f"{a_words}, B {b_words}{', bias [N]' if spec.bias else ''}; "
         f"outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
         f"Schedule: {schedule}.",
         f"{shared} bytes of shared memory; {'16' if ops.a_vec else '4'}-byte copies of A, "
         f"{'16' if ops.b_vec else '4'}-byte copies of B.",
-        "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + a_lo b_hi "
-        "accumulated in fp32."])
+        precision])
     return head, schedule
 
 
@@ -737,9 +751,13 @@ PIPELINE_START = [
 ]
 
 
-def _mma_sync_loop(b_frag: list[str], slice_acc: bool) -> list[str]:
+def _mma_sync_loop(b_frag: list[str], slice_acc: bool, single: bool = False) -> list[str]:
     """C lines after the pipeline's first copies (PIPELINE_START) to the accumulators' final values:
-    mma.sync m16n8k8."""
+    mma.sync m16n8k8, three TF32 products per fragment pair, or one (a_hi b_hi: plain TF32) where single
+    (the lo parts are then never used, and the compiler drops their splits)."""
+    acc = "sacc" if slice_acc else "acc"
+    product = (f"mma_tf32({acc}[mt][nt], ah[mt], bh[nt])" if single
+               else f"mma_3xtf32({acc}[mt][nt], ah[mt], al[mt], bh[nt], bl[nt])")
     return [
         "  float acc[kMT][kNT][4];",
         "  #pragma unroll",
@@ -770,7 +788,7 @@ def _mma_sync_loop(b_frag: list[str], slice_acc: bool) -> list[str]:
         "      #pragma unroll",
         "      for (int mt = 0; mt < kMT; ++mt)",
         "        #pragma unroll",
-        f"        for (int nt = 0; nt < kNT; ++nt) mma_3xtf32({'sacc' if slice_acc else 'acc'}[mt][nt], ah[mt], al[mt], bh[nt], bl[nt]);",
+        f"        for (int nt = 0; nt < kNT; ++nt) {product};",
         "    }",
         *_slice_tail(slice_acc),
         "  }",
