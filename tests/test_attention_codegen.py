@@ -169,3 +169,19 @@ def test_cli_optimize_cpu_generates_and_compiles_it(tmp_path: Path):
     assert "fused attention, 3xTF32 mma.sync" in r.stdout and "compiled for sm_90" in r.stdout, r.stdout
     events = [json.loads(line) for line in (tmp_path / "out" / "events.jsonl").read_text().splitlines()]
     assert any(e.get("type", e.get("event")) == "codegen" and e.get("kind") == "attention" for e in events)
+
+
+def test_one_tf32_product_is_an_attention_form_only_where_the_program_allows_it():
+    """params tf32: QK^T and PV as a_hi b_hi alone: within TF32's rounding of torch in the emulator and
+    not within 1e-5 (the lo products really dropped); offered to the tuner only once TF32 is allowed."""
+    case = Case(1, 2, 37, 45, 32, mask="causal")
+    got, ref = _emulate(case, {"form": "3xtf32", "portable": True, "tf32": True})
+    assert torch.allclose(got, ref, rtol=1e-2, atol=1e-2)
+    assert not torch.allclose(got, ref, rtol=1e-5, atol=1e-5)
+    prog, nodes = attention_program(case)
+    ks = generate_kernel(prog, nodes, name="att", params={"form": "3xtf32", "tf32": True})
+    assert "mma_tf32(sacc[n], ah, bh);" in ks.source and "TF32 mma.sync" in ks.schedule
+    assert "mma_3xtf32(" not in ks.source.split("__global__")[1]
+    assert generate_kernel(prog, nodes, name="att").alternatives == []
+    prog.metadata["allow_precision"] = ["tf32"]
+    assert generate_kernel(prog, nodes, name="att").alternatives == [{"form": "3xtf32", "tf32": True}]

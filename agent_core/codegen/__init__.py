@@ -90,7 +90,11 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     io = region_io(program, node_ids)
     if kind == "attention" or any(OP_KINDS.get(program.nodes[n].op) == "attention" for n in io.nodes):
         from .attention import generate_attention   # our fused kernel, not a library call
-        return generate_attention(program, io, name, params)
+        from ..runtime.low_precision import TF32, allowed
+        ks = generate_attention(program, io, name, params)
+        if TF32 in allowed(program):    # one TF32 product instead of three, timed where the program allows it
+            ks.alternatives = [{"form": "3xtf32", TF32: True}]
+        return ks
     from .conv import DIRECT, direct_alternative, generate_conv
     from .gemm_mma import generate_gemm, lone_conv
     if (params or {}).get("form") == DIRECT:       # a form the tuner times against cuDNN (conv.py)

@@ -130,7 +130,13 @@ def _q_fragments() -> list[str]:
             "  }"]
 
 
-def _scores(q_regs: bool, unroll: int) -> list[str]:
+def _product(acc: str, single: bool) -> str:
+    """One fragment pair's products: three (split TF32), or a_hi b_hi alone (plain TF32, where the
+    program allows it: the lo splits are then unused and the compiler drops them)."""
+    return f"mma_tf32({acc}, ah, bh);" if single else f"mma_3xtf32({acc}, ah, al, bh, bl);"
+
+
+def _scores(q_regs: bool, unroll: int, single: bool = False) -> list[str]:
     """C lines: sacc = Q K^T for this warp's 16 rows and the tile's keys, K split as its fragments load;
     Q's fragments from registers (q_regs, split once) or from shared memory (split per tile)."""
     if q_regs:
@@ -152,7 +158,7 @@ def _scores(q_regs: bool, unroll: int) -> list[str]:
                    f"          const float* kb = Kt + (n * 8 + g) * kKS + {col};",
                    "          unsigned bh[2], bl[2];",
                    "          split_tf32(kb[0], bh[0], bl[0]); split_tf32(kb[4], bh[1], bl[1]);",
-                   "          mma_3xtf32(sacc[n], ah, al, bh, bl);",
+                   f"          {_product('sacc[n]', single)}",
                    "        }",
                    "      }"]
 
@@ -232,6 +238,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
     if bc % 8 or not 8 <= bc <= 128 or not 1 <= warps <= 16:
         raise CodegenError(f"attention 3xtf32: key tile {bc} (a multiple of 8 up to 128) with {warps} warps")
     q_regs = bool(p.get("q_regs"))
+    single = bool(p.get("tf32"))      # one TF32 product, where the program allows it
     tile_acc = p.get("tile_acc") is not False
     unroll = int(p.get("unroll") or 0)
     if q_regs and _pad8(spec.E) > Q_REGS_LIMIT:
@@ -300,7 +307,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "      float sacc[kNT][4];",
         "      #pragma unroll",
         "      for (int n = 0; n < kNT; ++n) { sacc[n][0] = sacc[n][1] = sacc[n][2] = sacc[n][3] = 0.0f; }",
-        *_scores(q_regs, unroll),
+        *_scores(q_regs, unroll, single),
         *([] if pointwise else ["      float mx[2] = {-INFINITY, -INFINITY};"]),
         "      #pragma unroll",
         "      for (int n = 0; n < kNT; ++n) {",
@@ -327,7 +334,7 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "          const float* vb = Vt + (kk + t4) * kVS + n * 8 + g;",
         "          unsigned bh[2], bl[2];",
         "          split_tf32(vb[0], bh[0], bl[0]); split_tf32(vb[4 * kVS], bh[1], bl[1]);",
-        f"          mma_3xtf32({'pacc' if tile_acc else 'oacc'}[n], ah, al, bh, bl);",
+        f"          {_product(('pacc' if tile_acc else 'oacc') + '[n]', single)}",
         "        }",
         "      }",
         *_pv_tail(tile_acc),
@@ -356,15 +363,17 @@ def render_mma(program: Program, io: RegionIO, name: str, spec, p: dict):
         "    }",
         "  }",
     ]
-    notes = notes_for(spec, br, bc, block, "3xtf32 (mma.sync m16n8k8, hi + lo TF32 parts)") + [
+    words = "TF32" if single else "3xTF32"
+    notes = notes_for(spec, br, bc, block, "TF32 as the program allows (mma.sync m16n8k8, hi parts only; about "
+                      "1e-3 relative)" if single else "3xtf32 (mma.sync m16n8k8, hi + lo TF32 parts)") + [
         f"{stages} shared-memory stage(s) of K and V (cp.async), {shared} bytes of shared memory;",
         "P V accumulated per key tile, then added to the running output by FFMA (round to nearest)."
         if tile_acc else "P V accumulated into the running output by the tensor cores."]
-    src = kernel_source_text(program, io, spec, "Fused attention (FlashAttention-2 schedule), 3xTF32 tensor-core form",
+    src = kernel_source_text(program, io, spec, f"Fused attention (FlashAttention-2 schedule), {words} tensor-core form",
                              notes, consts, (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines(),
                              kernel_name(name), cparams, body, block,
                              min_blocks=p.get("min_blocks"))
-    sched = (f"fused attention, 3xTF32 mma.sync: {br} query rows ({warps} warps x 16) x {bc}-key tiles, "
+    sched = (f"fused attention, {words} mma.sync: {br} query rows ({warps} warps x 16) x {bc}-key tiles, "
              f"{stages}-stage cp.async K/V, {score_words(spec.score)}, "
              f"{'causal, ' if spec.causal else ''}{mask_words(spec)}")
     vec = all(_vector_ok(o, d) for o, d in ((spec.q, spec.E), (spec.k, spec.E), (spec.v, spec.Ev)))

@@ -82,3 +82,20 @@ def test_the_tile_gemms_one_product_form_verifies_within_a_loose_tolerance_and_i
         ms[key] = time_gpu(lambda: r(ins)).median_ms
     print(f"tile GEMM 2048^3 + relu: 3xTF32 {ms['3xtf32']:.3f} ms, one TF32 product {ms['tf32']:.3f} ms")
     assert ms["tf32"] < ms["3xtf32"]
+
+
+@pytest.mark.parametrize("label", ["causal_d64", "padding_d128"])
+def test_the_attention_kernels_one_product_form_is_within_tf32s_rounding(label):
+    from agent_core.codegen import generate_kernel
+    from agent_core.codegen.attention_cases import Case, attention_program, reference, reference_inputs
+    from agent_core.runtime.launch import load_kernel
+    case = {"causal_d64": Case(2, 4, 1024, 1024, 64, mask="causal"),
+            "padding_d128": Case(1, 2, 1000, 333, 128, mask="padding")}[label]
+    prog, nodes = attention_program(case)
+    ks = generate_kernel(prog, nodes, name="att_tf32", params={"form": "3xtf32", "tf32": True})
+    ins = reference_inputs(case, prog, ks.inputs, device="cuda")
+    got = load_kernel(ks, prog)(ins)[0].cpu().double()
+    named = {prog.values[v].name: t.cpu() for v, t in zip(ks.inputs, ins)}
+    err = float((got - reference(case, named, dtype=torch.float64)).abs().max())
+    print(f"attention {label}, one TF32 product: max abs err {err:.3g}")
+    assert 1e-6 < err < 1e-2
