@@ -27,11 +27,11 @@ from ..analysis.gpu import H200, GPUProfile
 from ..codegen import LIBRARY_CATEGORIES
 from ..ir import Program
 from ..reference import run_node
-from ..verify import tolerance
 from ..runtime.low_precision import BF16, FP16, TF32, allowed, run_low_precision
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, TIMED_FP32, can_channels_last, can_concatenate,
                                   can_split, library_layout, library_precision, run_in_layout, run_split_tf32,
                                   run_split_tf32_cat, run_timed_fp32, to_channels_last)
+from ..verify import tolerance
 
 MIN_GAIN = 1.05   # below this the choice would follow timing noise
 # the forms, most accurate first, and their event fields

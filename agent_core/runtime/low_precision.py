@@ -11,8 +11,6 @@ draw and the whole program verifies within it on every draw, like any form.
 """
 from __future__ import annotations
 
-import contextlib
-
 from ..errors import ProgramError
 from ..ir import Program
 
@@ -37,18 +35,15 @@ def _dtype(form: str):
     return torch.float16 if form == FP16 else torch.bfloat16
 
 
-@contextlib.contextmanager
 def _fp32_accumulation():
     """cuBLAS accumulates half-precision products in fp32 inside the calls (torch lets it reduce in
     half precision by default)."""
     import torch
+
+    from .split_tf32 import _settings
     m = torch.backends.cuda.matmul
-    saved = (m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction)
-    try:
-        m.allow_fp16_reduced_precision_reduction = m.allow_bf16_reduced_precision_reduction = False
-        yield
-    finally:
-        m.allow_fp16_reduced_precision_reduction, m.allow_bf16_reduced_precision_reduction = saved
+    return _settings((m, "allow_fp16_reduced_precision_reduction", False),
+                     (m, "allow_bf16_reduced_precision_reduction", False))
 
 
 def run_low_precision(program: Program, node_id: str, env: dict, form: str) -> None:
