@@ -141,6 +141,8 @@ def settle(win, qtbot) -> None:
         win.agent.rewrite_dialog = None
     if win.agent.writer_dialog is not None:
         win.agent.writer_dialog.close()
+    if win.agent.precision_dialog is not None:
+        win.agent.precision_dialog.close()
 
 
 # what each action must visibly do ------------------------------------------------------------------
@@ -265,6 +267,7 @@ def collapsed(b, win) -> bool:
 # label -> what it must do once triggered (when enabled)
 EFFECTS = {
     "Kernel Writer": lambda b, w: w.agent.writer_dialog is not None and w.agent.writer_dialog.isVisible(),
+    "Precision and Tolerance": lambda b, w: w.agent.precision_dialog is not None and w.agent.precision_dialog.isVisible(),
     "New": lambda b, w: replaced(b, w) and not w.document.program.nodes,
     "Open": opened_file,
     "Open results": lambda b, w: replaced(b, w) and "H200" in w.agent.profiles.note.text(),

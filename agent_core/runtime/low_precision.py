@@ -40,16 +40,16 @@ def _fp32_accumulation():
     half precision by default)."""
     import torch
 
-    from .split_tf32 import _settings
+    from .library_settings import settings
     m = torch.backends.cuda.matmul
-    return _settings((m, "allow_fp16_reduced_precision_reduction", False),
+    return settings((m, "allow_fp16_reduced_precision_reduction", False),
                      (m, "allow_bf16_reduced_precision_reduction", False))
 
 
 def run_low_precision(program: Program, node_id: str, env: dict, form: str) -> None:
     """run_node for a matmul / linear / convolution node in `form` (one of FORMS)."""
     from ..reference import run_node
-    from .split_tf32 import tf32_tensor_cores
+    from .library_settings import tf32_tensor_cores
     node = program.nodes[node_id]
     if form == TF32:
         with tf32_tensor_cores():

@@ -43,12 +43,12 @@ per node with those conversions counted (agent.precision).
 """
 from __future__ import annotations
 
-import contextlib
 import weakref
 
 from ..ir import Program, Role
 from ..reference import run_node
 from . import split_kernel
+from .library_settings import cudnn_timed, tf32_tensor_cores
 
 TF32X3 = "3xtf32"
 TF32X3_CAT = "3xtf32-cat"
@@ -247,35 +247,6 @@ def can_concatenate(program: Program, node_id: str) -> bool:
     if not can_split(program, node_id):
         return False
     return node.op not in ("matmul", "bmm") or all(len(program.values[v].shape) >= 2 for v in node.inputs[:2])
-
-
-@contextlib.contextmanager
-def _settings(*changes):
-    """(object, attribute, value) settings for the calls inside, then everything as it was, also when a
-    call raises."""
-    saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in changes]
-    try:
-        for obj, attr, value in changes:
-            setattr(obj, attr, value)
-        yield
-    finally:
-        for obj, attr, value in saved:
-            setattr(obj, attr, value)
-
-
-def tf32_tensor_cores():
-    """TF32 on for the calls inside, with cuDNN picking their algorithms by timing them (TF32 is part
-    of its algorithm cache key, so the fp32 calls elsewhere keep theirs)."""
-    import torch
-    b = torch.backends
-    return _settings((b.cuda.matmul, "allow_tf32", True), (b.cudnn, "allow_tf32", True), (b.cudnn, "benchmark", True))
-
-
-def cudnn_timed():
-    """fp32 convolutions whose algorithm cuDNN picks by timing, cached apart from the heuristic picks
-    (deterministic is part of the cache key; see the module docstring)."""
-    import torch
-    return _settings((torch.backends.cudnn, "benchmark", True), (torch.backends.cudnn, "deterministic", True))
 
 
 def _operands(node, env: dict):
