@@ -144,7 +144,7 @@ def test_optimize_keeps_the_tolerance_and_allowed_forms_in_the_program_file(tmp_
     save_program(p, str(src))
     out = tmp_path / "out"
     r = _cli("optimize", str(src), "-o", str(out), "--cpu", "--no-baselines", "--tolerance", "1e-3",
-             "--allow-precision", "bf16,tf32")
+             "--allow-precision", "bf16, TF32")
     assert r.returncode == 0, r.stdout + r.stderr
     assert "verified within atol 0.001, rtol 0.001 (the program's tolerance); lower precisions allowed: tf32, bf16" \
         in r.stdout

@@ -160,7 +160,7 @@ def set_precision(program, args, emit, kernelbench: bool = False) -> None:
         return
     if getattr(args, "tolerance", None) is not None:
         program.metadata["tolerance"] = {"atol": args.tolerance, "rtol": args.tolerance}
-    forms = [f.strip() for f in (getattr(args, "allow_precision", "") or "").split(",") if f.strip()]
+    forms = [f.strip().lower() for f in (getattr(args, "allow_precision", "") or "").split(",") if f.strip()]
     if forms:
         program.metadata["allow_precision"] = forms
     tolerance(program)
