@@ -28,21 +28,23 @@ class VerifyError(StitchError):
 def tolerance(program: Program) -> tuple[float, float]:
     """(atol, rtol) every result of this program is held to: its metadata's "tolerance", else 1e-4
     each. A malformed entry (a project file is user input) raises ProgramError naming it."""
-    import math
-
     from .errors import ProgramError
     entry = program.metadata.get("tolerance")
     if entry is None:
         return ATOL, RTOL
     if not isinstance(entry, dict) or set(entry) - {"atol", "rtol"}:
         raise ProgramError(f"the program's tolerance must be {{\"atol\": number, \"rtol\": number}}, not {entry!r:.80}")
-    out = []
-    for key, default in (("atol", ATOL), ("rtol", RTOL)):
-        v = entry.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v < 1:
-            raise ProgramError(f"the program's tolerance {key} must be a number above 0 and below 1, not {v!r:.40}")
-        out.append(float(v))
-    return out[0], out[1]
+    return tolerance_value("atol", entry.get("atol", ATOL)), tolerance_value("rtol", entry.get("rtol", RTOL))
+
+
+def tolerance_value(key: str, v) -> float:
+    """v as the tolerance's atol or rtol: a number above 0 and below 1, else ProgramError naming it."""
+    import math
+
+    from .errors import ProgramError
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v < 1:
+        raise ProgramError(f"the program's tolerance {key} must be a number above 0 and below 1, not {v!r:.40}")
+    return float(v)
 
 
 @dataclass

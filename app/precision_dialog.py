@@ -6,28 +6,26 @@ the worker's Optimize reads them; Save applies them as one undo step. Not modal:
 """
 from __future__ import annotations
 
-import math
-
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QCheckBox, QDialog, QDialogButtonBox, QFormLayout, QLabel, QLineEdit, QVBoxLayout
 
+from agent_core.errors import StitchError
 from agent_core.ir import Program
 from agent_core.runtime.low_precision import DESCRIPTIONS, FORMS, allowed
-from agent_core.verify import ATOL, RTOL, tolerance
+from agent_core.verify import ATOL, RTOL, tolerance, tolerance_value
 from graph_editor.commands import SetMetadata
 
 LABELS = {"tf32": "TF32", "fp16": "fp16", "bf16": "bf16"}
 
 
 def parse_tolerance(text: str, what: str) -> tuple[float | None, str]:
-    """(value, "") for a number above 0 and below 1, else (None, why not)."""
+    """(value, "") for what the program file takes (verify.tolerance_value), else (None, why not)."""
     try:
-        v = float(text.strip())
+        return tolerance_value(what, float(text.strip())), ""
     except ValueError:
         return None, f"{what} must be a number, like 1e-3"
-    if not math.isfinite(v) or not 0 < v < 1:
-        return None, f"{what} must be above 0 and below 1"
-    return v, ""
+    except StitchError as exc:
+        return None, str(exc)
 
 
 class PrecisionDialog(QDialog):

@@ -165,7 +165,7 @@ def test_a_transposed_operand_is_concatenated_in_its_own_memory_order():
     split kernel's one launch needs rows it can write whole), the same sum as fp32."""
     q, k = torch.randn(2, 7, 12), torch.randn(2, 9, 12)
     kt = k.transpose(-2, -1)
-    cat = st._cat_along(kt, 1, lo_at=2)
+    cat = st.cat_parts(kt, 1, lo_at=2)
     assert cat.shape == (2, 36, 9) and cat.mT.is_contiguous()
     hi, lo = st.split_tf32(kt)
     assert torch.equal(cat, torch.cat([hi, hi, lo], 1))

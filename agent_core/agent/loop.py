@@ -502,12 +502,12 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     from ..profile.hardware import no_gpu_reason
     from ..runtime.low_precision import allowed
     from ..verify import tolerance
-    atol, rtol = tolerance(program)        # a malformed setting fails here, before any work
+    (atol, rtol), lower = tolerance(program), allowed(program)    # a malformed setting fails here, before any work
     emit = emit or EventEmitter()
-    if "tolerance" in program.metadata or allowed(program):
+    if "tolerance" in program.metadata or lower:
         emit.log(f"verified within atol {atol:g}, rtol {rtol:g} (the program's tolerance)"
-                 + (f"; lower precisions allowed: {', '.join(allowed(program))}" if allowed(program) else ""),
-                 tolerance={"atol": atol, "rtol": rtol}, allow_precision=allowed(program))
+                 + (f"; lower precisions allowed: {', '.join(lower)}" if lower else ""),
+                 tolerance={"atol": atol, "rtol": rtol}, allow_precision=lower)
     if out_dir:
         os.makedirs(out_dir, exist_ok=True)
     why_not = "device='cpu' was asked for" if device == "cpu" else no_gpu_reason()

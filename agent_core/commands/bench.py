@@ -146,6 +146,8 @@ def record_from_result(path: str, result, seconds: float) -> dict:
         rec["fallbacks"] = falls          # why each region runs unfused (diagnosis without the event log)
     if result.gpu and not e2e.get("correct"):
         rec["verify_reason"] = (e2e.get("verify") or {}).get("reason")
+    if prof.get("set_aside"):       # the file's tolerance / allowed precisions: KernelBench's rules hold
+        rec["set_aside"] = prof["set_aside"]
     if prof.get("library_precision_fallback"):
         rec["library_precision_fallback"] = prof["library_precision_fallback"]
     memory = e2e.get("memory") or {}
@@ -465,7 +467,8 @@ class _Run:
                 if not rec.get("ok") else (
                 f"correct={rec.get('correct')} ours {_f(rec.get('ours_ms'))} ms, eager {_f(rec.get('eager_ms'))} ms, "
                 f"compile {_f(rec.get('compile_best_ms'))} ms, best {rec.get('best_baseline') or '-'}, "
-                f"kernels ours/Inductor {kernels_cell(rec)}")
+                f"kernels ours/Inductor {kernels_cell(rec)}"
+                + (f"; the file's {' and '.join(rec['set_aside'])} set aside (fp32 at 1e-4)" if rec.get("set_aside") else ""))
             where = f" on {rec['host']}" + (f" ({rec['gpu_name']})" if rec.get("gpu_name") else "") \
                 if rec.get("host") else ""
             wait = f", {rec['gpu_wait_seconds']:.1f} s waiting for the GPU" if rec.get("gpu_wait_seconds") else ""

@@ -145,28 +145,27 @@ def output_for(args):
                          protect=input_paths(args.program), hint="--force" if hasattr(args, "force") else None)
 
 
-def set_precision(program, args, emit, kernelbench: bool = False) -> None:
-    """--tolerance and --allow-precision into the program's metadata, checked (ProgramError names a bad
-    value), also where the program file set them itself. kernelbench (bench): KernelBench's rules, fp32
-    at 1e-4, whatever the file says."""
+def set_precision(program, args, emit, kernelbench: bool = False) -> list[str]:
+    """--tolerance and --allow-precision into the program's metadata (optimize() checks them, also where
+    the program file set them itself). kernelbench (bench): KernelBench's rules, fp32 at 1e-4, whatever
+    the file says; returns the settings it set aside (bench records them)."""
     from ..errors import ProgramError
     from ..runtime.low_precision import allowed
-    from ..verify import tolerance
     if kernelbench:
         dropped = [k for k in ("tolerance", "allow_precision") if program.metadata.pop(k, None) is not None]
         if dropped:
             emit.log(f"{' and '.join(dropped)} of the program file not used: bench verifies at 1e-4 in fp32, "
                      "as its baselines run", level="warning")
-        return
+        return dropped
     if getattr(args, "tolerance", None) is not None:
         program.metadata["tolerance"] = {"atol": args.tolerance, "rtol": args.tolerance}
     forms = [f.strip().lower() for f in (getattr(args, "allow_precision", "") or "").split(",") if f.strip()]
     if forms:
         program.metadata["allow_precision"] = forms
-    tolerance(program)
     if allowed(program) and getattr(args, "fp32_only", False):
         raise ProgramError("--fp32-only keeps every matmul and convolution in fp32: it cannot also allow "
                            + ", ".join(allowed(program)))
+    return []
 
 
 def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, final_dir=None, tuner=None,
@@ -179,7 +178,7 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, fin
     with phase("import"):
         program = open_program(spec)
         program.check()
-    set_precision(program, args, emit, kernelbench)
+    set_aside = set_precision(program, args, emit, kernelbench)
     gpu = not args.cpu and no_gpu_reason() is None
     base_fn = None
     if gpu and baselines:
@@ -191,12 +190,15 @@ def optimize_spec(spec: str, out_dir, emit, args, *, baselines: bool = True, fin
                      "timing the program op by op instead", level="warning")
     from ..profile.baselines import MODES
     modes = () if args.no_compile_baselines else (getattr(args, "compile_modes", None) or MODES)   # bench --compile-modes
-    return optimize(program, out_dir=out_dir, device=None if gpu else "cpu", emit=emit, tune=not args.no_tune,
+    result = optimize(program, out_dir=out_dir, device=None if gpu else "cpu", emit=emit, tune=not args.no_tune,
                     draws=args.draws, tune_trials=args.tune_trials, trials=args.trials,
                     rewrite=not args.no_rewrite, baselines=baselines, baseline_fn=base_fn, compile_modes=modes,
                     compile_budget_s=args.compile_budget, split_tf32=not getattr(args, "fp32_only", False),
                     final_dir=final_dir, writer=writer, writer_sanitize=bool(getattr(args, "sanitize", False)),
                     **({"tuner": tuner} if tuner is not None else {}))     # --ray (cluster/ray_tune.py)
+    if set_aside:
+        result.profile["set_aside"] = set_aside
+    return result
 
 
 def run(args) -> int:

@@ -49,6 +49,7 @@ from ..ir import Program, Role
 from ..reference import run_node
 from . import split_kernel
 from .library_settings import cudnn_timed, tf32_tensor_cores
+from .low_precision import DESCRIPTIONS as LOWER_DESCRIPTIONS, FORMS as LOWER, run_low_precision
 
 TF32X3 = "3xtf32"
 TF32X3_CAT = "3xtf32-cat"
@@ -73,9 +74,8 @@ def library_layout(program: Program) -> dict[str, str]:
 
 
 def describe_library_call(program: Program, node_id: str) -> str:
-    from .low_precision import DESCRIPTIONS as LOWER
     form = library_precision(program).get(node_id, "fp32")
-    text = DESCRIPTIONS[form] if form in DESCRIPTIONS else LOWER[form] + ", allowed by the program"
+    text = DESCRIPTIONS[form] if form in DESCRIPTIONS else LOWER_DESCRIPTIONS[form] + ", allowed by the program"
     return text + (", channels-last" if library_layout(program).get(node_id) == CHANNELS_LAST else "")
 
 
@@ -185,13 +185,26 @@ def _cat_rows(t, dst, dim: int, groups: int = 1) -> int | None:
 
 
 def weight_cat(w, w_dim: int, memory_format=None, groups: int = 1):
-    """[hi, hi, lo] of a weight, concatenated along w_dim (its reduction dim) within each of `groups`
-    blocks (a transposed convolution's weight holds its groups along dim 0), made in place."""
+    """[hi, hi, lo] of a convolution weight, concatenated along w_dim (its reduction dim) within each of
+    `groups` blocks (a transposed convolution's weight holds its groups along dim 0), made in place."""
     import torch
-    shape = list(w.shape)
-    shape[w_dim] *= 3
-    dst = torch.empty(shape, dtype=w.dtype, device=w.device, memory_format=memory_format or torch.contiguous_format)
-    split_cat_into(w, dst, w_dim, lo_at=2, groups=groups)
+    return cat_parts(w, w_dim, 2, memory_format or torch.contiguous_format, groups)
+
+
+def cat_parts(t, dim: int, lo_at: int, memory_format=None, groups: int = 1):
+    """A new tensor of t's parts concatenated along dim (split_cat_into: lo_at 1 [hi, lo, hi], 2 [hi,
+    hi, lo]), in memory_format. None (a GEMM's operand): contiguous, except that a transposed matrix
+    (k.transpose(-2, -1), a weight's .t()) is concatenated in its own memory order and handed back
+    transposed, which cuBLAS reads as it is, so the split kernel writes it in one launch."""
+    import torch
+    d = t.dim()
+    if memory_format is None and d >= 2 and not t.is_contiguous() and t.mT.is_contiguous():
+        swapped = {d - 1: d - 2, d - 2: d - 1}.get(dim % d, dim % d)
+        return cat_parts(t.mT, swapped, lo_at).mT
+    shape = list(t.shape)
+    shape[dim] *= 3
+    dst = torch.empty(shape, dtype=t.dtype, device=t.device, memory_format=memory_format or torch.contiguous_format)
+    split_cat_into(t, dst, dim, lo_at, groups)
     return dst
 
 
@@ -324,29 +337,13 @@ def _gemm_cat(program: Program, node_id: str, env: dict, cache_weights: bool) ->
     node = program.nodes[node_id]
     a, b, bias = _operands(node, env)
     k_dim = b.dim() - 1 if node.op == "linear" else b.dim() - 2
-    a_cat = _cat_along(a, a.dim() - 1, lo_at=1)
+    a_cat = cat_parts(a, a.dim() - 1, lo_at=1)
 
     def make(w):
-        return _cat_along(w, k_dim, lo_at=2)
+        return cat_parts(w, k_dim, lo_at=2)
     b_cat = _cached(b, "cat", make) if cache_weights and _is_parameter(program, node.inputs[1]) else make(b)
     with tf32_tensor_cores():
         env[node.outputs[0]] = node.opdef.reference([a_cat, b_cat, bias], node.attrs)
-
-
-def _cat_along(t, dim: int, lo_at: int):
-    """t's parts concatenated along dim (see split_cat_into), in one launch on the GPU: a transposed
-    matrix (k.transpose(-2, -1), a weight's .t()) is concatenated in its own memory order and handed
-    back transposed, which cuBLAS reads as it is."""
-    import torch
-    d = t.dim()
-    if d >= 2 and not t.is_contiguous() and t.mT.is_contiguous():
-        swapped = {d - 1: d - 2, d - 2: d - 1}.get(dim % d, dim % d)
-        return _cat_along(t.mT, swapped, lo_at).mT
-    shape = list(t.shape)
-    shape[dim] *= 3
-    dst = torch.empty(shape, dtype=t.dtype, device=t.device)
-    split_cat_into(t, dst, dim, lo_at)
-    return dst
 
 
 def _conv_cat(program: Program, node_id: str, env: dict, cache_weights: bool, channels_last: bool) -> None:
@@ -368,10 +365,7 @@ def _conv_cat(program: Program, node_id: str, env: dict, cache_weights: bool, ch
         return weight_cat(w, w_dim, fmt, groups if w_dim == 0 else 1)
     w_cat = (_cached(b, "cat-cl" if channels_last else "cat", make)
              if cache_weights and _is_parameter(program, node.inputs[1]) else make(b))
-    shape = list(a.shape)
-    shape[channel] *= 3
-    a_cat = torch.empty(shape, dtype=a.dtype, device=a.device, memory_format=fmt)
-    split_cat_into(a, a_cat, channel, lo_at=1, groups=groups)
+    a_cat = cat_parts(a, channel, 1, fmt, groups)
     with tf32_tensor_cores():
         out = _pointwise_conv(node, a_cat, w_cat, bias) if is_pointwise_conv(node, a_cat, w_cat) else None
         env[node.outputs[0]] = node.opdef.reference([a_cat, w_cat, bias], node.attrs) if out is None else out
@@ -479,8 +473,6 @@ def run_library_node(program: Program, node_id: str, env: dict, form: str | None
         split_run = run_split_tf32_cat if mode == TF32X3_CAT else run_split_tf32
         split_run(program, node_id, env, cache_weights, layout == CHANNELS_LAST)   # (.., channels_last)
         return
-
-    from .low_precision import FORMS as LOWER, run_low_precision
 
     def run(p, nid, e):
         if mode == TIMED_FP32:

@@ -229,11 +229,11 @@ def test_a_gemm_operands_concatenated_parts_take_one_launch(shape, dim, lo_at):
     x = torch.randn(shape) * 1e3
     if dim == 1:                                       # a transposed view, as attention's k^T comes
         x = x.transpose(1, 2).contiguous().transpose(1, 2)
-    want = st._cat_along(x, dim, lo_at)                # CPU tensors: the torch ops
+    want = st.cat_parts(x, dim, lo_at)                # CPU tensors: the torch ops
     xc = x.cuda() if dim == 2 else x.transpose(1, 2).cuda().transpose(1, 2)
-    got = st._cat_along(xc, dim, lo_at)
+    got = st.cat_parts(xc, dim, lo_at)
     _same_bits((got,), (want,))
-    assert launched_kernels(lambda: st._cat_along(xc, dim, lo_at)) == {"kernels": 1}
+    assert launched_kernels(lambda: st.cat_parts(xc, dim, lo_at)) == {"kernels": 1}
 
 
 def test_a_transposed_matrix_splits_in_one_launch():
