@@ -6,6 +6,7 @@ split-TF32 calls keep their weights' caches only within the memory budget (eager
 program sets one), else split per call, else run in fp32, each a recorded decision; every form still
 matches the reference.
 """
+import pytest
 import torch
 import torch.nn as nn
 
@@ -71,6 +72,10 @@ def test_split_parts_made_in_place_match_split_tf32():
     assert torch.equal(dst, torch.cat([h, low, h], dim=1))
     split_cat_into(x, dst, 1, lo_at=2)
     assert torch.equal(dst, torch.cat([h, h, low], dim=1))
+    split_cat_into(x, dst, 1, lo_at=0)
+    assert torch.equal(dst, torch.cat([low, h, h], dim=1))
+    with pytest.raises(ValueError, match="lo_at"):
+        split_cat_into(x, dst, 1, lo_at=3)
 
 
 def _split_program(budget):

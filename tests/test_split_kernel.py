@@ -60,7 +60,8 @@ def emulate(x, units, block, stride, width, index, parts):
         lo_at, _ = parts
         args = "float* dst"
         part = lambda k: f"(T*)(dst + {k * block * width})"
-        call = f"{part(0)}, {part(lo_at)}, {part(3 - lo_at)}"
+        hi, hi2 = st._hi_at(lo_at)
+        call = f"{part(hi)}, {part(lo_at)}, {part(hi2)}"
     source = sk.SOURCE + (f"typedef {t} T;\nextern \"C\" __global__ void split_case(const float* x, {args}) {{\n"
                           f"  split_rows<T, {i}>((const T*)x, {call}, ({i}){units}, ({i}){block}, ({i}){stride});\n}}\n")
     grid = min(sk.MAX_BLOCKS, 3)   # a few blocks: the grid-stride loop wraps many times
@@ -93,15 +94,17 @@ def test_a_plain_split_is_the_torch_ops_bit_for_bit(shape, seed):
     np.testing.assert_array_equal(bits(lo), bits(want_lo.view(-1).numpy()))
 
 
+A, B = st.A_LO, st.B_LO
 CAT_CASES = [   # (shape, dim, lo_at, channels-last, groups)
-    ((2, 6, 5, 4), 1, 1, False, 1),      # an activation's [hi, lo, hi] along its channels, rows of 120
-    ((2, 3, 5, 5), 1, 2, False, 1),      # a weight's [hi, hi, lo], rows of 75 (scalar)
-    ((6, 4, 3, 3), 0, 2, False, 1),      # a transposed convolution's weight along dim 0: one row
-    ((2, 8, 3, 5), 1, 1, True, 1),       # channels-last: rows of the 8 channels (float4)
-    ((2, 5, 2, 3, 2), 1, 1, True, 1),    # channels-last 3-D: rows of 5 (scalar)
-    ((2, 6, 4, 5), 1, 1, False, 3),      # three groups: rows of a group's 2 channels x 20
-    ((6, 4, 3, 3), 0, 2, False, 2),      # a grouped transposed convolution's weight: rows of 3 x 36
-    ((2, 12, 3, 3), 1, 1, True, 3),      # channels-last, three groups: rows of 4 channels (float4)
+    ((2, 6, 5, 4), 1, A, False, 1),      # an activation's [lo, hi, hi] along its channels, rows of 120
+    ((2, 3, 5, 5), 1, B, False, 1),      # a weight's [hi, lo, hi], rows of 75 (scalar)
+    ((6, 4, 3, 3), 0, B, False, 1),      # a transposed convolution's weight along dim 0: one row
+    ((2, 8, 3, 5), 1, A, True, 1),       # channels-last: rows of the 8 channels (float4)
+    ((2, 5, 2, 3, 2), 1, A, True, 1),    # channels-last 3-D: rows of 5 (scalar)
+    ((2, 6, 4, 5), 1, A, False, 3),      # three groups: rows of a group's 2 channels x 20
+    ((6, 4, 3, 3), 0, B, False, 2),      # a grouped transposed convolution's weight: rows of 3 x 36
+    ((2, 12, 3, 3), 1, A, True, 3),      # channels-last, three groups: rows of 4 channels (float4)
+    ((2, 6, 5, 4), 1, 2, False, 1),      # lo last ([hi, hi, lo]): any place works
 ]
 
 
@@ -132,8 +135,8 @@ def test_layouts_the_kernel_cannot_read_in_rows_keep_the_torch_ops():
     assert st._cat_rows(x.transpose(2, 3), torch.empty(2, 12, 3, 3), 1) is None
 
 
-@pytest.mark.parametrize("shape,lo_at,groups", [((2, 40, 6, 7), 1, 1), ((2, 3, 5, 5), 1, 1), ((1, 33, 2, 2, 9), 2, 1),
-                                                ((2, 40, 6, 7), 1, 5)],
+@pytest.mark.parametrize("shape,lo_at,groups", [((2, 40, 6, 7), A, 1), ((2, 3, 5, 5), A, 1), ((1, 33, 2, 2, 9), B, 1),
+                                                ((2, 40, 6, 7), A, 5)],
                          ids=["2x2 tiles", "3 channels", "3-D", "5 groups"])
 def test_a_contiguous_input_split_into_channels_last_parts_is_the_torch_ops_bit_for_bit(shape, lo_at, groups):
     x = values(shape, 5)
@@ -146,8 +149,9 @@ def test_a_contiguous_input_split_into_channels_last_parts_is_the_torch_ops_bit_
     name, grid = sk.transposed_entry(n, c, s, 3 * c)
     assert name == "split_tf32_cl_u32" and grid == (-(-s // 32), -(-c // 32), n)
     part = lambda k: f"dst + {k * g}"
+    hi, hi2 = st._hi_at(lo_at)
     source = sk.SOURCE + ("extern \"C\" __global__ void split_case(const float* x, float* dst) {\n"
-                          f"  split_to_channels_last<unsigned>(x, {part(0)}, {part(lo_at)}, {part(3 - lo_at)}, "
+                          f"  split_to_channels_last<unsigned>(x, {part(hi)}, {part(lo_at)}, {part(hi2)}, "
                           f"{c}u, {s}u, {3 * c}u, {g}u);\n}}\n")
     ks = KernelSource(name="split_case", kind="writer", source=source, node_ids=[], inputs=["x"], outputs=["dst"],
                       grid=grid, block=(32, 8, 1))

@@ -153,11 +153,17 @@ def test_a_gemms_concatenated_form_is_one_gemm_over_three_times_k():
     class Shapes(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if func.overloadpacket.__name__ in ("mm", "addmm", "bmm"):
-                calls.append([tuple(a.shape) for a in args if isinstance(a, torch.Tensor)])
+                calls.append([a for a in args if isinstance(a, torch.Tensor)])
             return func(*args, **(kwargs or {}))
     with Shapes():
         st.run_split_tf32_cat(p, n.id, env)
-    assert calls == [[(9,), (24, 120), (120, 9)]]                 # bias, A [hi, lo, hi], B^T [hi, hi, lo]
+    [[bias, a, bt]] = calls
+    assert [tuple(t.shape) for t in (bias, a, bt)] == [(9,), (24, 120), (120, 9)]
+    # the small products first (lo*hi, hi*lo, then hi*hi): the reduction runs along K in order
+    a_hi, a_lo = st.split_tf32(env[p.inputs[0]].reshape(24, 40))
+    w_hi, w_lo = st.split_tf32(env[n.inputs[1]])
+    assert torch.equal(a, torch.cat([a_lo, a_hi, a_hi], 1))
+    assert torch.equal(bt, torch.cat([w_hi, w_lo, w_hi], 1).t())
 
 
 def test_a_transposed_operand_is_concatenated_in_its_own_memory_order():
@@ -165,10 +171,10 @@ def test_a_transposed_operand_is_concatenated_in_its_own_memory_order():
     split kernel's one launch needs rows it can write whole), the same sum as fp32."""
     q, k = torch.randn(2, 7, 12), torch.randn(2, 9, 12)
     kt = k.transpose(-2, -1)
-    cat = st.cat_parts(kt, 1, lo_at=2)
+    cat = st.cat_parts(kt, 1, st.B_LO)
     assert cat.shape == (2, 36, 9) and cat.mT.is_contiguous()
     hi, lo = st.split_tf32(kt)
-    assert torch.equal(cat, torch.cat([hi, hi, lo], 1))
+    assert torch.equal(cat, torch.cat([hi, lo, hi], 1))
     p = Program("qk")
     a, b = p.add_input("q", (2, 7, 12)), p.add_input("kt", (2, 12, 9))
     n = p.add_node("matmul", [a.id, b.id])
@@ -187,7 +193,7 @@ def test_a_grouped_concatenation_keeps_each_groups_parts_together():
     x = torch.randn(2, 6, 5)
     hi, lo = st.split_tf32(x)
     dst = torch.empty(2, 18, 5)
-    st.split_cat_into(x, dst, 1, lo_at=1, groups=3)
+    st.split_cat_into(x, dst, 1, st.B_LO, groups=3)
     want = torch.cat([torch.cat([h, l, h], 1) for h, l in zip(hi.chunk(3, 1), lo.chunk(3, 1))], 1)
     assert torch.equal(dst, want)
     assert st._cat_rows(x, dst, 1, 3) == 10                       # a group's 2 channels x 5

@@ -12,12 +12,15 @@ when it and then the whole program verify at 1e-4 against the fp32 reference. TF
 everything else, the reference and the torch baselines included.
 
 Every bilinear op can also run the three products as one call over parts concatenated along its
-reduction, [hi_a, lo_a, hi_a] against [hi_b, hi_b, lo_b] ("3xtf32-cat": a GEMM's K, a convolution's
+reduction, [lo_a, hi_a, hi_a] against [hi_b, lo_b, hi_b] ("3xtf32-cat": a GEMM's K, a convolution's
 input channels, within each group for a grouped one, so every group keeps its own channels): the same
 work, but one pass over the output instead of three, one launch, and one longer reduction that fills
 the tensor cores better; 1.3-2.9x faster than the three summed for most of level 2's transposed
-convolutions. The longer reduction is a little less accurate, so it is preferred only where it is
-faster. A 1x1 convolution
+convolutions. The small products come first: the libraries reduce along K in order, and the tensor
+cores' truncating sums lose about one unit of the running sum per step, so the 2K small steps cost
+almost nothing while the sum is small. With hi * hi first, all 3K steps ran at the full sum's size:
+a linear with K = 8192 erred 0.81 of the 1e-4 tolerance against 0.27 for the three calls (H100,
+tests/gpu/test_split_tf32_gpu.py). Still, it is preferred only where it is faster. A 1x1 convolution
 (stride 1, no padding, one group) runs this form as one cuBLAS GEMM over the concatenated channels
 instead of a cuDNN call (channels-last: a linear over the channels), timed against the other forms
 like any.
@@ -145,8 +148,13 @@ def split_tf32(t, channels_last: bool = False):
     return hi, lo
 
 
+# where lo goes among the three concatenated parts (the other two are hi): A's [lo, hi, hi] against B's
+# [hi, lo, hi] pairs lo*hi, hi*lo, then hi*hi (the module's docstring says why in that order)
+A_LO, B_LO = 0, 1
+
+
 def split_cat_into(t, dst, dim: int, lo_at: int, groups: int = 1) -> None:
-    """dst = cat of t's split parts along dim: [hi, lo, hi] (lo_at=1) or [hi, hi, lo] (lo_at=2), within
+    """dst = cat of t's split parts along dim: lo at part lo_at (0, 1 or 2), hi at the other two, within
     each of `groups` equal blocks of that dim (a grouped convolution's channels). On the GPU one kernel
     writes all three: in rows when t and dst share a memory order (contiguous ones: rows of a group's
     elements from dim inward; channels-last ones, dim 1: rows of a group's channels), and transposing
@@ -162,14 +170,24 @@ def split_cat_into(t, dst, dim: int, lo_at: int, groups: int = 1) -> None:
             return
     blocks, wide = t.unflatten(dim, (groups, c)), dst.unflatten(dim, (groups, 3 * c))
     parts = [wide.narrow(dim + 1, i * c, c) for i in range(3)]
-    split_into(blocks, parts[0], parts[lo_at])
-    parts[3 - lo_at].copy_(parts[0])
+    hi, hi2 = _hi_at(lo_at)
+    split_into(blocks, parts[hi], parts[lo_at])
+    parts[hi2].copy_(parts[hi])
+
+
+def _hi_at(lo_at: int) -> tuple[int, int]:
+    """The places of the two hi parts when lo is at lo_at."""
+    if lo_at not in (0, 1, 2):
+        raise ValueError(f"lo_at must be 0, 1 or 2, not {lo_at!r}")
+    first, second = (i for i in range(3) if i != lo_at)
+    return first, second
 
 
 def _part_addresses(dst, size: int, lo_at: int) -> tuple[int, int, int]:
     """The addresses of hi, lo and the second hi: the parts start `size` floats apart in dst."""
     at = lambda i: dst.data_ptr() + 4 * i * size
-    return at(0), at(lo_at), at(3 - lo_at)
+    hi, hi2 = _hi_at(lo_at)
+    return at(hi), at(lo_at), at(hi2)
 
 
 def _cat_rows(t, dst, dim: int, groups: int = 1) -> int | None:
@@ -185,15 +203,15 @@ def _cat_rows(t, dst, dim: int, groups: int = 1) -> int | None:
 
 
 def weight_cat(w, w_dim: int, memory_format=None, groups: int = 1):
-    """[hi, hi, lo] of a convolution weight, concatenated along w_dim (its reduction dim) within each of
-    `groups` blocks (a transposed convolution's weight holds its groups along dim 0), made in place."""
+    """B's parts [hi, lo, hi] of a convolution weight, concatenated along w_dim (its reduction dim) within
+    each of `groups` blocks (a transposed convolution's weight holds its groups along dim 0), made in place."""
     import torch
-    return cat_parts(w, w_dim, 2, memory_format or torch.contiguous_format, groups)
+    return cat_parts(w, w_dim, B_LO, memory_format or torch.contiguous_format, groups)
 
 
 def cat_parts(t, dim: int, lo_at: int, memory_format=None, groups: int = 1):
-    """A new tensor of t's parts concatenated along dim (split_cat_into: lo_at 1 [hi, lo, hi], 2 [hi,
-    hi, lo]), in memory_format. None (a GEMM's operand): contiguous, except that a transposed matrix
+    """A new tensor of t's parts concatenated along dim (split_cat_into: lo at part lo_at, A_LO or
+    B_LO), in memory_format. None (a GEMM's operand): contiguous, except that a transposed matrix
     (k.transpose(-2, -1), a weight's .t()) is concatenated in its own memory order and handed back
     transposed, which cuBLAS reads as it is, so the split kernel writes it in one launch."""
     import torch
@@ -225,7 +243,7 @@ def _cached(t, form: str, make):
 
 def cached_bytes(tensors) -> int:
     """Device bytes the caches above hold for these parameter tensors (their split parts, and the
-    channel-concatenated [hi, hi, lo] weights): memory a run keeps beside the weights themselves."""
+    channel-concatenated weights): memory a run keeps beside the weights themselves."""
     ids = {id(t) for t in tensors}
     total = 0
     for (tid, _form), (ref, _version, parts) in list(_param_splits.items()):
@@ -331,23 +349,23 @@ def run_split_tf32_cat(program: Program, node_id: str, env: dict, cache_weights:
 
 
 def _gemm_cat(program: Program, node_id: str, env: dict, cache_weights: bool) -> None:
-    """A linear, matmul or bmm as one TF32 GEMM over K three times as long: A's parts [hi, lo, hi]
-    along its last dim, B's [hi, hi, lo] along its K dim (a linear's weight: its last; a matmul's: its
-    second last), so the K blocks pair hi*hi, lo*hi and hi*lo. Batches broadcast as the op does."""
+    """A linear, matmul or bmm as one TF32 GEMM over K three times as long: A's parts [lo, hi, hi]
+    along its last dim, B's [hi, lo, hi] along its K dim (a linear's weight: its last; a matmul's: its
+    second last), so the K blocks pair lo*hi, hi*lo and hi*hi. Batches broadcast as the op does."""
     node = program.nodes[node_id]
     a, b, bias = _operands(node, env)
     k_dim = b.dim() - 1 if node.op == "linear" else b.dim() - 2
-    a_cat = cat_parts(a, a.dim() - 1, lo_at=1)
+    a_cat = cat_parts(a, a.dim() - 1, A_LO)
 
     def make(w):
-        return cat_parts(w, k_dim, lo_at=2)
+        return cat_parts(w, k_dim, B_LO)
     b_cat = _cached(b, "cat", make) if cache_weights and _is_parameter(program, node.inputs[1]) else make(b)
     with tf32_tensor_cores():
         env[node.outputs[0]] = node.opdef.reference([a_cat, b_cat, bias], node.attrs)
 
 
 def _conv_cat(program: Program, node_id: str, env: dict, cache_weights: bool, channels_last: bool) -> None:
-    """A convolution as one TF32 convolution over [hi_a, lo_a, hi_a] and [hi_b, hi_b, lo_b], concatenated
+    """A convolution as one TF32 convolution over [lo_a, hi_a, hi_a] and [hi_b, lo_b, hi_b], concatenated
     along the input channels (the weight's dim 1, or dim 0 when transposed), within each group when
     grouped (a group's three parts side by side, so the groups stay what the convolution pairs). The
     parts are written in place into one buffer of three times the input (the only temporary), in
@@ -365,7 +383,7 @@ def _conv_cat(program: Program, node_id: str, env: dict, cache_weights: bool, ch
         return weight_cat(w, w_dim, fmt, groups if w_dim == 0 else 1)
     w_cat = (_cached(b, "cat-cl" if channels_last else "cat", make)
              if cache_weights and _is_parameter(program, node.inputs[1]) else make(b))
-    a_cat = cat_parts(a, channel, 1, fmt, groups)
+    a_cat = cat_parts(a, channel, A_LO, fmt, groups)
     with tf32_tensor_cores():
         out = _pointwise_conv(node, a_cat, w_cat, bias) if is_pointwise_conv(node, a_cat, w_cat) else None
         env[node.outputs[0]] = node.opdef.reference([a_cat, w_cat, bias], node.attrs) if out is None else out

@@ -76,6 +76,9 @@ def test_split_tf32_is_as_accurate_as_fp32_where_one_tf32_call_is_not(op, shapes
     assert cat < 0.6, (fp32, split, one, cat)     # and as one call over the concatenated parts
     if op in ("linear", "bmm"):    # cuBLAS always takes tensor cores under TF32 (cuDNN sometimes does not)
         assert one > 10 * split, (fp32, split, one)      # the split is what makes them usable
+        # cuBLAS reduces K in order: with the small products first the one call is about as accurate as
+        # the three (hi * hi first, the linear's was 3x theirs: 0.81 units against 0.27, H100)
+        assert cat <= 1.5 * split + 0.02, (fp32, split, one, cat)
 
 
 def test_the_agent_chooses_split_tf32_for_a_large_gemm_and_the_program_verifies_in_one_graph():
@@ -135,14 +138,15 @@ def test_splitting_a_weight_allocates_its_two_parts_and_nothing_more():
     assert peak_above(lambda: st.weight_cat(w, 1)) == 3 * size
     hi, lo = st.split_tf32(w)
     assert torch.equal(hi + lo, w) or (hi.double() + lo.double() - w.double()).abs().max() <= 2 ** -21 * w.abs().max()
-    assert torch.equal(st.weight_cat(w, 1), torch.cat([hi, hi, lo], dim=1))
+    assert torch.equal(st.weight_cat(w, 1), torch.cat([hi, lo, hi], dim=1))
 
 
 SPLIT_LAYOUTS = [   # (shape, memory format, concatenated along dim with lo_at, or None for a plain split)
     ((4, 1000), None, None), ((7, 13), None, None),                           # float4 and scalar loops
     ((2, 8, 5, 4), torch.channels_last, None),                                # a dense permuted layout
-    ((3, 6, 7, 5), None, (1, 1)), ((6, 4, 3, 3), None, (0, 2)),               # contiguous rows
-    ((2, 8, 9, 7), torch.channels_last, (1, 1)), ((2, 5, 3, 3, 2), torch.channels_last_3d, (1, 2)),
+    ((3, 6, 7, 5), None, (1, st.A_LO)), ((6, 4, 3, 3), None, (0, st.B_LO)),   # contiguous rows
+    ((2, 8, 9, 7), torch.channels_last, (1, st.A_LO)), ((2, 5, 3, 3, 2), torch.channels_last_3d, (1, st.B_LO)),
+    ((3, 6, 7, 5), None, (1, 2)),                                             # lo last
 ]
 
 
@@ -263,7 +267,7 @@ def test_a_contiguous_input_splits_into_channels_last_hi_and_lo_in_one_launch():
 def test_a_1x1_convolution_runs_as_one_gemm_that_copies_no_weight_per_image(shape, weight, fmt):
     """The concatenated form of a 1x1 convolution is one cuBLAS GEMM: the weight shared by the batch
     (stride 0), so one call allocates the concatenated input and the output and nothing else; at
-    least as accurate as fp32 against float64. Prints its time beside cuDNN's concatenated call."""
+    about as accurate as the three calls against float64. Prints its time beside cuDNN's concatenated call."""
     from agent_core.profile.peak_memory import peak_above
     op = f"conv{len(shape) - 2}d"
     p, n = _node(op, [shape, weight, (weight[0],)])
@@ -281,11 +285,17 @@ def test_a_1x1_convolution_runs_as_one_gemm_that_copies_no_weight_per_image(shap
     fp32 = dict(env)
     run_node(p, n.id, fp32)
     err = lambda t: float((t.double() - exact).abs().max())
-    assert err(gemm[out]) <= 2 * err(fp32[out]) + 1e-7
+    three = dict(env)
+    st.run_split_tf32(p, n.id, three, True, fmt is not None)
+    print(f"{op} 1x1 {shape}: worst error against float64: one GEMM {err(gemm[out]):.3g}, three calls "
+          f"{err(three[out]):.3g}, fp32 {err(fp32[out]):.3g}")
+    # about as accurate as the three calls it replaces (small products first along K; with hi * hi
+    # first it erred 3-6x fp32's: 1.9e-5 against 3.3e-6 for Conformer's, H100)
+    assert err(gemm[out]) <= 1.5 * err(three[out]) + 1e-7
     with st.tf32_tensor_cores():      # cuDNN's call over the same concatenated parts, for the record
         a_cat = torch.empty((shape[0], 3 * shape[1], *shape[2:]), device="cuda",
                             memory_format=fmt or torch.contiguous_format)
-        st.split_cat_into(env[p.inputs[0]], a_cat, 1, lo_at=1)
+        st.split_cat_into(env[p.inputs[0]], a_cat, 1, st.A_LO)
         w_cat = st.weight_cat(env[n.inputs[1]], 1, fmt)
         ms = {}
         for name, run in (("gemm", lambda: st.run_split_tf32_cat(p, n.id, dict(env), True, fmt is not None)),
