@@ -187,3 +187,30 @@ def test_a_gpu_record_holds_the_spread_of_its_trials_and_each_fused_regions_time
     rec = record_from_result("layernorm.py", result, 1.0)
     assert rec["ours_ms"] == 0.0795 and rec["ours_spread_ms"] == [0.031, 0.09]
     assert rec["region_ms"] == {"r1": 0.032}
+
+
+def test_a_program_that_ran_without_its_cuda_graph_says_why_in_the_record_the_summary_and_the_merge(tmp_path):
+    """A capture that fails (23_EfficientNetB1 under --jobs 8 on the H100: 1.89 ms, its steps launched one
+    by one, against 0.59 ms with the graph) is kept in the record, listed by bench's closing lines and
+    by tools/bench_merge.py, not left as a slow row among the others."""
+    from types import SimpleNamespace
+
+    from agent_core.commands.bench import record_from_result
+    from agent_core.commands.bench_costs import summary_lines
+    why = "CUDA graph capture failed (OutOfMemoryError: CUDA out of memory.); steps run one by one"
+    result = SimpleNamespace(gpu=True, outcomes=[], program=None, writer=None,
+                             profile={"end_to_end": {"correct": True, "ms": 1.89, "cuda_graph": False,
+                                                     "graph_error": why}})
+    rec = record_from_result("23_EfficientNetB1.py", result, 51.0)
+    assert rec["cuda_graph"] is False and rec["graph_error"] == why
+    kept = record_from_result("1_MLP.py", SimpleNamespace(gpu=True, outcomes=[], program=None, writer=None, profile={
+        "end_to_end": {"correct": True, "ms": 0.1, "cuda_graph": True, "graph_error": None}}), 9.0)
+    assert "graph_error" not in kept
+    assert summary_lines([rec, kept])[:2] == ["ran without a CUDA graph: 1 problem", f"  23_EfficientNetB1: {why}"]
+    assert not any("CUDA graph" in line for line in summary_lines([kept]))
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text("".join(json.dumps({**r, "jobs": 8, "ours_ms": 1.0, "eager_ms": 1.0}) + "\n" for r in (rec, kept)))
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "bench_merge.py"), str(runs)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert f"- ran without a CUDA graph: 1 problem\n- 23_EfficientNetB1: {why}\n" in proc.stdout

@@ -146,6 +146,8 @@ def record_from_result(path: str, result, seconds: float) -> dict:
         rec["fallbacks"] = falls          # why each region runs unfused (diagnosis without the event log)
     if result.gpu and not e2e.get("correct"):
         rec["verify_reason"] = (e2e.get("verify") or {}).get("reason")
+    if e2e.get("graph_error"):       # the program ran kernel by kernel: far slower where launches dominate
+        rec["graph_error"] = e2e["graph_error"]
     if prof.get("set_aside"):       # the file's tolerance / allowed precisions: KernelBench's rules hold
         rec["set_aside"] = prof["set_aside"]
     if prof.get("library_precision_fallback"):
@@ -468,7 +470,8 @@ class _Run:
                 f"correct={rec.get('correct')} ours {_f(rec.get('ours_ms'))} ms, eager {_f(rec.get('eager_ms'))} ms, "
                 f"compile {_f(rec.get('compile_best_ms'))} ms, best {rec.get('best_baseline') or '-'}, "
                 f"kernels ours/Inductor {kernels_cell(rec)}"
-                + (f"; the file's {' and '.join(rec['set_aside'])} set aside (fp32 at 1e-4)" if rec.get("set_aside") else ""))
+                + (f"; the file's {' and '.join(rec['set_aside'])} set aside (fp32 at 1e-4)" if rec.get("set_aside") else "")
+                + (f"; {rec['graph_error']}" if rec.get("graph_error") else ""))
             where = f" on {rec['host']}" + (f" ({rec['gpu_name']})" if rec.get("gpu_name") else "") \
                 if rec.get("host") else ""
             wait = f", {rec['gpu_wait_seconds']:.1f} s waiting for the GPU" if rec.get("gpu_wait_seconds") else ""

@@ -112,6 +112,7 @@ def summary_lines(records: list[dict]) -> list[str]:
         out.append(f"agent time per problem: p50 {t['p50']:.1f} s, p95 {t['p95']:.1f} s, max {t['max']:.1f} s "
                    f"over {plural(t['measured'], 'problem')}, {agent_time_scope(t)}"
                    + (f" ({missing} without a figure: killed or skipped)" if missing else ""))
+    out += no_graph_lines(records)
     m = memory_summary(records)
     if m["measured"]:
         names = ", ".join(above_names(m)[:8]) + (", ..." if len(m["above_eager"]) > 8 else "")
@@ -119,3 +120,11 @@ def summary_lines(records: list[dict]) -> list[str]:
                    + (f" ({names}; the most {m['max_ratio']:.2f}x)" if m["above_eager"] else
                       f" (the most {m['max_ratio']:.2f}x)"))
     return out
+
+
+def no_graph_lines(records: list[dict]) -> list[str]:
+    """The problems whose whole-program CUDA graph failed to capture, with why: their time is the
+    steps launched one by one, not what the agent built."""
+    failed = [r for r in records if r.get("ok") and r.get("graph_error")]
+    return [f"ran without a CUDA graph: {plural(len(failed), 'problem')}"] + \
+        [f"  {r['problem']}: {r['graph_error']}" for r in failed] if failed else []
