@@ -28,7 +28,7 @@ from .kernel import CodegenError
 MMA = "wgmma"
 # Whether the tuner tries these tiles on sm_90. Off: on an H100 (0ffa1f4, benchmarks/h100-2026-12-06-s18)
 # every form matches torch (tests/gpu/test_gemm_wgmma_gpu.py: 17 of 18, the 18th the 256-column plain
-# sums erring past 1e-4 at K = 8192, which verification rejects), and the 256-column tile is 12-15%
+# sums erring past 1e-4 at K = 8192, which verification rejects), and the 256-column tile is 13-18%
 # faster than the best mma.sync tile on 4096^3 and 8192^3 (2.07 against 2.34 ms), but still about half of
 # cuBLAS's split TF32 (1.10 ms), so the agent would keep the library form anyway and the tuner would pay
 # three more compiles a GEMM region for nothing. Each slice waits for its products before the next is
