@@ -263,3 +263,62 @@ def test_a_faulted_gpu_still_lets_the_lock_go(tmp_path, monkeypatch):
         with timing.exclusive_timing():
             pass
     assert _another_process_could(lock, fcntl.LOCK_EX)
+
+
+CROWDED = '''
+import os
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return torch.relu(x) * 2.0
+
+
+def get_inputs():
+    if os.environ.get("STITCHCUDA_TIMING_LOCK"):     # set while other problems run (bench --jobs)
+        raise RuntimeError("CUDA out of memory. Tried to allocate 32.00 MiB (GPU 0 has 7.12 MiB free)")
+    return [torch.randn(4, 16)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_bench_jobs_runs_a_problem_that_ran_out_of_memory_beside_others_again_alone(tmp_path):
+    """Under --jobs, a problem that failed for GPU memory (the other problems' share of it) runs again
+    alone after the others, and its row says what the first try met; a problem that failed for its
+    own reasons does not run again."""
+    assert timing.TIMING_LOCK_ENV in CROWDED          # the fixture's crowd: the variable --jobs sets
+    crowded = tmp_path / "crowded.py"
+    crowded.write_text(CROWDED)
+    files = [str(crowded), os.path.join(EXAMPLES, "softmax_rows.py"), os.path.join(EXAMPLES, "relu_missing.py")]
+    out = tmp_path / "b.jsonl"
+    proc = subprocess.run([sys.executable, "-m", "agent_core.cli", "bench", *files, "--json", str(out),
+                           "--jobs", "2", "--cpu", "--no-tune"], cwd=os.path.join(os.path.dirname(__file__), ".."),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    tries = [r for r in rows if r["problem"] == "crowded"]
+    assert len(tries) == 2 and not tries[0]["ok"] and "out of memory" in tries[0]["error"]
+    again = tries[1]
+    assert again["ok"] and again["jobs"] == 1 and again["first_try"].startswith("with --jobs 2: ")
+    assert "out of memory" in again["first_try"]
+    assert [r["problem"] for r in rows].count("relu_missing") == 1          # its own failure: once
+    assert "crowded: ran out of GPU memory beside other problems; running it again alone" in proc.stdout
+    table = proc.stdout.split("problem ")[-1]
+    assert "crowded" in table and "FAILED" not in table.split("crowded")[1].splitlines()[0]
+
+
+def test_what_counts_as_crowded_out():
+    assert bench.crowded_out({"ok": False, "error": "OutOfMemoryError: CUDA out of memory. Tried"})
+    assert bench.crowded_out({"ok": False, "error": "DoesNotFit: program 'x' needs 4.5 GiB, 3.8 GiB free"})
+    assert bench.crowded_out({"ok": True, "graph_error": "CUDA graph capture failed (OutOfMemoryError: "
+                                                         "CUDA out of memory.); steps run one by one"})
+    assert not bench.crowded_out({"ok": True, "graph_error": "CUDA graph capture failed (RuntimeError: "
+                                                             "operation not permitted when stream is capturing)"})
+    assert not bench.crowded_out({"ok": False, "error": "ProgramError: shape mismatch"})
+    assert not bench.crowded_out({"ok": False, "error": "skipped: out of memory", "skipped": True})
+    assert not bench.crowded_out({"ok": True})
