@@ -216,6 +216,24 @@ def test_large_programs_without_a_gpu_are_not_rewritten(tmp_path, monkeypatch):
     assert not any(e["event"] == "rewrite" for e in events)
     assert any("rewrites skipped" in e.get("message", "") for e in events if e["event"] == "log")
     assert any(n.op == "batch_norm" for n in res.program.nodes.values())
+    assert res.profile["rewrites_skipped"].startswith("too big to check on the CPU (")
+
+
+def test_rewrites_whose_check_does_not_fit_the_gpu_are_skipped_and_the_profile_says_why(mock_gpu, tmp_path,
+                                                                                         monkeypatch):
+    """Under bench --jobs the other problems may hold the GPU memory a large program's rewrite check
+    needs: the program is planned as written, and the profile says why (bench reruns it alone)."""
+    from agent_core import rewrites
+    from agent_core.memory_check import DoesNotFit
+
+    def crowded(program, **kw):
+        raise DoesNotFit("bn", "its tensors", 33 << 30, 20 << 30)
+    monkeypatch.setattr(rewrites, "rewrite_program", crowded)
+    monkeypatch.setattr(loop, "REWRITE_MAX_FLOPS", 0)
+    res, events = _optimize(_bn_program(), tmp_path, tune=False, baselines=False)
+    assert res.profile["rewrites_skipped"].startswith("DoesNotFit: ")
+    assert any(n.op == "batch_norm" for n in res.program.nodes.values())       # planned as written
+    assert res.profile["end_to_end"]["correct"]
 
 
 def test_a_rewrite_the_end_to_end_check_rejects_is_undone(mock_gpu, tmp_path, monkeypatch):

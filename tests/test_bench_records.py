@@ -214,3 +214,18 @@ def test_a_program_that_ran_without_its_cuda_graph_says_why_in_the_record_the_su
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert f"- ran without a CUDA graph: 1 problem\n- 23_EfficientNetB1: {why}\n" in proc.stdout
+
+
+def test_a_program_planned_without_its_rewrites_says_why_in_the_record_and_the_summary():
+    """31_VisionAttention under --jobs 8: its rewrites' check did not fit the GPU memory the others left,
+    so its written-out attention was planned as it was (14.8 ms against 5.7 with the attention raised)."""
+    from types import SimpleNamespace
+
+    from agent_core.commands.bench import record_from_result
+    from agent_core.commands.bench_costs import summary_lines
+    why = "DoesNotFit: program '31_VisionAttention': the program needs 33.3 GiB for its tensors, 20.8 GiB free"
+    rec = record_from_result("31_VisionAttention.py", SimpleNamespace(
+        gpu=True, outcomes=[], program=None, writer=None,
+        profile={"rewrites_skipped": why, "end_to_end": {"correct": True, "ms": 14.8, "cuda_graph": True}}), 44.0)
+    assert rec["rewrites_skipped"] == why and "graph_error" not in rec
+    assert summary_lines([rec])[:2] == ["planned without rewrites: 1 problem", f"  31_VisionAttention: {why}"]

@@ -319,6 +319,9 @@ def test_what_counts_as_crowded_out():
                                                          "CUDA out of memory.); steps run one by one"})
     assert not bench.crowded_out({"ok": True, "graph_error": "CUDA graph capture failed (RuntimeError: "
                                                              "operation not permitted when stream is capturing)"})
+    assert bench.crowded_out({"ok": True, "rewrites_skipped": "DoesNotFit: program 'v': the program needs 33.3 GiB "
+                                                              "for its tensors, the GPU has 20.8 GiB free"})
+    assert not bench.crowded_out({"ok": True, "rewrites_skipped": "RewriteError: a rule failed its check"})
     assert not bench.crowded_out({"ok": False, "error": "ProgramError: shape mismatch"})
     assert not bench.crowded_out({"ok": False, "error": "skipped: out of memory", "skipped": True})
     assert not bench.crowded_out({"ok": True})

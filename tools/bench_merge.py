@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from agent_core.commands.bench import geomean, modes_run  # noqa: E402
 from agent_core.commands.bench_costs import (above_names, agent_time_scope, agent_time_summary,  # noqa: E402
-                                             memory_summary, no_graph_lines)
+                                             memory_summary, degraded_lines)
 from agent_core.text import plural  # noqa: E402
 
 
@@ -126,7 +126,7 @@ def summary_lines(records: list[dict]) -> list[str]:
     if t["measured"]:
         out.append(f"- agent time per problem ({agent_time_scope(t)}), {plural(t['measured'], 'row')} with a figure: "
                    f"p95 {t['p95']:.1f} s, p50 {t['p50']:.1f} s, max {t['max']:.1f} s")
-    out += [f"- {line.strip()}" for line in no_graph_lines(ran)]
+    out += [f"- {line.strip()}" for line in degraded_lines(ran)]
     m = memory_summary(ran)
     if m["measured"]:
         out.append(f"- peak GPU memory above eager's: {len(m['above_eager'])} of {plural(m['measured'], 'row')} measured"

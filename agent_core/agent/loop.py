@@ -517,8 +517,10 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
         strict_fp32()     # before any reference runs on the GPU: TF32 off everywhere
     prog = program
     rewritten = False
+    rewrites_skipped = None     # why, when they were: a program planned as written may be far slower
     big = too_big_to_check(program)
     if rewrite and big and not gpu:
+        rewrites_skipped = f"too big to check on the CPU ({big})"
         emit.log(f"rewrites skipped: checking them runs the reference twice on the CPU, and this program "
                  f"({big}) would take too long; it is planned as it is", level="warning")
         rewrite = False
@@ -539,6 +541,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
             for e in rr.refused:
                 emit.emit("rewrite", rule=e["rule"], node=e["node"], message=e.get("error") or e["message"], kept=False)
         except StitchError as exc:
+            rewrites_skipped = f"{type(exc).__name__}: {exc}"
             emit.log(f"rewrites skipped: {exc}", level="warning")
     else:
         from ..rewrites import clone_program
@@ -558,6 +561,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     agent = _Agent(prog, emit, out_dir, gpu, draws, tune, tune_trials, trials, arch, time_regions)
     agent.planned_ms = plan.estimate.planned_ms     # what a region's share of the program is taken of
     profile: dict = {"program": prog.name, "gpu": gpu}
+    if rewrites_skipped:
+        profile["rewrites_skipped"] = rewrites_skipped
     if gpu:
         from .refcache import ReferenceCache
         keep: set[str] = set()

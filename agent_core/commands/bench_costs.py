@@ -112,7 +112,7 @@ def summary_lines(records: list[dict]) -> list[str]:
         out.append(f"agent time per problem: p50 {t['p50']:.1f} s, p95 {t['p95']:.1f} s, max {t['max']:.1f} s "
                    f"over {plural(t['measured'], 'problem')}, {agent_time_scope(t)}"
                    + (f" ({missing} without a figure: killed or skipped)" if missing else ""))
-    out += no_graph_lines(records)
+    out += degraded_lines(records)
     m = memory_summary(records)
     if m["measured"]:
         names = ", ".join(above_names(m)[:8]) + (", ..." if len(m["above_eager"]) > 8 else "")
@@ -122,9 +122,12 @@ def summary_lines(records: list[dict]) -> list[str]:
     return out
 
 
-def no_graph_lines(records: list[dict]) -> list[str]:
-    """The problems whose whole-program CUDA graph failed to capture, with why: their time is the
-    steps launched one by one, not what the agent built."""
-    failed = [r for r in records if r.get("ok") and r.get("graph_error")]
-    return [f"ran without a CUDA graph: {plural(len(failed), 'problem')}"] + \
-        [f"  {r['problem']}: {r['graph_error']}" for r in failed] if failed else []
+def degraded_lines(records: list[dict]) -> list[str]:
+    """The problems that ran below what the agent builds, with why: their CUDA graph failed to capture
+    (the steps launched one by one), or their rewrites were skipped (planned as written)."""
+    out = []
+    for key, what in (("graph_error", "ran without a CUDA graph"), ("rewrites_skipped", "planned without rewrites")):
+        hit = [r for r in records if r.get("ok") and r.get(key)]
+        if hit:
+            out += [f"{what}: {plural(len(hit), 'problem')}"] + [f"  {r['problem']}: {r[key]}" for r in hit]
+    return out
