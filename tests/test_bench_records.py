@@ -217,8 +217,9 @@ def test_a_program_that_ran_without_its_cuda_graph_says_why_in_the_record_the_su
 
 
 def test_a_program_planned_without_its_rewrites_says_why_in_the_record_and_the_summary():
-    """31_VisionAttention under --jobs 8: its rewrites' check did not fit the GPU memory the others left,
-    so its written-out attention was planned as it was (14.8 ms against 5.7 with the attention raised)."""
+    """31_VisionAttention under --jobs 8: its rewrites' check most likely did not fit the GPU memory the
+    others left, so its written-out attention was planned as it was (14.8 ms on the H100; 5.7 with it
+    raised, H200)."""
     from types import SimpleNamespace
 
     from agent_core.commands.bench import record_from_result

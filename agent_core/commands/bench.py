@@ -505,10 +505,10 @@ def _run_parallel(state: _Run, todo: list[tuple[int, str]], jobs: int) -> None:
 
 
 def crowded_out(rec: dict) -> str | None:
-    """Why a problem run beside others lost to their GPU memory: its own error; its CUDA graph's capture
-    failing for memory (its steps then launched one by one); or its rewrites' check not fitting (planned
-    as written: 31_VisionAttention's attention not raised, 14.8 ms under --jobs 8 against 5.7 alone).
-    None otherwise."""
+    """Why a problem run beside others lost to their GPU memory, or None: its own error; its CUDA graph's
+    capture failing for memory (its steps then launched one by one); or its rewrites' check not fitting
+    (planned as written: most likely why 31_VisionAttention's attention was not raised under --jobs 8 on
+    the H100, 14.8 ms, against 5.7 with it raised on the H200 in the sixth session)."""
     if rec.get("skipped"):
         return None
     for why in ([rec.get("error")] if not rec.get("ok") else [rec.get("graph_error"), rec.get("rewrites_skipped")]):
