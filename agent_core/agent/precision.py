@@ -28,6 +28,7 @@ from ..codegen import LIBRARY_CATEGORIES
 from ..ir import Program
 from ..reference import run_node
 from ..runtime.low_precision import BF16, FP16, TF32, allowed, run_low_precision
+from ..runtime.split_k import SPLIT_K, can_split_k, run_split_k
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, TIMED_FP32, can_channels_last, can_concatenate,
                                   can_split, library_layout, library_precision, run_in_layout, run_split_tf32,
                                   run_split_tf32_cat, run_timed_fp32, to_channels_last)
@@ -35,8 +36,8 @@ from ..verify import tolerance
 
 MIN_GAIN = 1.05   # below this the choice would follow timing noise
 # the forms, most accurate first, and their event fields
-FIELDS = {"fp32": "fp32_ms", TIMED_FP32: "timed_fp32_ms", TF32X3: "tf32x3_ms", TF32X3_CAT: "tf32x3_cat_ms",
-          TF32: "tf32_ms", FP16: "fp16_ms", BF16: "bf16_ms"}
+FIELDS = {"fp32": "fp32_ms", TIMED_FP32: "timed_fp32_ms", SPLIT_K: "fp32_splitk_ms", TF32X3: "tf32x3_ms",
+          TF32X3_CAT: "tf32x3_cat_ms", TF32: "tf32_ms", FP16: "fp16_ms", BF16: "bf16_ms"}
 CL = "+" + CHANNELS_LAST     # a form's channels-last variant: "fp32+channels_last", "3xtf32-cat+channels_last"
 # every variant, most accurate first; a form's channels-last variant right after it (the same products)
 ORDER = [k for m in FIELDS for k in (m, m + CL)]
@@ -84,6 +85,8 @@ def _forms(program: Program, nid: str) -> dict:
     forms = {"fp32": run_node}
     if program.nodes[nid].opdef.category == "convolution":
         forms[TIMED_FP32] = run_timed_fp32
+    if can_split_k(program, nid):      # few output tiles, a long reduction (runtime/split_k.py)
+        forms[SPLIT_K] = run_split_k
     if memory_bound(program, nid):
         return forms
     forms[TF32X3] = run_split_tf32

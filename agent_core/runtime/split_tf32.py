@@ -31,8 +31,11 @@ convolutions. torch caches one algorithm per convolution shape and settings for 
 call also asks for deterministic algorithms: that setting is part of the cache key, which gives these
 calls their own entry instead of the heuristic one the reference and the torch baselines made.
 
-A node's choice lives in program.metadata["library_precision"][node id] ("3xtf32", "3xtf32-cat" or
-"fp32-timed"; absent = fp32). Parameters are split once and cached for as long as the parameter tensor lives.
+A linear or matmul with few output tiles and a long reduction may also run in fp32 with its K cut into
+parts (runtime/split_k.py, "fp32-splitk").
+
+A node's choice lives in program.metadata["library_precision"][node id] ("3xtf32", "3xtf32-cat",
+"fp32-timed" or "fp32-splitk"; absent = fp32). Parameters are split once and cached for as long as the parameter tensor lives.
 
 Every form of a 2-D or 3-D convolution (transposed and grouped ones included) can also run in
 channels-last memory (NHWC / NDHWC, the layout Inductor's layout optimisation picks for convolutions):
@@ -52,6 +55,7 @@ from ..ir import Program, Role
 from ..reference import run_node
 from . import split_kernel
 from .library_settings import cudnn_timed, tf32_tensor_cores
+from .split_k import SPLIT_K, run_split_k
 from .low_precision import DESCRIPTIONS as LOWER_DESCRIPTIONS, FORMS as LOWER, run_low_precision
 
 TF32X3 = "3xtf32"
@@ -65,7 +69,8 @@ _ROUND, _MASK = 0x1000, -0x2000   # round-to-nearest at TF32's 10th mantissa bit
 _QUIET_NAN = 0x7FFFFFFF
 DESCRIPTIONS = {"fp32": "fp32, TF32 off", TF32X3: "split TF32: three tensor-core products summed",
                 TF32X3_CAT: "split TF32: one tensor-core call over parts concatenated along the reduction",
-                TIMED_FP32: "fp32, TF32 off, with the cuDNN algorithm picked by timing"}
+                TIMED_FP32: "fp32, TF32 off, with the cuDNN algorithm picked by timing",
+                SPLIT_K: "fp32, TF32 off, its reduction cut into parts run as one batched GEMM and summed"}
 
 
 def library_precision(program: Program) -> dict[str, str]:
@@ -495,6 +500,8 @@ def run_library_node(program: Program, node_id: str, env: dict, form: str | None
     def run(p, nid, e):
         if mode == TIMED_FP32:
             run_timed_fp32(p, nid, e)
+        elif mode == SPLIT_K:
+            run_split_k(p, nid, e)
         elif mode in LOWER:
             run_low_precision(p, nid, e, mode)
         else:

@@ -1,0 +1,79 @@
+"""An fp32 GEMM with few output tiles and a long reduction, its K split into parts ("fp32-splitk").
+
+A linear of 394 rows from 2048 to 512 features (KernelBench level 3's VisionTransformer MLP) has 16
+output tiles of 128 x 128 for 132 SMs: cuBLAS's fp32 call ran it in about 65 us on the H100, at 13
+TFLOP/s. Cut K into s parts and the same products become one strided-batched GEMM of s x 16 tiles
+([s, M, K/s] x [s, K/s, N], views of the operands, no copy), then one sum over the s partial products
+and the bias: every SM busy, for s partial outputs written and read once more.
+
+Precision: plain fp32 products and sums (TF32 off), the sum in a different order than cuBLAS's, so
+it is as accurate as fp32 but not bit-identical; the agent times it beside the other forms per node
+(agent/precision.py) and keeps it only where it agrees with fp32 and is faster.
+"""
+from __future__ import annotations
+
+import math
+
+from ..analysis.gpu import H200
+from ..ir import Program
+
+SPLIT_K = "fp32-splitk"
+TILE = 128              # a cuBLAS output tile's side, for counting how many an output fills
+MIN_PART = 256          # the shortest reduction a part keeps (shorter ones are mostly load latency)
+MIN_ROWS = 64           # fewer rows is a matrix-vector product: bound by reading the weight, not by SMs
+
+
+def _dims(program: Program, node_id: str) -> tuple[int, int, int] | None:
+    """(M, K, N) of a linear, or of a matmul of an activation by a 2-D matrix; None for other nodes."""
+    node = program.nodes[node_id]
+    if any(program.values[v].dtype != "float32" for v in node.inputs if v):
+        return None
+    a, b = (program.values[v].shape for v in node.inputs[:2])
+    if len(a) < 2 or len(b) != 2:
+        return None
+    if node.op == "linear":
+        n, k = b
+    elif node.op == "matmul":
+        k, n = b
+    else:
+        return None
+    return math.prod(a[:-1]), k, n
+
+
+def parts(program: Program, node_id: str, sm_count: int = H200.sm_count) -> int:
+    """How many parts to cut the reduction into: the fewest powers of two that give at least one tile
+    per SM, each part at least MIN_PART long and K divisible by their count; 1 where splitting does
+    not apply (enough tiles already, a short K, a matrix-vector product, another op)."""
+    dims = _dims(program, node_id)
+    if dims is None:
+        return 1
+    m, k, n = dims
+    tiles = math.ceil(m / TILE) * math.ceil(n / TILE)
+    if m < MIN_ROWS or 2 * tiles > sm_count:
+        return 1
+    s = 1
+    while tiles * s < sm_count and k % (2 * s) == 0 and k // (2 * s) >= MIN_PART:
+        s *= 2
+    return s
+
+
+def can_split_k(program: Program, node_id: str) -> bool:
+    return parts(program, node_id) > 1
+
+
+def run_split_k(program: Program, node_id: str, env: dict) -> None:
+    """The node's output as the sum of its s partial products, computed by one batched GEMM."""
+    import torch
+    node = program.nodes[node_id]
+    s = parts(program, node_id)
+    a, b = env[node.inputs[0]], env[node.inputs[1]]
+    bias = env[node.inputs[2]] if len(node.inputs) > 2 and node.inputs[2] else None
+    k = a.shape[-1]
+    rows = a.reshape(-1, k)
+    a_parts = rows.unflatten(1, (s, k // s)).transpose(0, 1)               # [s, M, K/s]
+    # B as [s, K/s, N]: a linear's [N, K] weight read transposed, a matmul's [K, N] cut along its rows
+    b_parts = b.unflatten(1, (s, k // s)).permute(1, 2, 0) if node.op == "linear" else b.unflatten(0, (s, k // s))
+    out = torch.bmm(a_parts, b_parts).sum(0)
+    if bias is not None:
+        out.add_(bias)
+    env[node.outputs[0]] = out.reshape(*a.shape[:-1], out.shape[-1])
