@@ -86,9 +86,18 @@ def _emulate(case: Case, params=None):
 
 @pytest.mark.parametrize("case", [Case(1, 2, 7, 45, 32, Ev=24), Case(2, 1, 37, 45, 32, mask="bool"),
                                   Case(1, 2, 37, 33, 16, mask="float"), Case(1, 2, 40, 33, 16, mask="causal"),
-                                  Case(1, 4, 20, 21, 32, Ev=40, kv_heads=2, q_view=True, mask="padding")],
+                                  Case(1, 4, 20, 21, 32, Ev=40, kv_heads=2, q_view=True, mask="padding"),
+                                  Case(3, 8, 2, 2, 64), Case(2, 3, 3, 5, 16, mask="causal"),
+                                  Case(2, 2, 1, 9, 32, mask="padding")],
                          ids=lambda c: c.label())
 def test_fp32_form_matches_torch_in_the_emulator(case):
+    from agent_core.codegen.attention import attention_spec, default_params
+    from agent_core.codegen.region_io import region_io
+    prog, nodes = attention_program(case)
+    p = default_params(attention_spec(prog, region_io(prog, nodes)), "fp32")
+    # tiles no wider than the queries and keys: 2 x 2 for attention over 2 tokens
+    pow2 = lambda n: 1 << (n - 1).bit_length()
+    assert p["block_rows"] == min(32, pow2(case.L)) and p["block_cols"] == min(32, pow2(case.S))
     got, ref = _emulate(case)
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-5), float((got - ref).abs().max())
     if case.mask == "bool":          # row 1 has every key masked: zeros, as torch gives

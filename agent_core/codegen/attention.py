@@ -179,6 +179,11 @@ def _operand(program: Program, lay: V.Layout, batch: tuple, what: str) -> Operan
                    strides[-1] if shape[-1] > 1 else 0, math.prod(program.values[read.source].shape))
 
 
+def _pow2(n: int) -> int:
+    """The least power of two >= n (1 for n <= 1)."""
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
 def default_params(spec: AttentionSpec, form: str | None = None) -> dict:
     """Tiles and warps by head dim (never by a benchmark's shapes): the tensor-core form keeps a
     16-row slab of queries per warp; wide heads take narrower key tiles to keep the accumulator and
@@ -186,8 +191,10 @@ def default_params(spec: AttentionSpec, form: str | None = None) -> dict:
     blocks per SM (and so the registers ptxas may use) follow from the shared memory (min_blocks None)."""
     form = form or "3xtf32"
     d = max(spec.E, spec.Ev)
-    if form == "fp32":
-        return {"form": "fp32", "block_rows": 32 if d <= 128 else 16, "block_cols": 32, "warps": 4}
+    if form == "fp32":    # no wider than the queries and keys there are: ViT's attention over 2 tokens
+        # (KernelBench level 3, 28) kept 2 of 32 rows busy in each of its 1576 blocks
+        return {"form": "fp32", "block_rows": min(32 if d <= 128 else 16, _pow2(spec.L)),
+                "block_cols": min(32, _pow2(spec.S)), "warps": 4}
     q_regs = math.ceil(spec.E / 8) * 8 <= Q_REGS_LIMIT   # QK's loop is unrolled whole either way
     # P V summed per key tile, then added to the running output by FFMA: accumulated by the tensor cores
     # over all S keys it was 1.7e-4 off float64 at S = 16384 (nn.MultiheadAttention over [0, 1) inputs),

@@ -472,7 +472,8 @@ class _Run:
                 f"correct={rec.get('correct')} ours {_f(rec.get('ours_ms'))} ms, eager {_f(rec.get('eager_ms'))} ms, "
                 f"compile {_f(rec.get('compile_best_ms'))} ms, best {rec.get('best_baseline') or '-'}, "
                 f"kernels ours/Inductor {kernels_cell(rec)}"
-                + (f"; the file's {' and '.join(rec['set_aside'])} set aside (fp32 at 1e-4)" if rec.get("set_aside") else "")
+                + (f"; the file's {' and '.join(rec['set_aside'])} set aside (fp32 at 1e-4)"
+                   if rec.get("set_aside") else "")
                 + (f"; {rec['graph_error']}" if rec.get("graph_error") else ""))
             where = f" on {rec['host']}" + (f" ({rec['gpu_name']})" if rec.get("gpu_name") else "") \
                 if rec.get("host") else ""

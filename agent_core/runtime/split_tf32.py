@@ -35,7 +35,8 @@ A linear or matmul with few output tiles and a long reduction may also run in fp
 parts (runtime/split_k.py, "fp32-splitk").
 
 A node's choice lives in program.metadata["library_precision"][node id] ("3xtf32", "3xtf32-cat",
-"fp32-timed" or "fp32-splitk"; absent = fp32). Parameters are split once and cached for as long as the parameter tensor lives.
+"fp32-timed" or "fp32-splitk"; absent = fp32). Parameters are split once and cached for as long as
+the parameter tensor lives.
 
 Every form of a 2-D or 3-D convolution (transposed and grouped ones included) can also run in
 channels-last memory (NHWC / NDHWC, the layout Inductor's layout optimisation picks for convolutions):
