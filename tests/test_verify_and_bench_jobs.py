@@ -322,6 +322,11 @@ def test_what_counts_as_crowded_out():
     assert bench.crowded_out({"ok": True, "rewrites_skipped": "DoesNotFit: program 'v': the program needs 33.3 GiB "
                                                               "for its tensors, the GPU has 20.8 GiB free"})
     assert not bench.crowded_out({"ok": True, "rewrites_skipped": "RewriteError: a rule failed its check"})
+    assert bench.crowded_out({"ok": True, "fallbacks": {
+        "r1": "correct but not faster than its unfused ops",
+        "r2": "verification failed: draw 3: the reference cannot run on this random draw (OutOfMemoryError: "
+              "CUDA out of memory. Tried to allocate 12.00 MiB."}})
+    assert not bench.crowded_out({"ok": True, "fallbacks": {"r1": "correct but not faster than its unfused ops"}})
     assert not bench.crowded_out({"ok": False, "error": "ProgramError: shape mismatch"})
     assert not bench.crowded_out({"ok": False, "error": "skipped: out of memory", "skipped": True})
     assert not bench.crowded_out({"ok": True})
