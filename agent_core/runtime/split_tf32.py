@@ -56,8 +56,8 @@ from ..ir import Program, Role
 from ..reference import run_node
 from . import split_kernel
 from .library_settings import cudnn_timed, tf32_tensor_cores
-from .split_k import SPLIT_K, run_split_k
 from .low_precision import DESCRIPTIONS as LOWER_DESCRIPTIONS, FORMS as LOWER, run_low_precision
+from .split_k import SPLIT_K, run_split_k
 
 TF32X3 = "3xtf32"
 TF32X3_CAT = "3xtf32-cat"
