@@ -71,6 +71,41 @@ def test_a_reference_that_fails_on_a_draw_is_a_failed_check_not_a_crash():
     assert not res.ok and "the reference cannot run" in res.reason and "IndexError" in res.reason
 
 
+def test_a_draw_that_ran_out_of_memory_runs_once_more_and_then_says_so():
+    """Under bench --jobs the other problems' GPU memory comes and goes: a reference or a candidate that
+    ran out of it runs once more (after the allocator's cache is given back) instead of failing the
+    region's check; twice out of memory is said as such, without the init-hint advice."""
+    calls = {"sample": 0, "run": 0}
+    x = torch.ones(3)
+
+    def sample(d):
+        calls["sample"] += 1
+        if calls["sample"] == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 MiB.")
+        return [x], [x * 2]
+
+    def run(ins):
+        calls["run"] += 1
+        if calls["run"] == 2:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB.")
+        return [ins[0] * 2]
+    res = verify.check_draws(_Prog, ["v"], sample, run, draws=3, device="cpu")
+    assert res.ok, res.reason
+    assert calls == {"sample": 4, "run": 4}          # one more of each, for the draws that ran out
+
+    def starved(d):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 12.00 MiB.")
+    res = verify.check_draws(_Prog, ["v"], starved, run, draws=3, device="cpu")
+    assert not res.ok and "the reference ran out of memory twice" in res.reason
+    assert "init hint" not in res.reason
+    assert bench.crowded_out({"ok": True, "fallbacks": {"r1": f"verification failed: {res.reason}"}})
+
+    def broken(ins):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    res = verify.check_draws(_Prog, ["v"], lambda d: ([x], [x * 2]), broken, draws=3, device="cpu")
+    assert not res.ok and "illegal memory access" in res.reason     # any other failure: once, as before
+
+
 def test_reference_cache_outputs_follow_the_original_program():
     from agent_core.importers import import_nn_module
     x = torch.randn(8, 32)
