@@ -107,3 +107,13 @@ def test_the_runtime_runs_the_chosen_form_and_names_it():
     with _Calls() as calls:
         run_library_node(p, n.id, dict(env), form="fp32")       # the memory plan's plain fp32
     assert "bmm" not in [c[0] for c in calls]
+
+
+def test_the_memory_plan_counts_its_partial_products():
+    """s partial outputs live while the call runs: the plan models them, so the chooser's measured
+    temporaries are compared with the right figure and the predicted peak includes them."""
+    from agent_core.program_runtime.memory_plan import call_temp_bytes
+    p, n = _program("linear", (2, 197, 2048), (512, 2048))
+    out = p.values[n.outputs[0]].nbytes
+    assert call_temp_bytes(p, n.id, sk.SPLIT_K, False) == 8 * out
+    assert call_temp_bytes(p, n.id, "fp32", False) == 0

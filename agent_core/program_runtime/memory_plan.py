@@ -34,6 +34,7 @@ from ..analysis.gpu import H200, GPUProfile
 from ..analysis.liveness import buffers, lifetimes
 from ..ir import Program, Role
 from ..runtime.low_precision import FORMS as LOWER, cast_bytes
+from ..runtime.split_k import SPLIT_K, parts as split_k_parts
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, can_concatenate, library_layout,
                                   library_precision)
 
@@ -245,6 +246,8 @@ def _call_costs(program: Program, nid: str, form: str | None, cached: bool,
             temp += _bytes(program, b)
     if form in LOWER:           # half-precision copies of the operands and the result, made per call
         temp += cast_bytes(program, nid, form)
+    if form == SPLIT_K:         # the partial products, one output's worth a part
+        temp += split_k_parts(program, nid) * _bytes(program, node.outputs[0])
     if form == TF32X3:
         temp += 0 if _gemm_sums_in_place(program, nid) else _bytes(program, node.outputs[0])
         for vid in (a, b):
@@ -258,7 +261,8 @@ def _call_costs(program: Program, nid: str, form: str | None, cached: bool,
 def call_temp_bytes(program: Program, nid: str, form: str, channels_last: bool) -> int:
     """The modeled temporaries of one call run as `form` ("fp32", "fp32-timed", a split form) in the
     layout given, its weights' parts cached: what agent.precision's measurement is compared with."""
-    return _call_costs(program, nid, form if form in (TF32X3, TF32X3_CAT, *LOWER) else None, True, channels_last)[0]
+    modeled = form if form in (TF32X3, TF32X3_CAT, SPLIT_K, *LOWER) else None
+    return _call_costs(program, nid, modeled, True, channels_last)[0]
 
 
 def layout_weight_bytes(program: Program, nid: str) -> int:
