@@ -324,7 +324,7 @@ def _forward_flags(args) -> list[str]:
            "--trials", str(args.trials), "--compile-budget", str(args.compile_budget)]
     if args.compile_modes:
         out += ["--compile-modes", ",".join(args.compile_modes)]
-    for flag in ("no_tune", "no_rewrite", "cpu", "no_compile_baselines"):
+    for flag in ("no_tune", "no_rewrite", "cpu", "no_compile_baselines", "fp32_only"):
         if getattr(args, flag):
             out.append("--" + flag.replace("_", "-"))
     from .optimize import writer_flags
