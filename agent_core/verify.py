@@ -132,7 +132,8 @@ def check_draws(program: Program, outputs: list[str], sample, run, *, draws: int
             except Exception as exc:  # e.g. class targets drawn outside [0, C): nothing to compare against
                 if _out_of_memory(exc):
                     return VerifyResult(False, d, reason=f"draw {d}: the reference ran out of memory twice "
-                                                         f"({_first_line(exc)}); other processes may hold it")
+                                                         f"({_first_line(exc)}): other processes hold the GPU's "
+                                                         f"memory, or the region needs more than it has")
                 return VerifyResult(False, d, reason=f"draw {d}: the reference cannot run on this random draw "
                                                      f"({type(exc).__name__}: {_first_line(exc)}); give the input "
                                                      f"an init hint with its valid range")
