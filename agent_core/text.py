@@ -1,4 +1,5 @@
-"""Words in what users read: the one place a count and its noun agree ("1 region", "2 regions")."""
+"""Words in what users read: the one place a count and its noun agree ("1 region", "2 regions"), and
+the first line of a message (an exception's, a tool's output) where one line is shown."""
 from __future__ import annotations
 
 _SIBILANT = ("s", "x", "z", "ch", "sh")
@@ -17,3 +18,14 @@ def plural(n: int, word: str, many: str | None = None) -> str:
         else:
             many = word + "s"
     return f"{n} {many}"
+
+
+def first_line(text) -> str:
+    """The first line of a message, stripped ("" for none)."""
+    lines = str(text or "").strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def says_out_of_memory(text) -> bool:
+    """Whether a message reports memory running out (torch's and CUDA's own words)."""
+    return "out of memory" in str(text or "").lower()

@@ -16,6 +16,7 @@ import torch
 from .errors import StitchError
 from .ir import Program
 from .reference import parameter_tensors, random_inputs, run_reference
+from .text import first_line, says_out_of_memory
 
 ATOL = RTOL = 1e-4
 COMPARE_CHUNK = 1 << 24
@@ -132,10 +133,10 @@ def check_draws(program: Program, outputs: list[str], sample, run, *, draws: int
             except Exception as exc:  # e.g. class targets drawn outside [0, C): nothing to compare against
                 if _out_of_memory(exc):
                     return VerifyResult(False, d, reason=f"draw {d}: the reference ran out of memory twice "
-                                                         f"({_first_line(exc)}): other processes hold the GPU's "
+                                                         f"({first_line(exc)}): other processes hold the GPU's "
                                                          f"memory, or the region needs more than it has")
                 return VerifyResult(False, d, reason=f"draw {d}: the reference cannot run on this random draw "
-                                                     f"({type(exc).__name__}: {_first_line(exc)}); give the input "
+                                                     f"({type(exc).__name__}: {first_line(exc)}); give the input "
                                                      f"an init hint with its valid range")
             try:
                 got = _again_if_out_of_memory(lambda: run_on_device(ins))
@@ -143,7 +144,7 @@ def check_draws(program: Program, outputs: list[str], sample, run, *, draws: int
                 return VerifyResult(False, d, reason=f"draw {d}: {exc}")
             except Exception as exc:  # a launch or driver failure is a failed candidate, not a crash
                 return VerifyResult(False, d, reason=f"draw {d}: {who} raised {type(exc).__name__}: "
-                                                     f"{_first_line(exc)}")
+                                                     f"{first_line(exc)}")
             if len(got) != len(outputs):
                 return VerifyResult(False, d, reason=f"{who} returned {len(got)} outputs, want {len(outputs)}")
             for vid, g, w in zip(outputs, got, want):
@@ -155,12 +156,8 @@ def check_draws(program: Program, outputs: list[str], sample, run, *, draws: int
     return VerifyResult(True, draws, worst_abs, worst_ex, "", per)
 
 
-def _first_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-
-
 def _out_of_memory(exc: BaseException) -> bool:
-    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in str(exc).lower()
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or says_out_of_memory(exc)
 
 
 def _again_if_out_of_memory(step):

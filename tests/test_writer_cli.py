@@ -147,28 +147,26 @@ def test_a_remote_endpoint_is_said_on_every_request_line():
 
 # bench's own options: how the run is laid out, not how one problem is optimized
 RUN_LEVEL = {"--help", "--json", "--jobs", "--isolate", "--time-cap", "--compile-cap", "--resume", "--ray",
-             "--kernel-cache", "--events", "--debug"}
+             "--kernel-cache", "--events"}
 
 
 def test_bench_passes_every_option_that_shapes_a_problem_to_its_isolated_process():
     """--jobs and --isolate run each problem as `stitchcuda bench FILE` in its own process: every option
     that changes how a problem is optimized or timed must reach it (--fp32-only did not)."""
-    from agent_core.cli import build_parser
-    from agent_core.commands.bench import _forward_flags
-    parser = build_parser()
-    bench = next(a for a in parser._subparsers._group_actions[0].choices.items() if a[0] == "bench")[1]
+    import argparse
+
+    from agent_core.commands import bench
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
     given = []
-    for action in bench._actions:
+    for action in parser._actions:
         flag = max(action.option_strings, key=len, default=None)
         if flag is None or flag in RUN_LEVEL or flag.startswith("--writer"):
             continue
         if action.nargs == 0:
             given.append(flag)
-        elif flag == "--compile-modes":
-            given += [flag, "default"]
         else:
-            given += [flag, "7"]
-    args = parser.parse_args(["bench", "p.json", "--isolate", *given])
-    flags = _forward_flags(args)
+            given += [flag, "default" if flag == "--compile-modes" else "7"]
+    flags = bench._forward_flags(parser.parse_args(["p.json", "--isolate", *given]))
     missing = [f for f in given if f.startswith("--") and f not in flags]
     assert not missing, missing

@@ -1,7 +1,7 @@
 """One short human-readable line per event, for the CLI's progress output."""
 from __future__ import annotations
 
-from ..text import plural
+from ..text import first_line, plural
 
 
 def _us(ms) -> str:
@@ -57,11 +57,6 @@ def format_event(e: dict) -> str | None:
     return None
 
 
-def _first_line(text) -> str:
-    lines = str(text or "").strip().splitlines()
-    return lines[0] if lines else ""
-
-
 def _writer_line(e: dict) -> str | None:
     """The model-driven writer's events (docs/WRITER.md); streamed text (writer-delta) is not printed."""
     k, where = e["event"], f"  {e['region']}: writer round {e.get('round')}"
@@ -75,13 +70,13 @@ def _writer_line(e: dict) -> str | None:
                 + (f" (cut off: {e['finish_reason']})" if e.get("finish_reason") not in (None, "stop") else ""))
     if k == "writer-verdict":
         if e["ok"]:
-            return f"{where}: verified: {_first_line(e['reason'])}"
-        return f"{where}: rejected ({e['check']}): {_first_line(e['reason'])}"
+            return f"{where}: verified: {first_line(e['reason'])}"
+        return f"{where}: rejected ({e['check']}): {first_line(e['reason'])}"
     if k == "writer-done":
         tokens = f" [{plural(e['tokens'], 'token')}]" if e.get("tokens") is not None else ""
         if e["kept"]:
-            return f"  {e['region']}: {_first_line(e['reason'])}{tokens}"
-        return f"  {e['region']}: no model kernel kept: {_first_line(e['reason'])}{tokens}"
+            return f"  {e['region']}: {first_line(e['reason'])}{tokens}"
+        return f"  {e['region']}: no model kernel kept: {first_line(e['reason'])}{tokens}"
     return None
 
 

@@ -28,6 +28,7 @@ from .attention_mma import Q_REGS_LIMIT, TILE_ACC_LIMIT
 from .attention_parts import cost
 from .attention_reads import strided_reads
 from .attention_store import chain_after, store_layout
+from .kernel import pow2_at_least
 from .kernel import CodegenError, KernelSource
 from .region_io import RegionIO
 
@@ -179,11 +180,6 @@ def _operand(program: Program, lay: V.Layout, batch: tuple, what: str) -> Operan
                    strides[-1] if shape[-1] > 1 else 0, math.prod(program.values[read.source].shape))
 
 
-def _pow2(n: int) -> int:
-    """The least power of two >= n (1 for n <= 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 def default_params(spec: AttentionSpec, form: str | None = None) -> dict:
     """Tiles and warps by head dim (never by a benchmark's shapes): the tensor-core form keeps a
     16-row slab of queries per warp; wide heads take narrower key tiles to keep the accumulator and
@@ -193,8 +189,8 @@ def default_params(spec: AttentionSpec, form: str | None = None) -> dict:
     d = max(spec.E, spec.Ev)
     if form == "fp32":    # no wider than the queries and keys there are: ViT's attention over 2 tokens
         # (KernelBench level 3, 28) kept 2 of 32 rows busy in each of its 1576 blocks
-        return {"form": "fp32", "block_rows": min(32 if d <= 128 else 16, _pow2(spec.L)),
-                "block_cols": min(32, _pow2(spec.S)), "warps": 4}
+        return {"form": "fp32", "block_rows": min(32 if d <= 128 else 16, pow2_at_least(spec.L)),
+                "block_cols": min(32, pow2_at_least(spec.S)), "warps": 4}
     q_regs = math.ceil(spec.E / 8) * 8 <= Q_REGS_LIMIT   # QK's loop is unrolled whole either way
     # P V summed per key tile, then added to the running output by FFMA: accumulated by the tensor cores
     # over all S keys it was 1.7e-4 off float64 at S = 16384 (nn.MultiheadAttention over [0, 1) inputs),

@@ -1,9 +1,15 @@
 """What code generation hands to the compiler and the runtime: a kernel's source and how to launch it."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from ..errors import StitchError
+
+
+def pow2_at_least(n: float) -> int:
+    """The least power of two >= n (1 for n <= 1): thread counts, tiles, cluster sizes."""
+    return 1 << max(0, math.ceil(math.log2(max(1.0, n))))
 
 
 class CodegenError(StitchError):

@@ -32,7 +32,7 @@ import re
 from ..ir import Program
 from ..ops.registry import DTYPE_BYTES
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
-from .kernel import CodegenError, KernelSource
+from .kernel import CodegenError, KernelSource, pow2_at_least as _pow2
 from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
@@ -200,10 +200,6 @@ def _prologue_held(g: RowGraph, full: list[str]) -> list[str]:
     if any(g.defs[k].expr is not None for k in front) and len(front) <= max(1, len(full)):
         return front
     return []
-
-
-def _pow2(n: float) -> int:
-    return 1 << max(0, math.ceil(math.log2(max(1.0, n))))
 
 
 def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict:

@@ -21,6 +21,7 @@ import threading
 import time
 
 from ..profile.baselines import KNOWN_MODES, MODES, parse_modes
+from ..text import says_out_of_memory
 
 HELP = "benchmark programs against torch eager and torch.compile"
 
@@ -517,7 +518,7 @@ def crowded_out(rec: dict) -> str | None:
     reasons = [rec.get("error")] if not rec.get("ok") else \
         [rec.get("graph_error"), rec.get("rewrites_skipped"), *(rec.get("fallbacks") or {}).values()]
     for why in reasons:
-        if why and ("out of memory" in why.lower() or why.startswith("DoesNotFit")):
+        if why and (says_out_of_memory(why) or why.startswith("DoesNotFit")):
             return why
     return None
 
