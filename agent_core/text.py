@@ -21,9 +21,15 @@ def plural(n: int, word: str, many: str | None = None) -> str:
 
 
 def first_line(text) -> str:
-    """The first line of a message, stripped ("" for none)."""
-    lines = str(text or "").strip().splitlines()
-    return lines[0] if lines else ""
+    """The first line of a message, stripped ("" for none). A first line that only introduces what
+    follows ("backend='inductor' raised:", torch.compile's wrapper of the real error) gets the next
+    non-empty line after it, which says what went wrong."""
+    lines = [line.strip() for line in str(text or "").strip().splitlines() if line.strip()]
+    if not lines:
+        return ""
+    if lines[0].endswith(":") and len(lines) > 1:
+        return f"{lines[0]} {lines[1]}"
+    return lines[0]
 
 
 def says_out_of_memory(text) -> bool:

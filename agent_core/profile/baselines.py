@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from ..text import first_line
 from .inductor_kernels import first_call_counting_kernels
 from .launched import launched_kernels
 from .timing import DEFAULT_WARMUP, gpu_work, inductor_benchmarks_as_gpu_work, time_cpu, time_gpu
@@ -35,8 +36,8 @@ def strict_fp32() -> None:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0][:300]}" if text else type(exc).__name__
+    text = first_line(exc)
+    return f"{type(exc).__name__}: {text[:300]}" if text else type(exc).__name__
 
 
 def source_callable(path: str, device: str = "cuda"):

@@ -19,6 +19,7 @@ from ..ops.recurrent import flatten_for_cudnn
 from ..reference import parameter_tensors, random_inputs, run_reference
 from ..runtime.launch import cupy_stream
 from ..runtime.split_tf32 import run_library_node
+from ..text import first_line
 from .steps import Step, plan_steps
 
 
@@ -183,7 +184,8 @@ class ProgramExecutable:
         env = dict(self.params)
         env.update(zip(self.program.inputs, self.inputs))
         with torch.no_grad():
-            for step, release in zip(self.steps, self._release):
+            for i, (step, release) in enumerate(zip(self.steps, self._release)):
+                self._step_at = i          # a capture that fails names the step it failed in
                 if step.kind == "kernel":
                     self._launch(torch, step, env, release)
                 else:
@@ -199,6 +201,8 @@ class ProgramExecutable:
         strict_fp32()
         stream = capture_stream(torch)
         stream.wait_stream(torch.cuda.current_stream())
+        run = "warm-up"
+        self._step_at = 0
         try:
             # the warm-up and capture run the whole program: never during another problem's measurement
             with gpu_work(), torch.cuda.stream(stream):
@@ -206,14 +210,18 @@ class ProgramExecutable:
                 torch.cuda.synchronize()
                 own_blas_workspaces(torch)
                 g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g, stream=stream):
+                run = "capture"
+                # thread-local: only this thread's calls can spoil the capture, not another thread's
+                with torch.cuda.graph(g, stream=stream, capture_error_mode="thread_local"):
                     outs = self._execute()
                 torch.cuda.synchronize()
             self.graph, self.outputs = g, outs
         except Exception as exc:  # e.g. an op that synchronises: run the steps one by one instead
             torch.cuda.synchronize()
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            self.graph_error = f"CUDA graph capture failed ({type(exc).__name__}: {first[:200]}); steps run one by one"
+            step = self.steps[self._step_at].label(self.program) if self.steps else "no step"
+            self.graph_error = (f"CUDA graph capture failed in its {run} run, noticed at step {self._step_at + 1} of "
+                                f"{len(self.steps)}, {step} ({type(exc).__name__}: {first_line(exc)[:200]}); "
+                                "steps run one by one")
             self.graph = None
 
     def replay(self):
