@@ -2,6 +2,9 @@
 tiles, a long K, enough rows), that it is the same sum as fp32 for linears and matmuls of every
 operand layout, that it is one batched GEMM over views of the operands, and that the agent offers it
 as a form and the runtime runs it when chosen. tests/gpu/test_split_k_gpu.py times it."""
+import os
+import tempfile
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -117,3 +120,35 @@ def test_the_memory_plan_counts_its_partial_products():
     out = p.values[n.outputs[0]].nbytes
     assert call_temp_bytes(p, n.id, sk.SPLIT_K, False) == 8 * out
     assert call_temp_bytes(p, n.id, "fp32", False) == 0
+
+
+def test_a_tight_memory_budget_cuts_fewer_parts_and_everything_agrees_on_them():
+    """Where the memory budget leaves room for fewer partial products than fill the SMs (a batch-2 ViT:
+    eager's peak is 6.9 MiB), the agent fixes the most that fit; the runtime's GEMM, the memory plan's
+    model and a saved program all use that count, and no room for two drops the form."""
+    from agent_core.agent.precision import fit_split_k, over_room
+    from agent_core.program_runtime.memory_plan import call_temp_bytes
+    from agent_core.project_file import load_program, save_program
+    p, n = _program("linear", (2, 197, 2048), (512, 2048))
+    out = p.values[n.outputs[0]].nbytes                      # 0.8 MB
+    room = int(2.3 * 2**20)
+    assert sk.parts_within(p, n.id, room) == 2 and sk.parts_within(p, n.id, None) == 8
+    assert over_room(p, n.id, [sk.SPLIT_K], room) == []
+    fit_split_k(p, n.id, room)
+    assert sk.parts(p, n.id) == 2
+    assert call_temp_bytes(p, n.id, sk.SPLIT_K, False) == 2 * out
+    env = dict(parameter_tensors(p, "cpu"))
+    env[p.inputs[0]] = torch.randn(2, 197, 2048)
+    fp32 = dict(env)
+    run_node(p, n.id, fp32)
+    with _Calls() as calls:
+        sk.run_split_k(p, n.id, env)
+    assert dict(calls)["bmm"] == [(2, 394, 1024), (2, 1024, 512)]
+    torch.testing.assert_close(env[n.outputs[0]], fp32[n.outputs[0]], rtol=1e-5, atol=1e-5)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "p.json")
+        save_program(p, path)
+        assert sk.parts(load_program(path), n.id) == 2
+    fit_split_k(p, n.id, None)                               # no budget: the count that fills the SMs
+    assert sk.parts(p, n.id) == 8
+    assert over_room(p, n.id, [sk.SPLIT_K], out + out // 2) == [sk.SPLIT_K]

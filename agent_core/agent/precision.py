@@ -28,7 +28,7 @@ from ..codegen import LIBRARY_CATEGORIES
 from ..ir import Program
 from ..reference import run_node
 from ..runtime.low_precision import BF16, FP16, TF32, allowed, run_low_precision
-from ..runtime.split_k import SPLIT_K, can_split_k, run_split_k
+from ..runtime.split_k import PARTS_KEY, SPLIT_K, can_split_k, most_parts, parts_within, run_split_k
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, TIMED_FP32, can_channels_last, can_concatenate,
                                   can_split, library_layout, library_precision, run_in_layout, run_split_tf32,
                                   run_split_tf32_cat, run_timed_fp32, to_channels_last)
@@ -193,7 +193,19 @@ def over_room(program: Program, nid: str, forms, room: int | None) -> list[str]:
         form, layout = split_variant(key)
         if form in (TF32X3, TF32X3_CAT) and split_parts_bytes(program, nid, form, layout is not None) > room:
             out.append(key)
+        if form == SPLIT_K and parts_within(program, nid, room) < 2:
+            out.append(key)
     return out
+
+
+def fit_split_k(program: Program, nid: str, room: int | None) -> None:
+    """Fix the node's split-K part count (program.metadata["split_k_parts"]) to the most whose
+    partial products fit in `room`, where that is fewer than fill the SMs (runtime/split_k.py)."""
+    table = program.metadata.setdefault(PARTS_KEY, {})
+    table.pop(nid, None)
+    s = parts_within(program, nid, room)
+    if 1 < s < most_parts(program, nid):
+        table[nid] = s
 
 
 def pick(ms: dict[str, float], disagree) -> str:
@@ -259,6 +271,8 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         forms = variants(program, nid, {**library_layout(program), **layouts}, kernels)
         here = (room or {}).get(nid)
         too_big = over_room(program, nid, forms, here)
+        if SPLIT_K in forms:
+            fit_split_k(program, nid, here)
         fp32 = None   # fp32's result; each other form's is compared with it and dropped
 
         def measure(mode):
@@ -307,6 +321,13 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
             if other in ms and other not in disagree + heavy:
                 why += (f"; channels-last {'kept' if layout else 'not kept'}: {ms[form + CL]:.3f} ms against "
                         f"{ms[form]:.3f} ms in the input's layout (conversions counted)")
+        if form == SPLIT_K:
+            fixed = (program.metadata.get(PARTS_KEY) or {}).get(nid)
+            why += (f"; its reduction cut into {fixed} parts, the most whose partial products fit in the "
+                    f"memory budget here (the SMs take {most_parts(program, nid)})" if fixed else
+                    f"; its reduction cut into {most_parts(program, nid)} parts")
+        else:
+            (program.metadata.get(PARTS_KEY) or {}).pop(nid, None)
         if disagree:
             why += (f"; {', '.join(disagree)} disagreed with fp32 beyond the tolerance (atol {atol:g}, "
                     f"rtol {rtol:g}) on a random draw")

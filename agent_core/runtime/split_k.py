@@ -18,6 +18,7 @@ from ..analysis.gpu import H200
 from ..ir import Program
 
 SPLIT_K = "fp32-splitk"
+PARTS_KEY = "split_k_parts"   # program.metadata: node id -> its part count, where the memory budget cut it
 TILE = 128              # a cuBLAS output tile's side, for counting how many an output fills
 MIN_PART = 256          # the shortest reduction a part keeps (shorter ones are mostly load latency)
 MIN_ROWS = 64           # fewer rows is a matrix-vector product: bound by reading the weight, not by SMs
@@ -40,10 +41,31 @@ def _dims(program: Program, node_id: str) -> tuple[int, int, int] | None:
     return math.prod(a[:-1]), k, n
 
 
-def parts(program: Program, node_id: str, sm_count: int = H200.sm_count) -> int:
-    """How many parts to cut the reduction into: the fewest powers of two that give at least one tile
-    per SM, each part at least MIN_PART long and K divisible by their count; 1 where splitting does
-    not apply (enough tiles already, a short K, a matrix-vector product, another op)."""
+def parts(program: Program, node_id: str) -> int:
+    """How many parts this node's reduction is cut into: the count the agent fixed for it to fit the
+    memory budget (program.metadata["split_k_parts"], see parts_within), else most_parts."""
+    fixed = (program.metadata.get(PARTS_KEY) or {}).get(node_id)
+    return int(fixed) if fixed else most_parts(program, node_id)
+
+
+def parts_within(program: Program, node_id: str, room: int | None) -> int:
+    """The most parts, down from most_parts by halves, whose partial products (one output's worth
+    each) fit in `room` bytes (None: no limit); 1 where not even two fit. 28_VisionTransformer (batch
+    2) has a budget of 6.9 MiB, eager's peak: 2.3 MiB left at its 2048-to-512 linear held two parts of
+    its 0.8 MB output, not the eight that fill the SMs."""
+    s = most_parts(program, node_id)
+    if room is None:
+        return s
+    out = program.values[program.nodes[node_id].outputs[0]]
+    while s > 1 and s * out.nbytes > room:
+        s //= 2
+    return s
+
+
+def most_parts(program: Program, node_id: str, sm_count: int = H200.sm_count) -> int:
+    """The fewest powers of two that give at least one tile per SM, each part at least MIN_PART long
+    and K divisible by their count; 1 where splitting does not apply (enough tiles already, a short K,
+    a matrix-vector product, another op)."""
     dims = _dims(program, node_id)
     if dims is None:
         return 1
@@ -58,7 +80,7 @@ def parts(program: Program, node_id: str, sm_count: int = H200.sm_count) -> int:
 
 
 def can_split_k(program: Program, node_id: str) -> bool:
-    return parts(program, node_id) > 1
+    return most_parts(program, node_id) > 1
 
 
 def run_split_k(program: Program, node_id: str, env: dict) -> None:
