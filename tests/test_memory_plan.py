@@ -343,3 +343,32 @@ def test_a_split_call_the_plan_sets_back_runs_in_its_inputs_layout(monkeypatch):
     res = exe.verify(draws=2)
     assert res.ok, res.reason
     assert converted == []
+
+
+class WideReduction(nn.Module):
+    """394 rows from 2048 to 512 features: few output tiles, a long K, so fp32-splitk applies."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(2048, 512)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * 2.0
+
+
+def test_split_k_partial_products_count_and_the_plan_runs_it_in_fp32_when_they_do_not_fit():
+    from agent_core.runtime.split_k import PARTS_KEY, SPLIT_K
+    out = 394 * 512 * 4
+    for parts, budget, runs_as in ((8, None, "fp32"), (2, 4 * out, SPLIT_K)):
+        p = _program(WideReduction(), (394, 2048))
+        lin = next(n.id for n in p.nodes.values() if n.op == "linear")
+        p.metadata["library_precision"] = {lin: SPLIT_K}
+        if parts != 8:
+            p.metadata[PARTS_KEY] = {lin: parts}
+        if budget is not None:
+            p.metadata["memory_budget_bytes"] = budget
+        exe = ProgramExecutable(p, {}, graph=False, device="cpu")
+        d = exe.memory.decisions[lin]
+        assert d.runs_as == runs_as and f"its {parts} partial products" in d.reason, d.reason
+        assert exe.memory.predicted_peak_bytes <= exe.memory.budget_bytes
+        assert exe.verify(draws=2).ok

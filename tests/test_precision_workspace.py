@@ -205,3 +205,33 @@ def test_a_call_set_back_to_fp32_for_memory_runs_in_its_inputs_layout():
     exe = ProgramExecutable(p, {}, graph=False, device="cpu")
     assert conv not in exe.memory.weights_per_call        # no channels-last weight made per call
     assert exe.verify(draws=2).ok
+
+
+class TwoWideReductions(nn.Module):
+    """The same 2048-to-512 linear call twice on 394 rows: few output tiles, a long K (fp32-splitk)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(2048, 512), nn.Linear(2048, 512)
+
+    def forward(self, x):
+        return self.fc1(x) + self.fc2(x * 2.0)
+
+
+def test_split_k_fitted_to_the_room_is_shared_with_its_part_count(monkeypatch):
+    """The room at both calls holds two partial products, not the eight that fill the SMs: the timed
+    call is cut in two, and the call that takes its form from it is cut in two as well (timed with
+    eight there, the plan would have modeled two and the runtime allocated eight)."""
+    from agent_core.runtime.split_k import SPLIT_K, parts
+    torch.manual_seed(0)
+    p = import_nn_module(TwoWideReductions(), [torch.randn(394, 2048)])
+    out = 394 * 512 * 4
+    fc1, fc2 = _linears(p)
+    _fake_gpu(monkeypatch, ms=_Slow(2.0, fp32=1.0, **{SPLIT_K: 0.5}), extra=_Slow(0, **{SPLIT_K: 2 * out}))
+    events = _choose(p, room={fc1: 2 * out + 1000, fc2: 2 * out + 1000})
+    assert precision.library_precision(p) == {fc1: SPLIT_K, fc2: SPLIT_K}
+    assert parts(p, fc1) == parts(p, fc2) == 2
+    shared = next(e for e in events if e.get("event") == "precision" and e.get("node") == fc2)
+    assert shared["shared_with"] == fc1
+    timed = next(e for e in events if e.get("event") == "precision" and e.get("node") == fc1)
+    assert "cut into 2 parts" in timed["reason"] and "the SMs take 8" in timed["reason"]

@@ -14,6 +14,7 @@ import json
 
 from ..ir import Program
 from ..program_runtime.memory_plan import call_temp_bytes
+from ..runtime.split_k import share_parts
 from ..runtime.split_tf32 import library_layout
 from ..verify import tolerance
 from .precision import (CL, SPLIT_VARIANTS, choose_library_precision, library_nodes, over_room, variants,
@@ -82,6 +83,7 @@ def choose_shared_precision(program: Program, tensors_for, emit, trials: int,
                 alone.append(nid)          # other forms fit in memory here, or this one does not
                 continue
             if key != "fp32":
+                share_parts(program, first, nid)      # fp32-splitk: the same part count as where timed
                 try:
                     ok = agrees(program, nid, key, tensors_for)
                 except Exception:   # noqa: BLE001 - as precision does: this node is then timed alone

@@ -23,8 +23,8 @@ value eager never holds) unless the program's memory_budget_bytes or the caller 
 the predicted peak is above it: the largest cache is dropped when splitting its weight per call does
 not raise the peak, unless splitting per call costs more time than the split saves against fp32
 (agent.precision's timings, program.metadata["library_precision_gain_ms"]), when its calls run in fp32;
-else the heaviest split call at the peak step runs in plain fp32; else the calls of the largest cache
-run in fp32. Each choice is a recorded decision (MemoryDecision).
+else the heaviest split call at the peak step runs in plain fp32 (a split-K call's partial products
+count like a split call's parts: runtime/split_k.py); else the calls of the largest cache run in fp32. Each choice is a recorded decision (MemoryDecision).
 """
 from __future__ import annotations
 
@@ -57,9 +57,9 @@ def _bytes(program: Program, vid: str) -> int:
 
 @dataclass
 class MemoryDecision:
-    """One split-TF32 call: how it runs (its agent-chosen form, or fp32), and its weights' parts."""
+    """One split-TF32 or split-K call: how it runs (its agent-chosen form, or fp32), and its weights' parts."""
     node_id: str
-    chosen: str                 # the agent's form (3xtf32, 3xtf32-cat)
+    chosen: str                 # the agent's form (3xtf32, 3xtf32-cat, fp32-splitk)
     runs_as: str                # the same, or "fp32"
     weights: str                # "cached", "split per call" or "none" (no parameter operand)
     cache_bytes: int            # what caching its weights costs (0 when none)
@@ -334,7 +334,7 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
         kept = {n: lay for n, lay in layout.items() if n not in demoted}
         return [a + b for a, b in zip(live, _kernel_copies(program, events, kept))]
     library = [(k, nid) for k, (_, nid, _, _) in enumerate(events) if nid is not None]
-    calls = [nid for _, nid in library if precision.get(nid) == TF32X3
+    calls = [nid for _, nid in library if precision.get(nid) in (TF32X3, SPLIT_K)
              or (precision.get(nid) == TF32X3_CAT and can_concatenate(program, nid))]
     split = set(calls)
     demoted: set[str] = set()           # split calls run in fp32
@@ -415,6 +415,15 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
                 f"runs in fp32: caching its weights ({cache_nb / MIB:.1f} MiB) takes the peak above the budget, "
                 f"and splitting them per call (about {_per_call_ms(program, nid, form):.3f} ms of copies) costs "
                 f"more than the split saves ({gains[nid]:.3f} ms); {within}")
+        elif nid in demoted and form == SPLIT_K:
+            decisions[nid] = MemoryDecision(
+                nid, form, "fp32", "none", 0, temp,
+                f"runs in fp32: its {split_k_parts(program, nid)} partial products "
+                f"({_call_costs(program, nid, form, True)[0] / MIB:.1f} MiB) take the peak above the budget; {within}")
+        elif form == SPLIT_K:
+            decisions[nid] = MemoryDecision(nid, form, form, "none", 0, temp,
+                                            f"its {split_k_parts(program, nid)} partial products "
+                                            f"({temp / MIB:.1f} MiB) fit; {within}")
         elif nid in demoted:
             t_all = _call_costs(program, nid, form, False)[0]
             decisions[nid] = MemoryDecision(

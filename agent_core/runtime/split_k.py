@@ -62,6 +62,15 @@ def parts_within(program: Program, node_id: str, room: int | None) -> int:
     return s
 
 
+def share_parts(program: Program, timed: str, node_id: str) -> None:
+    """A node that takes the form chosen on a node of the same call (agent.precision_share) takes its
+    part count too: the count fixed for the budget there, or none."""
+    table = program.metadata.setdefault(PARTS_KEY, {})
+    table.pop(node_id, None)
+    if timed in table:
+        table[node_id] = table[timed]
+
+
 def most_parts(program: Program, node_id: str, sm_count: int = H200.sm_count) -> int:
     """The fewest powers of two that give at least one tile per SM, each part at least MIN_PART long
     and K divisible by their count; 1 where splitting does not apply (enough tiles already, a short K,
