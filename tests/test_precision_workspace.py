@@ -235,3 +235,22 @@ def test_split_k_fitted_to_the_room_is_shared_with_its_part_count(monkeypatch):
     assert shared["shared_with"] == fc1
     timed = next(e for e in events if e.get("event") == "precision" and e.get("node") == fc1)
     assert "cut into 2 parts" in timed["reason"] and "the SMs take 8" in timed["reason"]
+
+
+def test_a_call_whose_forms_could_not_be_timed_says_why_for_the_bench_record(monkeypatch):
+    """A split form that runs out of GPU memory while timed (other processes' share of it under bench
+    --jobs) leaves the call in fp32 with the reason kept, which bench's crowding check reads."""
+    p = _program()
+    _fake_gpu(monkeypatch, ms=MS, extra=_extra(0, 0))
+    real = quick_timing.time_candidate
+
+    def crowded(fn, **kw):
+        if kw.get("best_ms") is not None:              # every form after fp32's
+            raise RuntimeError("CUDA out of memory. Tried to allocate 96.00 MiB")
+        return real(fn, **kw)
+    monkeypatch.setattr(quick_timing, "time_candidate", crowded)
+    _choose(p, room=None)
+    assert precision.library_precision(p) == {}
+    errors = p.metadata[precision.ERRORS_KEY]
+    assert set(errors) == {_linears(p)[0]}          # timed there; the same call on fc2 shares fp32
+    assert all(e.startswith("RuntimeError: CUDA out of memory.") for e in errors.values())

@@ -342,7 +342,8 @@ def test_bench_jobs_runs_a_problem_that_ran_out_of_memory_beside_others_again_al
     assert again["ok"] and again["jobs"] == 1 and again["first_try"].startswith("with --jobs 2: ")
     assert "out of memory" in again["first_try"]
     assert [r["problem"] for r in rows].count("relu_missing") == 1          # its own failure: once
-    assert "crowded: ran out of GPU memory beside other problems; running it again alone" in proc.stdout
+    assert "crowded: crowded out beside other problems (ImportFailure: get_inputs() raised RuntimeError: CUDA out of memory." in proc.stdout
+    assert "; running it again alone" in proc.stdout
     table = proc.stdout.split("problem ")[-1]
     assert "crowded" in table and "FAILED" not in table.split("crowded")[1].splitlines()[0]
 
@@ -363,5 +364,35 @@ def test_what_counts_as_crowded_out():
               "CUDA out of memory. Tried to allocate 12.00 MiB."}})
     assert not bench.crowded_out({"ok": True, "fallbacks": {"r1": "correct but not faster than its unfused ops"}})
     assert not bench.crowded_out({"ok": False, "error": "ProgramError: shape mismatch"})
+    # any capture failure beside other problems (cuDNN's out-of-memory fallback synchronises inside
+    # the capture, and the error says only that the capture was spoilt); alone, it is the program's own
+    spoilt = "CUDA graph capture failed in its capture run (AcceleratorError: operation failed due to a previous error)"
+    assert bench.crowded_out({"ok": True, "jobs": 8, "graph_error": spoilt})
+    assert not bench.crowded_out({"ok": True, "jobs": 1, "graph_error": spoilt})
+    assert not bench.crowded_out({"ok": True, "jobs": 8, "graph_error": spoilt, "first_try": "with --jobs 8: .."})
+    # a library call whose split forms could not be timed for memory ran in fp32
+    assert bench.crowded_out({"ok": True, "library_precision_errors": {"n17": "OutOfMemoryError: CUDA out of memory."}})
+    assert not bench.crowded_out({"ok": True, "library_precision_errors": {"n17": "RuntimeError: bad shape"}})
     assert not bench.crowded_out({"ok": False, "error": "skipped: out of memory", "skipped": True})
     assert not bench.crowded_out({"ok": True})
+
+
+def test_bench_resume_runs_the_files_crowded_rows_again_alone(tmp_path):
+    """A resumable level-3 call can reach its time cap before the crowded problems run again alone:
+    the next call (--resume) runs them alone, and the rows finished cleanly stay as they were."""
+    files = [os.path.join(EXAMPLES, "softmax_rows.py"), os.path.join(EXAMPLES, "relu_missing.py")]
+    out = tmp_path / "b.jsonl"
+    spoilt = {"problem": "softmax_rows", "file": files[0], "ok": True, "gpu": True, "correct": True,
+              "ours_ms": 3.0, "jobs": 8, "graph_error": "CUDA graph capture failed in its capture run "
+              "(AcceleratorError: operation failed due to a previous error during capture); steps run one by one"}
+    kept = {"problem": "relu_missing", "file": files[1], "ok": False, "error": "ProgramError: its own", "jobs": 8}
+    out.write_text(json.dumps(spoilt) + "\n" + json.dumps(kept) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "agent_core.cli", "bench", *files, "--json", str(out), "--resume",
+                           "--jobs", "2", "--cpu", "--no-tune"], cwd=os.path.join(os.path.dirname(__file__), ".."),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["problem"] for r in rows] == ["softmax_rows", "relu_missing", "softmax_rows"]
+    again = rows[-1]
+    assert again["jobs"] == 1 and again["first_try"].startswith("with --jobs 2: CUDA graph capture failed")
+    assert "softmax_rows: crowded out beside other problems (CUDA graph capture failed" in proc.stdout

@@ -759,6 +759,8 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         emit.emit("verify", scope="program", ok=res.ok, draws=res.draws, max_abs_err=res.max_abs_err,
                   reason=res.reason)
     profile["library_precision"] = dict(library_precision(prog))
+    if prog.metadata.get("library_precision_errors"):   # nodes only timed in fp32, and why
+        profile["library_precision_errors"] = dict(prog.metadata["library_precision_errors"])
     profile["library_layout"] = dict(prog.metadata.get("library_layout") or {})
     if not res.ok and fused:
         emit.emit("error", message=f"the end-to-end program with generated kernels failed verification "

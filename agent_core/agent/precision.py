@@ -32,10 +32,12 @@ from ..runtime.split_k import PARTS_KEY, SPLIT_K, can_split_k, most_parts, parts
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, TIMED_FP32, can_channels_last, can_concatenate,
                                   can_split, library_layout, library_precision, run_in_layout, run_split_tf32,
                                   run_split_tf32_cat, run_timed_fp32, to_channels_last)
+from ..text import first_line
 from ..verify import tolerance
 
 MIN_GAIN = 1.05   # below this the choice would follow timing noise
 # the forms, most accurate first, and their event fields
+ERRORS_KEY = "library_precision_errors"   # program.metadata: node id -> why only fp32 was tried there
 FIELDS = {"fp32": "fp32_ms", TIMED_FP32: "timed_fp32_ms", SPLIT_K: "fp32_splitk_ms", TF32X3: "tf32x3_ms",
           TF32X3_CAT: "tf32x3_cat_ms", TF32: "tf32_ms", FP16: "fp16_ms", BF16: "bf16_ms"}
 CL = "+" + CHANNELS_LAST     # a form's channels-last variant: "fp32+channels_last", "3xtf32-cat+channels_last"
@@ -257,6 +259,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
     gains: dict[str, float] = {}       # ms a split form saves against fp32 in its layout (memory_plan weighs it)
     workspace: dict[str, int] = {}
     if nodes is None:
+        program.metadata.pop(ERRORS_KEY, None)
         program.metadata.pop("library_layout", None)
         program.metadata.pop("library_precision_gain_ms", None)
         program.metadata.pop("library_workspace_bytes", None)
@@ -311,6 +314,8 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         except Exception as exc:  # noqa: BLE001 - a node that cannot be timed stays fp32
             emit.log(f"{node.name} ({node.op}): only fp32 tried: {type(exc).__name__}: {exc}",
                      level="warning", node=nid)
+            # kept for the bench record: out of memory here is most often other processes' doing
+            program.metadata.setdefault(ERRORS_KEY, {})[nid] = f"{type(exc).__name__}: {first_line(exc)[:200]}"
             continue
         best = pick(ms, disagree + heavy)
         why = (f"{ms['fp32'] / ms[best]:.2f}x faster than plain fp32 ({ms[best]:.3f} ms vs {ms['fp32']:.3f} ms)"

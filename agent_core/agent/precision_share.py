@@ -17,7 +17,7 @@ from ..program_runtime.memory_plan import call_temp_bytes
 from ..runtime.split_k import share_parts
 from ..runtime.split_tf32 import library_layout
 from ..verify import tolerance
-from .precision import (CL, SPLIT_VARIANTS, choose_library_precision, library_nodes, over_room, variants,
+from .precision import (CL, ERRORS_KEY, SPLIT_VARIANTS, choose_library_precision, library_nodes, over_room, variants,
                         workspace_bytes)
 
 
@@ -63,6 +63,7 @@ def choose_shared_precision(program: Program, tensors_for, emit, trials: int,
     grouped = groups(program)
     program.metadata.pop("library_layout", None)     # an earlier run's: every chain's layout is chosen again
     program.metadata.pop("library_precision_gain_ms", None)
+    program.metadata.pop(ERRORS_KEY, None)
     program.metadata.pop("library_workspace_bytes", None)
     room = room or {}
     chosen = dict(choose_library_precision(program, tensors_for, emit, trials, nodes=[g[0] for g in grouped],
