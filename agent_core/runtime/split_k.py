@@ -6,6 +6,11 @@ TFLOP/s. Cut K into s parts and the same products become one strided-batched GEM
 ([s, M, K/s] x [s, K/s, N], views of the operands, no copy), then one sum over the s partial products
 and the bias: every SM busy, for s partial outputs written and read once more.
 
+Memory: the s partial products live while the call runs. Where the memory budget leaves room for
+fewer than fill the SMs, the agent cuts fewer (parts_within; the count is kept in program.metadata
+so the runtime, the memory plan and the calls sharing the form use it), and the memory plan can set
+the call back to plain fp32 like a split-TF32 one.
+
 Precision: plain fp32 products and sums (TF32 off), the sum in a different order than cuBLAS's, so
 it is as accurate as fp32 but not bit-identical; the agent times it beside the other forms per node
 (agent/precision.py) and keeps it only where it agrees with fp32 and is faster.
