@@ -230,3 +230,20 @@ def test_a_program_planned_without_its_rewrites_says_why_in_the_record_and_the_s
         profile={"rewrites_skipped": why, "end_to_end": {"correct": True, "ms": 14.8, "cuda_graph": True}}), 44.0)
     assert rec["rewrites_skipped"] == why and "graph_error" not in rec
     assert summary_lines([rec])[:2] == ["planned without rewrites: 1 problem", f"  31_VisionAttention: {why}"]
+
+
+def test_a_record_keeps_why_a_problem_ran_without_a_gpu_and_which_calls_stayed_fp32():
+    """34_VanillaRNNHidden found no GPU in its process under --jobs 8 and 44_MiniGPTBlock's split forms
+    ran out of memory while timed: both rows say so, which is what bench's crowding check reads."""
+    from types import SimpleNamespace
+
+    from agent_core.commands.bench import crowded_out, record_from_result
+    rec = record_from_result("34_VanillaRNNHidden.py", SimpleNamespace(
+        gpu=False, outcomes=[], program=None, writer=None, profile={"no_gpu": "torch sees no CUDA GPU"}), 31.0)
+    assert rec["no_gpu"] == "torch sees no CUDA GPU" and rec["gpu"] is False
+    oom = {"n17": "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB"}
+    rec = record_from_result("44_MiniGPTBlock.py", SimpleNamespace(
+        gpu=True, outcomes=[], program=None, writer=None,
+        profile={"library_precision_errors": oom, "end_to_end": {"correct": True, "ms": 20.6, "cuda_graph": True}}), 60.0)
+    assert rec["library_precision_errors"] == oom
+    assert crowded_out(rec) == oom["n17"]

@@ -373,6 +373,10 @@ def test_what_counts_as_crowded_out():
     # a library call whose split forms could not be timed for memory ran in fp32
     assert bench.crowded_out({"ok": True, "library_precision_errors": {"n17": "OutOfMemoryError: CUDA out of memory."}})
     assert not bench.crowded_out({"ok": True, "library_precision_errors": {"n17": "RuntimeError: bad shape"}})
+    # no GPU in its process, where the run's other problems had one; on a machine without one, no rerun
+    lost = {"ok": True, "gpu": False, "no_gpu": "torch sees no CUDA GPU", "jobs": 8}
+    assert "torch sees no CUDA GPU" in bench.crowded_out(lost, gpu_seen=True)
+    assert not bench.crowded_out(lost, gpu_seen=False)
     assert not bench.crowded_out({"ok": False, "error": "skipped: out of memory", "skipped": True})
     assert not bench.crowded_out({"ok": True})
 

@@ -561,6 +561,8 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
     agent = _Agent(prog, emit, out_dir, gpu, draws, tune, tune_trials, trials, arch, time_regions)
     agent.planned_ms = plan.estimate.planned_ms     # what a region's share of the program is taken of
     profile: dict = {"program": prog.name, "gpu": gpu}
+    if why_not:
+        profile["no_gpu"] = why_not
     if rewrites_skipped:
         profile["rewrites_skipped"] = rewrites_skipped
     if gpu:

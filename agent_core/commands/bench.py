@@ -149,6 +149,8 @@ def record_from_result(path: str, result, seconds: float) -> dict:
         rec["verify_reason"] = (e2e.get("verify") or {}).get("reason")
     if e2e.get("graph_error"):       # the program ran kernel by kernel: far slower where launches dominate
         rec["graph_error"] = e2e["graph_error"]
+    if prof.get("no_gpu"):           # why the problem ran without one (a crowded GPU's CUDA set-up can fail)
+        rec["no_gpu"] = prof["no_gpu"]
     if prof.get("rewrites_skipped"):  # planned as written (attention not raised, ...): maybe far slower
         rec["rewrites_skipped"] = prof["rewrites_skipped"]
     if prof.get("set_aside"):       # the file's tolerance / allowed precisions: KernelBench's rules hold
@@ -508,7 +510,7 @@ def _run_parallel(state: _Run, todo: list[tuple[int, str]], jobs: int) -> None:
                 os.environ[TIMING_LOCK_ENV] = saved
 
 
-def crowded_out(rec: dict) -> str | None:
+def crowded_out(rec: dict, gpu_seen: bool = False) -> str | None:
     """Why a problem run beside others lost to their GPU memory, or None: its own error; its CUDA graph's
     capture failing for memory, or failing at all beside other problems (cuDNN answers a workspace
     it cannot allocate by freeing the allocator's cache, which synchronises inside the capture:
@@ -518,12 +520,15 @@ def crowded_out(rec: dict) -> str | None:
     the H100, 14.8 ms, against 5.7 with it raised on the H200 in the sixth session); a region's
     verification whose reference ran out of memory (the region falls back: 74 of
     30_SwinTransformerV2's 77 fallbacks in the same run); or a library call whose split forms could
-    not be timed (44_MiniGPTBlock ran every GEMM in fp32 under --jobs 8: 20.6 ms, 12.0 alone). A row
-    already run again alone (first_try) is kept as it is."""
+    not be timed (44_MiniGPTBlock ran every GEMM in fp32 under --jobs 8: 20.6 ms, 12.0 alone); or no
+    GPU at all in its process where other problems of the run had one (`gpu_seen`: 34_VanillaRNNHidden
+    under --jobs 8 on the H100). A row already run again alone (first_try) is kept as it is."""
     if rec.get("skipped") or rec.get("first_try"):        # a row already run again alone stays
         return None
     if rec.get("ok") and rec.get("graph_error") and (rec.get("jobs") or 1) > 1:
         return rec["graph_error"]
+    if rec.get("ok") and rec.get("gpu") is False and gpu_seen:
+        return f"no GPU in its process ({rec.get('no_gpu') or 'no reason recorded'}) while other problems had one"
     reasons = [rec.get("error")] if not rec.get("ok") else \
         [rec.get("graph_error"), rec.get("rewrites_skipped"), *(rec.get("fallbacks") or {}).values(),
          *(rec.get("library_precision_errors") or {}).values()]
@@ -539,8 +544,9 @@ def _rerun_crowded_out(state: _Run, todo: list[tuple[int, str]]) -> None:
     23_EfficientNetB1 lost its CUDA graph and read 1.89 ms against 0.48 alone) run again, one at a time,
     while the time cap allows; the row says what the first try met. A --resume run takes the file's
     crowded rows that were not run again (the earlier call's cap came first) the same way."""
+    gpu_seen = any(r.get("gpu") for r in state.records.values())
     for i, path in todo:
-        why = crowded_out(state.records[i]) if i in state.records else None
+        why = crowded_out(state.records[i], gpu_seen) if i in state.records else None
         if why is None or state.capped():
             continue
         print(f"{problem_name(path)}: crowded out beside other problems ({why[:160]}); running it again alone",
