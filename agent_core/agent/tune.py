@@ -16,7 +16,8 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6, arch: str | None = No
     arch = arch or default_arch()
     p = ks.params or {}
     tile = next((a for a in ks.alternatives if a.get("form") == FORM), None)
-    hopper = gemm_wgmma.variants(tile) if tile is not None and gemm_wgmma.tried_on(arch) else []
+    hopper = (gemm_wgmma.variants(tile) if tile is not None and not tile.get("whole_rows")    # wgmma: no norms
+              and gemm_wgmma.tried_on(arch) else [])
     out: list[dict] = [{"sm_count": sm_count, **a} for a in hopper + list(ks.alternatives)]
     if ks.kind == "gemm":
         from ..codegen.gemm_mma import tune_variants as gemm_variants

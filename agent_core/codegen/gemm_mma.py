@@ -29,7 +29,10 @@ Schedule (params, tuned by agent/tune.py through tune_variants):
   region_io.BroadcastIndex, each output element stored once (only those the program reads);
 - row reductions of the output's last dim after that epilogue (sum, mean, max, min, prod, logsumexp,
   var, std) and pointwise ops over their results: folded from the accumulators, combined across
-  lanes, warps and the CTAs of a row (the last one to arrive finishes it), gemm_rows.py.
+  lanes, warps and the CTAs of a row (the last one to arrive finishes it), gemm_rows.py;
+- a normalising op after that (layer_norm, rms_norm, softmax, log_softmax) and pointwise ops after it:
+  each CTA holds whole rows (whole_row_params) and normalises them in a second pass over its
+  accumulators, gemm_rows.py.
 
 params["portable"] swaps the tensor-core helpers for plain C++ ones of the same names (mma_portable.py)
 so the CPU emulator runs this exact body; the kernel a GPU runs never sets it.
@@ -272,7 +275,7 @@ def _epilogue_part(program: Program, io: RegionIO, nid: str, out: str, space: tu
     full, rows = split_epilogue(program, io, nid, out, space, halves)
     full_vals = {out, *halves} | {v for n in full for v in program.nodes[n].outputs}
     for vid in io.outputs:
-        if vid not in full_vals and (rows is None or vid not in rows.values):
+        if vid not in full_vals and (rows is None or vid not in rows.values | rows.after_values):
             raise CodegenError(f"output '{vals[vid].name}' {vals[vid].spec} is neither the GEMM's {list(space)} "
                                f"elements nor one value per row")
     return full, rows, full_vals
@@ -310,7 +313,8 @@ def alternatives(program: Program, io: RegionIO) -> list[dict]:
     except CodegenError:
         return []
     first = default_params(spec)
-    out = [{"form": FORM, "block_n": first["block_n"]}, tune_variants(first)[0]]
+    rows = {"whole_rows": True} if first.get("whole_rows") else {}      # a normalising op after it
+    out = [{"form": FORM, "block_n": first["block_n"], **rows}, tune_variants(first)[0]]
     if TF32 in allowed(program):      # one TF32 product instead of three, where the program allows it
         out.append({"form": FORM, "block_n": first["block_n"], TF32: True})
     return out
@@ -320,6 +324,8 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
     """128 x 128 tiles of 8 warps (64 x 32 each), 32-wide k slices in 3 stages; narrower tiles when
     those would leave SMs idle (a small or thin output), by the output's size alone. A convolution's
     thin output has tiles of its own (gemm_conv.default_tiles)."""
+    if spec.rows is not None and spec.rows.norms:
+        return whole_row_params(spec)
     if spec.conv is not None:
         tiles_ = gemm_conv.default_tiles(spec.conv, spec.K)
         if spec.halves:     # every warp's columns hold whole fragment pairs (glu_col)
@@ -336,12 +342,35 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
             "stages": 3, "min_blocks": 1, "slice_acc": True}
 
 
+def whole_row_params(spec: GemmSpec) -> dict:
+    """Tiles for a normalising op after the GEMM: each CTA holds whole rows (block_n covers N) of 16
+    rows, its warps side by side along N (the fewest of 1, 2, 4, 8 that leave a warp at most 8 m16n8
+    fragments, else 8: 16 for rows of 1024), with the deepest pipeline of 32- or 16-wide k slices that
+    fits in shared memory."""
+    wn = next(w for w in (1, 2, 4, 8) if math.ceil(spec.N / (8 * w)) <= 8 or w == 8)
+    bn = 8 * wn * math.ceil(spec.N / (8 * wn))
+    p = {"form": FORM, "block_m": 16, "block_n": bn, "warps_m": 1, "warps_n": wn, "min_blocks": 1,
+         "slice_acc": True, "whole_rows": True}
+    for bk, stages in ((32, 3), (16, 3), (16, 2)):
+        q = {**p, "block_k": bk, "stages": stages}
+        if shared_bytes(spec, q) <= SHARED_LIMIT:
+            return q
+    return {**p, "block_k": 16, "stages": 2}
+
+
 def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
     """Other tiles than p's, most promising first: on sm_90 the wgmma loop's tiles (gemm_wgmma.variants,
     where gemm_wgmma.IN_TUNER);
     then the other 128-row tile, square 64 tiles with a deeper pipeline, and thinner k slices in four
     stages; for a thin output (a convolution's few channels), twice and half the rows a block holds, and
     thinner k slices."""
+    if p.get("whole_rows"):     # a normalising op after it: block_n stays the whole row
+        out = []
+        for c in ({"block_m": 32, "warps_m": 2}, {"stages": 2}, {"block_k": 16, "stages": 4}):
+            v = {**p, **c}
+            if v != p and v not in out:
+                out.append(v)
+        return out
     hopper = gemm_wgmma.variants(p) if gemm_wgmma.tried_on(arch) and p.get("mma") != gemm_wgmma.MMA else []
     cands = gemm_conv.THIN_VARIANTS if int(p["block_n"]) < 64 else (
         {"block_m": 128, "block_n": 64, "warps_m": 2, "warps_n": 2},
@@ -506,6 +535,8 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
     lines += [f"{arg[vid]}[i] = {env[vid]};" for vid in io.outputs if vid in spec.full_values]
     if spec.rows is not None:
         lines += fold_lines(spec.rows, env)
+        if spec.rows.norms:       # the normalising pass reads it back from the accumulator
+            lines.append(f"acc[mt][nt][j] = {env[spec.rows.norms[0].input]};")
     return lines
 
 
@@ -557,6 +588,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     row_tail = combine_lines(program, io, rows, arg, set(LOCALS) | set(ROW_LOCALS) | set(arg.values()),
                              n_tiles) if rows else []
     wg = p.get("mma") == gemm_wgmma.MMA
+    if rows and rows.norms and (wg or spec.batch > 1 or conv is not None):
+        raise CodegenError("tile GEMM: a normalising op after it runs on the mma.sync loop of one 2-D GEMM only")
     body = [
         *(gemm_wgmma.smem_lines(in_place) if wg else [
           "  extern __shared__ __align__(16) float smem[];",
@@ -575,6 +608,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(ops.b_frag, slice_acc, bool(p.get(TF32)))),
         *_store_loop(program, io, spec, arg),
         *row_tail,
+        *(_normalise_loop(program, io, spec, arg) if rows and rows.norms else []),
     ]
     helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
     if wg:
@@ -678,6 +712,59 @@ def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, s
         *([f"          {index}"] if any(re.search(r"\bi\b", ln) for ln in epi) else []),
         "          const float " + ", ".join(f"{name} = {acc}{bias(at)}" for name, acc, at in values) + ";",
         *[f"          {line}" for line in epi],
+        "        }",
+        "      }",
+        "    }",
+        "  }",
+    ]
+
+
+def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
+    """C lines of the second pass of a normalising op (layer_norm, rms_norm, softmax, log_softmax) and
+    the pointwise ops after it: the CTA holds whole rows, each row's combined statistics are in shared
+    memory (combine_lines) and each accumulator holds the element the ops normalise (_epilogue), so the
+    output is computed from registers and stored once, with no pass over memory in between."""
+    vals, part = program.values, spec.rows
+    names = Names()
+    names.taken.update(LOCALS + ROW_LOCALS + ("xe", "srow", "comb"))
+    names.taken.update(arg.values())
+    env = {part.norms[0].input: "xe"}
+    lines = []
+    k0 = len(part.reductions)         # the norms' states follow the reductions' in RowSt
+    for k, n in enumerate(part.norms, start=k0):
+        ident = names.new(vals[n.output].name)
+        expr = n.expr.replace("WEIGHT[col]", f"{arg[n.weight]}[col]" if n.weight else "1.0f")
+        expr = expr.replace("BIAS[col]", f"{arg[n.bias]}[col]" if n.bias else "0.0f")
+        lines += [f"float {ident};   // {program.nodes[n.node].name}: {program.nodes[n.node].op}",
+                  f"{{ const St_{n.state}& st = srow.s{k}; {n.pre} {ident} = {expr}; }}"]
+        env[n.output] = ident
+    ins = [v for v in io.inputs if any(v in program.nodes[a].inputs for a in part.after)]
+    views = operand_views(program, part.after, ins)
+    bidx = BroadcastIndex(spec.space, [views.get(v, vals[v].shape) for v in ins])
+    for k, vid in enumerate(ins):
+        at = "0" if bidx.is_scalar(k) else bidx.offset_expr(
+            k, "i", [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner], [str(s) for s in bidx.strides[k]])
+        ident = names.new(vals[vid].name)
+        lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
+        env[vid] = ident
+    lines += [ln.strip() for ln in render_chain(program, part.after, env, names, indent="")]
+    lines += [f"{arg[v]}[i] = {env[v]};" for v in io.outputs if v in part.after_values]
+    return [
+        "  __syncthreads();   // every row's combined statistics are in shared memory",
+        "  // the second pass: the normalising ops over the accumulators, which hold their input",
+        "  const float* comb = red + kWarpsN * kBM * kF;",
+        "  #pragma unroll",
+        "  for (int mt = 0; mt < kMT; ++mt) {",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt) {",
+        "      #pragma unroll",
+        "      for (int j = 0; j < 4; ++j) {",
+        "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
+        "        if (row < kM && col < kN) {",
+        f"          {_store_index(spec)}",
+        "          const RowSt srow = row_get(comb + (row - bm) * kF);",
+        "          const float xe = acc[mt][nt][j];",
+        *[f"          {ln}" for ln in lines],
         "        }",
         "      }",
         "    }",
@@ -802,12 +889,16 @@ def _store_index(spec: GemmSpec) -> str:
 
 
 def _row_words(program: Program, spec: GemmSpec, n_tiles: int) -> str:
-    """The schedule's words for the row reductions."""
-    ops = ", ".join(dict.fromkeys(program.nodes[r.node].op for r in spec.rows.reductions))
+    """The schedule's words for the row reductions and normalising ops."""
+    part = spec.rows
+    ops = ", ".join(dict.fromkeys(program.nodes[r.node].op for r in part.reductions + part.norms))
     how = ("each CTA holds whole rows" if n_tiles == 1 else
            f"{n_tiles} CTAs per row publish their tile's states, the row tile's last CTA combines them in tile order")
+    if part.norms:
+        how += (", normalised in a second pass over the accumulators"
+                + (f" and {len(part.after)} op(s) after" if part.after else ""))
     return (f"; rows reduced in the kernel ({ops}"
-            + (f", then {len(spec.rows.post)} op(s) per row" if spec.rows.post else "") + f"): {how}")
+            + (f", then {len(part.post)} op(s) per row" if part.post else "") + f"): {how}")
 
 
 __all__ = ["FORM", "GemmSpec", "alternatives", "cost", "default_params", "estimate", "gemm_spec", "gemm_supported",

@@ -13,6 +13,15 @@ A region after the GEMM splits into three phases (split_epilogue):
 A pointwise op that reads both a row result and the full elements (a written-out softmax's x - max)
 needs the rows finished before the elements: that is a second pass, and the region is refused.
 
+A normalising op (NORMS: layer_norm, rms_norm, softmax, log_softmax over the last dim) is that second
+pass done inside the kernel where a CTA holds whole rows (block_n >= N, rows up to MAX_WHOLE_ROW; the
+tiles of gemm_mma.whole_row_params): its statistics fold as a reduction's do, each accumulator is
+overwritten with the element it normalises, the CTA's combined row states go to shared memory, and a
+second loop over the accumulators applies the op (rowstates.row_op's expression) and the pointwise
+ops after it (`after`, which may read the normalised values, that element and the region's inputs),
+storing only what the program reads. GEMM -> residual add -> LayerNorm, a transformer sublayer's end,
+is one kernel.
+
 Combining a row's states, in a fixed order (the same bits however the CTAs were scheduled):
 1. the 4 lanes that hold a fragment row (xor shuffles 1, 2);
 2. the warps along N of the CTA, through shared memory (the pipeline's buffers, free by then), in
@@ -37,6 +46,8 @@ from .region_io import BroadcastIndex, RegionIO
 from .rowops import STATES
 
 REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp", "var", "std")
+NORMS = ("softmax", "log_softmax", "layer_norm", "rms_norm")    # a row's statistics applied to its elements
+MAX_WHOLE_ROW = 1024     # the widest row a CTA holds in its accumulators for a normalising op
 # names of the row phase's C code that value names must not take
 LOCALS = ("rs", "red", "st", "RowSt", "row_identity", "row_combine", "row_shfl", "row_put", "row_get", "row_get_cg",
           "workspace", "counters", "last", "h", "t", "w", "rrow", "kF", "kColsF", "kNTiles")
@@ -52,16 +63,38 @@ class RowReduce:
 
 
 @dataclass
+class RowNorm:
+    """A normalising op over the GEMM's rows (NORMS): its statistics' state, folded like a reduction's,
+    and the expression that applies them to each element in the second pass (rowstates.row_op)."""
+    node: str
+    state: str
+    pre: str                 # per-row preamble over `st` (rstd, inv_sum, ...)
+    expr: str                # the element's result over xe, st, the preamble, WEIGHT[col], BIAS[col]
+    input: str
+    output: str
+    weight: str | None = None
+    bias: str | None = None
+
+
+@dataclass
 class RowPart:
     reductions: list[RowReduce]
     post: list[str]                     # pointwise nodes over the row results
     space: tuple                        # the row results' iteration space (M elements)
     values: set = field(default_factory=set)   # values computed per row
+    norms: list[RowNorm] = field(default_factory=list)
+    after: list[str] = field(default_factory=list)       # pointwise nodes over the norms' results
+    after_values: set = field(default_factory=set)       # values of the second pass, per element
+
+    @property
+    def states(self) -> list[str]:
+        """Every state a row's RowSt holds: the reductions', then the norms' (s0, s1, ... in this order)."""
+        return [r.state for r in self.reductions] + [n.state for n in self.norms]
 
     @property
     def fields(self) -> list[tuple[int, str]]:
-        """(reduction index, state field) of every float a row's combined state holds."""
-        return [(k, f) for k, r in enumerate(self.reductions) for f in STATES[r.state][0]]
+        """(state index, state field) of every float a row's combined state holds."""
+        return [(k, f) for k, st in enumerate(self.states) for f in STATES[st][0]]
 
 
 def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: tuple,
@@ -71,8 +104,8 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
     over the elements, a non-pointwise op)."""
     from .rowstates import row_op
     vals, nodes = program.values, program.nodes
-    full_vals, row_vals = {out, *halves}, set()
-    full, post, reds = [], [], []
+    full_vals, row_vals, after_vals = {out, *halves}, set(), set()
+    full, post, reds, norms, after = [], [], [], [], []
     rank = len(space)
     for nid in io.nodes:
         if nid == gemm:
@@ -80,12 +113,16 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
         node = nodes[nid]
         here = [v for v in node.inputs if v is not None and v in io.produced]
         if is_elementwise(node):
+            kept = {n.input for n in norms}    # the one full value the second pass still holds
             if here and all(v in full_vals for v in here):
                 full.append(nid)
                 full_vals.update(node.outputs)
             elif here and all(v in row_vals for v in here):
                 post.append(nid)
                 row_vals.update(node.outputs)
+            elif here and any(v in after_vals for v in here) and all(v in after_vals | kept for v in here):
+                after.append(nid)
+                after_vals.update(node.outputs)
             elif here:
                 raise CodegenError(f"{node.name} ({node.op}) reads a row result and the GEMM's elements together: "
                                    f"a second pass over the output after its rows are reduced (the tile GEMM "
@@ -93,9 +130,14 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
             else:
                 raise CodegenError(f"{node.name} ({node.op}) reads nothing the GEMM computes", node_id=nid)
             continue
+        if node.op in NORMS:
+            norms.append(_norm(program, io, nid, full_vals, space))
+            after_vals.update(node.outputs)
+            continue
         if node.op not in REDUCTIONS:
-            raise CodegenError(f"{node.name} ({node.op}) is neither pointwise nor a row reduction "
-                               f"({', '.join(REDUCTIONS)}); the tile GEMM fuses those after it", node_id=nid)
+            raise CodegenError(f"{node.name} ({node.op}) is neither pointwise, a row reduction "
+                               f"({', '.join(REDUCTIONS)}) nor a normalising op ({', '.join(NORMS)}); the tile "
+                               f"GEMM fuses those after it", node_id=nid)
         x = node.inputs[0]
         if x not in full_vals:
             raise CodegenError(f"{node.name} ({node.op}) reduces '{vals[x].name}', which is not computed from the "
@@ -114,9 +156,16 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
         if math.prod(iteration_space(program, sub)) != math.prod(space):
             raise CodegenError(f"the ops after {nodes[gemm].name} broadcast its output {list(space)} to "
                                f"{list(iteration_space(program, sub))}; the tile GEMM stores its own tile only")
-    if not reds:
+    if len({n.input for n in norms}) > 1:
+        raise CodegenError("normalising ops over two different values of the GEMM's elements: the second "
+                           "pass holds one (" + ", ".join(nodes[n.node].name for n in norms) + ")")
+    if norms and halves:
+        raise CodegenError("a normalising op after a gated unit's halves is not fused")
+    if not reds and not norms:
         return full, None
     rows = math.prod(space[:-1])
+    if not reds:
+        return full, RowPart([], [], (rows,), set(), norms, after, after_vals)
     rspace = tuple(vals[reds[0].output].shape)
     if post:
         rspace = iteration_space(program, RegionIO(post, [], [], set()))
@@ -127,24 +176,50 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
     if math.prod(rspace) != rows:
         raise CodegenError(f"the ops after the row reductions broadcast to {list(rspace)}, not the "
                            f"{rows} rows")
-    return full, RowPart(reds, post, tuple(rspace), row_vals)
+    return full, RowPart(reds, post, tuple(rspace), row_vals, norms, after, after_vals)
+
+
+def _norm(program: Program, io: RegionIO, nid: str, full_vals: set, space: tuple) -> RowNorm:
+    """The normalising op `nid` over the GEMM's rows; CodegenError where the second pass cannot apply it."""
+    from .rowstates import row_op
+    vals, node = program.values, program.nodes[nid]
+    x = node.inputs[0]
+    if x not in full_vals:
+        raise CodegenError(f"{node.name} ({node.op}) normalises '{vals[x].name}', which is not computed from "
+                           f"the GEMM's elements in this region", node_id=nid)
+    state, pre, expr, _keeps, dims, _len = row_op(program, nid)
+    if tuple(vals[x].shape) != space or dims != [len(space) - 1] or vals[x].dtype != "float32":
+        raise CodegenError(f"{node.name} ({node.op}) normalises dims {dims} of {vals[x].spec}; the tile GEMM "
+                           f"normalises float32 rows of its output's last dim only", node_id=nid)
+    if space[-1] > MAX_WHOLE_ROW:
+        raise CodegenError(f"{node.name} ({node.op}) normalises rows of {space[-1]}: a CTA holds whole rows of "
+                           f"at most {MAX_WHOLE_ROW} in its accumulators", node_id=nid)
+    ports = [v for v in node.inputs[1:3] if v] if node.op in ("layer_norm", "rms_norm") else []
+    for v in ports:
+        if v in io.produced or tuple(vals[v].shape) != (space[-1],):
+            raise CodegenError(f"{node.name} ({node.op}): its parameter '{vals[v].name}' {vals[v].spec} is not "
+                               f"one value per column read from memory", node_id=nid)
+    weight = node.inputs[1] if len(node.inputs) > 1 and node.inputs[1] and ports else None
+    bias = node.inputs[2] if node.op == "layer_norm" and len(node.inputs) > 2 and node.inputs[2] else None
+    return RowNorm(nid, state, pre, expr, x, node.outputs[0], weight, bias)
 
 
 def state_code(part: RowPart) -> list[str]:
     """Device helpers: each state's struct / identity / fold / combine (rowkernel._state_code), and
     RowSt, every reduction's state of one row, with its identity, combine, shuffle, store and loads."""
     from .rowkernel import _state_code
-    kinds = list(dict.fromkeys(r.state for r in part.reductions))
+    states = part.states
+    kinds = list(dict.fromkeys(states))
     code = [_state_code(k) for k in kinds]
-    members = " ".join(f"St_{r.state} s{k};" for k, r in enumerate(part.reductions))
+    members = " ".join(f"St_{st} s{k};" for k, st in enumerate(states))
     fl = part.fields
     code.append(
-        "// one row's statistics: " + ", ".join(f"{r.state} (s{k})" for k, r in enumerate(part.reductions)) + "\n"
+        "// one row's statistics: " + ", ".join(f"{st} (s{k})" for k, st in enumerate(states)) + "\n"
         f"struct RowSt {{ {members} }};\n"
         "__device__ __forceinline__ RowSt row_identity() { return RowSt{"
-        + ", ".join(f"identity_{r.state}()" for r in part.reductions) + "}; }\n"
+        + ", ".join(f"identity_{st}()" for st in states) + "}; }\n"
         "__device__ __forceinline__ RowSt row_combine(RowSt a, RowSt b) {\n"
-        + "".join(f"  a.s{k} = combine_{r.state}(a.s{k}, b.s{k});\n" for k, r in enumerate(part.reductions))
+        + "".join(f"  a.s{k} = combine_{st}(a.s{k}, b.s{k});\n" for k, st in enumerate(states))
         + "  return a;\n}\n"
         "__device__ __forceinline__ RowSt row_shfl(RowSt a, int offset) {\n"
         + "".join(f"  a.s{k}.{f} = __shfl_xor_sync(0xffffffffu, a.s{k}.{f}, offset);\n" for k, f in fl)
@@ -161,7 +236,8 @@ def state_code(part: RowPart) -> list[str]:
 
 def fold_lines(part: RowPart, env: dict[str, str]) -> list[str]:
     """Inside the epilogue's per-element loop: the element folded into its row's states."""
-    return [f"fold_{r.state}(rs[mt][j >> 1].s{k}, {env[r.input]});" for k, r in enumerate(part.reductions)]
+    inputs = [r.input for r in part.reductions] + [n.input for n in part.norms]
+    return [f"fold_{st}(rs[mt][j >> 1].s{k}, {env[x]});" for k, (st, x) in enumerate(zip(part.states, inputs))]
 
 
 def _finish(program: Program, io: RegionIO, part: RowPart, arg: dict[str, str], taken, indent: str) -> list[str]:
@@ -219,14 +295,19 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
     tile_state = ["RowSt st = row_get(red + r * kF);",
                   "for (int w = 1; w < kWarpsN; ++w) st = row_combine(st, row_get(red + (w * kBM + r) * kF));"]
     if n_tiles == 1:   # the CTA holds whole rows
+        keep = ["      row_put(red + (kWarpsN * kBM + r) * kF, st);   // for the normalising pass"] if part.norms else []
         return lines + [
             "  for (int r = tid; r < kBM; r += kBlock) {",
             "    const index_t rrow = bm + r;",
             "    if (rrow < kM) {",
             *[f"      {ln}" for ln in tile_state],
             *[ln[2:] for ln in finish],
+            *keep,
             "    }",
             "  }"]
+    if part.norms:
+        raise CodegenError(f"a normalising op after the GEMM needs each CTA to hold whole rows: {n_tiles} CTAs "
+                           f"share each row here (block_n is below the output's width)")
     publish = ["for (int r = tid; r < kBM; r += kBlock) {",
                "  const index_t rrow = bm + r;",
                "  if (rrow < kM) {",
@@ -259,8 +340,9 @@ def workspace(part: RowPart, M: int, n_tiles: int, m_tiles: int) -> list[tuple[s
 
 
 def shared_floats(part: RowPart, bm: int, warps_n: int) -> int:
-    return warps_n * bm * len(part.fields)
+    """The warps' row states, and each row's combined state where a normalising pass reads it."""
+    return (warps_n + (1 if part.norms else 0)) * bm * len(part.fields)
 
 
-__all__ = ["REDUCTIONS", "RowPart", "RowReduce", "combine_lines", "fold_lines", "shared_floats", "split_epilogue",
+__all__ = ["MAX_WHOLE_ROW", "NORMS", "REDUCTIONS", "RowNorm", "RowPart", "RowReduce", "combine_lines", "fold_lines", "shared_floats", "split_epilogue",
            "state_code", "workspace"]

@@ -551,9 +551,10 @@ def _rerun_crowded_out(state: _Run, todo: list[tuple[int, str]]) -> None:
             continue
         print(f"{problem_name(path)}: crowded out beside other problems ({why[:160]}); running it again alone",
               flush=True)
+        jobs = state.records[i].get("jobs") or state.args.jobs     # a resumed row's own run
         rec = run_isolated(path, state.args, state.no_compile())
         rec["jobs"] = 1
-        rec["first_try"] = f"with --jobs {state.args.jobs}: {why[:300]}"
+        rec["first_try"] = f"with --jobs {jobs}: {why[:300]}"
         state.record(i, rec)
 
 

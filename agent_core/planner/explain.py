@@ -230,6 +230,7 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool =
     an implicit GEMM): whether codegen takes it, and its roofline estimate from the bytes and FLOPs of
     the very kernel it generates first (gemm_mma.estimate); the words that say so."""
     from ..codegen.gemm_mma import estimate, gemm_supported
+    from ..codegen.gemm_rows import NORMS
     why_not = gemm_supported(state.program, nodes)
     sched["forms"] = {"library+kernel": None, FORM: why_not}
     if why_not is not None:
@@ -239,7 +240,14 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool =
     ms = gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms, flops / gpu.flops_per_ms)
     sched["forms_est_ms"] = {"library+kernel": round(after, 6), FORM: round(ms, 6)}
     stored = any(state.program.values[v].nbytes == out.nbytes for v in facts.escaping)
-    if s.reductions:
+    norms = [n for n in s.reductions if state.program.nodes[n].op in NORMS]
+    if norms:
+        pw = [n for n in epi if n not in s.reductions]
+        what = (f"{_names(state, pw) + ' applied and ' if pw else ''}its {plural(s.red.rows, 'row')} normalised "
+                f"({_names(state, s.reductions)}) in the kernel (each CTA holds whole rows: their statistics, "
+                f"then a second pass over its accumulators)")
+        trip = f"the {fmt_bytes(out.nbytes)} output never makes the round trip"
+    elif s.reductions:
         pw = [n for n in epi if n not in s.reductions]
         what = (f"{_names(state, pw) + ' applied and ' if pw else ''}its {plural(s.red.rows, 'row')} reduced "
                 f"({_names(state, s.reductions)}) in the kernel (the CTAs of a row combine their partial states "

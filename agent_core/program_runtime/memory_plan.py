@@ -24,7 +24,8 @@ the predicted peak is above it: the largest cache is dropped when splitting its 
 not raise the peak, unless splitting per call costs more time than the split saves against fp32
 (agent.precision's timings, program.metadata["library_precision_gain_ms"]), when its calls run in fp32;
 else the heaviest split call at the peak step runs in plain fp32 (a split-K call's partial products
-count like a split call's parts: runtime/split_k.py); else the calls of the largest cache run in fp32. Each choice is a recorded decision (MemoryDecision).
+count like a split call's parts: runtime/split_k.py); else the calls of the largest cache run in fp32.
+Each choice is a recorded decision (MemoryDecision).
 """
 from __future__ import annotations
 

@@ -1,0 +1,134 @@
+"""A normalising op after the tile GEMM (codegen/gemm_rows.py NORMS: layer_norm, rms_norm, softmax,
+log_softmax), with pointwise ops before and after it, as one kernel: each CTA holds whole rows, folds
+their statistics as it applies the epilogue, combines them across its warps, and normalises in a second
+pass over its accumulators, so GEMM -> residual add -> LayerNorm (a transformer's every sublayer) writes
+only the normalised result. The kernel body, with plain-C++ tensor-core helpers, runs in the CPU
+emulator and matches torch at 1e-4 on ragged shapes and under every tiling the tuner tries; the GPU
+form compiles for sm_90 without spills up to rows of 1024; what it cannot do is refused with the
+reason; the planner offers it beside cuBLAS + the epilogue kernel."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent_core.codegen import CodegenError, generate_kernel
+from agent_core.codegen.gemm_mma import FORM, default_params, gemm_spec, gemm_supported, tune_variants
+from agent_core.codegen.region_io import region_io
+from agent_core.ir import Program
+from tests.test_gemm_row_reduction import emulate
+
+torch = pytest.importorskip("torch")
+
+
+def program(M, N, K, norm="layer_norm", *, residual=True, after=True, bias=True, affine=True, seed=0):
+    """x [M, K] -> linear (bias) -> + r (residual) -> norm over the last dim (its weight and bias
+    where it has them) -> gelu (after)."""
+    p = Program("gemm_norm")
+    x = p.add_input("x", (M, K))
+    rng = np.random.default_rng(seed)
+    ins = [x.id, p.add_parameter("w", (rng.standard_normal((N, K)) / np.sqrt(K)).astype(np.float32)).id]
+    if bias:
+        ins.append(p.add_parameter("b", rng.standard_normal(N).astype(np.float32)).id)
+    y = p.add_node("linear", ins).outputs[0]
+    if residual:
+        y = p.add_node("add", [y, p.add_input("r", (M, N)).id]).outputs[0]
+
+    def param(name):
+        return p.add_parameter(name, rng.standard_normal(N).astype(np.float32)).id if affine else None
+    if norm == "layer_norm":
+        z = p.add_node("layer_norm", [y, param("g"), param("beta")], {"normalized_shape": [N], "eps": 1e-5})
+    elif norm == "rms_norm":
+        z = p.add_node("rms_norm", [y, param("g")], {"normalized_shape": [N], "eps": 1e-6})
+    else:
+        z = p.add_node(norm, [y], {"dim": -1})
+    z = z.outputs[0]
+    if after:
+        z = p.add_node("gelu", [z]).outputs[0]
+    p.mark_output(z)
+    return p
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm", "softmax", "log_softmax"])
+def test_each_normalising_op_matches_torch_on_ragged_shapes(norm):
+    p = program(70, 100, 44, norm)
+    ks, pairs, _ = emulate(p, {}, draws=2)
+    assert ks.params["whole_rows"] and ks.params["block_n"] >= 100 and ks.grid == (1, 5, 1)
+    assert not ks.workspace                      # no CTA shares a row: nothing published, no tickets
+    assert "normalised in a second pass" in ks.schedule
+    assert len(ks.outputs) == 1 and p.values[ks.outputs[0]].shape == (70, 100)
+    for got, want in pairs:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kwargs", [dict(residual=False, after=False, bias=False), dict(affine=False),
+                                    dict(after=False)], ids=["bare", "no-affine", "no-op-after"])
+def test_without_a_bias_a_residual_an_affine_map_or_an_op_after(kwargs):
+    p = program(37, 64, 29, **kwargs)
+    _, pairs, _ = emulate(p, {}, draws=2)
+    for got, want in pairs:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_every_tiling_the_tuner_tries_keeps_whole_rows_and_matches_torch():
+    p = program(50, 136, 40)
+    first = default_params(gemm_spec(p, region_io(p, list(p.nodes))))
+    variants = tune_variants(first)
+    assert variants and all(v["block_n"] == first["block_n"] and v["whole_rows"] for v in variants)
+    for params in [first] + variants:
+        _, pairs, _ = emulate(p, params, draws=1)
+        for got, want in pairs:
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_residual_sum_is_stored_too_where_the_program_reads_it():
+    """A pre-norm block's residual stream: the sum before the norm is an output as well."""
+    p = program(40, 96, 32, after=False)
+    add = next(n for n in p.nodes.values() if n.op == "add")
+    p.mark_output(add.outputs[0])
+    ks, pairs, _ = emulate(p, {}, draws=2)
+    assert len(ks.outputs) == 2
+    for got, want in pairs:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("N,K", [(512, 2048), (768, 768), (1024, 1024)])
+def test_compiles_for_sm90_without_spills_up_to_rows_of_1024(N, K):
+    from agent_core.compiler import compile_kernel
+    p = program(394, N, K)
+    ks = generate_kernel(p, list(p.nodes), name="gemm_norm", params={"form": FORM})
+    assert "mma.sync.aligned.m16n8k8" in ks.source and "fold_welford" in ks.source
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0, c.log
+    assert [ln for ln in c.log.splitlines() if "warning" in ln] == []
+
+
+def test_what_the_second_pass_cannot_do_is_refused_with_the_reason():
+    wide = program(64, 1100, 32)
+    assert "at most 1024" in gemm_supported(wide, list(wide.nodes))
+    p = program(64, 96, 32)
+    with pytest.raises(CodegenError, match="whole rows"):      # a CTA that does not hold whole rows
+        generate_kernel(p, list(p.nodes), name="split", params={"form": FORM, "block_n": 64, "warps_n": 2})
+    # two norms over different values: the second pass holds one
+    q = Program("two_norms")
+    x = q.add_input("x", (32, 16))
+    y = q.add_node("linear", [x.id, q.add_parameter("w", shape=(48, 16)).id]).outputs[0]
+    e = q.add_node("exp", [y]).outputs[0]
+    for v in (y, e):
+        q.mark_output(q.add_node("softmax", [v], {"dim": -1}).outputs[0])
+    assert "two different values" in gemm_supported(q, list(q.nodes))
+
+
+def test_the_planner_offers_it_beside_the_library_call_and_its_epilogue_kernel():
+    from agent_core.planner import plan_program
+    p = program(4096, 768, 768, after=False)
+    plan = plan_program(p)
+    (r,) = [r for r in plan.active if any(p.nodes[n].op == "linear" for n in r.nodes)]
+    assert r.kind == "matmul_epilogue" and r.schedule["forms"] == {"library+kernel": None, FORM: None}
+    assert "rows normalised (layer_norm) in the kernel (each CTA holds whole rows" in r.reason
+    lib = generate_kernel(p, r.nodes, name="lib", kind=r.kind)
+    alts = [a for a in lib.alternatives if a.get("form") == FORM]
+    assert alts and all(a["whole_rows"] and generate_kernel(p, r.nodes, name="t", params=a).params["block_n"] == 768
+                        for a in alts)
+    from agent_core.agent.tune import tune_space
+    space = [q for q in tune_space(lib, arch="sm_90") if q.get("form") == FORM]
+    assert space and all(q.get("whole_rows") and q.get("mma") is None for q in space)
