@@ -132,3 +132,37 @@ def test_the_planner_offers_it_beside_the_library_call_and_its_epilogue_kernel()
     from agent_core.agent.tune import tune_space
     space = [q for q in tune_space(lib, arch="sm_90") if q.get("form") == FORM]
     assert space and all(q.get("whole_rows") and q.get("mma") is None for q in space)
+
+
+def _out_projection(L=37, B=2, E=48, K=40, residual_shape=None, reduce=False):
+    """nn.MultiheadAttention's out-projection as it imports: linear over [L * B, K], viewed as [L, B, E],
+    plus the residual [L, B, E] (or `residual_shape`), then layer_norm (or a sum over E: reduce)."""
+    p = Program("out_proj")
+    x = p.add_input("x", (L * B, K))
+    rng = np.random.default_rng(1)
+    y = p.add_node("linear", [x.id, p.add_parameter("w", (rng.standard_normal((E, K)) / np.sqrt(K)).astype(np.float32)).id,
+                              p.add_parameter("b", rng.standard_normal(E).astype(np.float32)).id]).outputs[0]
+    v = p.add_node("reshape", [y], {"shape": [L, B, E]}).outputs[0]
+    s = p.add_node("add", [v, p.add_input("res", residual_shape or (L, B, E)).id]).outputs[0]
+    if reduce:
+        p.mark_output(p.add_node("sum", [s], {"dim": [-1], "keepdim": False}).outputs[0])
+    else:
+        p.mark_output(p.add_node("layer_norm", [s], {"normalized_shape": [E], "eps": 1e-5}).outputs[0])
+    return p
+
+
+@pytest.mark.parametrize("reduce", [False, True], ids=["layer_norm", "row-sum"])
+def test_a_relabel_between_the_gemm_and_its_epilogue_costs_nothing(reduce):
+    """The out-projection's [L * B, E] -> [L, B, E] view: the same elements in the same order, so the
+    residual [L, B, E] is read at the GEMM's flat index and the norm (or a reduction) runs over its rows."""
+    p = _out_projection(reduce=reduce)
+    ks, pairs, _ = emulate(p, {}, draws=2)
+    assert "// reshape" not in ks.source          # no line of its own: it names its input's value
+    for got, want in pairs:
+        torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
+def test_an_operand_that_does_not_line_up_after_a_relabel_is_refused():
+    p = _out_projection(residual_shape=(1, 2, 48))      # broadcast over L in [L, B, E]: not a row pattern
+    why = gemm_supported(p, list(p.nodes))
+    assert why and "does not line up" in why

@@ -61,7 +61,8 @@ from .attention_mma import HELPERS, SHARED_LIMIT
 from . import gemm_conv, gemm_wgmma
 from .cuda import INT_INDEX_LIMIT, Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
-from .gemm_rows import LOCALS as ROW_LOCALS, RowPart, combine_lines, fold_lines, shared_floats, split_epilogue, state_code
+from .gemm_rows import LOCALS as ROW_LOCALS, RELABELS, RowPart, combine_lines, fold_lines, operand_shape, shared_floats
+from .gemm_rows import split_epilogue, state_code
 from .gemm_rows import workspace as row_workspace
 from .mma_portable import PORTABLE_HELPERS
 from .pointwise import operand_views, render_chain
@@ -516,7 +517,7 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
     vals = program.values
     epi_inputs = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in spec.epilogue)]
     views = operand_views(program, spec.epilogue, epi_inputs)
-    bidx = BroadcastIndex(spec.space, [views.get(v, vals[v].shape) for v in epi_inputs])
+    bidx = BroadcastIndex(spec.space, [operand_shape(views.get(v, vals[v].shape), spec.space) for v in epi_inputs])
     names = Names()
     names.taken.update(LOCALS + ROW_LOCALS)
     names.taken.update(arg.values())
@@ -531,7 +532,7 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
         ident = names.new(vals[vid].name)
         lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
         env[vid] = ident
-    lines += [ln.strip() for ln in render_chain(program, spec.epilogue, env, names, indent="")]
+    lines += _render(program, spec.epilogue, env, names)
     lines += [f"{arg[vid]}[i] = {env[vid]};" for vid in io.outputs if vid in spec.full_values]
     if spec.rows is not None:
         lines += fold_lines(spec.rows, env)
@@ -719,6 +720,22 @@ def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, s
     ]
 
 
+def _render(program: Program, order: list[str], env: dict[str, str], names: Names) -> list[str]:
+    """The epilogue's SSA lines (pointwise.render_chain), a relabel (gemm_rows.RELABELS: the same
+    elements in a new shape) naming its input's C value instead of a line of its own."""
+    lines, run = [], []
+    for nid in [*order, None]:
+        if nid is not None and program.nodes[nid].op not in RELABELS:
+            run.append(nid)
+            continue
+        lines += [ln.strip() for ln in render_chain(program, run, env, names, indent="")]
+        run = []
+        if nid is not None:
+            node = program.nodes[nid]
+            env[node.outputs[0]] = env[node.inputs[0]]
+    return lines
+
+
 def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
     """C lines of the second pass of a normalising op (layer_norm, rms_norm, softmax, log_softmax) and
     the pointwise ops after it: the CTA holds whole rows, each row's combined statistics are in shared
@@ -740,14 +757,14 @@ def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[st
         env[n.output] = ident
     ins = [v for v in io.inputs if any(v in program.nodes[a].inputs for a in part.after)]
     views = operand_views(program, part.after, ins)
-    bidx = BroadcastIndex(spec.space, [views.get(v, vals[v].shape) for v in ins])
+    bidx = BroadcastIndex(spec.space, [operand_shape(views.get(v, vals[v].shape), spec.space) for v in ins])
     for k, vid in enumerate(ins):
         at = "0" if bidx.is_scalar(k) else bidx.offset_expr(
             k, "i", [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner], [str(s) for s in bidx.strides[k]])
         ident = names.new(vals[vid].name)
         lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
         env[vid] = ident
-    lines += [ln.strip() for ln in render_chain(program, part.after, env, names, indent="")]
+    lines += _render(program, part.after, env, names)
     lines += [f"{arg[v]}[i] = {env[v]};" for v in io.outputs if v in part.after_values]
     return [
         "  __syncthreads();   // every row's combined statistics are in shared memory",

@@ -47,6 +47,9 @@ from .rowops import STATES
 
 REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp", "var", "std")
 NORMS = ("softmax", "log_softmax", "layer_norm", "rms_norm")    # a row's statistics applied to its elements
+# ops that give the same elements in the same order a new shape: inside the epilogue, where they keep
+# the last dim (the GEMM's columns), they relabel a value and cost nothing (relabels)
+RELABELS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous")
 MAX_WHOLE_ROW = 1024     # the widest row a CTA holds in its accumulators for a normalising op
 # names of the row phase's C code that value names must not take
 LOCALS = ("rs", "red", "st", "RowSt", "row_identity", "row_combine", "row_shfl", "row_put", "row_get", "row_get_cg",
@@ -106,12 +109,22 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
     vals, nodes = program.values, program.nodes
     full_vals, row_vals, after_vals = {out, *halves}, set(), set()
     full, post, reds, norms, after = [], [], [], [], []
-    rank = len(space)
     for nid in io.nodes:
         if nid == gemm:
             continue
         node = nodes[nid]
         here = [v for v in node.inputs if v is not None and v in io.produced]
+        if node.op in RELABELS and _same_rows(vals[node.outputs[0]].shape, space):
+            # the MHA out-projection's [L * B, E] viewed as [L, B, E] before the residual add
+            for group, values in ((full, full_vals), (after, after_vals)):
+                if node.inputs[0] in values:
+                    group.append(nid)
+                    values.update(node.outputs)
+                    break
+            else:
+                raise CodegenError(f"{node.name} ({node.op}) relabels '{vals[node.inputs[0]].name}', which is "
+                                   f"neither the GEMM's elements nor a normalised value", node_id=nid)
+            continue
         if is_elementwise(node):
             kept = {n.input for n in norms}    # the one full value the second pass still holds
             if here and all(v in full_vals for v in here):
@@ -143,7 +156,7 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
             raise CodegenError(f"{node.name} ({node.op}) reduces '{vals[x].name}', which is not computed from the "
                                f"GEMM's elements in this region", node_id=nid)
         dims = norm_dims(node.attrs.get("dim"), len(vals[x].shape))
-        if tuple(vals[x].shape) != space or dims != [rank - 1]:
+        if not _same_rows(vals[x].shape, space) or dims != [len(vals[x].shape) - 1]:
             raise CodegenError(f"{node.name} ({node.op}) reduces dims {dims} of {list(vals[x].shape)}; the tile "
                                f"GEMM reduces the output's last dim (its rows) only", node_id=nid)
         if vals[x].dtype != "float32":
@@ -151,11 +164,14 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
         state, _pre, expr, _keeps, _dims, _len = row_op(program, nid)
         reds.append(RowReduce(nid, state, expr, x, node.outputs[0]))
         row_vals.update(node.outputs)
-    if full:
-        sub = RegionIO(full, [], [], set())
-        if math.prod(iteration_space(program, sub)) != math.prod(space):
+    for nid in full + after:
+        shape = vals[nodes[nid].outputs[0]].shape
+        if math.prod(shape) != math.prod(space):
             raise CodegenError(f"the ops after {nodes[gemm].name} broadcast its output {list(space)} to "
-                               f"{list(iteration_space(program, sub))}; the tile GEMM stores its own tile only")
+                               f"{list(shape)}; the tile GEMM stores its own tile only")
+    ins = [v for n in full + after for v in nodes[n].inputs if v is not None and v not in io.produced]
+    for v, shape in operand_views(program, full + after, ins).items():
+        operand_shape(shape, space)           # each is indexed over the GEMM's output, or refused here
     if len({n.input for n in norms}) > 1:
         raise CodegenError("normalising ops over two different values of the GEMM's elements: the second "
                            "pass holds one (" + ", ".join(nodes[n.node].name for n in norms) + ")")
@@ -179,6 +195,27 @@ def split_epilogue(program: Program, io: RegionIO, gemm: str, out: str, space: t
     return full, RowPart(reds, post, tuple(rspace), row_vals, norms, after, after_vals)
 
 
+def _same_rows(shape, space: tuple) -> bool:
+    """A value of `shape` holds the GEMM output's elements in the same order: as many, the same last dim."""
+    return math.prod(shape) == math.prod(space) and len(shape) > 0 and shape[-1] == space[-1]
+
+
+def operand_shape(shape, space: tuple) -> tuple:
+    """The shape an epilogue operand is indexed with over the GEMM's output `space`: its own where it
+    broadcasts there, else space itself where it has the output's elements in its order (an operand of
+    the ops after a relabel: the residual [L, B, E] against the GEMM's [L * B, E]); CodegenError else."""
+    own = tuple(shape)
+    while len(own) > len(space) and own[0] == 1:
+        own = own[1:]
+    padded = (1,) * (len(space) - len(own)) + own
+    if len(own) <= len(space) and all(a in (1, b) for a, b in zip(padded, space)):
+        return own
+    if _same_rows(own, space):
+        return tuple(space)
+    raise CodegenError(f"an operand of {list(shape)} does not line up with the GEMM's {list(space)} output "
+                       f"after its relabel")
+
+
 def _norm(program: Program, io: RegionIO, nid: str, full_vals: set, space: tuple) -> RowNorm:
     """The normalising op `nid` over the GEMM's rows; CodegenError where the second pass cannot apply it."""
     from .rowstates import row_op
@@ -188,7 +225,7 @@ def _norm(program: Program, io: RegionIO, nid: str, full_vals: set, space: tuple
         raise CodegenError(f"{node.name} ({node.op}) normalises '{vals[x].name}', which is not computed from "
                            f"the GEMM's elements in this region", node_id=nid)
     state, pre, expr, _keeps, dims, _len = row_op(program, nid)
-    if tuple(vals[x].shape) != space or dims != [len(space) - 1] or vals[x].dtype != "float32":
+    if not _same_rows(vals[x].shape, space) or dims != [len(vals[x].shape) - 1] or vals[x].dtype != "float32":
         raise CodegenError(f"{node.name} ({node.op}) normalises dims {dims} of {vals[x].spec}; the tile GEMM "
                            f"normalises float32 rows of its output's last dim only", node_id=nid)
     if space[-1] > MAX_WHOLE_ROW:
@@ -344,5 +381,5 @@ def shared_floats(part: RowPart, bm: int, warps_n: int) -> int:
     return (warps_n + (1 if part.norms else 0)) * bm * len(part.fields)
 
 
-__all__ = ["MAX_WHOLE_ROW", "NORMS", "REDUCTIONS", "RowNorm", "RowPart", "RowReduce", "combine_lines", "fold_lines", "shared_floats", "split_epilogue",
-           "state_code", "workspace"]
+__all__ = ["MAX_WHOLE_ROW", "NORMS", "REDUCTIONS", "RELABELS", "RowNorm", "RowPart", "RowReduce", "combine_lines",
+           "fold_lines", "operand_shape", "shared_floats", "split_epilogue", "state_code", "workspace"]
