@@ -372,3 +372,21 @@ def test_split_k_partial_products_count_and_the_plan_runs_it_in_fp32_when_they_d
         assert d.runs_as == runs_as and f"its {parts} partial products" in d.reason, d.reason
         assert exe.memory.predicted_peak_bytes <= exe.memory.budget_bytes
         assert exe.verify(draws=2).ok
+
+
+def test_generated_kernels_workspaces_count_for_the_whole_run():
+    """A split-K running sum (or row states shared between CTAs) is made once per kernel and held for
+    the run: the plan adds it like a cache, once per kernel, and never counts it among the parameters'."""
+    from types import SimpleNamespace
+
+    from agent_core.program_runtime.memory_plan import kernel_scratch, plan_memory
+    from agent_core.program_runtime.steps import Step
+    p = _program()
+    exe = ProgramExecutable(p, {}, graph=False, device="cpu")
+    base = plan_memory(p, exe.steps, budget=1 << 30)
+    ks = SimpleNamespace(name="k", kind="gemm", workspace=[("float32", 1000), ("int32", 6)], inputs=[], outputs=[])
+    steps = exe.steps + [Step("kernel", [], kernel=ks), Step("kernel", [], kernel=ks)]   # one kernel, twice
+    assert kernel_scratch(steps) == {("scratch", "k"): 4 * 1006}
+    planned = plan_memory(p, steps, budget=1 << 30)
+    assert planned.predicted_peak_bytes == base.predicted_peak_bytes + 4 * 1006
+    assert planned.cache_bytes == base.cache_bytes

@@ -17,6 +17,10 @@ Schedule (params, tuned by agent/tune.py through tune_variants):
 - a block owns a block_m x block_n tile of the output; warps_m x warps_n warps each own a
   (block_m / warps_m) x (block_n / warps_n) warp tile of m16n8 accumulator fragments (mma.sync
   m16n8k8 TF32, fp32 accumulators);
+- where the output's tiles leave most SMs idle and K is long (split_k_for), the CTAs of each tile cut K
+  into parts along grid z and take turns in order: each adds the running sum of those before it (one
+  buffer of the output's size, a kernel workspace) and the last applies the epilogue, so the sum's
+  order is the same every launch (_split_k_turn);
 - K is walked in block_k slices, copied with cp.async into `stages` shared-memory buffers (a
   multi-stage pipeline: stages - 1 slices are in flight while one is computed); 16-byte copies where
   the operand's rows are contiguous and 16-byte aligned, 4-byte copies through any strides otherwise;
@@ -71,11 +75,13 @@ from .region_io import BroadcastIndex, RegionIO
 FORM = "gemm-3xtf32"
 GEMM_OPS = ("linear", "matmul", "bmm")
 GRID_LIMIT = 65535          # output tiles along M (grid y)
+SPLIT_MIN_K = 256           # the shortest reduction a split-K part keeps
 # locals of the kernel body that the epilogue's value names must not take
 LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "tid", "warp_m", "warp_n",
           "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
           "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage", "bz", "abat",
-          "bbat", "mm2", "q", "oc") + gemm_conv.LOCALS + gemm_wgmma.LOCALS
+          "bbat", "mm2", "q", "oc", "part", "turn", "r0", "c0", "kt0", "kPer", "kSlices") + gemm_conv.LOCALS + \
+    gemm_wgmma.LOCALS
 
 
 @dataclass
@@ -326,7 +332,7 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
     those would leave SMs idle (a small or thin output), by the output's size alone. A convolution's
     thin output has tiles of its own (gemm_conv.default_tiles)."""
     if spec.rows is not None and spec.rows.norms:
-        return whole_row_params(spec)
+        return whole_row_params(spec, sm_count)
     if spec.conv is not None:
         tiles_ = gemm_conv.default_tiles(spec.conv, spec.K)
         if spec.halves:     # every warp's columns hold whole fragment pairs (glu_col)
@@ -340,10 +346,27 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
         if spec.batch * math.ceil(spec.M / 128) * math.ceil(spec.N / 64) < sm_count:
             bm, bn = 64, 64
     return {"form": FORM, "block_m": bm, "block_n": bn, "block_k": 32, "warps_m": wm, "warps_n": wn,
-            "stages": 3, "min_blocks": 1, "slice_acc": True}
+            "stages": 3, "min_blocks": 1, "slice_acc": True, "split_k": split_k_for(spec, bm, bn, 32, sm_count)}
 
 
-def whole_row_params(spec: GemmSpec) -> dict:
+def split_parts(p: dict) -> int:
+    return int(p.get("split_k") or 1)
+
+
+def split_k_for(spec: GemmSpec, bm: int, bn: int, bk: int, sm_count: int = 132) -> int:
+    """How many parts to cut K into for tiles of bm x bn: the most powers of two that keep the CTAs
+    within one wave of the SMs and each part at least SPLIT_MIN_K long; 1 for a batch, a convolution, a
+    gated unit, or rows shared between CTAs (their own workspace)."""
+    tiles_ = math.ceil(spec.M / bm) * math.ceil(spec.N / bn)
+    if spec.batch > 1 or spec.conv is not None or spec.halves or (spec.rows is not None and bn < spec.N):
+        return 1
+    s = 1
+    while tiles_ * 2 * s <= sm_count and spec.K // (2 * s) >= max(SPLIT_MIN_K, bk):
+        s *= 2
+    return s
+
+
+def whole_row_params(spec: GemmSpec, sm_count: int = 132) -> dict:
     """Tiles for a normalising op after the GEMM: each CTA holds whole rows (block_n covers N) of 16
     rows, its warps side by side along N (the fewest of 1, 2, 4, 8 that leave a warp at most 8 m16n8
     fragments, else 8: 16 for rows of 1024), with the deepest pipeline of 32- or 16-wide k slices that
@@ -355,8 +378,8 @@ def whole_row_params(spec: GemmSpec) -> dict:
     for bk, stages in ((32, 3), (16, 3), (16, 2)):
         q = {**p, "block_k": bk, "stages": stages}
         if shared_bytes(spec, q) <= SHARED_LIMIT:
-            return q
-    return {**p, "block_k": 16, "stages": 2}
+            break
+    return {**q, "split_k": split_k_for(spec, 16, bn, int(q["block_k"]), sm_count)}
 
 
 def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
@@ -367,13 +390,14 @@ def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
     thinner k slices."""
     if p.get("whole_rows"):     # a normalising op after it: block_n stays the whole row
         out = []
-        for c in ({"block_m": 32, "warps_m": 2}, {"stages": 2}, {"block_k": 16, "stages": 4}):
+        for c in ({"block_m": 32, "warps_m": 2}, {"split_k": 1}, {"stages": 2}, {"block_k": 16, "stages": 4}):
             v = {**p, **c}
             if v != p and v not in out:
                 out.append(v)
         return out
     hopper = gemm_wgmma.variants(p) if gemm_wgmma.tried_on(arch) and p.get("mma") != gemm_wgmma.MMA else []
     cands = gemm_conv.THIN_VARIANTS if int(p["block_n"]) < 64 else (
+        *([{"split_k": 1}] if split_parts(p) > 1 else []),     # the same tiles without cutting K
         {"block_m": 128, "block_n": 64, "warps_m": 2, "warps_n": 2},
         {"block_m": 128, "block_n": 128, "warps_m": 2, "warps_n": 4},
         {"block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "stages": 4},
@@ -405,6 +429,15 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
         raise CodegenError(f"tile GEMM: a {bm} x {bn} tile does not split into {wm} x {wn} warps of m16n8 fragments")
     if not 2 <= stages <= 6:
         raise CodegenError(f"tile GEMM: {stages} stages (2 to 6)")
+    parts = split_parts(p)
+    if parts > 1:
+        if spec.batch > 1 or spec.conv is not None or spec.halves or p.get("mma") == gemm_wgmma.MMA:
+            raise CodegenError("tile GEMM: split K runs on the mma.sync loop of one 2-D GEMM, without a gated unit")
+        if spec.rows is not None and bn < spec.N:
+            raise CodegenError("tile GEMM: split K with rows shared between CTAs (their states have a workspace "
+                               "of their own)")
+        if parts > math.ceil(spec.K / bk):
+            raise CodegenError(f"tile GEMM: {parts} split-K parts of a reduction of {math.ceil(spec.K / bk)} slices")
     if spec.halves and (bn // wn) % 16:
         raise CodegenError(f"tile GEMM: a gated unit pairs 8-column fragments, so a warp's {bn // wn} columns "
                            f"must be a multiple of 16")
@@ -453,6 +486,7 @@ def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, 
     n_tiles, m_tiles = tiles(spec, p)
     if spec.rows is not None:
         nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, n_tiles, m_tiles) if dt == "float32")
+    nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)      # the running sum, written and read per part
     return nbytes, 2 * spec.batch * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes
                                                                    if n != spec.node)
 
@@ -579,7 +613,10 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                *GLU_COL] if spec.halves else [])
     n_tiles, m_tiles = tiles(spec, p)
     rows = spec.rows
+    parts = split_parts(p)
     workspace = row_workspace(rows, spec.M, n_tiles, m_tiles) if rows else []
+    if parts > 1:        # the running sum of the parts so far, and each output tile's turn
+        workspace = [("float32", spec.M * spec.N), ("int32", n_tiles * m_tiles)]
     if workspace:
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
     if rows:
@@ -601,12 +638,16 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *ops.group, *gemm_conv.row_registers(conv)]
           if conv else
           ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;", *ops.group]),
+        *(["  // split K: this CTA's part of the reduction, k slices [kt0, kt0 + KT)",
+           f"  const int kSlices = (kK + kBK - 1) / kBK, kPer = (kSlices + {parts} - 1) / {parts};",
+           "  const int kt0 = blockIdx.z * kPer;"] if parts > 1 else []),
         "  auto load_tile = [&](int kt, int stage) {",
-        "    const int k0 = kt * kBK;",
+        "    const int k0 = " + ("(kt0 + kt) * kBK;" if parts > 1 else "kt * kBK;"),
         *ops.a_copy, *ops.b_copy,
         "  };",
-        *PIPELINE_START,
+        *(SPLIT_PIPELINE_START if parts > 1 else PIPELINE_START),
         *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(ops.b_frag, slice_acc, bool(p.get(TF32)))),
+        *(_split_k_turn(parts) if parts > 1 else []),
         *_store_loop(program, io, spec, arg),
         *row_tail,
         *(_normalise_loop(program, io, spec, arg) if rows and rows.norms else []),
@@ -625,7 +666,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     nbytes, flops = cost(program, io, spec, p)
     return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
                         outputs=list(io.outputs),
-                        grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch),
+                        grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch * parts),
                         block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
                         align=16 if (ops.a_vec or ops.b_vec) else 4, bytes_moved=nbytes, flops=flops,
                         workspace=workspace)
@@ -853,6 +894,54 @@ PIPELINE_START = [
     "    cp_async_commit();",
     "  }"
 ]
+
+
+SPLIT_PIPELINE_START = ["  const int KT = min(kPer, kSlices - kt0);   // this part's slices"] + PIPELINE_START[1:]
+
+
+def _split_k_turn(parts: int) -> list[str]:
+    """C lines after the main loop of a split-K part: the parts of an output tile take turns in order
+    (blockIdx.z; CTAs start in block order, so a part only waits for parts already running or done):
+    each adds the running sum of those before it to its accumulators and, but for the last, stores it
+    for the next and returns. The last goes on to the epilogue with the whole sum, added in the same
+    order every launch, and resets the tile's turn for the next launch (and graph replay)."""
+    return [
+        f"  // split K: {parts} parts of this output tile take turns, in order",
+        "  {",
+        "    const int part = blockIdx.z, turn = blockIdx.y * gridDim.x + blockIdx.x;",
+        "    const int r0 = bm + warp_m * kTM + lane_g, c0 = bn + warp_n * kTN + 2 * lane_t;",
+        "    if (part > 0) {",
+        "      if (tid == 0) while (*(volatile unsigned int*)&counters[turn] != (unsigned)part) {}",
+        "      __syncthreads();",
+        "      __threadfence();",
+        "      #pragma unroll",
+        "      for (int mt = 0; mt < kMT; ++mt)",
+        "        #pragma unroll",
+        "        for (int nt = 0; nt < kNT; ++nt)",
+        "          #pragma unroll",
+        "          for (int j = 0; j < 4; ++j) {",
+        "            const int row = r0 + mt * 16 + (j >> 1) * 8, col = c0 + nt * 8 + (j & 1);",
+        "            if (row < kM && col < kN) acc[mt][nt][j] = __ldcg(workspace + (index_t)row * kN + col) + acc[mt][nt][j];",
+        "          }",
+        "    }",
+        f"    if (part < {parts} - 1) {{",
+        "      #pragma unroll",
+        "      for (int mt = 0; mt < kMT; ++mt)",
+        "        #pragma unroll",
+        "        for (int nt = 0; nt < kNT; ++nt)",
+        "          #pragma unroll",
+        "          for (int j = 0; j < 4; ++j) {",
+        "            const int row = r0 + mt * 16 + (j >> 1) * 8, col = c0 + nt * 8 + (j & 1);",
+        "            if (row < kM && col < kN) workspace[(index_t)row * kN + col] = acc[mt][nt][j];",
+        "          }",
+        "      __threadfence();",
+        "      __syncthreads();",
+        "      if (tid == 0) atomicExch(&counters[turn], (unsigned)(part + 1));",
+        "      return;",
+        "    }",
+        "    if (tid == 0) counters[turn] = 0u;   // every part before has passed: ready for the next launch",
+        "  }",
+    ]
 
 
 def _mma_sync_loop(b_frag: list[str], slice_acc: bool, single: bool = False) -> list[str]:

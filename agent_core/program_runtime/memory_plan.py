@@ -11,9 +11,10 @@ The model, per step: the values alive there (from the step that writes one to th
 values inside a kernel never exist; a view adds nothing, nor does a pointwise kernel's output written
 over an input that dies with it, written_over), plus the step's temporaries (a channels-last
 call's input copy, a split call's parts, and what agent.precision measured the call's chosen form to
-allocate beyond those and beyond plain fp32's: a larger cuDNN workspace), plus the parameter caches of the whole run (split-TF32
-parts, concatenated convolution weights, channels-last weights). The peak is its maximum. A cache the
-budget cannot hold is dropped: its weight is then split or converted every call instead.
+allocate beyond those and beyond plain fp32's: a larger cuDNN workspace), plus the parameter caches of
+the whole run (split-TF32 parts, concatenated convolution weights, channels-last weights) and the
+generated kernels' workspaces (kernel_scratch). The peak is its maximum. A cache the budget cannot
+hold is dropped: its weight is then split or converted every call instead.
 
 A split-TF32 form trades memory for speed: its activation's parts, and its weight's parts either
 cached for the run or made per call. The budget is eager's peak (estimated from liveness,
@@ -307,6 +308,18 @@ def split_room(program: Program, steps, budget: int | None = None) -> dict[str, 
     return {nid: budget - base[k] for k, (_, nid, _, _) in enumerate(events) if nid is not None}
 
 
+def kernel_scratch(steps) -> dict[tuple, int]:
+    """The generated kernels' workspaces (row states shared between CTAs, a split-K running sum and
+    turns): made once per kernel and held for the run (runtime.launch), so they count like caches.
+    Kernels of the same source share theirs."""
+    out: dict[tuple, int] = {}
+    for s in steps:
+        ks = s.kernel if s.kind == "kernel" else None
+        if ks is not None and ks.workspace:
+            out[("scratch", ks.name)] = sum(4 * max(1, n) for _dt, n in ks.workspace)
+    return out
+
+
 def _per_call_ms(program: Program, nid: str, form: str, gpu: GPUProfile = H200) -> float:
     """What splitting a call's parameter operands every call costs: reading each and writing its parts
     (two, or three concatenated), at the copy bandwidth."""
@@ -335,6 +348,7 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
         kept = {n: lay for n, lay in layout.items() if n not in demoted}
         return [a + b for a, b in zip(live, _kernel_copies(program, events, kept))]
     library = [(k, nid) for k, (_, nid, _, _) in enumerate(events) if nid is not None]
+    scratch = kernel_scratch(steps)
     calls = [nid for _, nid in library if precision.get(nid) in (TF32X3, SPLIT_K)
              or (precision.get(nid) == TF32X3_CAT and can_concatenate(program, nid))]
     split = set(calls)
@@ -365,7 +379,7 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
 
     def predict(demoted=demoted, uncached=uncached):
         per_event = base_of(demoted)
-        caches: dict[tuple, int] = {}
+        caches: dict[tuple, int] = dict(scratch)
         for k, nid in library:
             temp, held = costs(nid, demoted, uncached)
             per_event[k] += temp
@@ -382,7 +396,7 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
     def users(key) -> list[str]:
         return [n for n in calls if n not in demoted and key in cache_keys(n)]
     while peak > budget:
-        droppable = {key: nb for key, nb in caches.items() if key not in uncached}
+        droppable = {key: nb for key, nb in caches.items() if key not in uncached and key[0] != "scratch"}
         largest = max(droppable, key=droppable.get) if droppable else None
         here = [n for n in calls if n not in demoted and event_of[n] == at]
         losing = [n for n in users(largest) if n in gains and _per_call_ms(program, n, precision[n]) >= gains[n]] \
@@ -444,4 +458,5 @@ def plan_memory(program: Program, steps, budget: int | None = None) -> MemoryPla
             decisions[nid] = MemoryDecision(nid, form, form, "cached", cache_nb, temp,
                                             f"weights split once and cached ({cache_nb / MIB:.1f} MiB): "
                                             f"within the budget; {within}")
-    return MemoryPlan(budget, source, peak, peak_step, sum(caches.values()), decisions, per_call, over)
+    held = sum(nb for key, nb in caches.items() if key[0] != "scratch")    # the parameters' caches
+    return MemoryPlan(budget, source, peak, peak_step, held, decisions, per_call, over)
