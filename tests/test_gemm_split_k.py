@@ -42,7 +42,11 @@ def test_split_parts_match_torch_and_leave_the_turns_ready(make, params):
     assert turns and all(not t.any() for t in turns)            # a replay needs no memset
 
 
-def test_the_default_splits_k_only_where_the_tiles_leave_sms_idle():
+def test_the_default_splits_k_only_where_the_tiles_leave_sms_idle(monkeypatch):
+    from agent_core.codegen import gemm_mma
+    assert not gemm_mma.SPLIT_K_DEFAULT         # until its parts' turns have run on a GPU
+    assert default_params(_spec(norm_program(394, 512, 2048)))["split_k"] == 1
+    monkeypatch.setattr(gemm_mma, "SPLIT_K_DEFAULT", True)
     vit = default_params(_spec(norm_program(394, 512, 2048)))   # 25 whole-row tiles: 4 parts of 512
     assert vit["split_k"] == 4 and vit["block_n"] == 512
     assert default_params(_spec(epilogue_program(4096, 1024, 1024)))["split_k"] == 1    # 512 tiles
@@ -60,12 +64,13 @@ def test_what_cannot_be_split_is_refused():
         generate_kernel(q, list(q.nodes), name="y", params={"form": FORM, "split_k": 4})
 
 
-@pytest.mark.parametrize("make", [lambda: norm_program(394, 512, 2048), lambda: epilogue_program(256, 256, 4096)],
+@pytest.mark.parametrize("make,parts", [(lambda: norm_program(394, 512, 2048), 4),
+                                        (lambda: epilogue_program(256, 256, 4096), 8)],
                          ids=["vit-mlp-out-layer-norm", "square-k4096"])
-def test_split_variants_compile_for_sm90_without_spills(make):
+def test_split_variants_compile_for_sm90_without_spills(make, parts):
     from agent_core.compiler import compile_kernel
     p = make()
-    ks = generate_kernel(p, list(p.nodes), name="gemm_split", params={"form": FORM})
+    ks = generate_kernel(p, list(p.nodes), name="gemm_split", params={"form": FORM, "split_k": parts})
     assert ks.params["split_k"] > 1 and "atomicExch(&counters[turn]" in ks.source
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0, c.log

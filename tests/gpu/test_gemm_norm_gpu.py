@@ -15,6 +15,7 @@ from agent_core.codegen.gemm_mma import FORM
 from tests.programs import fused
 from tests.test_gemm_norm import program
 
+H_SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -40,12 +41,27 @@ def _median_ms(fn, trials=50):
 
 @pytest.mark.parametrize("M,N,K", [(394, 512, 2048), (394, 512, 512), (4096, 768, 768), (4096, 768, 3072)],
                          ids=["vit-mlp-out", "vit-attn-out", "bert-attn-out", "bert-mlp-out"])
-def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K):
+@pytest.mark.parametrize("split", [False, True], ids=["whole-k", "split-k"])
+def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, split):
     from agent_core.profile.baselines import strict_fp32
     from agent_core.reference import parameter_tensors
     strict_fp32()
+    from agent_core.codegen.gemm_mma import gemm_spec, split_k_for, whole_row_params
+    from agent_core.codegen.region_io import region_io
+    import agent_core.codegen.gemm_mma as gemm_mma
     p = program(M, N, K, after=False)
-    r = fused(p, list(p.nodes), "gemm_ln", params={"form": FORM})
+    params = {"form": FORM}
+    if split:      # the count the default would take once SPLIT_K_DEFAULT is on
+        spec = gemm_spec(p, region_io(p, list(p.nodes)))
+        tiles = whole_row_params(spec)
+        gemm_mma.SPLIT_K_DEFAULT, was = True, gemm_mma.SPLIT_K_DEFAULT
+        try:
+            params["split_k"] = split_k_for(spec, 16, tiles["block_n"], tiles["block_k"], H_SMS)
+        finally:
+            gemm_mma.SPLIT_K_DEFAULT = was
+        if params["split_k"] == 1:
+            pytest.skip("enough tiles: no split")
+    r = fused(p, list(p.nodes), "gemm_ln", params=params)
     tensors = parameter_tensors(p, "cuda")
     by = {p.values[v].name: t for v, t in tensors.items()}
     x, res = torch.randn(M, K, device="cuda"), torch.randn(M, N, device="cuda")
@@ -58,19 +74,20 @@ def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K):
         return torch.nn.functional.layer_norm(y, (N,), by["g"], by["beta"], 1e-5)
     theirs = _median_ms(torch_form)
     print(f"linear {M} x {K} -> {N} + residual + layer_norm: ours {ours * 1e3:.1f} us "
-          f"({r.kernel.params['block_m']} x {r.kernel.params['block_n']} tiles), cuBLAS fp32 + torch "
+          f"({r.kernel.params['block_m']} x {r.kernel.params['block_n']} tiles, K in "
+          f"{r.kernel.params.get('split_k', 1)} part(s)), cuBLAS fp32 + torch "
           f"{theirs * 1e3:.1f} us: {theirs / ours:.2f}x")
 
 
-@pytest.mark.parametrize("shape,parts", [((256, 256, 4096), None), ((300, 200, 1000), 3), ((394, 512, 2048), 4)],
-                         ids=["square-k4096-default", "ragged-3-parts", "vit-4-parts"])
+@pytest.mark.parametrize("shape,parts", [((256, 256, 4096), 8), ((300, 200, 1000), 3), ((394, 512, 2048), 4)],
+                         ids=["square-k4096-8-parts", "ragged-3-parts", "vit-4-parts"])
 def test_split_k_parts_take_turns_and_match_torch_on_every_replay(shape, parts):
     """Split K (codegen/gemm_mma.py _split_k_turn): the parts of a tile wait for each other in order on
     the GPU (no hang), match torch, and leave the turns ready: verified on 5 draws, then run 20 times
     more with the same inputs giving the same bits (the sum's order never changes)."""
     from tests.test_gemm_epilogue import program as epilogue_program
     p = epilogue_program(*shape)
-    params = {"form": FORM, **({"split_k": parts} if parts else {})}
+    params = {"form": FORM, "split_k": parts}
     r = fused(p, list(p.nodes), "gemm_split_gpu", params=params)
     assert r.kernel.params["split_k"] > 1
     from agent_core.reference import parameter_tensors
