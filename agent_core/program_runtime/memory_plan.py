@@ -314,9 +314,10 @@ def kernel_scratch(steps) -> dict[tuple, int]:
     Kernels of the same source share theirs."""
     out: dict[tuple, int] = {}
     for s in steps:
-        ks = s.kernel if s.kind == "kernel" else None
-        if ks is not None and ks.workspace:
-            out[("scratch", ks.name)] = sum(4 * max(1, n) for _dt, n in ks.workspace)
+        # a planned step (steps.planned_steps) stands for a kernel not generated yet: no workspace known
+        workspace = getattr(s.kernel, "workspace", None) if s.kind == "kernel" else None
+        if workspace:
+            out[("scratch", s.kernel.name)] = sum(4 * max(1, n) for _dt, n in workspace)
     return out
 
 
