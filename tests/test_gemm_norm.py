@@ -157,7 +157,8 @@ def test_a_relabel_between_the_gemm_and_its_epilogue_costs_nothing(reduce):
     residual [L, B, E] is read at the GEMM's flat index and the norm (or a reduction) runs over its rows."""
     p = _out_projection(reduce=reduce)
     ks, pairs, _ = emulate(p, {}, draws=2)
-    assert "// reshape" not in ks.source          # no line of its own: it names its input's value
+    assert ks.kind == "gemm" and len(ks.outputs) == 1 and "// reshape" not in ks.source   # no line of its own
+    assert p.values[ks.outputs[0]].shape == ((37, 2) if reduce else (37, 2, 48))
     for got, want in pairs:
         torch.testing.assert_close(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
 

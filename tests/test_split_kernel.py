@@ -178,3 +178,30 @@ def test_infinities_and_nans_are_carried_by_hi_alone_and_no_finite_value_rounds_
     assert torch.isnan(hi[4:]).all() and (low[4:] == 0).all()    # both NaNs stay NaN...
     assert ((h[4:] & 0x7FFFE000) == 0x7FFFE000).all()             # ...when read as TF32 (top bits kept)
     assert torch.isfinite(hi[2]) and abs(float(hi[2]) + float(lo[2]) - float(odd[2])) < 2 ** -21 * float(odd[2])
+
+
+def test_the_torch_ops_split_never_synchronises_so_a_cuda_graph_can_capture_it():
+    """Where the kernel takes no layout (a transposed convolution's weight split into channels-last
+    parts, per call inside the program's CUDA graph), the torch ops split it: none may read data back
+    to the host. Indexing by a mask did (it counts the mask), and 45_UNetSoftmax's capture failed at
+    that call on the H100. Same bits as the kernel's, and as that indexing gave, near the largest float."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+    seen: set = set()
+    top = torch.arange(0x7F7FE000, 0x7F800100, dtype=torch.int64).to(torch.int32)
+    x = torch.cat([top, top | torch.tensor(-0x80000000, dtype=torch.int32), sk.special_values()]).view(torch.float32)
+    hi, lo = torch.empty_like(x), torch.empty_like(x)
+    with Ops():
+        st._split_ops(x, hi, lo)
+    host = {"nonzero", "index", "index_put", "index_put_", "masked_select", "masked_scatter", "_local_scalar_dense",
+            "item"}
+    assert not seen & host, seen & host
+    h, finite = bits(hi.numpy()), torch.isfinite(x)
+    want = x.view(torch.int32).numpy() & np.int32(-0x2000)          # truncated where the rounding overflowed
+    over = finite.numpy() & ~torch.isfinite(x.view(torch.int32).add(0x1000).bitwise_and(-0x2000).view(torch.float32)).numpy()
+    assert over.sum() > 0 and (h[over] == want[over]).all()
+    assert torch.isfinite(hi[finite]).all()                        # no finite value becomes an infinity

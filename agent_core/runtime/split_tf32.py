@@ -115,10 +115,13 @@ def _split_ops(t, hi, lo) -> None:
     t_i, hi_i, lo_i = t.view(torch.int32), hi.view(torch.int32), lo.view(torch.int32)
     torch.add(t_i, _ROUND, out=hi_i)
     hi_i.bitwise_and_(_MASK)
-    # the fix-ups below take one bool mask each (a quarter of a part), never a full-size temporary:
-    # a finite value rounded past the largest float is truncated (an infinity's truncation is itself)
-    over = torch.isinf(hi)
-    hi_i[over] = t_i[over] & _MASK
+    # the fix-ups below take bool masks (a quarter of a part each), never a full-size temporary, and no
+    # indexing by a mask: that counts the mask on the host, a synchronisation that spoils a CUDA graph
+    # capture (45_UNetSoftmax's transposed convolution, its weight split per call inside the capture).
+    # A finite value rounded past the largest float is truncated instead: the add carried into the
+    # exponent, so t truncated is one TF32 step (0x2000) below what it made (an infinity stays itself)
+    over = torch.isinf(hi).logical_and_(torch.isfinite(t))
+    hi_i.add_(over, alpha=-0x2000)
     # a NaN is the quiet NaN with every mantissa bit set: the add would carry a GPU NaN's all-ones
     # mantissa into the sign (-0), and a NaN with only low mantissa bits reads as infinity in TF32
     hi_i.masked_fill_(torch.isnan(t), _QUIET_NAN)
