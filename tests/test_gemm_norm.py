@@ -167,3 +167,13 @@ def test_an_operand_that_does_not_line_up_after_a_relabel_is_refused():
     p = _out_projection(residual_shape=(1, 2, 48))      # broadcast over L in [L, B, E]: not a row pattern
     why = gemm_supported(p, list(p.nodes))
     assert why and "does not line up" in why
+
+
+@pytest.mark.parametrize("N", [512, 768, 1024])
+def test_every_tiling_the_tuner_tries_fits_in_shared_memory(N):
+    """A tiling that does not build is a tuning trial wasted (and a warning in the log): every whole-row
+    variant fits, however wide the row."""
+    p = program(300, N, 256)
+    first = default_params(gemm_spec(p, region_io(p, list(p.nodes))))
+    for params in [first] + tune_variants(first):
+        assert generate_kernel(p, list(p.nodes), name="fits", params=params).params["block_n"] >= N

@@ -396,9 +396,10 @@ def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
     thinner k slices."""
     if p.get("whole_rows"):     # a normalising op after it: block_n stays the whole row
         out = []
-        for c in ({"block_m": 32, "warps_m": 2}, {"split_k": 1}, {"stages": 2}, {"block_k": 16, "stages": 4}):
+        for c in ({"block_m": 32, "warps_m": 2, "stages": 2}, {"split_k": 1}, {"stages": 2},
+                  {"block_k": 16, "stages": 4}, {"block_k": 16, "stages": 3}):
             v = {**p, **c}
-            if v != p and v not in out:
+            if v != p and v not in out and _pipeline_fits(v):
                 out.append(v)
         return out
     hopper = gemm_wgmma.variants(p) if gemm_wgmma.tried_on(arch) and p.get("mma") != gemm_wgmma.MMA else []
@@ -413,6 +414,13 @@ def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
         if v != p and v not in out:
             out.append(v)
     return out
+
+
+def _pipeline_fits(p: dict) -> bool:
+    """Whether the mma.sync pipeline's buffers of tiles p fit in shared memory, whichever way B is
+    laid out (the spec decides; shared_bytes has the exact figure)."""
+    bm, bn, bk, stages = (int(p[k]) for k in ("block_m", "block_n", "block_k", "stages"))
+    return 4 * stages * (bm * (bk + 4) + max(bn * (bk + 4), bk * (bn + 8))) <= SHARED_LIMIT
 
 
 def _vector_ok(op: Operand, contiguous_extent: int) -> bool:
