@@ -2,9 +2,10 @@
 CTA holds whole rows and normalises them in a second pass over its accumulators). Each kernel is built,
 launched and verified against torch on 5 random draws at atol = rtol = 1e-4 (tests/programs.py `fused`)
 for every op, ragged shapes, the tuner's tilings, and transformer shapes (ViT-B at batch 2: 394 rows,
-2048 -> 512; BERT-base: 4096 rows, 768 -> 768, 3072 -> 768). -rP prints each transformer shape's time
-against cuBLAS fp32 and torch's op after it, both as torch runs them (fp32, TF32 off). The split-K
-parts those few-tile shapes take (tests/test_gemm_split_k.py) run here for the first time on a GPU too.
+2048 -> 512; BERT-base: 4096 rows, 768 -> 768, 3072 -> 768). Its precision is split TF32 (three TF32
+products, fp32 sums): -rP prints each transformer shape's worst error against float64 beside torch
+fp32's, and its time against cuBLAS fp32 and torch's LayerNorm (fp32, TF32 off). The split-K parts
+those few-tile shapes take (tests/test_gemm_split_k.py) run here for the first time on a GPU too.
 
 PYTHONPATH=. python3 -m pytest -m gpu -rP tests/gpu/test_gemm_norm_gpu.py
 """
@@ -67,16 +68,22 @@ def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, s
     x, res = torch.randn(M, K, device="cuda"), torch.randn(M, N, device="cuda")
     env = {**tensors, p.inputs[0]: x, p.inputs[1]: res}
     ins = [env[v] for v in r.inputs]
+    d = {k: t.double() for k, t in by.items()}
+    exact = torch.nn.functional.layer_norm(x.double() @ d["w"].T + d["b"] + res.double(), (N,), d["g"], d["beta"], 1e-5)
+    err_ours = (r(ins)[0].double() - exact).abs().max().item()
     ours = _median_ms(lambda: r(ins))
 
     def torch_form():
         y = torch.nn.functional.linear(x, by["w"], by["b"]) + res
         return torch.nn.functional.layer_norm(y, (N,), by["g"], by["beta"], 1e-5)
     theirs = _median_ms(torch_form)
+    err_torch = (torch_form().double() - exact).abs().max().item()
+    assert err_ours < 1e-4, err_ours          # split TF32 (3 products, fp32 sums) against float64
     print(f"linear {M} x {K} -> {N} + residual + layer_norm: ours {ours * 1e3:.1f} us "
           f"({r.kernel.params['block_m']} x {r.kernel.params['block_n']} tiles, K in "
           f"{r.kernel.params.get('split_k', 1)} part(s)), cuBLAS fp32 + torch "
-          f"{theirs * 1e3:.1f} us: {theirs / ours:.2f}x")
+          f"{theirs * 1e3:.1f} us: {theirs / ours:.2f}x; worst error against float64 {err_ours:.2e} "
+          f"(torch fp32 {err_torch:.2e})")
 
 
 @pytest.mark.parametrize("shape,parts", [((256, 256, 4096), 8), ((300, 200, 1000), 3), ((394, 512, 2048), 4)],
