@@ -126,7 +126,7 @@ def test_a_tight_memory_budget_cuts_fewer_parts_and_everything_agrees_on_them():
     """Where the memory budget leaves room for fewer partial products than fill the SMs (a batch-2 ViT:
     eager's peak is 6.9 MiB), the agent fixes the most that fit; the runtime's GEMM, the memory plan's
     model and a saved program all use that count, and no room for two drops the form."""
-    from agent_core.agent.precision import fit_split_k, over_room
+    from agent_core.agent.precision import over_room
     from agent_core.program_runtime.memory_plan import call_temp_bytes
     from agent_core.project_file import load_program, save_program
     p, n = _program("linear", (2, 197, 2048), (512, 2048))
@@ -134,7 +134,7 @@ def test_a_tight_memory_budget_cuts_fewer_parts_and_everything_agrees_on_them():
     room = int(2.3 * 2**20)
     assert sk.parts_within(p, n.id, room) == 2 and sk.parts_within(p, n.id, None) == 8
     assert over_room(p, n.id, [sk.SPLIT_K], room) == []
-    fit_split_k(p, n.id, room)
+    sk.fit_parts(p, n.id, room)
     assert sk.parts(p, n.id) == 2
     assert call_temp_bytes(p, n.id, sk.SPLIT_K, False) == 2 * out
     env = dict(parameter_tensors(p, "cpu"))
@@ -149,6 +149,6 @@ def test_a_tight_memory_budget_cuts_fewer_parts_and_everything_agrees_on_them():
         path = os.path.join(d, "p.json")
         save_program(p, path)
         assert sk.parts(load_program(path), n.id) == 2
-    fit_split_k(p, n.id, None)                               # no budget: the count that fills the SMs
+    sk.fit_parts(p, n.id, None)                               # no budget: the count that fills the SMs
     assert sk.parts(p, n.id) == 8
     assert over_room(p, n.id, [sk.SPLIT_K], out + out // 2) == [sk.SPLIT_K]

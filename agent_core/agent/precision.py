@@ -28,7 +28,8 @@ from ..codegen import LIBRARY_CATEGORIES
 from ..ir import Program
 from ..reference import run_node
 from ..runtime.low_precision import BF16, FP16, TF32, allowed, run_low_precision
-from ..runtime.split_k import PARTS_KEY, SPLIT_K, can_split_k, most_parts, parts_within, run_split_k
+from ..runtime.split_k import (SPLIT_K, can_split_k, fit_parts, forget_parts, most_parts, parts, parts_within,
+                               run_split_k)
 from ..runtime.split_tf32 import (CHANNELS_LAST, TF32X3, TF32X3_CAT, TIMED_FP32, can_channels_last, can_concatenate,
                                   can_split, library_layout, library_precision, run_in_layout, run_split_tf32,
                                   run_split_tf32_cat, run_timed_fp32, to_channels_last)
@@ -200,16 +201,6 @@ def over_room(program: Program, nid: str, forms, room: int | None) -> list[str]:
     return out
 
 
-def fit_split_k(program: Program, nid: str, room: int | None) -> None:
-    """Fix the node's split-K part count (program.metadata["split_k_parts"]) to the most whose
-    partial products fit in `room`, where that is fewer than fill the SMs (runtime/split_k.py)."""
-    table = program.metadata.setdefault(PARTS_KEY, {})
-    table.pop(nid, None)
-    s = parts_within(program, nid, room)
-    if 1 < s < most_parts(program, nid):
-        table[nid] = s
-
-
 def pick(ms: dict[str, float], disagree) -> str:
     """The fastest form that agrees with fp32, unless a more accurate one is within MIN_GAIN of it."""
     fits = [m for m in ORDER if m in ms and m not in disagree]
@@ -275,7 +266,7 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
         here = (room or {}).get(nid)
         too_big = over_room(program, nid, forms, here)
         if SPLIT_K in forms:
-            fit_split_k(program, nid, here)
+            fit_parts(program, nid, here)
         fp32 = None   # fp32's result; each other form's is compared with it and dropped
 
         def measure(mode):
@@ -327,12 +318,11 @@ def choose_library_precision(program: Program, tensors_for, emit, trials: int, n
                 why += (f"; channels-last {'kept' if layout else 'not kept'}: {ms[form + CL]:.3f} ms against "
                         f"{ms[form]:.3f} ms in the input's layout (conversions counted)")
         if form == SPLIT_K:
-            fixed = (program.metadata.get(PARTS_KEY) or {}).get(nid)
-            why += (f"; its reduction cut into {fixed} parts, the most whose partial products fit in the "
-                    f"memory budget here (the SMs take {most_parts(program, nid)})" if fixed else
-                    f"; its reduction cut into {most_parts(program, nid)} parts")
+            s, most = parts(program, nid), most_parts(program, nid)
+            why += (f"; its reduction cut into {s} parts" + (f", the most whose partial products fit in the "
+                    f"memory budget here (the SMs take {most})" if s < most else ""))
         else:
-            (program.metadata.get(PARTS_KEY) or {}).pop(nid, None)
+            forget_parts(program, nid)
         if disagree:
             why += (f"; {', '.join(disagree)} disagreed with fp32 beyond the tolerance (atol {atol:g}, "
                     f"rtol {rtol:g}) on a random draw")

@@ -28,8 +28,7 @@ from .attention_mma import Q_REGS_LIMIT, TILE_ACC_LIMIT
 from .attention_parts import cost
 from .attention_reads import strided_reads
 from .attention_store import chain_after, store_layout
-from .kernel import pow2_at_least
-from .kernel import CodegenError, KernelSource
+from .kernel import CodegenError, KernelSource, pow2_at_least
 from .region_io import RegionIO
 
 SDPA = "scaled_dot_product_attention"

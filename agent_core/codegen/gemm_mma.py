@@ -65,12 +65,12 @@ from .attention_mma import HELPERS, SHARED_LIMIT
 from . import gemm_conv, gemm_wgmma
 from .cuda import INT_INDEX_LIMIT, Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
-from .gemm_rows import LOCALS as ROW_LOCALS, RELABELS, RowPart, combine_lines, fold_lines, operand_shape, shared_floats
+from .gemm_rows import LOCALS as ROW_LOCALS, RELABELS, RowPart, combine_lines, fold_lines, operand_loads, shared_floats
 from .gemm_rows import split_epilogue, state_code
 from .gemm_rows import workspace as row_workspace
 from .mma_portable import PORTABLE_HELPERS
-from .pointwise import operand_views, render_chain
-from .region_io import BroadcastIndex, RegionIO
+from .pointwise import render_chain
+from .region_io import RegionIO
 
 FORM = "gemm-3xtf32"
 GEMM_OPS = ("linear", "matmul", "bmm")
@@ -562,24 +562,11 @@ def _slice_tail(slice_acc: bool) -> list[str]:
 def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
     """C lines of one output element's epilogue, inside the store loop: `mm` is the GEMM's value at
     (row, col), `i` its flat index. Broadcast operands are indexed from i."""
-    vals = program.values
-    epi_inputs = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in spec.epilogue)]
-    views = operand_views(program, spec.epilogue, epi_inputs)
-    bidx = BroadcastIndex(spec.space, [operand_shape(views.get(v, vals[v].shape), spec.space) for v in epi_inputs])
     names = Names()
     names.taken.update(LOCALS + ROW_LOCALS)
     names.taken.update(arg.values())
     env = {spec.halves[0]: "mm", spec.halves[1]: "mm2"} if spec.halves else {spec.out: "mm"}
-    lines = []
-    for k, vid in enumerate(epi_inputs):
-        if bidx.is_scalar(k):
-            at = "0"
-        else:
-            at = bidx.offset_expr(k, "i", [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner],
-                                  [str(s) for s in bidx.strides[k]])
-        ident = names.new(vals[vid].name)
-        lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
-        env[vid] = ident
+    lines = operand_loads(program, io, spec.epilogue, spec.space, "i", arg, names, env, relabelled=True)
     lines += _render(program, spec.epilogue, env, names)
     lines += [f"{arg[vid]}[i] = {env[vid]};" for vid in io.outputs if vid in spec.full_values]
     if spec.rows is not None:
@@ -757,17 +744,27 @@ def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, s
         "  // epilogue on the accumulators, one store per output element",
         f"  const int row0 = bm + warp_m * kTM + lane_g, {col}0 = {col0};",
         *row_init,
+        *_each_element([*([index] if any(re.search(r"\bi\b", ln) for ln in epi) else []),
+                        "const float " + ", ".join(f"{name} = {acc}{bias(at)}" for name, acc, at in values) + ";",
+                        *epi], frag=frag, count=count, col=col, col0=f"{col}0", limit=limit),
+    ]
+
+
+def _each_element(body: list[str], row0: str = "row0", col0: str = "col0", frag: str = "nt", count: str = "kNT",
+                  col: str = "col", limit: str = "kN") -> list[str]:
+    """C lines running `body` for every accumulator element this thread holds inside the output:
+    fragment rows mt, columns `frag` (of `count`), elements j; `row` and `col` (named `col`) its place,
+    from the thread's first row and column row0 and col0."""
+    return [
         "  #pragma unroll",
         "  for (int mt = 0; mt < kMT; ++mt) {",
         "    #pragma unroll",
         f"    for (int {frag} = 0; {frag} < {count}; ++{frag}) {{",
         "      #pragma unroll",
         "      for (int j = 0; j < 4; ++j) {",
-        f"        const int row = row0 + mt * 16 + (j >> 1) * 8, {col} = {col}0 + {frag} * 8 + (j & 1);",
+        f"        const int row = {row0} + mt * 16 + (j >> 1) * 8, {col} = {col0} + {frag} * 8 + (j & 1);",
         f"        if (row < kM && {col} < {limit}) {{",
-        *([f"          {index}"] if any(re.search(r"\bi\b", ln) for ln in epi) else []),
-        "          const float " + ", ".join(f"{name} = {acc}{bias(at)}" for name, acc, at in values) + ";",
-        *[f"          {line}" for line in epi],
+        *[f"          {ln}" for ln in body],
         "        }",
         "      }",
         "    }",
@@ -810,37 +807,15 @@ def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[st
         lines += [f"float {ident};   // {program.nodes[n.node].name}: {program.nodes[n.node].op}",
                   f"{{ const St_{n.state}& st = srow.s{k}; {n.pre} {ident} = {expr}; }}"]
         env[n.output] = ident
-    ins = [v for v in io.inputs if any(v in program.nodes[a].inputs for a in part.after)]
-    views = operand_views(program, part.after, ins)
-    bidx = BroadcastIndex(spec.space, [operand_shape(views.get(v, vals[v].shape), spec.space) for v in ins])
-    for k, vid in enumerate(ins):
-        at = "0" if bidx.is_scalar(k) else bidx.offset_expr(
-            k, "i", [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner], [str(s) for s in bidx.strides[k]])
-        ident = names.new(vals[vid].name)
-        lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
-        env[vid] = ident
+    lines += operand_loads(program, io, part.after, spec.space, "i", arg, names, env, relabelled=True)
     lines += _render(program, part.after, env, names)
     lines += [f"{arg[v]}[i] = {env[v]};" for v in io.outputs if v in part.after_values]
     return [
         "  __syncthreads();   // every row's combined statistics are in shared memory",
         "  // the second pass: the normalising ops over the accumulators, which hold their input",
         "  const float* comb = red + kWarpsN * kBM * kF;",
-        "  #pragma unroll",
-        "  for (int mt = 0; mt < kMT; ++mt) {",
-        "    #pragma unroll",
-        "    for (int nt = 0; nt < kNT; ++nt) {",
-        "      #pragma unroll",
-        "      for (int j = 0; j < 4; ++j) {",
-        "        const int row = row0 + mt * 16 + (j >> 1) * 8, col = col0 + nt * 8 + (j & 1);",
-        "        if (row < kM && col < kN) {",
-        f"          {_store_index(spec)}",
-        "          const RowSt srow = row_get(comb + (row - bm) * kF);",
-        "          const float xe = acc[mt][nt][j];",
-        *[f"          {ln}" for ln in lines],
-        "        }",
-        "      }",
-        "    }",
-        "  }",
+        *_each_element([_store_index(spec), "const RowSt srow = row_get(comb + (row - bm) * kF);",
+                        "const float xe = acc[mt][nt][j];", *lines]),
     ]
 
 
@@ -928,26 +903,11 @@ def _split_k_turn(parts: int) -> list[str]:
         "      if (tid == 0) while (*(volatile unsigned int*)&counters[turn] != (unsigned)part) {}",
         "      __syncthreads();",
         "      __threadfence();",
-        "      #pragma unroll",
-        "      for (int mt = 0; mt < kMT; ++mt)",
-        "        #pragma unroll",
-        "        for (int nt = 0; nt < kNT; ++nt)",
-        "          #pragma unroll",
-        "          for (int j = 0; j < 4; ++j) {",
-        "            const int row = r0 + mt * 16 + (j >> 1) * 8, col = c0 + nt * 8 + (j & 1);",
-        "            if (row < kM && col < kN) acc[mt][nt][j] = __ldcg(workspace + (index_t)row * kN + col) + acc[mt][nt][j];",
-        "          }",
+        *_each_element(["acc[mt][nt][j] = __ldcg(workspace + (index_t)row * kN + col) + acc[mt][nt][j];"],
+                       "r0", "c0"),
         "    }",
         f"    if (part < {parts} - 1) {{",
-        "      #pragma unroll",
-        "      for (int mt = 0; mt < kMT; ++mt)",
-        "        #pragma unroll",
-        "        for (int nt = 0; nt < kNT; ++nt)",
-        "          #pragma unroll",
-        "          for (int j = 0; j < 4; ++j) {",
-        "            const int row = r0 + mt * 16 + (j >> 1) * 8, col = c0 + nt * 8 + (j & 1);",
-        "            if (row < kM && col < kN) workspace[(index_t)row * kN + col] = acc[mt][nt][j];",
-        "          }",
+        *_each_element(["workspace[(index_t)row * kN + col] = acc[mt][nt][j];"], "r0", "c0"),
         "      __threadfence();",
         "      __syncthreads();",
         "      if (tid == 0) atomicExch(&counters[turn], (unsigned)(part + 1));",

@@ -216,6 +216,26 @@ def operand_shape(shape, space: tuple) -> tuple:
                        f"after its relabel")
 
 
+def operand_loads(program: Program, io: RegionIO, order: list[str], space: tuple, index: str, arg: dict[str, str],
+                  names: Names, env: dict[str, str], relabelled: bool = False) -> list[str]:
+    """C lines loading each region input the nodes of `order` read, at flat index `index` of `space`
+    (broadcast operands through BroadcastIndex), each named in env. relabelled: an operand may hold the
+    GEMM output's elements in another shape (operand_shape)."""
+    vals = program.values
+    ins = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in order)]
+    views = operand_views(program, order, ins)
+    shapes = [views.get(v, vals[v].shape) for v in ins]
+    bidx = BroadcastIndex(space, [operand_shape(sh, space) for sh in shapes] if relabelled else shapes)
+    lines = []
+    for k, vid in enumerate(ins):
+        at = "0" if bidx.is_scalar(k) else bidx.offset_expr(
+            k, index, [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner], [str(s) for s in bidx.strides[k]])
+        ident = names.new(vals[vid].name)
+        lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
+        env[vid] = ident
+    return lines
+
+
 def _norm(program: Program, io: RegionIO, nid: str, full_vals: set, space: tuple) -> RowNorm:
     """The normalising op `nid` over the GEMM's rows; CodegenError where the second pass cannot apply it."""
     from .rowstates import row_op
@@ -290,15 +310,7 @@ def _finish(program: Program, io: RegionIO, part: RowPart, arg: dict[str, str], 
         lines.append(f"const float {ident} = {expr};  // {program.nodes[r.node].name}: {program.nodes[r.node].op}")
         env[r.output] = ident
     if part.post:
-        ins = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in part.post)]
-        views = operand_views(program, part.post, ins)
-        bidx = BroadcastIndex(part.space, [views.get(v, vals[v].shape) for v in ins])
-        for k, vid in enumerate(ins):
-            at = "0" if bidx.is_scalar(k) else bidx.offset_expr(
-                k, "rrow", [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner], [str(s) for s in bidx.strides[k]])
-            ident = names.new(vals[vid].name)
-            lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
-            env[vid] = ident
+        lines += operand_loads(program, io, part.post, part.space, "rrow", arg, names, env)
         lines += [ln.strip() for ln in render_chain(program, part.post, env, names, indent="")]
     lines += [f"{arg[v]}[rrow] = {env[v]};" for v in io.outputs if v in part.values]
     return [f"{indent}{ln}" for ln in lines]
@@ -382,4 +394,4 @@ def shared_floats(part: RowPart, bm: int, warps_n: int) -> int:
 
 
 __all__ = ["MAX_WHOLE_ROW", "NORMS", "REDUCTIONS", "RELABELS", "RowNorm", "RowPart", "RowReduce", "combine_lines",
-           "fold_lines", "operand_shape", "shared_floats", "split_epilogue", "state_code", "workspace"]
+           "fold_lines", "operand_loads", "operand_shape", "shared_floats", "split_epilogue", "state_code", "workspace"]

@@ -32,7 +32,7 @@ import re
 from ..ir import Program
 from ..ops.registry import DTYPE_BYTES
 from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, index_type, kernel_name, kernel_source
-from .kernel import CodegenError, KernelSource, pow2_at_least as _pow2
+from .kernel import CodegenError, KernelSource, pow2_at_least
 from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
@@ -252,7 +252,7 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         while tpr < 32 and math.ceil(cols / (tpr * vec)) * vec * k > int(p["lane_max_floats"]):
             tpr *= 2              # several inputs held: more lanes, so the row stays in registers
     elif cols * k <= int(p["register_max_cols"]):
-        schedule, tpr = "block", min(1024, max(128, _pow2(math.ceil(cols * k / 16))))
+        schedule, tpr = "block", min(1024, max(128, pow2_at_least(math.ceil(cols * k / 16))))
     else:
         # rows enough for two blocks per SM: 512 threads, so several rows share an SM and one row's
         # all-reduce does not idle it (the tuner chose 512 over 1024 in every such region timed on
@@ -284,7 +284,7 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         # each round (H100, 4 CTAs per row: KL divergence over 2048 rows of 2 x 30522, 1024 threads 734 us,
         # 256 threads 366; log_softmax over 1024 rows of 50257, 391 -> 260 us). Fewer rows run in one wave:
         # CTAs of up to 1024 threads holding ~16 floats each.
-        tpr = CLUSTER_FULL_THREADS if g.rows >= sms else min(1024, max(128, _pow2(cols * k / (cluster * 16))))
+        tpr = CLUSTER_FULL_THREADS if g.rows >= sms else min(1024, max(128, pow2_at_least(cols * k / (cluster * 16))))
         if p.get("threads_per_row"):
             # a tuner's choice (twice or half the rule's): fewer threads hold more floats each, more CTAs
             # share an SM (1024 threads of 40 registers leave room for one: its loads wait while it reduces)
@@ -345,10 +345,10 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -
     if small or schedule == "warp" or (schedule == "block" and g.rows * 2 > int(p["sm_count"])) or \
             (not few and streamed_reads() <= 1):
         return 1
-    n = _pow2(g.cols * k / int(p["register_max_cols"]))
+    n = pow2_at_least(g.cols * k / int(p["register_max_cols"]))
     if few:
-        n = max(n, _pow2(int(p["sm_count"]) / g.rows))
-    n = min(n, int(p["cluster_max"]), _pow2(g.cols / (128 * 4)))   # each CTA keeps a float4 per thread
+        n = max(n, pow2_at_least(int(p["sm_count"]) / g.rows))
+    n = min(n, int(p["cluster_max"]), pow2_at_least(g.cols / (128 * 4)))   # each CTA keeps a float4 per thread
     return n if n > 1 and _cluster_holds(g.cols, k, n, int(p["cluster_thread_floats"])) else 1
 
 

@@ -512,10 +512,9 @@ def _run_parallel(state: _Run, todo: list[tuple[int, str]], jobs: int) -> None:
 
 def crowded_out(rec: dict, gpu_seen: bool = False) -> str | None:
     """Why a problem run beside others lost to their GPU memory, or None: its own error; its CUDA graph's
-    capture failing for memory, or failing at all beside other problems (cuDNN answers a workspace
-    it cannot allocate by freeing the allocator's cache, which synchronises inside the capture:
-    20_MobileNetV2, 23_EfficientNetB1 and 45_UNetSoftmax under --jobs 8 on the H100, the first two
-    captured alone; its steps then launched one by one, 0.33x); its rewrites' check not fitting
+    capture failing for memory, or failing at all beside other problems (20_MobileNetV2 and
+    23_EfficientNetB1 under --jobs 8 on the H100 captured alone; their steps had launched one by one,
+    0.33x); its rewrites' check not fitting
     (planned as written: most likely why 31_VisionAttention's attention was not raised under --jobs 8 on
     the H100, 14.8 ms, against 5.7 with it raised on the H200 in the sixth session); a region's
     verification whose reference ran out of memory (the region falls back: 74 of
@@ -525,12 +524,13 @@ def crowded_out(rec: dict, gpu_seen: bool = False) -> str | None:
     under --jobs 8 on the H100). A row already run again alone (first_try) is kept as it is."""
     if rec.get("skipped") or rec.get("first_try"):        # a row already run again alone stays
         return None
-    if rec.get("ok") and rec.get("graph_error") and (rec.get("jobs") or 1) > 1:
-        return rec["graph_error"]
+    graph = rec.get("graph_error") if rec.get("ok") else None
+    if graph and ((rec.get("jobs") or 1) > 1 or says_out_of_memory(graph)):
+        return graph
     if rec.get("ok") and rec.get("gpu") is False and gpu_seen:
         return f"no GPU in its process ({rec.get('no_gpu') or 'no reason recorded'}) while other problems had one"
     reasons = [rec.get("error")] if not rec.get("ok") else \
-        [rec.get("graph_error"), rec.get("rewrites_skipped"), *(rec.get("fallbacks") or {}).values(),
+        [rec.get("rewrites_skipped"), *(rec.get("fallbacks") or {}).values(),
          *(rec.get("library_precision_errors") or {}).values()]
     for why in reasons:
         if why and (says_out_of_memory(why) or why.startswith("DoesNotFit")):
@@ -538,14 +538,14 @@ def crowded_out(rec: dict, gpu_seen: bool = False) -> str | None:
     return None
 
 
-def _rerun_crowded_out(state: _Run, todo: list[tuple[int, str]]) -> None:
+def _rerun_crowded_out(state: _Run, rows: list[tuple[int, str]]) -> None:
     """--jobs: the problems that ran out of GPU memory beside the others (KernelBench level 3 under
     --jobs 8 on one 80 GB GPU: 12_VGG19, 14_DenseNet121DenseBlock and 33_VanillaRNN failed,
     23_EfficientNetB1 lost its CUDA graph and read 1.89 ms against 0.48 alone) run again, one at a time,
     while the time cap allows; the row says what the first try met. A --resume run takes the file's
     crowded rows that were not run again (the earlier call's cap came first) the same way."""
     gpu_seen = any(r.get("gpu") for r in state.records.values())
-    for i, path in todo:
+    for i, path in rows:
         why = crowded_out(state.records[i], gpu_seen) if i in state.records else None
         if why is None or state.capped():
             continue

@@ -67,11 +67,25 @@ def parts_within(program: Program, node_id: str, room: int | None) -> int:
     return s
 
 
+def fit_parts(program: Program, node_id: str, room: int | None) -> None:
+    """Fix the node's part count (program.metadata["split_k_parts"]) to parts_within(room), where
+    that is fewer than most_parts; none fixed otherwise."""
+    forget_parts(program, node_id)
+    s = parts_within(program, node_id, room)
+    if 1 < s < most_parts(program, node_id):
+        program.metadata.setdefault(PARTS_KEY, {})[node_id] = s
+
+
+def forget_parts(program: Program, node_id: str) -> None:
+    """The node runs in another form: no part count of its own."""
+    (program.metadata.get(PARTS_KEY) or {}).pop(node_id, None)
+
+
 def share_parts(program: Program, timed: str, node_id: str) -> None:
     """A node that takes the form chosen on a node of the same call (agent.precision_share) takes its
     part count too: the count fixed for the budget there, or none."""
-    table = program.metadata.setdefault(PARTS_KEY, {})
-    table.pop(node_id, None)
+    forget_parts(program, node_id)
+    table = program.metadata.get(PARTS_KEY) or {}
     if timed in table:
         table[node_id] = table[timed]
 
