@@ -141,3 +141,16 @@ def test_one_tf32_product_is_a_form_only_where_the_program_allows_it():
     assert c.spill_stores == 0
     with pytest.raises(CodegenError, match="mma.sync loop only"):
         generate_kernel(p, list(p.nodes), name="g", params={"form": "gemm-3xtf32", "mma": "wgmma", "tf32": True})
+
+
+def test_tiles_in_groups_of_m_tiles_cover_every_output_tile_once():
+    """The grouped tile order (gemm_mma.GROUPED_TILE): 19 M tiles are two whole groups of 8 and a last
+    group of 3, walked down each of 3 N tiles; every output tile is computed, each by one CTA."""
+    from agent_core.codegen.gemm_mma import GROUP_M
+    p = program(300, 40, 24, bias=True)
+    params = {"block_m": 16, "warps_m": 1, "block_n": 16, "warps_n": 2}
+    ks = generate_kernel(p, list(p.nodes), name="gemm_groups", params={"form": "gemm-3xtf32", "portable": True, **params})
+    assert ks.grid[:2] == (3, 19) and 19 % GROUP_M and "in_group = kGroupM * gridDim.x" in ks.source
+    torch.manual_seed(0)
+    got, want = emulated(p, ks, [torch.randn(300, 24)])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

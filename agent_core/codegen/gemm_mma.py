@@ -636,9 +636,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
           "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]),
         "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
         "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
-        *(["  const int bm = blockIdx.x * kBM, bn = blockIdx.y * kBN;", *ops.group, *gemm_conv.row_registers(conv)]
-          if conv else
-          ["  const int bm = blockIdx.y * kBM, bn = blockIdx.x * kBN;", *ops.group]),
+        *(["  const int tile_m = blockIdx.x, tile_n = blockIdx.y;",
+           "  const int bm = tile_m * kBM, bn = tile_n * kBN;", *ops.group, *gemm_conv.row_registers(conv)]
+          if conv else [*GROUPED_TILE, "  const int bm = tile_m * kBM, bn = tile_n * kBN;", *ops.group]),
         *(["  // split K: this CTA's part of the reduction, k slices [kt0, kt0 + KT)",
            f"  const int kSlices = (kK + kBK - 1) / kBK, kPer = (kSlices + {parts} - 1) / {parts};",
            "  const int kt0 = blockIdx.z * kPer;"] if parts > 1 else []),
@@ -873,6 +873,21 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
         precision])
     return head, schedule
 
+
+# Which output tile a CTA computes: the grid's tiles in groups of kGroupM M tiles, walked down each N tile
+# of the group before the next (Triton's grouped order). CTAs running at once then share a few row
+# panels of A and column panels of B in L2 instead of sweeping all of B for each row of tiles. In the
+# warp-specialised TMA loop this order took 4096^3 from 0.80x to 0.92x of cuBLAS (tools/tma_gemm_probe.py);
+# the mma.sync and register-A wgmma loops time the same either way (bench_tile_gemm, both H100,
+# benchmarks/h100-2026-12-06-s20): their own issue rate bounds them, not L2.
+GROUP_M = 8
+GROUPED_TILE = [
+    "  // this CTA's output tile, in groups of kGroupM M tiles walked down each N tile (L2 reuse)",
+    f"  constexpr int kGroupM = {GROUP_M};",
+    "  const int lin = blockIdx.y * gridDim.x + blockIdx.x, in_group = kGroupM * gridDim.x;",
+    "  const int first_m = lin / in_group * kGroupM, group_m = min((int)gridDim.y - first_m, kGroupM);",
+    "  const int tile_m = first_m + lin % in_group % group_m, tile_n = lin % in_group / group_m;",
+]
 
 # both main loops start here: the k slices, the first kStages - 1 of them copied before the loop
 PIPELINE_START = [

@@ -361,12 +361,12 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
                "  const index_t rrow = bm + r;",
                "  if (rrow < kM) {",
                *[f"    {ln}" for ln in tile_state],
-               "    row_put(workspace + ((index_t)blockIdx.x * kM + rrow) * kF, st);",
+               "    row_put(workspace + ((index_t)tile_n * kM + rrow) * kF, st);",
                "  }",
                "}"]
     return lines + [
         f"  // {n_tiles} CTAs share each row: each publishes its tile's states, the row tile's last combines them",
-        *publish_and_arrive(publish, "counters[blockIdx.y]", "kNTiles", publisher="tid < kBM", arriver="tid == 0"),
+        *publish_and_arrive(publish, "counters[tile_m]", "kNTiles", publisher="tid < kBM", arriver="tid == 0"),
         "  if (last) {",
         "    __threadfence();",
         "    for (int r = tid; r < kBM; r += kBlock) {",
@@ -377,7 +377,7 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
         *finish,
         "      }",
         "    }",
-        "    if (tid == 0) " + reset_counter("counters[blockIdx.y]", "").strip(),
+        "    if (tid == 0) " + reset_counter("counters[tile_m]", "").strip(),
         "  }"]
 
 
