@@ -184,28 +184,32 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src, bool ok
 }}
 __device__ __forceinline__ void cp_async_commit() {{ asm volatile("cp.async.commit_group;\\n" ::); }}
 template <int N> __device__ __forceinline__ void cp_async_wait() {{ asm volatile("cp.async.wait_group %0;\\n" :: "n"(N)); }}
-__device__ __forceinline__ void producers_sync() {{ asm volatile("bar.sync 1, 128;\\n" ::: "memory"); }}
+__device__ __forceinline__ void producers_sync() {{ asm volatile("bar.sync 1, %0;\\n" :: "n"(PT) : "memory"); }}
 __device__ __forceinline__ void fence_proxy_async() {{ asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }}
 __device__ __forceinline__ void mbar_arrive(u64* b) {{
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(s32(b)) : "memory"); }}
 """
 
 
-def split_source(bn: int, stages: int, slice_acc: bool, tma: bool = False) -> str:
+def split_source(bn: int, stages: int, slice_acc: bool, tma: bool = False, pw: int = 1, param_maps: bool = False) -> str:
     """The same warp-specialised loop over the raw operands, split TF32 inside the kernel: the producer
     warpgroup (128 threads) copies each k slice of A and B with cp.async into the 128-byte-swizzled
     layout, then splits it in shared memory (hi rounded in place, lo beside it), so no workspace and one
     read of each operand slice feed all three products: a_lo b_hi, a_hi b_lo, a_hi b_hi per 8-wide k step.
     slice_acc: each slice's products summed apart and added to the running sums in fp32 (the sums' error
     over a long K), at the price of waiting for each slice's products. tma: one producer thread copies each
-    slice with two TMA copies (tensor maps as tma_gemm's), the others only split."""
+    slice with two TMA copies (tensor maps as tma_gemm's), the others only split. pw: producer warpgroups
+    (the split's threads). param_maps: the tensor maps passed by value (__grid_constant__ parameters)
+    rather than through global memory."""
+    P = 128 * pw
     base = source(bn, stages, 1)
     head = base.split('extern "C"')[0]
     sums = "sacc" if slice_acc else "d"
-    return head + SPLIT_HEAD.format() + f"""
+    return head + f"#define PT {P}   // producer threads\n" + SPLIT_HEAD.format() + f"""
 #define SLICE (BM + BN) * BK   // floats of one k slice of A and B
-extern "C" __global__ void __launch_bounds__(384, 1)
-split_gemm({"const unsigned char* maps, " if tma else ""}const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {{
+struct __align__(64) TmaMap {{ unsigned long long v[16]; }};
+extern "C" __global__ void __launch_bounds__({P + 256}, 1)
+split_gemm({"const __grid_constant__ TmaMap map_a, const __grid_constant__ TmaMap map_b, " if param_maps else "const unsigned char* maps, " if tma else ""}const float* __restrict__ A, const float* __restrict__ B, float* __restrict__ C, int M, int N, int K) {{
   extern __shared__ __align__(1024) unsigned char raw[];
   float* hi = reinterpret_cast<float*>(raw + ((1024u - (s32(raw) & 1023u)) & 1023u));   // [ST][A rows, B rows][32]
   float* lo = hi + ST * SLICE;
@@ -219,16 +223,16 @@ split_gemm({"const unsigned char* maps, " if tma else ""}const float* __restrict
   tile_at(blockIdx.x, MT, NT, pm, tn);
   const int m0 = pm * BM, n0 = tn * BN;
   if (tid == 0) {{
-    for (int s = 0; s < ST; ++s) {{ mbar_init(&full[s], 128); mbar_init(&empty[s], 2); mbar_init(&landed[s], 1); }}
+    for (int s = 0; s < ST; ++s) {{ mbar_init(&full[s], PT); mbar_init(&empty[s], 2); mbar_init(&landed[s], 1); }}
     asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
   }}
   __syncthreads();
-  if (wg == 0) {{
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 56;\\n");
-    auto issue = [&](int it) {{{TMA_ISSUE if tma else ""}
+  if (tid < PT) {{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 {56 if pw == 1 else 40};\\n");
+    auto issue = [&](int it) {{{TMA_ISSUE.replace("maps + 128", "&map_b").replace("maps,", "&map_a,") if param_maps else TMA_ISSUE if tma else ""}
       float* st = hi + (it % ST) * SLICE;
       const int k0 = it * BK;
-      for (int e = tid; e < (BM + BN) * 8; e += 128) {{
+      for (int e = tid; e < (BM + BN) * 8; e += PT) {{
         const int r = e >> 3, c = e & 7, gk = k0 + 4 * c;
         const bool is_a = r < BM;
         const int gr = is_a ? m0 + r : n0 + r - BM;
@@ -255,7 +259,7 @@ split_gemm({"const unsigned char* maps, " if tma else ""}const float* __restrict
       producers_sync();                 // slice it has landed, every producer's copies
       float4* h4 = reinterpret_cast<float4*>(hi + s * SLICE);
       float4* l4 = reinterpret_cast<float4*>(lo + s * SLICE);
-      for (int e = tid; e < SLICE / 4; e += 128) {{
+      for (int e = tid; e < SLICE / 4; e += PT) {{
         float4 x = h4[e], h, l;
         #define SPLIT1(f) {{ const unsigned b = __float_as_uint(x.f) + 0x1000u; h.f = __uint_as_float(b); l.f = x.f - __uint_as_float(b & 0xffffe000u); }}
         SPLIT1(x) SPLIT1(y) SPLIT1(z) SPLIT1(w)
@@ -269,8 +273,8 @@ split_gemm({"const unsigned char* maps, " if tma else ""}const float* __restrict
       }}
     }}
   }} else {{
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 224;\\n");
-    const int cw = wg - 1;
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 {224 if pw == 1 else 216};\\n");
+    const int cw = wg - {pw};
     const int w = (tid & 127) >> 5, g = (tid & 31) >> 2, t = tid & 3;
     float d[BN / 2];
     #pragma unroll
@@ -396,26 +400,33 @@ def run(shapes, configs, split_configs, trials):
             print(f"  ours 128x{bn}, {st} stages, cluster {cl}, {'persistent ' + str(grid[0]) if persist else 'one tile a CTA'}"
                   f" ({built.registers} registers, {built.spill_stores} B spills): "
                   f"{ms:.3f} ms, {lib / ms:.2f}x the library; error {err:.2e}", flush=True)
-        for bn, st, slice_acc, *tma in split_configs:
-            tma = bool(tma and tma[0])
-            built = compile_source(split_source(bn, st, bool(slice_acc), tma), "split_gemm", arch="sm_90")
+        for bn, st, slice_acc, *more in split_configs:
+            tma, pw, param_maps = (list(more) + [0, 1, 0][len(more):])[:3]
+            built = compile_source(split_source(bn, st, bool(slice_acc), bool(tma), pw, bool(param_maps)), "split_gemm",
+                                   arch="sm_90")
             fn = cupy.RawModule(path=str(built.path)).get_function("split_gemm")
             smem = split_shared_bytes(bn, st)
             fn.max_dynamic_shared_size_bytes = smem
             c = torch.full((M, N), float("nan"), device="cuda")
             grid = (-(-M // BM) * -(-N // bn),)
             args = (cupy.asarray(a), cupy.asarray(b), cupy.asarray(c), cupy.int32(M), cupy.int32(N), cupy.int32(K))
-            if tma:
+            if param_maps:
+                import numpy as np
+                by_value = np.dtype({"names": [f"v{i}" for i in range(16)], "formats": ["<u8"] * 16}, align=True)
+                args = tuple(np.frombuffer(tensor_map(t, rows), dtype=by_value)[0] for t, rows in ((a, BM), (b, bn))) + args
+            elif tma:
                 maps = torch.frombuffer(bytearray(tensor_map(a, BM) + tensor_map(b, bn)), dtype=torch.uint8).cuda()
                 args = (cupy.asarray(maps),) + args
+            block = (128 * pw + 256,)
 
             def go():
-                fn(grid, (384,), args, shared_mem=smem)
+                fn(grid, block, args, shared_mem=smem)
             go()
             torch.cuda.synchronize()
             err = (c.double() - ref).abs().max().item()
             ms = time_gpu(go, trials=trials).median_ms
-            print(f"  ours split in the kernel, {'TMA' if tma else 'cp.async'}, 128x{bn}, {st} stages, "
+            print(f"  ours split in the kernel, {'TMA' if tma else 'cp.async'}{' (maps by value)' if param_maps else ''}, "
+                  f"{pw} producer warpgroup(s), 128x{bn}, {st} stages, "
                   f"{'per-slice sums' if slice_acc else 'one sum'}"
                   f" ({built.registers} registers, {built.spill_stores} B spills): {ms:.3f} ms, {lib / ms:.2f}x the "
                   f"library's GEMM alone; error {err:.2e} (torch fp32 {fp32_err:.2e})", flush=True)
@@ -426,8 +437,9 @@ def main():
     ap.add_argument("--shapes", default="4096x4096x4096,8192x8192x8192,4096x4096x1024,394x2048x512")
     ap.add_argument("--configs", default="256:4:1:0,256:4:1:1,256:4:2:0,256:4:2:1,128:6:2:1",
                     help="block_n:stages:cluster:persistent, comma-separated")
-    ap.add_argument("--split-configs", default="128:3:1,128:3:1:1,128:2:1:1,256:2:0:1",
-                    help="the in-kernel split: block_n:stages:per-slice sums (0 or 1)[:TMA copies (0 or 1)], comma-separated")
+    ap.add_argument("--split-configs", default="128:3:1:1,128:3:1:1:2,128:3:1:1:1:1,128:3:1:1:2:1",
+                    help="the in-kernel split: block_n:stages:per-slice sums (0 or 1)[:TMA copies (0 or 1)"
+                         "[:producer warpgroups[:maps by value (0 or 1)]]], comma-separated")
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--compile-only", action="store_true")
     a = ap.parse_args()
@@ -437,9 +449,10 @@ def main():
         for bn, st, cl, _ in configs:
             built = compile_source(source(bn, st, cl), "tma_gemm", arch="sm_90", use_cache=False)
             print(built.summary(), shared_bytes(bn, st), "serialized" if "serializ" in built.log else "")
-        for bn, st, sa, *tma in split_configs:
-            built = compile_source(split_source(bn, st, bool(sa), bool(tma and tma[0])), "split_gemm", arch="sm_90",
-                                   use_cache=False)
+        for bn, st, sa, *more in split_configs:
+            tma, pw, param_maps = (list(more) + [0, 1, 0][len(more):])[:3]
+            built = compile_source(split_source(bn, st, bool(sa), bool(tma), pw, bool(param_maps)), "split_gemm",
+                                   arch="sm_90", use_cache=False)
             print(built.summary(), split_shared_bytes(bn, st), "serialized" if "serializ" in built.log else "")
         return
     run([tuple(int(x) for x in s.split("x")) for s in a.shapes.split(",")], configs, split_configs, a.trials)
