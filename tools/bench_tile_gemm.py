@@ -7,7 +7,7 @@
 - torch eager, and torch.compile in each asked mode, on the same function.
 
     python3 tools/bench_tile_gemm.py [--out rows.jsonl] [--only gemm,square,gated,conv] [--compile-modes default,max-autotune]
-                                     [--wgmma]
+                                     [--wgmma] [--tma]
 
 Cases (issue #16's done-when): epilogue-heavy GEMMs (N <= 4096, then GELU and a row logsumexp), large
 square GEMMs (bias only: the GEMM itself against cuBLAS in the same split-TF32 form), gated units after a
@@ -118,7 +118,8 @@ def conv_case(x_shape, cout, kernel, padding, groups):
 
 def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
     import torch
-    from agent_core.codegen.gemm_mma import FORM, default_params, gemm_spec, tune_variants
+    from agent_core.codegen import gemm_tma
+    from agent_core.codegen.gemm_mma import FORM, default_params, gemm_spec, tma_alternatives, tune_variants
     from agent_core.codegen.region_io import region_io
     from agent_core.reference import parameter_tensors
     from agent_core.runtime import build_region
@@ -161,7 +162,8 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
     best = None
     from agent_core.codegen.conv import direct_alternative
     from agent_core.compiler import default_arch
-    ours = [{**v, "form": FORM} for v in [default_params(spec)] + tune_variants(default_params(spec), default_arch())]
+    tma = tma_alternatives(spec) if gemm_tma.tried_on(default_arch()) else []
+    ours = [{**v, "form": FORM} for v in [default_params(spec)] + tma + tune_variants(default_params(spec), default_arch())]
     ours += direct_alternative(prog, region_io(prog, nodes))     # the direct convolution where the agent tries it
     for j, params in enumerate(ours):
         r = timed(f"ours #{j}", lambda: build_region(prog, nodes, name=f"tile_{j}", params=params))
@@ -201,7 +203,11 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="gemm,square,gated,conv")
     ap.add_argument("--compile-modes", default="default")
     ap.add_argument("--wgmma", action="store_true", help="time the wgmma tiles too (sm_90), tuner or not")
+    ap.add_argument("--tma", action="store_true", help="time the TMA loop's tiles too (sm_90), tuner or not")
     a = ap.parse_args(argv)
+    if a.tma:
+        from agent_core.codegen import gemm_tma
+        gemm_tma.IN_TUNER = True
     if a.wgmma:
         from agent_core.codegen import gemm_wgmma
         gemm_wgmma.IN_TUNER = True

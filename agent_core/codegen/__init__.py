@@ -103,7 +103,7 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
     # the implicit GEMM the agent times against cuDNN (gemm_mma.py), and as the direct one where it is thin
     if (params or {}).get("form") == "gemm-3xtf32" or (kind != "convolution" and lone_conv(program, io.nodes)):
         ks = generate_gemm(program, io, name, params)
-        ks.alternatives = direct_alternative(program, io)
+        ks.alternatives = ks.alternatives + direct_alternative(program, io)    # the sm_90 TMA loop's tiles first
         return ks
     lib, rest = ([], None) if kind == "convolution" else split_library(program, io)
     if lib:

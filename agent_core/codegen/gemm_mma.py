@@ -62,7 +62,7 @@ from ..ir import Program
 from ..runtime.low_precision import TF32, allowed
 from ..text import plural
 from .attention_mma import HELPERS, SHARED_LIMIT
-from . import gemm_conv, gemm_wgmma
+from . import gemm_conv, gemm_tma, gemm_wgmma
 from .cuda import INT_INDEX_LIMIT, Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .gemm_rows import LOCALS as ROW_LOCALS, RELABELS, RowPart, combine_lines, fold_lines, operand_loads, shared_floats
@@ -77,16 +77,18 @@ GEMM_OPS = ("linear", "matmul", "bmm")
 GRID_LIMIT = 65535          # output tiles along M (grid y)
 SPLIT_MIN_K = 256           # the shortest reduction a split-K part keeps
 # Split K's parts wait for each other on the GPU (a spin on the tile's turn, which relies on CTAs
-# starting in block order, as CUTLASS's serial split K does); checked in the emulator and compiled, it
-# has not yet run on a GPU (tests/gpu/test_gemm_norm_gpu.py). Until it has, the default tiles never
-# split and the tuner does not try it; params {"split_k": s} still build it.
-SPLIT_K_DEFAULT = False
+# starting in block order, as CUTLASS's serial split K does). On an H100 (tests/gpu/test_gemm_norm_gpu.py,
+# benchmarks/h100-2026-12-06-s20) the parts took their turns with bitwise-equal replays, and on ViT's
+# linear + residual + LayerNorm (394 rows, 25 whole-row tiles) split K took the fused form from 0.48x and
+# 0.95x of cuBLAS fp32 + torch's LayerNorm to 1.10x and 1.21x: the default tiles split where the output
+# leaves SMs idle (split_k_for), and the tuner times the unsplit tiles too.
+SPLIT_K_DEFAULT = True
 # locals of the kernel body that the epilogue's value names must not take
 LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "tid", "warp_m", "warp_n",
           "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
           "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage", "bz", "abat",
           "bbat", "mm2", "q", "oc", "part", "turn", "r0", "c0", "kt0", "kPer", "kSlices") + gemm_conv.LOCALS + \
-    gemm_wgmma.LOCALS
+    gemm_wgmma.LOCALS + gemm_tma.LOCALS
 
 
 @dataclass
@@ -316,6 +318,14 @@ def lone_conv(program: Program, node_ids) -> bool:
     return node_cost(program, ids[0]).bound() == "compute" or gemm_conv.few_channels(program, program.nodes[ids[0]])
 
 
+def tma_alternatives(spec: GemmSpec, p: dict | None = None) -> list[dict]:
+    """The sm_90 TMA loop's tiles for this GEMM where that loop takes it and p (the kernel's params) is not
+    one already; the tuner drops them on other GPUs (gemm_tma.tried_on)."""
+    if gemm_tma.applies(spec) is not None or (p or {}).get("mma") == gemm_tma.MMA:
+        return []
+    return gemm_tma.variants({"form": FORM})
+
+
 def alternatives(program: Program, io: RegionIO) -> list[dict]:
     """The tile GEMM as tuning params for a region now run as a library call + epilogue kernel: its
     default tiles (picked for the tuner's SM count) and the next most promising; none when the
@@ -326,7 +336,7 @@ def alternatives(program: Program, io: RegionIO) -> list[dict]:
         return []
     first = default_params(spec)
     rows = {"whole_rows": True} if first.get("whole_rows") else {}      # a normalising op after it
-    out = [{"form": FORM, "block_n": first["block_n"], **rows}, tune_variants(first)[0]]
+    out = [{"form": FORM, "block_n": first["block_n"], **rows}, *tma_alternatives(spec), tune_variants(first)[0]]
     if TF32 in allowed(program):      # one TF32 product instead of three, where the program allows it
         out.append({"form": FORM, "block_n": first["block_n"], TF32: True})
     return out
@@ -435,7 +445,9 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
         raise CodegenError(f"tile GEMM: block_k {bk} must be a multiple of 8 up to 64")
     if not 1 <= wm * wn <= 16:
         raise CodegenError(f"tile GEMM: {wm} x {wn} warps is more than a block's 16")
-    if p.get("mma") == gemm_wgmma.MMA:
+    if p.get("mma") == gemm_tma.MMA:
+        gemm_tma.check(spec, p)
+    elif p.get("mma") == gemm_wgmma.MMA:
         if p.get(TF32):
             raise CodegenError("tile GEMM: one TF32 product runs on the mma.sync loop only")
         gemm_wgmma.check(bm, bn, bk, wm, wn)
@@ -477,7 +489,9 @@ def _b_in_place(spec: GemmSpec, p: dict) -> bool:
 def shared_bytes(spec: GemmSpec, p: dict) -> int:
     bm, bn, bk, _, _, stages = _check(spec, p)
     b_tile = bn * (bk + 4) if spec.b_k_contiguous else bk * (bn + 8)
-    if p.get("mma") == gemm_wgmma.MMA:
+    if p.get("mma") == gemm_tma.MMA:
+        pipeline = gemm_tma.shared_bytes(bm, bn, stages)
+    elif p.get("mma") == gemm_wgmma.MMA:
         pipeline = gemm_wgmma.shared_bytes(bm, bn, bk, stages, None if _b_in_place(spec, p) else b_tile)
     else:
         pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
@@ -629,38 +643,48 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     wg = p.get("mma") == gemm_wgmma.MMA
     if rows and rows.norms and (wg or spec.batch > 1 or conv is not None):
         raise CodegenError("tile GEMM: a normalising op after it runs on the mma.sync loop of one 2-D GEMM only")
-    body = [
-        *(gemm_wgmma.smem_lines(in_place) if wg else [
-          "  extern __shared__ __align__(16) float smem[];",
-          "  float* As = smem;                           // [kStages][kBM][kAS]",
-          "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]),
-        "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
-        "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
-        *(["  const int tile_m = blockIdx.x, tile_n = blockIdx.y;",
-           "  const int bm = tile_m * kBM, bn = tile_n * kBN;", *ops.group, *gemm_conv.row_registers(conv)]
-          if conv else [*GROUPED_TILE, "  const int bm = tile_m * kBM, bn = tile_n * kBN;", *ops.group]),
-        *(["  // split K: this CTA's part of the reduction, k slices [kt0, kt0 + KT)",
-           f"  const int kSlices = (kK + kBK - 1) / kBK, kPer = (kSlices + {parts} - 1) / {parts};",
-           "  const int kt0 = blockIdx.z * kPer;"] if parts > 1 else []),
-        "  auto load_tile = [&](int kt, int stage) {",
-        "    const int k0 = " + ("(kt0 + kt) * kBK;" if parts > 1 else "kt * kBK;"),
-        *ops.a_copy, *ops.b_copy,
-        "  };",
-        *(SPLIT_PIPELINE_START if parts > 1 else PIPELINE_START),
-        *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(ops.b_frag, slice_acc, bool(p.get(TF32)))),
-        *(_split_k_turn(parts) if parts > 1 else []),
-        *_store_loop(program, io, spec, arg),
-        *row_tail,
-        *(_normalise_loop(program, io, spec, arg) if rows and rows.norms else []),
-    ]
+    tma = p.get("mma") == gemm_tma.MMA
+    if tma:      # warp-specialised: producers copy (TMA) and split each slice, consumers issue its products
+        consts += [f"constexpr int kProducers = {gemm_tma.PRODUCERS};   // threads copying and splitting slices",
+                   "constexpr int kSlice = (kBM + kBN) * kBK;   // floats of one k slice of A and B"]
+        cparams = gemm_tma.PARAMS + cparams
+        body = [*gemm_tma.kernel_lines(GROUPED_TILE), *_store_loop(program, io, spec, arg)]
+    else:
+        body = [
+            *(gemm_wgmma.smem_lines(in_place) if wg else [
+              "  extern __shared__ __align__(16) float smem[];",
+              "  float* As = smem;                           // [kStages][kBM][kAS]",
+              "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]),
+            "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
+            "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
+            *(["  const int tile_m = blockIdx.x, tile_n = blockIdx.y;",
+               "  const int bm = tile_m * kBM, bn = tile_n * kBN;", *ops.group, *gemm_conv.row_registers(conv)]
+              if conv else [*GROUPED_TILE, "  const int bm = tile_m * kBM, bn = tile_n * kBN;", *ops.group]),
+            *(["  // split K: this CTA's part of the reduction, k slices [kt0, kt0 + KT)",
+               f"  const int kSlices = (kK + kBK - 1) / kBK, kPer = (kSlices + {parts} - 1) / {parts};",
+               "  const int kt0 = blockIdx.z * kPer;"] if parts > 1 else []),
+            "  auto load_tile = [&](int kt, int stage) {",
+            "    const int k0 = " + ("(kt0 + kt) * kBK;" if parts > 1 else "kt * kBK;"),
+            *ops.a_copy, *ops.b_copy,
+            "  };",
+            *(SPLIT_PIPELINE_START if parts > 1 else PIPELINE_START),
+            *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(ops.b_frag, slice_acc, bool(p.get(TF32)))),
+            *(_split_k_turn(parts) if parts > 1 else []),
+            *_store_loop(program, io, spec, arg),
+            *row_tail,
+            *(_normalise_loop(program, io, spec, arg) if rows and rows.norms else []),
+        ]
     helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
     if wg:
         helpers += gemm_wgmma.helpers(bn, portable=bool(p.get("portable")))
+    if tma:
+        helpers += gemm_tma.helpers(bn)
     if rows:
         helpers += state_code(rows)
     head, schedule = _describe(program, io, spec, p, name, shared, ops)
     min_blocks = int(p.get("min_blocks") or 1)
     kname = kernel_name(name)
+    block += gemm_tma.PRODUCERS if tma else 0
     source = "\n".join([head, *consts, "", *helpers,
                         f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks})\n'
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
@@ -669,8 +693,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                         outputs=list(io.outputs),
                         grid=(m_tiles, n_tiles, conv.groups) if conv else (n_tiles, m_tiles, spec.batch * parts),
                         block=(block, 1, 1), shared_bytes=shared, schedule=schedule, params=p,
-                        align=16 if (ops.a_vec or ops.b_vec) else 4, bytes_moved=nbytes, flops=flops,
-                        workspace=workspace)
+                        align=16 if (ops.a_vec or ops.b_vec or tma) else 4, bytes_moved=nbytes, flops=flops,
+                        workspace=workspace, tensor_maps=gemm_tma.tensor_maps(spec, io.inputs, bm, bn) if tma else [],
+                        alternatives=tma_alternatives(spec, p))
 
 
 @dataclass
@@ -836,7 +861,7 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
     vals, conv = program.values, spec.conv
     bm, bn, bk, wm, wn, stages = (int(p[k]) for k in ("block_m", "block_n", "block_k", "warps_m", "warps_n",
                                                        "stages"))
-    wg = p.get("mma") == gemm_wgmma.MMA
+    wg, tma = p.get("mma") == gemm_wgmma.MMA, p.get("mma") == gemm_tma.MMA
     node = program.nodes[spec.node]
     b_words = "transposed in place ([N, K], k contiguous)" if spec.b_k_contiguous else "[K, N]"
     stack = f"{spec.batch} x " if spec.batch > 1 else ""
@@ -848,19 +873,29 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                    f"memory slice by slice, never written out")
         title = f"{node.op} as an implicit GEMM {spec.M} x {spec.N} x {spec.K}"
     n_tiles, _ = tiles(spec, p)
+    if tma:
+        loop_words = (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8, warp-specialised: 2 producer warpgroups copy each "
+                      f"{bk}-wide k slice (TMA) and split it in shared memory, {plural(bm // 64, 'consumer warpgroup')} "
+                      f"(64 x {bn} each) issue its products: {bm} x {bn} block tiles, a {stages}-stage mbarrier ring, ")
+    elif wg:
+        loop_words = (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8 (A split in registers, B's hi / lo in swizzled shared "
+                      f"memory): {bm} x {bn} block tiles of {plural(bm // 64, 'warpgroup')} (64 x {bn} each), "
+                      f"{bk}-wide k slices in a {stages}-stage cp.async pipeline, ")
+    else:
+        loop_words = (f"tile GEMM, {'TF32' if p.get(TF32) else '3xTF32'} mma.sync m16n8k8: {bm} x {bn} block tiles "
+                      f"of {wm} x {wn} warps ({bm // wm} x {bn // wn} each), {bk}-wide k slices in a {stages}-stage "
+                      f"cp.async pipeline, ")
     schedule = (("implicit-GEMM convolution, " if conv else f"{spec.batch} GEMMs along grid z, " if spec.batch > 1
-                 else "") +
-                (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8 (A split in registers, B's hi / lo in swizzled shared "
-                 f"memory): {bm} x {bn} block tiles of {plural(bm // 64, 'warpgroup')} (64 x {bn} each), " if wg else
-                 f"tile GEMM, {'TF32' if p.get(TF32) else '3xTF32'} mma.sync m16n8k8: {bm} x {bn} block tiles of {wm} x {wn} warps "
-                 f"({bm // wm} x {bn // wn} each), ") + f"{bk}-wide k slices in a {stages}-stage cp.async pipeline, "
-                f"B {b_words}, "
+                 else "") + loop_words + f"B {b_words}, "
                 + (f"its two halves' columns side by side in each thread (a gated unit of {spec.N // 2}), "
                    if spec.halves else "")
                 + f"{len(spec.epilogue)} epilogue op(s) fused"
                 + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if spec.rows else ""))
     precision = ("TF32, as the program allows: x rounded to TF32 in registers, a_hi b_hi accumulated in fp32 "
                  "(about 1e-3 relative; not fp32-accurate)." if p.get(TF32) else
+                 "3xTF32: hi = x rounded to TF32, lo = x - hi, split in shared memory by the producers; each k "
+                 "slice's a_lo b_hi + a_hi b_lo + a_hi b_hi summed on the tensor cores, then added to the running "
+                 "sums in fp32." if tma else
                  "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + "
                  "a_lo b_hi accumulated in fp32.")
     head = header(program, f"Region {name}: {title} with its epilogue, "
@@ -868,8 +903,9 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
         f"{a_words}, B {b_words}{', bias [N]' if spec.bias else ''}; "
         f"outputs: " + ", ".join(f"{vals[v].name} {vals[v].spec}" for v in io.outputs),
         f"Schedule: {schedule}.",
-        f"{shared} bytes of shared memory; {'16' if ops.a_vec else '4'}-byte copies of A, "
-        f"{'16' if ops.b_vec else '4'}-byte copies of B.",
+        f"{shared} bytes of shared memory; " + ("TMA copies of A and B." if tma else
+                                                f"{'16' if ops.a_vec else '4'}-byte copies of A, "
+                                                f"{'16' if ops.b_vec else '4'}-byte copies of B."),
         precision])
     return head, schedule
 

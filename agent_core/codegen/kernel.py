@@ -51,6 +51,10 @@ class KernelSource:
     # scratch buffers the runtime appends to the arguments, zeroed once and left zeroed by the kernel:
     # (dtype, elements) pairs (a split reduction's partial states and arrival counters)
     workspace: list[tuple[str, int]] = field(default_factory=list)
+    # TMA copies' tensor maps the runtime encodes from the bound inputs and passes first, by value
+    # (runtime/tensor_map.py): {"input", "rows", "cols", "row_stride", "box_rows", "box_cols"} each, an input's
+    # 2-D fp32 [rows, cols] matrix (row_stride elements apart) copied in boxes, 128-byte swizzled
+    tensor_maps: list[dict] = field(default_factory=list)
     # other forms of the same region the tuner also tries, as generate_kernel params (a library call
     # + epilogue kernel's region: the matmul and its epilogue as one tile GEMM, codegen/gemm_mma.py)
     alternatives: list[dict] = field(default_factory=list)

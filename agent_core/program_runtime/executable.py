@@ -18,6 +18,7 @@ from ..ir import Program
 from ..ops.recurrent import flatten_for_cudnn
 from ..reference import parameter_tensors, random_inputs, run_reference
 from ..runtime.launch import cupy_stream
+from ..runtime.tensor_map import maps_for
 from ..runtime.split_tf32 import run_library_node
 from ..text import first_line
 from .steps import Step, plan_steps
@@ -83,7 +84,7 @@ def raw_launch(loaded, inputs, outputs) -> None:
     ks = loaded.kernel
     ptrs = [t.data_ptr() for t in inputs] + [t.data_ptr() for t in outputs]
     ptrs += [w.data_ptr() for w in loaded._workspace(torch)]
-    args = tuple(np.uint64(p) for p in ptrs)
+    args = maps_for(ks, ptrs) + tuple(np.uint64(p) for p in ptrs)   # TMA tensor maps first, by value
     with cupy_stream():
         loaded.function(ks.grid, ks.block, args, shared_mem=ks.shared_bytes)
 

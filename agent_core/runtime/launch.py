@@ -7,6 +7,7 @@ import warnings
 from ..codegen.kernel import KernelSource
 from ..compiler import CompiledKernel, compile_kernel
 from ..errors import StitchError
+from .tensor_map import maps_for
 
 _TORCH_DTYPES = {"float32": "float32", "bool": "bool", "int64": "int64", "int32": "int32", "uint8": "uint8",
                  "int8": "int8"}  # every dtype a generated kernel reads or writes
@@ -117,6 +118,7 @@ class LoadedKernel:
             # DLPack consumer knows, and the kernel reads them as C++ bool (one byte)
             args = tuple(cupy.from_dlpack(t.view(torch.uint8) if t.dtype == torch.bool else t)
                          for t in list(inputs) + list(outputs) + self._workspace(torch))
+        args = maps_for(k, list(inputs)) + args     # TMA tensor maps first, by value
         fn, grid, block, smem = self.function, k.grid, k.block, k.shared_bytes
 
         def launch():

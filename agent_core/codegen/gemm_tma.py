@@ -1,0 +1,238 @@
+"""The sm_90 main loop of the tile GEMM (codegen/gemm_mma.py with params["mma"] = "tma"): warp-specialised,
+TMA copies, wgmma with both operands in shared memory, split TF32 inside the kernel.
+
+Why: the register-A wgmma loop (gemm_wgmma.py) reached about half of cuBLAS's split TF32 on 4096^3, its
+every thread copying, splitting and issuing products in turn. On an H100 (tools/tma_gemm_probe.py,
+benchmarks/h100-2026-12-06-s20) this structure ran 4096^3 in 1.34 ms against 2.07 for that loop, 0.70x
+cuBLAS's split-TF32 GEMM over the pre-split concatenated parts (0.93 ms, whose split is not counted),
+1.04x of it on a ViT-sized 394 x 2048 x 512, with 4-5x less error against float64 than torch's fp32
+GEMM, and with no workspace: the parts never leave shared memory.
+
+How:
+- 512 threads: two producer warpgroups and two consumer warpgroups of 64 output rows each (block_m 128);
+- a ring of `stages` k slices of 32 (one 128-byte row per operand row, the 128-byte swizzle the wgmma
+  descriptors read). One producer thread copies a slice of A (block_m rows) and of B (block_n rows)
+  with two TMA copies (tensor maps the runtime encodes from the bound tensors: runtime/tensor_map.py),
+  counted by the slice's `landed` mbarrier; rows past M / N and k past K arrive as zeros;
+- the producers then split the slice in place: hi (rounded to TF32) over the copy, lo beside it, and
+  arrive on its `full` barrier; the next slice's copy is already in flight;
+- each consumer warpgroup waits for `full`, issues a_lo b_hi, a_hi b_lo, a_hi b_hi per 8-wide k step
+  (12 wgmma m64nNk8 a slice), waits for them, adds the slice's sum to its running sums in fp32
+  (per-slice sums: one running tensor-core sum over a long K errs past 1e-4 at K = 8192), and frees the
+  slice (`empty`) for the producers;
+- the accumulators have mma.sync's m16n8 fragment layout per warp (warp w of the consumers owns rows
+  16 w .. 16 w + 15), so the tile GEMM's epilogue reads them unchanged.
+
+Takes one 2-D GEMM whose A rows and B rows (linear's [N, K] weight) are k-contiguous with 16-byte row
+strides, and a pointwise epilogue; row reductions, normalising ops, split K, stacks, convolutions and
+gated units stay on the mma.sync loop (their epilogues synchronise all of a block's threads).
+"""
+from __future__ import annotations
+
+from .kernel import CodegenError
+
+MMA = "tma"
+# Whether the tuner tries these tiles on sm_90 (gemm_mma.tune_variants).
+IN_TUNER = True
+PRODUCERS = 256            # threads of the two producer warpgroups
+BK = 32                    # k per slice: one 128-byte swizzle row per operand row
+LOCALS = ("hi", "lo", "full", "empty", "landed", "issue", "it", "ks", "pt", "h4", "l4", "x4", "ah", "al", "bh",
+          "bl", "cw", "smem_raw")
+
+
+def tried_on(arch: str) -> bool:
+    return IN_TUNER and arch == "sm_90"
+
+
+def applies(spec) -> str | None:
+    """Why this loop cannot run the GEMM `spec` (None where it can)."""
+    if spec.conv is not None or spec.batch > 1 or spec.halves:
+        return "a convolution, a stack of GEMMs or a gated unit runs on the mma.sync loop"
+    if spec.rows is not None:
+        return ("row reductions after the epilogue run on the mma.sync loop (their combine synchronises all of a "
+                "block's threads)")
+    if spec.a.col_stride != 1 or spec.a.row_stride % 4:
+        return "A's rows are not k-contiguous with 16-byte strides (a TMA copy's)"
+    if not spec.b_k_contiguous or spec.b.col_stride % 4:
+        return "B is not a k-contiguous [N, K] matrix with 16-byte row strides (the tensor cores read TF32 k-major)"
+    return None
+
+
+def variants(p: dict) -> list[dict]:
+    """The tiles to try, most promising first: 128 x 128 in 3 stages, 128 x 64 in 4 (twice the CTAs)."""
+    base = {"mma": MMA, "block_m": 128, "warps_m": 8, "warps_n": 1, "block_k": BK, "split_k": 1}
+    return [{**p, **base, "block_n": 128, "stages": 3}, {**p, **base, "block_n": 64, "stages": 4}]
+
+
+def check(spec, p: dict) -> None:
+    bm, bn, bk = int(p["block_m"]), int(p["block_n"]), int(p["block_k"])
+    why = applies(spec)
+    if why:
+        raise CodegenError(f"tile GEMM (tma): {why}")
+    if bm != 128 or int(p["warps_m"]) != 8 or int(p["warps_n"]) != 1:
+        raise CodegenError(f"tile GEMM (tma): block_m {bm} of {p['warps_m']} x {p['warps_n']} warps: two consumer "
+                           "warpgroups of 64 rows each (block_m 128, warps_m 8, warps_n 1)")
+    if bn % 8 or not 8 <= bn <= 128:
+        raise CodegenError(f"tile GEMM (tma): block_n {bn} must be a multiple of 8 up to 128")
+    if bk != BK:
+        raise CodegenError(f"tile GEMM (tma): block_k {bk}: a slice is one 128-byte row ({BK} floats)")
+    if int(p.get("split_k") or 1) > 1 or p.get("portable") or p.get("tf32"):
+        raise CodegenError("tile GEMM (tma): no split K, one-TF32-product form or CPU emulation")
+
+
+def shared_bytes(bm: int, bn: int, stages: int) -> int:
+    """hi and lo of each stage's slices, three mbarriers a stage, room to align to the swizzle's 1024 bytes."""
+    return 2 * stages * (bm + bn) * BK * 4 + 3 * stages * 8 + 1024
+
+
+def tensor_maps(spec, inputs: list[str], bm: int, bn: int) -> list[dict]:
+    """The TMA copies' tensor maps, in the kernel's parameter order: A's rows and B's rows, each a 2-D
+    [rows, K] fp32 matrix with its row stride, copied in boxes of (block rows) x 32."""
+    return [{"input": inputs.index(spec.a.value), "rows": spec.M, "cols": spec.K, "row_stride": spec.a.row_stride,
+             "box_rows": bm, "box_cols": BK},
+            {"input": inputs.index(spec.b.value), "rows": spec.N, "cols": spec.K, "row_stride": spec.b.col_stride,
+             "box_rows": bn, "box_cols": BK}]
+
+
+PARAMS = ["const __grid_constant__ TmaMap map_a", "const __grid_constant__ TmaMap map_b"]
+
+
+def helpers(bn: int) -> list[str]:
+    n = bn // 2          # accumulators per thread: 64 x bn over 128 threads
+    dregs = ", ".join(f"%{i}" for i in range(n))
+    outs = ", ".join(f'"+f"(d[{i}])' for i in range(n))
+    return [
+        "typedef unsigned long long u64;",
+        "struct __align__(64) TmaMap { u64 v[16]; };   // a CUtensorMap, passed by value",
+        "__device__ __forceinline__ unsigned s32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }",
+        "__device__ __forceinline__ void mbar_init(u64* b, unsigned count) {",
+        '  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(s32(b)), "r"(count) : "memory");',
+        "}",
+        "__device__ __forceinline__ void mbar_expect(u64* b, unsigned bytes) {",
+        '  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(s32(b)), "r"(bytes) : "memory");',
+        "}",
+        "__device__ __forceinline__ void mbar_arrive(u64* b) {",
+        '  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(s32(b)) : "memory");',
+        "}",
+        "__device__ __forceinline__ void mbar_wait(u64* b, unsigned parity) {",
+        "  unsigned ok = 0;",
+        "  while (!ok)",
+        '    asm volatile("{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\n'
+        'selp.u32 %0, 1, 0, p;\\n}" : "=r"(ok) : "r"(s32(b)), "r"(parity) : "memory");',
+        "}",
+        "// a box of the tensor map's matrix at (k, row) into shared memory, counted by bar's transaction bytes",
+        "__device__ __forceinline__ void tma_copy(float* dst, const TmaMap* map, u64* bar, int k, int row) {",
+        '  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes '
+        '[%0], [%1, {%2, %3}], [%4];"',
+        '               :: "r"(s32(dst)), "l"(map), "r"(k), "r"(row), "r"(s32(bar)) : "memory");',
+        "}",
+        "// generic-proxy stores to shared memory made visible to the async proxy that wgmma reads through",
+        '__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }',
+        '__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }',
+        '__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }',
+        '__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }',
+        "// registers the compiler must not move across the wgmma wait (the products read and write them until it)",
+        '__device__ __forceinline__ void hold(float& x) { asm volatile("" : "+f"(x) :: "memory"); }',
+        "// a K-major operand in shared memory, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart",
+        "__device__ __forceinline__ u64 wgmma_desc(const float* p) {",
+        "  const u64 a = s32(p);",
+        "  return ((a & 0x3FFFFull) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);",
+        "}",
+        f"// d (64 x {bn} per warpgroup) += a (64 x 8) * b (8 x {bn}), both TF32 in shared memory",
+        "__device__ __forceinline__ void wgmma_ss(float* d, u64 a, u64 b) {",
+        f'  asm volatile("{{\\nwgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32 {{{dregs}}}, %{n}, %{n + 1}, 1, 1, 1;\\n}}\\n"',
+        f"               : {outs}",
+        '               : "l"(a), "l"(b));',
+        "}",
+    ]
+
+
+def kernel_lines(grouped_tile: list[str]) -> list[str]:
+    """C lines of the kernel body up to the consumers' accumulators (`acc[0][nt][j]`), with the names the
+    epilogue reads (tid, lane_g, lane_t, warp_m, warp_n, bm, bn) set for the consumer threads; the
+    producers leave once their last slice is split."""
+    return [
+        "  extern __shared__ __align__(1024) unsigned char smem_raw[];",
+        "  // [kStages][kBM + kBN][32]: the copied slices, A's rows then B's, hi in place once split; then their lo",
+        "  float* hi = reinterpret_cast<float*>(smem_raw + ((1024u - (s32(smem_raw) & 1023u)) & 1023u));",
+        "  float* lo = hi + kStages * kSlice;",
+        "  u64* full = reinterpret_cast<u64*>(lo + kStages * kSlice);   // a slice is split: the products may read it",
+        "  u64* empty = full + kStages;                                 // its products are done: it may be refilled",
+        "  u64* landed = empty + kStages;                               // its copies have landed",
+        *grouped_tile,
+        "  const int bm = tile_m * kBM, bn = tile_n * kBN;",
+        "  const int KT = (kK + kBK - 1) / kBK;",
+        "  if (threadIdx.x == 0) {",
+        "    for (int s = 0; s < kStages; ++s) {",
+        "      mbar_init(&full[s], kProducers); mbar_init(&empty[s], kBM / 64); mbar_init(&landed[s], 1);",
+        "    }",
+        '    asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
+        "  }",
+        "  __syncthreads();",
+        "  if (threadIdx.x < kProducers) {",
+        '    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\\n");',
+        "    const int pt = threadIdx.x;",
+        "    auto issue = [&](int it) {      // one thread copies slice it: A's rows, then B's",
+        "      if (pt == 0) {",
+        "        const int s = it % kStages;",
+        "        mbar_expect(&landed[s], kSlice * 4);",
+        "        tma_copy(hi + s * kSlice, &map_a, &landed[s], it * kBK, bm);",
+        "        tma_copy(hi + s * kSlice + kBM * kBK, &map_b, &landed[s], it * kBK, bn);",
+        "      }",
+        "    };",
+        "    issue(0);",
+        "    for (int it = 0; it < KT; ++it) {",
+        "      const int s = it % kStages;",
+        "      if (it + 1 < KT) {            // the next slice's copy, once the products have freed its stage",
+        "        if (it + 1 >= kStages) mbar_wait(&empty[(it + 1) % kStages], (((it + 1) / kStages) - 1) & 1);",
+        "        issue(it + 1);",
+        "      }",
+        "      mbar_wait(&landed[s], (it / kStages) & 1);",
+        "      float4* h4 = reinterpret_cast<float4*>(hi + s * kSlice);",
+        "      float4* l4 = reinterpret_cast<float4*>(lo + s * kSlice);",
+        "      for (int e = pt; e < kSlice / 4; e += kProducers) {   // split: hi rounded to TF32 in place, lo beside",
+        "        const float4 x4 = h4[e];",
+        "        unsigned h[4], l[4];",
+        "        split_tf32(x4.x, h[0], l[0]); split_tf32(x4.y, h[1], l[1]);",
+        "        split_tf32(x4.z, h[2], l[2]); split_tf32(x4.w, h[3], l[3]);",
+        "        h4[e] = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));",
+        "        l4[e] = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));",
+        "      }",
+        "      fence_proxy_async();          // the copy and the split, visible to the tensor cores",
+        "      mbar_arrive(&full[s]);",
+        "    }",
+        "    return;",
+        "  }",
+        '  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\\n");',
+        "  const int tid = threadIdx.x - kProducers, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
+        "  const int warp_m = tid >> 5, warp_n = 0, cw = tid >> 7;   // warp, and warpgroup of 64 rows",
+        "  float acc[1][kNT][4], sacc[1][kNT][4];",
+        "  #pragma unroll",
+        "  for (int nt = 0; nt < kNT; ++nt) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;",
+        "  for (int it = 0; it < KT; ++it) {",
+        "    const int s = it % kStages;",
+        "    mbar_wait(&full[s], (it / kStages) & 1);",
+        "    const float* ah = hi + s * kSlice + cw * 64 * kBK;",
+        "    const float* al = lo + s * kSlice + cw * 64 * kBK;",
+        "    const float* bh = hi + s * kSlice + kBM * kBK;",
+        "    const float* bl = lo + s * kSlice + kBM * kBK;",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt)",
+        "      #pragma unroll",
+        "      for (int j = 0; j < 4; ++j) { sacc[0][nt][j] = 0.0f; hold(sacc[0][nt][j]); }",
+        "    wgmma_fence();",
+        "    #pragma unroll",
+        "    for (int ks = 0; ks < kBK / 8; ++ks) {   // small products first",
+        "      wgmma_ss(&sacc[0][0][0], wgmma_desc(al + ks * 8), wgmma_desc(bh + ks * 8));",
+        "      wgmma_ss(&sacc[0][0][0], wgmma_desc(ah + ks * 8), wgmma_desc(bl + ks * 8));",
+        "      wgmma_ss(&sacc[0][0][0], wgmma_desc(ah + ks * 8), wgmma_desc(bh + ks * 8));",
+        "    }",
+        "    wgmma_commit();",
+        "    wgmma_wait();",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt)",
+        "      #pragma unroll",
+        "      for (int j = 0; j < 4; ++j) { hold(sacc[0][nt][j]); acc[0][nt][j] += sacc[0][nt][j]; }",
+        "    if ((tid & 127) == 0) mbar_arrive(&empty[s]);   // this warpgroup's products of the slice are done",
+        "  }",
+    ]
