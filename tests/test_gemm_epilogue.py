@@ -120,7 +120,7 @@ def test_a_stack_of_gemms_compiles_for_sm90_and_a_partly_broadcast_batch_is_refu
 def test_one_tf32_product_is_a_form_only_where_the_program_allows_it():
     """params tf32: a_hi b_hi alone (plain TF32): in the emulator within TF32's rounding of torch
     (a few 1e-3 at K = 300) and not within 1e-4, so it really drops the lo products; among the tuner's
-    forms (alternatives) only once the program allows TF32, and refused on the wgmma loop."""
+    forms (alternatives) only once the program allows TF32, and refused on the TMA loop."""
     from agent_core.codegen import CodegenError
     from agent_core.codegen.gemm_mma import alternatives
     from agent_core.codegen.region_io import region_io
@@ -139,8 +139,10 @@ def test_one_tf32_product_is_a_form_only_where_the_program_allows_it():
     c = compile_kernel(generate_kernel(p, list(p.nodes), name="gemm_tf32", params={"form": "gemm-3xtf32", "tf32": True}),
                        arch="sm_90")
     assert c.spill_stores == 0
-    with pytest.raises(CodegenError, match="mma.sync loop only"):
-        generate_kernel(p, list(p.nodes), name="g", params={"form": "gemm-3xtf32", "mma": "wgmma", "tf32": True})
+    with pytest.raises(CodegenError, match="one-TF32-product form"):
+        generate_kernel(p, list(p.nodes), name="g", params={"form": "gemm-3xtf32", "mma": "tma", "block_m": 128,
+                                                            "warps_m": 8, "warps_n": 1, "block_n": 128, "block_k": 32,
+                                                            "stages": 3, "tf32": True})
 
 
 def test_tiles_in_groups_of_m_tiles_cover_every_output_tile_once():

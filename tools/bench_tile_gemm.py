@@ -7,7 +7,8 @@
 - torch eager, and torch.compile in each asked mode, on the same function.
 
     python3 tools/bench_tile_gemm.py [--out rows.jsonl] [--only gemm,square,gated,conv] [--compile-modes default,max-autotune]
-                                     [--wgmma] [--tma]
+
+On sm_90 our forms include the TMA loop's tiles (codegen/gemm_tma.py) where the GEMM takes them.
 
 Cases (issue #16's done-when): epilogue-heavy GEMMs (N <= 4096, then GELU and a row logsumexp), large
 square GEMMs (bias only: the GEMM itself against cuBLAS in the same split-TF32 form), gated units after a
@@ -163,7 +164,7 @@ def bench_case(group, label, prog, fn, arg_names, modes, time_gpu):
     from agent_core.codegen.conv import direct_alternative
     from agent_core.compiler import default_arch
     tma = tma_alternatives(spec) if gemm_tma.tried_on(default_arch()) else []
-    ours = [{**v, "form": FORM} for v in [default_params(spec)] + tma + tune_variants(default_params(spec), default_arch())]
+    ours = [{**v, "form": FORM} for v in [default_params(spec)] + tma + tune_variants(default_params(spec))]
     ours += direct_alternative(prog, region_io(prog, nodes))     # the direct convolution where the agent tries it
     for j, params in enumerate(ours):
         r = timed(f"ours #{j}", lambda: build_region(prog, nodes, name=f"tile_{j}", params=params))
@@ -202,15 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="tile_gemm_bench.jsonl")
     ap.add_argument("--only", default="gemm,square,gated,conv")
     ap.add_argument("--compile-modes", default="default")
-    ap.add_argument("--wgmma", action="store_true", help="time the wgmma tiles too (sm_90), tuner or not")
-    ap.add_argument("--tma", action="store_true", help="time the TMA loop's tiles too (sm_90), tuner or not")
     a = ap.parse_args(argv)
-    if a.tma:
-        from agent_core.codegen import gemm_tma
-        gemm_tma.IN_TUNER = True
-    if a.wgmma:
-        from agent_core.codegen import gemm_wgmma
-        gemm_wgmma.IN_TUNER = True
     import torch
     from agent_core.profile.timing import time_gpu
     torch.backends.cuda.matmul.allow_tf32 = False

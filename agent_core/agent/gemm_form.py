@@ -22,7 +22,7 @@ gain over one thread per output position.
 """
 from __future__ import annotations
 
-from ..codegen import gemm_tma, gemm_wgmma
+from ..codegen import gemm_tma
 from ..codegen.conv import CONV_OPS, DIRECT
 from ..codegen.gemm_mma import FORM, GEMM_OPS, gemm_spec
 from ..codegen.kernel import CodegenError
@@ -44,9 +44,7 @@ def words(ks) -> str:
     if p.get("tf32"):
         return "our tile GEMM with the epilogue fused: TF32 on the tensor cores, as the program allows (mma.sync m16n8k8)"
     how = (f"wgmma m64n{p.get('block_n')}k8, warp-specialised: TMA copies split in shared memory"
-           if p.get("mma") == gemm_tma.MMA else
-           f"wgmma m64n{p.get('block_n')}k8, A split in registers, B in swizzled shared memory"
-           if p.get("mma") == gemm_wgmma.MMA else "mma.sync m16n8k8, split in registers")
+           if p.get("mma") == gemm_tma.MMA else "mma.sync m16n8k8, split in registers")
     return f"our tile GEMM with the epilogue fused: split TF32 on the tensor cores ({how})"
 
 

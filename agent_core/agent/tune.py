@@ -8,23 +8,18 @@ from __future__ import annotations
 def tune_space(ks, *, sm_count: int = 132, limit: int = 6, arch: str | None = None) -> list[dict]:
     """Parameter dicts to try besides the default that produced `ks` (a KernelSource): first the
     region's other forms (a library call + epilogue's tile GEMM or direct convolution, agent/gemm_form.py;
-    on sm_90 the tile GEMM's TMA tiles among them, gemm_tma.tried_on, and its wgmma tiles first,
-    gemm_wgmma.tried_on), then its own. arch: the target's
+    on sm_90 the tile GEMM's TMA tiles among them, gemm_tma.tried_on), then its own. arch: the target's
     sm_XY (default: the GPU's, else sm_90)."""
     from ..compiler import default_arch
-    from ..codegen import gemm_tma, gemm_wgmma
-    from ..codegen.gemm_mma import FORM
+    from ..codegen import gemm_tma
     arch = arch or default_arch()
     p = ks.params or {}
-    tile = next((a for a in ks.alternatives if a.get("form") == FORM), None)
-    hopper = (gemm_wgmma.variants(tile) if tile is not None and not tile.get("whole_rows")    # wgmma: no norms
-              and gemm_wgmma.tried_on(arch) else [])
     # the TMA loop's tiles (codegen/gemm_tma.py) only where it runs: sm_90, once it is in the tuner
     others = [a for a in ks.alternatives if a.get("mma") != gemm_tma.MMA or gemm_tma.tried_on(arch)]
-    out: list[dict] = [{"sm_count": sm_count, **a} for a in hopper + others]
+    out: list[dict] = [{"sm_count": sm_count, **a} for a in others]
     if ks.kind == "gemm":
         from ..codegen.gemm_mma import tune_variants as gemm_variants
-        out += gemm_variants(p, arch)       # other tiles
+        out += gemm_variants(p)       # other tiles
     elif ks.kind == "pointwise":
         for cand in ({"cover": True}, {"unroll": 1}, {"unroll": 2}, {"block": 128}, {"block": 512},
                      {"vector_width": 1}):

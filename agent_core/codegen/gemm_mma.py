@@ -62,7 +62,7 @@ from ..ir import Program
 from ..runtime.low_precision import TF32, allowed
 from ..text import plural
 from .attention_mma import HELPERS, SHARED_LIMIT
-from . import gemm_conv, gemm_tma, gemm_wgmma
+from . import gemm_conv, gemm_tma
 from .cuda import INT_INDEX_LIMIT, Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
 from .gemm_rows import LOCALS as ROW_LOCALS, RELABELS, RowPart, combine_lines, fold_lines, operand_loads, shared_floats
@@ -88,7 +88,7 @@ LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "
           "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
           "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage", "bz", "abat",
           "bbat", "mm2", "q", "oc", "part", "turn", "r0", "c0", "kt0", "kPer", "kSlices") + gemm_conv.LOCALS + \
-    gemm_wgmma.LOCALS + gemm_tma.LOCALS
+    gemm_tma.LOCALS
 
 
 @dataclass
@@ -398,10 +398,9 @@ def whole_row_params(spec: GemmSpec, sm_count: int = 132) -> dict:
     return {**q, "split_k": split_k_for(spec, 16, bn, int(q["block_k"]), sm_count)}
 
 
-def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
-    """Other tiles than p's, most promising first: on sm_90 the wgmma loop's tiles (gemm_wgmma.variants,
-    where gemm_wgmma.IN_TUNER);
-    then the other 128-row tile, square 64 tiles with a deeper pipeline, and thinner k slices in four
+def tune_variants(p: dict) -> list[dict]:
+    """Other tiles than p's, most promising first (sm_90's TMA tiles are the region's alternatives,
+    tma_alternatives): the other 128-row tile, square 64 tiles with a deeper pipeline, and thinner k slices in four
     stages; for a thin output (a convolution's few channels), twice and half the rows a block holds, and
     thinner k slices."""
     if p.get("whole_rows"):     # a normalising op after it: block_n stays the whole row
@@ -412,7 +411,6 @@ def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
             if v != p and v not in out and _pipeline_fits(v):
                 out.append(v)
         return out
-    hopper = gemm_wgmma.variants(p) if gemm_wgmma.tried_on(arch) and p.get("mma") != gemm_wgmma.MMA else []
     cands = gemm_conv.THIN_VARIANTS if int(p["block_n"]) < 64 else (
         *([{"split_k": 1}] if split_parts(p) > 1 else []),     # the same tiles without cutting K
         {"block_m": 128, "block_n": 64, "warps_m": 2, "warps_n": 2},
@@ -420,7 +418,7 @@ def tune_variants(p: dict, arch: str | None = None) -> list[dict]:
         {"block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "stages": 4},
         {"block_k": 16, "stages": 4})
     out = []
-    for v in hopper + [{**p, **c} for c in cands]:
+    for v in [{**p, **c} for c in cands]:
         if v != p and v not in out:
             out.append(v)
     return out
@@ -447,17 +445,15 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
         raise CodegenError(f"tile GEMM: {wm} x {wn} warps is more than a block's 16")
     if p.get("mma") == gemm_tma.MMA:
         gemm_tma.check(spec, p)
-    elif p.get("mma") == gemm_wgmma.MMA:
-        if p.get(TF32):
-            raise CodegenError("tile GEMM: one TF32 product runs on the mma.sync loop only")
-        gemm_wgmma.check(bm, bn, bk, wm, wn)
+    elif p.get("mma") not in (None, "mma.sync"):
+        raise CodegenError(f"tile GEMM: no main loop '{p.get('mma')}' (mma.sync, or {gemm_tma.MMA} on sm_90)")
     elif bm % (16 * wm) or bn % (8 * wn):
         raise CodegenError(f"tile GEMM: a {bm} x {bn} tile does not split into {wm} x {wn} warps of m16n8 fragments")
     if not 2 <= stages <= 6:
         raise CodegenError(f"tile GEMM: {stages} stages (2 to 6)")
     parts = split_parts(p)
     if parts > 1:
-        if spec.batch > 1 or spec.conv is not None or spec.halves or p.get("mma") == gemm_wgmma.MMA:
+        if spec.batch > 1 or spec.conv is not None or spec.halves:
             raise CodegenError("tile GEMM: split K runs on the mma.sync loop of one 2-D GEMM, without a gated unit")
         if spec.rows is not None and bn < spec.N:
             raise CodegenError("tile GEMM: split K with rows shared between CTAs (their states have a workspace "
@@ -481,18 +477,11 @@ def _b_rows(spec: GemmSpec) -> Operand:
     return Operand(spec.b.value, spec.b.col_stride, spec.b.row_stride) if spec.b_k_contiguous else spec.b
 
 
-def _b_in_place(spec: GemmSpec, p: dict) -> bool:
-    """The wgmma loop copies B's slices straight into their swizzled layout: k contiguous, 16-byte copies."""
-    return p.get("mma") == gemm_wgmma.MMA and spec.b_k_contiguous and _vector_ok(_b_rows(spec), spec.K)
-
-
 def shared_bytes(spec: GemmSpec, p: dict) -> int:
     bm, bn, bk, _, _, stages = _check(spec, p)
     b_tile = bn * (bk + 4) if spec.b_k_contiguous else bk * (bn + 8)
     if p.get("mma") == gemm_tma.MMA:
         pipeline = gemm_tma.shared_bytes(bm, bn, stages)
-    elif p.get("mma") == gemm_wgmma.MMA:
-        pipeline = gemm_wgmma.shared_bytes(bm, bn, bk, stages, None if _b_in_place(spec, p) else b_tile)
     else:
         pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
     # the row reductions combine the warps' states in the same buffers once the pipeline is done
@@ -608,11 +597,10 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
               [f"{c_type(vals[v].dtype, vals[v].name)}* __restrict__ {arg[v]}" for v in io.outputs]
     block = 32 * wm * wn
     kb = spec.b_k_contiguous
-    in_place = _b_in_place(spec, p)
     conv = spec.conv
     ops = _operands(spec, p, arg)
     b_stride = bk + 4 if kb else bn + 8
-    b_tile = bn * bk if in_place else bn * b_stride if kb else bk * b_stride
+    b_tile = bn * b_stride if kb else bk * b_stride
     numel = max([math.prod(spec.space)] + [math.prod(vals[v].shape) for v in io.inputs])
     consts = [f"typedef {index_type(numel)} index_t;",
               f"constexpr int kBlock = {block};",
@@ -640,8 +628,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                    f"constexpr int kNTiles = {n_tiles};   // CTAs along N that share each row"]
     row_tail = combine_lines(program, io, rows, arg, set(LOCALS) | set(ROW_LOCALS) | set(arg.values()),
                              n_tiles) if rows else []
-    wg = p.get("mma") == gemm_wgmma.MMA
-    if rows and rows.norms and (wg or spec.batch > 1 or conv is not None):
+    if rows and rows.norms and (spec.batch > 1 or conv is not None):
         raise CodegenError("tile GEMM: a normalising op after it runs on the mma.sync loop of one 2-D GEMM only")
     tma = p.get("mma") == gemm_tma.MMA
     if tma:      # warp-specialised: producers copy (TMA) and split each slice, consumers issue its products
@@ -651,10 +638,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         body = [*gemm_tma.kernel_lines(GROUPED_TILE), *_store_loop(program, io, spec, arg)]
     else:
         body = [
-            *(gemm_wgmma.smem_lines(in_place) if wg else [
-              "  extern __shared__ __align__(16) float smem[];",
-              "  float* As = smem;                           // [kStages][kBM][kAS]",
-              "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]"]),
+            "  extern __shared__ __align__(16) float smem[];",
+            "  float* As = smem;                           // [kStages][kBM][kAS]",
+            "  float* Bs = smem + kStages * kATile;        // [kStages][kBN][kBS] or [kStages][kBK][kBS]",
             "  const int tid = threadIdx.x, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
             "  const int warp_m = (tid >> 5) / kWarpsN, warp_n = (tid >> 5) % kWarpsN;",
             *(["  const int tile_m = blockIdx.x, tile_n = blockIdx.y;",
@@ -668,15 +654,13 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
             *ops.a_copy, *ops.b_copy,
             "  };",
             *(SPLIT_PIPELINE_START if parts > 1 else PIPELINE_START),
-            *(gemm_wgmma.main_loop(kb, slice_acc, in_place) if wg else _mma_sync_loop(ops.b_frag, slice_acc, bool(p.get(TF32)))),
+            *_mma_sync_loop(ops.b_frag, slice_acc, bool(p.get(TF32))),
             *(_split_k_turn(parts) if parts > 1 else []),
             *_store_loop(program, io, spec, arg),
             *row_tail,
             *(_normalise_loop(program, io, spec, arg) if rows and rows.norms else []),
         ]
     helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
-    if wg:
-        helpers += gemm_wgmma.helpers(bn, portable=bool(p.get("portable")))
     if tma:
         helpers += gemm_tma.helpers(bn)
     if rows:
@@ -702,7 +686,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
 class _OperandLines:
     """How the kernel reaches its operands: the lines that pick this CTA's matrices (a group's weights,
     a batch's A and B), the cp.async copies of a k slice of A and of B into shared memory, the
-    mma.sync loop's B fragment reads (none where the wgmma loop reads B through descriptors), and
+    mma.sync loop's B fragment reads, and
     whether each operand is copied 16 bytes at a time."""
     group: list[str]
     a_copy: list[str]
@@ -727,9 +711,7 @@ def _operands(spec: GemmSpec, p: dict, arg: dict[str, str]) -> _OperandLines:
             if step:
                 group.append(f"  const float* {var} = {src} + (index_t)bz * {step};")
         a_src, b_src = ("abat" if spec.a_batch else a_src), ("bbat" if spec.b_batch else b_src)
-    if _b_in_place(spec, p):     # swizzled [n][k] slices the wgmma descriptors read
-        b_copy, b_frag = gemm_wgmma.copy_lines(b_src, b_rows.row_stride, "    ", n_at), []
-    elif kb:   # B tile [n][k]: the weight's rows are n, k contiguous
+    if kb:   # B tile [n][k]: the weight's rows are n, k contiguous
         b_copy = _copy("(Bs + stage * kBTile)", b_src, b_rows, bn, bk, n_at, "k0 + {}", "kN", "kK", b_stride, b_vec,
                        "    ")
         b_frag = ["        const float* pb = Bt + (warp_n * kTN + nt * 8 + lane_g) * kBS + kk + lane_t;",
@@ -861,7 +843,7 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
     vals, conv = program.values, spec.conv
     bm, bn, bk, wm, wn, stages = (int(p[k]) for k in ("block_m", "block_n", "block_k", "warps_m", "warps_n",
                                                        "stages"))
-    wg, tma = p.get("mma") == gemm_wgmma.MMA, p.get("mma") == gemm_tma.MMA
+    tma = p.get("mma") == gemm_tma.MMA
     node = program.nodes[spec.node]
     b_words = "transposed in place ([N, K], k contiguous)" if spec.b_k_contiguous else "[K, N]"
     stack = f"{spec.batch} x " if spec.batch > 1 else ""
@@ -877,10 +859,6 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
         loop_words = (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8, warp-specialised: 2 producer warpgroups copy each "
                       f"{bk}-wide k slice (TMA) and split it in shared memory, {plural(bm // 64, 'consumer warpgroup')} "
                       f"(64 x {bn} each) issue its products: {bm} x {bn} block tiles, a {stages}-stage mbarrier ring, ")
-    elif wg:
-        loop_words = (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8 (A split in registers, B's hi / lo in swizzled shared "
-                      f"memory): {bm} x {bn} block tiles of {plural(bm // 64, 'warpgroup')} (64 x {bn} each), "
-                      f"{bk}-wide k slices in a {stages}-stage cp.async pipeline, ")
     else:
         loop_words = (f"tile GEMM, {'TF32' if p.get(TF32) else '3xTF32'} mma.sync m16n8k8: {bm} x {bn} block tiles "
                       f"of {wm} x {wn} warps ({bm // wm} x {bn // wn} each), {bk}-wide k slices in a {stages}-stage "
@@ -914,7 +892,7 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
 # of the group before the next (Triton's grouped order). CTAs running at once then share a few row
 # panels of A and column panels of B in L2 instead of sweeping all of B for each row of tiles. In the
 # warp-specialised TMA loop this order took 4096^3 from 0.80x to 0.92x of cuBLAS (tools/tma_gemm_probe.py);
-# the mma.sync and register-A wgmma loops time the same either way (bench_tile_gemm, both H100,
+# the mma.sync loop (and the register-A wgmma loop this replaced) timed the same either way (bench_tile_gemm, both H100,
 # benchmarks/h100-2026-12-06-s20): their own issue rate bounds them, not L2.
 GROUP_M = 8
 GROUPED_TILE = [

@@ -1,7 +1,7 @@
 """The sm_90 main loop of the tile GEMM (codegen/gemm_mma.py with params["mma"] = "tma"): warp-specialised,
 TMA copies, wgmma with both operands in shared memory, split TF32 inside the kernel.
 
-Why: the register-A wgmma loop (gemm_wgmma.py) reached about half of cuBLAS's split TF32 on 4096^3, its
+Why: the register-A wgmma loop this replaced reached about half of cuBLAS's split TF32 on 4096^3, its
 every thread copying, splitting and issuing products in turn. On an H100 (tools/tma_gemm_probe.py,
 benchmarks/h100-2026-12-06-s20) this structure ran 4096^3 in 1.34 ms against 2.07 for that loop, 0.70x
 cuBLAS's split-TF32 GEMM over the pre-split concatenated parts (0.93 ms, whose split is not counted),
