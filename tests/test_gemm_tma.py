@@ -1,7 +1,8 @@
 """The tile GEMM's warp-specialised TMA loop for sm_90 (codegen/gemm_tma.py) on the CPU: it compiles
 through NVRTC for sm_90a without warnings or spills at both tile widths, names the tensor maps the
-runtime encodes (A's rows, B's rows) and launches 512 threads; GEMMs it does not take are refused with the
-reason, and a matrix a TMA copy cannot read is refused before the driver is asked. On the GPU:
+runtime encodes (A's rows, B's rows) and launches 512 threads; row reductions after the epilogue combine
+through the consumers' named barrier (its producers have left); GEMMs it does not take are refused with
+the reason, and a matrix a TMA copy cannot read is refused before the driver is asked. On the GPU:
 tests/gpu/test_gemm_tma_gpu.py."""
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.codegen.gemm_mma import FORM
 from agent_core.compiler import compile_kernel
 from tests.test_gemm_epilogue import program
+from tests.test_gemm_norm import program as norm_program
 from tests.test_gemm_row_reduction import program as rows_program
 
 TILES = {"form": FORM, "mma": "tma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_k": 32, "split_k": 1}
@@ -32,12 +34,25 @@ def test_compiles_for_sm90a_without_warnings_or_spills_and_names_its_tensor_maps
     assert [ln for ln in c.log.splitlines() if "warning" in ln.lower() or "serializ" in ln.lower()] == []
 
 
-@pytest.mark.parametrize("case,why", [("rows", "row reductions"), ("matmul", "B is not a k-contiguous"),
+@pytest.mark.parametrize("N,reds,tiles", [(100, ["sum", "max"], 1), (1000, ["logsumexp"], 8)],
+                         ids=["whole-rows", "rows-shared-by-8-ctas"])
+def test_row_reductions_after_it_combine_through_the_consumers_barrier(N, reds, tiles):
+    p = rows_program(300, N, 64, reds)
+    ks = generate_kernel(p, list(p.nodes), name="gemm_tma_rows", params={**TILES, "block_n": 128, "stages": 3})
+    assert ks.grid[0] == tiles and "rows reduced in the kernel" in ks.schedule
+    assert 'bar.sync 1, %0;" :: "n"(kBlock)' in ks.source and "cta_sync();" in ks.source
+    assert "__syncthreads" not in ks.source.split("if (threadIdx.x < kProducers)")[1]
+    assert bool(ks.workspace) == (tiles > 1)
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == []
+
+
+@pytest.mark.parametrize("case,why", [("norm", "normalising op"), ("matmul", "B is not a k-contiguous"),
                                       ("odd-k", "16-byte"), ("portable", "CPU emulation")])
 def test_gemms_it_does_not_take_are_refused_with_the_reason(case, why):
     params = {**TILES, "block_n": 128, "stages": 3}
-    if case == "rows":
-        p = rows_program(300, 260, 64, ["sum"])
+    if case == "norm":
+        p = norm_program(300, 256, 64)
     elif case == "matmul":
         p = program(300, 260, 64, op="matmul")
     elif case == "odd-k":

@@ -635,7 +635,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         consts += [f"constexpr int kProducers = {gemm_tma.PRODUCERS};   // threads copying and splitting slices",
                    "constexpr int kSlice = (kBM + kBN) * kBK;   // floats of one k slice of A and B"]
         cparams = gemm_tma.PARAMS + cparams
-        body = [*gemm_tma.kernel_lines(GROUPED_TILE), *_store_loop(program, io, spec, arg)]
+        body = [*gemm_tma.kernel_lines(GROUPED_TILE, bool(rows)), *_store_loop(program, io, spec, arg), *row_tail]
     else:
         body = [
             "  extern __shared__ __align__(16) float smem[];",
@@ -663,8 +663,10 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
     if tma:
         helpers += gemm_tma.helpers(bn)
-    if rows:
-        helpers += state_code(rows)
+    if rows:     # the row combine's barrier: the block's, or the TMA loop's consumers' (its producers have left)
+        helpers += state_code(rows) + [
+            '__device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 1, %0;" :: "n"(kBlock) : "memory"); }'
+            if tma else "__device__ __forceinline__ void cta_sync() { __syncthreads(); }"]
     head, schedule = _describe(program, io, spec, p, name, shared, ops)
     min_blocks = int(p.get("min_blocks") or 1)
     kname = kernel_name(name)

@@ -24,8 +24,9 @@ How:
   16 w .. 16 w + 15), so the tile GEMM's epilogue reads them unchanged.
 
 Takes one 2-D GEMM whose A rows and B rows (linear's [N, K] weight) are k-contiguous with 16-byte row
-strides, and a pointwise epilogue; row reductions, normalising ops, split K, stacks, convolutions and
-gated units stay on the mma.sync loop (their epilogues synchronise all of a block's threads).
+strides, its pointwise epilogue and row reductions after it (their combine synchronises the consumers
+through a named barrier, cta_sync); normalising ops (whole-row tiles), split K, stacks, convolutions and
+gated units stay on the mma.sync loop.
 """
 from __future__ import annotations
 
@@ -48,9 +49,8 @@ def applies(spec) -> str | None:
     """Why this loop cannot run the GEMM `spec` (None where it can)."""
     if spec.conv is not None or spec.batch > 1 or spec.halves:
         return "a convolution, a stack of GEMMs or a gated unit runs on the mma.sync loop"
-    if spec.rows is not None:
-        return ("row reductions after the epilogue run on the mma.sync loop (their combine synchronises all of a "
-                "block's threads)")
+    if spec.rows is not None and spec.rows.norms:
+        return "a normalising op after the GEMM runs on the mma.sync loop (its CTAs hold whole rows)"
     if spec.a.col_stride != 1 or spec.a.row_stride % 4:
         return "A's rows are not k-contiguous with 16-byte strides (a TMA copy's)"
     if not spec.b_k_contiguous or spec.b.col_stride % 4:
@@ -147,10 +147,10 @@ def helpers(bn: int) -> list[str]:
     ]
 
 
-def kernel_lines(grouped_tile: list[str]) -> list[str]:
+def kernel_lines(grouped_tile: list[str], rows: bool) -> list[str]:
     """C lines of the kernel body up to the consumers' accumulators (`acc[0][nt][j]`), with the names the
-    epilogue reads (tid, lane_g, lane_t, warp_m, warp_n, bm, bn) set for the consumer threads; the
-    producers leave once their last slice is split."""
+    epilogue reads (tid, lane_g, lane_t, warp_m, warp_n, bm, bn; with rows, smem) set for the consumer
+    threads; the producers leave once their last slice is split."""
     return [
         "  extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "  // [kStages][kBM + kBN][32]: the copied slices, A's rows then B's, hi in place once split; then their lo",
@@ -206,6 +206,7 @@ def kernel_lines(grouped_tile: list[str]) -> list[str]:
         '  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\\n");',
         "  const int tid = threadIdx.x - kProducers, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
         "  const int warp_m = tid >> 5, warp_n = 0, cw = tid >> 7;   // warp, and warpgroup of 64 rows",
+        *(["  float* const smem = hi;   // the row reductions' scratch once every slice is consumed"] if rows else []),
         "  float acc[1][kNT][4], sacc[1][kNT][4];",
         "  #pragma unroll",
         "  for (int nt = 0; nt < kNT; ++nt) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;",

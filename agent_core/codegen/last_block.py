@@ -12,10 +12,12 @@ FIRST_THREAD = "threadIdx.x == 0"
 
 
 def publish_and_arrive(publish: list[str], counter: str, arrivals: str, indent: str = "  ",
-                       publisher: str = FIRST_THREAD, arriver: str = FIRST_THREAD) -> list[str]:
+                       publisher: str = FIRST_THREAD, arriver: str = FIRST_THREAD,
+                       sync: str = "__syncthreads();") -> list[str]:
     """Lines after which the block-uniform bool `last` says whether this block arrived last; every
     thread of the block must reach them. `publish`: the stores of the block's partials made by the
-    threads where `publisher` holds; `arriver` is the one thread that counts the block in."""
+    threads where `publisher` holds; `arriver` is the one thread that counts the block in; `sync`: the
+    barrier of the threads taking part (a block's, or a warp-specialised kernel's named one)."""
     arrive = f"last = atomicAdd(&{counter}, 1u) == {arrivals} - 1;"
     if publisher == arriver:
         return [f"{indent}__shared__ bool last;",
@@ -24,16 +26,16 @@ def publish_and_arrive(publish: list[str], counter: str, arrivals: str, indent: 
                 f"{indent}  __threadfence();",
                 f"{indent}  {arrive}",
                 f"{indent}}}",
-                f"{indent}__syncthreads();"]
+                f"{indent}{sync}"]
     # several publishers: each fences its own stores, the barrier orders them before the arrival
     return [f"{indent}__shared__ bool last;",
             f"{indent}if ({publisher}) {{",
             *[f"{indent}  {ln}" for ln in publish],
             f"{indent}  __threadfence();",
             f"{indent}}}",
-            f"{indent}__syncthreads();",
+            f"{indent}{sync}",
             f"{indent}if ({arriver}) {arrive}",
-            f"{indent}__syncthreads();"]
+            f"{indent}{sync}"]
 
 
 def reset_counter(counter: str, indent: str = "  ") -> str:
