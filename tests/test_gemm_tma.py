@@ -70,3 +70,18 @@ def test_a_matrix_a_tma_copy_cannot_read_is_refused_before_the_driver_is_asked()
         encode(0x10000, m)          # rows 148 bytes apart
     with pytest.raises(TensorMapError, match="16-byte aligned"):
         encode(0x10004, {**m, "cols": 64, "row_stride": 64})
+
+
+def test_the_tuner_tries_its_tiles_on_sm90_where_the_gemm_takes_them():
+    """Its tiles are the region's alternatives: tried on sm_90 (first among the other forms of a library
+    call + epilogue region, after the tile GEMM's default), never on another GPU or for a GEMM it refuses."""
+    from agent_core.agent.tune import tune_space
+    p = program(300, 260, 64)
+    tile = generate_kernel(p, list(p.nodes), name="g", params={"form": FORM})       # the mma.sync tile GEMM
+    assert [v["block_n"] for v in tune_space(tile, arch="sm_90") if v.get("mma") == "tma"] == [128, 64]
+    assert not any(v.get("mma") == "tma" for v in tune_space(tile, arch="sm_80"))
+    library = generate_kernel(p, list(p.nodes), name="lib")                          # cuBLAS + epilogue kernel
+    assert library.library_nodes and [v.get("mma") for v in tune_space(library, arch="sm_90")][1:3] == ["tma", "tma"]
+    q = program(300, 260, 64, op="matmul")                                            # B [K, N]
+    assert not any(v.get("mma") == "tma" for v in tune_space(generate_kernel(q, list(q.nodes), name="q",
+                                                                             params={"form": FORM}), arch="sm_90"))

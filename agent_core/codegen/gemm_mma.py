@@ -87,7 +87,8 @@ SPLIT_K_DEFAULT = True
 LOCALS = ("acc", "mt", "nt", "j", "row", "col", "i", "mm", "lane_g", "lane_t", "tid", "warp_m", "warp_n",
           "bm", "bn", "row0", "col0", "As", "Bs", "smem", "kt", "kk", "load_tile", "KT", "At", "Bt", "ah", "al",
           "bh", "bl", "sacc", "pa", "pb", "r", "c", "e", "gr", "gc", "ok", "s", "k0", "stage", "bz", "abat",
-          "bbat", "mm2", "q", "oc", "part", "turn", "r0", "c0", "kt0", "kPer", "kSlices") + gemm_conv.LOCALS + \
+          "bbat", "mm2", "q", "oc", "part", "turn", "r0", "c0", "kt0", "kPer", "kSlices", "tile_m", "tile_n", "lin",
+          "in_group", "first_m", "group_m") + gemm_conv.LOCALS + \
     gemm_tma.LOCALS
 
 

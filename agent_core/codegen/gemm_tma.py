@@ -37,8 +37,8 @@ MMA = "tma"
 IN_TUNER = True
 PRODUCERS = 256            # threads of the two producer warpgroups
 BK = 32                    # k per slice: one 128-byte swizzle row per operand row
-LOCALS = ("hi", "lo", "full", "empty", "landed", "issue", "it", "ks", "pt", "h4", "l4", "x4", "ah", "al", "bh",
-          "bl", "cw", "smem_raw")
+LOCALS = ("hi", "lo", "full", "empty", "landed", "issue", "it", "ks", "pt", "h4", "l4", "x4", "h", "l", "ah", "al",
+          "bh", "bl", "cw", "smem_raw", "map_a", "map_b", "u64")
 
 
 def tried_on(arch: str) -> bool:
