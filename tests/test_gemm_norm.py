@@ -69,11 +69,15 @@ def test_without_a_bias_a_residual_an_affine_map_or_an_op_after(kwargs):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_every_tiling_the_tuner_tries_keeps_whole_rows_and_matches_torch():
+def test_every_tiling_the_tuner_tries_matches_torch():
+    """Whole-row tilings, and 64 x 64 tiles whose CTAs share the rows (SHARED_ROWS)."""
+    from agent_core.codegen.gemm_mma import SHARED_ROWS
     p = program(50, 136, 40)
     first = default_params(gemm_spec(p, region_io(p, list(p.nodes))))
     variants = tune_variants(first)
-    assert variants and all(v["block_n"] == first["block_n"] and v["whole_rows"] for v in variants)
+    whole = [v for v in variants if v["whole_rows"]]
+    assert whole and all(v["block_n"] == first["block_n"] for v in whole)
+    assert [v for v in variants if not v["whole_rows"]] == [{**first, **SHARED_ROWS}]
     for params in [first] + variants:
         _, pairs, _ = emulate(p, params, draws=1)
         for got, want in pairs:
@@ -87,6 +91,21 @@ def test_the_residual_sum_is_stored_too_where_the_program_reads_it():
     p.mark_output(add.outputs[0])
     ks, pairs, _ = emulate(p, {}, draws=2)
     assert len(ks.outputs) == 2
+    for got, want in pairs:
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm", "softmax", "log_softmax"])
+def test_ctas_sharing_the_rows_hand_them_to_the_row_tiles_last_which_normalises_them(norm):
+    """64 x 64 tiles over rows of 150 (3 CTAs a row, the last ragged) and 70 rows (2 row tiles, the last
+    ragged): each CTA stores its tile's normalising inputs and row states in the workspace; the row
+    tile's last CTA combines the states and normalises every column of its rows."""
+    from agent_core.codegen.gemm_mma import SHARED_ROWS
+    p = program(70, 150, 44, norm)
+    ks, pairs, _ = emulate(p, SHARED_ROWS, draws=2)
+    assert ks.grid[:2] == (3, 2) and "kPreAt" in ks.source and "__ldcg(workspace + kPreAt + i)" in ks.source
+    states = 3 * 70 * int(ks.source.split("constexpr int kF = ")[1].split(";")[0])
+    assert ks.workspace == [("float32", states + 70 * 150), ("int32", 2)]
     for got, want in pairs:
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
@@ -105,9 +124,6 @@ def test_compiles_for_sm90_without_spills_up_to_rows_of_1024(N, K):
 def test_what_the_second_pass_cannot_do_is_refused_with_the_reason():
     wide = program(64, 1100, 32)
     assert "at most 1024" in gemm_supported(wide, list(wide.nodes))
-    p = program(64, 96, 32)
-    with pytest.raises(CodegenError, match="whole rows"):      # a CTA that does not hold whole rows
-        generate_kernel(p, list(p.nodes), name="split", params={"form": FORM, "block_n": 64, "warps_n": 2})
     # two norms over different values: the second pass holds one
     q = Program("two_norms")
     x = q.add_input("x", (32, 16))
@@ -127,11 +143,15 @@ def test_the_planner_offers_it_beside_the_library_call_and_its_epilogue_kernel()
     assert "rows normalised (layer_norm) in the kernel (each CTA holds whole rows" in r.reason
     lib = generate_kernel(p, r.nodes, name="lib", kind=r.kind)
     alts = [a for a in lib.alternatives if a.get("form") == FORM]
-    assert alts and all(a["whole_rows"] and generate_kernel(p, r.nodes, name="t", params=a).params["block_n"] == 768
-                        for a in alts)
+    whole = [a for a in alts if a.get("whole_rows")]
+    assert whole and all(generate_kernel(p, r.nodes, name="t", params=a).params["block_n"] == 768 for a in whole)
+    # sm_90's TMA tiles: 128 x 128 and 128 x 64, the rows shared by 6 and 12 CTAs through the workspace
+    shared = [a for a in alts if not a.get("whole_rows")]
+    assert [(a.get("mma"), a["block_n"]) for a in shared] == [("tma", 128), ("tma", 64)]
+    assert "kPreAt" in generate_kernel(p, r.nodes, name="t2", params=shared[0]).source
     from agent_core.agent.tune import tune_space
     space = [q for q in tune_space(lib, arch="sm_90") if q.get("form") == FORM]
-    assert space and all(q.get("whole_rows") and q.get("mma") is None for q in space)
+    assert [q.get("mma") for q in space][:3] == [None, "tma", "tma"]
 
 
 def _out_projection(L=37, B=2, E=48, K=40, residual_shape=None, reduce=False):
@@ -171,9 +191,10 @@ def test_an_operand_that_does_not_line_up_after_a_relabel_is_refused():
 
 @pytest.mark.parametrize("N", [512, 768, 1024])
 def test_every_tiling_the_tuner_tries_fits_in_shared_memory(N):
-    """A tiling that does not build is a tuning trial wasted (and a warning in the log): every whole-row
-    variant fits, however wide the row."""
+    """A tiling that does not build is a tuning trial wasted (and a warning in the log): every variant
+    fits, however wide the row; the whole-row ones keep it."""
     p = program(300, N, 256)
     first = default_params(gemm_spec(p, region_io(p, list(p.nodes))))
     for params in [first] + tune_variants(first):
-        assert generate_kernel(p, list(p.nodes), name="fits", params=params).params["block_n"] >= N
+        ks = generate_kernel(p, list(p.nodes), name="fits", params=params)
+        assert ks.params["block_n"] >= N or not params["whole_rows"]

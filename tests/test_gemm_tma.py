@@ -1,7 +1,7 @@
 """The tile GEMM's warp-specialised TMA loop for sm_90 (codegen/gemm_tma.py) on the CPU: it compiles
 through NVRTC for sm_90a without warnings or spills at both tile widths, names the tensor maps the
-runtime encodes (A's rows, B's rows) and launches 512 threads; row reductions after the epilogue combine
-through the consumers' named barrier (its producers have left); GEMMs it does not take are refused with
+runtime encodes (A's rows, B's rows) and launches 512 threads; row reductions and normalising ops after
+the epilogue combine through the consumers' named barrier (its producers have left); GEMMs it does not take are refused with
 the reason, and a matrix a TMA copy cannot read is refused before the driver is asked. On the GPU:
 tests/gpu/test_gemm_tma_gpu.py."""
 from __future__ import annotations
@@ -47,12 +47,22 @@ def test_row_reductions_after_it_combine_through_the_consumers_barrier(N, reds, 
     assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == []
 
 
-@pytest.mark.parametrize("case,why", [("norm", "normalising op"), ("matmul", "B is not a k-contiguous"),
+@pytest.mark.parametrize("norm", ["layer_norm", "softmax"])
+def test_a_normalising_op_after_it_compiles_with_the_rows_shared_through_the_workspace(norm):
+    p = norm_program(394, 512, 2048, norm)
+    ks = generate_kernel(p, list(p.nodes), name="gemm_tma_norm", params={**TILES, "block_n": 128, "stages": 3})
+    assert ks.grid[:2] == (4, 4) and "__ldcg(workspace + kPreAt + i)" in ks.source
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == []
+
+
+@pytest.mark.parametrize("case,why", [("gated", "gated unit"), ("matmul", "B is not a k-contiguous"),
                                       ("odd-k", "16-byte"), ("portable", "CPU emulation")])
 def test_gemms_it_does_not_take_are_refused_with_the_reason(case, why):
     params = {**TILES, "block_n": 128, "stages": 3}
-    if case == "norm":
-        p = norm_program(300, 256, 64)
+    if case == "gated":
+        from tests.test_gemm_gated import gated
+        p = gated(300, 128, 64)
     elif case == "matmul":
         p = program(300, 260, 64, op="matmul")
     elif case == "odd-k":

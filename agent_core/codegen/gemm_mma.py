@@ -404,9 +404,9 @@ def tune_variants(p: dict) -> list[dict]:
     tma_alternatives): the other 128-row tile, square 64 tiles with a deeper pipeline, and thinner k slices in four
     stages; for a thin output (a convolution's few channels), twice and half the rows a block holds, and
     thinner k slices."""
-    if p.get("whole_rows"):     # a normalising op after it: block_n stays the whole row
+    if p.get("whole_rows"):     # a normalising op after it: whole rows, then 64 x 64 tiles sharing the rows
         out = []
-        for c in ({"block_m": 32, "warps_m": 2, "stages": 2}, {"split_k": 1}, {"stages": 2},
+        for c in ({"block_m": 32, "warps_m": 2, "stages": 2}, {"split_k": 1}, SHARED_ROWS, {"stages": 2},
                   {"block_k": 16, "stages": 4}, {"block_k": 16, "stages": 3}):
             v = {**p, **c}
             if v != p and v not in out and _pipeline_fits(v):
@@ -423,6 +423,12 @@ def tune_variants(p: dict) -> list[dict]:
         if v != p and v not in out:
             out.append(v)
     return out
+
+
+# a normalising op's rows shared by the CTAs of a row tile (their inputs through the workspace, the last
+# CTA normalising them): many more CTAs than whole-row tiles of 16 rows give a wide output
+SHARED_ROWS = {"whole_rows": False, "block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "block_k": 32,
+               "stages": 3, "split_k": 1}
 
 
 def _pipeline_fits(p: dict) -> bool:
@@ -503,7 +509,8 @@ def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, 
     nbytes = sum(vals[v].nbytes for v in io.inputs + io.outputs)
     n_tiles, m_tiles = tiles(spec, p)
     if spec.rows is not None:
-        nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, n_tiles, m_tiles) if dt == "float32")
+        nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, spec.N, n_tiles, m_tiles)
+                      if dt == "float32")
     nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)      # the running sum, written and read per part
     return nbytes, 2 * spec.batch * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes
                                                                    if n != spec.node)
@@ -563,9 +570,12 @@ def _slice_tail(slice_acc: bool) -> list[str]:
             "        for (int j = 0; j < 4; ++j) acc[mt][nt][j] += sacc[mt][nt][j];"]
 
 
-def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
+def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str],
+              shared_norm: bool = False) -> list[str]:
     """C lines of one output element's epilogue, inside the store loop: `mm` is the GEMM's value at
-    (row, col), `i` its flat index. Broadcast operands are indexed from i."""
+    (row, col), `i` its flat index. Broadcast operands are indexed from i. The input of a normalising
+    op stays in the accumulator for the pass over the CTA's whole rows, or (shared_norm: CTAs share the
+    rows) goes to the workspace for the row tile's last CTA."""
     names = Names()
     names.taken.update(LOCALS + ROW_LOCALS)
     names.taken.update(arg.values())
@@ -575,8 +585,9 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
     lines += [f"{arg[vid]}[i] = {env[vid]};" for vid in io.outputs if vid in spec.full_values]
     if spec.rows is not None:
         lines += fold_lines(spec.rows, env)
-        if spec.rows.norms:       # the normalising pass reads it back from the accumulator
-            lines.append(f"acc[mt][nt][j] = {env[spec.rows.norms[0].input]};")
+        if spec.rows.norms:       # the normalising pass reads it back from the accumulator or the workspace
+            xe = env[spec.rows.norms[0].input]
+            lines.append(f"workspace[kPreAt + i] = {xe};" if shared_norm else f"acc[mt][nt][j] = {xe};")
     return lines
 
 
@@ -618,7 +629,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     n_tiles, m_tiles = tiles(spec, p)
     rows = spec.rows
     parts = split_parts(p)
-    workspace = row_workspace(rows, spec.M, n_tiles, m_tiles) if rows else []
+    workspace = row_workspace(rows, spec.M, spec.N, n_tiles, m_tiles) if rows else []
+    shared_norm = bool(rows and rows.norms and n_tiles > 1)    # its rows' inputs go through the workspace
     if parts > 1:        # the running sum of the parts so far, and each output tile's turn
         workspace = [("float32", spec.M * spec.N), ("int32", n_tiles * m_tiles)]
     if workspace:
@@ -627,6 +639,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         consts += [f"constexpr int kF = {len(rows.fields)};   // floats of one row's statistics",
                    f"constexpr float kColsF = {float_literal(float(spec.N))};   // the reduced length (N)",
                    f"constexpr int kNTiles = {n_tiles};   // CTAs along N that share each row"]
+        if shared_norm:
+            consts.append("constexpr index_t kPreAt = (index_t)kNTiles * kM * kF;   // the workspace's [M, N] "
+                          "normalising inputs, past the row states")
     row_tail = combine_lines(program, io, rows, arg, set(LOCALS) | set(ROW_LOCALS) | set(arg.values()),
                              n_tiles) if rows else []
     if rows and rows.norms and (spec.batch > 1 or conv is not None):
@@ -636,7 +651,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         consts += [f"constexpr int kProducers = {gemm_tma.PRODUCERS};   // threads copying and splitting slices",
                    "constexpr int kSlice = (kBM + kBN) * kBK;   // floats of one k slice of A and B"]
         cparams = gemm_tma.PARAMS + cparams
-        body = [*gemm_tma.kernel_lines(GROUPED_TILE, bool(rows)), *_store_loop(program, io, spec, arg), *row_tail]
+        body = [*gemm_tma.kernel_lines(GROUPED_TILE, bool(rows)), *_store_loop(program, io, spec, arg, shared_norm),
+                *row_tail, *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else [])]
     else:
         body = [
             "  extern __shared__ __align__(16) float smem[];",
@@ -657,9 +673,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
             *(SPLIT_PIPELINE_START if parts > 1 else PIPELINE_START),
             *_mma_sync_loop(ops.b_frag, slice_acc, bool(p.get(TF32))),
             *(_split_k_turn(parts) if parts > 1 else []),
-            *_store_loop(program, io, spec, arg),
+            *_store_loop(program, io, spec, arg, shared_norm),
             *row_tail,
-            *(_normalise_loop(program, io, spec, arg) if rows and rows.norms else []),
+            *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else []),
         ]
     helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
     if tma:
@@ -730,12 +746,13 @@ def _operands(spec: GemmSpec, p: dict, arg: dict[str, str]) -> _OperandLines:
     return _OperandLines(group, a_copy, b_copy, b_frag, a_vec, b_vec)
 
 
-def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
+def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str],
+                shared_norm: bool = False) -> list[str]:
     """C lines: the epilogue over the accumulators, one store per output element (the row statistics
     folded in where the region reduces rows). A gated unit's thread reads fragment 2q for the value (mm)
     and 2q + 1 for the gate (mm2) of one output column oc (glu_col)."""
     conv, vals = spec.conv, program.values
-    epi = _epilogue(program, io, spec, arg)
+    epi = _epilogue(program, io, spec, arg, shared_norm)
     vector_bias = bool(spec.bias and vals[spec.bias].shape)
     if spec.halves:
         frag, count, col, col0, limit = "q", "kNT / 2", "oc", "bn / 2 + warp_n * (kTN / 2) + 2 * lane_t", "kH"
@@ -798,11 +815,15 @@ def _render(program: Program, order: list[str], env: dict[str, str], names: Name
     return lines
 
 
-def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str]) -> list[str]:
+def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str],
+                    shared_norm: bool = False) -> list[str]:
     """C lines of the second pass of a normalising op (layer_norm, rms_norm, softmax, log_softmax) and
-    the pointwise ops after it: the CTA holds whole rows, each row's combined statistics are in shared
-    memory (combine_lines) and each accumulator holds the element the ops normalise (_epilogue), so the
-    output is computed from registers and stored once, with no pass over memory in between."""
+    the pointwise ops after it, each row's combined statistics in shared memory (combine_lines). Where the
+    CTA holds whole rows, each accumulator holds the element the ops normalise (_epilogue), so the output
+    is computed from registers and stored once, with no pass over memory in between. Where CTAs share
+    the rows (shared_norm), the row tile's last CTA, once it has combined the rows' statistics, reads
+    every element of its rows back from the workspace (written there by the tile's CTAs, hot in L2) and
+    stores the output: one more read and write of the rows, against a second kernel's."""
     vals, part = program.values, spec.rows
     names = Names()
     names.taken.update(LOCALS + ROW_LOCALS + ("xe", "srow", "comb"))
@@ -820,8 +841,24 @@ def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[st
     lines += operand_loads(program, io, part.after, spec.space, "i", arg, names, env, relabelled=True)
     lines += _render(program, part.after, env, names)
     lines += [f"{arg[v]}[i] = {env[v]};" for v in io.outputs if v in part.after_values]
+    if shared_norm:
+        return [
+            "  if (last) {   // the row tile's last CTA: every column of its rows, their inputs in the workspace",
+            "    cta_sync();   // every row's combined statistics are in shared memory",
+            "    const float* comb = red + kWarpsN * kBM * kF;",
+            "    for (index_t e = tid; e < (index_t)kBM * kN; e += kBlock) {",
+            "      const int row = bm + (int)(e / kN), col = (int)(e % kN);",
+            "      if (row < kM) {",
+            f"        {_store_index(spec)}",
+            "        const RowSt srow = row_get(comb + (row - bm) * kF);",
+            "        const float xe = __ldcg(workspace + kPreAt + i);",
+            *[f"        {ln}" for ln in lines],
+            "      }",
+            "    }",
+            "  }",
+        ]
     return [
-        "  __syncthreads();   // every row's combined statistics are in shared memory",
+        "  cta_sync();   // every row's combined statistics are in shared memory",
         "  // the second pass: the normalising ops over the accumulators, which hold their input",
         "  const float* comb = red + kWarpsN * kBM * kF;",
         *_each_element([_store_index(spec), "const RowSt srow = row_get(comb + (row - bm) * kF);",

@@ -354,9 +354,6 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
             *keep,
             "    }",
             "  }"]
-    if part.norms:
-        raise CodegenError(f"a normalising op after the GEMM needs each CTA to hold whole rows: {n_tiles} CTAs "
-                           f"share each row here (block_n is below the output's width)")
     publish = ["for (int r = tid; r < kBM; r += kBlock) {",
                "  const index_t rrow = bm + r;",
                "  if (rrow < kM) {",
@@ -364,8 +361,13 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
                "    row_put(workspace + ((index_t)tile_n * kM + rrow) * kF, st);",
                "  }",
                "}"]
+    # a normalising op: each CTA stored its tile's inputs to it past the states (gemm_mma._epilogue); the
+    # row tile's last CTA keeps each row's combined state for its pass over the whole rows (_normalise_loop)
+    fence = ["  __threadfence();   // this tile's normalising inputs, before its ticket"] if part.norms else []
+    keep = ["        row_put(red + (kWarpsN * kBM + r) * kF, st);   // for the normalising pass"] if part.norms else []
     return lines + [
         f"  // {n_tiles} CTAs share each row: each publishes its tile's states, the row tile's last combines them",
+        *fence,
         *publish_and_arrive(publish, "counters[tile_m]", "kNTiles", publisher="tid < kBM", arriver="tid == 0",
                             sync="cta_sync();"),
         "  if (last) {",
@@ -376,17 +378,19 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
         "        RowSt st = row_get_cg(workspace + rrow * kF);",
         "        for (int t = 1; t < kNTiles; ++t) st = row_combine(st, row_get_cg(workspace + ((index_t)t * kM + rrow) * kF));  // tile order",
         *finish,
+        *keep,
         "      }",
         "    }",
         "    if (tid == 0) " + reset_counter("counters[tile_m]", "").strip(),
         "  }"]
 
 
-def workspace(part: RowPart, M: int, n_tiles: int, m_tiles: int) -> list[tuple[str, int]]:
-    """The per-tile row states and the row tiles' tickets (none when one CTA holds whole rows)."""
+def workspace(part: RowPart, M: int, N: int, n_tiles: int, m_tiles: int) -> list[tuple[str, int]]:
+    """The per-tile row states (then, for a normalising op, its M x N inputs) and the row tiles'
+    tickets; none when one CTA holds whole rows."""
     if n_tiles == 1:
         return []
-    return [("float32", n_tiles * M * len(part.fields)), ("int32", m_tiles)]
+    return [("float32", n_tiles * M * len(part.fields) + (M * N if part.norms else 0)), ("int32", m_tiles)]
 
 
 def shared_floats(part: RowPart, bm: int, warps_n: int) -> int:

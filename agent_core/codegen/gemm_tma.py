@@ -24,9 +24,9 @@ How:
   16 w .. 16 w + 15), so the tile GEMM's epilogue reads them unchanged.
 
 Takes one 2-D GEMM whose A rows and B rows (linear's [N, K] weight) are k-contiguous with 16-byte row
-strides, its pointwise epilogue and row reductions after it (their combine synchronises the consumers
-through a named barrier, cta_sync); normalising ops (whole-row tiles), split K, stacks, convolutions and
-gated units stay on the mma.sync loop.
+strides, its pointwise epilogue, and row reductions and normalising ops after it (their combine
+synchronises the consumers through a named barrier, cta_sync; the rows' CTAs share them through the
+workspace); split K, stacks, convolutions and gated units stay on the mma.sync loop.
 """
 from __future__ import annotations
 
@@ -49,8 +49,6 @@ def applies(spec) -> str | None:
     """Why this loop cannot run the GEMM `spec` (None where it can)."""
     if spec.conv is not None or spec.batch > 1 or spec.halves:
         return "a convolution, a stack of GEMMs or a gated unit runs on the mma.sync loop"
-    if spec.rows is not None and spec.rows.norms:
-        return "a normalising op after the GEMM runs on the mma.sync loop (its CTAs hold whole rows)"
     if spec.a.col_stride != 1 or spec.a.row_stride % 4:
         return "A's rows are not k-contiguous with 16-byte strides (a TMA copy's)"
     if not spec.b_k_contiguous or spec.b.col_stride % 4:

@@ -1,5 +1,6 @@
 """On the GPU: a normalising op after the tile GEMM in the same kernel (codegen/gemm_rows.py NORMS: each
-CTA holds whole rows and normalises them in a second pass over its accumulators). Each kernel is built,
+CTA holds whole rows and normalises them in a second pass over its accumulators, or the CTAs of a row
+tile share the rows through the workspace and its last one normalises them; not yet run on a GPU). Each kernel is built,
 launched and verified against torch on 5 random draws at atol = rtol = 1e-4 (tests/programs.py `fused`)
 for every op, ragged shapes, the tuner's tilings, and transformer shapes (ViT-B at batch 2: 394 rows,
 2048 -> 512; BERT-base: 4096 rows, 768 -> 768, 3072 -> 768). Its precision is split TF32 (three TF32
@@ -17,6 +18,8 @@ from tests.programs import fused
 from tests.test_gemm_norm import program
 
 H_SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
+TMA_128 = {"mma": "tma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": 128, "block_k": 32, "stages": 3,
+           "split_k": 1}
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -42,26 +45,23 @@ def _median_ms(fn, trials=50):
 
 @pytest.mark.parametrize("M,N,K", [(394, 512, 2048), (394, 512, 512), (4096, 768, 768), (4096, 768, 3072)],
                          ids=["vit-mlp-out", "vit-attn-out", "bert-attn-out", "bert-mlp-out"])
-@pytest.mark.parametrize("split", [False, True], ids=["whole-k", "split-k"])
-def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, split):
+@pytest.mark.parametrize("form", ["whole-rows", "whole-rows-split-k", "shared-rows-64", "tma-128"])
+def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, form):
+    """Each tiling the tuner tries for it: whole-row tiles of 16 rows with K whole or split (the
+    default where the tiles leave SMs idle), 64 x 64 tiles whose CTAs share the rows (the last one
+    normalises them), and sm_90's TMA loop in 128 x 128 tiles sharing them too."""
     from agent_core.profile.baselines import strict_fp32
     from agent_core.reference import parameter_tensors
     strict_fp32()
-    from agent_core.codegen.gemm_mma import gemm_spec, split_k_for, whole_row_params
+    from agent_core.codegen.gemm_mma import SHARED_ROWS, default_params, gemm_spec
     from agent_core.codegen.region_io import region_io
-    import agent_core.codegen.gemm_mma as gemm_mma
     p = program(M, N, K, after=False)
-    params = {"form": FORM}
-    if split:      # the count the default would take once SPLIT_K_DEFAULT is on
-        spec = gemm_spec(p, region_io(p, list(p.nodes)))
-        tiles = whole_row_params(spec)
-        gemm_mma.SPLIT_K_DEFAULT, was = True, gemm_mma.SPLIT_K_DEFAULT
-        try:
-            params["split_k"] = split_k_for(spec, 16, tiles["block_n"], tiles["block_k"], H_SMS)
-        finally:
-            gemm_mma.SPLIT_K_DEFAULT = was
-        if params["split_k"] == 1:
-            pytest.skip("enough tiles: no split")
+    params = {"form": FORM, **{"whole-rows": {"split_k": 1}, "whole-rows-split-k": {}, "shared-rows-64": SHARED_ROWS,
+                               "tma-128": TMA_128}[form]}
+    if form == "whole-rows-split-k" and default_params(gemm_spec(p, region_io(p, list(p.nodes))), H_SMS)["split_k"] == 1:
+        pytest.skip("enough tiles: no split")
+    if form == "tma-128" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA loop is sm_90's")
     r = fused(p, list(p.nodes), "gemm_ln", params=params)
     tensors = parameter_tensors(p, "cuda")
     by = {p.values[v].name: t for v, t in tensors.items()}
