@@ -95,3 +95,16 @@ def test_the_tuner_tries_its_tiles_on_sm90_where_the_gemm_takes_them():
     q = program(300, 260, 64, op="matmul")                                            # B [K, N]
     assert not any(v.get("mma") == "tma" for v in tune_space(generate_kernel(q, list(q.nodes), name="q",
                                                                              params={"form": FORM}), arch="sm_90"))
+
+
+def test_a_driver_without_tensor_maps_is_a_clear_error(monkeypatch):
+    import ctypes
+
+    from agent_core.runtime import tensor_map
+
+    class OldDriver:      # a libcuda from before CUDA 12: no cuTensorMapEncodeTiled
+        pass
+    monkeypatch.setattr(tensor_map, "_encode", None)
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: OldDriver())
+    with pytest.raises(tensor_map.TensorMapError, match="no cuTensorMapEncodeTiled"):
+        tensor_map.encode(0x10000, {"rows": 300, "cols": 64, "row_stride": 64, "box_rows": 128, "box_cols": 32})

@@ -26,10 +26,12 @@ def _driver():
     global _encode
     if _encode is None:
         try:
-            cuda = ctypes.CDLL("libcuda.so.1")
+            f = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
         except OSError as exc:
             raise TensorMapError(f"no CUDA driver to encode a TMA tensor map ({exc})") from None
-        f = cuda.cuTensorMapEncodeTiled
+        except AttributeError:
+            raise TensorMapError("the CUDA driver has no cuTensorMapEncodeTiled (TMA needs a CUDA 12 driver); "
+                                 "the tile GEMM's TMA loop cannot run here") from None
         f.restype = ctypes.c_int
         f.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_void_p,
                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
