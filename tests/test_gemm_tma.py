@@ -106,5 +106,20 @@ def test_a_driver_without_tensor_maps_is_a_clear_error(monkeypatch):
         pass
     monkeypatch.setattr(tensor_map, "_encode", None)
     monkeypatch.setattr(ctypes, "CDLL", lambda name: OldDriver())
+    tensor_map._encoded.cache_clear()
     with pytest.raises(tensor_map.TensorMapError, match="no cuTensorMapEncodeTiled"):
         tensor_map.encode(0x10000, {"rows": 300, "cols": 64, "row_stride": 64, "box_rows": 128, "box_cols": 32})
+
+
+def test_each_address_and_shape_is_encoded_once(monkeypatch):
+    """The program runtime launches on the same buffers again and again: the driver is asked once."""
+    from agent_core.runtime import tensor_map
+    calls = []
+    monkeypatch.setattr(tensor_map, "_encode", lambda *args: calls.append(args) or 0)
+    tensor_map._encoded.cache_clear()
+    m = {"rows": 300, "cols": 64, "row_stride": 64, "box_rows": 128, "box_cols": 32}
+    first = tensor_map.encode(0x20000, m)
+    assert tensor_map.encode(0x20000, m) is first and len(calls) == 1
+    tensor_map.encode(0x30000, m)
+    assert len(calls) == 2
+    tensor_map._encoded.cache_clear()

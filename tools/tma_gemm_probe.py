@@ -16,7 +16,6 @@ same precision form and the same arithmetic.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import sys
 from pathlib import Path
 
@@ -340,21 +339,35 @@ def shared_bytes(bn: int, stages: int) -> int:
     return stages * (BM + bn) * BK * 4 + 2 * stages * 8 + 1024
 
 
-def tensor_map(t, box_rows: int) -> bytes:
-    """A CUtensorMap (128 bytes) for a row-major fp32 [rows, K] tensor, boxes of box_rows x 32 with the
-    128-byte swizzle, zeros outside."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-    out = (ctypes.c_ubyte * 128)()
+def tensor_map(t, box_rows: int):
+    """The runtime's CUtensorMap (runtime/tensor_map.py) of a row-major fp32 [rows, K] tensor, boxes of
+    box_rows x 32, as a structured scalar (bytes(...) for its 128 bytes)."""
+    from agent_core.runtime.tensor_map import encode
     rows, k = t.shape
-    dims = (ctypes.c_uint64 * 2)(k, rows)
-    strides = (ctypes.c_uint64 * 1)(t.stride(0) * 4)
-    box = (ctypes.c_uint32 * 2)(BK, box_rows)
-    elem = (ctypes.c_uint32 * 2)(1, 1)
-    rc = cuda.cuTensorMapEncodeTiled(out, 7, 2, ctypes.c_void_p(t.data_ptr()), dims, strides, box, elem,
-                                     0, 3, 2, 0)   # FLOAT32, no interleave, 128B swizzle, L2 128B, zero fill
-    if rc:
-        raise RuntimeError(f"cuTensorMapEncodeTiled failed: CUresult {rc}")
-    return bytes(out)
+    return encode(t.data_ptr(), {"rows": rows, "cols": k, "row_stride": t.stride(0), "box_rows": box_rows,
+                                 "box_cols": BK})
+
+
+def in_global_memory(*maps):
+    """The maps' bytes in one device buffer (the kernels that read them through a pointer)."""
+    import cupy
+    import torch
+    return cupy.asarray(torch.frombuffer(bytearray(b"".join(bytes(m) for m in maps)), dtype=torch.uint8).cuda())
+
+
+def launch_and_time(built, entry, grid, block, smem, args, c, ref, trials):
+    """(median ms, worst error against ref) of the compiled kernel launched on args, writing c."""
+    import cupy
+    import torch
+    from agent_core.profile.timing import time_gpu
+    fn = cupy.RawModule(path=str(built.path)).get_function(entry)
+    fn.max_dynamic_shared_size_bytes = smem
+
+    def go():
+        fn(grid, block, args, shared_mem=smem)
+    go()
+    torch.cuda.synchronize()
+    return time_gpu(go, trials=trials).median_ms, (c.double() - ref).abs().max().item()
 
 
 def run(shapes, configs, split_configs, trials):
@@ -382,21 +395,12 @@ def run(shapes, configs, split_configs, trials):
               f"fp32 {fp32:.3f} ms; library error {(lib_out.double() - ref).abs().max().item():.2e}", flush=True)
         for bn, st, cl, persist in configs:
             built = compile_source(source(bn, st, cl), "tma_gemm", arch="sm_90")
-            mod = cupy.RawModule(path=str(built.path))
-            fn = mod.get_function("tma_gemm")
-            fn.max_dynamic_shared_size_bytes = shared_bytes(bn, st)
-            maps = torch.frombuffer(bytearray(tensor_map(a3, BM) + tensor_map(b3, bn // cl)), dtype=torch.uint8).cuda()
             c = torch.full((M, N), float("nan"), device="cuda")
             tiles = -(-(-(-M // BM)) // cl) * -(-N // bn) * cl
             grid = (min(tiles, sms // cl * cl) if persist else tiles,)
-            args = (cupy.asarray(maps), cupy.asarray(c), cupy.int32(M), cupy.int32(N), cupy.int32(3 * K))
-
-            def go():
-                fn(grid, (384,), args, shared_mem=shared_bytes(bn, st))
-            go()
-            torch.cuda.synchronize()
-            err = (c.double() - ref).abs().max().item()
-            ms = time_gpu(go, trials=trials).median_ms
+            args = (in_global_memory(tensor_map(a3, BM), tensor_map(b3, bn // cl)), cupy.asarray(c), cupy.int32(M),
+                    cupy.int32(N), cupy.int32(3 * K))
+            ms, err = launch_and_time(built, "tma_gemm", grid, (384,), shared_bytes(bn, st), args, c, ref, trials)
             print(f"  ours 128x{bn}, {st} stages, cluster {cl}, {'persistent ' + str(grid[0]) if persist else 'one tile a CTA'}"
                   f" ({built.registers} registers, {built.spill_stores} B spills): "
                   f"{ms:.3f} ms, {lib / ms:.2f}x the library; error {err:.2e}", flush=True)
@@ -404,27 +408,15 @@ def run(shapes, configs, split_configs, trials):
             tma, pw, param_maps = (list(more) + [0, 1, 0][len(more):])[:3]
             built = compile_source(split_source(bn, st, bool(slice_acc), bool(tma), pw, bool(param_maps)), "split_gemm",
                                    arch="sm_90")
-            fn = cupy.RawModule(path=str(built.path)).get_function("split_gemm")
-            smem = split_shared_bytes(bn, st)
-            fn.max_dynamic_shared_size_bytes = smem
             c = torch.full((M, N), float("nan"), device="cuda")
             grid = (-(-M // BM) * -(-N // bn),)
             args = (cupy.asarray(a), cupy.asarray(b), cupy.asarray(c), cupy.int32(M), cupy.int32(N), cupy.int32(K))
             if param_maps:
-                import numpy as np
-                by_value = np.dtype({"names": [f"v{i}" for i in range(16)], "formats": ["<u8"] * 16}, align=True)
-                args = tuple(np.frombuffer(tensor_map(t, rows), dtype=by_value)[0] for t, rows in ((a, BM), (b, bn))) + args
+                args = (tensor_map(a, BM), tensor_map(b, bn)) + args
             elif tma:
-                maps = torch.frombuffer(bytearray(tensor_map(a, BM) + tensor_map(b, bn)), dtype=torch.uint8).cuda()
-                args = (cupy.asarray(maps),) + args
-            block = (128 * pw + 256,)
-
-            def go():
-                fn(grid, block, args, shared_mem=smem)
-            go()
-            torch.cuda.synchronize()
-            err = (c.double() - ref).abs().max().item()
-            ms = time_gpu(go, trials=trials).median_ms
+                args = (in_global_memory(tensor_map(a, BM), tensor_map(b, bn)),) + args
+            ms, err = launch_and_time(built, "split_gemm", grid, (128 * pw + 256,), split_shared_bytes(bn, st), args,
+                                      c, ref, trials)
             print(f"  ours split in the kernel, {'TMA' if tma else 'cp.async'}{' (maps by value)' if param_maps else ''}, "
                   f"{pw} producer warpgroup(s), 128x{bn}, {st} stages, "
                   f"{'per-slice sums' if slice_acc else 'one sum'}"

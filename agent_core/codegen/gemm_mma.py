@@ -841,6 +841,9 @@ def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[st
     lines += operand_loads(program, io, part.after, spec.space, "i", arg, names, env, relabelled=True)
     lines += _render(program, part.after, env, names)
     lines += [f"{arg[v]}[i] = {env[v]};" for v in io.outputs if v in part.after_values]
+    def element(xe: str) -> list[str]:    # one element's pass, its input read from xe
+        return [_store_index(spec), "const RowSt srow = row_get(comb + (row - bm) * kF);", f"const float xe = {xe};",
+                *lines]
     if shared_norm:
         return [
             "  if (last) {   // the row tile's last CTA: every column of its rows, their inputs in the workspace",
@@ -849,10 +852,7 @@ def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[st
             "    for (index_t e = tid; e < (index_t)kBM * kN; e += kBlock) {",
             "      const int row = bm + (int)(e / kN), col = (int)(e % kN);",
             "      if (row < kM) {",
-            f"        {_store_index(spec)}",
-            "        const RowSt srow = row_get(comb + (row - bm) * kF);",
-            "        const float xe = __ldcg(workspace + kPreAt + i);",
-            *[f"        {ln}" for ln in lines],
+            *[f"        {ln}" for ln in element("__ldcg(workspace + kPreAt + i)")],
             "      }",
             "    }",
             "  }",
@@ -861,8 +861,7 @@ def _normalise_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[st
         "  cta_sync();   // every row's combined statistics are in shared memory",
         "  // the second pass: the normalising ops over the accumulators, which hold their input",
         "  const float* comb = red + kWarpsN * kBM * kF;",
-        *_each_element([_store_index(spec), "const RowSt srow = row_get(comb + (row - bm) * kF);",
-                        "const float xe = acc[mt][nt][j];", *lines]),
+        *_each_element(element("acc[mt][nt][j]")),
     ]
 
 

@@ -8,6 +8,7 @@ launch needs no device buffer and a CUDA graph captures the map with the launch.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import numpy as np
 
@@ -43,21 +44,28 @@ def _driver():
 def encode(ptr: int, m: dict) -> np.void:
     """The tensor map of the fp32 matrix at device address ptr described by m (KernelSource.tensor_maps:
     rows, cols, row_stride in elements, box_rows x box_cols per copy), 128-byte swizzled, zeros read past
-    its edges, as a structured scalar to pass by value."""
-    rows, cols, stride = int(m["rows"]), int(m["cols"]), int(m["row_stride"])
+    its edges, as a structured scalar to pass by value (read-only: the same one is handed out again)."""
+    return _encoded(ptr, int(m["rows"]), int(m["cols"]), int(m["row_stride"]), int(m["box_rows"]),
+                    int(m["box_cols"]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _encoded(ptr: int, rows: int, cols: int, stride: int, box_rows: int, box_cols: int) -> np.void:
+    """encode's map, once per address and shape: the program runtime launches a kernel again and again
+    on the same buffers (its memory plan), so each launch would otherwise ask the driver anew."""
     if ptr % 16 or (rows > 1 and (stride * 4) % 16):
         raise TensorMapError(f"a TMA copy needs a 16-byte aligned matrix with 16-byte row strides: address "
                              f"{ptr:#x}, rows {stride * 4} bytes apart")
     out = (ctypes.c_ubyte * 128)()
     dims = (ctypes.c_uint64 * 2)(cols, rows)
     strides = (ctypes.c_uint64 * 1)(-(-max(stride, cols) // 4) * 16)   # one row's: unread, still 16-byte
-    box = (ctypes.c_uint32 * 2)(int(m["box_cols"]), int(m["box_rows"]))
+    box = (ctypes.c_uint32 * 2)(box_cols, box_rows)
     ones = (ctypes.c_uint32 * 2)(1, 1)
     rc = _driver()(out, _FLOAT32, 2, ctypes.c_void_p(ptr), dims, strides, box, ones, 0, _SWIZZLE_128B,
                    _L2_PROMOTE_128B, 0)
     if rc:
         raise TensorMapError(f"cuTensorMapEncodeTiled failed (CUresult {rc}) for a [{rows}, {cols}] fp32 matrix, "
-                             f"rows {stride} apart, boxes of {m['box_rows']} x {m['box_cols']}")
+                             f"rows {stride} apart, boxes of {box_rows} x {box_cols}")
     return np.frombuffer(bytes(out), dtype=BY_VALUE)[0]
 
 
