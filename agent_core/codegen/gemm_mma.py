@@ -488,7 +488,7 @@ def shared_bytes(spec: GemmSpec, p: dict) -> int:
     bm, bn, bk, _, _, stages = _check(spec, p)
     b_tile = bn * (bk + 4) if spec.b_k_contiguous else bk * (bn + 8)
     if p.get("mma") == gemm_tma.MMA:
-        pipeline = gemm_tma.shared_bytes(bm, bn, stages)
+        pipeline = gemm_tma.shared_bytes(bm, bn, stages, p)
     else:
         pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
     # the row reductions combine the warps' states in the same buffers once the pipeline is done
@@ -648,10 +648,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         raise CodegenError("tile GEMM: a normalising op after it runs on the mma.sync loop of one 2-D GEMM only")
     tma = p.get("mma") == gemm_tma.MMA
     if tma:      # warp-specialised: producers copy (TMA) and split each slice, consumers issue its products
-        consts += [f"constexpr int kProducers = {gemm_tma.PRODUCERS};   // threads copying and splitting slices",
-                   "constexpr int kSlice = (kBM + kBN) * kBK;   // floats of one k slice of A and B"]
+        consts += gemm_tma.consts(p)
         cparams = gemm_tma.PARAMS + cparams
-        body = [*gemm_tma.kernel_lines(GROUPED_TILE, bool(rows)), *_store_loop(program, io, spec, arg, shared_norm),
+        body = [*gemm_tma.kernel_lines(GROUPED_TILE, bool(rows), p), *_store_loop(program, io, spec, arg, shared_norm),
                 *row_tail, *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else [])]
     else:
         body = [

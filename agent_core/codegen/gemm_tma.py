@@ -59,9 +59,9 @@ def applies(spec) -> str | None:
 
 
 def variants(p: dict) -> list[dict]:
-    """The tiles to try, most promising first: 128 x 128 in 3 stages, 128 x 64 in 4 (twice the CTAs)."""
-    base = {"mma": MMA, "block_m": 128, "warps_m": 8, "warps_n": 1, "block_k": BK, "split_k": 1}
-    return [{**p, **base, "block_n": 128, "stages": 3}, {**p, **base, "block_n": 64, "stages": 4}]
+    """The tiles to try, most promising first: 128 x 128 in 4 stages, 128 x 64 in 6 (twice the CTAs)."""
+    base = {"mma": MMA, "block_m": 128, "warps_m": 8, "warps_n": 1, "block_k": BK, "split_k": 1, "sum_slices": 2}
+    return [{**p, **base, "block_n": 128, "stages": 4}, {**p, **base, "block_n": 64, "stages": 6}]
 
 
 def check(spec, p: dict) -> None:
@@ -76,13 +76,24 @@ def check(spec, p: dict) -> None:
         raise CodegenError(f"tile GEMM (tma): block_n {bn} must be a multiple of 8 up to 128")
     if bk != BK:
         raise CodegenError(f"tile GEMM (tma): block_k {bk}: a slice is one 128-byte row ({BK} floats)")
+    if int(p.get("sum_slices") or 1) not in (1, 2, 4):
+        raise CodegenError(f"tile GEMM (tma): {p['sum_slices']} slices per tensor-core sum (1, 2 or 4)")
     if int(p.get("split_k") or 1) > 1 or p.get("portable") or p.get("tf32"):
         raise CodegenError("tile GEMM (tma): no split K, one-TF32-product form or CPU emulation")
 
 
-def shared_bytes(bm: int, bn: int, stages: int) -> int:
-    """hi and lo of each stage's slices, three mbarriers a stage, room to align to the swizzle's 1024 bytes."""
-    return 2 * stages * (bm + bn) * BK * 4 + 3 * stages * 8 + 1024
+def shared_bytes(bm: int, bn: int, stages: int, p: dict) -> int:
+    """Each stage's slices and the lo parts split from them (B's alone where A's are split in registers),
+    three mbarriers a stage, room to align to the swizzle's 1024 bytes."""
+    return stages * (bm + 2 * bn) * BK * 4 + 3 * stages * 8 + 1024
+
+
+def consts(p: dict) -> list[str]:
+    return [f"constexpr int kProducers = {PRODUCERS};   // threads copying (one warp) and splitting slices",
+            "constexpr int kSlice = (kBM + kBN) * kBK;   // floats of one k slice of A and B",
+            "constexpr int kLoAt = kBM * kBK;   // where in a slice the producers' split starts: B's rows",
+            "constexpr int kLoSlice = kBN * kBK;   // floats of one stage's lo parts",
+            f"constexpr int kSums = {int(p.get('sum_slices') or 1)};   // k slices per tensor-core sum"]
 
 
 def tensor_maps(spec, inputs: list[str], bm: int, bn: int) -> list[dict]:
@@ -130,7 +141,8 @@ def helpers(bn: int) -> list[str]:
         '__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }',
         '__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }',
         '__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }',
-        '__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }',
+        "// the products of all but the last n committed groups are done",
+        'template <int n> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\\n" :: "n"(n) : "memory"); }',
         "// registers the compiler must not move across the wgmma wait (the products read and write them until it)",
         '__device__ __forceinline__ void hold(float& x) { asm volatile("" : "+f"(x) :: "memory"); }',
         "// a K-major operand in shared memory, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart",
@@ -138,102 +150,145 @@ def helpers(bn: int) -> list[str]:
         "  const u64 a = s32(p);",
         "  return ((a & 0x3FFFFull) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);",
         "}",
-        f"// d (64 x {bn} per warpgroup) += a (64 x 8) * b (8 x {bn}), both TF32 in shared memory",
-        "__device__ __forceinline__ void wgmma_ss(float* d, u64 a, u64 b) {",
-        f'  asm volatile("{{\\nwgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32 {{{dregs}}}, %{n}, %{n + 1}, 1, 1, 1;\\n}}\\n"',
+        "// hi: x itself (the tensor cores read its top 19 bits); lo: x less those, rounded to TF32",
+        "__device__ __forceinline__ float trunc_lo(float x) {",
+        "  const float l = x - __uint_as_float(__float_as_uint(x) & 0xffffe000u);",
+        "  return __uint_as_float(__float_as_uint(l) + 0x1000u);",
+        "}",
+        f"// d (64 x {bn} per warpgroup) = a (64 x 8) * b (8 x {bn}) + (scale_d ? d : 0), TF32: a in registers",
+        "// (this warp's 16 rows in m16n8k8's A layout), b in shared memory",
+        "__device__ __forceinline__ void wgmma_rs(float* d, const unsigned* a, u64 b, int scale_d) {",
+        f'  asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{n + 5}, 0;\\n"',
+        f'               "wgmma.mma_async.sync.aligned.m64n{bn}k8.f32.tf32.tf32 {{{dregs}}}, '
+        f'{{%{n}, %{n + 1}, %{n + 2}, %{n + 3}}}, %{n + 4}, p, 1, 1;\\n}}\\n"',
         f"               : {outs}",
-        '               : "l"(a), "l"(b));',
+        '               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));',
         "}",
     ]
 
 
-def kernel_lines(grouped_tile: list[str], rows: bool) -> list[str]:
+def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
     """C lines of the kernel body up to the consumers' accumulators (`acc[0][nt][j]`), with the names the
     epilogue reads (tid, lane_g, lane_t, warp_m, warp_n, bm, bn; with rows, smem) set for the consumer
     threads; the producers leave once their last slice is split."""
+    if p.get("trunc"):       # hi: x itself, the tensor cores ignoring its low 13 bits; lo: the remainder, rounded
+        split = ["        const float4 x4 = h4[e];",
+                 "        l4[e - kLoAt / 4] = make_float4(trunc_lo(x4.x), trunc_lo(x4.y), trunc_lo(x4.z), trunc_lo(x4.w));"]
+    else:
+        split = [
+            "        const float4 x4 = h4[e];",
+            "        unsigned h[4], l[4];",
+            "        split_tf32(x4.x, h[0], l[0]); split_tf32(x4.y, h[1], l[1]);",
+            "        split_tf32(x4.z, h[2], l[2]); split_tf32(x4.w, h[3], l[3]);",
+            "        h4[e] = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));",
+            "        l4[e - kLoAt / 4] = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));"]
+    preload = bool(p.get("preload"))
+    release = ["      if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
+               "        for (int it = {a}; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);"]
+    if preload:     # the next group's first A fragments are read while this group's last products run
+        tail = [
+            "    if (it0 + kSums < KT) {",
+            "      wgmma_wait<kSums - 1>();   // the group's first slice is done: its stage and A registers are free",
+            "      if ((tid & 127) == 0) mbar_arrive(&empty[it0 % kStages]);",
+            "      load_a(it0 + kSums, a_hi[0], a_lo[0]);",
+            "    }",
+            "    wgmma_wait<0>();",
+            "    #pragma unroll",
+            "    for (int nt = 0; nt < kNT; ++nt)",
+            "      #pragma unroll",
+            "      for (int j = 0; j < 4; ++j) { hold(sacc[0][nt][j]); acc[0][nt][j] += sacc[0][nt][j]; }",
+            release[0], release[1].format(a="it0 + (it0 + kSums < KT ? 1 : 0)")]
+    else:
+        tail = [
+            "    wgmma_wait<0>();",
+            "    #pragma unroll",
+            "    for (int nt = 0; nt < kNT; ++nt)",
+            "      #pragma unroll",
+            "      for (int j = 0; j < 4; ++j) { hold(sacc[0][nt][j]); acc[0][nt][j] += sacc[0][nt][j]; }",
+            release[0], release[1].format(a="it0")]
     return [
         "  extern __shared__ __align__(1024) unsigned char smem_raw[];",
-        "  // [kStages][kBM + kBN][32]: the copied slices, A's rows then B's, hi in place once split; then their lo",
+        "  // [kStages][kBM + kBN][32]: the copied slices, A's rows then B's (hi in place once split); then the lo",
+        "  // parts the producers write, [kStages][kLoSlice]: from the slice's float kLoAt on",
         "  float* hi = reinterpret_cast<float*>(smem_raw + ((1024u - (s32(smem_raw) & 1023u)) & 1023u));",
         "  float* lo = hi + kStages * kSlice;",
-        "  u64* full = reinterpret_cast<u64*>(lo + kStages * kSlice);   // a slice is split: the products may read it",
-        "  u64* empty = full + kStages;                                 // its products are done: it may be refilled",
-        "  u64* landed = empty + kStages;                               // its copies have landed",
+        "  u64* full = reinterpret_cast<u64*>(lo + kStages * kLoSlice);   // a slice is split: the products may read it",
+        "  u64* empty = full + kStages;                                   // its products are done: it may be refilled",
+        "  u64* landed = empty + kStages;                                 // its copies have landed",
         *grouped_tile,
         "  const int bm = tile_m * kBM, bn = tile_n * kBN;",
         "  const int KT = (kK + kBK - 1) / kBK;",
         "  if (threadIdx.x == 0) {",
         "    for (int s = 0; s < kStages; ++s) {",
-        "      mbar_init(&full[s], kProducers); mbar_init(&empty[s], kBM / 64); mbar_init(&landed[s], 1);",
+        "      mbar_init(&full[s], kProducers - 32); mbar_init(&empty[s], kBM / 64); mbar_init(&landed[s], 1);",
         "    }",
         '    asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");',
         "  }",
         "  __syncthreads();",
         "  if (threadIdx.x < kProducers) {",
         '    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;\\n");',
-        "    const int pt = threadIdx.x;",
-        "    auto issue = [&](int it) {      // one thread copies slice it: A's rows, then B's",
-        "      if (pt == 0) {",
-        "        const int s = it % kStages;",
-        "        mbar_expect(&landed[s], kSlice * 4);",
-        "        tma_copy(hi + s * kSlice, &map_a, &landed[s], it * kBK, bm);",
-        "        tma_copy(hi + s * kSlice + kBM * kBK, &map_b, &landed[s], it * kBK, bn);",
-        "      }",
-        "    };",
-        "    issue(0);",
+        "    if (threadIdx.x < 32) {         // the copying warp: each slice as soon as its stage is free",
+        "      if (threadIdx.x == 0)",
+        "        for (int it = 0; it < KT; ++it) {",
+        "          const int s = it % kStages;",
+        "          if (it >= kStages) mbar_wait(&empty[s], ((it / kStages) - 1) & 1);",
+        "          mbar_expect(&landed[s], kSlice * 4);",
+        "          tma_copy(hi + s * kSlice, &map_a, &landed[s], it * kBK, bm);",
+        "          tma_copy(hi + s * kSlice + kBM * kBK, &map_b, &landed[s], it * kBK, bn);",
+        "        }",
+        "      return;",
+        "    }",
+        "    const int pt = threadIdx.x - 32;   // the splitting warps: B's rows",
         "    for (int it = 0; it < KT; ++it) {",
         "      const int s = it % kStages;",
-        "      if (it + 1 < KT) {            // the next slice's copy, once the products have freed its stage",
-        "        if (it + 1 >= kStages) mbar_wait(&empty[(it + 1) % kStages], (((it + 1) / kStages) - 1) & 1);",
-        "        issue(it + 1);",
-        "      }",
         "      mbar_wait(&landed[s], (it / kStages) & 1);",
         "      float4* h4 = reinterpret_cast<float4*>(hi + s * kSlice);",
-        "      float4* l4 = reinterpret_cast<float4*>(lo + s * kSlice);",
-        "      for (int e = pt; e < kSlice / 4; e += kProducers) {   // split: hi rounded to TF32 in place, lo beside",
-        "        const float4 x4 = h4[e];",
-        "        unsigned h[4], l[4];",
-        "        split_tf32(x4.x, h[0], l[0]); split_tf32(x4.y, h[1], l[1]);",
-        "        split_tf32(x4.z, h[2], l[2]); split_tf32(x4.w, h[3], l[3]);",
-        "        h4[e] = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));",
-        "        l4[e] = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));",
+        "      float4* l4 = reinterpret_cast<float4*>(lo + s * kLoSlice);",
+        "      for (int e = kLoAt / 4 + pt; e < kSlice / 4; e += kProducers - 32) {",
+        *split,
         "      }",
-        "      fence_proxy_async();          // the copy and the split, visible to the tensor cores",
+        "      fence_proxy_async();          // the split, visible to the tensor cores",
         "      mbar_arrive(&full[s]);",
         "    }",
         "    return;",
         "  }",
         '  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\\n");',
         "  const int tid = threadIdx.x - kProducers, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
-        "  const int warp_m = tid >> 5, warp_n = 0, cw = tid >> 7;   // warp, and warpgroup of 64 rows",
+        "  const int warp_m = tid >> 5, warp_n = 0;   // warp m owns rows 16 m .. 16 m + 15",
         *(["  float* const smem = hi;   // the row reductions' scratch once every slice is consumed"] if rows else []),
         "  float acc[1][kNT][4], sacc[1][kNT][4];",
+        "  unsigned a_hi[kSums][kBK / 8][4], a_lo[kSums][kBK / 8][4];   // the A fragments of the slices in flight",
+        "  // slice it's A fragments for this warp (m16n8k8's layout), read through the 128-byte swizzle and split",
+        "  auto load_a = [&](int it, unsigned (&ah)[kBK / 8][4], unsigned (&al)[kBK / 8][4]) {",
+        "    mbar_wait(&full[it % kStages], (it / kStages) & 1);",
+        "    const float* ar = hi + (it % kStages) * kSlice + (warp_m * 16 + lane_g) * kBK + lane_t;",
+        "    #pragma unroll",
+        "    for (int ks = 0; ks < kBK / 8; ++ks) {   // k 8 ks + lane_t and + 4: 16-byte chunks 2 ks, 2 ks + 1",
+        "      const int c0 = ((2 * ks) ^ lane_g) * 4, c1 = ((2 * ks + 1) ^ lane_g) * 4;   // swizzled by row % 8",
+        "      split_tf32(ar[c0], ah[ks][0], al[ks][0]); split_tf32(ar[8 * kBK + c0], ah[ks][1], al[ks][1]);",
+        "      split_tf32(ar[c1], ah[ks][2], al[ks][2]); split_tf32(ar[8 * kBK + c1], ah[ks][3], al[ks][3]);",
+        "    }",
+        "  };",
         "  #pragma unroll",
         "  for (int nt = 0; nt < kNT; ++nt) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;",
-        "  for (int it = 0; it < KT; ++it) {",
-        "    const int s = it % kStages;",
-        "    mbar_wait(&full[s], (it / kStages) & 1);",
-        "    const float* ah = hi + s * kSlice + cw * 64 * kBK;",
-        "    const float* al = lo + s * kSlice + cw * 64 * kBK;",
-        "    const float* bh = hi + s * kSlice + kBM * kBK;",
-        "    const float* bl = lo + s * kSlice + kBM * kBK;",
+        *(["  load_a(0, a_hi[0], a_lo[0]);"] if preload else []),
+        "  for (int it0 = 0; it0 < KT; it0 += kSums) {   // kSums slices summed on the tensor cores, then in fp32",
         "    #pragma unroll",
-        "    for (int nt = 0; nt < kNT; ++nt)",
+        "    for (int u = 0; u < kSums; ++u) {",
+        "      const int it = it0 + u, s = it % kStages;",
+        "      if (it >= KT) break;",
+        f"      {'if (u > 0) ' if preload else ''}load_a(it, a_hi[u], a_lo[u]);",
+        "      const float* bh = hi + s * kSlice + kBM * kBK;   // B's rows: hi in place, lo in the stage's lo part",
+        "      const float* bl = lo + s * kLoSlice;",
+        "      wgmma_fence();",
         "      #pragma unroll",
-        "      for (int j = 0; j < 4; ++j) { sacc[0][nt][j] = 0.0f; hold(sacc[0][nt][j]); }",
-        "    wgmma_fence();",
-        "    #pragma unroll",
-        "    for (int ks = 0; ks < kBK / 8; ++ks) {   // small products first",
-        "      wgmma_ss(&sacc[0][0][0], wgmma_desc(al + ks * 8), wgmma_desc(bh + ks * 8));",
-        "      wgmma_ss(&sacc[0][0][0], wgmma_desc(ah + ks * 8), wgmma_desc(bl + ks * 8));",
-        "      wgmma_ss(&sacc[0][0][0], wgmma_desc(ah + ks * 8), wgmma_desc(bh + ks * 8));",
+        "      for (int ks = 0; ks < kBK / 8; ++ks) {   // small products first; the group's first overwrites the sums",
+        "        wgmma_rs(&sacc[0][0][0], a_lo[u][ks], wgmma_desc(bh + ks * 8), u == 0 && ks == 0 ? 0 : 1);",
+        "        wgmma_rs(&sacc[0][0][0], a_hi[u][ks], wgmma_desc(bl + ks * 8), 1);",
+        "        wgmma_rs(&sacc[0][0][0], a_hi[u][ks], wgmma_desc(bh + ks * 8), 1);",
+        "      }",
+        "      wgmma_commit();",
         "    }",
-        "    wgmma_commit();",
-        "    wgmma_wait();",
-        "    #pragma unroll",
-        "    for (int nt = 0; nt < kNT; ++nt)",
-        "      #pragma unroll",
-        "      for (int j = 0; j < 4; ++j) { hold(sacc[0][nt][j]); acc[0][nt][j] += sacc[0][nt][j]; }",
-        "    if ((tid & 127) == 0) mbar_arrive(&empty[s]);   // this warpgroup's products of the slice are done",
+        *tail,
         "  }",
     ]
