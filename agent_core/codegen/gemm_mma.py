@@ -895,7 +895,7 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
     n_tiles, _ = tiles(spec, p)
     if tma:
         loop_words = (f"tile GEMM, 3xTF32 wgmma m64n{bn}k8, warp-specialised: 2 producer warpgroups copy each "
-                      f"{bk}-wide k slice (TMA) and split it in shared memory, {plural(bm // 64, 'consumer warpgroup')} "
+                      f"{bk}-wide k slice (TMA) and split B's in shared memory, {plural(bm // 64, 'consumer warpgroup')} "
                       f"(64 x {bn} each) issue its products: {bm} x {bn} block tiles, a {stages}-stage mbarrier ring, ")
     else:
         loop_words = (f"tile GEMM, {'TF32' if p.get(TF32) else '3xTF32'} mma.sync m16n8k8: {bm} x {bn} block tiles "
@@ -909,9 +909,9 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                 + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if spec.rows else ""))
     precision = ("TF32, as the program allows: x rounded to TF32 in registers, a_hi b_hi accumulated in fp32 "
                  "(about 1e-3 relative; not fp32-accurate)." if p.get(TF32) else
-                 "3xTF32: hi = x rounded to TF32, lo = x - hi, split in shared memory by the producers; each k "
-                 "slice's a_lo b_hi + a_hi b_lo + a_hi b_hi summed on the tensor cores, then added to the running "
-                 "sums in fp32." if tma else
+                 "3xTF32: hi = x rounded to TF32, lo = x - hi, B split in shared memory by the producers, A in the "
+                 "consumers' registers; a_lo b_hi + a_hi b_lo + a_hi b_hi summed on the tensor cores over "
+                 f"{int(p.get('sum_slices') or 1) * bk} k, then added to the running sums in fp32." if tma else
                  "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + "
                  "a_lo b_hi accumulated in fp32.")
     head = header(program, f"Region {name}: {title} with its epilogue, "

@@ -1,25 +1,28 @@
 """The sm_90 main loop of the tile GEMM (codegen/gemm_mma.py with params["mma"] = "tma"): warp-specialised,
-TMA copies, wgmma with both operands in shared memory, split TF32 inside the kernel.
+TMA copies, wgmma with A's fragments in registers and B in shared memory, split TF32 inside the kernel.
 
-Why: the register-A wgmma loop this replaced reached about half of cuBLAS's split TF32 on 4096^3, its
-every thread copying, splitting and issuing products in turn. On an H100 (tools/tma_gemm_probe.py,
-benchmarks/h100-2026-12-06-s20) this structure ran 4096^3 in 1.34 ms against 2.07 for that loop, 0.70x
-cuBLAS's split-TF32 GEMM over the pre-split concatenated parts (0.93 ms, whose split is not counted),
-1.04x of it on a ViT-sized 394 x 2048 x 512, with 4-5x less error against float64 than torch's fp32
-GEMM, and with no workspace: the parts never leave shared memory.
+Why: cuBLAS reaches its split TF32 only over parts split beforehand into HBM (three products' operands
+concatenated along K); here the parts never leave the SM. The tensor cores read each wgmma's shared
+operands at a fixed rate per product, so shared-memory traffic sets the pace: with both operands in
+shared memory (the first form of this loop, 1.41 ms at 4096^3 on an H100) A's hi and lo were written
+there and read back by every product; read into registers once a slice instead, 1.10 ms
+(benchmarks/h100-2026-12-06-s21, tools/tma_variants.py), 0.85x cuBLAS's TF32 GEMM over the concatenated
+parts whose split is not counted.
 
 How:
 - 512 threads: two producer warpgroups and two consumer warpgroups of 64 output rows each (block_m 128);
 - a ring of `stages` k slices of 32 (one 128-byte row per operand row, the 128-byte swizzle the wgmma
-  descriptors read). One producer thread copies a slice of A (block_m rows) and of B (block_n rows)
-  with two TMA copies (tensor maps the runtime encodes from the bound tensors: runtime/tensor_map.py),
-  counted by the slice's `landed` mbarrier; rows past M / N and k past K arrive as zeros;
-- the producers then split the slice in place: hi (rounded to TF32) over the copy, lo beside it, and
-  arrive on its `full` barrier; the next slice's copy is already in flight;
-- each consumer warpgroup waits for `full`, issues a_lo b_hi, a_hi b_lo, a_hi b_hi per 8-wide k step
-  (12 wgmma m64nNk8 a slice), waits for them, adds the slice's sum to its running sums in fp32
-  (per-slice sums: one running tensor-core sum over a long K errs past 1e-4 at K = 8192), and frees the
-  slice (`empty`) for the producers;
+  descriptors read). One producer thread copies each slice of A (block_m rows) and B (block_n rows) as
+  soon as its stage is free, two TMA copies counted by the slice's `landed` mbarrier (tensor maps the
+  runtime encodes from the bound tensors: runtime/tensor_map.py); rows past M / N and k past K arrive
+  as zeros;
+- the other seven producer warps split B's rows in place (hi rounded to TF32 over the copy, lo in the
+  stage's lo part) and arrive on the slice's `full` barrier;
+- each consumer warp reads its 16 rows of A's slice through the swizzle into m16n8k8's A layout and
+  splits them in registers, then its warpgroup issues a_lo b_hi, a_hi b_lo, a_hi b_hi per 8-wide k step
+  (12 wgmma m64nNk8 a slice). `sum_slices` slices (2) are summed on the tensor cores, then added to the
+  running sums in fp32 (one running tensor-core sum over a long K errs past 1e-4 at K = 8192), and their
+  stages freed (`empty`) for the copying warp;
 - the accumulators have mma.sync's m16n8 fragment layout per warp (warp w of the consumers owns rows
   16 w .. 16 w + 15), so the tile GEMM's epilogue reads them unchanged.
 
