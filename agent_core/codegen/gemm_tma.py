@@ -186,8 +186,8 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
             "        h4[e] = make_float4(__uint_as_float(h[0]), __uint_as_float(h[1]), __uint_as_float(h[2]), __uint_as_float(h[3]));",
             "        l4[e - kLoAt / 4] = make_float4(__uint_as_float(l[0]), __uint_as_float(l[1]), __uint_as_float(l[2]), __uint_as_float(l[3]));"]
     preload = bool(p.get("preload"))
-    release = ["      if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
-               "        for (int it = {a}; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);"]
+    release = ["    if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
+               "      for (int it = {a}; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);"]
     if preload:     # the next group's first A fragments are read while this group's last products run
         tail = [
             "    if (it0 + kSums < KT) {",
