@@ -15,8 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = "4096x4096x4096,8192x8192x8192,4096x4096x1024,8192x2048x1024,394x2048x512"
-VARIANTS = ['{"sum_slices": 2}', '{"sum_slices": 2, "preload": true}', '{"sum_slices": 2, "trunc": true}',
-            '{"sum_slices": 2, "trunc": true, "preload": true}']
+VARIANTS = ['{"sum_slices": 1}', '{"sum_slices": 2}']
 TILES = {"mma": "tma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_k": 32, "split_k": 1}
 
 
