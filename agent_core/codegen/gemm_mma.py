@@ -488,7 +488,7 @@ def shared_bytes(spec: GemmSpec, p: dict) -> int:
     bm, bn, bk, _, _, stages = _check(spec, p)
     b_tile = bn * (bk + 4) if spec.b_k_contiguous else bk * (bn + 8)
     if p.get("mma") == gemm_tma.MMA:
-        pipeline = gemm_tma.shared_bytes(bm, bn, stages, p)
+        pipeline = gemm_tma.shared_bytes(bm, bn, stages)
     else:
         pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
     # the row reductions combine the warps' states in the same buffers once the pipeline is done

@@ -44,8 +44,8 @@ MMA = "tma"
 IN_TUNER = True
 PRODUCERS = 256            # threads of the two producer warpgroups
 BK = 32                    # k per slice: one 128-byte swizzle row per operand row
-LOCALS = ("hi", "lo", "full", "empty", "landed", "issue", "it", "ks", "pt", "h4", "l4", "x4", "h", "l", "ah", "al",
-          "bh", "bl", "cw", "smem_raw", "map_a", "map_b", "u64")
+LOCALS = ("hi", "lo", "full", "empty", "landed", "it", "it0", "u", "ks", "pt", "h4", "l4", "x4", "ar", "c1", "a_hi",
+          "a_lo", "load_a", "smem_raw", "map_a", "map_b", "u64")
 
 
 def tried_on(arch: str) -> bool:
@@ -87,13 +87,14 @@ def check(spec, p: dict) -> None:
         raise CodegenError("tile GEMM (tma): no split K, one-TF32-product form or CPU emulation")
 
 
-def shared_bytes(bm: int, bn: int, stages: int, p: dict) -> int:
-    """Each stage's slices and the lo parts split from them (B's alone where A's are split in registers),
-    three mbarriers a stage, room to align to the swizzle's 1024 bytes."""
+def shared_bytes(bm: int, bn: int, stages: int) -> int:
+    """Each stage's slices and B's lo part (A's are split in registers), three mbarriers a stage, room to
+    align to the swizzle's 1024 bytes."""
     return stages * (bm + 2 * bn) * BK * 4 + 3 * stages * 8 + 1024
 
 
 def consts(p: dict) -> list[str]:
+    """The loop's constants for the kernel's preamble."""
     return [f"constexpr int kProducers = {PRODUCERS};   // threads copying (one warp) and splitting slices",
             "constexpr int kSlice = (kBM + kBN) * kBK;   // floats of one k slice of A and B",
             "constexpr int kLoAt = kBM * kBK;   // where in a slice the producers' split starts: B's rows",
@@ -146,8 +147,7 @@ def helpers(bn: int) -> list[str]:
         '__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory"); }',
         '__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }',
         '__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }',
-        "// the products of all but the last n committed groups are done",
-        'template <int n> __device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\\n" :: "n"(n) : "memory"); }',
+        '__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }',
         "// registers the compiler must not move across the wgmma wait (the products read and write them until it)",
         '__device__ __forceinline__ void hold(float& x) { asm volatile("" : "+f"(x) :: "memory"); }',
         "// a K-major operand in shared memory, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart",
@@ -176,12 +176,10 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
     """C lines of the kernel body up to the consumers' accumulators (`acc[0][nt][j]`), with the names the
     epilogue reads (tid, lane_g, lane_t, warp_m, warp_n, bm, bn; with rows, smem) set for the consumer
     threads; the producers leave once their last slice is split."""
-    release = ["    if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
-               "      for (int it = it0; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);"]
     return [
         "  extern __shared__ __align__(1024) unsigned char smem_raw[];",
-        "  // [kStages][kBM + kBN][32]: the copied slices, A's rows then B's (hi in place once split); then the lo",
-        "  // parts the producers write, [kStages][kLoSlice]: from the slice's float kLoAt on",
+        "  // [kStages][kBM + kBN][32]: the copied slices, A's rows then B's (B's hi: the copy itself); then the",
+        "  // lo parts of B's rows the producers write, [kStages][kLoSlice]",
         "  float* hi = reinterpret_cast<float*>(smem_raw + ((1024u - (s32(smem_raw) & 1023u)) & 1023u));",
         "  float* lo = hi + kStages * kSlice;",
         "  u64* full = reinterpret_cast<u64*>(lo + kStages * kLoSlice);   // a slice is split: the products may read it",
@@ -261,11 +259,12 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         "      }",
         "      wgmma_commit();",
         "    }",
-        "    wgmma_wait<0>();",
+        "    wgmma_wait();",
         "    #pragma unroll",
         "    for (int nt = 0; nt < kNT; ++nt)",
         "      #pragma unroll",
         "      for (int j = 0; j < 4; ++j) { hold(sacc[0][nt][j]); acc[0][nt][j] += sacc[0][nt][j]; }",
-        *release,
+        "    if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
+        "      for (int it = it0; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);",
         "  }",
     ]
