@@ -6,8 +6,9 @@ concatenated along K); here the parts never leave the SM. The tensor cores read 
 operands at a fixed rate per product, so shared-memory traffic sets the pace: with both operands in
 shared memory (the first form of this loop, 1.41 ms at 4096^3 on an H100) A's hi and lo were written
 there and read back by every product; read into registers once a slice instead, 1.10 ms
-(benchmarks/h100-2026-12-06-s21, tools/tma_variants.py), 0.85x cuBLAS's TF32 GEMM over the concatenated
-parts whose split is not counted.
+(benchmarks/h100-2026-12-06-s21, tools/tma_variants.py): 0.87x cuBLAS's TF32 GEMM over the concatenated
+parts alone, 1.00x of that library form as a run calls it, the input's split included
+(tools/bench_tile_gemm.py --only square: 1.063 against 1.065 ms).
 
 How:
 - 512 threads: two producer warpgroups and two consumer warpgroups of 64 output rows each (block_m 128);
