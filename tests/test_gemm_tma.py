@@ -62,7 +62,8 @@ def test_a_normalising_op_after_it_compiles_with_the_rows_shared_through_the_wor
 
 
 @pytest.mark.parametrize("case,why", [("gated", "gated unit"), ("matmul", "B is not a k-contiguous"),
-                                      ("odd-k", "16-byte"), ("portable", "CPU emulation")])
+                                      ("odd-k", "16-byte"), ("portable", "CPU emulation"),
+                                      ("four-slice-sums", "slices per tensor-core sum")])
 def test_gemms_it_does_not_take_are_refused_with_the_reason(case, why):
     params = {**TILES, "block_n": 128, "stages": 3}
     if case == "gated":
@@ -72,6 +73,8 @@ def test_gemms_it_does_not_take_are_refused_with_the_reason(case, why):
         p = program(300, 260, 64, op="matmul")
     elif case == "odd-k":
         p = program(300, 260, 37)
+    elif case == "four-slice-sums":     # too few registers: ptxas would serialise the products
+        p, params = program(300, 260, 64), {**params, "sum_slices": 4}
     else:
         p, params = program(300, 260, 64), {**params, "portable": True}
     with pytest.raises(CodegenError, match=why):
