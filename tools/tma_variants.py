@@ -16,7 +16,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 SHAPES = "4096x4096x4096,8192x8192x8192,4096x4096x1024,8192x2048x1024,394x2048x512"
 VARIANTS = ['{"sum_slices": 1}', '{"sum_slices": 2}']
-TILES = {"mma": "tma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_k": 32, "split_k": 1}
 
 
 def main(argv=None) -> int:
@@ -27,7 +26,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
     from agent_core.codegen.gemm_mma import FORM
+    from agent_core.codegen import gemm_tma
     from agent_core.profile.baselines import strict_fp32
+    from agent_core.reference import parameter_tensors
     from agent_core.profile.timing import time_gpu
     from agent_core.runtime import build_region
     from agent_core.runtime.split_tf32 import A_LO, split_cat_into, split_tf32
@@ -36,7 +37,6 @@ def main(argv=None) -> int:
     for shape in args.shapes.split(","):
         M, N, K = (int(v) for v in shape.split("x"))
         p = program(M, N, K)
-        from agent_core.reference import parameter_tensors
         tensors = parameter_tensors(p, "cuda")
         by = {p.values[v].name: t for v, t in tensors.items()}
         x = torch.randn(M, K, device="cuda")
@@ -59,8 +59,7 @@ def main(argv=None) -> int:
             bn, st = (int(v) for v in tile.split(":"))
             for v in args.variants:
                 var = json.loads(v)
-                params = {"form": FORM, **TILES, "block_n": bn, "stages": st,
-                          **var}
+                params = {**gemm_tma.variants({"form": FORM})[0], "block_n": bn, "stages": st, **var}
                 try:
                     r = build_region(p, list(p.nodes), name="tma_variant", params=params)
                 except Exception as exc:    # noqa: BLE001 - a variant that fails is reported, not fatal

@@ -43,7 +43,7 @@ def words(ks) -> str:
                 f"and {p.get('channels_per_thread')} output channel(s))")
     if p.get("tf32"):
         return "our tile GEMM with the epilogue fused: TF32 on the tensor cores, as the program allows (mma.sync m16n8k8)"
-    how = (f"wgmma m64n{p.get('block_n')}k8, warp-specialised: TMA copies split in shared memory"
+    how = (f"wgmma m64n{p.get('block_n')}k8, warp-specialised: TMA copies, A split in registers, B in shared memory"
            if p.get("mma") == gemm_tma.MMA else "mma.sync m16n8k8, split in registers")
     return f"our tile GEMM with the epilogue fused: split TF32 on the tensor cores ({how})"
 

@@ -911,7 +911,7 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                  "(about 1e-3 relative; not fp32-accurate)." if p.get(TF32) else
                  "3xTF32: A's hi = x rounded to TF32, lo = x - hi, split in the consumers' registers; B's hi = x read "
                  "as TF32 (its top 19 bits), lo = the rest rounded, split in shared memory by the producers; a_lo b_hi + a_hi b_lo + a_hi b_hi summed on the tensor cores over "
-                 f"{int(p.get('sum_slices') or 1) * bk} k, then added to the running sums in fp32." if tma else
+                 f"{gemm_tma.slices_per_sum(p) * bk} k, then added to the running sums in fp32." if tma else
                  "3xTF32: hi = x rounded to TF32, lo = x - hi, both split in registers; a_hi b_hi + a_hi b_lo + "
                  "a_lo b_hi accumulated in fp32.")
     head = header(program, f"Region {name}: {title} with its epilogue, "

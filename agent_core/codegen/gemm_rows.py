@@ -341,17 +341,18 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
         "  }",
         "  cta_sync();",
     ]
+    # a normalising op: the row's combined state, kept in shared memory for its pass (_normalise_loop)
+    keep = ["row_put(red + (kWarpsN * kBM + r) * kF, st);   // for the normalising pass"] if part.norms else []
     tile_state = ["RowSt st = row_get(red + r * kF);",
                   "for (int w = 1; w < kWarpsN; ++w) st = row_combine(st, row_get(red + (w * kBM + r) * kF));"]
     if n_tiles == 1:   # the CTA holds whole rows
-        keep = ["      row_put(red + (kWarpsN * kBM + r) * kF, st);   // for the normalising pass"] if part.norms else []
         return lines + [
             "  for (int r = tid; r < kBM; r += kBlock) {",
             "    const index_t rrow = bm + r;",
             "    if (rrow < kM) {",
             *[f"      {ln}" for ln in tile_state],
             *[ln[2:] for ln in finish],
-            *keep,
+            *[f"      {ln}" for ln in keep],
             "    }",
             "  }"]
     publish = ["for (int r = tid; r < kBM; r += kBlock) {",
@@ -361,10 +362,9 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
                "    row_put(workspace + ((index_t)tile_n * kM + rrow) * kF, st);",
                "  }",
                "}"]
-    # a normalising op: each CTA stored its tile's inputs to it past the states (gemm_mma._epilogue); the
-    # row tile's last CTA keeps each row's combined state for its pass over the whole rows (_normalise_loop)
+    # a normalising op: each CTA stored its tile's inputs past the states (gemm_mma._epilogue), fenced
+    # before its ticket; the row tile's last CTA keeps each row's combined state for its pass over them
     fence = ["  __threadfence();   // this tile's normalising inputs, before its ticket"] if part.norms else []
-    keep = ["        row_put(red + (kWarpsN * kBM + r) * kF, st);   // for the normalising pass"] if part.norms else []
     return lines + [
         f"  // {n_tiles} CTAs share each row: each publishes its tile's states, the row tile's last combines them",
         *fence,
@@ -378,7 +378,7 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
         "        RowSt st = row_get_cg(workspace + rrow * kF);",
         "        for (int t = 1; t < kNTiles; ++t) st = row_combine(st, row_get_cg(workspace + ((index_t)t * kM + rrow) * kF));  // tile order",
         *finish,
-        *keep,
+        *[f"        {ln}" for ln in keep],
         "      }",
         "    }",
         "    if (tid == 0) " + reset_counter("counters[tile_m]", "").strip(),

@@ -70,6 +70,11 @@ def variants(p: dict) -> list[dict]:
     return [{**p, **base, "block_n": 128, "stages": 4}, {**p, **base, "block_n": 64, "stages": 6}]
 
 
+def slices_per_sum(p: dict) -> int:
+    """k slices summed on the tensor cores before each fp32 add."""
+    return int(p.get("sum_slices") or 1)
+
+
 def check(spec, p: dict) -> None:
     bm, bn, bk = int(p["block_m"]), int(p["block_n"]), int(p["block_k"])
     why = applies(spec)
@@ -82,7 +87,7 @@ def check(spec, p: dict) -> None:
         raise CodegenError(f"tile GEMM (tma): block_n {bn} must be a multiple of 8 up to 128")
     if bk != BK:
         raise CodegenError(f"tile GEMM (tma): block_k {bk}: a slice is one 128-byte row ({BK} floats)")
-    if int(p.get("sum_slices") or 1) not in (1, 2):    # 4 leaves too few registers: ptxas serialises the products
+    if slices_per_sum(p) not in (1, 2):    # 4 leaves too few registers: ptxas serialises the products
         raise CodegenError(f"tile GEMM (tma): {p['sum_slices']} slices per tensor-core sum (1 or 2)")
     if int(p.get("split_k") or 1) > 1 or p.get("portable") or p.get("tf32"):
         raise CodegenError("tile GEMM (tma): no split K, one-TF32-product form or CPU emulation")
@@ -100,7 +105,7 @@ def consts(p: dict) -> list[str]:
             "constexpr int kSlice = (kBM + kBN) * kBK;   // floats of one k slice of A and B",
             "constexpr int kLoAt = kBM * kBK;   // where in a slice the producers' split starts: B's rows",
             "constexpr int kLoSlice = kBN * kBK;   // floats of one stage's lo parts",
-            f"constexpr int kSums = {int(p.get('sum_slices') or 1)};   // k slices per tensor-core sum"]
+            f"constexpr int kSums = {slices_per_sum(p)};   // k slices per tensor-core sum"]
 
 
 def tensor_maps(spec, inputs: list[str], bm: int, bn: int) -> list[dict]:

@@ -1,6 +1,6 @@
 """On the GPU: a normalising op after the tile GEMM in the same kernel (codegen/gemm_rows.py NORMS: each
 CTA holds whole rows and normalises them in a second pass over its accumulators, or the CTAs of a row
-tile share the rows through the workspace and its last one normalises them; not yet run on a GPU). Each kernel is built,
+tile share the rows through the workspace and its last one normalises them). Each kernel is built,
 launched and verified against torch on 5 random draws at atol = rtol = 1e-4 (tests/programs.py `fused`)
 for every op, ragged shapes, the tuner's tilings, and transformer shapes (ViT-B at batch 2: 394 rows,
 2048 -> 512; BERT-base: 4096 rows, 768 -> 768, 3072 -> 768). Its precision is split TF32 (three TF32
@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from agent_core.codegen.gemm_mma import FORM
+from agent_core.codegen import gemm_tma
 from tests.programs import fused
 from tests.test_gemm_norm import program
 
 H_SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-TMA_128 = {"mma": "tma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_n": 128, "block_k": 32, "stages": 3,
-           "split_k": 1}
+TMA_128 = gemm_tma.variants({})[0]      # the tuner's 128 x 128 TMA tile
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 

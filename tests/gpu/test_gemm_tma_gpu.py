@@ -11,17 +11,18 @@ PYTHONPATH=. python3 -m pytest -m gpu -rP tests/gpu/test_gemm_tma_gpu.py
 import pytest
 import torch
 
+from agent_core.codegen import gemm_tma
 from agent_core.codegen.gemm_mma import FORM
 from tests.programs import fused
 from tests.test_gemm_epilogue import program
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs an sm_90 GPU")]
-TILES = {"mma": "tma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_k": 32, "split_k": 1}
 
 
 def _params(bn):
-    return {"form": FORM, **TILES, "block_n": bn, "stages": 3 if bn == 128 else 4}
+    """The tuner's TMA tile of this width (gemm_tma.variants), as a run would build it."""
+    return next(v for v in gemm_tma.variants({"form": FORM}) if v["block_n"] == bn)
 
 
 def _inputs(p, r):
