@@ -145,10 +145,13 @@ def test_the_planner_offers_it_beside_the_library_call_and_its_epilogue_kernel()
     alts = [a for a in lib.alternatives if a.get("form") == FORM]
     whole = [a for a in alts if a.get("whole_rows")]
     assert whole and all(generate_kernel(p, r.nodes, name="t", params=a).params["block_n"] == 768 for a in whole)
-    # sm_90's TMA tiles: 128 x 128 and 128 x 64, the rows shared by 6 and 12 CTAs through the workspace
+    # sm_90's TMA tiles: 128 x 128 and 128 x 64, the rows shared by a cluster of 6 CTAs, or by 12 through the
+    # workspace
     shared = [a for a in alts if not a.get("whole_rows")]
     assert [(a.get("mma"), a["block_n"]) for a in shared] == [("tma", 128), ("tma", 64)]
-    assert "kPreAt" in generate_kernel(p, r.nodes, name="t2", params=shared[0]).source
+    by_cluster, by_workspace = (generate_kernel(p, r.nodes, name="t2", params=a).source for a in shared)
+    assert "__cluster_dims__(kNTiles, 1, 1)" in by_cluster and "kPreAt" not in by_cluster
+    assert "kPreAt" in by_workspace and "__cluster_dims__" not in by_workspace
     from agent_core.agent.tune import tune_space
     space = [q for q in tune_space(lib, arch="sm_90") if q.get("form") == FORM]
     assert [q.get("mma") for q in space][:3] == [None, "tma", "tma"]

@@ -1,7 +1,8 @@
 """The tile GEMM's warp-specialised TMA loop for sm_90 (codegen/gemm_tma.py) on the CPU: it compiles
 through NVRTC for sm_90a without warnings or spills at both tile widths, names the tensor maps the
 runtime encodes (A's rows, B's rows) and launches 512 threads; row reductions and normalising ops after
-the epilogue combine through the consumers' named barrier (its producers have left); GEMMs it does not take are refused with
+the epilogue combine through the consumers' named barrier (its producers have left), then across the CTAs
+of a row tile as a thread-block cluster or through the workspace; GEMMs it does not take are refused with
 the reason, and a matrix a TMA copy cannot read is refused before the driver is asked. On the GPU:
 tests/gpu/test_gemm_tma_gpu.py."""
 from __future__ import annotations
@@ -39,24 +40,34 @@ def test_compiles_for_sm90a_without_warnings_or_spills_and_names_its_tensor_maps
     assert [ln for ln in c.log.splitlines() if "warning" in ln.lower() or "serializ" in ln.lower()] == []
 
 
-@pytest.mark.parametrize("N,reds,tiles", [(100, ["sum", "max"], 1), (1000, ["logsumexp"], 8)],
-                         ids=["whole-rows", "rows-shared-by-8-ctas"])
-def test_row_reductions_after_it_combine_through_the_consumers_barrier(N, reds, tiles):
+@pytest.mark.parametrize("N,reds,tiles,cluster", [(100, ["sum", "max"], 1, False), (1000, ["logsumexp"], 8, True),
+                                                  (1100, ["logsumexp"], 9, False)],
+                         ids=["whole-rows", "rows-shared-by-a-cluster-of-8", "rows-shared-by-9-through-the-workspace"])
+def test_row_reductions_after_it_combine_through_the_consumers_barrier(N, reds, tiles, cluster):
+    """Up to 8 CTAs sharing a row tile are one thread-block cluster (their states read from each other's
+    shared memory, no workspace); more publish them to the workspace for the row tile's last CTA."""
     p = rows_program(300, N, 64, reds)
     ks = generate_kernel(p, list(p.nodes), name="gemm_tma_rows", params={**TILES, "block_n": 128, "stages": 3})
     assert ks.grid[0] == tiles and "rows reduced in the kernel" in ks.schedule
     assert 'bar.sync 1, %0;" :: "n"(kBlock)' in ks.source and "cta_sync();" in ks.source
     assert "__syncthreads" not in ks.source.split("if (threadIdx.x < kProducers)")[1]
-    assert bool(ks.workspace) == (tiles > 1)
+    assert ("__cluster_dims__(kNTiles, 1, 1)" in ks.source) == cluster == ("thread-block cluster" in ks.schedule)
+    assert bool(ks.workspace) == (tiles > 1 and not cluster)
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == []
 
 
 @pytest.mark.parametrize("norm", ["layer_norm", "softmax"])
-def test_a_normalising_op_after_it_compiles_with_the_rows_shared_through_the_workspace(norm):
-    p = norm_program(394, 512, 2048, norm)
-    ks = generate_kernel(p, list(p.nodes), name="gemm_tma_norm", params={**TILES, "block_n": 128, "stages": 3})
-    assert ks.grid[:2] == (4, 4) and "__ldcg(workspace + kPreAt + i)" in ks.source
+@pytest.mark.parametrize("N,bn,cluster", [(512, 128, True), (1000, 64, False)],
+                         ids=["cluster-of-4", "16-ctas-through-the-workspace"])
+def test_a_normalising_op_after_it_compiles_with_the_rows_shared(norm, N, bn, cluster):
+    """A cluster's CTAs each normalise their own accumulators once they hold the rows' combined states;
+    past 8 CTAs the rows' inputs go through the workspace and the row tile's last CTA normalises them."""
+    p = norm_program(394, N, 2048, norm)
+    ks = generate_kernel(p, list(p.nodes), name="gemm_tma_norm", params={**TILES, "block_n": bn, "stages": 3})
+    assert ks.grid[:2] == (-(-N // bn), 4)
+    assert ("__cluster_map_shared_rank(tile_st, t)" in ks.source) == cluster
+    assert ("__ldcg(workspace + kPreAt + i)" in ks.source) == (not cluster) == bool(ks.workspace)
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == []
 

@@ -65,7 +65,8 @@ from .attention_mma import HELPERS, SHARED_LIMIT
 from . import gemm_conv, gemm_tma
 from .cuda import INT_INDEX_LIMIT, Names, c_type, float_literal, header, index_type, kernel_name
 from .kernel import CodegenError, KernelSource
-from .gemm_rows import LOCALS as ROW_LOCALS, RELABELS, RowPart, combine_lines, fold_lines, operand_loads, shared_floats
+from .gemm_rows import CLUSTER_MAX, LOCALS as ROW_LOCALS, RELABELS, RowPart, cluster_exit, combine_lines, fold_lines
+from .gemm_rows import operand_loads, shared_floats
 from .gemm_rows import split_epilogue, state_code
 from .gemm_rows import workspace as row_workspace
 from .mma_portable import PORTABLE_HELPERS
@@ -492,12 +493,23 @@ def shared_bytes(spec: GemmSpec, p: dict) -> int:
     else:
         pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
     # the row reductions combine the warps' states in the same buffers once the pipeline is done
-    return max(pipeline, 4 * shared_floats(spec.rows, bm, int(p["warps_n"]))) if spec.rows else pipeline
+    rows = 4 * shared_floats(spec.rows, bm, int(p["warps_n"]), row_cluster(spec, p)) if spec.rows else 0
+    return max(pipeline, rows)
 
 
 def tiles(spec: GemmSpec, p: dict) -> tuple[int, int]:
     """(tiles along N, tiles along M): the grid."""
     return math.ceil(spec.N / int(p["block_n"])), math.ceil(spec.M / int(p["block_m"]))
+
+
+def row_cluster(spec: GemmSpec, p: dict) -> bool:
+    """Whether the CTAs that share rows are one thread-block cluster (gemm_rows.combine_lines): in sm_90's
+    TMA loop, 2 to CLUSTER_MAX of them. A normalising op then runs over each CTA's accumulators, where the
+    workspace made the row tile's last CTA read back and normalise every element of the rows alone (394
+    x 2048 -> 512 + residual + LayerNorm: 167 us in 128 x 128 tiles against 22 us for the GEMM alone, H100,
+    benchmarks/h100-2026-12-06-s21). The mma.sync loop keeps the workspace: it also runs before sm_90 and
+    in the CPU emulator, which runs one CTA at a time."""
+    return spec.rows is not None and p.get("mma") == gemm_tma.MMA and 1 < tiles(spec, p)[0] <= CLUSTER_MAX
 
 
 def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, int]:
@@ -509,8 +521,8 @@ def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, 
     nbytes = sum(vals[v].nbytes for v in io.inputs + io.outputs)
     n_tiles, m_tiles = tiles(spec, p)
     if spec.rows is not None:
-        nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, spec.N, n_tiles, m_tiles)
-                      if dt == "float32")
+        nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, spec.N, n_tiles, m_tiles,
+                                                           row_cluster(spec, p)) if dt == "float32")
     nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)      # the running sum, written and read per part
     return nbytes, 2 * spec.batch * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes
                                                                    if n != spec.node)
@@ -629,8 +641,9 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     n_tiles, m_tiles = tiles(spec, p)
     rows = spec.rows
     parts = split_parts(p)
-    workspace = row_workspace(rows, spec.M, spec.N, n_tiles, m_tiles) if rows else []
-    shared_norm = bool(rows and rows.norms and n_tiles > 1)    # its rows' inputs go through the workspace
+    cluster = row_cluster(spec, p)
+    workspace = row_workspace(rows, spec.M, spec.N, n_tiles, m_tiles, cluster) if rows else []
+    shared_norm = bool(rows and rows.norms and n_tiles > 1 and not cluster)    # its rows' inputs go through the workspace
     if parts > 1:        # the running sum of the parts so far, and each output tile's turn
         workspace = [("float32", spec.M * spec.N), ("int32", n_tiles * m_tiles)]
     if workspace:
@@ -643,15 +656,17 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
             consts.append("constexpr index_t kPreAt = (index_t)kNTiles * kM * kF;   // the workspace's [M, N] "
                           "normalising inputs, past the row states")
     row_tail = combine_lines(program, io, rows, arg, set(LOCALS) | set(ROW_LOCALS) | set(arg.values()),
-                             n_tiles) if rows else []
+                             n_tiles, cluster) if rows else []
     if rows and rows.norms and (spec.batch > 1 or conv is not None):
         raise CodegenError("tile GEMM: a normalising op after it runs on the mma.sync loop of one 2-D GEMM only")
     tma = p.get("mma") == gemm_tma.MMA
     if tma:      # warp-specialised: producers copy (TMA) and split each slice, consumers issue its products
         consts += gemm_tma.consts(p)
         cparams = gemm_tma.PARAMS + cparams
-        body = [*gemm_tma.kernel_lines(GROUPED_TILE, bool(rows), p), *_store_loop(program, io, spec, arg, shared_norm),
-                *row_tail, *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else [])]
+        body = [*gemm_tma.kernel_lines(CLUSTER_TILE if cluster else GROUPED_TILE, bool(rows), p),
+                *_store_loop(program, io, spec, arg, shared_norm), *row_tail,
+                *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else []),
+                *(cluster_exit() if cluster else [])]
     else:
         body = [
             "  extern __shared__ __align__(16) float smem[];",
@@ -687,8 +702,10 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     min_blocks = int(p.get("min_blocks") or 1)
     kname = kernel_name(name)
     block += gemm_tma.PRODUCERS if tma else 0
+    # a cluster's dims at compile time: an ordinary launch (CuPy, <<<>>>) starts the clusters
+    dims = " __cluster_dims__(kNTiles, 1, 1)" if cluster else ""
     source = "\n".join([head, *consts, "", *helpers,
-                        f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks})\n'
+                        f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks}){dims}\n'
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
     nbytes, flops = cost(program, io, spec, p)
     return KernelSource(name=kname, kind="gemm", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
@@ -906,7 +923,7 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                 + (f"its two halves' columns side by side in each thread (a gated unit of {spec.N // 2}), "
                    if spec.halves else "")
                 + f"{len(spec.epilogue)} epilogue op(s) fused"
-                + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles) if spec.rows else ""))
+                + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles, row_cluster(spec, p)) if spec.rows else ""))
     precision = ("TF32, as the program allows: x rounded to TF32 in registers, a_hi b_hi accumulated in fp32 "
                  "(about 1e-3 relative; not fp32-accurate)." if p.get(TF32) else
                  "3xTF32: A's hi = x rounded to TF32, lo = x - hi, split in the consumers' registers; B's hi = x read "
@@ -940,6 +957,8 @@ GROUPED_TILE = [
     "  const int first_m = lin / in_group * kGroupM, group_m = min((int)gridDim.y - first_m, kGroupM);",
     "  const int tile_m = first_m + lin % in_group % group_m, tile_n = lin % in_group / group_m;",
 ]
+# a cluster per row tile (row_cluster): its CTAs are the N tiles, in rank order
+CLUSTER_TILE = ["  const int tile_m = blockIdx.y, tile_n = blockIdx.x;   // tile_n: this CTA's rank in its cluster"]
 
 # both main loops start here: the k slices, the first kStages - 1 of them copied before the loop
 PIPELINE_START = [
@@ -1035,11 +1054,13 @@ def _store_index(spec: GemmSpec) -> str:
     return f"const index_t i = {row} * kN + col;"
 
 
-def _row_words(program: Program, spec: GemmSpec, n_tiles: int) -> str:
+def _row_words(program: Program, spec: GemmSpec, n_tiles: int, cluster: bool) -> str:
     """The schedule's words for the row reductions and normalising ops."""
     part = spec.rows
     ops = ", ".join(dict.fromkeys(program.nodes[r.node].op for r in part.reductions + part.norms))
     how = ("each CTA holds whole rows" if n_tiles == 1 else
+           f"{n_tiles} CTAs per row, one thread-block cluster, each combining all their tile states in tile order"
+           if cluster else
            f"{n_tiles} CTAs per row publish their tile's states, the row tile's last CTA combines them in tile order")
     if part.norms:
         how += (", normalised in a second pass over the accumulators"

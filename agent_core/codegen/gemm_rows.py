@@ -26,9 +26,16 @@ Combining a row's states, in a fixed order (the same bits however the CTAs were 
 1. the 4 lanes that hold a fragment row (xor shuffles 1, 2);
 2. the warps along N of the CTA, through shared memory (the pipeline's buffers, free by then), in
    warp order;
-3. with several N tiles, each CTA writes its tile's state per row to a workspace and counts in on
-   its row tile's ticket (codegen/last_block.py); the last CTA of the row tile combines the states in
-   tile order, evaluates the row ops, stores and resets the ticket (graph replays need no memset).
+3. with several N tiles, either
+   - the row tile's CTAs are one thread-block cluster (sm_90's TMA loop, up to CLUSTER_MAX CTAs): each
+     puts its tile's states in its shared memory, and after a cluster barrier every CTA reads all of
+     them (distributed shared memory) and combines them in tile order, so each holds the rows' states
+     and a normalising op's second pass runs over its own accumulators, as with whole rows; the first
+     CTA of the row tile evaluates the row ops and stores them;
+   - or each CTA writes its tile's state per row to a workspace and counts in on its row tile's ticket
+     (codegen/last_block.py); the last CTA of the row tile combines the states in tile order, evaluates
+     the row ops, stores and resets the ticket (graph replays need no memset). A normalising op's inputs
+     then go through the workspace too, and that last CTA normalises every element of the rows.
 """
 from __future__ import annotations
 
@@ -51,9 +58,10 @@ NORMS = ("softmax", "log_softmax", "layer_norm", "rms_norm")    # a row's statis
 # the last dim (the GEMM's columns), they relabel a value and cost nothing (relabels)
 RELABELS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous")
 MAX_WHOLE_ROW = 1024     # the widest row a CTA holds in its accumulators for a normalising op
+CLUSTER_MAX = 8          # the portable thread-block cluster size: the most CTAs that share rows as a cluster
 # names of the row phase's C code that value names must not take
 LOCALS = ("rs", "red", "st", "RowSt", "row_identity", "row_combine", "row_shfl", "row_put", "row_get", "row_get_cg",
-          "workspace", "counters", "last", "h", "t", "w", "rrow", "kF", "kColsF", "kNTiles")
+          "workspace", "counters", "last", "h", "t", "w", "rrow", "kF", "kColsF", "kNTiles", "tile_st")
 
 
 @dataclass
@@ -317,9 +325,11 @@ def _finish(program: Program, io: RegionIO, part: RowPart, arg: dict[str, str], 
 
 
 def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, str], taken,
-                  n_tiles: int) -> list[str]:
+                  n_tiles: int, cluster: bool = False) -> list[str]:
     """After the per-element loop (every thread of the CTA): the row states combined across lanes,
-    warps and (n_tiles > 1) the CTAs of the row tile, finished and stored."""
+    warps and (n_tiles > 1) the CTAs of the row tile, as a cluster or through the workspace, finished
+    and stored. A cluster's CTAs arrive on its barrier once they have read each other's states; the
+    kernel waits on it before it exits (cluster_exit)."""
     finish = _finish(program, io, part, arg, taken, "        ")
     lines = [
         "  // row reductions: the 4 lanes of each fragment row, then the CTA's warps along N (warp order)",
@@ -355,6 +365,29 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
             *[f"      {ln}" for ln in keep],
             "    }",
             "  }"]
+    if cluster:
+        return lines + [
+            f"  // {n_tiles} CTAs share each row, one cluster: each CTA's tile states, read by all of them",
+            "  float* const tile_st = red + (kWarpsN + 1) * kBM * kF;   // [kBM][kF], past the normalising pass's",
+            "  for (int r = tid; r < kBM; r += kBlock) {",
+            *[f"    {ln}" for ln in tile_state],
+            "    row_put(tile_st + r * kF, st);",
+            "  }",
+            "  __cluster_barrier_arrive();   // release: this CTA's tile states, to the cluster",
+            "  __cluster_barrier_wait();",
+            "  for (int r = tid; r < kBM; r += kBlock) {",
+            "    const index_t rrow = bm + r;",
+            "    if (rrow < kM) {",
+            "      RowSt st = row_get(static_cast<const float*>(__cluster_map_shared_rank(tile_st, 0)) + r * kF);",
+            "      for (int t = 1; t < kNTiles; ++t)   // tile order: the same bits in every CTA",
+            "        st = row_combine(st, row_get(static_cast<const float*>(__cluster_map_shared_rank(tile_st, t)) + r * kF));",
+            *([ "      if (tile_n == 0) {   // the row results, stored once",
+                *[f"  {ln}" for ln in finish],
+                "      }"] if any(ln.strip() for ln in finish) else []),
+            *[f"      {ln}" for ln in keep],
+            "    }",
+            "  }",
+            "  __cluster_barrier_arrive();   // done reading the cluster's states"]
     publish = ["for (int r = tid; r < kBM; r += kBlock) {",
                "  const index_t rrow = bm + r;",
                "  if (rrow < kM) {",
@@ -385,18 +418,26 @@ def combine_lines(program: Program, io: RegionIO, part: RowPart, arg: dict[str, 
         "  }"]
 
 
-def workspace(part: RowPart, M: int, N: int, n_tiles: int, m_tiles: int) -> list[tuple[str, int]]:
+def workspace(part: RowPart, M: int, N: int, n_tiles: int, m_tiles: int,
+              cluster: bool = False) -> list[tuple[str, int]]:
     """The per-tile row states (then, for a normalising op, its M x N inputs) and the row tiles'
-    tickets; none when one CTA holds whole rows."""
-    if n_tiles == 1:
+    tickets; none when one CTA holds whole rows or the row tile's CTAs are a cluster."""
+    if n_tiles == 1 or cluster:
         return []
     return [("float32", n_tiles * M * len(part.fields) + (M * N if part.norms else 0)), ("int32", m_tiles)]
 
 
-def shared_floats(part: RowPart, bm: int, warps_n: int) -> int:
-    """The warps' row states, and each row's combined state where a normalising pass reads it."""
-    return (warps_n + (1 if part.norms else 0)) * bm * len(part.fields)
+def shared_floats(part: RowPart, bm: int, warps_n: int, cluster: bool = False) -> int:
+    """The warps' row states, each row's combined state where a normalising pass reads it, and the
+    tile's states that a cluster reads (at the same place with or without a normalising op)."""
+    return (warps_n + (1 if part.norms or cluster else 0) + (1 if cluster else 0)) * bm * len(part.fields)
 
 
-__all__ = ["MAX_WHOLE_ROW", "NORMS", "REDUCTIONS", "RELABELS", "RowNorm", "RowPart", "RowReduce", "combine_lines",
-           "fold_lines", "operand_loads", "operand_shape", "shared_floats", "split_epilogue", "state_code", "workspace"]
+def cluster_exit() -> list[str]:
+    """The cluster's CTAs leave together: none while another may still read its tile states."""
+    return ["  __cluster_barrier_wait();   // every CTA of the cluster has read this one's states"]
+
+
+__all__ = ["CLUSTER_MAX", "MAX_WHOLE_ROW", "NORMS", "REDUCTIONS", "RELABELS", "RowNorm", "RowPart", "RowReduce",
+           "cluster_exit", "combine_lines", "fold_lines", "operand_loads", "operand_shape", "shared_floats",
+           "split_epilogue", "state_code", "workspace"]

@@ -31,8 +31,9 @@ How:
 
 Takes one 2-D GEMM whose A rows and B rows (linear's [N, K] weight) are k-contiguous with 16-byte row
 strides, its pointwise epilogue, and row reductions and normalising ops after it (their combine
-synchronises the consumers through a named barrier, cta_sync; the rows' CTAs share them through the
-workspace); split K, stacks, convolutions and gated units stay on the mma.sync loop.
+synchronises the consumers through a named barrier, cta_sync; the CTAs of a row tile share the rows as
+one thread-block cluster, up to 8 of them, else through the workspace: gemm_mma.row_cluster); split K,
+stacks, convolutions and gated units stay on the mma.sync loop.
 """
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ from tests.programs import fused
 from tests.test_gemm_norm import program
 
 H_SMS = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 132
-TMA_128 = gemm_tma.variants({})[0]      # the tuner's 128 x 128 TMA tile
+TMA_128, TMA_64 = gemm_tma.variants({})      # the tuner's TMA tiles: 128 x 128, 128 x 64
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
@@ -45,11 +45,12 @@ def _median_ms(fn, trials=50):
 
 @pytest.mark.parametrize("M,N,K", [(394, 512, 2048), (394, 512, 512), (4096, 768, 768), (4096, 768, 3072)],
                          ids=["vit-mlp-out", "vit-attn-out", "bert-attn-out", "bert-mlp-out"])
-@pytest.mark.parametrize("form", ["whole-rows", "whole-rows-split-k", "shared-rows-64", "tma-128"])
+@pytest.mark.parametrize("form", ["whole-rows", "whole-rows-split-k", "shared-rows-64", "tma-128", "tma-64"])
 def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, form):
     """Each tiling the tuner tries for it: whole-row tiles of 16 rows with K whole or split (the
     default where the tiles leave SMs idle), 64 x 64 tiles whose CTAs share the rows (the last one
-    normalises them), and sm_90's TMA loop in 128 x 128 tiles sharing them too."""
+    normalises them), and sm_90's TMA loop in 128 x 128 and 128 x 64 tiles sharing them as a thread-block
+    cluster (up to 8 CTAs: 4 or 8 at N = 512, 6 at 768) or through the workspace (12 at 768)."""
     from agent_core.profile.baselines import strict_fp32
     from agent_core.reference import parameter_tensors
     strict_fp32()
@@ -57,10 +58,10 @@ def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, f
     from agent_core.codegen.region_io import region_io
     p = program(M, N, K, after=False)
     params = {"form": FORM, **{"whole-rows": {"split_k": 1}, "whole-rows-split-k": {}, "shared-rows-64": SHARED_ROWS,
-                               "tma-128": TMA_128}[form]}
+                               "tma-128": TMA_128, "tma-64": TMA_64}[form]}
     if form == "whole-rows-split-k" and default_params(gemm_spec(p, region_io(p, list(p.nodes))), H_SMS)["split_k"] == 1:
         pytest.skip("enough tiles: no split")
-    if form == "tma-128" and torch.cuda.get_device_capability() != (9, 0):
+    if form.startswith("tma") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TMA loop is sm_90's")
     r = fused(p, list(p.nodes), "gemm_ln", params=params)
     tensors = parameter_tensors(p, "cuda")
@@ -80,7 +81,8 @@ def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, f
     err_torch = (torch_form().double() - exact).abs().max().item()
     assert err_ours < 1e-4, err_ours          # split TF32 (3 products, fp32 sums) against float64
     print(f"linear {M} x {K} -> {N} + residual + layer_norm: ours {ours * 1e3:.1f} us "
-          f"({r.kernel.params['block_m']} x {r.kernel.params['block_n']} tiles, K in "
+          f"({r.kernel.params['block_m']} x {r.kernel.params['block_n']} tiles"
+          f"{', a cluster per row tile' if '__cluster_dims__' in r.kernel.source else ''}, K in "
           f"{r.kernel.params.get('split_k', 1)} part(s)), cuBLAS fp32 + torch "
           f"{theirs * 1e3:.1f} us: {theirs / ours:.2f}x; worst error against float64 {err_ours:.2e} "
           f"(torch fp32 {err_torch:.2e})")

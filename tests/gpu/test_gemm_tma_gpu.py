@@ -82,11 +82,13 @@ def test_a_cuda_graph_replays_it_with_its_tensor_maps():
 
 
 @pytest.mark.parametrize("M,N,K,reds,post", [(300, 100, 64, ["sum", "max"], True), (1000, 1000, 520, ["logsumexp"], False),
-                                             (4096, 1024, 1024, ["logsumexp", "max"], False)],
-                         ids=["whole-rows-post", "ragged-shared-rows", "lse-4096"])
+                                             (4096, 1024, 1024, ["logsumexp", "max"], False),
+                                             (600, 1100, 256, ["logsumexp"], True)],
+                         ids=["whole-rows-post", "ragged-cluster-of-8", "lse-4096-cluster-of-8", "ragged-9-ctas-workspace"])
 def test_row_reductions_after_it_match_torch(M, N, K, reds, post):
     """Row reductions of the epilogue's output (gelu, then each of reds over the last dim), combined by the
-    consumers alone (named barrier) and across the CTAs sharing a row (workspace and tickets)."""
+    consumers alone (named barrier) and across the CTAs sharing a row: a thread-block cluster of up to 8,
+    or more through the workspace and tickets."""
     from tests.test_gemm_row_reduction import program as rows_program
     p = rows_program(M, N, K, reds, post=post)
     r = fused(p, list(p.nodes), "gemm_tma_rows", params=_params(128))
