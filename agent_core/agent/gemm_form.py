@@ -11,9 +11,10 @@ When the tile GEMM is kept, its matmul no longer runs through the library, so it
 (and the hi / lo caches that choice keeps beside the weight) is dropped: the fused kernel splits in
 registers and needs neither (issue 17's peak memory).
 
-A convolution (groups 1) runs through the same kernel as an implicit GEMM (codegen/gemm_conv.py): as
-the other form of a cuDNN + epilogue region, and, where it is compute-bound, as the only generated
-form of a convolution alone, timed against the cuDNN call and kept only where it is faster.
+A convolution (groups 1) runs through the same kernel as an implicit GEMM (codegen/gemm_conv.py), as
+the other form of a cuDNN + epilogue region. A matmul or convolution alone that is compute-bound (or a
+few-channel convolution) gets the tile GEMM as the only generated form of its region, timed against the
+library call and kept only where it is faster (gemm_mma.lone_gemm).
 
 A convolution whose reduction per output element is short (input channels per group x taps at most
 conv.DIRECT_MAX_REDUCTION) gets the direct convolution (codegen/conv.py, fp32 FFMA, the export's kernel)
@@ -72,6 +73,8 @@ def why_not(program, node_ids) -> str | None:
 
 def compiled_words(ks) -> str:
     """Without a GPU: that the tuning variants that compiled hold the tile GEMM form."""
+    if is_gemm(ks) and not ks.library_nodes and not (ks.schedule or "").startswith("implicit-GEMM convolution"):
+        return ", all of them the tile GEMM, to be timed against cuBLAS on a GPU (the faster is kept)"
     if is_gemm(ks) and not ks.library_nodes:
         if any(a.get("form") == DIRECT for a in ks.alternatives):
             return (", the implicit-GEMM convolution and the direct one (fp32 FFMA) among them, to be timed "
@@ -116,18 +119,21 @@ def kept_words(ks, trials: list[dict]) -> str:
 
 
 def _library_trial(trials: list[dict]) -> dict | None:
-    """The default's trial when it ran the library form + epilogue kernel (a convolution alone starts
-    with the tile form: it has none)."""
+    """The default's trial when it ran the library form + epilogue kernel (a matmul or convolution alone
+    starts with the tile form: it has none)."""
     return next((t for t in trials if t.get("trial") == 0 and t.get("ok")
                  and _form(t) not in OWN_FORMS), None)
 
 
-def lone_conv_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
-    """What a convolution alone runs as: our implicit GEMM where it beat cuDNN, else cuDNN and why."""
+def lone_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
+    """What a matmul or convolution alone runs as: our kernel where it beat the library call, else the
+    library call and why."""
     from ..runtime.split_tf32 import describe_library_call
     node = program.nodes[ks.node_ids[0]]
-    lib = f"cuDNN's {describe_library_call(program, node.id)}"
-    name = "direct convolution" if (ks.params or {}).get("form") == DIRECT else "implicit GEMM"
+    conv = node.op in CONV_OPS
+    lib = f"{'cuDNN' if conv else 'cuBLAS'}'s {describe_library_call(program, node.id)}"
+    name = ("direct convolution" if (ks.params or {}).get("form") == DIRECT else "implicit GEMM") if conv else \
+        "tile GEMM"
     if kept:
         return f"; {node.name} ({node.op}) runs as our {name} ({words(ks)}) instead of {lib}"
     return (f"{node.name} ({node.op}) runs through {lib} via torch: our {name} kernel ({words(ks)}) was correct "

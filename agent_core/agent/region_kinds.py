@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..analysis.cost import is_view, library_reads_as_view
 from ..codegen import LIBRARY_CATEGORIES
-from ..codegen.gemm_mma import lone_conv
+from ..codegen.gemm_mma import lone_gemm
 from .attention_form import own_attention
 
 
@@ -12,8 +12,9 @@ def without_kernel(program, node_ids) -> tuple[str, object | None] | None:
     matmul, convolution or recurrent node with only views of its operands or result around it (they
     relabel memory; torch runs the call); ("strided_view", node) for a slice or transpose only library
     calls read (analysis.cost.library_reads_as_view); None when the region gets a generated kernel. An
-    attention node the agent writes its own kernel for is generated, and so is a compute-bound or
-    few-channel convolution alone (gemm_mma.lone_conv: our forms, kept only where they beat cuDNN)."""
+    attention node the agent writes its own kernel for is generated, and so is a compute-bound matmul
+    or convolution alone, or a few-channel convolution (gemm_mma.lone_gemm: our forms, kept only where
+    they beat the library call)."""
     nodes = [program.nodes[n] for n in node_ids]
     work = [n for n in nodes if not is_view(program, n.id)]
     if not work:
@@ -26,6 +27,6 @@ def without_kernel(program, node_ids) -> tuple[str, object | None] | None:
     if node.opdef.category == "recurrent":
         return "recurrent", node
     if node.opdef.category in LIBRARY_CATEGORIES and not own_attention(program, node) and \
-            not lone_conv(program, node_ids):     # such a convolution alone is timed as our own forms
+            not lone_gemm(program, node_ids):     # such a matmul or convolution alone is timed as our own forms
         return "library", node
     return None

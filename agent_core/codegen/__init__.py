@@ -96,12 +96,13 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
             ks.alternatives = [{"form": "3xtf32", TF32: True}]
         return ks
     from .conv import DIRECT, direct_alternative, generate_conv
-    from .gemm_mma import generate_gemm, lone_conv
+    from .gemm_mma import generate_gemm, lone_gemm
     if (params or {}).get("form") == DIRECT:       # a form the tuner times against cuDNN (conv.py)
         return generate_conv(program, io, name, params)
-    # the matmul / convolution and its epilogue as one tile GEMM; a compute-bound convolution alone as
-    # the implicit GEMM the agent times against cuDNN (gemm_mma.py), and as the direct one where it is thin
-    if (params or {}).get("form") == "gemm-3xtf32" or (kind != "convolution" and lone_conv(program, io.nodes)):
+    # the matmul / convolution and its epilogue as one tile GEMM; a compute-bound matmul or convolution
+    # alone as the tile GEMM the agent times against the library call (gemm_mma.lone_gemm), and a thin
+    # convolution as the direct one too
+    if (params or {}).get("form") == "gemm-3xtf32" or (kind != "convolution" and lone_gemm(program, io.nodes)):
         ks = generate_gemm(program, io, name, params)
         ks.alternatives = ks.alternatives + direct_alternative(program, io)    # the sm_90 TMA loop's tiles first
         return ks

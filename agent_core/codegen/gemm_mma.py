@@ -307,17 +307,21 @@ def gemm_supported(program: Program, node_ids) -> str | None:
     return None
 
 
-def lone_conv(program: Program, node_ids) -> bool:
-    """A convolution alone (no op after it) that the implicit GEMM takes and that is compute-bound in
-    fp32, where cuDNN's fp32 runs on the FMA units and the tensor cores can gain, or that reads few input
+def lone_gemm(program: Program, node_ids) -> bool:
+    """A matmul or convolution alone (no op after it) that the tile GEMM takes and that is compute-bound
+    in fp32, where cuBLAS's or cuDNN's fp32 runs on the FMA units and the tensor cores can gain (and
+    cuBLAS's split TF32 needs its parts split into HBM first), or a convolution that reads few input
     channels through a spatial kernel (gemm_conv.few_channels), where cuDNN's fp32 is far from even the
-    bytes' time: its region gets the tile form as its kernel, timed against the cuDNN call (the faster is
-    kept). Otherwise, below the ridge point, the time is the bytes, which a kernel of our own does not cut."""
+    bytes' time: its region gets the tile form as its kernel, timed against the library call (the faster
+    is kept). Otherwise, below the ridge point, the time is the bytes, which a kernel of our own does not cut."""
     from ..analysis.cost import node_cost
     ids = list(node_ids)
-    if len(ids) != 1 or program.nodes[ids[0]].op not in gemm_conv.CONV_OPS or gemm_supported(program, ids) is not None:
+    if len(ids) != 1 or program.nodes[ids[0]].op not in gemm_conv.CONV_OPS + GEMM_OPS or \
+            gemm_supported(program, ids) is not None:
         return False
-    return node_cost(program, ids[0]).bound() == "compute" or gemm_conv.few_channels(program, program.nodes[ids[0]])
+    node = program.nodes[ids[0]]
+    return node_cost(program, node.id).bound() == "compute" or \
+        (node.op in gemm_conv.CONV_OPS and gemm_conv.few_channels(program, node))
 
 
 def tma_alternatives(spec: GemmSpec, p: dict | None = None) -> list[dict]:
@@ -1070,4 +1074,4 @@ def _row_words(program: Program, spec: GemmSpec, n_tiles: int, cluster: bool) ->
 
 
 __all__ = ["FORM", "GemmSpec", "alternatives", "cost", "default_params", "estimate", "gemm_spec", "gemm_supported",
-           "generate_gemm", "lone_conv", "shared_bytes", "tiles", "tune_variants"]
+           "generate_gemm", "lone_gemm", "shared_bytes", "tiles", "tune_variants"]

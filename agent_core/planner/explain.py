@@ -8,7 +8,7 @@ torch's view, nothing runs); schedule["launches"] counts them as the export does
 from __future__ import annotations
 
 from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view
-from ..codegen.gemm_mma import FORM, lone_conv
+from ..codegen.gemm_mma import FORM, lone_gemm
 from ..regions import Region
 from ..text import plural
 from .attention import attention_node, attention_reason
@@ -170,7 +170,7 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         role = state.geo[nid].role
         if alias:
             reason = f"{_label(state, nid)} only relabels its input's shape; no kernel, no traffic."
-        elif runs == "library" and lone_conv(state.program, [nid]):
+        elif runs == "library" and lone_gemm(state.program, [nid]) and role == "conv":
             from ..analysis.cost import node_cost
             why = ("it is compute-bound" if node_cost(state.program, nid).bound() == "compute" else
                    "it reads few input channels, where cuDNN's fp32 is slow")
@@ -178,6 +178,10 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                       f"so the agent also times it as one implicit-GEMM kernel ({FORM}: split TF32 "
                       f"on the tensor cores, the input's patches gathered into shared memory) and keeps the faster."
                       + _direct_conv_words(state, [nid]))
+        elif runs == "library" and lone_gemm(state.program, [nid]):
+            reason = (f"{_label(state, nid)} runs through cuBLAS, about {fmt_ms(after)} at the roofline; it is "
+                      f"compute-bound, so the agent also times it as our tile GEMM ({FORM}: split TF32 on the "
+                      f"tensor cores, split in registers, no parts written to memory) and keeps the faster.")
         elif runs == "library":
             reason = (f"{_label(state, nid)} runs through {LIBRARY.get(role, 'the library (torch)')} (a library "
                       f"call, no generated kernel); "
