@@ -19,15 +19,20 @@ from tests.test_gemm_row_reduction import program as rows_program
 TILES = {"form": FORM, "mma": "tma", "block_m": 128, "warps_m": 8, "warps_n": 1, "block_k": 32, "split_k": 1}
 
 
-@pytest.mark.parametrize("shape,bn,stages,sums", [((300, 260, 64), 128, 4, 2), ((1000, 520, 1000), 64, 6, 1)])
-def test_compiles_for_sm90a_without_warnings_or_spills_and_names_its_tensor_maps(shape, bn, stages, sums):
+@pytest.mark.parametrize("shape,bn,stages,sums,pipelined", [((300, 260, 64), 128, 4, 2, False),
+                                                            ((1000, 520, 1000), 64, 6, 1, False),
+                                                            ((1000, 520, 1000), 128, 4, 2, True),
+                                                            ((300, 260, 64), 64, 6, 4, True)])
+def test_compiles_for_sm90a_without_warnings_or_spills_and_names_its_tensor_maps(shape, bn, stages, sums, pipelined):
     """One warp copies (TMA), the other producers split B's rows, the consumers read A's fragments into
-    registers (wgmma's register-A form) and sum `sums` slices on the tensor cores before adding in fp32:
-    no spill and no wgmma serialised by ptxas (its C7512 note) at either tile width."""
+    registers (wgmma's register-A form) and sum `sums` slices on the tensor cores before adding in fp32
+    (pipelined: two fragment sets in turn, a slice's products in flight while the next are issued): no
+    spill and no wgmma serialised by ptxas (its C7511 / C7512 notes) at either tile width."""
     M, N, K = shape
     p = program(M, N, K)
     ks = generate_kernel(p, list(p.nodes), name="gemm_tma",
-                         params={**TILES, "block_n": bn, "stages": stages, "sum_slices": sums})
+                         params={**TILES, "block_n": bn, "stages": stages, "sum_slices": sums, "pipelined": pipelined})
+    assert ("wgmma_wait1();" in ks.source) == pipelined
     assert ks.block == (512, 1, 1) and ks.align == 16
     assert "cp.async.bulk.tensor.2d" in ks.source and f"wgmma.mma_async.sync.aligned.m64n{bn}k8" in ks.source
     assert "{%" + str(bn // 2) + ", %" in ks.source          # A from registers

@@ -88,8 +88,11 @@ def check(spec, p: dict) -> None:
         raise CodegenError(f"tile GEMM (tma): block_n {bn} must be a multiple of 8 up to 128")
     if bk != BK:
         raise CodegenError(f"tile GEMM (tma): block_k {bk}: a slice is one 128-byte row ({BK} floats)")
-    if slices_per_sum(p) not in (1, 2):    # 4 leaves too few registers: ptxas serialises the products
-        raise CodegenError(f"tile GEMM (tma): {p['sum_slices']} slices per tensor-core sum (1 or 2)")
+    sums = (1, 2, 4, 8) if p.get("pipelined") else (1, 2)    # 4 sets of A's fragments: too few registers
+    if slices_per_sum(p) not in sums:
+        raise CodegenError(f"tile GEMM (tma): {p['sum_slices']} slices per tensor-core sum "
+                           f"({' or '.join(map(str, sums))}{' without' if not p.get('pipelined') else ' with'} "
+                           "two A fragment sets in turn)")
     if int(p.get("split_k") or 1) > 1 or p.get("portable") or p.get("tf32"):
         raise CodegenError("tile GEMM (tma): no split K, one-TF32-product form or CPU emulation")
 
@@ -155,6 +158,7 @@ def helpers(bn: int) -> list[str]:
         '__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }',
         '__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }',
         '__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }',
+        '__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory"); }',
         "// registers the compiler must not move across the wgmma wait (the products read and write them until it)",
         '__device__ __forceinline__ void hold(float& x) { asm volatile("" : "+f"(x) :: "memory"); }',
         "// a K-major operand in shared memory, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart",
@@ -182,7 +186,12 @@ def helpers(bn: int) -> list[str]:
 def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
     """C lines of the kernel body up to the consumers' accumulators (`acc[0][nt][j]`), with the names the
     epilogue reads (tid, lane_g, lane_t, warp_m, warp_n, bm, bn; with rows, smem) set for the consumer
-    threads; the producers leave once their last slice is split."""
+    threads; the producers leave once their last slice is split. p["pipelined"]: two sets of A's fragments
+    in turn, each slice's products left in flight while the next slice's are issued (wgmma.wait_group 1),
+    its stage freed as soon as they are done; else every slice of a sum has its own set, and the sum's
+    stages are freed together once all its products are done."""
+    pipelined = bool(p.get("pipelined"))
+    set_ = "u & 1" if pipelined else "u"
     return [
         "  extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "  // [kStages][kBM + kBN][32]: the copied slices, A's rows then B's (B's hi: the copy itself); then the",
@@ -235,7 +244,9 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         "  const int warp_m = tid >> 5, warp_n = 0;   // warp m owns rows 16 m .. 16 m + 15",
         *(["  float* const smem = hi;   // the row reductions' scratch once every slice is consumed"] if rows else []),
         "  float acc[1][kNT][4], sacc[1][kNT][4];",
-        "  unsigned a_hi[kSums][kBK / 8][4], a_lo[kSums][kBK / 8][4];   // the A fragments of the slices in flight",
+        *(["  unsigned a_hi[2][kBK / 8][4], a_lo[2][kBK / 8][4];   // two slices' A fragments: one read, one loading"]
+          if pipelined else
+          ["  unsigned a_hi[kSums][kBK / 8][4], a_lo[kSums][kBK / 8][4];   // the A fragments of the slices in flight"]),
         "  // slice it's A fragments for this warp (m16n8k8's layout), read through the 128-byte swizzle and split",
         "  auto load_a = [&](int it, unsigned (&ah)[kBK / 8][4], unsigned (&al)[kBK / 8][4]) {",
         "    mbar_wait(&full[it % kStages], (it / kStages) & 1);",
@@ -254,24 +265,30 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         "    for (int u = 0; u < kSums; ++u) {",
         "      const int it = it0 + u, s = it % kStages;",
         "      if (it >= KT) break;",
-        "      load_a(it, a_hi[u], a_lo[u]);",
+        f"      load_a(it, a_hi[{set_}], a_lo[{set_}]);",
         "      const float* bh = hi + s * kSlice + kBM * kBK;   // B's rows as copied (hi), lo in the stage's lo part",
         "      const float* bl = lo + s * kLoSlice;",
         "      wgmma_fence();",
         "      #pragma unroll",
         "      for (int ks = 0; ks < kBK / 8; ++ks) {   // small products first; the group's first overwrites the sums",
-        "        wgmma_rs(&sacc[0][0][0], a_lo[u][ks], wgmma_desc(bh + ks * 8), u == 0 && ks == 0 ? 0 : 1);",
-        "        wgmma_rs(&sacc[0][0][0], a_hi[u][ks], wgmma_desc(bl + ks * 8), 1);",
-        "        wgmma_rs(&sacc[0][0][0], a_hi[u][ks], wgmma_desc(bh + ks * 8), 1);",
+        f"        wgmma_rs(&sacc[0][0][0], a_lo[{set_}][ks], wgmma_desc(bh + ks * 8), u == 0 && ks == 0 ? 0 : 1);",
+        f"        wgmma_rs(&sacc[0][0][0], a_hi[{set_}][ks], wgmma_desc(bl + ks * 8), 1);",
+        f"        wgmma_rs(&sacc[0][0][0], a_hi[{set_}][ks], wgmma_desc(bh + ks * 8), 1);",
         "      }",
         "      wgmma_commit();",
+        *(["      if (u > 0) {   // the slice before is done: its fragment set and stage are free, this one's in flight",
+           "        wgmma_wait1();",
+           "        if ((tid & 127) == 0) mbar_arrive(&empty[(it - 1) % kStages]);",
+           "      }"] if pipelined else []),
         "    }",
         "    wgmma_wait();",
         "    #pragma unroll",
         "    for (int nt = 0; nt < kNT; ++nt)",
         "      #pragma unroll",
         "      for (int j = 0; j < 4; ++j) { hold(sacc[0][nt][j]); acc[0][nt][j] += sacc[0][nt][j]; }",
-        "    if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
-        "      for (int it = it0; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);",
+        *(["    if ((tid & 127) == 0)   // this warpgroup's products of the group's last slice are done",
+           "      mbar_arrive(&empty[(min(it0 + kSums, KT) - 1) % kStages]);"] if pipelined else
+          ["    if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
+           "      for (int it = it0; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);"]),
         "  }",
     ]
