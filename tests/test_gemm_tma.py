@@ -147,3 +147,19 @@ def test_each_address_and_shape_is_encoded_once(monkeypatch):
     tensor_map.encode(0x30000, m)
     assert len(calls) == 2
     tensor_map._encoded.cache_clear()
+
+
+def test_few_tiles_and_a_long_k_cut_k_into_parts_that_take_turns_on_the_consumers_barrier():
+    """The tuner's TMA tiles for 6 output tiles of K = 8192 split K (as the mma.sync loop's do); the parts'
+    turns synchronise the consumers alone (its producers have left) and the kernel compiles clean."""
+    from agent_core.codegen.gemm_mma import gemm_spec, tma_alternatives
+    from agent_core.codegen.region_io import region_io
+    p = program(257, 130, 8192)
+    alts = tma_alternatives(gemm_spec(p, region_io(p, list(p.nodes))))
+    assert [(a["block_n"], a["split_k"]) for a in alts] == [(128, 16), (64, 8)]
+    ks = generate_kernel(p, list(p.nodes), name="gemm_tma_split", params=alts[0])
+    assert ks.grid == (2, 3, 16) and [dt for dt, _ in ks.workspace] == ["float32", "int32"]
+    consumers = ks.source.split('setmaxnreg.inc')[1]
+    assert "split K: 16 parts of this output tile take turns" in consumers and "__syncthreads" not in consumers
+    c = compile_kernel(ks, arch="sm_90")
+    assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == []

@@ -329,7 +329,8 @@ def tma_alternatives(spec: GemmSpec, p: dict | None = None) -> list[dict]:
     one already; the tuner drops them on other GPUs (gemm_tma.tried_on)."""
     if gemm_tma.applies(spec) is not None or (p or {}).get("mma") == gemm_tma.MMA:
         return []
-    return gemm_tma.variants({"form": FORM})
+    return [{**v, "split_k": split_k_for(spec, int(v["block_m"]), int(v["block_n"]), gemm_tma.BK)}
+            for v in gemm_tma.variants({"form": FORM})]
 
 
 def alternatives(program: Program, io: RegionIO) -> list[dict]:
@@ -466,7 +467,7 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
     parts = split_parts(p)
     if parts > 1:
         if spec.batch > 1 or spec.conv is not None or spec.halves:
-            raise CodegenError("tile GEMM: split K runs on the mma.sync loop of one 2-D GEMM, without a gated unit")
+            raise CodegenError("tile GEMM: split K runs on one 2-D GEMM, without a gated unit")
         if spec.rows is not None and bn < spec.N:
             raise CodegenError("tile GEMM: split K with rows shared between CTAs (their states have a workspace "
                                "of their own)")
@@ -668,6 +669,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         consts += gemm_tma.consts(p)
         cparams = gemm_tma.PARAMS + cparams
         body = [*gemm_tma.kernel_lines(CLUSTER_TILE if cluster else GROUPED_TILE, bool(rows), p),
+                *(_split_k_turn(parts, "cta_sync();") if parts > 1 else []),
                 *_store_loop(program, io, spec, arg, shared_norm), *row_tail,
                 *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else []),
                 *(cluster_exit() if cluster else [])]
@@ -698,8 +700,10 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     helpers = (PORTABLE_HELPERS if p.get("portable") else HELPERS).strip("\n").splitlines()
     if tma:
         helpers += gemm_tma.helpers(bn)
-    if rows:     # the row combine's barrier: the block's, or the TMA loop's consumers' (its producers have left)
-        helpers += state_code(rows) + [
+    if rows:
+        helpers += state_code(rows)
+    if rows or parts > 1:     # the row combine's and split K's barrier: the block's, or the TMA loop's consumers'
+        helpers += [
             '__device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 1, %0;" :: "n"(kBlock) : "memory"); }'
             if tma else "__device__ __forceinline__ void cta_sync() { __syncthreads(); }"]
     head, schedule = _describe(program, io, spec, p, name, shared, ops)
@@ -926,8 +930,10 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                  else "") + loop_words + f"B {b_words}, "
                 + (f"its two halves' columns side by side in each thread (a gated unit of {spec.N // 2}), "
                    if spec.halves else "")
-                + f"{len(spec.epilogue)} epilogue op(s) fused"
-                + (" and the bias" if spec.bias else "") + (_row_words(program, spec, n_tiles, row_cluster(spec, p)) if spec.rows else ""))
+                + (f"K cut into {split_parts(p)} parts that add up in turn through the workspace, "
+                   if split_parts(p) > 1 else "")
+                + f"{len(spec.epilogue)} epilogue op(s) fused" + (" and the bias" if spec.bias else "")
+                + (_row_words(program, spec, n_tiles, row_cluster(spec, p)) if spec.rows else ""))
     precision = ("TF32, as the program allows: x rounded to TF32 in registers, a_hi b_hi accumulated in fp32 "
                  "(about 1e-3 relative; not fp32-accurate)." if p.get(TF32) else
                  "3xTF32: A's hi = x rounded to TF32, lo = x - hi, split in the consumers' registers; B's hi = x read "
@@ -978,12 +984,13 @@ PIPELINE_START = [
 SPLIT_PIPELINE_START = ["  const int KT = min(kPer, kSlices - kt0);   // this part's slices"] + PIPELINE_START[1:]
 
 
-def _split_k_turn(parts: int) -> list[str]:
+def _split_k_turn(parts: int, sync: str = "__syncthreads();") -> list[str]:
     """C lines after the main loop of a split-K part: the parts of an output tile take turns in order
     (blockIdx.z; CTAs start in block order, so a part only waits for parts already running or done):
     each adds the running sum of those before it to its accumulators and, but for the last, stores it
     for the next and returns. The last goes on to the epilogue with the whole sum, added in the same
-    order every launch, and resets the tile's turn for the next launch (and graph replay)."""
+    order every launch, and resets the tile's turn for the next launch (and graph replay). sync: the
+    barrier of the threads holding accumulators (the TMA loop's consumers: cta_sync)."""
     return [
         f"  // split K: {parts} parts of this output tile take turns, in order",
         "  {",
@@ -991,7 +998,7 @@ def _split_k_turn(parts: int) -> list[str]:
         "    const int r0 = bm + warp_m * kTM + lane_g, c0 = bn + warp_n * kTN + 2 * lane_t;",
         "    if (part > 0) {",
         "      if (tid == 0) while (*(volatile unsigned int*)&counters[turn] != (unsigned)part) {}",
-        "      __syncthreads();",
+        f"      {sync}",
         "      __threadfence();",
         *_each_element(["acc[mt][nt][j] = __ldcg(workspace + (index_t)row * kN + col) + acc[mt][nt][j];"],
                        "r0", "c0"),
@@ -999,7 +1006,7 @@ def _split_k_turn(parts: int) -> list[str]:
         f"    if (part < {parts} - 1) {{",
         *_each_element(["workspace[(index_t)row * kN + col] = acc[mt][nt][j];"], "r0", "c0"),
         "      __threadfence();",
-        "      __syncthreads();",
+        f"      {sync}",
         "      if (tid == 0) atomicExch(&counters[turn], (unsigned)(part + 1));",
         "      return;",
         "    }",

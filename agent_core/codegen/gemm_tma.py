@@ -32,8 +32,9 @@ How:
 Takes one 2-D GEMM whose A rows and B rows (linear's [N, K] weight) are k-contiguous with 16-byte row
 strides, its pointwise epilogue, and row reductions and normalising ops after it (their combine
 synchronises the consumers through a named barrier, cta_sync; the CTAs of a row tile share the rows as
-one thread-block cluster, up to 8 of them, else through the workspace: gemm_mma.row_cluster); split K,
-stacks, convolutions and gated units stay on the mma.sync loop.
+one thread-block cluster, up to 8 of them, else through the workspace: gemm_mma.row_cluster), and K cut
+into parts where the output has few tiles (their turns synchronise the consumers alone, as the row
+combine does); stacks, convolutions and gated units stay on the mma.sync loop.
 """
 from __future__ import annotations
 
@@ -93,8 +94,8 @@ def check(spec, p: dict) -> None:
         raise CodegenError(f"tile GEMM (tma): {p['sum_slices']} slices per tensor-core sum "
                            f"({' or '.join(map(str, sums))}{' without' if not p.get('pipelined') else ' with'} "
                            "two A fragment sets in turn)")
-    if int(p.get("split_k") or 1) > 1 or p.get("portable") or p.get("tf32"):
-        raise CodegenError("tile GEMM (tma): no split K, one-TF32-product form or CPU emulation")
+    if p.get("portable") or p.get("tf32"):
+        raise CodegenError("tile GEMM (tma): no one-TF32-product form or CPU emulation")
 
 
 def shared_bytes(bm: int, bn: int, stages: int) -> int:
@@ -191,6 +192,7 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
     its stage freed as soon as they are done; else every slice of a sum has its own set, and the sum's
     stages are freed together once all its products are done."""
     pipelined = bool(p.get("pipelined"))
+    parts = int(p.get("split_k") or 1)
     set_ = "u & 1" if pipelined else "u"
     return [
         "  extern __shared__ __align__(1024) unsigned char smem_raw[];",
@@ -203,7 +205,10 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         "  u64* landed = empty + kStages;                                 // its copies have landed",
         *grouped_tile,
         "  const int bm = tile_m * kBM, bn = tile_n * kBN;",
-        "  const int KT = (kK + kBK - 1) / kBK;",
+        *(["  // split K: this CTA's part of the reduction, k slices [kt0, kt0 + KT)",
+           f"  const int kSlices = (kK + kBK - 1) / kBK, kPer = (kSlices + {parts} - 1) / {parts};",
+           "  const int kt0 = blockIdx.z * kPer, KT = max(0, min(kPer, kSlices - kt0));"] if parts > 1 else
+          ["  const int kt0 = 0, KT = (kK + kBK - 1) / kBK;"]),
         "  if (threadIdx.x == 0) {",
         "    for (int s = 0; s < kStages; ++s) {",
         "      mbar_init(&full[s], kProducers - 32); mbar_init(&empty[s], kBM / 64); mbar_init(&landed[s], 1);",
@@ -219,8 +224,8 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         "          const int s = it % kStages;",
         "          if (it >= kStages) mbar_wait(&empty[s], ((it / kStages) - 1) & 1);",
         "          mbar_expect(&landed[s], kSlice * 4);",
-        "          tma_copy(hi + s * kSlice, &map_a, &landed[s], it * kBK, bm);",
-        "          tma_copy(hi + s * kSlice + kBM * kBK, &map_b, &landed[s], it * kBK, bn);",
+        "          tma_copy(hi + s * kSlice, &map_a, &landed[s], (kt0 + it) * kBK, bm);",
+        "          tma_copy(hi + s * kSlice + kBM * kBK, &map_b, &landed[s], (kt0 + it) * kBK, bn);",
         "        }",
         "      return;",
         "    }",
