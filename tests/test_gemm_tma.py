@@ -149,17 +149,24 @@ def test_each_address_and_shape_is_encoded_once(monkeypatch):
     tensor_map._encoded.cache_clear()
 
 
-def test_few_tiles_and_a_long_k_cut_k_into_parts_that_take_turns_on_the_consumers_barrier():
-    """The tuner's TMA tiles for 6 output tiles of K = 8192 split K (as the mma.sync loop's do); the parts'
-    turns synchronise the consumers alone (its producers have left) and the kernel compiles clean."""
+def test_few_tiles_and_a_long_k_cut_k_into_parts_that_add_up_as_one_cluster():
+    """The tuner's TMA tiles for 6 output tiles of K = 8192 split K into at most 8 parts (as the mma.sync
+    loop's do); the parts of a tile are one thread-block cluster that adds up the sums on chip, each part
+    finishing its share of the tile: no workspace, and the kernel compiles clean. Row reductions after
+    it keep K whole (their CTAs would each hold a share of the rows' columns)."""
     from agent_core.codegen.gemm_mma import gemm_spec, tma_alternatives
     from agent_core.codegen.region_io import region_io
     p = program(257, 130, 8192)
     alts = tma_alternatives(gemm_spec(p, region_io(p, list(p.nodes))))
-    assert [(a["block_n"], a["split_k"]) for a in alts] == [(128, 16), (64, 8)]
+    assert [(a["block_n"], a["split_k"]) for a in alts] == [(128, 8), (64, 8)]
     ks = generate_kernel(p, list(p.nodes), name="gemm_tma_split", params=alts[0])
-    assert ks.grid == (2, 3, 16) and [dt for dt, _ in ks.workspace] == ["float32", "int32"]
+    assert ks.grid == (2, 3, 8) and ks.workspace == [] and "__cluster_dims__(1, 1, 8)" in ks.source
+    assert "K cut into 8 parts, one cluster" in ks.schedule
     consumers = ks.source.split('setmaxnreg.inc')[1]
-    assert "split K: 16 parts of this output tile take turns" in consumers and "__syncthreads" not in consumers
+    assert "__cluster_map_shared_rank(part_sums, q)" in consumers and "__syncthreads" not in consumers
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == []
+    rows = rows_program(257, 130, 8192, ["logsumexp"])
+    assert all(a["split_k"] == 1 for a in tma_alternatives(gemm_spec(rows, region_io(rows, list(rows.nodes)))))
+    with pytest.raises(CodegenError, match="no row reductions after it"):
+        generate_kernel(rows, list(rows.nodes), name="no", params={**alts[0], "split_k": 2})

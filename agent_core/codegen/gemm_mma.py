@@ -329,7 +329,9 @@ def tma_alternatives(spec: GemmSpec, p: dict | None = None) -> list[dict]:
     one already; the tuner drops them on other GPUs (gemm_tma.tried_on)."""
     if gemm_tma.applies(spec) is not None or (p or {}).get("mma") == gemm_tma.MMA:
         return []
-    return [{**v, "split_k": split_k_for(spec, int(v["block_m"]), int(v["block_n"]), gemm_tma.BK)}
+    return [{**v, "split_k": 1 if spec.rows else min(gemm_tma.MAX_PARTS,
+                                                      split_k_for(spec, int(v["block_m"]), int(v["block_n"]),
+                                                                  gemm_tma.BK))}
             for v in gemm_tma.variants({"form": FORM})]
 
 
@@ -528,7 +530,8 @@ def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, 
     if spec.rows is not None:
         nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, spec.N, n_tiles, m_tiles,
                                                            row_cluster(spec, p)) if dt == "float32")
-    nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)      # the running sum, written and read per part
+    if p.get("mma") != gemm_tma.MMA:     # the running sum, written and read per part (the TMA loop's: on chip)
+        nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)
     return nbytes, 2 * spec.batch * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes
                                                                    if n != spec.node)
 
@@ -646,10 +649,11 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     n_tiles, m_tiles = tiles(spec, p)
     rows = spec.rows
     parts = split_parts(p)
+    tma = p.get("mma") == gemm_tma.MMA
     cluster = row_cluster(spec, p)
     workspace = row_workspace(rows, spec.M, spec.N, n_tiles, m_tiles, cluster) if rows else []
     shared_norm = bool(rows and rows.norms and n_tiles > 1 and not cluster)    # its rows' inputs go through the workspace
-    if parts > 1:        # the running sum of the parts so far, and each output tile's turn
+    if parts > 1 and not tma:        # the running sum of the parts so far, and each output tile's turn
         workspace = [("float32", spec.M * spec.N), ("int32", n_tiles * m_tiles)]
     if workspace:
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
@@ -664,15 +668,14 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
                              n_tiles, cluster) if rows else []
     if rows and rows.norms and (spec.batch > 1 or conv is not None):
         raise CodegenError("tile GEMM: a normalising op after it runs on the mma.sync loop of one 2-D GEMM only")
-    tma = p.get("mma") == gemm_tma.MMA
     if tma:      # warp-specialised: producers copy (TMA) and split each slice, consumers issue its products
         consts += gemm_tma.consts(p)
         cparams = gemm_tma.PARAMS + cparams
         body = [*gemm_tma.kernel_lines(CLUSTER_TILE if cluster else GROUPED_TILE, bool(rows), p),
-                *(_split_k_turn(parts, "cta_sync();") if parts > 1 else []),
-                *_store_loop(program, io, spec, arg, shared_norm), *row_tail,
+                *(_split_k_cluster(parts) if parts > 1 else []),
+                *_store_loop(program, io, spec, arg, shared_norm, OWNED if parts > 1 else ""), *row_tail,
                 *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else []),
-                *(cluster_exit() if cluster else [])]
+                *(cluster_exit() if cluster or parts > 1 else [])]
     else:
         body = [
             "  extern __shared__ __align__(16) float smem[];",
@@ -702,8 +705,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         helpers += gemm_tma.helpers(bn)
     if rows:
         helpers += state_code(rows)
-    if rows or parts > 1:     # the row combine's and split K's barrier: the block's, or the TMA loop's consumers'
-        helpers += [
+    if rows or (tma and parts > 1):     # the barrier of the threads holding accumulators: the block's, or
+        helpers += [                     # the TMA loop's consumers' (its producers have left)
             '__device__ __forceinline__ void cta_sync() { asm volatile("bar.sync 1, %0;" :: "n"(kBlock) : "memory"); }'
             if tma else "__device__ __forceinline__ void cta_sync() { __syncthreads(); }"]
     head, schedule = _describe(program, io, spec, p, name, shared, ops)
@@ -711,7 +714,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     kname = kernel_name(name)
     block += gemm_tma.PRODUCERS if tma else 0
     # a cluster's dims at compile time: an ordinary launch (CuPy, <<<>>>) starts the clusters
-    dims = " __cluster_dims__(kNTiles, 1, 1)" if cluster else ""
+    dims = " __cluster_dims__(kNTiles, 1, 1)" if cluster else f" __cluster_dims__(1, 1, {parts})" if tma and parts > 1 else ""
     source = "\n".join([head, *consts, "", *helpers,
                         f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks}){dims}\n'
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
@@ -771,7 +774,7 @@ def _operands(spec: GemmSpec, p: dict, arg: dict[str, str]) -> _OperandLines:
 
 
 def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str],
-                shared_norm: bool = False) -> list[str]:
+                shared_norm: bool = False, guard: str = "") -> list[str]:
     """C lines: the epilogue over the accumulators, one store per output element (the row statistics
     folded in where the region reduces rows). A gated unit's thread reads fragment 2q for the value (mm)
     and 2q + 1 for the gate (mm2) of one output column oc (glu_col)."""
@@ -797,12 +800,12 @@ def _store_loop(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, s
         *row_init,
         *_each_element([*([index] if any(re.search(r"\bi\b", ln) for ln in epi) else []),
                         "const float " + ", ".join(f"{name} = {acc}{bias(at)}" for name, acc, at in values) + ";",
-                        *epi], frag=frag, count=count, col=col, col0=f"{col}0", limit=limit),
+                        *epi], frag=frag, count=count, col=col, col0=f"{col}0", limit=limit, guard=guard),
     ]
 
 
 def _each_element(body: list[str], row0: str = "row0", col0: str = "col0", frag: str = "nt", count: str = "kNT",
-                  col: str = "col", limit: str = "kN") -> list[str]:
+                  col: str = "col", limit: str = "kN", guard: str = "") -> list[str]:
     """C lines running `body` for every accumulator element this thread holds inside the output:
     fragment rows mt, columns `frag` (of `count`), elements j; `row` and `col` (named `col`) its place,
     from the thread's first row and column row0 and col0."""
@@ -814,7 +817,7 @@ def _each_element(body: list[str], row0: str = "row0", col0: str = "col0", frag:
         "      #pragma unroll",
         "      for (int j = 0; j < 4; ++j) {",
         f"        const int row = {row0} + mt * 16 + (j >> 1) * 8, {col} = {col0} + {frag} * 8 + (j & 1);",
-        f"        if (row < kM && {col} < {limit}) {{",
+        f"        if (row < kM && {col} < {limit}{' && ' + guard if guard else ''}) {{",
         *[f"          {ln}" for ln in body],
         "        }",
         "      }",
@@ -930,7 +933,8 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                  else "") + loop_words + f"B {b_words}, "
                 + (f"its two halves' columns side by side in each thread (a gated unit of {spec.N // 2}), "
                    if spec.halves else "")
-                + (f"K cut into {split_parts(p)} parts that add up in turn through the workspace, "
+                + ((f"K cut into {split_parts(p)} parts, one cluster, each adding up its share of the tile, "
+                    if tma else f"K cut into {split_parts(p)} parts that add up in turn through the workspace, ")
                    if split_parts(p) > 1 else "")
                 + f"{len(spec.epilogue)} epilogue op(s) fused" + (" and the bias" if spec.bias else "")
                 + (_row_words(program, spec, n_tiles, row_cluster(spec, p)) if spec.rows else ""))
@@ -984,13 +988,52 @@ PIPELINE_START = [
 SPLIT_PIPELINE_START = ["  const int KT = min(kPer, kSlices - kt0);   // this part's slices"] + PIPELINE_START[1:]
 
 
-def _split_k_turn(parts: int, sync: str = "__syncthreads();") -> list[str]:
-    """C lines after the main loop of a split-K part: the parts of an output tile take turns in order
-    (blockIdx.z; CTAs start in block order, so a part only waits for parts already running or done):
-    each adds the running sum of those before it to its accumulators and, but for the last, stores it
-    for the next and returns. The last goes on to the epilogue with the whole sum, added in the same
-    order every launch, and resets the tile's turn for the next launch (and graph replay). sync: the
-    barrier of the threads holding accumulators (the TMA loop's consumers: cta_sync)."""
+# a split-K part's CTA of the TMA loop finishes the output elements of its own share of the fragments
+OWNED = "nt / (kNT / kParts) == (int)blockIdx.z"
+
+
+def _split_k_cluster(parts: int) -> list[str]:
+    """C lines after the TMA loop's main loop where K is cut into `parts` (one thread-block cluster of
+    the output tile's parts along grid z): each part's CTA puts its sums in its shared memory (the ring,
+    free by then), and after a cluster barrier adds, for its own share of the fragments (OWNED: kNT /
+    kParts columns of 8), the sums of every part in part order: the same bits every launch, in parallel,
+    no workspace. Only the owned elements go through the epilogue; the cluster leaves together
+    (gemm_rows.cluster_exit), none while another may still read its sums."""
+    return [
+        f"  // split K: the {parts} parts of this output tile, one cluster, each finishing its share of it",
+        f"  constexpr int kParts = {parts};",
+        "  {",
+        "    float* const part_sums = smem;   // [kNT][4][kBlock]: this part's sums, read by the cluster",
+        "    cta_sync();   // every consumer is done with the ring",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt)",
+        "      #pragma unroll",
+        "      for (int j = 0; j < 4; ++j) part_sums[(nt * 4 + j) * kBlock + tid] = acc[0][nt][j];",
+        "    __cluster_barrier_arrive();   // release: this part's sums, to the cluster",
+        "    __cluster_barrier_wait();",
+        "    #pragma unroll",
+        "    for (int nt = 0; nt < kNT; ++nt) {",
+        f"      if (!({OWNED})) continue;",
+        "      #pragma unroll",
+        "      for (int j = 0; j < 4; ++j) {",
+        "        float s = 0.0f;",
+        "        for (int q = 0; q < kParts; ++q)   // part order: the same bits whichever CTA adds them",
+        "          s += static_cast<const float*>(__cluster_map_shared_rank(part_sums, q))[(nt * 4 + j) * kBlock + tid];",
+        "        acc[0][nt][j] = s;",
+        "      }",
+        "    }",
+        "    __cluster_barrier_arrive();   // done reading the cluster's sums",
+        "  }",
+    ]
+
+
+def _split_k_turn(parts: int) -> list[str]:
+    """C lines after the mma.sync loop's main loop of a split-K part: the parts of an output tile take
+    turns in order (blockIdx.z; CTAs start in block order, so a part only waits for parts already
+    running or done): each adds the running sum of those before it to its accumulators and, but for
+    the last, stores it for the next and returns. The last goes on to the epilogue with the whole sum,
+    added in the same order every launch, and resets the tile's turn for the next launch (and graph
+    replay)."""
     return [
         f"  // split K: {parts} parts of this output tile take turns, in order",
         "  {",
@@ -998,7 +1041,7 @@ def _split_k_turn(parts: int, sync: str = "__syncthreads();") -> list[str]:
         "    const int r0 = bm + warp_m * kTM + lane_g, c0 = bn + warp_n * kTN + 2 * lane_t;",
         "    if (part > 0) {",
         "      if (tid == 0) while (*(volatile unsigned int*)&counters[turn] != (unsigned)part) {}",
-        f"      {sync}",
+        "      __syncthreads();",
         "      __threadfence();",
         *_each_element(["acc[mt][nt][j] = __ldcg(workspace + (index_t)row * kN + col) + acc[mt][nt][j];"],
                        "r0", "c0"),
@@ -1006,7 +1049,7 @@ def _split_k_turn(parts: int, sync: str = "__syncthreads();") -> list[str]:
         f"    if (part < {parts} - 1) {{",
         *_each_element(["workspace[(index_t)row * kN + col] = acc[mt][nt][j];"], "r0", "c0"),
         "      __threadfence();",
-        f"      {sync}",
+        "      __syncthreads();",
         "      if (tid == 0) atomicExch(&counters[turn], (unsigned)(part + 1));",
         "      return;",
         "    }",

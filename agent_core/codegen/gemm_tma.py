@@ -47,6 +47,7 @@ MMA = "tma"
 IN_TUNER = True
 PRODUCERS = 256            # threads of the two producer warpgroups
 BK = 32                    # k per slice: one 128-byte swizzle row per operand row
+MAX_PARTS = 8              # split-K parts: one thread-block cluster of the portable size
 LOCALS = ("hi", "lo", "full", "empty", "landed", "it", "it0", "u", "ks", "pt", "h4", "l4", "x4", "ar", "c1", "a_hi",
           "a_lo", "load_a", "smem_raw", "map_a", "map_b", "u64")
 
@@ -94,6 +95,10 @@ def check(spec, p: dict) -> None:
         raise CodegenError(f"tile GEMM (tma): {p['sum_slices']} slices per tensor-core sum "
                            f"({' or '.join(map(str, sums))}{' without' if not p.get('pipelined') else ' with'} "
                            "two A fragment sets in turn)")
+    parts = int(p.get("split_k") or 1)
+    if parts > 1 and (parts > MAX_PARTS or (bn // 8) % parts or spec.rows is not None):
+        raise CodegenError(f"tile GEMM (tma): K in {parts} parts: at most {MAX_PARTS} (one cluster), dividing the "
+                           f"tile's {bn // 8} fragment columns, and no row reductions after it")
     if p.get("portable") or p.get("tf32"):
         raise CodegenError("tile GEMM (tma): no one-TF32-product form or CPU emulation")
 
@@ -247,7 +252,8 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         '  asm volatile("setmaxnreg.inc.sync.aligned.u32 216;\\n");',
         "  const int tid = threadIdx.x - kProducers, lane_g = (tid & 31) >> 2, lane_t = tid & 3;",
         "  const int warp_m = tid >> 5, warp_n = 0;   // warp m owns rows 16 m .. 16 m + 15",
-        *(["  float* const smem = hi;   // the row reductions' scratch once every slice is consumed"] if rows else []),
+        *(["  float* const smem = hi;   // the epilogue's scratch once every slice is consumed"]
+          if rows or parts > 1 else []),
         "  float acc[1][kNT][4], sacc[1][kNT][4];",
         *(["  unsigned a_hi[2][kBK / 8][4], a_lo[2][kBK / 8][4];   // two slices' A fragments: one read, one loading"]
           if pipelined else

@@ -97,9 +97,9 @@ def test_row_reductions_after_it_match_torch(M, N, K, reds, post):
 
 @pytest.mark.parametrize("shape", [(257, 130, 8192), (394, 512, 2048)], ids=["k8192-6-tiles", "vit-mlp-out"])
 @pytest.mark.parametrize("bn", [128, 64])
-def test_split_k_parts_take_turns_match_torch_and_replay_the_same_bits(shape, bn):
-    """Few output tiles and a long K: the tuner's TMA tiles cut K into parts (gemm_mma.tma_alternatives)
-    that take turns through the workspace, synchronising the consumers alone; verified on 5 draws, then
+def test_split_k_parts_add_up_as_a_cluster_match_torch_and_replay_the_same_bits(shape, bn):
+    """Few output tiles and a long K: the tuner's TMA tiles cut K into parts (gemm_mma.tma_alternatives),
+    one thread-block cluster per output tile adding its parts' sums on chip; verified on 5 draws, then
     20 more runs give the same bits (the parts always add in the same order). -rP prints the time
     against the same tiles without the split."""
     from agent_core.codegen.gemm_mma import gemm_spec, tma_alternatives
