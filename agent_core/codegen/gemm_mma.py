@@ -652,7 +652,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     tma = p.get("mma") == gemm_tma.MMA
     cluster = row_cluster(spec, p)
     workspace = row_workspace(rows, spec.M, spec.N, n_tiles, m_tiles, cluster) if rows else []
-    shared_norm = bool(rows and rows.norms and n_tiles > 1 and not cluster)    # its rows' inputs go through the workspace
+    shared_norm = bool(rows and rows.norms and n_tiles > 1 and not cluster)    # its rows' inputs: the workspace
     if parts > 1 and not tma:        # the running sum of the parts so far, and each output tile's turn
         workspace = [("float32", spec.M * spec.N), ("int32", n_tiles * m_tiles)]
     if workspace:
@@ -714,7 +714,8 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     kname = kernel_name(name)
     block += gemm_tma.PRODUCERS if tma else 0
     # a cluster's dims at compile time: an ordinary launch (CuPy, <<<>>>) starts the clusters
-    dims = " __cluster_dims__(kNTiles, 1, 1)" if cluster else f" __cluster_dims__(1, 1, {parts})" if tma and parts > 1 else ""
+    dims = (" __cluster_dims__(kNTiles, 1, 1)" if cluster else
+            f" __cluster_dims__(1, 1, {parts})" if tma and parts > 1 else "")
     source = "\n".join([head, *consts, "", *helpers,
                         f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks}){dims}\n'
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
