@@ -195,8 +195,9 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
     threads; the producers leave once their last slice is split. p["pipelined"]: two sets of A's fragments
     in turn, each slice's products left in flight while the next slice's are issued (wgmma.wait_group 1),
     its stage freed as soon as they are done; else every slice of a sum has its own set, and the sum's
-    stages are freed together once all its products are done."""
-    pipelined = bool(p.get("pipelined"))
+    stages are freed together once all its products are done. p["stagger"]: the second consumer
+    warpgroup's sums start half a sum later, so the two never wait for their products at once."""
+    pipelined, stagger = bool(p.get("pipelined")), bool(p.get("stagger"))
     parts = int(p.get("split_k") or 1)
     set_ = "u & 1" if pipelined else "u"
     return [
@@ -271,23 +272,29 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         "  };",
         "  #pragma unroll",
         "  for (int nt = 0; nt < kNT; ++nt) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;",
-        "  for (int it0 = 0; it0 < KT; it0 += kSums) {   // kSums slices summed on the tensor cores, then in fp32",
+        *(["  // the second warpgroup's sums end half a sum later: one drains while the other's products run",
+           "  #pragma unroll",
+           "  for (int nt = 0; nt < kNT; ++nt) sacc[0][nt][0] = sacc[0][nt][1] = sacc[0][nt][2] = sacc[0][nt][3] = 0.0f;",
+           "  for (int it0 = -(tid >> 7) * (kSums / 2); it0 < KT; it0 += kSums) {"] if stagger else
+          ["  for (int it0 = 0; it0 < KT; it0 += kSums) {   // kSums slices summed on the tensor cores, then in fp32"]),
+        "    const int first = max(it0, 0);   // the sum's first slice",
         "    #pragma unroll",
         "    for (int u = 0; u < kSums; ++u) {",
         "      const int it = it0 + u, s = it % kStages;",
         "      if (it >= KT) break;",
+        *(["      if (it < 0) continue;"] if stagger else []),
         f"      load_a(it, a_hi[{set_}], a_lo[{set_}]);",
         "      const float* bh = hi + s * kSlice + kBM * kBK;   // B's rows as copied (hi), lo in the stage's lo part",
         "      const float* bl = lo + s * kLoSlice;",
         "      wgmma_fence();",
         "      #pragma unroll",
         "      for (int ks = 0; ks < kBK / 8; ++ks) {   // small products first; the group's first overwrites the sums",
-        f"        wgmma_rs(&sacc[0][0][0], a_lo[{set_}][ks], wgmma_desc(bh + ks * 8), u == 0 && ks == 0 ? 0 : 1);",
+        f"        wgmma_rs(&sacc[0][0][0], a_lo[{set_}][ks], wgmma_desc(bh + ks * 8), it == first && ks == 0 ? 0 : 1);",
         f"        wgmma_rs(&sacc[0][0][0], a_hi[{set_}][ks], wgmma_desc(bl + ks * 8), 1);",
         f"        wgmma_rs(&sacc[0][0][0], a_hi[{set_}][ks], wgmma_desc(bh + ks * 8), 1);",
         "      }",
         "      wgmma_commit();",
-        *(["      if (u > 0) {   // the slice before is done: its fragment set and stage are free, this one's in flight",
+        *(["      if (it > first) {   // the slice before is done: its fragment set and stage are free, this one's in flight",
            "        wgmma_wait1();",
            "        if ((tid & 127) == 0) mbar_arrive(&empty[(it - 1) % kStages]);",
            "      }"] if pipelined else []),
@@ -300,6 +307,6 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         *(["    if ((tid & 127) == 0)   // this warpgroup's products of the group's last slice are done",
            "      mbar_arrive(&empty[(min(it0 + kSums, KT) - 1) % kStages]);"] if pipelined else
           ["    if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
-           "      for (int it = it0; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);"]),
+           "      for (int it = first; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);"]),
         "  }",
     ]
