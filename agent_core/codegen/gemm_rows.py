@@ -434,8 +434,9 @@ def shared_floats(part: RowPart, bm: int, warps_n: int, cluster: bool = False) -
 
 
 def cluster_exit() -> list[str]:
-    """The cluster's CTAs leave together: none while another may still read its tile states."""
-    return ["  __cluster_barrier_wait();   // every CTA of the cluster has read this one's states"]
+    """The cluster's CTAs leave together: none while another may still read its shared memory (its
+    tile states, or a split-K part's sums)."""
+    return ["  __cluster_barrier_wait();   // every CTA of the cluster is done reading this one's shared memory"]
 
 
 __all__ = ["CLUSTER_MAX", "MAX_WHOLE_ROW", "NORMS", "REDUCTIONS", "RELABELS", "RowNorm", "RowPart", "RowReduce",
