@@ -329,10 +329,12 @@ def tma_alternatives(spec: GemmSpec, p: dict | None = None) -> list[dict]:
     one already; the tuner drops them on other GPUs (gemm_tma.tried_on)."""
     if gemm_tma.applies(spec) is not None or (p or {}).get("mma") == gemm_tma.MMA:
         return []
-    return [{**v, "split_k": 1 if spec.rows else min(gemm_tma.MAX_PARTS,
-                                                      split_k_for(spec, int(v["block_m"]), int(v["block_n"]),
-                                                                  gemm_tma.BK))}
-            for v in gemm_tma.variants({"form": FORM})]
+    out = []
+    for v in gemm_tma.variants({"form": FORM}):
+        bm, bn = int(v["block_m"]), int(v["block_n"])
+        parts = split_k_for(spec, bm, bn, gemm_tma.BK, cluster_rows=row_cluster(spec, v))
+        out.append({**v, "split_k": min(gemm_tma.MAX_PARTS, parts)})
+    return out
 
 
 def alternatives(program: Program, io: RegionIO) -> list[dict]:
@@ -377,13 +379,14 @@ def split_parts(p: dict) -> int:
     return int(p.get("split_k") or 1)
 
 
-def split_k_for(spec: GemmSpec, bm: int, bn: int, bk: int, sm_count: int = 132) -> int:
+def split_k_for(spec: GemmSpec, bm: int, bn: int, bk: int, sm_count: int = 132, cluster_rows: bool = False) -> int:
     """How many parts to cut K into for tiles of bm x bn: the most powers of two that keep the CTAs
     within one wave of the SMs and each part at least SPLIT_MIN_K long; 1 for a batch, a convolution, a
-    gated unit, or rows shared between CTAs (their own workspace), and while SPLIT_K_DEFAULT is off."""
+    gated unit, or rows shared between CTAs through the workspace (their own), and while SPLIT_K_DEFAULT
+    is off. cluster_rows: CTAs sharing rows do so as a cluster (row_cluster), which the parts leave alone."""
     tiles_ = math.ceil(spec.M / bm) * math.ceil(spec.N / bn)
     if not SPLIT_K_DEFAULT or spec.batch > 1 or spec.conv is not None or spec.halves or \
-            (spec.rows is not None and bn < spec.N):
+            (spec.rows is not None and bn < spec.N and not cluster_rows):
         return 1
     s = 1
     while tiles_ * 2 * s <= sm_count and spec.K // (2 * s) >= max(SPLIT_MIN_K, bk):
@@ -470,9 +473,9 @@ def _check(spec: GemmSpec, p: dict) -> tuple[int, ...]:
     if parts > 1:
         if spec.batch > 1 or spec.conv is not None or spec.halves:
             raise CodegenError("tile GEMM: split K runs on one 2-D GEMM, without a gated unit")
-        if spec.rows is not None and bn < spec.N:
-            raise CodegenError("tile GEMM: split K with rows shared between CTAs (their states have a workspace "
-                               "of their own)")
+        if spec.rows is not None and bn < spec.N and not row_cluster(spec, p):
+            raise CodegenError("tile GEMM: split K with rows shared between CTAs through the workspace (their "
+                               "states have a workspace of their own)")
         if parts > math.ceil(spec.K / bk):
             raise CodegenError(f"tile GEMM: {parts} split-K parts of a reduction of {math.ceil(spec.K / bk)} slices")
     if spec.halves and (bn // wn) % 16:
@@ -512,10 +515,10 @@ def tiles(spec: GemmSpec, p: dict) -> tuple[int, int]:
 def row_cluster(spec: GemmSpec, p: dict) -> bool:
     """Whether the CTAs that share rows are one thread-block cluster (gemm_rows.combine_lines): in sm_90's
     TMA loop, 2 to CLUSTER_MAX of them. A normalising op then runs over each CTA's accumulators, where the
-    workspace made the row tile's last CTA read back and normalise every element of the rows alone (394
-    x 2048 -> 512 + residual + LayerNorm: 167 us in 128 x 128 tiles against 22 us for the GEMM alone, H100,
-    benchmarks/h100-2026-12-06-s21). The mma.sync loop keeps the workspace: it also runs before sm_90 and
-    in the CPU emulator, which runs one CTA at a time."""
+    workspace made the row tile's last CTA read back and normalise every element of the rows alone: 394 x
+    2048 -> 512 + residual + LayerNorm in 128 x 128 tiles 167 -> 92 us, 4096 x 3072 -> 768 465 -> 249 us
+    (H100, bound launchers, benchmarks/h100-2026-12-06-s21 and -s22). The mma.sync loop keeps the
+    workspace: it also runs before sm_90 and in the CPU emulator, which runs one CTA at a time."""
     return spec.rows is not None and p.get("mma") == gemm_tma.MMA and 1 < tiles(spec, p)[0] <= CLUSTER_MAX
 
 
@@ -530,8 +533,8 @@ def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, 
     if spec.rows is not None:
         nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, spec.N, n_tiles, m_tiles,
                                                            row_cluster(spec, p)) if dt == "float32")
-    if p.get("mma") != gemm_tma.MMA:     # the running sum, written and read per part (the TMA loop's: on chip)
-        nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)
+    if p.get("mma") != gemm_tma.MMA or spec.rows is not None:     # the parts' running sum, written and read per
+        nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)    # part (a cluster's adds up on chip)
     return nbytes, 2 * spec.batch * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes
                                                                    if n != spec.node)
 
@@ -651,9 +654,12 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     parts = split_parts(p)
     tma = p.get("mma") == gemm_tma.MMA
     cluster = row_cluster(spec, p)
+    # the TMA loop's split-K parts add up as a cluster, each finishing its share of the tile; where rows
+    # are reduced after the GEMM, a CTA needs its whole tile: the parts take turns, the last finishing it
+    split_cluster = tma and parts > 1 and rows is None
     workspace = row_workspace(rows, spec.M, spec.N, n_tiles, m_tiles, cluster) if rows else []
     shared_norm = bool(rows and rows.norms and n_tiles > 1 and not cluster)    # its rows' inputs: the workspace
-    if parts > 1 and not tma:        # the running sum of the parts so far, and each output tile's turn
+    if parts > 1 and not split_cluster:        # the running sum of the parts so far, and each output tile's turn
         workspace = [("float32", spec.M * spec.N), ("int32", n_tiles * m_tiles)]
     if workspace:
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
@@ -672,10 +678,11 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         consts += gemm_tma.consts(p)
         cparams = gemm_tma.PARAMS + cparams
         body = [*gemm_tma.kernel_lines(CLUSTER_TILE if cluster else GROUPED_TILE, bool(rows), p),
-                *(_split_k_cluster(parts) if parts > 1 else []),
-                *_store_loop(program, io, spec, arg, shared_norm, OWNED if parts > 1 else ""), *row_tail,
+                *(_split_k_cluster(parts) if split_cluster else _split_k_turn(parts, "cta_sync();") if parts > 1
+                  else []),
+                *_store_loop(program, io, spec, arg, shared_norm, OWNED if split_cluster else ""), *row_tail,
                 *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else []),
-                *(cluster_exit() if cluster or parts > 1 else [])]
+                *(cluster_exit() if cluster or split_cluster else [])]
     else:
         body = [
             "  extern __shared__ __align__(16) float smem[];",
@@ -715,7 +722,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     block += gemm_tma.PRODUCERS if tma else 0
     # a cluster's dims at compile time: an ordinary launch (CuPy, <<<>>>) starts the clusters
     dims = (" __cluster_dims__(kNTiles, 1, 1)" if cluster else
-            f" __cluster_dims__(1, 1, {parts})" if tma and parts > 1 else "")
+            f" __cluster_dims__(1, 1, {parts})" if split_cluster else "")
     source = "\n".join([head, *consts, "", *helpers,
                         f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks}){dims}\n'
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
@@ -935,7 +942,8 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                 + (f"its two halves' columns side by side in each thread (a gated unit of {spec.N // 2}), "
                    if spec.halves else "")
                 + ((f"K cut into {split_parts(p)} parts, one cluster, each adding up its share of the tile, "
-                    if tma else f"K cut into {split_parts(p)} parts that add up in turn through the workspace, ")
+                    if tma and spec.rows is None else
+                    f"K cut into {split_parts(p)} parts that add up in turn through the workspace, ")
                    if split_parts(p) > 1 else "")
                 + f"{len(spec.epilogue)} epilogue op(s) fused" + (" and the bias" if spec.bias else "")
                 + (_row_words(program, spec, n_tiles, row_cluster(spec, p)) if spec.rows else ""))
@@ -1028,13 +1036,14 @@ def _split_k_cluster(parts: int) -> list[str]:
     ]
 
 
-def _split_k_turn(parts: int) -> list[str]:
-    """C lines after the mma.sync loop's main loop of a split-K part: the parts of an output tile take
-    turns in order (blockIdx.z; CTAs start in block order, so a part only waits for parts already
-    running or done): each adds the running sum of those before it to its accumulators and, but for
-    the last, stores it for the next and returns. The last goes on to the epilogue with the whole sum,
-    added in the same order every launch, and resets the tile's turn for the next launch (and graph
-    replay)."""
+def _split_k_turn(parts: int, sync: str = "__syncthreads();") -> list[str]:
+    """C lines after the main loop of a split-K part: the parts of an output tile take turns in order
+    (blockIdx.z; CTAs start in block order, so a part only waits for parts already running or done):
+    each adds the running sum of those before it to its accumulators and, but for the last, stores it
+    for the next and returns. The last goes on to the epilogue with the whole sum, added in the same
+    order every launch, and resets the tile's turn for the next launch (and graph replay). sync: the
+    barrier of the threads holding accumulators (the TMA loop's consumers: cta_sync). A cluster of the
+    row tile's CTAs (row_cluster) is the same part of each tile: its CTAs return, or finish, together."""
     return [
         f"  // split K: {parts} parts of this output tile take turns, in order",
         "  {",
@@ -1042,7 +1051,7 @@ def _split_k_turn(parts: int) -> list[str]:
         "    const int r0 = bm + warp_m * kTM + lane_g, c0 = bn + warp_n * kTN + 2 * lane_t;",
         "    if (part > 0) {",
         "      if (tid == 0) while (*(volatile unsigned int*)&counters[turn] != (unsigned)part) {}",
-        "      __syncthreads();",
+        f"      {sync}",
         "      __threadfence();",
         *_each_element(["acc[mt][nt][j] = __ldcg(workspace + (index_t)row * kN + col) + acc[mt][nt][j];"],
                        "r0", "c0"),
@@ -1050,7 +1059,7 @@ def _split_k_turn(parts: int) -> list[str]:
         f"    if (part < {parts} - 1) {{",
         *_each_element(["workspace[(index_t)row * kN + col] = acc[mt][nt][j];"], "r0", "c0"),
         "      __threadfence();",
-        "      __syncthreads();",
+        f"      {sync}",
         "      if (tid == 0) atomicExch(&counters[turn], (unsigned)(part + 1));",
         "      return;",
         "    }",

@@ -33,8 +33,9 @@ Takes one 2-D GEMM whose A rows and B rows (linear's [N, K] weight) are k-contig
 strides, its pointwise epilogue, and row reductions and normalising ops after it (their combine
 synchronises the consumers through a named barrier, cta_sync; the CTAs of a row tile share the rows as
 one thread-block cluster, up to 8 of them, else through the workspace: gemm_mma.row_cluster), and K cut
-into parts where the output has few tiles (their turns synchronise the consumers alone, as the row
-combine does); stacks, convolutions and gated units stay on the mma.sync loop.
+into parts where the output has few tiles (one cluster per tile adding up the parts' sums, or, with row
+reductions after it, the parts taking turns through the workspace); stacks, convolutions and gated units
+stay on the mma.sync loop.
 """
 from __future__ import annotations
 
@@ -90,15 +91,12 @@ def check(spec, p: dict) -> None:
         raise CodegenError(f"tile GEMM (tma): block_n {bn} must be a multiple of 8 up to 128")
     if bk != BK:
         raise CodegenError(f"tile GEMM (tma): block_k {bk}: a slice is one 128-byte row ({BK} floats)")
-    sums = (1, 2, 4, 8) if p.get("pipelined") else (1, 2)    # 4 sets of A's fragments: too few registers
-    if slices_per_sum(p) not in sums:
-        raise CodegenError(f"tile GEMM (tma): {p['sum_slices']} slices per tensor-core sum "
-                           f"({' or '.join(map(str, sums))}{' without' if not p.get('pipelined') else ' with'} "
-                           "two A fragment sets in turn)")
+    if slices_per_sum(p) not in (1, 2):    # 4 leaves too few registers: ptxas serialises the products
+        raise CodegenError(f"tile GEMM (tma): {p['sum_slices']} slices per tensor-core sum (1 or 2)")
     parts = int(p.get("split_k") or 1)
-    if parts > 1 and (parts > MAX_PARTS or (bn // 8) % parts or spec.rows is not None):
+    if parts > 1 and (parts > MAX_PARTS or (bn // 8) % parts):
         raise CodegenError(f"tile GEMM (tma): K in {parts} parts: at most {MAX_PARTS} (one cluster), dividing the "
-                           f"tile's {bn // 8} fragment columns, and no row reductions after it")
+                           f"tile's {bn // 8} fragment columns")
     if p.get("portable") or p.get("tf32"):
         raise CodegenError("tile GEMM (tma): no one-TF32-product form or CPU emulation")
 
@@ -164,7 +162,6 @@ def helpers(bn: int) -> list[str]:
         '__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory"); }',
         '__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory"); }',
         '__device__ __forceinline__ void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory"); }',
-        '__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory"); }',
         "// registers the compiler must not move across the wgmma wait (the products read and write them until it)",
         '__device__ __forceinline__ void hold(float& x) { asm volatile("" : "+f"(x) :: "memory"); }',
         "// a K-major operand in shared memory, 128-byte swizzle: rows of 128 bytes, 8-row groups 1024 bytes apart",
@@ -192,14 +189,12 @@ def helpers(bn: int) -> list[str]:
 def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
     """C lines of the kernel body up to the consumers' accumulators (`acc[0][nt][j]`), with the names the
     epilogue reads (tid, lane_g, lane_t, warp_m, warp_n, bm, bn; with rows, smem) set for the consumer
-    threads; the producers leave once their last slice is split. p["pipelined"]: two sets of A's fragments
-    in turn, each slice's products left in flight while the next slice's are issued (wgmma.wait_group 1),
-    its stage freed as soon as they are done; else every slice of a sum has its own set, and the sum's
-    stages are freed together once all its products are done. p["stagger"]: the second consumer
-    warpgroup's sums start half a sum later, so the two never wait for their products at once."""
-    pipelined, stagger = bool(p.get("pipelined")), bool(p.get("stagger"))
+    threads; the producers leave once their last slice is split. Measured and not kept (H100,
+    benchmarks/h100-2026-12-06-s22/tma_variants.txt; 4096^3 in 1.089 ms this way): two sets of A's
+    fragments in turn, each slice's products left in flight (wgmma.wait_group 1), 1.108 ms at 2 slices a
+    sum and 1.343 at 4 (ptxas serialises them); the second consumer warpgroup's sums ending half a sum
+    later, 1.132."""
     parts = int(p.get("split_k") or 1)
-    set_ = "u & 1" if pipelined else "u"
     return [
         "  extern __shared__ __align__(1024) unsigned char smem_raw[];",
         "  // [kStages][kBM + kBN][32]: the copied slices, A's rows then B's (B's hi: the copy itself); then the",
@@ -256,9 +251,7 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         *(["  float* const smem = hi;   // the epilogue's scratch once every slice is consumed"]
           if rows or parts > 1 else []),
         "  float acc[1][kNT][4], sacc[1][kNT][4];",
-        *(["  unsigned a_hi[2][kBK / 8][4], a_lo[2][kBK / 8][4];   // two slices' A fragments: one read, one loading"]
-          if pipelined else
-          ["  unsigned a_hi[kSums][kBK / 8][4], a_lo[kSums][kBK / 8][4];   // the A fragments of the slices in flight"]),
+        "  unsigned a_hi[kSums][kBK / 8][4], a_lo[kSums][kBK / 8][4];   // the A fragments of the slices in flight",
         "  // slice it's A fragments for this warp (m16n8k8's layout), read through the 128-byte swizzle and split",
         "  auto load_a = [&](int it, unsigned (&ah)[kBK / 8][4], unsigned (&al)[kBK / 8][4]) {",
         "    mbar_wait(&full[it % kStages], (it / kStages) & 1);",
@@ -272,41 +265,29 @@ def kernel_lines(grouped_tile: list[str], rows: bool, p: dict) -> list[str]:
         "  };",
         "  #pragma unroll",
         "  for (int nt = 0; nt < kNT; ++nt) acc[0][nt][0] = acc[0][nt][1] = acc[0][nt][2] = acc[0][nt][3] = 0.0f;",
-        *(["  // the second warpgroup's sums end half a sum later: one drains while the other's products run",
-           "  #pragma unroll",
-           "  for (int nt = 0; nt < kNT; ++nt) sacc[0][nt][0] = sacc[0][nt][1] = sacc[0][nt][2] = sacc[0][nt][3] = 0.0f;",
-           "  for (int it0 = -(tid >> 7) * (kSums / 2); it0 < KT; it0 += kSums) {"] if stagger else
-          ["  for (int it0 = 0; it0 < KT; it0 += kSums) {   // kSums slices summed on the tensor cores, then in fp32"]),
-        "    const int first = max(it0, 0);   // the sum's first slice",
+        "  for (int it0 = 0; it0 < KT; it0 += kSums) {   // kSums slices summed on the tensor cores, then in fp32",
         "    #pragma unroll",
         "    for (int u = 0; u < kSums; ++u) {",
         "      const int it = it0 + u, s = it % kStages;",
         "      if (it >= KT) break;",
-        *(["      if (it < 0) continue;"] if stagger else []),
-        f"      load_a(it, a_hi[{set_}], a_lo[{set_}]);",
+        "      load_a(it, a_hi[u], a_lo[u]);",
         "      const float* bh = hi + s * kSlice + kBM * kBK;   // B's rows as copied (hi), lo in the stage's lo part",
         "      const float* bl = lo + s * kLoSlice;",
         "      wgmma_fence();",
         "      #pragma unroll",
         "      for (int ks = 0; ks < kBK / 8; ++ks) {   // small products first; the group's first overwrites the sums",
-        f"        wgmma_rs(&sacc[0][0][0], a_lo[{set_}][ks], wgmma_desc(bh + ks * 8), it == first && ks == 0 ? 0 : 1);",
-        f"        wgmma_rs(&sacc[0][0][0], a_hi[{set_}][ks], wgmma_desc(bl + ks * 8), 1);",
-        f"        wgmma_rs(&sacc[0][0][0], a_hi[{set_}][ks], wgmma_desc(bh + ks * 8), 1);",
+        "        wgmma_rs(&sacc[0][0][0], a_lo[u][ks], wgmma_desc(bh + ks * 8), u == 0 && ks == 0 ? 0 : 1);",
+        "        wgmma_rs(&sacc[0][0][0], a_hi[u][ks], wgmma_desc(bl + ks * 8), 1);",
+        "        wgmma_rs(&sacc[0][0][0], a_hi[u][ks], wgmma_desc(bh + ks * 8), 1);",
         "      }",
         "      wgmma_commit();",
-        *(["      if (it > first) {   // the slice before is done: its fragment set and stage are free, this one's in flight",
-           "        wgmma_wait1();",
-           "        if ((tid & 127) == 0) mbar_arrive(&empty[(it - 1) % kStages]);",
-           "      }"] if pipelined else []),
         "    }",
         "    wgmma_wait();",
         "    #pragma unroll",
         "    for (int nt = 0; nt < kNT; ++nt)",
         "      #pragma unroll",
         "      for (int j = 0; j < 4; ++j) { hold(sacc[0][nt][j]); acc[0][nt][j] += sacc[0][nt][j]; }",
-        *(["    if ((tid & 127) == 0)   // this warpgroup's products of the group's last slice are done",
-           "      mbar_arrive(&empty[(min(it0 + kSums, KT) - 1) % kStages]);"] if pipelined else
-          ["    if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
-           "      for (int it = first; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);"]),
+        "    if ((tid & 127) == 0)   // this warpgroup's products of the slices are done: the stages may refill",
+        "      for (int it = it0; it < it0 + kSums && it < KT; ++it) mbar_arrive(&empty[it % kStages]);",
         "  }",
     ]

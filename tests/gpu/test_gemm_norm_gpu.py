@@ -45,12 +45,15 @@ def _median_ms(fn, trials=50):
 
 @pytest.mark.parametrize("M,N,K", [(394, 512, 2048), (394, 512, 512), (4096, 768, 768), (4096, 768, 3072)],
                          ids=["vit-mlp-out", "vit-attn-out", "bert-attn-out", "bert-mlp-out"])
-@pytest.mark.parametrize("form", ["whole-rows", "whole-rows-split-k", "shared-rows-64", "tma-128", "tma-64"])
+@pytest.mark.parametrize("form", ["whole-rows", "whole-rows-split-k", "shared-rows-64", "tma-128", "tma-64",
+                                  "tma-128-tuner", "tma-64-tuner"])
 def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, form):
     """Each tiling the tuner tries for it: whole-row tiles of 16 rows with K whole or split (the
     default where the tiles leave SMs idle), 64 x 64 tiles whose CTAs share the rows (the last one
     normalises them), and sm_90's TMA loop in 128 x 128 and 128 x 64 tiles sharing them as a thread-block
-    cluster (up to 8 CTAs: 4 or 8 at N = 512, 6 at 768) or through the workspace (12 at 768)."""
+    cluster (up to 8 CTAs: 4 or 8 at N = 512, 6 at 768) or through the workspace (12 at 768); and the TMA
+    tiles as the tuner takes them (gemm_mma.tma_alternatives), K cut into parts that take turns where the
+    tiles leave SMs idle."""
     from agent_core.profile.baselines import strict_fp32
     from agent_core.reference import parameter_tensors
     strict_fp32()
@@ -58,9 +61,12 @@ def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, f
     from agent_core.codegen.region_io import region_io
     p = program(M, N, K, after=False)
     params = {"form": FORM, **{"whole-rows": {"split_k": 1}, "whole-rows-split-k": {}, "shared-rows-64": SHARED_ROWS,
-                               "tma-128": TMA_128, "tma-64": TMA_64}[form]}
+                               "tma-128": TMA_128, "tma-64": TMA_64}.get(form, {})}
     if form == "whole-rows-split-k" and default_params(gemm_spec(p, region_io(p, list(p.nodes))), H_SMS)["split_k"] == 1:
         pytest.skip("enough tiles: no split")
+    if form.endswith("-tuner"):
+        from agent_core.codegen.gemm_mma import tma_alternatives
+        params = {"form": FORM, **tma_alternatives(gemm_spec(p, region_io(p, list(p.nodes))))[form == "tma-64-tuner"]}
     if form.startswith("tma") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TMA loop is sm_90's")
     r = fused(p, list(p.nodes), "gemm_ln", params=params)
