@@ -35,7 +35,9 @@ def test_a_compute_bound_linear_alone_gets_the_tile_gemm_and_the_plan_says_why()
     assert node_cost(p, nid).bound() == "compute" and without_kernel(p, [nid]) is None
     ks = generate_kernel(p, [nid], name="qkv")
     assert ks.kind == "gemm" and not ks.library_nodes and ks.params["form"] == "gemm-3xtf32"
-    assert [a.get("mma") for a in ks.alternatives] == ["tma", "tma"]     # sm_90's tiles, timed there
+    # sm_90's tiles, timed there: 48 tiles of 128 x 128 leave SMs idle, so K in 2 parts, then K whole
+    assert [(a.get("mma"), a["block_n"], a["split_k"]) for a in ks.alternatives] == \
+        [("tma", 128, 2), ("tma", 128, 1), ("tma", 64, 1)]
     (region,) = [r for r in plan_program(p).regions if nid in r.nodes]
     assert "runs through cuBLAS" in region.reason and "also times it as our tile GEMM" in region.reason
 

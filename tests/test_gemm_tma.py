@@ -152,7 +152,7 @@ def test_few_tiles_and_a_long_k_cut_k_into_parts_that_add_up_as_one_cluster():
     from agent_core.codegen.region_io import region_io
     p = program(257, 130, 8192)
     alts = tma_alternatives(gemm_spec(p, region_io(p, list(p.nodes))))
-    assert [(a["block_n"], a["split_k"]) for a in alts] == [(128, 8), (64, 8)]
+    assert [(a["block_n"], a["split_k"]) for a in alts] == [(128, 8), (64, 8), (128, 1), (64, 1)]   # and K whole
     ks = generate_kernel(p, list(p.nodes), name="gemm_tma_split", params=alts[0])
     assert ks.grid == (2, 3, 8) and ks.workspace == [] and "__cluster_dims__(1, 1, 8)" in ks.source
     assert "K cut into 8 parts, one cluster" in ks.schedule
@@ -171,7 +171,7 @@ def test_with_a_layer_norm_after_it_the_parts_take_turns_and_the_last_ones_share
     from agent_core.codegen.region_io import region_io
     p = norm_program(394, 512, 2048, "layer_norm", after=False)
     alts = tma_alternatives(gemm_spec(p, region_io(p, list(p.nodes))))
-    assert [(a["block_n"], a["split_k"]) for a in alts] == [(128, 8), (64, 4)]
+    assert [(a["block_n"], a["split_k"]) for a in alts] == [(128, 8), (64, 4), (128, 1), (64, 1)]
     ks = generate_kernel(p, list(p.nodes), name="gemm_tma_ln_split", params=alts[1])
     assert ks.grid == (8, 4, 4) and "__cluster_dims__(kNTiles, 1, 1)" in ks.source
     assert [dt for dt, _ in ks.workspace] == ["float32", "int32"]       # the parts' running sum and turns
@@ -180,4 +180,5 @@ def test_with_a_layer_norm_after_it_the_parts_take_turns_and_the_last_ones_share
     c = compile_kernel(ks, arch="sm_90")
     assert c.spill_stores == 0 and [ln for ln in c.log.splitlines() if "warning" in ln.lower()] == []
     wide = norm_program(300, 1000, 4096, "layer_norm", after=False)     # 16 CTAs a row at 128 x 64
-    assert tma_alternatives(gemm_spec(wide, region_io(wide, list(wide.nodes))))[1]["split_k"] == 1
+    assert [(a["block_n"], a["split_k"]) for a in tma_alternatives(gemm_spec(wide, region_io(wide, list(wide.nodes))))] \
+        == [(128, 4), (128, 1), (64, 1)]

@@ -326,15 +326,17 @@ def lone_gemm(program: Program, node_ids) -> bool:
 
 def tma_alternatives(spec: GemmSpec, p: dict | None = None) -> list[dict]:
     """The sm_90 TMA loop's tiles for this GEMM where that loop takes it and p (the kernel's params) is not
-    one already; the tuner drops them on other GPUs (gemm_tma.tried_on)."""
+    one already, K cut into parts first where the tiles leave SMs idle; the tuner drops them on other GPUs
+    (gemm_tma.tried_on)."""
     if gemm_tma.applies(spec) is not None or (p or {}).get("mma") == gemm_tma.MMA:
         return []
-    out = []
+    split, whole = [], []     # K cut where the tiles leave SMs idle, first; the same tiles with K whole too
     for v in gemm_tma.variants({"form": FORM}):
         bm, bn = int(v["block_m"]), int(v["block_n"])
-        parts = split_k_for(spec, bm, bn, gemm_tma.BK, cluster_rows=row_cluster(spec, v))
-        out.append({**v, "split_k": min(gemm_tma.MAX_PARTS, parts)})
-    return out
+        parts = min(gemm_tma.MAX_PARTS, split_k_for(spec, bm, bn, gemm_tma.BK, cluster_rows=row_cluster(spec, v)))
+        split += [{**v, "split_k": parts}] if parts > 1 else []
+        whole.append({**v, "split_k": 1})
+    return split + whole
 
 
 def alternatives(program: Program, io: RegionIO) -> list[dict]:
