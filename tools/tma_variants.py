@@ -1,9 +1,10 @@
 """Which form of the TMA main loop (codegen/gemm_tma.py) runs fastest, each verified and timed against
 cuBLAS's TF32 GEMM over the split parts concatenated along K (the library's split-TF32 form: alone, and
-with the input's split as a run pays it, the weight's parts cached) and torch's fp32 GEMM, TF32 off. Each variant is built with build_region (5 draws at 1e-4),
-timed through its bound launcher, and its worst error against float64 printed beside torch fp32's.
+with the input's split as a run pays it, the weight's parts cached) and torch's fp32 GEMM, TF32 off.
+Each variant is built with build_region (5 draws at 1e-4), timed through its bound launcher, and its
+worst error against float64 printed beside torch fp32's. Shapes are M x N x K.
 
-    python3 tools/tma_variants.py [--shapes 4096x4096x4096,...] [--variants '{"a_regs": true}',...]
+    python3 tools/tma_variants.py [--shapes 4096x4096x4096,...] [--variants '{"sum_slices": 1}',...]
 """
 from __future__ import annotations
 

@@ -71,11 +71,11 @@ def why_not(program, node_ids) -> str | None:
     return None
 
 
-def compiled_words(ks) -> str:
+def compiled_words(program, ks) -> str:
     """Without a GPU: that the tuning variants that compiled hold the tile GEMM form."""
-    if is_gemm(ks) and not ks.library_nodes and not (ks.schedule or "").startswith("implicit-GEMM convolution"):
-        return ", all of them the tile GEMM, to be timed against cuBLAS on a GPU (the faster is kept)"
-    if is_gemm(ks) and not ks.library_nodes:
+    if is_gemm(ks) and not ks.library_nodes:     # a matmul or convolution alone: the tile form is its kernel
+        if not any(program.nodes[n].op in CONV_OPS for n in ks.node_ids):
+            return ", all of them the tile GEMM, to be timed against cuBLAS on a GPU (the faster is kept)"
         if any(a.get("form") == DIRECT for a in ks.alternatives):
             return (", the implicit-GEMM convolution and the direct one (fp32 FFMA) among them, to be timed "
                     "against cuDNN on a GPU (the fastest is kept)")

@@ -154,7 +154,7 @@ class _Agent:
                     n = (self._compile_variants(r, ks) if self.remote_tune is None
                          else self.remote_tune.compiled(self, r, ks))
                 if n:
-                    out.reason += f"; {n} tuning variant(s) compiled{gemm_compiled_words(ks)}"
+                    out.reason += f"; {n} tuning variant(s) compiled{gemm_compiled_words(self.program, ks)}"
             return self._finish(r, out), None
         return self.shared.run(self, r, out, ks, c)     # self._on_gpu, or the outcome of the same kernel
 

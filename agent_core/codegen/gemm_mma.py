@@ -514,6 +514,13 @@ def tiles(spec: GemmSpec, p: dict) -> tuple[int, int]:
     return math.ceil(spec.N / int(p["block_n"])), math.ceil(spec.M / int(p["block_m"]))
 
 
+def split_cluster(spec: GemmSpec, p: dict) -> bool:
+    """Whether K's parts add up as one cluster, each finishing its share of the tile (_split_k_cluster):
+    the TMA loop's split K with no rows reduced after it. Otherwise (the mma.sync loop, or rows, which
+    need a CTA's whole tile) they take turns through the workspace (_split_k_turn)."""
+    return p.get("mma") == gemm_tma.MMA and split_parts(p) > 1 and spec.rows is None
+
+
 def row_cluster(spec: GemmSpec, p: dict) -> bool:
     """Whether the CTAs that share rows are one thread-block cluster (gemm_rows.combine_lines): in sm_90's
     TMA loop, 2 to CLUSTER_MAX of them. A normalising op then runs over each CTA's accumulators, where the
@@ -535,8 +542,8 @@ def cost(program: Program, io: RegionIO, spec: GemmSpec, p: dict) -> tuple[int, 
     if spec.rows is not None:
         nbytes += sum(2 * 4 * n for dt, n in row_workspace(spec.rows, spec.M, spec.N, n_tiles, m_tiles,
                                                            row_cluster(spec, p)) if dt == "float32")
-    if p.get("mma") != gemm_tma.MMA or spec.rows is not None:     # the parts' running sum, written and read per
-        nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)    # part (a cluster's adds up on chip)
+    if not split_cluster(spec, p):     # the parts' running sum, written and read per part
+        nbytes += 2 * 4 * spec.M * spec.N * (split_parts(p) - 1)
     return nbytes, 2 * spec.batch * spec.M * spec.N * spec.K + sum(program.node_flops(n) for n in io.nodes
                                                                    if n != spec.node)
 
@@ -655,13 +662,10 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     rows = spec.rows
     parts = split_parts(p)
     tma = p.get("mma") == gemm_tma.MMA
-    cluster = row_cluster(spec, p)
-    # the TMA loop's split-K parts add up as a cluster, each finishing its share of the tile; where rows
-    # are reduced after the GEMM, a CTA needs its whole tile: the parts take turns, the last finishing it
-    split_cluster = tma and parts > 1 and rows is None
+    cluster, parts_cluster = row_cluster(spec, p), split_cluster(spec, p)
     workspace = row_workspace(rows, spec.M, spec.N, n_tiles, m_tiles, cluster) if rows else []
     shared_norm = bool(rows and rows.norms and n_tiles > 1 and not cluster)    # its rows' inputs: the workspace
-    if parts > 1 and not split_cluster:        # the running sum of the parts so far, and each output tile's turn
+    if parts > 1 and not parts_cluster:        # the running sum of the parts so far, and each output tile's turn
         workspace = [("float32", spec.M * spec.N), ("int32", n_tiles * m_tiles)]
     if workspace:
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
@@ -680,11 +684,11 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
         consts += gemm_tma.consts(p)
         cparams = gemm_tma.PARAMS + cparams
         body = [*gemm_tma.kernel_lines(CLUSTER_TILE if cluster else GROUPED_TILE, bool(rows), p),
-                *(_split_k_cluster(parts) if split_cluster else _split_k_turn(parts, "cta_sync();") if parts > 1
+                *(_split_k_cluster(parts) if parts_cluster else _split_k_turn(parts, "cta_sync();") if parts > 1
                   else []),
-                *_store_loop(program, io, spec, arg, shared_norm, OWNED if split_cluster else ""), *row_tail,
+                *_store_loop(program, io, spec, arg, shared_norm, OWNED if parts_cluster else ""), *row_tail,
                 *(_normalise_loop(program, io, spec, arg, shared_norm) if rows and rows.norms else []),
-                *(cluster_exit() if cluster or split_cluster else [])]
+                *(cluster_exit() if cluster or parts_cluster else [])]
     else:
         body = [
             "  extern __shared__ __align__(16) float smem[];",
@@ -724,7 +728,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     block += gemm_tma.PRODUCERS if tma else 0
     # a cluster's dims at compile time: an ordinary launch (CuPy, <<<>>>) starts the clusters
     dims = (" __cluster_dims__(kNTiles, 1, 1)" if cluster else
-            f" __cluster_dims__(1, 1, {parts})" if split_cluster else "")
+            f" __cluster_dims__(1, 1, {parts})" if parts_cluster else "")
     source = "\n".join([head, *consts, "", *helpers,
                         f'extern "C" __global__ void __launch_bounds__({block}, {min_blocks}){dims}\n'
                         f'{kname}({", ".join(cparams)}) {{', *body, "}", ""])
@@ -944,7 +948,7 @@ def _describe(program: Program, io: RegionIO, spec: GemmSpec, p: dict, name: str
                 + (f"its two halves' columns side by side in each thread (a gated unit of {spec.N // 2}), "
                    if spec.halves else "")
                 + ((f"K cut into {split_parts(p)} parts, one cluster, each adding up its share of the tile, "
-                    if tma and spec.rows is None else
+                    if split_cluster(spec, p) else
                     f"K cut into {split_parts(p)} parts that add up in turn through the workspace, ")
                    if split_parts(p) > 1 else "")
                 + f"{len(spec.epilogue)} epilogue op(s) fused" + (" and the bias" if spec.bias else "")

@@ -45,6 +45,21 @@ def _elems(n) -> str:
 LIBRARY = {"matmul": "cuBLAS", "conv": "cuDNN"}
 
 
+def _lone_gemm_reason(state, nid: str, role: str, after: float) -> str:
+    """A matmul or convolution alone that the agent also times as our tile GEMM (gemm_mma.lone_gemm)."""
+    if role != "conv":
+        return (f"{_label(state, nid)} runs through cuBLAS, about {fmt_ms(after)} at the roofline; it is "
+                f"compute-bound, so the agent also times it as our tile GEMM ({FORM}: split TF32 on the "
+                f"tensor cores, split in registers, no parts written to memory) and keeps the faster.")
+    from ..analysis.cost import node_cost
+    why = ("it is compute-bound" if node_cost(state.program, nid).bound() == "compute" else
+           "it reads few input channels, where cuDNN's fp32 is slow")
+    return (f"{_label(state, nid)} runs through cuDNN, about {fmt_ms(after)} at the roofline; {why}, "
+            f"so the agent also times it as one implicit-GEMM kernel ({FORM}: split TF32 "
+            f"on the tensor cores, the input's patches gathered into shared memory) and keeps the faster."
+            + _direct_conv_words(state, [nid]))
+
+
 def kind_of(state, nodes, s, sibling: bool) -> str:
     if s.blocker and attention_node(state, nodes):
         return "attention"      # our fused attention kernel, not the library call
@@ -170,18 +185,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         role = state.geo[nid].role
         if alias:
             reason = f"{_label(state, nid)} only relabels its input's shape; no kernel, no traffic."
-        elif runs == "library" and lone_gemm(state.program, [nid]) and role == "conv":
-            from ..analysis.cost import node_cost
-            why = ("it is compute-bound" if node_cost(state.program, nid).bound() == "compute" else
-                   "it reads few input channels, where cuDNN's fp32 is slow")
-            reason = (f"{_label(state, nid)} runs through cuDNN, about {fmt_ms(after)} at the roofline; {why}, "
-                      f"so the agent also times it as one implicit-GEMM kernel ({FORM}: split TF32 "
-                      f"on the tensor cores, the input's patches gathered into shared memory) and keeps the faster."
-                      + _direct_conv_words(state, [nid]))
         elif runs == "library" and lone_gemm(state.program, [nid]):
-            reason = (f"{_label(state, nid)} runs through cuBLAS, about {fmt_ms(after)} at the roofline; it is "
-                      f"compute-bound, so the agent also times it as our tile GEMM ({FORM}: split TF32 on the "
-                      f"tensor cores, split in registers, no parts written to memory) and keeps the faster.")
+            reason = _lone_gemm_reason(state, nid, role, after)
         elif runs == "library":
             reason = (f"{_label(state, nid)} runs through {LIBRARY.get(role, 'the library (torch)')} (a library "
                       f"call, no generated kernel); "
