@@ -72,6 +72,8 @@ def test_transformer_sublayer_shapes_match_torch_and_print_their_time(M, N, K, f
     if form.startswith("tma") and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TMA loop is sm_90's")
     r = fused(p, list(p.nodes), "gemm_ln", params=params)
+    if form.startswith("tma"):      # up to 8 CTAs a row share it as a cluster, more through the workspace
+        assert ("__cluster_dims__(kNTiles, 1, 1)" in r.kernel.source) == (-(-N // r.kernel.params["block_n"]) <= 8)
     tensors = parameter_tensors(p, "cuda")
     by = {p.values[v].name: t for v, t in tensors.items()}
     x, res = torch.randn(M, K, device="cuda"), torch.randn(M, N, device="cuda")

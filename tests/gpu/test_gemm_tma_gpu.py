@@ -93,6 +93,8 @@ def test_row_reductions_after_it_match_torch(M, N, K, reds, post):
     p = rows_program(M, N, K, reds, post=post)
     r = fused(p, list(p.nodes), "gemm_tma_rows", params=_params(128))
     assert r.kernel.params["mma"] == "tma" and "rows reduced in the kernel" in r.kernel.schedule
+    tiles = -(-N // 128)
+    assert ("__cluster_dims__(kNTiles, 1, 1)" in r.kernel.source) == (1 < tiles <= 8)   # the path its id names
 
 
 @pytest.mark.parametrize("shape", [(257, 130, 8192), (394, 512, 2048)], ids=["k8192-6-tiles", "vit-mlp-out"])
