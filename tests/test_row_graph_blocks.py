@@ -18,11 +18,13 @@ from tests.test_codegen_column_tiles import _block, _emulate_region, _plan, need
 
 # blocks whose row regions need what the row graph learnt last: operands broadcast over some rows,
 # a mask computed per element, (sample, group) rows, a prologue of embeddings of different sizes; the
-# class losses: masked labels reshaped in the prologue, label smoothing, classes on dim 1 of [N, C, H, W]
+# class losses: masked labels reshaped in the prologue, label smoothing, classes on dim 1 of [N, C, H, W];
+# a standardisation over one axis computed from its statistics in the prologue of a softmax over the other
 BLOCKS = ["embedding_position_layernorm_bert", "masked_softmax_bert_base", "masked_mean_pool_normalize_minilm",
           "groupnorm_silu_sdxl_unet", "groupnorm_temb_silu_sd15_resnet", "layernorm_residual_bert_base",
           "rmsnorm_residual_llama7b", "alibi_causal_softmax_bloom", "squeeze_excitation_efficientnet_b0",
-          "cross_entropy_llama2_32k", "cross_entropy_llama3_128k_smoothing", "log_softmax_nll_deeplab_cityscapes"]
+          "cross_entropy_llama2_32k", "cross_entropy_llama3_128k_smoothing", "log_softmax_nll_deeplab_cityscapes",
+          "standardize_softmax_dino_teacher"]
 
 
 @needs_gxx

@@ -28,6 +28,7 @@ from .fusion import (
     merge_summaries, node_facts, quick_refusal, recompute_ms, summarize, union_facts,
 )
 from .state import PlanState
+from .tails import hand_tails_down
 
 _MAX_LOG = 400  # refusals beyond this are counted, not listed
 
@@ -308,6 +309,9 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         note("fused", state.groups[m].nodes, f"saves about {-neg * 1000:.2f} us")
         for s in list(state.succ[m]) + list(state.pred[m]):
             push(m, s)
+
+    # 2b. pointwise tails of reductions go to the kernel that consumes them, where that saves time
+    hand_tails_down(state, note)
 
     # 3. sibling fusion: groups reading the same input with the same loop
     if sibling:

@@ -145,6 +145,40 @@ class PlanState:
         self._epoch += 1
         return a
 
+    def move(self, nodes: list[str], a: int, b: int) -> None:
+        """Move `nodes` (a downstream part of group a whose only consumers outside it are in b, pos[a] <
+        pos[b]) into b, in front of b's nodes. The order stays topological: what the moved nodes read
+        comes from a or from groups before it, and what they feed is b. The two groups' edges are
+        rebuilt from their nodes."""
+        moving = set(nodes)
+        ga, gb = self.groups[a], self.groups[b]
+        ga.nodes = [n for n in ga.nodes if n not in moving]
+        gb.nodes = [n for n in nodes] + gb.nodes
+        for g in (ga, gb):
+            g.version += 1
+        for nid in nodes:
+            self.group_of[nid] = b
+        for g in (a, b):
+            for s in self.succ[g]:
+                self.pred[s].discard(g)
+            for p in self.pred[g]:
+                self.succ[p].discard(g)
+            self.succ[g], self.pred[g] = set(), set()
+        for g in (a, b):
+            for nid in self.groups[g].nodes:
+                for v in self.nout[nid]:
+                    for c in self.consumers.get(v, ()):
+                        h = self.group_of[c]
+                        if h != g:
+                            self.succ[g].add(h)
+                            self.pred[h].add(g)
+                for v in self.nin[nid]:
+                    p = self.group_of.get(self.vprod.get(v))
+                    if p is not None and p != g:
+                        self.pred[g].add(p)
+                        self.succ[p].add(g)
+        self._epoch += 1
+
     def ordered_groups(self) -> list[Group]:
         return [self.groups[g] for g in self.order if g is not None]
 
