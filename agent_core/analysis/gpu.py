@@ -14,6 +14,10 @@ class GPUProfile:
     name: str = "NVIDIA H200"
     bandwidth_gbs: float = 4200.0          # measured copy bandwidth (read + write), GB/s
     fp32_tflops: float = 51.0              # cuBLAS-class fp32 throughput
+    # the tile GEMM's split TF32 (three tensor-core products, fp32-accurate), in fp32 FLOPs: 4096^3 in
+    # 1.098 ms (125 TFLOP/s) and 1024 x 8192 x 8192 in 1.04 ms (132) on an H100 (benchmarks/h100-2026-12-06-s21,
+    # -s23); the H200 has the same SMs and clocks
+    split_tf32_tflops: float = 125.0
     launch_us_python: float = 6.0          # one kernel launched from Python (eager, CuPy)
     launch_us_graph: float = 0.5           # one node of a replayed CUDA graph
     sm_count: int = 132
@@ -30,6 +34,10 @@ class GPUProfile:
     @property
     def flops_per_ms(self) -> float:
         return self.fp32_tflops * 1e9
+
+    @property
+    def split_tf32_flops_per_ms(self) -> float:
+        return self.split_tf32_tflops * 1e9
 
     def launch_ms(self, graph: bool = True) -> float:
         return (self.launch_us_graph if graph else self.launch_us_python) / 1e3

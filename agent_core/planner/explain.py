@@ -13,8 +13,8 @@ from ..regions import Region
 from ..text import plural
 from .attention import attention_node, attention_reason
 from .fusion import (
-    backend_refusal, full_space_inputs, group_bytes, group_time, launches, node_facts, rereads_rows, schedule_for,
-    summarize, traffic,
+    backend_refusal, full_space_inputs, group_bytes, group_time, launches, library_form_ms, library_ms, node_facts, rereads_rows,
+    schedule_for, summarize, tile_gemm_ms, traffic,
 )
 
 _OP_WORDS = 6  # name at most this many ops in a reason
@@ -48,9 +48,11 @@ LIBRARY = {"matmul": "cuBLAS", "conv": "cuDNN"}
 def _lone_gemm_reason(state, nid: str, role: str, after: float) -> str:
     """A matmul or convolution alone that the agent also times as our tile GEMM (gemm_mma.lone_gemm)."""
     if role != "conv":
-        return (f"{_label(state, nid)} runs through cuBLAS, about {fmt_ms(after)} at the roofline; it is "
-                f"compute-bound, so the agent also times it as our tile GEMM ({FORM}: split TF32 on the "
-                f"tensor cores, split in registers, no parts written to memory) and keeps the faster.")
+        tile = tile_gemm_ms(state, [nid], nid)
+        return (f"{_label(state, nid)} runs through cuBLAS, about {fmt_ms(library_ms(state, nid))} at the fp32 "
+                f"roofline; it is compute-bound, so the agent also times it as our tile GEMM ({FORM}: split TF32 "
+                f"on the tensor cores, split in registers, no parts written to memory"
+                + (f", about {fmt_ms(tile)}" if tile is not None else "") + ") and keeps the faster.")
     from ..analysis.cost import node_cost
     why = ("it is compute-bound" if node_cost(state.program, nid).bound() == "compute" else
            "it reads few input channels, where cuDNN's fp32 is slow")
@@ -246,7 +248,10 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool =
         return ""
     gpu = state.gpu
     nbytes, flops = estimate(state.program, nodes, gpu.sm_count)
-    ms = gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms, flops / gpu.flops_per_ms)
+    ms = tile_gemm_ms(state, nodes, s.anchor)
+    if ms is None:      # a convolution's implicit GEMM, its rate not measured: costed at the fp32 peak
+        ms = gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms, flops / gpu.flops_per_ms)
+    after = library_form_ms(state, nodes, s.anchor, s.red)
     sched["forms_est_ms"] = {"library+kernel": round(after, 6), FORM: round(ms, 6)}
     stored = any(state.program.values[v].nbytes == out.nbytes for v in facts.escaping)
     norms = [n for n in s.reductions if state.program.nodes[n].op in NORMS]

@@ -25,7 +25,7 @@ from .class_loss import recomputes_nothing
 from .explain import kind_of, make_region
 from .fusion import (
     Budgets, Facts, _budgetary as _budgets, backend_refusal, group_bytes, group_facts, group_time, launches,
-    merge_summaries, node_facts, quick_refusal, recompute_ms, summarize, union_facts,
+    merge_summaries, node_facts, quick_refusal, recompute_ms, summarize, tile_gemm_refusal, union_facts,
 )
 from .state import PlanState
 from .tails import hand_tails_down
@@ -197,6 +197,11 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         # from standing between two groups whose merge saves a launch (labels -> view -> class loss)
         tie_with_view = abs(saved) < 1e-12 and (_views_only(state, ga.nodes) or _views_only(state, gb.nodes))
         if saved <= 0 and not (tie_with_library or tie_with_view):
+            anchor = sa.anchor or sb.anchor
+            lost = anchor and tile_gemm_refusal(state, union, anchor)
+            if lost:
+                return None, (f"the tile GEMM would not take them together ({lost}), and cuBLAS's fp32 with an "
+                              "epilogue kernel is slower than the tile GEMM without them")
             if rec_why and rec > 0:
                 return None, f"{rec_why}, which costs more than fusing saves"
             return None, "fusing would not save time on the roofline"
