@@ -12,7 +12,6 @@ kernel that reads its output back, and its launch count and estimate match the e
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
