@@ -13,8 +13,8 @@ from ..regions import Region
 from ..text import plural
 from .attention import attention_node, attention_reason
 from .fusion import (
-    backend_refusal, full_space_inputs, group_bytes, group_time, launches, library_form_ms, library_ms, node_facts, rereads_rows,
-    schedule_for, summarize, tile_gemm_ms, traffic,
+    backend_refusal, full_space_inputs, group_bytes, group_time, launches, library_form_ms, library_ms, node_facts,
+    rereads_rows, schedule_for, summarize, tile_gemm_ms, traffic,
 )
 
 _OP_WORDS = 6  # name at most this many ops in a reason

@@ -456,8 +456,9 @@ def group_time(state, nodes: list[str], summary: Summary | None = None,
     """Roofline ms of `nodes` as they will run, and their facts: one kernel (a two-pass reduction
     reads its rows twice), or, for a group that starts with a matmul or convolution, the library call
     (cuBLAS / cuDNN, writing its output) followed by the epilogue kernel, which reads that output back:
-    two launches; for a matmul group the tile GEMM takes, the faster of that and its one kernel. red / anchor (the anchor node id or None) describe the group when no summary is
-    given (False: compute the summary)."""
+    two launches; for a compute-bound matmul group the tile GEMM takes, the faster of that and its one
+    kernel. red / anchor (the anchor node id or None) describe the group when no summary is given
+    (False: compute the summary)."""
     f = facts or group_facts(state, nodes)
     if f.views_only:
         return 0.0, f
@@ -485,19 +486,19 @@ def library_form_ms(state, nodes, anchor: str, red) -> float:
 def tile_gemm_ms(state, nodes, anchor: str) -> float | None:
     """Roofline ms of a compute-bound matmul group as the one tile-GEMM kernel codegen writes for it (split
     TF32 on the tensor cores, its epilogue before the store; the agent times it against the library call
-    and keeps the faster), or None where codegen does not take the group (tile_gemm_refusal). Cached per node set:
-    the planner asks it of every candidate union with a matmul in it."""
+    and keeps the faster), or None where codegen does not take the group (tile_gemm_refusal). Cached per
+    node set (state.tile_ms): the planner asks it of every candidate union with a matmul in it."""
     from ..codegen.gemm_mma import GEMM_OPS, estimate
     from ..codegen.kernel import CodegenError
     if state.program.nodes[anchor].op not in GEMM_OPS or state.costs[anchor].bound() != "compute":
         return None     # below the ridge point both forms take the bytes' time: the library's is the one costed
-    key = frozenset(nodes)
-    cache = state.__dict__.setdefault("_tile_ms", {})
+    key, cache = frozenset(nodes), state.tile_ms
     if key not in cache:
         gpu = state.gpu
         try:
             nbytes, flops = estimate(state.program, state.sort_nodes(nodes), gpu.sm_count)
-            cache[key] = gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms, flops / gpu.split_tf32_flops_per_ms)
+            cache[key] = gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms,
+                                                          flops / gpu.split_tf32_flops_per_ms)
         except CodegenError as exc:
             cache[key] = exc
     got = cache[key]
@@ -508,7 +509,7 @@ def tile_gemm_refusal(state, nodes, anchor: str) -> str | None:
     """Why codegen's tile GEMM does not take the matmul group `nodes` (None: it does, or it is no matmul)."""
     if tile_gemm_ms(state, nodes, anchor) is not None:
         return None
-    got = state.__dict__.get("_tile_ms", {}).get(frozenset(nodes))
+    got = state.tile_ms.get(frozenset(nodes))
     return None if got is None else str(got)
 
 
