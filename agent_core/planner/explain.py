@@ -7,7 +7,7 @@ call alone), "torch" (a node the generator has no kernel for, run through its to
 torch's view, nothing runs); schedule["launches"] counts them as the export does."""
 from __future__ import annotations
 
-from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view
+from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view, roofline_ms
 from ..codegen.gemm_mma import FORM, lone_gemm
 from ..regions import Region
 from ..text import plural
@@ -151,7 +151,7 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                   f"{_label(state, an)} runs through {lib} and writes its {fmt_bytes(out.nbytes)} output; "
                   f"one generated kernel reads it back, applies {_names(state, epi)}{row}; {kept}{saving}.")
         # the other form the agent times against this one (agent/gemm_form.py)
-        reason += _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv=kind == "conv_epilogue")
+        reason += _tile_gemm_form(state, nodes, epi, out, s, sched, facts, conv=kind == "conv_epilogue")
         reason += _direct_conv_words(state, nodes)
     elif kind == "pooling":
         win = s.window
@@ -236,7 +236,7 @@ def _direct_conv_words(state, nodes) -> str:
             f"per {per}{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too.")
 
 
-def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool = False) -> str:
+def _tile_gemm_form(state, nodes, epi, out, s, sched, facts, conv: bool = False) -> str:
     """The tile GEMM as the other form of a matmul or convolution + epilogue region (a convolution's as
     an implicit GEMM): whether codegen takes it, and its roofline estimate from the bytes and FLOPs of
     the very kernel it generates first (gemm_mma.estimate); the words that say so."""
@@ -250,8 +250,8 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, after, facts, conv: bool =
     nbytes, flops = estimate(state.program, nodes, gpu.sm_count)
     ms = tile_gemm_ms(state, nodes, s.anchor)
     if ms is None:      # a convolution's implicit GEMM, its rate not measured: costed at the fp32 peak
-        ms = gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms, flops / gpu.flops_per_ms)
-    after = library_form_ms(state, nodes, s.anchor, s.red)
+        ms = roofline_ms(nbytes, flops, gpu=gpu, graph=state.graph)
+    after = library_form_ms(state, nodes, s.anchor, s.red)     # the two launches it is timed against
     sched["forms_est_ms"] = {"library+kernel": round(after, 6), FORM: round(ms, 6)}
     stored = any(state.program.values[v].nbytes == out.nbytes for v in facts.escaping)
     norms = [n for n in s.reductions if state.program.nodes[n].op in NORMS]

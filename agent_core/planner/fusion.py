@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 
 from ..analysis.gpu import GPUProfile
+from ..codegen.gemm_mma import GEMM_OPS, estimate
+from ..codegen.kernel import CodegenError
 from ..ops.common import broadcasts_to
 from .class_loss import class_loss_refusal, class_loss_rows, reads_rows_once
 from .geometry import Geometry
@@ -488,8 +490,6 @@ def tile_gemm_ms(state, nodes, anchor: str) -> float | None:
     TF32 on the tensor cores, its epilogue before the store; the agent times it against the library call
     and keeps the faster), or None where codegen does not take the group (tile_gemm_refusal). Cached per
     node set (state.tile_ms): the planner asks it of every candidate union with a matmul in it."""
-    from ..codegen.gemm_mma import GEMM_OPS, estimate
-    from ..codegen.kernel import CodegenError
     if state.program.nodes[anchor].op not in GEMM_OPS or state.costs[anchor].bound() != "compute":
         return None     # below the ridge point both forms take the bytes' time: the library's is the one costed
     key, cache = frozenset(nodes), state.tile_ms

@@ -62,13 +62,17 @@ class PlanState:
             self.pos[i] = i
             self.order.append(i)
         for nid in self.order_nodes:
-            g = self.group_of[nid]
-            for v in program.nodes[nid].outputs:
-                for c in self.consumers.get(v, ()):
-                    h = self.group_of[c]
-                    if h != g:
-                        self.succ[g].add(h)
-                        self.pred[h].add(g)
+            self._link_out(nid)
+
+    def _link_out(self, nid: str) -> None:
+        """The edges from nid's group to the groups that read nid's outputs."""
+        g = self.group_of[nid]
+        for v in self.nout[nid]:
+            for c in self.consumers.get(v, ()):
+                h = self.group_of[c]
+                if h != g:
+                    self.succ[g].add(h)
+                    self.pred[h].add(g)
 
     # ------------------------------------------------------------------------------------------
     def creates_cycle(self, a: int, b: int) -> bool:
@@ -154,7 +158,7 @@ class PlanState:
         moving = set(nodes)
         ga, gb = self.groups[a], self.groups[b]
         ga.nodes = [n for n in ga.nodes if n not in moving]
-        gb.nodes = [n for n in nodes] + gb.nodes
+        gb.nodes = list(nodes) + gb.nodes
         for g in (ga, gb):
             g.version += 1
         for nid in nodes:
@@ -167,12 +171,7 @@ class PlanState:
             self.succ[g], self.pred[g] = set(), set()
         for g in (a, b):
             for nid in self.groups[g].nodes:
-                for v in self.nout[nid]:
-                    for c in self.consumers.get(v, ()):
-                        h = self.group_of[c]
-                        if h != g:
-                            self.succ[g].add(h)
-                            self.pred[h].add(g)
+                self._link_out(nid)
                 for v in self.nin[nid]:
                     p = self.group_of.get(self.vprod.get(v))
                     if p is not None and p != g:

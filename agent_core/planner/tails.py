@@ -62,6 +62,7 @@ def hand_tails_down(state, note) -> None:
         sa = summarize(state, ga.nodes)
         if not sa.reductions or sa.anchor or sa.window or sa.blocker:
             continue
+        ta = _ms(state, ga.nodes)
         for b in sorted(state.succ[a], key=state.pos.__getitem__):
             gb = state.groups[b]
             sb = summarize(state, gb.nodes)
@@ -73,7 +74,7 @@ def hand_tails_down(state, note) -> None:
             moved = set(tail)
             a2 = [n for n in ga.nodes if n not in moved]
             b2 = tail + gb.nodes
-            saved = _ms(state, ga.nodes) + _ms(state, gb.nodes) - _ms(state, a2) - _ms(state, b2)
+            saved = ta + _ms(state, gb.nodes) - _ms(state, a2) - _ms(state, b2)
             if saved <= 1e-9 or not _lowers(state, a2) or not _lowers(state, b2):
                 continue
             state.move(tail, a, b)
