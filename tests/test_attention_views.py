@@ -1,15 +1,13 @@
 """The views that shape an attention's q, k, v and mask are read in place by our fused attention kernel:
 the planner takes them into the attention region (planner/attention.py absorb_views), so they cost no
-copy kernel. Programs are planned through the CLI from nn.Modules (a linear -> view -> transpose per
-head, the chunk and the split of a fused qkv projection, a padding mask broadcast over heads and
-queries, GQA's unbind and expand of kv heads, nn.MultiheadAttention's batch x heads packed in one dim); the planned attention region generates in both forms, compiles through NVRTC for sm_90 and,
-in the fp32 form, runs in the CPU emulator matching torch on the program's own values. A view that
-something else also reads stays outside, and the attention region still generates."""
+copy kernel. Programs are planned as `stitchcuda plan` plans them (tests/planned.py) from nn.Modules (a
+linear -> view -> transpose per head, the chunk and the split of a fused qkv projection, a padding mask
+broadcast over heads and queries, GQA's unbind and expand of kv heads, nn.MultiheadAttention's batch x
+heads packed in one dim); the planned attention region generates in both forms, compiles through NVRTC
+for sm_90 and, in the fp32 form, runs in the CPU emulator matching torch on the program's own values. A
+view that something else also reads stays outside, and the attention region still generates."""
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 
 from agent_core.codegen import can_lower, generate_kernel
 from agent_core.compiler import compile_kernel
-from agent_core.project_file import load_program
+from tests import planned
 
 torch = pytest.importorskip("torch")
 SDPA = "scaled_dot_product_attention"
@@ -128,13 +126,11 @@ def get_init_inputs(): return []
 
 
 def _plan(tmp_path: Path, src: str):
+    """(the planned program, the plan's JSON) of `stitchcuda plan --no-check` on src (tests/planned.py)."""
     f = tmp_path / "model.py"
     f.write_text(src)
-    out = tmp_path / "planned.json"
-    proc = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", str(f), "--no-check", "--json",
-                           "-o", str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return load_program(out), json.loads(proc.stdout)
+    as_dict, prog = planned.plan(f, small=False, check=False)
+    return prog, as_dict
 
 
 def _attention_region(prog):

@@ -8,14 +8,10 @@ CPU: generation + NVRTC compile for sm_90 without a warning or a spill, and `age
 run as a subprocess on the blocks. GPU (@pytest.mark.gpu): the kernels against torch at
 atol = rtol = 1e-4 on 5 draws, deterministic across launches, ignored and out-of-range labels.
 """
-import json
 import math
-import os
 import re
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,9 +20,9 @@ from agent_core.codegen import CodegenError, can_lower, generate_kernel
 from agent_core.ir import Program
 from agent_core.rewrites.engine import rewrite_program
 from agent_core.rewrites.lowering import lower_all
+from tests import planned
 from tests.programs import nll_program, ptx_of
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def lowered(p: Program, check=False) -> Program:
@@ -306,16 +302,7 @@ def test_bce_with_logits_is_pointwise(pos_weight, weight, reduction):
     compiled_clean(ks)
 
 
-# --- the planner, as the CLI runs it --------------------------------------------------------------
-def plan_json(block):
-    env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1"}
-    out = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json",
-                          str(ROOT / "benchmarks" / "blocks" / f"{block}.py")],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
-
-
+# --- the planner, as `stitchcuda plan` runs it (tests/planned.py) --------------------------------
 # kernels before this work: two kernels for log_softmax and nll_loss (eight with label smoothing), and
 # binary_cross_entropy_with_logits through torch
 BLOCKS = {"cross_entropy_llama2_32k": 3, "cross_entropy_llama3_128k_smoothing": 8,
@@ -323,20 +310,15 @@ BLOCKS = {"cross_entropy_llama2_32k": 3, "cross_entropy_llama3_128k_smoothing": 
 
 
 @pytest.mark.parametrize("block", BLOCKS)
-def test_blocks_plan_fewer_kernels_and_every_region_generates(block, monkeypatch):
-    d = plan_json(block)
+def test_blocks_plan_fewer_kernels_and_every_region_generates(block):
+    d, p = planned.plan(planned.block(block))
     assert d["estimate"]["kernels_planned"] < BLOCKS[block]
-    monkeypatch.setenv("STITCHCUDA_BLOCKS_SMALL", "1")
-    from agent_core.importers import import_file
-    from agent_core.rewrites import rewrite_program as rewrite
-    p = rewrite(import_file(ROOT / "benchmarks" / "blocks" / f"{block}.py"), check=False).program
     ops = {n.op for n in p.nodes.values()}
     assert "binary_cross_entropy_with_logits" not in ops and "cross_entropy" not in ops
     kinds = []
     for r in d["regions"]:
         if r["status"] == "rejected" or all(p.nodes[n].op in ("reshape", "view", "flatten") for n in r["nodes"]):
             continue
-        assert set(r["nodes"]) <= set(p.nodes), "the CLI planned another program than the rewrite gives"
         ks = generate_kernel(p, r["nodes"], name=f"{block}_{r['id']}", kind=r["kind"])
         compiled_clean(ks)
         kinds.append(ks.kind)
@@ -420,24 +402,17 @@ def test_a_reshape_between_the_label_op_and_the_loss_does_not_split_them():
     compiled_clean(ks)
 
 
-def plan_full_size(block, tmp_path):
+def plan_full_size(block):
     """`plan --json --no-check` at the block's real size (its rewrites kept unchecked: checking runs the
-    1 GB reference), the rewritten program with its regions saved beside."""
-    env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}
-    saved = tmp_path / f"{block}.json"
-    out = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "--no-check", "-o", str(saved),
-                          str(ROOT / "benchmarks" / "blocks" / f"{block}.py")],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    from agent_core.project_file import load_program
-    return json.loads(out.stdout), load_program(saved)
+    1 GB reference): the JSON and the rewritten program with its regions."""
+    return planned.plan(planned.block(block), small=False, check=False)
 
 
 @pytest.mark.parametrize("block", ["cross_entropy_llama2_32k", "cross_entropy_llama3_128k_smoothing"])
-def test_llama_cross_entropy_blocks_are_one_kernel_at_full_size(block, tmp_path):
+def test_llama_cross_entropy_blocks_are_one_kernel_at_full_size(block):
     """The label op (`where(mask == 1, labels, -100)`), the views, log_softmax, nll_loss and (label
     smoothing) the sums and the mean: one region, one launch (Inductor: 2), that generates."""
-    d, p = plan_full_size(block, tmp_path)
+    d, p = plan_full_size(block)
     assert d["estimate"]["kernels_planned"] == 1, [(r["kind"], r["reason"]) for r in d["regions"]]
     (r,) = [r for r in d["regions"] if r["status"] != "rejected" and r["schedule"].get("launches", 1)]
     ops = {p.nodes[n].op for n in r["nodes"]}
@@ -468,7 +443,7 @@ def test_rmsnorm_residual_block_is_one_kernel_that_reads_each_input_once(tmp_pat
     """The residual add, the norm and the weight: one region (the norm's epilogue reads the add's output,
     which the row graph keeps in registers), hidden and residual each read once with float4s, the
     weight one float4 per 4 outputs, both outputs written with float4s, 4 blocks of 512 threads per SM."""
-    d, p = plan_full_size("rmsnorm_residual_llama7b", tmp_path)
+    d, p = plan_full_size("rmsnorm_residual_llama7b")
     assert d["estimate"]["kernels_planned"] == 1, [(r["kind"], r["reason"]) for r in d["regions"]]
     (r,) = [r for r in d["regions"] if r["status"] != "rejected"]
     assert {p.nodes[n].op for n in r["nodes"]} == {"add", "square", "mean", "add_scalar", "rsqrt", "mul"}

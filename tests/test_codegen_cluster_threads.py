@@ -7,40 +7,28 @@ threads, several per SM, one loading while another reduces: 366 us (a thread pas
 cluster_thread_floats re-reads its share from L2 each round). The tuner times twice and half the CTAs
 and the threads a CTA beside it.
 
-CPU: planned through the CLI at the real size (no tensors), the default and its variants compile
+CPU: planned as `stitchcuda plan` plans it, at the real size (no tensors), the default and its variants compile
 without spills, and the default fits several CTAs per SM by ptxas's register count where 1024
 threads fit one (the CPU emulator runs no clusters, so the numbers are checked on the GPU only).
 GPU (`-m gpu`, tests/gpu/test_gpu_cluster_threads.py): the variants against torch over 5 draws at
 the block's size and on ragged rows.
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from agent_core.codegen import generate_kernel
 from agent_core.codegen.row_tuning import tune_variants
 from agent_core.compiler import compile_kernel
-from agent_core.project_file import load_program
+from tests import planned
 
-ROOT = Path(__file__).resolve().parent.parent
 SM_REGISTERS = 65536
 
 
 @pytest.fixture(scope="module")
-def kl_region(tmp_path_factory):
-    """The block planned once through the CLI (about 25 s at its real size): (program, region nodes)."""
-    out = tmp_path_factory.mktemp("kl") / "kl.json"
-    env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}
-    res = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "-o", str(out),
-                          str(ROOT / "benchmarks" / "blocks" / "kl_div_distill_distilbert.py")],
-                         capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=600)
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["kernels"] == 1
-    p = load_program(out)
+def kl_region():
+    """The block planned once as `stitchcuda plan` plans it, at its real size: (program, region nodes)."""
+    plan, p = planned.plan(planned.block("kl_div_distill_distilbert"), small=False)
+    assert plan["kernels"] == 1
     (r,) = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
     return p, r.nodes
 

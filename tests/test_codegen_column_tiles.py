@@ -8,7 +8,7 @@ writes per element is held in registers by a taller tile (16 thread rows of 16 v
 256), its loads all issued before the first fold; a streamed column loads kBatch elements at a
 time; the split column's float4 loads likewise (CBAM's mean and max over channels).
 
-CPU: the blocks plan through the CLI at their real size into the new tiles, which compile for sm_90
+CPU: the blocks plan (as `stitchcuda plan` does) at their real size into the new tiles, which compile for sm_90
 without spills (tuner variants too); the PTX of a streamed column issues kBatch loads before its
 first fold; each kernel run by the CPU emulator matches torch at 1e-4 over several draws, on the two
 blocks (small sizes) and on programs of other shapes (ragged columns, partial tiles and batches, a
@@ -16,12 +16,9 @@ blocks (small sizes) and on programs of other shapes (ragged columns, partial ti
 """
 from __future__ import annotations
 
-import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -33,26 +30,12 @@ from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from agent_core.project_file import load_program
 from agent_core.reference import run_reference
+from tests import planned
 
 ROOT = Path(__file__).resolve().parent.parent
 GUARD = 64
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the CPU emulator needs g++")
-
-
-def _plan(path: Path, out: Path, small: bool):
-    env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}
-    if small:
-        env["STITCHCUDA_BLOCKS_SMALL"] = "1"
-    res = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "-o", str(out), str(path)],
-                         capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=600)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout), load_program(out)
-
-
-def _block(name):
-    return ROOT / "benchmarks" / "blocks" / f"{name}.py"
 
 
 def _compiles(ks):
@@ -67,12 +50,12 @@ def _kernel_regions(p):
 
 
 def test_dino_column_statistics_hold_the_column_and_cbam_streams_with_loads_in_flight(tmp_path):
-    """At the real sizes, planned through the CLI: DINO's statistics kernel (256-long columns; the
+    """At the real sizes, planned as `stitchcuda plan` plans them: DINO's statistics kernel (256-long columns; the
     standardisation is computed in the softmax's kernel, planner/tails.py, so it writes only the two
     [1, 65536] statistics) streams each column once, 8 thread rows with 4 loads in flight per thread;
     CBAM's mean and max over 256 channels stay a split column, 4 float4 loads in flight per thread.
     Every tuner variant of both generates and compiles."""
-    _, p = _plan(_block("standardize_softmax_dino_teacher"), tmp_path / "dino.json", small=False)
+    _, p = planned.plan(planned.block("standardize_softmax_dino_teacher"), small=False)
     r1 = next(r for r in _kernel_regions(p) if any(p.nodes[n].op == "std" for n in r.nodes))
     ks = generate_kernel(p, r1.nodes, name="dino_stats")
     assert [p.values[v].shape for v in ks.outputs] == [(1, 65536), (1, 65536)]
@@ -87,7 +70,7 @@ def test_dino_column_statistics_hold_the_column_and_cbam_streams_with_loads_in_f
         assert alt.block == (32, v.get("tile_y", 8), 1)
         _compiles(alt)
 
-    _, p = _plan(_block("spatial_attention_cbam"), tmp_path / "cbam.json", small=False)
+    _, p = planned.plan(planned.block("spatial_attention_cbam"), small=False)
     r1 = next(r for r in _kernel_regions(p) if any(p.nodes[n].op == "max" for n in r.nodes))
     ks = generate_kernel(p, r1.nodes, name="cbam_stats")
     assert ks.params["schedule"] == "split_column" and ks.params["vecx"] == 4 and ks.params["column_batch"] == 4
@@ -203,7 +186,7 @@ def _draws(p, n, seed=0):
 def test_the_dino_block_emulated_end_to_end_matches_torch(tmp_path):
     """The block at its small size (16 views x 512 prototypes), both kernels chained on the CPU
     emulator, against the block's own torch forward over 3 draws at 1e-4."""
-    _, p = _plan(_block("standardize_softmax_dino_teacher"), tmp_path / "dino.json", small=True)
+    _, p = planned.plan(planned.block("standardize_softmax_dino_teacher"), small=True)
     assert len(_kernel_regions(p)) == 2
     for ins in _draws(p, 3):
         kernels, (got,) = _emulate_plan(p, ins)

@@ -8,25 +8,20 @@ kernel with two outputs reading cos and sin once.
 
 CPU: each case generates, compiles with NVRTC for sm_90 without a warning, takes exactly the region's
 inputs and outputs as arguments, and uses float4 only where the views keep aligned runs; can_lower
-agrees with the generator; the four benchmark blocks plan through the CLI (a subprocess) into one
+agrees with the generator; the four benchmark blocks plan (as `stitchcuda plan` does) into one
 kernel each, every region generating. GPU (`-m gpu`): the kernels match torch at atol = rtol = 1e-4
 on 5 draws (tests/programs.py `fused`), at real and odd sizes.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from agent_core.codegen import can_lower, generate_kernel
 from agent_core.ir import Program
+from tests import planned
 
-ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = ["rope_qk_llama7b", "rope_partial_gptneox_pythia", "vit_patch_embed_pos_layernorm",
           "embedding_position_layernorm_bert"]
 
@@ -332,19 +327,11 @@ def test_an_escaping_prologue_value_of_another_shape_is_refused():
     assert why is not None and "split the region" in why
 
 
-# --- CPU: the blocks through the CLI -----------------------------------------------------------------------
+# --- CPU: the blocks as `stitchcuda plan` plans them ------------------------------------------------------------
 @pytest.mark.parametrize("block", BLOCKS)
-def test_block_plans_into_one_kernel_and_every_region_generates(block, tmp_path):
-    out = tmp_path / f"{block}.json"
-    env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1"}
-    res = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "-o", str(out),
-                          str(ROOT / "benchmarks" / "blocks" / f"{block}.py")], capture_output=True, text=True,
-                         env=env, cwd=ROOT, timeout=600)
-    assert res.returncode == 0, res.stderr
-    plan = json.loads(res.stdout)
+def test_block_plans_into_one_kernel_and_every_region_generates(block):
+    plan, p = planned.plan(planned.block(block))
     assert plan["kernels"] == 1, [(r["kind"], r["nodes"], r["reason"]) for r in plan["regions"]]
-    from agent_core.project_file import load_program
-    p = load_program(out)
     kernels = [r for r in p.regions if r.status != "rejected" and r.schedule["runs"] == "kernel"]
     assert len(kernels) == 1
     r = kernels[0]

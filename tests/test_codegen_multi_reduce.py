@@ -7,11 +7,7 @@ statistics blocks in fewer kernels than one per reduction. On the GPU (`-m gpu`)
 torch at atol = rtol = 1e-4 over several draws, including rows with -inf and large values.
 """
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,9 +15,9 @@ import torch
 
 from agent_core.codegen import CodegenError, can_lower, generate_kernel
 from agent_core.ir import Program
+from tests import planned
 from tests.programs import kl_terms, row_stats
 
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def var_mean(shape, dim=-1):
@@ -38,8 +34,6 @@ def var_mean(shape, dim=-1):
     p.mark_output(z.outputs[0])
     p.mark_output(q.outputs[0])
     return p, [v.id, m.id, d.id, e.id, r.id, z.id, q.id]
-
-
 
 
 def ln_softmax(shape):
@@ -215,20 +209,6 @@ def test_a_per_row_value_broadcast_across_rows_is_refused():
     assert why and "across the rows" in why
 
 
-def _plan(block: str, tmp_path) -> tuple[dict, Program]:
-    """The CLI's plan of a benchmark block (small sizes), as a user runs it: its JSON and the program
-    it saved with the regions."""
-    import json
-
-    from agent_core.project_file import load_program
-    env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1", "PYTHONPATH": str(ROOT)}
-    saved = tmp_path / f"{block}.json"
-    out = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", str(ROOT / "benchmarks" / "blocks" / f"{block}.py"),
-                          "--json", "-o", str(saved)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout), load_program(saved)
-
-
 # block -> kernels planned: one per reduction before (3, 3, 3 and 3), now the reductions over the same
 # rows share one, and the KL's final sum over every element is finished by that kernel's last block;
 # DINO's softmax reduces other rows and stays apart
@@ -237,9 +217,9 @@ BLOCK_KERNELS = {"activation_stats_observer_llama7b": 1, "row_stats_mean_max_min
 
 
 @pytest.mark.parametrize("block", BLOCK_KERNELS)
-def test_blocks_plan_reductions_over_the_same_rows_into_one_kernel(block, tmp_path):
+def test_blocks_plan_reductions_over_the_same_rows_into_one_kernel(block):
     from agent_core.compiler import compile_kernel
-    plan, program = _plan(block, tmp_path)
+    plan, program = planned.plan(planned.block(block))
     assert plan["kernels"] == BLOCK_KERNELS[block], [r["nodes"] for r in plan["regions"]]
     merged = [r for r in program.regions if len([n for n in r.nodes if n in program.nodes and
                                                  program.nodes[n].opdef.category in ("reduction", "normalization")]) > 1]

@@ -15,12 +15,7 @@ GPU (`-m gpu`, tests/gpu/test_gpu_staged_rows.py): the same kernels against torc
 """
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,9 +24,9 @@ import torch
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.reference import run_reference
+from tests import planned
 from tests.test_codegen_layout_rows import _all, permute_softmax, vit_tokens
 
-ROOT = Path(__file__).resolve().parent.parent
 GUARD = 64
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="the CPU emulator needs g++")
 
@@ -42,19 +37,12 @@ def _compiles(ks):
     assert c.spill_stores == 0, c.summary()
 
 
-def test_the_vit_block_plans_into_one_staged_kernel_and_both_variants_compile(tmp_path):
-    """Planned through the CLI at the real size (planning only; no tensors): the same one kernel as
-    before, now staged, and the tuner's unstaged variant still generates and compiles."""
+def test_the_vit_block_plans_into_one_staged_kernel_and_both_variants_compile():
+    """Planned as `stitchcuda plan` plans it, at the real size (planning only; no tensors): the same
+    one kernel as before, now staged, and the tuner's unstaged variant still generates and compiles."""
     from agent_core.codegen.row_tuning import tune_variants
-    from agent_core.project_file import load_program
-    out = tmp_path / "vit.json"
-    env = {k: v for k, v in os.environ.items() if k != "STITCHCUDA_BLOCKS_SMALL"}
-    res = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "-o", str(out),
-                          str(ROOT / "benchmarks" / "blocks" / "vit_patch_embed_pos_layernorm.py")],
-                         capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=600)
-    assert res.returncode == 0, res.stderr
-    assert json.loads(res.stdout)["kernels"] == 1
-    p = load_program(out)
+    plan, p = planned.plan(planned.block("vit_patch_embed_pos_layernorm"), small=False)
+    assert plan["kernels"] == 1
     (r,) = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
     ks = generate_kernel(p, r.nodes, name="vit")
     assert ks.params["staged"] and ks.params["rows_per_block"] == 8

@@ -8,7 +8,7 @@ mask and the exp. Before, tril ran through torch as its own region (KernelBench 
 Inductor's 16; 49: 12 against 8).
 
 CPU: the views rendered in Python against torch over compositions (views under and over the triangle,
-every diagonal offset that matters); a small program planned through the CLI (`plan --json
+every diagonal offset that matters); a small program planned as the CLI plans it (`plan --json
 --no-rewrite`, as the GPU path plans when its rewrites do not hold) puts each tril / triu and what
 follows in one region, which generates, compiles with NVRTC for sm_90 and, under the CPU emulator,
 matches torch on several draws of large magnitude, with exact zeros where exp reads -inf; the
@@ -18,13 +18,9 @@ GPU side: tests/gpu/test_gpu_segment_sum.py."""
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import os
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -34,7 +30,6 @@ from agent_core.codegen import generate_kernel
 from agent_core.codegen import views as V
 from agent_core.compiler import compile_kernel
 from agent_core.reference import run_reference
-from agent_core.codegen import CodegenError
 from tests.test_scan_exact import _planned_scan, emulate
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,7 +83,7 @@ def test_every_diagonal_offset_keeps_what_torch_keeps():
         assert torch.equal(got, (torch.tril if lower else torch.triu)(src, k)), (r, c, k, lower)
 
 
-# --- a program planned through the CLI ----------------------------------------------------------
+# --- a program planned as the CLI plans it -------------------------------------------------------
 PROGRAM = '''
 import torch
 
@@ -110,20 +105,13 @@ def get_init_inputs():
 '''
 
 
-def _cli(*args, cwd=ROOT):
-    res = subprocess.run([sys.executable, "-m", "agent_core.cli", *args], capture_output=True, text=True,
-                         cwd=cwd, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert res.returncode == 0, res.stderr
-    return res.stdout
-
-
 @pytest.fixture(scope="module")
 def planned(tmp_path_factory):
+    """`stitchcuda plan --no-rewrite` of the program (tests/planned.py): its JSON and planned program."""
+    from tests.planned import plan
     d = tmp_path_factory.mktemp("tri")
     (d / "tri.py").write_text(PROGRAM)
-    plan = json.loads(_cli("plan", "--json", "--no-rewrite", "-o", str(d / "planned.json"), str(d / "tri.py")))
-    from agent_core.project_file import load_program
-    return plan, load_program(d / "planned.json")
+    return plan(d / "tri.py", rewrite=False)
 
 
 def test_tril_and_triu_fuse_with_what_follows(planned):

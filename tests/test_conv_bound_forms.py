@@ -1,8 +1,5 @@
 """Convolution-bound models (issue 17): memory-bound convs are offered only the fp32 forms
 (agent/precision.py), and every conv's form is recorded."""
-import json
-import subprocess
-import sys
 import textwrap
 
 from agent_core.agent.precision import candidates, library_forms, memory_bound
@@ -30,15 +27,6 @@ FIRE = textwrap.dedent('''
     def get_init_inputs():
         return [3, 6, 8, 8]
 ''')
-
-
-def _plan(tmp_path):
-    f = tmp_path / "fire.py"
-    f.write_text(FIRE)
-    out = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", str(f), "--json"],
-                         capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    return f, json.loads(out.stdout)
 
 
 def test_depthwise_and_small_1x1_convs_get_fp32_forms_only(tmp_path):

@@ -1,6 +1,6 @@
-"""The real-world blocks where we had launched more kernels than Inductor (issue #14), planned through
-the CLI as a user does: each now plans into the kernels below, every region generates and compiles
-for sm_90, and the schedules that made that possible are checked on their own:
+"""The real-world blocks where we had launched more kernels than Inductor (issue #14), planned as
+`stitchcuda plan` plans them (tests/planned.py): each now plans into the kernels below, every region
+generates and compiles for sm_90, and the schedules that made that possible are checked on their own:
 
 - a broadcast op before a reduction (BERT's extended attention mask on [B, 1, 1, S]) joins the
   softmax's row kernel, its int64 mask read 4 lanes at a time;
@@ -13,11 +13,6 @@ for sm_90, and the schedules that made that possible are checked on their own:
 
 The GPU side (tests/gpu/test_gpu_block_kernels.py) checks the same kernels against torch.
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,9 +21,8 @@ from agent_core.codegen import generate_kernel
 from agent_core.codegen.layout_store import split_output_views
 from agent_core.codegen.region_io import region_io
 from agent_core.ir import Program
-from agent_core.project_file import load_program
+from tests import planned
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # block -> (kernels planned before this change at a93e164 / 23a4f6e^, kernels now): CPU `plan` output
 BLOCK_KERNELS = {"qk_rmsnorm_qwen3": (4, 2), "masked_softmax_bert_base": (3, 1),
@@ -39,26 +33,10 @@ BLOCK_KERNELS = {"qk_rmsnorm_qwen3": (4, 2), "masked_softmax_bert_base": (3, 1),
                  "masked_mean_pool_normalize_minilm": (4, 3)}
 
 
-_PLANNED: dict = {}
-
-
-def _plan(block: str, tmp_path):
-    """`stitchcuda plan --json -o` of the block at its test size, once per block (a subprocess each)."""
-    if block not in _PLANNED:
-        env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1", "PYTHONPATH": str(ROOT)}
-        saved = tmp_path / f"{block}.json"
-        out = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", str(ROOT / "benchmarks" / "blocks" / f"{block}.py"),
-                              "--json", "-o", str(saved)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-        assert out.returncode == 0, out.stderr
-        _PLANNED[block] = (json.loads(out.stdout), saved)
-    plan, saved = _PLANNED[block]
-    return plan, load_program(saved)
-
-
 @pytest.mark.parametrize("block", BLOCK_KERNELS)
-def test_block_plans_into_fewer_kernels_and_each_region_compiles(block, tmp_path):
+def test_block_plans_into_fewer_kernels_and_each_region_compiles(block):
     from agent_core.compiler import compile_kernel
-    plan, program = _plan(block, tmp_path)
+    plan, program = planned.plan(planned.block(block))
     assert plan["kernels"] == BLOCK_KERNELS[block][1], [(r["kind"], r["nodes"]) for r in plan["regions"]]
     for r in program.regions:
         if r.schedule.get("runs") in ("library", "torch", "alias"):
@@ -67,8 +45,8 @@ def test_block_plans_into_fewer_kernels_and_each_region_compiles(block, tmp_path
         compile_kernel(generate_kernel(program, r.nodes, name=r.id), arch="sm_90")
 
 
-def test_qk_norm_writes_its_transpose_from_the_row_kernel(tmp_path):
-    plan, program = _plan("qk_rmsnorm_qwen3", tmp_path)
+def test_qk_norm_writes_its_transpose_from_the_row_kernel():
+    plan, program = planned.plan(planned.block("qk_rmsnorm_qwen3"))
     for r in program.regions:
         ops = [program.nodes[n].op for n in r.nodes]
         assert "transpose" in ops and "mean" in ops, ops
@@ -78,10 +56,10 @@ def test_qk_norm_writes_its_transpose_from_the_row_kernel(tmp_path):
         assert "reinterpret_cast<float4*>(" in ks.source
 
 
-def test_the_masked_softmax_computes_its_masked_scores_once(tmp_path):
+def test_the_masked_softmax_computes_its_masked_scores_once():
     """The int64 mask's (1 - mask) * -10000 added to the scores: computed once into the registers the
     row's passes read (the row graph's held prologue value), not again in each pass."""
-    plan, program = _plan("masked_softmax_bert_base", tmp_path)
+    plan, program = planned.plan(planned.block("masked_softmax_bert_base"))
     (r,) = program.regions
     ks = generate_kernel(program, r.nodes, name=r.id)
     assert "float add_held[kItems * kVec];" in ks.source
@@ -90,8 +68,8 @@ def test_the_masked_softmax_computes_its_masked_scores_once(tmp_path):
     assert ks.source.count("const float add = add_held[") >= 2
 
 
-def test_squeeze_excitation_sigmoid_joins_the_scale_not_the_convolution(tmp_path):
-    plan, program = _plan("squeeze_excitation_efficientnet_b0", tmp_path)
+def test_squeeze_excitation_sigmoid_joins_the_scale_not_the_convolution():
+    plan, program = planned.plan(planned.block("squeeze_excitation_efficientnet_b0"))
     by_op = {program.nodes[n].op: r for r in program.regions for n in r.nodes}
     assert by_op["sigmoid"] is by_op["mul"] and by_op["sigmoid"] is not by_op["conv2d"]
     assert [r.schedule["launches"] for r in program.regions if "conv2d" in
@@ -149,8 +127,8 @@ def test_a_layout_op_that_is_no_bijection_after_a_reduction_is_still_refused():
     assert "layout op after" in (can_lower(p, ids) or "")
 
 
-def test_the_kl_sum_over_every_element_is_finished_by_the_row_kernels_last_block(tmp_path):
-    plan, program = _plan("kl_div_distill_distilbert", tmp_path)
+def test_the_kl_sum_over_every_element_is_finished_by_the_row_kernels_last_block():
+    plan, program = planned.plan(planned.block("kl_div_distill_distilbert"))
     (r,) = program.regions
     ks = generate_kernel(program, r.nodes, name=r.id)
     # the student's log_softmax, the teacher's softmax and log_softmax (log of the softmax, rewritten:
@@ -163,16 +141,15 @@ def test_the_kl_sum_over_every_element_is_finished_by_the_row_kernels_last_block
 
 
 @pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
-def test_the_kl_block_emulated_matches_torch(tmp_path):
-    """The KL block at its small size (32 x 305), planned through the CLI (the clamped log of the
+def test_the_kl_block_emulated_matches_torch():
+    """The KL block at its small size (32 x 305), planned as `stitchcuda plan` plans it (the clamped log of the
     teacher's softmax rewritten to its log_softmax, whose folds the softmax's share), its one kernel on
     the CPU emulator, against the block's own torch forward over 3 draws at 1e-4; logits spread wide
     enough that some of the teacher's probabilities underflow the clamp."""
     import torch.nn.functional as F
 
-    from tests.test_codegen_column_tiles import _block, _draws, _emulate_plan
-    from tests.test_codegen_column_tiles import _plan as plan_small
-    _, p = plan_small(_block("kl_div_distill_distilbert"), tmp_path / "kl.json", small=True)
+    from tests.test_codegen_column_tiles import _draws, _emulate_plan
+    _, p = planned.plan(planned.block("kl_div_distill_distilbert"))
     ops = [p.nodes[n].op for n in p.topo_order()]
     assert "log" not in ops and ops.count("log_softmax") == 2, ops
     for k, ins in enumerate(_draws(p, 3)):

@@ -9,10 +9,6 @@ SwiGLU blocks at their real sizes, and of the small programs, match torch at ato
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +17,7 @@ from agent_core.analysis.gpu import H200
 from agent_core.codegen import can_lower, generate_kernel
 from agent_core.ir import Program
 from agent_core.planner import plan_program
+from tests import planned
 
 ROOT = Path(__file__).resolve().parent.parent
 BLOCKS = ROOT / "benchmarks" / "blocks"
@@ -28,18 +25,6 @@ BLOCKS = ROOT / "benchmarks" / "blocks"
 # joined row kernels and sibling layout graphs shared one: 2, 2, 1, 1, 2 and 2)
 KERNELS = {"rope_qk_llama7b": 1, "rope_partial_gptneox_pythia": 1, "swiglu_gate_llama7b": 1,
            "detect_decode_yolov5": 1, "vit_patch_embed_pos_layernorm": 1, "embedding_position_layernorm_bert": 1}
-
-
-def _cli_plan(block: str, tmp_path: Path):
-    """(the plan's JSON, the planned program saved by -o) of a block at its test size."""
-    out = tmp_path / f"{block}.json"
-    env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1"}
-    res = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "-o", str(out),
-                          str(BLOCKS / f"{block}.py")], capture_output=True, text=True, env=env, cwd=ROOT,
-                         timeout=600)
-    assert res.returncode == 0, res.stderr
-    from agent_core.project_file import load_program
-    return json.loads(res.stdout), load_program(out)
 
 
 def _generates_and_compiles(p: Program, regions) -> list:
@@ -56,8 +41,8 @@ def _generates_and_compiles(p: Program, regions) -> list:
 
 
 @pytest.mark.parametrize("block", sorted(KERNELS))
-def test_block_plans_layout_ops_into_their_neighbours_kernels(block, tmp_path):
-    plan, p = _cli_plan(block, tmp_path)
+def test_block_plans_layout_ops_into_their_neighbours_kernels(block):
+    plan, p = planned.plan(planned.block(block))
     assert plan["kernels"] == KERNELS[block], [(r["kind"], r["reason"]) for r in plan["regions"]]
     active = [r for r in p.regions if r.status != "rejected"]
     kernels = _generates_and_compiles(p, active)
@@ -72,8 +57,8 @@ def test_block_plans_layout_ops_into_their_neighbours_kernels(block, tmp_path):
         assert " into one kernel" in r.reason or "one warp per row" in r.reason
 
 
-def test_rope_q_and_k_are_one_kernel_reading_cos_and_sin_once(tmp_path):
-    plan, p = _cli_plan("rope_qk_llama7b", tmp_path)
+def test_rope_q_and_k_are_one_kernel_reading_cos_and_sin_once():
+    plan, p = planned.plan(planned.block("rope_qk_llama7b"))
     active = [r for r in p.regions if r.status != "rejected"]
     assert len(active) == 1
     r = active[0]

@@ -1,30 +1,13 @@
 """A reduction's pointwise tail goes to the kernel that consumes it (planner/tails.py): the reduction's
 kernel writes its small statistics, not the full tensor the tail computes from them."""
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from agent_core.ir import Program
 from agent_core.planner import plan_program
-from agent_core.project_file import load_program
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests import planned
 
 
-def _plan_cli(block: str, out: Path) -> dict:
-    env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", "-o", str(out),
-                          str(ROOT / "benchmarks" / "blocks" / f"{block}.py")],
-                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert res.returncode == 0, res.stderr
-    return json.loads(res.stdout)
-
-
-def test_standardisation_over_one_axis_is_computed_inside_the_softmax_over_the_other(tmp_path):
-    plan = _plan_cli("standardize_softmax_dino_teacher", tmp_path / "dino.json")
-    p = load_program(tmp_path / "dino.json")
+def test_standardisation_over_one_axis_is_computed_inside_the_softmax_over_the_other():
+    plan, p = planned.plan(planned.block("standardize_softmax_dino_teacher"))
     kinds = [sorted(p.nodes[n].op for n in r["nodes"]) for r in plan["regions"]]
     assert kinds == [["mean", "std"], ["add_scalar", "div", "div_scalar", "softmax", "sub"]], kinds
     moved = [e for e in plan["log"] if e["action"] == "moved"]

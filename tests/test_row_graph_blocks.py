@@ -2,7 +2,7 @@
 rows need the most of it, with torch's results: the regions the per-pattern templates wrote until
 they were deleted (rowreduce.py: one reduction; class_loss.py: log_softmax -> nll_loss; scan.py).
 
-Each block is planned at its small size through the CLI; every row region is generated as optimize
+Each block is planned at its small size as `stitchcuda plan` plans it; every row region is generated as optimize
 generates it, compiled with NVRTC for sm_90 and run on the CPU emulator with the region's inputs
 from the block's reference run: its outputs equal torch's at 1e-5.
 """
@@ -14,7 +14,8 @@ import torch
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.reference import draw, run_reference
-from tests.test_codegen_column_tiles import _block, _emulate_region, _plan, needs_gxx
+from tests import planned
+from tests.test_codegen_column_tiles import _emulate_region, needs_gxx
 
 # blocks whose row regions need what the row graph learnt last: operands broadcast over some rows,
 # a mask computed per element, (sample, group) rows, a prologue of embeddings of different sizes; the
@@ -29,10 +30,10 @@ BLOCKS = ["embedding_position_layernorm_bert", "masked_softmax_bert_base", "mask
 
 @needs_gxx
 @pytest.mark.parametrize("block", BLOCKS)
-def test_every_row_region_of_the_block_equals_torch(block, tmp_path):
+def test_every_row_region_of_the_block_equals_torch(block):
     from types import SimpleNamespace
 
-    _, p = _plan(_block(block), tmp_path / f"{block}.json", small=True)
+    _, p = planned.plan(planned.block(block), small=True)
     regions = [r for r in p.regions if r.schedule.get("runs") in ("kernel", "library+kernel")
                and r.kind in ("reduction", "normalization", "row_reduction", "class_loss", "scan")]
     assert regions, "the block has no row region: pick another"

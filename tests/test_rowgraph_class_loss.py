@@ -20,6 +20,7 @@ from agent_core.codegen.rowkernel import generate_multi_reduction
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
 from agent_core.reference import run_reference
+from tests import planned
 from tests.programs import nll_program
 from tests.test_codegen_class_loss import ce_program, log_softmax_nll_program
 from tests.test_codegen_column_tiles import _emulate_region, needs_gxx
@@ -168,9 +169,8 @@ def test_log_probabilities_and_each_next_tokens_gathered_are_one_planned_kernel(
     token's (an RLHF log-prob pass). The gather along the rows with one index per row is a pick, so the
     planner (asking the backend) groups them: one kernel writes the log-probabilities and the gathered
     values, equal to torch."""
-    from tests.test_codegen_column_tiles import _block, _plan
     from agent_core.reference import draw
-    _, p = _plan(_block("log_softmax_tokens_gpt2"), tmp_path / "gpt2.json", small=True)
+    _, p = planned.plan(planned.block("log_softmax_tokens_gpt2"), small=True)
     kernels = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
     assert len(kernels) == 1 and {p.nodes[n].op for n in kernels[0].nodes} >= {"log_softmax", "gather"}, p.regions
     g = torch.Generator().manual_seed(0)
@@ -223,8 +223,8 @@ def test_clips_cross_entropy_over_columns_reads_down_them_in_its_own_kernel(tmp_
     (H100: both losses in one row kernel 233 us for 67 MB). So each loss is a kernel of its own, the
     column one a column schedule after the matmul; the whole plan, emulated kernel by kernel, equals
     torch."""
-    from tests.test_codegen_column_tiles import _block, _emulate_plan, _emulate_region, _plan
-    _, p = _plan(_block("clip_contrastive_loss"), tmp_path / "clip.json", small=True)
+    from tests.test_codegen_column_tiles import _emulate_plan, _emulate_region
+    _, p = planned.plan(planned.block("clip_contrastive_loss"), small=True)
     loss = [r for r in p.regions if any(p.nodes[n].op == "nll_loss" for n in r.nodes)]
     assert len(loss) == 2 and not any(p.nodes[n].op == "permute" for r in loss for n in r.nodes)
     soft = [p.nodes[n] for r in loss for n in r.nodes if p.nodes[n].op == "log_softmax"]
@@ -280,8 +280,8 @@ def test_losses_averaged_over_per_row_values_plan_as_one_kernel(block, tmp_path)
     """OLMo's z-loss (the mean over tokens of logsumexp(logits)^2) and RetinaNet's focal loss (summed
     per anchor, then over every anchor): the totals of per-row values join the rows' kernel, so the
     whole plan is one kernel, emulated equal to torch."""
-    from tests.test_codegen_column_tiles import _block, _emulate_plan, _plan
-    _, p = _plan(_block(block), tmp_path / f"{block}.json", small=True)
+    from tests.test_codegen_column_tiles import _emulate_plan
+    _, p = planned.plan(planned.block(block), small=True)
     g = torch.Generator().manual_seed(0)
     ins = [torch.randn(p.values[v].shape, generator=g) for v in p.inputs]
     kernels, outs = _emulate_plan(p, ins)

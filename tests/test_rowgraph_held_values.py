@@ -14,7 +14,8 @@ from agent_core.codegen.cuda import prune_unused
 from agent_core.codegen.region_io import region_io
 from agent_core.codegen.rowkernel import generate_multi_reduction
 from agent_core.reference import random_inputs, run_reference
-from tests.test_codegen_column_tiles import _compiles, _emulate_region, _kernel_regions, _plan, needs_gxx
+from tests import planned
+from tests.test_codegen_column_tiles import _compiles, _emulate_region, _kernel_regions, needs_gxx
 
 MASKED_SOFTMAX = """
     import torch
@@ -78,7 +79,7 @@ SCALED_CHANNEL_SOFTMAX = """
 def test_a_value_computed_from_the_inputs_is_held_once_and_matches_torch(tmp_path, name, src, held):
     path = tmp_path / f"{name}.py"
     path.write_text(textwrap.dedent(src))
-    _, p = _plan(path, tmp_path / f"{name}.stitch.json", small=False)
+    _, p = planned.plan(path, small=False)
     (region,) = [r for r in _kernel_regions(p) if any(p.nodes[n].op in ("softmax", "layer_norm") for n in r.nodes)]
     ks = generate_multi_reduction(p, region_io(p, region.nodes), f"held_{name}")
     ks.source = prune_unused(ks.source)        # as codegen.generate_kernel hands it on

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 
 HELP = "propose fused and stitched regions with their reasons"
 
@@ -25,55 +26,82 @@ def add_arguments(parser) -> None:
                         help="estimate launches as Python launches (6 us) instead of CUDA-graph nodes")
 
 
-def run(args) -> int:
-    from ..analysis.cost import fmt_ms
+@dataclass
+class Planned:
+    """What `stitchcuda plan` makes of a program: the rewritten program with its regions installed,
+    the plan, the rewrite report (None when rewrites were off or skipped) and why they were skipped."""
+    program: object
+    plan: object
+    rewrites: object = None
+    skipped: str | None = None
+
+    def to_dict(self) -> dict:
+        """The --json output."""
+        r = self.rewrites
+        return {"program": self.program.name, "nodes": len(self.program.nodes), **self.plan.to_dict(),
+                "rewrites": {"fired": r.fired if r else [], "refused": r.refused if r else [],
+                             "skipped": self.skipped}}
+
+    def lines(self, *, eager: bool = False) -> list[str]:
+        """The text output: rewrites that fired or were refused, each region, the totals, the estimate."""
+        from ..analysis.cost import fmt_ms
+        from ..text import plural
+        program, plan, out = self.program, self.plan, []
+        if self.rewrites is not None:
+            out += [f"rewrite {e['rule']}: {e['message']}" for e in self.rewrites.fired]
+            out += [f"rewrite {e['rule']} refused at {e['node']}: {e.get('error', e['message'])}"
+                    for e in self.rewrites.refused]
+        for r in plan.regions:
+            names = ", ".join(program.nodes[n].name for n in r.nodes if n in program.nodes)
+            extra = f" [{r.schedule['schedule']}]" if r.schedule.get("schedule") else ""
+            out += [f"{r.id} {r.kind}{extra} ({r.status}): {names}", f"    {r.reason}"]
+        est = plan.estimate
+        out.append(f"{plural(len(program.nodes), 'node')} -> {plural(len(plan.active), 'region')}, "
+                   f"{plural(plan.kernels, 'kernel')} (planned in {plan.seconds * 1000:.0f} ms)")
+        out.append(f"estimate on {'Python launches' if eager else 'a CUDA graph'}: unfused {fmt_ms(est.unfused_ms)} "
+                   f"({plural(est.kernels_unfused, 'kernel')}), planned {fmt_ms(est.planned_ms)}, "
+                   f"floor {fmt_ms(est.floor_ms)}")
+        return out
+
+
+def plan_loaded(program, *, label: str, rewrite: bool = True, check: bool = True, eager: bool = False) -> Planned:
+    """Rewrite (each rewrite checked on the reference unless check=False; skipped, with the reason,
+    when the check would not fit this machine's memory), plan, and install the regions on the program."""
     from ..memory_check import DoesNotFit, require_fits
     from ..planner import apply_plan, plan_program
     from ..rewrites import rewrite_program
     from ..rewrites.engine import CHECK_DRAWS
-    from ..text import plural
-    from .import_cmd import open_program
 
-    program = open_program(args.program)
     program.check()
     rewrites = skipped = None
-    if not args.no_rewrite:
+    if rewrite:
         try:
-            if not args.no_check:  # checking rewrites runs the reference on the CPU, every draw held
-                require_fits(program, "cpu", label=args.program, runs=CHECK_DRAWS)
-            rewrites = rewrite_program(program, check=not args.no_check)
+            if check:  # checking rewrites runs the reference on the CPU, every draw held
+                require_fits(program, "cpu", label=label, runs=CHECK_DRAWS)
+            rewrites = rewrite_program(program, check=check)
             program = rewrites.program
         except DoesNotFit as e:  # refused before it allocated: plan the program unrewritten
             skipped = f"rewrites skipped: {e.reason}"
-            print(f"stitchcuda plan: {args.program}: {skipped}", file=sys.stderr)
-    plan = plan_program(program, graph=not args.eager)
+    plan = plan_program(program, graph=not eager)
     apply_plan(program, plan)
+    return Planned(program, plan, rewrites, skipped)
+
+
+def run(args) -> int:
+    from .import_cmd import open_program
+
+    done = plan_loaded(open_program(args.program), label=args.program, rewrite=not args.no_rewrite,
+                       check=not args.no_check, eager=args.eager)
+    if done.skipped:
+        print(f"stitchcuda plan: {args.program}: {done.skipped}", file=sys.stderr)
     if args.output:
         from ..project_file import save_program
-        save_program(program, args.output)
-    est = plan.estimate
+        save_program(done.program, args.output)
     if args.json:
-        out = {"program": program.name, "nodes": len(program.nodes), **plan.to_dict(),
-               "rewrites": {"fired": rewrites.fired if rewrites else [],
-                            "refused": rewrites.refused if rewrites else [], "skipped": skipped}}
-        json.dump(out, sys.stdout, indent=1)
+        json.dump(done.to_dict(), sys.stdout, indent=1)
         sys.stdout.write("\n")
         return 0
-    if rewrites is not None:
-        for e in rewrites.fired:
-            print(f"rewrite {e['rule']}: {e['message']}")
-        for e in rewrites.refused:
-            print(f"rewrite {e['rule']} refused at {e['node']}: {e.get('error', e['message'])}")
-    for r in plan.regions:
-        names = ", ".join(program.nodes[n].name for n in r.nodes if n in program.nodes)
-        extra = f" [{r.schedule['schedule']}]" if r.schedule.get("schedule") else ""
-        print(f"{r.id} {r.kind}{extra} ({r.status}): {names}")
-        print(f"    {r.reason}")
-    print(f"{plural(len(program.nodes), 'node')} -> {plural(len(plan.active), 'region')}, "
-          f"{plural(plan.kernels, 'kernel')} "
-          f"(planned in {plan.seconds * 1000:.0f} ms)")
-    print(f"estimate on {'Python launches' if args.eager else 'a CUDA graph'}: unfused {fmt_ms(est.unfused_ms)} "
-          f"({plural(est.kernels_unfused, 'kernel')}), planned {fmt_ms(est.planned_ms)}, floor {fmt_ms(est.floor_ms)}")
+    print("\n".join(done.lines(eager=args.eager)))
     if args.output:
         print(f"saved {args.output}")
     return 0
