@@ -90,3 +90,16 @@ def test_importing_every_agent_core_module_loads_no_qt():
     assert len(out["modules"]) > 5
     assert not out["failed"], f"agent_core modules that fail to import: {out['failed']}"
     assert not out["loaded"], f"importing agent_core loaded {out['loaded']}"
+
+
+def test_the_cli_parses_its_arguments_without_loading_torch():
+    """`stitchcuda --help` answers at once, and `stitchcuda import` starts its import child before the
+    parent loads torch (a file that fails there never costs the parent torch's 3 s): no command module
+    imports torch until its command runs."""
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "agent_core.cli", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert res.returncode == 0 and "plan" in res.stdout, res.stderr[-2000:]
+    loaded = [line.rsplit("|", 1)[-1].strip() for line in res.stderr.splitlines() if "|" in line]
+    assert "agent_core.errors" in loaded
+    assert not [m for m in loaded if m.split(".")[0] == "torch"], "parsing the CLI's arguments loaded torch"

@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from ..errors import ImportFailure
-from ..ir import Program
+
+if TYPE_CHECKING:   # the CLI parses its arguments (and imports in a child) before loading torch
+    from ..ir import Program
 
 HELP = ("import a KernelBench .py file or module:Class into a program file (this runs the file's code, "
         "in a child process with a time limit)")

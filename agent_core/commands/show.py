@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from typing import TYPE_CHECKING
 
-from ..ir import Program
-from ..ops import CATEGORIES
 from .import_cmd import _count, _fmt_bytes, import_warnings, open_program
+
+if TYPE_CHECKING:   # torch loads when a program does, not when the CLI parses its arguments
+    from ..ir import Program
 
 HELP = "summarise a program: nodes by category, parameters, bytes, FLOPs"
 COPY_BANDWIDTH = 4.2e12  # bytes/s, measured read + write on the H200 (DESIGN.md)
@@ -24,6 +26,7 @@ def add_arguments(parser) -> None:
 
 def summarize(program: Program) -> dict:
     """Everything `show` prints, as plain data."""
+    from ..ops import CATEGORIES
     by_cat: Counter = Counter()
     ops: Counter = Counter()
     flops = moved = 0
