@@ -128,6 +128,28 @@ CASES = {
 }
 
 
+# weights staged in shared memory, a channel chunk per blockIdx.y: float4 reads of 4 channels (8 and 16 a
+# thread), scalar ones (2, 3), groups, strides, dilation, a transposed gather, ragged rows, an epilogue.
+# Threads share the staged weights after __syncthreads, so these run in the CPU emulator (threads of a
+# block as fibers), not host_runner's one thread after another.
+STAGED = {
+    "conv3d_staged_rgb_16ch": (dict(op="conv3d", x_shape=(2, 3, 5, 6, 9), w_shape=(16, 3, 3, 3, 3), padding=[1],
+                                    epilogue=[("relu", {}, [])]),
+                               {"stage_weights": True, "positions_per_thread": 4, "channels_per_thread": 16}),
+    "conv3d_staged_8ch_valid": (dict(op="conv3d", x_shape=(1, 3, 4, 5, 11), w_shape=(16, 3, 3, 3, 3)),
+                                {"stage_weights": True, "positions_per_thread": 4, "channels_per_thread": 8}),
+    "conv2d_staged_g2_s2": (dict(op="conv2d", x_shape=(2, 4, 9, 11), w_shape=(8, 2, 3, 3), stride=[2],
+                                 padding=[1], groups=2),
+                            {"stage_weights": True, "positions_per_thread": 3, "channels_per_thread": 2}),
+    "conv1d_staged_dilated": (dict(op="conv1d", x_shape=(2, 4, 30), w_shape=(8, 4, 3), stride=[2], padding=[2],
+                                   dilation=[2], bias=False),
+                              {"stage_weights": True, "positions_per_thread": 4, "channels_per_thread": 4}),
+    "convT2d_staged_g2": (dict(op="conv_transpose2d", x_shape=(2, 4, 5, 6), w_shape=(4, 3, 3, 3), stride=[2],
+                               padding=[1], output_padding=[1], groups=2),
+                          {"stage_weights": True, "channels_per_thread": 3}),
+}
+
+
 def _positive_variances(p):
     """batch_norm's running_var must be positive (the draw is a normal)."""
     for node in p.nodes.values():
@@ -237,6 +259,24 @@ def test_configuration_compiles_and_matches_on_host(case, tmp_path):
         assert ks.params["channels_per_thread"] == params["channels_per_thread"]
     compile_clean(ks)
     check_on_host(p, ks, tmp_path)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="the CPU emulator needs g++")
+@pytest.mark.parametrize("case", list(STAGED))
+def test_staged_weights_compile_and_match_torch_in_the_emulator(case):
+    from agent_core.reference import random_inputs
+    from tests.programs import emulated
+    kwargs, params = STAGED[case]
+    p, ids = conv_program(**kwargs)
+    ks = generate_kernel(p, ids, name=case, kind="convolution", params=params)
+    assert ks.params["stage_weights"] and ks.params["channels_per_thread"] == params["channels_per_thread"]
+    assert ks.grid[1] == p.values[p.nodes[ids[0]].outputs[0]].shape[1] // params["channels_per_thread"]
+    assert "__shared__ __align__(16) float ws[kStaged];" in ks.source
+    assert ("const float4 w = w4[c4];" in ks.source) == (params["channels_per_thread"] % 4 == 0)
+    compile_clean(ks)
+    for seed in range(2):
+        got, want = emulated(p, ks, random_inputs(p, seed=seed).values())
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def residual_program():

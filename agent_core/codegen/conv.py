@@ -5,7 +5,13 @@ Schedule: one thread per output position (or params["positions_per_thread"] cons
 last axis, so each weight load feeds that many FMAs per channel) and a few output channels of one group
 (grid-stride loop); for each input channel of the group (a runtime loop) the kernel window is walked
 with compile-time bounds and unrolled, each input element loaded once and multiplied into every
-channel's accumulator.
+channel's accumulator. A thread's consecutive positions share their inputs along the last axis: a row
+of the window is loaded once (positions + taps - 1 values at stride 1), not once per position and tap.
+params["stage_weights"]: each block takes one chunk of output channels (blockIdx.y) and first copies
+their weights into shared memory as [input channel][tap][channel], so the inner loop reads them as
+warp-wide broadcasts (float4s for 4 channels) instead of from global memory; with few input channels
+(RGB: 3 x 27 taps) this lets a thread hold 8 or 16 channels' accumulators, each input load then
+feeding that many FMAs.
 Padding is skipped (zeros contribute nothing). A transposed convolution is a gather: output position o
 reads input i where o + padding - k * dilation == i * stride. Each thread writes its own outputs, in a
 fixed order: no atomics, the result is deterministic. The bias is added last, then the epilogue
@@ -29,7 +35,7 @@ from .pointwise import is_elementwise
 from .region_io import RegionIO
 
 CONV_OPS = tuple(f"conv{d}d" for d in (1, 2, 3)) + tuple(f"conv_transpose{d}d" for d in (1, 2, 3))
-DEFAULTS = {"block": 256, "channels_per_thread": None, "sm_count": 132}
+DEFAULTS = {"block": 256, "channels_per_thread": None, "sm_count": 132, "stage_weights": False}
 # params["form"] that asks for this kernel where a region would run its convolution through cuDNN
 DIRECT = "conv-direct"
 # the agent also times this kernel against cuDNN (+ epilogue) for a convolution of at most this many
@@ -39,6 +45,9 @@ DIRECT_MAX_REDUCTION = 256
 DIRECT_POSITIONS = 4       # consecutive output positions a thread of that form computes (rows of 8 or more)
 # channel counts a thread may accumulate at once, most first (acc[] stays in registers)
 CHANNEL_CHOICES = (4, 2, 1)
+# with its weights staged in shared memory a thread holds more channels (each input load feeds them all)
+STAGED_CHANNEL_CHOICES = (16, 8, 4, 2, 1)
+STAGE_BYTES = 48 << 10     # static shared memory a block may stage
 # blocks resident per SM at most (2048 threads per SM on sm_90): the grid-stride loop's grid cap
 MAX_THREADS_PER_SM = 2048
 
@@ -87,18 +96,23 @@ def conv_geometry(node, d: int, kernel: list[int]) -> tuple[list[int], list[int]
     return stride, pad, dil, outpad
 
 
-def _channels_per_thread(p: dict, cout_g: int, positions: int) -> int:
-    """Output channels per thread: the most of CHANNEL_CHOICES that divides Cout/groups while still
-    leaving enough threads (half a full GPU's worth) to hide latency."""
+def _channels_per_thread(p: dict, cout_g: int, positions: int, staged_floats_per_channel: int = 0) -> int:
+    """Output channels per thread: the most of CHANNEL_CHOICES (STAGED_CHANNEL_CHOICES when the weights
+    are staged, as many as fit STAGE_BYTES) that divides Cout/groups while still leaving enough threads
+    (half a full GPU's worth) to hide latency."""
     want = p.get("channels_per_thread")
     if want is not None:
         want = int(want)
         if want < 1 or cout_g % want:
             raise CodegenError(f"channels_per_thread={want} must divide the {cout_g} output channels per group")
+        if want * staged_floats_per_channel * 4 > STAGE_BYTES:
+            raise CodegenError(f"channels_per_thread={want}: their staged weights would take more than "
+                               f"{STAGE_BYTES >> 10} KB of shared memory")
         return want
     min_threads = p["sm_count"] * MAX_THREADS_PER_SM // 2
-    for c in CHANNEL_CHOICES:
-        if cout_g % c == 0 and positions * (cout_g // c) >= min_threads:
+    for c in STAGED_CHANNEL_CHOICES if staged_floats_per_channel else CHANNEL_CHOICES:
+        if cout_g % c == 0 and positions * (cout_g // c) >= min_threads and \
+                c * staged_floats_per_channel * 4 <= STAGE_BYTES:
             return c
     return 1
 
@@ -118,7 +132,9 @@ def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
         return []
     # 4 positions a thread where its rows allow: each weight load then feeds 4 x channels FMAs, not 1 x
     blocked = not transposed and program.values[cn.outputs[0]].shape[-1] >= 2 * DIRECT_POSITIONS
-    return [{"form": DIRECT, **({"positions_per_thread": DIRECT_POSITIONS} if blocked else {})}]
+    form = {"form": DIRECT, **({"positions_per_thread": DIRECT_POSITIONS} if blocked else {})}
+    # the weights staged in shared memory first: more channels a thread, each input load feeding them all
+    return [{**form, "stage_weights": True}, form]
 
 
 def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -185,9 +201,16 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
                            f"positions, a transposed one's exactly 1 (its taps hit the positions unevenly)")
     inner_groups = math.ceil(sout[-1] / ppt)
     pos_groups = out_sp // sout[-1] * inner_groups
-    cpt = _channels_per_thread(p, cout_g, batch * pos_groups)
-    threads = batch * pos_groups * (cout // cpt)
-    grid = max(1, min(math.ceil(threads / block), p["sm_count"] * (MAX_THREADS_PER_SM // block)))
+    staged = bool(p.get("stage_weights"))
+    cpt = _channels_per_thread(p, cout_g, batch * pos_groups, cin_g * kvol if staged else 0)
+    chunks = cout // cpt
+    resident = p["sm_count"] * (MAX_THREADS_PER_SM // block)       # the grid-stride loop's grid cap
+    if staged:      # blockIdx.y: the channel chunk whose weights the block stages
+        grid = (max(1, min(math.ceil(batch * pos_groups / block), max(1, resident // chunks))), chunks, 1)
+    else:
+        grid = (max(1, min(math.ceil(batch * pos_groups * chunks / block), resident)), 1, 1)
+    # a thread's positions share the window's inputs along the last axis: one row of kSpan loads
+    sliding = ppt > 1 and not transposed
 
     axes = "dhw"[-d:] if d > 1 else "l"
     ax_u = [a.upper() for a in axes]
@@ -221,23 +244,52 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
                f"constexpr int kPositions = {ppt};   // consecutive output positions along {axes[-1]} per thread",
                f"constexpr int kInnerGroups = (kOut{last} + kPositions - 1) / kPositions;",
                f"constexpr index_t kPosGroups = (index_t)(kOutSpatial / kOut{last}) * kInnerGroups;",
-               "constexpr index_t kThreads = (index_t)kBatch * kChannelChunks * kPosGroups;",
+               "constexpr index_t kThreads = (index_t)kBatch * kPosGroups"
+               + (";  // per channel chunk (blockIdx.y)" if staged else " * kChannelChunks;"),
                f"constexpr int kBlock = {block};"]
+    if sliding:
+        consts.append(f"constexpr int kSpan = (kPositions - 1) * kS{last} + (kK{last} - 1) * kD{last} + 1;"
+                      f"  // inputs a window row's taps read for a thread's positions")
+    if staged:
+        consts.append("constexpr int kStaged = kCinPerGroup * kKernelVolume * kChannelsPerThread;"
+                      "  // the chunk's weights, [ci][tap][c]")
     consts += ld_epi.consts
 
     xp, wp = arg[x_vid], arg[w_vid]
-    body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
-            "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
-            "    // o -> (batch nb, channel chunk, positions pos..pos + kPositions - 1 along the last axis);",
-            "    // neighbouring threads take neighbouring positions, so input reads and output writes are",
-            "    // coalesced and weights are warp-uniform",
-            "    const index_t pg = o % kPosGroups;",
-            "    const index_t q = o / kPosGroups;",
-            "    const int chunk = (int)(q % kChannelChunks);",
-            "    const index_t nb = q / kChannelChunks;",
-            "    const int co0 = chunk * kChannelsPerThread;  // first output channel of this thread",
-            "    const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)",
-            f"    const int o{axes[-1]} = (int)(pg % kInnerGroups) * kPositions;  // its first position's {axes[-1]}",
+    w_base = ("(index_t)g * kCinPerGroup * kWeightStrideCi + (index_t)(co0 - g * kCoutPerGroup) * kWeightStrideCo"
+              if transposed else "(index_t)co0 * kWeightStrideCo")
+    if staged:
+        body = ["  __shared__ __align__(16) float ws[kStaged];",
+                "  const int co0 = (int)blockIdx.y * kChannelsPerThread;  // the block's first output channel",
+                "  const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)",
+                "  {",
+                f"    const index_t w_base = {w_base};",
+                "    for (int e = threadIdx.x; e < kStaged; e += blockDim.x) {",
+                "      const int c = e % kChannelsPerThread, tap = (e / kChannelsPerThread) % kKernelVolume;",
+                "      const int ci = e / (kChannelsPerThread * kKernelVolume);",
+                f"      ws[e] = {wp}[w_base + (index_t)ci * kWeightStrideCi + (index_t)c * kWeightStrideCo + tap];",
+                "    }",
+                "  }",
+                "  __syncthreads();",
+                "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
+                "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
+                "    // o -> (batch nb, positions pos..pos + kPositions - 1 along the last axis); neighbouring",
+                "    // threads take neighbouring positions, so input reads and output writes are coalesced",
+                "    const index_t pg = o % kPosGroups;",
+                "    const index_t nb = o / kPosGroups;"]
+    else:
+        body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
+                "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
+                "    // o -> (batch nb, channel chunk, positions pos..pos + kPositions - 1 along the last axis);",
+                "    // neighbouring threads take neighbouring positions, so input reads and output writes are",
+                "    // coalesced and weights are warp-uniform",
+                "    const index_t pg = o % kPosGroups;",
+                "    const index_t q = o / kPosGroups;",
+                "    const int chunk = (int)(q % kChannelChunks);",
+                "    const index_t nb = q / kChannelChunks;",
+                "    const int co0 = chunk * kChannelsPerThread;  // first output channel of this thread",
+                "    const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)"]
+    body += [f"    const int o{axes[-1]} = (int)(pg % kInnerGroups) * kPositions;  // its first position's {axes[-1]}",
             "    const index_t outer = pg / kInnerGroups;  // the other axes' position",
             f"    const index_t pos = outer * kOut{last} + o{axes[-1]};"]
     for j, (ax, u) in enumerate(zip(axes[:-1], ax_u[:-1])):
@@ -247,21 +299,28 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
             qexpr = f"{qexpr if qexpr == 'outer' else f'({qexpr})'} % kOut{u}"
         body.append(f"    const int o{ax} = (int)({qexpr});")
     body += ["    const index_t x_base = (nb * kCin + (index_t)g * kCinPerGroup) * kInSpatial;"]
-    if transposed:
-        body.append("    const index_t w_base = (index_t)g * kCinPerGroup * kWeightStrideCi"
-                    " + (index_t)(co0 - g * kCoutPerGroup) * kWeightStrideCo;")
-    else:
-        body.append("    const index_t w_base = (index_t)co0 * kWeightStrideCo;")
+    if not staged:
+        body.append(f"    const index_t w_base = {w_base};")
     body += ["    float acc[kChannelsPerThread][kPositions];",
              "#pragma unroll",
              "    for (int c = 0; c < kChannelsPerThread; ++c)",
              "#pragma unroll",
              "      for (int p = 0; p < kPositions; ++p) acc[c][p] = 0.0f;",
              "    for (int ci = 0; ci < kCinPerGroup; ++ci) {  // runtime loop over the group's input channels",
-             f"      const float* xc = {xp} + x_base + (index_t)ci * kInSpatial;",
-             f"      const float* wc = {wp} + w_base + (index_t)ci * kWeightStrideCi;"]
+             f"      const float* xc = {xp} + x_base + (index_t)ci * kInSpatial;"]
+    if not staged:
+        body.append(f"      const float* wc = {wp} + w_base + (index_t)ci * kWeightStrideCi;")
+    in_pos = " + ".join(f"i{ax}" + "".join(f" * kIn{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
+    la, lu = axes[-1], ax_u[-1]
     indent = "      "
     for j, (ax, u) in enumerate(zip(axes, ax_u)):
+        if sliding and j == d - 1:   # the row's inputs, once for every position and tap (zero in the padding)
+            body += [f"{indent}float xs[kSpan];",
+                     f"{indent}#pragma unroll",
+                     f"{indent}for (int s = 0; s < kSpan; ++s) {{",
+                     f"{indent}  const int i{la} = o{la} * kS{lu} - kP{lu} + s;",
+                     f"{indent}  xs[s] = i{la} >= 0 && i{la} < kIn{lu} ? xc[{in_pos}] : 0.0f;",
+                     f"{indent}}}"]
         body += [f"{indent}#pragma unroll", f"{indent}for (int k{ax} = 0; k{ax} < kK{u}; ++k{ax}) {{"]
         indent += "  "
         if transposed:
@@ -276,25 +335,36 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
         elif j < d - 1 or ppt == 1:
             body += [f"{indent}const int i{ax} = o{ax} * kS{u} - kP{u} + k{ax} * kD{u};",
                      f"{indent}if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // zero padding adds nothing"]
-    in_pos = " + ".join(f"i{ax}" + "".join(f" * kIn{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
     k_pos = " + ".join(f"k{ax}" + "".join(f" * kK{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
-    la, lu = axes[-1], ax_u[-1]
     if ppt == 1:
         body += [f"{indent}const float xv[1] = {{xc[{in_pos}]}};"]
-    else:     # each of the thread's positions reads its own input (zero past the row or in the padding)
+    else:     # each of the thread's positions takes its input from the row (past the row's end: never stored)
         body += [f"{indent}float xv[kPositions];",
                  f"{indent}#pragma unroll",
-                 f"{indent}for (int p = 0; p < kPositions; ++p) {{",
-                 f"{indent}  const int i{la} = (o{la} + p) * kS{lu} - kP{lu} + k{la} * kD{lu};",
-                 f"{indent}  xv[p] = o{la} + p < kOut{lu} && i{la} >= 0 && i{la} < kIn{lu} ? xc[{in_pos}] : 0.0f;",
+                 f"{indent}for (int p = 0; p < kPositions; ++p) xv[p] = xs[p * kS{lu} + k{la} * kD{lu}];"]
+    body.append(f"{indent}const int tap = {k_pos};")
+    if staged and cpt % 4 == 0:   # 4 channels' weights in one broadcast float4 load
+        body += [f"{indent}const float4* w4 = reinterpret_cast<const float4*>(ws + (ci * kKernelVolume + tap) "
+                 f"* kChannelsPerThread);",
+                 f"{indent}#pragma unroll",
+                 f"{indent}for (int c4 = 0; c4 < kChannelsPerThread / 4; ++c4) {{",
+                 f"{indent}  const float4 w = w4[c4];",
+                 f"{indent}#pragma unroll",
+                 f"{indent}  for (int p = 0; p < kPositions; ++p) {{",
+                 f"{indent}    acc[4 * c4][p] += xv[p] * w.x;",
+                 f"{indent}    acc[4 * c4 + 1][p] += xv[p] * w.y;",
+                 f"{indent}    acc[4 * c4 + 2][p] += xv[p] * w.z;",
+                 f"{indent}    acc[4 * c4 + 3][p] += xv[p] * w.w;",
+                 f"{indent}  }}",
                  f"{indent}}}"]
-    body += [f"{indent}const int tap = {k_pos};",
-             f"{indent}#pragma unroll",
-             f"{indent}for (int c = 0; c < kChannelsPerThread; ++c) {{  // a weight feeds every position",
-             f"{indent}  const float wv = wc[c * kWeightStrideCo + tap];",
-             f"{indent}#pragma unroll",
-             f"{indent}  for (int p = 0; p < kPositions; ++p) acc[c][p] += xv[p] * wv;",
-             f"{indent}}}"]
+    else:
+        wv = "ws[(ci * kKernelVolume + tap) * kChannelsPerThread + c]" if staged else "wc[c * kWeightStrideCo + tap]"
+        body += [f"{indent}#pragma unroll",
+                 f"{indent}for (int c = 0; c < kChannelsPerThread; ++c) {{  // a weight feeds every position",
+                 f"{indent}  const float wv = {wv};",
+                 f"{indent}#pragma unroll",
+                 f"{indent}  for (int p = 0; p < kPositions; ++p) acc[c][p] += xv[p] * wv;",
+                 f"{indent}}}"]
     for _ in axes:
         indent = indent[:-2]
         body.append(f"{indent}}}")
@@ -314,9 +384,10 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
               [f"float* __restrict__ {arg[v]}" for v in io.outputs]
     window = "x".join(map(str, kernel))
     per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
+    blocks = f"{grid[0]} x {grid[1]} blocks (positions x channel chunks)" if staged else f"{grid[0]} blocks"
     sched = (f"one thread per {per} and {cpt} output channel(s), runtime loop over {cin_g} input "
-             f"channel(s) per group, unrolled {window} window{' gather' if transposed else ''}, "
-             f"{grid} blocks of {block}")
+             f"channel(s) per group, unrolled {window} window{' gather' if transposed else ''}"
+             f"{', its weights staged in shared memory' if staged else ''}, {blocks} of {block}")
     geometry = f"stride {stride}, padding {pad}, dilation {dil}, groups {groups}"
     if transposed:
         geometry += f", output_padding {outpad}"
@@ -331,9 +402,9 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     source = kernel_source(head, consts, [*ld_epi.helpers, epi_fn], kname, cparams, body)
     return KernelSource(
         name=kname, kind="convolution", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
-        outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
-        params={"grid": grid, "block": block, "channels_per_thread": cpt, "positions_per_thread": ppt,
-                "sm_count": p["sm_count"],
+        outputs=list(io.outputs), grid=grid, block=(block, 1, 1), schedule=sched,
+        params={"grid": grid[0], "block": block, "channels_per_thread": cpt, "positions_per_thread": ppt,
+                "sm_count": p["sm_count"], "stage_weights": staged,
                 **({"form": DIRECT} if p.get("form") == DIRECT else {})},
         align=4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))

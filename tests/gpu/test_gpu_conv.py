@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.programs import fused as fused_region
-from tests.test_codegen_conv import CASES, EXAMPLES, build, conv_program, example_region, residual_program
+from tests.test_codegen_conv import CASES, EXAMPLES, STAGED, build, conv_program, example_region, residual_program
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -34,6 +34,22 @@ def test_conv_configuration(case):
     r = fused(p, ids, case, params)
     if params and "channels_per_thread" in params:
         assert r.kernel.params["channels_per_thread"] == params["channels_per_thread"]
+
+
+@pytest.mark.parametrize("case", list(STAGED))
+def test_conv_staged_weights(case):
+    kwargs, params = STAGED[case]
+    p, ids = conv_program(**kwargs)
+    r = fused(p, ids, case, params)
+    assert r.kernel.params["stage_weights"] and r.kernel.grid[1] > 1
+
+
+def test_conv_staged_rgb_at_a_real_size():
+    """3 -> 24 channels through 3x3x3 (KernelBench 23's convolution): the staged form as the
+    tuner times it (32 samples: enough threads for 8 channels each), verified on 5 draws."""
+    p, ids = conv_program(op="conv3d", x_shape=(32, 3, 24, 32, 32), w_shape=(24, 3, 3, 3, 3))
+    r = fused(p, ids, "rgb_staged", {"stage_weights": True, "positions_per_thread": 4})
+    assert r.kernel.params["channels_per_thread"] == 8
 
 
 def test_conv_epilogue_reads_its_own_input():
