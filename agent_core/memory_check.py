@@ -12,7 +12,10 @@ interpreter keeps every value until the run ends:
   are copied (to a GPU, or to another dtype); stored data already in host memory is not counted again,
 - every value a node computes (intermediates and outputs),
 - on the host, one float64 buffer of the largest tensor drawn at random (draws are made in float64
-  and then converted).
+  and then converted), or, if larger, the scratch of the convolution with the largest output: torch's
+  CPU convolutions hold up to twice their output again while they run (conv_transpose3d into 414 MB
+  peaked 1.25 GB above its input), which is what ended `plan` of KernelBench's 100_ConvTranspose3d
+  in the OOM killer on a 24 GB machine when its rewrite check fitted by the values alone.
 Host memory available is /proc/meminfo's MemAvailable (less, if the process's cgroup allows less);
 GPU memory is torch.cuda.mem_get_info's free bytes plus what torch's caching allocator holds unused.
 """
@@ -24,6 +27,7 @@ from .errors import StitchError
 from .ir import Program, Role, Value
 
 PARTS = ("inputs", "parameters", "computed")
+CONV_OPS = frozenset(f"conv{t}{d}d" for t in ("", "_transpose") for d in (1, 2, 3))
 
 
 class DoesNotFit(StitchError):
@@ -48,6 +52,8 @@ def require_fits(program: Program, device: str = "cpu", *, parts=PARTS, label: s
     total = sum(v.nbytes * (1 if v.role in (Role.PARAMETER, Role.CONSTANT) else runs) for v in counted)
     drawn = [v for v in counted if _drawn(program, v)]
     draw_buffer = max((math.prod(v.shape) * 8 for v in drawn), default=0)
+    if "computed" in parts:    # one at a time, like the draws: the largest of the transients counts
+        draw_buffer = max(draw_buffer, _conv_scratch(program))
     if on_gpu:
         # the draw happens on the host first (float64, then the value's dtype), then it is copied
         host_need = max((math.prod(v.shape) * 8 + v.nbytes for v in drawn), default=0)
@@ -75,6 +81,12 @@ def _counted(program: Program, parts, on_gpu: bool):
                 yield v
         elif "computed" in parts:
             yield v
+
+
+def _conv_scratch(program: Program) -> int:
+    """Host bytes the largest-output convolution holds while it runs, beyond its output (two more)."""
+    return max((2 * program.values[n.outputs[0]].nbytes for n in program.nodes.values()
+                if n.op in CONV_OPS and n.outputs and n.outputs[0] in program.values), default=0)
 
 
 def _drawn(program: Program, v: Value) -> bool:

@@ -368,3 +368,20 @@ def test_a_program_too_large_for_the_gpu_is_refused_naming_the_gpu(tmp_path):
         r = _cli(tmp_path, "run", "big.json", "--device", "cuda")
     assert r.returncode == 1, r.stderr
     assert "big.json: the program needs " in r.stderr and "the GPU (cuda:0, " in r.stderr and " free" in r.stderr
+
+
+def test_the_size_check_counts_a_convolutions_scratch_on_the_host(monkeypatch):
+    """torch's CPU convolutions hold up to twice their output again while they run: a program whose
+    values fit but whose convolution's scratch does not is refused before the run (the rewrite check of
+    KernelBench's 100_ConvTranspose3d was ended by the OOM killer on a 24 GB machine)."""
+    p = Program("conv_scratch")
+    x = p.add_input("x", (1, 2, 10))                                        # 80 B, drawn
+    w = p.add_parameter("w", np.ones((4, 2, 3), np.float32))                # stored
+    p.mark_output(p.add_node("conv1d", [x.id, w.id], {"padding": [1]}).outputs[0])   # [1, 4, 10]: 160 B
+    need = 80 + 160 + 2 * 160          # inputs and values, then the scratch (more than the 160 B draw buffer)
+    monkeypatch.setattr(memory_check, "host_available", lambda: need)
+    memory_check.require_fits(p)
+    monkeypatch.setattr(memory_check, "host_available", lambda: need - 1)
+    with pytest.raises(memory_check.DoesNotFit):
+        memory_check.require_fits(p)
+    memory_check.require_fits(p, parts=("inputs",))                         # no convolution runs: no scratch
