@@ -420,6 +420,14 @@ def test_refuses_several_positions_a_thread_for_a_transposed_convolution():
         generate_kernel(p, ids, name="t", kind="convolution", params={"positions_per_thread": 2})
 
 
+def test_refuses_staging_weights_past_the_shared_memory():
+    p, ids = conv_program(op="conv2d", x_shape=(1, 1400, 9, 9), w_shape=(4, 1400, 3, 3))   # 50 KB a channel
+    _refused(p, ids, "would take more than 48 KB of shared memory", params={"stage_weights": True})
+    p, ids = conv_program(op="conv2d", x_shape=(1, 300, 9, 9), w_shape=(8, 300, 3, 3))     # 10.8 KB a channel
+    _refused(p, ids, "their staged weights would take more than 48 KB",
+             params={"stage_weights": True, "channels_per_thread": 8})
+
+
 def test_refuses_channels_per_thread_that_does_not_divide():
     p, ids = conv_program("conv2d", (1, 2, 5, 5), (6, 2, 3, 3))
     _refused(p, ids, "channels_per_thread=4 must divide the 6", params={"channels_per_thread": 4})

@@ -114,6 +114,9 @@ def _channels_per_thread(p: dict, cout_g: int, positions: int, staged_floats_per
         if cout_g % c == 0 and positions * (cout_g // c) >= min_threads and \
                 c * staged_floats_per_channel * 4 <= STAGE_BYTES:
             return c
+    if staged_floats_per_channel * 4 > STAGE_BYTES:
+        raise CodegenError(f"one output channel's weights ({staged_floats_per_channel} floats) would take more "
+                           f"than {STAGE_BYTES >> 10} KB of shared memory: not staged")
     return 1
 
 
