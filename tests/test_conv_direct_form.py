@@ -42,7 +42,8 @@ def test_a_convolution_and_its_epilogue_offer_the_direct_form_after_the_tile_gem
 def test_a_compute_bound_convolution_alone_offers_the_direct_form_when_thin():
     p = _conv(16, 32, epilogue=False, shape=(8, None, 32, 32))
     ks = generate_kernel(p, list(p.nodes), name="r")
-    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4}]
+    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4, "stage_weights": True},
+                                                     {"form": DIRECT, "positions_per_thread": 4}]
 
 
 def test_the_direct_form_takes_4_positions_a_thread_where_rows_allow_and_one_for_a_transposed_convolution():
@@ -80,9 +81,10 @@ def test_a_memory_bound_convolution_of_few_channels_alone_gets_our_forms_through
         return
     assert without_kernel(p, [nid]) is None
     ks = generate_kernel(p, [nid], name="r")
-    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4}]
+    assert ks.kind == "gemm" and ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4, "stage_weights": True},
+                                                     {"form": DIRECT, "positions_per_thread": 4}]
     from agent_core.planner import plan_program
     (region,) = [r for r in plan_program(p).regions if nid in r.nodes]
     assert "it reads few input channels, where cuDNN's fp32 is slow" in region.reason, region.reason
-    assert ("the direct convolution (fp32 FFMA, one thread per 4 consecutive output positions) is timed too"
-            in region.reason), region.reason
+    assert ("the direct convolution (fp32 FFMA, one thread per 4 consecutive output positions) is timed too, "
+            "with its weights staged in shared memory and without" in region.reason), region.reason

@@ -233,7 +233,8 @@ def _direct_conv_words(state, nodes) -> str:
     ppt = alt[0].get("positions_per_thread", 1)
     per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
     return (f" Its reduction per output element is short, so the direct convolution (fp32 FFMA, one thread "
-            f"per {per}{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too.")
+            f"per {per}{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too, with its weights "
+            f"staged in shared memory and without.")
 
 
 def _tile_gemm_form(state, nodes, epi, out, s, sched, facts, conv: bool = False) -> str:
