@@ -41,7 +41,8 @@ def test_conv_staged_weights(case):
     kwargs, params = STAGED[case]
     p, ids = conv_program(**kwargs)
     r = fused(p, ids, case, params)
-    assert r.kernel.params["stage_weights"] and r.kernel.grid[1] > 1
+    cout = p.values[p.nodes[ids[0]].outputs[0]].shape[1]
+    assert r.kernel.params["stage_weights"] and r.kernel.grid[1] == cout // params["channels_per_thread"]
 
 
 def test_conv_staged_rgb_at_a_real_size():
