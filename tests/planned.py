@@ -37,27 +37,22 @@ def _blocks_at(small: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def _planned(path: str, small: bool, check: bool, rewrite: bool) -> tuple[dict, str, str]:
+def _planned(path: str, small: bool, check: bool, rewrite: bool) -> tuple[dict, str]:
     from agent_core.commands.plan import plan_loaded
     from agent_core.importers import import_file
     from agent_core.project_file import dumps
     with _blocks_at(small):
         program = import_file(path)
     done = plan_loaded(program, label=path, rewrite=rewrite, check=check)
-    return done.to_dict(), dumps(done.program), "\n".join(done.lines())
+    return done.to_dict(), dumps(done.program)
 
 
 def plan(path, *, small: bool = True, check: bool = True, rewrite: bool = True):
     """(`plan --json`'s dict, the planned program as `plan -o` saves it) for a .py model file;
     small: the benchmark blocks at their test sizes; check=False is `--no-check`."""
     from agent_core.project_file import loads
-    as_dict, text, _ = _planned(str(path), small, check, rewrite)
+    as_dict, text = _planned(str(path), small, check, rewrite)
     return copy.deepcopy(as_dict), loads(text)
-
-
-def plan_text(path, *, small: bool = True, check: bool = True, rewrite: bool = True) -> str:
-    """What `stitchcuda plan` prints for the file (without -o's "saved" line)."""
-    return _planned(str(path), small, check, rewrite)[2]
 
 
 def block(name: str) -> Path:
