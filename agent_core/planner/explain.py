@@ -14,7 +14,7 @@ from ..text import plural
 from .attention import attention_node, attention_reason
 from .fusion import (
     backend_refusal, full_space_inputs, group_bytes, group_time, launches, library_form_ms, library_ms, node_facts,
-    rereads_rows, schedule_for, summarize, tile_gemm_ms, traffic,
+    rereads_rows, schedule_for, summarize, tile_gemm_ms, tile_gemm_work, traffic,
 )
 
 _OP_WORDS = 6  # name at most this many ops in a reason
@@ -241,17 +241,17 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, facts, conv: bool = False)
     """The tile GEMM as the other form of a matmul or convolution + epilogue region (a convolution's as
     an implicit GEMM): whether codegen takes it, and its roofline estimate from the bytes and FLOPs of
     the very kernel it generates first (gemm_mma.estimate); the words that say so."""
-    from ..codegen.gemm_mma import estimate, gemm_supported
+    from ..codegen.gemm_mma import gemm_supported
     from ..codegen.gemm_rows import NORMS
     why_not = gemm_supported(state.program, nodes)
     sched["forms"] = {"library+kernel": None, FORM: why_not}
-    if why_not is not None:
+    work = tile_gemm_work(state, nodes)
+    if why_not is not None or isinstance(work, Exception):
         return ""
-    gpu = state.gpu
-    nbytes, flops = estimate(state.program, nodes, gpu.sm_count)
+    nbytes, flops = work
     ms = tile_gemm_ms(state, nodes, s.anchor)
     if ms is None:      # a convolution's implicit GEMM, its rate not measured: costed at the fp32 peak
-        ms = roofline_ms(nbytes, flops, gpu=gpu, graph=state.graph)
+        ms = roofline_ms(nbytes, flops, gpu=state.gpu, graph=state.graph)
     after = library_form_ms(state, nodes, s.anchor, s.red)     # the two launches it is timed against
     sched["forms_est_ms"] = {"library+kernel": round(after, 6), FORM: round(ms, 6)}
     stored = any(state.program.values[v].nbytes == out.nbytes for v in facts.escaping)

@@ -485,32 +485,45 @@ def library_form_ms(state, nodes, anchor: str, red) -> float:
     return lib
 
 
+def tile_gemm_work(state, nodes):
+    """(bytes, FLOPs) of the one tile-GEMM kernel codegen writes for the matmul or convolution group
+    `nodes` (gemm_mma.estimate), or the CodegenError saying why codegen does not take them. Cached per
+    node set (state.tile_work): the planner asks it of every candidate union with a matmul in it, and the
+    region's reason asks it again."""
+    key = frozenset(nodes)
+    if key not in state.tile_work:
+        try:
+            state.tile_work[key] = estimate(state.program, state.sort_nodes(nodes), state.gpu.sm_count)
+        except CodegenError as exc:
+            state.tile_work[key] = exc
+    return state.tile_work[key]
+
+
+def _costs_tile_gemm(state, anchor: str) -> bool:
+    # below the ridge point both forms take the bytes' time: the library's is the one costed
+    return state.program.nodes[anchor].op in GEMM_OPS and state.costs[anchor].bound() == "compute"
+
+
 def tile_gemm_ms(state, nodes, anchor: str) -> float | None:
     """Roofline ms of a compute-bound matmul group as the one tile-GEMM kernel codegen writes for it (split
     TF32 on the tensor cores, its epilogue before the store; the agent times it against the library call
-    and keeps the faster), or None where codegen does not take the group (tile_gemm_refusal). Cached per
-    node set (state.tile_ms): the planner asks it of every candidate union with a matmul in it."""
-    if state.program.nodes[anchor].op not in GEMM_OPS or state.costs[anchor].bound() != "compute":
-        return None     # below the ridge point both forms take the bytes' time: the library's is the one costed
-    key, cache = frozenset(nodes), state.tile_ms
-    if key not in cache:
-        gpu = state.gpu
-        try:
-            nbytes, flops = estimate(state.program, state.sort_nodes(nodes), gpu.sm_count)
-            cache[key] = gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms,
-                                                          flops / gpu.split_tf32_flops_per_ms)
-        except CodegenError as exc:
-            cache[key] = exc
-    got = cache[key]
-    return None if isinstance(got, Exception) else got
+    and keeps the faster), or None where it is not costed so or codegen does not take the group."""
+    if not _costs_tile_gemm(state, anchor):
+        return None
+    work = tile_gemm_work(state, nodes)
+    if isinstance(work, Exception):
+        return None
+    gpu, (nbytes, flops) = state.gpu, work
+    return gpu.launch_ms(state.graph) + max(nbytes / gpu.bytes_per_ms, flops / gpu.split_tf32_flops_per_ms)
 
 
 def tile_gemm_refusal(state, nodes, anchor: str) -> str | None:
-    """Why codegen's tile GEMM does not take the matmul group `nodes` (None: it does, or it is no matmul)."""
-    if tile_gemm_ms(state, nodes, anchor) is not None:
+    """Why codegen's tile GEMM does not take the compute-bound matmul group `nodes` (None: it does, or
+    the group is not costed as one)."""
+    if not _costs_tile_gemm(state, anchor):
         return None
-    got = state.tile_ms.get(frozenset(nodes))
-    return None if got is None else str(got)
+    work = tile_gemm_work(state, nodes)
+    return str(work) if isinstance(work, Exception) else None
 
 
 def epilogue_nodes(state, nodes, anchor: str) -> list[str]:

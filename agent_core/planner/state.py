@@ -48,7 +48,7 @@ class PlanState:
             self.nin[nid] = tuple(ins)
         self.nout = {nid: tuple(n.outputs) for nid, n in program.nodes.items()}
         self.groups: dict[int, Group] = {}
-        self.tile_ms: dict = {}     # node set -> the tile GEMM's estimate or codegen's refusal (fusion.tile_gemm_ms)
+        self.tile_work: dict = {}   # node set -> the tile GEMM's (bytes, FLOPs) or codegen's refusal (fusion.tile_gemm_work)
         self._epoch, self._reach_epoch, self._reach2 = 0, -1, {}   # merges so far; creates_cycle's cache
         self.group_of: dict[str, int] = {}
         self.succ: dict[int, set[int]] = {}
