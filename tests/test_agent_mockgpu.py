@@ -419,6 +419,31 @@ def test_a_convolution_alone_runs_as_our_implicit_gemm_only_where_it_beats_cudnn
     assert res.profile["end_to_end"]["correct"]
 
 
+@pytest.mark.parametrize("slower", [False, True], ids=["kept", "slower_than_cudnn"])
+def test_a_transposed_convolution_alone_runs_as_our_direct_convolution_only_where_it_beats_cudnn(
+        mock_gpu, tmp_path, slower):
+    """conv_transpose3d (stride 2) alone before a softmax over its channels: its region's kernel is the
+    direct convolution, phase by phase, timed against the cuDNN call; kept where faster (the library
+    choices for the node dropped), else the call stays and the reason gives both times."""
+    from tests.test_conv_direct_form import _transposed_alone
+    prog, nid = _transposed_alone(8)
+    if slower:
+        SLOWED.add("conv-direct")
+    res, events = _optimize(prog, tmp_path)
+    (out,) = [o for o in res.outcomes if nid in next(r.nodes for r in res.program.regions if r.id == o.region)]
+    codegen = [e for e in events if e["event"] == "codegen" and e.get("region") == out.region]
+    assert codegen and codegen[0]["kind"] == "convolution" and "8 phase(s)" in codegen[0]["schedule"]
+    if slower:
+        assert out.status == "library" and "via torch: our direct convolution (fp32 FFMA" in out.reason, out.reason
+        assert "was correct but slower" in out.reason, out.reason
+    else:
+        assert out.status == "fused", out.reason
+        assert "runs as our direct convolution (fp32 FFMA, one thread per 4 output positions" in out.reason, out.reason
+        assert "instead of cuDNN's" in out.reason, out.reason
+        assert any(e["event"] == "precision" and e.get("chosen") == "conv-direct" for e in events)
+    assert res.profile["end_to_end"]["correct"]
+
+
 def _conv_relu_double():
     """conv2d (8 -> 24 channels, 3x3) -> relu -> * 2."""
     p = Program("conv_epi")

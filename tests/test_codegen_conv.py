@@ -110,6 +110,17 @@ CASES = {
     "convT3d_dilated_4ch": (dict(op="conv_transpose3d", x_shape=(2, 2, 3, 3, 2), w_shape=(2, 4, 2, 2, 3),
                                  stride=[1, 2, 2], dilation=[2, 1, 1], padding=[1, 0, 1]),
                             {"channels_per_thread": 4}),
+    # a transposed convolution phase by phase, several positions (a stride apart) a thread: a 4-tap
+    # kernel at stride 2 (2 taps a phase), a 5-tap one (3 or 2), dilation 2 at stride 2 (a phase with
+    # no tap: only the bias), ragged rows
+    "convT3d_4_positions_k4_s2": (dict(op="conv_transpose3d", x_shape=(2, 3, 3, 4, 9), w_shape=(3, 4, 4, 4, 4),
+                                       stride=[2], padding=[1]), {"positions_per_thread": 4, "channels_per_thread": 2}),
+    "convT2d_2_positions_k5_s2": (dict(op="conv_transpose2d", x_shape=(1, 2, 6, 7), w_shape=(2, 3, 5, 5),
+                                       stride=[2], padding=[2], epilogue=[("relu", {}, [])]),
+                                  {"positions_per_thread": 2}),
+    "convT1d_3_positions_d2_s2": (dict(op="conv_transpose1d", x_shape=(2, 3, 11), w_shape=(3, 4, 5), stride=[2],
+                                       dilation=[2], padding=[3], output_padding=[1]),
+                                  {"positions_per_thread": 3}),
     "conv2d_epilogue_chain": (dict(op="conv2d", x_shape=(2, 3, 9, 7), w_shape=(4, 3, 3, 3), padding=[1],
                                    bias=False, outputs=("conv", "last"), epilogue=[
                                        ("add", {}, [(4, 1, 1)]), ("relu", {}, []),
@@ -147,6 +158,12 @@ STAGED = {
     "convT2d_staged_g2": (dict(op="conv_transpose2d", x_shape=(2, 4, 5, 6), w_shape=(4, 3, 3, 3), stride=[2],
                                padding=[1], output_padding=[1], groups=2),
                           {"stage_weights": True, "channels_per_thread": 3}),
+    "convT3d_staged_8ch_4_positions": (dict(op="conv_transpose3d", x_shape=(2, 4, 3, 4, 6), w_shape=(4, 8, 3, 3, 3),
+                                            stride=[2], padding=[1], output_padding=[1], epilogue=[("sigmoid", {}, [])]),
+                                       {"stage_weights": True, "positions_per_thread": 4, "channels_per_thread": 8}),
+    "convT2d_staged_empty_phase": (dict(op="conv_transpose2d", x_shape=(1, 3, 5, 9), w_shape=(3, 4, 3, 5), stride=[2],
+                                        dilation=[1, 2], padding=[1, 3]),
+                                   {"stage_weights": True, "positions_per_thread": 2, "channels_per_thread": 4}),
 }
 
 
@@ -189,10 +206,12 @@ def host_runner(ks, tmp_path, grid=None):
     grid = grid or ks.grid[0]
     n_args = len(ks.inputs) + len(ks.outputs)
     driver = (f'\nextern "C" void host_launch(float** args) {{\n'
-              f"  gridDim.x = {grid}; blockDim.x = {ks.block[0]};\n"
+              f"  gridDim.x = {grid}; gridDim.y = {ks.grid[1]}; gridDim.z = {ks.grid[2]}; blockDim.x = {ks.block[0]};\n"
+              f"  for (unsigned z = 0; z < gridDim.z; ++z)\n"
+              f"  for (unsigned y = 0; y < gridDim.y; ++y)\n"
               f"  for (unsigned b = 0; b < gridDim.x; ++b)\n"
               f"    for (unsigned t = 0; t < blockDim.x; ++t) {{\n"
-              f"      blockIdx.x = b; threadIdx.x = t;\n"
+              f"      blockIdx.x = b; blockIdx.y = y; blockIdx.z = z; threadIdx.x = t;\n"
               f"      {ks.name}({', '.join(f'args[{i}]' for i in range(n_args))});\n"
               f"    }}\n}}\n")
     src = tmp_path / f"{ks.name}_host.cpp"
@@ -326,15 +345,21 @@ def test_kernel_source_layout_header_and_launch():
     assert ks.params["channels_per_thread"] == 2 and ks.schedule in src
 
 
-def test_transposed_gather_formula_in_source():
+def test_transposed_runs_phase_by_phase():
+    """A transposed convolution's outputs o = q * stride + r run one phase r per blockIdx.z, each reading
+    only its own taps (no divisibility test per tap): stride [3, 2] makes 6 phases; dilation 2 at stride 2
+    makes every tap of an axis fall in one phase (3 taps, 1 input apart) and leaves the other empty."""
     p, ids, _ = build("convT2d_mixed_nobias")
-    src = generate_kernel(p, ids, name="gather", kind="convolution").source
+    ks = generate_kernel(p, ids, name="gather", kind="convolution")
+    src = ks.source
+    assert ks.grid[2] == 6 and "x 6 phases" in ks.schedule
     assert "weight layout [Cin, Cout/groups, *kernel]" in src
-    assert "const int th = oh + kPH - kh * kDH;" in src and "if (th < 0 || th % kSH != 0) continue;" in src
-    assert "const int ih = th / kSH;" in src
-    p1, ids1, _ = build("convT2d_stride1")  # stride 1: no divisibility test
-    src1 = generate_kernel(p1, ids1, name="gather1", kind="convolution").source
-    assert "const int ih = oh + kPH - kh * kDH;" in src1 and "%" not in src1.split("for (int ci")[1]
+    assert "constexpr int kQH = 5, kTapsH = 1, kTapStepH = 3, kInStepH = 1;" in src   # ceil(13 / 3) rows a phase
+    assert "constexpr int kQW = 6, kTapsW = 3, kTapStepW = 1, kInStepW = 1;" in src
+    assert "const int ih = qh + fh - jh * kInStepH;" in src and "% kSH != 0" not in src
+    p1, ids1, _ = build("convT2d_stride1")  # stride 1: one phase, every tap
+    ks1 = generate_kernel(p1, ids1, name="gather1", kind="convolution")
+    assert ks1.grid[2] == 1 and "kTapsH = 3, kTapStepH = 1, kInStepH = 1;" in ks1.source
 
 
 def test_default_channels_per_thread_grows_with_the_problem():
@@ -412,12 +437,6 @@ def test_refuses_other_padding_modes_and_unresolved_padding():
     p.nodes[ids[0]].attrs["padding_mode"] = "zeros"
     p.nodes[ids[0]].attrs["padding"] = "full"
     _refused(p, ids, "padding 'full' is not resolved to integers")
-
-
-def test_refuses_several_positions_a_thread_for_a_transposed_convolution():
-    p, ids, params = build("convT2d_stride1")
-    with pytest.raises(CodegenError, match="transposed one's exactly 1"):
-        generate_kernel(p, ids, name="t", kind="convolution", params={"positions_per_thread": 2})
 
 
 def test_refuses_staging_weights_past_the_shared_memory():

@@ -11,14 +11,15 @@ from agent_core.ir import Program
 from tests.programs import emulated
 
 
-def _conv(cin, cout, kernel=(3, 3), *, op="conv2d", epilogue=True, shape=(2, None, 12, 12)):
+def _conv(cin, cout, kernel=(3, 3), *, op="conv2d", epilogue=True, shape=(2, None, 12, 12), stride=1):
     p = Program("conv")
     x = p.add_input("x", [shape[0], cin, *shape[2:]]).id
     w_shape = [cin, cout, *kernel] if op.startswith("conv_transpose") else [cout, cin, *kernel]
     ins = [x, p.add_parameter("w", shape=w_shape).id, p.add_parameter("b", shape=[cout]).id]
-    attrs = {"stride": [1] * len(kernel), "padding": [1] * len(kernel), "dilation": [1] * len(kernel), "groups": 1}
+    attrs = {"stride": [stride] * len(kernel), "padding": [1] * len(kernel), "dilation": [1] * len(kernel),
+             "groups": 1}
     if op.startswith("conv_transpose"):
-        attrs["output_padding"] = [0] * len(kernel)
+        attrs["output_padding"] = [stride - 1] * len(kernel)
     y = p.add_node(op, ins, attrs).outputs[0]
     if epilogue:
         y = p.add_node("mul_scalar", [p.add_node("relu", [y]).outputs[0]], {"value": 2.0}).outputs[0]
@@ -46,12 +47,48 @@ def test_a_compute_bound_convolution_alone_offers_the_direct_form_when_thin():
                                                      {"form": DIRECT, "positions_per_thread": 4}]
 
 
-def test_the_direct_form_takes_4_positions_a_thread_where_rows_allow_and_one_for_a_transposed_convolution():
+def test_the_direct_form_takes_4_positions_a_thread_where_rows_allow():
     def offered(p):
         return generate_kernel(p, list(p.nodes), name="r").alternatives
     assert {"form": DIRECT, "positions_per_thread": 4} in offered(_conv(8, 16))
     assert {"form": DIRECT} in offered(_conv(8, 16, shape=(2, None, 12, 6)))          # rows of 6
-    assert {"form": DIRECT} in offered(_conv(8, 16, op="conv_transpose2d"))
+    # a transposed convolution's by the rows of one phase: 12 outputs at stride 1, 6 at stride 2
+    assert {"form": DIRECT, "positions_per_thread": 4} in offered(_conv(8, 16, op="conv_transpose2d"))
+    assert {"form": DIRECT, "positions_per_thread": 4} in offered(_conv(8, 16, op="conv_transpose2d", stride=2))
+    assert {"form": DIRECT} in offered(_conv(8, 16, op="conv_transpose2d", stride=2, shape=(2, None, 12, 6)))
+
+
+def _transposed_alone(cin, kernel=(3, 3, 3)):
+    """conv_transpose3d (stride 2) alone before a softmax over its channels, as level 2's 49 has it."""
+    p = Program("convt")
+    x = p.add_input("x", [2, cin, 6, 8, 8]).id
+    w = p.add_parameter("w", shape=[cin, 16, *kernel]).id
+    y = p.add_node("conv_transpose3d", [x, w], {"stride": [2] * 3, "padding": [1] * 3, "dilation": [1] * 3,
+                                                "output_padding": [1] * 3, "groups": 1}).outputs[0]
+    p.mark_output(p.add_node("softmax", [y], {"dim": 1}).outputs[0])
+    return p, next(n for n in p.nodes.values() if n.op == "conv_transpose3d").id
+
+
+@pytest.mark.parametrize("cin,ours", [(32, True), (128, True), (129, False)])
+def test_a_transposed_convolution_alone_gets_the_direct_form_where_a_phase_reduction_is_short(cin, ours):
+    """Its own region (the softmax over channels cannot follow it into one kernel) gets the direct form,
+    staged first, while input channels x a phase's taps (at most 2x2x2 of the 27 at stride 2) stay within
+    conv.DIRECT_MAX_REDUCTION_TRANSPOSED; deeper ones stay cuDNN's. The plan says which."""
+    from agent_core.agent.region_kinds import without_kernel
+    from agent_core.planner import plan_program
+    p, nid = _transposed_alone(cin)
+    (region,) = [r for r in plan_program(p).regions if nid in r.nodes]
+    if not ours:
+        assert without_kernel(p, [nid])[0] == "library"
+        assert "direct convolution" not in region.reason, region.reason
+        return
+    assert without_kernel(p, [nid]) is None
+    ks = generate_kernel(p, [nid], name="r")
+    assert ks.kind == "convolution" and not ks.library_nodes and ks.grid[2] == 8
+    assert ks.params["form"] == DIRECT and ks.params["stage_weights"] and ks.params["positions_per_thread"] == 4
+    assert ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4}]
+    assert "cuDNN's fp32 runs transposed convolutions far below the FMA units' peak" in region.reason, region.reason
+    assert "one thread per 4 output positions a stride apart of one phase" in region.reason, region.reason
 
 
 @pytest.mark.parametrize("op,kernel,extra", [("conv2d", (3, 3), {"positions_per_thread": 4}), ("conv2d", (3, 3), {}),

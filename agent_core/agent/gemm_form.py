@@ -39,9 +39,11 @@ def words(ks) -> str:
     p = ks.params or {}
     if p.get("form") == DIRECT:
         ppt = int(p.get("positions_per_thread") or 1)
-        per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
-        return (f"our direct convolution with the epilogue fused (fp32 FFMA, one thread per {per} "
-                f"and {p.get('channels_per_thread')} output channel(s))")
+        per = "output position" if ppt == 1 else f"{ppt} output positions"
+        fused = " with the epilogue fused" if len(ks.node_ids) > 1 else ""
+        staged = ", its weights staged in shared memory" if p.get("stage_weights") else ""
+        return (f"our direct convolution{fused} (fp32 FFMA, one thread per {per} "
+                f"and {p.get('channels_per_thread')} output channel(s){staged})")
     if p.get("tf32"):
         return "our tile GEMM with the epilogue fused: TF32 on the tensor cores, as the program allows (mma.sync m16n8k8)"
     how = (f"wgmma m64n{p.get('block_n')}k8, warp-specialised: TMA copies, A split in registers, B in shared memory"
@@ -73,6 +75,8 @@ def why_not(program, node_ids) -> str | None:
 
 def compiled_words(program, ks) -> str:
     """Without a GPU: that the tuning variants that compiled hold the tile GEMM form."""
+    if runs_own(ks) and not is_gemm(ks):     # a transposed convolution alone: the direct forms
+        return ", all of them the direct convolution, to be timed against cuDNN on a GPU (the faster is kept)"
     if is_gemm(ks) and not ks.library_nodes:     # a matmul or convolution alone: the tile form is its kernel
         if not any(program.nodes[n].op in CONV_OPS for n in ks.node_ids):
             return ", all of them the tile GEMM, to be timed against cuBLAS on a GPU (the faster is kept)"
@@ -134,9 +138,10 @@ def lone_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
     lib = f"{'cuDNN' if conv else 'cuBLAS'}'s {describe_library_call(program, node.id)}"
     name = ("direct convolution" if (ks.params or {}).get("form") == DIRECT else "implicit GEMM") if conv else \
         "tile GEMM"
+    how = words(ks) if name == "direct convolution" else f"our {name} ({words(ks)})"
     if kept:
-        return f"; {node.name} ({node.op}) runs as our {name} ({words(ks)}) instead of {lib}"
-    return (f"{node.name} ({node.op}) runs through {lib} via torch: our {name} kernel ({words(ks)}) was correct "
+        return f"; {node.name} ({node.op}) runs as {how} instead of {lib}"
+    return (f"{node.name} ({node.op}) runs through {lib} via torch: {how} was correct "
             f"but slower ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us)")
 
 

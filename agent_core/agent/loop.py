@@ -23,7 +23,7 @@ from ..runtime.split_tf32 import TF32X3, TF32X3_CAT, describe_library_call, libr
 from .attention_form import describe_form, exact_form, form_of, library_note, note_kept_form
 from .region_kinds import without_kernel
 from .events import EventEmitter
-from .gemm_form import compiled_words as gemm_compiled_words, is_gemm, keep as gemm_keep, lone_words, runs_own
+from .gemm_form import compiled_words as gemm_compiled_words, keep as gemm_keep, lone_words, runs_own
 from .gemm_form import kept_words as gemm_kept_words, trial_words as gemm_trial_words
 from .phases import phase
 from .tune import tune_space
@@ -352,12 +352,12 @@ class _Agent:
             out.reason += note_kept_form(self, r, ks)
             if runs_own(ks):
                 gemm_keep(self, r, ks)
-            if is_gemm(first[1]):     # a matmul or convolution alone: the tile form was its only form
+            if runs_own(first[1]):     # a matmul or convolution alone: our forms were its only forms
                 out.reason += lone_words(self.program, ks, True, ms, unfused)
             else:
                 out.reason += gemm_kept_words(ks, out.trials) if runs_own(ks) else gemm_trial_words(out.trials)
             return self._finish(r, out), (list(r.nodes), ks, loaded)
-        if is_gemm(first[1]):     # a matmul or convolution alone: the library call stays, as without our kernel
+        if runs_own(first[1]):     # a matmul or convolution alone: the library call stays, as without our kernel
             out.status, out.reason = "library", lone_words(self.program, ks, False, ms, unfused)
             return self._finish(r, out), None
         out.reason = (f"correct but not faster than its unfused ops ({ms * 1e3:.1f} us vs {unfused * 1e3:.1f} us"

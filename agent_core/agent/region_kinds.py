@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..analysis.cost import is_view, library_reads_as_view
 from ..codegen import LIBRARY_CATEGORIES
+from ..codegen.conv import lone_direct
 from ..codegen.gemm_mma import lone_gemm
 from .attention_form import own_attention
 
@@ -13,8 +14,9 @@ def without_kernel(program, node_ids) -> tuple[str, object | None] | None:
     relabel memory; torch runs the call); ("strided_view", node) for a slice or transpose only library
     calls read (analysis.cost.library_reads_as_view); None when the region gets a generated kernel. An
     attention node the agent writes its own kernel for is generated, and so is a compute-bound matmul
-    or convolution alone, or a few-channel convolution (gemm_mma.lone_gemm: our forms, kept only where
-    they beat the library call)."""
+    or convolution alone, a few-channel convolution (gemm_mma.lone_gemm) or a transposed convolution
+    alone that the direct form takes (conv.lone_direct): our forms, kept only where they beat the
+    library call."""
     nodes = [program.nodes[n] for n in node_ids]
     work = [n for n in nodes if not is_view(program, n.id)]
     if not work:
@@ -27,6 +29,6 @@ def without_kernel(program, node_ids) -> tuple[str, object | None] | None:
     if node.opdef.category == "recurrent":
         return "recurrent", node
     if node.opdef.category in LIBRARY_CATEGORIES and not own_attention(program, node) and \
-            not lone_gemm(program, node_ids):     # such a matmul or convolution alone is timed as our own forms
+            not lone_gemm(program, node_ids) and not lone_direct(program, node_ids):   # timed as our own forms
         return "library", node
     return None

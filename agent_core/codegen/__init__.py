@@ -95,10 +95,15 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         if TF32 in allowed(program):    # one TF32 product instead of three, timed where the program allows it
             ks.alternatives = [{"form": "3xtf32", TF32: True}]
         return ks
-    from .conv import DIRECT, direct_alternative, generate_conv
+    from .conv import DIRECT, direct_alternative, generate_conv, lone_direct
     from .gemm_mma import generate_gemm, lone_gemm
     if (params or {}).get("form") == DIRECT:       # a form the tuner times against cuDNN (conv.py)
         return generate_conv(program, io, name, params)
+    if kind != "convolution" and lone_direct(program, io.nodes):    # a transposed one alone: its forms
+        first, *others = direct_alternative(program, io)
+        ks = generate_conv(program, io, name, {**first, **(params or {})})
+        ks.alternatives = others
+        return ks
     # the matmul / convolution and its epilogue as one tile GEMM; a compute-bound matmul or convolution
     # alone as the tile GEMM the agent times against the library call (gemm_mma.lone_gemm), and a thin
     # convolution as the direct one too

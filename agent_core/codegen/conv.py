@@ -42,6 +42,10 @@ DIRECT = "conv-direct"
 # products per output element (input channels per group x taps: RGB 3x3x3 = 27, 8 x 3x3x3 = 216), where
 # cuDNN's fp32 has little to gain from its tiling; a deeper reduction is left to cuDNN and the implicit GEMM
 DIRECT_MAX_REDUCTION = 256
+# a transposed convolution's (input channels per group x the taps of one phase): cuDNN's fp32 runs level
+# 2's transposed 3-D convolutions at about 5 TFLOPS (49_ConvTranspose3d_Softmax_Sigmoid: about 5.4 ms for
+# 29 GFLOP on an H100), a fifth of what the direct form reaches, so deeper reductions are timed too
+DIRECT_MAX_REDUCTION_TRANSPOSED = 1024
 DIRECT_POSITIONS = 4       # consecutive output positions a thread of that form computes (rows of 8 or more)
 # channel counts a thread may accumulate at once, most first (acc[] stays in registers)
 CHANNEL_CHOICES = (4, 2, 1)
@@ -120,24 +124,68 @@ def _channels_per_thread(p: dict, cout_g: int, positions: int, staged_floats_per
     return 1
 
 
+def _phase_taps(k: int, s: int, dl: int) -> tuple[int, int, int]:
+    """Along one axis of a transposed convolution (kernel k, stride s, dilation dl): the outputs
+    o = q * s + r of one phase r read the taps k0, k0 + step, ... (at most `taps` of them), and tap j's
+    input is q + f - j * in_step (f: the first tap's offset): (taps, step, in_step)."""
+    g = math.gcd(dl, s)
+    return math.ceil(k / (s // g)), s // g, dl // g
+
+
+def _phase_lines(axes: str, ax_u: list[str]) -> list[str]:
+    """The block's phase (blockIdx.z) and, per axis, its first tap k0, tap count n and first input offset f."""
+    lines = ["  // this block's phase: the residue r of its outputs' positions along each axis (o = q * stride + r)"]
+    for j, (ax, u) in enumerate(zip(axes, ax_u)):
+        later = " * ".join(f"kS{v}" for v in ax_u[j + 1:])
+        z = f"blockIdx.z / ({later})" if later else "blockIdx.z"
+        lines += [f"  const int r{ax} = (int)({z}) % kS{u};",
+                  f"  int k0{ax} = kK{u};  // its first tap along {ax} (kK{u}: it has none)",
+                  f"  for (int k = 0; k < kTapStep{u} && k < kK{u}; ++k)",
+                  f"    if ((r{ax} + kP{u} - k * kD{u}) % kS{u} == 0) {{ k0{ax} = k; break; }}",
+                  f"  const int n{ax} = k0{ax} < kK{u} ? (kK{u} - k0{ax} + kTapStep{u} - 1) / kTapStep{u} : 0;",
+                  f"  const int f{ax} = (r{ax} + kP{u} - k0{ax} * kD{u}) / kS{u};  // tap j reads input q + f - j * kInStep"]
+    return lines
+
+
 def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
     """[params of this kernel] for a region whose convolution would run through cuDNN and whose
-    reduction per output element is short (DIRECT_MAX_REDUCTION): the tuner times it against the
-    library form and keeps the faster; [] otherwise."""
+    reduction per output element is short (DIRECT_MAX_REDUCTION; a transposed one's taps of one phase,
+    DIRECT_MAX_REDUCTION_TRANSPOSED): the tuner times it against the library form and keeps the faster;
+    [] otherwise."""
     convs = [n for n in io.nodes if program.nodes[n].op in CONV_OPS]
     if len(convs) != 1 or any(n not in convs and not is_elementwise(program.nodes[n]) for n in io.nodes):
         return []
     cn = program.nodes[convs[0]]
     w = program.values[cn.inputs[1]].shape
-    transposed = cn.op.startswith("conv_transpose")
-    per_group_in = w[0] // int(cn.attrs.get("groups", 1)) if transposed else w[1]
-    if per_group_in * math.prod(w[2:]) > DIRECT_MAX_REDUCTION:
+    out_row = program.values[cn.outputs[0]].shape[-1]
+    if cn.op.startswith("conv_transpose"):
+        d = len(w) - 2
+        try:
+            stride, _, dil, _ = conv_geometry(cn, d, list(w[2:]))
+        except CodegenError:
+            return []
+        taps = math.prod(_phase_taps(w[2 + j], stride[j], dil[j])[0] for j in range(d))
+        if w[0] // int(cn.attrs.get("groups", 1)) * taps > DIRECT_MAX_REDUCTION_TRANSPOSED:
+            return []
+        out_row = math.ceil(out_row / stride[-1])     # a phase's positions along the row
+    elif w[1] * math.prod(w[2:]) > DIRECT_MAX_REDUCTION:
         return []
     # 4 positions a thread where its rows allow: each weight load then feeds 4 x channels FMAs, not 1 x
-    blocked = not transposed and program.values[cn.outputs[0]].shape[-1] >= 2 * DIRECT_POSITIONS
+    blocked = out_row >= 2 * DIRECT_POSITIONS
     form = {"form": DIRECT, **({"positions_per_thread": DIRECT_POSITIONS} if blocked else {})}
     # the weights staged in shared memory first: more channels a thread, each input load feeding them all
     return [{**form, "stage_weights": True}, form]
+
+
+def lone_direct(program: Program, node_ids) -> bool:
+    """A transposed convolution alone that the direct form takes: its region gets that kernel, timed
+    against the cuDNN call (the faster is kept). (A convolution alone is the tile GEMM's, gemm_mma.lone_gemm,
+    which lists the direct form among its own.)"""
+    ids = list(node_ids)
+    if len(ids) != 1 or not program.nodes[ids[0]].op.startswith("conv_transpose"):
+        return False
+    from .region_io import region_io
+    return bool(direct_alternative(program, region_io(program, ids)))
 
 
 def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
@@ -199,21 +247,29 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
 
     block = int(p["block"])
     ppt = int(p.get("positions_per_thread") or 1)
-    if ppt < 1 or (ppt > 1 and transposed):
+    if ppt < 1:
         raise CodegenError(f"positions_per_thread={ppt}: a convolution's thread takes 1 or more consecutive "
-                           f"positions, a transposed one's exactly 1 (its taps hit the positions unevenly)")
-    inner_groups = math.ceil(sout[-1] / ppt)
-    pos_groups = out_sp // sout[-1] * inner_groups
+                           f"positions")
+    # a transposed convolution runs phase by phase (blockIdx.z): the outputs o = q * stride + r of one
+    # residue r per axis all read the same taps, so it is an ordinary convolution over q (_phase_taps)
+    taps = [_phase_taps(kernel[j], stride[j], dil[j]) for j in range(d)] if transposed else None
+    phases = math.prod(stride) if transposed else 1
+    grid_sp = [math.ceil(sout[j] / stride[j]) for j in range(d)] if transposed else sout   # positions q per phase
+    inner_groups = math.ceil(grid_sp[-1] / ppt)
+    pos_groups = math.prod(grid_sp[:-1]) * inner_groups
     staged = bool(p.get("stage_weights"))
-    cpt = _channels_per_thread(p, cout_g, batch * pos_groups, cin_g * kvol if staged else 0)
+    phase_taps = math.prod(t for t, _, _ in taps) if transposed else kvol    # taps a block's weights hold
+    cpt = _channels_per_thread(p, cout_g, batch * pos_groups * phases, cin_g * phase_taps if staged else 0)
     chunks = cout // cpt
     resident = p["sm_count"] * (MAX_THREADS_PER_SM // block)       # the grid-stride loop's grid cap
     if staged:      # blockIdx.y: the channel chunk whose weights the block stages
-        grid = (max(1, min(math.ceil(batch * pos_groups / block), max(1, resident // chunks))), chunks, 1)
+        gx = min(math.ceil(batch * pos_groups / block), max(1, resident // (chunks * phases)))
+        grid = (max(1, gx), chunks, phases)
     else:
-        grid = (max(1, min(math.ceil(batch * pos_groups * chunks / block), resident)), 1, 1)
+        gx = min(math.ceil(batch * pos_groups * chunks / block), max(1, resident // phases))
+        grid = (max(1, gx), 1, phases)
     # a thread's positions share the window's inputs along the last axis: one row of kSpan loads
-    sliding = ppt > 1 and not transposed
+    sliding = ppt > 1 or transposed
 
     axes = "dhw"[-d:] if d > 1 else "l"
     ax_u = [a.upper() for a in axes]
@@ -221,8 +277,9 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     names = Names()  # kernel arguments must not shadow the kernel's locals or its name
     names.taken.add(kname)
     names.taken.update(("o", "q", "acc", "c", "g", "ci", "co0", "nb", "chunk", "pos", "out_base", "x_base",
-                        "w_base", "xc", "wc", "xv", "wv", "oc", "tap", "point", "store_point", "pg", "outer", "p"))
-    names.taken.update(f"{v}{ax}" for v in "oikt" for ax in axes)
+                        "w_base", "xc", "wc", "xv", "wv", "xs", "ws", "w4", "oc", "tap", "point", "store_point",
+                        "pg", "outer", "p", "s", "e", "k", "t", "w"))
+    names.taken.update(f"{v}{ax}" for v in ("o", "i", "k", "t", "r", "q", "n", "f", "j", "k0") for ax in axes)
     wr = render_around(program, io, [], epi, x_vid, y_vid, names, "unused (a convolution has no prologue).",
                        "one convolution output element (bias added) to the region's outputs.")
     arg, epi_inputs, ld_epi, epi_fn = wr.arg, wr.epi_inputs, wr.ld_epi, wr.epi_fn
@@ -239,68 +296,105 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     if transposed:  # weight [Cin, Cout/groups, *kernel]
         consts.append("constexpr index_t kWeightStrideCo = kKernelVolume, "
                       "kWeightStrideCi = kCoutPerGroup * kKernelVolume;  // weight [Cin, Cout/groups, *kernel]")
+        consts.append("// a phase's taps along each axis: at most kTaps, kTapStep apart in the kernel; the input of")
+        consts.append("// its j-th tap is kInStep * j before its first tap's")
+        for j, u in enumerate(ax_u):
+            t, step, in_step = taps[j]
+            consts.append(f"constexpr int kQ{u} = {grid_sp[j]}, kTaps{u} = {t}, kTapStep{u} = {step}, "
+                          f"kInStep{u} = {in_step};  // kQ: positions q of a phase")
+        consts.append(f"constexpr int kPhaseTaps = {' * '.join(f'kTaps{u}' for u in ax_u)};")
     else:  # weight [Cout, Cin/groups, *kernel]
         consts.append("constexpr index_t kWeightStrideCo = kCinPerGroup * kKernelVolume, "
                       "kWeightStrideCi = kKernelVolume;  // weight [Cout, Cin/groups, *kernel]")
-    last = ax_u[-1]
+    last, la = ax_u[-1], axes[-1]
+    rows = " * ".join(f"kQ{u}" for u in ax_u[:-1]) or "1" if transposed else f"kOutSpatial / kOut{last}"
     consts += [f"constexpr int kChannelsPerThread = {cpt}, kChannelChunks = kCout / kChannelsPerThread;",
-               f"constexpr int kPositions = {ppt};   // consecutive output positions along {axes[-1]} per thread",
-               f"constexpr int kInnerGroups = (kOut{last} + kPositions - 1) / kPositions;",
-               f"constexpr index_t kPosGroups = (index_t)(kOutSpatial / kOut{last}) * kInnerGroups;",
+               f"constexpr int kPositions = {ppt};   // consecutive positions along {la} per thread",
+               f"constexpr int kInnerGroups = (k{'Q' if transposed else 'Out'}{last} + kPositions - 1) / kPositions;",
+               f"constexpr index_t kPosGroups = (index_t)({rows}) * kInnerGroups;",
                "constexpr index_t kThreads = (index_t)kBatch * kPosGroups"
-               + (";  // per channel chunk (blockIdx.y)" if staged else " * kChannelChunks;"),
+               + (";  // per channel chunk (blockIdx.y)" if staged else " * kChannelChunks;")
+               + ("  // per phase (blockIdx.z)" if transposed else ""),
                f"constexpr int kBlock = {block};"]
-    if sliding:
+    if transposed:
+        consts.append(f"constexpr int kSpan = kPositions + (kTaps{last} - 1) * kInStep{last};"
+                      f"  // inputs a window row's taps read for a thread's positions")
+    elif sliding:
         consts.append(f"constexpr int kSpan = (kPositions - 1) * kS{last} + (kK{last} - 1) * kD{last} + 1;"
                       f"  // inputs a window row's taps read for a thread's positions")
     if staged:
-        consts.append("constexpr int kStaged = kCinPerGroup * kKernelVolume * kChannelsPerThread;"
-                      "  // the chunk's weights, [ci][tap][c]")
+        consts.append(f"constexpr int kStaged = kCinPerGroup * {'kPhaseTaps' if transposed else 'kKernelVolume'}"
+                      f" * kChannelsPerThread;  // the chunk's weights, [ci][tap][c]")
     consts += ld_epi.consts
 
     xp, wp = arg[x_vid], arg[w_vid]
     w_base = ("(index_t)g * kCinPerGroup * kWeightStrideCi + (index_t)(co0 - g * kCoutPerGroup) * kWeightStrideCo"
               if transposed else "(index_t)co0 * kWeightStrideCo")
+    # the weight's tap index of the phase's tap (j per axis) of a transposed convolution
+    k_phase = " + ".join(f"(k0{ax} + {jv}{ax} * kTapStep{u})" + "".join(f" * kK{ax_u[i]}" for i in range(j + 1, d))
+                         for j, (ax, u, jv) in enumerate(zip(axes, ax_u, ["j"] * d)))
+    body = _phase_lines(axes, ax_u) if transposed else []
     if staged:
-        body = ["  __shared__ __align__(16) float ws[kStaged];",
-                "  const int co0 = (int)blockIdx.y * kChannelsPerThread;  // the block's first output channel",
-                "  const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)",
-                "  {",
-                f"    const index_t w_base = {w_base};",
-                "    for (int e = threadIdx.x; e < kStaged; e += blockDim.x) {",
-                "      const int c = e % kChannelsPerThread, tap = (e / kChannelsPerThread) % kKernelVolume;",
-                "      const int ci = e / (kChannelsPerThread * kKernelVolume);",
-                f"      ws[e] = {wp}[w_base + (index_t)ci * kWeightStrideCi + (index_t)c * kWeightStrideCo + tap];",
-                "    }",
-                "  }",
-                "  __syncthreads();",
-                "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
-                "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
-                "    // o -> (batch nb, positions pos..pos + kPositions - 1 along the last axis); neighbouring",
-                "    // threads take neighbouring positions, so input reads and output writes are coalesced",
-                "    const index_t pg = o % kPosGroups;",
-                "    const index_t nb = o / kPosGroups;"]
+        body += ["  __shared__ __align__(16) float ws[kStaged];",
+                 "  const int co0 = (int)blockIdx.y * kChannelsPerThread;  // the block's first output channel",
+                 "  const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)",
+                 "  {",
+                 f"    const index_t w_base = {w_base};",
+                 "    for (int e = threadIdx.x; e < kStaged; e += blockDim.x) {"]
+        if transposed:   # the phase's taps only ([ci][j...][c]); a tap past the phase's count is never read
+            body += ["      const int c = e % kChannelsPerThread, t = (e / kChannelsPerThread) % kPhaseTaps;",
+                     "      const int ci = e / (kChannelsPerThread * kPhaseTaps);"]
+            for j, (ax, u) in enumerate(zip(axes, ax_u)):
+                inner = " * ".join(f"kTaps{v}" for v in ax_u[j + 1:])
+                body.append(f"      const int j{ax} = t{f' / ({inner})' if inner else ''} % kTaps{u};")
+            inside = " && ".join(f"j{ax} < n{ax}" for ax in axes)
+            body += [f"      ws[e] = {inside} ? {wp}[w_base + (index_t)ci * kWeightStrideCi + "
+                     f"(index_t)c * kWeightStrideCo + {k_phase}] : 0.0f;"]
+        else:
+            body += ["      const int c = e % kChannelsPerThread, tap = (e / kChannelsPerThread) % kKernelVolume;",
+                     "      const int ci = e / (kChannelsPerThread * kKernelVolume);",
+                     f"      ws[e] = {wp}[w_base + (index_t)ci * kWeightStrideCi + (index_t)c * kWeightStrideCo + tap];"]
+        body += ["    }",
+                 "  }",
+                 "  __syncthreads();",
+                 "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
+                 "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
+                 "    // o -> (batch nb, positions pos..pos + kPositions - 1 along the last axis); neighbouring",
+                 "    // threads take neighbouring positions, so input reads and output writes are coalesced",
+                 "    const index_t pg = o % kPosGroups;",
+                 "    const index_t nb = o / kPosGroups;"]
     else:
-        body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
-                "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
-                "    // o -> (batch nb, channel chunk, positions pos..pos + kPositions - 1 along the last axis);",
-                "    // neighbouring threads take neighbouring positions, so input reads and output writes are",
-                "    // coalesced and weights are warp-uniform",
-                "    const index_t pg = o % kPosGroups;",
-                "    const index_t q = o / kPosGroups;",
-                "    const int chunk = (int)(q % kChannelChunks);",
-                "    const index_t nb = q / kChannelChunks;",
-                "    const int co0 = chunk * kChannelsPerThread;  // first output channel of this thread",
-                "    const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)"]
-    body += [f"    const int o{axes[-1]} = (int)(pg % kInnerGroups) * kPositions;  // its first position's {axes[-1]}",
-            "    const index_t outer = pg / kInnerGroups;  // the other axes' position",
-            f"    const index_t pos = outer * kOut{last} + o{axes[-1]};"]
+        body += ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
+                 "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
+                 "    // o -> (batch nb, channel chunk, positions pos..pos + kPositions - 1 along the last axis);",
+                 "    // neighbouring threads take neighbouring positions, so input reads and output writes are",
+                 "    // coalesced and weights are warp-uniform",
+                 "    const index_t pg = o % kPosGroups;",
+                 "    const index_t q = o / kPosGroups;",
+                 "    const int chunk = (int)(q % kChannelChunks);",
+                 "    const index_t nb = q / kChannelChunks;",
+                 "    const int co0 = chunk * kChannelsPerThread;  // first output channel of this thread",
+                 "    const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)"]
+    # the thread's position: o{ax} (its first along the last axis); a transposed one's q{ax} in its phase
+    pv, pk = ("q", "kQ") if transposed else ("o", "kOut")
+    body.append(f"    const int {pv}{la} = (int)(pg % kInnerGroups) * kPositions;  // its first position's {la}")
+    if d > 1 or not transposed:
+        body.append("    const index_t outer = pg / kInnerGroups;  // the other axes' position")
     for j, (ax, u) in enumerate(zip(axes[:-1], ax_u[:-1])):
-        inner = " * ".join(f"kOut{ax_u[i]}" for i in range(j + 1, d - 1))
+        inner = " * ".join(f"{pk}{ax_u[i]}" for i in range(j + 1, d - 1))
         qexpr = "outer" if not inner else f"outer / ({inner})" if "*" in inner else f"outer / {inner}"
         if j > 0:  # the outermost coordinate needs no modulo
-            qexpr = f"{qexpr if qexpr == 'outer' else f'({qexpr})'} % kOut{u}"
-        body.append(f"    const int o{ax} = (int)({qexpr});")
+            qexpr = f"{qexpr if qexpr == 'outer' else f'({qexpr})'} % {pk}{u}"
+        body.append(f"    const int {pv}{ax} = (int)({qexpr});")
+    if transposed:
+        body += [f"    const int o{ax} = q{ax} * kS{u} + r{ax};" for ax, u in zip(axes, ax_u)]
+        if d > 1:   # the last phase position of an axis may fall past the output (kQ rounds up)
+            body.append(f"    if ({' || '.join(f'o{ax} >= kOut{u}' for ax, u in zip(axes[:-1], ax_u[:-1]))}) continue;")
+        pos = " + ".join(f"(index_t)o{ax}" + "".join(f" * kOut{ax_u[i]}" for i in range(j + 1, d))
+                         for j, ax in enumerate(axes))
+        body.append(f"    const index_t pos = {pos};")
+    else:
+        body.append(f"    const index_t pos = outer * kOut{last} + o{la};")
     body += ["    const index_t x_base = (nb * kCin + (index_t)g * kCinPerGroup) * kInSpatial;"]
     if not staged:
         body.append(f"    const index_t w_base = {w_base};")
@@ -314,40 +408,48 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     if not staged:
         body.append(f"      const float* wc = {wp} + w_base + (index_t)ci * kWeightStrideCi;")
     in_pos = " + ".join(f"i{ax}" + "".join(f" * kIn{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
-    la, lu = axes[-1], ax_u[-1]
     indent = "      "
     for j, (ax, u) in enumerate(zip(axes, ax_u)):
         if sliding and j == d - 1:   # the row's inputs, once for every position and tap (zero in the padding)
+            first = (f"q{la} + f{la} - (kTaps{last} - 1) * kInStep{last}" if transposed
+                     else f"o{la} * kS{last} - kP{last}")
             body += [f"{indent}float xs[kSpan];",
                      f"{indent}#pragma unroll",
                      f"{indent}for (int s = 0; s < kSpan; ++s) {{",
-                     f"{indent}  const int i{la} = o{la} * kS{lu} - kP{lu} + s;",
-                     f"{indent}  xs[s] = i{la} >= 0 && i{la} < kIn{lu} ? xc[{in_pos}] : 0.0f;",
+                     f"{indent}  const int i{la} = {first} + s;",
+                     f"{indent}  xs[s] = i{la} >= 0 && i{la} < kIn{last} ? xc[{in_pos}] : 0.0f;",
                      f"{indent}}}"]
+        if transposed:   # the phase's taps of this axis (n{ax} of them, the same for the whole block)
+            body += [f"{indent}#pragma unroll", f"{indent}for (int j{ax} = 0; j{ax} < kTaps{u}; ++j{ax}) {{"]
+            indent += "  "
+            body.append(f"{indent}if (j{ax} >= n{ax}) break;")
+            if j < d - 1:
+                body += [f"{indent}const int i{ax} = q{ax} + f{ax} - j{ax} * kInStep{u};  // the input this tap reads",
+                         f"{indent}if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // zero padding adds nothing"]
+            continue
         body += [f"{indent}#pragma unroll", f"{indent}for (int k{ax} = 0; k{ax} < kK{u}; ++k{ax}) {{"]
         indent += "  "
-        if transposed:
-            if stride[j] == 1:
-                body += [f"{indent}const int i{ax} = o{ax} + kP{u} - k{ax} * kD{u};  // the input this tap reads",
-                         f"{indent}if (i{ax} < 0 || i{ax} >= kIn{u}) continue;"]
-            else:
-                body += [f"{indent}const int t{ax} = o{ax} + kP{u} - k{ax} * kD{u};  // == i * stride on a hit",
-                         f"{indent}if (t{ax} < 0 || t{ax} % kS{u} != 0) continue;",
-                         f"{indent}const int i{ax} = t{ax} / kS{u};",
-                         f"{indent}if (i{ax} >= kIn{u}) continue;"]
-        elif j < d - 1 or ppt == 1:
+        if j < d - 1 or ppt == 1:
             body += [f"{indent}const int i{ax} = o{ax} * kS{u} - kP{u} + k{ax} * kD{u};",
                      f"{indent}if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // zero padding adds nothing"]
-    k_pos = " + ".join(f"k{ax}" + "".join(f" * kK{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
-    if ppt == 1:
+    if transposed:    # position p's input for tap j sits j input steps before the row's end
+        body += [f"{indent}float xv[kPositions];",
+                 f"{indent}#pragma unroll",
+                 f"{indent}for (int p = 0; p < kPositions; ++p) xv[p] = xs[p + (kTaps{last} - 1 - j{la}) * kInStep{last}];"]
+        tap_expr = (" + ".join(f"j{ax}" + "".join(f" * kTaps{ax_u[i]}" for i in range(j + 1, d))
+                               for j, ax in enumerate(axes)) if staged else k_phase)
+    elif ppt == 1:
         body += [f"{indent}const float xv[1] = {{xc[{in_pos}]}};"]
     else:     # each of the thread's positions takes its input from the row (past the row's end: never stored)
         body += [f"{indent}float xv[kPositions];",
                  f"{indent}#pragma unroll",
-                 f"{indent}for (int p = 0; p < kPositions; ++p) xv[p] = xs[p * kS{lu} + k{la} * kD{lu}];"]
-    body.append(f"{indent}const int tap = {k_pos};")
+                 f"{indent}for (int p = 0; p < kPositions; ++p) xv[p] = xs[p * kS{last} + k{la} * kD{last}];"]
+    if not transposed:
+        tap_expr = " + ".join(f"k{ax}" + "".join(f" * kK{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
+    body.append(f"{indent}const int tap = {tap_expr};")
+    taps_per_ci = "kPhaseTaps" if transposed else "kKernelVolume"
     if staged and cpt % 4 == 0:   # 4 channels' weights in one broadcast float4 load
-        body += [f"{indent}const float4* w4 = reinterpret_cast<const float4*>(ws + (ci * kKernelVolume + tap) "
+        body += [f"{indent}const float4* w4 = reinterpret_cast<const float4*>(ws + (ci * {taps_per_ci} + tap) "
                  f"* kChannelsPerThread);",
                  f"{indent}#pragma unroll",
                  f"{indent}for (int c4 = 0; c4 < kChannelsPerThread / 4; ++c4) {{",
@@ -361,7 +463,8 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
                  f"{indent}  }}",
                  f"{indent}}}"]
     else:
-        wv = "ws[(ci * kKernelVolume + tap) * kChannelsPerThread + c]" if staged else "wc[c * kWeightStrideCo + tap]"
+        wv = (f"ws[(ci * {taps_per_ci} + tap) * kChannelsPerThread + c]" if staged
+              else "wc[c * kWeightStrideCo + tap]")
         body += [f"{indent}#pragma unroll",
                  f"{indent}for (int c = 0; c < kChannelsPerThread; ++c) {{  // a weight feeds every position",
                  f"{indent}  const float wv = {wv};",
@@ -371,14 +474,15 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     for _ in axes:
         indent = indent[:-2]
         body.append(f"{indent}}}")
+    step = f" * kS{last}" if transposed else ""    # a phase's positions are a stride apart
     body += ["    }",
              "    const index_t out_base = (nb * kCout + co0) * kOutSpatial + pos;",
              "#pragma unroll",
              "    for (int c = 0; c < kChannelsPerThread; ++c) {",
              "#pragma unroll",
              "      for (int p = 0; p < kPositions; ++p) {",
-             f"        if (o{axes[-1]} + p >= kOut{last}) break;  // past the row's end",
-             "        const index_t oc = out_base + (index_t)c * kOutSpatial + p;"]
+             f"        if (o{la} + p{step} >= kOut{last}) break;  // past the row's end",
+             f"        const index_t oc = out_base + (index_t)c * kOutSpatial + p{step};"]
     value = f"acc[c][p] + {arg[b_vid]}[co0 + c]" if b_vid else "acc[c][p]"
     call = [value] + [ld_epi.load(v, arg[v], "oc") for v in epi_inputs] + [f"{arg[v]}[oc]" for v in io.outputs]
     body += [f"        store_point({', '.join(call)});", "      }", "    }", "  }"]
@@ -387,7 +491,11 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
               [f"float* __restrict__ {arg[v]}" for v in io.outputs]
     window = "x".join(map(str, kernel))
     per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
-    blocks = f"{grid[0]} x {grid[1]} blocks (positions x channel chunks)" if staged else f"{grid[0]} blocks"
+    if transposed:
+        per = ("output position" if ppt == 1 else f"{ppt} output positions {stride[-1]} apart") + \
+            f" of one of {phases} phase(s) (blockIdx.z; at most {phase_taps} of the {kvol} taps each)"
+    blocks = (f"{grid[0]} x {grid[1]} blocks (positions x channel chunks)" if staged else f"{grid[0]} blocks") + \
+        (f" x {phases} phases" if transposed else "")
     sched = (f"one thread per {per} and {cpt} output channel(s), runtime loop over {cin_g} input "
              f"channel(s) per group, unrolled {window} window{' gather' if transposed else ''}"
              f"{', its weights staged in shared memory' if staged else ''}, {blocks} of {block}")

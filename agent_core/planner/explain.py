@@ -8,6 +8,7 @@ torch's view, nothing runs); schedule["launches"] counts them as the export does
 from __future__ import annotations
 
 from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view, roofline_ms
+from ..codegen.conv import lone_direct
 from ..codegen.gemm_mma import FORM, lone_gemm
 from ..regions import Region
 from ..text import plural
@@ -189,6 +190,10 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
             reason = f"{_label(state, nid)} only relabels its input's shape; no kernel, no traffic."
         elif runs == "library" and lone_gemm(state.program, [nid]):
             reason = _lone_gemm_reason(state, nid, role, after)
+        elif runs == "library" and lone_direct(state.program, [nid]):
+            reason = (f"{_label(state, nid)} runs through cuDNN, about {fmt_ms(after)} at the roofline, but cuDNN's "
+                      f"fp32 runs transposed convolutions far below the FMA units' peak."
+                      + _direct_conv_words(state, [nid]))
         elif runs == "library":
             reason = (f"{_label(state, nid)} runs through {LIBRARY.get(role, 'the library (torch)')} (a library "
                       f"call, no generated kernel); "
@@ -225,16 +230,23 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
 
 def _direct_conv_words(state, nodes) -> str:
     """The words for a convolution whose short reduction has the agent time the direct one too."""
-    from ..codegen.conv import direct_alternative
+    from ..codegen.conv import CONV_OPS, direct_alternative
     from ..codegen.region_io import region_io
     alt = direct_alternative(state.program, region_io(state.program, nodes))
     if not alt:
         return ""
     ppt = alt[0].get("positions_per_thread", 1)
-    per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
-    return (f" Its reduction per output element is short, so the direct convolution (fp32 FFMA, one thread "
-            f"per {per}{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too, with its weights "
-            f"staged in shared memory and without.")
+    conv = state.program.nodes[next(n for n in nodes if state.program.nodes[n].op in CONV_OPS)]
+    if conv.op.startswith("conv_transpose"):
+        per = (f"{ppt} output positions a stride apart" if ppt > 1 else "output position") + \
+            " of one phase: the outputs whose positions share a residue modulo the stride read the same taps"
+        short = "Its reduction per output element within a phase is short"
+    else:
+        per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
+        short = "Its reduction per output element is short"
+    return (f" {short}, so the direct convolution (fp32 FFMA, one thread per {per}"
+            f"{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too, with its weights "
+            f"staged in shared memory and without; the fastest form is kept.")
 
 
 def _tile_gemm_form(state, nodes, epi, out, s, sched, facts, conv: bool = False) -> str:

@@ -53,6 +53,17 @@ def test_conv_staged_rgb_at_a_real_size():
     assert r.kernel.params["channels_per_thread"] == 8
 
 
+@pytest.mark.parametrize("kernel,pad,outpad", [(3, 1, 1), (4, 1, 0), (5, 2, 0)], ids=["k3", "k4", "k5"])
+@pytest.mark.parametrize("staged", [True, False], ids=["staged", "unstaged"])
+def test_conv_transposed_phases_at_a_real_size(kernel, pad, outpad, staged):
+    """32 -> 64 channels through a 3-D transposed kernel at stride 2 (level 2's 49, 34 and 78 at a
+    smaller batch): 8 phases, 4 positions a thread, as the tuner times it, verified on 5 draws."""
+    p, ids = conv_program(op="conv_transpose3d", x_shape=(2, 32, 8, 16, 16), w_shape=(32, 64) + (kernel,) * 3,
+                          stride=[2], padding=[pad], output_padding=[outpad])
+    r = fused(p, ids, f"convT_k{kernel}", {"form": "conv-direct", "stage_weights": staged, "positions_per_thread": 4})
+    assert r.kernel.grid[2] == 8 and r.kernel.params["stage_weights"] == staged
+
+
 def test_conv_epilogue_reads_its_own_input():
     p, ids = residual_program()
     fused(p, ids, "residual")
