@@ -87,6 +87,15 @@ def test_a_transposed_convolution_alone_gets_the_direct_form_where_a_phase_reduc
     assert ks.kind == "convolution" and not ks.library_nodes and ks.grid[2] == 8
     assert ks.params["form"] == DIRECT and ks.params["stage_weights"] and ks.params["positions_per_thread"] == 4
     assert ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4}]
+    from agent_core.agent.tune import tune_space
+    staged = {"form": DIRECT, "positions_per_thread": 4, "stage_weights": True}
+    assert tune_space(ks, arch="sm_90")[1:] == [{**staged, "channels_per_thread": 1, "block": 128}]  # a small grid
+    cpt = 16 if cin == 32 else 8          # 128 channels x 8 taps x 16 would pass the 48 KB of staged weights
+    wide = generate_kernel(p, [nid], name="r", params={"channels_per_thread": cpt})
+    assert tune_space(wide, arch="sm_90")[1:] == [{**staged, "channels_per_thread": cpt // 2},
+                                                  {**staged, "channels_per_thread": cpt, "block": 128}]
+    for params in tune_space(wide, arch="sm_90"):      # each generates
+        assert generate_kernel(p, [nid], name="r", params=params).params["form"] == DIRECT
     assert "cuDNN's fp32 runs transposed convolutions far below the FMA units' peak" in region.reason, region.reason
     assert "one thread per 4 output positions a stride apart of one phase" in region.reason, region.reason
 

@@ -20,6 +20,9 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6, arch: str | None = No
     if ks.kind == "gemm":
         from ..codegen.gemm_mma import tune_variants as gemm_variants
         out += gemm_variants(p)       # other tiles
+    elif ks.kind == "convolution":
+        from ..codegen.conv import tune_variants as conv_variants
+        out += conv_variants(p)        # a direct form's channels a thread, blocks
     elif ks.kind == "pointwise":
         for cand in ({"cover": True}, {"unroll": 1}, {"unroll": 2}, {"block": 128}, {"block": 512},
                      {"vector_width": 1}):

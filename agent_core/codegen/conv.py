@@ -188,6 +188,17 @@ def lone_direct(program: Program, node_ids) -> bool:
     return bool(direct_alternative(program, region_io(program, ids)))
 
 
+def tune_variants(p: dict) -> list[dict]:
+    """The direct form's other launches (agent/tune.py), for a region whose kernel it is: a staged
+    thread's channels halved (fewer registers, more threads resident), then blocks of 128."""
+    if p.get("form") != DIRECT:
+        return []
+    keep = {k: p[k] for k in ("form", "positions_per_thread", "stage_weights", "channels_per_thread") if k in p}
+    cpt = int(p.get("channels_per_thread") or 1)
+    out = [{**keep, "channels_per_thread": cpt // 2}] if p.get("stage_weights") and cpt >= 8 else []
+    return out + [{**keep, "block": 128}]
+
+
 def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     p = {**DEFAULTS, **(params or {})}
     vals, nodes = program.values, program.nodes
