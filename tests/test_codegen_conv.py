@@ -346,17 +346,22 @@ def test_kernel_source_layout_header_and_launch():
 
 
 def test_transposed_runs_phase_by_phase():
-    """A transposed convolution's outputs o = q * stride + r run one phase r per blockIdx.z, each reading
-    only its own taps (no divisibility test per tap): stride [3, 2] makes 6 phases; dilation 2 at stride 2
-    makes every tap of an axis fall in one phase (3 taps, 1 input apart) and leaves the other empty."""
+    """A transposed convolution's outputs o = q * stride + r of one residue r read the same taps: along
+    every axis but the last, one residue per blockIdx.z (stride [3, 2]: 3 phases), each reading its own
+    taps (no divisibility test per tap); along the last, a thread takes every residue of its positions,
+    each tap's code written out for its residue. Dilation 2 at stride 2 puts every tap of w in residue 1
+    (inputs q + 1, q, q - 1) and none in residue 0 (its outputs are the bias)."""
     p, ids, _ = build("convT2d_mixed_nobias")
     ks = generate_kernel(p, ids, name="gather", kind="convolution")
     src = ks.source
-    assert ks.grid[2] == 6 and "x 6 phases" in ks.schedule
+    assert ks.grid[2] == 3 and "x 3 phases" in ks.schedule
     assert "weight layout [Cin, Cout/groups, *kernel]" in src
     assert "constexpr int kQH = 5, kTapsH = 1, kTapStepH = 3, kInStepH = 1;" in src   # ceil(13 / 3) rows a phase
-    assert "constexpr int kQW = 6, kTapsW = 3, kTapStepW = 1, kInStepW = 1;" in src
     assert "const int ih = qh + fh - jh * kInStepH;" in src and "% kSH != 0" not in src
+    for k, off in ((0, 1), (1, 0), (2, -1)):
+        assert f"residue 1: tap w = {k} reads input q + p + {off}" in src
+    assert "residue 0:" not in src
+    assert "kRun = kPositions * kSW" in src and "const index_t oc = out_base + (index_t)c * kOutSpatial + e;" in src
     p1, ids1, _ = build("convT2d_stride1")  # stride 1: one phase, every tap
     ks1 = generate_kernel(p1, ids1, name="gather1", kind="convolution")
     assert ks1.grid[2] == 1 and "kTapsH = 3, kTapStepH = 1, kInStepH = 1;" in ks1.source

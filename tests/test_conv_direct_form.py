@@ -52,10 +52,11 @@ def test_the_direct_form_takes_4_positions_a_thread_where_rows_allow():
         return generate_kernel(p, list(p.nodes), name="r").alternatives
     assert {"form": DIRECT, "positions_per_thread": 4} in offered(_conv(8, 16))
     assert {"form": DIRECT} in offered(_conv(8, 16, shape=(2, None, 12, 6)))          # rows of 6
-    # a transposed convolution's by the rows of one phase: 12 outputs at stride 1, 6 at stride 2
+    # a transposed convolution's positions q each take the stride's outputs: 4 outputs are 2 positions at
+    # stride 2, in rows of at least 2 x 2 positions
     assert {"form": DIRECT, "positions_per_thread": 4} in offered(_conv(8, 16, op="conv_transpose2d"))
-    assert {"form": DIRECT, "positions_per_thread": 4} in offered(_conv(8, 16, op="conv_transpose2d", stride=2))
-    assert {"form": DIRECT} in offered(_conv(8, 16, op="conv_transpose2d", stride=2, shape=(2, None, 12, 6)))
+    assert {"form": DIRECT, "positions_per_thread": 2} in offered(_conv(8, 16, op="conv_transpose2d", stride=2))
+    assert {"form": DIRECT} in offered(_conv(8, 16, op="conv_transpose2d", stride=2, shape=(2, None, 12, 2)))  # 2
 
 
 def _transposed_alone(cin, kernel=(3, 3, 3)):
@@ -84,20 +85,22 @@ def test_a_transposed_convolution_alone_gets_the_direct_form_where_a_phase_reduc
         return
     assert without_kernel(p, [nid]) is None
     ks = generate_kernel(p, [nid], name="r")
-    assert ks.kind == "convolution" and not ks.library_nodes and ks.grid[2] == 8
-    assert ks.params["form"] == DIRECT and ks.params["stage_weights"] and ks.params["positions_per_thread"] == 4
-    assert ks.alternatives == [{"form": DIRECT, "positions_per_thread": 4}]
+    assert ks.kind == "convolution" and not ks.library_nodes and ks.grid[2] == 4     # residues of d and h
+    assert ks.params["form"] == DIRECT and ks.params["stage_weights"] and ks.params["positions_per_thread"] == 2
+    assert ks.params["outputs_per_thread"] == 4           # both residues of w at 2 positions
+    assert ks.alternatives == [{"form": DIRECT, "positions_per_thread": 2}]
     from agent_core.agent.tune import tune_space
-    staged = {"form": DIRECT, "positions_per_thread": 4, "stage_weights": True}
+    staged = {"form": DIRECT, "positions_per_thread": 2, "stage_weights": True}
     assert tune_space(ks, arch="sm_90")[1:] == [{**staged, "channels_per_thread": 1, "block": 128}]  # a small grid
-    cpt = 16 if cin == 32 else 8          # 128 channels x 8 taps x 16 would pass the 48 KB of staged weights
+    cpt = 16 if cin == 32 else 8     # 128 channels x 2 x 2 x 3 taps x 16 would pass the 48 KB of staged weights
     wide = generate_kernel(p, [nid], name="r", params={"channels_per_thread": cpt})
     assert tune_space(wide, arch="sm_90")[1:] == [{**staged, "channels_per_thread": cpt // 2},
                                                   {**staged, "channels_per_thread": cpt, "block": 128}]
     for params in tune_space(wide, arch="sm_90"):      # each generates
         assert generate_kernel(p, [nid], name="r", params=params).params["form"] == DIRECT
     assert "cuDNN's fp32 runs transposed convolutions far below the FMA units' peak" in region.reason, region.reason
-    assert "one thread per 4 output positions a stride apart of one phase" in region.reason, region.reason
+    assert "one thread per 4 consecutive output positions (2 positions x the stride's 2 residues) of one phase" \
+        in region.reason, region.reason
 
 
 @pytest.mark.parametrize("op,kernel,extra", [("conv2d", (3, 3), {"positions_per_thread": 4}), ("conv2d", (3, 3), {}),

@@ -38,8 +38,8 @@ def words(ks) -> str:
     by its params, the direct convolution's schedule."""
     p = ks.params or {}
     if p.get("form") == DIRECT:
-        ppt = int(p.get("positions_per_thread") or 1)
-        per = "output position" if ppt == 1 else f"{ppt} output positions"
+        run = int(p.get("outputs_per_thread") or p.get("positions_per_thread") or 1)
+        per = "output position" if run == 1 else f"{run} consecutive output positions"
         fused = " with the epilogue fused" if len(ks.node_ids) > 1 else ""
         staged = ", its weights staged in shared memory" if p.get("stage_weights") else ""
         return (f"our direct convolution{fused} (fp32 FFMA, one thread per {per} "

@@ -125,15 +125,27 @@ def _channels_per_thread(p: dict, cout_g: int, positions: int, staged_floats_per
 
 
 def _phase_taps(k: int, s: int, dl: int) -> tuple[int, int, int]:
-    """Along one axis of a transposed convolution (kernel k, stride s, dilation dl): the outputs
-    o = q * s + r of one phase r read the taps k0, k0 + step, ... (at most `taps` of them), and tap j's
-    input is q + f - j * in_step (f: the first tap's offset): (taps, step, in_step)."""
+    """Along an axis of a transposed convolution other than the last (kernel k, stride s, dilation dl):
+    the outputs o = q * s + r of one phase r read the taps k0, k0 + step, ... (at most `taps` of them),
+    and tap j's input is q + f - j * in_step (f: the first tap's offset): (taps, step, in_step)."""
     g = math.gcd(dl, s)
     return math.ceil(k / (s // g)), s // g, dl // g
 
 
+def _row_taps(k: int, s: int, pad: int, dl: int) -> tuple[list[list[tuple[int, int]]], int, int]:
+    """Along the last axis of a transposed convolution: for each residue r of the stride, the taps that
+    output o = q * s + r reads as (tap, offset), its input being q + offset; and the least and greatest
+    offset (a thread's row of inputs spans them)."""
+    hits = [[(t, (r + pad - t * dl) // s) for t in range(k) if (r + pad - t * dl) % s == 0] for r in range(s)]
+    offs = [off for h in hits for _, off in h]
+    return hits, min(offs), max(offs)
+
+
 def _phase_lines(axes: str, ax_u: list[str]) -> list[str]:
-    """The block's phase (blockIdx.z) and, per axis, its first tap k0, tap count n and first input offset f."""
+    """The block's phase (blockIdx.z) along the axes before the last and, per axis, its first tap k0, tap
+    count n and first input offset f."""
+    if not axes:
+        return []
     lines = ["  // this block's phase: the residue r of its outputs' positions along each axis (o = q * stride + r)"]
     for j, (ax, u) in enumerate(zip(axes, ax_u)):
         later = " * ".join(f"kS{v}" for v in ax_u[j + 1:])
@@ -167,12 +179,15 @@ def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
         taps = math.prod(_phase_taps(w[2 + j], stride[j], dil[j])[0] for j in range(d))
         if w[0] // int(cn.attrs.get("groups", 1)) * taps > DIRECT_MAX_REDUCTION_TRANSPOSED:
             return []
-        out_row = math.ceil(out_row / stride[-1])     # a phase's positions along the row
+        # positions q along the row, each of stride outputs: 4 outputs a thread at stride 2
+        out_row, ppt = math.ceil(out_row / stride[-1]), max(1, DIRECT_POSITIONS // stride[-1])
     elif w[1] * math.prod(w[2:]) > DIRECT_MAX_REDUCTION:
         return []
-    # 4 positions a thread where its rows allow: each weight load then feeds 4 x channels FMAs, not 1 x
-    blocked = out_row >= 2 * DIRECT_POSITIONS
-    form = {"form": DIRECT, **({"positions_per_thread": DIRECT_POSITIONS} if blocked else {})}
+    else:
+        ppt = DIRECT_POSITIONS
+    # 4 outputs a thread where its rows allow: each weight load then feeds 4 x channels FMAs, not 1 x
+    blocked = ppt > 1 and out_row >= 2 * ppt
+    form = {"form": DIRECT, **({"positions_per_thread": ppt} if blocked else {})}
     # the weights staged in shared memory first: more channels a thread, each input load feeding them all
     return [{**form, "stage_weights": True}, form]
 
@@ -261,15 +276,18 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     if ppt < 1:
         raise CodegenError(f"positions_per_thread={ppt}: a convolution's thread takes 1 or more consecutive "
                            f"positions")
-    # a transposed convolution runs phase by phase (blockIdx.z): the outputs o = q * stride + r of one
-    # residue r per axis all read the same taps, so it is an ordinary convolution over q (_phase_taps)
-    taps = [_phase_taps(kernel[j], stride[j], dil[j]) for j in range(d)] if transposed else None
-    phases = math.prod(stride) if transposed else 1
-    grid_sp = [math.ceil(sout[j] / stride[j]) for j in range(d)] if transposed else sout   # positions q per phase
+    # A transposed convolution's outputs o = q * stride + r of one residue r per axis read the same taps
+    # (_phase_taps): the other axes' residues are phases (blockIdx.z); along the last axis a thread takes
+    # positions q..q + ppt - 1 with every residue, stride x ppt consecutive outputs (_row_taps)
+    taps = [_phase_taps(kernel[j], stride[j], dil[j]) for j in range(d - 1)] if transposed else []
+    row = _row_taps(kernel[-1], stride[-1], pad[-1], dil[-1]) if transposed else None
+    phases = math.prod(stride[:-1]) if transposed else 1
+    run = ppt * stride[-1] if transposed else ppt       # consecutive outputs a thread writes along the row
+    grid_sp = [math.ceil(sout[j] / stride[j]) for j in range(d)] if transposed else sout   # positions q
     inner_groups = math.ceil(grid_sp[-1] / ppt)
     pos_groups = math.prod(grid_sp[:-1]) * inner_groups
     staged = bool(p.get("stage_weights"))
-    phase_taps = math.prod(t for t, _, _ in taps) if transposed else kvol    # taps a block's weights hold
+    phase_taps = math.prod(t for t, _, _ in taps) * kernel[-1] if transposed else kvol   # a block's taps
     cpt = _channels_per_thread(p, cout_g, batch * pos_groups * phases, cin_g * phase_taps if staged else 0)
     chunks = cout // cpt
     resident = p["sm_count"] * (MAX_THREADS_PER_SM // block)       # the grid-stride loop's grid cap
@@ -288,8 +306,8 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     names = Names()  # kernel arguments must not shadow the kernel's locals or its name
     names.taken.add(kname)
     names.taken.update(("o", "q", "acc", "c", "g", "ci", "co0", "nb", "chunk", "pos", "out_base", "x_base",
-                        "w_base", "xc", "wc", "xv", "wv", "xs", "ws", "w4", "oc", "tap", "point", "store_point",
-                        "pg", "outer", "p", "s", "e", "k", "t", "w"))
+                        "w_base", "xc", "wc", "xv", "wv", "xs", "ws", "w4", "oc", "tap", "taps", "point",
+                        "store_point", "pg", "outer", "p", "s", "e", "k", "t", "w"))
     names.taken.update(f"{v}{ax}" for v in ("o", "i", "k", "t", "r", "q", "n", "f", "j", "k0") for ax in axes)
     wr = render_around(program, io, [], epi, x_vid, y_vid, names, "unused (a convolution has no prologue).",
                        "one convolution output element (bias added) to the region's outputs.")
@@ -304,32 +322,39 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     for j, u in enumerate(ax_u):
         consts.append(f"constexpr int kIn{u} = {sin[j]}, kOut{u} = {sout[j]}, kK{u} = {kernel[j]}, "
                       f"kS{u} = {stride[j]}, kP{u} = {pad[j]}, kD{u} = {dil[j]};")
+    last, la = ax_u[-1], axes[-1]
     if transposed:  # weight [Cin, Cout/groups, *kernel]
         consts.append("constexpr index_t kWeightStrideCo = kKernelVolume, "
                       "kWeightStrideCi = kCoutPerGroup * kKernelVolume;  // weight [Cin, Cout/groups, *kernel]")
-        consts.append("// a phase's taps along each axis: at most kTaps, kTapStep apart in the kernel; the input of")
-        consts.append("// its j-th tap is kInStep * j before its first tap's")
-        for j, u in enumerate(ax_u):
+        if d > 1:
+            consts += ["// a phase's taps along each other axis: at most kTaps, kTapStep apart in the kernel; the",
+                       "// input of its j-th tap is kInStep * j before its first tap's; kQ: a phase's positions q"]
+        for j, u in enumerate(ax_u[:-1]):
             t, step, in_step = taps[j]
             consts.append(f"constexpr int kQ{u} = {grid_sp[j]}, kTaps{u} = {t}, kTapStep{u} = {step}, "
-                          f"kInStep{u} = {in_step};  // kQ: positions q of a phase")
-        consts.append(f"constexpr int kPhaseTaps = {' * '.join(f'kTaps{u}' for u in ax_u)};")
+                          f"kInStep{u} = {in_step};")
+        consts.append(f"constexpr int kQ{last} = {grid_sp[-1]};  // positions q along {la}, each of kS{last} outputs")
+        consts.append(f"constexpr int kPhaseTaps = {' * '.join([f'kTaps{u}' for u in ax_u[:-1]] + [f'kK{last}'])};"
+                      f"  // the taps a phase reads")
     else:  # weight [Cout, Cin/groups, *kernel]
         consts.append("constexpr index_t kWeightStrideCo = kCinPerGroup * kKernelVolume, "
                       "kWeightStrideCi = kKernelVolume;  // weight [Cout, Cin/groups, *kernel]")
-    last, la = ax_u[-1], axes[-1]
     rows = " * ".join(f"kQ{u}" for u in ax_u[:-1]) or "1" if transposed else f"kOutSpatial / kOut{last}"
     consts += [f"constexpr int kChannelsPerThread = {cpt}, kChannelChunks = kCout / kChannelsPerThread;",
-               f"constexpr int kPositions = {ppt};   // consecutive positions along {la} per thread",
+               f"constexpr int kPositions = {ppt};   // positions along {la} per thread"
+               + (f", every residue of each: kRun = {run} consecutive outputs" if transposed else ""),
+               f"constexpr int kRun = {'kPositions * kS' + last if transposed else 'kPositions'};"
+               f"  // consecutive outputs a thread writes along {la}",
                f"constexpr int kInnerGroups = (k{'Q' if transposed else 'Out'}{last} + kPositions - 1) / kPositions;",
                f"constexpr index_t kPosGroups = (index_t)({rows}) * kInnerGroups;",
                "constexpr index_t kThreads = (index_t)kBatch * kPosGroups"
                + (";  // per channel chunk (blockIdx.y)" if staged else " * kChannelChunks;")
-               + ("  // per phase (blockIdx.z)" if transposed else ""),
+               + ("  // per phase (blockIdx.z)" if phases > 1 else ""),
                f"constexpr int kBlock = {block};"]
     if transposed:
-        consts.append(f"constexpr int kSpan = kPositions + (kTaps{last} - 1) * kInStep{last};"
-                      f"  // inputs a window row's taps read for a thread's positions")
+        lo, hi = row[1], row[2]
+        consts.append(f"constexpr int kRowFirst = {lo}, kSpan = kPositions + {hi - lo};"
+                      f"  // a thread's row of inputs: q + kRowFirst onwards")
     elif sliding:
         consts.append(f"constexpr int kSpan = (kPositions - 1) * kS{last} + (kK{last} - 1) * kD{last} + 1;"
                       f"  // inputs a window row's taps read for a thread's positions")
@@ -341,10 +366,10 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     xp, wp = arg[x_vid], arg[w_vid]
     w_base = ("(index_t)g * kCinPerGroup * kWeightStrideCi + (index_t)(co0 - g * kCoutPerGroup) * kWeightStrideCo"
               if transposed else "(index_t)co0 * kWeightStrideCo")
-    # the weight's tap index of the phase's tap (j per axis) of a transposed convolution
-    k_phase = " + ".join(f"(k0{ax} + {jv}{ax} * kTapStep{u})" + "".join(f" * kK{ax_u[i]}" for i in range(j + 1, d))
-                         for j, (ax, u, jv) in enumerate(zip(axes, ax_u, ["j"] * d)))
-    body = _phase_lines(axes, ax_u) if transposed else []
+    # a transposed convolution's weight tap index, its other axes' taps at phase tap j, the row's tap k{la}
+    k_phase = " + ".join([f"(k0{ax} + j{ax} * kTapStep{u})" + "".join(f" * kK{v}" for v in ax_u[j + 1:])
+                          for j, (ax, u) in enumerate(zip(axes[:-1], ax_u[:-1]))] + [f"k{la}"])
+    body = _phase_lines(axes[:-1], ax_u[:-1]) if transposed else []
     if staged:
         body += ["  __shared__ __align__(16) float ws[kStaged];",
                  "  const int co0 = (int)blockIdx.y * kChannelsPerThread;  // the block's first output channel",
@@ -352,15 +377,16 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
                  "  {",
                  f"    const index_t w_base = {w_base};",
                  "    for (int e = threadIdx.x; e < kStaged; e += blockDim.x) {"]
-        if transposed:   # the phase's taps only ([ci][j...][c]); a tap past the phase's count is never read
+        if transposed:   # the phase's taps only ([ci][j...][k][c]); a tap past the phase's count is never read
             body += ["      const int c = e % kChannelsPerThread, t = (e / kChannelsPerThread) % kPhaseTaps;",
-                     "      const int ci = e / (kChannelsPerThread * kPhaseTaps);"]
-            for j, (ax, u) in enumerate(zip(axes, ax_u)):
-                inner = " * ".join(f"kTaps{v}" for v in ax_u[j + 1:])
-                body.append(f"      const int j{ax} = t{f' / ({inner})' if inner else ''} % kTaps{u};")
-            inside = " && ".join(f"j{ax} < n{ax}" for ax in axes)
-            body += [f"      ws[e] = {inside} ? {wp}[w_base + (index_t)ci * kWeightStrideCi + "
-                     f"(index_t)c * kWeightStrideCo + {k_phase}] : 0.0f;"]
+                     "      const int ci = e / (kChannelsPerThread * kPhaseTaps);",
+                     f"      const int k{la} = t % kK{last};"]
+            for j, (ax, u) in enumerate(zip(axes[:-1], ax_u[:-1])):
+                inner = " * ".join([f"kTaps{v}" for v in ax_u[j + 1:-1]] + [f"kK{last}"])
+                body.append(f"      const int j{ax} = t / ({inner}) % kTaps{u};")
+            inside = " && ".join(f"j{ax} < n{ax}" for ax in axes[:-1])
+            load = (f"{wp}[w_base + (index_t)ci * kWeightStrideCi + (index_t)c * kWeightStrideCo + {k_phase}]")
+            body.append(f"      ws[e] = {f'{inside} ? {load} : 0.0f' if inside else load};")
         else:
             body += ["      const int c = e % kChannelsPerThread, tap = (e / kChannelsPerThread) % kKernelVolume;",
                      "      const int ci = e / (kChannelsPerThread * kKernelVolume);",
@@ -370,14 +396,14 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
                  "  __syncthreads();",
                  "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
                  "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
-                 "    // o -> (batch nb, positions pos..pos + kPositions - 1 along the last axis); neighbouring",
+                 "    // o -> (batch nb, positions pos..pos + kRun - 1 along the last axis); neighbouring",
                  "    // threads take neighbouring positions, so input reads and output writes are coalesced",
                  "    const index_t pg = o % kPosGroups;",
                  "    const index_t nb = o / kPosGroups;"]
     else:
         body += ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
                  "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kThreads; o += stride) {",
-                 "    // o -> (batch nb, channel chunk, positions pos..pos + kPositions - 1 along the last axis);",
+                 "    // o -> (batch nb, channel chunk, positions pos..pos + kRun - 1 along the last axis);",
                  "    // neighbouring threads take neighbouring positions, so input reads and output writes are",
                  "    // coalesced and weights are warp-uniform",
                  "    const index_t pg = o % kPosGroups;",
@@ -386,7 +412,7 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
                  "    const index_t nb = q / kChannelChunks;",
                  "    const int co0 = chunk * kChannelsPerThread;  // first output channel of this thread",
                  "    const int g = co0 / kCoutPerGroup;  // its group (the chunk never straddles two)"]
-    # the thread's position: o{ax} (its first along the last axis); a transposed one's q{ax} in its phase
+    # the thread's position: o{ax} (its first along the last axis); a transposed one's q{ax} (its phase's)
     pv, pk = ("q", "kQ") if transposed else ("o", "kOut")
     body.append(f"    const int {pv}{la} = (int)(pg % kInnerGroups) * kPositions;  // its first position's {la}")
     if d > 1 or not transposed:
@@ -398,7 +424,8 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
             qexpr = f"{qexpr if qexpr == 'outer' else f'({qexpr})'} % {pk}{u}"
         body.append(f"    const int {pv}{ax} = (int)({qexpr});")
     if transposed:
-        body += [f"    const int o{ax} = q{ax} * kS{u} + r{ax};" for ax, u in zip(axes, ax_u)]
+        body += [f"    const int o{ax} = q{ax} * kS{u} + r{ax};" for ax, u in zip(axes[:-1], ax_u[:-1])]
+        body.append(f"    const int o{la} = q{la} * kS{last};  // the first of its kRun outputs")
         if d > 1:   # the last phase position of an axis may fall past the output (kQ rounds up)
             body.append(f"    if ({' || '.join(f'o{ax} >= kOut{u}' for ax, u in zip(axes[:-1], ax_u[:-1]))}) continue;")
         pos = " + ".join(f"(index_t)o{ax}" + "".join(f" * kOut{ax_u[i]}" for i in range(j + 1, d))
@@ -409,11 +436,11 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     body += ["    const index_t x_base = (nb * kCin + (index_t)g * kCinPerGroup) * kInSpatial;"]
     if not staged:
         body.append(f"    const index_t w_base = {w_base};")
-    body += ["    float acc[kChannelsPerThread][kPositions];",
+    body += ["    float acc[kChannelsPerThread][kRun];",
              "#pragma unroll",
              "    for (int c = 0; c < kChannelsPerThread; ++c)",
              "#pragma unroll",
-             "      for (int p = 0; p < kPositions; ++p) acc[c][p] = 0.0f;",
+             "      for (int e = 0; e < kRun; ++e) acc[c][e] = 0.0f;",
              "    for (int ci = 0; ci < kCinPerGroup; ++ci) {  // runtime loop over the group's input channels",
              f"      const float* xc = {xp} + x_base + (index_t)ci * kInSpatial;"]
     if not staged:
@@ -422,91 +449,103 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     indent = "      "
     for j, (ax, u) in enumerate(zip(axes, ax_u)):
         if sliding and j == d - 1:   # the row's inputs, once for every position and tap (zero in the padding)
-            first = (f"q{la} + f{la} - (kTaps{last} - 1) * kInStep{last}" if transposed
-                     else f"o{la} * kS{last} - kP{last}")
+            first = f"q{la} + kRowFirst" if transposed else f"o{la} * kS{last} - kP{last}"
             body += [f"{indent}float xs[kSpan];",
                      f"{indent}#pragma unroll",
                      f"{indent}for (int s = 0; s < kSpan; ++s) {{",
                      f"{indent}  const int i{la} = {first} + s;",
                      f"{indent}  xs[s] = i{la} >= 0 && i{la} < kIn{last} ? xc[{in_pos}] : 0.0f;",
                      f"{indent}}}"]
+        if transposed and j == d - 1:
+            break
         if transposed:   # the phase's taps of this axis (n{ax} of them, the same for the whole block)
             body += [f"{indent}#pragma unroll", f"{indent}for (int j{ax} = 0; j{ax} < kTaps{u}; ++j{ax}) {{"]
             indent += "  "
-            body.append(f"{indent}if (j{ax} >= n{ax}) break;")
-            if j < d - 1:
-                body += [f"{indent}const int i{ax} = q{ax} + f{ax} - j{ax} * kInStep{u};  // the input this tap reads",
-                         f"{indent}if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // zero padding adds nothing"]
+            body += [f"{indent}if (j{ax} >= n{ax}) break;",
+                     f"{indent}const int i{ax} = q{ax} + f{ax} - j{ax} * kInStep{u};  // the input this tap reads",
+                     f"{indent}if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // zero padding adds nothing"]
             continue
         body += [f"{indent}#pragma unroll", f"{indent}for (int k{ax} = 0; k{ax} < kK{u}; ++k{ax}) {{"]
         indent += "  "
         if j < d - 1 or ppt == 1:
             body += [f"{indent}const int i{ax} = o{ax} * kS{u} - kP{u} + k{ax} * kD{u};",
                      f"{indent}if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // zero padding adds nothing"]
-    if transposed:    # position p's input for tap j sits j input steps before the row's end
-        body += [f"{indent}float xv[kPositions];",
-                 f"{indent}#pragma unroll",
-                 f"{indent}for (int p = 0; p < kPositions; ++p) xv[p] = xs[p + (kTaps{last} - 1 - j{la}) * kInStep{last}];"]
-        tap_expr = (" + ".join(f"j{ax}" + "".join(f" * kTaps{ax_u[i]}" for i in range(j + 1, d))
-                               for j, ax in enumerate(axes)) if staged else k_phase)
-    elif ppt == 1:
-        body += [f"{indent}const float xv[1] = {{xc[{in_pos}]}};"]
-    else:     # each of the thread's positions takes its input from the row (past the row's end: never stored)
-        body += [f"{indent}float xv[kPositions];",
-                 f"{indent}#pragma unroll",
-                 f"{indent}for (int p = 0; p < kPositions; ++p) xv[p] = xs[p * kS{last} + k{la} * kD{last}];"]
-    if not transposed:
-        tap_expr = " + ".join(f"k{ax}" + "".join(f" * kK{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
-    body.append(f"{indent}const int tap = {tap_expr};")
     taps_per_ci = "kPhaseTaps" if transposed else "kKernelVolume"
-    if staged and cpt % 4 == 0:   # 4 channels' weights in one broadcast float4 load
-        body += [f"{indent}const float4* w4 = reinterpret_cast<const float4*>(ws + (ci * {taps_per_ci} + tap) "
-                 f"* kChannelsPerThread);",
-                 f"{indent}#pragma unroll",
-                 f"{indent}for (int c4 = 0; c4 < kChannelsPerThread / 4; ++c4) {{",
-                 f"{indent}  const float4 w = w4[c4];",
-                 f"{indent}#pragma unroll",
-                 f"{indent}  for (int p = 0; p < kPositions; ++p) {{",
-                 f"{indent}    acc[4 * c4][p] += xv[p] * w.x;",
-                 f"{indent}    acc[4 * c4 + 1][p] += xv[p] * w.y;",
-                 f"{indent}    acc[4 * c4 + 2][p] += xv[p] * w.z;",
-                 f"{indent}    acc[4 * c4 + 3][p] += xv[p] * w.w;",
-                 f"{indent}  }}",
-                 f"{indent}}}"]
+
+    def fma(tap: str, xv: str, slot: str) -> list[str]:
+        """acc[c][slot(p)] += xv(p) * the weight of `tap` for every channel c and position p."""
+        if staged and cpt % 4 == 0:   # 4 channels' weights in one broadcast float4 load
+            return [f"{indent}const float4* w4 = reinterpret_cast<const float4*>(ws + (ci * {taps_per_ci} + {tap}) "
+                    f"* kChannelsPerThread);",
+                    f"{indent}#pragma unroll",
+                    f"{indent}for (int c4 = 0; c4 < kChannelsPerThread / 4; ++c4) {{",
+                    f"{indent}  const float4 w = w4[c4];",
+                    f"{indent}#pragma unroll",
+                    f"{indent}  for (int p = 0; p < kPositions; ++p) {{",
+                    f"{indent}    acc[4 * c4][{slot}] += {xv} * w.x;",
+                    f"{indent}    acc[4 * c4 + 1][{slot}] += {xv} * w.y;",
+                    f"{indent}    acc[4 * c4 + 2][{slot}] += {xv} * w.z;",
+                    f"{indent}    acc[4 * c4 + 3][{slot}] += {xv} * w.w;",
+                    f"{indent}  }}",
+                    f"{indent}}}"]
+        wv = (f"ws[(ci * {taps_per_ci} + {tap}) * kChannelsPerThread + c]" if staged
+              else f"wc[c * kWeightStrideCo + {tap}]")
+        return [f"{indent}#pragma unroll",
+                f"{indent}for (int c = 0; c < kChannelsPerThread; ++c) {{  // a weight feeds every position",
+                f"{indent}  const float wv = {wv};",
+                f"{indent}#pragma unroll",
+                f"{indent}  for (int p = 0; p < kPositions; ++p) acc[c][{slot}] += {xv} * wv;",
+                f"{indent}}}"]
+
+    if transposed:   # the row's taps, residue by residue: output p * kS + r reads input q + p + off
+        outer = (" + ".join(f"j{ax}" + "".join(f" * kTaps{v}" for v in ax_u[j + 1:-1])
+                            for j, ax in enumerate(axes[:-1])) or "0") if staged else \
+            (" + ".join(f"(k0{ax} + j{ax} * kTapStep{u})" + "".join(f" * kK{v}" for v in ax_u[j + 1:-1])
+                        for j, (ax, u) in enumerate(zip(axes[:-1], ax_u[:-1]))) or "0")
+        outer = outer if outer.isidentifier() or outer.isdigit() or " " not in outer else f"({outer})"
+        body.append(f"{indent}const int taps = {outer} * kK{last};  // the row's first tap, in the "
+                    f"{'staged' if staged else 'weight'} layout")
+        for r, hits in enumerate(row[0]):
+            for k, off in hits:
+                body.append(f"{indent}{{  // residue {r}: tap {la} = {k} reads input q + p + {off}")
+                indent += "  "
+                body += fma(f"taps + {k}", f"xs[p + {off - row[1]}]", f"p * kS{last} + {r}")
+                indent = indent[:-2]
+                body.append(f"{indent}}}")
     else:
-        wv = (f"ws[(ci * {taps_per_ci} + tap) * kChannelsPerThread + c]" if staged
-              else "wc[c * kWeightStrideCo + tap]")
-        body += [f"{indent}#pragma unroll",
-                 f"{indent}for (int c = 0; c < kChannelsPerThread; ++c) {{  // a weight feeds every position",
-                 f"{indent}  const float wv = {wv};",
-                 f"{indent}#pragma unroll",
-                 f"{indent}  for (int p = 0; p < kPositions; ++p) acc[c][p] += xv[p] * wv;",
-                 f"{indent}}}"]
-    for _ in axes:
+        if ppt == 1:
+            body += [f"{indent}const float xv[1] = {{xc[{in_pos}]}};"]
+        else:     # each of the thread's positions takes its input from the row (past the row's end: never stored)
+            body += [f"{indent}float xv[kPositions];",
+                     f"{indent}#pragma unroll",
+                     f"{indent}for (int p = 0; p < kPositions; ++p) xv[p] = xs[p * kS{last} + k{la} * kD{last}];"]
+        tap = " + ".join(f"k{ax}" + "".join(f" * kK{ax_u[i]}" for i in range(j + 1, d)) for j, ax in enumerate(axes))
+        body.append(f"{indent}const int tap = {tap};")
+        body += fma("tap", "xv[p]", "p")
+    for _ in range(d - 1 if transposed else d):
         indent = indent[:-2]
         body.append(f"{indent}}}")
-    step = f" * kS{last}" if transposed else ""    # a phase's positions are a stride apart
     body += ["    }",
              "    const index_t out_base = (nb * kCout + co0) * kOutSpatial + pos;",
              "#pragma unroll",
              "    for (int c = 0; c < kChannelsPerThread; ++c) {",
              "#pragma unroll",
-             "      for (int p = 0; p < kPositions; ++p) {",
-             f"        if (o{la} + p{step} >= kOut{last}) break;  // past the row's end",
-             f"        const index_t oc = out_base + (index_t)c * kOutSpatial + p{step};"]
-    value = f"acc[c][p] + {arg[b_vid]}[co0 + c]" if b_vid else "acc[c][p]"
+             "      for (int e = 0; e < kRun; ++e) {",
+             f"        if (o{la} + e >= kOut{last}) break;  // past the row's end",
+             "        const index_t oc = out_base + (index_t)c * kOutSpatial + e;"]
+    value = f"acc[c][e] + {arg[b_vid]}[co0 + c]" if b_vid else "acc[c][e]"
     call = [value] + [ld_epi.load(v, arg[v], "oc") for v in epi_inputs] + [f"{arg[v]}[oc]" for v in io.outputs]
     body += [f"        store_point({', '.join(call)});", "      }", "    }", "  }"]
 
     cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"float* __restrict__ {arg[v]}" for v in io.outputs]
     window = "x".join(map(str, kernel))
-    per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
+    per = "output position" if run == 1 else f"{run} consecutive output positions"
     if transposed:
-        per = ("output position" if ppt == 1 else f"{ppt} output positions {stride[-1]} apart") + \
-            f" of one of {phases} phase(s) (blockIdx.z; at most {phase_taps} of the {kvol} taps each)"
+        per += (f" ({ppt} position{'s' if ppt > 1 else ''} x the stride's {stride[-1]} residues)" if stride[-1] > 1 else "") + \
+            (f" of one of {phases} phase(s) (blockIdx.z; {phase_taps} of the {kvol} taps each)" if phases > 1 else "")
     blocks = (f"{grid[0]} x {grid[1]} blocks (positions x channel chunks)" if staged else f"{grid[0]} blocks") + \
-        (f" x {phases} phases" if transposed else "")
+        (f" x {phases} phases" if phases > 1 else "")
     sched = (f"one thread per {per} and {cpt} output channel(s), runtime loop over {cin_g} input "
              f"channel(s) per group, unrolled {window} window{' gather' if transposed else ''}"
              f"{', its weights staged in shared memory' if staged else ''}, {blocks} of {block}")
@@ -526,6 +565,7 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
         name=kname, kind="convolution", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=grid, block=(block, 1, 1), schedule=sched,
         params={"grid": grid[0], "block": block, "channels_per_thread": cpt, "positions_per_thread": ppt,
+                "outputs_per_thread": run,
                 "sm_count": p["sm_count"], "stage_weights": staged,
                 **({"form": DIRECT} if p.get("form") == DIRECT else {})},
         align=4, bytes_moved=sum(vals[v].nbytes for v in io.inputs + io.outputs),

@@ -237,13 +237,14 @@ def _direct_conv_words(state, nodes) -> str:
         return ""
     ppt = alt[0].get("positions_per_thread", 1)
     conv = state.program.nodes[next(n for n in nodes if state.program.nodes[n].op in CONV_OPS)]
+    stride = conv.attrs.get("stride", 1)
+    s_last = (stride[-1] if isinstance(stride, (list, tuple)) else stride) if conv.op.startswith("conv_transpose") else 1
+    per = "output position" if ppt * s_last == 1 else f"{ppt * s_last} consecutive output positions"
+    short = "Its reduction per output element is short"
     if conv.op.startswith("conv_transpose"):
-        per = (f"{ppt} output positions a stride apart" if ppt > 1 else "output position") + \
-            " of one phase: the outputs whose positions share a residue modulo the stride read the same taps"
-        short = "Its reduction per output element within a phase is short"
-    else:
-        per = "output position" if ppt == 1 else f"{ppt} consecutive output positions"
-        short = "Its reduction per output element is short"
+        per += (f" ({ppt} position{'s' if ppt > 1 else ''} x the stride's {s_last} residues)" if s_last > 1 else "") + \
+            " of one phase: outputs whose positions share a residue modulo the stride read the same taps"
+        short += " within a phase"
     return (f" {short}, so the direct convolution (fp32 FFMA, one thread per {per}"
             f"{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too, with its weights "
             f"staged in shared memory and without; the fastest form is kept.")

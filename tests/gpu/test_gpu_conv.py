@@ -57,11 +57,13 @@ def test_conv_staged_rgb_at_a_real_size():
 @pytest.mark.parametrize("staged", [True, False], ids=["staged", "unstaged"])
 def test_conv_transposed_phases_at_a_real_size(kernel, pad, outpad, staged):
     """32 -> 64 channels through a 3-D transposed kernel at stride 2 (level 2's 49, 34 and 78 at a
-    smaller batch): 8 phases, 4 positions a thread, as the tuner times it, verified on 5 draws."""
+    smaller batch): 4 phases (the residues of d and h), 2 positions x 2 residues of w a thread, as the
+    tuner times it, verified on 5 draws."""
     p, ids = conv_program(op="conv_transpose3d", x_shape=(2, 32, 8, 16, 16), w_shape=(32, 64) + (kernel,) * 3,
                           stride=[2], padding=[pad], output_padding=[outpad])
-    r = fused(p, ids, f"convT_k{kernel}", {"form": "conv-direct", "stage_weights": staged, "positions_per_thread": 4})
-    assert r.kernel.grid[2] == 8 and r.kernel.params["stage_weights"] == staged
+    r = fused(p, ids, f"convT_k{kernel}", {"form": "conv-direct", "stage_weights": staged, "positions_per_thread": 2})
+    assert r.kernel.grid[2] == 4 and r.kernel.params["stage_weights"] == staged
+    assert r.kernel.params["outputs_per_thread"] == 4
 
 
 def test_conv_epilogue_reads_its_own_input():
