@@ -13,8 +13,12 @@ warp-wide broadcasts (float4s for 4 channels) instead of from global memory; wit
 (RGB: 3 x 27 taps) this lets a thread hold 8 or 16 channels' accumulators, each input load then
 feeding that many FMAs.
 Padding is skipped (zeros contribute nothing). A transposed convolution is a gather: output position o
-reads input i where o + padding - k * dilation == i * stride. Each thread writes its own outputs, in a
-fixed order: no atomics, the result is deterministic. The bias is added last, then the epilogue
+reads input i where o + padding - k * dilation == i * stride, so the outputs o = q * stride + r of one
+residue r read the same taps, tap k reading input q + (r + padding - k * dilation) / stride: along the
+axes before the last each block takes one residue (a phase, blockIdx.z) and reads only its taps; along
+the last a thread takes every residue of its positions (stride x positions consecutive outputs), each
+residue's taps written out. Each thread writes its own outputs, in a fixed order: no atomics, the
+result is deterministic. The bias is added last, then the epilogue
 (`store_point`) runs on each output element.
 
 Weights are torch's layouts: [Cout, Cin/groups, *kernel] for a convolution, [Cin, Cout/groups,
