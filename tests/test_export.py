@@ -122,6 +122,10 @@ def test_convolutions_are_generated_and_the_readme_says_how(exports, tmp_path):
     assert kinds(old) == ["convolution"], kinds(old)
     assert "direct convolutions in fp32" in (old.outdir / "README.md").read_text()
     assert "FATAL_ERROR" not in (old.outdir / "CMakeLists.txt").read_text()
+    # a transposed convolution is a direct one on every target, in the launch the agent times first
+    convs = [s.kernel for s in exports["conv_transpose3d_small"].schedule.steps
+             if s.kernel is not None and s.kernel.kind == "convolution"]
+    assert convs and all(k.params["stage_weights"] for k in convs), [k.params for k in convs]
 
 
 def test_generated_sources_read_like_hand_written_code(exports):

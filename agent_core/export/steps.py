@@ -176,11 +176,16 @@ def tensor_cores(arch: str) -> bool:
 def _conv_kernel(program: Program, nodes: list[str], name: str, arch: str) -> KernelSource:
     """A convolution region's kernel: the implicit GEMM (split TF32 on the tensor cores, fp32-accurate
     within the check's 1e-4) where it takes the region and the target has mma.sync TF32, else the
-    direct convolution (fp32 on the FMA units, and the only form of a depthwise or transposed one)."""
+    direct convolution (fp32 on the FMA units, and the only form of a depthwise or transposed one), in
+    the launch the agent times first where its reduction is short (staged weights, several positions a
+    thread: conv.direct_alternative), else its plain default."""
+    from ..codegen.conv import direct_alternative
     from ..codegen.gemm_mma import FORM, gemm_supported
+    from ..codegen.region_io import region_io
     if tensor_cores(arch) and gemm_supported(program, nodes) is None:
         return generate_kernel(program, nodes, name=name, params={"form": FORM})
-    return generate_kernel(program, nodes, name=name, kind="convolution")
+    first = direct_alternative(program, region_io(program, nodes))[:1]
+    return generate_kernel(program, nodes, name=name, kind="convolution", params=first[0] if first else None)
 
 
 def _kernel_step(rid: str, ks: KernelSource, reason: str) -> Step:
