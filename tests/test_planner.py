@@ -360,3 +360,15 @@ def test_a_pooling_kernel_takes_no_op_whose_result_is_used_elsewhere_or_a_second
     plan, regs = regions_of(q)
     assert len(regs) == 2 and all(r.kind == "single" for r in regs)
     assert any("are both windowed poolings" in e["message"] for e in plan.log if e["action"] == "refused"), plan.log
+
+
+def test_the_intermediate_a_fused_chain_keeps_on_chip_is_named_in_the_nodes_order():
+    """Equal-sized intermediates of one elementwise chain: the reason names the first (it read a set's
+    order before, so the words changed between runs with Python's hash seed)."""
+    p = Program("chain")
+    cur = p.add_input("x", [64, 4096]).id
+    for op in ("relu", "gelu", "sigmoid", "tanh", "exp"):
+        cur = p.add_node(op, [cur]).outputs[0]
+    p.mark_output(cur)
+    (region,) = plan_program(p).active
+    assert "keeps the 1.0 MB output of relu and 3 other intermediates on chip" in region.reason, region.reason

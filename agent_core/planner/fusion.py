@@ -266,7 +266,9 @@ def traffic(state, nodes, facts: Facts | None = None) -> Traffic:
     if f.views_only:
         return Traffic(0, 0, 0, [], 0, True)
     cons = state.consumers
-    kept_values = [v for v in f.produced - f.escaping if cons.get(v)]
+    # in the nodes' order, so the words that name them are the same on every run (not a set's order)
+    kept_values = [v for n in nodes for v in state.program.nodes[n].outputs
+                   if v in f.produced and v not in f.escaping and cons.get(v)]
     return Traffic(f.read_bytes, f.esc_bytes, _bytes(state, kept_values), kept_values, f.flops, False)
 
 
