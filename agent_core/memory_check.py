@@ -27,7 +27,6 @@ from .errors import StitchError
 from .ir import Program, Role, Value
 
 PARTS = ("inputs", "parameters", "computed")
-CONV_OPS = frozenset(f"conv{t}{d}d" for t in ("", "_transpose") for d in (1, 2, 3))
 
 
 class DoesNotFit(StitchError):
@@ -53,7 +52,7 @@ def require_fits(program: Program, device: str = "cpu", *, parts=PARTS, label: s
     drawn = [v for v in counted if _drawn(program, v)]
     draw_buffer = max((math.prod(v.shape) * 8 for v in drawn), default=0)
     if "computed" in parts:    # one at a time, like the draws: the largest of the transients counts
-        draw_buffer = max(draw_buffer, _conv_scratch(program))
+        draw_buffer = max(draw_buffer, _op_scratch(program))
     if on_gpu:
         # the draw happens on the host first (float64, then the value's dtype), then it is copied
         host_need = max((math.prod(v.shape) * 8 + v.nbytes for v in drawn), default=0)
@@ -83,10 +82,10 @@ def _counted(program: Program, parts, on_gpu: bool):
             yield v
 
 
-def _conv_scratch(program: Program) -> int:
-    """Host bytes the largest-output convolution holds while it runs, beyond its output (two more)."""
-    return max((2 * program.values[n.outputs[0]].nbytes for n in program.nodes.values()
-                if n.op in CONV_OPS and n.outputs and n.outputs[0] in program.values), default=0)
+def _op_scratch(program: Program) -> int:
+    """Host bytes the op with the largest scratch holds while it runs, beyond its output (OpDef.host_scratch)."""
+    return max((n.opdef.host_scratch * program.values[n.outputs[0]].nbytes for n in program.nodes.values()
+                if n.opdef.host_scratch and n.outputs and n.outputs[0] in program.values), default=0)
 
 
 def _drawn(program: Program, v: Value) -> bool:

@@ -146,6 +146,8 @@ class OpDef:
     min_inputs: overrides the minimum arity (opaque takes zero or more inputs).
     check_attrs(attrs): a per-op check of the filled-in attributes as a whole, run by normalize_attrs
           (so by the loader, every edit and validation); raise ProgramError saying what is wrong.
+    host_scratch: outputs' worth of host memory the CPU reference holds while the op runs, beyond its
+          output (memory_check counts it; torch's CPU convolutions: 2, measured on conv_transpose3d).
     """
     name: str
     category: str
@@ -161,6 +163,7 @@ class OpDef:
     extra: dict = field(default_factory=dict)
     min_inputs: int | None = None  # overrides the arity minimum (a variadic op that may take none)
     check_attrs: Callable[[dict], None] | None = None
+    host_scratch: int = 0
 
     def __post_init__(self):
         assert self.category in CATEGORIES, (self.name, self.category)
