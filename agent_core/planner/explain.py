@@ -83,6 +83,13 @@ def kind_of(state, nodes, s, sibling: bool) -> str:
     return "sibling" if sibling else "pointwise"
 
 
+def lowering_refusal(state, nodes, s, escaping, sibling: bool = False) -> str | None:
+    """Why codegen would not write the kernel of `nodes` (summary s, its values used outside `escaping`)
+    as the planner would label the group, or None: a single node is a library call or its own kernel."""
+    kind = kind_of(state, nodes, s, sibling)
+    return None if kind == "single" else backend_refusal(state, nodes, escaping, kind)
+
+
 def make_region(state, group, rid: str, refusals: dict[str, str], node_time, facts=None,
                 backend_notes: dict | None = None) -> Region:
     nodes = state.sort_nodes(group.nodes)

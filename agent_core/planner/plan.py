@@ -22,9 +22,9 @@ from ..regions import KEPT_STATUSES, Region, RegionEdit, convexity_violation, re
 from ..text import plural
 from .attention import absorb_views
 from .class_loss import recomputes_nothing
-from .explain import kind_of, make_region
+from .explain import lowering_refusal, make_region
 from .fusion import (
-    Budgets, Facts, _budgetary as _budgets, backend_refusal, group_bytes, group_facts, group_time, launches,
+    Budgets, Facts, _budgetary as _budgets, group_bytes, group_facts, group_time, launches,
     merge_summaries, node_facts, quick_refusal, recompute_ms, summarize, tile_gemm_refusal, union_facts,
 )
 from .state import PlanState
@@ -214,9 +214,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         else (None, the refusal); asked last, just before a merge, because it is the costliest check."""
         ga, gb = state.groups[a], state.groups[b]
         su, fu = merge_summaries(summary(ga), summary(gb)), union_facts(state, facts(ga), facts(gb), (a, b))
-        nodes = ga.nodes + gb.nodes
-        kind = kind_of(state, nodes, su, ga.sibling or gb.sibling)
-        why = None if kind == "single" else backend_refusal(state, nodes, fu.escaping, kind)
+        why = lowering_refusal(state, ga.nodes + gb.nodes, su, fu.escaping, ga.sibling or gb.sibling)
         if why is None:
             return (su, fu), None
         left = next((n for n in ga.nodes if state.geo[n].role != "view"), ga.nodes[0])

@@ -14,8 +14,8 @@ and the roofline time of the two together falls.
 """
 from __future__ import annotations
 
-from .explain import kind_of
-from .fusion import backend_refusal, group_facts, group_time, summarize
+from .explain import lowering_refusal
+from .fusion import group_facts, group_time, summarize
 
 _MOVABLE = ("pointwise", "view")
 
@@ -44,8 +44,7 @@ def _lowers(state, nodes) -> bool:
     b = state.budgets
     if s.ops > b.max_ops or len(f.reads) > b.max_inputs:
         return False
-    kind = kind_of(state, nodes, s, False)
-    return kind == "single" or backend_refusal(state, nodes, f.escaping, kind) is None
+    return lowering_refusal(state, nodes, s, f.escaping) is None
 
 
 def _ms(state, nodes) -> float:
