@@ -82,3 +82,17 @@ def test_order_critical_path_and_summary():
     assert critical_path(p, w) == (5.0, [lin.id, g.id, r.id, s.id])
     a = analyze(p)
     assert a["nodes"] == 4 and a["by_category"]["matmul"] == 1 and a["floor_ms"] <= a["unfused_ms"]
+
+
+def test_the_floor_counts_matmul_flops_at_split_tf32s_rate():
+    """A compute-bound matmul's floor is its FLOPs at the fp32-accurate tensor-core rate the tile GEMM
+    runs (not fp32's, which the tile GEMM beats: a plan would sit below its own floor); the pointwise
+    op after it counts at fp32's."""
+    p = Program("gemm")
+    a, b = p.add_input("a", (4096, 4096)), p.add_input("b", (4096, 4096))
+    m = p.add_node("matmul", [a.id, b.id])
+    p.mark_output(p.add_node("relu", [m.outputs[0]]).outputs[0])
+    est = estimate_program(p)
+    mm = p.node_flops(m.id)
+    assert est.floor_ms == pytest.approx(mm / H200.split_tf32_flops_per_ms + (est.flops - mm) / H200.flops_per_ms)
+    assert est.floor_ms < mm / H200.flops_per_ms

@@ -177,7 +177,9 @@ def value_consumers(program: Program) -> dict[str, list[str]]:
 @dataclass
 class ProgramEstimate:
     """Whole-program estimates in ms: every node its own kernel, the planned regions, and the floor
-    (program inputs, parameters and outputs moved once, or all FLOPs at peak, with no launches)."""
+    (program inputs, parameters and outputs moved once, or all FLOPs at peak, with no launches: matmuls
+    and convolutions at split TF32's rate, the fp32-accurate tensor-core form our tile GEMM runs, the
+    rest at fp32's)."""
     unfused_ms: float
     planned_ms: float | None
     floor_ms: float
@@ -208,8 +210,11 @@ def estimate_program(program: Program, regions=None, gpu: GPUProfile = H200,
     unfused = sum(c.time_ms(gpu, graph) for c in kernels)
     eager = sum(c.time_ms(gpu, False) for c in kernels)
     total_flops = sum(c.flops for c in costs.values())
+    tensor_flops = sum(c.flops for nid, c in costs.items()
+                       if program.nodes[nid].opdef.category in ("matmul", "convolution"))
     fb = floor_bytes(program)
-    floor = max(fb / gpu.bytes_per_ms, total_flops / gpu.flops_per_ms)
+    floor = max(fb / gpu.bytes_per_ms, tensor_flops / gpu.split_tf32_flops_per_ms
+                + (total_flops - tensor_flops) / gpu.flops_per_ms)
     planned = bytes_planned = k_planned = None
     if regions is not None:
         cons = value_consumers(program)
