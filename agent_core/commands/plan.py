@@ -11,6 +11,12 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:     # the command module loads no torch until its command runs (tests/test_layering.py)
+    from ..ir import Program
+    from ..planner.plan import Plan
+    from ..rewrites.edits import RewriteResult
 
 HELP = "propose fused and stitched regions with their reasons"
 
@@ -30,9 +36,9 @@ def add_arguments(parser) -> None:
 class Planned:
     """What `stitchcuda plan` makes of a program: the rewritten program with its regions installed,
     the plan, the rewrite report (None when rewrites were off or skipped) and why they were skipped."""
-    program: object
-    plan: object
-    rewrites: object = None
+    program: Program
+    plan: Plan
+    rewrites: RewriteResult | None = None
     skipped: str | None = None
 
     def to_dict(self) -> dict:
