@@ -115,9 +115,10 @@ class ReferenceCache:
 def verify_candidate(program: Program, cache: ReferenceCache, inputs: list[str], outputs: list[str], run,
                      draws: int = 5, device: str = "cuda"):
     """verify.verify_region over the cached draws."""
-    from ..verify import check_draws
+    from ..verify import check_draws, exact_outputs
 
     def sample(d):
         env = cache.draw(d)
         return [env[v] for v in inputs], [env[v] for v in outputs]
-    return check_draws(program, outputs, sample, run, draws=draws, device=device)
+    return check_draws(program, outputs, sample, run, draws=draws, device=device,
+                       exact=lambda ins: exact_outputs(program, inputs, outputs, ins))

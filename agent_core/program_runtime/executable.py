@@ -263,7 +263,7 @@ class ProgramExecutable:
     def verify(self, draws: int = 5, seed: int = 0, ref=None):
         """The whole program against the reference interpreter on `draws` random draws (seeds seed..);
         ref: an agent.refcache.ReferenceCache whose draws to reuse (its seeds are 0..)."""
-        from ..verify import check_draws
+        from ..verify import check_draws, exact_outputs
         p = self.program
 
         def sample(d):
@@ -272,5 +272,13 @@ class ProgramExecutable:
             drawn = random_inputs(p, seed + d)
             out = run_reference(p, drawn)
             return [drawn[p.values[v].name] for v in p.inputs], [out[p.values[v].name] for v in p.outputs]
+
+        def exact(ins):     # the program the expected outputs come from (the original of a rewritten one)
+            target = getattr(ref, "original", None) or p
+            by_name = {target.values[v].name: v for v in target.inputs}
+            names = [p.values[v].name for v in p.inputs]
+            if not all(n in by_name for n in names):
+                return None
+            return exact_outputs(target, [by_name[n] for n in names], list(target.outputs), ins)
         return check_draws(p, p.outputs, sample, lambda ins: self(*ins), draws=draws, device=self.device,
-                           who="the program")
+                           who="the program", exact=exact)
