@@ -282,3 +282,15 @@ def rms_written_out(shape, name="rms_written_out"):
     z = p.add_node("mul", [w.id, y.outputs[0]])
     p.mark_output(z.outputs[0])
     return p, [sq.id, ms.id, eps.id, r.id, y.id, z.id]
+
+
+def cancelling_sum(rows: int = 8, n: int = 65536):
+    """sum(1e4 x + z) - sum(1e4 x) over rows of n: the big parts cancel, so torch's own fp32 result is
+    off by about 0.5 against the float64 value (verify's float64 second opinion)."""
+    p = Program("cancel")
+    x, z = p.add_input("x", (rows, n)), p.add_input("z", (rows, n))
+    big = p.add_node("mul_scalar", [x.id], {"value": 1e4}).outputs[0]
+    s1 = p.add_node("sum", [p.add_node("add", [big, z.id]).outputs[0]], {"dim": [1]}).outputs[0]
+    s2 = p.add_node("sum", [big], {"dim": [1]}).outputs[0]
+    p.mark_output(p.add_node("sub", [s1, s2]).outputs[0])
+    return p

@@ -19,6 +19,7 @@ from agent_core.ir import Program
 from agent_core.reference import run_node
 
 SABOTAGED = set()
+EXACT = set()       # kernels (by name) that compute in float64, then round to float32
 SLOWED = set()      # kernels (by name or params["form"]) whose launch costs as much as 100 torch ops
 CALLS = {"n": 0}
 
@@ -29,10 +30,11 @@ class FakeLoaded:
         self.specs = [(tuple(program.values[v].shape), "float32") for v in ks.outputs]
 
     def __call__(self, ins, outs=None):
-        env = dict(zip(self.kernel.inputs, ins))
+        exact = any(tag in self.kernel.name for tag in EXACT)
+        env = dict(zip(self.kernel.inputs, [t.double() if exact and t.is_floating_point() else t for t in ins]))
         for nid in self.kernel.node_ids:
             run_node(self.program, nid, env)
-        res = [env[v] for v in self.kernel.outputs]
+        res = [env[v].float() if exact else env[v] for v in self.kernel.outputs]
         if any(tag in self.kernel.name for tag in SABOTAGED):
             res = [r + 1e-2 for r in res]
         if any(tag in f"{self.kernel.name} {(self.kernel.params or {}).get('form')}" for tag in SLOWED):
@@ -91,6 +93,7 @@ def mock_gpu(monkeypatch):
         "compile_reduce-overhead": {"ok": False, "error": "RuntimeError: no"}})
     SABOTAGED.clear()
     SLOWED.clear()
+    EXACT.clear()
     yield
 
 
@@ -484,3 +487,15 @@ def test_a_thin_convolution_and_its_epilogue_keep_the_direct_convolution_where_i
     assert "the tile GEMM with the epilogue fused was slower" in out.reason, out.reason
     assert any(e["event"] == "precision" and e.get("chosen") == "conv-direct" for e in events)
     assert res.profile["end_to_end"]["correct"]
+
+
+def test_a_kernel_more_accurate_than_torchs_fp32_on_a_cancelling_sum_is_kept(mock_gpu, tmp_path):
+    """sum(1e4 x + z) - sum(1e4 x) over rows of 65536: torch's fp32 is off by about 0.5 against the float64
+    value, so a kernel that computes it exactly misses the fp32 reference by as much. Its region and the
+    whole program pass on the float64 second opinion (verify.compare_exact) instead of falling back."""
+    from tests.programs import cancelling_sum
+    EXACT.add("_r")
+    res, events = _optimize(cancelling_sum(), tmp_path)
+    fused = [o for o in res.outcomes if o.status == "fused"]
+    assert fused, [(o.status, o.reason) for o in res.outcomes]
+    assert res.profile["end_to_end"]["correct"], res.profile["end_to_end"]

@@ -5,18 +5,8 @@ torch's own fp32 result is off by about 0.5, so a candidate that computes it exa
 reference by as much (as level 2's 14_Gemm_Divide_Sum_Scaling did, falling back)."""
 import torch
 
-from agent_core.ir import Program
 from agent_core.verify import check_draws, exact_outputs, region_samples, verify_region
-
-
-def _cancelling():
-    p = Program("cancel")
-    x, z = p.add_input("x", (8, 65536)), p.add_input("z", (8, 65536))
-    big = p.add_node("mul_scalar", [x.id], {"value": 1e4}).outputs[0]
-    s1 = p.add_node("sum", [p.add_node("add", [big, z.id]).outputs[0]], {"dim": [1]}).outputs[0]
-    s2 = p.add_node("sum", [big], {"dim": [1]}).outputs[0]
-    p.mark_output(p.add_node("sub", [s1, s2]).outputs[0])
-    return p
+from tests.programs import cancelling_sum
 
 
 def _exact(p, shift=0.0):
@@ -25,7 +15,7 @@ def _exact(p, shift=0.0):
 
 
 def test_an_exact_candidate_passes_where_the_fp32_reference_itself_is_off():
-    p = _cancelling()
+    p = cancelling_sum()
     ins, want = region_samples(p, p.inputs, p.outputs, 0)
     exact = exact_outputs(p, p.inputs, p.outputs, ins)[0]
     own = float((want[0].double() - exact).abs().max())
@@ -36,7 +26,7 @@ def test_an_exact_candidate_passes_where_the_fp32_reference_itself_is_off():
 
 
 def test_a_candidate_off_by_more_than_the_references_own_error_fails_and_says_both():
-    p = _cancelling()
+    p = cancelling_sum()
     res = verify_region(p, p.inputs, p.outputs, _exact(p, shift=3.0), device="cpu")
     assert not res.ok
     assert "tolerance atol=0.0001, rtol=0.0001" in res.reason, res.reason
@@ -46,7 +36,7 @@ def test_a_candidate_off_by_more_than_the_references_own_error_fails_and_says_bo
 def test_a_miss_far_beyond_rounding_gets_no_second_opinion():
     """A candidate off by more than 1% of the output's largest value is wrong: the float64 recomputation
     (seconds for a large region on a CPU) is not asked for."""
-    p = _cancelling()
+    p = cancelling_sum()
     asked = []
 
     def exact(ins):
@@ -60,7 +50,7 @@ def test_a_miss_far_beyond_rounding_gets_no_second_opinion():
 
 
 def test_without_a_second_opinion_the_fp32_verdict_stands():
-    p = _cancelling()
+    p = cancelling_sum()
     sample = lambda d: region_samples(p, p.inputs, p.outputs, d)      # noqa: E731
     res = check_draws(p, p.outputs, sample, _exact(p), draws=1, device="cpu")
     assert not res.ok and "tolerance atol=0.0001" in res.reason
