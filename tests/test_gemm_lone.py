@@ -72,3 +72,28 @@ def test_optimize_without_a_gpu_says_the_tile_gemm_is_to_be_timed_against_cublas
     regions = json.loads((out / "profile.json").read_text())["regions"]
     (lone,) = [r for r in regions if "tile GEMM" in r.get("reason", "")]
     assert "to be timed against cuBLAS on a GPU" in lone["reason"], lone["reason"]
+
+
+def test_a_linear_whose_output_is_reshaped_gets_the_tile_gemm_too():
+    """linear -> reshape (level 2's 55 reshapes its 128 x 32768 output for a max_pool1d): the view is in
+    the linear's region, and the region gets the tile GEMM as its kernel, writing the reshaped value
+    (it was left to cuBLAS's fp32 while the plan said the tile GEMM would be timed); in the emulator it
+    matches torch."""
+    from agent_core.agent.region_kinds import without_kernel
+    from agent_core.codegen import generate_kernel
+    from agent_core.planner import plan_program
+    p = lone_linear(150, 256, 256)
+    out = p.outputs[0]
+    p.outputs.clear()
+    p.mark_output(p.add_node("reshape", [out], {"shape": [150, 1, 256]}).outputs[0])
+    (region,) = plan_program(p).active
+    assert [p.nodes[n].op for n in region.nodes] == ["linear", "reshape"]
+    assert without_kernel(p, region.nodes) is None
+    ks = generate_kernel(p, region.nodes, name="lone_view")
+    assert ks.kind == "gemm" and ks.params["form"] == "gemm-3xtf32" and ks.outputs == p.outputs
+    emu = generate_kernel(p, region.nodes, name="lone_view_emu",
+                          params={"form": "gemm-3xtf32", "portable": True, "block_m": 64, "block_n": 64,
+                                  "warps_m": 2, "warps_n": 2, "split_k": 1})
+    torch.manual_seed(0)
+    got, want = emulated(p, emu, [torch.randn(150, 256)])
+    assert got.shape == (150, 1, 256) and torch.allclose(got, want, atol=1e-4, rtol=1e-4)

@@ -313,13 +313,15 @@ def lone_gemm(program: Program, node_ids) -> bool:
     cuBLAS's split TF32 needs its parts split into HBM first), or a convolution that reads few input
     channels through a spatial kernel (gemm_conv.few_channels), where cuDNN's fp32 is far from even the
     bytes' time: its region gets the tile form as its kernel, timed against the library call (the faster
-    is kept). Otherwise, below the ridge point, the time is the bytes, which a kernel of our own does not cut."""
-    from ..analysis.cost import node_cost
+    is kept). Otherwise, below the ridge point, the time is the bytes, which a kernel of our own does not cut.
+    Views around it (a reshape of its output) are the kernel's too, where the tile GEMM takes them."""
+    from ..analysis.cost import is_view, node_cost
     ids = list(node_ids)
-    if len(ids) != 1 or program.nodes[ids[0]].op not in gemm_conv.CONV_OPS + GEMM_OPS or \
+    work = [n for n in ids if not is_view(program, n)]
+    if len(work) != 1 or program.nodes[work[0]].op not in gemm_conv.CONV_OPS + GEMM_OPS or \
             gemm_supported(program, ids) is not None:
         return False
-    node = program.nodes[ids[0]]
+    node = program.nodes[work[0]]
     return node_cost(program, node.id).bound() == "compute" or \
         (node.op in gemm_conv.CONV_OPS and gemm_conv.few_channels(program, node))
 
