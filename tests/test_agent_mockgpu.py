@@ -499,3 +499,18 @@ def test_a_kernel_more_accurate_than_torchs_fp32_on_a_cancelling_sum_is_kept(moc
     fused = [o for o in res.outcomes if o.status == "fused"]
     assert fused, [(o.status, o.reason) for o in res.outcomes]
     assert res.profile["end_to_end"]["correct"], res.profile["end_to_end"]
+
+
+def test_a_linear_alone_with_its_output_reshaped_runs_as_the_tile_gemm(mock_gpu, tmp_path):
+    """linear (compute-bound) -> reshape alone, as level 2's 55 has it: the view is in the linear's
+    region, the region's kernel is the tile GEMM writing the reshaped value (kept: the fake charges
+    cuBLAS's call), and the reason names the linear. It used to stay cuBLAS's."""
+    p = Program("linear_view")
+    x = p.add_input("x", [394, 512]).id
+    w = p.add_parameter("w", shape=[1536, 512]).id
+    y = p.add_node("linear", [x, w]).outputs[0]
+    p.mark_output(p.add_node("reshape", [y], {"shape": [2, 197, 1536]}).outputs[0])
+    res, events = _optimize(p, tmp_path)
+    (out,) = [o for o in res.outcomes if o.status == "fused"]
+    assert "; linear (linear) runs as our tile GEMM" in out.reason and "instead of cuBLAS's" in out.reason, out.reason
+    assert res.profile["end_to_end"]["correct"]

@@ -133,7 +133,7 @@ def lone_words(program, ks, kept: bool, ms: float, unfused: float) -> str:
     """What a matmul or convolution alone runs as: our kernel where it beat the library call, else the
     library call and why."""
     from ..runtime.split_tf32 import describe_library_call
-    node = program.nodes[ks.node_ids[0]]
+    node = next(program.nodes[n] for n in ks.node_ids if program.nodes[n].op in GEMM_OPS + CONV_OPS)  # not a view
     conv = node.op in CONV_OPS
     lib = f"{'cuDNN' if conv else 'cuBLAS'}'s {describe_library_call(program, node.id)}"
     name = ("direct convolution" if (ks.params or {}).get("form") == DIRECT else "implicit GEMM") if conv else \
