@@ -24,7 +24,7 @@ gain over one thread per output position.
 from __future__ import annotations
 
 from ..codegen import gemm_tma
-from ..codegen.conv import CONV_OPS, DIRECT
+from ..codegen.conv import CONV_OPS, DIRECT, thread_outputs
 from ..codegen.gemm_mma import FORM, GEMM_OPS, gemm_spec
 from ..codegen.kernel import CodegenError
 from ..codegen.region_io import region_io
@@ -38,8 +38,8 @@ def words(ks) -> str:
     by its params, the direct convolution's schedule."""
     p = ks.params or {}
     if p.get("form") == DIRECT:
-        run = int(p.get("outputs_per_thread") or p.get("positions_per_thread") or 1)
-        per = "output position" if run == 1 else f"{run} consecutive output positions"
+        ppt = int(p.get("positions_per_thread") or 1)
+        per = thread_outputs(ppt, int(p.get("outputs_per_thread") or ppt) // ppt)
         fused = " with the epilogue fused" if len(ks.node_ids) > 1 else ""
         staged = ", its weights staged in shared memory" if p.get("stage_weights") else ""
         return (f"our direct convolution{fused} (fp32 FFMA, one thread per {per} "

@@ -163,6 +163,26 @@ def _phase_lines(axes: str, ax_u: list[str]) -> list[str]:
     return lines
 
 
+def thread_outputs(ppt: int, s_last: int = 1) -> str:
+    """What one thread of the direct form writes along the last axis, in words: its positions, and for a
+    transposed convolution of stride s_last along it every residue of each."""
+    run = ppt * s_last
+    per = "output position" if run == 1 else f"{run} consecutive output positions"
+    return per + (f" ({ppt} position{'s' if ppt > 1 else ''} x the stride's {s_last} residues)" if s_last > 1 else "")
+
+
+def row_stride(program: Program, node) -> int:
+    """The stride along the last axis of a transposed convolution (its thread takes every residue of it),
+    1 for any other convolution or where the geometry does not resolve."""
+    if not node.op.startswith("conv_transpose"):
+        return 1
+    kernel = list(program.values[node.inputs[1]].shape[2:])
+    try:
+        return conv_geometry(node, len(kernel), kernel)[0][-1]
+    except CodegenError:
+        return 1
+
+
 def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
     """[params of this kernel] for a region whose convolution would run through cuDNN and whose
     reduction per output element is short (DIRECT_MAX_REDUCTION; a transposed one's taps of one phase,
@@ -544,10 +564,8 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
     cparams = [f"const float* __restrict__ {arg[v]}" for v in io.inputs] + \
               [f"float* __restrict__ {arg[v]}" for v in io.outputs]
     window = "x".join(map(str, kernel))
-    per = "output position" if run == 1 else f"{run} consecutive output positions"
-    if transposed:
-        per += (f" ({ppt} position{'s' if ppt > 1 else ''} x the stride's {stride[-1]} residues)" if stride[-1] > 1 else "") + \
-            (f" of one of {phases} phase(s) (blockIdx.z; {phase_taps} of the {kvol} taps each)" if phases > 1 else "")
+    per = thread_outputs(ppt, run // ppt) + \
+        (f" of one of {phases} phase(s) (blockIdx.z; {phase_taps} of the {kvol} taps each)" if phases > 1 else "")
     blocks = (f"{grid[0]} x {grid[1]} blocks (positions x channel chunks)" if staged else f"{grid[0]} blocks") + \
         (f" x {phases} phases" if phases > 1 else "")
     sched = (f"one thread per {per} and {cpt} output channel(s), runtime loop over {cin_g} input "

@@ -237,20 +237,16 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
 
 def _direct_conv_words(state, nodes) -> str:
     """The words for a convolution whose short reduction has the agent time the direct one too."""
-    from ..codegen.conv import CONV_OPS, direct_alternative
+    from ..codegen.conv import CONV_OPS, direct_alternative, row_stride, thread_outputs
     from ..codegen.region_io import region_io
     alt = direct_alternative(state.program, region_io(state.program, nodes))
     if not alt:
         return ""
-    ppt = alt[0].get("positions_per_thread", 1)
     conv = state.program.nodes[next(n for n in nodes if state.program.nodes[n].op in CONV_OPS)]
-    stride = conv.attrs.get("stride", 1)
-    s_last = (stride[-1] if isinstance(stride, (list, tuple)) else stride) if conv.op.startswith("conv_transpose") else 1
-    per = "output position" if ppt * s_last == 1 else f"{ppt * s_last} consecutive output positions"
+    per = thread_outputs(alt[0].get("positions_per_thread", 1), row_stride(state.program, conv))
     short = "Its reduction per output element is short"
     if conv.op.startswith("conv_transpose"):
-        per += (f" ({ppt} position{'s' if ppt > 1 else ''} x the stride's {s_last} residues)" if s_last > 1 else "") + \
-            " of one phase: outputs whose positions share a residue modulo the stride read the same taps"
+        per += " of one phase: outputs whose positions share a residue modulo the stride read the same taps"
         short += " within a phase"
     return (f" {short}, so the direct convolution (fp32 FFMA, one thread per {per}"
             f"{', the epilogue fused' if len(nodes) > 1 else ''}) is timed too, with its weights "
