@@ -372,3 +372,8 @@ def test_the_intermediate_a_fused_chain_keeps_on_chip_is_named_in_the_nodes_orde
     p.mark_output(cur)
     (region,) = plan_program(p).active
     assert "keeps the 1.0 MB output of relu and 3 other intermediates on chip" in region.reason, region.reason
+    from agent_core.analysis.cost import program_costs
+    from agent_core.planner.fusion import traffic
+    from agent_core.planner.state import PlanState
+    kept = traffic(PlanState(p, program_costs(p)), region.nodes).kept_values      # all four, in order
+    assert [p.nodes[p.values[v].producer].op for v in kept] == ["relu", "gelu", "sigmoid", "tanh"]
