@@ -148,17 +148,24 @@ def _rounding_sized(err: float, want: torch.Tensor) -> bool:
 def exact_outputs(program: Program, inputs: list[str], outputs: list[str], ins: list[torch.Tensor],
                   params: dict[str, torch.Tensor] | None = None) -> list[torch.Tensor] | None:
     """`outputs` recomputed in float64 from the values `inputs` (given as `ins`, upcast) and the
-    program's parameters: only the nodes between them run. None where an op has no float64 form."""
+    program's parameters (`params`, default drawn as the reference draws them): only the nodes between
+    them run, and only the parameters they read are upcast. None where an op has no float64 form."""
+    def upcast(t):
+        return t.cpu().double() if t.is_floating_point() else t.cpu()
     try:
-        params = params if params is not None else parameter_tensors(program, "cpu")
-        env = {v: (t.double() if t.is_floating_point() else t) for v, t in params.items()}
-        env.update({v: (t.cpu().double() if t.is_floating_point() else t.cpu()) for v, t in zip(inputs, ins)})
-        needed, stack = set(), [v for v in outputs if v not in env]
-        while stack:          # the nodes the outputs depend on, back to the given values
-            node = program.nodes[program.values[stack.pop()].producer]
+        env = {v: upcast(t) for v, t in zip(inputs, ins)}
+        needed, read, stack = set(), set(), [v for v in outputs if v not in env]
+        while stack:          # the nodes the outputs depend on, back to the given values and parameters
+            vid = stack.pop()
+            if program.values[vid].producer is None:
+                read.add(vid)
+                continue
+            node = program.nodes[program.values[vid].producer]
             if node.id not in needed:
                 needed.add(node.id)
                 stack += [v for v in node.inputs if v is not None and v not in env]
+        params = params if params is not None else parameter_tensors(program, "cpu")
+        env.update({v: upcast(params[v]) for v in read})     # only the parameters those nodes read
         from .reference import run_node
         with torch.no_grad():
             for nid in program.topo_order():

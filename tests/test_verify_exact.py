@@ -55,3 +55,18 @@ def test_without_a_second_opinion_the_fp32_verdict_stands():
     res = check_draws(p, p.outputs, sample, _exact(p), draws=1, device="cpu")
     assert not res.ok and "tolerance atol=0.0001" in res.reason
     assert exact_outputs(p, ["nope"], p.outputs, [torch.zeros(1)]) is None     # cannot recompute: no opinion
+
+
+def test_the_float64_recomputation_reads_the_programs_parameters():
+    from agent_core.ir import Program
+    from agent_core.reference import parameter_tensors
+    p = Program("lin")
+    x = p.add_input("x", (4, 8))
+    w = p.add_parameter("w", shape=(3, 8))
+    y = p.add_node("linear", [x.id, w.id]).outputs[0]
+    p.mark_output(y)
+    p.mark_output(p.add_node("exp", [x.id]).outputs[0])      # another output, not asked for
+    ins = [torch.randn(4, 8)]
+    (got,) = exact_outputs(p, [x.id], [y], ins)
+    want = ins[0].double() @ parameter_tensors(p)[w.id].double().T
+    assert got.dtype == torch.float64 and torch.allclose(got, want, rtol=0, atol=1e-12)

@@ -120,5 +120,5 @@ def verify_candidate(program: Program, cache: ReferenceCache, inputs: list[str],
     def sample(d):
         env = cache.draw(d)
         return [env[v] for v in inputs], [env[v] for v in outputs]
-    return check_draws(program, outputs, sample, run, draws=draws, device=device,
-                       exact=lambda ins: exact_outputs(program, inputs, outputs, ins))
+    return check_draws(program, outputs, sample, run, draws=draws, device=device,     # the cache's own weights
+                       exact=lambda ins: exact_outputs(program, inputs, outputs, ins, params=cache._params))
