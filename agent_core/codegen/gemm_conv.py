@@ -17,9 +17,13 @@ and the epilogue then makes a second pass over the output. Here the products run
 in split TF32, and the output is written once.
 
 The gather: each thread copies one row of every A tile (kBlock % kBM == 0), so its window's origin is
-worked out once and kept in registers; a copied element costs its tap's division chain (by constants),
-an add and a bounds test per spatial dim. A warp's lanes take consecutive rows, whose output positions
-read neighbouring input elements: its copies of one column are coalesced.
+worked out once and kept in registers. A table of the kernel's taps in shared memory (each tap's input
+offset from the window's origin, and its position per spatial dim) is filled once per CTA, so a copied
+element k costs one division by the tap count (k = channel x taps + tap), a table read, and only where
+a window can cross the input's border (padding, or a 'same' padding after the input) a bounds test per
+spatial dim. A warp's lanes take consecutive rows, whose output positions read neighbouring input
+elements; its four groups of 8 lanes take four neighbouring columns (rotated within the slice), so the
+rows' stores into shared memory, 4 words apart in banks, fall into 32 different banks.
 """
 from __future__ import annotations
 
@@ -31,7 +35,9 @@ from .kernel import CodegenError
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
 # names the gather declares in the kernel's scope (the epilogue's value names must not take them)
-LOCALS = ("arow", "abase", "adst", "gc", "tap", "inside", "grp", "wgrp") + tuple(f"ao{j}" for j in range(3))
+LOCALS = ("arow", "abase", "aq", "atap", "adst", "cc", "gc", "ci", "t", "ps", "j", "inside", "grp", "wgrp") + \
+    tuple(f"ao{j}" for j in range(3))
+POSITION_BITS = 10          # a tap's position (dilation x index) per spatial dim, packed in one int of the table
 OUTSIDE = -(1 << 30)        # a row past M: its window origin, outside every input dim
 MIN_GROUP_CHANNELS = 8      # output channels per group: an m16n8 fragment's width
 GROUP_LIMIT = 65535         # groups along grid z
@@ -67,6 +73,13 @@ class ConvGeom:
     @property
     def taps(self) -> int:
         return math.prod(self.kernel)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether some window reaches past the input's border (padding before it, or the last window
+        past its end), so the gather tests each tap's position."""
+        return any(p > 0 or (o - 1) * s + (k - 1) * d >= n for p, o, s, k, d, n in
+                   zip(self.pad, self.out_size, self.stride, self.kernel, self.dil, self.in_size))
 
     def words(self) -> str:
         x = "x".join(map(str, self.kernel))
@@ -119,7 +132,15 @@ def _affine(x: str, scale: int, shift: int) -> str:
 
 def consts(g: ConvGeom) -> list[str]:
     return [f"constexpr int kS = {g.positions};   // output positions per image and channel",
-            f"constexpr int kCout = {g.cout};   // output channels ({g.groups} group(s) of kN)"]
+            f"constexpr int kCout = {g.cout};   // output channels ({g.groups} group(s) of kN)",
+            f"constexpr int kTaps = {g.taps};   // kernel taps: k = input channel x kTaps + tap",
+            f"constexpr index_t kInSpatial = {math.prod(g.in_size)};   // input elements per channel"]
+
+
+def table_ints(g: ConvGeom) -> int:
+    """Ints of the tap table the kernel keeps in shared memory after its pipeline's buffers: each tap's
+    offset, and its packed position per dim where the gather tests bounds."""
+    return g.taps * (2 if g.bounded else 1)
 
 
 def weight(g: ConvGeom, w: str) -> tuple[list[str], str]:
@@ -137,13 +158,18 @@ def channel(g: ConvGeom) -> str:
 
 
 def row_registers(g: ConvGeom) -> list[str]:
-    """C lines at the kernel's start (bm: the CTA's first row): the one row of every A tile this thread
-    copies (kBlock % kBM == 0), as its window's origin per spatial dim and as an input offset, kept in
-    registers for the whole k loop; a row past M gets origins outside every input dim."""
+    """C lines at the kernel's start (bm: the CTA's first row; Bs: the pipeline's B buffers): the one
+    row of every A tile this thread copies (kBlock % kBM == 0), as an input offset (and, where windows
+    reach past the border, its window's origin per spatial dim), kept in registers for the whole k
+    loop; then the CTA's tap table. A row past M reads row 0's window (its products are never stored),
+    or, where bounds are tested, gets origins outside every input dim."""
     d = len(g.out_size)
+    bounded = g.bounded
     lines = ["  const int arow = tid % kBM;   // this thread's row of each A tile",
-             f"  int {', '.join(f'ao{j}' for j in range(d))};   // its window's origin per spatial dim",
-             "  index_t abase;                // ... as an offset into the input",
+             "  const int aq = (tid & 31) >> 3;   // its lane's group of 8: the column it copies is rotated by it",
+             *([f"  int {', '.join(f'ao{j}' for j in range(d))};   // its window's origin per spatial dim"]
+               if bounded else []),
+             "  index_t abase;                // its window's origin as an offset into the input",
              "  {",
              "    int m = bm + arow;",
              "    const bool inside = m < kM;",
@@ -156,29 +182,52 @@ def row_registers(g: ConvGeom) -> list[str]:
     for j in range(d):
         offset = f"({offset}) * {g.in_size[j]} + o{j}"
     lines += [f"    abase = {offset};",
-              *[f"    ao{j} = inside ? o{j} : {OUTSIDE};" for j in range(d)],
+              *([f"    ao{j} = inside ? o{j} : {OUTSIDE};" for j in range(d)] if bounded else []),
               "  }"]
-    return lines
+    return lines + _tap_table(g)
+
+
+def _tap_table(g: ConvGeom) -> list[str]:
+    """C lines: the CTA fills the tap table (after the pipeline's buffers in shared memory): tap t's
+    input offset from a window's origin, and (bounds tested) its position per dim, POSITION_BITS each."""
+    d = len(g.out_size)
+    if g.bounded and max(dl * (k - 1) for dl, k in zip(g.dil, g.kernel)) >= 1 << POSITION_BITS:
+        raise CodegenError(f"implicit-GEMM convolution: a kernel of {list(g.kernel)} taps at dilation {list(g.dil)} "
+                           f"spans {1 << POSITION_BITS} or more input elements along one dim")
+    lines = ["  int* atap = reinterpret_cast<int*>(Bs + kStages * kBTile);   // the tap table: [kTaps] offsets"
+             + (", [kTaps] positions" if g.bounded else ""),
+             "  for (int t = tid; t < kTaps; t += kBlock) {",
+             "    int r = t;"]
+    for j in reversed(range(d)):
+        lines.append(f"    const int d{j} = {_affine(f'r % {g.kernel[j]}', g.dil[j], 0)}; r /= {g.kernel[j]};")
+    offset = "d0"
+    for j in range(1, d):
+        offset = f"({offset}) * {g.in_size[j]} + d{j}"
+    lines.append(f"    atap[t] = {offset};")
+    if g.bounded:
+        lines.append(f"    atap[kTaps + t] = {' | '.join(f'd{j} << {POSITION_BITS * j}' if j else 'd0' for j in range(d))};")
+    return lines + ["  }", "  __syncthreads();   // every thread's gather reads the table"]
 
 
 def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
     """C lines inside load_tile(kt, stage): the A tile's k slice gathered from the input `src`. Each
-    thread copies its row's columns c = tid / kBM + j kBlock / kBM: a warp's 32 lanes take 32
-    consecutive rows of one column, consecutive output positions that read neighbouring input elements
-    (one or a few 128-byte lines per copy instruction)."""
+    thread copies its row's columns tid / kBM + j kBlock / kBM, rotated by its lane's group of 8
+    (aq): a warp's 8 lanes of a group take 8 consecutive rows of one column, consecutive output positions
+    that read neighbouring input elements."""
     d = len(g.out_size)
+    mask = (1 << POSITION_BITS) - 1
+    test = "gc < kK"
     lines = [f"{indent}float* adst = As + stage * kATile + arow * kAS;",
-             f"{indent}for (int c = tid / kBM; c < kBK; c += kBlock / kBM) {{",
-             f"{indent}  const int gc = k0 + c;",
-             f"{indent}  int tap = gc;"]
-    for j in reversed(range(d)):
-        lines.append(f"{indent}  const int t{j} = {_affine(f'tap % {g.kernel[j]}', g.dil[j], 0)}; tap /= {g.kernel[j]};")
-    coff = "(index_t)tap"
-    for j in range(d):
-        coff = f"({coff} * {g.in_size[j]} + t{j})"
-    inside = " && ".join(f"(unsigned)(ao{j} + t{j}) < {g.in_size[j]}u" for j in range(d))
-    lines += [f"{indent}  const bool ok = gc < kK && {inside};",
-              f"{indent}  cp_async4(adst + c, {src} + (ok ? abase + {coff} : 0), ok);",
+             f"{indent}#pragma unroll",
+             f"{indent}for (int j = 0; j < kBK / (kBlock / kBM); ++j) {{   // (check: kBlock / kBM divides kBK)",
+             f"{indent}  const int cc = (tid / kBM + j * (kBlock / kBM) + aq) % kBK;",
+             f"{indent}  const int gc = k0 + cc, ci = gc / kTaps, t = gc - ci * kTaps;"]
+    if g.bounded:
+        lines.append(f"{indent}  const int ps = atap[kTaps + t];")
+        fields = [f"(ps & {mask})" if j == 0 else f"((ps >> {POSITION_BITS * j}) & {mask})" for j in range(d)]
+        test += " && " + " && ".join(f"(unsigned)(ao{j} + {fields[j]}) < {g.in_size[j]}u" for j in range(d))
+    lines += [f"{indent}  const bool ok = {test};",
+              f"{indent}  cp_async4(adst + cc, {src} + (ok ? abase + (index_t)ci * kInSpatial + atap[t] : 0), ok);",
               f"{indent}}}"]
     return lines
 
@@ -203,11 +252,11 @@ THIN_VARIANTS = ({"block_m": 256, "warps_m": 8}, {"block_m": 64, "warps_m": 2}, 
 
 
 def check(p: dict) -> None:
-    block = 32 * int(p["warps_m"]) * int(p["warps_n"])
-    if block % int(p["block_m"]):
-        raise CodegenError(f"implicit-GEMM convolution: {block} threads do not split into the {p['block_m']} "
-                           f"rows of a tile")
+    block, bm, bk = 32 * int(p["warps_m"]) * int(p["warps_n"]), int(p["block_m"]), int(p["block_k"])
+    if block % bm or bm % 32 or bk % (block // bm):
+        raise CodegenError(f"implicit-GEMM convolution: {block} threads do not split into the {bm} rows "
+                           f"(whole warps of rows) and {bk} columns of a tile")
 
 
 __all__ = ["CONV_OPS", "ConvGeom", "LOCALS", "THIN_VARIANTS", "channel", "check", "consts", "conv_geom",
-           "default_tiles", "few_channels", "gather_lines", "row_registers", "store_index", "weight"]
+           "default_tiles", "few_channels", "gather_lines", "row_registers", "store_index", "table_ints", "weight"]

@@ -506,6 +506,8 @@ def shared_bytes(spec: GemmSpec, p: dict) -> int:
         pipeline = gemm_tma.shared_bytes(bm, bn, stages)
     else:
         pipeline = 4 * stages * (bm * (bk + 4) + b_tile)
+        if spec.conv is not None:      # the gather's tap table, after the buffers
+            pipeline += 4 * gemm_conv.table_ints(spec.conv)
     # the row reductions combine the warps' states in the same buffers once the pipeline is done
     rows = 4 * shared_floats(spec.rows, bm, int(p["warps_n"]), row_cluster(spec, p)) if spec.rows else 0
     return max(pipeline, rows)
