@@ -95,12 +95,13 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         if TF32 in allowed(program):    # one TF32 product instead of three, timed where the program allows it
             ks.alternatives = [{"form": "3xtf32", TF32: True}]
         return ks
-    from .conv import DIRECT, direct_alternative, generate_conv, lone_direct
+    from .conv import DIRECT, direct_alternative, generate_conv, lone_transposed
     from .gemm_mma import generate_gemm, lone_gemm
     if (params or {}).get("form") == DIRECT:       # a form the tuner times against cuDNN (conv.py)
         return generate_conv(program, io, name, params)
-    if kind != "convolution" and lone_direct(program, io.nodes):    # a transposed one alone: its forms
-        first, *others = direct_alternative(program, io)
+    forms = direct_alternative(program, io) if kind != "convolution" and lone_transposed(program, io.nodes) else []
+    if forms:    # a transposed convolution alone (conv.lone_direct): its direct forms
+        first, *others = forms
         ks = generate_conv(program, io, name, {**first, **(params or {})})
         ks.alternatives = others
         return ks

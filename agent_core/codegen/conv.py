@@ -216,15 +216,20 @@ def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
     return [{**form, "stage_weights": True}, form]
 
 
+def lone_transposed(program: Program, node_ids) -> bool:
+    """Whether the region is one transposed convolution and nothing else."""
+    ids = list(node_ids)
+    return len(ids) == 1 and program.nodes[ids[0]].op.startswith("conv_transpose")
+
+
 def lone_direct(program: Program, node_ids) -> bool:
     """A transposed convolution alone that the direct form takes: its region gets that kernel, timed
     against the cuDNN call (the faster is kept). (A convolution alone is the tile GEMM's, gemm_mma.lone_gemm,
     which lists the direct form among its own.)"""
-    ids = list(node_ids)
-    if len(ids) != 1 or not program.nodes[ids[0]].op.startswith("conv_transpose"):
+    if not lone_transposed(program, node_ids):
         return False
     from .region_io import region_io
-    return bool(direct_alternative(program, region_io(program, ids)))
+    return bool(direct_alternative(program, region_io(program, list(node_ids))))
 
 
 def tune_variants(p: dict) -> list[dict]:
