@@ -35,7 +35,7 @@ from .kernel import CodegenError
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
 # names the gather declares in the kernel's scope (the epilogue's value names must not take them)
-LOCALS = ("arow", "abase", "aq", "atap", "adst", "cc", "gc", "ci", "t", "ps", "j", "inside", "grp", "wgrp") + \
+LOCALS = ("arow", "abase", "acol", "atap", "adst", "cc", "gc", "ci", "t", "ps", "j", "inside", "grp", "wgrp") + \
     tuple(f"ao{j}" for j in range(3))
 POSITION_BITS = 10          # a tap's position (dilation x index) per spatial dim, packed in one int of the table
 OUTSIDE = -(1 << 30)        # a row past M: its window origin, outside every input dim
@@ -166,7 +166,8 @@ def row_registers(g: ConvGeom) -> list[str]:
     d = len(g.out_size)
     bounded = g.bounded
     lines = ["  const int arow = tid % kBM;   // this thread's row of each A tile",
-             "  const int aq = (tid & 31) >> 3;   // its lane's group of 8: the column it copies is rotated by it",
+             "  // its first column of each A tile, rotated by its lane's group of 8 (conflict-free shared stores)",
+             "  const unsigned acol = tid / kBM + ((tid & 31) >> 3);",
              *([f"  int {', '.join(f'ao{j}' for j in range(d))};   // its window's origin per spatial dim"]
                if bounded else []),
              "  index_t abase;                // its window's origin as an offset into the input",
@@ -212,7 +213,7 @@ def _tap_table(g: ConvGeom) -> list[str]:
 def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
     """C lines inside load_tile(kt, stage): the A tile's k slice gathered from the input `src`. Each
     thread copies its row's columns tid / kBM + j kBlock / kBM, rotated by its lane's group of 8
-    (aq): a warp's 8 lanes of a group take 8 consecutive rows of one column, consecutive output positions
+    (acol): a warp's 8 lanes of a group take 8 consecutive rows of one column, consecutive output positions
     that read neighbouring input elements."""
     d = len(g.out_size)
     mask = (1 << POSITION_BITS) - 1
@@ -220,8 +221,8 @@ def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
     lines = [f"{indent}float* adst = As + stage * kATile + arow * kAS;",
              f"{indent}#pragma unroll",
              f"{indent}for (int j = 0; j < kBK / (kBlock / kBM); ++j) {{   // (check: kBlock / kBM divides kBK)",
-             f"{indent}  const int cc = (tid / kBM + j * (kBlock / kBM) + aq) % kBK;",
-             f"{indent}  const int gc = k0 + cc, ci = gc / kTaps, t = gc - ci * kTaps;"]
+             f"{indent}  const unsigned cc = (acol + j * (kBlock / kBM)) % kBK;   // unsigned: a mask, a multiply-high",
+             f"{indent}  const unsigned gc = k0 + cc, ci = {divide('gc', g.taps, g.cin_g * g.taps + 64)}, t = gc - ci * kTaps;"]
     if g.bounded:
         lines.append(f"{indent}  const int ps = atap[kTaps + t];")
         fields = [f"(ps & {mask})" if j == 0 else f"((ps >> {POSITION_BITS * j}) & {mask})" for j in range(d)]
@@ -230,6 +231,22 @@ def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
               f"{indent}  cp_async4(adst + cc, {src} + (ok ? abase + (index_t)ci * kInSpatial + atap[t] : 0), ok);",
               f"{indent}}}"]
     return lines
+
+
+def divide(x: str, d: int, limit: int) -> str:
+    """C text of x / d for an unsigned x below `limit`: a shift for a power of two, else a multiply by
+    m = ceil(2^s / d) and a shift where that is exact over the range (it is when (limit - 1) * (m d - 2^s)
+    < 2^s, and the product stays within 32 bits): two instructions, where the compiler's division by a
+    constant, exact for every unsigned, takes a multiply-high and a fix-up of three more."""
+    if d & (d - 1) == 0:
+        return f"({x} >> {d.bit_length() - 1})"
+    for s in range(d.bit_length(), 32):
+        m = -(-(1 << s) // d)
+        if (limit - 1) * m >= 1 << 32:
+            break
+        if (limit - 1) * (m * d - (1 << s)) < 1 << s:
+            return f"(({x} * {m}u) >> {s})"
+    return f"({x} / {d}u)"
 
 
 def store_index(g: ConvGeom) -> str:
@@ -248,7 +265,10 @@ def default_tiles(g: ConvGeom, K: int) -> dict:
     return {"block_m": 128, "block_n": bn, "block_k": bk, "warps_m": wm, "warps_n": wn, "stages": stages}
 
 
-THIN_VARIANTS = ({"block_m": 256, "warps_m": 8}, {"block_m": 64, "warps_m": 2}, {"block_k": 16, "stages": 4})
+# most promising first (level 2's 7 on an H100: 64 rows 4.23 ms, 128 rows 4.40, 256 rows 4.68); a warp
+# across all 32 columns splits each A element once, not once per warp along N (more registers)
+THIN_VARIANTS = ({"block_m": 64, "warps_m": 2}, {"warps_n": 1}, {"block_m": 256, "warps_m": 8},
+                 {"block_k": 16, "stages": 4})
 
 
 def check(p: dict) -> None:

@@ -369,7 +369,7 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
             bn = 16 * math.ceil(int(tiles_["block_n"]) / 16)
             wn = next(w for w in (int(tiles_["warps_n"]), 2, 1) if bn % (16 * w) == 0)
             tiles_ = {**tiles_, "block_n": bn, "warps_n": wn}
-        return {"form": FORM, **tiles_, "min_blocks": 1, "slice_acc": True}
+        return _resident({"form": FORM, **tiles_, "min_blocks": 2, "slice_acc": True})
     bm, bn, wm, wn = 128, 128, 2, 4
     if spec.batch * math.ceil(spec.M / 128) * math.ceil(spec.N / 128) < sm_count:
         bm, bn, wm, wn = 128, 64, 2, 2
@@ -434,10 +434,20 @@ def tune_variants(p: dict) -> list[dict]:
         {"block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "stages": 4},
         {"block_k": 16, "stages": 4})
     out = []
-    for v in [{**p, **c} for c in cands]:
+    for v in [_resident({**p, **c}) for c in cands]:
         if v != p and v not in out:
             out.append(v)
     return out
+
+
+def _resident(p: dict) -> dict:
+    """A convolution's tiles ask for two CTAs a multiprocessor (min_blocks 2) where that leaves a thread
+    the registers of its accumulators: at most 256 threads and 64 columns. The gather's latency needs
+    the warps (level 2's 43 and 90 on an H100: 144 -> 128 registers, 9.31 -> 6.75 ms and 7.46 -> 5.77 ms,
+    no spills); wider or bigger tiles spill under that bound."""
+    if int(p.get("min_blocks") or 1) == 2 and (int(p["block_n"]) > 64 or 32 * int(p["warps_m"]) * int(p["warps_n"]) > 256):
+        return {**p, "min_blocks": 1}
+    return p
 
 
 # a normalising op's rows shared by the CTAs of a row tile (their inputs through the workspace, the last
@@ -616,7 +626,8 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
     names.taken.update(LOCALS + ROW_LOCALS)
     names.taken.update(arg.values())
     env = {spec.halves[0]: "mm", spec.halves[1]: "mm2"} if spec.halves else {spec.out: "mm"}
-    lines = operand_loads(program, io, spec.epilogue, spec.space, "i", arg, names, env, relabelled=True)
+    lines = operand_loads(program, io, spec.epilogue, spec.space, "i", arg, names, env, relabelled=True,
+                          coords=_coords(spec))
     lines += _render(program, spec.epilogue, env, names)
     lines += [f"{arg[vid]}[i] = {env[vid]};" for vid in io.outputs if vid in spec.full_values]
     if spec.rows is not None:
@@ -627,11 +638,23 @@ def _epilogue(program: Program, io: RegionIO, spec: GemmSpec, arg: dict[str, str
     return lines
 
 
+def _coords(spec: GemmSpec) -> dict[int, str]:
+    """The output dims whose coordinates the store loop has at hand (row, col): a convolution's image
+    and channel, a 2-D GEMM's row and column; a gated unit's halves and a stack have none here."""
+    if spec.halves:
+        return {}
+    if spec.conv is not None:
+        return {0: "row / kS", 1: gemm_conv.channel(spec.conv)}
+    return {0: "row", 1: "col"} if len(spec.space) == 2 and spec.batch == 1 else {}
+
+
 def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     spec = gemm_spec(program, io)
     p = {**default_params(spec, int((params or {}).get("sm_count") or 132)),
          **{k: v for k, v in (params or {}).items() if v is not None and k != "sm_count"}}
     p["form"] = FORM
+    if spec.conv is not None and "min_blocks" not in (params or {}):     # the default's, for these tiles
+        p = _resident(p)
     bm, bn, bk, wm, wn, stages = _check(spec, p)
     slice_acc = p.get("slice_acc") is not False
     shared = shared_bytes(spec, p)

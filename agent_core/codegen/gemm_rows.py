@@ -225,23 +225,43 @@ def operand_shape(shape, space: tuple) -> tuple:
 
 
 def operand_loads(program: Program, io: RegionIO, order: list[str], space: tuple, index: str, arg: dict[str, str],
-                  names: Names, env: dict[str, str], relabelled: bool = False) -> list[str]:
+                  names: Names, env: dict[str, str], relabelled: bool = False,
+                  coords: dict[int, str] | None = None) -> list[str]:
     """C lines loading each region input the nodes of `order` read, at flat index `index` of `space`
     (broadcast operands through BroadcastIndex), each named in env. relabelled: an operand may hold the
-    GEMM output's elements in another shape (operand_shape)."""
+    GEMM output's elements in another shape (operand_shape). coords: C expressions of some dims'
+    coordinates the caller already has (a tile's row and column): an operand that spans only those dims
+    is read at them, without dividing the flat index (a convolution's per-channel bias at its column)."""
     vals = program.values
     ins = [v for v in io.inputs if any(v in program.nodes[n].inputs for n in order)]
     views = operand_views(program, order, ins)
     shapes = [views.get(v, vals[v].shape) for v in ins]
-    bidx = BroadcastIndex(space, [operand_shape(sh, space) for sh in shapes] if relabelled else shapes)
+    seen = [operand_shape(sh, space) for sh in shapes] if relabelled else shapes
+    bidx = BroadcastIndex(space, seen)
     lines = []
     for k, vid in enumerate(ins):
-        at = "0" if bidx.is_scalar(k) else bidx.offset_expr(
-            k, index, [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner], [str(s) for s in bidx.strides[k]])
+        plain = coords and tuple(seen[k]) == tuple(shapes[k])
+        at = _at_coords(shapes[k], space, coords) if plain else None
+        if at is None:
+            at = "0" if bidx.is_scalar(k) else bidx.offset_expr(
+                k, index, [str(s) for s in bidx.sizes], [str(s) for s in bidx.inner], [str(s) for s in bidx.strides[k]])
         ident = names.new(vals[vid].name)
         lines.append(f"const {c_type(vals[vid].dtype, vals[vid].name)} {ident} = {arg[vid]}[{at}];")
         env[vid] = ident
     return lines
+
+
+def _at_coords(shape, space: tuple, coords: dict[int, str]) -> str | None:
+    """An operand's offset from the coordinates of the dims it spans, where coords has them all (it
+    broadcasts to `space` as is); None otherwise."""
+    if len(shape) > len(space):
+        return None
+    padded = (1,) * (len(space) - len(shape)) + tuple(shape)
+    spans = [d for d, n in enumerate(padded) if n != 1]
+    if not spans or any(d not in coords or padded[d] != space[d] for d in spans):
+        return None
+    strides = [math.prod(padded[d + 1:]) for d in range(len(padded))]
+    return " + ".join(f"({coords[d]})" + (f" * {strides[d]}" if strides[d] != 1 else "") for d in spans)
 
 
 def _norm(program: Program, io: RegionIO, nid: str, full_vals: set, space: tuple) -> RowNorm:
