@@ -170,3 +170,23 @@ def test_keeping_the_implicit_gemm_drops_the_convolutions_library_choices():
     assert p.metadata["library_precision"] == {} and p.metadata["library_layout"] == {}
     (kind, e), = events
     assert kind == "precision" and e["chosen"] == "gemm-3xtf32" and TF32X3_CAT in e["reason"]
+
+
+@pytest.mark.parametrize("d", [3, 7, 9, 25, 27, 49, 125, 343, 64])
+def test_the_gathers_division_by_the_tap_count_is_exact_over_its_range(d):
+    """gemm_conv.divide's multiply-and-shift (or shift, or plain division) equals x // d for every x below
+    its limit, the largest column index a gather forms."""
+    from agent_core.codegen.gemm_conv import divide
+    for limit in (100, 2000, 40000):
+        expr = divide("x", d, limit)
+        x = np.arange(limit, dtype=np.uint64)
+        if "*" in expr:
+            m, s = (int(t) for t in expr.replace("((x * ", "").replace("u) >> ", " ").rstrip(")").split())
+            assert int(x[-1]) * m < 1 << 32
+            got = (x * np.uint64(m)) >> np.uint64(s)
+        elif ">>" in expr:
+            got = x >> np.uint64(int(expr.split(">> ")[1].rstrip(")")))
+        else:
+            assert expr == f"(x / {d}u)"
+            continue
+        assert np.array_equal(got, x // np.uint64(d)), expr
