@@ -19,7 +19,8 @@ in split TF32, and the output is written once.
 The gather: each thread copies one row of every A tile (kBlock % kBM == 0), so its window's origin is
 worked out once and kept in registers. A table of the kernel's taps in shared memory (each tap's input
 offset from the window's origin, and its position per spatial dim) is filled once per CTA, so a copied
-element k costs one division by the tap count (k = channel x taps + tap), a table read, and only where
+element k costs one division by the tap count (k = channel x taps + tap; a multiply and a shift,
+`divide`), a table read, and only where
 a window can cross the input's border (padding, or a 'same' padding after the input) a bounds test per
 spatial dim. A warp's lanes take consecutive rows, whose output positions read neighbouring input
 elements; its four groups of 8 lanes take four neighbouring columns (rotated within the slice), so the
@@ -265,8 +266,9 @@ def default_tiles(g: ConvGeom, K: int) -> dict:
     return {"block_m": 128, "block_n": bn, "block_k": bk, "warps_m": wm, "warps_n": wn, "stages": stages}
 
 
-# most promising first (level 2's 7 on an H100: 64 rows 4.23 ms, 128 rows 4.40, 256 rows 4.68); a warp
-# across all 32 columns splits each A element once, not once per warp along N (more registers)
+# most promising first (level 2's 7 on an H100: 64 rows 3.94 ms, 128 rows 4.13, a warp across all 32
+# columns, which splits each A element once instead of once per warp along N but holds more registers,
+# 4.15; 256 rows 4.40 -> 4.68 before the tap table)
 THIN_VARIANTS = ({"block_m": 64, "warps_m": 2}, {"warps_n": 1}, {"block_m": 256, "warps_m": 8},
                  {"block_k": 16, "stages": 4})
 
