@@ -266,9 +266,9 @@ def default_tiles(g: ConvGeom, K: int) -> dict:
     return {"block_m": 128, "block_n": bn, "block_k": bk, "warps_m": wm, "warps_n": wn, "stages": stages}
 
 
-# most promising first (level 2's 7 on an H100: 64 rows 3.94 ms, 128 rows 4.13, a warp across all 32
-# columns, which splits each A element once instead of once per warp along N but holds more registers,
-# 4.15; 256 rows 4.40 -> 4.68 before the tap table)
+# most promising first, by level 2's 7 on an H100: 64 rows 3.94 ms, 128 rows 4.13, a warp across all 32
+# columns 4.15 (it splits each A element once, not once per warp along N, but holds more registers), 256
+# rows 4.68 (at d149cbf, when 128 rows took 4.40)
 THIN_VARIANTS = ({"block_m": 64, "warps_m": 2}, {"warps_n": 1}, {"block_m": 256, "warps_m": 8},
                  {"block_k": 16, "stages": 4})
 
