@@ -45,8 +45,11 @@ def split_around(program: Program, io: RegionIO, anchor_ops, kind: str, what: st
     or "output"), which is not empty. CodegenError says which rule the region breaks."""
     vals, nodes = program.values, program.nodes
     anchors = [n for n in io.nodes if nodes[n].op in anchor_ops]
-    if len(anchors) != 1 or any(n not in anchors and not is_elementwise(nodes[n]) for n in io.nodes):
-        raise CodegenError(f"a {kind} region holds one {what} and pointwise ops around it")
+    views = trailing_views(program, io)
+    if len(anchors) != 1 or any(n not in anchors and n not in views and not is_elementwise(nodes[n])
+                                for n in io.nodes):
+        raise CodegenError(f"a {kind} region holds one {what}, pointwise ops around it and views of its "
+                           f"outputs")
     t = nodes[anchors[0]]
     for vid in [t.inputs[0], t.outputs[0], *io.inputs, *io.outputs]:
         if vals[vid].dtype != "float32":
@@ -57,6 +60,20 @@ def split_around(program: Program, io: RegionIO, anchor_ops, kind: str, what: st
         raise CodegenError(f"{t.name} ({t.op}) has an empty {size_of}; there is nothing to launch")
     pro, epi = prologue_epilogue(program, io, t, t, 1, kind, numel, size_of)
     return t, pro, epi
+
+
+def trailing_views(program: Program, io: RegionIO) -> set:
+    """The region's views (reshape, squeeze, ...: the same elements in the same order) whose outputs no
+    other kind of op in the region reads: the kernel writes their outputs as it would their inputs, at
+    the same flat index. (A view before the anchor is read by it, so it is not one.)"""
+    from ..analysis.cost import is_view
+    views = {n for n in io.nodes if is_view(program, n)}
+    while True:
+        read = {n for n in views if any(v in program.nodes[m].inputs for v in program.nodes[n].outputs
+                                        for m in io.nodes if m not in views)}
+        if not read:
+            return views
+        views -= read
 
 
 def prologue_epilogue(program: Program, io: RegionIO, first, last, n_middle: int, kind: str, numel: int,
@@ -108,7 +125,11 @@ def render_around(program: Program, io: RegionIO, pro: list, epi: list, x_vid: s
     eenv = {y_vid: en.new(vals[y_vid].name)}
     for v in epi_inputs:
         eenv[v] = en.new(vals[v].name)
-    epi_lines = render_chain(program, epi, eenv, en) if epi else []
+    views = trailing_views(program, io)
+    chain = [n for n in epi if n not in views]
+    epi_lines = render_chain(program, chain, eenv, en) if chain else []
+    for n in (n for n in epi if n in views):     # the same elements in the same order: the same value
+        eenv[nodes[n].outputs[0]] = eenv[nodes[n].inputs[0]]
     oref = {v: en.new(vals[v].name + "_out") for v in io.outputs}
     epi_lines += [f"  {oref[v]} = {eenv[v]};" for v in io.outputs]
     sig = [f"float {eenv[y_vid]}"] + [f"float {eenv[v]}" for v in epi_inputs] + [f"float& {oref[v]}" for v in io.outputs]
