@@ -55,6 +55,7 @@ def conv_program(x_shape, cout, kernel, *, stride=1, padding=0, dilation=1, grou
     ((2, 6, 9, 8), 16, (3, 3), {"padding": 1, "groups": 2}, {}),              # groups of 8 channels
     ((1, 12, 7, 6, 5), 48, (2, 2, 2), {"groups": 3, "stride": 2}, {"block_m": 64, "warps_m": 2}),
     ((2, 3, 7, 6), 8, (2, 2), {"padding": "same"}, {"block_k": 8}),          # no padding before, the last window past the end
+    ((1, 2, 9, 10), 8, (7, 7), {"padding": 3}, {}),       # 49 taps: tested by position, past the bit mask's 32
 ])
 def test_emulated_conv_matches_torch(x_shape, cout, kernel, kw, params):
     p = conv_program(x_shape, cout, kernel, **kw)

@@ -21,8 +21,9 @@ worked out once and kept in registers. A table of the kernel's taps in shared me
 offset from the window's origin, and its position per spatial dim) is filled once per CTA, so a copied
 element k costs one division by the tap count (k = channel x taps + tap; a multiply and a shift,
 `divide`), a table read, and only where
-a window can cross the input's border (padding, or a 'same' padding after the input) a bounds test per
-spatial dim. A warp's lanes take consecutive rows, whose output positions read neighbouring input
+a window can cross the input's border (padding, or a 'same' padding after the input) a bounds test: one
+bit of the thread's mask of its window's taps inside the input (worked out once, up to MASK_TAPS taps),
+else a test per spatial dim of the tap's packed position, with no branch either way. A warp's lanes take consecutive rows, whose output positions read neighbouring input
 elements; its four groups of 8 lanes take four neighbouring columns (rotated within the slice), so the
 rows' stores into shared memory, 4 words apart in banks, fall into 32 different banks.
 """
@@ -36,9 +37,10 @@ from .kernel import CodegenError
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
 # names the gather declares in the kernel's scope (the epilogue's value names must not take them)
-LOCALS = ("arow", "abase", "acol", "atap", "adst", "cc", "gc", "ci", "t", "ps", "j", "inside", "grp", "wgrp") + \
+LOCALS = ("arow", "abase", "acol", "atap", "amask", "adst", "at", "cc", "gc", "ci", "t", "ps", "j", "inside", "grp", "wgrp") + \
     tuple(f"ao{j}" for j in range(3))
 POSITION_BITS = 10          # a tap's position (dilation x index) per spatial dim, packed in one int of the table
+MASK_TAPS = 32              # up to this many taps, a thread keeps which of its window's are inside as bits
 OUTSIDE = -(1 << 30)        # a row past M: its window origin, outside every input dim
 MIN_GROUP_CHANNELS = 8      # output channels per group: an m16n8 fragment's width
 GROUP_LIMIT = 65535         # groups along grid z
@@ -186,7 +188,14 @@ def row_registers(g: ConvGeom) -> list[str]:
     lines += [f"    abase = {offset};",
               *([f"    ao{j} = inside ? o{j} : {OUTSIDE};" for j in range(d)] if bounded else []),
               "  }"]
-    return lines + _tap_table(g)
+    lines += _tap_table(g)
+    if g.bounded and g.taps <= MASK_TAPS:    # which taps of its window are inside the input, once
+        lines += ["  unsigned amask = 0;   // bit t: tap t of this thread's window lies inside the input",
+                  "  for (int t = 0; t < kTaps; ++t) {",
+                  "    const int ps = atap[kTaps + t];",
+                  f"    amask |= (unsigned)({_inside(g, 'ps')}) << t;",
+                  "  }"]
+    return lines
 
 
 def _tap_table(g: ConvGeom) -> list[str]:
@@ -216,22 +225,30 @@ def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
     thread copies its row's columns tid / kBM + j kBlock / kBM, rotated by its lane's group of 8
     (acol): a warp's 8 lanes of a group take 8 consecutive rows of one column, consecutive output positions
     that read neighbouring input elements."""
-    d = len(g.out_size)
-    mask = (1 << POSITION_BITS) - 1
-    test = "gc < kK"
+    test = "(gc < kK)"
     lines = [f"{indent}float* adst = As + stage * kATile + arow * kAS;",
              f"{indent}#pragma unroll",
              f"{indent}for (int j = 0; j < kBK / (kBlock / kBM); ++j) {{   // (check: kBlock / kBM divides kBK)",
              f"{indent}  const unsigned cc = (acol + j * (kBlock / kBM)) % kBK;   // unsigned: a mask, a multiply-high",
              f"{indent}  const unsigned gc = k0 + cc, ci = {divide('gc', g.taps, g.cin_g * g.taps + 64)}, t = gc - ci * kTaps;"]
-    if g.bounded:
+    if g.bounded and g.taps <= MASK_TAPS:
+        test += " & ((amask >> t) & 1u)"
+    elif g.bounded:
         lines.append(f"{indent}  const int ps = atap[kTaps + t];")
-        fields = [f"(ps & {mask})" if j == 0 else f"((ps >> {POSITION_BITS * j}) & {mask})" for j in range(d)]
-        test += " && " + " && ".join(f"(unsigned)(ao{j} + {fields[j]}) < {g.in_size[j]}u" for j in range(d))
+        # & rather than &&: every test evaluated, no branch per test (lanes at the border would diverge)
+        test += " & " + _inside(g, "ps")
     lines += [f"{indent}  const bool ok = {test};",
-              f"{indent}  cp_async4(adst + cc, {src} + (ok ? abase + (index_t)ci * kInSpatial + atap[t] : 0), ok);",
+              f"{indent}  const index_t at = abase + (index_t)ci * kInSpatial + atap[t];   // read whether or not ok: no branch",
+              f"{indent}  cp_async4(adst + cc, {src} + (ok ? at : 0), ok);",
               f"{indent}}}"]
     return lines
+
+
+def _inside(g: ConvGeom, ps: str) -> str:
+    """C test that the tap of packed positions `ps` lies inside the input for this thread's window."""
+    mask = (1 << POSITION_BITS) - 1
+    fields = [f"({ps} & {mask})" if j == 0 else f"(({ps} >> {POSITION_BITS * j}) & {mask})" for j in range(len(g.in_size))]
+    return " & ".join(f"((unsigned)(ao{j} + {fields[j]}) < {g.in_size[j]}u)" for j in range(len(g.in_size)))
 
 
 def divide(x: str, d: int, limit: int) -> str:
