@@ -8,6 +8,10 @@ kernel alone is timed on random inputs of the region's own shapes (CUDA events, 
         '{"r11": [{}, {"unroll": 2}], "r13": [{}, {"tiled": false}]}'
 
 Region ids are the plan's (`stitchcuda plan FILE` lists them); {} is the default schedule.
+Kernels are loaded under a short hashed symbol (_c36 and the like), not the region's name: to profile
+one variant with Nsight Compute, pick it by that prefix:
+
+    ncu --clock-control none -k regex:^_c -c 1 --section SpeedOfLight python3 tools/region_variants.py FILE '{"r1": [{}]}'
 """
 from __future__ import annotations
 
