@@ -229,7 +229,7 @@ def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
     lines = [f"{indent}float* adst = As + stage * kATile + arow * kAS;",
              f"{indent}#pragma unroll",
              f"{indent}for (int j = 0; j < kBK / (kBlock / kBM); ++j) {{   // (check: kBlock / kBM divides kBK)",
-             f"{indent}  const unsigned cc = (acol + j * (kBlock / kBM)) % kBK;   // unsigned: a mask, a multiply-high",
+             f"{indent}  const unsigned cc = (acol + j * (kBlock / kBM)) % kBK;   // unsigned: a mask where kBK is a power of two",
              f"{indent}  const unsigned gc = k0 + cc, ci = {divide('gc', g.taps, g.cin_g * g.taps + 64)}, t = gc - ci * kTaps;"]
     if g.bounded and g.taps <= MASK_TAPS:
         test += " & ((amask >> t) & 1u)"
