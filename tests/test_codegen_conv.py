@@ -418,7 +418,7 @@ def test_refuses_a_prologue_and_a_reduction_after():
     s = p.add_node("softmax", [c.outputs[0]], {"dim": 1})
     p.mark_output(s.outputs[0])
     _refused(p, [r.id, c.id], "input 'relu' is computed inside the region")
-    _refused(p, [c.id, s.id], r"only pointwise ops may follow .*split the region before .*softmax")
+    _refused(p, [c.id, s.id], r"only pointwise ops and views of the result may follow .*split the region before .*softmax")
 
 
 def test_refuses_unrelated_ops_and_larger_outputs():

@@ -137,3 +137,24 @@ def test_a_memory_bound_convolution_of_few_channels_alone_gets_our_forms_through
     assert "it reads few input channels, where cuDNN's fp32 is slow" in region.reason, region.reason
     assert ("the direct convolution (fp32 FFMA, one thread per 4 consecutive output positions) is timed too, "
             "with its weights staged in shared memory and without" in region.reason), region.reason
+
+
+def test_a_transposed_convolution_with_a_view_of_its_output_gets_the_direct_form_and_matches_torch():
+    """conv_transpose2d -> flatten, alone in its region: the view is written at the convolution's flat
+    index, so the region is still the direct form's (it stayed cuDNN's while the view was there), and
+    the kernel matches torch in the CPU emulator."""
+    from agent_core.agent.region_kinds import without_kernel
+    p = Program("convt_view")
+    x = p.add_input("x", [2, 8, 5, 6]).id
+    w = p.add_parameter("w", shape=[8, 12, 3, 3]).id
+    y = p.add_node("conv_transpose2d", [x, w], {"stride": [2, 2], "padding": [1, 1], "dilation": [1, 1],
+                                                "output_padding": [1, 1], "groups": 1}).outputs[0]
+    p.mark_output(p.add_node("flatten", [y], {"start_dim": 1, "end_dim": -1}).outputs[0])
+    ids = list(p.nodes)
+    assert without_kernel(p, ids) is None
+    ks = generate_kernel(p, ids, name="r")
+    assert ks.kind == "convolution" and ks.params["form"] == DIRECT and not ks.library_nodes
+    assert list(p.values[ks.outputs[0]].shape) == [2, 12 * 10 * 12]
+    torch.manual_seed(0)
+    got, want = emulated(p, ks, [torch.randn(2, 8, 5, 6)])
+    assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()

@@ -32,7 +32,7 @@ import networkx as nx
 
 from ..ir import Program
 from ..ops.common import ntuple
-from .around import render_around
+from .around import render_around, trailing_views
 from .cuda import Names, header, index_type, kernel_name, kernel_source
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
@@ -189,7 +189,9 @@ def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
     DIRECT_MAX_REDUCTION_TRANSPOSED): the tuner times it against the library form and keeps the faster;
     [] otherwise."""
     convs = [n for n in io.nodes if program.nodes[n].op in CONV_OPS]
-    if len(convs) != 1 or any(n not in convs and not is_elementwise(program.nodes[n]) for n in io.nodes):
+    views = trailing_views(program, io)
+    if len(convs) != 1 or any(n not in convs and n not in views and not is_elementwise(program.nodes[n])
+                              for n in io.nodes):
         return []
     cn = program.nodes[convs[0]]
     w = program.values[cn.inputs[1]].shape
@@ -217,9 +219,14 @@ def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
 
 
 def lone_transposed(program: Program, node_ids) -> bool:
-    """Whether the region is one transposed convolution and nothing else."""
+    """Whether the region is one transposed convolution and views of its output (a reshape), nothing else."""
+    from ..analysis.cost import is_view
+    from .region_io import region_io
     ids = list(node_ids)
-    return len(ids) == 1 and program.nodes[ids[0]].op.startswith("conv_transpose")
+    work = [n for n in ids if not is_view(program, n)]
+    if len(work) != 1 or not program.nodes[work[0]].op.startswith("conv_transpose"):
+        return False
+    return len(ids) == 1 or set(ids) - set(work) <= trailing_views(program, region_io(program, ids))
 
 
 def lone_direct(program: Program, node_ids) -> bool:
@@ -252,11 +259,12 @@ def generate_conv(program: Program, io: RegionIO, name: str, params: dict | None
         raise CodegenError(f"a convolution region holds exactly one conv/conv_transpose followed by pointwise "
                            f"ops; this one has {len(convs)}: {what}")
     cn = nodes[convs[0]]
-    others = [n for n in io.nodes if n != cn.id and not is_elementwise(nodes[n])]
+    views = trailing_views(program, io)     # written at the convolution's flat index (around.py)
+    others = [n for n in io.nodes if n != cn.id and n not in views and not is_elementwise(nodes[n])]
     if others:
         what = ", ".join(f"{nodes[n].name} ({nodes[n].op})" for n in others)
-        raise CodegenError(f"only pointwise ops may follow {cn.name} ({cn.op}) in a generated convolution; "
-                           f"split the region before {what}")
+        raise CodegenError(f"only pointwise ops and views of the result may follow {cn.name} ({cn.op}) in a "
+                           f"generated convolution; split the region before {what}")
     transposed = cn.op.startswith("conv_transpose")
     d = int(cn.op[-2])
     x_vid, w_vid = cn.inputs[0], cn.inputs[1]
