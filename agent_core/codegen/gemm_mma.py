@@ -369,7 +369,7 @@ def default_params(spec: GemmSpec, sm_count: int = 132) -> dict:
             bn = 16 * math.ceil(int(tiles_["block_n"]) / 16)
             wn = next(w for w in (int(tiles_["warps_n"]), 2, 1) if bn % (16 * w) == 0)
             tiles_ = {**tiles_, "block_n": bn, "warps_n": wn}
-        return _resident({"form": FORM, **tiles_, "min_blocks": 2, "slice_acc": True})
+        return {"form": FORM, **tiles_, "min_blocks": 2, "slice_acc": True}     # as generate_gemm's _resident allows
     bm, bn, wm, wn = 128, 128, 2, 4
     if spec.batch * math.ceil(spec.M / 128) * math.ceil(spec.N / 128) < sm_count:
         bm, bn, wm, wn = 128, 64, 2, 2
@@ -434,7 +434,7 @@ def tune_variants(p: dict) -> list[dict]:
         {"block_m": 64, "block_n": 64, "warps_m": 2, "warps_n": 2, "stages": 4},
         {"block_k": 16, "stages": 4})
     out = []
-    for v in [_resident({**p, **c}) for c in cands]:
+    for v in [{**p, **c} for c in cands]:
         if v != p and v not in out:
             out.append(v)
     return out
@@ -444,7 +444,7 @@ def _resident(p: dict) -> dict:
     """A convolution's tiles ask for two CTAs a multiprocessor (min_blocks 2) where that leaves a thread
     the registers of its accumulators: at most 256 threads and 64 columns. The gather's latency needs
     the warps (level 2's 43 and 90 on an H100: 144 -> 128 registers, 9.31 -> 6.75 ms and 7.46 -> 5.77 ms,
-    no spills); wider or bigger tiles spill under that bound."""
+    no spills); wider or bigger tiles spill under that bound, so they get one (whatever was asked)."""
     if int(p.get("min_blocks") or 1) == 2 and (int(p["block_n"]) > 64 or 32 * int(p["warps_m"]) * int(p["warps_n"]) > 256):
         return {**p, "min_blocks": 1}
     return p
@@ -653,7 +653,7 @@ def generate_gemm(program: Program, io: RegionIO, name: str, params: dict | None
     p = {**default_params(spec, int((params or {}).get("sm_count") or 132)),
          **{k: v for k, v in (params or {}).items() if v is not None and k != "sm_count"}}
     p["form"] = FORM
-    if spec.conv is not None and "min_blocks" not in (params or {}):     # the default's, for these tiles
+    if spec.conv is not None:     # the tiles as merged: two CTAs a multiprocessor only where they fit
         p = _resident(p)
     bm, bn, bk, wm, wn, stages = _check(spec, p)
     slice_acc = p.get("slice_acc") is not False
