@@ -219,14 +219,11 @@ def direct_alternative(program: Program, io: RegionIO) -> list[dict]:
 
 
 def lone_transposed(program: Program, node_ids) -> bool:
-    """Whether the region is one transposed convolution and views of its output (a reshape), nothing else."""
+    """Whether the region's one op other than views is a transposed convolution (direct_alternative
+    then checks that the views only follow it)."""
     from ..analysis.cost import is_view
-    from .region_io import region_io
-    ids = list(node_ids)
-    work = [n for n in ids if not is_view(program, n)]
-    if len(work) != 1 or not program.nodes[work[0]].op.startswith("conv_transpose"):
-        return False
-    return len(ids) == 1 or set(ids) - set(work) <= trailing_views(program, region_io(program, ids))
+    work = [n for n in node_ids if not is_view(program, n)]
+    return len(work) == 1 and program.nodes[work[0]].op.startswith("conv_transpose")
 
 
 def lone_direct(program: Program, node_ids) -> bool:
