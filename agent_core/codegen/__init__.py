@@ -30,10 +30,12 @@ OP_KINDS = {"cumsum": "scan", "cumprod": "scan", "nll_loss": "class_loss",
             "scaled_dot_product_attention": "attention"}
 
 
-def _pools(program: Program, io: RegionIO) -> bool:
-    """A max/avg or adaptive pool for the pooling generator (global average pooling stays a row mean)."""
+def _pools(program: Program, io: RegionIO, anchors) -> bool:
+    """A max/avg or adaptive pool for the pooling generator (global average pooling stays a row mean),
+    with no reduction beside it: a pool before a reduction is the row kernel's prologue."""
     from .pooling import pooled_here
-    return any(pooled_here(program, program.nodes[n]) for n in io.nodes)
+    pools = [n for n in anchors if pooled_here(program, program.nodes[n])]
+    return bool(pools) and len(pools) == len(anchors)
 
 
 def region_kind(program: Program, io: RegionIO) -> str:
@@ -138,7 +140,7 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         return generate_strided_slice(program, io, name, params)
     if kind == "pointwise":
         return generate_pointwise(program, io, name, params)
-    if kind == "pooling" or (kind == "row_reduction" and _pools(program, io)):
+    if kind == "pooling" or (kind == "row_reduction" and _pools(program, io, anchors)):
         from .pooling import generate_pooling
         return generate_pooling(program, io, name, params)
     if kind == "layout" or (kind == "row_reduction" and not anchors and is_layout_graph(program, io)):

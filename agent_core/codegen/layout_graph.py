@@ -40,6 +40,7 @@ from .cuda import (MAX_GRID_X, VEC4, VEC4_STRUCTS, Names, c_type, header, index_
                    render_pointwise)
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
+from .pooling import pooled_here, window_code
 from .region_io import RegionIO, region_io
 
 # layout ops read through views; the indirect ones load an index from an integer region input
@@ -121,11 +122,12 @@ def index_inputs(program: Program, io: RegionIO, kind: str) -> set:
 def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: bool = False,
            one_space: bool = True) -> int:
     """The outputs' element count; with `one_space` (a layout kernel: one flat index for all outputs)
-    every output must have it, while a row kernel's prologue reads each output at its own index."""
+    every output must have it, while a row kernel's prologue reads each output at its own index and
+    may pool (a max/avg or adaptive pool's window as a lambda: is_window)."""
     vals, nodes = program.values, program.nodes
     for n in io.nodes:
         node = nodes[n]
-        if node.op in GRAPH_OPS:
+        if node.op in GRAPH_OPS or (not one_space and is_window(program, node)):
             continue
         if not is_elementwise(node):
             raise CodegenError(f"{node.name} ({node.op}) is not a layout op with a view nor pointwise; a {kind} "
@@ -146,11 +148,15 @@ def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: b
 
 
 class _Graph:
-    """Each needed value as a Layout over the region's inputs (for the vector check) and as a lambda."""
+    """Each needed value as a Layout over the region's inputs (for the vector check) and as a lambda.
+    A pooling window (a row kernel's prologue only) has no view: its reads are not listed, and its
+    value is only ever a lambda (`windows`)."""
 
     def __init__(self, program: Program, io: RegionIO, kind: str, indices: set):
         self.program, self.io, self.kind, self.indices = program, io, kind, indices
         self.need = _needed(program, io)
+        self.windows = [n for n in io.nodes if is_window(program, program.nodes[n])
+                        and program.nodes[n].outputs[0] in self.need]
 
     def layouts(self, node):
         """(input value ids, output Layouts over them) of a layout node."""
@@ -167,6 +173,8 @@ class _Graph:
         for nid in self.io.nodes:
             node = self.program.nodes[nid]
             if not any(v in self.need for v in node.outputs):
+                continue
+            if nid in self.windows:
                 continue
             if node.op in GRAPH_OPS:
                 _, outs = self.layouts(node)
@@ -189,7 +197,7 @@ class _Graph:
 def _vector_ok(g: _Graph, numel: int) -> bool:
     """Runs of 4 outputs read runs of 4 aligned, neighbouring elements everywhere: every read of
     every value, composed down to the region's inputs, keeps the run together (see the module doc)."""
-    if numel % VEC:
+    if numel % VEC or g.windows:
         return False
     vals = g.program.values
     for v in g.need:
@@ -251,6 +259,8 @@ def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict, regs: dict | 
             text = f"{arg[v]}[{V.render_expr(idx, names=arg)}]"
     else:
         node = program.nodes[vals[v].producer]
+        if node.id in g.windows:
+            raise _TooLong(v)
         if node.op in GRAPH_OPS:
             _, outs = g.layouts(node)
             lay = outs[list(node.outputs).index(v)]
@@ -274,7 +284,8 @@ def _inline(g: _Graph, arg: dict, v: str, idx: V.Expr, memo: dict, regs: dict | 
 
 
 class _TooLong(Exception):
-    """A composed expression past INLINE_MAX_CHARS: the kernel keeps its lambdas."""
+    """A composed expression past INLINE_MAX_CHARS, or one through a pooling window (a loop, not an
+    expression): the kernel keeps its lambdas."""
 
 
 def _packed_lanes(g: _Graph, arg: dict, runs: int, names: Names) -> tuple[dict, list] | None:
@@ -374,6 +385,9 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
             continue
         note = f"{node.name}: {node.op}" + (f"({', '.join(f'{k}={a}' for k, a in node.attrs.items())})"
                                           if node.attrs else "")
+        if nid in g.windows:
+            lines += _window_lambda(g, node, fn, names, note, suffix)
+            continue
         if node.op in GRAPH_OPS:
             _, outs = g.layouts(node)
             for v, lay in zip(node.outputs, outs):
@@ -406,6 +420,24 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
         lines.append(f"  // {note} -> {out.spec}")
         lines.append(f"  auto {fn[out.id]} = [&](index_t i) -> {rtype} {{ {' '.join(body)} return {expr}; }};")
     return lines, fn
+
+
+def _window_lambda(g: _Graph, node, fn: dict, names: Names, note: str, suffix: str) -> list[str]:
+    """A pooling window as a lambda of the pooled value's flat index: its loop over the window calls
+    the input's lambda at each element (pointwise ops before the pool are evaluated where the window
+    reads them; nothing between goes to memory). Its constants are its own, declared inside it."""
+    vals = g.program.values
+    x, y = vals[node.inputs[0]], vals[node.outputs[0]]
+    if x.dtype != "float32":
+        raise CodegenError(f"{node.name} ({node.op}) pools {x.dtype}; a row kernel's prologue pools float32",
+                           node_id=node.id)
+    consts, body, window = window_code(node, x.shape, y.shape, "i", lambda idx: f"{fn[x.id]}({idx})")
+    fn[y.id] = names.new(y.name + suffix)
+    return [f"  // {note} -> {y.spec}: {window.describe}",
+            f"  auto {fn[y.id]} = [&](index_t i) -> float {{",
+            *(f"    {ln}" for ln in consts + body),
+            "    return pooled;",
+            "  };"]
 
 
 def graph_source(g, name: str, consts, body, arg, sched: str, notes, marked=(), tag: str = "") -> tuple[str, list]:
@@ -559,9 +591,15 @@ def is_layout_op(node) -> bool:
     return node.op in GRAPH_OPS and not is_elementwise(node)
 
 
+def is_window(program: Program, node) -> bool:
+    """A max/avg or adaptive pool (not a global average: a row mean) that a row kernel's prologue
+    computes per element through its window."""
+    return pooled_here(program, node)
+
+
 class ViewPrologue:
-    """The prologue of a row kernel (layout and pointwise ops before its reductions) read through
-    views: each value the row kernel needs from it (the reductions' input, prologue values that leave
+    """The prologue of a row kernel (layout, pooling and pointwise ops before its reductions) read
+    through views and windows: each value the row kernel needs from it (the reductions' input, prologue values that leave
     the region) is a lambda of its flat index, declared at the top of the kernel body, so the row
     kernel loads it at (row, col) as it would load a tensor. `scalar[v]` returns one element,
     `vector[v]` (when every read keeps aligned runs of 4, as for a layout-graph kernel) the float4 run
@@ -607,19 +645,22 @@ class ViewPrologue:
         they use (an int64 mask's vec4_i64) are defined first, at function scope, for a kernel that
         emits its structs before it sees these lines."""
         text = "\n".join(body)
-        entries, pending = [], []
+        entries, pending, open_ = [], [], False     # (name, comment lines, the lambda's own lines)
         for ln in self._lines:
             m = re.match(r"\s*auto (\w+) = \[&\]", ln)
-            if m:
-                entries.append((m.group(1), pending + [ln]))
-                pending = []
+            if open_:               # a window's lambda spans lines up to its closing "};"
+                entries[-1][2].append(ln)
+                open_ = ln.strip() != "};"
+            elif m:
+                entries.append((m.group(1), pending, [ln]))
+                pending, open_ = [], ln.rstrip().endswith("{")
             else:
                 pending.append(ln)
         keep = []
-        for name, lns in reversed(entries):     # a lambda only calls those declared before it
+        for name, comments, own in reversed(entries):     # a lambda only calls those declared before it
             if re.search(rf"\b{name}\b", text):
-                keep.append(lns)
-                text += "\n" + lns[-1]
+                keep.append(comments + own)
+                text += "\n" + "\n".join(own)
         lines = [ln for lns in reversed(keep) for ln in lns]
         text = "\n".join(lines)
         local = [f"  {VEC4_STRUCTS[t]}" for t in VEC4_STRUCTS if structs and re.search(rf"\b{t}\b", text)]
@@ -640,18 +681,18 @@ def _sub_graph(program: Program, io: RegionIO, outputs) -> _Graph:
 
 
 def view_prologue_nodes(program: Program, io: RegionIO) -> list[str]:
-    """The layout ops of a row region before its reductions and everything before them in it: the
-    part a ViewPrologue renders (empty when the region has none). A layout op after a reduction is
+    """The layout ops and pooling windows of a row region before its reductions and everything before
+    them in it: the part a ViewPrologue renders (empty when the region has none). A layout op after a reduction is
     the row graph's to take (a gather of each row's label, a relabel of per-row values) or refuse."""
     nodes = program.nodes
     members = set(io.nodes)
     after: set[str] = set()          # reductions and what reads them, directly or not
     for n in io.nodes:
-        if (not is_elementwise(nodes[n]) and not is_layout_op(nodes[n])) or \
+        if (not is_elementwise(nodes[n]) and not is_layout_op(nodes[n]) and not is_window(program, nodes[n])) or \
                 any(v and program.values[v].producer in after for v in nodes[n].inputs):
             after.add(n)
     front: set[str] = set()
-    todo = [n for n in io.nodes if is_layout_op(nodes[n]) and n not in after]
+    todo = [n for n in io.nodes if (is_layout_op(nodes[n]) or is_window(program, nodes[n])) and n not in after]
     while todo:
         n = todo.pop()
         if n in front:

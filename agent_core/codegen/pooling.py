@@ -109,11 +109,48 @@ def _adaptive_window(sin: list, sout: list, axes: str, is_max: bool) -> _Window:
                    f"adaptive windows of up to {'x'.join(map(str, widest))}")
 
 
+def window_code(node, in_shape, out_shape, at: str, load) -> tuple[list[str], list[str], _Window]:
+    """(constexpr lines, statements, the window's description) that pool one output element of `node` (a max/avg or
+    adaptive pool, not a global average) at flat output index `at` into `const float pooled`. load(idx)
+    is the C expression of the input element at flat input index idx (a C name). The pooling kernel
+    and a row kernel's prologue lambda (layout_graph) both render a window through this."""
+    d = int(node.op[-2])
+    is_max = "max_pool" in node.op
+    sin, sout = list(in_shape[-d:]), list(out_shape[-d:])
+    axes = "dhw"[-d:]
+    window = (_adaptive_window(sin, sout, axes, is_max) if node.op in ADAPTIVE_POOL_OPS
+              else _fixed_window(node.attrs, d, axes, is_max))
+    consts = [f"constexpr index_t kInSpatial = {math.prod(sin)}, kOutSpatial = {math.prod(sout)};"]
+    # strides as products of the named sizes: "kInH * kInW" for the depth axis of a 3-D pool
+    in_strides = [" * ".join(f"kIn{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
+    out_strides = [" * ".join(f"kOut{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
+    for j, ax in enumerate(axes):
+        consts.append(f"constexpr int kIn{ax.upper()} = {sin[j]}, kOut{ax.upper()} = {sout[j]};")
+    consts += window.consts
+    lines = [f"const index_t lead = {at} / kOutSpatial;  // batch and channel",
+             "const index_t in_base = lead * kInSpatial;"]
+    for j, ax in enumerate(axes):
+        q = at if out_strides[j] == "1" else f"{at} / ({out_strides[j]})"
+        lines.append(f"const int o{ax} = (int)(({q}) % kOut{ax.upper()});")
+    lines += [ln[4:] for ln in window.setup]
+    lines.append(f"float acc = {'-INFINITY' if is_max else '0.0f'};")
+    pos = " + ".join(f"i{ax} * ({in_strides[j]})" if in_strides[j] != "1" else f"i{ax}" for j, ax in enumerate(axes))
+    fold = "if (xv > acc || xv != xv) acc = xv;  // NaN propagates, as in torch" if is_max else "acc += xv;"
+    indent = ""
+    for head in window.loops:
+        lines += [indent + line for line in head]
+        indent += "  "
+    lines += [f"{indent}const index_t idx = in_base + {pos};", f"{indent}const float xv = {load('idx')};", indent + fold]
+    for _ in axes:
+        indent = indent[:-2]
+        lines.append(f"{indent}}}")
+    lines.append(f"const float pooled = {window.result};")
+    return consts, lines, window
+
+
 def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | None = None) -> KernelSource:
     vals = program.values
     pn_, pro, epi = split_around(program, io, POOL_OPS, "pooling", "max/avg or adaptive pool")
-    d = int(pn_.op[-2])
-    is_max = "max_pool" in pn_.op
     x_vid, y_vid = pn_.inputs[0], pn_.outputs[0]
     x, y = vals[x_vid], vals[y_vid]
     out_numel = math.prod(y.shape)
@@ -126,44 +163,17 @@ def generate_pooling(program: Program, io: RegionIO, name: str, params: dict | N
     arg, pro_inputs, epi_inputs = w.arg, w.pro_inputs, w.epi_inputs
     ld_pro, ld_epi, pro_fn, epi_fn = w.ld_pro, w.ld_epi, w.pro_fn, w.epi_fn
 
-    sin, sout = list(x.shape[-d:]), list(y.shape[-d:])
-    axes = "dhw"[-d:]
-    window = (_adaptive_window(sin, sout, axes, is_max) if pn_.op in ADAPTIVE_POOL_OPS
-              else _fixed_window(pn_.attrs, d, axes, is_max))
+    pro_at = f"point({', '.join(ld_pro.load(v, arg[v], 'idx') for v in pro_inputs)})"
+    wconsts, lines, window = window_code(pn_, x.shape, y.shape, "o", lambda idx: pro_at)
     index_t = index_type(math.prod(x.shape))
-    consts = [f"typedef {index_t} index_t;", f"constexpr index_t kOutNumel = {out_numel};",
-              f"constexpr index_t kInSpatial = {math.prod(sin)}, kOutSpatial = {math.prod(sout)};"]
-    # strides as products of the named sizes: "kInH * kInW" for the depth axis of a 3-D pool
-    in_strides = [" * ".join(f"kIn{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
-    out_strides = [" * ".join(f"kOut{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
-    for j, ax in enumerate(axes):
-        consts.append(f"constexpr int kIn{ax.upper()} = {sin[j]}, kOut{ax.upper()} = {sout[j]};")
-    consts += window.consts + ld_pro.consts + ld_epi.consts
+    consts = [f"typedef {index_t} index_t;", f"constexpr index_t kOutNumel = {out_numel};", *wconsts,
+              *ld_pro.consts, *ld_epi.consts]
     block = 256
     grid = grid_for(out_numel, block)
     consts.append(f"constexpr int kBlock = {block};")
-
     body = ["  const index_t stride = (index_t)gridDim.x * blockDim.x;",
             "  for (index_t o = (index_t)blockIdx.x * blockDim.x + threadIdx.x; o < kOutNumel; o += stride) {",
-            "    const index_t lead = o / kOutSpatial;  // batch and channel",
-            "    const index_t in_base = lead * kInSpatial;"]
-    for j, ax in enumerate(axes):
-        q = "o" if out_strides[j] == "1" else f"o / ({out_strides[j]})"
-        body.append(f"    const int o{ax} = (int)(({q}) % kOut{ax.upper()});")
-    body += window.setup
-    body.append(f"    float acc = {'-INFINITY' if is_max else '0.0f'};")
-    pro_at = f"point({', '.join(ld_pro.load(v, arg[v], 'idx') for v in pro_inputs)})"
-    pos = " + ".join(f"i{ax} * ({in_strides[j]})" if in_strides[j] != "1" else f"i{ax}" for j, ax in enumerate(axes))
-    fold = "if (xv > acc || xv != xv) acc = xv;  // NaN propagates, as in torch" if is_max else "acc += xv;"
-    indent = "    "
-    for head in window.loops:
-        body += [indent + line for line in head]
-        indent += "  "
-    body += [f"{indent}const index_t idx = in_base + {pos};", f"{indent}const float xv = {pro_at};", indent + fold]
-    for _ in axes:
-        indent = indent[:-2]
-        body.append(f"{indent}}}")
-    body.append(f"    const float pooled = {window.result};")
+            *("    " + ln for ln in lines)]
     call = ["pooled"] + [ld_epi.load(v, arg[v], "o") for v in epi_inputs] + [f"{arg[v]}[o]" for v in io.outputs]
     body += [f"    store_point({', '.join(call)});", "  }"]
 

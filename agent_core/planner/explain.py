@@ -68,7 +68,7 @@ def kind_of(state, nodes, s, sibling: bool) -> str:
         return "attention"      # our fused attention kernel, not the library call
     if s.blocker:
         return "opaque" if state.geo[s.blocker].role == "opaque" else "single"
-    if s.anchor or s.window:
+    if s.anchor or (s.window and not s.reductions):     # pools before reductions: the row kernel's prologue
         if len([n for n in nodes if state.geo[n].role != "view"]) == 1:
             return "single"
         if s.window:
@@ -144,6 +144,9 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
             reason = f"{_names(state, nodes)} over {rows} in one kernel, {why_sched}; about {fmt_ms(after)} at the roofline."
         else:
             reason = f"stitches {_names(state, nodes)} over {rows}, {why_sched}; {kept}{saving}."
+        if s.windows:
+            reason += (f" Each element of the rows is pooled from its window as it is read "
+                       f"({_names(state, s.windows)}): the pooled map never goes to memory.")
     elif kind in ("matmul_epilogue", "conv_epilogue"):
         an = s.anchor
         epi = [n for n in nodes if n != an]

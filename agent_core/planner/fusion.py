@@ -40,8 +40,12 @@ class Summary:
     numels: dict[str, int] = field(default_factory=dict)   # pointwise node -> loop size
     layouts: dict[str, int] = field(default_factory=dict)  # layout node (slice, cat, ...) -> output size
     ops: int = 0                         # compute ops (views excluded)
-    blocker: str | None = None           # a node that never fuses (opaque / single, a second anchor or window)
-    window: str | None = None            # a windowed pooling: pointwise ops fuse before and after it
+    blocker: str | None = None           # a node that never fuses (opaque / single, a second anchor)
+    windows: list[str] = field(default_factory=list)   # windowed poolings (see _window_refusal)
+
+    @property
+    def window(self) -> str | None:
+        return self.windows[0] if self.windows else None
 
 
 def summarize(state, nodes: list[str]) -> Summary:
@@ -66,8 +70,8 @@ def summarize(state, nodes: list[str]) -> Summary:
             s.reductions.append(nid)
             if s.red is None or (s.red.rows == 1 and g.rows > 1):     # rows before a total beside them
                 s.red = g
-        elif r == "window" and s.window is None:
-            s.window = nid
+        elif r == "window":
+            s.windows.append(nid)
         else:
             s.blocker = nid
     return s
@@ -284,9 +288,7 @@ def merge_summaries(sa: Summary, sb: Summary) -> Summary:
     s.numels = {**sa.numels, **sb.numels}
     s.layouts = {**sa.layouts, **sb.layouts}
     s.ops = sa.ops + sb.ops
-    s.window = sa.window or sb.window
-    if sa.window and sb.window:
-        s.blocker = sb.window
+    s.windows = sa.windows + sb.windows
     s.blocker = sa.blocker or sb.blocker or s.blocker
     return s
 
@@ -322,7 +324,7 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     ops = sa.ops + sb.ops
     if ops > budgets.max_ops:
         return f"the kernel would hold {ops} ops, over the budget of {budgets.max_ops}"
-    if sa.window or sb.window:
+    if (sa.window or sb.window) and not _row_prologue(sa, sb, relation):
         return _window_refusal(state, sa, sb, relation) or state.rejected_conflict(a, b)
     anchors = [s for s in (sa, sb) if s.anchor]
     if len(anchors) == 2:
@@ -367,7 +369,7 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
         # layout ops, and the pointwise ops between them, are read through views in a row kernel's
         # prologue whatever their sizes: there codegen's answer (can_lower) decides
         allowed = {red.full_numel, red.rows}
-        for s in (sa, sb) if not (sa.layouts or sb.layouts) else ():
+        for s in (sa, sb) if not (sa.layouts or sb.layouts or sa.windows or sb.windows) else ():
             for nid, ne in s.numels.items():
                 # a smaller op that broadcasts into the rows (an attention mask's arithmetic on
                 # [B, 1, 1, S]) is evaluated per element where the row kernel reads it: the recompute
@@ -385,10 +387,21 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     return state.rejected_conflict(a, b)
 
 
+def _row_prologue(sa: Summary, sb: Summary, relation: str) -> bool:
+    """The two groups make a row kernel whose windowed poolings all come before its reductions, in its
+    prologue (codegen/layout_graph.py: each pooled element a lambda over its window): a pool feeding a
+    channel log-sum-exp, a pool of a pool feeding a sum, a row group taking more ops after it. Then the
+    row kernel's rules apply, and can_lower has the last word."""
+    if relation != "producer" or sa.anchor or sb.anchor or not (sa.reductions or sb.reductions):
+        return False
+    return not (sa.reductions and sb.windows)       # a pool after a reduction reads its rows' results
+
+
 def _window_refusal(state, sa: Summary, sb: Summary, relation: str) -> str | None:
     """A windowed pooling's kernel (codegen/pooling.py) takes pointwise ops over its input before it,
     evaluated where a window reads them (conv -> relu -> max_pool reads the pre-activation once and
-    writes only the pooled map), and pointwise ops over its output after it; nothing else."""
+    writes only the pooled map), and pointwise ops over its output after it; nothing else (a row
+    kernel after it takes it as its prologue: _row_prologue)."""
     if sa.window and sb.window:
         return (f"{_name(state, sa.window)} and {_name(state, sb.window)} are both windowed poolings; "
                 f"each is its own kernel")

@@ -1,0 +1,56 @@
+"""Windowed poolings before a reduction are the row kernel's prologue: each pooled element is computed
+from its window where the row reads it, so pool -> log-sum-exp (level 2's 43), pool -> pool -> sum
+(78) or pool -> global average (8) is one kernel and the pooled map never goes to memory. The
+kernels match torch in the CPU emulator; the planner proposes the pool and the reduction as one
+region, says so, and still refuses a pool after a reduction."""
+import pytest
+import torch
+
+from agent_core.codegen import generate_kernel
+from agent_core.ir import Program
+from agent_core.planner import plan_program
+from tests.pool_prologue_cases import CASES, MP3, chain
+from tests.programs import emulated
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_pools_before_a_reduction_make_one_row_kernel_that_matches_torch(name):
+    p, ids, shape = chain(name)
+    ks = generate_kernel(p, ids, name=name)
+    assert ks.kind == "row_reduction"
+    windows = [p.nodes[n].op for n in ids if "pool" in p.nodes[n].op and "adaptive_avg" not in p.nodes[n].op]
+    for op in windows:          # each window a lambda of the pooled element's index, none written
+        assert f"auto {op}_at" in ks.source or f"auto {op}_1_at" in ks.source, ks.source
+    got, want = emulated(p, ks, [torch.randn(*shape)])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_window_propagates_nan_and_skips_the_padding_like_torch():
+    p, ids, shape = chain("padded_ceil_pool_softmax")
+    x = torch.randn(*shape)
+    x[0, 1, 3, 5] = float("nan")
+    ks = generate_kernel(p, ids, name="nan_window")
+    got, want = emulated(p, ks, [x])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert torch.isnan(got).any()
+
+
+def test_the_plan_stitches_the_pools_into_the_reduction_and_says_why():
+    p, ids, _ = chain("pool_pool_channel_sum")
+    regions = plan_program(p).active
+    assert len(regions) == 1 and set(regions[0].nodes) == set(ids), [r.nodes for r in regions]
+    r = regions[0]
+    assert r.kind == "reduction"
+    assert "pooled from its window as it is read (max_pool3d): the pooled map never goes to memory" in r.reason
+
+
+def test_a_pool_after_a_reduction_stays_its_own_kernel():
+    p = Program("softmax_pool")
+    x = p.add_input("x", [2, 4, 8, 8, 8])
+    s = p.add_node("softmax", [x.id], {"dim": 1})
+    m = p.add_node("max_pool3d", [s.outputs[0]], MP3)
+    p.mark_output(m.outputs[0])
+    plan = plan_program(p)
+    assert [sorted(r.nodes) for r in plan.active] == [[s.id], [m.id]]
+    assert {"action": "refused", "nodes": [s.id, m.id],
+            "message": "max_pool3d's kernel takes pointwise ops only, not softmax"} in plan.log, plan.log
