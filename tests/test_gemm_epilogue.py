@@ -81,6 +81,21 @@ def test_cli_plans_and_compiles_the_tile_gemm_form(tmp_path):
     assert r.returncode == 0 and "the tile GEMM form among them" in r.stdout, r.stdout + r.stderr
 
 
+def test_cli_plans_a_linear_whose_norm_reads_it_through_a_reshape(tmp_path):
+    """Swin's linear -> view -> layer_norm: the view is no op to name in the tile-GEMM form's words
+    (`stitchcuda plan` of 30_SwinTransformerV2 stopped with an internal IndexError on it)."""
+    src = tmp_path / "swin.py"
+    src.write_text("import torch, torch.nn as nn\n"
+                   "class Model(nn.Module):\n"
+                   "    def __init__(self):\n        super().__init__()\n"
+                   "        self.fc, self.norm = nn.Linear(256, 384), nn.LayerNorm(384)\n"
+                   "    def forward(self, x):\n        return self.norm(self.fc(x).view(8, 64, 384))\n"
+                   "def get_inputs(): return [torch.randn(512, 256)]\ndef get_init_inputs(): return []\n")
+    r = cli("plan", str(src))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "its 512 rows normalised (layer_norm) in the kernel" in r.stdout, r.stdout
+
+
 def batched_program(ash, bsh, op="matmul"):
     """a [..., M, K] @ b [..., K, N] (bmm or a stack matmul) -> relu -> * s (per column)."""
     p = Program("bmm_epi")

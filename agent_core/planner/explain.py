@@ -275,14 +275,13 @@ def _tile_gemm_form(state, nodes, epi, out, s, sched, facts, conv: bool = False)
     sched["forms_est_ms"] = {"library+kernel": round(after, 6), FORM: round(ms, 6)}
     stored = any(state.program.values[v].nbytes == out.nbytes for v in facts.escaping)
     norms = [n for n in s.reductions if state.program.nodes[n].op in NORMS]
+    pw = [n for n in epi if n not in s.reductions and state.geo[n].role != "view"]   # views: no words
     if norms:
-        pw = [n for n in epi if n not in s.reductions]
         what = (f"{_names(state, pw) + ' applied and ' if pw else ''}its {plural(s.red.rows, 'row')} normalised "
                 f"({_names(state, s.reductions)}) in the kernel (each CTA holds whole rows: their statistics, "
                 f"then a second pass over its accumulators)")
         trip = f"the {fmt_bytes(out.nbytes)} output never makes the round trip"
     elif s.reductions:
-        pw = [n for n in epi if n not in s.reductions]
         what = (f"{_names(state, pw) + ' applied and ' if pw else ''}its {plural(s.red.rows, 'row')} reduced "
                 f"({_names(state, s.reductions)}) in the kernel (the CTAs of a row combine their partial states "
                 f"in its last CTA)")
