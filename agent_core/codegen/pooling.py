@@ -53,8 +53,11 @@ def _product(terms: list) -> str:
     return "(float)(" + " * ".join(t if len(terms) == 1 or " " not in t else f"({t})" for t in terms) + ")"
 
 
-def _fixed_window(a: dict, d: int, axes: str, is_max: bool) -> _Window:
-    """max_pool / avg_pool: kernel_size, stride, padding (and max_pool's dilation) fixed per axis."""
+def _fixed_window(a: dict, d: int, axes: str, is_max: bool, sin: list, sout: list) -> _Window:
+    """max_pool / avg_pool: kernel_size, stride, padding (and max_pool's dilation) fixed per axis.
+    Along an axis where no window reaches past the input (no padding, the last window inside: every
+    window whole) the loop has no bounds test and avg_pool's divisor is the kernel's size: straight-line
+    loads the compiler issues together, not a loop with runtime bounds per element."""
     k = ntuple(a["kernel_size"], d, "kernel_size")
     s = ntuple(a["stride"] or k, d, "stride")
     pad = ntuple(a["padding"], d, "padding")
@@ -62,9 +65,16 @@ def _fixed_window(a: dict, d: int, axes: str, is_max: bool) -> _Window:
     consts, setup, loops, count_pad, div = [], [], [], [], []
     for j, ax in enumerate(axes):
         u = ax.upper()
+        whole = pad[j] == 0 and (sout[j] - 1) * s[j] + (k[j] - 1) * dil[j] < sin[j]
         consts.append(f"constexpr int kK{u} = {k[j]}, kS{u} = {s[j]}, kP{u} = {pad[j]}, kD{u} = {dil[j]};")
-        setup.append(f"    const int s{ax} = o{ax} * kS{u} - kP{u};  // window start (may be in the padding)")
-        if is_max:
+        setup.append(f"    const int s{ax} = o{ax} * kS{u} - kP{u};  // window start"
+                     + ("" if whole else " (may be in the padding)"))
+        if whole:       # every window inside the input along this axis
+            loops.append(["#pragma unroll", f"for (int k{ax} = 0; k{ax} < kK{u}; ++k{ax}) {{",
+                          f"  const int i{ax} = s{ax} + k{ax} * kD{u};"])
+            count_pad.append(f"kK{u}")
+            div.append(f"kK{u}")
+        elif is_max:
             loops.append(["#pragma unroll", f"for (int k{ax} = 0; k{ax} < kK{u}; ++k{ax}) {{",
                           f"  const int i{ax} = s{ax} + k{ax} * kD{u};",
                           f"  if (i{ax} < 0 || i{ax} >= kIn{u}) continue;  // padding: -inf never wins"])
@@ -119,7 +129,7 @@ def window_code(node, in_shape, out_shape, at: str, load) -> tuple[list[str], li
     sin, sout = list(in_shape[-d:]), list(out_shape[-d:])
     axes = "dhw"[-d:]
     window = (_adaptive_window(sin, sout, axes, is_max) if node.op in ADAPTIVE_POOL_OPS
-              else _fixed_window(node.attrs, d, axes, is_max))
+              else _fixed_window(node.attrs, d, axes, is_max, sin, sout))
     consts = [f"constexpr index_t kInSpatial = {math.prod(sin)}, kOutSpatial = {math.prod(sout)};"]
     # strides as products of the named sizes: "kInH * kInW" for the depth axis of a 3-D pool
     in_strides = [" * ".join(f"kIn{axes[i].upper()}" for i in range(j + 1, d)) or "1" for j in range(d)]
