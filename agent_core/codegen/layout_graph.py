@@ -123,11 +123,11 @@ def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: b
            one_space: bool = True) -> int:
     """The outputs' element count; with `one_space` (a layout kernel: one flat index for all outputs)
     every output must have it, while a row kernel's prologue reads each output at its own index and
-    may pool (a max/avg or adaptive pool's window as a lambda: is_window)."""
+    may pool (a max/avg or adaptive pool, not a global average, as a lambda over its window)."""
     vals, nodes = program.values, program.nodes
     for n in io.nodes:
         node = nodes[n]
-        if node.op in GRAPH_OPS or (not one_space and is_window(program, node)):
+        if node.op in GRAPH_OPS or (not one_space and pooled_here(program, node)):
             continue
         if not is_elementwise(node):
             raise CodegenError(f"{node.name} ({node.op}) is not a layout op with a view nor pointwise; a {kind} "
@@ -155,7 +155,7 @@ class _Graph:
     def __init__(self, program: Program, io: RegionIO, kind: str, indices: set):
         self.program, self.io, self.kind, self.indices = program, io, kind, indices
         self.need = _needed(program, io)
-        self.windows = [n for n in io.nodes if is_window(program, program.nodes[n])
+        self.windows = [n for n in io.nodes if pooled_here(program, program.nodes[n])
                         and program.nodes[n].outputs[0] in self.need]
 
     def layouts(self, node):
@@ -591,19 +591,13 @@ def is_layout_op(node) -> bool:
     return node.op in GRAPH_OPS and not is_elementwise(node)
 
 
-def is_window(program: Program, node) -> bool:
-    """A max/avg or adaptive pool (not a global average: a row mean) that a row kernel's prologue
-    computes per element through its window."""
-    return pooled_here(program, node)
-
-
 class ViewPrologue:
     """The prologue of a row kernel (layout, pooling and pointwise ops before its reductions) read
-    through views and windows: each value the row kernel needs from it (the reductions' input, prologue values that leave
-    the region) is a lambda of its flat index, declared at the top of the kernel body, so the row
-    kernel loads it at (row, col) as it would load a tensor. `scalar[v]` returns one element,
-    `vector[v]` (when every read keeps aligned runs of 4, as for a layout-graph kernel) the float4 run
-    starting at a multiple of 4."""
+    through views and windows: each value the row kernel needs from it (the reductions' input,
+    prologue values that leave the region) is a lambda of its flat index, declared at the top of the
+    kernel body, so the row kernel loads it at (row, col) as it would load a tensor. `scalar[v]`
+    returns one element, `vector[v]` (when every read keeps aligned runs of 4, as for a layout-graph
+    kernel) the float4 run starting at a multiple of 4."""
 
     def __init__(self, program: Program, nodes, arg: dict, names: Names):
         io = region_io(program, nodes)
@@ -682,17 +676,18 @@ def _sub_graph(program: Program, io: RegionIO, outputs) -> _Graph:
 
 def view_prologue_nodes(program: Program, io: RegionIO) -> list[str]:
     """The layout ops and pooling windows of a row region before its reductions and everything before
-    them in it: the part a ViewPrologue renders (empty when the region has none). A layout op after a reduction is
-    the row graph's to take (a gather of each row's label, a relabel of per-row values) or refuse."""
+    them in it: the part a ViewPrologue renders (empty when the region has none). A layout op after a
+    reduction is the row graph's to take (a gather of each row's label, a relabel of per-row values)
+    or refuse; a pool after one is refused."""
     nodes = program.nodes
     members = set(io.nodes)
     after: set[str] = set()          # reductions and what reads them, directly or not
     for n in io.nodes:
-        if (not is_elementwise(nodes[n]) and not is_layout_op(nodes[n]) and not is_window(program, nodes[n])) or \
+        if not (is_elementwise(nodes[n]) or is_layout_op(nodes[n]) or pooled_here(program, nodes[n])) or \
                 any(v and program.values[v].producer in after for v in nodes[n].inputs):
             after.add(n)
     front: set[str] = set()
-    todo = [n for n in io.nodes if (is_layout_op(nodes[n]) or is_window(program, nodes[n])) and n not in after]
+    todo = [n for n in io.nodes if (is_layout_op(nodes[n]) or pooled_here(program, nodes[n])) and n not in after]
     while todo:
         n = todo.pop()
         if n in front:
