@@ -67,6 +67,20 @@ def test_residual_add_layer_norm_is_one_stitched_region():
     assert (s["rows"], s["row_len"], s["schedule"]) == (4096, 1024, "warp-per-row")
 
 
+def test_a_reduction_over_a_middle_dim_is_labelled_with_the_column_tiles_codegen_runs():
+    """The planner names the schedule the generator picks (rowkernel's column tiles for inner > 1),
+    not a warp per row it never runs."""
+    from agent_core.codegen import generate_kernel
+    p = Program()
+    x = p.add_input("x", (8, 64, 32, 32))
+    sm = p.add_node("softmax", [p.add_node("relu", [x.id]).outputs[0]], {"dim": 1})
+    p.mark_output(sm.outputs[0])
+    _, regs = regions_of(p)
+    assert len(regs) == 1 and regs[0].schedule["schedule"] == "column-tiles", regs[0].schedule
+    assert "column tiles (its 64 elements lie a stride apart" in regs[0].reason, regs[0].reason
+    assert generate_kernel(p, regs[0].nodes, name="cols").schedule.startswith("column tiles")
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_softmax_family_is_one_region(op):
     p = Program()

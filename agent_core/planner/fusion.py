@@ -88,10 +88,18 @@ def _shape(shape) -> str:
 
 def schedule_for(red: Geometry, full_inputs: int, gpu: GPUProfile) -> tuple[str, int]:
     """(schedule, values each thread holds) for a stitched reduction whose row reads `full_inputs`
-    tensors from memory: a warp per row up to 1024 elements, a block per row while the rows fit the
-    on-chip budget, a thread-block cluster per row while they fit 8 CTAs' registers, else two passes
-    over memory."""
+    tensors from memory: column tiles for a reduction over a middle dim; else a warp per row up to
+    1024 elements, a block per row while the rows fit the on-chip budget, a thread-block cluster per
+    row while they fit 8 CTAs' registers, else two passes over memory."""
     k = max(full_inputs, 1)
+    if not red.contiguous:
+        # codegen's column tiles (rowkernel, inner > 1): a thread per column position, the columns side
+        # by side so each load is coalesced across them, 8 thread rows sharing a column; a thread holds
+        # its share in registers while that fits column_max_items, else streams it (holds nothing)
+        from ..codegen.column_tile import TILE_Y
+        from ..codegen.rowkernel import DEFAULTS as ROW_KERNEL
+        share = k * math.ceil(red.row_len / TILE_Y)
+        return "column-tiles", share if share <= ROW_KERNEL["column_max_items"] else 0
     if red.row_len <= gpu.warp_row_max and k * math.ceil(red.row_len / gpu.warp_size) <= 64:
         return "warp-per-row", k * math.ceil(red.row_len / gpu.warp_size)
     # codegen/rowsplit.py: fewer rows than two per SM, each in chunks over the GPU, streamed per phase
@@ -558,8 +566,9 @@ def kernel_ms(state, nodes, f: Facts, red) -> float:
     """Roofline ms of `nodes` as one generated kernel with facts f (red: its first reduction)."""
     extra = 0
     if red is not None:
-        sched, _ = schedule_for(red, full_space_inputs(state, nodes, red, f), state.gpu)
-        if sched in ("two-pass", "split-row"):   # the row streamed again for each chained reduction and the outputs
+        sched, held = schedule_for(red, full_space_inputs(state, nodes, red, f), state.gpu)
+        streamed = sched in ("two-pass", "split-row") or (sched == "column-tiles" and not held)
+        if streamed:   # the row streamed again for each chained reduction and the outputs
             extra = f.read_bytes * (reduction_depth(state, nodes) - 1 + rereads_rows(state, nodes, red))
     gpu = state.gpu
     return gpu.launch_ms(state.graph) + max((f.read_bytes + f.esc_bytes + extra) / gpu.bytes_per_ms,
