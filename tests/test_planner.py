@@ -77,7 +77,7 @@ def test_a_reduction_over_a_middle_dim_is_labelled_with_the_column_tiles_codegen
     p.mark_output(sm.outputs[0])
     _, regs = regions_of(p)
     assert len(regs) == 1 and regs[0].schedule["schedule"] == "column-tiles", regs[0].schedule
-    assert "column tiles (its 64 elements lie a stride apart" in regs[0].reason, regs[0].reason
+    assert "column tiles (each row's 64 elements lie a stride apart" in regs[0].reason, regs[0].reason
     assert generate_kernel(p, regs[0].nodes, name="cols").schedule.startswith("column tiles")
 
 
