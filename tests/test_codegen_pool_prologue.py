@@ -1,8 +1,9 @@
 """Windowed poolings before a reduction are the row kernel's prologue: each pooled element is computed
 from its window where the row reads it, so pool -> log-sum-exp (level 2's 43), pool -> pool -> sum
-(78) or pool -> global average (8) is one kernel and the pooled map never goes to memory. The
-kernels match torch in the CPU emulator; the planner proposes the pool and the reduction as one
-region, says so, and still refuses a pool after a reduction."""
+(78) or pool -> global average (8) is one kernel and the pooled map never goes to memory; a pool of a
+pool (6) is one layout-graph kernel of the same window lambdas. The kernels match torch in the CPU
+emulator; the planner proposes the pool and the reduction as one region, says so, and still refuses
+a pool after a reduction."""
 import pytest
 import torch
 
@@ -67,3 +68,28 @@ def test_whole_windows_are_straight_line_loads_and_a_padded_window_keeps_its_bou
     p, ids, _ = chain("padded_ceil_pool_softmax")
     src = generate_kernel(p, ids, name="padded").source
     assert "if (iw < 0 || iw >= kInW) continue;" in src and "if (ih < 0 || ih >= kInH) continue;" in src
+
+
+@pytest.mark.parametrize("ops", [
+    [("max_pool3d", MP3), ("relu", {}), ("max_pool3d", {**MP3, "kernel_size": [1, 2, 2], "stride": [1, 2, 2]}),
+     ("flatten", {"start_dim": 1, "end_dim": -1})],                       # level 2's 6: a pool of a pool
+    [("max_pool3d", MP3), ("max_pool3d", MP3)],
+], ids=["pool_relu_pool_flatten", "pool_pool"])
+def test_a_pool_of_a_pool_is_one_kernel_of_window_lambdas_that_matches_torch(ops):
+    p, ids, shape = chain("pools", ([2, 6, 9, 10, 12], ops))
+    ks = generate_kernel(p, ids, name="pools")
+    assert ks.kind == "pooling" and ks.source.count("auto max_pool3d") == 2, ks.source
+    got, want = emulated(p, ks, [torch.randn(*shape)])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_two_pools_of_one_input_added_are_one_kernel_that_matches_torch():
+    p = Program("two_pools")
+    x = p.add_input("x", [2, 3, 10, 12])
+    a = p.add_node("max_pool2d", [x.id], {"kernel_size": [2]})
+    b = p.add_node("avg_pool2d", [x.id], {"kernel_size": [2]})
+    s = p.add_node("add", [a.outputs[0], b.outputs[0]])
+    p.mark_output(s.outputs[0])
+    ks = generate_kernel(p, [a.id, b.id, s.id], name="two_pools")
+    got, want = emulated(p, ks, [torch.randn(2, 3, 10, 12)])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

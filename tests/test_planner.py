@@ -359,21 +359,40 @@ def test_an_activation_before_a_pooling_is_read_through_the_pooling_kernel():
         torch.testing.assert_close(got[k], want[k])
 
 
-def test_a_pooling_kernel_takes_no_op_whose_result_is_used_elsewhere_or_a_second_window():
+def test_a_pooling_kernel_takes_no_op_whose_result_is_used_elsewhere_and_pools_a_pool_in_one_pass():
     # relu's map also feeds a sum: relu is computed once, in its own kernel or with the conv
     p = _conv_relu_pool({"kernel_size": [2]}, side="sigmoid")
     _, regs = regions_of(p)
     pooling = [r for r in regs if "max_pool2d" in ops(p, r)]
     assert len(pooling) == 1 and "relu" not in ops(p, pooling[0])
-    # two poolings in a row: each its own kernel
+    # two poolings in a row (level 2's 6): one kernel, the first pool's windows read where the second needs them
     q = Program()
     x = q.add_input("x", (8, 16, 64, 64))
     a = q.add_node("max_pool2d", [x.id], {"kernel_size": [2]})
     b = q.add_node("max_pool2d", [a.outputs[0]], {"kernel_size": [2]})
     q.mark_output(b.outputs[0])
+    _, regs = regions_of(q)
+    assert len(regs) == 1 and regs[0].kind == "pooling" and sorted(regs[0].nodes) == sorted([a.id, b.id])
+    assert "pooling kernel: max_pool2d, max_pool2d_1 in one pass, each pooled element computed from its window" \
+        in regs[0].reason, regs[0].reason
+    # two poolings of the same input added: one kernel too, through the add that reads both
+    q = Program()
+    x = q.add_input("x", (8, 16, 64, 64))
+    a = q.add_node("max_pool2d", [x.id], {"kernel_size": [2]})
+    b = q.add_node("avg_pool2d", [x.id], {"kernel_size": [2]})
+    q.mark_output(q.add_node("add", [a.outputs[0], b.outputs[0]]).outputs[0])
+    _, regs = regions_of(q)
+    assert len(regs) == 1 and regs[0].kind == "pooling", [(r.kind, r.nodes) for r in regs]
+    # a pooling beside a layout op that moves elements is still its own kernel
+    q = Program()
+    x = q.add_input("x", (8, 16, 64, 64))
+    a = q.add_node("max_pool2d", [x.id], {"kernel_size": [2]})
+    b = q.add_node("max_pool2d", [q.add_node("flip", [a.outputs[0]], {"dims": [3]}).outputs[0]], {"kernel_size": [2]})
+    q.mark_output(b.outputs[0])
     plan, regs = regions_of(q)
-    assert len(regs) == 2 and all(r.kind == "single" for r in regs)
-    assert any("are both windowed poolings" in e["message"] for e in plan.log if e["action"] == "refused"), plan.log
+    assert not any({a.id, b.id} <= set(r.nodes) for r in regs)
+    assert any("takes pointwise ops only" in e["message"] or "both windowed poolings" in e["message"]
+               for e in plan.log if e["action"] == "refused"), plan.log
 
 
 def test_the_intermediate_a_fused_chain_keeps_on_chip_is_named_in_the_nodes_order():

@@ -30,12 +30,12 @@ OP_KINDS = {"cumsum": "scan", "cumprod": "scan", "nll_loss": "class_loss",
             "scaled_dot_product_attention": "attention"}
 
 
-def _pools(program: Program, io: RegionIO, anchors) -> bool:
-    """A max/avg or adaptive pool for the pooling generator (global average pooling stays a row mean),
-    with no reduction beside it: a pool before a reduction is the row kernel's prologue."""
+def _pools(program: Program, io: RegionIO, anchors) -> int:
+    """The max/avg or adaptive pools of a region whose anchors are all such pools (global average
+    pooling stays a row mean), else 0: a pool before a reduction is the row kernel's prologue."""
     from .pooling import pooled_here
     pools = [n for n in anchors if pooled_here(program, program.nodes[n])]
-    return bool(pools) and len(pools) == len(anchors)
+    return len(pools) if len(pools) == len(anchors) else 0
 
 
 def region_kind(program: Program, io: RegionIO) -> str:
@@ -140,7 +140,11 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         return generate_strided_slice(program, io, name, params)
     if kind == "pointwise":
         return generate_pointwise(program, io, name, params)
-    if kind == "pooling" or (kind == "row_reduction" and _pools(program, io, anchors)):
+    pools = _pools(program, io, anchors)
+    if pools > 1:       # a pool of a pool: each window a lambda of a layout graph (layout_graph.py)
+        from .layout_graph import generate_layout_graph
+        return generate_layout_graph(program, io, name, params, "pooling")
+    if kind == "pooling" or (kind == "row_reduction" and pools):
         from .pooling import generate_pooling
         return generate_pooling(program, io, name, params)
     if kind == "layout" or (kind == "row_reduction" and not anchors and is_layout_graph(program, io)):

@@ -122,12 +122,12 @@ def index_inputs(program: Program, io: RegionIO, kind: str) -> set:
 def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: bool = False,
            one_space: bool = True) -> int:
     """The outputs' element count; with `one_space` (a layout kernel: one flat index for all outputs)
-    every output must have it, while a row kernel's prologue reads each output at its own index and
+    every output must have it, while a row kernel's prologue reads each output at its own index. Either
     may pool (a max/avg or adaptive pool, not a global average, as a lambda over its window)."""
     vals, nodes = program.values, program.nodes
     for n in io.nodes:
         node = nodes[n]
-        if node.op in GRAPH_OPS or (not one_space and pooled_here(program, node)):
+        if node.op in GRAPH_OPS or pooled_here(program, node):
             continue
         if not is_elementwise(node):
             raise CodegenError(f"{node.name} ({node.op}) is not a layout op with a view nor pointwise; a {kind} "
@@ -149,8 +149,8 @@ def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: b
 
 class _Graph:
     """Each needed value as a Layout over the region's inputs (for the vector check) and as a lambda.
-    A pooling window (a row kernel's prologue only) has no view: its reads are not listed, and its
-    value is only ever a lambda (`windows`)."""
+    A pooling window has no view: its reads are not listed, and its value is only ever a lambda
+    (`windows`; no float4 form, tiles or staging)."""
 
     def __init__(self, program: Program, io: RegionIO, kind: str, indices: set):
         self.program, self.io, self.kind, self.indices = program, io, kind, indices
@@ -474,19 +474,22 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
     from .layout_tiled import generate_tiled, plan_tiles
     # the shared-memory tiles and staged registers hold floats; other dtypes take the gather below
     floats = all(vals[v].dtype == "float32" for v in g.need)
-    tiles = plan_tiles(g, params) if floats else None    # an input read uncoalesced goes through tiles
+    # an input read uncoalesced goes through tiles; a pooling window is only ever its lambda
+    tiles = plan_tiles(g, params) if floats and not g.windows else None
     if tiles is not None:
         return generate_tiled(g, tiles, name, params, kind, numel)
     # runs of 4 in each value's own 4-lane type (float4, int4, vec4_i64, ...)
     vec = bool((params or {}).get("vector", True)) and _vector_ok(g, numel)
     from .layout_staged import generate_staged, staged_inputs
-    staged = [] if vec or not floats else staged_inputs(g, numel, params)   # read at the output's own index
+    staged = [] if vec or not floats or g.windows else staged_inputs(g, numel, params)   # read at the output's index
     if staged:
         return generate_staged(g, staged, name, params, kind, numel)
     # otherwise each thread still stores a run of 4 outputs in one access, computing the 4 from scalar
     # gathers: a warp's k-th loads stay as coalesced as one output per thread, and each thread has 4
     # independent loads in flight instead of 1 (the grid-stride loop holds too few bytes in flight)
-    pack = not vec and bool((params or {}).get("pack", True)) and _pack_ok(g, numel)
+    # (a window's output stays one per thread, as the pooling kernel runs it: 4 windows of a pool of a
+    # pool unrolled in one thread spilled)
+    pack = not vec and not g.windows and bool((params or {}).get("pack", True)) and _pack_ok(g, numel)
     names = Names()
     names.taken.update(("o", "o0", "u", "i", "stride", "kNumel", "kBlock", "kRuns", "kUnroll"))
     arg = {v: names.new(vals[v].name) for v in io.inputs + io.outputs}

@@ -167,15 +167,20 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         reason += _tile_gemm_form(state, nodes, epi, out, s, sched, facts, conv=kind == "conv_epilogue")
         reason += _direct_conv_words(state, nodes)
     elif kind == "pooling":
-        win = s.window
-        at = nodes.index(win)         # nodes are in execution order: the prologue feeds the window
-        ops = [n for n in nodes if n != win and state.geo[n].role != "view"]
-        prologue = [n for n in ops if nodes.index(n) < at]
-        epilogue = [n for n in ops if nodes.index(n) > at]
-        sched = {"anchor": win, "prologue": prologue, "epilogue": epilogue}
+        wins = s.windows
+        first, last = nodes.index(wins[0]), nodes.index(wins[-1])   # execution order: the prologue feeds them
+        ops = [n for n in nodes if n not in wins and state.geo[n].role != "view"]
+        prologue = [n for n in ops if nodes.index(n) < first]
+        epilogue = [n for n in ops if nodes.index(n) > last]
+        between = [n for n in ops if first < nodes.index(n) < last]
+        sched = {"anchor": wins[0], "windows": list(wins), "prologue": prologue, "epilogue": epilogue}
+        head = _label(state, wins[0]) if len(wins) == 1 else (
+            f"{', '.join(_label(state, w) for w in wins)} in one pass, each pooled element computed from its "
+            f"window where it is needed (a pool of a pool reads the first one's windows, not a map in memory)"
+            + (f", {_names(state, between)} between them" if between else ""))
         parts = ([f"applies {_names(state, prologue)} to each element a window reads"] if prologue else []) + \
                 ([f"applies {_names(state, epilogue)} to each pooled element before its only store"] if epilogue else [])
-        reason = f"pooling kernel: {_label(state, win)} {' and '.join(parts)}; {kept}{saving}."
+        reason = f"pooling kernel: {' '.join([head, ' and '.join(parts)]).strip()}; {kept}{saving}."
     elif kind == "attention":
         sched, reason, after = attention_reason(state, nodes, facts)
     elif kind == "layout":
