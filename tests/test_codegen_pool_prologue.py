@@ -7,7 +7,7 @@ a pool after a reduction."""
 import pytest
 import torch
 
-from agent_core.codegen import generate_kernel
+from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.ir import Program
 from agent_core.planner import plan_program
 from tests.pool_prologue_cases import CASES, MP3, chain
@@ -55,6 +55,8 @@ def test_a_pool_after_a_reduction_stays_its_own_kernel():
     assert [sorted(r.nodes) for r in plan.active] == [[s.id], [m.id]]
     assert {"action": "refused", "nodes": [s.id, m.id],
             "message": "max_pool3d's kernel takes pointwise ops only, not softmax"} in plan.log, plan.log
+    with pytest.raises(CodegenError, match="a row kernel pools only before its reductions: split the region"):
+        generate_kernel(p, [s.id, m.id], name="softmax_pool")
 
 
 def test_whole_windows_are_straight_line_loads_and_a_padded_window_keeps_its_bounds():

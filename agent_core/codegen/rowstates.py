@@ -85,7 +85,10 @@ def row_op(program: Program, nid: str, channel: str = GROUP_CHANNEL):
         # global average pooling: the mean over the spatial (trailing) dims
         spatial = int(op[-2])
         return "sum", "", "st.s / kColsF", False, list(range(rank - spatial, rank)), None
-    elif node.opdef.category in ("layout", "pooling", "opaque", "matmul", "convolution"):
+    elif node.opdef.category == "pooling":     # before the reductions it is the prologue (layout_graph)
+        raise CodegenError(f"{node.name} ({op}) pools what a reduction of the region computed; a row kernel "
+                           f"pools only before its reductions: split the region before it", node_id=nid)
+    elif node.opdef.category in ("layout", "opaque", "matmul", "convolution"):
         cat = node.opdef.category
         raise CodegenError(f"{node.name} ({op}) is {'an' if cat[0] in 'aeiou' else 'a'} {cat} op with no "
                            f"generated kernel yet; it runs through torch", node_id=nid)
