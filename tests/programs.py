@@ -58,10 +58,11 @@ def emulated(p, ks, inputs, guard=256):
     from agent_core.writer.executors import guarded, payload
     env = run_reference(p, list(inputs), keep=True)
     out = p.values[ks.outputs[0]]
+    dtype = env[ks.outputs[0]].numpy().dtype     # an argmax's int64, a mask's bool: read as written
     bufs = [guarded(env[v].contiguous().numpy(), guard) for v in ks.inputs]
-    bufs.append(guarded(np.zeros(out.shape, np.float32), guard))
+    bufs.append(guarded(np.zeros(out.shape, dtype), guard))
     res = CpuExecutor().run(ks, [bufs], guard=guard)
-    got = torch.from_numpy(payload(res[0][-1], guard, np.float32, tuple(out.shape)).copy())
+    got = torch.from_numpy(payload(res[0][-1], guard, dtype, tuple(out.shape)).copy())
     return got, env[ks.outputs[0]]
 
 
