@@ -4,6 +4,7 @@ index): level 2's 43 (max_pool3d -> channel log-sum-exp -> relu), 78 (two max po
 sum), 8 (max pool -> global average), 65 (avg pool -> sigmoid -> sum), a channel argmax (an int64
 output), and padded, ceil-mode and adaptive windows before a softmax and a layer norm."""
 from agent_core.ir import Program
+from tests.programs import add_chain
 
 MP3 = {"kernel_size": [2, 2, 2], "stride": [2, 2, 2], "padding": [0, 0, 0], "dilation": [1, 1, 1],
        "ceil_mode": False}
@@ -35,10 +36,5 @@ def chain(name: str, case=None):
     turn -> output."""
     shape, ops = case or CASES[name]
     p = Program(name)
-    y, ids = p.add_input("x", shape).id, []
-    for op, attrs in ops:
-        n = p.add_node(op, [y], attrs)
-        ids.append(n.id)
-        y = n.outputs[0]
-    p.mark_output(y)
+    ids, _ = add_chain(p, p.add_input("x", shape).id, ops)
     return p, ids, shape

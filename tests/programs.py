@@ -47,6 +47,18 @@ def cli(*args, timeout=300):
                           timeout=timeout)
 
 
+def add_chain(p, cur: str, ops) -> tuple[list[str], str]:
+    """Append `ops` ((op, attrs) pairs) to program p one after another from value `cur`, the last one's
+    output marked as p's output: (the node ids, that output)."""
+    ids = []
+    for op, attrs in ops:
+        n = p.add_node(op, [cur], attrs)
+        ids.append(n.id)
+        cur = n.outputs[0]
+    p.mark_output(cur)
+    return ids, cur
+
+
 def emulated(p, ks, inputs, guard=256):
     """The reference run of p on `inputs` (its inputs in order), and ks run in the CPU emulator on the
     reference's values of its region inputs: (the kernel's first output, the reference's)."""

@@ -22,6 +22,7 @@ from agent_core.codegen.attention_cases import Case, attention_program
 from agent_core.codegen.attention_store import store_layout
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
+from tests.programs import add_chain
 from tests.test_attention_views import CHUNKED, GQA, HEADER, PER_HEAD, SPLIT_MASKED, _attention_region, _emulate, \
     _inputs, _plan
 
@@ -128,12 +129,7 @@ def test_the_store_layout_puts_each_element_where_torch_does(shape, ops):
     p = Program("chain")
     x = p.add_input("x", shape)
     head = p.add_node("relu", [x.id])          # stands for the attention node: only its output is read
-    cur, nodes = head.outputs[0], []
-    for op, attrs in ops:
-        n = p.add_node(op, [cur], attrs)
-        nodes.append(n.id)
-        cur = n.outputs[0]
-    p.mark_output(cur)
+    nodes, cur = add_chain(p, head.outputs[0], ops)
     out, lay = store_layout(p, head.id, nodes, [cur])
     assert out == cur and tuple(lay.shape) == tuple(shape)
     read = lay.single

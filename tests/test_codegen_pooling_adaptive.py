@@ -17,7 +17,7 @@ from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.importers import import_file, import_nn_module, verify_import
 from agent_core.ir import Program
-from tests.programs import ADAPTIVE_CASES, pooled
+from tests.programs import ADAPTIVE_CASES, emulated, pooled
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "resources" / "examples" / "adaptive_pool_mixed.py"
 
@@ -171,7 +171,6 @@ def test_adaptive_max_pool_whose_indices_are_read_stays_opaque():
 def test_a_region_of_two_adaptive_pools_is_one_kernel_of_window_lambdas_that_matches_torch():
     """An adaptive pool of an adaptive pool (windows that do not divide the input): each a lambda
     over its window in one layout-graph kernel (it was refused: one pool a region)."""
-    from tests.programs import emulated
     p = Program("two")
     x = p.add_input("x", (2, 3, 9, 11))
     a = p.add_node("adaptive_max_pool2d", [x.id], {"output_size": [4]})

@@ -22,6 +22,7 @@ from agent_core.codegen.layout_store import split_output_views
 from agent_core.codegen.region_io import region_io
 from agent_core.ir import Program
 from tests import planned
+from tests.programs import add_chain
 
 
 # block -> (kernels planned before this change at a93e164 / 23a4f6e^, kernels now): CPU `plan` output
@@ -83,13 +84,8 @@ def _chain(shape, ops):
     p = Program("chain")
     x = p.add_input("x", shape)
     n = p.add_node("softmax", [x.id], {"dim": -1})
-    ids, cur = [n.id], n.outputs[0]
-    for op, attrs in ops:
-        n = p.add_node(op, [cur], attrs)
-        ids.append(n.id)
-        cur = n.outputs[0]
-    p.mark_output(cur)
-    return p, ids
+    after, _ = add_chain(p, n.outputs[0], ops)
+    return p, [n.id, *after]
 
 
 CHAINS = [((2, 6, 4, 8), [("transpose", {"dim0": 1, "dim1": 2})]),

@@ -17,6 +17,7 @@ import torch
 
 from agent_core.codegen import generate_kernel
 from agent_core.ir import Program
+from tests.programs import add_chain
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
@@ -50,14 +51,9 @@ def _program(B, H, L, S, E, Ev, causal, chain):
     p = Program("attention_store")
     q, k, v = p.add_input("q", (B, H, L, E)), p.add_input("k", (B, H, S, E)), p.add_input("v", (B, H, S, Ev))
     n = p.add_node(SDPA, [q.id, k.id, v.id], {"is_causal": causal})
-    nodes, cur = [n.id], n.outputs[0]
     ops = chain(B, H, L, Ev)
-    for op, attrs in ops:
-        m = p.add_node(op, [cur], attrs)
-        nodes.append(m.id)
-        cur = m.outputs[0]
-    p.mark_output(cur)
-    return p, nodes, ops
+    after, _ = add_chain(p, n.outputs[0], ops)
+    return p, [n.id, *after], ops
 
 
 def _apply(y, ops):
