@@ -20,11 +20,11 @@ The gather: each thread copies one row of every A tile (kBlock % kBM == 0), so i
 worked out once and kept in registers. A table of the kernel's taps in shared memory (each tap's input
 offset from the window's origin, and its position per spatial dim) is filled once per CTA, so a copied
 element k costs one division by the tap count (k = channel x taps + tap; a multiply and a shift,
-`divide`), a table read, and only where
-a window can cross the input's border (padding, or a 'same' padding after the input) a bounds test: one
-bit of the thread's mask of its window's taps inside the input (worked out once, up to MASK_TAPS taps),
-else a test per spatial dim of the tap's packed position, with no branch either way. A warp's lanes take consecutive rows, whose output positions read neighbouring input
-elements; its four groups of 8 lanes take four neighbouring columns (rotated within the slice), so the
+`divide`), a table read, and only where a window can cross the input's border (padding, or a 'same'
+padding after the input) a bounds test: one bit of the thread's mask of its window's taps inside the
+input (worked out once, up to MASK_TAPS taps), else a test per spatial dim of the tap's packed
+position, with no branch either way. A warp's lanes take consecutive rows, whose output positions read
+neighbouring input elements; its four groups of 8 lanes take four neighbouring columns (rotated within the slice), so the
 rows' stores into shared memory, 4 words apart in banks, fall into 32 different banks.
 """
 from __future__ import annotations
@@ -37,8 +37,8 @@ from .kernel import CodegenError
 
 CONV_OPS = ("conv1d", "conv2d", "conv3d")
 # names the gather declares in the kernel's scope (the epilogue's value names must not take them)
-LOCALS = ("arow", "abase", "acol", "atap", "amask", "adst", "at", "cc", "gc", "ci", "t", "ps", "j", "inside", "grp", "wgrp") + \
-    tuple(f"ao{j}" for j in range(3))
+LOCALS = ("arow", "abase", "acol", "atap", "amask", "adst", "at", "cc", "gc", "ci", "t", "ps", "j", "inside",
+          "grp", "wgrp") + tuple(f"ao{j}" for j in range(3))
 POSITION_BITS = 10          # a tap's position (dilation x index) per spatial dim, packed in one int of the table
 MASK_TAPS = 32              # up to this many taps, a thread keeps which of its window's are inside as bits
 OUTSIDE = -(1 << 30)        # a row past M: its window origin, outside every input dim
@@ -229,8 +229,11 @@ def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
     lines = [f"{indent}float* adst = As + stage * kATile + arow * kAS;",
              f"{indent}#pragma unroll",
              f"{indent}for (int j = 0; j < kBK / (kBlock / kBM); ++j) {{   // (check: kBlock / kBM divides kBK)",
-             f"{indent}  const unsigned cc = (acol + j * (kBlock / kBM)) % kBK;   // unsigned: a mask where kBK is a power of two",
-             f"{indent}  const unsigned gc = k0 + cc, ci = {divide('gc', g.taps, g.cin_g * g.taps + 64)}, t = gc - ci * kTaps;"]
+             f"{indent}  // unsigned: the % is a mask where kBK is a power of two",
+             f"{indent}  const unsigned cc = (acol + j * (kBlock / kBM)) % kBK;",
+             # gc < K + kBK, and the tile GEMM takes k slices of at most 64 (gemm_mma._check)
+             f"{indent}  const unsigned gc = k0 + cc, ci = {divide('gc', g.taps, g.cin_g * g.taps + 64)}, "
+             f"t = gc - ci * kTaps;"]
     if g.bounded and g.taps <= MASK_TAPS:
         test += " & ((amask >> t) & 1u)"
     elif g.bounded:
@@ -238,7 +241,7 @@ def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
         # & rather than &&: every test evaluated, no branch per test (lanes at the border would diverge)
         test += " & " + _inside(g, "ps")
     lines += [f"{indent}  const bool ok = {test};",
-              f"{indent}  const index_t at = abase + (index_t)ci * kInSpatial + atap[t];   // read whether or not ok: no branch",
+              f"{indent}  const index_t at = abase + (index_t)ci * kInSpatial + atap[t];   // formed even if not ok",
               f"{indent}  cp_async4(adst + cc, {src} + (ok ? at : 0), ok);",
               f"{indent}}}"]
     return lines
@@ -247,7 +250,8 @@ def gather_lines(g: ConvGeom, src: str, indent: str) -> list[str]:
 def _inside(g: ConvGeom, ps: str) -> str:
     """C test that the tap of packed positions `ps` lies inside the input for this thread's window."""
     mask = (1 << POSITION_BITS) - 1
-    fields = [f"({ps} & {mask})" if j == 0 else f"(({ps} >> {POSITION_BITS * j}) & {mask})" for j in range(len(g.in_size))]
+    fields = [f"({ps} & {mask})" if j == 0 else f"(({ps} >> {POSITION_BITS * j}) & {mask})"
+              for j in range(len(g.in_size))]
     return " & ".join(f"((unsigned)(ao{j} + {fields[j]}) < {g.in_size[j]}u)" for j in range(len(g.in_size)))
 
 

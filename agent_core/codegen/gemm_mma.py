@@ -445,7 +445,8 @@ def _resident(p: dict) -> dict:
     the registers of its accumulators: at most 256 threads and 64 columns. The gather's latency needs
     the warps (level 2's 43 and 90 on an H100: 144 -> 128 registers, 9.31 -> 6.75 ms and 7.46 -> 5.77 ms,
     no spills); wider or bigger tiles spill under that bound, so they get one (whatever was asked)."""
-    if int(p.get("min_blocks") or 1) == 2 and (int(p["block_n"]) > 64 or 32 * int(p["warps_m"]) * int(p["warps_n"]) > 256):
+    threads = 32 * int(p["warps_m"]) * int(p["warps_n"])
+    if int(p.get("min_blocks") or 1) == 2 and (int(p["block_n"]) > 64 or threads > 256):
         return {**p, "min_blocks": 1}
     return p
 

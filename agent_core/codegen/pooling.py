@@ -150,7 +150,8 @@ def window_code(node, in_shape, out_shape, at: str, load) -> tuple[list[str], li
     for head in window.loops:
         lines += [indent + line for line in head]
         indent += "  "
-    lines += [f"{indent}const index_t idx = in_base + {pos};", f"{indent}const float xv = {load('idx')};", indent + fold]
+    lines += [f"{indent}const index_t idx = in_base + {pos};", f"{indent}const float xv = {load('idx')};",
+              indent + fold]
     for _ in axes:
         indent = indent[:-2]
         lines.append(f"{indent}}}")

@@ -127,8 +127,8 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         sched = {"anchor": s.reductions[0], "reductions": list(s.reductions), "rows": red.rows,
                  "row_len": red.row_len, "schedule": mode,
                  "layout": "contiguous" if red.contiguous else "strided", "full_shape": list(red.full)}
-        why_sched = {"column-tiles": f"column tiles (each row's {red.row_len} elements lie a stride apart: threads take "
-                                     f"neighbouring rows, so each load is coalesced across them)",
+        why_sched = {"column-tiles": f"column tiles (each row's {red.row_len} elements lie a stride apart: "
+                                     f"threads take neighbouring rows, so each load is coalesced across them)",
                      "warp-per-row": f"one warp per row (a {fmt_bytes(red.row_len * 4)} row fits in registers)",
                      "block-per-row": f"one block per row (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
                                       f"fits on chip)",
