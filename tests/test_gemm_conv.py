@@ -180,6 +180,8 @@ def test_the_gathers_division_by_the_tap_count_is_exact_over_its_range(d):
     """gemm_conv.divide's multiply-and-shift (or shift, or plain division) equals x // d for every x below
     its limit, the largest column index a gather forms."""
     from agent_core.codegen.gemm_conv import divide
+    if d & (d - 1):        # the gather's ranges get the multiply, not the division it replaces
+        assert "*" in divide("x", d, 2000), divide("x", d, 2000)
     for limit in (100, 2000, 40000):
         expr = divide("x", d, limit)
         x = np.arange(limit, dtype=np.uint64)
