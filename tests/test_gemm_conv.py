@@ -210,7 +210,7 @@ def test_the_gather_reads_a_tap_table_and_the_epilogue_reads_a_channel_operand_a
     plain = generate_kernel(q, list(q.nodes), name="c", params=FORM).source
     for src in (padded, plain):
         g = gather(src)
-        assert "atap[t]" in g and not re.search(r"[%/] 3\b", g), g      # no % 3 or / 3 per kernel dim
+        assert "atap[t]" in g and not re.search(r"[%/] 3u?\b", g), g      # no % 3 or / 3 per kernel dim
         assert re.search(r"in\d\[\(col\)\]", src), "the per-channel scale is read at the column"
     assert "(amask >> t) & 1u" in gather(padded)
     assert "amask" not in plain and "ao0" not in gather(plain)
