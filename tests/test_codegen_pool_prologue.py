@@ -95,3 +95,19 @@ def test_two_pools_of_one_input_added_are_one_kernel_that_matches_torch():
     ks = generate_kernel(p, [a.id, b.id, s.id], name="two_pools")
     got, want = emulated(p, ks, [torch.randn(2, 3, 10, 12)])
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["tanh_pool_group_norm", "relu_pool_lse_relu"])
+def test_a_row_held_in_registers_pools_each_element_once(name):
+    """A row kernel that holds its row computes each pooled element once, before its first pass: level
+    2's 11 (tanh -> 2x2 max pool -> group norm) called the window's lambda in each of its three passes
+    (12 tanh and 12 loads per element) and ran 0.375 ms where the pool and the norm apart took 0.236."""
+    p, ids, shape = chain(name)
+    ks = generate_kernel(p, ids, name=name)
+    assert ks.kind == "row_reduction" and "row in registers" in ks.source, ks.source
+    pool = next(p.nodes[n] for n in ids if "pool" in p.nodes[n].op)
+    call = f"{p.values[pool.outputs[0]].name}_at("
+    passes = ks.source.split("// round 1:")[1]
+    assert call not in passes and call in ks.source.split("// round 1:")[0].split("kept in registers")[1], ks.source
+    got, want = emulated(p, ks, [torch.randn(*shape)])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

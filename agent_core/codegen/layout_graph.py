@@ -594,13 +594,31 @@ def is_layout_op(node) -> bool:
     return node.op in GRAPH_OPS and not is_elementwise(node)
 
 
+def _windowed(program: Program, io: RegionIO, windows) -> set[str]:
+    """The outputs computed through a pooling window: each element walks its window, so a row kernel
+    holds them rather than calling their lambda again in every pass."""
+    inside, out = set(io.nodes), set()
+    for v in io.outputs:
+        todo, seen = [v], set()
+        while todo:
+            nid = program.values[todo.pop()].producer
+            if nid in windows:
+                out.add(v)
+                break
+            if nid in inside and nid not in seen:
+                seen.add(nid)
+                todo += [u for u in program.nodes[nid].inputs if u]
+    return out
+
+
 class ViewPrologue:
     """The prologue of a row kernel (layout, pooling and pointwise ops before its reductions) read
     through views and windows: each value the row kernel needs from it (the reductions' input,
     prologue values that leave the region) is a lambda of its flat index, declared at the top of the
     kernel body, so the row kernel loads it at (row, col) as it would load a tensor. `scalar[v]`
     returns one element, `vector[v]` (when every read keeps aligned runs of 4, as for a layout-graph
-    kernel) the float4 run starting at a multiple of 4."""
+    kernel) the float4 run starting at a multiple of 4; `windowed`: the values computed through a
+    pooling window."""
 
     def __init__(self, program: Program, nodes, arg: dict, names: Names):
         io = region_io(program, nodes)
@@ -625,6 +643,7 @@ class ViewPrologue:
             lines += vlines
             self.vector = {v: vfn[v] for v in f32}
         self._lines = lines
+        self.windowed = _windowed(program, io, g.windows)
         self.extent = max((math.prod(program.values[v].shape) for v in io.inputs), default=0)
         self._g, self._arg = g, arg
 

@@ -173,10 +173,12 @@ class Operands:
                                   f"{inners[g]} = {self.bidx.inner[g]};")
 
     def full(self, vid):
-        """Read at the iteration index itself, 4 elements at a time in the float4 paths."""
-        return self.fn[vid] == "full" and self._vectors(vid)
+        """Read at the iteration index itself (a row can hold it in registers)."""
+        return self.fn[vid] == "full"
 
-    def _vectors(self, vid):
+    def vectors(self, vid):
+        """4 consecutive elements come in one load: a tensor, or a computed value with a float4 lambda
+        (a pooled window has none: its 4 elements are 4 calls)."""
         return vid not in self.computed or self.computed[vid][1] is not None
 
     def group_mode(self, vid):
@@ -186,7 +188,7 @@ class Operands:
         if fn in ("full", None) or self.bidx.sizes[-1] % 4:
             return None
         last = self.bidx.strides[self.vids.index(vid)][-1]
-        return "uniform" if last == 0 else ("vec4" if last == 1 and self._vectors(vid) else None)
+        return "uniform" if last == 0 else ("vec4" if last == 1 and self.vectors(vid) else None)
 
     def _at(self, vid, idx):
         fn = self.fn[vid]

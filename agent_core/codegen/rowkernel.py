@@ -480,7 +480,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                         vec, names, {"stage": sched["stage"]}) if views and cached and g.inner == 1 else {}
     ld = Operands(program, g.full, e_in, names, "In", {**operand_views(program, io.nodes, e_in), **g.framed},
                    computed)
-    held = [v for v in e_in if ld.full(v)]            # full-size inputs: registers, or streamed
+    # full-size inputs: registers, or streamed; a value computed through a view is called again where
+    # read, unless it walks a pooling window (4 tanh and 4 loads per pooled element: 11's group norm
+    # of a pool read its row 3 times at a third of the pooling kernel's speed)
+    held = [v for v in e_in if ld.full(v) and (ld.vectors(v) or v in views.windowed)]
     key_of = {v: g.inputs[(v, E)] for v in e_in}
     ct = {v: g.defs[key_of[v]].ctype for v in e_in}
     out_e = [v for v in io.outputs if g.defs[g.outputs[v]].space == E]
@@ -511,7 +514,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
 
     def load4(v, reg: str, at0: str, idx: str, guard: str | None = None) -> list[str]:
         """One 4-lane load of v at flat index idx, unpacked into reg[at0 + 0..3] (zeros where `guard`
-        does not hold)."""
+        does not hold); 4 calls of a computed value with no float4 lambda (a pooled window)."""
+        if not ld.vectors(v):
+            calls = [ld.load(v, arg[v], f"{idx} + {j}") for j in range(4)]
+            return [f"{reg}[{at0}{j}] = {f'{guard} ? {c} : ({ct[v]})0' if guard else c};" for j, c in enumerate(calls)]
         vt = VEC4[vals[v].dtype]
         src = ld.load4(v, arg[v], vt, idx)
         return [f"{{ const {vt} t = {f'{guard} ? {src} : {vt}{{}}' if guard else src};",
