@@ -32,6 +32,7 @@ class LiveRegionOverlay(RegionOverlay):
             self.update_geometry()
 
     def rebuild(self) -> None:
+        self.drop_items(self.live)
         for rid in self.live:
             if rid not in self.items:
                 item = LiveRegionItem(self, rid)
@@ -40,12 +41,14 @@ class LiveRegionOverlay(RegionOverlay):
         self.update_geometry()
 
     def apply(self, e: dict) -> None:
-        """One worker event: a proposal adds a hull; verdicts and measurements relabel it."""
+        """One worker event: a proposal adds a hull (a part of a region that lost replaces its hull);
+        verdicts and measurements relabel it."""
         kind, rid = e.get("event"), e.get("region")
         if kind == "region-proposed" and e.get("kind") in KINDS:
             nodes = [n for n in e.get("nodes") or [] if n in self.scene.nodes]
             if not nodes:            # the worker rewrote the program: its nodes are not on this canvas
                 return
+            self.live.pop(e.get("split_from"), None)     # a region that lost, tried as its parts
             self.live[rid] = Region(rid, e["kind"], nodes, reason=e.get("reason") or "",
                                     est_before_ms=e.get("est_before_ms"), est_after_ms=e.get("est_after_ms"),
                                     schedule=dict(e.get("schedule") or {}))

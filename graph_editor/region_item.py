@@ -226,12 +226,7 @@ class RegionOverlay(QObject):
 
     def rebuild(self) -> None:
         active = {r.id for r in active_regions(self.scene.program)}
-        for rid in list(self.items):
-            if rid not in active:
-                item = self.items.pop(rid)
-                self.scene.removeItem(item)
-                if item in self.scene.overlays:
-                    self.scene.overlays.remove(item)
+        self.drop_items(active)
         for rid in active:
             if rid not in self.items:
                 item = RegionItem(self, rid)
@@ -245,6 +240,14 @@ class RegionOverlay(QObject):
         self.update_geometry()
         for item in self.items.values():
             item.update()
+
+    def drop_items(self, keep) -> None:
+        """Remove the hulls of regions not in `keep`."""
+        for rid in [rid for rid in self.items if rid not in keep]:
+            item = self.items.pop(rid)
+            self.scene.removeItem(item)
+            if item in self.scene.overlays:
+                self.scene.overlays.remove(item)
 
     def member_rects(self, region) -> list[QRectF]:
         rects = []

@@ -316,6 +316,28 @@ def test_live_hulls_grow_and_relabel_from_the_recorded_run(window):
     assert agent.live is None and not program.regions     # nothing was stored in the document
 
 
+def test_a_live_hull_that_lost_gives_way_to_its_parts(window):
+    """A region that verified but lost is tried as its parts (agent/split_lost.py): their proposals
+    name it in split_from, and its hull gives way to theirs."""
+    program = load_program(os.path.join(GPU, "program.json"))
+    program.regions = []
+    window.set_document(window.document.__class__(program))
+    agent = window.agent
+    agent._start_live()
+    proposal = next(e for e in RECORDED if e["event"] == "region-proposed" and len(e["nodes"]) == 2)
+    rid, (a, b) = proposal["region"], proposal["nodes"]
+    agent.on_event(proposal)
+    agent.on_event({"event": "fallback", "region": rid, "reason": "correct but not faster than its unfused ops"})
+    assert sorted(agent.live.items) == [rid]
+    for k, node in enumerate((a, b), 1):
+        agent.on_event({"event": "region-proposed", "region": f"{rid}_{k}", "kind": "single", "nodes": [node],
+                        "reason": f"Split from {rid}.", "split_from": rid})
+    assert sorted(agent.live.items) == [f"{rid}_1", f"{rid}_2"] and rid not in agent.live.live
+    hulls = [i for i in window.scene.items() if type(i).__name__ == "LiveRegionItem"]
+    assert sorted(i.region_id for i in hulls) == [f"{rid}_1", f"{rid}_2"]
+    agent._end_live()
+
+
 def test_an_epilogue_region_says_it_runs_as_the_library_call_and_a_kernel(window):
     assert window.open_path(os.path.join(ROOT, "resources", "examples", "gemm_scale_sigmoid.py"), layout_sync=True)
     window.agent.act["plan"].trigger()

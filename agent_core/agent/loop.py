@@ -26,6 +26,7 @@ from .events import EventEmitter
 from .gemm_form import compiled_words as gemm_compiled_words, keep as gemm_keep, lone_words, runs_own
 from .gemm_form import kept_words as gemm_kept_words, trial_words as gemm_trial_words
 from .phases import phase
+from .split_lost import split_lost, worth_splitting
 from .tune import tune_space
 from .tune_budget import worth_tuning
 from .verdict import torch_path, views_copied
@@ -609,7 +610,7 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
                                             tune_trials=tune_trials,
                                             sm_count=int(agent.hw.get("sm_count") or 132)).start(
                 plan.active, lambda r: kernel_name(prog, r.id))
-        for r in plan.active:
+        def run(r) -> None:
             try:
                 o, keep = agent.region(r)
             except Exception as exc:  # one region's failure is that region's fallback, never the run's
@@ -622,6 +623,11 @@ def optimize(program: Program, *, out_dir=None, device=None, emit: EventEmitter 
             outcomes.append(o)
             if keep is not None:
                 fused[r.id] = keep
+        for r in plan.active:
+            run(r)
+        lost = [(r, o) for r, o in zip(plan.active, outcomes) if worth_splitting(agent, r, o)]
+        if lost:      # a region that verified but lost: its parts may each still win (split_lost.py)
+            split_lost(agent, prog, lost, run)
     profile["regions"] = [o.to_dict() for o in outcomes]
     if gpu:
         profile["shared_regions"] = agent.shared.summary()

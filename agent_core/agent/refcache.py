@@ -65,10 +65,24 @@ class ReferenceCache:
         self._params = None
         self._original_params = None
         self._draws: dict[int, dict] = {}
-        per_draw = sum(program.values[v].nbytes for v in self.keep if v in program.values)
-        if original is not None:
-            per_draw += sum(original.values[v].nbytes for v in original.outputs)
+        self._fit()
+
+    def _fit(self) -> None:
+        """As many draws as MAX_CACHED_BYTES holds of what each keeps."""
+        per_draw = sum(self.program.values[v].nbytes for v in self.keep if v in self.program.values)
+        if self.original is not None:
+            per_draw += sum(self.original.values[v].nbytes for v in self.original.outputs)
         self.max_draws = max(1, int(self.MAX_CACHED_BYTES // max(1, per_draw)))
+
+    def also_keep(self, values) -> None:
+        """Keep these values too (the boundaries of regions split after the draws were made): the
+        draws made so far lack them, so they are made again when next asked for."""
+        new = set(values) - self.keep
+        if not new:
+            return
+        self.keep |= new
+        self._draws.clear()
+        self._fit()
 
     @staticmethod
     def choose_device(program: Program, gpu: bool) -> str:
