@@ -38,7 +38,7 @@ def pooled_here(program: Program, node) -> bool:
 
 
 @dataclass
-class _Window:
+class Window:
     """How one output element's window is found and folded, per kind of pooling."""
     consts: list      # constexpr lines beyond the input and output sizes
     setup: list       # per output element, after its coordinates o{ax}: window bounds
@@ -53,7 +53,7 @@ def _product(terms: list) -> str:
     return "(float)(" + " * ".join(t if len(terms) == 1 or " " not in t else f"({t})" for t in terms) + ")"
 
 
-def _fixed_window(a: dict, d: int, axes: str, is_max: bool, sin: list, sout: list) -> _Window:
+def _fixed_window(a: dict, d: int, axes: str, is_max: bool, sin: list, sout: list) -> Window:
     """max_pool / avg_pool: kernel_size, stride, padding (and max_pool's dilation) fixed per axis.
     Along an axis where no window reaches past the input (no padding, the last window inside: every
     window whole) the loop has no bounds test and avg_pool's divisor is the kernel's size: straight-line
@@ -91,12 +91,12 @@ def _fixed_window(a: dict, d: int, axes: str, is_max: bool, sin: list, sout: lis
         result = f"acc / {float(a['divisor_override'])!r}f"
     else:
         result = f"acc / {_product(count_pad if a['count_include_pad'] else div)}"
-    return _Window(consts, setup, loops, result,
+    return Window(consts, setup, loops, result,
                    f"kernel {k}, stride {s}, padding {pad}, dilation {dil}",
                    f"unrolled {'x'.join(map(str, k))} window")
 
 
-def _adaptive_window(sin: list, sout: list, axes: str, is_max: bool) -> _Window:
+def _adaptive_window(sin: list, sout: list, axes: str, is_max: bool) -> Window:
     """adaptive_max_pool / adaptive_avg_pool: output i along an axis pools
     [floor(i * In / Out), ceil((i + 1) * In / Out)), computed per output element."""
     setup, loops, sizes, widest = [], [], [], []
@@ -113,14 +113,14 @@ def _adaptive_window(sin: list, sout: list, axes: str, is_max: bool) -> _Window:
         loops.append([f"for (int i{ax} = s{ax}; i{ax} < e{ax}; ++i{ax}) {{"])
         sizes.append(f"e{ax} - s{ax}")
         widest.append(max(-(-(o + 1) * n_in // n_out) - o * n_in // n_out for o in range(n_out)))
-    return _Window([], setup, loops, "acc" if is_max else f"acc / {_product(sizes)}",
+    return Window([], setup, loops, "acc" if is_max else f"acc / {_product(sizes)}",
                    f"output {sout} from {sin}: output i along an axis of In inputs and Out outputs pools "
                    f"[floor(i * In / Out), ceil((i + 1) * In / Out))",
                    f"adaptive windows of up to {'x'.join(map(str, widest))}")
 
 
-def window_code(node, in_shape, out_shape, at: str, load) -> tuple[list[str], list[str], _Window]:
-    """(constexpr lines, statements, the window's description) that pool one output element of `node` (a max/avg or
+def window_code(node, in_shape, out_shape, at: str, load) -> tuple[list[str], list[str], Window]:
+    """(constexpr lines, statements, the Window) that pool one output element of `node` (a max/avg or
     adaptive pool, not a global average) at flat output index `at` into `const float pooled`. load(idx)
     is the C expression of the input element at flat input index idx (a C name). The pooling kernel
     and a row kernel's prologue lambda (layout_graph) both render a window through this."""
