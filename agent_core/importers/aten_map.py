@@ -125,6 +125,19 @@ def _shrink(cx, n, a):
     return cx.pointwise(n, n.target.__name__.split(".")[0], [a["self"]], {"lambd": float(a["lambd"])})
 
 
+@aten("nan_to_num.default")
+def _nan_to_num(cx, n, a):
+    import torch
+    dt = getattr(torch, cx.meta_dtype(n))
+    if not dt.is_floating_point:      # an integer tensor has no NaN or inf: it passes through
+        return cx.alias(a["self"])
+    info = torch.finfo(dt)
+    bound = {"posinf": info.max, "neginf": info.min}
+    return cx.pointwise(n, "nan_to_num", [a["self"]], {
+        "nan": float(a.get("nan") or 0.0),
+        **{k: float(bound[k] if a.get(k) is None else a[k]) for k in bound}})
+
+
 @aten("clamp.default", "clip.default")
 def _clamp(cx, n, a):
     return cx.pointwise(n, "clamp", [a["self"]], {"min": a["min"], "max": a["max"]})

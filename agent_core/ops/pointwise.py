@@ -150,6 +150,12 @@ register(OpDef("clamp", "pointwise", ("x",), _clamp_infer, lambda t, a: torch.cl
                aliases=("clip",), cuda="min_nan(max_nan({x}, {min}), {max})",
                doc="min(max(x, min), max); a missing bound is not applied",
                extra={"example": ([(3, 5)], {"min": -0.5}), "bad": ([(3, 5)], {}, "give min, max or both")}))
+_unary("nan_to_num", lambda x, a: torch.nan_to_num(x, a["nan"], a["posinf"], a["neginf"]),
+       "(({x} != {x}) ? {nan} : ({x} == INFINITY) ? {posinf} : ({x} == -INFINITY) ? {neginf} : {x})",
+       keep_dtype=True, attrs=(Attr("nan", "float", 0.0), Attr("posinf", "float", 3.4028234663852886e38),
+                               Attr("neginf", "float", -3.4028234663852886e38)),
+       doc="NaN, +inf and -inf replaced by the given numbers (the importer writes torch's defaults for the "
+           "input's dtype: 0 and its largest and lowest finite values)")
 _unary("identity", lambda x, a: x, "{x}", keep_dtype=True, flops=_per_elem(0), doc="passes x through")
 _unary("dropout", lambda x, a: x, "{x}", keep_dtype=True, flops=_per_elem(0),
        attrs=(Attr("p", "float", 0.5),), doc="dropout in eval mode: the identity")
