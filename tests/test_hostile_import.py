@@ -151,7 +151,7 @@ def test_the_child_hands_back_what_the_in_process_importer_makes_with_its_warnin
     from agent_core.importers.isolated import import_isolated
     src = tmp_path / "upsample.py"
     src.write_text(model("import torch.nn.functional as F\n"
-                         "return torch.sigmoid(F.interpolate(x[None, None], scale_factor=2, mode='nearest'))\n"))
+                         "return torch.sigmoid(F.interpolate(x[None, None], scale_factor=1.5, mode='nearest'))\n"))
     child = import_isolated(str(src))
     assert any("upsample_nearest2d" in w for w in child.metadata["import_warnings"])
     assert program_to_json(child) == program_to_json(import_file(str(src)))

@@ -592,6 +592,37 @@ def _reshape(cx, n, a):
     return cx.emit("reshape", [x], {"shape": list(cx.meta_shape(n))})
 
 
+@aten("upsample_nearest1d.vec", "upsample_nearest2d.vec", "upsample_nearest3d.vec", "upsample_nearest1d.default",
+      "upsample_nearest2d.default", "upsample_nearest3d.default")
+def _upsample_nearest(cx, n, a):
+    """Nearest resampling by a whole factor is a view: output i along an axis reads input i // r
+    (each element repeated r times: unsqueeze, expand, reshape) or, shrinking, input i * r (a strided
+    slice), so it fuses into whatever reads it. Other ratios stay opaque."""
+    x = a.get("input", a.get("self"))
+    shape, out = list(cx.spec(x).shape), list(cx.meta_shape(n))
+    d = len(out) - 2
+    names = ("scales",) if d == 1 else ("scales_d", "scales_h", "scales_w")[-d:]      # the .default forms
+    scales = a.get("scale_factors") or [a.get(k) for k in names]
+    for j in range(d):
+        i, o = shape[2 + j], out[2 + j]
+        whole = o % i == 0 if o >= i else i % o == 0
+        given = scales[j] if j < len(scales) else None
+        if not whole or (given is not None and given != (o / i)):
+            raise Unmapped(f"nearest resampling from {i} to {o}{f' (scale {given})' if given else ''} is not by a "
+                           f"whole factor")
+    for j in range(d):
+        i, o, ax = shape[2 + j], out[2 + j], 2 + j
+        if o < i:        # every (i // o)-th element
+            x = cx.emit("slice", [x], {"dim": ax, "start": 0, "end": i, "step": i // o})
+        elif o > i:      # each element o // i times
+            r = o // i
+            cur = list(cx.spec(x).shape)
+            x = cx.emit("reshape", [x], {"shape": cur[:ax + 1] + [1] + cur[ax + 1:]})
+            x = cx.emit("expand", [x], {"size": cur[:ax + 1] + [r] + cur[ax + 1:]})
+            x = cx.emit("reshape", [x], {"shape": cur[:ax] + [o] + cur[ax + 1:]})
+    return x
+
+
 @aten("permute.default")
 def _permute(cx, n, a):
     return cx.emit("permute", [a["self"]], {"dims": _ints(a["dims"])})
