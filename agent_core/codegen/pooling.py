@@ -1,6 +1,7 @@
-"""Pooling regions: max_pool / avg_pool and adaptive_max_pool / adaptive_avg_pool (1-D, 2-D, 3-D) with a
-pointwise prologue on the input side and an epilogue on the output side, so conv -> relu -> max_pool
--> ... reads the pre-activation once.
+"""Pooling regions: max_pool / avg_pool, adaptive_max_pool / adaptive_avg_pool and linear resampling
+(upsample_linear1d / bilinear2d / trilinear3d: a window of the 2^d inputs around each output's source
+point, each with its weight) (1-D, 2-D, 3-D) with a pointwise prologue on the input side and an
+epilogue on the output side, so conv -> relu -> max_pool -> ... reads the pre-activation once.
 
 One thread per output element (grid-stride). Fixed windows have compile-time bounds and are unrolled;
 max pooling skips padded positions (torch pads with -inf) and average pooling follows torch's divisor
@@ -25,7 +26,9 @@ from .rowstates import global_pool
 
 WINDOW_POOL_OPS = tuple(f"{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
 ADAPTIVE_POOL_OPS = tuple(f"adaptive_{kind}_pool{d}d" for kind in ("max", "avg") for d in (1, 2, 3))
-POOL_OPS = WINDOW_POOL_OPS + ADAPTIVE_POOL_OPS
+# linear resampling: each output element a weighted sum of the 2^d inputs around its source point
+RESAMPLE_OPS = ("upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d")
+POOL_OPS = WINDOW_POOL_OPS + ADAPTIVE_POOL_OPS + RESAMPLE_OPS
 INT32_MAX = 2**31 - 1
 
 
@@ -46,6 +49,7 @@ class Window:
     result: str       # the pooled value from acc
     describe: str     # header line
     sched: str        # the window part of the schedule
+    weight: str | None = None     # each input's weight in acc (linear resampling); None: summed or maxed
 
 
 def _product(terms: list) -> str:
@@ -119,6 +123,37 @@ def _adaptive_window(sin: list, sout: list, axes: str, is_max: bool) -> Window:
                    f"adaptive windows of up to {'x'.join(map(str, widest))}")
 
 
+def _linear_window(a: dict, sin: list, sout: list, axes: str) -> Window:
+    """upsample_linear1d / bilinear2d / trilinear3d: along each axis output o reads inputs lo =
+    floor(src) and hi = lo + 1 (lo again at the last input) with weights 1 - l and l, l = src - lo; src =
+    o * step with align_corners (step = (In - 1) / (Out - 1)), else max((o + 0.5) * step - 0.5, 0) (step =
+    1 / the scale factor given, or In / Out): torch's area_pixel_compute_source_index, in float32."""
+    import numpy as np
+    from .cuda import float_literal
+    consts, setup, loops, weights = [], [], [], []
+    scales = a.get("scales")
+    for j, ax in enumerate(axes):
+        u, n_in, n_out = ax.upper(), sin[j], sout[j]
+        if a["align_corners"]:
+            step = np.float32(n_in - 1) / np.float32(n_out - 1) if n_out > 1 else np.float32(0.0)
+            src = f"kR{u} * (float)o{ax}"
+        else:
+            step = np.float32(1.0 / scales[j]) if scales else np.float32(n_in) / np.float32(n_out)
+            src = f"fmaxf(kR{u} * ((float)o{ax} + 0.5f) - 0.5f, 0.0f)"
+        consts.append(f"constexpr float kR{u} = {float_literal(float(step))};  // source step per output")
+        setup += [f"    const float r{ax} = {src};  // source point",
+                  f"    const int lo{ax} = min((int)r{ax}, kIn{u} - 1);",
+                  f"    const int hi{ax} = lo{ax} + (lo{ax} < kIn{u} - 1);  // lo itself at the last input",
+                  f"    const float l{ax} = r{ax} - (float)lo{ax};  // hi's weight"]
+        loops.append(["#pragma unroll", f"for (int t{ax} = 0; t{ax} < 2; ++t{ax}) {{",
+                      f"  const int i{ax} = t{ax} ? hi{ax} : lo{ax};"])
+        weights.append(f"(t{ax} ? l{ax} : 1.0f - l{ax})")
+    return Window(consts, setup, loops, "acc",
+                  f"output {sout} from {sin}, align_corners={bool(a['align_corners'])}, "
+                  f"{'scales ' + str(scales) if scales else 'step In / Out'}",
+                  f"{2 ** len(axes)} weighted inputs", weight=" * ".join(weights))
+
+
 def window_code(node, in_shape, out_shape, at: str, load) -> tuple[list[str], list[str], Window]:
     """(constexpr lines, statements, the Window) that pool one output element of `node` (a max/avg or
     adaptive pool, not a global average) at flat output index `at` into `const float pooled`. load(idx)
@@ -129,6 +164,7 @@ def window_code(node, in_shape, out_shape, at: str, load) -> tuple[list[str], li
     sin, sout = list(in_shape[-d:]), list(out_shape[-d:])
     axes = "dhw"[-d:]
     window = (_adaptive_window(sin, sout, axes, is_max) if node.op in ADAPTIVE_POOL_OPS
+              else _linear_window(node.attrs, sin, sout, axes) if node.op in RESAMPLE_OPS
               else _fixed_window(node.attrs, d, axes, is_max, sin, sout))
     consts = [f"constexpr index_t kInSpatial = {math.prod(sin)}, kOutSpatial = {math.prod(sout)};"]
     # strides as products of the named sizes: "kInH * kInW" for the depth axis of a 3-D pool
@@ -145,7 +181,8 @@ def window_code(node, in_shape, out_shape, at: str, load) -> tuple[list[str], li
     lines += [ln[4:] for ln in window.setup]
     lines.append(f"float acc = {'-INFINITY' if is_max else '0.0f'};")
     pos = " + ".join(f"i{ax} * ({in_strides[j]})" if in_strides[j] != "1" else f"i{ax}" for j, ax in enumerate(axes))
-    fold = "if (xv > acc || xv != xv) acc = xv;  // NaN propagates, as in torch" if is_max else "acc += xv;"
+    fold = ("if (xv > acc || xv != xv) acc = xv;  // NaN propagates, as in torch" if is_max else
+            "acc += xv;" if window.weight is None else f"acc += {window.weight} * xv;")
     indent = ""
     for head in window.loops:
         lines += [indent + line for line in head]

@@ -623,6 +623,22 @@ def _upsample_nearest(cx, n, a):
     return x
 
 
+@aten("upsample_linear1d.vec", "upsample_bilinear2d.vec", "upsample_trilinear3d.vec", "upsample_linear1d.default",
+      "upsample_bilinear2d.default", "upsample_trilinear3d.default")
+def _upsample_linear(cx, n, a):
+    op = n.target.__name__.split(".")[0]
+    d = int(op[-2])
+    names = ("scales",) if d == 1 else ("scales_d", "scales_h", "scales_w")[-d:]      # the .default forms
+    scales = a.get("scale_factors") or [a.get(k) for k in names]
+    scales = None if all(s is None for s in scales) else [float(s) for s in scales]
+    if scales is not None and len(scales) != d:
+        raise Unmapped(f"{op} with scales {scales}")
+    out = list(cx.meta_shape(n))
+    return cx.emit(op, [a.get("input", a.get("self"))], {"output_size": out[-d:],
+                                                         "align_corners": bool(a["align_corners"]),
+                                                         "scales": scales})
+
+
 @aten("permute.default")
 def _permute(cx, n, a):
     return cx.emit("permute", [a["self"]], {"dims": _ints(a["dims"])})

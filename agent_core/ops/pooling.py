@@ -155,3 +155,49 @@ for _d in (1, 2, 3):
         extra={"example": ([_EX[_d]], {"output_size": [3]}),
                "bad": ([(4,)], {"output_size": [1]}, "input must be")},
     ))
+
+
+# --- linear resampling: each output element a weighted sum of its 2^d nearest inputs -----------------
+_LINEAR = {1: ("upsample_linear1d", "linear"), 2: ("upsample_bilinear2d", "bilinear"),
+           3: ("upsample_trilinear3d", "trilinear")}
+
+
+def _linear_infer(op, d):
+    def infer(ins, attrs):
+        x = ins[0]
+        _need_rank(op, d, x)
+        if x.rank != d + 2:
+            raise ShapeError(f"{op}: input must be [N, C, *spatial] (rank {d + 2}), got {fmt_shape(x.shape)}")
+        out = ntuple(attrs["output_size"], d, f"{op}.output_size")
+        scales = attrs["scales"]
+        if min(out) < 1:
+            raise ShapeError(f"{op}: output_size {out} must be positive")
+        if scales is not None and (len(scales) != d or min(scales) <= 0):
+            raise ShapeError(f"{op}: scales {scales} must be {d} positive numbers, or null")
+        return [TensorSpec(x.shape[:-d] + tuple(out), x.dtype)]
+    return infer
+
+
+def _linear_ref(d):
+    import torch
+
+    def ref(t, a):
+        fn = getattr(torch.ops.aten, _LINEAR[d][0]).default
+        scales = list(a["scales"]) if a["scales"] is not None else [None] * d
+        return fn(t[0], list(ntuple(a["output_size"], d, "output_size")), a["align_corners"], *scales)
+    return ref
+
+
+for _d in (1, 2, 3):
+    register(OpDef(
+        _LINEAR[_d][0], "pooling", ("x",), _linear_infer(_LINEAR[_d][0], _d), _linear_ref(_d),
+        attrs=(Attr("output_size", "ints"), Attr("align_corners", "bool", False),
+               Attr("scales", "floats", None, optional=True,
+                    doc="the scale factors given to interpolate (the source index then steps by 1 / scale); "
+                        "null: input size / output size")),
+        flops=lambda ins, outs, attrs, _n=_d: (2 ** _n) * 2 * outs[0].numel,
+        doc=f"{_LINEAR[_d][1]} interpolation to output_size (F.interpolate(mode='{_LINEAR[_d][1]}')): each output "
+            f"element a weighted sum of its {2 ** _d} nearest inputs",
+        extra={"example": ([(2, 3) + _EX[_d][2:]], {"output_size": [5] * _d, "align_corners": False}),
+               "bad": ([_EX[_d][1:]], {"output_size": [5] * _d}, "input must be")},
+    ))

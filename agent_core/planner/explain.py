@@ -147,8 +147,11 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         else:
             reason = f"stitches {_names(state, nodes)} over {rows}, {why_sched}; {kept}{saving}."
         if s.windows:
-            reason += (f" Each element of the rows is pooled from its window as it is read "
-                       f"({_names(state, s.windows)}): the pooled map never goes to memory.")
+            resampled = all(state.program.nodes[w].op.startswith("upsample_") for w in s.windows)
+            how, what = ("interpolated from the inputs around it", "resampled") if resampled else \
+                ("pooled from its window", "pooled")
+            reason += (f" Each element of the rows is {how} as it is read ({_names(state, s.windows)}): the "
+                       f"{what} map never goes to memory.")
     elif kind in ("matmul_epilogue", "conv_epilogue"):
         an = s.anchor
         epi = [n for n in nodes if n != an]
