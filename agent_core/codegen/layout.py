@@ -26,7 +26,7 @@ from .region_io import RegionIO, contiguous_strides
 LAYOUT_OPS = ("permute", "transpose")
 # single-input layout ops a chain may hold (expand is elementwise: the pointwise code broadcasts it)
 CHAIN_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "repeat",
-             "slice", "select", "pad", "contiguous", "flip", "roll", "diag")
+             "slice", "select", "pad", "contiguous", "flip", "roll", "diag", "diagonal")
 TILE, ROWS = 32, 8
 
 

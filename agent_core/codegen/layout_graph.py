@@ -47,7 +47,7 @@ from .region_io import RegionIO, region_io
 INDIRECT_OPS = {"gather": 1, "index_select": 1, "embedding": 0}     # op -> port of its index tensor
 GRAPH_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "permute", "transpose", "expand",
              "repeat", "cat", "stack", "slice", "select", "split", "chunk", "unbind", "pad", "contiguous",
-             "flip", "roll", "diag", "tril", "triu", *INDIRECT_OPS)
+             "flip", "roll", "diag", "diagonal", "tril", "triu", *INDIRECT_OPS)
 INDEX_TYPES = {"int64": "long long", "int32": "int"}
 # the ops that only relabel elements: a region of these and pointwise ops stays a pointwise / row kernel
 RELABEL_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous", "expand")

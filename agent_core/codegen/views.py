@@ -913,6 +913,8 @@ VIEW_OPS = {
     "flip": lambda xs, a: [flip(xs[0], a["dims"])],
     "roll": lambda xs, a: [roll(xs[0], a["shifts"], a.get("dims"))],
     "diag": lambda xs, a: [diag(xs[0], a.get("diagonal", 0))],
+    "diagonal": lambda xs, a: [diagonal(xs[0], a.get("offset", 0), _norm(a.get("dim1", 0), len(xs[0].shape), "diagonal"),
+                                        _norm(a.get("dim2", 1), len(xs[0].shape), "diagonal"))],
     "tril": lambda xs, a: [triangle(xs[0], a.get("diagonal", 0), True)],
     "triu": lambda xs, a: [triangle(xs[0], a.get("diagonal", 0), False)],
     "unfold": lambda xs, a: [unfold(xs[0], a["dimension"], a["size"], a["step"])],

@@ -639,6 +639,24 @@ def _upsample_linear(cx, n, a):
                                                          "scales": scales})
 
 
+@aten("glu.default")
+def _glu(cx, n, a):
+    """glu(x, dim) = first half * sigmoid(second half) along dim: two slices (views) and two pointwise ops."""
+    x = a["self"]
+    shape = list(cx.spec(x).shape)
+    dim = int(a.get("dim", -1)) % len(shape)
+    half = shape[dim] // 2
+    first = cx.emit("slice", [x], {"dim": dim, "start": 0, "end": half, "step": 1})
+    second = cx.emit("slice", [x], {"dim": dim, "start": half, "end": 2 * half, "step": 1})
+    return cx.emit("mul", [first, cx.emit("sigmoid", [second])])
+
+
+@aten("diagonal.default")
+def _diagonal(cx, n, a):
+    return cx.emit("diagonal", [a["self"]], {"offset": int(a.get("offset", 0)), "dim1": int(a.get("dim1", 0)),
+                                             "dim2": int(a.get("dim2", 1))})
+
+
 @aten("permute.default")
 def _permute(cx, n, a):
     return cx.emit("permute", [a["self"]], {"dims": _ints(a["dims"])})

@@ -433,6 +433,25 @@ _layout("diag", _diag_infer, lambda t, a: torch.diag(t[0], a["diagonal"]), attrs
         example=([(4,)], {}), bad=([(2, 3, 4)], {}, "vector or a matrix"))
 
 
+def _diagonal_infer(ins, a):
+    from .common import norm_dim
+    x, k = ins[0], a["offset"]
+    if x.rank < 2:
+        raise ShapeError(f"diagonal: input must have at least 2 dimensions, got {fmt_shape(x.shape)}")
+    d1, d2 = norm_dim(a["dim1"], x.rank, "dim1"), norm_dim(a["dim2"], x.rank, "dim2")
+    if d1 == d2:
+        raise ShapeError(f"diagonal: dim1 and dim2 must differ, both are {d1}")
+    s1, s2 = x.shape[d1], x.shape[d2]
+    n = max(0, min(s1, s2 - k) if k >= 0 else min(s1 + k, s2))
+    return [TensorSpec(tuple(s for d, s in enumerate(x.shape) if d not in (d1, d2)) + (n,), x.dtype)]
+
+
+_layout("diagonal", _diagonal_infer, lambda t, a: torch.diagonal(t[0], a["offset"], a["dim1"], a["dim2"]),
+        attrs=(Attr("offset", "int", 0), Attr("dim1", "int", 0), Attr("dim2", "int", 1)),
+        doc="the offset-th diagonal of dims dim1 and dim2, as a new last dimension (torch.diagonal)",
+        example=([(2, 4, 5)], {"offset": 1, "dim1": 1, "dim2": 2}), bad=([(4,)], {}, "at least 2 dimensions"))
+
+
 # --- gathers ------------------------------------------------------------------------------------
 def _need_int(op, spec, what):
     if spec.dtype not in _INTS:
