@@ -219,6 +219,8 @@ CASES = [
     ("diag", [(3,)], {"diagonal": -1}),
     ("diag", [(3, 5)], {"diagonal": 1}),
     ("diag", [(4, 3)], {"diagonal": -2}),
+    ("diagonal", [(2, 4, 5)], {"offset": 1, "dim1": 1, "dim2": 2}),
+    ("diagonal", [(3, 2, 4, 3)], {"offset": -1, "dim1": -1, "dim2": 0}),
     ("tril", [(4, 5)], {"diagonal": 0}),
     ("tril", [(2, 5, 3)], {"diagonal": -1}),
     ("triu", [(3, 4, 4)], {"diagonal": 1}),
