@@ -1,8 +1,8 @@
 """A pooling region with views of its output (squeeze, reshape: the same elements in the same order):
 the kernel writes the view's output at the pooled element's flat index, matching torch in the CPU
 emulator; the plan says the region is generated (level 2's 55: linear -> unsqueeze -> max_pool1d ->
-squeeze ran its pooling through torch). A view that another op reads (a pointwise op, or the pool
-itself) is refused with the reason."""
+squeeze ran its pooling through torch). With a view that another op reads (a pointwise op, or the
+pool itself) the pooling kernel refuses the region and it is a layout graph of window lambdas."""
 import pytest
 import torch
 
@@ -60,8 +60,16 @@ def test_the_plan_says_a_pool_with_a_view_after_it_is_generated():
 
 
 @pytest.mark.parametrize("kw", [{"op_after_view": True}, {"view_before": True}])
-def test_a_view_read_by_another_op_or_before_the_pool_is_refused_with_the_reason(kw):
+def test_a_view_read_by_another_op_or_before_the_pool_makes_a_layout_graph_that_matches_torch(kw):
+    """The pooling kernel writes only views of its output; with a view another op reads, or one before
+    the pool, the region is a layout graph of window lambdas (codegen/layout_graph.py)."""
     p, ids = _pool_then([("squeeze", {"dim": [1]})], **kw)
     with pytest.raises(CodegenError, match="holds one max/avg or adaptive pool, pointwise ops around it and "
                                            "views of its outputs"):
-        generate_kernel(p, ids, name="pool_views")
+        from agent_core.codegen.pooling import generate_pooling
+        from agent_core.codegen import region_io
+        generate_pooling(p, region_io(p, ids), "pool_views")
+    ks = generate_kernel(p, ids, name="pool_views")
+    assert ks.kind == "pooling" and "auto max_pool1d_at" in ks.source      # the layout graph's pooling form
+    got, want = emulated(p, ks, [torch.randn(3, 1, 20)])
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

@@ -383,15 +383,25 @@ def test_a_pooling_kernel_takes_no_op_whose_result_is_used_elsewhere_and_pools_a
     q.mark_output(q.add_node("add", [a.outputs[0], b.outputs[0]]).outputs[0])
     _, regs = regions_of(q)
     assert len(regs) == 1 and regs[0].kind == "pooling", [(r.kind, r.nodes) for r in regs]
-    # a pooling beside a layout op that moves elements is still its own kernel
+    # with a layout op that moves elements between them: still one kernel, the flip a view the window reads through
     q = Program()
     x = q.add_input("x", (8, 16, 64, 64))
     a = q.add_node("max_pool2d", [x.id], {"kernel_size": [2]})
-    b = q.add_node("max_pool2d", [q.add_node("flip", [a.outputs[0]], {"dims": [3]}).outputs[0]], {"kernel_size": [2]})
+    f = q.add_node("flip", [a.outputs[0]], {"dims": [3]})
+    b = q.add_node("max_pool2d", [f.outputs[0]], {"kernel_size": [2]})
     q.mark_output(b.outputs[0])
+    _, regs = regions_of(q)
+    assert len(regs) == 1 and sorted(regs[0].nodes) == sorted([a.id, f.id, b.id]), [(r.kind, r.nodes) for r in regs]
+    # a pooling beside a reduction is still its own kernel
+    q = Program()
+    x = q.add_input("x", (8, 16, 64, 64))
+    a = q.add_node("max_pool2d", [x.id], {"kernel_size": [2]})
+    s = q.add_node("softmax", [x.id], {"dim": -1})
+    b = q.add_node("max_pool2d", [s.outputs[0]], {"kernel_size": [2]})
+    q.mark_output(q.add_node("add", [a.outputs[0], b.outputs[0]]).outputs[0])
     plan, regs = regions_of(q)
-    assert not any({a.id, b.id} <= set(r.nodes) for r in regs)
-    assert any("takes pointwise ops only" in e["message"] or "both windowed poolings" in e["message"]
+    assert not any({s.id, b.id} <= set(r.nodes) for r in regs)
+    assert any("takes pointwise ops and views only" in e["message"] or "both windowed poolings" in e["message"]
                for e in plan.log if e["action"] == "refused"), plan.log
 
 

@@ -57,3 +57,24 @@ def test_an_upsample_fuses_with_the_skip_concatenation_into_one_kernel_that_matc
     got, want = emulated(p, ks, [x, skip])
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got, UpCat()(x, skip))
+
+
+class BiFPNNode(nn.Module):
+    """EfficientDet's weighted fusion of three levels: one upsampled, one upsampled and max-pooled back."""
+    def forward(self, p3, p4, p5, w):
+        up = F.interpolate(p4, scale_factor=2, mode="nearest")
+        down = F.max_pool2d(F.interpolate(p5, scale_factor=4, mode="nearest"), 2)
+        return F.silu(w[0] * p3 + w[1] * up + w[2] * down)
+
+
+def test_views_before_a_pool_make_one_layout_graph_kernel_with_the_rest_that_matches_torch():
+    ins = [torch.randn(2, 4, 8, 8), torch.randn(2, 4, 4, 4), torch.randn(2, 4, 4, 4), torch.rand(3)]
+    p = import_nn_module(BiFPNNode(), ins)
+    regions = plan_program(p).active
+    pooled = next(r for r in regions if any(p.nodes[n].op == "max_pool2d" for n in r.nodes))
+    ops = [p.nodes[n].op for n in pooled.nodes]
+    assert ops.count("expand") == 4 and "silu" in ops, ops       # both upsamples read through their views
+    ks = generate_kernel(p, list(pooled.nodes), name="bifpn")
+    assert ks.kind == "pooling" and "auto max_pool2d_at" in ks.source      # a layout graph of window lambdas
+    got, want = emulated(p, ks, ins)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)

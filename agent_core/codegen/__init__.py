@@ -146,7 +146,14 @@ def _generate(program: Program, node_ids, *, name: str, kind: str | None, params
         return generate_layout_graph(program, io, name, params, "pooling")
     if kind == "pooling" or (kind == "row_reduction" and pools):
         from .pooling import generate_pooling
-        return generate_pooling(program, io, name, params)
+        try:        # views of the pooled map after it: the pooling kernel writes them at the same index
+            return generate_pooling(program, io, name, params)
+        except CodegenError:
+            if not any(is_layout_op(program.nodes[n]) for n in io.nodes):
+                raise
+        # views before the pool (a nearest upsample): a layout graph of window lambdas
+        from .layout_graph import generate_layout_graph
+        return generate_layout_graph(program, io, name, params, "pooling")
     if kind == "layout" or (kind == "row_reduction" and not anchors and is_layout_graph(program, io)):
         from .layout import generate_layout
         return generate_layout(program, io, name, params)

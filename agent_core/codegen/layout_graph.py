@@ -66,11 +66,14 @@ def is_layout_graph(program: Program, io: RegionIO) -> bool:
 
 
 def _relabel_breaks_broadcast(program: Program, io: RegionIO) -> bool:
-    """Pointwise work between relabels whose operands no longer broadcast to the output's shape."""
+    """Pointwise work between relabels whose operands no longer broadcast to the output's shape, or
+    relabels that repeat elements."""
     vals, nodes = program.values, program.nodes
     pointwise = [nodes[n] for n in io.nodes if is_elementwise(nodes[n]) and nodes[n].op not in RELABEL_OPS]
-    if not pointwise or not io.outputs:
+    if not io.outputs or not io.inputs:
         return False
+    if not pointwise:    # relabels alone copy only where a reshape lays out an expand's repeats (a nearest upsample)
+        return max(math.prod(vals[v].shape) for v in io.outputs) > max(math.prod(vals[v].shape) for v in io.inputs)
     space = vals[io.outputs[0]].shape
     seen = [v for v in io.inputs] + [v for n in pointwise for v in [*n.inputs, *n.outputs] if v]
     return any(not broadcasts_to(vals[v].shape, space) for v in seen)

@@ -409,22 +409,24 @@ def _window_refusal(state, sa: Summary, sb: Summary, relation: str) -> str | Non
     """A windowed pooling's kernel (codegen/pooling.py) takes pointwise ops over its input before it,
     evaluated where a window reads them (conv -> relu -> max_pool reads the pre-activation once and
     writes only the pooled map), pointwise ops over its output after it, and another pooling it feeds
-    or is fed by (a pool of a pool); nothing else (a row kernel after it takes it as its prologue:
-    _row_prologue)."""
+    or is fed by (a pool of a pool); with views around it (a nearest upsample before a pool) it is a
+    layout-graph kernel of window lambdas; nothing else (a row kernel after it takes it as its
+    prologue: _row_prologue)."""
     if sa.window and sb.window:
-        if relation == "producer" and not (sa.anchor or sb.anchor or sa.reductions or sb.reductions
-                                           or sa.layouts or sb.layouts):
+        if relation == "producer" and not (sa.anchor or sb.anchor or sa.reductions or sb.reductions):
             return None     # a pool of a pool: one kernel, each window a lambda (codegen/layout_graph.py)
         return (f"{_name(state, sa.window)} and {_name(state, sb.window)} are both windowed poolings; "
-                f"only a chain of them with pointwise ops between is one kernel")
+                f"only a chain of them with pointwise ops and views between is one kernel")
     pooled, other = (sa, sb) if sa.window else (sb, sa)
     if relation == "sibling":
         return f"{_name(state, pooled.window)} shares its input but not its loop with the other group"
     before = other is sa                 # the other group feeds the pooling: its prologue
     window = pooled.windows[0] if before else pooled.windows[-1]
-    extra = other.anchor or next(iter(other.reductions), None) or next(iter(other.layouts), None)
+    extra = other.anchor or next(iter(other.reductions), None)
     if extra is not None:
-        return f"{_name(state, window)}'s kernel takes pointwise ops only, not {_name(state, extra)}"
+        return f"{_name(state, window)}'s kernel takes pointwise ops and views only, not {_name(state, extra)}"
+    if other.layouts or pooled.layouts:
+        return None      # views around a window: a layout-graph kernel reads through them (codegen/__init__.py)
     program = state.program
     node = program.nodes[window]
     loop = math.prod(program.values[node.inputs[0] if before else node.outputs[0]].shape)
