@@ -377,3 +377,16 @@ def test_complex_intermediates_run_as_opaque_nodes(tmp_path):
     x = random_inputs(p)["x"]
     expected = torch.view_as_real(torch.fft.rfft(x)).sum(-1)
     assert torch.allclose(run_reference(p, [x])["sum"], expected, atol=1e-5)
+
+
+class IgnoredMean(nn.Module):
+    def forward(self, loss, labels):
+        m = (labels != -100).float()
+        return (loss * m).sum() / m.sum().clamp(min=1) + (loss != loss).float().sum()
+
+
+def test_not_equal_imports_as_ne_not_an_opaque_node():
+    labels = torch.randint(0, 5, (4, 6))
+    labels[0, :3] = -100
+    p = _import_and_verify(IgnoredMean(), [torch.randn(4, 6), labels])
+    assert _ops(p).count("ne") == 2 and "opaque" not in _ops(p)

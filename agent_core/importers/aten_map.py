@@ -275,7 +275,7 @@ def _compare(lib):
     return conv
 
 
-for _c in ("gt", "ge", "lt", "le", "eq"):
+for _c in ("gt", "ge", "lt", "le", "eq", "ne"):
     aten(f"{_c}.Tensor", f"{_c}.Scalar")(_compare(_c))
 
 
