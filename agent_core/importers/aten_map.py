@@ -74,7 +74,9 @@ _UNARY = {
     "cos": "cos", "erf": "erf", "sign": "sign", "floor": "floor", "ceil": "ceil", "round": "round",
     "silu": "silu", "mish": "mish", "selu": "selu", "hardsigmoid": "hardsigmoid",
     "hardswish": "hardswish", "relu6": "relu6", "log_sigmoid": "logsigmoid", "logical_not": "logical_not",
-    "tanhshrink": "tanhshrink",
+    "tanhshrink": "tanhshrink", "trunc": "trunc", "fix": "trunc", "frac": "frac", "sinh": "sinh", "cosh": "cosh",
+    "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "arcsin": "asin", "arccos": "acos",
+    "arctan": "atan", "erfc": "erfc", "erfinv": "erfinv", "lgamma": "lgamma", "sgn": "sign",
 }
 
 
@@ -168,7 +170,7 @@ def _threshold(cx, n, a):
     # x if x > threshold else value; relu when both are 0
     if a["threshold"] == 0 and a["value"] == 0:
         return cx.pointwise(n, "relu", [a["self"]])
-    raise Unmapped("threshold with a non-zero threshold or value")
+    return cx.pointwise(n, "threshold", [a["self"]], {"threshold": float(a["threshold"]), "value": float(a["value"])})
 
 
 @aten("dropout.default", "feature_dropout.default", "alpha_dropout.default", "feature_alpha_dropout.default")
@@ -277,6 +279,68 @@ def _compare(lib):
 
 for _c in ("gt", "ge", "lt", "le", "eq", "ne"):
     aten(f"{_c}.Tensor", f"{_c}.Scalar")(_compare(_c))
+
+
+def _binary_op(lib):
+    def conv(cx, n, a):
+        return cx.pointwise(n, lib, [a["self"], a["other"]])
+    return conv
+
+
+for _c in ("atan2", "hypot", "logaddexp", "fmod", "remainder"):
+    aten(f"{_c}.default", f"{_c}.Tensor", f"{_c}.Scalar")(_binary_op(_c))
+aten("arctan2.default")(_binary_op("atan2"))
+
+
+@aten("isnan.default")
+def _isnan(cx, n, a):
+    return cx.pointwise(n, "ne", [a["self"], a["self"]], cast=False)      # only NaN differs from itself
+
+
+@aten("isinf.default", "isfinite.default")
+def _isinf(cx, n, a):
+    """|x| == inf, or |x| < inf (false for NaN too)."""
+    size = cx.emit("abs", [a["self"]])
+    op = "eq" if str(n.target).startswith("aten.isinf") else "lt"
+    return cx.pointwise(n, op, [size, cx.tensor(float("inf"), like=a["self"])], cast=False)
+
+
+@aten("logical_and.default", "logical_or.default", "__and__.Tensor", "__or__.Tensor", "bitwise_and.Tensor",
+      "bitwise_or.Tensor")
+def _logical(cx, n, a):
+    name = str(n.target).split(".")[1].strip("_")
+    op = "logical_and" if "and" in name else "logical_or"
+    if not name.startswith("logical") and not (cx.spec(a["self"]).dtype == cx.spec(a["other"]).dtype == "bool"):
+        raise Unmapped(f"{name} of integer tensors (bitwise, not logical)")
+    return cx.pointwise(n, op, [a["self"], a["other"]], cast=False)
+
+
+@aten("addcdiv.default")
+def _addcdiv(cx, n, a):
+    """self + value * tensor1 / tensor2"""
+    q = cx.emit("div", [a["tensor1"], a["tensor2"]])
+    if float(a.get("value", 1)) != 1:
+        q = cx.emit("mul_scalar", [q], {"value": float(a["value"])})
+    return cx.pointwise(n, "add", [a["self"], q])
+
+
+@aten("prelu.default", "_prelu_kernel.default")
+def _prelu(cx, n, a):
+    """max(x, 0) + weight * min(x, 0), the weight per channel (dim 1) or one for all."""
+    x, w = a["self"], a["weight"]
+    shape = cx.spec(x).shape
+    if cx.spec(w).numel > 1:
+        w = cx.emit("reshape", [w], {"shape": [cx.spec(w).numel] + [1] * (len(shape) - 2)})
+    neg = cx.emit("mul", [w, cx.emit("min_scalar", [x], {"value": 0.0})])
+    return cx.pointwise(n, "add", [cx.emit("relu", [x]), neg])
+
+
+@aten("outer.default", "ger.default")
+def _outer(cx, n, a):
+    """a[:, None] * b[None, :]"""
+    x, y = a["self"], a["vec2"]
+    cols = cx.emit("reshape", [x], {"shape": [cx.spec(x).shape[0], 1]})
+    return cx.pointwise(n, "mul", [cols, y])
 
 
 @aten("where.self", "where.ScalarOther", "where.ScalarSelf", "where.Scalar")
@@ -438,6 +502,8 @@ aten("mean.dim", "mean.default")(_reduce("mean"))
 aten("amax.default")(_reduce("max"))
 aten("amin.default")(_reduce("min"))
 aten("logsumexp.default")(_reduce("logsumexp"))
+aten("any.dim", "any.dims", "any.default")(_reduce("any"))
+aten("all.dim", "all.dims", "all.default")(_reduce("all"))
 
 
 @aten("prod.dim_int", "prod.default")
@@ -856,6 +922,53 @@ def _pixel_shuffle(cx, n, a):
     x = cx.emit("reshape", [a["self"]], {"shape": [nb, c // (r * r), r, r, h, w]})
     x = cx.emit("permute", [x], {"dims": [0, 1, 4, 2, 5, 3]})
     return cx.emit("reshape", [x], {"shape": [nb, c // (r * r), h * r, w * r]})
+
+
+@aten("pixel_unshuffle.default")
+def _pixel_unshuffle(cx, n, a):
+    # [N, C, H*r, W*r] -> [N, C, H, r, W, r] -> [N, C, r, r, H, W] -> [N, C*r*r, H, W]
+    shape = cx.spec(a["self"]).shape
+    r = int(a["downscale_factor"])
+    if len(shape) != 4:
+        raise Unmapped("pixel_unshuffle of a tensor that is not 4-D")
+    nb, c, h, w = shape
+    x = cx.emit("reshape", [a["self"]], {"shape": [nb, c, h // r, r, w // r, r]})
+    x = cx.emit("permute", [x], {"dims": [0, 1, 3, 5, 2, 4]})
+    return cx.emit("reshape", [x], {"shape": [nb, c * r * r, h // r, w // r]})
+
+
+@aten("channel_shuffle.default", "native_channel_shuffle.default")
+def _channel_shuffle(cx, n, a):
+    # [N, g*k, ...] -> [N, g, k, ...] -> [N, k, g, ...] -> [N, k*g, ...]
+    shape = list(cx.spec(a["self"]).shape)
+    g = int(a["groups"])
+    x = cx.emit("reshape", [a["self"]], {"shape": [shape[0], g, shape[1] // g, *shape[2:]]})
+    x = cx.emit("transpose", [x], {"dim0": 1, "dim1": 2})
+    return cx.emit("reshape", [x], {"shape": shape})
+
+
+@aten("repeat_interleave.self_int")
+def _repeat_interleave(cx, n, a):
+    """Each element `repeats` times along dim: unsqueeze after it, expand, merge (as a nearest upsample)."""
+    x, r, dim = a["self"], int(a["repeats"]), a.get("dim")
+    if dim is None:
+        raise Unmapped("repeat_interleave without dim (it flattens first)")
+    shape = list(cx.spec(x).shape)
+    d = int(dim) % len(shape)
+    x = cx.emit("reshape", [x], {"shape": shape[:d + 1] + [1] + shape[d + 1:]})
+    x = cx.emit("expand", [x], {"size": shape[:d + 1] + [r] + shape[d + 1:]})
+    return cx.emit("reshape", [x], {"shape": shape[:d] + [shape[d] * r] + shape[d + 1:]})
+
+
+@aten("one_hot.default")
+def _one_hot(cx, n, a):
+    """i[..., None] == arange(classes), as int64."""
+    import numpy as np
+    classes = cx.meta_shape(n)[-1]
+    x = a["self"]
+    col = cx.emit("reshape", [x], {"shape": list(cx.spec(x).shape) + [1]})
+    hit = cx.emit("eq", [col, cx.constant("classes", np.arange(classes, dtype=np.int64), dtype="int64")])
+    return cx.emit("cast", [hit], {"dtype": "int64"})
 
 
 # --- recurrent nets --------------------------------------------------------------------------

@@ -132,6 +132,14 @@ _unary("sign", lambda x, a: torch.sign(x), "(float)(({x} > 0.0f) - ({x} < 0.0f))
 _unary("floor", lambda x, a: torch.floor(x), "floorf({x})", keep_dtype=True)
 _unary("ceil", lambda x, a: torch.ceil(x), "ceilf({x})", keep_dtype=True)
 _unary("round", lambda x, a: torch.round(x), "rintf({x})", keep_dtype=True)
+_unary("frac", lambda x, a: torch.frac(x), "({x} - truncf({x}))", keep_dtype=True, doc="x - trunc(x)")
+_unary("sinh", lambda x, a: torch.sinh(x), "sinhf({x})")
+_unary("cosh", lambda x, a: torch.cosh(x), "coshf({x})")
+_unary("asin", lambda x, a: torch.asin(x), "asinf({x})")
+_unary("acos", lambda x, a: torch.acos(x), "acosf({x})")
+_unary("erfc", lambda x, a: torch.erfc(x), "erfcf({x})")
+_unary("erfinv", lambda x, a: torch.erfinv(x), "erfinvf({x})")
+_unary("lgamma", lambda x, a: torch.lgamma(x), "lgammaf({x})")
 
 
 def _clamp_infer(ins, attrs):
@@ -265,14 +273,20 @@ _binary("logical_or", torch.logical_or, "({a} || {b})", infer=_bcast_bool)
 _binary("remainder", torch.remainder, "remainder_f({a}, {b})",
         doc="Python's % (the sign of b): fmod(a, b), plus b where that has a's sign instead, as torch computes it")
 _binary("fmod", torch.fmod, "fmodf({a}, {b})", doc="C's fmod: the sign of a")
+_binary("hypot", torch.hypot, "hypotf({a}, {b})")
+_binary("logaddexp", torch.logaddexp,
+        "(({a} != {a} || {b} != {b}) ? NAN : fmaxf({a}, {b}) == -INFINITY ? -INFINITY : "
+        "fmaxf({a}, {b}) + log1pf(expf(-fabsf({a} - {b}))))",
+        doc="log(exp(a) + exp(b)), from the larger: max + log1p(exp(-|a - b|)); -inf where both are")
 _binary("atan2", torch.atan2, "atan2f({a}, {b})")
 _unary("tan", lambda x, a: torch.tan(x), "tanf({x})")
 _unary("atan", lambda x, a: torch.atan(x), "atanf({x})")
 _unary("log10", lambda x, a: torch.log10(x), "log10f({x})")
 _unary("trunc", lambda x, a: torch.trunc(x), "truncf({x})", keep_dtype=True)
 _unary("threshold", lambda x, a: F.threshold(x, a["threshold"], a["value"]),
-       "({x} > {threshold} ? {x} : {value})", keep_dtype=True,
-       attrs=(Attr("threshold", "float"), Attr("value", "float")), doc="x where x > threshold, else value")
+       "({x} <= {threshold} ? {value} : {x})", keep_dtype=True,
+       attrs=(Attr("threshold", "float"), Attr("value", "float")),
+       doc="value where x <= threshold, else x (NaN stays NaN, as in torch)")
 
 
 def _masked_fill_infer(ins, attrs):

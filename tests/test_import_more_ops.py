@@ -1,0 +1,80 @@
+"""Ops real models use that imported as opaque nodes (run by torch, never fused) now map onto the
+library: math functions (sinh, cosh, asin, acos, erfc, erfinv, lgamma, trunc, frac, sgn, atan2, hypot,
+logaddexp, fmod and remainder with a number), isnan / isinf / isfinite, logical and / or, any / all,
+addcdiv, prelu, threshold, outer, one_hot, repeat_interleave, pixel_unshuffle and channel_shuffle. Each
+import matches the module; each pointwise kernel matches torch in the CPU emulator, special values
+(NaN, infinities, zeros) included."""
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from agent_core.codegen import generate_kernel
+from agent_core.importers import import_nn_module, verify_import
+from agent_core.planner import plan_program
+from tests.programs import emulated
+
+
+def _x(shape=(4, 6)):
+    x = torch.randn(*shape)
+    x.view(-1)[:4] = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0])
+    return x
+
+
+POINTWISE = {
+    "sinh": lambda x, y: torch.sinh(x) * 0.5,
+    "cosh": lambda x, y: torch.cosh(x) - 1,
+    "asin_acos": lambda x, y: torch.asin(torch.tanh(x)) + torch.acos(torch.tanh(y)),
+    "erfc_erfinv": lambda x, y: torch.erfc(x) + torch.erfinv(torch.tanh(y) * 0.99),
+    "lgamma": lambda x, y: torch.lgamma(x.abs() + 0.5),
+    "trunc_frac_sgn": lambda x, y: torch.trunc(x * 3) + torch.frac(y * 3) + torch.sgn(x),
+    "atan2_hypot": lambda x, y: torch.atan2(x, y) + torch.hypot(x, y),
+    "logaddexp": lambda x, y: torch.logaddexp(x, y),
+    "fmod_remainder": lambda x, y: torch.fmod(x, 0.7) + torch.remainder(y, 0.7) + torch.remainder(x, y),
+    "isnan_isinf": lambda x, y: torch.isnan(x).float() + 2 * torch.isinf(x).float() + 4 * torch.isfinite(y).float(),
+    "logical": lambda x, y: (torch.logical_and(x > 0, y > 0) | (y < -1)).float(),
+    "addcdiv": lambda x, y: torch.addcdiv(x, x, y.abs() + 1, value=0.5),
+    "threshold": lambda x, y: F.threshold(x, 0.3, -2.0),
+}
+
+
+class Pointwise(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x, y):
+        return self.fn(x, y)
+
+
+@pytest.mark.parametrize("name", sorted(POINTWISE))
+def test_pointwise_ops_map_onto_the_library_and_their_kernel_matches_torch(name):
+    m = Pointwise(POINTWISE[name])
+    x, y = _x(), torch.randn(4, 6)
+    y[0, 0] = float("-inf")
+    p = import_nn_module(m, [x, y])
+    assert "opaque" not in {nd.op for nd in p.nodes.values()}, [nd.attrs for nd in p.nodes.values()]
+    [region] = plan_program(p).active
+    ks = generate_kernel(p, list(region.nodes), name=f"k_{name}")
+    got, want = emulated(p, ks, [x, y])
+    torch.testing.assert_close(got, m(x, y), rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+class Layouts(nn.Module):
+    def forward(self, x, i, w):
+        a = F.pixel_unshuffle(x, 2).sum(1)
+        b = F.channel_shuffle(x, 2).amax(1)
+        c = x.repeat_interleave(3, dim=2)[..., :4].mean((1, 2))
+        d = F.one_hot(i, 5).float().sum(0)
+        e = torch.outer(x[0, 0, 0], x[0, 1, 1]).sum()
+        f = (x > 0).any(-1).float().sum() + (x > -3).all(1).float().sum()
+        g = F.prelu(x, w).sum() + F.prelu(x, w[:1]).sum()
+        return a.sum() + b.sum() + c.sum() + d.sum() + e + f + g
+
+
+def test_layout_and_reduction_spellings_import_without_opaque_nodes():
+    x, i, w = torch.randn(2, 4, 6, 6), torch.randint(0, 5, (7,)), torch.rand(4)
+    p = import_nn_module(Layouts(), [x, i, w])
+    assert "opaque" not in {nd.op for nd in p.nodes.values()}, \
+        [nd.attrs.get("target") for nd in p.nodes.values() if nd.op == "opaque"]
+    assert verify_import(p, Layouts(), draws=2) < 1e-4
