@@ -1,7 +1,8 @@
 """Ops real models use that imported as opaque nodes (run by torch, never fused) now map onto the
 library: math functions (sinh, cosh, asin, acos, erfc, erfinv, lgamma, trunc, frac, sgn, atan2, hypot,
 logaddexp, fmod and remainder with a number), isnan / isinf / isfinite, logical and / or, any / all,
-addcdiv, prelu, threshold, outer, one_hot, repeat_interleave, pixel_unshuffle and channel_shuffle. Each
+addcdiv, prelu, threshold, outer, one_hot, repeat_interleave, pixel_unshuffle, channel_shuffle, var_mean,
+aminmax, count_nonzero, nansum and diff. Each
 import matches the module; each pointwise kernel matches torch in the CPU emulator, special values
 (NaN, infinities, zeros) included."""
 import pytest
@@ -69,7 +70,11 @@ class Layouts(nn.Module):
         e = torch.outer(x[0, 0, 0], x[0, 1, 1]).sum()
         f = (x > 0).any(-1).float().sum() + (x > -3).all(1).float().sum()
         g = F.prelu(x, w).sum() + F.prelu(x, w[:1]).sum()
-        return a.sum() + b.sum() + c.sum() + d.sum() + e + f + g
+        v, mu = torch.var_mean(x, dim=(2, 3))
+        lo, hi = torch.aminmax(x, dim=1)
+        h = v.sum() + mu.sum() + (hi - lo).sum() + torch.count_nonzero(x > 0.5, dim=1).sum() + x.nansum()
+        k = torch.diff(x, dim=-1).abs().sum()
+        return a.sum() + b.sum() + c.sum() + d.sum() + e + f + g + h + k
 
 
 def test_layout_and_reduction_spellings_import_without_opaque_nodes():

@@ -557,6 +557,52 @@ aten("var.correction", "var.dim", "var.default")(_var_std("var"))
 aten("std.correction", "std.dim", "std.default")(_var_std("std"))
 
 
+@aten("var_mean.correction", "var_mean.dim", "var_mean.default", "std_mean.correction", "std_mean.dim",
+      "std_mean.default")
+def _var_mean(cx, n, a):
+    lib = "std" if str(n.target).startswith("aten.std") else "var"
+    dim = a.get("dim")
+    dim = None if dim is None or dim == [] else _ints(dim)
+    return [_var_std(lib)(cx, n, a), cx.emit("mean", [a["self"]], {"dim": dim, "keepdim": bool(a.get("keepdim", False))})]
+
+
+@aten("aminmax.default")
+def _aminmax(cx, n, a):
+    dim = a.get("dim")
+    attrs = {"dim": None if dim is None else [int(dim)], "keepdim": bool(a.get("keepdim", False))}
+    return [cx.emit("min", [a["self"]], attrs), cx.emit("max", [a["self"]], attrs)]
+
+
+@aten("count_nonzero.default", "count_nonzero.dim_IntList")
+def _count_nonzero(cx, n, a):
+    x = a["self"]
+    hit = cx.emit("ne", [x, cx.tensor(0, like=x)])
+    dim = a.get("dim")
+    dims = None if dim is None or dim == [] else _ints(dim)
+    return cx.emit("sum", [cx.emit("cast", [hit], {"dtype": "int64"})], {"dim": dims, "keepdim": False})
+
+
+@aten("nansum.default")
+def _nansum(cx, n, a):
+    x = a["self"]
+    clean = cx.emit("where", [cx.emit("ne", [x, x]), cx.tensor(0.0, like=x), x])
+    dim = a.get("dim")
+    return cx.emit("sum", [clean], {"dim": None if dim is None or dim == [] else _ints(dim),
+                                    "keepdim": bool(a.get("keepdim", False))})
+
+
+@aten("diff.default")
+def _diff(cx, n, a):
+    """x[1:] - x[:-1] along dim (once; prepend / append and n > 1 stay opaque)."""
+    x, dim = a["self"], int(a.get("dim", -1))
+    if int(a.get("n", 1)) != 1 or a.get("prepend") is not None or a.get("append") is not None:
+        raise Unmapped("diff with n > 1, prepend or append")
+    size = cx.spec(x).shape[dim]
+    hi = cx.emit("slice", [x], {"dim": dim, "start": 1, "end": size, "step": 1})
+    lo = cx.emit("slice", [x], {"dim": dim, "start": 0, "end": size - 1, "step": 1})
+    return cx.pointwise(n, "sub", [hi, lo])
+
+
 def _scan(lib: str):
     def conv(cx, n, a):
         x = a["self"]
