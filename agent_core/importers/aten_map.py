@@ -300,6 +300,8 @@ def _isnan(cx, n, a):
 @aten("isinf.default", "isfinite.default")
 def _isinf(cx, n, a):
     """|x| == inf, or |x| < inf (false for NaN too)."""
+    if cx.spec(a["self"]).dtype not in ("float32", "float64", "float16", "bfloat16"):
+        raise Unmapped("isinf / isfinite of an integer tensor")
     size = cx.emit("abs", [a["self"]])
     op = "eq" if str(n.target).startswith("aten.isinf") else "lt"
     return cx.pointwise(n, op, [size, cx.tensor(float("inf"), like=a["self"])], cast=False)
