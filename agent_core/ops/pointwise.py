@@ -37,7 +37,7 @@ def _bcast_bool(ins, attrs):
 
 # torch implements these activations for floating-point tensors only
 _FLOAT_ONLY = {"gelu", "elu", "selu", "celu", "silu", "mish", "softplus", "hardsigmoid", "hardswish",
-               "leaky_relu", "logsigmoid", "hardshrink", "softshrink"}
+               "leaky_relu", "logsigmoid", "hardshrink", "softshrink", "frac"}
 # and refuses bool tensors for these (arithmetic on bool is not defined)
 _NO_BOOL = {"abs", "neg", "floor", "ceil", "round", "trunc", "relu", "relu6", "hardtanh", "softsign",
             "tanhshrink", "threshold", "sub_scalar", "rsub_scalar", "sign"}
