@@ -2,7 +2,8 @@
 library: math functions (sinh, cosh, asin, acos, erfc, erfinv, lgamma, trunc, frac, sgn, atan2, hypot,
 logaddexp, fmod and remainder with a number), isnan / isinf / isfinite, logical and / or, any / all,
 addcdiv, prelu, threshold, outer, one_hot, repeat_interleave, pixel_unshuffle, channel_shuffle, var_mean,
-aminmax, count_nonzero, nansum and diff. Each
+aminmax, count_nonzero, nansum, nanmean, diff, sinc, logit, floor_divide of floats and linalg.norm of
+vectors. Each
 import matches the module; each pointwise kernel matches torch in the CPU emulator, special values
 (NaN, infinities, zeros) included."""
 import pytest
@@ -36,6 +37,8 @@ POINTWISE = {
     "logical": lambda x, y: (torch.logical_and(x > 0, y > 0) | (y < -1)).float(),
     "addcdiv": lambda x, y: torch.addcdiv(x, x, y.abs() + 1, value=0.5),
     "threshold": lambda x, y: F.threshold(x, 0.3, -2.0),
+    "sinc_logit_floor_divide": lambda x, y: torch.sinc(x) + torch.logit(torch.sigmoid(y), eps=1e-3)
+    + torch.floor_divide(x, 0.3),
 }
 
 
@@ -73,8 +76,9 @@ class Layouts(nn.Module):
         v, mu = torch.var_mean(x, dim=(2, 3))
         lo, hi = torch.aminmax(x, dim=1)
         h = v.sum() + mu.sum() + (hi - lo).sum() + torch.count_nonzero(x > 0.5, dim=1).sum() + x.nansum()
-        k = torch.diff(x, dim=-1).abs().sum()
-        return a.sum() + b.sum() + c.sum() + d.sum() + e + f + g + h + k
+        k = torch.diff(x, dim=-1).abs().sum() + torch.linalg.norm(x, dim=-1).sum() + torch.linalg.norm(x, 3, 1).sum()
+        q = torch.where(x > 1, torch.full_like(x, float("nan")), x).nanmean(-1).sum()
+        return a.sum() + b.sum() + c.sum() + d.sum() + e + f + g + h + k + q
 
 
 def test_layout_and_reduction_spellings_import_without_opaque_nodes():

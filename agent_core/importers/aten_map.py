@@ -76,7 +76,7 @@ _UNARY = {
     "hardswish": "hardswish", "relu6": "relu6", "log_sigmoid": "logsigmoid", "logical_not": "logical_not",
     "tanhshrink": "tanhshrink", "trunc": "trunc", "fix": "trunc", "frac": "frac", "sinh": "sinh", "cosh": "cosh",
     "tan": "tan", "asin": "asin", "acos": "acos", "atan": "atan", "arcsin": "asin", "arccos": "acos",
-    "arctan": "atan", "erfc": "erfc", "erfinv": "erfinv", "lgamma": "lgamma", "sgn": "sign",
+    "arctan": "atan", "erfc": "erfc", "erfinv": "erfinv", "lgamma": "lgamma", "sgn": "sign", "sinc": "sinc",
 }
 
 
@@ -335,6 +335,46 @@ def _prelu(cx, n, a):
         w = cx.emit("reshape", [w], {"shape": [cx.spec(w).numel] + [1] * (len(shape) - 2)})
     neg = cx.emit("mul", [w, cx.emit("min_scalar", [x], {"value": 0.0})])
     return cx.pointwise(n, "add", [cx.emit("relu", [x]), neg])
+
+
+@aten("floor_divide.default", "floor_divide.Scalar")
+def _floor_divide(cx, n, a):
+    if cx.meta_dtype(n) not in ("float32", "float64", "float16", "bfloat16"):
+        raise Unmapped("floor_divide of integer tensors (an exact integer division)")
+    return _div_mode(cx, n, {**a, "rounding_mode": "floor"})
+
+
+@aten("logit.default")
+def _logit(cx, n, a):
+    """log(x / (1 - x)), x clamped to [eps, 1 - eps] first when eps is given."""
+    x, eps = a["self"], a.get("eps")
+    if eps is not None:
+        x = cx.emit("clamp", [x], {"min": float(eps), "max": 1.0 - float(eps)})
+    odds = cx.emit("div", [x, cx.emit("rsub_scalar", [x], {"value": 1.0})])
+    return cx.pointwise(n, "log", [odds])
+
+
+@aten("nanmean.default")
+def _nanmean(cx, n, a):
+    """The sum of the numbers over their count (NaN left out of both)."""
+    x = a["self"]
+    dim = a.get("dim")
+    attrs = {"dim": None if dim is None or dim == [] else _ints(dim), "keepdim": bool(a.get("keepdim", False))}
+    nan = cx.emit("ne", [x, x])
+    total = cx.emit("sum", [cx.emit("where", [nan, cx.tensor(0.0, like=x), x])], attrs)
+    count = cx.emit("sum", [cx.emit("cast", [cx.emit("logical_not", [nan])], {"dtype": cx.spec(x).dtype})], attrs)
+    return cx.pointwise(n, "div", [total, count])
+
+
+@aten("linalg_norm.default")
+def _linalg_norm(cx, n, a):
+    """A vector norm (ord a number, one dim), or the Frobenius norm (ord None): norm(p) over the dims."""
+    ord_, dim = a.get("ord"), a.get("dim")
+    dims = None if dim is None or dim == [] else _ints(dim)
+    if isinstance(ord_, str) or (ord_ is not None and (dims is None or len(dims) != 1)):
+        raise Unmapped(f"linalg.norm with ord={ord_!r} over {dims} (a matrix norm)")
+    return cx.emit("norm", [a["self"]], {"p": 2.0 if ord_ is None else float(ord_), "dim": dims,
+                                         "keepdim": bool(a.get("keepdim", False))})
 
 
 @aten("outer.default", "ger.default")

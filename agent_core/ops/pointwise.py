@@ -140,6 +140,9 @@ _unary("acos", lambda x, a: torch.acos(x), "acosf({x})")
 _unary("erfc", lambda x, a: torch.erfc(x), "erfcf({x})")
 _unary("erfinv", lambda x, a: torch.erfinv(x), "erfinvf({x})")
 _unary("lgamma", lambda x, a: torch.lgamma(x), "lgammaf({x})")
+_unary("sinc", lambda x, a: torch.sinc(x),
+       "({x} == 0.0f ? 1.0f : sinf(3.14159265358979323846f * {x}) / (3.14159265358979323846f * {x}))",
+       doc="sin(pi x) / (pi x), 1 at 0")
 
 
 def _clamp_infer(ins, attrs):
