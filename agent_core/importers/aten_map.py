@@ -999,30 +999,25 @@ def _index_select(cx, n, a):
     return cx.emit("index_select", [a["self"], a["index"]], {"dim": int(a["dim"])})
 
 
-@aten("pixel_shuffle.default")
+def _split_permute_merge(cx, n, x, split: list, dims: list):
+    """x viewed as `split`, permuted by `dims`, viewed as torch's recorded output shape."""
+    y = cx.emit("permute", [cx.emit("reshape", [x], {"shape": split})], {"dims": dims})
+    return cx.emit("reshape", [y], {"shape": list(cx.meta_shape(n))})
+
+
+@aten("pixel_shuffle.default", "pixel_unshuffle.default")
 def _pixel_shuffle(cx, n, a):
-    # [N, C*r*r, H, W] -> [N, C, r, r, H, W] -> [N, C, H, r, W, r] -> [N, C, H*r, W*r]
+    # shuffle:   [N, C*r*r, H, W] -> [N, C, r, r, H, W] -> [N, C, H, r, W, r] -> [N, C, H*r, W*r]
+    # unshuffle: [N, C, H*r, W*r] -> [N, C, H, r, W, r] -> [N, C, r, r, H, W] -> [N, C*r*r, H, W]
     shape = cx.spec(a["self"]).shape
-    r = int(a["upscale_factor"])
     if len(shape) != 4:
-        raise Unmapped("pixel_shuffle of a tensor that is not 4-D")
+        raise Unmapped(f"{n.target} of a tensor that is not 4-D")
     nb, c, h, w = shape
-    x = cx.emit("reshape", [a["self"]], {"shape": [nb, c // (r * r), r, r, h, w]})
-    x = cx.emit("permute", [x], {"dims": [0, 1, 4, 2, 5, 3]})
-    return cx.emit("reshape", [x], {"shape": [nb, c // (r * r), h * r, w * r]})
-
-
-@aten("pixel_unshuffle.default")
-def _pixel_unshuffle(cx, n, a):
-    # [N, C, H*r, W*r] -> [N, C, H, r, W, r] -> [N, C, r, r, H, W] -> [N, C*r*r, H, W]
-    shape = cx.spec(a["self"]).shape
+    if "upscale_factor" in a:
+        r = int(a["upscale_factor"])
+        return _split_permute_merge(cx, n, a["self"], [nb, c // (r * r), r, r, h, w], [0, 1, 4, 2, 5, 3])
     r = int(a["downscale_factor"])
-    if len(shape) != 4:
-        raise Unmapped("pixel_unshuffle of a tensor that is not 4-D")
-    nb, c, h, w = shape
-    x = cx.emit("reshape", [a["self"]], {"shape": [nb, c, h // r, r, w // r, r]})
-    x = cx.emit("permute", [x], {"dims": [0, 1, 3, 5, 2, 4]})
-    return cx.emit("reshape", [x], {"shape": [nb, c * r * r, h // r, w // r]})
+    return _split_permute_merge(cx, n, a["self"], [nb, c, h // r, r, w // r, r], [0, 1, 3, 5, 2, 4])
 
 
 @aten("channel_shuffle.default", "native_channel_shuffle.default")
@@ -1030,9 +1025,8 @@ def _channel_shuffle(cx, n, a):
     # [N, g*k, ...] -> [N, g, k, ...] -> [N, k, g, ...] -> [N, k*g, ...]
     shape = list(cx.spec(a["self"]).shape)
     g = int(a["groups"])
-    x = cx.emit("reshape", [a["self"]], {"shape": [shape[0], g, shape[1] // g, *shape[2:]]})
-    x = cx.emit("transpose", [x], {"dim0": 1, "dim1": 2})
-    return cx.emit("reshape", [x], {"shape": shape})
+    return _split_permute_merge(cx, n, a["self"], [shape[0], g, shape[1] // g, *shape[2:]],
+                                [0, 2, 1, *range(3, len(shape) + 1)])
 
 
 @aten("repeat_interleave.self_int")
