@@ -335,6 +335,10 @@ def test_a_live_hull_that_lost_gives_way_to_its_parts(window):
     assert sorted(agent.live.items) == [f"{rid}_1", f"{rid}_2"] and rid not in agent.live.live
     hulls = [i for i in window.scene.items() if type(i).__name__ == "LiveRegionItem"]
     assert sorted(i.region_id for i in hulls) == [f"{rid}_1", f"{rid}_2"]
+    os.makedirs(SHOTS, exist_ok=True)
+    window.view.fit_all()
+    QApplication.processEvents()
+    window.screenshot(os.path.join(SHOTS, "studio_live_split.png"))
     agent._end_live()
 
 
