@@ -2,8 +2,8 @@
 library: math functions (sinh, cosh, asin, acos, erfc, erfinv, lgamma, trunc, frac, sgn, atan2, hypot,
 logaddexp, fmod and remainder with a number), isnan / isinf / isfinite, logical and / or, any / all,
 addcdiv, prelu, threshold, outer, one_hot, repeat_interleave, pixel_unshuffle, channel_shuffle, var_mean,
-aminmax, count_nonzero, nansum, nanmean, diff, sinc, logit, floor_divide of floats and linalg.norm of
-vectors. Each
+aminmax, count_nonzero, nansum, nanmean, diff, sinc, logit, floor_divide of floats, xlogy, signbit and
+linalg.norm of vectors. Each
 import matches the module; each pointwise kernel matches torch in the CPU emulator, special values
 (NaN, infinities, zeros) included."""
 import pytest
@@ -37,6 +37,9 @@ POINTWISE = {
     "logical": lambda x, y: (torch.logical_and(x > 0, y > 0) | (y < -1)).float(),
     "addcdiv": lambda x, y: torch.addcdiv(x, x, y.abs() + 1, value=0.5),
     "threshold": lambda x, y: F.threshold(x, 0.3, -2.0),
+    # x is 0 where y <= 0: 0, not NaN; signbit is set for -0.0 (from -x where x is 0) and -inf
+    "xlogy_signbit": lambda x, y: torch.xlogy(x.abs() * (y > 0), y) + torch.xlogy(x, 2.0)
+    + torch.signbit(-x).float(),
     "sinc_logit_floor_divide": lambda x, y: torch.sinc(x) + torch.logit(torch.sigmoid(y), eps=1e-3)
     + torch.floor_divide(x, 0.3),
 }

@@ -94,11 +94,29 @@ def attr_literal(name: str, value, dtype: str = "float32") -> str:
     raise CodegenError(f"attribute {name}={value!r} has no C literal")
 
 
+_CALLED = re.compile(r"\b([A-Za-z_]\w*)\s*\(")
+
+
+def _template_functions() -> set[str]:
+    """The functions the op library's CUDA expressions call (signbit, hypotf, ...): a value named after
+    one would hide it."""
+    from ..ops import REGISTRY      # the package: importing it registers every op
+    out = set()
+    for opdef in REGISTRY.values():
+        forms = opdef.cuda.values() if isinstance(opdef.cuda, dict) else [opdef.cuda]
+        out.update(name for form in forms if isinstance(form, str) for name in _CALLED.findall(form))
+    return out
+
+
 class Names:
-    """Unique C identifiers derived from value and node names (readable, never colliding)."""
+    """Unique C identifiers derived from value and node names (readable, never colliding with a C
+    keyword, the kernel's own names or a function an op's expression calls)."""
+    _functions: set[str] | None = None
 
     def __init__(self):
-        self.taken = set(RESERVED)
+        if Names._functions is None:
+            Names._functions = _template_functions()
+        self.taken = RESERVED | Names._functions
 
     def new(self, base: str) -> str:
         ident = re.sub(r"\W", "_", base).strip("_") or "v"
@@ -130,7 +148,7 @@ def kernel_name(name: str) -> str:
 
 
 _COMPARISONS = {"gt", "ge", "lt", "le", "eq", "ne"}
-_UNCONVERTED = {"cast", "logical_and", "logical_or", "logical_not"}   # read their inputs as they are
+_UNCONVERTED = {"cast", "logical_and", "logical_or", "logical_not", "signbit"}   # read their inputs as they are
 _CONDITIONS = {("where", 0), ("masked_fill", 1)}                      # (op, port): a truth value, as is
 
 

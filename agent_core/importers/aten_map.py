@@ -344,6 +344,25 @@ def _floor_divide(cx, n, a):
     return _div_mode(cx, n, {**a, "rounding_mode": "floor"})
 
 
+@aten("xlogy.Tensor", "xlogy.Scalar_Other", "special_xlogy.default")
+def _xlogy(cx, n, a):
+    """x * log(y), 0 where x is 0 (NaN still where y is NaN), as torch defines it."""
+    if cx.meta_dtype(n) not in ("float32", "float64", "float16", "bfloat16"):
+        raise Unmapped("xlogy with an integer result")
+    x, y = a["self"], cx.tensor(a["other"], like=a["self"])
+    zero = cx.tensor(0.0, like=x)
+    product = cx.emit("mul", [x, cx.emit("log", [y])])
+    at_zero = cx.emit("where", [cx.emit("ne", [y, y]), y, zero])    # NaN stays NaN
+    return cx.pointwise(n, "where", [cx.emit("eq", [x, zero]), at_zero, product])
+
+
+@aten("signbit.default")
+def _signbit(cx, n, a):
+    if cx.spec(a["self"]).dtype not in ("float32", "float64", "float16", "bfloat16"):
+        raise Unmapped("signbit of an integer tensor")
+    return cx.pointwise(n, "signbit", [a["self"]], cast=False)
+
+
 @aten("logit.default")
 def _logit(cx, n, a):
     """log(x / (1 - x)), x clamped to [eps, 1 - eps] first when eps is given."""

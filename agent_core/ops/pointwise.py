@@ -180,6 +180,16 @@ register(OpDef("logical_not", "pointwise", ("x",), lambda ins, a: [TensorSpec(in
                lambda t, a: torch.logical_not(t[0]), cuda="(!{x})"))
 
 
+def _signbit_infer(ins, attrs):
+    if ins[0].dtype not in FLOAT_DTYPES:
+        raise ShapeError(f"signbit: x must be a floating-point tensor, got {ins[0].dtype} (compare with 0 instead)")
+    return [TensorSpec(ins[0].shape, "bool")]
+
+
+register(OpDef("signbit", "pointwise", ("x",), _signbit_infer, lambda t, a: torch.signbit(t[0]),
+               cuda="signbit({x})", doc="whether x's sign bit is set: true for -0.0 and for negative NaNs too"))
+
+
 def _torch_dtype(name):
     from .common import torch_dtype
     return torch_dtype(name)
