@@ -2,8 +2,8 @@
 library: math functions (sinh, cosh, asin, acos, erfc, erfinv, lgamma, trunc, frac, sgn, atan2, hypot,
 logaddexp, fmod and remainder with a number), isnan / isinf / isfinite, logical and / or, any / all,
 addcdiv, prelu, threshold, outer, one_hot, repeat_interleave, pixel_unshuffle, channel_shuffle, var_mean,
-aminmax, count_nonzero, nansum, nanmean, diff, sinc, logit, floor_divide of floats, xlogy, signbit and
-linalg.norm of vectors. Each
+aminmax, count_nonzero, nansum, nanmean, diff, sinc, logit, floor_divide of floats, xlogy, signbit, bitwise
+ops of integers, linalg.norm of vectors, cross, kron and tensordot. Each
 import matches the module; each pointwise kernel matches torch in the CPU emulator, special values
 (NaN, infinities, zeros) included."""
 import pytest
@@ -40,6 +40,9 @@ POINTWISE = {
     # x is 0 where y <= 0: 0, not NaN; signbit is set for -0.0 (from -x where x is 0) and -inf
     "xlogy_signbit": lambda x, y: torch.xlogy(x.abs() * (y > 0), y) + torch.xlogy(x, 2.0)
     + torch.signbit(-x).float(),
+    # integers: xor, or, and, not (bitwise); bools: ^ and logical_xor (true where exactly one is)
+    "bitwise": lambda x, y: ((x > 0).long() ^ (y > 0).long() | 4 & (x < 0.5).int()).float()
+    + (~(x > 0).long()).float() + ((x > 0) ^ (y > 0)).float() + torch.logical_xor(x, y).float(),
     "sinc_logit_floor_divide": lambda x, y: torch.sinc(x) + torch.logit(torch.sigmoid(y), eps=1e-3)
     + torch.floor_divide(x, 0.3),
 }
@@ -90,3 +93,22 @@ def test_layout_and_reduction_spellings_import_without_opaque_nodes():
     assert "opaque" not in {nd.op for nd in p.nodes.values()}, \
         [nd.attrs.get("target") for nd in p.nodes.values() if nd.op == "opaque"]
     assert verify_import(p, Layouts(), draws=2) < 1e-4
+
+
+class Products(nn.Module):
+    """Cross products (a broadcast one, one along dim 0), Kronecker products and tensordots."""
+    def forward(self, x, y):
+        c = torch.linalg.cross(x[:, :3], y[:1, :3]) + torch.cross(x[:, 1:4].T, y[:, :3].T, dim=0).T
+        k = torch.kron(x, y[:2, :3]).sum(0) + torch.kron(x[0], y[:2, :3]).sum(0)[:18]
+        t = torch.tensordot(x, y, dims=([1], [1])) + torch.tensordot(
+            x.reshape(2, 2, 6), y.reshape(2, 6, 2), dims=([0, 2], [2, 1])).repeat(2, 2)
+        return c.sum() + k.sum() + t.sum(), c, k, t
+
+
+def test_cross_kron_and_tensordot_import_as_views_products_and_one_matmul():
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    p = import_nn_module(Products(), [x, y])
+    ops = [nd.op for nd in p.nodes.values()]
+    assert "opaque" not in ops
+    assert ops.count("matmul") == 2 and ops.count("roll") == 8     # one matmul a tensordot, 4 rolls a cross
+    assert verify_import(p, Products(), draws=2) < 1e-4

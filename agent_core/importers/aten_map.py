@@ -307,14 +307,19 @@ def _isinf(cx, n, a):
     return cx.pointwise(n, op, [size, cx.tensor(float("inf"), like=a["self"])], cast=False)
 
 
-@aten("logical_and.default", "logical_or.default", "__and__.Tensor", "__or__.Tensor", "bitwise_and.Tensor",
-      "bitwise_or.Tensor")
+@aten("logical_and.default", "logical_or.default", "logical_xor.default", "__and__.Tensor", "__or__.Tensor",
+      "__xor__.Tensor", "bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor", "bitwise_and.Scalar",
+      "bitwise_or.Scalar", "bitwise_xor.Scalar", "__and__.Scalar", "__or__.Scalar", "__xor__.Scalar")
 def _logical(cx, n, a):
+    """Logical ops of truth values; bitwise ops of bool tensors are the same, of integers bitwise_*."""
     name = str(n.target).split(".")[1].strip("_")
-    op = "logical_and" if "and" in name else "logical_or"
-    if not name.startswith("logical") and not (cx.spec(a["self"]).dtype == cx.spec(a["other"]).dtype == "bool"):
-        raise Unmapped(f"{name} of integer tensors (bitwise, not logical)")
-    return cx.pointwise(n, op, [a["self"], a["other"]], cast=False)
+    kind = "and" if "and" in name else "or" if name.endswith("or") and "xor" not in name else "xor"
+    x, y = a["self"], cx.tensor(a["other"], like=a["self"])
+    if name.startswith("logical") or cx.spec(x).dtype == cx.spec(y).dtype == "bool":
+        if kind == "xor":           # true where exactly one is
+            return cx.pointwise(n, "ne", [cx.cast_to(x, "bool"), cx.cast_to(y, "bool")], cast=False)
+        return cx.pointwise(n, f"logical_{kind}", [x, y], cast=False)
+    return cx.pointwise(n, f"bitwise_{kind}", [x, y])
 
 
 @aten("addcdiv.default")
@@ -402,6 +407,59 @@ def _outer(cx, n, a):
     x, y = a["self"], a["vec2"]
     cols = cx.emit("reshape", [x], {"shape": [cx.spec(x).shape[0], 1]})
     return cx.pointwise(n, "mul", [cols, y])
+
+
+@aten("cross.default", "linalg_cross.default")
+def _cross(cx, n, a):
+    """a x b along a dim of size 3: roll(a, -1) * roll(b, -2) - roll(a, -2) * roll(b, -1)."""
+    x, y = a["self"], a["other"]
+    shape = cx.meta_shape(n)
+    dim = a.get("dim", -1 if "linalg" in str(n.target) else None)
+    if dim is None:            # torch.cross without dim: the first dim of size 3
+        dim = next((d for d, size in enumerate(shape) if size == 3), None)
+    if dim is None or shape[int(dim)] != 3:
+        raise Unmapped("cross product along a dim that is not of size 3")
+    dim = int(dim) % len(shape)
+    x, y = (cx.emit("expand", [v], {"size": list(shape)}) if tuple(cx.spec(v).shape) != tuple(shape) else v
+            for v in (x, y))
+
+    def rolled(v, k):
+        return cx.emit("roll", [v], {"shifts": [k], "dims": [dim]})
+    first = cx.emit("mul", [rolled(x, -1), rolled(y, -2)])
+    return cx.pointwise(n, "sub", [first, cx.emit("mul", [rolled(x, -2), rolled(y, -1)])])
+
+
+@aten("kron.default")
+def _kron(cx, n, a):
+    """Every element of a times all of b: a's dims interleaved with b's, multiplied, merged pairwise."""
+    x, y = a["self"], a["other"]
+    rank = max(len(cx.spec(x).shape), len(cx.spec(y).shape))
+    xs = [1] * (rank - len(cx.spec(x).shape)) + list(cx.spec(x).shape)
+    ys = [1] * (rank - len(cx.spec(y).shape)) + list(cx.spec(y).shape)
+    spread_x = cx.emit("reshape", [x], {"shape": [d for size in xs for d in (size, 1)]})
+    spread_y = cx.emit("reshape", [y], {"shape": [d for size in ys for d in (1, size)]})
+    product = cx.pointwise(n, "mul", [spread_x, spread_y])
+    return cx.emit("reshape", [product], {"shape": list(cx.meta_shape(n))})
+
+
+@aten("tensordot.default")
+def _tensordot(cx, n, a):
+    """The contracted dims moved inner, both sides flattened to a matrix, one matmul, the free dims back."""
+    x, y = a["self"], a["other"]
+    xs, ys = list(cx.spec(x).shape), list(cx.spec(y).shape)
+    dx = [d % len(xs) for d in _ints(a["dims_self"])]
+    dy = [d % len(ys) for d in _ints(a["dims_other"])]
+    free_x = [d for d in range(len(xs)) if d not in dx]
+    free_y = [d for d in range(len(ys)) if d not in dy]
+    k = math.prod(xs[d] for d in dx)
+
+    def matrix(v, order, shape):
+        if order != list(range(len(order))):
+            v = cx.emit("permute", [v], {"dims": order})
+        return cx.emit("reshape", [v], {"shape": shape})
+    left = matrix(x, free_x + dx, [math.prod(xs[d] for d in free_x), k])
+    right = matrix(y, dy + free_y, [k, math.prod(ys[d] for d in free_y)])
+    return cx.emit("reshape", [cx.emit("matmul", [left, right])], {"shape": list(cx.meta_shape(n))})
 
 
 @aten("where.self", "where.ScalarOther", "where.ScalarSelf", "where.Scalar")
@@ -1171,6 +1229,4 @@ def _masked_fill(cx, n, a):
 
 @aten("bitwise_not.default")
 def _bitwise_not(cx, n, a):
-    if cx.spec(a["self"]).dtype != "bool":
-        raise Unmapped("bitwise_not of an integer tensor (the library has logical_not only)")
-    return cx.emit("logical_not", [a["self"]])
+    return cx.emit("logical_not" if cx.spec(a["self"]).dtype == "bool" else "bitwise_not", [a["self"]])

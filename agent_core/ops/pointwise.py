@@ -283,6 +283,30 @@ register(OpDef("lerp", "pointwise", ("x", "end", "weight"), _lerp_infer,
 _binary("ne", torch.ne, "({a} != {b})", infer=_bcast_bool)
 _binary("logical_and", torch.logical_and, "({a} && {b})", infer=_bcast_bool)
 _binary("logical_or", torch.logical_or, "({a} || {b})", infer=_bcast_bool)
+def _bitwise_infer(ins, attrs):
+    if any(x.dtype in FLOAT_DTYPES for x in ins):
+        raise ShapeError("bitwise ops take integer or bool tensors, got " + ", ".join(x.dtype for x in ins))
+    return _bcast(ins, attrs)
+
+
+# integer and bool tensors only: the expressions are their INT_CUDA forms too
+_BITWISE = {"bitwise_and": ("({a} & {b})", torch.bitwise_and), "bitwise_or": ("({a} | {b})", torch.bitwise_or),
+            "bitwise_xor": ("({a} ^ {b})", torch.bitwise_xor)}
+_INTS = ((3, 5), "int64")
+for _name, (_expr, _ref) in _BITWISE.items():
+    register(OpDef(_name, "pointwise", ("a", "b"), _bitwise_infer, lambda t, a, _r=_ref: _r(t[0], t[1]),
+                   cuda=_expr, doc=f"{_expr[1:-1].format(a='a', b='b')} of integer or bool tensors",
+                   extra={"example": ([_INTS, ((5,), "int64")], {}),
+                          "bad": ([(3, 5), (3, 5)], {}, "integer or bool")}))
+def _bitwise_not_infer(ins, attrs):
+    if ins[0].dtype == "bool":      # ~ of a C bool is -2 or -1: both true
+        raise ShapeError("bitwise_not: x is a bool tensor; use logical_not")
+    return _bitwise_infer(ins, attrs)
+
+
+register(OpDef("bitwise_not", "pointwise", ("x",), _bitwise_not_infer, lambda t, a: torch.bitwise_not(t[0]),
+               cuda="(~{x})", doc="~x of an integer tensor (logical_not is a bool's)",
+               extra={"example": ([_INTS], {}), "bad": ([(3, 5)], {}, "integer or bool")}))
 _binary("remainder", torch.remainder, "remainder_f({a}, {b})",
         doc="Python's % (the sign of b): fmod(a, b), plus b where that has a's sign instead, as torch computes it")
 _binary("fmod", torch.fmod, "fmodf({a}, {b})", doc="C's fmod: the sign of a")
@@ -358,6 +382,7 @@ INT_CUDA = {
     "fmod": "({a} % {b})",                                            # C's %: the sign of a, as fmod
     # Python's %: the sign of b
     "remainder": "({a} % {b} != 0 && (({a} % {b} < 0) != ({b} < 0)) ? {a} % {b} + {b} : {a} % {b})",
+    **{name: expr for name, (expr, _) in _BITWISE.items()}, "bitwise_not": "(~{x})",
 }
 # and for unsigned integers (uint8), where a test against zero is always false (nvcc warns #186)
 UINT_CUDA = {
