@@ -12,6 +12,7 @@ from agent_core.codegen import CodegenError, generate_kernel
 from agent_core.codegen.cuda import float_literal
 from agent_core.codegen.region_io import BroadcastIndex, region_io
 from agent_core.compiler import compile_kernel
+from agent_core.errors import ShapeError
 from agent_core.ir import Program
 from agent_core.ops import REQUIRED, all_ops
 from agent_core.reference import run_reference
@@ -25,14 +26,20 @@ def sample_attrs(op):
     return {a.name: 1.5 if a.name == "value" else 0.25 for a in op.attrs if a.default is REQUIRED}
 
 
-def _single_op_program(op):
+def _single_op_program(op, dtype="float32"):
+    """The op over float32 inputs, or int64 ones for an op of integers only (the bitwise ops)."""
     p = Program(f"one_{op.name}")
     shape = (3, 5, 7)
     ins = []
     for k, port in enumerate(op.port_names):
         # the second operand broadcasts, so every binary op also exercises index arithmetic
-        ins.append(p.add_input(port, shape if k == 0 else (5, 1)).id)
-    n = p.add_node(op.name, ins, sample_attrs(op))
+        ins.append(p.add_input(port, shape if k == 0 else (5, 1), dtype=dtype).id)
+    try:
+        n = p.add_node(op.name, ins, sample_attrs(op))
+    except ShapeError:
+        if dtype != "float32":
+            raise
+        return _single_op_program(op, "int64")
     p.mark_output(n.outputs[0])
     return p, n
 
