@@ -3,7 +3,7 @@ library: math functions (sinh, cosh, asin, acos, erfc, erfinv, lgamma, trunc, fr
 logaddexp, fmod and remainder with a number), isnan / isinf / isfinite, logical and / or, any / all,
 addcdiv, prelu, threshold, outer, one_hot, repeat_interleave, pixel_unshuffle, channel_shuffle, var_mean,
 aminmax, count_nonzero, nansum, nanmean, diff, sinc, logit, floor_divide of floats, xlogy, signbit, bitwise
-ops of integers, linalg.norm of vectors, cross, kron and tensordot. Each
+ops of integers, linalg.norm of vectors, cross, kron, tensordot and cdist. Each
 import matches the module; each pointwise kernel matches torch in the CPU emulator, special values
 (NaN, infinities, zeros) included."""
 import pytest
@@ -112,3 +112,24 @@ def test_cross_kron_and_tensordot_import_as_views_products_and_one_matmul():
     assert "opaque" not in ops
     assert ops.count("matmul") == 2 and ops.count("roll") == 8     # one matmul a tensordot, 4 rolls a cross
     assert verify_import(p, Products(), draws=2) < 1e-4
+
+
+class Distances(nn.Module):
+    """cdist as torch computes it: one matmul past 25 rows (p = 2), every difference's norm otherwise."""
+    def forward(self, x, y):
+        return torch.cdist(x, y), torch.cdist(x[:10], y[:7], p=1.0), torch.cdist(
+            x.reshape(2, 20, 6)[:, :5], y.reshape(2, 15, 6), p=float("inf"))
+
+
+def test_cdist_imports_as_torch_computes_it_and_its_direct_form_generates():
+    x, y = torch.randn(40, 6), torch.randn(30, 6)
+    p = import_nn_module(Distances(), [x, y])
+    ops = [nd.op for nd in p.nodes.values()]
+    assert "opaque" not in ops and ops.count("matmul") == 1 and ops.count("norm") == 2
+    assert verify_import(p, Distances(), draws=2) < 1e-4
+    direct = [r for r in plan_program(p).active if "norm" in {p.nodes[n].op for n in r.nodes}]
+    assert len(direct) == 2
+    for r in direct:      # the broadcast difference is read through its views inside the norm's kernel
+        ks = generate_kernel(p, list(r.nodes), name=f"k_{r.id}", kind=r.kind)
+        got, want = emulated(p, ks, [x, y])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

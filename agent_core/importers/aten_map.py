@@ -401,6 +401,30 @@ def _linalg_norm(cx, n, a):
                                          "keepdim": bool(a.get("keepdim", False))})
 
 
+@aten("cdist.default", "_cdist_forward.default")
+def _cdist(cx, n, a):
+    """Distances between the rows of x1 [.., P, M] and x2 [.., R, M], as torch computes them: for p = 2
+    with more than 25 rows on either side (compute_mode's default), through one matmul,
+    sqrt(max(|x1|^2 + |x2|^2 - 2 x1 x2^T, 1e-30)); otherwise the p-norm of every difference."""
+    x1, x2, p = a["x1"], a["x2"], float(a.get("p", 2.0))
+    s1, s2 = cx.spec(x1).shape, cx.spec(x2).shape
+    mode = a.get("compute_mode")
+    mode = 0 if mode is None else int(mode)   # 0: mm past 25 rows, 1: always mm, 2: never
+    rank = len(cx.meta_shape(n))
+    if p == 2 and (mode == 1 or (mode == 0 and (s1[-2] > 25 or s2[-2] > 25))):
+        sq = [cx.emit("sum", [cx.emit("square", [x])], {"dim": [-1], "keepdim": True}) for x in (x1, x2)]
+        dims = list(range(len(s2)))
+        dims[-1], dims[-2] = dims[-2], dims[-1]
+        cross = cx.emit("matmul", [x1, cx.emit("permute", [x2], {"dims": dims})])
+        sq2 = cx.emit("permute", [sq[1]], {"dims": dims})
+        d2 = cx.emit("add", [cx.emit("add", [sq[0], sq2]), cx.emit("mul_scalar", [cross], {"value": -2.0})])
+        return cx.emit("sqrt", [cx.emit("max_scalar", [d2], {"value": 1e-30})])
+    rows1 = cx.emit("reshape", [x1], {"shape": [*s1[:-1], 1, s1[-1]]})
+    rows2 = cx.emit("reshape", [x2], {"shape": [*s2[:-2], 1, *s2[-2:]]})
+    diff = cx.emit("sub", [rows1, rows2])
+    return cx.emit("norm", [diff], {"p": p, "dim": [rank], "keepdim": False})
+
+
 @aten("outer.default", "ger.default")
 def _outer(cx, n, a):
     """a[:, None] * b[None, :]"""
