@@ -1,15 +1,16 @@
 """The cluster-per-row schedule's threads per CTA (codegen/rowkernel.py `_schedule`, row_tuning.tune_variants).
 
-DistilBERT's distillation KL (2048 rows of 30522, student and teacher, 3 rounds) runs a cluster of
-4 CTAs per row. With 1024 threads a CTA (40 registers each) one CTA fills an SM's 64K registers and
-its loads wait while it reduces: 734 us on the H100. Rows that fill the SMs now take CTAs of 256
-threads, several per SM, one loading while another reduces: 366 us (a thread past
-cluster_thread_floats re-reads its share from L2 each round). The tuner times twice and half the CTAs
-and the threads a CTA beside it.
+DistilBERT's distillation KL terms (2048 rows of 30522, student and teacher, written per element)
+run a cluster of 4 CTAs per row. With 1024 threads a CTA (40 registers each) one CTA fills an SM's 64K
+registers and its loads wait while it reduces: 734 us on the H100 (the block's KL, when it still read
+its rows twice). Rows that fill the SMs take CTAs of 256 threads, several per SM, one loading while
+another reduces: 366 us (a thread past cluster_thread_floats re-reads its share from L2 each round).
+The tuner times twice and half the CTAs and the threads a CTA beside it. (The block itself, a sum of
+the terms, now streams each row once: tests/test_softmax_dot.py.)
 
-CPU: planned as `stitchcuda plan` plans it, at the real size (no tensors), the default and its variants compile
-without spills, and the default fits several CTAs per SM by ptxas's register count where 1024
-threads fit one (the CPU emulator runs no clusters, so the numbers are checked on the GPU only).
+CPU: at the real size (no tensors), the default and its variants compile without spills, and the
+default fits several CTAs per SM by ptxas's register count where 1024 threads fit one (the CPU
+emulator runs no clusters, so the numbers are checked on the GPU only).
 GPU (`-m gpu`, tests/gpu/test_gpu_cluster_threads.py): the variants against torch over 5 draws at
 the block's size and on ragged rows.
 """
@@ -19,18 +20,15 @@ import pytest
 from agent_core.codegen import generate_kernel
 from agent_core.codegen.row_tuning import tune_variants
 from agent_core.compiler import compile_kernel
-from tests import planned
+from tests.programs import kl_terms
 
 SM_REGISTERS = 65536
 
 
 @pytest.fixture(scope="module")
 def kl_region():
-    """The block planned once as `stitchcuda plan` plans it, at its real size: (program, region nodes)."""
-    plan, p = planned.plan(planned.block("kl_div_distill_distilbert"), small=False)
-    assert plan["kernels"] == 1
-    (r,) = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
-    return p, r.nodes
+    """The block's KL terms at its real size: (program, region nodes)."""
+    return kl_terms((2048, 30522))
 
 
 def _ctas_per_sm(ks) -> int:
@@ -62,7 +60,6 @@ def test_rows_that_fill_the_sms_take_ctas_of_256_threads_several_per_sm(kl_regio
 
 def test_a_tuner_threads_per_row_outside_the_cluster_rule_is_refused():
     from agent_core.codegen.kernel import CodegenError
-    from tests.programs import kl_terms
     p, nodes = kl_terms((2048, 30522))      # the block's terms at its size: a cluster of 4 CTAs per row
     assert generate_kernel(p, nodes, name="kl").params["schedule"] == "cluster"
     for bad in (64, 384, 2048):

@@ -67,6 +67,7 @@ class Def:
     shift: tuple[str, str] | None = None
     # a running value along the row (rowscan.py): (op, the E key scanned, its C names: run, prefix, carry)
     scan: tuple | None = None
+    softmax_of: str | None = None   # a streamed softmax's output: the E key of its input (_softmax_dot)
 
 
 @dataclass
@@ -79,6 +80,11 @@ class Step:
     node: str                # the reduction it belongs to
     total: int | None = None  # a whole-tensor reduction's place in the Totals struct (t0, t1, ...)
     per_row: bool = False     # a total of a per-row value: each row folds that one value (arg is an R key)
+    arg2: str | None = None   # the second E key a paired state folds (rowops.PAIRED: softdot's y)
+
+    @property
+    def args(self) -> list[str]:
+        return [self.arg] if self.arg2 is None else [self.arg, self.arg2]
 
 
 @dataclass
@@ -119,7 +125,7 @@ class RowGraph:
         """Keys the outputs and the steps need (every reduction of the region folds, used or not)."""
         need: set[str] = set()
         todo = list(self.outputs.values()) + [k for keys, _ in self.row_cats.values() for k in keys] + \
-            [s.arg for s in self.steps + self.row_totals] + [self.defs[k].scan[1] for k in self.scans]
+            [k for s in self.steps + self.row_totals for k in s.args] + [self.defs[k].scan[1] for k in self.scans]
         while todo:
             k = todo.pop()
             if k not in need:
@@ -152,7 +158,8 @@ class RowGraph:
             if d.key in need and d.space == E and d.round == 0 and d.scan is None and \
                     all(k in early or (self.defs[k].space == R and self.defs[k].round == 0) for k in d.deps):
                 early.add(d.key)
-        read = {s.arg for s in self.steps} | {self.defs[k].scan[1] for k in self.scans} | set(self.outputs.values())
+        read = {k for s in self.steps for k in s.args} | {self.defs[k].scan[1] for k in self.scans} | \
+            set(self.outputs.values())
         read |= {k for d in self.defs.values() if d.key in need and d.key not in early and d.space == E
                  for k in d.deps}
         return [k for k in self.defs if k in early and k in read]
@@ -452,23 +459,44 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
             cur = expr_def(key, space, render_pointwise(n, [cur], program), f"{n.op} of the {state}: once per "
                            f"{'row' if space == R else 'total'}, not per element (monotone chain)")
 
-    def step(st: str, arg: str, keys: list[str], total: bool = False, share: bool = True) -> list[str]:
-        """Fold `arg` into a state `st`; its fields' keys. The same fold of the same value by another
-        reduction of the region (softmax and log_softmax of one row) is shared: its keys come back."""
+    def step(st: str, arg: str, keys: list[str], total: bool = False, share: bool = True,
+             arg2: str | None = None) -> list[str]:
+        """Fold `arg` (and a paired state's `arg2`) into a state `st`; its fields' keys. The same fold of
+        the same value by another reduction of the region (softmax and log_softmax of one row) is
+        shared: its keys come back."""
         if share and not total:
-            same = next((s for s in g.steps if (s.state, s.arg, s.total) == (st, arg, None)), None)
+            same = next((s for s in g.steps if (s.state, s.arg, s.arg2, s.total) == (st, arg, arg2, None)), None)
             if same is not None:
                 return same.fields
-        r = g.defs[arg].round + 1
+        r = max(g.defs[k].round for k in (arg, arg2) if k) + 1
         slot = sum(1 for s in g.steps if s.round == r)
         var = g.round_vars.setdefault(r, names.new(f"round{r}"))
         of = vals[node.inputs[0]].name if chain is None else vals[g.defs[arg].vid].name if g.defs[arg].vid else arg
         for f, k in zip(STATES[st][0], keys):
             g.defs[k] = Def(k, R, field_ctype(st, f), f"{var}.s{slot}.{f}", [], r, None,
                             f"{st} of {of}" + ("" if chain is None else f", before {chain.describe()}"))
-        g.steps.append(Step(st, arg, r, slot, keys, node.id))
+        g.steps.append(Step(st, arg, r, slot, keys, node.id, arg2=arg2))
         return keys
 
+    soft = _softmax_dot(g, program, x, expr_def, names) \
+        if state == "sum" and fold is None and chain is None and not two_stage else None
+    if soft is not None:
+        # sum(softmax(t) * (a - b)) = sum(exp(t - m) * a) / sum(exp(t - m)) - b: one online state in t's
+        # pass, not a second read of the row after t's statistics (KL divergence, soft-label cross entropy)
+        t, a, row_terms = soft
+        m, s_sum, w = step("softdot", t, [names.new(f"{base}_{f}") for f in ("m", "s", "w")], arg2=a)
+        _subsume_maxsumexp(g, g.steps[-1])
+        per_row = f"({m} == INFINITY ? NAN : {w} / {s_sum}{row_terms})"
+        note = f"sum of {vals[node.inputs[0]].name} along the row: a softmax-weighted sum, one pass"
+        if total:       # every row's share, summed over the rows
+            q = expr_def(names.new(f"{base}_row"), R, per_row, note)
+            keys = row_total(g, "sum", q, node.id, names, f"'{vals[node.inputs[0]].name}' per row")
+            env[node.outputs[0]] = expr_def(base, T, keys["s"] + (" / kNumelF" if node.op == "mean" else ""),
+                                            node.op, vid=node.outputs[0])
+        else:
+            env[node.outputs[0]] = expr_def(base, R, per_row + (" / kColsF" if node.op == "mean" else ""),
+                                            note, vid=node.outputs[0])
+        return
     if total:
         t = total_count(g)
         step(state, folded, [names.new(f"{base}_row_{f}") for f in STATES[state][0]], total=True)
@@ -535,6 +563,83 @@ def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two
     if node.op == "log_softmax":     # x - lse: a sum of it along the row needs no pass after lse
         lse = expr_def(names.new(f"{base}_lse"), R, f"{fkey['m']} + {local['log_sum']}", "log-sum-exp")
         g.defs[env[out]].shift = (x, lse)
+    if node.op == "softmax" and not two_stage:      # a weighted sum of it can fold in x's pass
+        g.defs[env[out]].softmax_of = x
+
+
+LOG_FLT_MIN = -87.33654475125263    # log of float32's smallest normal: where a softmax underflows
+
+
+def _softmax_dot(g: RowGraph, program, x: str, expr_def, names: Names):
+    """(t, a, row terms) when the E value x is softmax(t) * v with v = a + (per-row values) and t, a
+    computed before any reduction: then sum(x) along the row is the softdot state's w / s plus the row
+    terms (softmax sums to 1). v is read through adds, subs and negations of log_softmax (x - lse),
+    first-pass E values and per-row values; a log_softmax of t itself clamped at or below log(FLT_MIN)
+    counts as unclamped: where the clamp acts, softmax(t) is below FLT_MIN and the term underflows
+    either way. None otherwise."""
+    d = g.defs[x]
+    node = program.nodes[d.node] if d.node else None
+    if node is None or node.op != "mul" or len(d.deps) != 2:
+        return None
+    for p_key, v_key in (d.deps, d.deps[::-1]):
+        t = g.defs[p_key].softmax_of
+        if t is None or g.defs[t].round != 0:
+            continue
+        terms = _linear_terms(g, program, v_key, t, 1)
+        if terms is None:
+            continue
+        elem, row = terms
+        if not elem:
+            continue             # a per-row v: sum(p) * v, nothing to gain
+        a = elem[0][1] if elem == [(1, elem[0][1])] else expr_def(
+            names.new(f"{x}_weighted"), E, " ".join(f"{'+' if k > 0 else '-'} {key}" for k, key in elem).lstrip("+ "),
+            "the per-element part of a softmax-weighted sum", share=True)
+        return t, a, "".join(f" {'+' if k > 0 else '-'} {key}" for k, key in row)
+    return None
+
+
+def _subsume_maxsumexp(g: RowGraph, soft: Step) -> None:
+    """A softdot's m and s are the online softmax state of its x: an existing maxsumexp step of the same
+    x in the same round (the softmax's own) reads them instead of folding exp(x - m) again."""
+    same = next((s for s in g.steps if s.state == "maxsumexp" and s.arg == soft.arg and s.round == soft.round
+                 and s.total is None), None)
+    if same is None:
+        return
+    var = g.round_vars[same.round]
+    g.steps.remove(same)
+    for s in g.steps:
+        if s.round == same.round and s.slot > same.slot:
+            s.slot -= 1
+            for f, k in zip(STATES[s.state][0], s.fields):
+                g.defs[k].expr = f"{var}.s{s.slot}.{f}"
+    for f, k in zip(STATES["maxsumexp"][0], same.fields):
+        g.defs[k].expr = f"{var}.s{soft.slot}.{f}"
+
+
+def _linear_terms(g: RowGraph, program, key: str, t: str, sign: int):
+    """v (the value at `key`, times sign) as ([(sign, first-pass E key)], [(sign, R key)]), or None."""
+    d = g.defs[key]
+    if d.space == R:
+        return [], [(sign, key)]
+    if d.shift is not None and g.defs[d.shift[0]].round == 0:
+        return [(sign, d.shift[0])], [(-sign, d.shift[1])]
+    node = program.nodes[d.node] if d.node else None
+    op = node.op if node is not None else None
+    if op in ("add", "sub") and len(d.deps) == 2 and len(node.inputs) == 2:
+        first = _linear_terms(g, program, d.deps[0], t, sign)
+        second = _linear_terms(g, program, d.deps[1], t, sign if op == "add" else -sign)
+        if first is None or second is None or d.deps[0] == d.deps[1]:
+            return None
+        return first[0] + second[0], first[1] + second[1]
+    if op == "neg" and len(d.deps) == 1:
+        return _linear_terms(g, program, d.deps[0], t, -sign)
+    if op == "max_scalar" and len(d.deps) == 1 and float(node.attrs["value"]) <= LOG_FLT_MIN:
+        inner = g.defs[d.deps[0]]
+        if inner.shift is not None and inner.shift[0] == t:
+            return _linear_terms(g, program, d.deps[0], t, sign)
+    if d.round == 0 and d.scan is None:
+        return [(sign, key)], []
+    return None
 
 
 def _linear_sum(g: RowGraph, program, x: str, expr_def, names: Names):

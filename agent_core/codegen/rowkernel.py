@@ -362,7 +362,7 @@ def _state_code(kind: str) -> str:
     """One statistics state of rowops.STATES as a struct with its identity, fold and combine (an
     indexed state's fold also takes the element's index c along the row)."""
     fields, identity, fold, comb = STATES[kind]
-    if kind == "maxsumexp":
+    if kind in ("maxsumexp", "softdot"):
         # exp(-inf) adds nothing: skipping it keeps a row that starts with -inf (a masked position)
         # from folding exp(-inf - -inf) = NaN into the running sum
         fold = "if (x == -INFINITY) return; " + fold
@@ -370,7 +370,7 @@ def _state_code(kind: str) -> str:
             f"__device__ __forceinline__ St_{kind} identity_{kind}() {{ return St_{kind}{identity}; }}\n"
             f"__device__ __forceinline__ void fold_{kind}(St_{kind}& s, {fold_params(kind)}) {{ {fold} }}\n"
             f"__device__ __forceinline__ St_{kind} combine_{kind}(St_{kind} a, St_{kind} b) {{\n  {comb}\n}}\n"
-            + (MAXSUMEXP_BLOCK if kind == "maxsumexp" else ""))
+            + BLOCK_FOLDS.get(kind, ""))
 
 
 # A streamed pass folds its kUnroll x kVec elements of an online softmax at once: one max over them,
@@ -392,6 +392,30 @@ __device__ __forceinline__ void fold_block_maxsumexp(St_maxsumexp& s, const floa
   s.s = sum;
 }
 """
+
+# The softmax-weighted sum's block fold (rowgraph._softmax_dot), the same shape: the sums rescaled once,
+# then exp(x - shift) and exp(x - shift) * y per element; an element of x = -inf (masked, or past the
+# row) adds nothing even where its y is not finite (KL's t - s at a masked teacher logit).
+SOFTDOT_BLOCK = """template <int N>
+__device__ __forceinline__ void fold_block_softdot(St_softdot& s, const float (&x)[N], const float (&y)[N]) {
+  float m = s.m;
+#pragma unroll
+  for (int k = 0; k < N; ++k) m = fmaxf(m, x[k]);
+  const float shift = fabsf(m) == INFINITY ? 0.0f : m;
+  const float c = expf(s.m - shift);
+  float sum = s.s * c, w = s.w * c;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    const float e = expf(x[k] - shift);
+    sum += e;
+    w = x[k] == -INFINITY ? w : fmaf(e, y[k], w);  // a masked element adds nothing, as the scalar fold
+  }
+  s.m = m;
+  s.s = sum;
+  s.w = w;
+}
+"""
+BLOCK_FOLDS = {"maxsumexp": MAXSUMEXP_BLOCK, "softdot": SOFTDOT_BLOCK}   # states a streamed pass folds in blocks
 
 
 def _round_code(r: int, steps, schedule: str, label) -> str:
@@ -500,7 +524,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     front = sched.get("front") or []
     if cached and split == 1 and not srow:
         kept = {k: names.new(f"{k}_held") for k in front}
-        passes = [[s.arg for s in steps if s.round == r] for r in range(1, rounds_n + 1)]
+        passes = [[k for s in steps if s.round == r for k in s.args] for r in range(1, rounds_n + 1)]
         passes += [[g.outputs[v] for v in out_e]] if out_e else []
         per_array = sched["items"] * vec
         room = (int(sched["hold_limit"]) - (len(front) or len(held)) * per_array) // per_array
@@ -602,9 +626,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return out
 
     def block_buffers(blocks, size: str, ind: str = "") -> list[str]:
-        """The buffer of each state a pass folds a step at a time, -inf where no element lands."""
-        return [ln for buf, _ in blocks for ln in (f"{ind}float {buf}[{size}];", "#pragma unroll",
-                                                   f"{ind}for (int k = 0; k < {size}; ++k) {buf}[k] = -INFINITY;")]
+        """The buffers of each state a pass folds a step at a time, each at its value where no element lands."""
+        return [ln for bufs, _ in blocks for buf, init in bufs
+                for ln in (f"{ind}float {buf}[{size}];", "#pragma unroll",
+                           f"{ind}for (int k = 0; k < {size}; ++k) {buf}[k] = {init};")]
 
     def streamed(body_fn, loads, pre_e, post_e, blocks=()) -> list[str]:
         """A pass over a row streamed from memory: kUnroll loads of each input issued before any is
@@ -759,7 +784,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
 
     def split_fold(var, r, rs, args, loads) -> list[str]:
         """Fold this block's share of the reduced length into one state per column the thread holds."""
-        folds = [f"fold_{s.state}({var}_v[e].s{j}, {s.arg});" for j, s in enumerate(rs)]
+        folds = [f"fold_{s.state}({var}_v[e].s{j}, {', '.join(s.args)});" for j, s in enumerate(rs)]
         out = [f"  Round{r} {var}_v[kVecX];", "#pragma unroll",
                f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = identity{r}();"]
 
@@ -783,15 +808,17 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         rs = sorted((s for s in steps if s.round == r), key=lambda s: s.slot)
         helpers.append(_round_code(r, rs, schedule, lambda n: program.nodes[n].name))
         var = g.round_vars[r]
-        args = [s.arg for s in rs]
-        # a streamed row folds an online softmax a step of kUnroll x kVec elements at a time
-        blocks = {j: (buf, f"fold_block_maxsumexp({var}.s{j}, {buf});")
-                  for j, s in enumerate(rs) if s.state == "maxsumexp" and not cached and split == 1
-                  for buf in [names.new(f"{var}_x{j}")]}
+        args = [k for s in rs for k in s.args]
+        # a streamed row folds an online softmax a step of kUnroll x kVec elements at a time: each
+        # argument into a buffer (x: -inf past the row, adding exp(-inf) = 0; y: 0), then one block fold
+        blocks = {j: (bufs, f"fold_block_{s.state}({var}.s{j}, {', '.join(b for b, _ in bufs)});")
+                  for j, s in enumerate(rs) if s.state in BLOCK_FOLDS and not cached and split == 1
+                  for bufs in [[(names.new(f"{var}_{c}{j}"), init)
+                                for c, init in zip("xy", ("-INFINITY", "0.0f")[:len(s.args)])]]}
 
         def folds(at, rs=rs, var=var, blocks=blocks):
-            return [f"{blocks[j][0]}[{at}] = {s.arg};" if j in blocks else
-                    f"fold_{s.state}({var}.s{j}, {s.arg}{', c' if s.state in INDEXED else ''});"
+            return [" ".join(f"{buf}[{at}] = {a};" for (buf, _), a in zip(blocks[j][0], s.args)) if j in blocks else
+                    f"fold_{s.state}({var}.s{j}, {', '.join(s.args)}{', c' if s.state in INDEXED else ''});"
                     for j, s in enumerate(rs)]
         loads = [v for v in held if key_of[v] in {d.key for d in g.closure(args, E, need, frozenset(kept_done))}]
         body.append(f"  // round {r}: fold {', '.join(vals[program.nodes[s.node].outputs[0]].name + ' (' + s.state + ')' for s in rs)}")
@@ -1027,7 +1054,7 @@ def _combine_totals(g: RowGraph, totals, need, stores: list[str], load_input, bl
     fold = []          # the row's share folded into `q`
     for s in totals:
         if s.per_row:     # the row's share is its one value
-            fold.append(f"fold_{s.state}(q.t{s.total}, {s.arg});")
+            fold.append(f"fold_{s.state}(q.t{s.total}, {', '.join(s.args)});")
         else:
             fold.append(f"q.t{s.total} = {g.round_vars[s.round]}.s{s.slot};")
     first = "threadIdx.x == 0 && threadIdx.y == 0"

@@ -58,8 +58,12 @@ def struct_fields(state: str) -> str:
     return " ".join(f"{field_ctype(state, f)} {f};" for f in STATES[state][0])
 
 
+PAIRED = ("softdot",)                   # states whose fold also takes a second value, y (Step.arg2)
+
+
 def fold_params(state: str) -> str:
-    return "float x, long long c" if state in INDEXED else "long long x" if state == "isum" else "float x"
+    return "float x, long long c" if state in INDEXED else "long long x" if state == "isum" else \
+        "float x, float y" if state in PAIRED else "float x"
 
 
 def state_helpers(state: str) -> str:

@@ -27,6 +27,16 @@ STATES = {
                   "const float m = max_nan(a.m, b.m);\n"
                   "  if (m == -INFINITY) return a;\n"
                   "  return {m, (a.m == m ? a.s : a.s * expf(a.m - m)) + (b.m == m ? b.s : b.s * expf(b.m - m))};"),
+    # a softmax-weighted sum in one pass: running max m of x, s the sum of exp(x - m) and w the sum of
+    # exp(x - m) * y (fold takes x and y; rowgraph._softmax_dot); w / s is sum(softmax(x) * y). exp(-inf)
+    # adds nothing, as for maxsumexp (rowkernel._state_code)
+    "softdot": (["m", "s", "w"], "{-INFINITY, 0.0f, 0.0f}",
+                "if (x > s.m) { const float c = expf(s.m - x); s.s = fmaf(s.s, c, 1.0f); s.w = fmaf(s.w, c, y); "
+                "s.m = x; } else { const float e = expf(x - s.m); s.s += e; s.w = fmaf(e, y, s.w); }",
+                "const float m = max_nan(a.m, b.m);\n"
+                "  if (m == -INFINITY) return a;\n"
+                "  const float ca = a.m == m ? 1.0f : expf(a.m - m), cb = b.m == m ? 1.0f : expf(b.m - m);\n"
+                "  return {m, a.s * ca + b.s * cb, a.w * ca + b.w * cb};"),
     # Welford: count n, mean, sum of squared deviations m2 (Chan et al. to combine)
     "welford": (["n", "mean", "m2"], "{0.0f, 0.0f, 0.0f}",
                 "s.n += 1.0f; const float d = x - s.mean; s.mean += d / s.n; s.m2 = fmaf(d, x - s.mean, s.m2);",
