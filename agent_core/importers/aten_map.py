@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 import operator
+
+import numpy as np
 from typing import Callable
 
 from ..ops import REGISTRY
@@ -682,6 +684,45 @@ def _argmax(cx, n, a):
     if a["dim"] is None:
         raise Unmapped(f"{lib} over the flattened tensor")
     return cx.emit(lib, [a["self"]], {"dim": int(a["dim"]), "keepdim": bool(a["keepdim"])})
+
+
+TOPK_MAX_K = 8          # picks a row kernel makes one after another (each one round over the row)
+TOPK_MAX_LEN = 1024     # rows short enough to be held on chip: the rounds re-read registers, not memory
+
+
+@aten("topk.default")
+def _topk(cx, n, a):
+    """The k largest along dim as k rounds of max and argmax, each round's pick masked out of the next by
+    its index, so equal values stay distinct picks: values then indices, concatenated along dim (the row
+    kernel stores them per row). torch's order: NaN above every number, ties to the smaller index. The
+    argmax ranks -inf as -FLT_MAX so that a picked -inf (masked to -inf) never wins again; the values come
+    from the max, exact. k <= TOPK_MAX_K over rows of at most TOPK_MAX_LEN (a router over its experts, a
+    beam's candidates); longer rows, larger k and the k smallest stay opaque."""
+    x, k = a["self"], int(a["k"])
+    shape = cx.spec(x).shape
+    d = int(a.get("dim", -1)) % max(len(shape), 1)
+    if not a.get("largest", True):
+        raise Unmapped("topk of the k smallest (largest=False)")
+    if cx.spec(x).dtype not in ("float32", "float64", "float16", "bfloat16") or not shape:
+        raise Unmapped("topk of an integer or 0-d tensor")
+    if not 1 <= k <= TOPK_MAX_K or shape[d] > TOPK_MAX_LEN:
+        raise Unmapped(f"topk of k = {k} over rows of {shape[d]} (generated for k <= {TOPK_MAX_K} over rows of "
+                       f"at most {TOPK_MAX_LEN})")
+    positions = cx.constant("topk_positions", np.arange(shape[d]).reshape([shape[d]] + [1] * (len(shape) - 1 - d)),
+                            "int64")
+    neg_inf = cx.tensor(float("-inf"), like=x)
+    key = cx.emit("where", [cx.emit("eq", [x, neg_inf]), cx.tensor(-float(np.finfo(np.float32).max), like=x), x])
+    values, indices, picked, rest, rest_key = [], [], None, x, key
+    for j in range(k):
+        values.append(cx.emit("max", [rest], {"dim": [d], "keepdim": True}))
+        indices.append(cx.emit("argmax", [rest_key], {"dim": d, "keepdim": True}))
+        if j + 1 < k:
+            hit = cx.emit("eq", [positions, indices[-1]])
+            picked = hit if picked is None else cx.emit("logical_or", [picked, hit])
+            rest, rest_key = (cx.emit("where", [picked, neg_inf, v]) for v in (x, key))
+    if k == 1:
+        return [values[0], indices[0]]
+    return [cx.emit("cat", values, {"dim": d}), cx.emit("cat", indices, {"dim": d})]
 
 
 def _var_std(lib: str):
