@@ -267,3 +267,30 @@ def test_a_fork_of_layout_ops_is_a_graph_whose_outputs_share_one_size():
     q.mark_output(r.outputs[0])
     with pytest.raises(CodegenError, match=r"sum \(sum\)|one chain of layout ops"):
         generate_kernel(q, [u.id, r.id], name="mixed", kind="layout")
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="the CPU emulator needs g++")
+@pytest.mark.parametrize("params", [{}, {"in_turn": True}, {"in_turn": True, "unroll": 2},
+                                    {"in_turn": True, "vector": False, "pack": False}])
+def test_outputs_written_in_turn_match_outputs_written_side_by_side(params):
+    """GPT-NeoX's partial rotary embedding of q and k (two outputs): with `in_turn` (a tuning variant) the
+    first half of the grid writes q's rotation and the second k's, each thread one output's run, not
+    both; emulated on the CPU, every form equals torch."""
+    import torch
+
+    from tests import planned
+    from tests.test_codegen_column_tiles import _emulate_region
+    from agent_core.agent.tune import tune_space
+    from agent_core.reference import run_reference
+    _, p = planned.plan(planned.block("rope_partial_gptneox_pythia"))
+    [r] = [r for r in p.regions if r.schedule.get("runs") == "kernel"]
+    ks = generate_kernel(p, r.nodes, name="rope", params=params or None)
+    assert ks.params["in_turn"] == bool(params.get("in_turn")) and ks.params["outputs"] == 2
+    if not params:
+        assert {"in_turn": True} in [{k: v for k, v in o.items() if k != "sm_count"} for o in tune_space(ks)]
+    g = torch.Generator().manual_seed(3)
+    ins = [torch.randn(p.values[v].shape, generator=g) for v in p.inputs]
+    env = run_reference(p, ins, keep=True)
+    _, outs = _emulate_region(p, r, env, params=params or None)
+    for v, got in outs.items():
+        torch.testing.assert_close(got, env[v], rtol=0, atol=1e-6)

@@ -524,11 +524,24 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
         stores = [store4(v, f"{fn[v]}(o * 4)") for v in io.outputs]
     else:
         stores = [f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs]
+    # several outputs one after another over the grid (the first blocks write the first output, the
+    # later ones the next), not side by side in every thread: each output's run is written as its own
+    # kernel would write it, from one input's run at a time (a tuning variant)
+    in_turn = bool((params or {}).get("in_turn")) and len(io.outputs) > 1 and not packed
+    if in_turn:
+        grid = max(1, min(math.ceil(work * len(io.outputs) / (block * unroll)), MAX_GRID_X))
+        consts.append(f"constexpr int kOutputs = {len(io.outputs)};  // written in turn, kRuns each")
+        limit = f"kOutputs * {limit}"
+        per_run = "kRuns" if vec or pack else "kNumel"
+        stores = ["    const int part = (int)(w / " + per_run + ");",
+                  f"    const index_t o = w - (index_t)part * {per_run};",
+                  *[f"    {'if' if j == 0 else 'else if'} (part == {j}) {{ {st.strip()} }}" for j, st in enumerate(stores)]]
+        names.taken.update(("w", "part", "kOutputs"))
     consts.append(f"constexpr int kBlock = {block};")
     body = ["  // each value the outputs need, as a function of its own flat index (run start when float4)",
             *lines,
             "  const index_t stride = (index_t)gridDim.x * blockDim.x;",
-            *_grid_stride(limit, unroll, stores)]
+            *_grid_stride(limit, unroll, stores, "w" if in_turn else "o")]
     n_reads = sum(1 for _ in g.reads())
     per_thread = "run of 4" if vec else "run of 4 (4 scalar reads, one 4-lane store)" if pack else "element"
     sched = (f"{'float4 ' if vec else ''}gather over a graph of views, one output {per_thread} per thread, "
@@ -547,30 +560,30 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
         params={"tiled": False, "graph": True, "vector": VEC if vec else 1, "pack": pack, "reads": n_reads,
-                "unroll": unroll,
+                "unroll": unroll, "in_turn": in_turn, "outputs": len(io.outputs),
                 "grid": grid, "block": block, "chain": [n.op for n in layout_nodes]},
         align=16 if vec or pack else 4,
         bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))
 
 
-def _grid_stride(limit: str, unroll: int, stores: list) -> list:
-    """The grid-stride loop over o < limit around the stores. With unroll > 1, `unroll` steps at a
+def _grid_stride(limit: str, unroll: int, stores: list, o: str = "o") -> list:
+    """The grid-stride loop over `o` < limit around the stores. With unroll > 1, `unroll` steps at a
     time while all of them are inside, as straight-line code (no bounds test between them), so each
     thread has every step's loads in flight at once; the steps left over after that, one at a time."""
     first = "(index_t)blockIdx.x * blockDim.x + threadIdx.x"
     if unroll <= 1:
-        return [f"  for (index_t o = {first}; o < {limit}; o += stride) {{", *stores, "  }"]
+        return [f"  for (index_t {o} = {first}; {o} < {limit}; {o} += stride) {{", *stores, "  }"]
     return [f"  constexpr int kUnroll = {unroll};  // grid-stride steps per iteration",
             f"  index_t o0 = {first};",
             f"  for (; o0 < {limit} - (kUnroll - 1) * stride; o0 += kUnroll * stride) {{",
             "#pragma unroll",
             "    for (int u = 0; u < kUnroll; ++u) {",
-            "      const index_t o = o0 + u * stride;",
+            f"      const index_t {o} = o0 + u * stride;",
             *("  " + line for line in stores),
             "    }",
             "  }",
-            f"  for (index_t o = o0; o < {limit}; o += stride) {{", *stores, "  }"]
+            f"  for (index_t {o} = o0; {o} < {limit}; {o} += stride) {{", *stores, "  }"]
 
 
 def tune_variants(params: dict) -> list[dict]:
@@ -581,6 +594,8 @@ def tune_variants(params: dict) -> list[dict]:
     if params.get("tiled") is not False or params.get("staged") or not params.get("graph"):
         return []
     out = [{"pack": False}] if params.get("pack") else []
+    if params.get("outputs", 1) > 1 and not params.get("in_turn") and not params.get("pack"):
+        out.append({"in_turn": True})        # q's and k's rotations one after the other
     if params.get("pack") or params.get("vector") == VEC:
         out.append({"unroll": 2})
     return out + [{"block": 512}, {"block": 128}]
