@@ -276,27 +276,38 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         counter += 1
         heapq.heappush(heap, (-guess, counter, a, b, state.groups[a].version, state.groups[b].version, False))
 
-    for g in list(state.order):
-        if g is None:
-            continue
-        for s in sorted(state.succ[g], key=state.pos.__getitem__):
-            push(g, s)
-    while heap:
+    def vertical(groups=None):
+        """Producer-consumer merges from the queue, best estimated saving first: of every group, or
+        only of `groups` with their producers and consumers."""
+        for g in list(state.order) if groups is None else [g for g in groups if g in state.groups]:
+            if g is None:
+                continue
+            for s in sorted(state.succ[g], key=state.pos.__getitem__):
+                push(g, s)
+            if groups is not None:
+                for s in list(state.pred[g]):
+                    push(s, g)
+        while heap:
+            step()
+
+    def step():
+        """Take the queue's best candidate: merge it, or requeue it exactly, or refuse it."""
+        nonlocal counter
         neg, _, a, b, va, vb, exact = heapq.heappop(heap)
         ga, gb = state.groups.get(a), state.groups.get(b)
         if ga is None or gb is None or ga.version != va or gb.version != vb:
-            continue
+            return
         if state.pos[a] > state.pos[b]:
             a, b = b, a
         if not exact:
             saved, why = evaluate(a, b, "producer")
             if why:
                 _refuse(state, refusals, note, a, b, why)
-                continue
+                return
             if heap and -heap[0][0] > saved:      # another candidate may save more: requeue exactly
                 counter += 1
                 heapq.heappush(heap, (-saved, counter, a, b, va, vb, True))
-                continue
+                return
             neg = -saved
         via = state.cycle_path(a, b)
         if via:
@@ -304,19 +315,22 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
             _refuse(state, refusals, note, a, b,
                     f"fusing would create a cycle: the path runs out through "
                     f"{_label(state, x.nodes[0])} and back in")
-            continue
+            return
         union, why = lowerable(a, b)
         if why:
-            continue
+            return
         m = merge(a, b, union)
         note("fused", state.groups[m].nodes, f"saves about {-neg * 1000:.2f} us")
         for s in list(state.succ[m]) + list(state.pred[m]):
             push(m, s)
 
+    vertical()
+
     # 2b. pointwise tails of reductions go to the kernel that consumes them, where that saves time
     hand_tails_down(state, note)
 
     # 3. sibling fusion: groups reading the same input with the same loop
+    joined = []
     if sibling:
         for vid, readers in state.consumers.items():
             val = program.values.get(vid)
@@ -340,10 +354,14 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
                         rest.append(b)
                         continue
                     a = merge(x, y, union)
+                    joined.append(a)
                     state.groups[a].sibling = True
                     note("fused", state.groups[a].nodes,
                          f"siblings reading {val.name}; saves about {saved * 1000:.2f} us")
                 gids = rest
+        # a sibling merge can complete what a consumer reads (a cat of the mean and the max of one
+        # tensor, a top-k's values): producer-consumer merges again, around the merged siblings
+        vertical(joined)
 
     # 4. regions, in execution order
     alone: dict[str, float] = {}
