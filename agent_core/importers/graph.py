@@ -23,6 +23,7 @@ from ..ir import Program
 from ..ops import REGISTRY, TensorSpec
 from ..ops.common import dtype_name
 from ..ops.operator_policy import OperatorRefused, resolve_overload
+from . import complex_pairs
 from .aten_map import Unmapped, lookup
 from .module_paths import note_module
 from .recurrent_meta import repair as repair_recurrent_meta
@@ -84,6 +85,7 @@ class Converter:
         self.warnings: list[str] = []
         self.opaque: Counter = Counter()
         self.node: fx.Node | None = None
+        self.pairs: set[str] = set()      # values holding a complex tensor as float pairs (complex_pairs.py)
 
     # values ------------------------------------------------------------------------------
     def is_tensor(self, x) -> bool:
@@ -183,12 +185,18 @@ class Converter:
                                     or fbase in _RANDOM):
             self.env[n] = self._factory(n, name, fbase)
             return
+        paired = complex_pairs.handles(self, n)
         conv = lookup(name)
-        if conv is None:
+        if conv is None and not paired:
             self.env[n] = self._opaque(n, name, "no library op for it")
             return
         nodes_before, values_before = set(self.program.nodes), set(self.program.values)
         try:
+            if paired:
+                self.env[n] = complex_pairs.convert(self, n, _bind(n.target, n.args, n.kwargs))
+                return
+            if any(complex_pairs.is_complex(x) for x in n.all_input_nodes):
+                raise Unmapped("it reads a complex value, which the library ops do not compute with")
             result = conv(self, n, _bind(n.target, n.args, n.kwargs))
             self.env[n] = self._check(n, result)
             if base != fbase:
