@@ -405,6 +405,40 @@ def _row_prologue(sa: Summary, sb: Summary, relation: str) -> bool:
     return not (sa.reductions and sb.windows)       # a pool after a reduction reads its rows' results
 
 
+NESTED_WINDOW_REPEAT = 4.0   # YOLO's SPPF (a 5 x 5 stride-1 pool of one) reads each input 7.7 times
+
+
+def _nested_window_repeat(state, windows: list[str]) -> float:
+    """How many times a chain of windows feeding windows, generated as one kernel, reads each input it
+    covers per output: every window evaluates the one before it at each of its positions, so reads
+    multiply (k1 * k2 per dim) while the input covered grows only by the first window's stride
+    (k1 + (k2 - 1) * s1). Windows that do not overlap (stride = kernel, 78_Max_Max's pools) read each
+    input once; a 5 x 5 stride-1 pool of another, 625 reads of 81 inputs. The longest chain's figure."""
+    program, member = state.program, set(windows)
+    chains: dict[str, tuple[list[int], list[int], list[int]]] = {}   # window -> (reads, span, stride) per dim
+    worst = 1.0
+    for w in windows:              # the groups keep their nodes in execution order
+        node = program.nodes[w]
+        k = node.attrs.get("kernel_size")
+        if not k:
+            continue               # adaptive or resampling windows: not a stencil
+        rank = len(program.values[node.inputs[0]].shape) - 2
+        k = [int(v) for v in k] * (rank if len(k) == 1 else 1)
+        st = node.attrs.get("stride") or k
+        st = [int(v) for v in st] * (rank if len(st) == 1 else 1)
+        before = chains.get(program.values[node.inputs[0]].producer) \
+            if program.values[node.inputs[0]].producer in member else None
+        if before is None:
+            chains[w] = (k, k, st)
+            continue
+        reads0, span0, st0 = before
+        reads = [a * b for a, b in zip(reads0, k)]
+        span = [sp + (b - 1) * s for sp, b, s in zip(span0, k, st0)]
+        chains[w] = (reads, span, [a * b for a, b in zip(st0, st)])
+        worst = max(worst, math.prod(reads) / math.prod(span))
+    return worst
+
+
 def _window_refusal(state, sa: Summary, sb: Summary, relation: str) -> str | None:
     """A windowed pooling's kernel (codegen/pooling.py) takes pointwise ops over its input before it,
     evaluated where a window reads them (conv -> relu -> max_pool reads the pre-activation once and
@@ -414,7 +448,14 @@ def _window_refusal(state, sa: Summary, sb: Summary, relation: str) -> str | Non
     prologue: _row_prologue)."""
     if sa.window and sb.window:
         if relation == "producer" and not (sa.anchor or sb.anchor or sa.reductions or sb.reductions):
-            return None     # a pool of a pool: one kernel, each window a lambda (codegen/layout_graph.py)
+            # a pool of a pool: one kernel, each window a lambda (codegen/layout_graph.py) that calls the
+            # window before it at every position: the reads per output multiply along the chain
+            repeat = _nested_window_repeat(state, sa.windows + sb.windows)
+            if repeat > NESTED_WINDOW_REPEAT:
+                return (f"a pool of a pool in one kernel would read each input {repeat:.1f} times per output "
+                        f"(each window evaluates the one before it at every position of its overlapping "
+                        f"windows); more than {NESTED_WINDOW_REPEAT:g}")
+            return None
         return (f"{_name(state, sa.window)} and {_name(state, sb.window)} are both windowed poolings; "
                 f"only a chain of them with pointwise ops and views between is one kernel")
     pooled, other = (sa, sb) if sa.window else (sb, sa)

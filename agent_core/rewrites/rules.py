@@ -218,6 +218,46 @@ def log_of_softmax(program: Program, nid: str) -> Rewrite | None:
                    f"log_softmax clamped at log {clamp:.6g}: no logf of a quotient per element.", build, nid)
 
 
+def _same_max_window(node, d: int) -> list[int] | None:
+    """The kernel sizes of a max pool that keeps its input's size (stride 1, no dilation, odd kernels
+    padded by half), else None."""
+    def per_dim(v):
+        v = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
+        return v * d if len(v) == 1 else v
+    a = node.attrs
+    k, p = per_dim(a["kernel_size"]), per_dim(a.get("padding") or [0])
+    s, dil = per_dim(a.get("stride") or a["kernel_size"]), per_dim(a.get("dilation") or [1])
+    same = len(k) == d and all(ki % 2 == 1 and pi == ki // 2 for ki, pi in zip(k, p)) and set(s) == {1} \
+        and set(dil) == {1} and not a.get("ceil_mode")
+    return k if same else None
+
+
+def merge_max_windows(program: Program, nid: str) -> Rewrite | None:
+    """A max pool of a max pool, both stride 1 and padded to keep the size (YOLO's SPPF: three 5 x 5
+    pools in a row), is one max pool of the first one's input over the combined window (k1 + k2 - 1):
+    the max of maxes is the max over every position either reaches, and the padding only ever adds -inf.
+    One window of 9 x 9 reads 81 elements where a pool of a pool generated as one kernel reads 25 x 25."""
+    n = program.nodes[nid]
+    if not n.op.startswith("max_pool") or len(n.outputs) != 1:
+        return None
+    d = int(n.op[len("max_pool")])
+    inner = _producer(program, n.inputs[0])
+    if inner is None or inner.op != n.op or len(inner.outputs) != 1:
+        return None
+    k2, k1 = _same_max_window(n, d), _same_max_window(inner, d)
+    if k1 is None or k2 is None:
+        return None
+    k = [a + b - 1 for a, b in zip(k1, k2)]
+    x, out = inner.inputs[0], n.outputs[0]
+
+    def build(p):
+        attrs = {"kernel_size": k, "stride": [1] * d, "padding": [v // 2 for v in k], "dilation": [1] * d,
+                 "ceil_mode": False}
+        return {out: p.add_node(n.op, [x], attrs).outputs[0]}
+    return Rewrite("merge_max_windows", f"{_n(program, nid)} of {_n(program, inner.id)} (windows {k2} and {k1}, "
+                   f"stride 1, size kept) is one {n.op} of its input over {k}.", build, nid)
+
+
 # --- constants ---------------------------------------------------------------------------------------
 _FOLD_LIMIT = 64 * 2**20
 # where folds compute: the device the engine's checker (and so the end-to-end reference) runs on. exp
@@ -584,7 +624,7 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
 
 
 DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, merge_equal_nodes, merge_equal_views, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
-                 log_of_softmax,
+                 log_of_softmax, merge_max_windows,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
                  reduce_conv_spatial, pool_linear,
                  reduce_of_broadcast, merge_gated_linears]
