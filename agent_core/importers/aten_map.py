@@ -18,7 +18,7 @@ import operator
 import numpy as np
 from typing import Callable
 
-from ..ops import REGISTRY
+from ..ops import FLOAT_DTYPES, REGISTRY
 
 ATEN: dict[str, Callable] = {}
 
@@ -62,6 +62,17 @@ def _ints(v, n: int | None = None) -> list[int]:
     if n and len(v) == 1:
         return v * n
     return v
+
+
+def _dims(a) -> list[int] | None:
+    """A reduction's `dim` argument as the library takes it: None (or []) is every dim."""
+    dim = a.get("dim")
+    return None if dim is None or dim == [] else _ints(dim)
+
+
+def _reduced(a) -> dict:
+    """A reduction's dim and keepdim attributes."""
+    return {"dim": _dims(a), "keepdim": bool(a.get("keepdim", False))}
 
 
 def _is_tensor(cx, x) -> bool:
@@ -302,7 +313,7 @@ def _isnan(cx, n, a):
 @aten("isinf.default", "isfinite.default")
 def _isinf(cx, n, a):
     """|x| == inf, or |x| < inf (false for NaN too)."""
-    if cx.spec(a["self"]).dtype not in ("float32", "float64", "float16", "bfloat16"):
+    if cx.spec(a["self"]).dtype not in FLOAT_DTYPES:
         raise Unmapped("isinf / isfinite of an integer tensor")
     size = cx.emit("abs", [a["self"]])
     op = "eq" if str(n.target).startswith("aten.isinf") else "lt"
@@ -346,7 +357,7 @@ def _prelu(cx, n, a):
 
 @aten("floor_divide.default", "floor_divide.Scalar")
 def _floor_divide(cx, n, a):
-    if cx.meta_dtype(n) not in ("float32", "float64", "float16", "bfloat16"):
+    if cx.meta_dtype(n) not in FLOAT_DTYPES:
         raise Unmapped("floor_divide of integer tensors (an exact integer division)")
     return _div_mode(cx, n, {**a, "rounding_mode": "floor"})
 
@@ -354,7 +365,7 @@ def _floor_divide(cx, n, a):
 @aten("xlogy.Tensor", "xlogy.Scalar_Other", "special_xlogy.default")
 def _xlogy(cx, n, a):
     """x * log(y), 0 where x is 0 (NaN still where y is NaN), as torch defines it."""
-    if cx.meta_dtype(n) not in ("float32", "float64", "float16", "bfloat16"):
+    if cx.meta_dtype(n) not in FLOAT_DTYPES:
         raise Unmapped("xlogy with an integer result")
     x, y = a["self"], cx.tensor(a["other"], like=a["self"])
     zero = cx.tensor(0.0, like=x)
@@ -365,7 +376,7 @@ def _xlogy(cx, n, a):
 
 @aten("signbit.default")
 def _signbit(cx, n, a):
-    if cx.spec(a["self"]).dtype not in ("float32", "float64", "float16", "bfloat16"):
+    if cx.spec(a["self"]).dtype not in FLOAT_DTYPES:
         raise Unmapped("signbit of an integer tensor")
     return cx.pointwise(n, "signbit", [a["self"]], cast=False)
 
@@ -383,9 +394,7 @@ def _logit(cx, n, a):
 @aten("nanmean.default")
 def _nanmean(cx, n, a):
     """The sum of the numbers over their count (NaN left out of both)."""
-    x = a["self"]
-    dim = a.get("dim")
-    attrs = {"dim": None if dim is None or dim == [] else _ints(dim), "keepdim": bool(a.get("keepdim", False))}
+    x, attrs = a["self"], _reduced(a)
     nan = cx.emit("ne", [x, x])
     total = cx.emit("sum", [cx.emit("where", [nan, cx.tensor(0.0, like=x), x])], attrs)
     count = cx.emit("sum", [cx.emit("cast", [cx.emit("logical_not", [nan])], {"dtype": cx.spec(x).dtype})], attrs)
@@ -395,8 +404,7 @@ def _nanmean(cx, n, a):
 @aten("linalg_norm.default")
 def _linalg_norm(cx, n, a):
     """A vector norm (ord a number, one dim), or the Frobenius norm (ord None): norm(p) over the dims."""
-    ord_, dim = a.get("ord"), a.get("dim")
-    dims = None if dim is None or dim == [] else _ints(dim)
+    ord_, dims = a.get("ord"), _dims(a)
     if isinstance(ord_, str) or (ord_ is not None and (dims is None or len(dims) != 1)):
         raise Unmapped(f"linalg.norm with ord={ord_!r} over {dims} (a matrix norm)")
     return cx.emit("norm", [a["self"]], {"p": 2.0 if ord_ is None else float(ord_), "dim": dims,
@@ -636,9 +644,7 @@ def _reduce(lib: str):
         x = a["self"]
         if a.get("dtype") is not None:
             x = cx.cast_to(x, cx.meta_dtype(n))
-        dim = a.get("dim")
-        dim = None if dim is None or dim == [] else _ints(dim)
-        return cx.emit(lib, [x], {"dim": dim, "keepdim": bool(a.get("keepdim", False))})
+        return cx.emit(lib, [x], _reduced(a))
     return conv
 
 
@@ -703,7 +709,7 @@ def _topk(cx, n, a):
     d = int(a.get("dim", -1)) % max(len(shape), 1)
     if not a.get("largest", True):
         raise Unmapped("topk of the k smallest (largest=False)")
-    if cx.spec(x).dtype not in ("float32", "float64", "float16", "bfloat16") or not shape:
+    if cx.spec(x).dtype not in FLOAT_DTYPES or not shape:
         raise Unmapped("topk of an integer or 0-d tensor")
     if not 1 <= k <= TOPK_MAX_K or shape[d] > TOPK_MAX_LEN:
         raise Unmapped(f"topk of k = {k} over rows of {shape[d]} (generated for k <= {TOPK_MAX_K} over rows of "
@@ -730,9 +736,7 @@ def _var_std(lib: str):
         corr = a.get("correction")
         if corr is None:
             corr = 1 if a.get("unbiased", True) else 0
-        dim = a.get("dim")
-        dim = None if dim is None or dim == [] else _ints(dim)
-        return cx.emit(lib, [a["self"]], {"dim": dim, "keepdim": bool(a.get("keepdim", False)),
+        return cx.emit(lib, [a["self"]], {**_reduced(a),
                                           "correction": int(corr)})
     return conv
 
@@ -745,9 +749,7 @@ aten("std.correction", "std.dim", "std.default")(_var_std("std"))
       "std_mean.default")
 def _var_mean(cx, n, a):
     lib = "std" if str(n.target).startswith("aten.std") else "var"
-    dim = a.get("dim")
-    dim = None if dim is None or dim == [] else _ints(dim)
-    return [_var_std(lib)(cx, n, a), cx.emit("mean", [a["self"]], {"dim": dim, "keepdim": bool(a.get("keepdim", False))})]
+    return [_var_std(lib)(cx, n, a), cx.emit("mean", [a["self"]], _reduced(a))]
 
 
 @aten("aminmax.default")
@@ -761,18 +763,14 @@ def _aminmax(cx, n, a):
 def _count_nonzero(cx, n, a):
     x = a["self"]
     hit = cx.emit("ne", [x, cx.tensor(0, like=x)])
-    dim = a.get("dim")
-    dims = None if dim is None or dim == [] else _ints(dim)
-    return cx.emit("sum", [cx.emit("cast", [hit], {"dtype": "int64"})], {"dim": dims, "keepdim": False})
+    return cx.emit("sum", [cx.emit("cast", [hit], {"dtype": "int64"})], {"dim": _dims(a), "keepdim": False})
 
 
 @aten("nansum.default")
 def _nansum(cx, n, a):
     x = a["self"]
     clean = cx.emit("where", [cx.emit("ne", [x, x]), cx.tensor(0.0, like=x), x])
-    dim = a.get("dim")
-    return cx.emit("sum", [clean], {"dim": None if dim is None or dim == [] else _ints(dim),
-                                    "keepdim": bool(a.get("keepdim", False))})
+    return cx.emit("sum", [clean], _reduced(a))
 
 
 @aten("diff.default")
@@ -818,9 +816,7 @@ def _vector_norm(cx, n, a):
     x = a["self"]
     ord_ = a.get("ord", a.get("p", 2))
     ord_ = 2 if ord_ is None else ord_
-    dim = a.get("dim")
-    dim = None if dim is None or dim == [] else _ints(dim)
-    keep = bool(a.get("keepdim", False))
+    dim, keep = _dims(a), bool(a.get("keepdim", False))
     if a.get("dtype") is not None:
         x = cx.cast_to(x, cx.meta_dtype(n))
     if "norm" in REGISTRY:
