@@ -811,10 +811,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         args = [k for s in rs for k in s.args]
         # a streamed row folds an online softmax a step of kUnroll x kVec elements at a time: each
         # argument into a buffer (x: -inf past the row, adding exp(-inf) = 0; y: 0), then one block fold
-        blocks = {j: (bufs, f"fold_block_{s.state}({var}.s{j}, {', '.join(b for b, _ in bufs)});")
-                  for j, s in enumerate(rs) if s.state in BLOCK_FOLDS and not cached and split == 1
-                  for bufs in [[(names.new(f"{var}_{c}{j}"), init)
-                                for c, init in zip("xy", ("-INFINITY", "0.0f")[:len(s.args)])]]}
+        blocks = {}
+        for j, s in enumerate(rs):
+            if s.state in BLOCK_FOLDS and not cached and split == 1:
+                bufs = [(names.new(f"{var}_{c}{j}"), init) for c, init, _ in zip("xy", ("-INFINITY", "0.0f"), s.args)]
+                blocks[j] = (bufs, f"fold_block_{s.state}({var}.s{j}, {', '.join(b for b, _ in bufs)});")
 
         def folds(at, rs=rs, var=var, blocks=blocks):
             return [" ".join(f"{buf}[{at}] = {a};" for (buf, _), a in zip(blocks[j][0], s.args)) if j in blocks else
