@@ -56,6 +56,13 @@ def _region(module, shape=(6, 300)):
     return p, region
 
 
+def _kernel_output(p, region, ins, params=STREAMED):
+    """The region's kernel, emulated on the CPU on `ins`: the program's output it writes."""
+    env = run_reference(p, ins, keep=True)
+    _, outs = _emulate_region(p, region, env, params=params)
+    return outs[p.outputs[0]]
+
+
 def _special(shape=(6, 300)):
     """Draws with a masked (-inf) teacher entry, a row of +inf, a NaN and an all -inf row."""
     s, t = torch.randn(*shape) * 3, torch.randn(*shape) * 3
@@ -94,9 +101,7 @@ def test_a_row_split_in_chunks_combines_the_chunks_softdot_states(module):
     ks = generate_kernel(p, list(region.nodes), name="sds", params=params)
     assert ks.params["schedule"] == "split_row" and "fold_block_softdot" in ks.source
     s, t = torch.randn(6, 300) * 3, torch.randn(6, 300) * 3
-    env = run_reference(p, [s, t], keep=True)
-    _, outs = _emulate_region(p, region, env, params=params)
-    torch.testing.assert_close(outs[p.outputs[0]], module()(s, t), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(_kernel_output(p, region, [s, t], params), module()(s, t), rtol=1e-4, atol=1e-4)
 
 
 @needs_gxx
@@ -106,9 +111,7 @@ def test_kl_of_a_masked_teacher_matches_torch():
     s, t = torch.randn(6, 300) * 3, torch.randn(6, 300) * 3
     t[0, :7] = float("-inf")
     t[4, 100:] = float("-inf")
-    env = run_reference(p, [s, t], keep=True)
-    _, outs = _emulate_region(p, region, env, params=STREAMED)
-    torch.testing.assert_close(outs[p.outputs[0]], KL()(s, t), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(_kernel_output(p, region, [s, t]), KL()(s, t), rtol=1e-4, atol=1e-4)
 
 
 @needs_gxx
@@ -117,9 +120,8 @@ def test_a_weight_that_needs_the_rows_statistics_per_element_keeps_its_second_pa
     ks = generate_kernel(p, list(region.nodes), name="pp", params=STREAMED)
     assert "softdot" not in ks.source and ks.params["rounds"] == 2
     s, t = torch.randn(6, 300), torch.randn(6, 300)
-    env = run_reference(p, [s, t], keep=True)
-    _, outs = _emulate_region(p, region, env, params=STREAMED)
-    torch.testing.assert_close(outs[p.outputs[0]], ProductOfProbabilities()(s, t), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(_kernel_output(p, region, [s, t]), ProductOfProbabilities()(s, t),
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_the_distillation_block_reads_its_30k_class_rows_once():
