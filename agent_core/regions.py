@@ -29,7 +29,8 @@ KIND_HUES = {"pointwise": "#4f9dde", "reduction": "#d9822b", "matmul_epilogue": 
              "conv_epilogue": "#c75d9b", "sibling": "#3fb28f", "pooling": "#2aa7b8", "single": "#8a8f98",
              "opaque": "#6b6f76"}
 STATUSES = ("proposed", "accepted", "rejected", "user-made", "locked")
-SCHEDULES = ("column-tiles", "warp-per-row", "block-per-row", "cluster-per-row", "split-row", "two-pass")
+SCHEDULES = ("column-tiles", "warp-per-row", "block-per-row", "streamed-row", "cluster-per-row", "split-row",
+             "two-pass")
 # statuses the planner must keep as they are when it re-plans
 KEPT_STATUSES = ("accepted", "user-made", "locked")
 

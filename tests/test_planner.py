@@ -112,13 +112,28 @@ def test_cross_entropy_and_decomposed_softmax_are_one_region_each():
     assert by_first["max"].kind == "reduction" and "stitches" in by_first["max"].reason
 
 
-def test_long_rows_get_a_two_pass_schedule():
+def test_long_rows_are_streamed_twice_as_the_kernel_reads_them():
+    """2 MiB rows, more than a cluster of 8 CTAs holds: codegen streams each through one block, once to
+    fold the softmax's statistics and once to write it, and the plan says so."""
     p = Program()
-    x = p.add_input("x", (512, 1 << 19))  # 2 MiB rows: more than a cluster of 8 CTAs holds
+    x = p.add_input("x", (512, 1 << 19))
     s = p.add_node("softmax", [x.id], {"dim": 1})
     p.mark_output(s.outputs[0])
     _, regs = regions_of(p)
-    assert regs[0].schedule["schedule"] == "two-pass" and "exceeds" in regs[0].reason
+    assert regs[0].schedule["schedule"] == "streamed-row"
+    assert "row 2 times from memory" in regs[0].reason and "exceeds" in regs[0].reason
+
+
+def test_a_row_whose_results_need_no_second_pass_is_streamed_once():
+    """A log-sum-exp of 128 KB rows: codegen streams each row once through one block (online max and
+    sum of exponentials), not the cluster the row's size alone would suggest; the plan says so."""
+    p = Program()
+    x = p.add_input("x", (4096, 32000))
+    s = p.add_node("logsumexp", [x.id], {"dim": [1], "keepdim": False})
+    p.mark_output(s.outputs[0])
+    _, regs = regions_of(p)
+    assert regs[0].schedule["schedule"] == "streamed-row"
+    assert "streaming the 128 KB row once" in regs[0].reason
 
 
 def test_few_long_rows_are_costed_as_the_split_row_kernel_reads_them():

@@ -7,7 +7,9 @@ write become program outputs) and generated there, without compiling. Nodes and 
 carry placeholder names, so the verdict depends only on the group's structure (ops, attributes,
 shapes, dtypes, internal edges, which values leave it) and is cached on that; a refusal is re-rendered
 with the caller's own names. A planner that asks about thousands of similar groups (the same block
-repeated) pays for one generation per distinct structure.
+repeated) pays for one generation per distinct structure. The generated kernel's schedule is kept
+beside the verdict (lowered_schedule), so the planner describes the kernel codegen writes, not its own
+guess of it.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import re
 from ..ir import Node, Program, Role, Value
 from .kernel import CodegenError
 
-_CACHE: dict[tuple, str | None] = {}
+_CACHE: dict[tuple, tuple[str | None, dict | None]] = {}
 _CACHE_LIMIT = 20_000          # distinct group structures kept; cleared when reached
 _TOKEN = re.compile(r"@([NV])(\d+)@")
 
@@ -29,33 +31,50 @@ def can_lower(program: Program, node_ids, kind: str | None = None, *, outputs=No
     outputs: the values of the group that are used outside it or returned (the caller often knows
     them already); worked out from the program when not given. A group that starts with a matmul or
     convolution is asked about its epilogue kernel, as generate_kernel does."""
+    why, _ = _lowered(program, node_ids, kind, outputs)
+    return why
+
+
+def lowered_schedule(program: Program, node_ids, kind: str | None = None, *, outputs=None) -> dict | None:
+    """The default schedule of the kernel generate_kernel writes for these nodes: {"schedule": the
+    generator's schedule name (a row kernel's warp, block, stream, cluster, split_row, column,
+    split_column), "text": its one-line description, and the row kernel's "cached", "row_reads",
+    "cluster"}; None when it writes none."""
+    why, sched = _lowered(program, node_ids, kind, outputs)
+    return None if why is not None else sched
+
+
+def _lowered(program: Program, node_ids, kind, outputs) -> tuple[str | None, dict | None]:
     ids = list(dict.fromkeys(node_ids))
     missing = [n for n in ids if n not in program.nodes]
     if not ids or missing:
-        return "the group has no nodes" if not ids else f"the group names node '{missing[0]}', which the program does not have"
+        return ("the group has no nodes" if not ids else
+                f"the group names node '{missing[0]}', which the program does not have"), None
     sub, key, names = _extract(program, ids, kind, outputs)
     if key in _CACHE:
-        why = _CACHE[key]
+        why, sched = _CACHE[key]
     else:
-        why = _verdict(sub, ids, kind)
+        why, sched = _verdict(sub, ids, kind)
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.clear()
-        _CACHE[key] = why
+        _CACHE[key] = why, sched
     if why is None:
-        return None
-    return _TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], why)
+        return None, sched
+    return _TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], why), None
 
 
-def _verdict(sub: Program, ids: list[str], kind: str | None) -> str | None:
+def _verdict(sub: Program, ids: list[str], kind: str | None) -> tuple[str | None, dict | None]:
     from . import _generate       # the dispatch itself, so the answer is the generator's own
     try:
-        _generate(sub, ids, name="can_lower", kind=kind, params=None)
+        ks = _generate(sub, ids, name="can_lower", kind=kind, params=None)
     except CodegenError as exc:
-        return str(exc).strip().splitlines()[0] if str(exc).strip() else "the generator refused the group"
+        return (str(exc).strip().splitlines()[0] if str(exc).strip() else "the generator refused the group"), None
     except Exception as exc:      # a generator bug: the group would not generate either
         text = str(exc).strip().splitlines()
-        return f"the generator failed ({type(exc).__name__}: {text[0] if text else 'no message'})"
-    return None
+        return f"the generator failed ({type(exc).__name__}: {text[0] if text else 'no message'})", None
+    p = ks.params or {}
+    return None, {"schedule": p.get("schedule"), "text": ks.schedule, "cached": p.get("cached"),
+                  "row_reads": p.get("row_reads"), "cluster": p.get("cluster")}
 
 
 def _escaping(program: Program, ids: list[str]) -> set[str]:

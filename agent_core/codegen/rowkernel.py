@@ -1007,6 +1007,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": sched["rows_per_block"],
                 "vector_width": vec, "block": block[0] * block[1], "grid": sched["grid"], "cached": cached,
                 "rounds": rounds, "reductions": len(g.reductions), "cluster": cluster,
+                "row_reads": 1 if cached else rounds + bool(out_e),
                 "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view, roofline_ms
 from ..codegen.conv import lone_direct
+from ..codegen.lower_check import lowered_schedule
 from ..codegen.gemm_mma import FORM, lone_gemm
 from ..regions import Region
 from ..text import plural
@@ -19,6 +20,10 @@ from .fusion import (
 )
 
 _OP_WORDS = 6  # name at most this many ops in a reason
+# the row kernel's schedules (codegen/rowkernel.py) as the plan names them (regions.SCHEDULES)
+GENERATED_MODES = {"warp": "warp-per-row", "block": "block-per-row", "stream": "streamed-row",
+                   "cluster": "cluster-per-row", "split_row": "split-row", "column": "column-tiles",
+                   "split_column": "column-tiles"}
 
 
 def _names(state, nodes, limit=_OP_WORDS) -> str:
@@ -124,6 +129,11 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
         red = s.red
         k = full_space_inputs(state, nodes, red)
         mode, held = schedule_for(red, k, state.gpu)
+        # the kernel codegen writes decides the words: a row whose results need no second pass streams
+        # through one block (a loss, a log-sum-exp), whatever its length
+        gen = lowered_schedule(state.program, nodes, kind)
+        mode = GENERATED_MODES.get((gen or {}).get("schedule"), mode)
+        reads = (gen or {}).get("row_reads") or 1
         sched = {"anchor": s.reductions[0], "reductions": list(s.reductions), "rows": red.rows,
                  "row_len": red.row_len, "schedule": mode,
                  "layout": "contiguous" if red.contiguous else "strided", "full_shape": list(red.full)}
@@ -133,7 +143,14 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                      "block-per-row": f"one block per row (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
                                       f"fits on chip)",
                      "cluster-per-row": f"a thread-block cluster per row (a {fmt_bytes(red.row_len * 4 * max(k, 1))} "
-                                        f"row fits in the registers of up to 8 CTAs; one read)",
+                                        f"row fits in the registers of up to 8 CTAs; one read)" if reads == 1 else
+                                        f"a thread-block cluster of {gen['cluster']} CTAs per row, each reading its "
+                                        f"share of the {fmt_bytes(red.row_len * 4 * max(k, 1))} row {reads} times "
+                                        f"(more than its threads hold in registers; the re-reads mostly hit L2)",
+                     "streamed-row": f"one block per row streaming the {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
+                                     + ("once (nothing per element needs the row's results back)" if reads == 1 else
+                                        f"{reads} times from memory (once per reduction round, then for the outputs: it exceeds "
+                                        f"the {state.gpu.block_row_bytes // 1024} KiB a block holds on chip)"),
                      "split-row": f"each of the {red.rows} rows in chunks over the whole GPU (fewer rows than "
                                   f"two per SM), streamed once per reduction round and once for the outputs",
                      "two-pass": (f"two passes over memory (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
