@@ -363,7 +363,10 @@ def _hoisted_loads(g: _Graph, arg: dict, loads: dict, names: Names) -> tuple[dic
     return regs, decls
 
 
-def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at") -> tuple[list[str], dict]:
+def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at",
+             select: bool = False) -> tuple[list[str], dict]:
+    """One lambda per value the outputs need, of its flat index (a run's start when vec). select: a
+    cat's (stack's) arms are all read, clamped, before its select (views.render_layout_arms)."""
     program, io = g.program, g.io
     vals, nodes = program.values, program.nodes
     fn: dict[str, str] = {}
@@ -399,9 +402,18 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at")
                 fn[v] = names.new(vals[v].name + suffix)
                 # a constant (a pad's fill, the NaN where no read is valid) is four lanes of it in float4
                 widen = (lambda lit, v=v: _lanes4(vals[v].dtype, [lit] * 4)) if vec else None
-                expr = V.render_layout(lay, "i", names=arg, load=call, literal=widen)
-                lines.append(f"  // {note} -> {vals[v].spec}, read through its view")
-                lines.append(f"  auto {fn[v]} = [&](index_t i) -> {own_type(v)} {{ return {expr}; }};")
+                arms = None
+                if select and node.op in ("cat", "stack"):
+                    ln = Names()
+                    ln.taken.update(names.taken | {"i"})
+                    arms = V.render_layout_arms(lay, "i", lambda src: math.prod(vals[src].shape), own_type(v),
+                                                lambda: ln.new("arm"), names=arg, load=call, literal=widen,
+                                                step=VEC if vec else 1)
+                lets, expr = arms or ([], V.render_layout(lay, "i", names=arg, load=call, literal=widen))
+                lines.append(f"  // {note} -> {vals[v].spec}, read through its view"
+                             + (", every arm read before the select" if lets else ""))
+                lines.append(f"  auto {fn[v]} = [&](index_t i) -> {own_type(v)} {{ {' '.join(lets + [''])}"
+                             f"return {expr}; }};")
             continue
         out = vals[node.outputs[0]]
         ln = Names()
@@ -513,7 +525,8 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
         return f"    reinterpret_cast<{VEC4[vals[v].dtype]}*>({arg[v]})[o] = {value};"
     # a packed run's lanes composed down to their loads need no lambdas; the other forms call them
     packed = _packed_lanes(g, arg, work, names) if pack else None
-    lines, fn = ([], {}) if packed else _lambdas(g, arg, names, vec)
+    select = bool((params or {}).get("select")) and not packed
+    lines, fn = ([], {}) if packed else _lambdas(g, arg, names, vec, select=select)
     if packed:
         lanes, hoisted = packed
         stores = hoisted + [store4(v, _lanes4(vals[v].dtype, lanes[v])) for v in io.outputs]
@@ -560,11 +573,30 @@ def generate_layout_graph(program: Program, io: RegionIO, name: str, params: dic
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
         params={"tiled": False, "graph": True, "vector": VEC if vec else 1, "pack": pack, "reads": n_reads,
-                "unroll": unroll, "in_turn": in_turn, "outputs": len(io.outputs),
+                "unroll": unroll, "in_turn": in_turn, "outputs": len(io.outputs), "select": select,
+                "straddles": _straddles(g, VEC if vec or pack else 1),
                 "grid": grid, "block": block, "chain": [n.op for n in layout_nodes]},
         align=16 if vec or pack else 4,
         bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))
+
+
+def _straddles(g: _Graph, per_lane: int) -> bool:
+    """Some cat (stack) of the graph has an arm shorter than a warp's span of output elements, so a warp's
+    lanes take different arms (RoPE's halves of a head): the branch between arms then runs each arm's
+    loads in turn, where the select form (views.render_layout_arms) issues them all at once."""
+    vals = g.program.values
+    for nid in g.io.nodes:
+        node = g.program.nodes[nid]
+        if node.op not in ("cat", "stack") or not any(v in g.need for v in node.outputs):
+            continue
+        out = vals[node.outputs[0]].shape
+        d = int(node.attrs.get("dim", 0)) % len(out)
+        inner = math.prod(out[d + 1:])
+        pieces = [1] * len(node.inputs) if node.op == "stack" else [vals[u].shape[d] for u in node.inputs if u]
+        if any(0 < n * inner < 32 * per_lane for n in pieces):
+            return True
+    return False
 
 
 def _grid_stride(limit: str, unroll: int, stores: list, o: str = "o") -> list:
@@ -594,6 +626,8 @@ def tune_variants(params: dict) -> list[dict]:
     if params.get("tiled") is not False or params.get("staged") or not params.get("graph"):
         return []
     out = [{"pack": False}] if params.get("pack") else []
+    if params.get("straddles") and not params.get("select") and not params.get("pack"):
+        out.append({"select": True})         # RoPE's halves: every arm's loads at once, no branch
     if params.get("outputs", 1) > 1 and not params.get("in_turn") and not params.get("pack"):
         out.append({"in_turn": True})        # q's and k's rotations one after the other
     if params.get("pack") or params.get("vector") == VEC:

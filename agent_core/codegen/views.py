@@ -1010,6 +1010,47 @@ def _literal(v: float, lang: str) -> str:
     return repr(float(v)) if math.isfinite(v) else f"float('{v}')"
 
 
+def render_layout_arms(layout: Layout, idx, extent, ctype: str, local, names=None, load=None, fill=math.nan,
+                       literal=None, step: int = 1) -> tuple[list[str], str] | None:
+    """render_layout's element with every arm read before the select: (statements, expression). Each
+    arm under a test loads at its offset clamped into its source (extent(source) elements, `step` a
+    run), so a lane whose element another arm gives reads a valid neighbour and drops it, and the
+    select has no branch: a warp whose lanes straddle a cat's arms (RoPE's halves) issues every arm's
+    loads at once instead of one arm after the other. local() names each arm's C local of `ctype`.
+    None where an arm reads through a gather (its index load itself could be out of range)."""
+    if any(isinstance(layer, Indirect) for r in layout.reads for layer in r.stack.layers):
+        return None
+    names = names or {}
+    load = load or (lambda src, i: f"{names.get(src, src)}[{i}]")
+    lit = (lambda v: literal(_literal(v, "cuda"))) if literal else (lambda v: _literal(v, "cuda"))
+    found = []
+    for r in layout.reads:
+        off, tests = locate(r.stack, idx)
+        if tests is FALSE:
+            continue
+        found.append((render_tests(tests, "cuda", names), r, off))
+        if found[-1][0] is None:
+            break
+    lets, arms = [], []
+    for cond, r, off in found:
+        if r.source is None:
+            value = lit(r.value)
+        elif len(found) == 1:
+            value = load(r.source, render_expr(off, "cuda", names))
+        else:      # the last arm too: it has no test only because every earlier arm's failed
+            at = (f"min(max((index_t)({render_expr(off, 'cuda', names)}), (index_t)0), "
+                  f"(index_t){extent(r.source) - step})")
+            value = local()
+            lets.append(f"const {ctype} {value} = {load(r.source, at)};")
+        arms.append((cond, value))
+    if not arms or arms[-1][0] is not None:
+        arms.append((None, lit(fill)))
+    text = arms[-1][1]
+    for cond, value in reversed(arms[:-1]):
+        text = f"({cond}) ? {value} : {text}"
+    return lets, text
+
+
 def render_layout(layout: Layout, idx, lang: str = "cuda", names=None, load=None, fill=math.nan,
                   literal=None, load_at=None) -> str:
     """The element of `layout` at output index variable(s) idx (or a flat index Expr) as one
