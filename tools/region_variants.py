@@ -1,8 +1,9 @@
 """Time a program's generated region kernels in chosen parameter variants, one by one (a diagnostic;
 needs a GPU). The program is imported, rewritten (unchecked) and planned as optimize plans it; each
 region asked for is built with each variant (verified on 2 draws against the reference), then its
-kernel alone is timed on random inputs of the region's own shapes (CUDA events, L2 flushed, median of
-30), with the bytes it moves and the bandwidth that is. A variant that fails prints its reason.
+kernel alone is timed on random inputs of the region's own shapes (replays of a CUDA graph of its one
+launch, CUDA events, L2 flushed, median of 30), with the bytes it moves and the bandwidth that is. A
+variant that fails prints its reason.
 
     PYTHONPATH=. python3 tools/region_variants.py kernelbench/KernelBench/level3/48_Mamba2ReturnY.py \\
         '{"r11": [{}, {"unroll": 2}], "r13": [{}, {"tiled": false}]}'
@@ -38,7 +39,7 @@ def main(argv: list[str]) -> int:
 
     from agent_core.importers import import_file
     from agent_core.planner import plan_program
-    from agent_core.profile.timing import time_gpu
+    from agent_core.profile.timing import time_in_graph
     from agent_core.rewrites import rewrite_program
     from agent_core.runtime import build_region
     program = rewrite_program(import_file(argv[0], weights=False), check=False).program
@@ -55,7 +56,9 @@ def main(argv: list[str]) -> int:
             ins = [random_input(program.values[v], torch) for v in ks.inputs]
             outs = [torch.empty(program.values[v].shape, dtype=getattr(torch, program.values[v].dtype), device="cuda")
                     for v in ks.outputs]
-            ms = time_gpu(lambda: run.loaded(ins, outs), trials=30).median_ms
+            # replayed in a CUDA graph, as the agent times a region: the Python launch path (argument
+            # checks, DLPack views) would otherwise add tens of microseconds to a short kernel
+            ms = time_in_graph(run.loaded.bind(ins, outs), trials=30)[0].median_ms
             print(f"{label} {ms:8.4f} ms {ks.bytes_moved / ms / 1e6:6.0f} GB/s  {ks.schedule}", flush=True)
             del ins, outs, run
             torch.cuda.empty_cache()
