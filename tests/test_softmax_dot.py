@@ -14,7 +14,7 @@ from agent_core.importers import import_nn_module
 from agent_core.planner import plan_program
 from agent_core.reference import run_reference
 from agent_core.rewrites import rewrite_program
-from agent_core.rewrites.lowering import FLT_MIN
+from agent_core.rewrites.loss_formulas import FLT_MIN
 from tests.test_codegen_column_tiles import _emulate_region, needs_gxx
 from tests.test_codegen_split_rows import kl_total
 

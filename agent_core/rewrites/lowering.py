@@ -3,6 +3,8 @@ cuBLAS) can run them: a composite op itself has no kernel template and ran throu
 
 * mse, l1, smooth_l1, huber, kl_div, cosine_similarity: pointwise ops and reductions.
 * binary_cross_entropy_with_logits: its pointwise element (ops/loss.py), the weight, the reduction.
+* binary_cross_entropy, the hinge and margin losses, pairwise_distance, triplet_margin_loss,
+  cosine_embedding_loss: torch's formulas (loss_formulas.py).
 * cross_entropy: log_softmax over the class dim, then nll_loss (the same weight, ignore_index and
   reduction); with label smoothing, plus the smoothing term; with probability targets, the
   log-probabilities times the targets summed over the classes.
@@ -23,58 +25,11 @@ from ..errors import ProgramError
 from ..ir import Program
 from ..ops.common import broadcast
 from .edits import Rewrite, param_array
+from .loss_formulas import FORMULA_LOSSES, LOSSES, add_op, cosine, lower_formula_loss, pointwise_loss, reduce_loss
 
-FLT_MIN = 1.17549435e-38   # smallest normal float: log(max(t, FLT_MIN)) is finite and t * it is 0 at t = 0
-LOSSES = ("mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "kl_div", "cosine_similarity")
 SDPA = "scaled_dot_product_attention"
 BCE_LOGITS = "binary_cross_entropy_with_logits"
-LOWERED = LOSSES + ("cross_entropy", BCE_LOGITS, SDPA)   # every op lower_loss writes out
-
-
-def _add(p: Program, op: str, ins, **attrs) -> str:
-    return p.add_node(op, list(ins), attrs).outputs[0]
-
-
-def _reduce(p: Program, v: str, reduction: str, batch: int) -> str:
-    if reduction == "none":
-        return v
-    if reduction == "batchmean":
-        return _add(p, "div_scalar", [_add(p, "sum", [v], dim=None, keepdim=False)], value=float(batch))
-    return _add(p, reduction, [v], dim=None, keepdim=False)      # "mean" or "sum" over every element
-
-
-def _pointwise_loss(p: Program, op: str, a: str, b: str, attrs: dict) -> str:
-    """The per-element loss of op at (a, b)."""
-    if op == "kl_div":         # target * (log target - input); a holds log-probabilities
-        if attrs.get("log_target"):
-            return _add(p, "mul", [_add(p, "exp", [b]), _add(p, "sub", [b, a])])
-        logt = _add(p, "log", [_add(p, "max_scalar", [b], value=FLT_MIN)])
-        return _add(p, "mul", [b, _add(p, "sub", [logt, a])])
-    d = _add(p, "sub", [a, b])
-    if op == "mse_loss":
-        return _add(p, "square", [d])
-    ad = _add(p, "abs", [d])
-    if op == "l1_loss":
-        return ad
-    # with m = min(|d|, k): smooth_l1 = 0.5 m^2 / beta + (|d| - m), huber = 0.5 m^2 + delta (|d| - m)
-    k = float(attrs["beta"] if op == "smooth_l1_loss" else attrs["delta"])
-    if k <= 0:
-        return ad if op == "smooth_l1_loss" else _add(p, "mul_scalar", [ad], value=0.0)
-    m = _add(p, "min_scalar", [ad], value=k)
-    quad = _add(p, "mul_scalar", [_add(p, "square", [m])], value=0.5 / k if op == "smooth_l1_loss" else 0.5)
-    lin = _add(p, "sub", [ad, m])
-    if op == "huber_loss":
-        lin = _add(p, "mul_scalar", [lin], value=k)
-    return _add(p, "add", [quad, lin])
-
-
-def _cosine(p: Program, x1: str, x2: str, dim: int, eps: float) -> str:
-    """x1 . x2 / (max(|x1|, eps) max(|x2|, eps)) along dim, which is removed (torch clamps each norm)."""
-    def norm(x):
-        return _add(p, "max_scalar", [_add(p, "sqrt", [_add(p, "sum", [_add(p, "square", [x])], dim=[dim],
-                                                            keepdim=False)])], value=eps)
-    dot = _add(p, "sum", [_add(p, "mul", [x1, x2])], dim=[dim], keepdim=False)
-    return _add(p, "div", [dot, _add(p, "mul", [norm(x1), norm(x2)])])
+LOWERED = LOSSES + FORMULA_LOSSES + ("cross_entropy", BCE_LOGITS, SDPA)   # every op lower_loss writes out
 
 
 # optimize writes attention out only while its L x S scores stay this small: above it torch's fused
@@ -110,6 +65,8 @@ def lower_all(program: Program, nid: str) -> Rewrite | None:
         return lower_cross_entropy(program, nid)
     if n.op == BCE_LOGITS:
         return lower_bce_with_logits(program, nid)
+    if n.op in FORMULA_LOSSES:
+        return lower_formula_loss(program, nid)
     if n.op not in LOSSES or any(v is None for v in n.inputs[:2]) or len(n.inputs) != 2:
         return None
     a, b = n.inputs
@@ -124,7 +81,7 @@ def lower_all(program: Program, nid: str) -> Rewrite | None:
             return None
 
         def build(p):
-            return {out: _cosine(p, a, b, dim, float(n.attrs["eps"]))}
+            return {out: cosine(p, a, b, dim, float(n.attrs["eps"]))}
         what = f"a dot product and two norms along dim {dim}, then a division"
     else:
         full = shapes[0] if len(shapes[0]) >= len(shapes[1]) else shapes[1]
@@ -132,7 +89,7 @@ def lower_all(program: Program, nid: str) -> Rewrite | None:
         batch = full[0] if full else 1
 
         def build(p):
-            return {out: _reduce(p, _pointwise_loss(p, n.op, a, b, n.attrs), reduction, batch)}
+            return {out: reduce_loss(p, pointwise_loss(p, n.op, a, b, n.attrs), reduction, batch)}
         what = ("its per-element formula" + ("" if reduction == "none" else
                 f", then a {'sum divided by the batch size' if reduction == 'batchmean' else reduction} "
                 f"over {math.prod(full)} elements"))
@@ -169,8 +126,8 @@ def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
     def weighted(p, v):      # v * weight, the weight lined up with the class dim
         if w is None:
             return v
-        wv = w if rank <= 2 else _add(p, "reshape", [w], shape=[classes] + [1] * (rank - 2))
-        return _add(p, "mul", [v, wv])
+        wv = w if rank <= 2 else add_op(p, "reshape", [w], shape=[classes] + [1] * (rank - 2))
+        return add_op(p, "mul", [v, wv])
 
     cols = _transposed_logits(program, x) if rank == 2 and not probs and eps == 0 else None
     if cols is not None:
@@ -178,41 +135,41 @@ def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
         # targets [1, N] it is the K-dimensional form: a softmax down each column, contiguous across
         # the columns (a row of y.t() reads one float every C: a 32-byte sector per element)
         def build(p):
-            y3 = _add(p, "reshape", [cols], shape=[1, classes, shape[0]])
-            t2 = _add(p, "reshape", [t], shape=[1, shape[0]])
-            loss = _add(p, "nll_loss", [_add(p, "log_softmax", [y3], dim=1), t2] + ([w] if w is not None else []),
+            y3 = add_op(p, "reshape", [cols], shape=[1, classes, shape[0]])
+            t2 = add_op(p, "reshape", [t], shape=[1, shape[0]])
+            loss = add_op(p, "nll_loss", [add_op(p, "log_softmax", [y3], dim=1), t2] + ([w] if w is not None else []),
                         reduction=reduction, ignore_index=ii)
-            return {out: _add(p, "reshape", [loss], shape=[shape[0]]) if reduction == "none" else loss}
+            return {out: add_op(p, "reshape", [loss], shape=[shape[0]]) if reduction == "none" else loss}
         return Rewrite("lower_loss", f"{n.name} (cross_entropy) of transposed logits written out as a "
                        f"log_softmax down the {shape[0]} columns of {vals[cols].name} ({classes} classes) and "
                        "nll_loss, so the softmax reads the logits contiguously in a generated kernel.", build, nid)
 
     def build(p):
-        logp = _add(p, "log_softmax", [x], dim=cd)
+        logp = add_op(p, "log_softmax", [x], dim=cd)
         ws = [w] if w is not None else []
         if probs:
-            y = t if eps == 0 else _add(p, "add_scalar", [_add(p, "mul_scalar", [t], value=1.0 - eps)],
+            y = t if eps == 0 else add_op(p, "add_scalar", [add_op(p, "mul_scalar", [t], value=1.0 - eps)],
                                         value=eps / classes)
-            per = _add(p, "neg", [_add(p, "sum", [weighted(p, _add(p, "mul", [logp, y]))], dim=[cd],
+            per = add_op(p, "neg", [add_op(p, "sum", [weighted(p, add_op(p, "mul", [logp, y]))], dim=[cd],
                                        keepdim=False)])
             if reduction == "none" or not p.values[per].shape:
                 return {out: per}
-            return {out: _add(p, reduction, [per], dim=None, keepdim=False)}
+            return {out: add_op(p, reduction, [per], dim=None, keepdim=False)}
         if eps == 0:
-            return {out: _add(p, "nll_loss", [logp, t] + ws, reduction=reduction, ignore_index=ii)}
-        nll = _add(p, "nll_loss", [logp, t] + ws, reduction="none", ignore_index=ii)
-        minus1 = _add(p, "full_like", [x], fill_value=-1.0)
-        valid = _add(p, "nll_loss", [minus1, t], reduction="none", ignore_index=ii)  # 1, 0 where ignored
-        wsum = _add(p, "sum", [weighted(p, logp)], dim=[cd], keepdim=False)            # -smooth
-        total = _add(p, "add", [_add(p, "mul_scalar", [nll], value=1.0 - eps),
-                                _add(p, "mul", [_add(p, "mul_scalar", [wsum], value=-eps / classes), valid])])
+            return {out: add_op(p, "nll_loss", [logp, t] + ws, reduction=reduction, ignore_index=ii)}
+        nll = add_op(p, "nll_loss", [logp, t] + ws, reduction="none", ignore_index=ii)
+        minus1 = add_op(p, "full_like", [x], fill_value=-1.0)
+        valid = add_op(p, "nll_loss", [minus1, t], reduction="none", ignore_index=ii)  # 1, 0 where ignored
+        wsum = add_op(p, "sum", [weighted(p, logp)], dim=[cd], keepdim=False)            # -smooth
+        total = add_op(p, "add", [add_op(p, "mul_scalar", [nll], value=1.0 - eps),
+                                add_op(p, "mul", [add_op(p, "mul_scalar", [wsum], value=-eps / classes), valid])])
         if reduction == "none":
             return {out: total}
-        total = _add(p, "sum", [total], dim=None, keepdim=False)
+        total = add_op(p, "sum", [total], dim=None, keepdim=False)
         if reduction == "mean":   # nll's denominator: the summed weights of the samples not ignored
-            denom = (_add(p, "nll_loss", [minus1, t, w], reduction="sum", ignore_index=ii) if w is not None
-                     else _add(p, "sum", [valid], dim=None, keepdim=False))
-            total = _add(p, "div", [total, denom])
+            denom = (add_op(p, "nll_loss", [minus1, t, w], reduction="sum", ignore_index=ii) if w is not None
+                     else add_op(p, "sum", [valid], dim=None, keepdim=False))
+            total = add_op(p, "div", [total, denom])
         return {out: total}
     if probs:
         what = (f"log_softmax over dim {cd} times the {'smoothed ' if eps else ''}probability targets"
@@ -250,10 +207,10 @@ def lower_bce_with_logits(program: Program, nid: str) -> Rewrite | None:
     reduction, out = n.attrs["reduction"], n.outputs[0]
 
     def build(p):
-        elem = _add(p, "bce_with_logits_pos", [x, t, pw]) if pw else _add(p, "bce_with_logits", [x, t])
+        elem = add_op(p, "bce_with_logits_pos", [x, t, pw]) if pw else add_op(p, "bce_with_logits", [x, t])
         if w:
-            elem = _add(p, "mul", [elem, w])
-        return {out: _reduce(p, elem, reduction, 1)}
+            elem = add_op(p, "mul", [elem, w])
+        return {out: reduce_loss(p, elem, reduction, 1)}
     what = ("its element max(x, 0) - x t + log1p(exp(-|x|))" + (" with the pos_weight" if pw else "")
             + (" times the weight" if w else "") + ("" if reduction == "none" else f", then a {reduction}"))
     return Rewrite("lower_loss", f"{n.name} ({BCE_LOGITS}) written out as {what}, so it fuses as a pointwise "
@@ -274,7 +231,7 @@ def _gemm_ready(p: Program, a: str, b: str) -> tuple[str, str]:
     def fit(v, bv):
         if bv == target or math.prod(bv) == 1:
             return v
-        return _add(p, "expand", [v], size=list(target) + list(p.values[v].shape[-2:]))
+        return add_op(p, "expand", [v], size=list(target) + list(p.values[v].shape[-2:]))
     return fit(a, ba), fit(b, bb)
 
 
@@ -342,32 +299,32 @@ def lower_attention(program: Program, nid: str) -> Rewrite | None:
     dense = L * S * 4 <= CAUSAL_BIAS_LIMIT     # is_causal as one [L, S] constant
 
     def build(p):
-        kt = _add(p, "transpose", [k], dim0=-2, dim1=-1)
-        s = _add(p, "matmul", list(_gemm_ready(p, q, kt)))
+        kt = add_op(p, "transpose", [k], dim0=-2, dim1=-1)
+        s = add_op(p, "matmul", list(_gemm_ready(p, q, kt)))
         if scale != 1.0:
-            s = _add(p, "mul_scalar", [s], value=scale)
+            s = add_op(p, "mul_scalar", [s], value=scale)
         if causal and dense:
             bias = p.add_parameter(p.unique_name(f"{n.name}_causal_bias"), causal_bias(L, S), constant=True).id
-            s = _add(p, "add", [s, bias])
+            s = add_op(p, "add", [s, bias])
         elif causal:
             kpos, qpos = (p.add_parameter(p.unique_name(f"{n.name}_{role}_pos"), arr, constant=True).id
                           for role, arr in zip(("key", "query"), causal_positions(L, S)))
-            s = _add(p, "masked_fill", [s, _add(p, "gt", [kpos, qpos])], value=float("-inf"))
+            s = add_op(p, "masked_fill", [s, add_op(p, "gt", [kpos, qpos])], value=float("-inf"))
         elif mask is not None and vals[mask].dtype == "bool":
-            s = _add(p, "masked_fill", [s, _add(p, "logical_not", [mask])], value=float("-inf"))
+            s = add_op(p, "masked_fill", [s, add_op(p, "logical_not", [mask])], value=float("-inf"))
         elif mask is not None:
-            s = _add(p, "add", [s, mask])
-        probs = _add(p, "softmax", [s], dim=-1) if score == "softmax" else _add(p, score, [s])
-        o = _add(p, "matmul", list(_gemm_ready(p, probs, v)))
+            s = add_op(p, "add", [s, mask])
+        probs = add_op(p, "softmax", [s], dim=-1) if score == "softmax" else add_op(p, score, [s])
+        o = add_op(p, "matmul", list(_gemm_ready(p, probs, v)))
         if fix_rows:   # a row with every key masked: zeros, as torch's softmax gives for it
             if p.values[mask].dtype == "bool":   # no key kept: the row's max of the mask as 0/1 is 0
-                kept = _add(p, "max", [_add(p, "cast", [mask], dtype="float32")], dim=[-1], keepdim=True)
-                dead = _add(p, "logical_not", [_add(p, "cast", [kept], dtype="bool")])
+                kept = add_op(p, "max", [add_op(p, "cast", [mask], dtype="float32")], dim=[-1], keepdim=True)
+                dead = add_op(p, "logical_not", [add_op(p, "cast", [kept], dtype="bool")])
             else:
                 ninf = p.add_parameter(p.unique_name(f"{n.name}_neg_inf"), np.array(-np.inf, dtype=np.float32),
                                        constant=True).id
-                dead = _add(p, "eq", [_add(p, "max", [mask], dim=[-1], keepdim=True), ninf])
-            o = _add(p, "masked_fill", [o, dead], value=0.0)
+                dead = add_op(p, "eq", [add_op(p, "max", [mask], dim=[-1], keepdim=True), ninf])
+            o = add_op(p, "masked_fill", [o, dead], value=0.0)
         if tuple(p.values[o].shape) != out_shape:
             raise ProgramError(f"the written-out attention makes {list(p.values[o].shape)}, not {list(out_shape)}")
         return {out: o}

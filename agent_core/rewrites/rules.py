@@ -22,7 +22,8 @@ from .equal_nodes import merge_equal_nodes
 from .equal_views import merge_equal_views
 from .gated_linears import merge_gated_linears
 from .linear_reduce import pool_linear, reduce_conv_spatial
-from .lowering import FLT_MIN, lower_loss
+from .lowering import lower_loss
+from .loss_formulas import FLT_MIN
 from .raise_attention import raise_attention
 
 
