@@ -130,6 +130,27 @@ def test_tiled_kernels_match_the_reference_on_the_host(case, params, tmp_path):
     _run_on_host(p, ks, tmp_path)
 
 
+@pytest.mark.parametrize("case,params", [("pixel_shuffle_r4", {"store_vector": True}),
+                                         ("pixel_shuffle_r4", {"store_vector": True, "tile_elems": 32}),
+                                         ("pixel_shuffle_r4", {"store_vector": True, "block": 64})])
+def test_float4_stores_of_the_tile_match_the_reference_on_the_host(case, params, tmp_path):
+    """The float4-store form (a tuning variant where the tile's short side b is a multiple of 4): each
+    thread evaluates 4 neighbours along b and stores them at once; partial tiles along a included."""
+    p, ids, _ = TILED[case]()
+    plain = generate_kernel(p, ids, name=case)
+    ks = generate_kernel(p, ids, name=case, params=params)
+    assert ks.params["store_vector"] and "float4 stores" in ks.schedule and ks.align == 16
+    assert {"store_vector": True} in [{k: v for k, v in o.items() if k == "store_vector"} for o in tune_space(plain)]
+    _run_on_host(p, ks, tmp_path)
+
+
+def test_a_tile_whose_short_side_is_not_a_multiple_of_4_keeps_scalar_stores():
+    p, ids, _ = TILED["pixel_shuffle_r2"]()
+    ks = generate_kernel(p, ids, name="ps2", params={"store_vector": True})
+    assert not ks.params["store_vector"] and "float4 stores" not in ks.schedule
+    assert {"store_vector": True} not in tune_space(generate_kernel(p, ids, name="ps2"))
+
+
 def _chunk_joined(shape):
     """chunk(x, 2, -1) -> (relu(a), b * 2) -> cat: both arms read x at the output's own index."""
     p = Program("chunk_joined")

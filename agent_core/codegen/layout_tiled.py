@@ -246,6 +246,13 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
               f"constexpr index_t kTilesA = {tiles_a}, kTilesB = {tiles_b};",
               f"constexpr int kBlock = {block};"]
     consts.append(f"constexpr int kVec = {4 if vec else 1};  // elements per load")
+    # float4 stores: each thread evaluates 4 neighbours along the output's innermost dim b (the tile's
+    # lambdas read tile[lb][la] as lb steps) and stores them at once; b's runs of 4 stay inside the
+    # output's rows (kB a multiple of 4) and 16-byte aligned (every other output stride is a multiple of kB)
+    store4 = bool(params.get("store_vector")) and tb % 4 == 0 and fine[b] % 4 == 0 and \
+        all(vals[v].dtype == "float32" for v in io.outputs)
+    if store4:
+        consts.append("constexpr int kStoreVec = 4;  // outputs per store")
     body = [*(f"  __shared__ __align__(16) float {tile[v]}[kTB][kPitch];" for v in plan.tiled),
             "  const index_t ti = blockIdx.x % (kTilesA * kTilesB);",
             *(["  const index_t q = blockIdx.x / (kTilesA * kTilesB);  // the batch: dims neither a nor b"]
@@ -260,16 +267,18 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
             "  __syncthreads();",
             f"  const index_t out_base = {out_base};",
             "  // store: neighbouring threads along the output's innermost dim (coalesced)",
-            "  for (int t = threadIdx.x; t < kTA * kTB; t += kBlock) {",
-            "    const int lb = t % kTB, la = t / kTB;",
-            "    const index_t ia = ta * kTA + la, ib = tb * kTB + lb;",
-            "    if (ia >= kA || ib >= kB) continue;",
-            "    const index_t o = out_base + ia * kOutStrideA + ib;",
-            *("  " + line for line in lines),
-            *(f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs),
-            "  }"]
+            *(_stores4(lines, [(arg[v], fn[v]) for v in io.outputs]) if store4 else [
+                "  for (int t = threadIdx.x; t < kTA * kTB; t += kBlock) {",
+                "    const int lb = t % kTB, la = t / kTB;",
+                "    const index_t ia = ta * kTA + la, ib = tb * kTB + lb;",
+                "    if (ia >= kA || ib >= kB) continue;",
+                "    const index_t o = out_base + ia * kOutStrideA + ib;",
+                *("  " + line for line in lines),
+                *(f"    {arg[v]}[o] = {fn[v]}(o);" for v in io.outputs),
+                "  }"])]
     from .layout_graph import graph_source
-    sched = (f"tiles of {ta} x {tb} through shared memory ({len(plan.tiled)} tiled input(s){', float4 loads' if vec else ''}), "
+    sched = (f"tiles of {ta} x {tb} through shared memory ({len(plan.tiled)} tiled input(s){', float4 loads' if vec else ''}"
+             f"{', float4 stores' if store4 else ''}), "
              f"{grid} blocks of {block} threads")
     source, layout_nodes = graph_source(
         g, name, consts, body, arg, sched,
@@ -279,11 +288,32 @@ def generate_tiled(g, plan: TilePlan, name: str, params: dict | None, kind: str,
     return KernelSource(
         name=kernel_name(name), kind=kind, source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(grid, 1, 1), block=(block, 1, 1), schedule=sched,
-        params={"tiled": True, "graph": True, "vector": 4 if vec else 1, "tile_elems": ta * tb, "tile_b": tb, "tile": [ta, tb],
+        params={"tiled": True, "graph": True, "vector": 4 if vec else 1, "store_vector": store4,
+                "tile_elems": ta * tb, "tile_b": tb, "tile": [ta, tb],
                 "block": block, "grid": grid, "tiled_inputs": [vals[v].name for v in plan.tiled],
                 "chain": [n.op for n in layout_nodes]},
-        align=16 if vec else 4, bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
+        align=16 if vec or store4 else 4, bytes_moved=read + sum(vals[v].nbytes for v in io.outputs),
         flops=sum(program.node_flops(n) for n in io.nodes))
+
+
+def _stores4(lines: list, outs: list) -> list:
+    """The store loop of the float4-store form: a thread takes 4 neighbours along b (lb0 .. lb0 + 3),
+    evaluates each through the lambdas (which read the tile at lb) and stores the 4 at once."""
+    return ["  for (int t = threadIdx.x; t < kTA * kTB / kStoreVec; t += kBlock) {",
+            "    const int lb0 = t % (kTB / kStoreVec) * kStoreVec, la = t / (kTB / kStoreVec);",
+            "    const index_t ia = ta * kTA + la, ib0 = tb * kTB + lb0;",
+            "    if (ia >= kA || ib0 >= kB) continue;",
+            "    const index_t o0 = out_base + ia * kOutStrideA + ib0;",
+            "    int lb = lb0;",
+            *("  " + line for line in lines),
+            *(f"    float4 run_{k};" for k in range(len(outs))),
+            "#pragma unroll",
+            "    for (int e = 0; e < kStoreVec; ++e) {",
+            "      lb = lb0 + e;",
+            *(f"      (&run_{k}.x)[e] = {fn}(o0 + e);" for k, (_, fn) in enumerate(outs)),
+            "    }",
+            *(f"    reinterpret_cast<float4*>({out})[o0 / kStoreVec] = run_{k};" for k, (out, _) in enumerate(outs)),
+            "  }"]
 
 
 def tune_variants(params: dict) -> list[dict]:
@@ -296,7 +326,7 @@ def tune_variants(params: dict) -> list[dict]:
     the gather takes 0.20)."""
     if not params.get("tiled") or not params.get("graph"):
         return []
-    out = []
+    out = [] if params.get("store_vector") or int((params.get("tile") or [0, 1])[1]) % 4 else [{"store_vector": True}]
     for cand in ({"tile_elems": 2048}, {"tile_elems": 512}, {"vector": False}, {"tile_elems": 2048, "block": 512},
                  {"tile_b": 16}, {"tile_elems": 4096, "block": 512}):
         if cand == {"vector": False} and params.get("vector") != 4:
