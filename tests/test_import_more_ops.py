@@ -2,7 +2,8 @@
 library: math functions (sinh, cosh, asin, acos, erfc, erfinv, lgamma, trunc, frac, sgn, atan2, hypot,
 logaddexp, fmod and remainder with a number), isnan / isinf / isfinite, logical and / or, any / all,
 addcdiv, prelu, threshold, outer, one_hot, repeat_interleave, pixel_unshuffle, channel_shuffle, var_mean,
-aminmax, count_nonzero, nansum, nanmean, diff, sinc, logit, floor_divide of floats, xlogy, signbit, bitwise
+aminmax, count_nonzero, nansum, nanmean, diff, sinc, logit, floor_divide (of floats and integers), xlogy, signbit,
+bitwise
 ops of integers, linalg.norm of vectors, cross, kron, tensordot and cdist. Each
 import matches the module; each pointwise kernel matches torch in the CPU emulator, special values
 (NaN, infinities, zeros) included."""
@@ -45,6 +46,11 @@ POINTWISE = {
     + (~(x > 0).long()).float() + ((x > 0) ^ (y > 0)).float() + torch.logical_xor(x, y).float(),
     "sinc_logit_floor_divide": lambda x, y: torch.sinc(x) + torch.logit(torch.sigmoid(y), eps=1e-3)
     + torch.floor_divide(x, 0.3),
+    # integers: // rounds toward -inf (-7 // 2 is -4; C's / gives -3), by a number and by a tensor
+    "integer_floor_divide": lambda x, y: (torch.floor_divide((x * 10).nan_to_num(0, 50, -50).long(), 3)
+                                          + torch.div((y * 10).nan_to_num(0).long(), -4, rounding_mode="floor")
+                                          + ((x * 10).nan_to_num(0, 50, -50).long()
+                                             // ((y.abs() * 3).nan_to_num(0, 5, 5).long() + 1))).float(),
 }
 
 

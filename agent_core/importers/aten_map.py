@@ -250,6 +250,8 @@ def _div_mode(cx, n, a):
     mode = a["rounding_mode"]
     if mode not in (None, "floor"):
         raise Unmapped(f"division with rounding_mode={mode!r}")
+    if mode == "floor" and cx.meta_dtype(n) not in FLOAT_DTYPES:     # integers: an exact division
+        return cx.pointwise(n, "floor_divide", [a["self"], cx.tensor(a["other"], like=a["self"])])
     q = _arith("div", "div_scalar", "rdiv_scalar")(cx, n, a)
     return cx.pointwise(n, "floor", [q]) if mode == "floor" else q
 
@@ -357,8 +359,6 @@ def _prelu(cx, n, a):
 
 @aten("floor_divide.default", "floor_divide.Scalar")
 def _floor_divide(cx, n, a):
-    if cx.meta_dtype(n) not in FLOAT_DTYPES:
-        raise Unmapped("floor_divide of integer tensors (an exact integer division)")
     return _div_mode(cx, n, {**a, "rounding_mode": "floor"})
 
 

@@ -298,6 +298,16 @@ for _name, (_expr, _ref) in _BITWISE.items():
                    cuda=_expr, doc=f"{_expr[1:-1].format(a='a', b='b')} of integer or bool tensors",
                    extra={"example": ([_INTS, ((5,), "int64")], {}),
                           "bad": ([(3, 5), (3, 5)], {}, "integer or bool")}))
+# torch's floor division of integers (//): C's / rounds toward zero, so a quotient with a remainder
+# of the other sign steps down once; floats keep div then floor (the importer's spelling)
+_FLOOR_DIV = "({a} / {b} - ({a} % {b} != 0 && (({a} % {b} < 0) != ({b} < 0))))"
+register(OpDef("floor_divide", "pointwise", ("a", "b"), _bitwise_infer,
+               lambda t, a: torch.div(t[0], t[1], rounding_mode="floor"), cuda=_FLOOR_DIV,
+               doc="a // b of integer tensors, rounded toward -inf as torch and Python do",
+               extra={"example": ([_INTS, (((5,), "int64", {"kind": "randint", "low": 1, "high": 9}))], {}),
+                      "bad": ([(3, 5), (3, 5)], {}, "integer or bool")}))
+
+
 def _bitwise_not_infer(ins, attrs):
     if ins[0].dtype == "bool":      # ~ of a C bool is -2 or -1: both true
         raise ShapeError("bitwise_not: x is a bool tensor; use logical_not")
@@ -383,6 +393,7 @@ INT_CUDA = {
     # Python's %: the sign of b
     "remainder": "({a} % {b} != 0 && (({a} % {b} < 0) != ({b} < 0)) ? {a} % {b} + {b} : {a} % {b})",
     **{name: expr for name, (expr, _) in _BITWISE.items()}, "bitwise_not": "(~{x})",
+    "floor_divide": _FLOOR_DIV,
 }
 # and for unsigned integers (uint8), where a test against zero is always false (nvcc warns #186)
 UINT_CUDA = {
@@ -392,4 +403,5 @@ UINT_CUDA = {
     "relu": "{x}",
     "relu6": "({x} > 6 ? 6 : {x})",
     "remainder": "({a} % {b})",
+    "floor_divide": "({a} / {b})",
 }
