@@ -1,4 +1,5 @@
-"""cumsum / cumprod kernels give the reference's bits, and that is what a chunked scan needs end to end.
+"""cumsum / cumprod kernels give the reference's bits (logcumsumexp's match it), and that is what a
+chunked scan needs end to end.
 
 The cause of KernelBench level-3 48/49 (Mamba2) failing end to end on the H200 while every region
 verified alone: the scan kernel summed in float32 in its own association order (2 ulps off a
@@ -59,6 +60,33 @@ def test_scan_kernel_gives_the_reference_bits(op, shape, dim, schedule):
     assert torch.equal(want, getattr(torch, op)(x.double(), dim=dim).float())   # the correctly rounded scan
     got = emulate(ks, {p.inputs[0]: x}, p)[p.outputs[0]]
     assert torch.equal(got, want), (got.double() - want.double()).abs().max()
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape,dim,schedule", SCHEDULES, ids=[s[2] + "-" + "x".join(map(str, s[0])) for s in SCHEDULES])
+def test_logcumsumexp_kernel_matches_torch_with_infinities_and_nan(shape, dim, schedule):
+    """logcumsumexp scans with the log-sum-exp combine (rowscan.scan_lse, in double): every schedule
+    matches torch's double scan rounded once, through -inf runs (a row starting with them, one all
+    -inf) and a NaN that poisons the rest of its row."""
+    import torch.nn as nn
+    p, nid = scan_program("logcumsumexp", shape, dim)
+    ks = generate_kernel(p, [nid], name="exact_lcse")
+    assert ks.params["schedule"] == schedule and "scan_lse" in ks.source
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=g) * 4
+    rows = x.movedim(dim, -1)            # a view: writes land in x
+    rows[0, ..., :3] = float("-inf")
+    rows[1, ...] = float("-inf")
+    rows[2, ..., 5] = float("nan")
+    want = run_reference(p, [x])[p.values[p.outputs[0]].name]
+    torch.testing.assert_close(want, torch.logcumsumexp(x.double(), dim=dim).float(), rtol=0, atol=0, equal_nan=True)
+    got = emulate(ks, {p.inputs[0]: x}, p)[p.outputs[0]]
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+    class Lcse(nn.Module):
+        def forward(self, t):
+            return torch.logcumsumexp(t * 2, dim=dim)
+    assert "logcumsumexp" in {n.op for n in import_nn_module(Lcse(), [x]).nodes.values()}
 
 
 def _planned_scan(b, T, h, p, n, chunk):

@@ -44,7 +44,7 @@ from .row_tuning import DEFAULTS as ROW_DEFAULTS, checked_unroll
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
 from .rowpick import gathered
-from .rowscan import SCAN_OPS, lane_scan
+from .rowscan import SCAN_HELPERS, SCAN_OPS, combine, lane_scan
 from . import column_tile, rowsplit
 
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile_y": None, "column_batch": 4,
@@ -681,12 +681,12 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         lines += ["#pragma unroll", "    for (int e = 0; e < kVec; ++e) {",
                   *(f"      double {s[2]}_step = {SCAN_OPS[s[0]][1]};" for s in scans), "      if (in_row) {",
                   *element_body(arg_closure, "        ", steps, at), "      }",
-                  *(f"      {s[2]}[e] = (e ? {s[2]}[e - 1] : {SCAN_OPS[s[0]][1]}) {SCAN_OPS[s[0]][0]} {s[2]}_step;"
+                  *(f"      {s[2]}[e] = {combine(s[0], f'(e ? {s[2]}[e - 1] : {SCAN_OPS[s[0]][1]})', f'{s[2]}_step')};"
                     for s in scans), "    }"]
         lines += ["    " + ln for ln in lane_scan(scans, sched["tpr"], column)]
         lines += [*(f"    float {s[2]}_out[kVec];  // {s[0]}: this lane's running values" for s in scans),
                   "#pragma unroll", "    for (int e = 0; e < kVec; ++e) {",
-                  *(f"      {s[2]}_out[e] = (float)({s[3]} {SCAN_OPS[s[0]][0]} {s[2]}[e]);" for s in scans), "    }"]
+                  *(f"      {s[2]}_out[e] = (float){combine(s[0], s[3], f'{s[2]}[e]')};" for s in scans), "    }"]
         lines += ["    if (in_row) {", *[f"      {ln}" for ln in pre], "#pragma unroll",
                   "      for (int e = 0; e < kVec; ++e) {", *element_body(out_closure, "        ", tail, at), "      }",
                   *[f"      {ln}" for ln in post], "    }", "  }"]
@@ -803,6 +803,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         out += ["#pragma unroll", f"  for (int e = 0; e < kVecX; ++e) {var}_v[e] = reduce{r}({var}_v[e]);"]
         return out
     helpers = [_state_code(k) for k in dict.fromkeys(s.state for s in steps + g.row_totals)]
+    if g.scans:
+        helpers.append(SCAN_HELPERS)
     phase_fold, round_defs = {}, {}       # a split row's fold and per-row values of each round
     for r in range(1, max((s.round for s in steps), default=0) + 1):
         rs = sorted((s for s in steps if s.round == r), key=lambda s: s.slot)

@@ -1,4 +1,5 @@
-"""cumsum / cumprod in the row graph: a running sum (product) along the rows, per element.
+"""cumsum / cumprod / logcumsumexp in the row graph: a running sum (product, log-sum-exp) along the
+rows, per element.
 
 A scan's rows are its dim (the graph's reduced dims); its output is an E value. It is computed in the
 kernel's last pass, the one that writes the per-element outputs, so the pointwise ops before it (a
@@ -17,8 +18,23 @@ from __future__ import annotations
 
 from .kernel import CodegenError
 
-# op -> (the combine operator, its identity)
-SCAN_OPS = {"cumsum": ("+", "0.0"), "cumprod": ("*", "1.0")}
+# op -> (how two running values combine, in double; its identity). The combine is associative, so the
+# lanes' and warps' scans may group it as they do.
+SCAN_OPS = {"cumsum": ("({a} + {b})", "0.0"), "cumprod": ("({a} * {b})", "1.0"),
+            "logcumsumexp": ("scan_lse({a}, {b})", "-INFINITY")}
+# the device function a combine calls (cuda.prune_unused drops it where no scan does)
+SCAN_HELPERS = """// log(exp(a) + exp(b)) from the larger; -inf where both are, NaN where either is (logcumsumexp's combine)
+__device__ __forceinline__ double scan_lse(double a, double b) {
+  const double m = fmax(a, b);
+  if (a != a || b != b) return a + b;
+  return m == -INFINITY ? m : m + log1p(exp(-fabs(a - b)));
+}
+"""
+
+
+def combine(kind: str, a: str, b: str) -> str:
+    """The scan's combine of running values a and b, as C."""
+    return SCAN_OPS[kind][0].format(a=a, b=b)
 
 
 def scan_op(program, nid: str):
@@ -43,7 +59,6 @@ def lower_scan(g, program, node, read, names, env) -> None:
         raise CodegenError(f"{name} scans a per-row value", node_id=node.id)
     base = names.new(vals[out].name)
     run, prefix, carry = (names.new(f"{base}_{w}") for w in ("run", "prefix", "carry"))
-    op, _ = SCAN_OPS[node.op]
     # the lane's values, prefix applied, are worked out before the output branch (the kernel's
     # scan_pass): double runs held across that branch are spilled by ptxas
     g.defs[base] = Def(base, E, "float", f"{run}_out[e]", [], g.defs[x].round, out,
@@ -75,20 +90,20 @@ def lane_scan(scans, tpr: int, column: bool = False) -> list[str]:
         return _thread_rows_scan(scans)
     lines = []
     for kind, _, run, prefix, carry in scans:
-        op, ident = SCAN_OPS[kind]
+        ident = SCAN_OPS[kind][1]
         incl, excl = f"{run}_incl", f"{run}_excl"
         width = min(tpr, 32)
         lines += [f"double {incl} = {run}[kVec - 1];  // this lane's elements and every earlier lane's",
                   "#pragma unroll",
                   f"for (int offset = 1; offset < {width}; offset <<= 1) {{",
                   f"  const double before = __shfl_up_sync(0xffffffffu, {incl}, offset);",
-                  f"  if ((lane & {width - 1}) >= offset) {incl} = before {op} {incl};",
+                  f"  if ((lane & {width - 1}) >= offset) {incl} = {combine(kind, 'before', incl)};",
                   "}",
                   f"double {excl} = __shfl_up_sync(0xffffffffu, {incl}, 1);",
                   f"if ((lane & {width - 1}) == 0) {excl} = {ident};"]
         if tpr <= 32:
-            lines += [f"const double {prefix} = {carry} {op} {excl};",
-                      f"{carry} = {carry} {op} __shfl_sync(0xffffffffu, {incl}, (threadIdx.x & 31) | (kThreadsPerRow - 1));"]
+            lines += [f"const double {prefix} = {combine(kind, carry, excl)};",
+                      f"{carry} = {combine(kind, carry, f'__shfl_sync(0xffffffffu, {incl}, (threadIdx.x & 31) | (kThreadsPerRow - 1))')};"]
             continue
         tot = f"{run}_warps"
         lines += [f"__shared__ double {tot}[kWarpsPerRow];  // each warp's total, then their running values",
@@ -99,13 +114,14 @@ def lane_scan(scans, tpr: int, column: bool = False) -> list[str]:
                   "#pragma unroll",
                   "  for (int offset = 1; offset < 32; offset <<= 1) {",
                   "    const double before = __shfl_up_sync(0xffffffffu, t, offset);",
-                  f"    if (lane >= offset) t = before {op} t;",
+                  f"    if (lane >= offset) t = {combine(kind, 'before', 't')};",
                   "  }",
                   f"  if (lane < kWarpsPerRow) {tot}[lane] = t;",
                   "}",
                   "__syncthreads();",
-                  f"const double {prefix} = {carry} {op} ((lane >> 5) ? {tot}[(lane >> 5) - 1] : {ident}) {op} {excl};",
-                  f"{carry} = {carry} {op} {tot}[kWarpsPerRow - 1];",
+                  f"const double {prefix} = "
+                  f"{combine(kind, combine(kind, carry, f'((lane >> 5) ? {tot}[(lane >> 5) - 1] : {ident})'), excl)};",
+                  f"{carry} = {combine(kind, carry, f'{tot}[kWarpsPerRow - 1]')};",
                   "__syncthreads();  // every thread has read the totals before the next chunk writes them"]
     return lines
 
@@ -115,17 +131,17 @@ def _thread_rows_scan(scans) -> list[str]:
     kTileX positions; a thread adds up the thread rows above it in shared memory."""
     lines = []
     for kind, _, run, prefix, carry in scans:
-        op, ident = SCAN_OPS[kind]
+        ident = SCAN_OPS[kind][1]
         tot, excl, total = f"{run}_rows", f"{run}_excl", f"{run}_chunk"
         lines += [f"__shared__ double {tot}[kTileY][kTileX];  // each thread row's element of the chunk",
                   f"{tot}[threadIdx.y][threadIdx.x] = {run}[kVec - 1];",
                   "__syncthreads();",
                   f"double {excl} = {ident}, {total} = {ident};",
                   "for (int j = 0; j < kTileY; ++j) {  // in order: the same bits in every thread",
-                  f"  if (j < (int)threadIdx.y) {excl} = {excl} {op} {tot}[j][threadIdx.x];",
-                  f"  {total} = {total} {op} {tot}[j][threadIdx.x];",
+                  f"  if (j < (int)threadIdx.y) {excl} = {combine(kind, excl, f'{tot}[j][threadIdx.x]')};",
+                  f"  {total} = {combine(kind, total, f'{tot}[j][threadIdx.x]')};",
                   "}",
-                  f"const double {prefix} = {carry} {op} {excl};",
-                  f"{carry} = {carry} {op} {total};",
+                  f"const double {prefix} = {combine(kind, carry, excl)};",
+                  f"{carry} = {combine(kind, carry, total)};",
                   "__syncthreads();  // every thread has read the chunk before the next one is written"]
     return lines

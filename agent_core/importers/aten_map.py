@@ -796,6 +796,7 @@ def _scan(lib: str):
 
 aten("cumsum.default")(_scan("cumsum"))
 aten("cumprod.default")(_scan("cumprod"))
+aten("logcumsumexp.default")(_scan("logcumsumexp"))
 
 
 def _softmax(lib: str):

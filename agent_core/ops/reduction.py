@@ -12,7 +12,7 @@ import torch
 
 from ..errors import ShapeError
 from .common import float_of, int_result, need_float, norm_dim, norm_dims, reduce_shape
-from .registry import Attr, OpDef, TensorSpec, register
+from .registry import FLOAT_DTYPES, Attr, OpDef, TensorSpec, register
 
 _DIMS = Attr("dim", "ints", None, optional=True, doc="dimensions to reduce; null: all")
 _KEEP = Attr("keepdim", "bool", False)
@@ -133,25 +133,28 @@ def _scan_ref(fn):
     def ref(t, a):
         x = t[0]
         if x.is_floating_point() and x.dtype != torch.float64:
-            return fn(x, dim=a["dim"], dtype=torch.float64).to(x.dtype)
+            return fn(x.double(), dim=a["dim"]).to(x.dtype)
         return fn(x, dim=a["dim"])
     return ref
 
 
-def _scan(name, fn):
+def _scan(name, fn, what, floats_only=False):
     def infer(ins, attrs):
         x = ins[0]
         norm_dim(attrs["dim"], x.rank, f"{name}: dim")
-        return [TensorSpec(x.shape, int_result(x.dtype))]
+        if floats_only and x.dtype not in FLOAT_DTYPES:
+            raise ShapeError(f"{name}: x must be a floating-point tensor, got {x.dtype}")
+        return [TensorSpec(x.shape, x.dtype if floats_only else int_result(x.dtype))]
 
     register(OpDef(
         name, "reduction", ("x",), infer, _scan_ref(fn),
         attrs=(Attr("dim", "int"),), flops=lambda i, o, a: i[0].numel,
-        doc=f"inclusive running {'sum' if name == 'cumsum' else 'product'} along dim (a scan: same shape)",
+        doc=f"inclusive running {what} along dim (a scan: same shape)",
         extra={"example": ([(3, 4)], {"dim": 1}), "bad": ([(3, 4)], {"dim": 2}, "out of range")},
     ))
 
 
-_scan("cumsum", torch.cumsum)
-_scan("cumprod", torch.cumprod)
+_scan("cumsum", torch.cumsum, "sum")
+_scan("cumprod", torch.cumprod, "product")
+_scan("logcumsumexp", torch.logcumsumexp, "log of the sum of exponentials", floats_only=True)
 
