@@ -67,7 +67,7 @@ def test_scan_kernel_gives_the_reference_bits(op, shape, dim, schedule):
 def test_logcumsumexp_kernel_matches_torch_with_infinities_and_nan(shape, dim, schedule):
     """logcumsumexp scans with the log-sum-exp combine (rowscan.scan_lse, in double): every schedule
     matches torch's double scan rounded once, through -inf runs (a row starting with them, one all
-    -inf) and a NaN that poisons the rest of its row."""
+    -inf), two +inf in a row and a NaN that poisons the rest of its row."""
     import torch.nn as nn
     p, nid = scan_program("logcumsumexp", shape, dim)
     ks = generate_kernel(p, [nid], name="exact_lcse")
@@ -78,6 +78,7 @@ def test_logcumsumexp_kernel_matches_torch_with_infinities_and_nan(shape, dim, s
     rows[0, ..., :3] = float("-inf")
     rows[1, ...] = float("-inf")
     rows[2, ..., 5] = float("nan")
+    rows[0, ..., 4:6] = float("inf")
     want = run_reference(p, [x])[p.values[p.outputs[0]].name]
     torch.testing.assert_close(want, torch.logcumsumexp(x.double(), dim=dim).float(), rtol=0, atol=0, equal_nan=True)
     got = emulate(ks, {p.inputs[0]: x}, p)[p.outputs[0]]

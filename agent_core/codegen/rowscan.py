@@ -22,12 +22,13 @@ from .kernel import CodegenError
 # lanes' and warps' scans may group it as they do.
 SCAN_OPS = {"cumsum": ("({a} + {b})", "0.0"), "cumprod": ("({a} * {b})", "1.0"),
             "logcumsumexp": ("scan_lse({a}, {b})", "-INFINITY")}
-# the device function a combine calls (cuda.prune_unused drops it where no scan does)
-SCAN_HELPERS = """// log(exp(a) + exp(b)) from the larger; -inf where both are, NaN where either is (logcumsumexp's combine)
+# the device functions the combines call (a kernel with scans holds them; unused ones are pruned)
+SCAN_HELPERS = """// log(exp(a) + exp(b)) from the larger (logcumsumexp's combine): NaN where either is; equal a and b
+// (both infinite included, where a - b is NaN) give a + log 2
 __device__ __forceinline__ double scan_lse(double a, double b) {
-  const double m = fmax(a, b);
   if (a != a || b != b) return a + b;
-  return m == -INFINITY ? m : m + log1p(exp(-fabs(a - b)));
+  if (a == b) return a + 0.69314718055994531;
+  return fmax(a, b) + log1p(exp(-fabs(a - b)));
 }
 """
 

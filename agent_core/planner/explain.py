@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from ..analysis.cost import TORCH_VIEWS, fmt_bytes, fmt_ms, library_reads_as_view, roofline_ms
 from ..codegen.conv import lone_direct
-from ..codegen.lower_check import lowered_schedule
 from ..codegen.gemm_mma import FORM, lone_gemm
+from ..codegen.lower_check import lowered_schedule
 from ..regions import Region
 from ..text import plural
 from .attention import attention_node, attention_reason
