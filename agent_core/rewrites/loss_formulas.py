@@ -1,6 +1,7 @@
 """Losses written out as torch's formulas for them: pointwise ops, then a reduction (ops/loss.py holds
 the ops; lowering.py's lower_all dispatches here). Each formula is torch's own (aten's Loss.cpp and
-Distance.cpp), so the engine's numeric check and tests/test_lowering.py hold it to the op's reference.
+Distance.cpp), so the engine's numeric check and tests/test_loss_formulas.py hold it to the op's
+reference (tests/test_lowering.py the older losses').
 """
 from __future__ import annotations
 
