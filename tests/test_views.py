@@ -23,7 +23,7 @@ OFFSET = 1000.0          # input k holds arange(numel) + k * OFFSET
 
 
 # --- a small evaluator of the CUDA rendering, with C's integer semantics ---------------------------
-_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:e[-+]?\d+)?f|\d+)|([A-Za-z_]\w*)|(&&|\|\||>=|<=|==|!=|[-+*/%<>?:()\[\]]))")
+_TOKEN = re.compile(r"\s*(?:(\d+\.\d*(?:e[-+]?\d+)?f|\d+)|([A-Za-z_]\w*)|(&&|\|\||>=|<=|==|!=|[-+*/%<>?:()\[\],]))")
 _BINARY = {"||": 2, "&&": 3, "==": 4, "!=": 4, "<": 5, "<=": 5, ">": 5, ">=": 5, "+": 6, "-": 6,
            "*": 7, "/": 7, "%": 7}
 
@@ -54,8 +54,18 @@ def parse_c(text):
 
     def atom():
         kind, v = take()
-        if (kind, v) == ("op", "("):
+        if (kind, v) == ("op", "(") and peek() == ("id", "index_t"):     # a cast to the index type
+            take()
+            take(")")
+            e = atom()
+        elif (kind, v) == ("op", "("):
             e = expr(0)
+            take(")")
+        elif kind == "id" and v in ("min", "max") and peek() == ("op", "("):
+            take()
+            a = expr(0)
+            take(",")
+            e = (v, a, expr(0))
             take(")")
         elif (kind, v) == ("op", "-"):
             e = ("neg", atom())
@@ -119,12 +129,13 @@ def eval_c(e, env):
     if kind == "%":
         return a - b * _cdiv(a, b)
     return {"+": a + b, "-": a - b, "*": a * b, "<": int(a < b), "<=": int(a <= b), ">": int(a > b),
-            ">=": int(a >= b), "==": int(a == b), "!=": int(a != b)}[kind]
+            ">=": int(a >= b), "==": int(a == b), "!=": int(a != b), "min": min(a, b), "max": max(a, b)}[kind]
 
 
 def test_c_evaluator_truncates_like_c_and_catches_bad_loads():
     assert eval_c(parse_c("-7 / 2"), {}) == -3 and eval_c(parse_c("-7 % 2"), {}) == -1
     assert eval_c(parse_c("(1 < 2) ? x[1] : x[9]"), {"x": [5, 6]}) == 6
+    assert eval_c(parse_c("x[min(max((index_t)(0 - 3), (index_t)0), (index_t)1)]"), {"x": [5, 6]}) == 5
     with pytest.raises(AssertionError, match="outside"):
         eval_c(parse_c("x[2]"), {"x": [5, 6]})
 
