@@ -56,9 +56,9 @@ def main(argv: list[str]) -> int:
             ins = [random_input(program.values[v], torch) for v in ks.inputs]
             outs = [torch.empty(program.values[v].shape, dtype=getattr(torch, program.values[v].dtype), device="cuda")
                     for v in ks.outputs]
-            # replayed in a CUDA graph, as the agent times a region: the Python launch path (argument
-            # checks, DLPack views) would otherwise add tens of microseconds to a short kernel
-            ms = time_in_graph(lambda: run.loaded(ins, outs), trials=30)[0].median_ms
+            # the launch captured in a CUDA graph and replayed, as the agent times a region: no Python
+            # launch path (argument checks, DLPack views) inside the timed span
+            ms = time_in_graph(lambda r=run, i=ins, o=outs: r.loaded(i, o), trials=30)[0].median_ms
             print(f"{label} {ms:8.4f} ms {ks.bytes_moved / ms / 1e6:6.0f} GB/s  {ks.schedule}", flush=True)
             del ins, outs, run
             torch.cuda.empty_cache()
