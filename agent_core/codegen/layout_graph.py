@@ -13,7 +13,9 @@ the outputs need becomes a function of its own flat index, a lambda `name_at(i)`
   expand view, so it renders as any other view does);
 - a layout op reads its inputs through their views (codegen/views.py): the index expression under each
   read's validity condition, a cat taking the first input whose mask holds (a chain of ?: selects, no
-  test on the last one), a pad its fill value where no read is valid.
+  test on the last one), a pad its fill value where no read is valid. Where a warp's lanes straddle a
+  cat's arms (RoPE's halves), every arm is read first at its offset clamped into its source and the
+  select picks one (views.render_layout_arms): the arms' loads are in flight together, not in turn.
 A gather's index is loaded from an integer region input inside the index expression and tested
 before it is used: out of range (torch raises) reads nothing and gives NaN, which verification rejects.
 Nothing between the ops is written to memory. A value read at several indices (RoPE reads q three
