@@ -70,3 +70,20 @@ def test_only_overlapping_chains_that_reread_too_much_are_split():
     together = [[n for n in r.nodes if n in pools] for r in plan.active]
     assert sorted(len(t) for t in together if t) == [1, 1, 2, 2, 2]
     assert any("would read each input 7.7 times" in e["message"] for e in plan.log)
+
+
+class Dilated(nn.Module):
+    def forward(self, x):       # a 5 x 5 window of dilated 5 x 5 windows: 625 reads over a 13 x 13 span
+        return F.max_pool2d(F.max_pool2d(x, 5, 1, 2), 5, 1, 2, dilation=2)
+
+
+def test_a_dilated_window_spreads_its_chain_and_stays_fused():
+    """The repeat counts the second window's dilation: 625 reads of 13 x 13 inputs is 3.7 a read, under
+    the limit (counted undilated, 25 x 25 over 9 x 9 would be 7.7 and split)."""
+    x = torch.randn(2, 4, 18, 18)
+    p = rewrite_program(import_nn_module(Dilated(), [x])).program
+    pools = [nd.id for nd in p.nodes.values() if "pool" in nd.op]
+    assert len(pools) == 2
+    plan = plan_program(p)
+    assert any(set(pools) <= set(r.nodes) for r in plan.active)
+    assert not any("would read each input" in e["message"] for e in plan.log)

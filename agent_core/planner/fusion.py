@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ..analysis.gpu import GPUProfile
 from ..codegen.gemm_mma import GEMM_OPS, estimate
 from ..codegen.kernel import CodegenError
-from ..ops.common import broadcasts_to
+from ..ops.common import broadcasts_to, ntuple
 from .class_loss import class_loss_refusal, class_loss_rows, reads_rows_once
 from .geometry import Geometry
 
@@ -412,28 +412,28 @@ def _nested_window_repeat(state, windows: list[str]) -> float:
     """How many times a chain of windows feeding windows, generated as one kernel, reads each input it
     covers per output: every window evaluates the one before it at each of its positions, so reads
     multiply (k1 * k2 per dim) while the input covered grows only by the first window's stride
-    (k1 + (k2 - 1) * s1). Windows that do not overlap (stride = kernel, 78_Max_Max's pools) read each
-    input once; a 5 x 5 stride-1 pool of another, 625 reads of 81 inputs. The longest chain's figure."""
+    (its extent (k1 - 1) d1 + 1, dilation d1, plus (k2 - 1) d2 s1). Windows that do not overlap
+    (stride = kernel, 78_Max_Max's pools) read each input once; a 5 x 5 stride-1 pool of another, 625
+    reads of 81 inputs. The longest chain's figure."""
     program, member = state.program, set(windows)
     chains: dict[str, tuple[list[int], list[int], list[int]]] = {}   # window -> (reads, span, stride) per dim
     worst = 1.0
     for w in windows:              # the groups keep their nodes in execution order
         node = program.nodes[w]
-        k = node.attrs.get("kernel_size")
-        if not k:
+        if not node.attrs.get("kernel_size"):
             continue               # adaptive or resampling windows: not a stencil
         rank = len(program.values[node.inputs[0]].shape) - 2
-        k = [int(v) for v in k] * (rank if len(k) == 1 else 1)
-        st = node.attrs.get("stride") or k
-        st = [int(v) for v in st] * (rank if len(st) == 1 else 1)
+        k = ntuple(node.attrs["kernel_size"], rank, "kernel_size")
+        st = ntuple(node.attrs.get("stride") or k, rank, "stride")
+        dil = ntuple(node.attrs.get("dilation") or [1], rank, "dilation")
         before = chains.get(program.values[node.inputs[0]].producer) \
             if program.values[node.inputs[0]].producer in member else None
         if before is None:
-            chains[w] = (k, k, st)
+            chains[w] = (k, [(b - 1) * e + 1 for b, e in zip(k, dil)], st)
             continue
         reads0, span0, st0 = before
         reads = [a * b for a, b in zip(reads0, k)]
-        span = [sp + (b - 1) * s for sp, b, s in zip(span0, k, st0)]
+        span = [sp + (b - 1) * e * s for sp, b, e, s in zip(span0, k, dil, st0)]
         chains[w] = (reads, span, [a * b for a, b in zip(st0, st)])
         worst = max(worst, math.prod(reads) / math.prod(span))
     return worst

@@ -14,6 +14,7 @@ import torch
 from ..analysis.cost import fmt_bytes
 from ..ir import Node, Program
 from ..ops import FLOAT_DTYPES
+from ..ops.common import ntuple
 from ..reference import run_node
 from .edits import Rewrite, add_param, param_array, single_use
 from .edits import node_label as _n, producer as _producer, reduced_dims as _reduced_dims
@@ -222,13 +223,11 @@ def log_of_softmax(program: Program, nid: str) -> Rewrite | None:
 def _same_max_window(node, d: int) -> list[int] | None:
     """The kernel sizes of a max pool that keeps its input's size (stride 1, no dilation, odd kernels
     padded by half), else None."""
-    def per_dim(v):
-        v = [int(x) for x in (v if isinstance(v, (list, tuple)) else [v])]
-        return v * d if len(v) == 1 else v
     a = node.attrs
-    k, p = per_dim(a["kernel_size"]), per_dim(a.get("padding") or [0])
-    s, dil = per_dim(a.get("stride") or a["kernel_size"]), per_dim(a.get("dilation") or [1])
-    same = len(k) == d and all(ki % 2 == 1 and pi == ki // 2 for ki, pi in zip(k, p)) and set(s) == {1} \
+    k, p = ntuple(a["kernel_size"], d, "kernel_size"), ntuple(a.get("padding") or [0], d, "padding")
+    s = ntuple(a.get("stride") or a["kernel_size"], d, "stride")
+    dil = ntuple(a.get("dilation") or [1], d, "dilation")
+    same = all(ki % 2 == 1 and pi == ki // 2 for ki, pi in zip(k, p)) and set(s) == {1} \
         and set(dil) == {1} and not a.get("ceil_mode")
     return k if same else None
 
