@@ -817,19 +817,9 @@ def _vector_norm(cx, n, a):
     x = a["self"]
     ord_ = a.get("ord", a.get("p", 2))
     ord_ = 2 if ord_ is None else ord_
-    dim, keep = _dims(a), bool(a.get("keepdim", False))
     if a.get("dtype") is not None:
         x = cx.cast_to(x, cx.meta_dtype(n))
-    if "norm" in REGISTRY:
-        return cx.emit("norm", [x], {"p": float(ord_), "dim": dim, "keepdim": keep})
-    # decompose: the library's reductions compute it exactly as torch's definition
-    if ord_ == 2:
-        return cx.emit("sqrt", [cx.emit("sum", [cx.emit("square", [x])], {"dim": dim, "keepdim": keep})])
-    if ord_ == 1:
-        return cx.emit("sum", [cx.emit("abs", [x])], {"dim": dim, "keepdim": keep})
-    if ord_ == math.inf:
-        return cx.emit("max", [cx.emit("abs", [x])], {"dim": dim, "keepdim": keep})
-    raise Unmapped(f"vector norm of order {ord_}")
+    return cx.emit("norm", [x], {"p": float(ord_), **_reduced(a)})
 
 
 # --- normalization ---------------------------------------------------------------------------
