@@ -1,13 +1,16 @@
 """Few long rows spread over the whole GPU: the row graph's `split_row` schedule (codegen/rowsplit.py).
 
-Each row is cut into kSplit chunks; phase r - 1 folds round r (every chunk's partial state published,
-the row's last block combining them in parallel), the last phase writes the per-element outputs after
-waiting for its row's flag. Tasks come from a grid-wide ticket, so no block waits for one that has
-not started.
+Each row is cut into kSplit chunks. Streamed, phase r - 1 folds round r (every chunk's partial state
+published, the row's last block combining them in parallel), the last phase writes the per-element
+outputs after waiting for its row's flag. Held (where a chunk fits 32 floats a thread and a row's
+chunks fit the SMs), one phase: each block loads its chunk once, and after each round's fold waits for
+the row's combined state. Tasks come from a grid-wide ticket, so no block waits for one that has not
+started (held: or is not the next claimed).
 
 On the CPU: which shapes take the schedule (from rows, row length and SM count, never a block's
-shape), NVRTC sm_90 builds, and the kernel itself run by the CPU emulator (agent_core.writer.emulate:
-g++, every block and thread) against torch: max then a pointwise pass (Whisper's log-mel), softmax
+shape), NVRTC sm_90 builds, and the kernel itself, held and streamed, run by the CPU emulator
+(agent_core.writer.emulate: g++, every block and thread; a held block waits for the rest of its row
+while the emulator starts the next blocks beside it) against torch: max then a pointwise pass (Whisper's log-mel), softmax
 (online max and sum of exp), layer_norm (Welford), mean / max / min kept per row, a chain of two
 reductions (three phases), a whole-tensor sum beside the rows, ragged lengths (scalar loads, a short
 last chunk), a slice read and a transpose written through their views; the workspace's counters are left zeroed and a second launch gives the same bits. The
@@ -137,15 +140,18 @@ CASES = {
     "total beside rows": (lambda: kl_total((3, 8200)), None),
     "views before and after": (lambda: through_views((3, 9000)), None),
 }
+FORMS = {"held": {}, "streamed": {"hold": False}}
 
 
 @needs_gxx
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case", CASES)
-def test_split_rows_under_cpu_emulation_match_torch(case):
+def test_split_rows_under_cpu_emulation_match_torch(case, form):
     build, prep = CASES[case]
     program, ids = build()
-    ks, got, ref, counters = emulate(program, ids, SMALL_GPU, prep=prep)
+    ks, got, ref, counters = emulate(program, ids, {**SMALL_GPU, **FORMS[form]}, prep=prep)
     assert ks.params["schedule"] == "split_row" and ks.params["split"] >= 2, ks.schedule
+    assert ks.params["cached"] == (form == "held") and (ks.params["phases"] == 1 or form == "streamed")
     assert ks.grid[0] == ks.params["phases"] * ks.params["split"] * (program.values[program.inputs[0]].shape[0])
     for g, r in zip(got[0], ref):
         assert torch.allclose(g, r.reshape(g.shape), atol=1e-5, rtol=1e-5, equal_nan=True), \
@@ -155,25 +161,27 @@ def test_split_rows_under_cpu_emulation_match_torch(case):
     assert not counters.any(), counters     # ticket, arrivals, flags all reset for the next launch
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case", CASES)
-def test_split_rows_compile_for_sm_90(case):
+def test_split_rows_compile_for_sm_90(case, form):
     program, ids = CASES[case][0]()
-    ks = generate_kernel(program, ids, name=f"nvrtc_{program.name}", params=SMALL_GPU)
+    ks = generate_kernel(program, ids, name=f"nvrtc_{program.name}", params={**SMALL_GPU, **FORMS[form]})
     assert ks.params["schedule"] == "split_row"
     compiled = compile_kernel(ks, arch="sm_90")
     assert compiled.spill_bytes == 0 if hasattr(compiled, "spill_bytes") else True
 
 
 def test_default_split_comes_from_rows_length_and_sms():
-    """Rows below two per SM split into chunks of at least 4096 columns, about 8 chunks per SM in all;
-    as many rows as two per SM (half as many as SMs where one block holds the row), or rows too
-    short, keep one block (or cluster) per row."""
+    """Streamed, rows below two per SM split into chunks of at least 4096 columns, about 8 chunks per
+    SM in all; as many rows as two per SM (half as many as SMs where one block holds the row), or rows
+    too short, keep one block (or cluster) per row."""
+    streamed = {"sm_count": 132, "hold": False}
     p, ids = log_mel((64, 80, 3000))           # Whisper's 64 clips of 240,000 on an H200
-    ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 132})
+    ks = generate_kernel(p, ids, name="log_mel", params=streamed)
     assert ks.params["schedule"] == "split_row"
     assert ks.params["split"] == 17 and ks.params["phases"] == 2 and ks.grid == (64 * 17 * 2, 1, 1)
     assert "14120" in ks.source                # kChunk: 240,000 / 17 rounded up to a float4
-    ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 64})
+    ks = generate_kernel(p, ids, name="log_mel", params={**streamed, "sm_count": 64})
     assert ks.params["split"] == 8             # a smaller GPU: fewer chunks
     ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 32})
     assert ks.params["schedule"] != "split_row"   # 64 rows fill 32 SMs twice over
@@ -188,31 +196,86 @@ def test_default_split_comes_from_rows_length_and_sms():
     p, ids = row_op("softmax", (8, 6000))      # too short to split twice
     assert generate_kernel(p, ids, name="short", params=SMALL_GPU).params["schedule"] != "split_row"
     p, ids = row_op("softmax", (8, 1_000_000))  # 8 rows of a million: one read per phase over the GPU
-    ks = generate_kernel(p, ids, name="long", params={"sm_count": 132})
+    ks = generate_kernel(p, ids, name="long", params=streamed)
     assert ks.params["schedule"] == "split_row" and ks.params["split"] == 132 and ks.params["phases"] == 2
+
+
+def test_a_chunk_is_held_where_it_fits_and_a_row_fits_the_sms():
+    """Held by default where each thread's share of a chunk is at most 32 floats with no more chunks
+    per row than SMs (every chunk of a row running at once): more chunks than the streamed rule where
+    that is what fits, one phase, the row read once. Past that, streamed in phases."""
+    p, ids = log_mel((64, 80, 3000))
+    ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 132})
+    assert ks.params["cached"] and ks.params["row_reads"] == 1
+    assert ks.params["split"] == 30 and ks.params["phases"] == 1 and ks.grid == (64 * 30, 1, 1)  # 8000 a chunk
+    assert "constexpr int kItems = 8;" in ks.source        # 8 float4 loads a thread of 256
+    ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 132, "split": 20})
+    assert not ks.params["cached"] and ks.params["split"] == 20   # a tuner's split that does not fit: streamed
+    p, ids = row_op("softmax", (8, 1_000_000))    # 123 chunks fit, the rule's 132 taken
+    ks = generate_kernel(p, ids, name="long", params={"sm_count": 132})
+    assert ks.params["cached"] and ks.params["split"] == 132 and ks.params["phases"] == 1
+    p, ids = row_op("softmax", (8, 2_000_000))    # 245 chunks would not all run at once on 132 SMs
+    ks = generate_kernel(p, ids, name="longer", params={"sm_count": 132})
+    assert not ks.params["cached"] and ks.params["phases"] == 2
+
+
+@needs_gxx
+@pytest.mark.parametrize("op", ["layer_norm", "softmax"])
+def test_a_held_row_folds_online_states_in_one_round_or_two_stage_states_in_two(op):
+    """Held, each round is a wait for the row's other chunks: Welford's mean and variance and softmax's
+    max and sum of exp take one round; the two-stage graph (mean, then the centred squares; max, then
+    the sum of exp) is the tuner's alternative. Both emulated against torch."""
+    program, ids = row_op(op, (3, 9000))
+    online = generate_kernel(program, ids, name="k", params=SMALL_GPU)
+    assert online.params["cached"] and online.params["online"] and online.params["rounds"] == 1
+    assert {"held_online": False, "sm_count": 132} in tune_space(online, sm_count=132)
+    two = {**SMALL_GPU, "held_online": False}
+    assert generate_kernel(program, ids, name="k", params=two).params["rounds"] == 2
+    for params in (SMALL_GPU, two):
+        _, got, ref, counters = emulate(program, ids, params)
+        torch.testing.assert_close(got[0][0], ref[0].reshape(got[0][0].shape), atol=1e-5, rtol=1e-5)
+        assert not counters.any()
+
+
+@needs_gxx
+def test_a_held_row_of_many_chunks_waits_for_them_all():
+    """Eight 64-thread chunks per row, each block waiting for the seven others of its row (started
+    beside it by the emulator), two rounds (mean, then the centred squares) from the registers."""
+    program, ids = centred_variance((3, 2000))
+    ks, got, ref, counters = emulate(program, ids, {**SMALL_GPU, "split": 8, "threads_per_row": 64})
+    assert ks.params["cached"] and ks.params["split"] == 8 and ks.grid == (24, 1, 1)
+    for g, r in zip(got[0], ref):
+        assert torch.allclose(g, r.reshape(g.shape), atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[0][1], got[1][1]) and not counters.any()
 
 
 def test_the_tuner_searches_the_split_factor():
     p, ids = log_mel((64, 80, 3000))
     ks = generate_kernel(p, ids, name="log_mel", params={"sm_count": 132})
     space = tune_space(ks, sm_count=132)
-    splits = [c.get("split") for c in space]
-    assert 34 in splits and 8 in splits and 1 in splits, space
+    assert {c.get("split") for c in space} >= {60, 15, 1} and {"hold": False, "sm_count": 132} in space, space
     for cand in space:
         alt = generate_kernel(p, ids, name="log_mel", params=cand)
-        if cand["split"] == 1:
+        if cand.get("split") == 1:
             assert alt.params["schedule"] != "split_row"
-        else:
-            assert alt.params["split"] == cand["split"] and alt.grid[0] == 64 * cand["split"] * 2
-            compile_kernel(alt, arch="sm_90")
+            continue
+        assert alt.params["split"] == cand.get("split", 17)
+        # 60 chunks still held; 15 leave 63 floats a thread: streamed, as the hold: False variant
+        assert alt.grid[0] == 64 * alt.params["split"] * (1 if alt.params["cached"] else 2)
+        assert alt.params["cached"] == (cand.get("split") == 60)
+        compile_kernel(alt, arch="sm_90")
 
 
 def test_the_combine_is_parallel_and_in_a_fixed_order():
-    """The row's last block folds partials t, t + kBlock, ... per thread, then the block's fixed
-    tree: no loop of one thread over every partial; later phases wait on a flag raised by a block
-    that took an earlier ticket."""
+    """Streamed, the row's last block folds partials t, t + kBlock, ... per thread, then the block's
+    fixed tree: no loop of one thread over every partial; later phases wait on a flag raised by a
+    block that took an earlier ticket. Held, every block of the row waits for all of its partials
+    and combines them the same way."""
     p, ids = row_op("softmax", (8, 1_000_000))
-    src = generate_kernel(p, ids, name="long", params={"sm_count": 132}).source
+    src = generate_kernel(p, ids, name="long", params={"sm_count": 132, "hold": False}).source
     assert "for (int k = threadIdx.x; k < kSplit; k += kBlock)" in src
     assert "atomicAdd(&counters[0], 1u)" in src and "while (*flag == 0u)" in src
     assert "blockIdx" not in src.split("__global__", 1)[1]    # tasks come from the ticket only
+    held = generate_kernel(p, ids, name="long", params={"sm_count": 132}).source
+    assert "for (int k = threadIdx.x; k < kSplit; k += kBlock)" in held and "while (*arrived < kSplit)" in held
+    assert "if (last) {" not in held and "blockIdx" not in held.split("__global__", 1)[1]

@@ -186,7 +186,9 @@ def test_the_planner_costs_a_cluster_row_as_one_read():
     too_long = Geometry("reduction", (512,), full=(512, 1 << 19), rows=512, row_len=1 << 19, out_full=True)
     assert schedule_for(too_long, 1, gpu)[0] == "two-pass"
     few = Geometry("reduction", (8,), full=(8, 1 << 19), rows=8, row_len=1 << 19, out_full=True)
-    assert schedule_for(few, 1, gpu) == ("split-row", 0)     # codegen/rowsplit.py, read once per phase
+    assert schedule_for(few, 1, gpu) == ("split-row", 32)    # codegen/rowsplit.py: 128 chunks held, read once
+    longer = Geometry("reduction", (8,), full=(8, 1 << 21), rows=8, row_len=1 << 21, out_full=True)
+    assert schedule_for(longer, 1, gpu) == ("split-row", 0)  # 256 chunks would not all run at once: per phase
 
 
 def _optimize(block: str, tmp_path):
@@ -216,11 +218,12 @@ def test_activation_stats_block_at_full_size_splits_its_columns(tmp_path):
 
 def test_log_mel_block_at_full_size_spreads_each_clip_over_the_gpu(tmp_path):
     """64 clips of 80 x 3000: one block per clip used 64 of 132 SMs; a cluster of 8 CTAs per clip
-    (one read, 512 CTAs) measured 31% of the floor on the H200. Now each clip is 17 chunks: 1088
-    blocks fold the per-clip max, 1088 more write the output (codegen/rowsplit.py)."""
+    (one read, 512 CTAs) measured 31% of the floor on the H200. Now each clip is 30 chunks of 8000
+    held in registers: 1920 blocks each fold their chunk's max, wait for the clip's, and write their
+    chunk from the registers (codegen/rowsplit.py)."""
     cg, kernels, _ = _optimize("log_mel_normalize_whisper", tmp_path)
-    assert cg["params"]["schedule"] == "split_row" and cg["params"]["split"] == 17
-    assert cg["params"]["grid"] == 64 * 17 * 2 and cg["params"]["phases"] == 2
+    assert cg["params"]["schedule"] == "split_row" and cg["params"]["split"] == 30 and cg["params"]["cached"]
+    assert cg["params"]["grid"] == 64 * 30 and cg["params"]["phases"] == 1
     source = "\n".join(f.read_text() for f in kernels.glob("*.cu"))
     assert "task_s = atomicAdd(&counters[0], 1u);" in source and "__cluster_dims__" not in source
 

@@ -94,14 +94,18 @@ def test_a_softmax_weighted_sum_reads_the_streamed_row_once_and_matches_torch(mo
 @needs_gxx
 @pytest.mark.parametrize("module", [KL, Entropy], ids=lambda m: m.__name__)
 def test_a_row_split_in_chunks_combines_the_chunks_softdot_states(module):
-    """Few long rows are cut into chunks over the GPU (rowsplit.py): each chunk's (m, s, w) is
-    published and the row's last block combines them; emulated, equal to torch."""
+    """Few long rows are cut into chunks over the GPU (rowsplit.py): streamed, each chunk's (m, s, w)
+    is published and the row's last block combines them; emulated, equal to torch. Held in registers
+    (two rounds from the registers, no softdot state), equal too."""
     p, region = _region(module())
-    params = {**STREAMED, "split": 3}
+    params = {**STREAMED, "split": 3, "hold": False}
     ks = generate_kernel(p, list(region.nodes), name="sds", params=params)
     assert ks.params["schedule"] == "split_row" and "fold_block_softdot" in ks.source
     s, t = torch.randn(6, 300) * 3, torch.randn(6, 300) * 3
     torch.testing.assert_close(_kernel_output(p, region, [s, t], params), module()(s, t), rtol=1e-4, atol=1e-4)
+    held = {**STREAMED, "split": 3}
+    assert generate_kernel(p, list(region.nodes), name="sdh", params=held).params["cached"]
+    torch.testing.assert_close(_kernel_output(p, region, [s, t], held), module()(s, t), rtol=1e-4, atol=1e-4)
 
 
 @needs_gxx

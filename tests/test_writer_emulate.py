@@ -1,7 +1,8 @@
 """The CPU executor runs real CUDA kernels on guarded buffers in a child process: vector loads,
 shared memory, barriers, warp shuffles, atomics and module state behave as on a GPU; a write past an
-output shows in the returned guard bytes; hangs, deadlocks, crashes, too much work and constructs the
-shim cannot run are reported with their check; a region-sized kernel runs in seconds, in the same
+output shows in the returned guard bytes; a block spin-waiting on later blocks runs beside them,
+each with its own shared memory; hangs, deadlocks, crashes, too much work and constructs the shim
+cannot run are reported with their check; a region-sized kernel runs in seconds, in the same
 order every time. Executables are cached, so a rerun takes seconds."""
 import time
 
@@ -236,6 +237,45 @@ def test_threads_waiting_for_each_other_forever_are_a_hang_said_at_once():
     assert info.value.check == "hang" and "deadlock in block (0, 0, 0)" in err
     assert "16 threads wait at __syncthreads, 16 at a warp collective" in err
     assert time.monotonic() - t0 < 15       # found when every thread waits, not after the 30 s
+
+
+WAIT_FOR_LATER_BLOCKS = r"""
+// each block keeps its index in shared memory, counts itself in, then spins until all 6 have: block 0
+// waits for blocks that start after it. Each must still read its own shared value afterwards.
+extern "C" __global__ void wait_for_all(const float* x, float* y, unsigned* arrived) {
+    __shared__ float mine[4];
+    __shared__ int who;
+    if (threadIdx.x < 4) mine[threadIdx.x] = x[blockIdx.x] + threadIdx.x;
+    if (threadIdx.x == 0) who = blockIdx.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(arrived, 1u);
+        const volatile unsigned* seen = arrived;
+        while (*seen < gridDim.x) __nanosleep(32);
+    }
+    __syncthreads();
+    if (threadIdx.x < 4) y[who * 4 + threadIdx.x] = mine[threadIdx.x] + (float)(*arrived);
+}
+"""
+
+
+def test_blocks_that_spin_wait_on_later_blocks_run_beside_them_each_with_its_own_shared_memory():
+    x = np.arange(6, dtype=np.float32) * 10
+    _, [[_, y, arrived]] = run(kernel("wait_for_all", WAIT_FOR_LATER_BLOCKS, (6,), (64,), inputs=("x",),
+                                      outputs=("y", "arrived")),
+                               (x, np.zeros(24, np.float32), np.zeros(1, np.uint32)), timeout_s=30)
+    assert arrived[0] == 6
+    np.testing.assert_array_equal(y.reshape(6, 4), x[:, None] + np.arange(4) + 6)
+
+
+def test_blocks_that_all_spin_forever_are_a_deadlock_said_at_once():
+    t0 = time.monotonic()
+    source = WAIT_FOR_LATER_BLOCKS.replace("< gridDim.x", "< gridDim.x + 1")   # one more than ever arrives
+    with pytest.raises(ExecutionError) as info:
+        run(kernel("wait_for_all", source, (6,), (64,), inputs=("x",), outputs=("y", "arrived")),
+            (np.zeros(6, np.float32), np.zeros(24, np.float32), np.zeros(1, np.uint32)), timeout_s=30)
+    assert info.value.check == "hang" and "every running block spin-waits on another" in str(info.value)
+    assert time.monotonic() - t0 < 15
 
 
 def test_too_much_work_is_unsupported_before_anything_is_compiled():

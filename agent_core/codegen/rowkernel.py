@@ -50,7 +50,8 @@ from . import column_tile, rowsplit
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile_y": None, "column_batch": 4,
             "cluster": None,
             "cluster_max": 8, "cluster_thread_floats": 32, "spread_min_bytes": 1 << 22,
-            "hoist_monotone": True}   # a max / min of a monotone chain folds its input (codegen/monotone.py)
+            "hoist_monotone": True,
+            "held_online": True}   # a held split row folds online states where that saves rounds (rowsplit.py)   # a max / min of a monotone chain folds its input (codegen/monotone.py)
 # 8 CTAs is the portable cluster size; 16 needs the non-portable attribute set before each launch,
 # which the CuPy launch path cannot set, so clusters stop at 8
 CLUSTER_PORTABLE = 8
@@ -89,6 +90,16 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     full = _full_inputs(program, g, io)
     front = _prologue_held(g, full)
     sched = _schedule(g, p, len(front) or len(full), streamed_reads)
+    if sched["schedule"] == "split_row" and sched["cached"] and p["held_online"] and streamed_reads() and \
+            online[0][3].rounds < g.rounds:
+        # a held split row waits for its row's other chunks once per round: online states (softmax's
+        # max and sum of exp, Welford's mean and variance) take fewer rounds than the two-stage graph
+        og = online[0]
+        ofull = _full_inputs(program, og[3], io)
+        ofront = _prologue_held(og[3], ofull)
+        osched = _schedule(og[3], p, len(ofront) or len(ofull), streamed_reads)
+        if osched["schedule"] == "split_row" and osched["cached"]:
+            lowered, g, full, front, sched = og, og[3], ofull, ofront, {**osched, "online": True}
     if not sched["cached"]:      # streamed rows: online states, one read of the row per round
         streamed_reads()
         lowered = online[0]
@@ -271,12 +282,19 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         tpr = int(p.get("threads_per_row") or rowsplit.SPLIT_ROW_THREADS)
         if tpr & (tpr - 1) or not 32 <= tpr <= 1024:
             raise CodegenError(f"threads_per_row of a split row must be a power of two from 32 to 1024, got {tpr}")
-        chunk = math.ceil(math.ceil(cols / parts) / vec) * vec
+        held = not g.scans and rowsplit.held_split(cols, k, parts, tpr, p)
+        chunk = math.ceil(math.ceil(cols / (held or parts)) / vec) * vec
+        items = math.ceil(chunk / (tpr * vec))
+        held = held and items * vec * k <= rowsplit.HOLD_THREAD_FLOATS
+        if not held:
+            chunk = math.ceil(math.ceil(cols / parts) / vec) * vec
+            items = math.ceil(chunk / (tpr * vec))
         parts = math.ceil(cols / chunk)            # no empty chunk
-        phases = rounds + per_element
+        phases = 1 if held else rounds + per_element    # held: each round's wait is inside the one phase
         return {"schedule": "split_row", "vec": vec, "tpr": tpr, "rows_per_block": 1, "block": tpr,
-                "items": math.ceil(chunk / (tpr * vec)), "cached": False, "grid": g.rows * parts * phases,
-                "split": 1, "row_split": parts, "chunk": chunk, "phases": phases}
+                "items": items, "cached": bool(held), "grid": g.rows * parts * phases,
+                "split": 1, "row_split": parts, "chunk": chunk, "phases": phases,
+                "hold_limit": rowsplit.HOLD_THREAD_FLOATS}
     cluster = _cluster_size(g, p, k, schedule, streamed_reads)
     if cluster > 1:
         # rows that fill the SMs: CTAs of 256 threads, several per SM, so one CTA's loads overlap another's
@@ -493,6 +511,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     column, split, cluster = schedule in ("column", "split_column"), sched["split"], sched.get("cluster", 1)
     vecx = sched.get("vecx", 1)
     srow = schedule == "split_row"     # few long rows in chunks over the GPU, in phases (rowsplit.py)
+    # where this thread's elements of the row start and end: a split row's thread walks its chunk
+    first, limit = ("lo + lane * kVec", "hi") if srow else ("lane * kVec", "kCols")
     need, steps = g.needed(), g.steps
     numel = math.prod(g.full)
     index_t = index_type(max(numel, views.extent if views else 0))
@@ -522,7 +542,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     kept_done: set[str] = set()      # kept values computed in a pass already rendered
     # values computed from the row's inputs that the passes read: computed once, kept instead of the inputs
     front = sched.get("front") or []
-    if cached and split == 1 and not srow:
+    if cached and split == 1:
         kept = {k: names.new(f"{k}_held") for k in front}
         passes = [[k for s in steps if s.round == r for k in s.args] for r in range(1, rounds_n + 1)]
         passes += [[g.outputs[v] for v in out_e]] if out_e else []
@@ -610,8 +630,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         if not cached:
             return streamed(body_fn, loads, pre_e, post_e, blocks)
         out = ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
-               "    const int p = lane * kVec + k * kStride;",
-               "    if (active && p < kCols) {"]
+               f"    const int p = {first} + k * kStride;",
+               f"    if (active && p < {limit}) {{"]
         at = "k * kVec + e" if vec == 4 else "k"
         for v in loads if fresh else []:
             out += [f"      {ct[v]} {regs[v]}[kVec];", *(f"      {ln}" for ln in fill(v, "0"))]
@@ -636,7 +656,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         used (one load in flight per thread leaves a block per row far below the memory's bandwidth).
         `blocks`: (buffer, fold) of each state folded a step at a time (fold_block_maxsumexp): the
         body writes its elements to the buffer, -inf past the row (a column: kBatch of them)."""
-        lo, hi = ("lo + lane * kVec", "hi") if srow else ("lane * kVec", "kCols")   # a split row: its chunk
+        lo, hi = first, limit
         out = [f"  for (int p0 = {lo}; active && p0 < {hi}; p0 += kUnroll * kStride) {{"]
         out += block_buffers(blocks, "kUnroll * kVec", "    ")
         for v in loads:
@@ -724,8 +744,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         for v in held:
             body.append(f"  {ct[v]} {regs[v]}[kItems * kVec];")
         body += ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
-                 "    const int p = lane * kVec + k * kStride;",
-                 "    if (active && p < kCols) {"]
+                 f"    const int p = {first} + k * kStride;",
+                 f"    if (active && p < {limit}) {{"]
         for v in held:
             body += [f"      {ln}" for ln in fill(v, "k")]
         # zeros past the row, which no pass reads: left unset, ptxas may spill the array (16 B, a
@@ -897,12 +917,18 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                       for f in STATES[s.state][0]] for r in range(1, rounds_n + 1)}
         space = rowsplit.SplitRowSpace(g.rows, sched["row_split"], {r: len(f) for r, f in fields.items()},
                                        _total_fields(totals) if totals else 0)
-        folds = {r: rowsplit.fold_and_combine(r, g.round_vars[r], fields[r], phase_fold[r],
-                                              [*round_defs[r], *row_out, *total_lines]
-                                              if r == rounds_n and (row_out or total_lines) else [],
-                                              r < rounds_n or bool(out_e)) for r in fields}
-        loaded = {r: [*rowsplit.wait_and_load(r, g.round_vars[r], fields[r]), *round_defs[r]] for r in fields}
-        body += rowsplit.nest(rounds_n, folds, loaded, output if out_e else [])
+        if cached:       # held: one phase, every block combines its row's partials itself
+            final = [*row_out, *total_lines]
+            folds = {r: rowsplit.combine_in_every_block(r, g.round_vars[r], fields[r], phase_fold[r],
+                                                        r == rounds_n and bool(final)) for r in fields}
+            body += rowsplit.in_turn(rounds_n, folds, round_defs, final, output if out_e else [])
+        else:
+            folds = {r: rowsplit.fold_and_combine(r, g.round_vars[r], fields[r], phase_fold[r],
+                                                  [*round_defs[r], *row_out, *total_lines]
+                                                  if r == rounds_n and (row_out or total_lines) else [],
+                                                  r < rounds_n or bool(out_e)) for r in fields}
+            loaded = {r: [*rowsplit.wait_and_load(r, g.round_vars[r], fields[r]), *round_defs[r]] for r in fields}
+            body += rowsplit.nest(rounds_n, folds, loaded, output if out_e else [])
         body += rowsplit.count_out()
     else:
         body += total_lines
@@ -961,8 +987,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                   "cluster": f"a cluster of {cluster} CTAs of {tpr} threads per row, states exchanged through "
                              f"distributed shared memory",
                   "split_row": f"{sched.get('row_split')} chunks of {sched.get('chunk')} per row, a block of {tpr} "
-                               f"threads each, {sched.get('phases')} phases (last block per row combines in "
-                               f"parallel)"}[schedule]
+                               f"threads each, " + ("one phase, each block combining its row's partials "
+                                                    "after each round" if cached else
+                                                    f"{sched.get('phases')} phases (last block per row combines "
+                                                    f"in parallel)")}[schedule]
     sched_text += (", row in registers" if cached else f", the row read {rounds + bool(out_e)} times"
                    + (f" ({sched['batch'] if column else sched['unroll']} loads in flight per thread)")) + \
         f", {rounds} all-reduce round(s), {'float4' if 4 in (vec, vecx) else 'scalar'} loads, {sched['grid']} blocks" + \
@@ -1012,6 +1040,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "row_reads": 1 if cached else rounds + bool(out_e),
                 "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
+                "online": bool(sched.get("online")),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and

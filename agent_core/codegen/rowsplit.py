@@ -1,29 +1,39 @@
 """Few long rows spread over the whole GPU: the row graph's `split_row` schedule (issue #14).
 
 When there are fewer rows than about two per SM, one block (or one cluster) per row leaves most SMs
-idle. Here each row is cut into kSplit chunks of kChunk columns, and the kernel works in *phases*:
-phase r - 1 folds round r of the row graph, the last phase (when the region writes per-element values)
-evaluates and stores them. Every phase has kRows * kSplit tasks of one chunk each:
+idle. Here each row is cut into kSplit chunks of kChunk columns, one block per chunk. A block takes its
+task from a grid-wide ticket (atomicAdd at its start), not from blockIdx. Two forms:
+
+Held (held_split: a thread's share of a chunk fits HOLD_THREAD_FLOATS, and kSplit <= SMs): one phase.
+A block loads its chunk into registers once; each round it folds from them, all-reduces across its
+threads, publishes its partial, counts itself in, waits until the row's kSplit partials are all
+there, and combines them itself (combine_in_every_block: thread t folds partials t, t + kBlock, ...,
+then the block's fixed shuffle tree, so every block of the row gets the same bits). The outputs come
+from the registers: the row is read once. A block waits only for the chunks of its own row, whose
+tickets are next to its own: if every running block waited, the lowest waiting row would still have
+an unclaimed chunk, so no later row would have started and fewer than kSplit blocks would be waiting;
+with kSplit <= SMs another block can always start. No cooperative launch, no grid barrier.
+
+Streamed (`hold: False`, or a chunk too big to hold): *phases*; phase r - 1 folds round r of the row
+graph, the last phase (when the region writes per-element values) evaluates and stores them. Every
+phase has kRows * kSplit tasks of one chunk each:
 
   fold     a block folds its chunk into the round's states, all-reduces them across its threads, and
            publishes them to the workspace; the row's last block to arrive (an atomic ticket per row,
-           as codegen/last_block.py) combines the kSplit partials in parallel (thread t folds partials
-           t, t + kBlock, ...; then the block's fixed shuffle tree: the same bits however the blocks
-           were scheduled), stores the row's combined state and raises the row's flag for the round;
+           as codegen/last_block.py) combines the kSplit partials in parallel (as above), stores the
+           row's combined state and raises the row's flag for the round;
   output   a block waits for its row's flag, reads the combined states, and writes its chunk.
 
-A block takes its task from a grid-wide ticket (atomicAdd at its start), not from blockIdx, and every
-task of phase q has a larger ticket than every task of phase q - 1. So a block only ever waits for
-tasks that running blocks have already claimed: the kernel cannot deadlock however many of its
-blocks are resident (no cooperative launch, no grid barrier). Each phase walks the tasks in the
-opposite order to the one before, so it starts on the chunks that were read last (still in L2).
-The last block to finish resets the ticket, the counters and the flags: the kernel leaves its
-workspace zeroed for the next launch and for CUDA graph replay.
+Every task of phase q has a larger ticket than every task of phase q - 1, so a block only ever waits
+for tasks that running blocks have already claimed: the kernel cannot deadlock however many of its
+blocks are resident. Each phase walks the tasks in the opposite order to the one before, so it starts
+on the chunks that were read last (still in L2). The row is streamed (online states: softmax's max and
+sum of exp in one round), so a region that writes per-element values reads its full-size inputs once
+per phase; one whose outputs are per-row reads them once.
 
-The row is streamed (online states: softmax's max and sum of exp in one round), so a region that
-writes per-element values reads its full-size inputs once per phase; one whose outputs are per-row
-reads them once. The split factor is a tuning parameter (`split`); the default comes from the row
-count, the row length and the SM count.
+Either way the last block to finish resets the ticket, the counters and the flags: the kernel leaves
+its workspace zeroed for the next launch and for CUDA graph replay. The split factor is a tuning
+parameter (`split`); the default comes from the row count, the row length and the SM count.
 """
 from __future__ import annotations
 
@@ -37,8 +47,25 @@ SPLIT_ROW_THREADS = 256     # threads per block: 8 blocks fill an SM's 2048 thre
 SPLIT_ROW_BLOCKS_PER_SM = 8  # chunks per SM in each phase: enough blocks to keep every SM streaming
 SPLIT_ROW_MIN_CHUNK = 4096  # columns per block at least (4 float4 loads per thread): the ticket,
 #                             the all-reduce and the workspace round trip stay small beside the loads
+HOLD_THREAD_FLOATS = 32     # a held chunk's elements per thread (and input), at most
 ROWS_PER_SM = 2             # at this many rows per SM, one block per row already fills the GPU
-LOCALS = ("ticket", "task_s", "phase", "task", "lo", "hi", "done", "acc", "flag", "k")
+LOCALS = ("ticket", "task_s", "phase", "task", "lo", "hi", "done", "acc", "flag", "k", "arrived", "last_of_row")
+
+
+def held_split(cols: int, k: int, parts: int, tpr: int, p: dict) -> int:
+    """Chunks per row when each block holds its chunk in registers (0: the row is streamed in phases).
+    Held, a block loads its chunk once, folds every round from its registers, waits for the row's
+    combined state after each round and writes its outputs from the same registers: the row is read
+    once. More chunks than `parts` where that is what fits HOLD_THREAD_FLOATS a thread (a tuner's
+    `split` is kept: streamed if it does not fit). At most one chunk per SM: every chunk of a row must
+    be running at once, and a block waits only for chunks whose tickets came before its own or are the
+    next ones claimed, so the row's last chunks always find an SM (no deadlock however the blocks
+    are scheduled). `hold: False` (the tuner's alternative) streams."""
+    if not p.get("hold", True):
+        return 0
+    fit = math.ceil(cols * k / (tpr * HOLD_THREAD_FLOATS))
+    n = parts if p.get("split") is not None else max(parts, fit)
+    return n if fit <= n <= int(p["sm_count"]) and n <= cols else 0
 
 
 def row_split(rows: int, cols: int, k: int, p: dict, indexed: bool, streamed: bool) -> int:
@@ -192,9 +219,58 @@ def nest(rounds: int, fold: dict[int, list[str]], loaded: dict[int, list[str]], 
     return level(1)
 
 
+def combine_in_every_block(r: int, var: str, fields: list[tuple[int, str]], fold: list[str],
+                           note_last: bool) -> list[str]:
+    """A held chunk's round r: fold it (`fold` ends with the block's all-reduce into `var`), publish
+    it, wait until every chunk of the row has, then combine the kSplit partials in this block (thread
+    t: partials t, t + kBlock, ...; then the block's fixed tree: the same bits in every block of the
+    row). No block combines for the others: a row's blocks go on as soon as its last partial lands,
+    not after a combining block has stored the state and raised a flag. `note_last`: keep whether this
+    block arrived last in `last_of_row` (it writes the per-row results)."""
+    stride = len(fields)
+    counter = f"counters[kArriveAt + {r - 1} * kRows + row]"
+    arrive = f"atomicAdd(&{counter}, 1u)"
+    return [*fold,
+            f"  // publish this block's round-{r} partial, wait for the row's other chunks, combine all kSplit",
+            *(["  __shared__ bool last;"] if note_last else []),
+            "  if (threadIdx.x == 0) {",
+            *[f"    workspace[kPartAt{r} + (row * kSplit + part) * {stride} + {n}] = {var}.s{j}.{f};"
+              for n, (j, f) in enumerate(fields)],
+            "    __threadfence();",
+            f"    {'last = ' + arrive + ' == kSplit - 1' if note_last else arrive};",
+            f"    const volatile unsigned int* arrived = &{counter};",
+            "    while (*arrived < kSplit) __nanosleep(32);",
+            "    __threadfence();",
+            "  }",
+            "  __syncthreads();",
+            *(["  last_of_row = last;"] if note_last else []),
+            f"  Round{r} acc = identity{r}();",
+            "  for (int k = threadIdx.x; k < kSplit; k += kBlock) {  // thread t: partials t, t + kBlock, ...",
+            f"    const float* w = workspace + kPartAt{r} + (row * kSplit + k) * {stride};",
+            f"    Round{r} q;",
+            *[f"    q.s{j}.{f} = __ldcg(w + {n});" for n, (j, f) in enumerate(fields)],
+            f"    acc = combine{r}(acc, q);",
+            "  }",
+            f"  {var} = reduce{r}(acc);  // the block's fixed tree: the same bits in every block of the row"]
+
+
+def in_turn(rounds: int, fold: dict[int, list[str]], defs: dict[int, list[str]], final: list[str],
+            output: list[str]) -> list[str]:
+    """A held chunk's one phase: each round folds from the registers and combines the row's partials
+    (combine_in_every_block), then its per-row values; the block that arrived last in the last round
+    runs `final` (the per-row outputs, the totals' share); the outputs come from the registers."""
+    out = ["  bool last_of_row;  // this block's partial completed its row: it writes the per-row results"] \
+        if final else []
+    for r in range(1, rounds + 1):
+        out += ["  {  // round %d" % r, *_indent(fold[r]), "  }", *defs[r]]
+    if final:
+        out += ["  if (last_of_row) {", *_indent(final), "  }"]
+    return out + output
+
+
 def count_out() -> list[str]:
     """Every block counts out; the last resets the ticket and the flags for the next launch."""
-    return ["  // every block counts out; the last to finish resets the ticket and the row flags",
+    return ["  // every block counts out; the last to finish resets the ticket, the row arrivals and flags",
             "  __shared__ bool done;",
             "  __syncthreads();",
             "  if (threadIdx.x == 0) {",
@@ -203,14 +279,22 @@ def count_out() -> list[str]:
             "  }",
             "  __syncthreads();",
             "  if (done) {",
-            "    for (int k = threadIdx.x; k < kFlagAt - kArriveAt; k += kBlock) counters[kFlagAt + k] = 0u;",
+            "    for (int k = threadIdx.x; k < 2 * (kFlagAt - kArriveAt); k += kBlock) counters[kArriveAt + k] = 0u;",
             "    if (threadIdx.x == 0) { counters[0] = 0u; counters[1] = 0u; }",
             "  }"]
 
 
 def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
-    """A split row's alternatives (agent/tune.py): twice and half the chunks per row, then none (one
-    block or cluster per row, the row read once)."""
+    """A split row's alternatives (agent/tune.py): twice and half the chunks per row (streamed where
+    half no longer fits a held chunk), none (one block or cluster per row, the row read once), a held
+    row's chunks streamed in phases, and a held row's two-stage rounds where it folds online states
+    (H100, region kernels: GroupNorm + SiLU over 64 rows of 163840, Welford in one round 0.058 ms,
+    mean then variance in two 0.068; softmax over 256 rows of 65536, online 0.098, max then sum of exp
+    0.087: the online fold's exp and rescale per element cost more than the second wait)."""
     s, cols = int(params["split"]), int(params.get("cols") or 0)
     out = [{"split": c} for c in (s * 2, s // 2) if 2 <= c <= cols] + [{"split": 1}]
+    if params.get("cached"):
+        out.append({"hold": False})
+    if params.get("online"):
+        out.append({"held_online": False})
     return [{**o, "sm_count": sm_count} for o in out]

@@ -152,7 +152,10 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                                         f"{reads} times from memory (once per reduction round, then for the outputs: it exceeds "
                                         f"the {state.gpu.block_row_bytes // 1024} KiB a block holds on chip)"),
                      "split-row": f"each of the {red.rows} rows in chunks over the whole GPU (fewer rows than "
-                                  f"two per SM), streamed once per reduction round and once for the outputs",
+                                  f"two per SM), " + ("each chunk held in the registers of one block, which waits "
+                                                      "for its row's combined state after each round: the row is "
+                                                      "read once" if reads == 1 else
+                                                      "streamed once per reduction round and once for the outputs"),
                      "two-pass": (f"two passes over memory (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
                                   f"exceeds the {state.gpu.block_row_bytes // 1024} KiB on-chip budget)"
                                   if rereads_rows(state, nodes, red) else

@@ -102,13 +102,16 @@ def schedule_for(red: Geometry, full_inputs: int, gpu: GPUProfile) -> tuple[str,
         return "column-tiles", share if share <= ROW_KERNEL["column_max_items"] else 0
     if red.row_len <= gpu.warp_row_max and k * math.ceil(red.row_len / gpu.warp_size) <= 64:
         return "warp-per-row", k * math.ceil(red.row_len / gpu.warp_size)
-    # codegen/rowsplit.py: fewer rows than two per SM, each in chunks over the GPU, streamed per phase
+    # codegen/rowsplit.py: fewer rows than two per SM, each in chunks over the GPU, each block holding
+    # its chunk in registers where that fits, else streamed per phase
     from ..codegen.rowkernel import DEFAULTS as ROW_KERNEL
-    from ..codegen.rowsplit import row_split
+    from ..codegen.rowsplit import HOLD_THREAD_FLOATS, SPLIT_ROW_THREADS, held_split, row_split
     limits = {"sm_count": gpu.sm_count, "spread_min_bytes": ROW_KERNEL["spread_min_bytes"]}
-    if red.contiguous and row_split(red.rows, red.row_len, k, limits, False,
-                                    red.row_len * 4 * k > gpu.block_row_bytes) > 1:
-        return "split-row", 0
+    parts = row_split(red.rows, red.row_len, k, limits, False, red.row_len * 4 * k > gpu.block_row_bytes) \
+        if red.contiguous else 1
+    if parts > 1:
+        held = held_split(red.row_len, k, parts, SPLIT_ROW_THREADS, limits)
+        return "split-row", HOLD_THREAD_FLOATS if held else 0
     if red.row_len * 4 * k <= gpu.block_row_bytes:
         return "block-per-row", k * math.ceil(red.row_len / gpu.max_threads_per_block)
     # codegen/rowkernel.py's cluster schedule: one read of a row that a cluster of CTAs holds
@@ -615,7 +618,7 @@ def kernel_ms(state, nodes, f: Facts, red) -> float:
     extra = 0
     if red is not None:
         sched, held = schedule_for(red, full_space_inputs(state, nodes, red, f), state.gpu)
-        streamed = sched in ("two-pass", "split-row") or (sched == "column-tiles" and not held)
+        streamed = sched == "two-pass" or (sched in ("column-tiles", "split-row") and not held)
         if streamed:   # the row streamed again for each chained reduction and the outputs
             extra = f.read_bytes * (reduction_depth(state, nodes) - 1 + rereads_rows(state, nodes, red))
     gpu = state.gpu

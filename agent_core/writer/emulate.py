@@ -4,16 +4,17 @@ on machines without a GPU.
 How: the source is scanned for what the shim cannot run (inline asm, cooperative groups, wgmma,
 cp.async, textures, half and bfloat16 types, ...: ExecutionError "unsupported" naming it, before any
 compiling); a few line-preserving rewrites adapt it (`extern __shared__ T a[]` becomes a pointer to the
-block's dynamic shared memory, `static __shared__` a plain `__shared__`, the CUDA headers and fixed-
-width typedefs the shim already provides are dropped); then g++ -O1 -std=c++20 compiles it with
+block's dynamic shared memory, `__shared__ T a[N]` a reference to the block's own copy, the CUDA
+headers and fixed-width typedefs the shim already provides are dropped); then g++ -O1 -std=c++20 compiles it with
 `-include emulate_shim.h` and a generated `main`, linked against the shim's runtime object (fibers,
 scheduler, collectives and driver, compiled once at -O2). Executables are cached by the hash of
 everything that went into them, under the user cache dir beside the NVRTC cubins.
 
 The executable is the child: it reads the argument buffers (executors.py's file format), runs every
 call in order in one process (so `__device__` globals keep their values between calls, as in a
-loaded module), the blocks one after another, and writes each call's buffers back. A block's CUDA
-threads are fibers on ONE OS thread (emulate_shim.h): each runs until it reaches __syncthreads, a
+loaded module), the blocks one after another (a block that spin-waits with __nanosleep on another
+block's writes yields, and the next one starts beside it, with its own fibers and shared memory), and
+writes each call's buffers back. A block's CUDA threads are fibers on ONE OS thread (emulate_shim.h): each runs until it reaches __syncthreads, a
 warp collective or its end, then the next that can go runs, in thread order, so a run gives the same
 result every time (atomics too). A kernel whose source names no barrier, warp collective or shared
 memory runs its threads as a plain loop, with no switching at all.
@@ -87,6 +88,11 @@ _EXTERN_SHARED = re.compile(r"\bextern\s+__shared__\s+(?P<decl>[^;\[\]{}]*?)\s*\
 _ALIGN = re.compile(r"\b__align__\s*\(\s*\d+\s*\)|\balignas\s*\(\s*\d+\s*\)|"
                     r"__attribute__\s*\(\(\s*aligned\s*\(\s*\d+\s*\)\s*\)\)")
 _STATIC_SHARED = re.compile(r"\bstatic\s+__shared__\b|\b__shared__\s+static\b")
+# `__shared__ [__align__(n)] T name[A][B];`: one declarator, its type a run of names (templates with no
+# comma), optional array bounds
+_SHARED_DECL = re.compile(r"\b__shared__\s+(?P<align>(?:__align__\s*\(\s*\d+\s*\)\s*)?)"
+                          r"(?P<type>(?:[A-Za-z_][\w:<>]*\s+)*?[A-Za-z_][\w:<>]*(?:\s*\*)?)\s*"
+                          r"\b(?P<name>[A-Za-z_]\w*)\s*(?P<dims>(?:\[[^\];,]*\]\s*)*);")
 # what makes a block's threads wait for each other (or share memory): then they run as fibers, else a loop
 _COLLECTIVE = re.compile(r"\b(?:__syncthreads\w*|__syncwarp|__activemask|__shared__|\w+_sync)\b")
 
@@ -150,10 +156,19 @@ def rewrite(source: str) -> str:
 
     def dynamic(m: re.Match) -> str:
         decl = " ".join(_ALIGN.sub(" ", m.group("decl")).split())
-        return (f"{decl}* {m.group('name')} = reinterpret_cast<{decl}*>(stitch_emu::dynamic_shared);"
+        return (f"{decl}* {m.group('name')} = reinterpret_cast<{decl}*>(stitch_emu::block_dynamic());"
                 + "\n" * m.group(0).count("\n"))
+
+    def per_block(m: re.Match) -> str:
+        # the running block's own copy, found by the address of a static key of this declaration
+        t, k, name = f"stitch_t_{m.group('name')}", f"stitch_k_{m.group('name')}", m.group("name")
+        align = re.search(r"\d+", m.group("align") or "16").group(0)
+        return (f"typedef {m.group('type')} {t}{m.group('dims')}; static char {k}; "
+                f"{t}& {name} = *static_cast<{t}*>(stitch_emu::block_static(&{k}, sizeof({t}), "
+                f"alignof({t}) > {align} ? alignof({t}) : {align}));" + "\n" * m.group(0).count("\n"))
     code = _EXTERN_SHARED.sub(dynamic, code)
     code = _STATIC_SHARED.sub("__shared__", code)
+    code = _SHARED_DECL.sub(per_block, code)
     return re.sub(r"\b__noinline__\b", "__attribute__((noinline))", code)
 
 
@@ -270,8 +285,8 @@ class CpuExecutor:
                 if e.check != "hang":
                     raise
                 raise ExecutionError("hang", f"{ks.name} did not finish in {timeout_s:g} s under CPU emulation "
-                                             f"(killed: an endless loop, a spin-wait on another thread, which "
-                                             f"the emulator's threads never interleave, or too much work for a CPU)") from None
+                                             f"(killed: an endless loop, a spin-wait with no __nanosleep, which "
+                                             f"the emulator never interleaves, or too much work for a CPU)") from None
             if rc == EXIT_DEADLOCK:
                 raise ExecutionError("hang", _fault_message(ks.name, rc, err))
             if rc == EXIT_NOT_IN_FIBER:

@@ -5,12 +5,13 @@
 //    intrinsics, atomics, warp and block collectives a kernel calls (light headers only, so the
 //    kernel's own typedefs and names meet as little as possible);
 //  - compiled once with -DSTITCH_EMU_RUNTIME into the runtime object: the fibers (every CUDA thread of
-//    a block is one, all on one OS thread, blocks in turn), the barriers, the scheduler and the driver
-//    that reads the argument buffers, runs every call in one process and writes the buffers back.
+//    a block is one, all on one OS thread, blocks in turn; a block that spin-waits with __nanosleep
+//    yields, and the next block starts beside it), the barriers, the scheduler and the driver that
+//    reads the argument buffers, runs every call in one process and writes the buffers back.
 // What it cannot model: divergent warps whose lanes run different numbers of warp collectives
-// (lanes meet by count); code that needs threads to run at the same time with no collective between
-// them (warp-synchronous code without __syncwarp, a spin-wait on another thread or block: a fiber runs
-// until its next collective, so such code computes something else or hangs); timing.
+// (lanes meet by count); code that needs threads to run at the same time with no collective or
+// __nanosleep between them (warp-synchronous code without __syncwarp, a spin-wait without a sleep: a
+// fiber runs until its next collective, so such code computes something else or hangs); timing.
 #ifndef STITCH_EMULATE_SHIM_H
 #define STITCH_EMULATE_SHIM_H
 
@@ -33,8 +34,10 @@
 #define __launch_bounds__(...)
 #define __grid_constant__
 #define __align__(n) __attribute__((aligned(n)))
-// one static per kernel function == one array per block, because blocks run one after another
-// (emulate.py rewrites `static __shared__` to `__shared__` and `extern __shared__ T a[]` to a pointer)
+// emulate.py rewrites each `__shared__ T name[...];` into a reference to the running block's own
+// copy (stitch_emu::block_static), and `extern __shared__ T a[]` into a pointer to the block's dynamic
+// shared memory; a declaration it does not recognise stays one static per kernel function, which the
+// blocks share (right while they run one after another)
 #define __shared__ static
 
 // ---- index types ------------------------------------------------------------------------------
@@ -113,8 +116,14 @@ enum WarpOp { SHFL_IDX, SHFL_UP, SHFL_DOWN, SHFL_XOR, BALLOT, ANY, ALL, SYNC, RE
               REDUCE_MAX, REDUCE_AND, REDUCE_OR, REDUCE_XOR, MATCH_ANY, ACTIVE };
 enum BlockOp { BLOCK_SYNC, BLOCK_COUNT, BLOCK_AND, BLOCK_OR };
 constexpr unsigned MAX_DYNAMIC_SHARED = 232448;   // 227 KiB, what an H100/H200 block may ask for
-extern unsigned char dynamic_shared[];
+constexpr unsigned MAX_STATIC_SHARED = 49152;     // 48 KiB, CUDA's limit on a block's static shared memory
+// the running block's copy of the __shared__ declaration `key` stands for (bytes, alignment), and its
+// dynamic shared memory
+void* block_static(const void* key, unsigned long size, unsigned long align);
+void* block_dynamic();
 int block_sync(int predicate, int op);
+// __nanosleep in a spin-wait: this thread yields, so other threads and blocks run before it looks again
+void spin();
 // every lane of `mask` that has not returned publishes `value`, then each reads what `op` says
 unsigned long long warp_op(unsigned mask, unsigned long long value, int op, int arg, int width);
 using Thunk = void (*)(void* const* args);
@@ -368,7 +377,7 @@ inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b)
 inline int __mul24(int a, int b) { return a * b; }
 inline unsigned __umul24(unsigned a, unsigned b) { return a * b; }
 inline long long clock64() { return (long long)__builtin_ia32_rdtsc(); }
-inline void __nanosleep(unsigned) { __builtin_ia32_pause(); }
+inline void __nanosleep(unsigned) { stitch_emu::spin(); }
 inline void __trap() { __builtin_trap(); }
 inline void __brkpt() { __builtin_trap(); }
 #define __builtin_assume(x) ((void)0)
@@ -385,6 +394,7 @@ inline void __brkpt() { __builtin_trap(); }
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
@@ -401,7 +411,6 @@ dim3 blockDim;
 dim3 gridDim;
 
 namespace stitch_emu {
-alignas(256) unsigned char dynamic_shared[MAX_DYNAMIC_SHARED];
 
 // ---- fibers: every CUDA thread of a block is one, all on this one OS thread ----------------------
 // A fiber runs until it waits at a collective or returns; then the scheduler resumes the next one
@@ -420,12 +429,13 @@ struct Fiber {
     State state = DONE;
     unsigned wait_want = 0;                // the warp collective it waits for: lanes and sequence number
     unsigned long long wait_n = 0;
+    bool spun = false;                     // it last yielded in a spin-wait (__nanosleep), not at a collective
 };
 // 512 KiB: what a GPU thread may have as local memory; pages are committed only when touched
 constexpr size_t STACK_BYTES = 512u << 10;
 static size_t g_page = 4096;
-static std::vector<Fiber> g_fibers;
-static std::vector<Warp> g_warps;          // one per 32 fibers
+// the running block's fibers, one per CUDA thread (see Resident below)
+static std::vector<Fiber>* g_fibers = nullptr;
 static Fiber* g_current = nullptr;         // null outside a fiber (the scheduler, or a kernel without collectives)
 static Thunk g_thunk = nullptr;
 static void* const* g_args = nullptr;
@@ -479,7 +489,7 @@ static void prime(Fiber& f) {
 #ifdef STITCH_EMU_SWITCH
     // each stack starts at its own offset in a page: stacks a page-multiple apart would put every
     // fiber's hot frames in the same few cache sets (a switch then misses the cache most of the time)
-    const size_t stagger = (size_t)(&f - g_fibers.data()) % 64 * 64;
+    const size_t stagger = (size_t)(&f - g_fibers->data()) % 64 * 64;
     void** sp = (void**)(((uintptr_t)f.stack + STACK_BYTES - stagger) & ~(uintptr_t)15);
     *--sp = nullptr;                       // fiber_main's return address: it never returns
     *--sp = (void*)&fiber_main;            // where the switch's `ret` goes
@@ -538,26 +548,6 @@ static void catch_crashes() {
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) sigaction(sig, &sa, nullptr);
 }
 
-static void make_fibers(unsigned n) {
-    g_page = (size_t)sysconf(_SC_PAGESIZE);
-    g_stacks_bytes = (size_t)n * (STACK_BYTES + g_page);
-    void* mem = mmap(nullptr, g_stacks_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                     -1, 0);
-    if (mem == MAP_FAILED) fail(3, "cannot map the fibers' stacks");
-    g_stacks = (unsigned char*)mem;
-    g_fibers.resize(n);
-    g_warps.resize((n + 31) / 32);
-    for (unsigned i = 0; i < n; ++i) {
-        unsigned char* lo = g_stacks + (size_t)i * (STACK_BYTES + g_page);
-        mprotect(lo, g_page, PROT_NONE);    // an overflow faults here instead of running into the next stack
-        Fiber& f = g_fibers[i];
-        f.stack = lo + g_page;
-        f.tid = {i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
-        f.lane = i % 32;
-        f.warp = &g_warps[i / 32];
-    }
-}
-
 [[noreturn]] static void not_in_fiber() {
     // emulate.py runs a kernel as a plain loop only when its source names no collective
     fail(4, "a collective ran in a kernel emulated without fibers (its source hides the call from the scan)");
@@ -574,7 +564,7 @@ struct BlockBarrier {
     void release() {
         last_count = count; last_all = all; last_any = any;
         count = 0; all = 1; any = 0; arrived = 0;
-        for (Fiber& f : g_fibers)
+        for (Fiber& f : *g_fibers)
             if (f.state == WAIT_BLOCK) f.state = RUNNABLE;
     }
     int sync(int p, int op) {
@@ -648,14 +638,23 @@ struct Warp {
     }
 };
 
-static BlockBarrier g_block;
+static BlockBarrier* g_block = nullptr;    // the running block's
 
-int block_sync(int p, int op) { return g_block.sync(p, op); }
+int block_sync(int p, int op) { return g_block->sync(p, op); }
+
+void spin() {
+    if (!g_current) {                       // a kernel run as a plain loop: nothing else could run
+        __builtin_ia32_pause();
+        return;
+    }
+    g_current->spun = true;
+    yield();
+}
 
 static void finish_fiber() {
     Fiber& f = *g_current;
     f.state = DONE;
-    g_block.leave();
+    g_block->leave();
     f.warp->leave(f.lane);
     yield();                                // never resumed: the next block primes the stack afresh
     __builtin_unreachable();
@@ -736,9 +735,94 @@ static void run_block_loop(uint3 block) {
             }
 }
 
+// ---- blocks that run at once ---------------------------------------------------------------------
+// Blocks start in grid order, one at a time; a block runs until its threads return or every one that
+// has not waits, spinning on memory another block writes (a split row's flag). Only then does the next
+// block start beside it, and the running ones take turns: so a kernel whose blocks never wait for each
+// other runs its blocks one after another, as before. Each running block has its own fibers and its
+// own shared memory (emulate.py's rewrite of the __shared__ declarations).
+struct Resident {
+    std::vector<Fiber> fibers;
+    std::vector<Warp> warps;
+    BlockBarrier barrier;
+    unsigned char* stacks = nullptr;
+    size_t stacks_bytes = 0;
+    uint3 idx{};
+    unsigned remaining = 0;                // its threads that have not returned
+    unsigned char* statics = nullptr;      // its __shared__ declarations (offsets from g_statics)
+    unsigned char* dynamic = nullptr;      // its dynamic shared memory
+};
+constexpr unsigned MAX_RESIDENT = 256;     // blocks that may wait on each other at once
+static unsigned g_dynamic_bytes = 0;
+static Resident* g_running = nullptr;
+// each __shared__ declaration's offset in a block's statics, by its key; the same in every block
+static std::vector<std::pair<const void*, unsigned long>> g_statics;
+static unsigned long g_statics_end = 0;
+alignas(256) static unsigned char g_outside[MAX_STATIC_SHARED];   // a declaration outside any block
+
+void* block_static(const void* key, unsigned long size, unsigned long align) {
+    unsigned long at = ~0ul;
+    for (const auto& [k, off] : g_statics)
+        if (k == key) at = off;
+    if (at == ~0ul) {
+        at = (g_statics_end + align - 1) / align * align;
+        if (at + size > MAX_STATIC_SHARED) fail(3, "more than 48 KiB of static shared memory in one block");
+        g_statics.push_back({key, at});
+        g_statics_end = at + size;
+    }
+    return (g_running ? g_running->statics : g_outside) + at;
+}
+void* block_dynamic() { return g_running->dynamic; }
+
+static void make_fibers(Resident& r, unsigned n) {
+    g_page = (size_t)sysconf(_SC_PAGESIZE);
+    r.stacks_bytes = (size_t)n * (STACK_BYTES + g_page);
+    void* mem = mmap(nullptr, r.stacks_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (mem == MAP_FAILED) fail(3, "cannot map the fibers' stacks");
+    r.stacks = (unsigned char*)mem;
+    r.statics = (unsigned char*)aligned_alloc(256, MAX_STATIC_SHARED);
+    r.dynamic = (unsigned char*)aligned_alloc(256, (g_dynamic_bytes + 255) / 256 * 256 + 256);
+    if (!r.statics || !r.dynamic) fail(3, "cannot allocate a block's shared memory");
+    r.fibers.resize(n);
+    r.warps.resize((n + 31) / 32);
+    for (unsigned i = 0; i < n; ++i) {
+        unsigned char* lo = r.stacks + (size_t)i * (STACK_BYTES + g_page);
+        mprotect(lo, g_page, PROT_NONE);    // an overflow faults here instead of running into the next stack
+        Fiber& f = r.fibers[i];
+        f.stack = lo + g_page;
+        f.tid = {i % blockDim.x, (i / blockDim.x) % blockDim.y, i / (blockDim.x * blockDim.y)};
+        f.lane = i % 32;
+        f.warp = &r.warps[i / 32];
+    }
+}
+
+static void switch_to(Resident& r) {
+    g_running = &r;
+    g_fibers = &r.fibers;
+    g_block = &r.barrier;
+    g_stacks = r.stacks;
+    g_stacks_bytes = r.stacks_bytes;
+    blockIdx = r.idx;
+}
+
+static void start_block(Resident& r, uint3 block) {
+    r.idx = block;
+    switch_to(r);
+    const unsigned n = (unsigned)r.fibers.size();
+    r.barrier.reset(n);
+    for (unsigned w = 0; w < r.warps.size(); ++w) r.warps[w].reset(n - 32 * w < 32 ? n - 32 * w : 32);
+    for (Fiber& f : r.fibers) {
+        f.state = RUNNABLE;
+        f.spun = false;
+        prime(f);
+    }
+    r.remaining = n;
+}
+
 [[noreturn]] static void deadlock(uint3 block) {
     unsigned at_block = 0, at_warp = 0;
-    for (const Fiber& f : g_fibers) {
+    for (const Fiber& f : *g_fibers) {
         at_block += f.state == WAIT_BLOCK;
         at_warp += f.state == WAIT_WARP;
     }
@@ -748,31 +832,82 @@ static void run_block_loop(uint3 block) {
     fail(5, line);
 }
 
-// round robin in thread order over the fibers that can go; a full turn in which none can is a deadlock
-static void run_block_fibers(uint3 block) {
-    const unsigned n = (unsigned)g_fibers.size();
-    blockIdx = block;
-    g_block.reset(n);
-    for (unsigned w = 0; w < g_warps.size(); ++w) g_warps[w].reset(n - 32 * w < 32 ? n - 32 * w : 32);
-    for (unsigned i = 0; i < n; ++i) {
-        Fiber& f = g_fibers[i];
-        f.state = RUNNABLE;
-        prime(f);
-    }
-    unsigned remaining = n, idle = 0;
-    for (unsigned i = 0; remaining > 0; i = i + 1 == n ? 0 : i + 1) {
-        Fiber& f = g_fibers[i];
+// round robin in thread order over the fibers that can go, until all have returned or a full turn
+// passes in which none went on but by spinning (the block waits for another: returns whether anything
+// moved); a full turn in which none can go at all is a deadlock
+static bool run_until_waiting(Resident& r) {
+    switch_to(r);
+    const unsigned n = (unsigned)r.fibers.size();
+    bool moved = false;
+    unsigned idle = 0;
+    for (unsigned i = 0; r.remaining > 0; i = i + 1 == n ? 0 : i + 1) {
+        Fiber& f = r.fibers[i];
         if (f.state == RUNNABLE || (f.state == WAIT_WARP && f.warp->ready(f.wait_want, f.wait_n))) {
             f.state = RUNNABLE;
+            f.spun = false;
             g_current = &f;
             threadIdx = f.tid;
             enter(f);
             g_current = nullptr;
-            remaining -= f.state == DONE;
-            idle = 0;
-        } else if (++idle >= n) {
-            deadlock(block);
+            r.remaining -= f.state == DONE;
+            if (!f.spun) {
+                moved = true;
+                idle = 0;
+                continue;
+            }
         }
+        if (++idle >= n) {
+            for (const Fiber& g : r.fibers)
+                if (g.state == RUNNABLE) return moved;    // a spinner: another block must go first
+            deadlock(r.idx);
+        }
+    }
+    return true;
+}
+
+static uint3 block_at(unsigned long long k) {
+    return {(unsigned)(k % gridDim.x), (unsigned)(k / gridDim.x % gridDim.y),
+            (unsigned)(k / ((unsigned long long)gridDim.x * gridDim.y))};
+}
+
+static void run_grid_fibers(unsigned threads) {
+    static std::vector<Resident*> pool;     // kept between calls: stacks are mapped once
+    std::vector<Resident*> running;
+    size_t used = 0;
+    const unsigned long long blocks = (unsigned long long)gridDim.x * gridDim.y * gridDim.z;
+    unsigned long long next = 0;
+    for (;;) {
+        bool moved = false;
+        for (size_t k = 0; k < running.size();) {
+            moved |= run_until_waiting(*running[k]);
+            if (running[k]->remaining == 0) {
+                const auto at = std::find(pool.begin(), pool.begin() + (long)used, running[k]);
+                --used;
+                std::iter_swap(at, pool.begin() + (long)used);      // back among the free ones
+                running.erase(running.begin() + (long)k);
+                moved = true;
+            } else {
+                ++k;
+            }
+        }
+        if (moved && !running.empty()) continue;
+        if (next == blocks) {
+            if (running.empty()) return;
+            fail(5, "deadlock: every running block spin-waits on another, and no block is left to start");
+        }
+        if (running.size() == MAX_RESIDENT) {
+            char line[160];
+            snprintf(line, sizeof line, "deadlock: %u blocks running at once all spin-wait on each other",
+                     MAX_RESIDENT);
+            fail(5, line);
+        }
+        if (used == pool.size()) {
+            pool.push_back(new Resident());
+            make_fibers(*pool.back(), threads);
+        }
+        Resident* r = pool[used++];
+        start_block(*r, block_at(next++));
+        running.push_back(r);
     }
 }
 
@@ -792,6 +927,7 @@ int driver_main(int argc, char** argv, int nparams, Thunk thunk, bool collective
     gridDim = dim3((unsigned)atoi(argv[4]), (unsigned)atoi(argv[5]), (unsigned)atoi(argv[6]));
     blockDim = dim3((unsigned)atoi(argv[7]), (unsigned)atoi(argv[8]), (unsigned)atoi(argv[9]));
     const unsigned shared = (unsigned)atoi(argv[10]);
+    g_dynamic_bytes = shared;
     if (shared > MAX_DYNAMIC_SHARED) {
         fprintf(stderr, "stitch-emulate: %u bytes of dynamic shared memory, at most %u\n", shared, MAX_DYNAMIC_SHARED);
         return 3;
@@ -843,13 +979,13 @@ int driver_main(int argc, char** argv, int nparams, Thunk thunk, bool collective
         for (unsigned char* b : buffers[c]) args.push_back(b + guard);
         g_thunk = thunk;
         g_args = args.data();
-        if (collectives && g_fibers.empty() && threads > 0) make_fibers(threads);
-        for (unsigned z = 0; z < gridDim.z; ++z)
-            for (unsigned y = 0; y < gridDim.y; ++y)
-                for (unsigned x = 0; x < gridDim.x; ++x) {
-                    if (collectives) run_block_fibers({x, y, z});
-                    else run_block_loop({x, y, z});
-                }
+        if (collectives && threads > 0) {
+            run_grid_fibers(threads);
+        } else {
+            for (unsigned z = 0; z < gridDim.z; ++z)
+                for (unsigned y = 0; y < gridDim.y; ++y)
+                    for (unsigned x = 0; x < gridDim.x; ++x) run_block_loop({x, y, z});
+        }
         for (unsigned long long a = 0; a < sizes[c].size(); ++a) fwrite(buffers[c][a], 1, sizes[c][a], out);
     }
     if (fclose(out) != 0) return 2;

@@ -2,7 +2,8 @@
 1e-5, and two launches give the same bits (the last block resets the workspace; the combines run in
 a fixed order). Whisper's 64 clips of 240,000, 8 rows of a million, ragged lengths (scalar loads, a
 short last chunk), whole chunks of -inf in a softmax, a whole-tensor sum beside the rows, a chain of
-two reductions (three phases), and the tuner's split factors.
+two reductions (three phases), and the tuner's split factors; each held (the chunk in registers, one
+phase, every block of a row waiting for the others) and streamed in phases.
 
 PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu_split_rows.py
 """
@@ -13,7 +14,7 @@ from agent_core.agent.tune import tune_space
 from agent_core.codegen import generate_kernel
 from agent_core.reference import run_reference
 from tests.programs import row_stats
-from tests.test_codegen_split_rows import centred_variance, kl_total, log_mel, masked_front, row_op
+from tests.test_codegen_split_rows import FORMS, centred_variance, kl_total, log_mel, masked_front, row_op
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -52,24 +53,25 @@ def check(program, ids, prep, params, launches=3):
     return ks
 
 
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case", CASES)
-def test_gpu_split_rows_match_torch_and_repeat_exactly(case):
+def test_gpu_split_rows_match_torch_and_repeat_exactly(case, form):
     build, prep = CASES[case]
     program, ids = build()
-    check(program, ids, prep, H200)
+    check(program, ids, prep, {**H200, **FORMS[form]})
 
 
 def test_gpu_split_factors_the_tuner_tries():
     program, ids = log_mel((64, 80, 3000))
     ks = generate_kernel(program, ids, name="split_row", params=H200)
     for cand in tune_space(ks, sm_count=132):
-        if cand["split"] > 1:
+        if cand.get("split", 2) > 1:
             check(program, ids, torch.exp, cand, launches=2)
 
 
 @pytest.mark.parametrize("split", [2, 3, 100])
 def test_gpu_split_counts_the_rule_would_not_pick(split):
     """Odd chunk counts on a ragged row: the last chunk short, every chunk boundary inside a float4 run
-    avoided (scalar loads)."""
+    avoided (scalar loads); 100 chunks held, 2 and 3 streamed."""
     program, ids = row_op("softmax", (3, 300_007))
     check(program, ids, None, {**H200, "split": split}, launches=2)
