@@ -137,14 +137,22 @@ def test_a_row_whose_results_need_no_second_pass_is_streamed_once():
 
 
 def test_few_long_rows_are_costed_as_the_split_row_kernel_reads_them():
-    """8 rows of 2 MiB on 132 SMs: codegen/rowsplit.py spreads each over the GPU and reads it once to
-    fold the statistics and once to write the softmax; the planner says so and costs both reads."""
-    p = Program()
-    x = p.add_input("x", (8, 1 << 19))
-    s = p.add_node("softmax", [x.id], {"dim": 1})
-    p.mark_output(s.outputs[0])
-    _, regs = regions_of(p)
-    assert regs[0].schedule["schedule"] == "split-row" and "chunks over the whole GPU" in regs[0].reason
+    """8 rows on 132 SMs: codegen/rowsplit.py spreads each over the GPU. Rows of 2 MiB fit 128 chunks
+    held in registers: read once, and the plan says so and costs one read; rows of 8 MiB would need
+    more chunks than SMs, so they are streamed: once to fold the statistics, once to write."""
+    def planned(cols):
+        p = Program()
+        x = p.add_input("x", (8, cols))
+        s = p.add_node("softmax", [x.id], {"dim": 1})
+        p.mark_output(s.outputs[0])
+        return regions_of(p)[1][0]
+    held, streamed = planned(1 << 19), planned(1 << 21)
+    for r in (held, streamed):
+        assert r.schedule["schedule"] == "split-row" and "chunks over the whole GPU" in r.reason
+    assert "held in the registers of one block" in held.reason and "read once" in held.reason
+    assert "streamed 2 times" in streamed.reason
+    # the streamed row's second read is costed: 4x the elements, more than 4x the time
+    assert streamed.est_after_ms > 4.5 * held.est_after_ms
 
 
 def test_batch_norm_after_conv_is_folded_away_then_relu_is_an_epilogue():

@@ -38,8 +38,8 @@ def can_lower(program: Program, node_ids, kind: str | None = None, *, outputs=No
 def lowered_schedule(program: Program, node_ids, kind: str | None = None, *, outputs=None) -> dict | None:
     """The default schedule of the kernel generate_kernel writes for these nodes: {"schedule": the
     generator's schedule name (a row kernel's warp, block, stream, cluster, split_row, column,
-    split_column), and the row kernel's "row_reads" (times each row is read) and "cluster" (CTAs per
-    row)}; None when it writes none."""
+    split_column), and the row kernel's "row_reads" (times each row is read), "cluster" (CTAs per
+    row) and "held" (the row kept in registers)}; None when it writes none."""
     why, sched = _lowered(program, node_ids, kind, outputs)
     return None if why is not None else sched
 
@@ -73,7 +73,8 @@ def _verdict(sub: Program, ids: list[str], kind: str | None) -> tuple[str | None
         text = str(exc).strip().splitlines()
         return f"the generator failed ({type(exc).__name__}: {text[0] if text else 'no message'})", None
     p = ks.params or {}
-    return None, {"schedule": p.get("schedule"), "row_reads": p.get("row_reads"), "cluster": p.get("cluster")}
+    return None, {"schedule": p.get("schedule"), "row_reads": p.get("row_reads"), "cluster": p.get("cluster"),
+                  "held": p.get("cached")}
 
 
 def _escaping(program: Program, ids: list[str]) -> set[str]:

@@ -154,8 +154,9 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                      "split-row": f"each of the {red.rows} rows in chunks over the whole GPU (fewer rows than "
                                   f"two per SM), " + ("each chunk held in the registers of one block, which waits "
                                                       "for its row's combined state after each round: the row is "
-                                                      "read once" if reads == 1 else
-                                                      "streamed once per reduction round and once for the outputs"),
+                                                      "read once" if (gen or {}).get("held", bool(held)) else
+                                                      f"streamed {reads} times (once per reduction round, then "
+                                                      f"for the outputs)" if reads > 1 else "streamed once"),
                      "two-pass": (f"two passes over memory (a {fmt_bytes(red.row_len * 4 * max(k, 1))} row "
                                   f"exceeds the {state.gpu.block_row_bytes // 1024} KiB on-chip budget)"
                                   if rereads_rows(state, nodes, red) else
