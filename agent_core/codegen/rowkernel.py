@@ -855,11 +855,12 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                      "    if (active && threadIdx.y == 0) {  // the per-column outputs, once per column",
                      *_row_stores(g, arg, out_r, "      "), "    }", "  }"]
             continue
+        closure = g.closure(args, E, need, frozenset(kept_done))
         fold = [f"  {var} = identity{r}();" if srow else f"  Round{r} {var} = identity{r}();",
-                *each_element(lambda ind, at, a=args, f=folds: element_body(
-                    g.closure(a, E, need, frozenset(kept_done)), ind, f(at), at), loads,
-                    blocks=list(blocks.values())),
+                *each_element(lambda ind, at, c=closure, f=folds: element_body(c, ind, f(at), at), loads,
+                              bcast4(closure), blocks=list(blocks.values())),
                 f"  {var} = reduce{r}({var});"]
+        vec_bcast.clear()
         kept_done.update(k for k in kept if k in {d.key for d in g.closure(args, E, need)})
         if srow:
             body.append(f"  Round{r} {var};  // this chunk's state, then the row's")
