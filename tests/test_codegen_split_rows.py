@@ -220,18 +220,19 @@ def test_a_chunk_is_held_where_it_fits_and_a_row_fits_the_sms():
 
 
 @needs_gxx
-@pytest.mark.parametrize("op", ["layer_norm", "softmax"])
-def test_a_held_row_folds_online_states_in_one_round_or_two_stage_states_in_two(op):
-    """Held, each round is a wait for the row's other chunks: Welford's mean and variance and softmax's
-    max and sum of exp take one round; the two-stage graph (mean, then the centred squares; max, then
-    the sum of exp) is the tuner's alternative. Both emulated against torch."""
+@pytest.mark.parametrize("op,online", [("layer_norm", True), ("softmax", False)])
+def test_a_held_row_folds_online_states_in_one_round_or_two_stage_states_in_two(op, online):
+    """Held, each round is a wait for the row's other chunks: Welford's mean and variance take one
+    round by default; softmax's online max and sum of exp would too, but fold an exp and a rescale per
+    element, so its default is the two-stage graph (max, then the sum of exp). The other graph is the
+    tuner's alternative. Both emulated against torch."""
     program, ids = row_op(op, (3, 9000))
-    online = generate_kernel(program, ids, name="k", params=SMALL_GPU)
-    assert online.params["cached"] and online.params["online"] and online.params["rounds"] == 1
-    assert {"held_online": False, "sm_count": 132} in tune_space(online, sm_count=132)
-    two = {**SMALL_GPU, "held_online": False}
-    assert generate_kernel(program, ids, name="k", params=two).params["rounds"] == 2
-    for params in (SMALL_GPU, two):
+    ks = generate_kernel(program, ids, name="k", params=SMALL_GPU)
+    assert ks.params["cached"] and ks.params["online"] == online and ks.params["rounds"] == (1 if online else 2)
+    assert {"held_online": not online, "sm_count": 132} in tune_space(ks, sm_count=132)
+    other = {**SMALL_GPU, "held_online": not online}
+    assert generate_kernel(program, ids, name="k", params=other).params["rounds"] == (2 if online else 1)
+    for params in (SMALL_GPU, other):
         _, got, ref, counters = emulate(program, ids, params)
         torch.testing.assert_close(got[0][0], ref[0].reshape(got[0][0].shape), atol=1e-5, rtol=1e-5)
         assert not counters.any()

@@ -9,12 +9,12 @@ from .kernel import CodegenError
 
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
             "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None,
-            "unroll": 4, "stage": True}
+            "unroll": None, "stage": True}   # unroll None: 8 loads in flight for scalar rows, 4 for float4
 REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
 
 
 def checked_unroll(p: dict) -> int:
-    """p["unroll"]: the vectors a streaming thread loads before using any, a power of two to 16."""
+    """p["unroll"] (set): the vectors a streaming thread loads before using any, a power of two to 16."""
     unroll = int(p["unroll"])
     if unroll & (unroll - 1) or not 1 <= unroll <= 16:
         raise CodegenError(f"unroll must be a power of two from 1 to 16, got {unroll}")
@@ -54,8 +54,8 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     elif schedule == "stream":
         # 8 vectors in flight spill in 64 registers unless they are scalars
         out += [{"unroll": 2}, {"threads_per_row": int(params.get("threads_per_row") or 1024) // 2}]
-        if vec == 1:
-            out.append({"unroll": 8})
+        if vec == 1:      # scalars stream 8 in flight by default: 4 as the alternative, and a cluster
+            out += [{"unroll": 4 if int(params.get("unroll") or 8) == 8 else 8}, {"cluster": 4}]
     elif schedule == "cluster":
         # twice / half the CTAs, then twice / half the threads a CTA (H100, log_softmax over 1024 rows of
         # 50257: 4 x 256 threads 260 us, 8 x 256 234, 4 x 512 232; KL divergence over 2 x 30522: 4 x 256

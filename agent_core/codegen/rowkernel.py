@@ -50,8 +50,8 @@ from . import column_tile, rowsplit
 DEFAULTS = {**ROW_DEFAULTS, "lane_max_floats": 64, "column_max_items": 16, "tile_y": None, "column_batch": 4,
             "cluster": None,
             "cluster_max": 8, "cluster_thread_floats": 32, "spread_min_bytes": 1 << 22,
-            "hoist_monotone": True,
-            "held_online": True}   # a held split row folds online states where that saves rounds (rowsplit.py)   # a max / min of a monotone chain folds its input (codegen/monotone.py)
+            "hoist_monotone": True,   # a max / min of a monotone chain folds its input (codegen/monotone.py)
+            "held_online": None}      # a held split row's online states: None lets _held_online decide
 # 8 CTAs is the portable cluster size; 16 needs the non-portable attribute set before each launch,
 # which the CuPy launch path cannot set, so clusters stop at 8
 CLUSTER_PORTABLE = 8
@@ -90,16 +90,18 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     full = _full_inputs(program, g, io)
     front = _prologue_held(g, full)
     sched = _schedule(g, p, len(front) or len(full), streamed_reads)
-    if sched["schedule"] == "split_row" and sched["cached"] and p["held_online"] and streamed_reads() and \
-            online[0][3].rounds < g.rounds:
-        # a held split row waits for its row's other chunks once per round: online states (softmax's
-        # max and sum of exp, Welford's mean and variance) take fewer rounds than the two-stage graph
-        og = online[0]
-        ofull = _full_inputs(program, og[3], io)
-        ofront = _prologue_held(og[3], ofull)
-        osched = _schedule(og[3], p, len(ofront) or len(ofull), streamed_reads)
-        if osched["schedule"] == "split_row" and osched["cached"]:
-            lowered, g, full, front, sched = og, og[3], ofull, ofront, {**osched, "online": True}
+    if sched["schedule"] == "split_row" and sched["cached"] and streamed_reads() and online[0][3].rounds < g.rounds:
+        # a held split row waits for its row's other chunks once per round: online states (Welford's
+        # mean and variance) take fewer rounds than the two-stage graph; the tuner times the other one
+        sched["other_rounds"] = True
+        if _held_online(p, online[0][3]):
+            og = online[0]
+            ofull = _full_inputs(program, og[3], io)
+            ofront = _prologue_held(og[3], ofull)
+            osched = _schedule(og[3], p, len(ofront) or len(ofull), streamed_reads)
+            if osched["schedule"] == "split_row" and osched["cached"]:
+                lowered, g, full, front = og, og[3], ofull, ofront
+                sched = {**osched, "online": True, "other_rounds": True}
     if not sched["cached"]:      # streamed rows: online states, one read of the row per round
         streamed_reads()
         lowered = online[0]
@@ -109,10 +111,22 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
             sched = _schedule(g, p, len(full), streamed_reads)
     sched["front"] = front if sched["cached"] and sched["split"] == 1 else []
     # a streamed row's loads in flight per thread: at most 8 vectors over all its inputs
-    sched["unroll"] = min(checked_unroll(p), 1 << int(math.log2(max(1, 8 // max(1, len(full))))))
+    # scalar loads stream 8 in flight unless the tuner says otherwise (see _cluster_size)
+    unroll = checked_unroll(p) if p["unroll"] is not None else 8 if sched["vec"] == 1 else 4
+    sched["unroll"] = min(unroll, 1 << int(math.log2(max(1, 8 // max(1, len(full))))))
     # a scan's prologue is gathered, not staged (a staged tile beside the double runs spills under ptxas)
     sched["stage"] = bool(p["stage"]) and not g.scans
     return (*lowered, sched)
+
+
+def _held_online(p: dict, online: RowGraph) -> bool:
+    """Whether a held split row folds the online graph's states: the tuner's `held_online`, else where
+    none costs an exp and a rescale per element (H100, region kernels: GroupNorm + SiLU over 64 rows of
+    163840, Welford in one round 0.058 ms against mean then variance in two 0.068; a softmax over 256
+    rows of 65536, online max and sum of exp 0.098 against max then sum of exp 0.087)."""
+    if p["held_online"] is not None:
+        return bool(p["held_online"])
+    return not any(s.state in BLOCK_FOLDS for s in online.steps)
 
 
 def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True):
@@ -268,7 +282,7 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
         # rows enough for two blocks per SM: 512 threads, so several rows share an SM and one row's
         # all-reduce does not idle it (the tuner chose 512 over 1024 in every such region timed on
         # the H100: pooled means of 64k, cross entropy over 32k and 128k classes)
-        schedule, tpr = "stream", int(p["online_threads"]) // (2 if g.rows >= 2 * sms else 1)
+        schedule, tpr = "stream", int(p["online_threads"]) // (2 if g.rows >= 2 * sms and (vec == 4 or k > 1) else 1)
     if g.scans and schedule != "warp":
         # each chunk of the row is scanned across its threads (shuffles, then shared memory): 256 threads
         # keep that short and several blocks per SM (H200: 1024 threads ran 0.59x of 256)
@@ -295,7 +309,7 @@ def _schedule(g: RowGraph, p: dict, held: int, streamed_reads=lambda: 2) -> dict
                 "items": items, "cached": bool(held), "grid": g.rows * parts * phases,
                 "split": 1, "row_split": parts, "chunk": chunk, "phases": phases,
                 "hold_limit": rowsplit.HOLD_THREAD_FLOATS}
-    cluster = _cluster_size(g, p, k, schedule, streamed_reads)
+    cluster = _cluster_size(g, p, k, schedule, streamed_reads, vec)
     if cluster > 1:
         # rows that fill the SMs: CTAs of 256 threads, several per SM, so one CTA's loads overlap another's
         # all-reduces and cluster barriers; past cluster_thread_floats a thread re-reads its share (from L2)
@@ -342,7 +356,7 @@ def _tall_tiles(column: dict, g: RowGraph, p: dict, k: int, sms: int) -> dict:
             "cached": items * k <= int(p["column_max_items"])}
 
 
-def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -> int:
+def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads, vec: int = 4) -> int:
     """CTAs of the cluster that holds each row (1: no cluster). A streamed row takes as many as give
     each the block schedule's on-chip share (register_max_cols), up to cluster_max if each thread then
     still holds at most cluster_thread_floats; fewer rows than half the SMs also spread a row that
@@ -352,7 +366,10 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -
     Rows enough to fill the SMs that a streamed block reads once (a log-sum-exp, a mean: no output
     per element) stream: the cluster would read them once too, through its barriers, with one CTA of
     register-bound threads per SM (H200: a pooled mean of 64k columns 0.68x, cross entropy over 32k
-    and 128k classes 0.57x / 0.51x of one block streaming)."""
+    and 128k classes 0.57x / 0.51x of one block streaming). Rows of scalar loads of one input (a length
+    that is no multiple of 4) that fill the SMs stream too, with 1024 threads and 8 loads in flight each (H100,
+    GPT-2's log_softmax over 1024 rows of 50257, written per element: 0.209 ms streamed twice against
+    0.256 for the 4-CTA cluster that re-reads its share and 0.230 for one that holds it)."""
     if p.get("cluster") is not None:
         n = int(p["cluster"])
         if not 1 <= n <= CLUSTER_PORTABLE:
@@ -361,7 +378,7 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads) -
     few = g.rows < int(p["sm_count"])
     small = g.rows * g.cols * k * 4 < int(p["spread_min_bytes"])
     if small or schedule == "warp" or (schedule == "block" and g.rows * 2 > int(p["sm_count"])) or \
-            (not few and streamed_reads() <= 1):
+            (not few and (streamed_reads() <= 1 or (vec == 1 and k == 1 and schedule == "stream"))):
         return 1
     n = pow2_at_least(g.cols * k / int(p["register_max_cols"]))
     if few:
@@ -1041,7 +1058,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "row_reads": 1 if cached else rounds + bool(out_e),
                 "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
-                "online": bool(sched.get("online")),
+                "online": bool(sched.get("online")), "other_rounds": bool(sched.get("other_rounds")),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and

@@ -54,13 +54,13 @@ LOCALS = ("ticket", "task_s", "phase", "task", "lo", "hi", "done", "acc", "flag"
 
 def held_split(cols: int, k: int, parts: int, tpr: int, p: dict) -> int:
     """Chunks per row when each block holds its chunk in registers (0: the row is streamed in phases).
-    Held, a block loads its chunk once, folds every round from its registers, waits for the row's
-    combined state after each round and writes its outputs from the same registers: the row is read
-    once. More chunks than `parts` where that is what fits HOLD_THREAD_FLOATS a thread (a tuner's
-    `split` is kept: streamed if it does not fit). At most one chunk per SM: every chunk of a row must
-    be running at once, and a block waits only for chunks whose tickets came before its own or are the
-    next ones claimed, so the row's last chunks always find an SM (no deadlock however the blocks
-    are scheduled). `hold: False` (the tuner's alternative) streams."""
+    Held, a block loads its chunk once, folds every round from its registers, combines its row's
+    partials after each round and writes its outputs from the same registers: the row is read once.
+    More chunks than `parts` where that is what fits HOLD_THREAD_FLOATS a thread (a tuner's `split` is
+    kept: streamed if it does not fit). No more chunks per row than SMs: every chunk of a row must be
+    running at once, and a block waits only for chunks whose tickets came before its own or are the
+    next ones claimed, so the row's last chunks always find an SM (no deadlock however the blocks are
+    scheduled). `hold: False` (the tuner's alternative) streams."""
     if not p.get("hold", True):
         return 0
     fit = math.ceil(cols * k / (tpr * HOLD_THREAD_FLOATS))
@@ -287,14 +287,12 @@ def count_out() -> list[str]:
 def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     """A split row's alternatives (agent/tune.py): twice and half the chunks per row (streamed where
     half no longer fits a held chunk), none (one block or cluster per row, the row read once), a held
-    row's chunks streamed in phases, and a held row's two-stage rounds where it folds online states
-    (H100, region kernels: GroupNorm + SiLU over 64 rows of 163840, Welford in one round 0.058 ms,
-    mean then variance in two 0.068; softmax over 256 rows of 65536, online 0.098, max then sum of exp
-    0.087: the online fold's exp and rescale per element cost more than the second wait)."""
+    row's chunks streamed in phases, and a held row's other rounds where the online and two-stage
+    graphs differ (rowkernel._held_online)."""
     s, cols = int(params["split"]), int(params.get("cols") or 0)
     out = [{"split": c} for c in (s * 2, s // 2) if 2 <= c <= cols] + [{"split": 1}]
     if params.get("cached"):
         out.append({"hold": False})
-    if params.get("online"):
-        out.append({"held_online": False})
+    if params.get("other_rounds"):
+        out.append({"held_online": not params.get("online")})
     return [{**o, "sm_count": sm_count} for o in out]

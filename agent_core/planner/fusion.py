@@ -114,6 +114,9 @@ def schedule_for(red: Geometry, full_inputs: int, gpu: GPUProfile) -> tuple[str,
         return "split-row", HOLD_THREAD_FLOATS if held else 0
     if red.row_len * 4 * k <= gpu.block_row_bytes:
         return "block-per-row", k * math.ceil(red.row_len / gpu.max_threads_per_block)
+    if red.row_len % 4 and k == 1 and red.rows >= gpu.sm_count:
+        # rowkernel._cluster_size: rows of scalar loads of one input that fill the SMs stream through a block
+        return "two-pass", 0
     # codegen/rowkernel.py's cluster schedule: one read of a row that a cluster of CTAs holds
     from ..codegen.rowkernel import CLUSTER_PORTABLE
     ctas = min(CLUSTER_PORTABLE, 1 << math.ceil(math.log2(red.row_len * 4 * k / gpu.block_row_bytes)))

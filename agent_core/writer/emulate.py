@@ -5,19 +5,20 @@ How: the source is scanned for what the shim cannot run (inline asm, cooperative
 cp.async, textures, half and bfloat16 types, ...: ExecutionError "unsupported" naming it, before any
 compiling); a few line-preserving rewrites adapt it (`extern __shared__ T a[]` becomes a pointer to the
 block's dynamic shared memory, `__shared__ T a[N]` a reference to the block's own copy, the CUDA
-headers and fixed-width typedefs the shim already provides are dropped); then g++ -O1 -std=c++20 compiles it with
-`-include emulate_shim.h` and a generated `main`, linked against the shim's runtime object (fibers,
-scheduler, collectives and driver, compiled once at -O2). Executables are cached by the hash of
-everything that went into them, under the user cache dir beside the NVRTC cubins.
+headers and fixed-width typedefs the shim already provides are dropped); then g++ -O1 -std=c++20
+compiles it with `-include emulate_shim.h` and a generated `main`, linked against the shim's runtime
+object (fibers, scheduler, collectives and driver, compiled once at -O2). Executables are cached by the
+hash of everything that went into them, under the user cache dir beside the NVRTC cubins.
 
 The executable is the child: it reads the argument buffers (executors.py's file format), runs every
 call in order in one process (so `__device__` globals keep their values between calls, as in a
 loaded module), the blocks one after another (a block that spin-waits with __nanosleep on another
 block's writes yields, and the next one starts beside it, with its own fibers and shared memory), and
-writes each call's buffers back. A block's CUDA threads are fibers on ONE OS thread (emulate_shim.h): each runs until it reaches __syncthreads, a
-warp collective or its end, then the next that can go runs, in thread order, so a run gives the same
-result every time (atomics too). A kernel whose source names no barrier, warp collective or shared
-memory runs its threads as a plain loop, with no switching at all.
+writes each call's buffers back. A block's CUDA threads are fibers on ONE OS thread (emulate_shim.h):
+each runs until it reaches __syncthreads, a warp collective or its end, then the next that can go
+runs, in thread order, so a run gives the same result every time (atomics too). A kernel whose source
+names no barrier, warp collective or shared memory runs its threads as a plain loop, with no
+switching at all.
 
 Measured on this project's 2-core AMD EPYC VM (whole CpuExecutor.run: buffers written, child,
 buffers read; compiling excluded), before (an OS thread per CUDA thread, barriers on condition
