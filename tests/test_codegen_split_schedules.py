@@ -7,7 +7,9 @@
                 cluster of up to 8 CTAs per row, each round's state exchanged through distributed
                 shared memory in rank order, the row read once. Below two rows per SM the default is
                 now the split row (codegen/rowsplit.py, tests/test_codegen_split_rows.py) and the
-                cluster its tuning alternative (`split` = 1), which these tests ask for.
+                cluster its tuning alternative (`split` = 1), which these tests ask for. Rows of
+                scalar loads of one input that fill the SMs stream instead (a block of 1024 threads,
+                8 loads in flight), the cluster their tuning alternative.
 
 On the CPU: which shapes take them, NVRTC sm_90 builds with no spills (tuning variants too), the
 launch parameters (grid, cluster dims, workspace) and the fixed combine order in the source, and

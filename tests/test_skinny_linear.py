@@ -1,6 +1,6 @@
 """A linear layer with 2 to 8 output features written as that many dot products of each row
 (rewrites/skinny_linear.py): the rewritten program matches the linear on random draws, with and without
-bias and on 3-d inputs; wider layers, one feature and weights that are inputs stay as they are; a
+bias and on 3-d inputs, and a matmul by such a weight (x @ W, x @ W.T); wider layers, one feature and weights that are inputs stay as they are; a
 Mixtral-style router plans the dot products as one row kernel that reads the weight rows 4 at a time,
 and a small router optimizes on the CPU to generated kernels only (each verified), driven as a user
 would through the CLI."""
@@ -58,6 +58,26 @@ def test_the_dot_products_match_the_linear(shape, features, bias):
         want = next(iter(run_reference(p, drawn).values()))
         got = next(iter(run_reference(result.program, drawn).values()))
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["x @ W", "x @ W.T", "x @ W.permute"])
+def test_a_matmul_by_a_narrow_weight_is_rewritten_too(form):
+    rng = np.random.default_rng(1)
+    p = Program("matmul")
+    x = p.add_input("x", (2, 30, 96))
+    if form == "x @ W":
+        w = p.add_parameter("w", rng.standard_normal((96, 6)).astype(np.float32)).id
+    else:
+        wt = p.add_parameter("w", rng.standard_normal((6, 96)).astype(np.float32)).id
+        attrs = {"dim0": 0, "dim1": 1} if form == "x @ W.T" else {"dims": [1, 0]}
+        w = p.add_node("transpose" if form == "x @ W.T" else "permute", [wt], attrs).outputs[0]
+    p.mark_output(p.add_node("matmul", [x.id, w]).outputs[0])
+    result = rewrite_program(p, rules=[skinny_linear], check=False)
+    assert result.rules_fired == {"skinny_linear": 1}
+    for seed in range(2):
+        drawn = random_inputs(p, seed)
+        torch.testing.assert_close(next(iter(run_reference(result.program, drawn).values())),
+                                   next(iter(run_reference(p, drawn).values())), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape,features,weight_input", [((64, 256), 16, False), ((64, 256), 1, False),

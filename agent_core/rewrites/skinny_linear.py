@@ -1,4 +1,5 @@
-"""A linear layer with a handful of output features as that many dot products of each row.
+"""A linear layer (or a matmul by a weight) with a handful of output features as that many dot
+products of each row.
 
 x @ W^T with W of N <= SKINNY_MAX_N rows reads x once and does 2N flops per element of it: it is
 bound by reading x, as a reduction over x's rows is. cuBLAS runs it as a GEMM tiled for a wide output,
@@ -12,35 +13,56 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..analysis.cost import fmt_bytes
 from ..ir import Program
-from .edits import Rewrite, add_param, node_label, param_array
+from .edits import Rewrite, add_param, node_label, param_array, producer
 
 SKINNY_MAX_N = 8          # output features: each element of x meets this many weight loads (from L1)
 SKINNY_MIN_K = 64         # shorter rows: the product is a few flops, whatever runs it
 
 
+def _weight(program: Program, node) -> tuple[np.ndarray, str] | None:
+    """The [features, K] weight of a linear, or of a matmul by a [K, features] parameter or by the
+    transpose of a [features, K] one (x @ W.T), and the value it came from."""
+    if node.op == "linear":
+        w = param_array(program, node.inputs[1])
+        return (w, node.inputs[1]) if w is not None and w.ndim == 2 else None
+    b = node.inputs[1]
+    w = param_array(program, b)
+    if w is not None:
+        return (w.T, b) if w.ndim == 2 else None
+    t = producer(program, b)
+    if t is None or t.op not in ("transpose", "permute") or (t.op == "permute" and list(t.attrs.get("dims", [])) != [1, 0]):
+        return None
+    w = param_array(program, t.inputs[0])
+    return (w, t.inputs[0]) if w is not None and w.ndim == 2 else None
+
+
 def skinny_linear(program: Program, nid: str) -> Rewrite | None:
-    """linear(x, W, b) with 2..SKINNY_MAX_N output features, W and b parameters, fp32: the N dot
-    products of each row of x (mul by W's row, sum over the last dim, plus b's entry), side by side."""
+    """linear(x, W, b), x @ W or x @ W.T with 2..SKINNY_MAX_N output features, W (and b) parameters,
+    fp32: the N dot products of each row of x (mul by W's row, sum over the last dim, plus b's entry),
+    side by side."""
     n = program.nodes[nid]
-    if n.op != "linear" or n.inputs[0] is None:
+    if n.op not in ("linear", "matmul") or n.inputs[0] is None or n.inputs[1] is None:
         return None
     x, out = n.inputs[0], n.outputs[0]
-    w = param_array(program, n.inputs[1])
-    bias = n.inputs[2] if len(n.inputs) > 2 else None
+    found = _weight(program, n)
+    bias = n.inputs[2] if n.op == "linear" and len(n.inputs) > 2 else None
     b = param_array(program, bias) if bias is not None else None
     xs = program.values[x].shape
-    if w is None or w.ndim != 2 or not 2 <= w.shape[0] <= SKINNY_MAX_N or w.shape[1] < SKINNY_MIN_K or \
+    if found is None or not 2 <= found[0].shape[0] <= SKINNY_MAX_N or found[0].shape[1] < SKINNY_MIN_K or \
             program.values[x].dtype != "float32" or program.values[out].dtype != "float32" or \
             (bias is not None and b is None) or len(xs) < 2:
         return None
+    w, source = found
     features = w.shape[0]
 
     def build(p: Program) -> dict:
         pieces = []
         for j in range(features):
-            row = add_param(p, p.unique_name(f"{p.values[n.inputs[1]].name}_row{j}"), w[j], like=n.inputs[1])
+            row = add_param(p, p.unique_name(f"{p.values[source].name}_row{j}"), w[j], like=source)
             dot = p.add_node("sum", [p.add_node("mul", [x, row]).outputs[0]], {"dim": [-1], "keepdim": True})
             v = dot.outputs[0]
             if b is not None:
