@@ -161,28 +161,39 @@ def _indent(lines: list[str], by: str = "  ") -> list[str]:
     return [by + ln if ln.strip() else ln for ln in lines]
 
 
+def _publish(r: int, var: str, fields: list[tuple[int, str]]) -> list[str]:
+    """The stores of this block's round-r partial into the workspace, at (row, part)."""
+    return [f"workspace[kPartAt{r} + (row * kSplit + part) * {len(fields)} + {n}] = {var}.s{j}.{f};"
+            for n, (j, f) in enumerate(fields)]
+
+
+def _combine_partials(r: int, var: str, fields: list[tuple[int, str]]) -> list[str]:
+    """The row's kSplit round-r partials combined into `var` by this block: thread t folds partials
+    t, t + kBlock, ...; then the block's fixed tree, so the bits do not depend on which block runs it."""
+    stride = len(fields)
+    return [f"  Round{r} acc = identity{r}();",
+            "  for (int k = threadIdx.x; k < kSplit; k += kBlock) {  // thread t: partials t, t + kBlock, ...",
+            f"    const float* w = workspace + kPartAt{r} + (row * kSplit + k) * {stride};",
+            f"    Round{r} q;",
+            *[f"    q.s{j}.{f} = __ldcg(w + {n});" for n, (j, f) in enumerate(fields)],
+            f"    acc = combine{r}(acc, q);",
+            "  }",
+            f"  {var} = reduce{r}(acc);  // the block's fixed tree"]
+
+
 def fold_and_combine(r: int, var: str, fields: list[tuple[int, str]], fold: list[str], final: list[str],
                      keep_state: bool) -> list[str]:
     """Phase r - 1: fold the chunk (`fold` ends with the block's all-reduce into `var`), publish it;
     the row's last block combines the kSplit partials in parallel, then runs `final` (every thread) and
     stores the combined state and raises the row's flag where a later phase reads them."""
     stride = len(fields)
-    publish = [f"workspace[kPartAt{r} + (row * kSplit + part) * {stride} + {n}] = {var}.s{j}.{f};"
-               for n, (j, f) in enumerate(fields)]
     store = [f"workspace[kStateAt{r} + row * {stride} + {n}] = {var}.s{j}.{f};" for n, (j, f) in enumerate(fields)]
     out = [*fold,
            f"  // publish this block's round-{r} partial; the row's last block combines all kSplit of them",
-           *publish_and_arrive(publish, f"counters[kArriveAt + {r - 1} * kRows + row]", "kSplit"),
+           *publish_and_arrive(_publish(r, var, fields), f"counters[kArriveAt + {r - 1} * kRows + row]", "kSplit"),
            "  if (last) {",
            "    __threadfence();",
-           f"    Round{r} acc = identity{r}();",
-           "    for (int k = threadIdx.x; k < kSplit; k += kBlock) {  // thread t: partials t, t + kBlock, ...",
-           f"      const float* w = workspace + kPartAt{r} + (row * kSplit + k) * {stride};",
-           f"      Round{r} q;",
-           *[f"      q.s{j}.{f} = __ldcg(w + {n});" for n, (j, f) in enumerate(fields)],
-           f"      acc = combine{r}(acc, q);",
-           "    }",
-           f"    {var} = reduce{r}(acc);  // the block's fixed tree: the same bits whichever block came last",
+           *_indent(_combine_partials(r, var, fields)),
            *_indent(final, "  "),
            "    if (threadIdx.x == 0) {",
            f"      counters[kArriveAt + {r - 1} * kRows + row] = 0u;  // ready for the next launch"]
@@ -227,15 +238,13 @@ def combine_in_every_block(r: int, var: str, fields: list[tuple[int, str]], fold
     row). No block combines for the others: a row's blocks go on as soon as its last partial lands,
     not after a combining block has stored the state and raised a flag. `note_last`: keep whether this
     block arrived last in `last_of_row` (it writes the per-row results)."""
-    stride = len(fields)
     counter = f"counters[kArriveAt + {r - 1} * kRows + row]"
     arrive = f"atomicAdd(&{counter}, 1u)"
     return [*fold,
             f"  // publish this block's round-{r} partial, wait for the row's other chunks, combine all kSplit",
             *(["  __shared__ bool last;"] if note_last else []),
             "  if (threadIdx.x == 0) {",
-            *[f"    workspace[kPartAt{r} + (row * kSplit + part) * {stride} + {n}] = {var}.s{j}.{f};"
-              for n, (j, f) in enumerate(fields)],
+            *_indent(_publish(r, var, fields), "    "),
             "    __threadfence();",
             f"    {'last = ' + arrive + ' == kSplit - 1' if note_last else arrive};",
             f"    const volatile unsigned int* arrived = &{counter};",
@@ -244,14 +253,7 @@ def combine_in_every_block(r: int, var: str, fields: list[tuple[int, str]], fold
             "  }",
             "  __syncthreads();",
             *(["  last_of_row = last;"] if note_last else []),
-            f"  Round{r} acc = identity{r}();",
-            "  for (int k = threadIdx.x; k < kSplit; k += kBlock) {  // thread t: partials t, t + kBlock, ...",
-            f"    const float* w = workspace + kPartAt{r} + (row * kSplit + k) * {stride};",
-            f"    Round{r} q;",
-            *[f"    q.s{j}.{f} = __ldcg(w + {n});" for n, (j, f) in enumerate(fields)],
-            f"    acc = combine{r}(acc, q);",
-            "  }",
-            f"  {var} = reduce{r}(acc);  // the block's fixed tree: the same bits in every block of the row"]
+            *_combine_partials(r, var, fields)]
 
 
 def in_turn(rounds: int, fold: dict[int, list[str]], defs: dict[int, list[str]], final: list[str],
