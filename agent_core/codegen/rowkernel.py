@@ -75,8 +75,9 @@ def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: 
 
 def _scheduled(program: Program, io: RegionIO, p: dict):
     """The lowered region (_lowered's tuple) and its schedule. A row held on chip takes the two-stage
-    graph (exact two-pass statistics from the registers); a streamed row the online graph, whose
-    rounds are its reads of the row."""
+    graph (exact two-pass statistics from the registers), except a held split row whose online graph
+    has fewer rounds (each round is a wait for the row: _held_online); a streamed row the online
+    graph, whose rounds are its reads of the row."""
     hoist = bool(p["hoist_monotone"])
     lowered = _lowered(program, io, two_stage=True, hoist=hoist)
     online = []
@@ -110,8 +111,8 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
         if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
             sched = _schedule(g, p, len(full), streamed_reads)
     sched["front"] = front if sched["cached"] and sched["split"] == 1 else []
-    # a streamed row's loads in flight per thread: at most 8 vectors over all its inputs
-    # scalar loads stream 8 in flight unless the tuner says otherwise (see _cluster_size)
+    # a streamed row's loads in flight per thread: 8 scalars or 4 float4s unless the tuner says
+    # otherwise (see _cluster_size), at most 8 vectors over all its inputs
     unroll = checked_unroll(p) if p["unroll"] is not None else 8 if sched["vec"] == 1 else 4
     sched["unroll"] = min(unroll, 1 << int(math.log2(max(1, 8 // max(1, len(full))))))
     # a scan's prologue is gathered, not staged (a staged tile beside the double runs spills under ptxas)
@@ -378,13 +379,20 @@ def _cluster_size(g: RowGraph, p: dict, k: int, schedule: str, streamed_reads, v
     few = g.rows < int(p["sm_count"])
     small = g.rows * g.cols * k * 4 < int(p["spread_min_bytes"])
     if small or schedule == "warp" or (schedule == "block" and g.rows * 2 > int(p["sm_count"])) or \
-            (not few and (streamed_reads() <= 1 or (vec == 1 and k == 1 and schedule == "stream"))):
+            (not few and (streamed_reads() <= 1 or (schedule == "stream" and scalar_rows_stream(g.rows, vec, k, p)))):
         return 1
     n = pow2_at_least(g.cols * k / int(p["register_max_cols"]))
     if few:
         n = max(n, pow2_at_least(int(p["sm_count"]) / g.rows))
     n = min(n, int(p["cluster_max"]), pow2_at_least(g.cols / (128 * 4)))   # each CTA keeps a float4 per thread
     return n if n > 1 and _cluster_holds(g.cols, k, n, int(p["cluster_thread_floats"])) else 1
+
+
+def scalar_rows_stream(rows: int, vec: int, k: int, p: dict) -> bool:
+    """Rows too long for a block, of scalar loads (vec 1) of one full-size input, that fill the SMs:
+    streamed through one block of 1024 threads rather than a cluster (see _cluster_size; the planner's
+    schedule_for asks the same)."""
+    return vec == 1 and k == 1 and rows >= int(p["sm_count"])
 
 
 def _cluster_holds(cols: int, k: int, n: int, thread_floats: int) -> bool:

@@ -104,7 +104,7 @@ def schedule_for(red: Geometry, full_inputs: int, gpu: GPUProfile) -> tuple[str,
         return "warp-per-row", k * math.ceil(red.row_len / gpu.warp_size)
     # codegen/rowsplit.py: fewer rows than two per SM, each in chunks over the GPU, each block holding
     # its chunk in registers where that fits, else streamed per phase
-    from ..codegen.rowkernel import DEFAULTS as ROW_KERNEL
+    from ..codegen.rowkernel import CLUSTER_PORTABLE, DEFAULTS as ROW_KERNEL, scalar_rows_stream
     from ..codegen.rowsplit import HOLD_THREAD_FLOATS, SPLIT_ROW_THREADS, held_split, row_split
     limits = {"sm_count": gpu.sm_count, "spread_min_bytes": ROW_KERNEL["spread_min_bytes"]}
     parts = row_split(red.rows, red.row_len, k, limits, False, red.row_len * 4 * k > gpu.block_row_bytes) \
@@ -114,11 +114,9 @@ def schedule_for(red: Geometry, full_inputs: int, gpu: GPUProfile) -> tuple[str,
         return "split-row", HOLD_THREAD_FLOATS if held else 0
     if red.row_len * 4 * k <= gpu.block_row_bytes:
         return "block-per-row", k * math.ceil(red.row_len / gpu.max_threads_per_block)
-    if red.row_len % 4 and k == 1 and red.rows >= gpu.sm_count:
-        # rowkernel._cluster_size: rows of scalar loads of one input that fill the SMs stream through a block
-        return "two-pass", 0
+    if scalar_rows_stream(red.rows, 4 if red.row_len % 4 == 0 else 1, k, limits):
+        return "two-pass", 0        # codegen streams it through one block (rowkernel._cluster_size)
     # codegen/rowkernel.py's cluster schedule: one read of a row that a cluster of CTAs holds
-    from ..codegen.rowkernel import CLUSTER_PORTABLE
     ctas = min(CLUSTER_PORTABLE, 1 << math.ceil(math.log2(red.row_len * 4 * k / gpu.block_row_bytes)))
     held = k * math.ceil(red.row_len / (ctas * gpu.max_threads_per_block))
     if red.contiguous and held <= ROW_KERNEL["cluster_thread_floats"] and \
