@@ -68,6 +68,10 @@ class Def:
     # a running value along the row (rowscan.py): (op, the E key scanned, its C names: run, prefix, carry)
     scan: tuple | None = None
     softmax_of: str | None = None   # a streamed softmax's output: the E key of its input (_softmax_dot)
+    # where / masked_fill: (the condition's key, the key taken where it holds, the key taken elsewhere;
+    # None for masked_fill's scalar), so a load only one arm reads is skipped where it is not taken
+    # (rowguard.py)
+    select: tuple[str, str | None, str] | None = None
 
 
 @dataclass
@@ -401,11 +405,22 @@ def lower(program: Program, io: RegionIO, names: Names, two_stage: bool, hoist: 
         read_here = set(_IDENT.findall(expr))
         deps = [k for k in dict.fromkeys(local[v] for v in node.inputs if v is not None) if k in read_here]
         add(Def(key, space, c_type(vals[out].dtype, f"'{vals[out].name}'"), expr, deps, rnd(deps), out,
-                lines[0].rsplit("//", 1)[1].strip(), nid))
+                lines[0].rsplit("//", 1)[1].strip(), nid, select=_select(node, local)))
         env[out] = key
     for vid in io.outputs:
         g.outputs[vid] = env[vid]
     return g
+
+
+def _select(node, local: dict) -> tuple | None:
+    """A where's or masked_fill's (condition, taken where it holds, taken elsewhere) keys (Def.select)."""
+    if node.op == "where":
+        cond, a, b = node.inputs
+        return local[cond], local[a], local[b]
+    if node.op == "masked_fill":
+        x, mask = node.inputs
+        return local[mask], None, local[x]
+    return None
 
 
 def _reduction(g: RowGraph, program, node, op, read, expr_def, names: Names, two_stage: bool, env,

@@ -41,6 +41,7 @@ from .region_io import Operands, RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
 from .row_stage import stage_lines, stage_tiles, tile_stride
 from .row_tuning import DEFAULTS as ROW_DEFAULTS, checked_unroll
+from .rowguard import guarded_inputs
 from .rowgraph import E, R, T, RowGraph, lower
 from .rowops import INDEXED, NOT_FLOAT, STATES, fold_params, state_helpers, struct_fields
 from .rowpick import gathered
@@ -554,6 +555,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     # computed each pooled element in each of its 3 passes: 12 tanh and 12 loads an element, 0.375 ms
     # on an H100; held, 0.158)
     held = [v for v in e_in if ld.full(v) and (ld.vectors(v) or v in views.windowed)]
+    # inputs a where's arm alone reads: loaded after the inputs of its condition, where it is taken
+    guards = guarded_inputs(g, need) if not column and split == 1 else {}
+    held.sort(key=lambda v: v in guards)
     key_of = {v: g.inputs[(v, E)] for v in e_in}
     ct = {v: g.defs[key_of[v]].ctype for v in e_in}
     out_e = [v for v in io.outputs if g.defs[g.outputs[v]].space == E]
@@ -593,13 +597,55 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return [f"{{ const {vt} t = {f'{guard} ? {src} : {vt}{{}}' if guard else src};",
                 "  " + " ".join(f"{reg}[{at0}{j}] = t.{'xyzw'[j]};" for j in range(4)) + " }"]
 
-    def fill(v, slot: str, guard: str | None = None) -> list[str]:
+    def fill(v, slot: str, guard: str | None = None, loaded=None) -> list[str]:
         """The kVec elements of v at column p loaded into regs[v] from slot * kVec on (zeros where
-        `guard` does not hold)."""
+        `guard` does not hold). With `loaded` (the inputs already in their registers there), an input
+        only a where's arm reads is loaded only where one of its elements is taken (rowguard.py)."""
+        lines = []
+        if loaded is not None and v in guards:
+            taken = taken_lines(v, slot, loaded)
+            if taken:
+                lines, flag = taken
+                guard = f"({guard}) && {flag}" if guard else flag
         if vec == 4:
-            return load4(v, regs[v], "" if slot == "0" else f"{slot} * kVec + ", flat("p"), guard)
+            return lines + load4(v, regs[v], "" if slot == "0" else f"{slot} * kVec + ", flat("p"), guard)
         src = ld.load(v, arg[v], flat("p"))
-        return [f"{regs[v]}[{slot}] = {f'{guard} ? {src} : ({ct[v]})0' if guard else src};"]
+        return lines + [f"{regs[v]}[{slot}] = {f'{guard} ? {src} : ({ct[v]})0' if guard else src};"]
+
+    def taken_lines(v, slot: str, loaded) -> tuple[list[str], str] | None:
+        """Lines setting a flag: whether the where that reads v takes it at any of the kVec elements
+        at column p, its condition computed from inputs `loaded` already (their registers at `slot`)
+        or loaded here; None where the condition reads an input not loaded yet."""
+        cond, arm = guards[v]
+        defs = g.closure([cond], E, need)
+        if any(d.vid in regs and d.vid not in loaded for d in defs if d.expr is None):
+            return None
+        at = ("e" if slot == "0" else f"{slot} * kVec + e") if vec == 4 else slot
+        flag = names.new(f"take_{arg[v]}")
+        lines = []
+        for d in defs:
+            src = d.expr if d.expr is not None else f"{regs[d.vid]}[{at}]" if d.vid in regs else \
+                f"{vec_bcast[d.vid]}[e]" if d.vid in vec_bcast and d.vid in loaded else ld.load(d.vid, arg[d.vid], "i")
+            lines.append(f"const {d.ctype} {d.key} = {src};")
+        lines.append(f"{flag} |= {'' if arm else '!'}({cond});")
+        text = "\n".join(lines)
+        head = (["const int c = p + e;" if vec == 4 else "const int c = p;"] if re.search(r"\b[ci]\b", text) else [])
+        head += [f"const index_t i = {flat('c')};"] if re.search(r"\bi\b", text) else []
+        body = [*head, *lines]
+        if vec == 4:
+            body = ["#pragma unroll", "for (int e = 0; e < kVec; ++e) {", *(f"  {ln}" for ln in body), "}"]
+        else:
+            body = ["{", *(f"  {ln}" for ln in body), "}"]
+        return [f"bool {flag} = false;  // does the where reading {vals[v].name} take it at any of these elements",
+                *body], flag
+
+    def fill_all(vs, slot: str, bcast: bool = False) -> list[str]:
+        """fill of each input of vs in turn, each guarded where it can be by the ones before it (and,
+        with `bcast`, by the broadcast inputs bcast4 loaded already)."""
+        lines = []
+        for j, v in enumerate(vs):
+            lines += fill(v, slot, None, {*vs[:j], *(vec_bcast if bcast else ())})
+        return lines
 
     def bcast4(closure) -> list[str]:
         """A float4 load per 4 elements of each broadcast input `closure` reads (a norm's weight), not
@@ -658,9 +704,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                f"    const int p = {first} + k * kStride;",
                f"    if (active && p < {limit}) {{"]
         at = "k * kVec + e" if vec == 4 else "k"
-        for v in loads if fresh else []:
-            out += [f"      {ct[v]} {regs[v]}[kVec];", *(f"      {ln}" for ln in fill(v, "0"))]
         out += [f"      {ln}" for ln in pre_e]
+        if fresh:     # after pre_e: a where's condition reads the broadcast inputs it loaded 4 at a time
+            out += [f"      {ct[v]} {regs[v]}[kVec];" for v in loads]
+            out += [f"      {ln}" for ln in fill_all(loads, "0", bcast=True)]
         if vec == 4:
             out += ["#pragma unroll", "      for (int e = 0; e < kVec; ++e) {"]
         out += body_fn(ind, at)
@@ -684,10 +731,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         lo, hi = first, limit
         out = [f"  for (int p0 = {lo}; active && p0 < {hi}; p0 += kUnroll * kStride) {{"]
         out += block_buffers(blocks, "kUnroll * kVec", "    ")
-        for v in loads:
+        for j, v in enumerate(loads):
             out += [f"    {ct[v]} {regs[v]}[kUnroll * kVec];", "#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {",
                     "      const int p = p0 + u * kStride;"]
-            out += [*(f"      {ln}" for ln in fill(v, "u", f"p < {hi}")), "    }"]
+            out += [*(f"      {ln}" for ln in fill(v, "u", f"p < {hi}", set(loads[:j]))), "    }"]
         out += ["#pragma unroll", "    for (int u = 0; u < kUnroll; ++u) {", "      const int p = p0 + u * kStride;",
                 f"      if (p < {hi}) {{", *[f"        {ln}" for ln in pre_e]]
         if vec == 4:
@@ -771,8 +818,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         body += ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
                  f"    const int p = {first} + k * kStride;",
                  f"    if (active && p < {limit}) {{"]
-        for v in held:
-            body += [f"      {ln}" for ln in fill(v, "k")]
+        body += [f"      {ln}" for ln in fill_all(held, "k")]
         # zeros past the row, which no pass reads: left unset, ptxas may spill the array (16 B, a
         # 1001-class cross entropy held by a warp)
         at = "k * kVec + e" if vec == 4 else "k"
