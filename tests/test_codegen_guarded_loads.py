@@ -13,7 +13,7 @@ import torch
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from tests.programs import emulated
+from tests.programs import cli, emulated
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 LOWEST = -3.4028234663852886e38
@@ -111,3 +111,12 @@ def test_guarded_kernels_compile_for_sm_90(case):
     build, params = CASES[case]
     p, ids, _ = build()
     compile_kernel(generate_kernel(p, ids, name="guarded", params=params or None), arch="sm_90")
+
+
+def test_the_plan_says_which_input_is_read_only_where_the_mask_keeps_it(monkeypatch):
+    monkeypatch.setenv("STITCHCUDA_BLOCKS_SMALL", "1")
+    res = cli("plan", "benchmarks/blocks/causal_softmax_gpt2.py")
+    assert res.returncode == 0, res.stderr
+    assert "'scores' is read only where the where selects it; masked-out elements are never loaded" in res.stdout
+    res = cli("plan", "benchmarks/blocks/masked_softmax_bert_base.py")     # an additive mask: every score is read
+    assert res.returncode == 0 and "never loaded" not in res.stdout, res.stdout

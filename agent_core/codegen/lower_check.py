@@ -39,7 +39,8 @@ def lowered_schedule(program: Program, node_ids, kind: str | None = None, *, out
     """The default schedule of the kernel generate_kernel writes for these nodes: {"schedule": the
     generator's schedule name (a row kernel's warp, block, stream, cluster, split_row, column,
     split_column), and the row kernel's "row_reads" (times each row is read), "cluster" (CTAs per
-    row) and "held" (the row kept in registers)}; None when it writes none."""
+    row), "held" (the row kept in registers) and "guarded" (inputs loaded only where a where takes
+    them: rowguard.py)}; None when it writes none."""
     why, sched = _lowered(program, node_ids, kind, outputs)
     return None if why is not None else sched
 
@@ -58,8 +59,9 @@ def _lowered(program: Program, node_ids, kind, outputs) -> tuple[str | None, dic
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.clear()
         _CACHE[key] = why, sched
-    if why is None:
-        return None, sched
+    if why is None:     # the guarded inputs' placeholder names back to the program's
+        return None, {**sched, "guarded": [_TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], n)
+                                           for n in sched["guarded"]]}
     return _TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], why), None
 
 
@@ -74,7 +76,7 @@ def _verdict(sub: Program, ids: list[str], kind: str | None) -> tuple[str | None
         return f"the generator failed ({type(exc).__name__}: {text[0] if text else 'no message'})", None
     p = ks.params or {}
     return None, {"schedule": p.get("schedule"), "row_reads": p.get("row_reads"), "cluster": p.get("cluster"),
-                  "held": p.get("cached")}
+                  "held": p.get("cached"), "guarded": p.get("guarded", [])}
 
 
 def _escaping(program: Program, ids: list[str]) -> set[str]:

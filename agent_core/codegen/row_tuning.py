@@ -9,7 +9,8 @@ from .kernel import CodegenError
 
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
             "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None,
-            "unroll": None, "stage": True}   # unroll None: 8 loads in flight for scalar rows, 4 for float4
+            "unroll": None, "stage": True,   # unroll None: 8 loads in flight for scalar rows, 4 for float4
+            "guard_loads": True}             # False: load a where's arm everywhere (rowguard.py; a diagnostic)
 REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
 
 

@@ -118,6 +118,7 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     sched["unroll"] = min(unroll, 1 << int(math.log2(max(1, 8 // max(1, len(full))))))
     # a scan's prologue is gathered, not staged (a staged tile beside the double runs spills under ptxas)
     sched["stage"] = bool(p["stage"]) and not g.scans
+    sched["guard_loads"] = bool(p["guard_loads"])
     return (*lowered, sched)
 
 
@@ -556,7 +557,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     # on an H100; held, 0.158)
     held = [v for v in e_in if ld.full(v) and (ld.vectors(v) or v in views.windowed)]
     # inputs a where's arm alone reads: loaded after the inputs of its condition, where it is taken
-    guards = guarded_inputs(g, need) if not column and split == 1 else {}
+    guards = guarded_inputs(g, need) if sched["guard_loads"] and not column and split == 1 else {}
     held.sort(key=lambda v: v in guards)
     key_of = {v: g.inputs[(v, E)] for v in e_in}
     ct = {v: g.defs[key_of[v]].ctype for v in e_in}
@@ -1114,6 +1115,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
                 "online": bool(sched.get("online")), "other_rounds": bool(sched.get("other_rounds")),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
+                "guarded": [vals[v].name for v in held if v in guards],
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
                                  _cluster_holds(g.cols, max(1, len(front) or len(held)), n, ROW_THREAD_FLOATS)]},
