@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..analysis.cost import library_reads_as_view
 from ..analysis.gpu import GPUProfile
 from ..codegen.gemm_mma import GEMM_OPS, estimate
 from ..codegen.kernel import CodegenError
@@ -537,8 +538,8 @@ def group_time(state, nodes: list[str], summary: Summary | None = None,
     kernel. red / anchor (the anchor node id or None) describe the group when no summary is given
     (False: compute the summary)."""
     f = facts or group_facts(state, nodes)
-    if f.views_only:
-        return 0.0, f
+    if f.views_only or (len(nodes) == 1 and library_reads_as_view(state.program, nodes[0])):
+        return 0.0, f      # no kernel: an alias, or a strided view cuBLAS / cuDNN read as it is
     if red is False:
         s = summary or summarize(state, nodes)
         red, anchor = s.red, s.anchor

@@ -13,7 +13,7 @@ import heapq
 import time
 from dataclasses import dataclass, field
 
-from ..analysis.cost import ProgramEstimate, estimate_program, program_costs
+from ..analysis.cost import ProgramEstimate, estimate_program, library_reads_as_view, program_costs
 from ..analysis.gpu import H200, GPUProfile
 from ..errors import ProgramError
 from ..gcpause import paused_gc
@@ -195,7 +195,10 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         tie_with_library = abs(saved) < 1e-12 and relation == "producer" and bool(sa.anchor) and not sb.anchor
         # a view costs nothing on either side of a boundary, so it ties; taking the tie keeps a reshape
         # from standing between two groups whose merge saves a launch (labels -> view -> class loss)
-        tie_with_view = abs(saved) < 1e-12 and (_views_only(state, ga.nodes) or _views_only(state, gb.nodes))
+        # (not a view cuBLAS / cuDNN read as it is: outside any kernel it costs nothing, inside one it
+        # is a copy, transposed and uncoalesced for a matmul's x @ y.t())
+        tie_with_view = abs(saved) < 1e-12 and any(_views_only(state, g.nodes) and not _library_view(state, g.nodes)
+                                                   for g in (ga, gb))
         if saved <= 0 and not (tie_with_library or tie_with_view):
             anchor = sa.anchor or sb.anchor
             lost = anchor and tile_gemm_refusal(state, union, anchor)
@@ -418,6 +421,11 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
 
 def _views_only(state, nodes) -> bool:
     return all(state.geo[n].role == "view" for n in nodes)
+
+
+def _library_view(state, nodes) -> bool:
+    """Views whose results only library calls read, through torch's strided views (cost.library_reads_as_view)."""
+    return all(library_reads_as_view(state.program, n) for n in nodes)
 
 
 def _refuse(state, refusals, note, a, b, why):

@@ -624,11 +624,41 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
                    build, nid)
 
 
+def _transposed_matrix(node) -> bool:
+    """A permute / transpose that swaps the two dims of a matrix (w.t(), w.T, w.transpose(0, 1))."""
+    if node.op == "permute":
+        return [int(d) % 2 for d in node.attrs["dims"]] == [1, 0] and len(node.attrs["dims"]) == 2
+    if node.op == "transpose":
+        return {int(node.attrs["dim0"]) % 2, int(node.attrs["dim1"]) % 2} == {0, 1}
+    return False
+
+
+def matmul_of_transpose(program: Program, nid: str) -> Rewrite | None:
+    """a @ w.t() for a matrix w (a similarity matrix x @ y.T, a tied embedding's logits) is linear(a, w):
+    cuBLAS and the tile GEMM read w's rows as they lie (k contiguous, as a linear's weight), and no
+    kernel writes the transposed copy (uncoalesced, when fused into w's producer)."""
+    n = program.nodes[nid]
+    if n.op != "matmul" or len(n.inputs) != 2 or None in n.inputs:
+        return None
+    t = _producer(program, n.inputs[1])
+    if t is None or not t.inputs or not _transposed_matrix(t) or len(_val(program, t.inputs[0]).shape) != 2:
+        return None
+    a, w, out = n.inputs[0], t.inputs[0], n.outputs[0]
+    if not _val(program, a).shape or not all(_float(program, v) for v in (a, w)):
+        return None
+
+    def build(p):
+        return {out: p.add_node("linear", [a, w], name=p.unique_name(n.name)).outputs[0]}
+    return Rewrite("matmul_of_transpose", f"{_n(program, nid)} multiplies by {_n(program, t.id)}, the transpose of "
+                   f"'{_val(program, w).name}' {list(_val(program, w).shape)}: it is linear with that matrix as the "
+                   f"weight, read in place (k contiguous) with no transposed copy.", build, nid)
+
+
 DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, merge_equal_nodes, merge_equal_views, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
                  log_of_softmax, merge_max_windows,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
                  reduce_conv_spatial, pool_linear,
-                 reduce_of_broadcast, merge_gated_linears, skinny_linear]
+                 reduce_of_broadcast, matmul_of_transpose, merge_gated_linears, skinny_linear]
 # after the rules above are done: they fold batch norms and affine maps into a convolution's bias,
 # which must be there first, and see through nothing between the convolution and what follows
 LATE_RULES = [bias_into_epilogue]
