@@ -13,7 +13,7 @@ import torch
 from agent_core.codegen import generate_kernel
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from tests.programs import cli, emulated
+from tests.programs import cli
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 LOWEST = -3.4028234663852886e38
@@ -71,6 +71,9 @@ CASES = {
     "causal, streamed": (lambda: causal((1, 2, 24, 24)), {"register_max_cols": 8, "warp_max_cols": 4}),
     "future masked with a bias (ALiBi)": (lambda: causal((1, 4, 32, 32), reverse=True, bias=True), {}),
     "key padding (masked_fill)": (lambda: padded_keys((2, 3, 8, 64)), {}),
+    "key padding, split rows held": (lambda: padded_keys((1, 1, 3, 9000)), {"sm_count": 16, "spread_min_bytes": 0}),
+    "key padding, split rows streamed": (lambda: padded_keys((1, 1, 3, 9000)),
+                                         {"sm_count": 16, "spread_min_bytes": 0, "hold": False}),
 }
 
 
@@ -81,10 +84,30 @@ def test_guarded_loads_under_cpu_emulation_match_torch(case):
     p, ids, inputs = build()
     ks = generate_kernel(p, ids, name="guarded", params=params or None)
     assert "take_scores" in ks.source, ks.source      # the scores' loads are guarded
-    if params:
+    if "register_max_cols" in params or params.get("hold") is False:
         assert not ks.params["cached"], ks.schedule
+    if "sm_count" in params:
+        assert ks.params["schedule"] == "split_row", ks.schedule
     got, ref = emulated(p, ks, inputs)
     assert torch.allclose(got, ref, atol=1e-6, rtol=1e-5), (got - ref).abs().max()
+
+
+def emulated(p, ks, inputs, guard=64):
+    """The kernel run by the CPU emulator on the program's inputs, with a zeroed workspace where it
+    has one (a split row's partials and counters): (its output, the reference's)."""
+    import numpy as np
+
+    from agent_core.reference import run_reference
+    from agent_core.writer.emulate import CpuExecutor
+    from agent_core.writer.executors import guarded, payload
+    env = run_reference(p, list(inputs), keep=True)
+    out = p.values[ks.outputs[0]]
+    bufs = [guarded(env[v].contiguous().numpy(), guard) for v in ks.inputs]
+    bufs.append(guarded(np.zeros(out.shape, np.float32), guard))
+    bufs += [guarded(np.zeros(n, np.float32 if dt == "float32" else np.uint32), guard) for dt, n in ks.workspace]
+    res = CpuExecutor().run(ks, [bufs], guard=guard, timeout_s=120)
+    got = torch.from_numpy(payload(res[0][len(ks.inputs)], guard, np.float32, tuple(out.shape)).copy())
+    return got, env[ks.outputs[0]]
 
 
 def test_an_input_also_read_outside_the_where_is_loaded_everywhere():
@@ -120,3 +143,11 @@ def test_the_plan_says_which_input_is_read_only_where_the_mask_keeps_it(monkeypa
     assert "'scores' is read only where the where selects it; masked-out elements are never loaded" in res.stdout
     res = cli("plan", "benchmarks/blocks/masked_softmax_bert_base.py")     # an additive mask: every score is read
     assert res.returncode == 0 and "never loaded" not in res.stdout, res.stdout
+
+
+def test_a_cluster_row_guards_its_loads_and_compiles_for_sm_90():
+    """A row shared by a thread-block cluster (the emulator runs no clusters: the GPU test runs one)."""
+    p, ids, _ = padded_keys((1, 1, 128, 20000))
+    ks = generate_kernel(p, ids, name="cluster", params={"sm_count": 132})
+    assert ks.params["schedule"] == "cluster" and "take_scores" in ks.source
+    compile_kernel(ks, arch="sm_90")

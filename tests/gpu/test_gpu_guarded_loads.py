@@ -1,6 +1,7 @@
 """On the GPU: guarded loads (codegen/rowguard.py) at real sizes against torch, atol = rtol = 1e-5:
 GPT-2's causal softmax (8 x 12 x 1024 x 1024), BLOOM's future mask with ALiBi (1 x 32 x 2048 x 2048,
-one block per row), a causal row of scalar loads, and BERT's key padding through masked_fill.
+one block per row), a causal row of scalar loads, and BERT's key padding through masked_fill (also
+over rows long enough for a cluster per row and for split rows).
 
 PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu_guarded_loads.py
 """
@@ -18,6 +19,8 @@ CASES = {
     "BLOOM future + ALiBi 32 x 2048": lambda: causal((1, 32, 2048, 2048), reverse=True, bias=True),
     "causal scalar loads 2 x 4 x 1001": lambda: causal((2, 4, 1001, 1001)),
     "BERT key padding 16 x 12 x 512": lambda: padded_keys((16, 12, 512, 512)),
+    "key padding, a cluster per row 128 x 20000": lambda: padded_keys((1, 1, 128, 20000)),
+    "key padding, split rows 64 x 30000": lambda: padded_keys((1, 1, 64, 30000)),
 }
 
 
