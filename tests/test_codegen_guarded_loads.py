@@ -65,6 +65,27 @@ def padded_keys(shape):
     return p, [f.id, y.id], [torch.randn(shape, generator=g), torch.rand(pad.shape, generator=g) > 0.6]
 
 
+def cross_entropy(shape, reduction="mean", weight=False, also_logp=False):
+    """log_softmax then nll_loss over [N, C] rows with a third of the labels ignored (-100): those rows
+    are never loaded. `also_logp`: the log-probabilities are an output too (every row is then read)."""
+    p = Program("ce")
+    x = p.add_input("logits", shape)
+    t = p.add_input("labels", shape[:1], dtype="int64")
+    lsm = p.add_node("log_softmax", [x.id], {"dim": 1})
+    ins = [lsm.outputs[0], t.id]
+    if weight:
+        ins.append(p.add_input("class_weight", shape[1:]).id)
+    n = p.add_node("nll_loss", ins, {"reduction": reduction, "ignore_index": -100})
+    p.mark_output(n.outputs[0])
+    if also_logp:
+        p.mark_output(lsm.outputs[0])
+    g = torch.Generator().manual_seed(2)
+    labels = torch.randint(0, shape[1], shape[:1], generator=g)
+    labels[::3] = -100
+    inputs = [3 * torch.randn(shape, generator=g), labels] + ([torch.rand(shape[1:], generator=g)] if weight else [])
+    return p, [lsm.id, n.id], inputs
+
+
 CASES = {
     "causal, float4": (lambda: causal((2, 3, 40, 40)), {}),
     "causal, scalar loads": (lambda: causal((2, 3, 37, 37)), {}),
@@ -143,6 +164,8 @@ def test_the_plan_says_which_input_is_read_only_where_the_mask_keeps_it(monkeypa
     assert "'scores' is read only where the where selects it; masked-out elements are never loaded" in res.stdout
     res = cli("plan", "benchmarks/blocks/masked_softmax_bert_base.py")     # an additive mask: every score is read
     assert res.returncode == 0 and "never loaded" not in res.stdout, res.stdout
+    res = cli("plan", "benchmarks/blocks/cross_entropy_llama2_32k.py")
+    assert "A row whose result is discarded (an ignored label) never loads 'reshape'." in res.stdout, res.stdout
 
 
 def test_a_cluster_row_guards_its_loads_and_compiles_for_sm_90():
@@ -151,3 +174,21 @@ def test_a_cluster_row_guards_its_loads_and_compiles_for_sm_90():
     ks = generate_kernel(p, ids, name="cluster", params={"sm_count": 132})
     assert ks.params["schedule"] == "cluster" and "take_scores" in ks.source
     compile_kernel(ks, arch="sm_90")
+
+
+@needs_gxx
+@pytest.mark.parametrize("reduction,weight,params", [("mean", False, {}), ("sum", True, {}), ("none", False, {}),
+                                                      ("mean", False, {"register_max_cols": 8, "warp_max_cols": 4})])
+def test_rows_with_an_ignored_label_are_not_read(reduction, weight, params):
+    p, ids, inputs = cross_entropy((12, 40), reduction, weight)
+    ks = generate_kernel(p, ids, name="ce", params=params or None)
+    assert ks.params["guarded_rows"] == ["logits"] and ks.params["guarded"] == [], ks.params
+    assert "_counts) ? " in ks.source
+    got, ref = emulated(p, ks, inputs)
+    assert torch.allclose(got, ref.reshape(got.shape), atol=1e-6, rtol=1e-5), (got, ref)
+
+
+def test_rows_are_read_when_their_log_probabilities_are_an_output_too():
+    p, ids, _ = cross_entropy((12, 40), also_logp=True)
+    ks = generate_kernel(p, ids, name="ce")
+    assert ks.params["guarded_rows"] == [] and "_counts) ? " not in ks.source

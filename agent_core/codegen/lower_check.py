@@ -39,8 +39,9 @@ def lowered_schedule(program: Program, node_ids, kind: str | None = None, *, out
     """The default schedule of the kernel generate_kernel writes for these nodes: {"schedule": the
     generator's schedule name (a row kernel's warp, block, stream, cluster, split_row, column,
     split_column), and the row kernel's "row_reads" (times each row is read), "cluster" (CTAs per
-    row), "held" (the row kept in registers) and "guarded" (inputs loaded only where a where takes
-    them: rowguard.py)}; None when it writes none."""
+    row), "held" (the row kept in registers), "guarded" (inputs loaded only where a where takes them)
+    and "guarded_rows" (inputs not loaded in rows whose results are discarded: rowguard.py)}; None when
+    it writes none."""
     why, sched = _lowered(program, node_ids, kind, outputs)
     return None if why is not None else sched
 
@@ -60,8 +61,9 @@ def _lowered(program: Program, node_ids, kind, outputs) -> tuple[str | None, dic
             _CACHE.clear()
         _CACHE[key] = why, sched
     if why is None:     # the guarded inputs' placeholder names back to the program's
-        return None, {**sched, "guarded": [_TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], n)
-                                           for n in sched["guarded"]]}
+        def named(key):
+            return [_TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], n) for n in sched[key]]
+        return None, {**sched, "guarded": named("guarded"), "guarded_rows": named("guarded_rows")}
     return _TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], why), None
 
 
@@ -76,7 +78,7 @@ def _verdict(sub: Program, ids: list[str], kind: str | None) -> tuple[str | None
         return f"the generator failed ({type(exc).__name__}: {text[0] if text else 'no message'})", None
     p = ks.params or {}
     return None, {"schedule": p.get("schedule"), "row_reads": p.get("row_reads"), "cluster": p.get("cluster"),
-                  "held": p.get("cached"), "guarded": p.get("guarded", [])}
+                  "held": p.get("cached"), "guarded": p.get("guarded", []), "guarded_rows": p.get("guarded_rows", [])}
 
 
 def _escaping(program: Program, ids: list[str]) -> set[str]:

@@ -7,45 +7,53 @@ vector load is issued only where one of its lanes is taken (elsewhere zeros, whi
 about half of a causal score matrix is never read. The values are those of the unguarded kernel; only
 the traffic differs.
 
-An input is guarded by (condition, arm) when every chain of per-element uses from it reaches a where
-through that arm (never its condition, never both arms) before any output, fold or per-row use; all
-its chains must reach the same condition and arm. The condition must be computable per element before
-the loads (per-element definitions only, no reduction's result) and must not read a guarded input.
+An input is guarded by (condition, arm) when every chain of uses from it reaches a select through
+that arm (never its condition, never both arms) before any output or whole-tensor fold; all its
+chains must reach the same condition and arm. A chain may pass through a fold of the row (a
+reduction's step) only to a per-row condition: a cross entropy's rows whose label is ignored
+(rowpick.nll's loss is such a select) are not read at all, since their log-sum-exp reaches nothing
+else. The condition must be computable before the loads: per element from the other inputs, or per
+row from per-row values no fold precedes, and never from a guarded input.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from functools import lru_cache
 
-from .rowgraph import E, RowGraph
+from .rowgraph import E, R, RowGraph
 
 
 def guarded_inputs(g: RowGraph, need: set[str]) -> dict[str, tuple[str, bool]]:
     """Region input value -> (the condition's key, whether the input is taken where it holds)."""
-    sinks = set(g.outputs.values()) | {k for s in g.steps + g.row_totals for k in s.args}
+    sinks = set(g.outputs.values()) | {k for s in g.row_totals for k in s.args}
     sinks |= {g.defs[k].scan[1] for k in g.scans} | {k for keys, _ in g.row_cats.values() for k in keys}
+    sinks |= {k for s in g.steps if s.total is not None for k in s.args}
     users = defaultdict(list)
     for d in g.defs.values():
         if d.key in need:
             for k in d.deps:
                 users[k].append(d)
+    folds = defaultdict(list)          # E key -> the fields of each row fold of it
+    for s in g.steps:
+        if s.total is None:
+            for k in s.args:
+                folds[k].append(s.fields)
 
     @lru_cache(maxsize=None)
     def gate(key: str) -> tuple[str, bool] | None:
-        if key in sinks or not users[key]:
+        if key in sinks or not (users[key] or folds[key]):
             return None
         found = set()
         for u in users[key]:
-            if u.space != E:
-                return None
             sel = u.select
             if sel is not None and key != sel[0] and (key == sel[1]) != (key == sel[2]):
                 found.add((sel[0], key == sel[1]))
                 continue
-            via = gate(u.key)
-            if via is None:
-                return None
-            found.add(via)
+            found.add(gate(u.key))
+        for fields in folds[key]:     # a fold needs the whole row: only a per-row condition passes
+            for f in fields:
+                via = gate(f)
+                found.add(via if via is not None and g.defs[via[0]].space == R else None)
         return found.pop() if len(found) == 1 else None
 
     guards = {}
@@ -53,16 +61,23 @@ def guarded_inputs(g: RowGraph, need: set[str]) -> dict[str, tuple[str, bool]]:
         if space != E or key not in need:
             continue
         via = gate(key)
-        if via is None:
-            continue
-        cond = g.closure([via[0]], E, need)
-        reads = {k for d in cond for k in d.deps} | {via[0]}
-        if key in {d.key for d in cond} or any(g.defs[k].space != E or g.defs[k].scan is not None for k in reads):
-            continue
-        guards[vid] = via
+        if via is not None and _computable_first(g, need, via[0], key):
+            guards[vid] = via
     # a condition read from a guarded input would need that input first: such guards are dropped
     by_key = {g.inputs[(v, E)]: v for v in guards}
     for vid, (c, _) in list(guards.items()):
-        if any(d.key in by_key for d in g.closure([c], E, need)):
+        if any(d.key in by_key for d in g.closure([c], g.defs[c].space, need)):
             del guards[vid]
     return guards
+
+
+def _computable_first(g: RowGraph, need: set[str], cond: str, key: str) -> bool:
+    """Whether `cond` can be computed before the loads, without the input `key`: per element from
+    per-element values, or per row from the per-row values the kernel computes before any fold."""
+    space = g.defs[cond].space
+    if space not in (E, R):
+        return False
+    defs = g.closure([cond], space, need)
+    reads = {k for d in defs for k in d.deps} | {cond}
+    return key not in {d.key for d in defs} and all(
+        g.defs[k].space == space and g.defs[k].scan is None and (space == E or g.defs[k].round == 0) for k in reads)

@@ -618,6 +618,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         at column p, its condition computed from inputs `loaded` already (their registers at `slot`)
         or loaded here; None where the condition reads an input not loaded yet."""
         cond, arm = guards[v]
+        if g.defs[cond].space == R:       # per row: computed before the loads (row_defs(0))
+            return [], f"{'' if arm else '!'}({cond})"
         defs = g.closure([cond], E, need)
         if any(d.vid in regs and d.vid not in loaded for d in defs if d.expr is None):
             return None
@@ -812,23 +814,6 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
             "  const int lane = threadIdx.y;"]
     body += stage_lines(tiles, vec)
-    if cached and held and not front:
-        body.append("  // the row's full-size inputs, loaded once and kept in registers")
-        for v in held:
-            body.append(f"  {ct[v]} {regs[v]}[kItems * kVec];")
-        body += ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
-                 f"    const int p = {first} + k * kStride;",
-                 f"    if (active && p < {limit}) {{"]
-        body += [f"      {ln}" for ln in fill_all(held, "k")]
-        # zeros past the row, which no pass reads: left unset, ptxas may spill the array (16 B, a
-        # 1001-class cross entropy held by a warp)
-        at = "k * kVec + e" if vec == 4 else "k"
-        body += ["    } else {", "#pragma unroll", "      for (int e = 0; e < kVec; ++e) {",
-                 *(f"        {regs[v]}[{at}] = ({ct[v]})0;" for v in held), "      }", "    }", "  }"]
-    if kept:
-        body.append("  // per-element values a later pass reads again, kept in registers")
-        body += [f"  {g.defs[k].ctype} {a}[kItems * kVec];" for k, a in kept.items()]
-
     # per-row inputs broadcast over some of the rows: read at the row's offset in their own shape
     kept_shape = tuple(s for d, s in enumerate(g.full) if d not in g.dims)
     row_ld = Operands(program, kept_shape, list(g.row_views), names, "Row", g.row_views) if g.row_views else None
@@ -864,7 +849,25 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 lines.append(f"  const {d.ctype} {d.key} = {src};" + (f"  // {d.note}" if d.note else ""))
         return lines
 
+    # the per-row values no fold needs first (a label, a row's mask), before the loads they may guard
     body += row_defs(0)
+    if cached and held and not front:
+        body.append("  // the row's full-size inputs, loaded once and kept in registers")
+        for v in held:
+            body.append(f"  {ct[v]} {regs[v]}[kItems * kVec];")
+        body += ["#pragma unroll", "  for (int k = 0; k < kItems; ++k) {",
+                 f"    const int p = {first} + k * kStride;",
+                 f"    if (active && p < {limit}) {{"]
+        body += [f"      {ln}" for ln in fill_all(held, "k")]
+        # zeros past the row, which no pass reads: left unset, ptxas may spill the array (16 B, a
+        # 1001-class cross entropy held by a warp)
+        at = "k * kVec + e" if vec == 4 else "k"
+        body += ["    } else {", "#pragma unroll", "      for (int e = 0; e < kVec; ++e) {",
+                 *(f"        {regs[v]}[{at}] = ({ct[v]})0;" for v in held), "      }", "    }", "  }"]
+    if kept:
+        body.append("  // per-element values a later pass reads again, kept in registers")
+        body += [f"  {g.defs[k].ctype} {a}[kItems * kVec];" for k, a in kept.items()]
+
     if front:
         closure = g.closure(front, E, need)
         loads = [v for v in held if key_of[v] in {d.key for d in closure}]
@@ -1115,7 +1118,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
                 "online": bool(sched.get("online")), "other_rounds": bool(sched.get("other_rounds")),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
-                "guarded": [vals[v].name for v in held if v in guards],
+                "guarded": [vals[v].name for v in held if v in guards and g.defs[guards[v][0]].space == E],
+                "guarded_rows": [vals[v].name for v in held if v in guards and g.defs[guards[v][0]].space == R],
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
                                  _cluster_holds(g.cols, max(1, len(front) or len(held)), n, ROW_THREAD_FLOATS)]},

@@ -57,9 +57,13 @@ def nll(g, program: Program, node, read, expr_def, names, env) -> None:
     # the class weight's element at the label: one load per row however many losses read it
     weight = "1.0f" if w is None else g.picked.get((w, label)) or _gather(g, w, w, label, "class", names, vals)
     ii = f"{int(node.attrs['ignore_index'])}LL"
-    loss = expr_def(names.new(f"{base}_loss"), R, f"({label} == {ii} ? 0.0f : -({weight} * {value}))",
-                    "the label's loss (0 where ignored)", vid=node.outputs[0] if node.attrs["reduction"] == "none"
-                    else None)
+    # the loss as a select on whether the label counts, so a row whose label is ignored is not read
+    # (rowguard.py: its fold's results reach nothing else)
+    counts = expr_def(names.new(f"{base}_counts"), R, f"({label} != {ii})", "the label is not ignored", ctype="bool")
+    taken = expr_def(names.new(f"{base}_taken"), R, f"-({weight} * {value})", "the label's loss")
+    loss = expr_def(names.new(f"{base}_loss"), R, f"({counts} ? {taken} : 0.0f)", "the label's loss (0 where ignored)",
+                    vid=node.outputs[0] if node.attrs["reduction"] == "none" else None)
+    g.defs[loss].select = (counts, taken, None)
     reduction = node.attrs["reduction"]
     if reduction == "none":
         env[node.outputs[0]] = loss

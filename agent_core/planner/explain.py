@@ -173,12 +173,16 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                 ("pooled from its window", "pooled")
             reason += (f" Each element of the rows is {how} as it is read ({_names(state, s.windows)}): the "
                        f"{what} map never goes to memory.")
-        guarded = (gen or {}).get("guarded") or []
+        guarded, rows_skipped = (gen or {}).get("guarded") or [], (gen or {}).get("guarded_rows") or []
         if guarded:
             sched["guarded"] = guarded
             reason += (f" {' and '.join(repr(n) for n in guarded)} {'is' if len(guarded) == 1 else 'are'} read "
                        f"only where the where selects {'it' if len(guarded) == 1 else 'them'}; masked-out "
                        f"elements are never loaded.")
+        if rows_skipped:
+            sched["guarded_rows"] = rows_skipped
+            reason += (f" A row whose result is discarded (an ignored label) never loads "
+                       f"{' or '.join(repr(n) for n in rows_skipped)}.")
     elif kind in ("matmul_epilogue", "conv_epilogue"):
         an = s.anchor
         epi = [n for n in nodes if n != an]
