@@ -192,3 +192,24 @@ def test_rows_are_read_when_their_log_probabilities_are_an_output_too():
     p, ids, _ = cross_entropy((12, 40), also_logp=True)
     ks = generate_kernel(p, ids, name="ce")
     assert ks.params["guarded_rows"] == [] and "_counts) ? " not in ks.source
+
+
+@needs_gxx
+def test_label_smoothing_rows_with_an_ignored_label_are_not_read():
+    """Label smoothing's term is 0 where the label is ignored (a masked_fill, as torch writes it), so
+    those rows are skipped too; a NaN in an ignored row stays out of the loss, as in torch."""
+    from tests.test_codegen_class_loss import ce_program
+    p, ids = ce_program((12, 40), "mean", smoothing=0.1, label_mask=True)
+    ks = generate_kernel(p, ids, name="smooth")
+    assert ks.params["guarded_rows"] == ["logits"], ks.params
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(12, 40, generator=g)
+    labels = torch.randint(0, 40, (12,), generator=g)
+    mask = torch.ones(12, dtype=torch.long)
+    mask[::4] = 0
+    logits[4, 7] = float("nan")               # an ignored row
+    inputs = [logits, labels, mask]
+    got, ref = emulated(p, ks, inputs)
+    want = torch.nn.functional.cross_entropy(logits, torch.where(mask == 1, labels, -100), label_smoothing=0.1)
+    assert torch.isfinite(ref) and torch.allclose(ref, want, atol=1e-6)
+    assert torch.allclose(got.reshape(()), want, atol=1e-6, rtol=1e-5), (got, want)

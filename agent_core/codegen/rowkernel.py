@@ -614,13 +614,17 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         return lines + [f"{regs[v]}[{slot}] = {f'{guard} ? {src} : ({ct[v]})0' if guard else src};"]
 
     def taken_lines(v, slot: str, loaded) -> tuple[list[str], str] | None:
-        """Lines setting a flag: whether the where that reads v takes it at any of the kVec elements
-        at column p, its condition computed from inputs `loaded` already (their registers at `slot`)
-        or loaded here; None where the condition reads an input not loaded yet."""
-        cond, arm = guards[v]
-        if g.defs[cond].space == R:       # per row: computed before the loads (row_defs(0))
-            return [], f"{'' if arm else '!'}({cond})"
-        defs = g.closure([cond], E, need)
+        """Lines setting a flag: whether a where that reads v takes it at any of the kVec elements at
+        column p (or in this row, for a per-row condition), each condition computed from inputs
+        `loaded` already (their registers at `slot`), loaded here, or per row before the loads
+        (row_defs(0)); None where a condition reads an input not loaded yet."""
+        def term(cond, arm):
+            return f"{'' if arm else '!'}({cond})"
+        per_row = [term(c, a) for c, a in sorted(guards[v]) if g.defs[c].space == R]
+        per_elem = [(c, a) for c, a in sorted(guards[v]) if g.defs[c].space == E]
+        if not per_elem:
+            return [], per_row[0] if len(per_row) == 1 else "(" + " || ".join(per_row) + ")"
+        defs = g.closure([c for c, _ in per_elem], E, need)
         if any(d.vid in regs and d.vid not in loaded for d in defs if d.expr is None):
             return None
         at = ("e" if slot == "0" else f"{slot} * kVec + e") if vec == 4 else slot
@@ -630,7 +634,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             src = d.expr if d.expr is not None else f"{regs[d.vid]}[{at}]" if d.vid in regs else \
                 f"{vec_bcast[d.vid]}[e]" if d.vid in vec_bcast and d.vid in loaded else ld.load(d.vid, arg[d.vid], "i")
             lines.append(f"const {d.ctype} {d.key} = {src};")
-        lines.append(f"{flag} |= {'' if arm else '!'}({cond});")
+        lines.append(f"{flag} |= {' || '.join(term(c, a) for c, a in per_elem)};")
         text = "\n".join(lines)
         head = (["const int c = p + e;" if vec == 4 else "const int c = p;"] if re.search(r"\b[ci]\b", text) else [])
         head += [f"const index_t i = {flat('c')};"] if re.search(r"\bi\b", text) else []
@@ -639,7 +643,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             body = ["#pragma unroll", "for (int e = 0; e < kVec; ++e) {", *(f"  {ln}" for ln in body), "}"]
         else:
             body = ["{", *(f"  {ln}" for ln in body), "}"]
-        return [f"bool {flag} = false;  // does the where reading {vals[v].name} take it at any of these elements",
+        first = " || ".join(per_row) or "false"
+        return [f"bool {flag} = {first};  // does a where reading {vals[v].name} take it at any of these elements",
                 *body], flag
 
     def fill_all(vs, slot: str, bcast: bool = False) -> list[str]:
@@ -1118,8 +1123,8 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
                 "online": bool(sched.get("online")), "other_rounds": bool(sched.get("other_rounds")),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
-                "guarded": [vals[v].name for v in held if v in guards and g.defs[guards[v][0]].space == E],
-                "guarded_rows": [vals[v].name for v in held if v in guards and g.defs[guards[v][0]].space == R],
+                "guarded": [vals[v].name for v in held if v in guards and any(g.defs[c].space == E for c, _ in guards[v])],
+                "guarded_rows": [vals[v].name for v in held if v in guards and all(g.defs[c].space == R for c, _ in guards[v])],
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
                                  _cluster_holds(g.cols, max(1, len(front) or len(held)), n, ROW_THREAD_FLOATS)]},

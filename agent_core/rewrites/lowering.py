@@ -158,17 +158,18 @@ def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
         if eps == 0:
             return {out: add_op(p, "nll_loss", [logp, t] + ws, reduction=reduction, ignore_index=ii)}
         nll = add_op(p, "nll_loss", [logp, t] + ws, reduction="none", ignore_index=ii)
-        minus1 = add_op(p, "full_like", [x], fill_value=-1.0)
-        valid = add_op(p, "nll_loss", [minus1, t], reduction="none", ignore_index=ii)  # 1, 0 where ignored
         wsum = add_op(p, "sum", [weighted(p, logp)], dim=[cd], keepdim=False)            # -smooth
-        total = add_op(p, "add", [add_op(p, "mul_scalar", [nll], value=1.0 - eps),
-                                add_op(p, "mul", [add_op(p, "mul_scalar", [wsum], value=-eps / classes), valid])])
+        # the smoothing term set to 0 where the target is ignored, as torch's masked_fill does (a NaN
+        # there stays out of the loss; and a row kernel then skips those rows: codegen/rowguard.py)
+        ignored = add_op(p, "eq", [t, add_op(p, "full_like", [t], fill_value=ii)])
+        smooth = add_op(p, "masked_fill", [add_op(p, "mul_scalar", [wsum], value=-eps / classes), ignored], value=0.0)
+        total = add_op(p, "add", [add_op(p, "mul_scalar", [nll], value=1.0 - eps), smooth])
         if reduction == "none":
             return {out: total}
         total = add_op(p, "sum", [total], dim=None, keepdim=False)
-        if reduction == "mean":   # nll's denominator: the summed weights of the samples not ignored
-            denom = (add_op(p, "nll_loss", [minus1, t, w], reduction="sum", ignore_index=ii) if w is not None
-                     else add_op(p, "sum", [valid], dim=None, keepdim=False))
+        if reduction == "mean":   # nll's denominator: the summed weights (or count) of the samples not ignored
+            minus1 = add_op(p, "full_like", [x], fill_value=-1.0)
+            denom = add_op(p, "nll_loss", [minus1, t] + ws, reduction="sum", ignore_index=ii)
             total = add_op(p, "div", [total, denom])
         return {out: total}
     if probs:
