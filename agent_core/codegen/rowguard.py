@@ -1,5 +1,5 @@
-"""Guarded loads: a row input whose every use ends in one arm of a where (or masked_fill) is loaded
-only where that where takes the arm.
+"""Guarded loads: a row input whose every use ends in one arm of a select (where, masked_fill, an
+nll loss where its label counts) is loaded only where a select takes it.
 
 A causal softmax reads where(tril, scores, -inf): above the diagonal the scores are never used, yet a
 plain kernel loads them. Here the condition is computed first, from the other inputs, and the input's
@@ -12,8 +12,9 @@ condition, never both arms) before any output or whole-tensor fold; its gates ar
 arm) pairs, and it is loaded where any of them takes it. A chain may pass through a fold of the row
 (a reduction's step) only to per-row conditions: a cross entropy's rows whose label is ignored
 (rowpick.nll's loss is such a select, and so is label smoothing's term) are not read at all, since
-their log-sum-exp reaches nothing else. The condition must be computable before the loads: per element from the other inputs, or per
-row from per-row values no fold precedes, and never from a guarded input.
+their log-sum-exp reaches nothing else. Each condition must be computable before the loads: per
+element from the other inputs, or per row from per-row values no fold precedes, and never from a
+guarded input.
 """
 from __future__ import annotations
 
