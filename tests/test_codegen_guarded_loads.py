@@ -213,3 +213,17 @@ def test_label_smoothing_rows_with_an_ignored_label_are_not_read():
     want = torch.nn.functional.cross_entropy(logits, torch.where(mask == 1, labels, -100), label_smoothing=0.1)
     assert torch.isfinite(ref) and torch.allclose(ref, want, atol=1e-6)
     assert torch.allclose(got.reshape(()), want, atol=1e-6, rtol=1e-5), (got, want)
+
+
+def test_the_tuner_times_the_plain_loads_too():
+    """A guarded load waits for its condition: the agent also times the kernel without guards and keeps
+    the faster (a cross entropy with no label ignored gains nothing from them)."""
+    from agent_core.agent.tune import tune_space
+    for p, ids, _ in (causal((2, 3, 40, 40)), cross_entropy((12, 40))):
+        ks = generate_kernel(p, ids, name="tuned")
+        plain = {"guard_loads": False, "sm_count": 132}
+        assert tune_space(ks)[0] == plain, tune_space(ks)
+        other = generate_kernel(p, ids, name="tuned", params=plain)
+        assert other.params["guarded"] == other.params["guarded_rows"] == [] and "float4{}" not in other.source
+    p, ids, _ = causal((2, 3, 40, 40), also_raw=True)      # nothing guarded: no such variant
+    assert {"guard_loads": False, "sm_count": 132} not in tune_space(generate_kernel(p, ids, name="raw"))

@@ -17,6 +17,10 @@ def tune_space(ks, *, sm_count: int = 132, limit: int = 6, arch: str | None = No
     # the TMA loop's tiles (codegen/gemm_tma.py) only where it runs: sm_90, once it is in the tuner
     others = [a for a in ks.alternatives if a.get("mma") != gemm_tma.MMA or gemm_tma.tried_on(arch)]
     out: list[dict] = [{"sm_count": sm_count, **a} for a in others]
+    if ks.kind == "row_reduction" and (p.get("guarded") or p.get("guarded_rows")):
+        # loads behind a where's condition (rowguard.py) wait for that condition: where little is
+        # masked (a cross entropy with no ignored label) the plain loads may be faster
+        out.append({"guard_loads": False, "sm_count": sm_count})
     if ks.kind == "gemm":
         from ..codegen.gemm_mma import tune_variants as gemm_variants
         out += gemm_variants(p)       # other tiles
