@@ -5,6 +5,7 @@ On the CPU: which inputs are guarded (and which are not: read outside the where 
 condition itself), and the kernels, held, streamed and with scalar loads, run by the CPU emulator
 against torch; NVRTC sm_90 builds. The same values as unguarded: only the traffic differs.
 """
+import re
 import shutil
 
 import pytest
@@ -227,3 +228,30 @@ def test_the_tuner_times_the_plain_loads_too():
         assert other.params["guarded"] == other.params["guarded_rows"] == [] and "float4{}" not in other.source
     p, ids, _ = causal((2, 3, 40, 40), also_raw=True)      # nothing guarded: no such variant
     assert {"guard_loads": False, "sm_count": 132} not in tune_space(generate_kernel(p, ids, name="raw"))
+
+
+def segmentation_loss(shape, ignore_index=255):
+    """DeepLab's per-pixel loss: log_softmax over the classes (dim 1 of [N, C, H, W], a column per
+    pixel), nll_loss with the void label 255 on about a fifth of the pixels."""
+    p = Program("seg")
+    x = p.add_input("logits", shape)
+    t = p.add_input("labels", (shape[0], *shape[2:]), dtype="int64")
+    lsm = p.add_node("log_softmax", [x.id], {"dim": 1})
+    n = p.add_node("nll_loss", [lsm.outputs[0], t.id], {"reduction": "mean", "ignore_index": ignore_index})
+    p.mark_output(n.outputs[0])
+    g = torch.Generator().manual_seed(4)
+    labels = torch.randint(0, shape[1], (shape[0], *shape[2:]), generator=g)
+    labels[torch.rand(labels.shape, generator=g) < 0.2] = ignore_index
+    return p, [lsm.id, n.id], [torch.randn(shape, generator=g), labels]
+
+
+@needs_gxx
+@pytest.mark.parametrize("params", [{}, {"column_max_items": 1}], ids=["held", "streamed"])
+def test_column_rows_with_a_void_label_are_not_read(params):
+    p, ids, inputs = segmentation_loss((2, 19, 8, 12))
+    ks = generate_kernel(p, ids, name="seg", params=params or None)
+    assert ks.params["schedule"] == "column" and ks.params["cached"] == (not params), ks.schedule
+    assert ks.params["guarded_rows"] == ["logits"], ks.params
+    assert re.search(r"(< kCols && |= )\(\w+_counts\) \? logits\[", ks.source), ks.source
+    got, ref = emulated(p, ks, inputs)
+    assert torch.allclose(got.reshape(()), ref, atol=1e-6, rtol=1e-5), (got, ref)

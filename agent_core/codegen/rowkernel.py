@@ -557,7 +557,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     # on an H100; held, 0.158)
     held = [v for v in e_in if ld.full(v) and (ld.vectors(v) or v in views.windowed)]
     # inputs a where's arm alone reads: loaded after the inputs of its condition, where it is taken
-    guards = guarded_inputs(g, need) if sched["guard_loads"] and not column and split == 1 else {}
+    guards = guarded_inputs(g, need) if sched["guard_loads"] and split == 1 else {}
+    if column:    # a column (one row a thread) takes per-row conditions only
+        guards = {v: gs for v, gs in guards.items() if all(g.defs[c].space == R for c, _ in gs)}
     held.sort(key=lambda v: v in guards)
     key_of = {v: g.inputs[(v, E)] for v in e_in}
     ct = {v: g.defs[key_of[v]].ctype for v in e_in}
@@ -699,7 +701,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         streamed (only a streamed row or column gets them)."""
         ind = "        " if vec == 4 else "      "
         if column and not cached and split == 1:     # streamed column: kBatch loads in flight (column_tile.py)
-            fills = [lambda q, v=v: [f"{regs[v]}[u] = {q} < kCols ? {ld.load(v, arg[v], flat(q))} : ({ct[v]})0;"]
+            def in_rows(v) -> str:      # a column's guard: its row's per-row conditions (rowguard.py)
+                return f" && {taken_lines(v, 'u', set())[1]}" if v in guards else ""
+            fills = [lambda q, v=v: [f"{regs[v]}[u] = {q} < kCols{in_rows(v)} ? {ld.load(v, arg[v], flat(q))} : ({ct[v]})0;"]
                      for v in loads]
             decls = [f"{ct[v]} {regs[v]}[kBatch];" for v in loads] + block_buffers(blocks, "kBatch")
             return column_tile.batched_pass("lane", fills, decls,

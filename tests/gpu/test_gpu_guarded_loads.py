@@ -11,7 +11,7 @@ import torch
 
 from agent_core.codegen import generate_kernel
 from agent_core.reference import run_reference
-from tests.test_codegen_guarded_loads import causal, cross_entropy, padded_keys
+from tests.test_codegen_guarded_loads import causal, cross_entropy, padded_keys, segmentation_loss
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -24,6 +24,7 @@ CASES = {
     "key padding, split rows 64 x 30000": lambda: padded_keys((1, 1, 64, 30000)),
     "cross entropy 4096 x 32000, a third of the labels ignored": lambda: cross_entropy((4096, 32000)),
     "cross entropy 1024 x 50257 (scalar loads), ignored rows": lambda: cross_entropy((1024, 50257), "sum"),
+    "per-pixel loss 8 x 19 x 512 x 1024, void pixels": lambda: segmentation_loss((8, 19, 512, 1024)),
 }
 
 
@@ -32,7 +33,7 @@ def test_gpu_guarded_loads_match_torch(case):
     from agent_core.runtime.launch import load_kernel
     program, ids, inputs = CASES[case]()
     ks = generate_kernel(program, ids, name="guarded")
-    assert "take_scores" in ks.source or ks.params["guarded_rows"] == ["logits"]
+    assert "take_scores" in ks.source or ks.params["guarded_rows"] == ["logits"], ks.params
     want = run_reference(program, inputs, keep=True)
     k = load_kernel(ks, program)
     by_value = dict(zip(program.inputs, inputs))
