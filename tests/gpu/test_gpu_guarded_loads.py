@@ -2,7 +2,7 @@
 GPT-2's causal softmax (8 x 12 x 1024 x 1024), BLOOM's future mask with ALiBi (1 x 32 x 2048 x 2048,
 one block per row), a causal row of scalar loads, and BERT's key padding through masked_fill (also
 over rows long enough for a cluster per row and for split rows), and cross entropy whose ignored
-labels' rows are never read.
+labels' rows are never read (also DeepLab's per-pixel loss, a column per pixel, with void pixels).
 
 PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu_guarded_loads.py
 """
