@@ -1,9 +1,11 @@
-"""Guarded loads (codegen/rowguard.py): a row input that only one arm of a where reads is loaded only
-where that arm is taken, so a causal softmax reads about half its scores.
+"""Guarded loads (codegen/rowguard.py): a row input that only one arm of a select reads is loaded only
+where that arm is taken, so a causal softmax reads about half its scores and a cross entropy none of
+the rows whose label is ignored.
 
-On the CPU: which inputs are guarded (and which are not: read outside the where too, or by the
-condition itself), and the kernels, held, streamed and with scalar loads, run by the CPU emulator
-against torch; NVRTC sm_90 builds. The same values as unguarded: only the traffic differs.
+On the CPU: which inputs are guarded (and which are not: read outside the select too, or by the
+condition itself), and the kernels (held, streamed, scalar loads, split rows, column tiles) run by
+the CPU emulator against torch; NVRTC sm_90 builds (a cluster row); the plan's words through the CLI;
+the tuner's plain-load variant. The same values as unguarded: only the traffic differs.
 """
 import re
 import shutil
