@@ -257,3 +257,13 @@ def test_column_rows_with_a_void_label_are_not_read(params):
     assert re.search(r"(< kCols && |= )\(\w+_counts\) \? logits\[", ks.source), ks.source
     got, ref = emulated(p, ks, inputs)
     assert torch.allclose(got.reshape(()), ref, atol=1e-6, rtol=1e-5), (got, ref)
+
+
+@needs_gxx
+@pytest.mark.parametrize("hold", [True, False], ids=["held", "streamed"])
+def test_split_rows_with_an_ignored_label_are_not_read(hold):
+    p, ids, inputs = cross_entropy((3, 9000), "sum")
+    ks = generate_kernel(p, ids, name="ce", params={"sm_count": 16, "spread_min_bytes": 0, "hold": hold})
+    assert ks.params["schedule"] == "split_row" and ks.params["guarded_rows"] == ["logits"], ks.schedule
+    got, ref = emulated(p, ks, inputs)
+    assert torch.allclose(got.reshape(()), ref, atol=1e-5, rtol=1e-5), (got, ref)
