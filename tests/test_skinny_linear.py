@@ -1,6 +1,6 @@
 """A linear layer with 2 to 8 output features written as that many dot products of each row
 (rewrites/skinny_linear.py): the rewritten program matches the linear on random draws, with and without
-bias and on 3-d inputs, and a matmul by such a weight (x @ W, x @ W.T); wider layers, one feature and weights that are inputs stay as they are; a
+bias and on 3-d inputs, and a matmul by such a weight (x @ W, and x @ W.T through matmul_of_transpose); wider layers, one feature and weights that are inputs stay as they are; a
 Mixtral-style router plans the dot products as one row kernel that reads the weight rows 4 at a time,
 and a small router optimizes on the CPU to generated kernels only (each verified), driven as a user
 would through the CLI."""
@@ -19,6 +19,7 @@ from agent_core.ir import Program
 from agent_core.planner import plan_program
 from agent_core.reference import random_inputs, run_reference
 from agent_core.rewrites import rewrite_program
+from agent_core.rewrites.rules import matmul_of_transpose
 from agent_core.rewrites.skinny_linear import skinny_linear
 
 ROUTER = '''import torch, torch.nn as nn
@@ -72,8 +73,11 @@ def test_a_matmul_by_a_narrow_weight_is_rewritten_too(form):
         attrs = {"dim0": 0, "dim1": 1} if form == "x @ W.T" else {"dims": [1, 0]}
         w = p.add_node("transpose" if form == "x @ W.T" else "permute", [wt], attrs).outputs[0]
     p.mark_output(p.add_node("matmul", [x.id, w]).outputs[0])
-    result = rewrite_program(p, rules=[skinny_linear], check=False)
-    assert result.rules_fired == {"skinny_linear": 1}
+    # x @ W.T becomes linear(x, W) first (rules.matmul_of_transpose), then its dot products
+    result = rewrite_program(p, rules=[matmul_of_transpose, skinny_linear], check=False)
+    assert result.rules_fired == ({"skinny_linear": 1} if form == "x @ W" else
+                                  {"matmul_of_transpose": 1, "skinny_linear": 1})
+    assert [n.op for n in result.program.nodes.values()].count("sum") == 6
     for seed in range(2):
         drawn = random_inputs(p, seed)
         torch.testing.assert_close(next(iter(run_reference(result.program, drawn).values())),

@@ -71,6 +71,17 @@ def producer(program: Program, value_id: str | None):
     return program.nodes.get(p) if p else None
 
 
+def transposed_matrix(program: Program, value_id: str | None) -> str | None:
+    """w where value_id is the matrix w with its two dims swapped (w.t(), w.T, w.transpose(0, 1): a
+    permute [1, 0] or a transpose of a 2-D value); else None."""
+    t = producer(program, value_id)
+    if t is None or not t.inputs or t.inputs[0] is None or len(program.values[t.inputs[0]].shape) != 2:
+        return None
+    swaps = (t.op == "permute" and [int(d) % 2 for d in t.attrs.get("dims", ())] == [1, 0]) or \
+        (t.op == "transpose" and {int(t.attrs.get("dim0", 0)) % 2, int(t.attrs.get("dim1", 1)) % 2} == {0, 1})
+    return t.inputs[0] if swaps else None
+
+
 def reduced_dims(node, rank: int) -> list[int]:
     """The dims a reduction node reduces, sorted and non-negative (all of them when dim is None)."""
     dim = node.attrs.get("dim")

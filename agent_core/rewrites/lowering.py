@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import ProgramError
 from ..ir import Program
 from ..ops.common import broadcast
-from .edits import Rewrite, param_array
+from .edits import Rewrite, param_array, transposed_matrix
 from .loss_formulas import FORMULA_LOSSES, LOSSES, add_op, cosine, lower_formula_loss, pointwise_loss, reduce_loss
 
 SDPA = "scaled_dot_product_attention"
@@ -187,13 +187,8 @@ def lower_cross_entropy(program: Program, nid: str) -> Rewrite | None:
 def _transposed_logits(program: Program, x: str) -> str | None:
     """y where the 2-D logits x are y with its two dims swapped (permute [1, 0], transpose; .t() imports
     as the permute)."""
-    src = program.producer(x)
-    if src is None or len(program.values[x].shape) != 2:
-        return None
-    swaps = (src.op == "permute" and [d % 2 for d in src.attrs.get("dims", ())] == [1, 0]) or \
-        (src.op == "transpose" and {src.attrs.get("dim0", 0) % 2, src.attrs.get("dim1", 1) % 2} == {0, 1})
-    y = src.inputs[0] if swaps and src.inputs else None
-    return y if y is not None and len(program.values[y].shape) == 2 and program.values[y].dtype == "float32" else None
+    y = transposed_matrix(program, x)
+    return y if y is not None and program.values[y].dtype == "float32" else None
 
 
 def lower_bce_with_logits(program: Program, nid: str) -> Rewrite | None:

@@ -17,7 +17,7 @@ from ..ops import FLOAT_DTYPES
 from ..ops.common import ntuple
 from ..reference import run_node
 from .edits import Rewrite, add_param, param_array, single_use
-from .edits import node_label as _n, producer as _producer, reduced_dims as _reduced_dims
+from .edits import node_label as _n, producer as _producer, reduced_dims as _reduced_dims, transposed_matrix
 from .einsum import lower_einsum
 from .equal_nodes import merge_equal_nodes
 from .equal_views import merge_equal_views
@@ -624,15 +624,6 @@ def reduce_of_broadcast(program: Program, nid: str) -> Rewrite | None:
                    build, nid)
 
 
-def _transposed_matrix(node) -> bool:
-    """A permute / transpose that swaps the two dims of a matrix (w.t(), w.T, w.transpose(0, 1))."""
-    if node.op == "permute":
-        return [int(d) % 2 for d in node.attrs["dims"]] == [1, 0] and len(node.attrs["dims"]) == 2
-    if node.op == "transpose":
-        return {int(node.attrs["dim0"]) % 2, int(node.attrs["dim1"]) % 2} == {0, 1}
-    return False
-
-
 def matmul_of_transpose(program: Program, nid: str) -> Rewrite | None:
     """a @ w.t() for a matrix w (a similarity matrix x @ y.T, a tied embedding's logits) is linear(a, w):
     cuBLAS and the tile GEMM read w's rows as they lie (k contiguous, as a linear's weight), and no
@@ -640,16 +631,13 @@ def matmul_of_transpose(program: Program, nid: str) -> Rewrite | None:
     n = program.nodes[nid]
     if n.op != "matmul" or len(n.inputs) != 2 or None in n.inputs:
         return None
-    t = _producer(program, n.inputs[1])
-    if t is None or not t.inputs or not _transposed_matrix(t) or len(_val(program, t.inputs[0]).shape) != 2:
-        return None
-    a, w, out = n.inputs[0], t.inputs[0], n.outputs[0]
-    if not _val(program, a).shape or not all(_float(program, v) for v in (a, w)):
+    a, w, out = n.inputs[0], transposed_matrix(program, n.inputs[1]), n.outputs[0]
+    if w is None or not _val(program, a).shape or not all(_float(program, v) for v in (a, w)):
         return None
 
     def build(p):
         return {out: p.add_node("linear", [a, w], name=p.unique_name(n.name)).outputs[0]}
-    return Rewrite("matmul_of_transpose", f"{_n(program, nid)} multiplies by {_n(program, t.id)}, the transpose of "
+    return Rewrite("matmul_of_transpose", f"{_n(program, nid)} multiplies by the transpose of "
                    f"'{_val(program, w).name}' {list(_val(program, w).shape)}: it is linear with that matrix as the "
                    f"weight, read in place (k contiguous) with no transposed copy.", build, nid)
 

@@ -17,31 +17,23 @@ import numpy as np
 
 from ..analysis.cost import fmt_bytes
 from ..ir import Program
-from .edits import Rewrite, add_param, node_label, param_array, producer
+from .edits import Rewrite, add_param, node_label, param_array
 
 SKINNY_MAX_N = 8          # output features: each element of x meets this many weight loads (from L1)
 SKINNY_MIN_K = 64         # shorter rows: the product is a few flops, whatever runs it
 
 
 def _weight(program: Program, node) -> tuple[np.ndarray, str] | None:
-    """The [features, K] weight of a linear, or of a matmul by a [K, features] parameter or by the
-    transpose of a [features, K] one (x @ W.T), and the value it came from."""
-    if node.op == "linear":
-        w = param_array(program, node.inputs[1])
-        return (w, node.inputs[1]) if w is not None and w.ndim == 2 else None
-    b = node.inputs[1]
-    w = param_array(program, b)
-    if w is not None:
-        return (w.T, b) if w.ndim == 2 else None
-    t = producer(program, b)
-    if t is None or t.op not in ("transpose", "permute") or (t.op == "permute" and list(t.attrs.get("dims", [])) != [1, 0]):
+    """The [features, K] weight of a linear, or of a matmul by a [K, features] parameter, and the value
+    it came from (x @ W.T is a linear by then: rules.matmul_of_transpose)."""
+    w = param_array(program, node.inputs[1])
+    if w is None or w.ndim != 2:
         return None
-    w = param_array(program, t.inputs[0])
-    return (w, t.inputs[0]) if w is not None and w.ndim == 2 else None
+    return (w, node.inputs[1]) if node.op == "linear" else (w.T, node.inputs[1])
 
 
 def skinny_linear(program: Program, nid: str) -> Rewrite | None:
-    """linear(x, W, b), x @ W or x @ W.T with 2..SKINNY_MAX_N output features, W (and b) parameters,
+    """linear(x, W, b) or x @ W with 2..SKINNY_MAX_N output features, W (and b) parameters,
     fp32: the N dot products of each row of x (mul by W's row, sum over the last dim, plus b's entry),
     side by side."""
     n = program.nodes[nid]
