@@ -157,7 +157,9 @@ def test_a_condition_computed_from_the_input_itself_guards_nothing():
 def test_guarded_kernels_compile_for_sm_90(case):
     build, params = CASES[case]
     p, ids, _ = build()
-    compile_kernel(generate_kernel(p, ids, name="guarded", params=params or None), arch="sm_90")
+    ks = generate_kernel(p, ids, name="guarded", params=params or None)
+    assert ks.params["guarded"] == ["scores"], ks.params       # the form compiled is the guarded one
+    compile_kernel(ks, arch="sm_90")
 
 
 def test_the_plan_says_which_input_is_read_only_where_the_mask_keeps_it(monkeypatch):

@@ -559,8 +559,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     # inputs a where's arm alone reads: loaded after the inputs of its condition, where it is taken
     guards = guarded_inputs(g, need) if sched["guard_loads"] and split == 1 else {}
     if column:    # a column (one row a thread) takes per-row conditions only
-        guards = {v: gs for v, gs in guards.items() if all(g.defs[c].space == R for c, _ in gs)}
+        guards = {v: gs for v, gs in guards.items() if _per_row(g, gs)}
     held.sort(key=lambda v: v in guards)
+    guarded: set[str] = set()     # the inputs whose loads the passes below did guard (ks.params)
     key_of = {v: g.inputs[(v, E)] for v in e_in}
     ct = {v: g.defs[key_of[v]].ctype for v in e_in}
     out_e = [v for v in io.outputs if g.defs[g.outputs[v]].space == E]
@@ -610,6 +611,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             if taken:
                 lines, flag = taken
                 guard = f"({guard}) && {flag}" if guard else flag
+                guarded.add(v)
         if vec == 4:
             return lines + load4(v, regs[v], "" if slot == "0" else f"{slot} * kVec + ", flat("p"), guard)
         src = ld.load(v, arg[v], flat("p"))
@@ -631,16 +633,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             return None
         at = ("e" if slot == "0" else f"{slot} * kVec + e") if vec == 4 else slot
         flag = names.new(f"take_{arg[v]}")
-        lines = []
-        for d in defs:
-            src = d.expr if d.expr is not None else f"{regs[d.vid]}[{at}]" if d.vid in regs else \
-                f"{vec_bcast[d.vid]}[e]" if d.vid in vec_bcast and d.vid in loaded else ld.load(d.vid, arg[d.vid], "i")
-            lines.append(f"const {d.ctype} {d.key} = {src};")
+        ready = {v for v in vec_bcast if v in loaded}      # broadcast inputs already loaded 4 at a time
+        lines = [f"const {d.ctype} {d.key} = {d.expr if d.expr is not None else input_src(d.vid, at, ready)};"
+                 for d in defs]
         lines.append(f"{flag} |= {' || '.join(term(c, a) for c, a in per_elem)};")
-        text = "\n".join(lines)
-        head = (["const int c = p + e;" if vec == 4 else "const int c = p;"] if re.search(r"\b[ci]\b", text) else [])
-        head += [f"const index_t i = {flat('c')};"] if re.search(r"\bi\b", text) else []
-        body = [*head, *lines]
+        body = [*index_head(lines), *lines]
         if vec == 4:
             body = ["#pragma unroll", "for (int e = 0; e < kVec; ++e) {", *(f"  {ln}" for ln in body), "}"]
         else:
@@ -678,22 +675,26 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 lines.append(f"const {d.ctype} {d.key} = {kept[d.key]}[{reg_at}];  // kept from an earlier pass")
                 continue
             if d.expr is None:      # a region input
-                v = d.vid
-                src = (f"{regs[v]}[{in_at or reg_at}]" if v in regs else f"{vec_bcast[v]}[e]" if v in vec_bcast
-                       else ld.load(v, arg[v], "i"))
-                lines.append(f"const {d.ctype} {d.key} = {src};")
+                lines.append(f"const {d.ctype} {d.key} = {input_src(d.vid, in_at or reg_at, vec_bcast)};")
             else:
                 lines.append(f"const {d.ctype} {d.key} = {d.expr};" + (f"  // {d.note}" if d.note else ""))
             if d.key in kept:
                 lines.append(f"{kept[d.key]}[{reg_at}] = {d.key};  // kept for a later pass")
         lines += tail
+        return [indent + ln for ln in index_head(lines) + lines]
+
+    def input_src(v, at: str, bcast) -> str:
+        """Element c of input v: from its registers at `at`, from its 4-lane broadcast load (bcast4)
+        where v is in `bcast`, else loaded at the element's flat index i."""
+        return f"{regs[v]}[{at}]" if v in regs else f"{vec_bcast[v]}[e]" if v in bcast else ld.load(v, arg[v], "i")
+
+    def index_head(lines: list[str]) -> list[str]:
+        """The element's column c and flat index i, declared where `lines` read them."""
         text = "\n".join(lines)
-        head = []
-        if re.search(r"\bi\b", text):
-            head.append(f"const index_t i = {flat('c')};")
+        head = [f"const index_t i = {flat('c')};"] if re.search(r"\bi\b", text) else []
         if re.search(r"\bc\b", "\n".join(head) + text):
             head.insert(0, "const int c = p + e;" if vec == 4 else "const int c = p;")
-        return [indent + ln for ln in head + lines]
+        return head
 
     def each_element(body_fn, loads: list[str], pre_e=(), post_e=(), fresh: bool = False, blocks=()) -> list[str]:
         """A pass over this thread's elements of the row: from its registers (cached) or loaded again;
@@ -702,7 +703,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         ind = "        " if vec == 4 else "      "
         if column and not cached and split == 1:     # streamed column: kBatch loads in flight (column_tile.py)
             def in_rows(v) -> str:      # a column's guard: its row's per-row conditions (rowguard.py)
-                return f" && {taken_lines(v, 'u', set())[1]}" if v in guards else ""
+                if v not in guards:
+                    return ""
+                guarded.add(v)
+                return f" && {taken_lines(v, 'u', set())[1]}"
             fills = [lambda q, v=v: [f"{regs[v]}[u] = {q} < kCols{in_rows(v)} ? {ld.load(v, arg[v], flat(q))} : ({ct[v]})0;"]
                      for v in loads]
             decls = [f"{ct[v]} {regs[v]}[kBatch];" for v in loads] + block_buffers(blocks, "kBatch")
@@ -1127,8 +1131,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
                 "online": bool(sched.get("online")), "other_rounds": bool(sched.get("other_rounds")),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
-                "guarded": [vals[v].name for v in held if v in guards and any(g.defs[c].space == E for c, _ in guards[v])],
-                "guarded_rows": [vals[v].name for v in held if v in guards and all(g.defs[c].space == R for c, _ in guards[v])],
+                # inputs loaded only where a select takes them: per element, or only per row
+                "guarded": [vals[v].name for v in held if v in guarded and not _per_row(g, guards[v])],
+                "guarded_rows": [vals[v].name for v in held if v in guarded and _per_row(g, guards[v])],
                 # the cluster sizes that still hold the row in registers (the tuner's choices)
                 "cluster_fits": [n for n in range(2, CLUSTER_PORTABLE + 1) if cluster > 1 and
                                  _cluster_holds(g.cols, max(1, len(front) or len(held)), n, ROW_THREAD_FLOATS)]},
@@ -1140,6 +1145,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
         workspace=space.workspace() if srow else
         [("float32", columns * split * _fields_of_round1(steps)), ("int32", sched["grid"] // split)]
         if split > 1 else [("float32", sched["grid"] * _total_fields(totals)), ("int32", 1)] if totals else [])
+
+
+def _per_row(g: RowGraph, gates) -> bool:
+    """Whether every condition guarding an input (rowguard.guarded_inputs) is one per row."""
+    return all(g.defs[c].space == R for c, _ in gates)
 
 
 def _total_fields(totals) -> int:
