@@ -70,7 +70,7 @@ def nll(g, program: Program, node, read, expr_def, names, env) -> None:
         return
     total = row_total(g, "sum", loss, node.id, names, f"{name}'s losses")["s"]
     if reduction == "mean":
-        wt = expr_def(names.new(f"{base}_weight"), R, f"({label} == {ii} ? 0.0f : {weight})",
+        wt = expr_def(names.new(f"{base}_weight"), R, f"({counts} ? {weight} : 0.0f)",
                       "the label's weight (0 where ignored)")
         denom = row_total(g, "sum", wt, node.id, names, f"{name}'s weights")["s"]
         total = expr_def(base, T, f"{total} / {denom}", "mean over the weights of the labels not ignored")
