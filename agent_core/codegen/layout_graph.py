@@ -43,6 +43,7 @@ from .cuda import (MAX_GRID_X, VEC4, VEC4_STRUCTS, Names, c_type, header, index_
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
 from .pooling import pooled_here, window_code
+from .reduce_window import reduce_lambda, reduced_block, window_reductions
 from .region_io import RegionIO, region_io
 
 # layout ops read through views; the indirect ones load an index from an integer region input
@@ -132,7 +133,7 @@ def _check(program: Program, io: RegionIO, kind: str, indices: set, any_dtype: b
     vals, nodes = program.values, program.nodes
     for n in io.nodes:
         node = nodes[n]
-        if node.op in GRAPH_OPS or pooled_here(program, node):
+        if node.op in GRAPH_OPS or _walks_window(program, node):
             continue
         if not is_elementwise(node):
             raise CodegenError(f"{node.name} ({node.op}) is not a layout op with a view nor pointwise; a {kind} "
@@ -160,7 +161,7 @@ class _Graph:
     def __init__(self, program: Program, io: RegionIO, kind: str, indices: set):
         self.program, self.io, self.kind, self.indices = program, io, kind, indices
         self.need = _needed(program, io)
-        self.windows = [n for n in io.nodes if pooled_here(program, program.nodes[n])
+        self.windows = [n for n in io.nodes if _walks_window(program, program.nodes[n])
                         and program.nodes[n].outputs[0] in self.need]
 
     def layouts(self, node):
@@ -394,7 +395,8 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at",
         note = f"{node.name}: {node.op}" + (f"({', '.join(f'{k}={a}' for k, a in node.attrs.items())})"
                                           if node.attrs else "")
         if nid in g.windows:
-            lines += _window_lambda(g, node, fn, names, note, suffix)
+            lines += _window_lambda(g, node, fn, names, note, suffix) if pooled_here(program, node) else \
+                reduce_lambda(program, node, fn, names, note, suffix)
             continue
         if node.op in GRAPH_OPS:
             _, outs = g.layouts(node)
@@ -437,6 +439,12 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at",
         lines.append(f"  // {note} -> {out.spec}")
         lines.append(f"  auto {fn[out.id]} = [&](index_t i) -> {rtype} {{ {' '.join(body)} return {expr}; }};")
     return lines, fn
+
+
+def _walks_window(program: Program, node) -> bool:
+    """A pooling window, or a reduction a row kernel's prologue computes as one (reduce_window.py: the
+    graph holds one only where view_prologue_nodes put it, before another reduction over its result)."""
+    return pooled_here(program, node) or reduced_block(program, node) is not None
 
 
 def _window_lambda(g: _Graph, node, fn: dict, names: Names, note: str, suffix: str) -> list[str]:
@@ -675,7 +683,7 @@ class ViewPrologue:
     kernel body, so the row kernel loads it at (row, col) as it would load a tensor. `scalar[v]`
     returns one element, `vector[v]` (when every read keeps aligned runs of 4, as for a layout-graph
     kernel) the float4 run starting at a multiple of 4; `windowed`: the values computed through a
-    pooling window."""
+    pooling window (`folded`: through a reduction's window)."""
 
     def __init__(self, program: Program, nodes, arg: dict, names: Names):
         io = region_io(program, nodes)
@@ -701,6 +709,8 @@ class ViewPrologue:
             self.vector = {v: vfn[v] for v in f32}
         self._lines = lines
         self.windowed = _windowed(program, io, g.windows)
+        # those computed through a reduction's window (reduce_window.py): the row kernel's launch follows them
+        self.folded = _windowed(program, io, [n for n in g.windows if not pooled_here(program, program.nodes[n])])
         self.extent = max((math.prod(program.values[v].shape) for v in io.inputs), default=0)
         self._g, self._arg = g, arg
 
@@ -754,19 +764,21 @@ def _sub_graph(program: Program, io: RegionIO, outputs) -> _Graph:
 
 
 def view_prologue_nodes(program: Program, io: RegionIO) -> list[str]:
-    """The layout ops and pooling windows of a row region before its reductions and everything before
-    them in it: the part a ViewPrologue renders (empty when the region has none). A layout op after a
+    """The layout ops and pooling windows of a row region before its reductions (and reductions
+    whose results another one reads as its elements: reduce_window.py) and everything before them in
+    it: the part a ViewPrologue renders (empty when the region has none). A layout op after a
     reduction is the row graph's to take (a gather of each row's label, a relabel of per-row values)
     or refuse; a pool after one is refused."""
     nodes = program.nodes
     members = set(io.nodes)
+    windows = {n for n in io.nodes if pooled_here(program, nodes[n])} | window_reductions(program, io)
     after: set[str] = set()          # reductions and what reads them, directly or not
     for n in io.nodes:
-        if not (is_elementwise(nodes[n]) or is_layout_op(nodes[n]) or pooled_here(program, nodes[n])) or \
+        if not (is_elementwise(nodes[n]) or is_layout_op(nodes[n]) or n in windows) or \
                 any(v and program.values[v].producer in after for v in nodes[n].inputs):
             after.add(n)
     front: set[str] = set()
-    todo = [n for n in io.nodes if (is_layout_op(nodes[n]) or pooled_here(program, nodes[n])) and n not in after]
+    todo = [n for n in io.nodes if (is_layout_op(nodes[n]) or n in windows) and n not in after]
     while todo:
         n = todo.pop()
         if n in front:

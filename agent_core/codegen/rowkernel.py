@@ -81,6 +81,8 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     graph, whose rounds are its reads of the row."""
     hoist = bool(p["hoist_monotone"])
     lowered = _lowered(program, io, two_stage=True, hoist=hoist)
+    if lowered[2] is not None and lowered[2].folded:
+        p = _window_threads(p, lowered[3])
     online = []
 
     def streamed_reads() -> int:
@@ -120,6 +122,16 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     sched["stage"] = bool(p["stage"]) and not g.scans
     sched["guard_loads"] = bool(p["guard_loads"])
     return (*lowered, sched)
+
+
+def _window_threads(p: dict, g: RowGraph) -> dict:
+    """The launch of a row whose elements each fold a window of their own (reduce_window.py: a mean over
+    tokens before a norm over the features): a thread per element up to 1024, loading one element at a
+    time, so a warp's neighbouring elements read neighbouring addresses at each step of their windows
+    and every thread keeps its window's loads in flight (the rows alone are few: a batch)."""
+    if p.get("threads_per_row") or g.inner > 1:
+        return {**p, "vector_width": 1}
+    return {**p, "vector_width": 1, "threads_per_row": min(1024, max(32, pow2_at_least(g.cols)))}
 
 
 def _held_online(p: dict, online: RowGraph) -> bool:

@@ -171,8 +171,12 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
             resampled = all(state.program.nodes[w].op.startswith("upsample_") for w in s.windows)
             how, what = ("interpolated from the inputs around it", "resampled") if resampled else \
                 ("pooled from its window", "pooled")
-            reason += (f" Each element of the rows is {how} as it is read ({_names(state, s.windows)}): the "
-                       f"{what} map never goes to memory.")
+            if all(state.geo[w].role == "reduction" for w in s.windows):     # codegen/reduce_window.py
+                reason += (f" Each element of the rows is the {_names(state, s.windows)} over its own window of "
+                           f"{state.geo[s.windows[0]].row_len}, folded as it is read: that result never goes to memory.")
+            else:
+                reason += (f" Each element of the rows is {how} as it is read ({_names(state, s.windows)}): the "
+                           f"{what} map never goes to memory.")
         guarded, rows_skipped = (gen or {}).get("guarded") or [], (gen or {}).get("guarded_rows") or []
         if guarded:
             sched["guarded"] = guarded

@@ -17,6 +17,8 @@ from ..analysis.cost import library_reads_as_view
 from ..analysis.gpu import GPUProfile
 from ..codegen.gemm_mma import GEMM_OPS, estimate
 from ..codegen.kernel import CodegenError
+from ..codegen.reduce_window import reduced_block, window_reductions
+from ..codegen.region_io import region_io
 from ..ops.common import broadcasts_to, ntuple
 from .class_loss import class_loss_refusal, class_loss_rows, reads_rows_once
 from .geometry import Geometry
@@ -75,6 +77,8 @@ def summarize(state, nodes: list[str]) -> Summary:
             s.windows.append(nid)
         else:
             s.blocker = nid
+    if len({geo[r].key for r in s.reductions}) > 1:
+        _as_windows(state, s)
     return s
 
 
@@ -289,7 +293,9 @@ def traffic(state, nodes, facts: Facts | None = None) -> Traffic:
     return Traffic(f.read_bytes, f.esc_bytes, _bytes(state, kept_values), kept_values, f.flops, False)
 
 
-def merge_summaries(sa: Summary, sb: Summary) -> Summary:
+def merge_summaries(sa: Summary, sb: Summary, state=None) -> Summary:
+    """The summary of the two groups as one; with `state`, reductions of different rows where one
+    reads the other's results as its elements count that one as a window (_as_windows)."""
     s = Summary(sa.nodes + sb.nodes)
     s.anchor, s.anchor_role = (sa.anchor, sa.anchor_role) if sa.anchor else (sb.anchor, sb.anchor_role)
     if sa.anchor and sb.anchor:
@@ -303,7 +309,44 @@ def merge_summaries(sa: Summary, sb: Summary) -> Summary:
     s.ops = sa.ops + sb.ops
     s.windows = sa.windows + sb.windows
     s.blocker = sa.blocker or sb.blocker or s.blocker
+    if state is not None and sa.red is not None and sb.red is not None and sa.red.key != sb.red.key:
+        _as_windows(state, s)
     return s
+
+
+def _as_windows(state, s: Summary) -> None:
+    """Reductions whose results another reduction of the group reads as its elements are computed in
+    that row kernel's prologue (codegen/reduce_window.py): they count as its windows, and the other
+    reductions decide its rows."""
+    wins = window_reductions(state.program, region_io(state.program, state.sort_nodes(s.nodes)))
+    if wins & set(s.reductions):
+        s.windows += [r for r in s.reductions if r in wins]
+        s.reductions = [r for r in s.reductions if r not in wins]
+        geos = [state.geo[r] for r in s.reductions]
+        s.red = next((g for g in geos if g.rows > 1), geos[0] if geos else None)
+
+
+WINDOW_MAX = 4096         # the most elements one element's reduction window folds
+WINDOW_MIN_STRIDE = 32    # a window's elements this far apart or more: a warp's neighbouring elements
+#                           read neighbouring addresses at each step (coalesced), as the column
+#                           reduction it replaces did
+
+
+def prologue_reductions(state, sa: Summary, sb: Summary, relation: str) -> bool:
+    """sa's reductions become windows of sb's row kernel (codegen/reduce_window.py: a mean over the
+    tokens before a norm over the features): each folds at most WINDOW_MAX elements WINDOW_MIN_STRIDE
+    or more apart, and sb's rows fill the SMs (a kernel with a block per row, each element a loop over its
+    window, has only the rows' parallelism: a batch of 256 sentences, not one image)."""
+    if relation != "producer" or sa.anchor or sb.anchor or sa.windows or sb.windows or not sa.reductions \
+            or sb.red is None or sb.red.rows < state.gpu.sm_count:
+        return False
+    program = state.program
+    wins = window_reductions(program, region_io(program, state.sort_nodes(sa.nodes + sb.nodes)))
+    for r in sa.reductions:
+        block = reduced_block(program, program.nodes[r])
+        if r not in wins or block[1] > WINDOW_MAX or block[2] < WINDOW_MIN_STRIDE:
+            return False
+    return not wins & set(sb.reductions)
 
 
 def quick_refusal(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
@@ -356,6 +399,8 @@ def _structural(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | N
     # which can_lower asks before the merge); reductions over different rows do not
     reds = [s.red for s in (sa, sb) if s.red is not None]
     if len(reds) == 2 and reds[0].key != reds[1].key and not _total_beside_rows(state, sa, sb):
+        if prologue_reductions(state, sa, sb, relation):
+            return state.rejected_conflict(a, b)      # codegen (can_lower) has the last word
         r0, r1 = sa.reductions[0], sb.reductions[0]
         return (f"{_name(state, r0)} and {_name(state, r1)} reduce different rows "
                 f"({reds[0].rows} x {reds[0].row_len} over {_shape(reds[0].full)} vs "
@@ -499,7 +544,7 @@ def _total_beside_rows(state, sa: Summary, sb: Summary) -> bool:
 def _budgetary(state, a, b, sa: Summary, sb: Summary, relation: str, facts) -> str | None:
     gpu, budgets = state.gpu, state.budgets
     ops = sa.ops + sb.ops
-    red = sa.red or sb.red
+    red = merge_summaries(sa, sb, state).red
     regs = budgets.base_registers + budgets.regs_per_op * ops
     if red is not None:
         sched, held = schedule_for(red, full_space_inputs(state, sa.nodes + sb.nodes, red, facts), gpu)

@@ -186,7 +186,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         if why:
             return None, why
         union = ga.nodes + gb.nodes
-        tu = group_time(state, union, None, fu, red=sa.red or sb.red, anchor=sa.anchor or sb.anchor)[0]
+        tu = group_time(state, union, None, fu, red=merge_summaries(sa, sb, state).red, anchor=sa.anchor or sb.anchor)[0]
         rec, rec_why = (0.0, None) if recomputes_nothing(state, sa, sb) else recompute_ms(state, sa, sb, fu)
         saved = gtime(ga) + gtime(gb) - tu - rec
         # an epilogue costs the same inside or outside its library call's region (cuBLAS / cuDNN writes
@@ -216,7 +216,7 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
         """(the union's summary and facts, None) when codegen would write the merged group's kernel,
         else (None, the refusal); asked last, just before a merge, because it is the costliest check."""
         ga, gb = state.groups[a], state.groups[b]
-        su, fu = merge_summaries(summary(ga), summary(gb)), union_facts(state, facts(ga), facts(gb), (a, b))
+        su, fu = merge_summaries(summary(ga), summary(gb), state), union_facts(state, facts(ga), facts(gb), (a, b))
         why = lowering_refusal(state, ga.nodes + gb.nodes, su, fu.escaping, ga.sibling or gb.sibling)
         if why is None:
             return (su, fu), None

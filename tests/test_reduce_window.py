@@ -1,0 +1,167 @@
+"""Reductions a row kernel computes in its prologue (codegen/reduce_window.py): a mean, sum, max or min
+whose result another reduction reads as its elements is a lambda looping over each element's window,
+so a pooling over tokens and the norm over features after it are one kernel that reads the tokens once.
+
+On the CPU: which reductions are windows (and which are not: per-row values broadcast along longer
+rows, a loss's total over its rows), the kernels run by the CPU emulator against torch, an NVRTC sm_90
+build, and the planner's choice through the CLI (fused where the window is coalesced and the rows
+fill the GPU; not for one image's pooled channels, nor a batch smaller than the SMs).
+"""
+import json
+import shutil
+
+import pytest
+import torch
+
+from agent_core.codegen import generate_kernel
+from agent_core.codegen.reduce_window import window_reductions
+from agent_core.codegen.region_io import region_io
+from agent_core.compiler import compile_kernel
+from agent_core.ir import Program
+from tests.programs import cli, emulated
+
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+
+def pooled_norm(shape, pool="mean", dims=(1,), keepdim=False, norm="layer_norm", mask=False):
+    """pool over `dims` of x [B, T, D] (optionally x * mask[B, T, 1] first), then `norm` over the last dim
+    of the pooled [B, D]: (program, region node ids, inputs, the pool's node id)."""
+    p = Program("pooled_norm")
+    x = p.add_input("x", shape)
+    ids, cur = [], x.id
+
+    def node(op, ins, attrs=None):
+        n = p.add_node(op, ins, attrs or {})
+        ids.append(n.id)
+        return n
+    inputs = [torch.randn(shape)]
+    if mask:
+        m = p.add_input("mask", (shape[0], shape[1], 1))
+        cur = node("mul", [cur, m.id]).outputs[0]
+        inputs.append((torch.rand(shape[0], shape[1], 1) > 0.3).float())
+    pooled = node(pool, [cur], {"dim": list(dims), "keepdim": keepdim})
+    cur = pooled.outputs[0]
+    d = p.values[cur].shape[-1]
+    if norm == "layer_norm":
+        w, b = p.add_parameter("weight", shape=(d,)), p.add_parameter("bias", shape=(d,))
+        cur = node("layer_norm", [cur, w.id, b.id], {"normalized_shape": [d]}).outputs[0]
+    elif norm == "l2":            # F.normalize: x / max(||x||, eps)
+        n = node("norm", [cur], {"dim": [-1], "keepdim": True, "p": 2.0}).outputs[0]
+        n = node("max_scalar", [n], {"value": 1e-12}).outputs[0]
+        cur = node("div", [cur, n]).outputs[0]
+    else:
+        cur = node(norm, [cur], {"dim": -1}).outputs[0]
+    p.mark_output(cur)
+    return p, ids, inputs, pooled.id
+
+
+CASES = {
+    "token mean, LayerNorm": lambda: pooled_norm((6, 33, 64)),
+    "masked token sum, L2 normalise": lambda: pooled_norm((5, 40, 48), pool="sum", norm="l2", mask=True),
+    "token max, softmax": lambda: pooled_norm((4, 17, 96), pool="max", norm="softmax"),
+    "token min, log_softmax, kept dims": lambda: pooled_norm((4, 9, 40), pool="min", keepdim=True, norm="log_softmax"),
+    # the window innermost ([B, D, S] pooled over S): generated, though the planner keeps it apart
+    "spatial mean, LayerNorm over channels": lambda: pooled_norm((3, 64, 49), dims=(2,)),
+    "two spatial dims ([B, C, H, W] -> [B, C])": lambda: pooled_norm_4d(),
+    "depth min, softmax over channels (column tiles)": lambda: depth_min_softmax(),
+}
+
+
+@needs_gxx
+@pytest.mark.parametrize("case", CASES)
+def test_a_reduction_read_as_a_row_is_its_prologue_and_matches_torch(case):
+    p, ids, inputs, pool = CASES[case]()
+    assert window_reductions(p, region_io(p, ids)) == {pool}
+    ks = generate_kernel(p, ids, name="pooled")
+    assert "each element folds its" in ks.source, ks.source
+    assert ks.params["vector_width"] == 1, ks.params       # a warp's neighbouring elements, one at a time
+    got, ref = emulated(p, ks, inputs)
+    assert got.shape == ref.shape
+    assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (got - ref).abs().max()
+
+
+def pooled_norm_4d():
+    """A classifier head's global average pool of [B, C, H, W] then LayerNorm over the C channels."""
+    p = Program("head")
+    x = p.add_input("features", (2, 32, 7, 7))
+    m = p.add_node("mean", [x.id], {"dim": [-2, -1], "keepdim": False})
+    w, b = p.add_parameter("weight", shape=(32,)), p.add_parameter("bias", shape=(32,))
+    ln = p.add_node("layer_norm", [m.outputs[0], w.id, b.id], {"normalized_shape": [32]})
+    p.mark_output(ln.outputs[0])
+    return p, [m.id, ln.id], [torch.randn(2, 32, 7, 7)], m.id
+
+
+def depth_min_softmax(shape=(2, 16, 5, 8, 8)):
+    """KernelBench's Conv3d -> min over depth -> softmax over channels: the softmax reduces a middle dim
+    (column tiles, a thread per pixel), each element the min over its depth window."""
+    p = Program("depth_min")
+    x = p.add_input("x", shape)
+    m = p.add_node("min", [x.id], {"dim": [2], "keepdim": False})
+    s = p.add_node("softmax", [m.outputs[0]], {"dim": 1})
+    p.mark_output(s.outputs[0])
+    return p, [m.id, s.id], [torch.randn(shape)], m.id
+
+
+@needs_gxx
+def test_a_window_keeps_nan_as_torch_does():
+    p, ids, inputs, _ = pooled_norm((3, 8, 32), pool="max", norm="softmax")
+    inputs[0][1, 5, 7] = float("nan")
+    ks = generate_kernel(p, ids, name="pooled_nan")
+    got, ref = emulated(p, ks, inputs)
+    assert torch.isnan(got[1]).all() and torch.isnan(ref[1]).all()
+    assert torch.allclose(got[0], ref[0], atol=1e-6) and torch.allclose(got[2], ref[2], atol=1e-6)
+
+
+def test_per_row_values_and_totals_are_not_windows():
+    # a mean subtracted before a variance over the same rows: per-row values broadcast along the row
+    p = Program("centred")
+    x = p.add_input("x", (8, 64))
+    m = p.add_node("mean", [x.id], {"dim": [1], "keepdim": True})
+    c = p.add_node("sub", [x.id, m.outputs[0]])
+    v = p.add_node("mean", [p.add_node("mul", [c.outputs[0], c.outputs[0]]).outputs[0]], {"dim": [1]})
+    p.mark_output(v.outputs[0])
+    assert window_reductions(p, region_io(p, list(p.nodes))) == set()
+    # a per-row sum then its mean over every row (a loss's total): the row graph folds it row by row
+    q = Program("total")
+    y = q.add_input("y", (8, 64))
+    s = q.add_node("sum", [y.id], {"dim": [1]})
+    t = q.add_node("mean", [s.outputs[0]], {"dim": None})
+    q.mark_output(t.outputs[0])
+    assert window_reductions(q, region_io(q, list(q.nodes))) == set()
+
+
+def test_the_fused_kernel_compiles_for_sm_90():
+    p, ids, _, _ = pooled_norm((256, 128, 384), pool="sum", norm="l2", mask=True)
+    ks = generate_kernel(p, ids, name="pooled_l2")
+    assert ks.params["schedule"] == "block" and ks.params["threads_per_row"] == 512, ks.params
+    ck = compile_kernel(ks)
+    assert ck.spill_stores == 0, ck.log
+
+
+def _plan(path, small=False) -> list[str]:
+    """`stitchcuda plan --json FILE` as a shell runs it: the proposed regions' reasons."""
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "STITCHCUDA_BLOCKS_SMALL": "1" if small else "0"}
+    r = subprocess.run([sys.executable, "-m", "agent_core.cli", "plan", "--json", path], capture_output=True,
+                       text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    return [g["reason"] for g in json.loads(r.stdout)["regions"] if g["status"] == "proposed"]
+
+
+def test_the_planner_fuses_a_sentence_embeddings_pooling_with_its_normalisation():
+    reasons = _plan("benchmarks/blocks/masked_mean_pool_normalize_minilm.py")
+    assert len(reasons) == 2, reasons       # the mask's counts, then everything else
+    fused = next(r for r in reasons if "norm" in r)
+    assert fused.startswith("stitches mul, sum, div, norm"), fused
+    assert "over 256 rows of 384" in fused and "is the sum over its own window of 256, folded as it is read" in fused, fused
+
+
+def test_the_planner_keeps_them_apart_where_the_window_or_the_batch_is_small():
+    # the same block with a batch smaller than the SMs: the pooling keeps its own column kernel
+    small = _plan("benchmarks/blocks/masked_mean_pool_normalize_minilm.py", small=True)
+    assert len(small) == 3 and not any("own window" in r for r in small), small
+    # a ConvNeXt head's mean over 7 x 7 neighbours (each window contiguous: uncoalesced across a warp)
+    head = _plan("benchmarks/blocks/pool_layernorm_head_convnext.py")
+    assert len(head) == 3 and not any("own window" in r for r in head), head
