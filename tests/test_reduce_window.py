@@ -18,7 +18,7 @@ from agent_core.codegen.reduce_window import window_reductions
 from agent_core.codegen.region_io import region_io
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
-from tests.programs import cli, emulated
+from tests.programs import emulated
 
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
