@@ -112,6 +112,25 @@ def test_a_window_keeps_nan_as_torch_does():
     assert torch.allclose(got[0], ref[0], atol=1e-6) and torch.allclose(got[2], ref[2], atol=1e-6)
 
 
+@needs_gxx
+def test_reductions_over_a_dim_of_one_chain_in_one_kernel():
+    # KernelBench's 18_Matmul_Sum_Max_AvgPool_LogSumExp_LogSumExp after its sum: max, mean and logsumexp
+    # over a dim of size 1, each reading the one before: the first two are windows of one element
+    p = Program("ones")
+    x = p.add_input("x", (300, 1))
+    ids, cur = [], x.id
+    for op in ("max", "mean", "logsumexp"):
+        n = p.add_node(op, [cur], {"dim": [1], "keepdim": True})
+        ids.append(n.id)
+        cur = n.outputs[0]
+    p.mark_output(cur)
+    assert window_reductions(p, region_io(p, ids)) == set(ids[:2])
+    ks = generate_kernel(p, ids, name="ones")
+    inputs = [torch.randn(300, 1)]
+    got, ref = emulated(p, ks, inputs)
+    assert torch.allclose(got, ref, atol=1e-6), (got - ref).abs().max()
+
+
 def test_per_row_values_and_totals_are_not_windows():
     # a mean subtracted before a variance over the same rows: per-row values broadcast along the row
     p = Program("centred")
