@@ -23,9 +23,10 @@ from tests.programs import emulated
 needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
 
-def pooled_norm(shape, pool="mean", dims=(1,), keepdim=False, norm="layer_norm", mask=False):
-    """pool over `dims` of x [B, T, D] (optionally x * mask[B, T, 1] first), then `norm` over the last dim
-    of the pooled [B, D]: (program, region node ids, inputs, the pool's node id)."""
+def pooled_norm(shape, pool="mean", dims=(1,), keepdim=False, norm="layer_norm", mask=False, skip_first=False):
+    """pool over `dims` of x [B, T, D] (optionally x * mask[B, T, 1] first, or x[:, 1:]: a ViT's patch
+    tokens without its class token), then `norm` over the last dim of the pooled [B, D]: (program,
+    region node ids, inputs, the pool's node id)."""
     p = Program("pooled_norm")
     x = p.add_input("x", shape)
     ids, cur = [], x.id
@@ -35,6 +36,8 @@ def pooled_norm(shape, pool="mean", dims=(1,), keepdim=False, norm="layer_norm",
         ids.append(n.id)
         return n
     inputs = [torch.randn(shape)]
+    if skip_first:
+        cur = node("slice", [cur], {"dim": 1, "start": 1, "end": None, "step": 1}).outputs[0]
     if mask:
         m = p.add_input("mask", (shape[0], shape[1], 1))
         cur = node("mul", [cur, m.id]).outputs[0]
@@ -57,6 +60,7 @@ def pooled_norm(shape, pool="mean", dims=(1,), keepdim=False, norm="layer_norm",
 
 CASES = {
     "token mean, LayerNorm": lambda: pooled_norm((6, 33, 64)),
+    "patch tokens' mean (the class token sliced off), LayerNorm": lambda: pooled_norm((3, 17, 64), skip_first=True),
     "masked token sum, L2 normalise": lambda: pooled_norm((5, 40, 48), pool="sum", norm="l2", mask=True),
     "token max, softmax": lambda: pooled_norm((4, 17, 96), pool="max", norm="softmax"),
     "token min, log_softmax, kept dims": lambda: pooled_norm((4, 9, 40), pool="min", keepdim=True, norm="log_softmax"),

@@ -1,8 +1,9 @@
 """On the GPU: reductions a row kernel computes in its prologue (codegen/reduce_window.py) at real sizes,
 built, launched and verified on 5 random draws by build_region (tests/programs.fused): a sentence
 embedding's masked sum over 256 tokens then its L2 normalisation (MiniLM, 256 x 384), a ViT's mean
-over 197 tokens then LayerNorm (768 features), a max over tokens then softmax, and a global average
-pool then LayerNorm over channels (a window innermost: generated, though the planner keeps it apart).
+over its 196 patch tokens then LayerNorm (768 features), a max over tokens then softmax, and a
+global average pool then LayerNorm over channels (a window innermost: generated, though the planner
+keeps it apart).
 
 PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu_reduce_window.py
 """
@@ -16,7 +17,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 CASES = {
     "MiniLM masked sum, L2, 256 x 256 x 384": lambda: pooled_norm((256, 256, 384), pool="sum", norm="l2", mask=True),
-    "ViT token mean, LayerNorm, 256 x 197 x 768": lambda: pooled_norm((256, 197, 768)),
+    "ViT patch tokens' mean, fc_norm, 256 x 197 x 768": lambda: pooled_norm((256, 197, 768), skip_first=True),
     "token max, softmax, 512 x 64 x 1000": lambda: pooled_norm((512, 64, 1000), pool="max", norm="softmax"),
     "channel mean (innermost window), LayerNorm, 256 x 768 x 49": lambda: pooled_norm((256, 768, 49), dims=(2,)),
 }
