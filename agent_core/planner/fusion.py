@@ -314,10 +314,22 @@ def merge_summaries(sa: Summary, sb: Summary, state=None) -> Summary:
     return s
 
 
+def _window_sized(state, r: str, numels) -> bool:
+    """Reduction r may be a window of a row kernel whose rows' full shape has one of these sizes: a
+    sum / mean / max / min over one block of dims whose result is that large (a cheap test before
+    codegen's window_reductions walks the group)."""
+    program = state.program
+    node = program.nodes[r]
+    return reduced_block(program, node) is not None and math.prod(program.values[node.outputs[0]].shape) in numels
+
+
 def _as_windows(state, s: Summary) -> None:
     """Reductions whose results another reduction of the group reads as its elements are computed in
     that row kernel's prologue (codegen/reduce_window.py): they count as its windows, and the other
     reductions decide its rows."""
+    fulls = {state.geo[r].full_numel for r in s.reductions}
+    if not any(_window_sized(state, r, fulls) for r in s.reductions):
+        return
     wins = window_reductions(state.program, region_io(state.program, state.sort_nodes(s.nodes)))
     if wins & set(s.reductions):
         s.windows += [r for r in s.reductions if r in wins]
@@ -341,12 +353,14 @@ def prologue_reductions(state, sa: Summary, sb: Summary, relation: str) -> bool:
             or sb.red is None or sb.red.rows < state.gpu.sm_count:
         return False
     program = state.program
-    wins = window_reductions(program, region_io(program, state.sort_nodes(sa.nodes + sb.nodes)))
     for r in sa.reductions:
-        block = reduced_block(program, program.nodes[r])
-        if r not in wins or block[1] > WINDOW_MAX or block[2] < WINDOW_MIN_STRIDE:
+        if not _window_sized(state, r, {sb.red.full_numel}):
             return False
-    return not wins & set(sb.reductions)
+        _, k, inner = reduced_block(program, program.nodes[r])
+        if k > WINDOW_MAX or inner < WINDOW_MIN_STRIDE:
+            return False
+    wins = window_reductions(program, region_io(program, state.sort_nodes(sa.nodes + sb.nodes)))
+    return set(sa.reductions) <= wins and not wins & set(sb.reductions)
 
 
 def quick_refusal(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
