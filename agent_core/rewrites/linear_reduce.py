@@ -166,51 +166,6 @@ def reduce_conv_spatial(program: Program, nid: str) -> Rewrite | None:
                    f"{flops_after / 1e9:.3g}).", build, nid)
 
 
-def conv_of_one_position(program: Program, nid: str) -> Rewrite | None:
-    """A convolution whose kernel covers its whole (unpadded, undilated) input has one output position:
-    it is a linear layer over the input's channels and positions (squeeze-and-excitation's 1x1
-    convolutions of a pooled [N, C, 1, 1] map, a classifier written as a convolution over its last
-    feature map). cuBLAS runs it as one GEMM, and the tile GEMM can take it, where cuDNN picks a
-    convolution algorithm for a map of one pixel. Groups become a block-diagonal weight."""
-    conv = program.nodes[nid]
-    if conv.opdef.category != "convolution" or conv.op.startswith("conv_transpose") or len(conv.inputs) < 2 \
-            or None in conv.inputs[:2]:
-        return None
-    d = int(conv.op[-2])
-    x, w = conv.inputs[0], conv.inputs[1]
-    bias = conv.inputs[2] if len(conv.inputs) > 2 else None
-    xs, ys = program.values[x].shape, program.values[conv.outputs[0]].shape
-    wa = param_array(program, w)
-    ba = param_array(program, bias) if bias else None
-    if wa is None or (bias and ba is None) or len(xs) != d + 2 or program.values[x].dtype != "float32":
-        return None
-    a = conv.attrs
-    pad = [0] * d if a.get("padding") == "valid" else None if isinstance(a.get("padding"), str) else \
-        ntuple(a["padding"], d, "padding")
-    if pad is None or any(pad) or any(k != 1 for k in ntuple(a["dilation"], d, "dilation")) or \
-            tuple(wa.shape[2:]) != tuple(xs[2:]) or any(s != 1 for s in ys[2:]):
-        return None
-    groups, cin, cout = a["groups"], xs[1], ys[1]
-    taps = math.prod(xs[2:])
-    dense = np.zeros((cout, cin * taps), dtype=np.float64)      # [Cout, Cin * taps], channel major
-    cin_g, cout_g = cin // groups, cout // groups
-    flat = wa.astype(np.float64).reshape(cout, cin_g * taps)
-    for g in range(groups):
-        dense[g * cout_g:(g + 1) * cout_g, g * cin_g * taps:(g + 1) * cin_g * taps] = flat[g * cout_g:(g + 1) * cout_g]
-    out = conv.outputs[0]
-
-    def build(p: Program) -> dict:
-        ins = [_reshape(p, x, [xs[0], cin * taps]), add_param(p, p.unique_name(p.values[w].name + "_dense"), dense, like=w)]
-        if bias:
-            ins.append(bias)
-        r = p.add_node("linear", ins, name=p.unique_name(conv.name)).outputs[0]
-        return {out: _reshape(p, r, ys)}
-
-    return Rewrite("conv_of_one_position",
-                   f"{node_label(program, nid)} covers its whole {list(xs[2:])} input with its kernel and has one "
-                   f"output position: it is a linear layer ({cin * taps} -> {cout}), one cuBLAS GEMM.", build, nid)
-
-
 def _through_reshapes(program: Program, vid: str):
     """The node that computes vid, looking through single-use reshapes; with the value it produced."""
     node = producer(program, vid)

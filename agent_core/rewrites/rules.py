@@ -22,7 +22,7 @@ from .einsum import lower_einsum
 from .equal_nodes import merge_equal_nodes
 from .equal_views import merge_equal_views
 from .gated_linears import merge_gated_linears
-from .linear_reduce import conv_of_one_position, pool_linear, reduce_conv_spatial
+from .linear_reduce import pool_linear, reduce_conv_spatial
 from .lowering import lower_loss
 from .loss_formulas import FLT_MIN
 from .raise_attention import raise_attention
@@ -645,7 +645,7 @@ def matmul_of_transpose(program: Program, nid: str) -> Rewrite | None:
 DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, merge_equal_nodes, merge_equal_views, reduce_size_one, fold_constants, fold_scalar_chain, fold_self_add,
                  log_of_softmax, merge_max_windows,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
-                 reduce_conv_spatial, pool_linear, conv_of_one_position,
+                 reduce_conv_spatial, pool_linear,
                  reduce_of_broadcast, matmul_of_transpose, merge_gated_linears, skinny_linear]
 # after the rules above are done: they fold batch norms and affine maps into a convolution's bias,
 # which must be there first, and see through nothing between the convolution and what follows
