@@ -4,8 +4,8 @@ so a pooling over tokens and the norm over features after it are one kernel that
 
 On the CPU: which reductions are windows (and which are not: per-row values broadcast along longer
 rows, a loss's total over its rows), the kernels run by the CPU emulator against torch, an NVRTC sm_90
-build, and the planner's choice through the CLI (fused where the window is coalesced and the rows
-fill the GPU; not for one image's pooled channels, nor a batch smaller than the SMs).
+build, and the planner's choice through the CLI (fused where the window is coalesced and the rows'
+elements fill the GPU with threads; not for an image's pooled channels, nor a batch of few elements).
 """
 import json
 import shutil
@@ -173,18 +173,20 @@ def _plan(path, small=False) -> list[str]:
     return [g["reason"] for g in json.loads(r.stdout)["regions"] if g["status"] == "proposed"]
 
 
-def test_the_planner_fuses_a_sentence_embeddings_pooling_with_its_normalisation():
-    reasons = _plan("benchmarks/blocks/masked_mean_pool_normalize_minilm.py")
-    assert len(reasons) == 2, reasons       # the mask's counts, then everything else
-    fused = next(r for r in reasons if "norm" in r)
-    assert fused.startswith("stitches mul, sum, div, norm"), fused
-    assert "over 256 rows of 384" in fused and "is the sum over its own window of 256, folded as it is read" in fused, fused
+def test_the_planner_fuses_a_vit_heads_token_mean_with_its_layernorm():
+    reasons = _plan("benchmarks/blocks/token_mean_fc_norm_vit_b16.py")
+    assert len(reasons) == 2, reasons       # the pooled LayerNorm, then the classifier
+    fused = reasons[0]
+    assert fused.startswith("stitches slice, mean and layer_norm over 256 rows of 768"), fused
+    assert "is the mean over its own window of 196, folded as it is read" in fused, fused
 
 
-def test_the_planner_keeps_them_apart_where_the_window_or_the_batch_is_small():
-    # the same block with a batch smaller than the SMs: the pooling keeps its own column kernel
-    small = _plan("benchmarks/blocks/masked_mean_pool_normalize_minilm.py", small=True)
-    assert len(small) == 3 and not any("own window" in r for r in small), small
+def test_the_planner_keeps_them_apart_where_the_window_or_the_threads_are_few():
+    # MiniLM's masked sum over tokens then L2 norm: 256 rows of 384 are too few threads for the GPU
+    # (planner/fusion.WINDOW_THREADS_PER_SM), so the pooling keeps its own column kernel
+    for small in (False, True):
+        minilm = _plan("benchmarks/blocks/masked_mean_pool_normalize_minilm.py", small=small)
+        assert len(minilm) == 3 and not any("own window" in r for r in minilm), minilm
     # a ConvNeXt head's mean over 7 x 7 neighbours (each window contiguous: uncoalesced across a warp)
     head = _plan("benchmarks/blocks/pool_layernorm_head_convnext.py")
     assert len(head) == 3 and not any("own window" in r for r in head), head

@@ -4,14 +4,14 @@ axes of the same data in the fewest passes).
 A sum, mean, max or min whose result another reduction of the region reads whole, as its own
 elements, needs no kernel and no tensor of its own: each element the row kernel loads is a lambda
 that loops over what that element reduces, as a pooling window's lambda does (layout_graph.py). A
-sentence embedding's masked mean over the tokens then its L2 normalisation over the features, or a
-ViT's mean over the tokens then its LayerNorm, are one kernel that reads the tokens once.
+ViT head's mean over the tokens then its LayerNorm over the features, or a convolution's min over
+depth then a softmax over the channels, are one kernel that reads the input once.
 
 The window is one contiguous block of dims of the input, [outer, K, inner] with the result
 [outer, inner]: element i reads x[(i / inner) * K * inner + r * inner + i % inner] for r < K. Where
 inner is large, a warp's neighbouring elements read neighbouring addresses at each step r; the
-planner fuses only those (planner/fusion.py: prologue_reductions), where the separate kernel
-was a column reduction with no better reads.
+planner fuses only those, and only where the rows' elements are threads enough for the GPU
+(planner/fusion.py: prologue_reductions).
 """
 from __future__ import annotations
 

@@ -342,15 +342,27 @@ WINDOW_MAX = 4096         # the most elements one element's reduction window fol
 WINDOW_MIN_STRIDE = 32    # a window's elements this far apart or more: a warp's neighbouring elements
 #                           read neighbouring addresses at each step (coalesced), as the column
 #                           reduction it replaces did
+# threads per SM the fused kernel must have, at least: each walks its window's loads in turn, so only
+# many threads keep enough bytes in flight (H100, region kernels: MiniLM's masked sum over 256 tokens
+# then L2 norm, 256 rows x 384 threads (0.7 an SM of 1024), 0.058 ms fused against 0.047 + 0.005 apart;
+# a ViT's mean over 196 tokens then LayerNorm, 256 x 768 (1.5), 0.067 against 0.065 + 0.006)
+WINDOW_THREADS_PER_SM = 1024
+
+
+def window_threads(red: Geometry) -> int:
+    """The threads of a row kernel whose elements are windows: one per element of each row up to
+    1024 (codegen/rowkernel._window_threads), or column tiles' TILE_Y thread rows per column."""
+    from ..codegen.column_tile import TILE_Y
+    return red.rows * min(red.row_len, 1024 if red.contiguous else TILE_Y)
 
 
 def prologue_reductions(state, sa: Summary, sb: Summary, relation: str) -> bool:
     """sa's reductions become windows of sb's row kernel (codegen/reduce_window.py: a mean over the
     tokens before a norm over the features): each folds at most WINDOW_MAX elements WINDOW_MIN_STRIDE
-    or more apart, and sb's rows fill the SMs (a kernel with a block per row, each element a loop over its
-    window, has only the rows' parallelism: a batch of 256 sentences, not one image)."""
+    or more apart, and sb's rows give every SM WINDOW_THREADS_PER_SM threads (window_threads: each
+    element's loop over its window is one thread's, so the rows' elements are all the parallelism)."""
     if relation != "producer" or sa.anchor or sb.anchor or sa.windows or sb.windows or not sa.reductions \
-            or sb.red is None or sb.red.rows < state.gpu.sm_count:
+            or sb.red is None or window_threads(sb.red) < state.gpu.sm_count * WINDOW_THREADS_PER_SM:
         return False
     program = state.program
     for r in sa.reductions:
