@@ -80,7 +80,7 @@ def window_reductions(program: Program, io) -> set[str]:
 def reduce_lambda(program: Program, node, fn: dict, names: Names, note: str, suffix: str) -> list[str]:
     """The lambda of a window reduction's result at its flat index i: a loop over its K elements,
     calling its input's lambda (pointwise ops before it are evaluated where it reads them)."""
-    outer, k, inner = reduced_block(program, node)
+    _, k, inner = reduced_block(program, node)
     x, y = program.values[node.inputs[0]], program.values[node.outputs[0]]
     start, fold = FOLDS[node.op]
     fn[y.id] = names.new(y.name + suffix)
