@@ -778,6 +778,7 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         raise RewriteMismatch(f"the rewritten program does not match the original ({res.reason})")
     if exe.graph_error:
         emit.log(exe.graph_error, level="warning")
+    timed_on = _baseline_inputs_into(exe, baseline_fn, emit)
     with phase("time_program"):
         t = time_gpu(exe.replay, trials=trials)
     bw = (profile.get("hardware") or {}).get("copy_bandwidth_gbs") or 4200.0
@@ -790,7 +791,7 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
     split = sum(prog.node_flops(n) for n, f in forms.items() if f in (TF32X3, TF32X3_CAT))
     single = sum(prog.node_flops(n) for n, f in forms.items() if f in LOWER)
     e2e = attribute(t.median_ms, nbytes, flops, bw, tflops=effective_tflops(flops, split, single))
-    e2e.update(correct=res.ok, verify=res.as_dict(), timing=t.to_dict(), **exe.summary(),
+    e2e.update(correct=res.ok, verify=res.as_dict(), timing=t.to_dict(), timed_on=timed_on, **exe.summary(),
                memory=exe.memory.to_dict())
     profile["end_to_end"] = e2e
     emit.emit("profile", scope="program", ms=t.median_ms, floor_ms=e2e["floor_ms"], achieved_gbs=e2e["achieved_gbs"],
@@ -814,6 +815,23 @@ def _end_to_end(result, fused, emit, ref, *, draws, trials, graph, baselines, ba
         from ..profile.launched import launched_kernels
         with phase("baselines"):     # the kernel counts compared with torch's, after every timing
             e2e["launched"] = launched_kernels(exe.replay)
+
+
+def _baseline_inputs_into(exe, baseline_fn, emit) -> str:
+    """Load the inputs torch's baselines run on (bench's: the file's get_inputs()) into the executable,
+    so ours is timed on the same data: a kernel whose traffic depends on its inputs (guarded loads skip
+    the rows whose label is ignored) timed on the verification's random draws (an attention mask drawn
+    half zeros, where the file pads 1/16) would be compared with torch on other work. What ours was
+    timed on: "baseline inputs", or "random draws" where there are none or they do not fit."""
+    if baseline_fn is None:
+        return "random draws"
+    try:
+        exe(*baseline_fn[1])
+    except Exception as exc:
+        emit.log(f"ours is timed on random draws: the baselines' inputs do not fit the program ({_first(exc)})",
+                 level="warning")
+        return "random draws"
+    return "baseline inputs"
 
 
 def _json_safe(x):

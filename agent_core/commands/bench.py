@@ -132,6 +132,7 @@ def record_from_result(path: str, result, seconds: float) -> dict:
            # time is far above its regions' sum was disturbed (layernorm_residual_bert_base read 79.5 us
            # under --jobs 8 on the H100 and 31.8 us alone)
            "ours_spread_ms": [(e2e.get("timing") or {}).get(k) for k in ("min_ms", "max_ms")],
+           "ours_timed_on": e2e.get("timed_on"),
            "region_ms": {o.region: o.fused_ms for o in result.outcomes if o.status == "fused" and o.fused_ms},
            "pct_of_floor": e2e.get("pct_of_floor"),
            "kernels": sum(1 for o in result.outcomes if o.status == "fused"),
