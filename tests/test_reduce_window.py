@@ -190,3 +190,27 @@ def test_the_planner_keeps_them_apart_where_the_window_or_the_threads_are_few():
     # a ConvNeXt head's mean over 7 x 7 neighbours (each window contiguous: uncoalesced across a warp)
     head = _plan("benchmarks/blocks/pool_layernorm_head_convnext.py")
     assert len(head) == 3 and not any("own window" in r for r in head), head
+
+
+@needs_gxx
+def test_a_windows_loads_in_flight_are_a_tuning_parameter():
+    from agent_core.codegen.kernel import CodegenError
+    from agent_core.codegen.row_tuning import tune_variants
+    p, ids, inputs, _ = pooled_norm((5, 40, 48), pool="sum", norm="l2", mask=True)
+    ks = generate_kernel(p, ids, name="pooled")
+    assert ks.params["window_unroll"] == 8 and "#pragma unroll 8\n" in ks.source
+    assert {"window_unroll": 16} in [{k: v for k, v in t.items() if k != "sm_count"} for t in tune_variants(ks.params)]
+    wide = generate_kernel(p, ids, name="pooled16", params={"window_unroll": 16})
+    assert "#pragma unroll 16\n" in wide.source
+    got, ref = emulated(p, wide, inputs)
+    assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (got - ref).abs().max()
+    with pytest.raises(CodegenError, match="window_unroll"):
+        generate_kernel(p, ids, name="pooled3", params={"window_unroll": 3})
+    # a row kernel with no window has no such parameter, and the tuner offers none
+    q = Program("norm")
+    x = q.add_input("x", (8, 64))
+    n = q.add_node("softmax", [x.id], {"dim": -1})
+    q.mark_output(n.outputs[0])
+    plain = generate_kernel(q, [n.id], name="plain")
+    assert plain.params["window_unroll"] is None
+    assert not any("window_unroll" in t for t in tune_variants(plain.params))

@@ -43,7 +43,7 @@ from .cuda import (MAX_GRID_X, VEC4, VEC4_STRUCTS, Names, c_type, header, index_
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
 from .pooling import pooled_here, window_code
-from .reduce_window import reduce_lambda, reduced_block, window_reductions
+from .reduce_window import WINDOW_UNROLL, reduce_lambda, reduced_block, window_reductions
 from .region_io import RegionIO, region_io
 
 # layout ops read through views; the indirect ones load an index from an integer region input
@@ -163,6 +163,7 @@ class _Graph:
         self.need = _needed(program, io)
         self.windows = [n for n in io.nodes if _walks_window(program, program.nodes[n])
                         and program.nodes[n].outputs[0] in self.need]
+        self.window_unroll = WINDOW_UNROLL     # a reduction window's loads in flight (reduce_window.py)
 
     def layouts(self, node):
         """(input value ids, output Layouts over them) of a layout node."""
@@ -396,7 +397,7 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at",
                                           if node.attrs else "")
         if nid in g.windows:
             lines += _window_lambda(g, node, fn, names, note, suffix) if pooled_here(program, node) else \
-                reduce_lambda(program, node, fn, names, note, suffix)
+                reduce_lambda(program, node, fn, names, note, suffix, g.window_unroll)
             continue
         if node.op in GRAPH_OPS:
             _, outs = g.layouts(node)
@@ -685,7 +686,7 @@ class ViewPrologue:
     kernel) the float4 run starting at a multiple of 4; `windowed`: the values computed through a
     pooling window (`folded`: through a reduction's window)."""
 
-    def __init__(self, program: Program, nodes, arg: dict, names: Names):
+    def __init__(self, program: Program, nodes, arg: dict, names: Names, window_unroll: int = WINDOW_UNROLL):
         io = region_io(program, nodes)
         self.nodes, self.io = list(io.nodes), io
         self.indices = index_inputs(program, io, "row-kernel prologue")
@@ -695,6 +696,7 @@ class ViewPrologue:
         for v in io.inputs:
             c_type(program.values[v].dtype, f"'{program.values[v].name}'")
         g = _Graph(program, io, "row-kernel prologue", self.indices)
+        g.window_unroll = self.window_unroll = window_unroll
         lines, fn = _lambdas(g, arg, names, False)
         self.scalar = {v: fn[v] for v in io.outputs}
         self.vector = {}

@@ -27,6 +27,9 @@ FOLDS = {"sum": ("0.0f", "acc += xv;"), "mean": ("0.0f", "acc += xv;"),
          "max": ("-INFINITY", "if (xv > acc || xv != xv) acc = xv;  // NaN propagates, as in torch"),
          "min": ("INFINITY", "if (xv < acc || xv != xv) acc = xv;  // NaN propagates, as in torch")}
 CONSUMER_CATEGORIES = ("reduction", "normalization")
+# window elements a thread loads before folding any (the loop unrolled so many times): each thread walks
+# its window alone, so its loads in flight are the kernel's memory parallelism; the tuner times others
+WINDOW_UNROLL = 8
 
 
 def reduced_block(program: Program, node) -> tuple[int, int, int] | None:
@@ -77,9 +80,11 @@ def window_reductions(program: Program, io) -> set[str]:
     return out
 
 
-def reduce_lambda(program: Program, node, fn: dict, names: Names, note: str, suffix: str) -> list[str]:
+def reduce_lambda(program: Program, node, fn: dict, names: Names, note: str, suffix: str,
+                  unroll: int = WINDOW_UNROLL) -> list[str]:
     """The lambda of a window reduction's result at its flat index i: a loop over its K elements,
-    calling its input's lambda (pointwise ops before it are evaluated where it reads them)."""
+    calling its input's lambda (pointwise ops before it are evaluated where it reads them), unrolled
+    `unroll` times so that many loads are in flight before the first fold."""
     _, k, inner = reduced_block(program, node)
     x, y = program.values[node.inputs[0]], program.values[node.outputs[0]]
     start, fold = FOLDS[node.op]
@@ -92,7 +97,7 @@ def reduce_lambda(program: Program, node, fn: dict, names: Names, note: str, suf
             f"    constexpr index_t kWindow = {k}, kWindowStride = {inner};",
             f"    const index_t base = {base};",
             f"    float acc = {start};",
-            "    #pragma unroll 4",
+            f"    #pragma unroll {unroll}",
             "    for (index_t r = 0; r < kWindow; ++r) {",
             f"      const float xv = {fn[x.id]}(base + {step});",
             f"      {fold}",

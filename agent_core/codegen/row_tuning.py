@@ -10,7 +10,8 @@ from .kernel import CodegenError
 DEFAULTS = {"warp_max_cols": 1024, "register_max_cols": 16384, "block": 256, "vector_width": 4,
             "online_threads": 1024, "threads_per_row": None, "sm_count": 132, "split": None,
             "unroll": None, "stage": True,   # unroll None: 8 loads in flight for scalar rows, 4 for float4
-            "guard_loads": True}             # False: load a where's arm everywhere (rowguard.py; a diagnostic)
+            "guard_loads": True,             # False: load a where's arm everywhere (rowguard.py; a diagnostic)
+            "window_unroll": None}           # a reduction window's loads in flight (None: reduce_window's)
 REGISTER_MAX_FLOATS = 64  # row elements a thread of the warp / block schedules may hold in registers
 
 
@@ -73,6 +74,9 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     elif schedule == "split_column":
         s = int(params["split"])
         out += [{"split": c} for c in (s * 2, s // 2) if c >= 2] + [{"split": 1}]
+    if params.get("window_unroll"):      # each element walks a reduction's window (reduce_window.py)
+        u = int(params["window_unroll"])
+        out += [{"window_unroll": w} for w in (u * 2, u // 2) if 2 <= w <= 32]
     if schedule in ("column", "split_column") and "tile_y" in params:     # the row kernel's column tiles
         from .column_tile import tune_variants as column_variants
         out += column_variants(params)

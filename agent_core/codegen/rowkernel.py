@@ -35,6 +35,7 @@ from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, inde
 from .kernel import CodegenError, KernelSource, pow2_at_least
 from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, view_prologue_nodes
+from .reduce_window import WINDOW_UNROLL
 from .layout_store import split_output_views
 from .pointwise import operand_views
 from .region_io import Operands, RegionIO
@@ -79,15 +80,15 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     graph (exact two-pass statistics from the registers), except a held split row whose online graph
     has fewer rounds (each round is a wait for the row: _held_online); a streamed row the online
     graph, whose rounds are its reads of the row."""
-    hoist = bool(p["hoist_monotone"])
-    lowered = _lowered(program, io, two_stage=True, hoist=hoist)
+    hoist, unroll = bool(p["hoist_monotone"]), window_unroll(p)
+    lowered = _lowered(program, io, two_stage=True, hoist=hoist, window_unroll=unroll)
     if lowered[2] is not None and lowered[2].folded:
         p = _window_threads(p, lowered[3])
     online = []
 
     def streamed_reads() -> int:
         if not online:
-            online.append(_lowered(program, io, two_stage=False, hoist=hoist))
+            online.append(_lowered(program, io, two_stage=False, hoist=hoist, window_unroll=unroll))
         og = online[0][3]
         return og.rounds + any(og.defs[k].space == E for k in og.outputs.values())
     g = lowered[3]
@@ -124,6 +125,14 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     return (*lowered, sched)
 
 
+def window_unroll(p: dict) -> int:
+    """p's window_unroll (None: reduce_window.WINDOW_UNROLL), a power of two from 1 to 32."""
+    u = int(p.get("window_unroll") or WINDOW_UNROLL)
+    if u & (u - 1) or not 1 <= u <= 32:
+        raise CodegenError(f"window_unroll must be a power of two from 1 to 32, got {u}")
+    return u
+
+
 def _window_threads(p: dict, g: RowGraph) -> dict:
     """The launch of a row whose elements each fold a window of their own (reduce_window.py: a mean over
     tokens before a norm over the features): a thread per element up to 1024, loading one element at a
@@ -144,7 +153,7 @@ def _held_online(p: dict, online: RowGraph) -> bool:
     return not any(s.state in BLOCK_FOLDS for s in online.steps)
 
 
-def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True):
+def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True, window_unroll: int = WINDOW_UNROLL):
     """(names, pointer arguments, the view prologue or None, the row graph, the output views). Layout
     ops and what feeds them are read through their views (layout_graph.ViewPrologue): the row graph
     starts from the values they make, which the kernel loads at (row, col) by calling their lambdas.
@@ -157,7 +166,7 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True
     if not front:
         return names, arg, None, _with_cats(program, _store_through(lower(program, io, names, two_stage, hoist), stores, io),
                                             cats), stores
-    views = ViewPrologue(program, front, arg, names)
+    views = ViewPrologue(program, front, arg, names, window_unroll)
     vals = program.values
     for v in views.io.outputs:
         if v in io.outputs:
@@ -1141,6 +1150,7 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                 "row_reads": 1 if cached else rounds + bool(out_e),
                 "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
+                "window_unroll": views.window_unroll if views is not None and views.folded else None,
                 "online": bool(sched.get("online")), "other_rounds": bool(sched.get("other_rounds")),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),
                 # inputs loaded only where a select takes them: per element, or only per row
