@@ -198,8 +198,8 @@ def test_a_windows_loads_in_flight_are_a_tuning_parameter():
     from agent_core.codegen.row_tuning import tune_variants
     p, ids, inputs, _ = pooled_norm((5, 40, 48), pool="sum", norm="l2", mask=True)
     ks = generate_kernel(p, ids, name="pooled")
-    assert ks.params["window_unroll"] == 8 and "#pragma unroll 8\n" in ks.source
-    assert {"window_unroll": 16} in [{k: v for k, v in t.items() if k != "sm_count"} for t in tune_variants(ks.params)]
+    assert ks.params["window_unroll"] == 4 and "#pragma unroll 4\n" in ks.source
+    assert {"window_unroll": 8} in [{k: v for k, v in t.items() if k != "sm_count"} for t in tune_variants(ks.params)]
     wide = generate_kernel(p, ids, name="pooled16", params={"window_unroll": 16})
     assert "#pragma unroll 16\n" in wide.source
     got, ref = emulated(p, wide, inputs)

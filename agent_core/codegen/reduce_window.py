@@ -28,8 +28,9 @@ FOLDS = {"sum": ("0.0f", "acc += xv;"), "mean": ("0.0f", "acc += xv;"),
          "min": ("INFINITY", "if (xv < acc || xv != xv) acc = xv;  // NaN propagates, as in torch")}
 CONSUMER_CATEGORIES = ("reduction", "normalization")
 # window elements a thread loads before folding any (the loop unrolled so many times): each thread walks
-# its window alone, so its loads in flight are the kernel's memory parallelism; the tuner times others
-WINDOW_UNROLL = 8
+# its window alone, so its loads in flight are the kernel's memory parallelism. 4 is what the H100 timed
+# at s33 (benchmarks/h100-2026-12-07-s33); the tuner times 8 and 2 besides
+WINDOW_UNROLL = 4
 
 
 def reduced_block(program: Program, node) -> tuple[int, int, int] | None:
