@@ -35,9 +35,9 @@ from .cuda import VEC4, VEC4_STRUCTS, Names, c_type, float_literal, header, inde
 from .kernel import CodegenError, KernelSource, pow2_at_least
 from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, view_prologue_nodes
-from .reduce_window import WINDOW_UNROLL
 from .layout_store import split_output_views
 from .pointwise import operand_views
+from .reduce_window import WINDOW_UNROLL
 from .region_io import Operands, RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
 from .row_stage import stage_lines, stage_tiles, tile_stride
@@ -80,7 +80,7 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     graph (exact two-pass statistics from the registers), except a held split row whose online graph
     has fewer rounds (each round is a wait for the row: _held_online); a streamed row the online
     graph, whose rounds are its reads of the row."""
-    hoist, unroll = bool(p["hoist_monotone"]), window_unroll(p)
+    hoist, unroll = bool(p["hoist_monotone"]), _window_unroll(p)
     lowered = _lowered(program, io, two_stage=True, hoist=hoist, window_unroll=unroll)
     if lowered[2] is not None and lowered[2].folded:
         p = _window_threads(p, lowered[3])
@@ -125,7 +125,7 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
     return (*lowered, sched)
 
 
-def window_unroll(p: dict) -> int:
+def _window_unroll(p: dict) -> int:
     """p's window_unroll (None: reduce_window.WINDOW_UNROLL), a power of two from 1 to 32."""
     u = int(p.get("window_unroll") or WINDOW_UNROLL)
     if u & (u - 1) or not 1 <= u <= 32:
