@@ -5,16 +5,14 @@ those labels, where a random attention mask would ignore half the rows a guarded
 PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_bench_timed_inputs_gpu.py
 """
 import json
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.programs import cli
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_bench_times_ours_on_the_files_inputs(tmp_path):
@@ -41,9 +39,8 @@ def test_bench_times_ours_on_the_files_inputs(tmp_path):
             return []
     '''))
     out = tmp_path / "b.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "agent_core.cli", "bench", str(block), "--json", str(out),
-                           "--no-tune", "--trials", "5", "--no-compile-baselines"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = cli("bench", str(block), "--json", str(out), "--no-tune", "--trials", "5", "--no-compile-baselines",
+               timeout=600)
     assert proc.returncode == 0, proc.stderr
     rec = json.loads(out.read_text().splitlines()[0])
     assert rec["ok"] and rec["correct"], rec
