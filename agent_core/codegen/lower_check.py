@@ -60,11 +60,12 @@ def _lowered(program: Program, node_ids, kind, outputs) -> tuple[str | None, dic
         if len(_CACHE) >= _CACHE_LIMIT:
             _CACHE.clear()
         _CACHE[key] = why, sched
-    if why is None:     # the guarded inputs' placeholder names back to the program's
-        def named(key):
-            return [_TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], n) for n in sched[key]]
-        return None, {**sched, "guarded": named("guarded"), "guarded_rows": named("guarded_rows")}
-    return _TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], why), None
+    def named(text: str) -> str:      # the extracted group's placeholder names back to the program's
+        return _TOKEN.sub(lambda m: names[m.group(1)][int(m.group(2))], text)
+    if why is None:
+        return None, {**sched, "guarded": [named(n) for n in sched["guarded"]],
+                      "guarded_rows": [named(n) for n in sched["guarded_rows"]]}
+    return named(why), None
 
 
 def _verdict(sub: Program, ids: list[str], kind: str | None) -> tuple[str | None, dict | None]:
