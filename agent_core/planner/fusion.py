@@ -567,10 +567,11 @@ def _total_beside_rows(state, sa: Summary, sb: Summary) -> bool:
     return all(g.rows > 1 or (g.full_numel == g.row_len and g.row_len in (ref.full_numel, ref.rows)) for g in geos)
 
 
-def _budgetary(state, a, b, sa: Summary, sb: Summary, relation: str, facts) -> str | None:
+def _budgetary(state, a, b, sa: Summary, sb: Summary, relation: str, facts, red=None) -> str | None:
+    """red: the merged group's rows (merge_summaries(sa, sb, state).red), where the caller has it."""
     gpu, budgets = state.gpu, state.budgets
     ops = sa.ops + sb.ops
-    red = merge_summaries(sa, sb, state).red
+    red = red or merge_summaries(sa, sb, state).red
     regs = budgets.base_registers + budgets.regs_per_op * ops
     if red is not None:
         sched, held = schedule_for(red, full_space_inputs(state, sa.nodes + sb.nodes, red, facts), gpu)

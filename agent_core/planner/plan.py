@@ -182,11 +182,12 @@ def _plan(program, gpu, budgets, graph, sibling) -> Plan:
             return None, why
         fu = union_facts(state, facts(ga), facts(gb), (a, b), light=True,
                          need_reads=sa.red is not None or sb.red is not None)
-        why = _budgets(state, ga, gb, sa, sb, relation, fu)
+        red = merge_summaries(sa, sb, state).red      # the rows the merged kernel follows
+        why = _budgets(state, ga, gb, sa, sb, relation, fu, red)
         if why:
             return None, why
         union = ga.nodes + gb.nodes
-        tu = group_time(state, union, None, fu, red=merge_summaries(sa, sb, state).red, anchor=sa.anchor or sb.anchor)[0]
+        tu = group_time(state, union, None, fu, red=red, anchor=sa.anchor or sb.anchor)[0]
         rec, rec_why = (0.0, None) if recomputes_nothing(state, sa, sb) else recompute_ms(state, sa, sb, fu)
         saved = gtime(ga) + gtime(gb) - tu - rec
         # an epilogue costs the same inside or outside its library call's region (cuBLAS / cuDNN writes
