@@ -33,9 +33,15 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     while the row stays in registers, twice or half the threads a CTA, and no cluster (one block
     streaming the row; for scalar loads also 1024 threads with 8 in flight). Split column: twice or
     half the blocks per column tile, and one block per tile. The row kernel's column tiles: other
-    heights and loads in flight (column_tile.tune_variants)."""
+    heights and loads in flight (column_tile.tune_variants). A row of reduction windows: first, twice
+    and half the window loads in flight."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
+    if params.get("window_unroll"):
+        # each element walks a reduction's window (reduce_window.py) with a thread of its own: its loads
+        # in flight are the kernel's memory parallelism, so these come first, before the trials run out
+        u = int(params["window_unroll"])
+        out += [{"window_unroll": w} for w in (u * 2, u // 2) if 2 <= w <= 32]
     if params.get("staged"):
         # the transposing read straight from global memory; or 32 rows per block, so a run of the
         # transposed input is 128 bytes, not 32 (a misaligned run of 8 spans 2 sectors, of 32 spans 5)
@@ -74,9 +80,6 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     elif schedule == "split_column":
         s = int(params["split"])
         out += [{"split": c} for c in (s * 2, s // 2) if c >= 2] + [{"split": 1}]
-    if params.get("window_unroll"):      # each element walks a reduction's window (reduce_window.py)
-        u = int(params["window_unroll"])
-        out += [{"window_unroll": w} for w in (u * 2, u // 2) if 2 <= w <= 32]
     if schedule in ("column", "split_column") and "tile_y" in params:     # the row kernel's column tiles
         from .column_tile import tune_variants as column_variants
         out += column_variants(params)
