@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agent_core.codegen import generate_kernel
-from agent_core.codegen.reduce_window import window_reductions
+from agent_core.codegen.reduce_window import reduced_block, stage_chunk, staged_window, window_reductions
 from agent_core.codegen.region_io import region_io
 from agent_core.compiler import compile_kernel
 from agent_core.ir import Program
@@ -64,7 +64,7 @@ CASES = {
     "masked token sum, L2 normalise": lambda: pooled_norm((5, 40, 48), pool="sum", norm="l2", mask=True),
     "token max, softmax": lambda: pooled_norm((4, 17, 96), pool="max", norm="softmax"),
     "token min, log_softmax, kept dims": lambda: pooled_norm((4, 9, 40), pool="min", keepdim=True, norm="log_softmax"),
-    # the window innermost ([B, D, S] pooled over S): generated, though the planner keeps it apart
+    # the window innermost ([B, D, S] pooled over S): staged (the block's windows folded in shared memory)
     "spatial mean, LayerNorm over channels": lambda: pooled_norm((3, 64, 49), dims=(2,)),
     "two spatial dims ([B, C, H, W] -> [B, C])": lambda: pooled_norm_4d(),
     "depth min, softmax over channels (column tiles)": lambda: depth_min_softmax(),
@@ -77,7 +77,9 @@ def test_a_reduction_read_as_a_row_is_its_prologue_and_matches_torch(case):
     p, ids, inputs, pool = CASES[case]()
     assert window_reductions(p, region_io(p, ids)) == {pool}
     ks = generate_kernel(p, ids, name="pooled")
-    assert "each element folds its" in ks.source, ks.source
+    contiguous = reduced_block(p, p.nodes[pool])[2] == 1        # staged through shared memory
+    assert ("folded in shared memory (staged)" in ks.source) == contiguous, ks.source
+    assert ("each element folds its" in ks.source) != contiguous, ks.source
     assert ks.params["vector_width"] == 1, ks.params       # a warp's neighbouring elements, one at a time
     got, ref = emulated(p, ks, inputs)
     assert got.shape == ref.shape
@@ -187,9 +189,14 @@ def test_the_planner_keeps_them_apart_where_the_window_or_the_threads_are_few():
     # (planner/fusion.WINDOW_THREADS_PER_SM), so the pooling keeps its own column kernel
     minilm = _plan("benchmarks/blocks/masked_mean_pool_normalize_minilm.py")
     assert len(minilm) == 3 and not any("own window" in r for r in minilm), minilm
-    # a ConvNeXt head's mean over 7 x 7 neighbours (each window contiguous: uncoalesced across a warp)
+
+
+def test_the_planner_fuses_a_convnext_heads_pool_with_its_layernorm_staged():
+    # the mean over each channel's 7 x 7 pixels: contiguous windows, staged through shared memory
     head = _plan("benchmarks/blocks/pool_layernorm_head_convnext.py")
-    assert len(head) == 3 and not any("own window" in r for r in head), head
+    assert len(head) == 2, head             # the pooled LayerNorm, then the classifier
+    assert head[0].startswith("stitches mean and layer_norm over 256 rows of 768"), head[0]
+    assert "each block reads its rows' windows in coalesced chunks into shared memory" in head[0], head[0]
 
 
 @needs_gxx
@@ -215,3 +222,52 @@ def test_a_windows_loads_in_flight_are_a_tuning_parameter():
     plain = generate_kernel(q, [n.id], name="plain")
     assert plain.params["window_unroll"] is None
     assert not any("window_unroll" in t for t in tune_variants(plain.params))
+
+
+@needs_gxx
+@pytest.mark.parametrize("shape, kw", [
+    ((3, 64, 49), {}),                                        # a block per row, 8 lanes a window
+    ((11, 32, 16), {"pool": "sum", "norm": "l2"}),            # warp rows, the last block partial
+    ((4, 40, 7), {"pool": "max", "norm": "softmax"}),         # one lane a window
+    ((2, 8, 700), {"pool": "min", "norm": "log_softmax"}),    # fewer windows a chunk than lanes
+], ids=["mean-block", "sum-warp-rows", "max-one-lane", "min-long-windows"])
+def test_contiguous_windows_staged_and_as_loops_match_torch(shape, kw):
+    p, ids, inputs, pool = pooled_norm(shape, dims=(2,), **kw)
+    assert staged_window(p, region_io(p, ids), p.nodes[pool])
+    staged = generate_kernel(p, ids, name="staged")
+    loops = generate_kernel(p, ids, name="loops", params={"stage": False})     # the tuner's variant
+    assert staged.params["staged_windows"] == 1 and loops.params["staged_windows"] == 0
+    assert "window_chunk[t + (t >> 5)]" in staged.source and "each element folds its" in loops.source
+    assert staged.shared_bytes > 0 and loops.shared_bytes == 0
+    for ks in (staged, loops):
+        got, ref = emulated(p, ks, inputs)
+        assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (ks.name, (got - ref).abs().max())
+
+
+@needs_gxx
+def test_a_staged_window_keeps_nan_and_every_chunk():
+    # windows of 9 at 64 threads a block: 28 windows a chunk, so a row of 40 spans two chunks
+    p, ids, inputs, pool = pooled_norm((5, 40, 9), dims=(2,), pool="max", norm="softmax")
+    ks = generate_kernel(p, ids, name="staged_nan", params={"threads_per_row": 64})
+    assert stage_chunk(9, 64, 4)[0] < 40
+    inputs[0][2, 39, 8] = float("nan")      # the last element of the last window of a row
+    got, ref = emulated(p, ks, inputs)
+    assert torch.isnan(got[2]).all() and torch.isnan(ref[2]).all()
+    keep = [0, 1, 3, 4]
+    assert torch.allclose(got[keep], ref[keep], atol=1e-6), (got[keep] - ref[keep]).abs().max()
+
+
+def test_a_window_read_through_a_permute_is_not_staged():
+    # pooled [B, C] transposed before a softmax over B: the block's rows are not its windows
+    p = Program("permuted")
+    x = p.add_input("x", (6, 32, 49))
+    m = p.add_node("mean", [x.id], {"dim": [2], "keepdim": False})
+    t = p.add_node("permute", [m.outputs[0]], {"dims": [1, 0]})
+    s = p.add_node("softmax", [t.outputs[0]], {"dim": -1})
+    p.mark_output(s.outputs[0])
+    ids = [m.id, t.id, s.id]
+    assert not staged_window(p, region_io(p, ids), p.nodes[m.id])
+    if shutil.which("g++"):
+        ks = generate_kernel(p, ids, name="permuted")
+        got, ref = emulated(p, ks, [torch.randn(6, 32, 49)])
+        assert torch.allclose(got, ref, atol=1e-5), (got - ref).abs().max()

@@ -43,7 +43,7 @@ from .cuda import (MAX_GRID_X, VEC4, VEC4_STRUCTS, Names, c_type, header, index_
 from .kernel import CodegenError, KernelSource
 from .pointwise import is_elementwise
 from .pooling import pooled_here, window_code
-from .reduce_window import WINDOW_UNROLL, reduce_lambda, reduced_block, window_reductions
+from .reduce_window import WINDOW_UNROLL, reduce_lambda, reduced_block, staged_lambda, window_reductions
 from .region_io import RegionIO, region_io
 
 # layout ops read through views; the indirect ones load an index from an integer region input
@@ -164,6 +164,7 @@ class _Graph:
         self.windows = [n for n in io.nodes if _walks_window(program, program.nodes[n])
                         and program.nodes[n].outputs[0] in self.need]
         self.window_unroll = WINDOW_UNROLL     # a reduction window's loads in flight (reduce_window.py)
+        self.staged: dict[str, tuple[str, str]] = {}   # window node -> (its tile, the block's first window)
 
     def layouts(self, node):
         """(input value ids, output Layouts over them) of a layout node."""
@@ -396,8 +397,12 @@ def _lambdas(g: _Graph, arg: dict, names: Names, vec: bool, suffix: str = "_at",
         note = f"{node.name}: {node.op}" + (f"({', '.join(f'{k}={a}' for k, a in node.attrs.items())})"
                                           if node.attrs else "")
         if nid in g.windows:
-            lines += _window_lambda(g, node, fn, names, note, suffix) if pooled_here(program, node) else \
-                reduce_lambda(program, node, fn, names, note, suffix, g.window_unroll)
+            if nid in g.staged:
+                lines += staged_lambda(program, node, fn, names, note, suffix, *g.staged[nid])
+            elif pooled_here(program, node):
+                lines += _window_lambda(g, node, fn, names, note, suffix)
+            else:
+                lines += reduce_lambda(program, node, fn, names, note, suffix, g.window_unroll)
             continue
         if node.op in GRAPH_OPS:
             _, outs = g.layouts(node)
@@ -684,11 +689,14 @@ class ViewPrologue:
     kernel body, so the row kernel loads it at (row, col) as it would load a tensor. `scalar[v]`
     returns one element, `vector[v]` (when every read keeps aligned runs of 4, as for a layout-graph
     kernel) the float4 run starting at a multiple of 4; `windowed`: the values computed through a
-    pooling window (`folded`: through a reduction's window)."""
+    pooling window (`folded`: through a reduction's window). `staged` window reductions (contiguous
+    windows, reduce_window.staged_window) read their results from a tile of the block's windows that
+    the row kernel fills first: `staged[node] = (the window input's lambda, tile, first window)`."""
 
-    def __init__(self, program: Program, nodes, arg: dict, names: Names, window_unroll: int = WINDOW_UNROLL):
+    def __init__(self, program: Program, nodes, arg: dict, names: Names, window_unroll: int = WINDOW_UNROLL,
+                 staged=frozenset()):
         io = region_io(program, nodes)
-        self.nodes, self.io = list(io.nodes), io
+        self.program, self.nodes, self.io = program, list(io.nodes), io
         self.indices = index_inputs(program, io, "row-kernel prologue")
         # any kernel dtype: the row kernel declares its arguments in their own C types, and the scalar
         # lambdas return them (float4 lambdas only where every value is float32)
@@ -697,7 +705,11 @@ class ViewPrologue:
             c_type(program.values[v].dtype, f"'{program.values[v].name}'")
         g = _Graph(program, io, "row-kernel prologue", self.indices)
         g.window_unroll = self.window_unroll = window_unroll
+        first = names.new("window_first") if staged else None
+        g.staged = {n: (names.new(program.values[program.nodes[n].outputs[0]].name + "_tile"), first)
+                    for n in g.windows if n in staged}
         lines, fn = _lambdas(g, arg, names, False)
+        self.staged = {n: (fn[program.nodes[n].inputs[0]], *g.staged[n]) for n in g.staged}
         self.scalar = {v: fn[v] for v in io.outputs}
         self.vector = {}
         # float4 lambdas for the float32 values the row kernel loads, from the part of the prologue

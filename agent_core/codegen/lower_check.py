@@ -40,7 +40,8 @@ def lowered_schedule(program: Program, node_ids, kind: str | None = None, *, out
     generator's schedule name (a row kernel's warp, block, stream, cluster, split_row, column,
     split_column), and the row kernel's "row_reads" (times each row is read), "cluster" (CTAs per
     row), "held" (the row kept in registers), "guarded" (inputs loaded only where a where takes them)
-    and "guarded_rows" (inputs not loaded in rows whose results are discarded: rowguard.py)}; None when
+    "guarded_rows" (inputs not loaded in rows whose results are discarded: rowguard.py) and
+    "staged_windows" (contiguous windows folded through shared memory: reduce_window.py)}; None when
     it writes none."""
     why, sched = _lowered(program, node_ids, kind, outputs)
     return None if why is not None else sched
@@ -79,7 +80,8 @@ def _verdict(sub: Program, ids: list[str], kind: str | None) -> tuple[str | None
         return f"the generator failed ({type(exc).__name__}: {text[0] if text else 'no message'})", None
     p = ks.params or {}
     return None, {"schedule": p.get("schedule"), "row_reads": p.get("row_reads"), "cluster": p.get("cluster"),
-                  "held": p.get("cached"), "guarded": p.get("guarded", []), "guarded_rows": p.get("guarded_rows", [])}
+                  "held": p.get("cached"), "guarded": p.get("guarded", []), "guarded_rows": p.get("guarded_rows", []),
+                  "staged_windows": p.get("staged_windows", 0)}
 
 
 def _escaping(program: Program, ids: list[str]) -> set[str]:

@@ -105,3 +105,131 @@ def reduce_lambda(program: Program, node, fn: dict, names: Names, note: str, suf
             "    }",
             f"    return {result};",
             "  };"]
+
+
+# Contiguous windows (inner == 1: a classifier head's mean over 7 x 7 pixels before a LayerNorm over the
+# channels). A thread per element would walk its own 49 floats while its warp's neighbours walk theirs
+# 196 bytes away: each load a sector of its own. Staged instead, the block reads the span of its rows'
+# windows (contiguous) a chunk at a time into shared memory, neighbouring threads at neighbouring
+# addresses, folds each window there, and the row kernel reads the results from a tile.
+STAGE_CHUNK_MAX = 8192     # floats of one chunk (32 KB of shared memory), whole windows
+SAME_INDEX_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous")
+
+
+def staged_window(program: Program, io, node) -> bool:
+    """A window reduction (window_reductions) whose elements are contiguous (inner 1, at most
+    STAGE_CHUNK_MAX of them) and whose result every reader in the region reaches at its own flat
+    index, through same-sized pointwise ops and reshapes: the block's rows are then exactly the block's
+    windows, which it can compute together before reading its rows."""
+    block = reduced_block(program, node)
+    if block is None or block[2] != 1 or block[1] > STAGE_CHUNK_MAX:
+        return False
+    from .layout_graph import is_layout_op
+    nodes, vals = program.nodes, program.values
+    size = math.prod(vals[node.outputs[0]].shape)
+    members, todo, seen = set(io.nodes), list(node.outputs), set()
+    while todo:
+        v = todo.pop()
+        for c in (n for n in io.nodes if v in nodes[n].inputs):
+            reader = nodes[c]
+            if is_layout_op(reader):
+                if reader.op not in SAME_INDEX_OPS:
+                    return False
+            elif is_elementwise(reader):
+                if any(math.prod(vals[o].shape) != size for o in reader.outputs):
+                    return False
+            elif reader.opdef.category in CONSUMER_CATEGORIES:
+                continue        # the row kernel's reduction reads it as its row (its size checked above)
+            else:
+                return False
+            if c in members and c not in seen:
+                seen.add(c)
+                todo += reader.outputs
+    return True
+
+
+def staged_lambda(program: Program, node, fn: dict, names: Names, note: str, suffix: str, tile: str,
+                  first: str) -> list[str]:
+    """A staged window's result at its flat index i: its element of the block's tile (`first`: the
+    block's first window), which stage_window_lines filled."""
+    y = program.values[node.outputs[0]]
+    fn[y.id] = names.new(y.name + suffix)
+    return [f"  // {note} -> {y.spec}: the block's windows folded in shared memory (staged)",
+            f"  auto {fn[y.id]} = [&](index_t i) -> float {{ return {tile}[(int)(i - {first})]; }};"]
+
+
+def stage_chunk(k: int, block: int, unroll: int) -> tuple[int, int]:
+    """(windows per chunk, lanes folding one window): a chunk is block * unroll floats rounded down to
+    whole windows (at least one), read `unroll` loads a thread at a time; the lanes per window spread a
+    chunk's folds over the block."""
+    per_chunk = max(1, min(block * unroll, STAGE_CHUNK_MAX) // k)
+    lanes = 1
+    while lanes < 32 and block // (lanes * 2) >= per_chunk:
+        lanes *= 2
+    return per_chunk, lanes
+
+
+def stage_buffer_floats(k: int, block: int, unroll: int) -> int:
+    """Shared floats of a chunk, skewed one float in 32 (so a window's folding lanes, each k apart, do
+    not share banks)."""
+    per_chunk, _ = stage_chunk(k, block, unroll)
+    return per_chunk * k + per_chunk * k // 32 + 1
+
+
+def stage_window_lines(program: Program, node, x_fn: str, tile: str, first: str, buf: str,
+                       block: int, unroll: int) -> list[str]:
+    """The block's windows of `node` (staged_window), computed into `tile` before the row kernel reads
+    its rows: for each chunk of whole windows, every thread loads `unroll` elements kBlock apart at a
+    time (the span is contiguous: a warp's loads coalesce), then each window is folded from `buf` by `lanes`
+    lanes and combined across them with shuffles. Every thread of the block runs it (two barriers a
+    chunk)."""
+    _, k, _ = reduced_block(program, node)
+    per_chunk, lanes = stage_chunk(k, block, unroll)
+    start, fold = FOLDS[node.op]
+    combine = fold.replace("xv", "other").split("  //")[0]
+    result = f"acc / {float_literal(float(k))}" if node.op == "mean" else "acc"
+    y = program.values[node.outputs[0]]
+    return [
+        f"  // {y.name}: the block's windows of {k} contiguous elements, {per_chunk} a chunk read coalesced into",
+        f"  // shared memory ({unroll} loads in flight a thread), each folded there by {lanes} lane(s)",
+        "  {",
+        f"    const int w_count = (int)min((index_t)kRowsPerBlock * kCols, (index_t)kRows * kCols - {first});",
+        f"    for (int c0 = 0; c0 < w_count; c0 += {per_chunk}) {{",
+        f"      const int n = min({per_chunk}, w_count - c0) * {k};",
+        f"      const index_t x0 = ({first} + c0) * {k};",
+        f"      for (int t0 = 0; t0 < n; t0 += kBlock * {unroll}) {{",
+        f"        float xs[{unroll}];",
+        "        #pragma unroll",
+        f"        for (int u = 0; u < {unroll}; ++u) {{",
+        "          const int t = t0 + u * kBlock + threadIdx.x;",
+        f"          xs[u] = t < n ? {x_fn}(x0 + t) : 0.0f;",
+        "        }",
+        "        #pragma unroll",
+        f"        for (int u = 0; u < {unroll}; ++u) {{",
+        "          const int t = t0 + u * kBlock + threadIdx.x;",
+        f"          if (t < n) {buf}[t + (t >> 5)] = xs[u];",
+        "        }",
+        "      }",
+        "      __syncthreads();",
+        f"      for (int w0 = 0; w0 < {per_chunk}; w0 += kBlock / {lanes}) {{   // the same trips for every lane",
+        f"        const int w = w0 + threadIdx.x / {lanes};" if lanes > 1 else "        const int w = w0 + threadIdx.x;",
+        f"        const bool ok = w < n / {k};",
+        f"        float acc = {start};",
+        "        if (ok) {",
+        f"          for (int r = threadIdx.x % {lanes}; r < {k}; r += {lanes}) {{" if lanes > 1 else
+        f"          for (int r = 0; r < {k}; ++r) {{",
+        f"            const int t = w * {k} + r;",
+        f"            const float xv = {buf}[t + (t >> 5)];",
+        f"            {fold}",
+        "          }",
+        "        }",
+        *([f"        for (int o = {lanes // 2}; o > 0; o >>= 1) {{",
+           "          const float other = __shfl_xor_sync(0xffffffffu, acc, o);",
+           f"          {combine}",
+           "        }"] if lanes > 1 else []),
+        f"        if (ok && threadIdx.x % {lanes} == 0) {tile}[c0 + w] = {result};" if lanes > 1 else
+        f"        if (ok) {tile}[c0 + w] = {result};",
+        "      }",
+        "      __syncthreads();",
+        "    }",
+        "  }"]

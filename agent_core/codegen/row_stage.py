@@ -81,7 +81,7 @@ def stage_lines(tiles: dict, vec: int) -> list[str]:
     tile's rows start 16-byte aligned)."""
     if not tiles:
         return []
-    out = ["  extern __shared__ float4 stage_smem[];  // a tile of kRowsPerBlock x kTileStride floats per staged value"]
+    out = []      # stage_smem: the kernel's dynamic shared memory (rowkernel declares it)
     for k, (tile, _) in enumerate(tiles.values()):
         out.append(f"  float* const {tile} = reinterpret_cast<float*>(stage_smem) + {k} * kRowsPerBlock * kTileStride;")
     out += ["  // stage: the block's rows computed through their views with the row index fastest (the",

@@ -34,7 +34,7 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     streaming the row; for scalar loads also 1024 threads with 8 in flight). Split column: twice or
     half the blocks per column tile, and one block per tile. The row kernel's column tiles: other
     heights and loads in flight (column_tile.tune_variants). A row of reduction windows: first, twice
-    and half the window loads in flight."""
+    and half the window loads in flight, then (staged windows) each element walking its own."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
     if params.get("window_unroll"):
@@ -42,10 +42,13 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
         # in flight are the kernel's memory parallelism, so these come first, before the trials run out
         u = int(params["window_unroll"])
         out += [{"window_unroll": w} for w in (u * 2, u // 2) if 2 <= w <= 32]
+    if params.get("staged_windows"):
+        out.append({"stage": False})     # each element walking its own contiguous window (uncoalesced)
     if params.get("staged"):
         # the transposing read straight from global memory; or 32 rows per block, so a run of the
         # transposed input is 128 bytes, not 32 (a misaligned run of 8 spans 2 sectors, of 32 spans 5)
-        out.append({"stage": False})
+        if {"stage": False} not in out:
+            out.append({"stage": False})
         if int(params["threads_per_row"]) * 32 <= 1024 and params["rows_per_block"] < 32:
             out.append({"block": int(params["threads_per_row"]) * 32})
     if schedule in ("warp", "block") and cols:

@@ -37,7 +37,7 @@ from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
 from .pointwise import operand_views
-from .reduce_window import WINDOW_UNROLL
+from .reduce_window import WINDOW_UNROLL, reduced_block, stage_buffer_floats, stage_window_lines, staged_window
 from .region_io import Operands, RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
 from .row_stage import stage_lines, stage_tiles, tile_stride
@@ -62,6 +62,7 @@ ROW_THREAD_FLOATS = DEFAULTS["cluster_thread_floats"]
 SPLIT_MIN_ITEMS = 8         # reduced elements each thread of a split column folds, at least
 BLOCKS_PER_SM = 8           # 256-thread blocks an SM holds at once: the split column's target
 SCAN_THREADS = 256          # threads per row of a scan longer than a warp's share
+WINDOW_STAGE_MAX_BYTES = 48 * 1024   # staged windows' shared memory: two 1024-thread blocks still fit an SM
 # the kernel's own locals; generated names never take them
 LOCALS = ("group", "active", "base", "p", "t", "tile", "outer", "inner", "partial", "part", "warp", "offset",
           "identity", "combine", "shuffle", "reduce", "tile_id", "last", "workspace", "counters",
@@ -75,20 +76,24 @@ def generate_multi_reduction(program: Program, io: RegionIO, name: str, params: 
     return _render(program, io, g, names, arg, sched, name, views, stores)
 
 
-def _scheduled(program: Program, io: RegionIO, p: dict):
+def _scheduled(program: Program, io: RegionIO, p: dict, stage_windows: bool = True):
     """The lowered region (_lowered's tuple) and its schedule. A row held on chip takes the two-stage
     graph (exact two-pass statistics from the registers), except a held split row whose online graph
     has fewer rounds (each round is a wait for the row: _held_online); a streamed row the online
-    graph, whose rounds are its reads of the row."""
+    graph, whose rounds are its reads of the row. Contiguous windows are staged (reduce_window.py)
+    where the block holds its rows (warp or block rows in registers) and their tiles fit; otherwise
+    lowered again as per-element loops."""
     hoist, unroll = bool(p["hoist_monotone"]), _window_unroll(p)
-    lowered = _lowered(program, io, two_stage=True, hoist=hoist, window_unroll=unroll)
+    staged = stage_windows and bool(p["stage"])
+    lowered = _lowered(program, io, two_stage=True, hoist=hoist, window_unroll=unroll, stage_windows=staged)
     if lowered[2] is not None and lowered[2].folded:
         p = _window_threads(p, lowered[3])
     online = []
 
     def streamed_reads() -> int:
         if not online:
-            online.append(_lowered(program, io, two_stage=False, hoist=hoist, window_unroll=unroll))
+            online.append(_lowered(program, io, two_stage=False, hoist=hoist, window_unroll=unroll,
+                                   stage_windows=staged))
         og = online[0][3]
         return og.rounds + any(og.defs[k].space == E for k in og.outputs.values())
     g = lowered[3]
@@ -114,6 +119,9 @@ def _scheduled(program: Program, io: RegionIO, p: dict):
         full = _full_inputs(program, g, io)
         if sched["schedule"] == "split_row":     # its phases follow the online graph's rounds
             sched = _schedule(g, p, len(full), streamed_reads)
+    views = lowered[2]
+    if views is not None and views.staged and not _holds_windows(g, sched, views):
+        return _scheduled(program, io, p, stage_windows=False)
     sched["front"] = front if sched["cached"] and sched["split"] == 1 else []
     # a streamed row's loads in flight per thread: 8 scalars or 4 float4s unless the tuner says
     # otherwise (see _cluster_size), at most 8 vectors over all its inputs
@@ -153,7 +161,46 @@ def _held_online(p: dict, online: RowGraph) -> bool:
     return not any(s.state in BLOCK_FOLDS for s in online.steps)
 
 
-def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True, window_unroll: int = WINDOW_UNROLL):
+def _holds_windows(g: RowGraph, sched: dict, views: ViewPrologue) -> bool:
+    """Whether the schedule can stage the prologue's contiguous windows: each block holds whole rows of
+    the row graph's last dim (warp or block rows, in registers, unsplit), and the windows' tiles and
+    chunk buffer fit the shared memory beside any staged rows."""
+    if sched["schedule"] not in ("warp", "block") or not sched["cached"] or sched["split"] != 1 or g.inner != 1 \
+            or sched.get("cluster", 1) != 1:
+        return False
+    return _window_stage_floats(views, sched, g.cols) * 4 <= WINDOW_STAGE_MAX_BYTES
+
+
+def _window_stage_floats(views: ViewPrologue, sched: dict, cols: int) -> int:
+    """Shared floats of the staged windows: a tile of the block's rows each, then one chunk buffer."""
+    nodes = [views.program.nodes[n] for n in views.staged]
+    buffer = max(stage_buffer_floats(reduced_block(views.program, n)[1], sched["block"], views.window_unroll)
+                 for n in nodes)
+    return len(nodes) * sched["rows_per_block"] * cols + buffer
+
+
+def _window_stage(views: ViewPrologue | None, sched: dict, cols: int, offset: int, names: Names):
+    """(declarations before the prologue's lambdas, the staging lines, shared bytes) of the staged
+    windows (reduce_window.stage_window_lines); their tiles start `offset` floats into the dynamic
+    shared memory."""
+    if views is None or not views.staged:
+        return [], [], 0
+    program, buf = views.program, names.new("window_chunk")
+    first = next(iter(views.staged.values()))[2]
+    decls = [f"  const index_t {first} = (index_t)blockIdx.x * kRowsPerBlock * kCols;  // the block's first window"]
+    lines = []
+    at = offset
+    for n, (x_fn, tile, _) in views.staged.items():
+        decls.append(f"  float* const {tile} = reinterpret_cast<float*>(stage_smem) + {at};")
+        at += sched["rows_per_block"] * cols
+        lines += stage_window_lines(program, program.nodes[n], x_fn, tile, first, buf, sched["block"],
+                                    views.window_unroll)
+    decls.append(f"  float* const {buf} = reinterpret_cast<float*>(stage_smem) + {at};")
+    return decls, lines, (offset + _window_stage_floats(views, sched, cols)) * 4 - offset * 4
+
+
+def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True, window_unroll: int = WINDOW_UNROLL,
+             stage_windows: bool = False):
     """(names, pointer arguments, the view prologue or None, the row graph, the output views). Layout
     ops and what feeds them are read through their views (layout_graph.ViewPrologue): the row graph
     starts from the values they make, which the kernel loads at (row, col) by calling their lambdas.
@@ -166,7 +213,8 @@ def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True
     if not front:
         return names, arg, None, _with_cats(program, _store_through(lower(program, io, names, two_stage, hoist), stores, io),
                                             cats), stores
-    views = ViewPrologue(program, front, arg, names, window_unroll)
+    staged = frozenset(n for n in front if stage_windows and staged_window(program, io, program.nodes[n]))
+    views = ViewPrologue(program, front, arg, names, window_unroll, staged)
     vals = program.values
     for v in views.io.outputs:
         if v in io.outputs:
@@ -848,6 +896,10 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
             "  const index_t base = outer * kCols * kInner + inner;  // element (outer, 0, inner)",
             "  const int lane = threadIdx.y;"]
     body += stage_lines(tiles, vec)
+    # contiguous windows: the block's windows folded through shared memory before its rows are read
+    win_decls, win_lines, win_bytes = _window_stage(views, sched, g.cols, len(tiles) * sched["rows_per_block"] *
+                                                    tile_stride(g.cols), names)
+    body += win_lines
     # per-row inputs broadcast over some of the rows: read at the row's offset in their own shape
     kept_shape = tuple(s for d, s in enumerate(g.full) if d not in g.dims)
     row_ld = Operands(program, kept_shape, list(g.row_views), names, "Row", g.row_views) if g.row_views else None
@@ -1105,7 +1157,9 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
                    + (f" ({sched['batch'] if column else sched['unroll']} loads in flight per thread)")) + \
         f", {rounds} all-reduce round(s), {'float4' if 4 in (vec, vecx) else 'scalar'} loads, {sched['grid']} blocks" + \
         (f", the rows read through a transposing view staged in shared memory with the row index fastest "
-         f"({', '.join(vals[v].name for v in tiles)})" if tiles else "")
+         f"({', '.join(vals[v].name for v in tiles)})" if tiles else "") + \
+        (f", the block's contiguous windows of {', '.join(program.nodes[n].name for n in views.staged)} folded "
+         f"in shared memory first" if views is not None and views.staged else "")
     red_names = ", ".join(program.nodes[n].op for n in g.reductions)
     head = header(program, f"Region {name}: {len(g.reductions)} reductions ({red_names}) over the same "
                            f"rows of {g.cols}, one kernel", io.nodes, [
@@ -1122,8 +1176,11 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     if split > 1 or totals or srow:
         cparams += ["float* __restrict__ workspace", "unsigned int* __restrict__ counters"]
     if views:
-        body = ["  // the layout prologue's values through their views, by flat index (run start for float4)",
+        body = [*win_decls, "  // the layout prologue's values through their views, by flat index (run start for float4)",
                 *views.declarations(body, structs=False), *body]
+    if tiles or win_lines:
+        body = ["  extern __shared__ float4 stage_smem[];  // staged rows' tiles, then staged windows' tiles and chunk",
+                *body]
     row_decl = "  const index_t row = outer * kInner + inner;"
     if row_decl in body and not any(re.search(r"\brow\b", ln.split("//")[0]) for ln in body if ln != row_decl):
         body.remove(row_decl)      # a column tile with no per-column output or operand has no use for it
@@ -1143,13 +1200,14 @@ def _render(program: Program, io: RegionIO, g: RowGraph, names: Names, arg: dict
     return KernelSource(
         name=kname, kind="row_reduction", source=source, node_ids=list(io.nodes), inputs=list(io.inputs),
         outputs=list(io.outputs), grid=(sched["grid"], 1, 1), block=block, schedule=sched_text,
-        shared_bytes=len(tiles) * sched["rows_per_block"] * tile_stride(g.cols) * 4,
+        shared_bytes=len(tiles) * sched["rows_per_block"] * tile_stride(g.cols) * 4 + win_bytes,
         params={"schedule": schedule, "threads_per_row": tpr, "rows_per_block": sched["rows_per_block"],
                 "vector_width": vec, "block": block[0] * block[1], "grid": sched["grid"], "cached": cached,
                 "rounds": rounds, "reductions": len(g.reductions), "cluster": cluster,
                 "row_reads": 1 if cached else rounds + bool(out_e),
                 "split": sched["row_split"] if srow else split, "phases": sched.get("phases", 1),
                 "cols": g.cols, "vecx": vecx, "staged": bool(tiles), "unroll": sched["unroll"],
+                "staged_windows": len(views.staged) if views is not None else 0,
                 "window_unroll": views.window_unroll if views is not None and views.folded else None,
                 "online": bool(sched.get("online")), "other_rounds": bool(sched.get("other_rounds")),
                 **({"tile_y": ty, "column_batch": sched["batch"]} if column else {}), "hoisted": list(g.hoisted),

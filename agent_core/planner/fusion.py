@@ -17,7 +17,7 @@ from ..analysis.cost import library_reads_as_view
 from ..analysis.gpu import GPUProfile
 from ..codegen.gemm_mma import GEMM_OPS, estimate
 from ..codegen.kernel import CodegenError
-from ..codegen.reduce_window import reduced_block, window_reductions
+from ..codegen.reduce_window import reduced_block, staged_window, window_reductions
 from ..codegen.region_io import region_io
 from ..ops.common import broadcasts_to, ntuple
 from .class_loss import class_loss_refusal, class_loss_rows, reads_rows_once
@@ -347,6 +347,7 @@ WINDOW_MIN_STRIDE = 32    # a window's elements this far apart or more: a warp's
 # then L2 norm, 256 rows x 384 threads (0.7 an SM of 1024), 0.058 ms fused against 0.047 + 0.005 apart;
 # a ViT's mean over 196 tokens then LayerNorm, 256 x 768 (1.5), 0.067 against 0.065 + 0.006)
 WINDOW_THREADS_PER_SM = 1024
+WINDOW_STAGE_MAX_COLS = 4096   # rows a staged window's tile holds (16 KB beside its chunk: codegen/rowkernel.py)
 
 
 def window_threads(red: Geometry) -> int:
@@ -365,14 +366,23 @@ def prologue_reductions(state, sa: Summary, sb: Summary, relation: str) -> bool:
             or sb.red is None or window_threads(sb.red) < state.gpu.sm_count * WINDOW_THREADS_PER_SM:
         return False
     program = state.program
+    io = region_io(program, state.sort_nodes(sa.nodes + sb.nodes))
     for r in sa.reductions:
         if not _window_sized(state, r, {sb.red.full_numel}):
             return False
         _, k, inner = reduced_block(program, program.nodes[r])
-        if k > WINDOW_MAX or inner < WINDOW_MIN_STRIDE:
+        if k > WINDOW_MAX or (inner < WINDOW_MIN_STRIDE and not _staged(state, io, r, sb.red)):
             return False
-    wins = window_reductions(program, region_io(program, state.sort_nodes(sa.nodes + sb.nodes)))
+    wins = window_reductions(program, io)
     return set(sa.reductions) <= wins and not wins & set(sb.reductions)
+
+
+def _staged(state, io, r: str, red: Geometry) -> bool:
+    """Whether codegen stages reduction r's contiguous windows (reduce_window.staged_window): the block
+    folds its rows' windows from coalesced chunks in shared memory, so the windows need not lie a
+    warp apart; the rows must be short enough to be held (a tile of WINDOW_STAGE_MAX_COLS floats)."""
+    return red.contiguous and red.row_len <= WINDOW_STAGE_MAX_COLS and \
+        staged_window(state.program, io, state.program.nodes[r])
 
 
 def quick_refusal(state, a, b, sa: Summary, sb: Summary, relation: str) -> str | None:
