@@ -158,59 +158,70 @@ def staged_lambda(program: Program, node, fn: dict, names: Names, note: str, suf
             f"  auto {fn[y.id]} = [&](index_t i) -> float {{ return {tile}[(int)(i - {first})]; }};"]
 
 
-def stage_chunk(k: int, block: int, unroll: int) -> tuple[int, int]:
-    """(windows per chunk, lanes folding one window): a chunk is block * unroll floats rounded down to
-    whole windows (at least one), read `unroll` loads a thread at a time; the lanes per window spread a
-    chunk's folds over the block."""
+STAGE_MAX_LOADS = 16       # loads a thread holds for one chunk (registers): longer windows are not staged
+
+
+def stage_chunk(k: int, block: int, unroll: int) -> tuple[int, int, int]:
+    """(windows per chunk, each thread's loads of a chunk, lanes folding one window): a chunk is
+    block * unroll floats rounded down to whole windows (at least one window: a long one takes more
+    loads a thread); the lanes per window spread a chunk's folds over the block."""
     per_chunk = max(1, min(block * unroll, STAGE_CHUNK_MAX) // k)
     lanes = 1
     while lanes < 32 and block // (lanes * 2) >= per_chunk:
         lanes *= 2
-    return per_chunk, lanes
+    return per_chunk, math.ceil(per_chunk * k / block), lanes
+
+
+def stageable(k: int, block: int, unroll: int) -> bool:
+    """Whether a block of `block` threads can stage windows of k: a chunk's loads fit a thread's registers."""
+    return stage_chunk(k, block, unroll)[1] <= STAGE_MAX_LOADS
 
 
 def stage_buffer_floats(k: int, block: int, unroll: int) -> int:
     """Shared floats of a chunk, skewed one float in 32 (so a window's folding lanes, each k apart, do
     not share banks)."""
-    per_chunk, _ = stage_chunk(k, block, unroll)
+    per_chunk = stage_chunk(k, block, unroll)[0]
     return per_chunk * k + per_chunk * k // 32 + 1
 
 
 def stage_window_lines(program: Program, node, x_fn: str, tile: str, first: str, buf: str,
                        block: int, unroll: int) -> list[str]:
     """The block's windows of `node` (staged_window), computed into `tile` before the row kernel reads
-    its rows: for each chunk of whole windows, every thread loads `unroll` elements kBlock apart at a
-    time (the span is contiguous: a warp's loads coalesce), then each window is folded from `buf` by `lanes`
-    lanes and combined across them with shuffles. Every thread of the block runs it (two barriers a
-    chunk)."""
+    its rows: each chunk of whole windows is loaded by every thread, `loads` elements kBlock apart (the
+    span is contiguous: a warp's loads coalesce), stored to `buf`, then folded there by `lanes` lanes a
+    window (shuffles combine them) while the next chunk's loads are in flight. Every thread of the
+    block runs it (two barriers a chunk)."""
     _, k, _ = reduced_block(program, node)
-    per_chunk, lanes = stage_chunk(k, block, unroll)
+    per_chunk, loads, lanes = stage_chunk(k, block, unroll)
     start, fold = FOLDS[node.op]
     combine = fold.replace("xv", "other").split("  //")[0]
     result = f"acc / {float_literal(float(k))}" if node.op == "mean" else "acc"
     y = program.values[node.outputs[0]]
     return [
-        f"  // {y.name}: the block's windows of {k} contiguous elements, {per_chunk} a chunk read coalesced into",
-        f"  // shared memory ({unroll} loads in flight a thread), each folded there by {lanes} lane(s)",
+        f"  // {y.name}: the block's windows of {k} contiguous elements, {per_chunk} a chunk read coalesced into shared",
+        f"  // memory ({loads} loads a thread), each folded there by {lanes} lane(s) while the next chunk is read",
         "  {",
         f"    const int w_count = (int)min((index_t)kRowsPerBlock * kCols, (index_t)kRows * kCols - {first});",
-        f"    for (int c0 = 0; c0 < w_count; c0 += {per_chunk}) {{",
+        f"    float xs[{loads}];",
+        "    auto load_chunk = [&](int c0) {",
         f"      const int n = min({per_chunk}, w_count - c0) * {k};",
         f"      const index_t x0 = ({first} + c0) * {k};",
-        f"      for (int t0 = 0; t0 < n; t0 += kBlock * {unroll}) {{",
-        f"        float xs[{unroll}];",
-        "        #pragma unroll",
-        f"        for (int u = 0; u < {unroll}; ++u) {{",
-        "          const int t = t0 + u * kBlock + threadIdx.x;",
-        f"          xs[u] = t < n ? {x_fn}(x0 + t) : 0.0f;",
-        "        }",
-        "        #pragma unroll",
-        f"        for (int u = 0; u < {unroll}; ++u) {{",
-        "          const int t = t0 + u * kBlock + threadIdx.x;",
-        f"          if (t < n) {buf}[t + (t >> 5)] = xs[u];",
-        "        }",
+        "      #pragma unroll",
+        f"      for (int u = 0; u < {loads}; ++u) {{",
+        "        const int t = u * kBlock + threadIdx.x;",
+        f"        xs[u] = t < n ? {x_fn}(x0 + t) : 0.0f;",
+        "      }",
+        "    };",
+        "    load_chunk(0);",
+        f"    for (int c0 = 0; c0 < w_count; c0 += {per_chunk}) {{",
+        f"      const int n = min({per_chunk}, w_count - c0) * {k};",
+        "      #pragma unroll",
+        f"      for (int u = 0; u < {loads}; ++u) {{",
+        "        const int t = u * kBlock + threadIdx.x;",
+        f"        if (t < n) {buf}[t + (t >> 5)] = xs[u];",
         "      }",
         "      __syncthreads();",
+        f"      if (c0 + {per_chunk} < w_count) load_chunk(c0 + {per_chunk});   // in flight while this chunk folds",
         f"      for (int w0 = 0; w0 < {per_chunk}; w0 += kBlock / {lanes}) {{   // the same trips for every lane",
         f"        const int w = w0 + threadIdx.x / {lanes};" if lanes > 1 else "        const int w = w0 + threadIdx.x;",
         f"        const bool ok = w < n / {k};",

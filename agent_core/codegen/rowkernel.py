@@ -37,7 +37,8 @@ from .last_block import publish_and_arrive, reset_counter
 from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
 from .pointwise import operand_views
-from .reduce_window import WINDOW_UNROLL, reduced_block, stage_buffer_floats, stage_window_lines, staged_window
+from .reduce_window import (WINDOW_UNROLL, reduced_block, stage_buffer_floats, stage_window_lines, stageable,
+                            staged_window)
 from .region_io import Operands, RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
 from .row_stage import stage_lines, stage_tiles, tile_stride
@@ -163,12 +164,15 @@ def _held_online(p: dict, online: RowGraph) -> bool:
 
 def _holds_windows(g: RowGraph, sched: dict, views: ViewPrologue) -> bool:
     """Whether the schedule can stage the prologue's contiguous windows: each block holds whole rows of
-    the row graph's last dim (warp or block rows, in registers, unsplit), and the windows' tiles and
-    chunk buffer fit the shared memory beside any staged rows."""
+    the row graph's last dim (warp or block rows, in registers, unsplit), a chunk's loads fit each
+    thread's registers (reduce_window.stageable), and the windows' tiles and chunk buffer fit the
+    shared memory beside any staged rows."""
     if sched["schedule"] not in ("warp", "block") or not sched["cached"] or sched["split"] != 1 or g.inner != 1 \
             or sched.get("cluster", 1) != 1:
         return False
-    return _window_stage_floats(views, sched, g.cols) * 4 <= WINDOW_STAGE_MAX_BYTES
+    program = views.program
+    return all(stageable(reduced_block(program, program.nodes[n])[1], sched["block"], views.window_unroll)
+               for n in views.staged) and _window_stage_floats(views, sched, g.cols) * 4 <= WINDOW_STAGE_MAX_BYTES
 
 
 def _window_stage_floats(views: ViewPrologue, sched: dict, cols: int) -> int:

@@ -4,7 +4,7 @@ embedding's masked sum over 256 tokens then its L2 normalisation (MiniLM, 256 x 
 over its 196 patch tokens then LayerNorm (768 features), a max over tokens then softmax; and windows
 innermost (contiguous), staged through shared memory: ConvNeXt's global average pool over 7 x 7 then
 LayerNorm over 768 channels, a max over 9 then softmax over 4096, a sum over 16 then L2 over 32
-(warp rows), a mean over 3000 (one window a chunk), each also as per-element loops (`stage: False`).
+(warp rows), a mean over 1000 (one window a chunk), each also as per-element loops (`stage: False`).
 
 PYTHONPATH=. python3 -m pytest -m gpu tests/gpu/test_gpu_reduce_window.py
 """
@@ -25,7 +25,7 @@ STAGED = {
     "ConvNeXt head: channel mean over 7 x 7, LayerNorm, 256 x 768 x 49": lambda: pooled_norm((256, 768, 49), dims=(2,)),
     "max over 9, softmax over 4096, 64 rows": lambda: pooled_norm((64, 4096, 9), dims=(2,), pool="max", norm="softmax"),
     "sum over 16, L2 over 32 (warp rows), 4100 rows": lambda: pooled_norm((4100, 32, 16), dims=(2,), pool="sum", norm="l2"),
-    "mean over 3000, LayerNorm over 64, 50 rows": lambda: pooled_norm((50, 64, 3000), dims=(2,)),
+    "mean over 1000, LayerNorm over 256, 50 rows": lambda: pooled_norm((50, 256, 1000), dims=(2,)),
 }
 
 
