@@ -277,7 +277,7 @@ def test_a_window_read_through_a_permute_is_not_staged():
 def test_a_window_too_long_for_a_threads_registers_stays_a_loop():
     # 64 threads a row, windows of 3000: a chunk would be 47 loads a thread (reduce_window.stageable)
     p, ids, inputs, _ = pooled_norm((3, 64, 3000), dims=(2,))
-    ks = generate_kernel(p, ids, name="long")
+    ks = generate_kernel(p, ids, name="long_windows")
     assert ks.params["staged_windows"] == 0 and "each element folds its 3000 inputs" in ks.source
     got, ref = emulated(p, ks, inputs)
     assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (got - ref).abs().max()
