@@ -281,3 +281,16 @@ def test_a_window_too_long_for_a_threads_registers_stays_a_loop():
     assert ks.params["staged_windows"] == 0 and "each element folds its 3000 inputs" in ks.source
     got, ref = emulated(p, ks, inputs)
     assert torch.allclose(got, ref, atol=1e-5, rtol=1e-5), (got - ref).abs().max()
+
+
+def test_a_staged_windows_tuning_variants_come_first_and_each_generates():
+    from agent_core.codegen.row_tuning import tune_variants
+    p, ids, _, _ = pooled_norm((256, 768, 49), dims=(2,))       # ConvNeXt's head
+    ks = generate_kernel(p, ids, name="head")
+    assert ks.params["staged_windows"] == 1 and ks.params["threads_per_row"] == 1024
+    first = [{k: v for k, v in t.items() if k != "sm_count"} for t in tune_variants(ks.params)[:3]]
+    # bench's 3 trials: more loads in flight, twice the blocks an SM, then the per-element loops
+    assert first == [{"window_unroll": 8}, {"threads_per_row": 512}, {"stage": False}], first
+    for t in tune_variants(ks.params):
+        v = generate_kernel(p, ids, name="head_v", params=t)
+        assert v.params["staged_windows"] == (0 if t.get("stage") is False else 1), t

@@ -34,16 +34,23 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     streaming the row; for scalar loads also 1024 threads with 8 in flight). Split column: twice or
     half the blocks per column tile, and one block per tile. The row kernel's column tiles: other
     heights and loads in flight (column_tile.tune_variants). A row of reduction windows: first, twice
-    and half the window loads in flight, then (staged windows) each element walking its own."""
+    and half the window loads in flight (staged windows: twice the loads, half the threads, then each
+    element walking its own window, then half the loads)."""
     schedule, cols, vec = params.get("schedule"), params.get("cols"), int(params.get("vector_width") or 1)
     out: list[dict] = []
-    if params.get("window_unroll"):
+    if params.get("staged_windows"):
+        # the block stages its windows in chunks (reduce_window.py): its loads in flight are a chunk's,
+        # so more of them, or half the threads a row (twice the blocks an SM: one's loads overlap the
+        # other's folds), then each element walking its own window, then fewer loads in flight
+        u, tpr = int(params["window_unroll"]), int(params["threads_per_row"])
+        out += [{"window_unroll": w} for w in (u * 2,) if w <= 32]
+        out += [{"threads_per_row": tpr // 2}] if tpr >= 64 else []
+        out += [{"stage": False}] + [{"window_unroll": w} for w in (u // 2,) if w >= 2]
+    elif params.get("window_unroll"):
         # each element walks a reduction's window (reduce_window.py) with a thread of its own: its loads
         # in flight are the kernel's memory parallelism, so these come first, before the trials run out
         u = int(params["window_unroll"])
         out += [{"window_unroll": w} for w in (u * 2, u // 2) if 2 <= w <= 32]
-    if params.get("staged_windows"):
-        out.append({"stage": False})     # each element walking its own contiguous window (uncoalesced)
     if params.get("staged"):
         # the transposing read straight from global memory; or 32 rows per block, so a run of the
         # transposed input is 128 bytes, not 32 (a misaligned run of 8 spans 2 sectors, of 32 spans 5)
@@ -86,4 +93,5 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     if schedule in ("column", "split_column") and "tile_y" in params:     # the row kernel's column tiles
         from .column_tile import tune_variants as column_variants
         out += column_variants(params)
-    return [{**o, "sm_count": sm_count} for o in out]
+    unique = [o for i, o in enumerate(out) if o not in out[:i]]
+    return [{**o, "sm_count": sm_count} for o in unique]
