@@ -200,7 +200,7 @@ def _window_stage(views: ViewPrologue | None, sched: dict, cols: int, offset: in
         lines += stage_window_lines(program, program.nodes[n], x_fn, tile, first, buf, sched["block"],
                                     views.window_unroll)
     decls.append(f"  float* const {buf} = reinterpret_cast<float*>(stage_smem) + {at};")
-    return decls, lines, (offset + _window_stage_floats(views, sched, cols)) * 4 - offset * 4
+    return decls, lines, _window_stage_floats(views, sched, cols) * 4
 
 
 def _lowered(program: Program, io: RegionIO, two_stage: bool, hoist: bool = True, window_unroll: int = WINDOW_UNROLL,
