@@ -294,3 +294,20 @@ def test_a_staged_windows_tuning_variants_come_first_and_each_generates():
     for t in tune_variants(ks.params):
         v = generate_kernel(p, ids, name="head_v", params=t)
         assert v.params["staged_windows"] == (0 if t.get("stage") is False else 1), t
+
+
+@needs_gxx
+def test_a_staged_window_reads_through_a_slice_and_pointwise_ops():
+    # mean(tanh(x[:, :, 1:]), kept dims) then softmax over the 40 channels: the chunk loads go through the
+    # slice's view and evaluate tanh per element; the windows' results are the softmax's rows
+    p = Program("sliced")
+    x = p.add_input("x", (3, 40, 50))
+    s = p.add_node("slice", [x.id], {"dim": 2, "start": 1, "end": None, "step": 1})
+    t = p.add_node("tanh", [s.outputs[0]])
+    m = p.add_node("mean", [t.outputs[0]], {"dim": [2], "keepdim": True})
+    sm = p.add_node("softmax", [m.outputs[0]], {"dim": 1})
+    p.mark_output(sm.outputs[0])
+    ks = generate_kernel(p, [s.id, t.id, m.id, sm.id], name="sliced")
+    assert ks.params["staged_windows"] == 1, ks.params
+    got, ref = emulated(p, ks, [torch.randn(3, 40, 50)])
+    assert torch.allclose(got, ref, atol=1e-6), (got - ref).abs().max()
