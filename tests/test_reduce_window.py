@@ -311,3 +311,13 @@ def test_a_staged_window_reads_through_a_slice_and_pointwise_ops():
     assert ks.params["staged_windows"] == 1, ks.params
     got, ref = emulated(p, ks, [torch.randn(3, 40, 50)])
     assert torch.allclose(got, ref, atol=1e-6), (got - ref).abs().max()
+
+
+def test_the_staged_head_and_its_variants_compile_for_sm_90_without_spills():
+    from agent_core.codegen.row_tuning import tune_variants
+    p, ids, _, _ = pooled_norm((256, 768, 49), dims=(2,))       # ConvNeXt's head
+    ks = generate_kernel(p, ids, name="head")
+    for params in [{}, *tune_variants(ks.params)[:3]]:
+        v = generate_kernel(p, ids, name="head_v", params=params)
+        ck = compile_kernel(v)
+        assert ck.spill_stores == 0, (params, ck.log)
