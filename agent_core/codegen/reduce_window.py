@@ -113,6 +113,7 @@ def reduce_lambda(program: Program, node, fn: dict, names: Names, note: str, suf
 # windows (contiguous) a chunk at a time into shared memory, neighbouring threads at neighbouring
 # addresses, folds each window there, and the row kernel reads the results from a tile.
 STAGE_CHUNK_MAX = 8192     # floats of one chunk (32 KB of shared memory), whole windows
+STAGE_MAX_LOADS = 16       # loads a thread holds for one chunk (registers): longer windows are not staged
 SAME_INDEX_OPS = ("reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous")
 
 
@@ -127,7 +128,7 @@ def staged_window(program: Program, io, node) -> bool:
     from .layout_graph import is_layout_op
     nodes, vals = program.nodes, program.values
     size = math.prod(vals[node.outputs[0]].shape)
-    members, todo, seen = set(io.nodes), list(node.outputs), set()
+    todo, seen = list(node.outputs), set()
     while todo:
         v = todo.pop()
         for c in (n for n in io.nodes if v in nodes[n].inputs):
@@ -142,7 +143,7 @@ def staged_window(program: Program, io, node) -> bool:
                 continue        # the row kernel's reduction reads it as its row (its size checked above)
             else:
                 return False
-            if c in members and c not in seen:
+            if c not in seen:
                 seen.add(c)
                 todo += reader.outputs
     return True
@@ -156,9 +157,6 @@ def staged_lambda(program: Program, node, fn: dict, names: Names, note: str, suf
     fn[y.id] = names.new(y.name + suffix)
     return [f"  // {note} -> {y.spec}: the block's windows folded in shared memory (staged)",
             f"  auto {fn[y.id]} = [&](index_t i) -> float {{ return {tile}[(int)(i - {first})]; }};"]
-
-
-STAGE_MAX_LOADS = 16       # loads a thread holds for one chunk (registers): longer windows are not staged
 
 
 def stage_chunk(k: int, block: int, unroll: int) -> tuple[int, int, int]:
