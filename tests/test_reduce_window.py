@@ -196,7 +196,7 @@ def test_the_planner_fuses_a_convnext_heads_pool_with_its_layernorm_staged():
     head = _plan("benchmarks/blocks/pool_layernorm_head_convnext.py")
     assert len(head) == 2, head             # the pooled LayerNorm, then the classifier
     assert head[0].startswith("stitches mean and layer_norm over 256 rows of 768"), head[0]
-    assert "each block reads its rows' windows in coalesced chunks into shared memory" in head[0], head[0]
+    assert "the windows are contiguous: each block first reads its rows' windows in coalesced chunks" in head[0], head[0]
 
 
 @needs_gxx

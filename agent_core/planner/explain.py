@@ -175,9 +175,9 @@ def make_region(state, group, rid: str, refusals: dict[str, str], node_time, fac
                 staged = (gen or {}).get("staged_windows")
                 reason += (f" Each element of the rows is the {_names(state, s.windows)} over its own window of "
                            f"{state.geo[s.windows[0]].row_len}, " +
-                           ("the windows contiguous: each block reads its rows' windows in coalesced chunks "
-                            "into shared memory and folds them there, before its rows" if staged else
-                            "folded as it is read") + ": that result never goes to memory.")
+                           ("and the windows are contiguous: each block first reads its rows' windows in "
+                            "coalesced chunks into shared memory and folds them there" if staged else
+                            "folded as it is read") + "; that result never goes to memory.")
             else:
                 reason += (f" Each element of the rows is {how} as it is read ({_names(state, s.windows)}): the "
                            f"{what} map never goes to memory.")
