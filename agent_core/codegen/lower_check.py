@@ -39,7 +39,7 @@ def lowered_schedule(program: Program, node_ids, kind: str | None = None, *, out
     """The default schedule of the kernel generate_kernel writes for these nodes: {"schedule": the
     generator's schedule name (a row kernel's warp, block, stream, cluster, split_row, column,
     split_column), and the row kernel's "row_reads" (times each row is read), "cluster" (CTAs per
-    row), "held" (the row kept in registers), "guarded" (inputs loaded only where a where takes them)
+    row), "held" (the row kept in registers), "guarded" (inputs loaded only where a where takes them),
     "guarded_rows" (inputs not loaded in rows whose results are discarded: rowguard.py) and
     "staged_windows" (contiguous windows folded through shared memory: reduce_window.py)}; None when
     it writes none."""

@@ -54,8 +54,7 @@ def tune_variants(params: dict, *, sm_count: int = 132) -> list[dict]:
     if params.get("staged"):
         # the transposing read straight from global memory; or 32 rows per block, so a run of the
         # transposed input is 128 bytes, not 32 (a misaligned run of 8 spans 2 sectors, of 32 spans 5)
-        if {"stage": False} not in out:
-            out.append({"stage": False})
+        out.append({"stage": False})
         if int(params["threads_per_row"]) * 32 <= 1024 and params["rows_per_block"] < 32:
             out.append({"block": int(params["threads_per_row"]) * 32})
     if schedule in ("warp", "block") and cols:
