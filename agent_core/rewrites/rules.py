@@ -27,6 +27,7 @@ from .lowering import lower_loss
 from .loss_formulas import FLT_MIN
 from .raise_attention import raise_attention
 from .skinny_linear import skinny_linear
+from .thin_cat import pointwise_of_thin_cat, reduce_of_thin_cat
 
 
 def _val(program, vid):
@@ -646,7 +647,8 @@ DEFAULT_RULES = [raise_attention, lower_loss, lower_einsum, drop_noop, merge_equ
                  log_of_softmax, merge_max_windows,
                  fold_batch_norm, fold_affine_into_producer, scale_after_reduction, reduce_linear,
                  reduce_conv_spatial, pool_linear,
-                 reduce_of_broadcast, matmul_of_transpose, merge_gated_linears, skinny_linear]
+                 reduce_of_broadcast, matmul_of_transpose, merge_gated_linears, skinny_linear,
+                 reduce_of_thin_cat, pointwise_of_thin_cat]
 # after the rules above are done: they fold batch norms and affine maps into a convolution's bias,
 # which must be there first, and see through nothing between the convolution and what follows
 LATE_RULES = [bias_into_epilogue]
