@@ -20,6 +20,7 @@ import math
 from ..ir import Program
 from ..ops.common import norm_dims
 from .cuda import Names, float_literal
+from .kernel import pow2_at_least
 from .pointwise import is_elementwise
 
 # op -> (the accumulator's start, the fold of one element xv into acc); NaN propagates through max / min
@@ -48,6 +49,22 @@ def reduced_block(program: Program, node) -> tuple[int, int, int] | None:
     return math.prod(shape[:dims[0]]), math.prod(shape[dims[0]:dims[-1] + 1]), math.prod(shape[dims[-1] + 1:])
 
 
+def _readers(program: Program, io) -> dict[str, list[str]]:
+    """value -> the region's nodes that read it."""
+    out: dict[str, list[str]] = {}
+    for n in io.nodes:
+        for v in program.nodes[n].inputs:
+            if v:
+                out.setdefault(v, []).append(n)
+    return out
+
+
+def window_threads_per_row(cols: int) -> int:
+    """The threads of a row whose elements are windows: one per element, 32 to 1024 (codegen's
+    rowkernel._window_threads, and the planner's figure for a staged window's chunk)."""
+    return min(1024, max(32, pow2_at_least(cols)))
+
+
 def window_reductions(program: Program, io) -> set[str]:
     """The reductions of a row region that its prologue computes: each a reduced_block whose result
     reaches, through pointwise ops and views of the region, another reduction or norm that reads it at
@@ -56,11 +73,7 @@ def window_reductions(program: Program, io) -> set[str]:
     loss's mean over its rows, which the row graph folds row by row)."""
     from .layout_graph import is_layout_op     # it renders these windows (reduce_lambda)
     nodes, vals = program.nodes, program.values
-    readers: dict[str, list[str]] = {}
-    for n in io.nodes:
-        for v in nodes[n].inputs:
-            if v:
-                readers.setdefault(v, []).append(n)
+    readers = _readers(program, io)
     out = set()
     for n in io.nodes:
         if reduced_block(program, nodes[n]) is None:
@@ -128,10 +141,10 @@ def staged_window(program: Program, io, node) -> bool:
     from .layout_graph import is_layout_op
     nodes, vals = program.nodes, program.values
     size = math.prod(vals[node.outputs[0]].shape)
+    readers = _readers(program, io)
     todo, seen = list(node.outputs), set()
     while todo:
-        v = todo.pop()
-        for c in (n for n in io.nodes if v in nodes[n].inputs):
+        for c in readers.get(todo.pop(), []):
             reader = nodes[c]
             if is_layout_op(reader):
                 if reader.op not in SAME_INDEX_OPS:

@@ -38,7 +38,7 @@ from .layout_graph import ViewPrologue, view_prologue_nodes
 from .layout_store import split_output_views
 from .pointwise import operand_views
 from .reduce_window import (WINDOW_UNROLL, reduced_block, stage_buffer_floats, stage_window_lines, stageable,
-                            staged_window)
+                            staged_window, window_threads_per_row)
 from .region_io import Operands, RegionIO
 from .row_cat import check as check_row_cat, split_row_cats
 from .row_stage import stage_lines, stage_tiles, tile_stride
@@ -149,7 +149,7 @@ def _window_threads(p: dict, g: RowGraph) -> dict:
     and every thread keeps its window's loads in flight (the rows alone are few: a batch)."""
     if p.get("threads_per_row") or g.inner > 1:
         return {**p, "vector_width": 1}
-    return {**p, "vector_width": 1, "threads_per_row": min(1024, max(32, pow2_at_least(g.cols)))}
+    return {**p, "vector_width": 1, "threads_per_row": window_threads_per_row(g.cols)}
 
 
 def _held_online(p: dict, online: RowGraph) -> bool:

@@ -17,7 +17,8 @@ from ..analysis.cost import library_reads_as_view
 from ..analysis.gpu import GPUProfile
 from ..codegen.gemm_mma import GEMM_OPS, estimate
 from ..codegen.kernel import CodegenError
-from ..codegen.reduce_window import WINDOW_UNROLL, reduced_block, stageable, staged_window, window_reductions
+from ..codegen.reduce_window import (WINDOW_UNROLL, reduced_block, stageable, staged_window, window_reductions,
+                                     window_threads_per_row)
 from ..codegen.region_io import region_io
 from ..ops.common import broadcasts_to, ntuple
 from .class_loss import class_loss_refusal, class_loss_rows, reads_rows_once
@@ -382,7 +383,7 @@ def _staged(state, io, r: str, red: Geometry) -> bool:
     folds its rows' windows from coalesced chunks in shared memory, so the windows need not lie a
     warp apart; the rows must be short enough to be held (a tile of WINDOW_STAGE_MAX_COLS floats)."""
     k = reduced_block(state.program, state.program.nodes[r])[1]
-    block = min(1024, max(32, 1 << max(0, red.row_len - 1).bit_length()))   # codegen's thread per element
+    block = window_threads_per_row(red.row_len)
     return red.contiguous and red.row_len <= WINDOW_STAGE_MAX_COLS and stageable(k, block, WINDOW_UNROLL) and \
         staged_window(state.program, io, state.program.nodes[r])
 
