@@ -15,18 +15,18 @@ FOLDS = {"sum": "add", "mean": "add", "max": "maximum", "min": "minimum", "amax"
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 
 
-def _thin_cat(program: Program, vid: str, dims: list[int]):
-    """The cat node making vid along its one dim dims[0], every piece of size 1 there; else None."""
+def _thin_cat(program: Program, vid: str):
+    """(the cat node making vid, its dim) where every piece is one element thick along that dim; else
+    None."""
     c = _producer(program, vid)
-    if c is None or c.op != "cat" or len(dims) != 1:
+    if c is None or c.op != "cat":
         return None
     shape = program.values[vid].shape
-    if norm_dims([c.attrs.get("dim", 0)], len(shape)) != dims:
-        return None
+    d = norm_dims([c.attrs.get("dim", 0)], len(shape))[0]
     pieces = [v for v in c.inputs if v]
-    if len(pieces) < 2 or any(program.values[v].shape[dims[0]] != 1 for v in pieces):
+    if len(pieces) < 2 or any(program.values[v].shape[d] != 1 for v in pieces):
         return None
-    return c
+    return c, d
 
 
 def reduce_of_thin_cat(program: Program, nid: str) -> Rewrite | None:
@@ -38,10 +38,10 @@ def reduce_of_thin_cat(program: Program, nid: str) -> Rewrite | None:
     x = n.inputs[0]
     if program.values[x].dtype not in FLOAT_DTYPES:
         return None
-    dims = _reduced_dims(n, len(program.values[x].shape))
-    c = _thin_cat(program, x, dims)
-    if c is None:
+    thin = _thin_cat(program, x)
+    if thin is None or _reduced_dims(n, len(program.values[x].shape)) != [thin[1]]:
         return None
+    c = thin[0]
     pieces, out = [v for v in c.inputs if v], n.outputs[0]
     oshape = program.values[out].shape
 
@@ -69,14 +69,10 @@ def pointwise_of_thin_cat(program: Program, nid: str) -> Rewrite | None:
     for port in (0, 1):
         x, s = n.inputs[port], n.inputs[1 - port]
         xshape, sshape = program.values[x].shape, program.values[s].shape
-        if tuple(xshape) != tuple(oshape) or len(sshape) > len(oshape):
+        thin = _thin_cat(program, x)
+        if thin is None or tuple(xshape) != tuple(oshape) or len(sshape) > len(oshape):
             continue
-        c = None
-        for d in range(len(oshape)):
-            c = c or _thin_cat(program, x, [d])
-        if c is None:
-            continue
-        d = norm_dims([c.attrs.get("dim", 0)], len(oshape))[0]
+        c, d = thin
         lead = len(oshape) - len(sshape)       # s broadcasts from the right
         if d >= lead and sshape[d - lead] != 1:
             continue
